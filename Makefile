@@ -1,0 +1,35 @@
+# The commands of this repository. `make test` is what CI runs (.ci/run); `make demo` runs
+# the whole system locally. Both build what they need on a fresh machine, once.
+
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+CARGO ?= cargo
+
+.PHONY: help test demo control-plane fmt lint unit crds
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+control-plane: ## Build etcd, kube-apiserver, kube-controller-manager and kubectl (cached)
+	@e2e/control-plane/build.sh
+
+test: control-plane ## Formatting, lints, and every test including the end-to-end ones
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+	$(CARGO) test --workspace --locked
+
+demo: control-plane ## Run Scale Agent locally on a real control plane (Ctrl-C stops it)
+	$(CARGO) run --locked -p scale-agent-e2e --bin scale-agent-demo
+
+fmt: ## Format the code
+	$(CARGO) fmt --all
+
+lint: ## Formatting check and clippy only
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+
+unit: ## Tests that need no control plane (the library and unit tests)
+	$(CARGO) test --workspace --locked --lib --bins
+
+crds: ## Regenerate manifests/crds from the Rust types in crds/
+	$(CARGO) run --locked -p scale-agent-crds --bin crdgen -- manifests/crds

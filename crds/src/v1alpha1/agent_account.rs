@@ -1,0 +1,306 @@
+//! `AgentAccount`: one Spinnaker account served by a `ScaleAgent`.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use kube::KubeSchema;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::common::{DNS1123_LABEL_PATTERN, is_false};
+
+/// One Spinnaker Kubernetes account, served by the ScaleAgent `agentRef` in the same
+/// namespace.
+///
+/// The operator renders the accepted AgentAccounts of a ScaleAgent into that agent's config
+/// (the `kubernetes.accounts[]` list Armory agent users know); the agent registers each account
+/// with the hub, which makes it available to Spinnaker.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "scaleagent.dev",
+    version = "v1alpha1",
+    kind = "AgentAccount",
+    namespaced,
+    status = "AgentAccountStatus",
+    derive = "PartialEq",
+    shortname = "aa",
+    category = "scale-agent",
+    label("app.kubernetes.io/part-of", "scale-agent"),
+    doc = "A Spinnaker Kubernetes account served by a ScaleAgent in the same namespace: which cluster credentials it uses, what the agent watches for it, and who may use it in Spinnaker.",
+    validation = Rule::new(
+        "has(self.spec.accountName) || (size(self.metadata.name) <= 63 && self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$'))"
+    )
+    .message("metadata.name is the Spinnaker account name when spec.accountName is unset, so it must then be a lowercase DNS label (a-z, 0-9 and '-', at most 63 characters, starting and ending with a letter or digit): set spec.accountName, or rename the AgentAccount")
+    .field_path(".spec.accountName")
+    .reason(Reason::FieldValueRequired),
+    printcolumn(
+        name = "Agent",
+        type_ = "string",
+        json_path = ".spec.agentRef",
+        description = "ScaleAgent serving this account"
+    ),
+    printcolumn(
+        name = "Account",
+        type_ = "string",
+        json_path = ".status.accountName",
+        description = "Spinnaker account name"
+    ),
+    printcolumn(
+        name = "Accepted",
+        type_ = "boolean",
+        json_path = ".status.accepted",
+        description = "Whether the operator accepted the account into the agent's config"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    ),
+    printcolumn(
+        name = "Credentials",
+        type_ = "string",
+        json_path = ".spec.credentials.type",
+        priority = 1,
+        description = "How the agent authenticates to the account's cluster"
+    )
+)]
+#[x_kube(validation = Rule::new(
+    "!(has(self.kinds) && size(self.kinds) > 0 && has(self.omitKinds) && size(self.omitKinds) > 0)"
+)
+.message("set either kinds (watch only these) or omitKinds (watch all but these), not both")
+.field_path(".omitKinds")
+.reason(Reason::FieldValueForbidden))]
+#[x_kube(validation = Rule::new(
+    "!(has(self.namespaces) && size(self.namespaces) > 0 && has(self.omitNamespaces) && size(self.omitNamespaces) > 0)"
+)
+.message("set either namespaces (watch only these) or omitNamespaces (watch all but these), not both")
+.field_path(".omitNamespaces")
+.reason(Reason::FieldValueForbidden))]
+#[serde(rename_all = "camelCase")]
+pub struct AgentAccountSpec {
+    /// Name of the ScaleAgent, in this namespace, that serves this account. Required.
+    #[schemars(length(min = 1, max = 253))]
+    pub agent_ref: String,
+
+    /// Spinnaker account name, unique across every cluster connected to the hub, e.g.
+    /// `prod-eu-west-1`. A lowercase DNS label: a-z, 0-9 and '-', at most 63 characters.
+    /// Default: this AgentAccount's `metadata.name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",
+        "message": "accountName must be a lowercase DNS label: a-z, 0-9 and '-', starting and ending with a letter or digit, e.g. prod-eu-west-1"
+    }]))]
+    pub account_name: Option<String>,
+
+    /// How the agent authenticates to this account's cluster. Default: `{type: ServiceAccount}`,
+    /// the agent's own ServiceAccount in this cluster (ScaleAgent mode `Agent`). For
+    /// `Infrastructure` and `SpinnakerService` modes use `{type: Kubeconfig,
+    /// kubeconfigSecretRef: {name: prod-kubeconfig}}`.
+    #[serde(default)]
+    pub credentials: Credentials,
+
+    /// Watch only these namespaces, e.g. `[team-a, team-b]`. Default: every namespace the
+    /// credentials may read (with ScaleAgent `scope.type: Namespaces`, only those). Each listed
+    /// namespace costs one watch per kind. Not together with `omitNamespaces`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(length(min = 1, max = 63), pattern(DNS1123_LABEL_PATTERN)))]
+    pub namespaces: Vec<String>,
+
+    /// Watch every namespace the credentials may read except these, e.g. `[kube-system]`. Not
+    /// together with `namespaces`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(length(min = 1, max = 63), pattern(DNS1123_LABEL_PATTERN)))]
+    pub omit_namespaces: Vec<String>,
+
+    /// Watch only these kinds, written as a kind (`Deployment`) or as resource.group
+    /// (`deployments.apps`), e.g. `[Deployment, Service, Ingress]`. Default: the ScaleAgent's
+    /// `defaults`, else every kind the credentials may list and watch. Spinnaker can still
+    /// deploy kinds that are not watched. Not together with `omitKinds`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(length(min = 1, max = 253)))]
+    pub kinds: Vec<String>,
+
+    /// Watch every kind the credentials may list and watch except these, e.g. `[Event]`. Not
+    /// together with `kinds`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(length(min = 1, max = 253)))]
+    pub omit_kinds: Vec<String>,
+
+    /// Custom resource kinds to expose to Spinnaker, e.g. `[{kind: ServiceMonitor, group:
+    /// monitoring.coreos.com}]`. Needed with `onlyNamespacedResources`, where the agent does
+    /// not discover CRDs itself.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub custom_resources: Vec<CustomResourceKind>,
+
+    /// Ignore cluster-scoped kinds (Namespaces, ClusterRoles, CRDs, ...), for credentials that
+    /// may only read some namespaces. List the namespaces in `namespaces` and the custom
+    /// resources in `customResources`. Default: false.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub only_namespaced_resources: bool,
+
+    /// Spinnaker (Fiat) roles allowed to use the account. Default: none, which lets every
+    /// Spinnaker user read and deploy.
+    #[serde(default, skip_serializing_if = "Permissions::is_empty")]
+    pub permissions: Permissions,
+
+    /// Send pod CPU and memory usage (from the metrics API, which must be installed) to
+    /// Spinnaker for its UI. Default: false.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub pod_metrics: bool,
+}
+
+impl AgentAccount {
+    /// The Spinnaker account name: `spec.accountName`, or `metadata.name`.
+    pub fn account_name(&self) -> Option<&str> {
+        self.spec
+            .account_name
+            .as_deref()
+            .or(self.metadata.name.as_deref())
+    }
+}
+
+/// How the agent authenticates to the account's cluster.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(validation = Rule::new("self.type != 'Kubeconfig' || has(self.kubeconfigSecretRef)")
+    .message("credentials.kubeconfigSecretRef is required when credentials.type is Kubeconfig: name the Secret in this namespace that holds the kubeconfig")
+    .field_path(".kubeconfigSecretRef")
+    .reason(Reason::FieldValueRequired))]
+#[x_kube(validation = Rule::new("self.type != 'ServiceAccount' || !has(self.kubeconfigSecretRef)")
+    .message("credentials.kubeconfigSecretRef is only used when credentials.type is Kubeconfig: set credentials.type to Kubeconfig, or remove kubeconfigSecretRef")
+    .field_path(".kubeconfigSecretRef")
+    .reason(Reason::FieldValueForbidden))]
+#[serde(rename_all = "camelCase")]
+pub struct Credentials {
+    /// `ServiceAccount` (default): the agent's own ServiceAccount, with the RBAC the operator
+    /// grants from the ScaleAgent's `scope` and `access`; for ScaleAgent mode `Agent`.
+    /// `Kubeconfig`: the kubeconfig in `kubeconfigSecretRef`, for a remote cluster; for modes
+    /// `Infrastructure` and `SpinnakerService`.
+    #[serde(rename = "type", default)]
+    pub type_: CredentialsType,
+
+    /// The Secret holding the kubeconfig. Required, and only allowed, when `type` is
+    /// `Kubeconfig`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubeconfig_secret_ref: Option<KubeconfigSecretRef>,
+}
+
+impl Credentials {
+    /// Credentials from the given kubeconfig Secret.
+    pub fn kubeconfig(secret_ref: KubeconfigSecretRef) -> Self {
+        Self {
+            type_: CredentialsType::Kubeconfig,
+            kubeconfig_secret_ref: Some(secret_ref),
+        }
+    }
+}
+
+/// Source of an account's cluster credentials.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CredentialsType {
+    /// The agent's own ServiceAccount.
+    #[default]
+    ServiceAccount,
+    /// A kubeconfig from a Secret.
+    Kubeconfig,
+}
+
+/// A kubeconfig in a Secret.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeconfigSecretRef {
+    /// Name of the Secret, in the AgentAccount's namespace. Required. The operator mounts it
+    /// into the agent; its contents never leave the cluster.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+
+    /// Key of the Secret holding the kubeconfig. Default: `kubeconfig`. The kubeconfig must
+    /// carry its credentials (token or client certificate); exec plugins are not run.
+    #[serde(default = "default_kubeconfig_key")]
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+
+    /// kubeconfig context to use. Default: the kubeconfig's `current-context`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub context: Option<String>,
+}
+
+fn default_kubeconfig_key() -> String {
+    "kubeconfig".into()
+}
+
+/// A custom resource kind exposed to Spinnaker.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CustomResourceKind {
+    /// The kind, as in the CRD's `spec.names.kind`, e.g. `ServiceMonitor`. Required.
+    #[schemars(length(min = 1, max = 63))]
+    pub kind: String,
+
+    /// The API group, e.g. `monitoring.coreos.com`. Required.
+    #[schemars(length(min = 1, max = 253))]
+    pub group: String,
+
+    /// The API version, e.g. `v1`. Default: the version the API server prefers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub version: Option<String>,
+
+    /// Whether objects of the kind live in namespaces. Default: true.
+    #[serde(default = "default_true")]
+    pub namespaced: bool,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// Spinnaker roles per permission, as in Clouddriver's account `permissions`.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Permissions {
+    /// Roles that may see the account and its objects, e.g. `[dev-team, sre]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(length(min = 1, max = 253), pattern(ROLE_PATTERN)))]
+    pub read: Vec<String>,
+
+    /// Roles that may deploy to the account, e.g. `[sre]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(length(min = 1, max = 253), pattern(ROLE_PATTERN)))]
+    pub write: Vec<String>,
+}
+
+// Surrounding whitespace in role names silently turned permissions off in Armory's agent,
+// opening the account to everyone; reject it at admission instead.
+const ROLE_PATTERN: &str = r"^\S(.*\S)?$";
+
+impl Permissions {
+    /// Whether no role is listed (every Spinnaker user may use the account).
+    pub fn is_empty(&self) -> bool {
+        self.read.is_empty() && self.write.is_empty()
+    }
+}
+
+/// Observed state of an AgentAccount, written by the operator.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentAccountStatus {
+    /// Current state: `Accepted` (the account passed the checks a schema cannot do: the
+    /// ScaleAgent exists, the name is unique, the credentials fit the agent's mode; the message
+    /// says what to change otherwise) and `Ready` (an agent serves it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Mirror of the `Accepted` condition, for `kubectl get`.
+    #[serde(default)]
+    pub accepted: bool,
+
+    /// The Spinnaker account name in effect: `spec.accountName` or `metadata.name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account_name: Option<String>,
+}

@@ -1,0 +1,32 @@
+//! `scale-agent-demo`: runs Scale Agent locally on a real control plane (`make demo`).
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use scale_agent_e2e::demo::{self, DemoOptions};
+
+/// Starts a local Kubernetes control plane with Scale Agent installed, shows how to reach
+/// it, and stops everything on Ctrl-C.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Directory for the demo cluster's certificates, kubeconfig, logs and etcd data.
+    /// Anything already there is replaced. Defaults to /dev/shm/scale-agent-demo.
+    #[arg(long, env = "SCALE_AGENT_DEMO_DIR")]
+    run_dir: Option<PathBuf>,
+
+    /// Set everything up, then stop at once instead of waiting for Ctrl-C.
+    #[arg(long)]
+    once: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let options = DemoOptions {
+        run_dir: args.run_dir.unwrap_or_else(demo::default_run_dir),
+        once: args.once,
+    };
+    demo::run(options, &mut std::io::stdout()).await?;
+    Ok(())
+}

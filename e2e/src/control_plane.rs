@@ -1,0 +1,770 @@
+//! A real, local Kubernetes control plane: etcd (data on tmpfs), kube-apiserver with RBAC,
+//! ServiceAccount token signing, a serving certificate and an admin identity, and optionally
+//! kube-controller-manager so Deployments roll out to ReplicaSets and namespaces and owned
+//! objects are garbage-collected.
+//!
+//! Tests share one control plane per test binary ([`ControlPlane::shared`]) and isolate
+//! themselves with a fresh namespace each ([`ControlPlane::namespace`]).
+
+use std::{
+    fmt, fs,
+    io::Write as _,
+    net::TcpListener,
+    path::{Path, PathBuf},
+    sync::{Mutex, OnceLock},
+    time::{Duration, Instant},
+};
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use k8s_openapi::api::{
+    authentication::v1::{TokenRequest, TokenRequestSpec},
+    core::v1::{Namespace, ServiceAccount},
+};
+use kube::{
+    Client, Config,
+    api::{Api, ObjectMeta, PostParams},
+    config::{KubeConfigOptions, Kubeconfig},
+};
+use rand::Rng;
+
+use crate::{
+    binaries::{Binaries, KUBERNETES_VERSION},
+    error::{Error, Result, io_err},
+    pki::{self, CertificateAuthority},
+    process::{self, ManagedProcess},
+};
+
+/// The resource whose watch cache is switched off, so a watch from a compacted
+/// resourceVersion gets a real 410 Gone at once. With the cache on, the apiserver keeps
+/// serving old events from memory after etcd compacts them.
+pub const UNCACHED_RESOURCE: &str = "podtemplates";
+
+/// Label put on every namespace made by [`ControlPlane::namespace`].
+pub const TEST_NAMESPACE_LABEL: &str = "scaleagent.dev/e2e";
+
+/// Controllers run when the controller manager is on: enough for Deployments to roll out,
+/// for owner references to garbage-collect, and for namespaces to finish deleting.
+pub const DEFAULT_CONTROLLERS: &[&str] = &[
+    "deployment-controller",
+    "replicaset-controller",
+    "statefulset-controller",
+    "daemonset-controller",
+    "job-controller",
+    "garbage-collector-controller",
+    "namespace-controller",
+    "serviceaccount-token-controller",
+];
+
+/// How to start a control plane.
+#[derive(Clone, Debug)]
+pub struct ControlPlaneOptions {
+    /// Also run kube-controller-manager with [`Self::controllers`].
+    pub controller_manager: bool,
+    pub controllers: Vec<String>,
+    /// Budget for each component to become ready; contended 2-core machines have been seen
+    /// to need 35 s for the apiserver.
+    pub ready_timeout: Duration,
+    /// Where certificates, kubeconfigs, logs and (unless on tmpfs already) etcd data go.
+    /// By default a fresh directory under `/dev/shm`, removed when the process exits.
+    pub run_dir: Option<PathBuf>,
+}
+
+impl Default for ControlPlaneOptions {
+    fn default() -> Self {
+        Self {
+            controller_manager: false,
+            controllers: DEFAULT_CONTROLLERS.iter().map(|c| c.to_string()).collect(),
+            ready_timeout: Duration::from_secs(60),
+            run_dir: None,
+        }
+    }
+}
+
+impl ControlPlaneOptions {
+    pub fn with_controller_manager(mut self) -> Self {
+        self.controller_manager = true;
+        self
+    }
+}
+
+/// How long each component took to become ready.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StartupTimes {
+    pub etcd: Duration,
+    pub kube_apiserver: Duration,
+    pub kube_controller_manager: Option<Duration>,
+    pub total: Duration,
+}
+
+impl fmt::Display for StartupTimes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "ready in {:.2} s (etcd {:.2} s, kube-apiserver {:.2} s",
+            self.total.as_secs_f64(),
+            self.etcd.as_secs_f64(),
+            self.kube_apiserver.as_secs_f64()
+        )?;
+        if let Some(kcm) = self.kube_controller_manager {
+            write!(f, ", kube-controller-manager {:.2} s", kcm.as_secs_f64())?;
+        }
+        write!(f, ")")
+    }
+}
+
+/// A running control plane. Dropping it stops the components in order (controller
+/// manager, apiserver, etcd) and removes its run directory.
+pub struct ControlPlane {
+    binaries: Binaries,
+    run_dir: PathBuf,
+    /// In start order; stopped in reverse.
+    processes: Mutex<Vec<ManagedProcess>>,
+    server: String,
+    etcd_endpoint: String,
+    ca_pem: String,
+    kubeconfig_path: PathBuf,
+    kubeconfig_yaml: String,
+    startup: StartupTimes,
+}
+
+impl fmt::Debug for ControlPlane {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ControlPlane")
+            .field("server", &self.server)
+            .field("run_dir", &self.run_dir)
+            .field("startup", &self.startup)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ControlPlane {
+    /// The control plane shared by every test in this test binary, started on first use
+    /// (without the controller manager).
+    pub fn shared() -> Result<&'static ControlPlane> {
+        Self::shared_with(ControlPlaneOptions::default)
+    }
+
+    /// Like [`Self::shared`], with options; the first caller in a test binary decides them,
+    /// so every test of one binary should pass the same.
+    pub fn shared_with(
+        options: impl FnOnce() -> ControlPlaneOptions,
+    ) -> Result<&'static ControlPlane> {
+        static SHARED: OnceLock<std::result::Result<ControlPlane, String>> = OnceLock::new();
+        let shared = SHARED.get_or_init(|| {
+            let options = options();
+            // Tests run on their own Tokio runtimes, which die with each test: start on a
+            // thread with a runtime of its own, and hand out clients per test.
+            let started = std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                runtime
+                    .block_on(ControlPlane::start(options))
+                    .map_err(|e| e.to_string())
+            })
+            .join()
+            .unwrap_or_else(|_| Err("the control plane start-up thread panicked".into()));
+            if let Ok(control_plane) = &started {
+                process::remove_at_exit(control_plane.run_dir.clone());
+                // Written straight to stderr so it shows in `cargo test` output uncaptured.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "[e2e] Kubernetes {KUBERNETES_VERSION} control plane at {} {}",
+                    control_plane.server,
+                    control_plane.startup
+                );
+            }
+            started
+        });
+        shared
+            .as_ref()
+            .map_err(|message| Error::SharedStartFailed(message.clone()))
+    }
+
+    /// Starts etcd, kube-apiserver and (if asked) kube-controller-manager, and waits until
+    /// each is ready.
+    pub async fn start(options: ControlPlaneOptions) -> Result<ControlPlane> {
+        let binaries = Binaries::locate()?;
+        let started = Instant::now();
+        let run_dir = match &options.run_dir {
+            Some(dir) => {
+                if dir.exists() {
+                    fs::remove_dir_all(dir).map_err(io_err(format!("clear {}", dir.display())))?;
+                }
+                dir.clone()
+            }
+            None => new_run_dir()?,
+        };
+        fs::create_dir_all(&run_dir).map_err(io_err(format!("create {}", run_dir.display())))?;
+        fs::write(run_dir.join("owner.pid"), std::process::id().to_string())
+            .map_err(io_err("write owner.pid"))?;
+
+        let write = |name: &str, contents: &str| -> Result<PathBuf> {
+            let path = run_dir.join(name);
+            fs::write(&path, contents).map_err(io_err(format!("write {}", path.display())))?;
+            Ok(path)
+        };
+
+        let ca = CertificateAuthority::new("scale-agent-e2e-ca")?;
+        let serving = ca.serving("kube-apiserver", &["kubernetes", "kubernetes.default.svc"])?;
+        let admin = ca.client("scale-agent-e2e-admin", &["system:masters"])?;
+        let ca_file = write("ca.crt", &ca.cert_pem)?;
+        let serving_cert = write("apiserver.crt", &serving.cert_pem)?;
+        let serving_key = write("apiserver.key", &serving.key_pem)?;
+        let admin_cert = write("admin.crt", &admin.cert_pem)?;
+        let admin_key = write("admin.key", &admin.key_pem)?;
+        let (sa_private, sa_public) = pki::signing_key_pair_pem()?;
+        let sa_key = write("service-account.key", &sa_private)?;
+        let sa_pub = write("service-account.pub", &sa_public)?;
+
+        let mut processes = Vec::new();
+
+        // etcd: data on tmpfs and fsync off; a test cluster's data is thrown away anyway.
+        let etcd_data = run_dir.join("etcd");
+        let (etcd_client_port, etcd_peer_port) = (free_port()?, free_port()?);
+        let etcd_endpoint = format!("http://127.0.0.1:{etcd_client_port}");
+        let etcd_peer = format!("http://127.0.0.1:{etcd_peer_port}");
+        let etcd_started = Instant::now();
+        processes.push(ManagedProcess::spawn(
+            "etcd",
+            &binaries.etcd(),
+            &[
+                "--name=e2e".into(),
+                format!("--data-dir={}", etcd_data.display()),
+                format!("--listen-client-urls={etcd_endpoint}"),
+                format!("--advertise-client-urls={etcd_endpoint}"),
+                format!("--listen-peer-urls={etcd_peer}"),
+                format!("--initial-advertise-peer-urls={etcd_peer}"),
+                format!("--initial-cluster=e2e={etcd_peer}"),
+                "--unsafe-no-fsync=true".into(),
+                "--quota-backend-bytes=4294967296".into(),
+                "--log-level=warn".into(),
+            ],
+            run_dir.join("etcd.log"),
+        )?);
+        let etcd = Etcd::new(&etcd_endpoint);
+        wait_until("etcd", options.ready_timeout, &mut processes[0], || {
+            etcd.healthy()
+        })
+        .await?;
+        let etcd_ready = etcd_started.elapsed();
+
+        let apiserver_port = free_port()?;
+        let server = format!("https://127.0.0.1:{apiserver_port}");
+        let apiserver_started = Instant::now();
+        processes.push(ManagedProcess::spawn(
+            "kube-apiserver",
+            &binaries.kube_apiserver(),
+            &[
+                format!("--etcd-servers={etcd_endpoint}"),
+                "--bind-address=127.0.0.1".into(),
+                // Without a default route the apiserver cannot pick an address by itself.
+                "--advertise-address=127.0.0.1".into(),
+                format!("--secure-port={apiserver_port}"),
+                format!("--cert-dir={}", run_dir.join("apiserver-certs").display()),
+                format!("--tls-cert-file={}", serving_cert.display()),
+                format!("--tls-private-key-file={}", serving_key.display()),
+                format!("--client-ca-file={}", ca_file.display()),
+                "--authorization-mode=RBAC".into(),
+                "--service-account-issuer=https://kubernetes.default.svc".into(),
+                format!("--service-account-key-file={}", sa_pub.display()),
+                format!("--service-account-signing-key-file={}", sa_key.display()),
+                "--service-cluster-ip-range=10.0.0.0/24".into(),
+                "--allow-privileged=true".into(),
+                // No kubelet and no ServiceAccount controller: pods must not wait for a
+                // `default` ServiceAccount that nothing creates.
+                "--disable-admission-plugins=ServiceAccount".into(),
+                "--endpoint-reconciler-type=none".into(),
+                format!("--watch-cache-sizes={UNCACHED_RESOURCE}#0"),
+                // Priority and fairness only adds start-up work on a single-user test cluster.
+                "--enable-priority-and-fairness=false".into(),
+                "--profiling=false".into(),
+                "--v=1".into(),
+            ],
+            run_dir.join("kube-apiserver.log"),
+        )?);
+
+        let kubeconfig_yaml = kubeconfig_yaml(
+            &server,
+            &ca_file,
+            &format!(
+                "client-certificate: {}\n    client-key: {}",
+                admin_cert.display(),
+                admin_key.display()
+            ),
+        );
+        let kubeconfig_path = write("admin.kubeconfig", &kubeconfig_yaml)?;
+        let admin_client = client_from_kubeconfig(&kubeconfig_yaml).await?;
+        wait_until(
+            "kube-apiserver",
+            options.ready_timeout,
+            &mut processes[1],
+            || async {
+                matches!(
+                    admin_client
+                        .request_text(http_get("/readyz")?)
+                        .await
+                        .as_deref(),
+                    Ok("ok")
+                )
+                .then_some(())
+                .ok_or(())
+            },
+        )
+        .await?;
+        let apiserver_ready = apiserver_started.elapsed();
+
+        let mut kcm_ready = None;
+        if options.controller_manager {
+            let kcm_port = free_port()?;
+            let kcm_started = Instant::now();
+            processes.push(ManagedProcess::spawn(
+                "kube-controller-manager",
+                &binaries.kube_controller_manager(),
+                &[
+                    format!("--kubeconfig={}", kubeconfig_path.display()),
+                    "--leader-elect=false".into(),
+                    format!("--controllers={}", options.controllers.join(",")),
+                    format!("--service-account-private-key-file={}", sa_key.display()),
+                    format!("--root-ca-file={}", ca_file.display()),
+                    "--use-service-account-credentials=false".into(),
+                    "--bind-address=127.0.0.1".into(),
+                    format!("--secure-port={kcm_port}"),
+                    format!("--tls-cert-file={}", serving_cert.display()),
+                    format!("--tls-private-key-file={}", serving_key.display()),
+                    "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics".into(),
+                    "--kube-api-qps=1000".into(),
+                    "--kube-api-burst=1000".into(),
+                    "--v=1".into(),
+                ],
+                run_dir.join("kube-controller-manager.log"),
+            )?);
+            let kcm_client = client_from_kubeconfig(&kubeconfig_yaml_with_server(
+                &kubeconfig_yaml,
+                &server,
+                &format!("https://127.0.0.1:{kcm_port}"),
+            ))
+            .await?;
+            let index = processes.len() - 1;
+            wait_until(
+                "kube-controller-manager",
+                options.ready_timeout,
+                &mut processes[index],
+                || async {
+                    matches!(
+                        kcm_client
+                            .request_text(http_get("/healthz")?)
+                            .await
+                            .as_deref(),
+                        Ok("ok")
+                    )
+                    .then_some(())
+                    .ok_or(())
+                },
+            )
+            .await?;
+            kcm_ready = Some(kcm_started.elapsed());
+        }
+
+        Ok(ControlPlane {
+            binaries,
+            run_dir,
+            processes: Mutex::new(processes),
+            server,
+            etcd_endpoint,
+            ca_pem: ca.cert_pem,
+            kubeconfig_path,
+            kubeconfig_yaml,
+            startup: StartupTimes {
+                etcd: etcd_ready,
+                kube_apiserver: apiserver_ready,
+                kube_controller_manager: kcm_ready,
+                total: started.elapsed(),
+            },
+        })
+    }
+
+    /// The apiserver's URL, `https://127.0.0.1:<port>`.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// The PEM CA that signed the apiserver's serving certificate.
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// A kubeconfig file for the admin identity (`system:masters`).
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig_path
+    }
+
+    pub fn run_dir(&self) -> &Path {
+        &self.run_dir
+    }
+
+    pub fn binaries(&self) -> &Binaries {
+        &self.binaries
+    }
+
+    pub fn startup(&self) -> StartupTimes {
+        self.startup
+    }
+
+    /// Name and pid of each running component, in start order.
+    pub fn pids(&self) -> Vec<(&'static str, u32)> {
+        self.processes
+            .lock()
+            .map(|ps| ps.iter().map(|p| (p.name(), p.pid())).collect())
+            .unwrap_or_default()
+    }
+
+    /// Fails with the component's log when one of them has exited.
+    pub fn ensure_running(&self) -> Result<()> {
+        match self.processes.lock() {
+            Ok(mut processes) => processes
+                .iter_mut()
+                .try_for_each(ManagedProcess::ensure_running),
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// A new admin client. Make one per test: a client's connections belong to the Tokio
+    /// runtime it was first used on.
+    pub async fn client(&self) -> Result<Client> {
+        client_from_kubeconfig(&self.kubeconfig_yaml).await
+    }
+
+    /// A kubeconfig that authenticates with a bearer `token`, for example a ServiceAccount's.
+    pub fn kubeconfig_for_token(&self, token: &str) -> String {
+        kubeconfig_yaml(
+            &self.server,
+            &self.run_dir.join("ca.crt"),
+            &format!("token: {token}"),
+        )
+    }
+
+    /// A client that authenticates with a bearer `token`, so RBAC applies to it.
+    pub async fn client_for_token(&self, token: &str) -> Result<Client> {
+        client_from_kubeconfig(&self.kubeconfig_for_token(token)).await
+    }
+
+    /// Mints a real token for ServiceAccount `namespace/name` with the TokenRequest API.
+    pub async fn service_account_token(
+        &self,
+        client: &Client,
+        namespace: &str,
+        name: &str,
+    ) -> Result<String> {
+        let request = TokenRequest {
+            // No audiences: the token is for the apiserver's own audience.
+            spec: Some(TokenRequestSpec {
+                expiration_seconds: Some(3600),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let response = Api::<ServiceAccount>::namespaced(client.clone(), namespace)
+            .create_token_request(name, &PostParams::default(), &request)
+            .await?;
+        response
+            .status
+            .and_then(|status| status.token)
+            .ok_or_else(|| Error::NoToken {
+                service_account: format!("{namespace}/{name}"),
+            })
+    }
+
+    /// Creates a fresh namespace `<prefix>-<random>` for one test.
+    pub async fn namespace(&self, client: &Client, prefix: &str) -> Result<String> {
+        let prefix: String = prefix
+            .to_ascii_lowercase()
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .take(50)
+            .collect();
+        let name = format!(
+            "{}-{:06x}",
+            prefix.trim_matches('-'),
+            rand::rng().random_range(0..0x100_0000)
+        );
+        let namespace = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some([(TEST_NAMESPACE_LABEL.to_string(), "true".to_string())].into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &namespace)
+            .await?;
+        Ok(name)
+    }
+
+    /// Compacts etcd's history up to its current revision, so older resourceVersions are
+    /// gone. Returns the revision compacted to.
+    pub async fn compact_etcd(&self) -> Result<i64> {
+        Etcd::new(&self.etcd_endpoint).compact_to_current().await
+    }
+
+    /// Stops the components in reverse start order; a component still running after its
+    /// grace period is killed.
+    pub fn stop(&self) {
+        if let Ok(mut processes) = self.processes.lock() {
+            while let Some(mut process) = processes.pop() {
+                process.stop(Duration::from_secs(10));
+            }
+        }
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = fs::remove_dir_all(&self.run_dir);
+    }
+}
+
+/// A free TCP port on loopback. Another process may take it before we use it; on a test
+/// machine that is rare enough to accept.
+fn free_port() -> Result<u16> {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .map_err(io_err("find a free port"))
+}
+
+/// Root of the per-run directories: tmpfs when the machine has one, so etcd writes to memory.
+fn runs_root() -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        shm.join("scale-agent-e2e")
+    } else {
+        std::env::temp_dir().join("scale-agent-e2e")
+    }
+}
+
+fn new_run_dir() -> Result<PathBuf> {
+    let root = runs_root();
+    sweep_stale_runs(&root);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    Ok(root.join(format!("{}-{nanos:09}", std::process::id())))
+}
+
+/// Removes run directories whose owning process has died without cleaning up (killed
+/// outright); their components died with it.
+fn sweep_stale_runs(root: &Path) {
+    let Ok(entries) = fs::read_dir(root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let owner = fs::read_to_string(entry.path().join("owner.pid"))
+            .ok()
+            .and_then(|pid| pid.trim().parse::<u32>().ok());
+        if owner.is_some_and(|pid| !process::is_alive(pid)) {
+            let _ = fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+fn kubeconfig_yaml(server: &str, ca_file: &Path, user: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: scale-agent-e2e
+  cluster:
+    server: {server}
+    certificate-authority: {ca}
+users:
+- name: scale-agent-e2e
+  user:
+    {user}
+contexts:
+- name: scale-agent-e2e
+  context:
+    cluster: scale-agent-e2e
+    user: scale-agent-e2e
+current-context: scale-agent-e2e
+",
+        ca = ca_file.display(),
+    )
+}
+
+fn kubeconfig_yaml_with_server(yaml: &str, from: &str, to: &str) -> String {
+    yaml.replace(&format!("server: {from}\n"), &format!("server: {to}\n"))
+}
+
+async fn client_from_kubeconfig(yaml: &str) -> Result<Client> {
+    let kubeconfig = Kubeconfig::from_yaml(yaml)?;
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    Ok(Client::try_from(config)?)
+}
+
+fn http_get(path: &str) -> std::result::Result<http::Request<Vec<u8>>, ()> {
+    http::Request::get(path).body(Vec::new()).map_err(|_| ())
+}
+
+/// Polls `probe` every 100 ms until it succeeds, failing early with the component's log
+/// when the process exits, and after `timeout` with the end of its log.
+async fn wait_until<F, Fut>(
+    component: &'static str,
+    timeout: Duration,
+    process: &mut ManagedProcess,
+    mut probe: F,
+) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = std::result::Result<(), ()>>,
+{
+    let started = Instant::now();
+    loop {
+        process.ensure_running()?;
+        if probe().await.is_ok() {
+            return Ok(());
+        }
+        if started.elapsed() > timeout {
+            return Err(Error::NotReady {
+                component,
+                waited_secs: timeout.as_secs(),
+                log: process.log().to_path_buf(),
+                log_tail: process::tail(process.log(), 20),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The few calls the harness makes to etcd, through its JSON gateway (gRPC-gateway on the
+/// client URL), which needs no etcd client library.
+struct Etcd {
+    endpoint: String,
+}
+
+impl Etcd {
+    fn new(endpoint: &str) -> Self {
+        Self {
+            endpoint: endpoint.to_string(),
+        }
+    }
+
+    fn error(&self, message: impl Into<String>) -> Error {
+        Error::Etcd {
+            endpoint: self.endpoint.clone(),
+            message: message.into(),
+        }
+    }
+
+    async fn healthy(&self) -> std::result::Result<(), ()> {
+        match self.post("/health", None).await {
+            Ok(body) if body.get("health").and_then(|h| h.as_str()) == Some("true") => Ok(()),
+            _ => Err(()),
+        }
+    }
+
+    async fn compact_to_current(&self) -> Result<i64> {
+        // Any range answers with the store's current revision in its header.
+        let range = self
+            .post(
+                "/v3/kv/range",
+                Some(serde_json::json!({ "key": "AA==", "limit": 1 })),
+            )
+            .await?;
+        let revision = range
+            .pointer("/header/revision")
+            .and_then(|r| r.as_str().and_then(|s| s.parse().ok()).or(r.as_i64()))
+            .ok_or_else(|| self.error(format!("no revision in {range}")))?;
+        self.post(
+            "/v3/kv/compaction",
+            Some(serde_json::json!({ "revision": revision.to_string(), "physical": true })),
+        )
+        .await?;
+        Ok(revision)
+    }
+
+    async fn post(&self, path: &str, body: Option<serde_json::Value>) -> Result<serde_json::Value> {
+        let authority = self.endpoint.trim_start_matches("http://").to_string();
+        let stream = tokio::net::TcpStream::connect(&authority)
+            .await
+            .map_err(|e| self.error(format!("connect: {e}")))?;
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .map_err(|e| self.error(format!("handshake: {e}")))?;
+        tokio::spawn(connection);
+        let method = if body.is_some() { "POST" } else { "GET" };
+        let request = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(http::header::HOST, authority)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(
+                body.map(|b| b.to_string()).unwrap_or_default(),
+            )))
+            .map_err(|e| self.error(format!("request: {e}")))?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| self.error(format!("{method} {path}: {e}")))?;
+        let status = response.status();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| self.error(format!("{method} {path}: {e}")))?
+            .to_bytes();
+        if !status.is_success() {
+            return Err(self.error(format!(
+                "{method} {path}: {status}: {}",
+                String::from_utf8_lossy(&bytes)
+            )));
+        }
+        serde_json::from_slice(&bytes).map_err(|e| self.error(format!("{method} {path}: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubeconfig_parses_and_server_can_be_swapped() {
+        let yaml = kubeconfig_yaml(
+            "https://127.0.0.1:6443",
+            Path::new("/tmp/ca.crt"),
+            "token: abc",
+        );
+        let parsed = Kubeconfig::from_yaml(&yaml).unwrap();
+        assert_eq!(parsed.current_context.as_deref(), Some("scale-agent-e2e"));
+        let cluster = parsed.clusters[0].cluster.as_ref().unwrap();
+        assert_eq!(cluster.server.as_deref(), Some("https://127.0.0.1:6443"));
+        let swapped =
+            kubeconfig_yaml_with_server(&yaml, "https://127.0.0.1:6443", "https://127.0.0.1:1");
+        assert!(
+            swapped.contains("server: https://127.0.0.1:1\n"),
+            "{swapped}"
+        );
+    }
+
+    #[test]
+    fn stale_runs_are_swept_and_live_ones_kept() {
+        let root = std::env::temp_dir().join(format!("sweep-test-{}", std::process::id()));
+        let live = root.join("live");
+        let stale = root.join("stale");
+        fs::create_dir_all(&live).unwrap();
+        fs::create_dir_all(&stale).unwrap();
+        fs::write(live.join("owner.pid"), std::process::id().to_string()).unwrap();
+        // Pid numbers are bounded by pid_max (at most 2^22), so this one cannot be alive.
+        fs::write(stale.join("owner.pid"), "99999999").unwrap();
+        sweep_stale_runs(&root);
+        assert!(live.exists());
+        assert!(!stale.exists());
+        fs::remove_dir_all(&root).unwrap();
+    }
+}

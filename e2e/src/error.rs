@@ -1,0 +1,80 @@
+//! The one error type of the test-support library.
+
+use std::path::PathBuf;
+
+/// What can go wrong while building, starting or talking to the local control plane.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The control-plane binaries have not been built on this machine yet.
+    #[error(
+        "the control-plane binaries for Kubernetes {version} are not in {dir}: build them once with \
+         `make control-plane` (or `e2e/control-plane/build.sh`), or point SCALE_AGENT_CONTROL_PLANE_BIN \
+         at a directory holding etcd, kube-apiserver, kube-controller-manager and kubectl"
+    )]
+    BinariesMissing { version: &'static str, dir: PathBuf },
+
+    #[error("failed to {action}: {source}")]
+    Io {
+        action: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("failed to generate {what}: {source}")]
+    Certificate {
+        what: &'static str,
+        #[source]
+        source: rcgen::Error,
+    },
+
+    /// A component did not become ready within its budget; `log_tail` holds the end of its log.
+    #[error(
+        "{component} was not ready after {waited_secs} s (log: {log}); last lines:\n{log_tail}"
+    )]
+    NotReady {
+        component: &'static str,
+        waited_secs: u64,
+        log: PathBuf,
+        log_tail: String,
+    },
+
+    /// A component exited while it was expected to run.
+    #[error("{component} exited with {status} (log: {log}); last lines:\n{log_tail}")]
+    Exited {
+        component: &'static str,
+        status: std::process::ExitStatus,
+        log: PathBuf,
+        log_tail: String,
+    },
+
+    #[error("kubeconfig: {0}")]
+    Kubeconfig(#[from] kube::config::KubeconfigError),
+
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+
+    #[error("the TokenRequest for ServiceAccount {service_account} returned no token")]
+    NoToken { service_account: String },
+
+    #[error("etcd at {endpoint}: {message}")]
+    Etcd { endpoint: String, message: String },
+
+    #[error("timed out after {secs} s waiting for {what}")]
+    Timeout { what: String, secs: u64 },
+
+    /// The control plane shared by a test binary failed to start; the first test to use
+    /// it got the full error, later ones get its text.
+    #[error("the shared control plane failed to start: {0}")]
+    SharedStartFailed(String),
+
+    #[error("invalid manifest {path}: {message}")]
+    Manifest { path: PathBuf, message: String },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Wraps an `io::Error` with what was being done, so the message says what to look at.
+pub(crate) fn io_err(action: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+    let action = action.into();
+    move |source| Error::Io { action, source }
+}

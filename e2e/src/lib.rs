@@ -1,0 +1,24 @@
+//! Test support for Scale Agent: a real local Kubernetes control plane (etcd,
+//! kube-apiserver, optionally kube-controller-manager) built from Go modules by
+//! `e2e/control-plane/build.sh`, plus helpers to act as ServiceAccounts under real RBAC.
+//!
+//! ```no_run
+//! # async fn example() -> scale_agent_e2e::Result<()> {
+//! use scale_agent_e2e::ControlPlane;
+//! let control_plane = ControlPlane::shared()?;
+//! let client = control_plane.client().await?;
+//! let namespace = control_plane.namespace(&client, "my-test").await?;
+//! # Ok(()) }
+//! ```
+
+pub mod binaries;
+pub mod control_plane;
+pub mod crds;
+pub mod demo;
+pub mod error;
+pub mod pki;
+pub mod process;
+
+pub use binaries::{Binaries, KUBERNETES_VERSION};
+pub use control_plane::{ControlPlane, ControlPlaneOptions, StartupTimes};
+pub use error::{Error, Result};
