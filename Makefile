@@ -5,7 +5,7 @@ SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
 
-.PHONY: help test demo control-plane fmt lint unit crds
+.PHONY: help test demo control-plane fmt lint unit crds proto
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -33,3 +33,9 @@ unit: ## Tests that need no control plane (the library and unit tests)
 
 crds: ## Regenerate manifests/crds from the Rust types in crds/
 	$(CARGO) run --locked -p scale-agent-crds --bin crdgen -- manifests/crds
+
+proto: ## Regenerate proto/src/gen from proto/proto (no protoc needed)
+	@# protogen links the library, which includes the generated file: start from an empty
+	@# one so a stale file that no longer compiles cannot block its own regeneration.
+	: > proto/src/gen/scaleagent.v1.rs
+	$(CARGO) run --locked -p scale-agent-proto --features codegen --bin protogen

@@ -33,4 +33,8 @@ pub enum Error {
         /// The offending value.
         value: String,
     },
+
+    /// The agent's config file does not parse.
+    #[error("invalid agent config: {0}")]
+    AgentConfig(String),
 }

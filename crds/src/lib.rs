@@ -5,13 +5,16 @@
 //! `manifests/crds/` are rendered from them by `crdgen` (`make crds`) and a test fails when the
 //! checked-in YAML drifts.
 
+pub mod agent_config;
 pub mod conditions;
 mod error;
+mod reference;
 mod render;
 pub mod v1alpha1;
 
 pub use error::Error;
-pub use render::{CRD_FILE_HEADER, crds, render_crds};
+pub use reference::{REFERENCE_PATH, render_reference};
+pub use render::{CRD_FILE_HEADER, crds, render_crds, render_kustomization};
 pub use v1alpha1::{
     AgentAccount, AgentAccountSpec, AgentAccountStatus, ScaleAgent, ScaleAgentSpec,
     ScaleAgentStatus,

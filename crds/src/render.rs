@@ -46,6 +46,17 @@ pub fn render_crds() -> Result<Vec<(String, String)>, Error> {
         .collect()
 }
 
+/// `manifests/crds/kustomization.yaml`: lists the CRD files of [`render_crds`], so
+/// kustomizations anywhere in the tree can include the CRDs as one directory.
+pub fn render_kustomization(crd_files: &[String]) -> (String, String) {
+    let mut yaml = String::from(CRD_FILE_HEADER);
+    yaml.push_str("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n");
+    for file in crd_files {
+        yaml.push_str(&format!("  - {file}\n"));
+    }
+    ("kustomization.yaml".to_string(), yaml)
+}
+
 // Doc comments arrive hard-wrapped at ~100 columns, and `kubectl explain` re-wraps at 80 while
 // keeping every newline, which leaves ragged half-lines. Join the lines of each paragraph and
 // keep only paragraph breaks and list items.

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use kube::{CustomResourceExt, Resource};
-use scale_agent_crds::{AgentAccount, ScaleAgent, crds, render_crds};
+use scale_agent_crds::{AgentAccount, ScaleAgent, crds, render_crds, render_kustomization};
 use serde_json::Value;
 
 fn manifests_dir() -> PathBuf {
@@ -18,7 +18,9 @@ fn manifests_dir() -> PathBuf {
 #[test]
 fn checked_in_crds_are_up_to_date() {
     let dir = manifests_dir();
-    let rendered = render_crds().unwrap();
+    let mut rendered = render_crds().unwrap();
+    let names: Vec<String> = rendered.iter().map(|(file, _)| file.clone()).collect();
+    rendered.push(render_kustomization(&names));
     for (file, yaml) in &rendered {
         let path = dir.join(file);
         let on_disk = std::fs::read_to_string(&path).unwrap_or_else(|e| {
@@ -42,6 +44,18 @@ fn checked_in_crds_are_up_to_date() {
             "manifests/crds is out of date: run `make crds` ({name} is not generated any more; delete it)"
         );
     }
+}
+
+#[test]
+fn checked_in_reference_is_up_to_date() {
+    let path = manifests_dir()
+        .join("../..")
+        .join(scale_agent_crds::REFERENCE_PATH);
+    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        on_disk == scale_agent_crds::render_reference(&crds()),
+        "docs/crds.md is out of date: run `make crds`"
+    );
 }
 
 #[test]

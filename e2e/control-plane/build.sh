@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds the local Kubernetes control plane that Scale Agent's tests and demo run on:
 # etcd, kube-apiserver, kube-controller-manager and kubectl, from Go modules through the
-# module proxy, at the version pinned in ./kubernetes-version (the only place it is written).
+# module proxy, at the version pinned in ./kubernetes-version (the only place it is written),
+# and Helm at the version in ./helm-version (to render the chart in tests).
 #
-# The result is a multi-call binary plus one symlink per component, cached outside the
-# repository in
+# The result is a multi-call binary plus one symlink per component, and helm, cached outside
+# the repository in
 #   ${SCALE_AGENT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/scale-agent}/control-plane/<version>/bin
 # and rebuilt only when the version or this build's inputs change.
 #
@@ -33,7 +34,7 @@ fi
 
 # The stamp covers everything the binary is made from, so editing main.go or this script
 # rebuilds, and an interrupted build (no stamp) is never mistaken for a finished one.
-stamp=$(cat "$here/kubernetes-version" "$here/testbins/main.go" "$here/build.sh" | sha256sum | cut -c1-16)
+stamp=$(cat "$here/kubernetes-version" "$here/helm-version" "$here/testbins/main.go" "$here/build.sh" | sha256sum | cut -c1-16)
 if [[ ${1:-} != --force && -f $bin/.stamp && $(cat "$bin/.stamp") == "$stamp" ]]; then
   echo "control plane $version: cached in $bin"
   exit 0
@@ -115,5 +116,11 @@ mv "$bin/kube-testbins.tmp" "$bin/kube-testbins"
 for c in "${components[@]}"; do
   ln -sfn kube-testbins "$bin/$c"
 done
+
+# Helm's module has no replace directives, so plain `go install` builds it (about 2 min cold).
+helm_version=$(tr -d '[:space:]' <"$here/helm-version")
+step "building helm $helm_version (go install helm.sh/helm/v3/cmd/helm)"
+(cd "$out" && GOFLAGS= GOBIN="$bin" go install "helm.sh/helm/v3/cmd/helm@$helm_version")
+
 echo "$stamp" >"$bin/.stamp"
 step "done: $("$bin/kube-apiserver" --version 2>&1), binaries in $bin"

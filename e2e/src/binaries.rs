@@ -90,6 +90,10 @@ impl Binaries {
         self.path("kubectl")
     }
 
+    pub fn helm(&self) -> PathBuf {
+        self.path("helm")
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }

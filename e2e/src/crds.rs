@@ -25,12 +25,13 @@ pub fn manifests_dir() -> PathBuf {
         .join("crds")
 }
 
-/// Reads every `*.yaml` CRD in `dir`, sorted by file name.
+/// Reads every `*.yaml` CRD in `dir` (not its `kustomization.yaml`), sorted by file name.
 pub fn read_crds(dir: &Path) -> Result<Vec<CustomResourceDefinition>> {
     let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(io_err(format!("read {}", dir.display())))?
         .filter_map(|entry| entry.ok().map(|e| e.path()))
         .filter(|path| path.extension().is_some_and(|ext| ext == "yaml"))
+        .filter(|path| !path.ends_with("kustomization.yaml"))
         .collect();
     paths.sort();
     paths

@@ -9,7 +9,7 @@ pub enum Error {
     #[error(
         "the control-plane binaries for Kubernetes {version} are not in {dir}: build them once with \
          `make control-plane` (or `e2e/control-plane/build.sh`), or point SCALE_AGENT_CONTROL_PLANE_BIN \
-         at a directory holding etcd, kube-apiserver, kube-controller-manager and kubectl"
+         at a directory holding etcd, kube-apiserver, kube-controller-manager, kubectl and helm"
     )]
     BinariesMissing { version: &'static str, dir: PathBuf },
 

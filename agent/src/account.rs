@@ -1,0 +1,211 @@
+//! One account's credentials, cluster identity and discovery.
+//!
+//! Credentials: `kubeconfigFile` (with `context`, else the file's current context), or
+//! `serviceAccount: true`, which uses the pod's own ServiceAccount
+//! ([`kube::Config::incluster`]) and, when the agent does not run in a pod, falls back to
+//! [`kube::Config::infer`] (`$KUBECONFIG` or `~/.kube/config`), which is handy on a laptop.
+
+use kube::{
+    Client, Config,
+    config::{KubeConfigOptions, Kubeconfig},
+    discovery::{Discovery, Scope},
+};
+use scale_agent_crds::agent_config::AccountConfig;
+use scale_agent_proto::v1;
+
+use crate::{
+    error::{Error, Result},
+    kinds::{Candidate, KindRef},
+};
+
+/// An account ready to register: a client and the identity of its cluster.
+pub struct Prepared {
+    pub client: Client,
+    pub cluster: v1::ClusterInfo,
+}
+
+/// The kube client config for an account's credentials.
+pub async fn kube_config(account: &AccountConfig) -> Result<Config> {
+    if let Some(path) = account.kubeconfig_file.as_deref().filter(|p| !p.is_empty()) {
+        let kubeconfig_error = |message: String| Error::Kubeconfig {
+            account: account.name.clone(),
+            path: path.to_string(),
+            message,
+        };
+        let kubeconfig =
+            Kubeconfig::read_from(path).map_err(|e| kubeconfig_error(e.to_string()))?;
+        let options = KubeConfigOptions {
+            context: account.context.clone(),
+            ..Default::default()
+        };
+        return Config::from_custom_kubeconfig(kubeconfig, &options)
+            .await
+            .map_err(|e| kubeconfig_error(e.to_string()));
+    }
+    if account.service_account {
+        return match Config::incluster() {
+            Ok(config) => Ok(config),
+            Err(incluster) => Config::infer().await.map_err(|e| Error::InCluster {
+                account: account.name.clone(),
+                message: format!("{incluster}; {e}"),
+            }),
+        };
+    }
+    Err(Error::NoCredentials {
+        account: account.name.clone(),
+    })
+}
+
+/// Lowercase hex SHA-256 of `der`.
+pub fn fingerprint(der: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, der)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The API server URL as the agent reaches it, without a trailing slash.
+pub fn api_server_host(config: &Config) -> String {
+    config
+        .cluster_url
+        .to_string()
+        .trim_end_matches('/')
+        .to_string()
+}
+
+/// Loads credentials, builds a client and asks the API server its version.
+pub async fn prepare(account: &AccountConfig) -> Result<Prepared> {
+    let config = kube_config(account).await?;
+    let ca_fingerprint = config
+        .root_cert
+        .as_ref()
+        .and_then(|certs| certs.first())
+        .map(|der| fingerprint(der))
+        .unwrap_or_default();
+    let api_server_host = api_server_host(&config);
+    let kube_error = |context: &str| {
+        let account = account.name.clone();
+        let context = context.to_string();
+        move |source| Error::Kube {
+            account,
+            context,
+            source,
+        }
+    };
+    let client = Client::try_from(config).map_err(kube_error("build a client"))?;
+    let version = client
+        .apiserver_version()
+        .await
+        .map_err(kube_error(&format!(
+            "ask {api_server_host} for its version"
+        )))?;
+    Ok(Prepared {
+        client,
+        cluster: v1::ClusterInfo {
+            api_server_host,
+            ca_fingerprint,
+            kubernetes_version: version.git_version,
+        },
+    })
+}
+
+/// Every resource of every version the API server serves.
+pub async fn discover(account: &str, client: &Client) -> Result<Vec<Candidate>> {
+    let discovery = match Discovery::new(client.clone()).run_aggregated().await {
+        Ok(discovery) => discovery,
+        Err(aggregated) => {
+            tracing::debug!(account, error = %aggregated, "aggregated discovery failed; using per-group discovery");
+            Discovery::new(client.clone())
+                .run()
+                .await
+                .map_err(|source| Error::Kube {
+                    account: account.to_string(),
+                    context: "discover the API server's kinds".into(),
+                    source,
+                })?
+        }
+    };
+    let mut candidates = Vec::new();
+    for group in discovery.groups() {
+        let preferred = group.preferred_version_or_latest().to_string();
+        for version in group.versions() {
+            for (resource, capabilities) in group.versioned_resources(version) {
+                candidates.push(Candidate {
+                    kind: KindRef {
+                        group: resource.group.clone(),
+                        version: resource.version.clone(),
+                        kind: resource.kind.clone(),
+                        plural: resource.plural.clone(),
+                        namespaced: capabilities.scope == Scope::Namespaced,
+                    },
+                    verbs: capabilities.operations.clone(),
+                    preferred: version == preferred,
+                });
+            }
+        }
+    }
+    Ok(candidates)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprint_is_lowercase_hex_sha256() {
+        assert_eq!(
+            fingerprint(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_account_without_credentials_says_what_to_set() {
+        let account = AccountConfig {
+            name: "prod".into(),
+            ..Default::default()
+        };
+        let err = kube_config(&account)
+            .await
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("serviceAccount: true"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn kubeconfig_file_and_context_are_used_and_fingerprinted() {
+        let dir = std::env::temp_dir().join(format!("scale-agent-kc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let ca_path = dir.join("ca.crt");
+        std::fs::write(&ca_path, cert.cert.pem()).unwrap();
+        let kubeconfig = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: a\n  cluster:\n    server: https://127.0.0.1:6443\n    certificate-authority: {}\n- name: b\n  cluster:\n    server: https://10.0.0.2:443/\ncontexts:\n- name: a\n  context: {{cluster: a, user: u}}\n- name: b\n  context: {{cluster: b, user: u}}\ncurrent-context: a\nusers:\n- name: u\n  user:\n    token: abc\n",
+            ca_path.display()
+        );
+        let path = dir.join("kubeconfig");
+        std::fs::write(&path, kubeconfig).unwrap();
+        let mut account = AccountConfig {
+            name: "prod".into(),
+            kubeconfig_file: Some(path.display().to_string()),
+            ..Default::default()
+        };
+        let config = kube_config(&account).await.unwrap();
+        assert_eq!(api_server_host(&config), "https://127.0.0.1:6443");
+        let der = config.root_cert.as_ref().unwrap()[0].clone();
+        assert_eq!(der, cert.cert.der().to_vec());
+        account.context = Some("b".into());
+        let config = kube_config(&account).await.unwrap();
+        assert!(api_server_host(&config).starts_with("https://10.0.0.2"));
+        account.kubeconfig_file = Some(dir.join("missing").display().to_string());
+        let err = kube_config(&account)
+            .await
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("cannot load kubeconfig"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,321 @@
+//! A STREAMING account: discovery, kind selection, then one watch per kind and watch
+//! namespace, resuming where the hub says. Aborting the streamer task aborts its watches.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+    time::Duration,
+};
+
+use scale_agent_crds::agent_config::AccountConfig;
+use scale_agent_proto::v1::{self, agent_message};
+use tokio::{
+    sync::{Semaphore, mpsc},
+    task::{AbortHandle, JoinSet},
+};
+
+use crate::{
+    account::{self, Prepared},
+    backoff::Backoff,
+    kinds,
+    state::Shared,
+    watch::{self, Outbound, WatchContext},
+};
+
+/// What a streamer needs.
+pub struct StreamerContext {
+    pub account: AccountConfig,
+    pub prepared: Arc<Prepared>,
+    pub generation: u64,
+    pub tx: mpsc::Sender<Outbound>,
+    pub shared: Arc<Shared>,
+    pub total_budget: Arc<Semaphore>,
+    pub budget_per_account: u32,
+    pub max_object_bytes: u64,
+    pub resume_points: Vec<v1::ResumePoint>,
+    /// How often discovery is repeated to pick up new or removed kinds.
+    pub rediscover: Duration,
+}
+
+/// Default period of rediscovery.
+pub const REDISCOVER: Duration = Duration::from_secs(300);
+
+/// The hub's resume point for `kind` in `watch_namespace`, if it gave one.
+pub fn resume_point(
+    points: &[v1::ResumePoint],
+    kind: &kinds::KindRef,
+    watch_namespace: &str,
+) -> Option<String> {
+    points
+        .iter()
+        .find(|p| {
+            p.watch_namespace == watch_namespace
+                && p.kind.as_ref().is_some_and(|k| kind.same_resource(k))
+                && !p.resource_version.is_empty()
+        })
+        .map(|p| p.resource_version.clone())
+}
+
+/// A watch's identity: group, plural, watch namespace ("" for cluster-wide).
+pub type WatchKey = (String, String, String);
+
+fn point_key(point: &v1::ResumePoint) -> WatchKey {
+    let kind = point.kind.clone().unwrap_or_default();
+    (kind.group, kind.plural, point.watch_namespace.clone())
+}
+
+/// The hub's resume points for watches this account no longer runs: each gets KindStatus
+/// STOPPED so the hub can drop what it holds for them.
+pub fn stopped_points<'a>(
+    points: &'a [v1::ResumePoint],
+    wanted: &BTreeMap<WatchKey, (kinds::KindRef, Option<String>)>,
+) -> Vec<&'a v1::ResumePoint> {
+    points
+        .iter()
+        .filter(|p| p.kind.is_some() && !wanted.contains_key(&point_key(p)))
+        .collect()
+}
+
+/// The watches `account` wants among the discovered kinds.
+pub fn wanted_watches(
+    account: &AccountConfig,
+    candidates: &[kinds::Candidate],
+) -> BTreeMap<WatchKey, (kinds::KindRef, Option<String>)> {
+    let mut wanted = BTreeMap::new();
+    for kind in kinds::select_kinds(account, candidates) {
+        for namespace in kinds::watch_namespaces(account, &kind) {
+            let key = (
+                kind.group.clone(),
+                kind.plural.clone(),
+                namespace.clone().unwrap_or_default(),
+            );
+            wanted.insert(key, (kind.clone(), namespace));
+        }
+    }
+    wanted
+}
+
+async fn send_stopped(ctx: &StreamerContext, kind: v1::Kind, watch_namespace: &str) {
+    let status = v1::KindStatus {
+        account: ctx.account.name.clone(),
+        kind: Some(kind),
+        state: v1::kind_status::State::Stopped as i32,
+        message: "no longer watched: the account's kinds or namespaces changed".into(),
+        namespaces: if watch_namespace.is_empty() {
+            Vec::new()
+        } else {
+            vec![watch_namespace.to_string()]
+        },
+    };
+    let _ = ctx
+        .tx
+        .send(Outbound {
+            account: ctx.account.name.clone(),
+            generation: ctx.generation,
+            message: agent_message::Kind::KindStatus(status),
+        })
+        .await;
+}
+
+async fn discover(ctx: &StreamerContext) -> Vec<kinds::Candidate> {
+    let name = &ctx.account.name;
+    let mut backoff = Backoff::for_retries();
+    loop {
+        match account::discover(name, &ctx.prepared.client).await {
+            Ok(candidates) => return candidates,
+            Err(error) => {
+                let delay = backoff.next_delay();
+                tracing::warn!(account = %name, %error, "discovery failed; retrying in {:.1} s", delay.as_secs_f64());
+                ctx.shared
+                    .update_account(name, |a| a.error = Some(error.to_string()));
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}
+
+/// Runs until aborted (or until the session's channel closes). Discovery is repeated every
+/// `rediscover`: kinds that appeared (a CRD installed) start with a snapshot, kinds that
+/// went away stop (KindStatus STOPPED).
+pub async fn run(ctx: StreamerContext) {
+    let name = ctx.account.name.clone();
+    let watch_ctx = WatchContext {
+        account: name.clone(),
+        generation: ctx.generation,
+        client: ctx.prepared.client.clone(),
+        tx: ctx.tx.clone(),
+        shared: ctx.shared.clone(),
+        total_budget: ctx.total_budget.clone(),
+        account_budget: Arc::new(Semaphore::new(ctx.budget_per_account.max(1) as usize)),
+        max_object_bytes: ctx.max_object_bytes,
+        omit_namespaces: Arc::new(
+            ctx.account
+                .omit_namespaces
+                .iter()
+                .cloned()
+                .collect::<BTreeSet<_>>(),
+        ),
+        forbidden_retry: watch::FORBIDDEN_RETRY,
+    };
+    let mut tasks = JoinSet::new();
+    let mut running: BTreeMap<WatchKey, (kinds::KindRef, AbortHandle)> = BTreeMap::new();
+    let mut first = true;
+    loop {
+        let candidates = discover(&ctx).await;
+        let wanted = wanted_watches(&ctx.account, &candidates);
+        if first {
+            for point in stopped_points(&ctx.resume_points, &wanted) {
+                if let Some(kind) = point.kind.clone() {
+                    send_stopped(&ctx, kind, &point.watch_namespace).await;
+                }
+            }
+        }
+        let gone: Vec<WatchKey> = running
+            .keys()
+            .filter(|key| !wanted.contains_key(*key))
+            .cloned()
+            .collect();
+        for key in gone {
+            if let Some((kind, handle)) = running.remove(&key) {
+                tracing::info!(account = %name, kind = %kind.label(), namespace = %key.2, "kind no longer served; stopping its watch");
+                handle.abort();
+                ctx.shared.remove_kind(&name, &kind, &key.2);
+                send_stopped(&ctx, kind.to_proto(), &key.2).await;
+            }
+        }
+        let mut started = 0;
+        for (key, (kind, namespace)) in wanted {
+            if running.contains_key(&key) {
+                continue;
+            }
+            ctx.shared.update_kind(&name, &kind, &key.2, |_| {});
+            let resume = if first {
+                resume_point(&ctx.resume_points, &kind, &key.2)
+            } else {
+                None
+            };
+            let handle = tasks.spawn(watch::run(
+                watch_ctx.clone(),
+                kind.clone(),
+                namespace,
+                resume,
+            ));
+            running.insert(key, (kind, handle));
+            started += 1;
+        }
+        if first || started > 0 {
+            tracing::info!(account = %name, watches = running.len(), started, "kinds selected; watches running");
+        }
+        ctx.shared.update_account(&name, |a| {
+            a.kinds_started = true;
+            a.error = None;
+        });
+        first = false;
+        let sleep = tokio::time::sleep(ctx.rediscover);
+        tokio::pin!(sleep);
+        loop {
+            tokio::select! {
+                _ = &mut sleep => break,
+                Some(_) = tasks.join_next() => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resume_points_match_group_plural_and_scope() {
+        let kind = kinds::KindRef {
+            group: "apps".into(),
+            version: "v1".into(),
+            kind: "Deployment".into(),
+            plural: "deployments".into(),
+            namespaced: true,
+        };
+        let point = |plural: &str, ns: &str, rv: &str| v1::ResumePoint {
+            kind: Some(v1::Kind {
+                group: "apps".into(),
+                version: "v1beta2".into(),
+                kind: "Deployment".into(),
+                plural: plural.into(),
+                namespaced: true,
+            }),
+            resource_version: rv.into(),
+            watch_namespace: ns.into(),
+        };
+        let points = vec![
+            point("deployments", "web", "5"),
+            point("deployments", "", "7"),
+            point("statefulsets", "", "9"),
+        ];
+        assert_eq!(resume_point(&points, &kind, "").as_deref(), Some("7"));
+        assert_eq!(resume_point(&points, &kind, "web").as_deref(), Some("5"));
+        assert_eq!(resume_point(&points, &kind, "db"), None);
+        assert_eq!(
+            resume_point(&[point("deployments", "", "")], &kind, ""),
+            None
+        );
+    }
+
+    #[test]
+    fn resume_points_of_unwanted_watches_are_stopped() {
+        let candidate = |group: &str, kind: &str, plural: &str| kinds::Candidate {
+            kind: kinds::KindRef {
+                group: group.into(),
+                version: "v1".into(),
+                kind: kind.into(),
+                plural: plural.into(),
+                namespaced: true,
+            },
+            verbs: vec!["list".into(), "watch".into()],
+            preferred: true,
+        };
+        let candidates = vec![
+            candidate("", "ConfigMap", "configmaps"),
+            candidate("apps", "Deployment", "deployments"),
+        ];
+        let account = AccountConfig {
+            namespaces: vec!["web".into()],
+            kinds: vec!["ConfigMap".into()],
+            ..Default::default()
+        };
+        let wanted = wanted_watches(&account, &candidates);
+        assert_eq!(
+            wanted.keys().cloned().collect::<Vec<_>>(),
+            [(String::new(), "configmaps".to_string(), "web".to_string())]
+        );
+        let point = |group: &str, plural: &str, ns: &str| v1::ResumePoint {
+            kind: Some(v1::Kind {
+                group: group.into(),
+                plural: plural.into(),
+                ..Default::default()
+            }),
+            resource_version: "1".into(),
+            watch_namespace: ns.into(),
+        };
+        let points = vec![
+            point("", "configmaps", "web"),
+            point("", "configmaps", "db"),
+            point("apps", "deployments", "web"),
+        ];
+        let stopped: Vec<(String, String)> = stopped_points(&points, &wanted)
+            .iter()
+            .map(|p| {
+                (
+                    p.kind.clone().unwrap_or_default().plural,
+                    p.watch_namespace.clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            stopped,
+            [
+                ("configmaps".to_string(), "db".to_string()),
+                ("deployments".to_string(), "web".to_string())
+            ]
+        );
+    }
+}

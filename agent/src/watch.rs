@@ -1,0 +1,554 @@
+//! The list/watch/resume loop of one kind in one watch namespace of one account.
+//!
+//! Unlike kube-runtime's watcher (which always relists), this loop resumes: with a resume
+//! point from the hub it watches from that resourceVersion without a LIST; otherwise it lists
+//! (pages of 500, under the list budget) and sends a snapshot, then watches from the list's
+//! resourceVersion. A watch that ends is re-opened from the last resourceVersion seen; only
+//! 410 Gone causes a relist. A kind RBAC forbids is reported and retried rarely.
+
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
+
+use futures::{StreamExt, stream::BoxStream};
+use kube::{
+    Api, Client,
+    api::{DynamicObject, ListParams, WatchEvent, WatchParams},
+    core::Status,
+};
+use scale_agent_proto::v1::{self, agent_message, kind_status, object_event};
+use serde::Serialize;
+use serde_json::Value;
+use tokio::{
+    sync::{Semaphore, mpsc},
+    time::Instant,
+};
+
+use crate::{backoff::Backoff, convert, kinds::KindRef, state::KindState, state::Shared};
+
+/// Server-side timeout of each watch request, in seconds.
+pub const WATCH_TIMEOUT_SECS: u32 = 290;
+/// A watch that delivers nothing (not even a bookmark) for this long is assumed dead.
+pub const WATCH_IDLE: Duration = Duration::from_secs(WATCH_TIMEOUT_SECS as u64 + 30);
+/// Page size of LISTs.
+pub const LIST_PAGE: u32 = 500;
+/// How long one LIST page or the start of a watch may take.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a forbidden kind waits before it is tried again.
+pub const FORBIDDEN_RETRY: Duration = Duration::from_secs(300);
+
+/// A message for the hub from one account's watches. `generation` identifies the
+/// assignment it was produced under; the session drops messages of a superseded one.
+#[derive(Debug)]
+pub struct Outbound {
+    pub account: String,
+    pub generation: u64,
+    pub message: agent_message::Kind,
+}
+
+/// Everything a watch needs from its account and session.
+#[derive(Clone)]
+pub struct WatchContext {
+    pub account: String,
+    pub generation: u64,
+    pub client: Client,
+    pub tx: mpsc::Sender<Outbound>,
+    pub shared: Arc<Shared>,
+    pub total_budget: Arc<Semaphore>,
+    pub account_budget: Arc<Semaphore>,
+    pub max_object_bytes: u64,
+    pub omit_namespaces: Arc<BTreeSet<String>>,
+    pub forbidden_retry: Duration,
+}
+
+/// An event of either a full-object or a metadata-only watch.
+enum Event {
+    Applied(Value),
+    Deleted(Value),
+    Bookmark(String),
+    Error(Box<Status>),
+}
+
+fn event<K: Serialize>(event: WatchEvent<K>) -> Event {
+    let value = |object: K| serde_json::to_value(object).unwrap_or(Value::Null);
+    match event {
+        WatchEvent::Added(object) | WatchEvent::Modified(object) => Event::Applied(value(object)),
+        WatchEvent::Deleted(object) => Event::Deleted(value(object)),
+        WatchEvent::Bookmark(bookmark) => Event::Bookmark(bookmark.metadata.resource_version),
+        WatchEvent::Error(status) => Event::Error(status),
+    }
+}
+
+/// Why a list or watch stopped.
+#[derive(Debug)]
+enum Failure {
+    /// 410 Gone: the resourceVersion is compacted; relist.
+    Gone,
+    /// 403: RBAC does not allow it.
+    Forbidden(String),
+    /// The session is gone; stop.
+    Closed,
+    Other(String),
+}
+
+fn classify(error: &kube::Error) -> Failure {
+    match error {
+        kube::Error::Api(status) => classify_status(status),
+        other => Failure::Other(other.to_string()),
+    }
+}
+
+fn classify_status(status: &Status) -> Failure {
+    match status.code {
+        410 => Failure::Gone,
+        403 => Failure::Forbidden(status.message.clone()),
+        code => Failure::Other(format!("{code} {}: {}", status.reason, status.message)),
+    }
+}
+
+struct Page {
+    items: Vec<Value>,
+    resource_version: String,
+    continue_token: Option<String>,
+}
+
+/// One (account, kind, watch namespace) watch.
+struct Watch {
+    ctx: WatchContext,
+    kind: KindRef,
+    label: String,
+    /// Empty for a cluster-wide watch.
+    namespace: String,
+    api: Api<DynamicObject>,
+    /// What the hub was last told about this watch's state.
+    reported: Option<(kind_status::State, String)>,
+}
+
+/// Runs the watch until its session or assignment ends (the task is aborted, or the channel
+/// closes). `resume` is the hub's resume point, if any.
+pub async fn run(
+    ctx: WatchContext,
+    kind: KindRef,
+    namespace: Option<String>,
+    resume: Option<String>,
+) {
+    let resource = kind.api_resource();
+    let api = match &namespace {
+        Some(ns) => Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &resource),
+        None => Api::<DynamicObject>::all_with(ctx.client.clone(), &resource),
+    };
+    let mut watch = Watch {
+        label: kind.label(),
+        kind,
+        namespace: namespace.unwrap_or_default(),
+        api,
+        ctx,
+        reported: None,
+    };
+    watch
+        .ctx
+        .shared
+        .update_kind(&watch.ctx.account, &watch.kind, &watch.namespace, |_| {});
+    watch.run(resume.filter(|rv| !rv.is_empty())).await;
+}
+
+impl Watch {
+    async fn run(&mut self, resume: Option<String>) {
+        let mut resource_version = resume;
+        if let Some(rv) = &resource_version {
+            self.ctx
+                .shared
+                .metrics
+                .watch_resumes
+                .get_or_create(&self.labels())
+                .inc();
+            tracing::info!(account = %self.ctx.account, kind = %self.label, namespace = %self.namespace, resource_version = %rv, "resuming from the hub's resume point, no LIST");
+        }
+        let mut backoff = Backoff::for_retries();
+        loop {
+            let from = match resource_version.take() {
+                Some(rv) => rv,
+                None => match self.snapshot().await {
+                    Ok(rv) => {
+                        backoff.reset();
+                        rv
+                    }
+                    Err(failure) => {
+                        if self.failed(failure, &mut backoff).await {
+                            return;
+                        }
+                        continue;
+                    }
+                },
+            };
+            let mut current = from;
+            let started = Instant::now();
+            let result = self.watch(&mut current).await;
+            resource_version = Some(current);
+            match result {
+                Ok(events) => {
+                    if events > 0 || started.elapsed() > Duration::from_secs(10) {
+                        backoff.reset();
+                    } else {
+                        // A watch closed at once with nothing in it: do not spin.
+                        tokio::time::sleep(backoff.next_delay()).await;
+                    }
+                }
+                Err(Failure::Gone) => {
+                    self.ctx
+                        .shared
+                        .metrics
+                        .watch_gone
+                        .get_or_create(&self.labels())
+                        .inc();
+                    tracing::info!(account = %self.ctx.account, kind = %self.label, namespace = %self.namespace, "resourceVersion is gone (410); relisting");
+                    resource_version = None;
+                }
+                Err(failure) => {
+                    if self.failed(failure, &mut backoff).await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    fn labels(&self) -> crate::metrics::KindLabels {
+        crate::metrics::KindLabels {
+            account: self.ctx.account.clone(),
+            kind: self.label.clone(),
+        }
+    }
+
+    /// Reports a failure and waits before the next attempt; true when the watch must stop.
+    async fn failed(&mut self, failure: Failure, backoff: &mut Backoff) -> bool {
+        match failure {
+            Failure::Closed => true,
+            Failure::Forbidden(message) => {
+                self.ctx
+                    .shared
+                    .metrics
+                    .forbidden
+                    .get_or_create(&self.labels())
+                    .inc();
+                if self
+                    .report(kind_status::State::Forbidden, &message)
+                    .await
+                    .is_err()
+                {
+                    return true;
+                }
+                tracing::warn!(account = %self.ctx.account, kind = %self.label, namespace = %self.namespace, %message,
+                    "RBAC forbids listing or watching this kind; skipped (grant list and watch, or omit it with omitKinds); retrying in {} s",
+                    self.ctx.forbidden_retry.as_secs());
+                tokio::time::sleep(self.ctx.forbidden_retry).await;
+                false
+            }
+            Failure::Gone => {
+                // A LIST answered 410 (an expired continue token): list again, not at once.
+                tokio::time::sleep(backoff.next_delay()).await;
+                false
+            }
+            Failure::Other(message) => {
+                if self
+                    .report(kind_status::State::Failing, &message)
+                    .await
+                    .is_err()
+                {
+                    return true;
+                }
+                let delay = backoff.next_delay();
+                tracing::warn!(account = %self.ctx.account, kind = %self.label, namespace = %self.namespace, %message, "list or watch failed; retrying in {:.1} s", delay.as_secs_f64());
+                tokio::time::sleep(delay).await;
+                false
+            }
+        }
+    }
+
+    async fn send(&self, message: agent_message::Kind) -> Result<(), Failure> {
+        self.ctx
+            .tx
+            .send(Outbound {
+                account: self.ctx.account.clone(),
+                generation: self.ctx.generation,
+                message,
+            })
+            .await
+            .map_err(|_| Failure::Closed)
+    }
+
+    /// Sends KindStatus when the state (or its message) changed since the last report.
+    async fn report(&mut self, state: kind_status::State, message: &str) -> Result<(), Failure> {
+        let current = (state, message.to_string());
+        if self.reported.as_ref() == Some(&current) {
+            return Ok(());
+        }
+        let view_state = match state {
+            kind_status::State::Watching => KindState::Watching,
+            kind_status::State::Forbidden => KindState::Forbidden,
+            _ => KindState::Failing,
+        };
+        self.ctx
+            .shared
+            .update_kind(&self.ctx.account, &self.kind, &self.namespace, |view| {
+                view.state = view_state;
+                view.message = message.to_string();
+            });
+        self.send(agent_message::Kind::KindStatus(v1::KindStatus {
+            account: self.ctx.account.clone(),
+            kind: Some(self.kind.to_proto()),
+            state: state as i32,
+            message: message.to_string(),
+            namespaces: if self.namespace.is_empty() {
+                Vec::new()
+            } else {
+                vec![self.namespace.clone()]
+            },
+        }))
+        .await?;
+        self.reported = Some(current);
+        Ok(())
+    }
+
+    fn omitted(&self, object: &Value) -> bool {
+        !self.ctx.omit_namespaces.is_empty()
+            && self
+                .ctx
+                .omit_namespaces
+                .contains(&convert::namespace(object))
+    }
+
+    async fn send_object(
+        &self,
+        event_type: object_event::Type,
+        object: Value,
+    ) -> Result<(), Failure> {
+        let event = convert::object_event(
+            &self.ctx.account,
+            &self.kind,
+            &self.namespace,
+            event_type,
+            object,
+            self.ctx.max_object_bytes,
+        );
+        let resource_version = event.resource_version.clone();
+        self.send(agent_message::Kind::Object(event)).await?;
+        self.ctx
+            .shared
+            .update_kind(&self.ctx.account, &self.kind, &self.namespace, |view| {
+                view.objects_sent += 1;
+                view.resource_version = resource_version;
+            });
+        Ok(())
+    }
+
+    async fn list_page(&self, params: &ListParams) -> Result<Page, kube::Error> {
+        if self.kind.is_secret() {
+            let list = self.api.list_metadata(params).await?;
+            Ok(Page {
+                items: list
+                    .items
+                    .into_iter()
+                    .map(|o| serde_json::to_value(o).unwrap_or(Value::Null))
+                    .collect(),
+                resource_version: list.metadata.resource_version.unwrap_or_default(),
+                continue_token: list.metadata.continue_,
+            })
+        } else {
+            let list = self.api.list(params).await?;
+            Ok(Page {
+                items: list
+                    .items
+                    .into_iter()
+                    .map(|o| serde_json::to_value(o).unwrap_or(Value::Null))
+                    .collect(),
+                resource_version: list.metadata.resource_version.unwrap_or_default(),
+                continue_token: list.metadata.continue_,
+            })
+        }
+    }
+
+    /// LISTs the kind (under the budget) and sends a snapshot; returns the list's
+    /// resourceVersion.
+    async fn snapshot(&mut self) -> Result<String, Failure> {
+        let _account_permit = self
+            .ctx
+            .account_budget
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| Failure::Closed)?;
+        let _total_permit = self
+            .ctx
+            .total_budget
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| Failure::Closed)?;
+        self.ctx
+            .shared
+            .metrics
+            .lists
+            .get_or_create(&self.labels())
+            .inc();
+        self.ctx
+            .shared
+            .update_kind(&self.ctx.account, &self.kind, &self.namespace, |view| {
+                view.lists += 1
+            });
+        let mut params = ListParams::default().limit(LIST_PAGE);
+        let mut count: u64 = 0;
+        let mut begun = false;
+        loop {
+            let page = match tokio::time::timeout(REQUEST_TIMEOUT, self.list_page(&params)).await {
+                Ok(page) => page.map_err(|e| classify(&e))?,
+                Err(_) => {
+                    return Err(Failure::Other(format!(
+                        "LIST got no answer within {} s",
+                        REQUEST_TIMEOUT.as_secs()
+                    )));
+                }
+            };
+            if !begun {
+                self.report(kind_status::State::Watching, "").await?;
+                self.send(agent_message::Kind::SnapshotBegin(v1::SnapshotBegin {
+                    account: self.ctx.account.clone(),
+                    kind: Some(self.kind.to_proto()),
+                    watch_namespace: self.namespace.clone(),
+                }))
+                .await?;
+                begun = true;
+            }
+            for item in page.items {
+                if self.omitted(&item) {
+                    continue;
+                }
+                self.send_object(object_event::Type::Applied, item).await?;
+                count += 1;
+            }
+            match page.continue_token.filter(|c| !c.is_empty()) {
+                Some(token) => params.continue_token = Some(token),
+                None => {
+                    let resource_version = page.resource_version;
+                    self.send(agent_message::Kind::SnapshotEnd(v1::SnapshotEnd {
+                        account: self.ctx.account.clone(),
+                        kind: Some(self.kind.to_proto()),
+                        resource_version: resource_version.clone(),
+                        object_count: count,
+                        watch_namespace: self.namespace.clone(),
+                    }))
+                    .await?;
+                    let rv = resource_version.clone();
+                    self.ctx.shared.update_kind(
+                        &self.ctx.account,
+                        &self.kind,
+                        &self.namespace,
+                        |view| {
+                            view.resource_version = rv;
+                        },
+                    );
+                    tracing::debug!(account = %self.ctx.account, kind = %self.label, namespace = %self.namespace, objects = count, %resource_version, "snapshot sent");
+                    return Ok(resource_version);
+                }
+            }
+        }
+    }
+
+    async fn open(
+        &self,
+        from: &str,
+    ) -> Result<BoxStream<'static, kube::Result<Event>>, kube::Error> {
+        let params = WatchParams::default().timeout(WATCH_TIMEOUT_SECS);
+        debug_assert!(params.bookmarks);
+        if self.kind.is_secret() {
+            let stream = self.api.watch_metadata(&params, from).await?;
+            Ok(stream.map(|e| e.map(event)).boxed())
+        } else {
+            let stream = self.api.watch(&params, from).await?;
+            Ok(stream.map(|e| e.map(event)).boxed())
+        }
+    }
+
+    /// Watches from `resource_version` until the watch ends, advancing it; returns the
+    /// number of events seen.
+    async fn watch(&mut self, resource_version: &mut String) -> Result<u64, Failure> {
+        let opened = tokio::time::timeout(REQUEST_TIMEOUT, self.open(resource_version)).await;
+        let mut stream = match opened {
+            Ok(stream) => stream.map_err(|e| classify(&e))?,
+            Err(_) => {
+                return Err(Failure::Other(format!(
+                    "WATCH got no answer within {} s",
+                    REQUEST_TIMEOUT.as_secs()
+                )));
+            }
+        };
+        self.report(kind_status::State::Watching, "").await?;
+        let mut seen = 0;
+        loop {
+            let next = match tokio::time::timeout(WATCH_IDLE, stream.next()).await {
+                Err(_) => {
+                    tracing::debug!(account = %self.ctx.account, kind = %self.label, "watch idle for too long; re-opening");
+                    return Ok(seen);
+                }
+                Ok(None) => return Ok(seen),
+                Ok(Some(Err(error))) => return Err(classify(&error)),
+                Ok(Some(Ok(event))) => event,
+            };
+            seen += 1;
+            match next {
+                Event::Applied(object) | Event::Deleted(object) if self.omitted(&object) => {
+                    *resource_version = convert::resource_version(&object);
+                }
+                Event::Applied(object) => {
+                    *resource_version = convert::resource_version(&object);
+                    self.send_object(object_event::Type::Applied, object)
+                        .await?;
+                }
+                Event::Deleted(object) => {
+                    *resource_version = convert::resource_version(&object);
+                    self.send_object(object_event::Type::Deleted, object)
+                        .await?;
+                }
+                Event::Bookmark(rv) if rv.is_empty() => {}
+                Event::Bookmark(rv) => {
+                    *resource_version = rv.clone();
+                    self.send(agent_message::Kind::Bookmark(v1::Bookmark {
+                        account: self.ctx.account.clone(),
+                        kind: Some(self.kind.to_proto()),
+                        resource_version: rv.clone(),
+                        watch_namespace: self.namespace.clone(),
+                    }))
+                    .await?;
+                    self.ctx.shared.update_kind(
+                        &self.ctx.account,
+                        &self.kind,
+                        &self.namespace,
+                        |view| {
+                            view.resource_version = rv;
+                        },
+                    );
+                }
+                Event::Error(status) => return Err(classify_status(&status)),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_are_classified() {
+        let status = |code: u16| Status {
+            code,
+            message: format!("m{code}"),
+            ..Default::default()
+        };
+        assert!(matches!(classify_status(&status(410)), Failure::Gone));
+        assert!(matches!(classify_status(&status(403)), Failure::Forbidden(m) if m == "m403"));
+        assert!(matches!(classify_status(&status(500)), Failure::Other(_)));
+        assert!(matches!(
+            classify(&kube::Error::Api(Box::new(status(410)))),
+            Failure::Gone
+        ));
+    }
+}

@@ -1,0 +1,1717 @@
+//! The agent against a real control plane and a fake hub: snapshot then deltas, Secrets
+//! that never leave the cluster, resume without LIST, 410 Gone falling back to a snapshot,
+//! RBAC-limited ServiceAccounts, and config hot reload.
+//!
+//! The agent runs in-process (`scale_agent::start`) with a kubeconfig holding a real
+//! ServiceAccount token; the fake hub is a plaintext tonic server on 127.0.0.1 that
+//! welcomes, assigns every account STREAMING (with configurable resume points), acks every
+//! message and records everything the agent sends.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::{
+    api::{
+        core::v1::{ConfigMap, PodTemplate, Secret, ServiceAccount},
+        rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject},
+    },
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+};
+use kube::{
+    Api, Client,
+    api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams},
+};
+use scale_agent::{AgentHandle, Options};
+use scale_agent_e2e::ControlPlane;
+use scale_agent_proto::v1::{
+    AccountAssignment, Ack, AgentMessage, Heartbeat, HubMessage, Kind, ObjectEvent, ResumePoint,
+    Welcome,
+    account_assignment::Role as AssignmentRole,
+    agent_hub_server::{AgentHub, AgentHubServer},
+    agent_message, hub_message, kind_status, object_event,
+};
+use serde_json::json;
+use tokio::sync::{Notify, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{
+    Request, Response, Status, Streaming,
+    transport::{Certificate, Identity, ServerTlsConfig, server::TcpIncoming},
+};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn init_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "scale_agent=debug".into()),
+        )
+        .try_init();
+}
+
+// ---------------------------------------------------------------------------------------
+// Fake hub
+
+#[derive(Default)]
+struct HubState {
+    messages: Mutex<Vec<AgentMessage>>,
+    /// Given to every STREAMING assignment.
+    resume_points: Mutex<Vec<ResumePoint>>,
+    /// Also give the resume points learned from what earlier streams sent, as a real hub.
+    learn_resume_points: AtomicBool,
+    /// Role per account; STREAMING when absent.
+    roles: Mutex<HashMap<String, (AssignmentRole, String)>>,
+    /// While set, nothing is acknowledged (a slow hub); `release` acks what was received.
+    acks_paused: AtomicBool,
+    release: Notify,
+    /// Ends the current stream with UNAVAILABLE.
+    disconnect: Notify,
+    sessions: AtomicUsize,
+    /// DER of the client certificate of each stream (TLS only).
+    client_certificates: Mutex<Vec<Vec<u8>>>,
+    /// Welcome.heartbeat_period_seconds; 5 when 0.
+    heartbeat_seconds: AtomicU32,
+    /// Welcome.max_object_bytes; 1 MiB when 0.
+    max_object_bytes: AtomicU64,
+    /// After Welcome, send nothing at all (no acks, no heartbeats): a dead hub.
+    silent: AtomicBool,
+}
+
+fn kind_key(kind: Option<&Kind>, namespace: &str) -> (String, String, String) {
+    let kind = kind.cloned().unwrap_or_default();
+    (kind.group, kind.plural, namespace.to_string())
+}
+
+impl HubState {
+    fn messages(&self) -> Vec<AgentMessage> {
+        self.messages.lock().map(|m| m.clone()).unwrap_or_default()
+    }
+
+    fn kinds(&self) -> Vec<agent_message::Kind> {
+        self.messages().into_iter().filter_map(|m| m.kind).collect()
+    }
+
+    /// Object events of `account` for `plural`.
+    fn objects(&self, account: &str, plural: &str) -> Vec<ObjectEvent> {
+        self.kinds()
+            .into_iter()
+            .filter_map(|k| match k {
+                agent_message::Kind::Object(o)
+                    if o.account == account
+                        && o.kind.as_ref().is_some_and(|k| k.plural == plural) =>
+                {
+                    Some(o)
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn has_object(&self, account: &str, plural: &str, name: &str, ty: object_event::Type) -> bool {
+        self.objects(account, plural)
+            .iter()
+            .any(|o| o.name == name && o.r#type == ty as i32)
+    }
+
+    fn snapshot_ends(&self, account: &str, plural: &str) -> usize {
+        self.kinds()
+            .iter()
+            .filter(|k| {
+                matches!(k, agent_message::Kind::SnapshotEnd(end)
+                    if end.account == account && end.kind.as_ref().is_some_and(|k| k.plural == plural))
+            })
+            .count()
+    }
+
+    fn snapshot_begins(&self, account: &str, plural: &str) -> usize {
+        self.kinds()
+            .iter()
+            .filter(|k| {
+                matches!(k, agent_message::Kind::SnapshotBegin(begin)
+                    if begin.account == account && begin.kind.as_ref().is_some_and(|k| k.plural == plural))
+            })
+            .count()
+    }
+
+    fn kind_status(
+        &self,
+        account: &str,
+        plural: &str,
+        state: kind_status::State,
+    ) -> Option<String> {
+        self.kind_statuses(account, plural, state)
+            .into_iter()
+            .next()
+    }
+
+    fn kind_statuses(&self, account: &str, plural: &str, state: kind_status::State) -> Vec<String> {
+        self.kinds()
+            .into_iter()
+            .filter_map(|k| match k {
+                agent_message::Kind::KindStatus(status)
+                    if status.account == account
+                        && status.state == state as i32
+                        && status.kind.as_ref().is_some_and(|k| k.plural == plural) =>
+                {
+                    Some(status.message)
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Messages about `account` of any kind (status, snapshot, object, bookmark).
+    fn streamed_about(&self, account: &str) -> usize {
+        self.kinds()
+            .iter()
+            .filter(|k| match k {
+                agent_message::Kind::KindStatus(m) => m.account == account,
+                agent_message::Kind::SnapshotBegin(m) => m.account == account,
+                agent_message::Kind::Object(m) => m.account == account,
+                agent_message::Kind::Bookmark(m) => m.account == account,
+                _ => false,
+            })
+            .count()
+    }
+
+    /// Where each watch of `account` would resume, from what the agent sent: SnapshotEnd,
+    /// Bookmarks, and events outside snapshots.
+    fn learned_resume_points(&self, account: &str) -> Vec<ResumePoint> {
+        let mut points: BTreeMap<(String, String, String), ResumePoint> = BTreeMap::new();
+        let mut in_snapshot = std::collections::BTreeSet::new();
+        let mut set = |kind: Option<&Kind>, namespace: &str, rv: &str| {
+            points.insert(
+                kind_key(kind, namespace),
+                ResumePoint {
+                    kind: kind.cloned(),
+                    resource_version: rv.to_string(),
+                    watch_namespace: namespace.to_string(),
+                },
+            );
+        };
+        for message in self.kinds() {
+            match message {
+                agent_message::Kind::SnapshotBegin(m) if m.account == account => {
+                    in_snapshot.insert(kind_key(m.kind.as_ref(), &m.watch_namespace));
+                }
+                agent_message::Kind::SnapshotEnd(m) if m.account == account => {
+                    in_snapshot.remove(&kind_key(m.kind.as_ref(), &m.watch_namespace));
+                    set(m.kind.as_ref(), &m.watch_namespace, &m.resource_version);
+                }
+                agent_message::Kind::Object(m)
+                    if m.account == account
+                        && !in_snapshot
+                            .contains(&kind_key(m.kind.as_ref(), &m.watch_namespace)) =>
+                {
+                    set(m.kind.as_ref(), &m.watch_namespace, &m.resource_version);
+                }
+                agent_message::Kind::Bookmark(m) if m.account == account => {
+                    set(m.kind.as_ref(), &m.watch_namespace, &m.resource_version);
+                }
+                _ => {}
+            }
+        }
+        points.into_values().collect()
+    }
+
+    fn assignment(&self, account: &str) -> AccountAssignment {
+        let (role, reason) = self
+            .roles
+            .lock()
+            .ok()
+            .and_then(|roles| roles.get(account).cloned())
+            .unwrap_or((AssignmentRole::Streaming, String::new()));
+        let mut resume_points = self
+            .resume_points
+            .lock()
+            .map(|r| r.clone())
+            .unwrap_or_default();
+        if self.learn_resume_points.load(Ordering::SeqCst) {
+            resume_points.extend(self.learned_resume_points(account));
+        }
+        AccountAssignment {
+            account: account.to_string(),
+            role: role as i32,
+            reason,
+            resume_points: if role == AssignmentRole::Streaming {
+                resume_points
+            } else {
+                Vec::new()
+            },
+        }
+    }
+}
+
+#[derive(Clone)]
+struct FakeHub {
+    state: Arc<HubState>,
+}
+
+#[tonic::async_trait]
+impl AgentHub for FakeHub {
+    type SessionStream = ReceiverStream<Result<HubMessage, Status>>;
+
+    async fn session(
+        &self,
+        request: Request<Streaming<AgentMessage>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        if let Some(certs) = request.peer_certs()
+            && let Some(first) = certs.first()
+            && let Ok(mut seen) = self.state.client_certificates.lock()
+        {
+            seen.push(first.as_ref().to_vec());
+        }
+        self.state.sessions.fetch_add(1, Ordering::SeqCst);
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(64);
+        let state = self.state.clone();
+        tokio::spawn(async move {
+            let send = |kind: hub_message::Kind| {
+                let tx = tx.clone();
+                async move { tx.send(Ok(HubMessage { kind: Some(kind) })).await.is_ok() }
+            };
+            let mut received = 0;
+            let heartbeat_seconds = match state.heartbeat_seconds.load(Ordering::SeqCst) {
+                0 => 5,
+                secs => secs,
+            };
+            let max_object_bytes = match state.max_object_bytes.load(Ordering::SeqCst) {
+                0 => 1 << 20,
+                bytes => bytes,
+            };
+            let silent = state.silent.load(Ordering::SeqCst);
+            let period = Duration::from_secs(heartbeat_seconds.into());
+            // Heartbeats start one period in, after Welcome.
+            let mut heartbeat =
+                tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+            loop {
+                tokio::select! {
+                    message = inbound.message() => {
+                        let Ok(Some(message)) = message else { break };
+                        received = message.seq;
+                        let reply = match &message.kind {
+                            Some(agent_message::Kind::Hello(_)) => Some(hub_message::Kind::Welcome(Welcome {
+                                identity: "fake-agent".into(),
+                                heartbeat_period_seconds: heartbeat_seconds,
+                                max_unacked: MAX_UNACKED,
+                                max_object_bytes,
+                                hub_version: "fake".into(),
+                            })),
+                            Some(agent_message::Kind::RegisterAccount(register)) => {
+                                Some(hub_message::Kind::Assignment(state.assignment(&register.account)))
+                            }
+                            _ => None,
+                        };
+                        let hello = matches!(message.kind, Some(agent_message::Kind::Hello(_)));
+                        if let Ok(mut messages) = state.messages.lock() {
+                            messages.push(message);
+                        }
+                        if silent && !hello {
+                            continue;
+                        }
+                        if let Some(reply) = reply && !send(reply).await {
+                            break;
+                        }
+                        if !state.acks_paused.load(Ordering::SeqCst)
+                            && !send(hub_message::Kind::Ack(Ack { seq: received })).await
+                        {
+                            break;
+                        }
+                    }
+                    _ = state.release.notified() => {
+                        if !send(hub_message::Kind::Ack(Ack { seq: received })).await {
+                            break;
+                        }
+                    }
+                    _ = state.disconnect.notified() => {
+                        let _ = tx.send(Err(Status::unavailable("the fake hub drops this stream"))).await;
+                        break;
+                    }
+                    _ = heartbeat.tick(), if !silent => {
+                        if !send(hub_message::Kind::Heartbeat(Heartbeat { sent_at_unix_millis: 0 })).await {
+                            break;
+                        }
+                    }
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+const MAX_UNACKED: u32 = 16;
+
+async fn start_hub(state: Arc<HubState>) -> anyhow::Result<SocketAddr> {
+    start_hub_with(state, None).await
+}
+
+async fn start_hub_with(
+    state: Arc<HubState>,
+    tls: Option<ServerTlsConfig>,
+) -> anyhow::Result<SocketAddr> {
+    let incoming = TcpIncoming::bind("127.0.0.1:0".parse()?)?;
+    let addr = incoming.local_addr()?;
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls)?;
+    }
+    tokio::spawn(
+        builder
+            .add_service(AgentHubServer::new(FakeHub { state }))
+            .serve_with_incoming(incoming),
+    );
+    Ok(addr)
+}
+
+// ---------------------------------------------------------------------------------------
+// Cluster and agent helpers
+
+/// A ServiceAccount `agent` in `namespace` bound to a Role there with get/list/watch on
+/// `resources` (`plural` for the core group, else `plural.group`); returns a kubeconfig file
+/// with its token.
+async fn namespaced_agent_identity(
+    control_plane: &ControlPlane,
+    admin: &Client,
+    namespace: &str,
+    resources: &[&str],
+    dir: &Path,
+) -> anyhow::Result<PathBuf> {
+    let pp = PostParams::default();
+    Api::<ServiceAccount>::namespaced(admin.clone(), namespace)
+        .create(
+            &pp,
+            &serde_json::from_value(json!({ "metadata": { "name": "agent" } }))?,
+        )
+        .await?;
+    Api::<Role>::namespaced(admin.clone(), namespace)
+        .create(
+            &pp,
+            &Role {
+                metadata: ObjectMeta {
+                    name: Some("agent".into()),
+                    ..Default::default()
+                },
+                rules: Some(
+                    resources
+                        .iter()
+                        .map(|resource| {
+                            let (plural, group) =
+                                resource.split_once('.').unwrap_or((resource, ""));
+                            PolicyRule {
+                                api_groups: Some(vec![group.to_string()]),
+                                resources: Some(vec![plural.to_string()]),
+                                verbs: vec!["get".into(), "list".into(), "watch".into()],
+                                ..Default::default()
+                            }
+                        })
+                        .collect(),
+                ),
+            },
+        )
+        .await?;
+    Api::<RoleBinding>::namespaced(admin.clone(), namespace)
+        .create(
+            &pp,
+            &RoleBinding {
+                metadata: ObjectMeta {
+                    name: Some("agent".into()),
+                    ..Default::default()
+                },
+                role_ref: RoleRef {
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    kind: "Role".into(),
+                    name: "agent".into(),
+                },
+                subjects: Some(vec![Subject {
+                    kind: "ServiceAccount".into(),
+                    name: "agent".into(),
+                    namespace: Some(namespace.into()),
+                    ..Default::default()
+                }]),
+            },
+        )
+        .await?;
+    let token = control_plane
+        .service_account_token(admin, namespace, "agent")
+        .await?;
+    let path = dir.join("kubeconfig");
+    std::fs::write(&path, control_plane.kubeconfig_for_token(&token))?;
+    Ok(path)
+}
+
+fn temp_dir(name: &str) -> anyhow::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!(
+        "scale-agent-e2e-{name}-{}-{}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+fn write_config(path: &Path, hub: SocketAddr, accounts: serde_json::Value) -> anyhow::Result<()> {
+    let config = json!({
+        "clouddriver": {
+            "grpc": hub.to_string(),
+            "insecure": true,
+            "keepAliveHeartbeatSeconds": 5,
+            "backoff": { "baseDelay": "200ms", "maxDelay": "2s" },
+        },
+        "kubernetes": { "accounts": accounts },
+        "tasks": { "totalBudget": 4, "budgetPerAccount": 2 },
+    });
+    // JSON is YAML.
+    std::fs::write(path, serde_json::to_string_pretty(&config)?)?;
+    Ok(())
+}
+
+async fn start_agent(config: &Path) -> anyhow::Result<AgentHandle> {
+    start_replica(config, "e2e-0").await
+}
+
+async fn start_replica(config: &Path, replica: &str) -> anyhow::Result<AgentHandle> {
+    let mut options = Options::for_config(config);
+    options.admin_addr = Some("127.0.0.1:0".parse()?);
+    options.replica = Some(replica.into());
+    Ok(scale_agent::start(options).await?)
+}
+
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) -> anyhow::Result<()> {
+    let deadline = Instant::now() + WAIT;
+    while Instant::now() < deadline {
+        if check() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("timed out after {WAIT:?} waiting for {what}")
+}
+
+/// GET `path` on the agent's admin port (HTTP/1.0, so the server closes the connection).
+async fn admin_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    Ok(response)
+}
+
+fn account_name(prefix: &str) -> String {
+    format!("{prefix}-{:06x}", rand::random::<u32>() & 0xff_ffff)
+}
+
+// ---------------------------------------------------------------------------------------
+// Tests
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_then_deltas_and_secret_data_never_leaves() -> anyhow::Result<()> {
+    init_logs();
+    let control_plane = ControlPlane::shared()?;
+    let admin = control_plane.client().await?;
+    let namespace = control_plane.namespace(&admin, "agent-deltas").await?;
+    let dir = temp_dir("deltas")?;
+    let kubeconfig = namespaced_agent_identity(
+        control_plane,
+        &admin,
+        &namespace,
+        &["configmaps", "secrets"],
+        &dir,
+    )
+    .await?;
+
+    let pp = PostParams::default();
+    let configmaps = Api::<ConfigMap>::namespaced(admin.clone(), &namespace);
+    configmaps
+        .create(
+            &pp,
+            &serde_json::from_value(
+                json!({ "metadata": { "name": "before" }, "data": { "colour": "blue" } }),
+            )?,
+        )
+        .await?;
+    let marker = format!("marker-{:016x}", rand::random::<u64>());
+    let secret_data = json!({ "password": marker });
+    Api::<Secret>::namespaced(admin.clone(), &namespace)
+        .create(
+            &pp,
+            &serde_json::from_value(json!({
+                "metadata": {
+                    "name": "db",
+                    "annotations": {
+                        "kubectl.kubernetes.io/last-applied-configuration":
+                            json!({ "apiVersion": "v1", "kind": "Secret", "stringData": secret_data }).to_string(),
+                    },
+                },
+                "stringData": secret_data,
+            }))?,
+        )
+        .await?;
+
+    let hub = Arc::new(HubState::default());
+    let hub_addr = start_hub(hub.clone()).await?;
+    let account = account_name("deltas");
+    let config = dir.join("scale-agent.yaml");
+    write_config(
+        &config,
+        hub_addr,
+        json!([{
+            "name": account,
+            "kubeconfigFile": kubeconfig.display().to_string(),
+            "namespaces": [namespace],
+            "kinds": ["ConfigMap", "secrets"],
+        }]),
+    )?;
+    let agent = start_agent(&config).await?;
+
+    eventually("the ConfigMap snapshot", || {
+        hub.snapshot_ends(&account, "configmaps") >= 1
+            && hub.has_object(
+                &account,
+                "configmaps",
+                "before",
+                object_event::Type::Applied,
+            )
+    })
+    .await?;
+    eventually("the Secret's metadata", || {
+        hub.has_object(&account, "secrets", "db", object_event::Type::Applied)
+    })
+    .await?;
+    let before = hub
+        .objects(&account, "configmaps")
+        .into_iter()
+        .find(|o| o.name == "before")
+        .ok_or_else(|| anyhow::anyhow!("no event for 'before'"))?;
+    let body: serde_json::Value = serde_json::from_slice(&before.object_json)?;
+    assert_eq!(body["data"]["colour"], "blue");
+    assert_eq!(body["kind"], "ConfigMap");
+    assert!(body["metadata"].get("managedFields").is_none(), "{body}");
+    assert_eq!(before.watch_namespace, namespace);
+    assert!(!before.uid.is_empty() && !before.resource_version.is_empty());
+
+    // Deltas: create, update, delete.
+    configmaps
+        .create(
+            &pp,
+            &serde_json::from_value(json!({ "metadata": { "name": "after" } }))?,
+        )
+        .await?;
+    configmaps
+        .patch(
+            "before",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "data": { "colour": "green" } })),
+        )
+        .await?;
+    configmaps.delete("after", &DeleteParams::default()).await?;
+    eventually("create, update and delete deltas", || {
+        let objects = hub.objects(&account, "configmaps");
+        let updated = objects.iter().any(|o| {
+            o.name == "before"
+                && serde_json::from_slice::<serde_json::Value>(&o.object_json)
+                    .is_ok_and(|v| v["data"]["colour"] == "green")
+        });
+        updated
+            && hub.has_object(&account, "configmaps", "after", object_event::Type::Applied)
+            && hub.has_object(&account, "configmaps", "after", object_event::Type::Deleted)
+    })
+    .await?;
+    // One snapshot only: deltas are not relists.
+    assert_eq!(hub.snapshot_ends(&account, "configmaps"), 1);
+    assert_eq!(agent.metrics().lists_total(&account, "configmaps"), 1);
+
+    // The Secret's data, in any form, is in nothing the agent sent.
+    let secret_event = hub
+        .objects(&account, "secrets")
+        .into_iter()
+        .find(|o| o.name == "db")
+        .ok_or_else(|| anyhow::anyhow!("no event for the Secret"))?;
+    let secret_body: serde_json::Value = serde_json::from_slice(&secret_event.object_json)?;
+    assert_eq!(secret_body["kind"], "Secret");
+    assert!(secret_body.get("data").is_none(), "{secret_body}");
+    // Every message as text: payloads decoded, everything else by its Debug form.
+    let sent_text: String = hub
+        .messages()
+        .iter()
+        .map(|m| match &m.kind {
+            Some(agent_message::Kind::Object(o)) => {
+                format!("{o:?} {}", String::from_utf8_lossy(&o.object_json))
+            }
+            Some(agent_message::Kind::RegisterAccount(r)) => {
+                format!("{r:?} {}", String::from_utf8_lossy(&r.properties_json))
+            }
+            other => format!("{other:?}"),
+        })
+        .collect();
+    use base64_marker::encode as b64;
+    for needle in [marker.clone(), b64(marker.as_bytes())] {
+        assert!(
+            !sent_text.contains(&needle),
+            "the Secret's data ({needle}) reached the hub"
+        );
+    }
+    assert!(!sent_text.contains(
+        "last-applied-configuration\":\"{\\\"apiVersion\\\":\\\"v1\\\",\\\"kind\\\":\\\"Secret"
+    ));
+
+    // Admin port: ready, metrics and the accounts view.
+    eventually("readiness", || agent.view().ready()).await?;
+    let ready = admin_get(agent.admin_addr(), "/readyz").await?;
+    assert!(
+        ready.starts_with("HTTP/1.0 200") || ready.starts_with("HTTP/1.1 200"),
+        "{ready}"
+    );
+    let metrics = admin_get(agent.admin_addr(), "/metrics").await?;
+    assert!(
+        metrics.contains(&format!(
+            "scale_agent_agent_lists_total{{account=\"{account}\",kind=\"configmaps\"}} 1"
+        )),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("scale_agent_agent_bytes_sent_total"),
+        "{metrics}"
+    );
+    let accounts = admin_get(agent.admin_addr(), "/accounts").await?;
+    let json_start = accounts.find("\r\n\r\n").map(|i| i + 4).unwrap_or(0);
+    let view: serde_json::Value = serde_json::from_str(&accounts[json_start..])?;
+    let view_account = &view["accounts"][0];
+    assert_eq!(view_account["name"], account);
+    assert_eq!(view_account["role"], "streaming");
+    let kinds = view_account["kinds"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        kinds.iter().any(|k| k["plural"] == "configmaps"
+            && k["state"] == "watching"
+            && k["watchNamespace"] == namespace.as_str()
+            && k["objectsSent"].as_u64() >= Some(4)),
+        "{view}"
+    );
+
+    agent.stop().await?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// Base64 as the apiserver stores Secret data, without a dependency for it.
+mod base64_marker {
+    pub fn encode(bytes: &[u8]) -> String {
+        const ALPHABET: &[u8; 64] =
+            b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        let mut out = String::new();
+        for chunk in bytes.chunks(3) {
+            let b = [
+                chunk[0],
+                *chunk.get(1).unwrap_or(&0),
+                *chunk.get(2).unwrap_or(&0),
+            ];
+            let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+            for i in 0..4 {
+                if i <= chunk.len() {
+                    out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+                } else {
+                    out.push('=');
+                }
+            }
+        }
+        out
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_point_means_no_list_and_changes_still_arrive() -> anyhow::Result<()> {
+    init_logs();
+    let control_plane = ControlPlane::shared()?;
+    let admin = control_plane.client().await?;
+    let namespace = control_plane.namespace(&admin, "agent-resume").await?;
+    let dir = temp_dir("resume")?;
+    let kubeconfig =
+        namespaced_agent_identity(control_plane, &admin, &namespace, &["configmaps"], &dir).await?;
+    let configmaps = Api::<ConfigMap>::namespaced(admin.clone(), &namespace);
+    let pp = PostParams::default();
+    configmaps
+        .create(
+            &pp,
+            &serde_json::from_value(json!({ "metadata": { "name": "old" } }))?,
+        )
+        .await?;
+    let list = configmaps.list(&ListParams::default()).await?;
+    let resume_from = list.metadata.resource_version.unwrap_or_default();
+    assert!(!resume_from.is_empty());
+
+    let hub = Arc::new(HubState::default());
+    if let Ok(mut points) = hub.resume_points.lock() {
+        points.push(ResumePoint {
+            kind: Some(Kind {
+                group: String::new(),
+                version: "v1".into(),
+                kind: "ConfigMap".into(),
+                plural: "configmaps".into(),
+                namespaced: true,
+            }),
+            resource_version: resume_from.clone(),
+            watch_namespace: namespace.clone(),
+        });
+        // A watch the account no longer has (its kinds changed): the agent says STOPPED.
+        points.push(ResumePoint {
+            kind: Some(Kind {
+                group: String::new(),
+                version: "v1".into(),
+                kind: "Secret".into(),
+                plural: "secrets".into(),
+                namespaced: true,
+            }),
+            resource_version: resume_from.clone(),
+            watch_namespace: namespace.clone(),
+        });
+    }
+    let hub_addr = start_hub(hub.clone()).await?;
+    let account = account_name("resume");
+    let config = dir.join("scale-agent.yaml");
+    write_config(
+        &config,
+        hub_addr,
+        json!([{
+            "name": account,
+            "kubeconfigFile": kubeconfig.display().to_string(),
+            "namespaces": [namespace],
+            "kinds": ["configmaps"],
+        }]),
+    )?;
+    let agent = start_agent(&config).await?;
+    eventually("the resumed watch", || {
+        hub.kind_status(&account, "configmaps", kind_status::State::Watching)
+            .is_some()
+    })
+    .await?;
+    configmaps
+        .create(
+            &pp,
+            &serde_json::from_value(json!({ "metadata": { "name": "new" } }))?,
+        )
+        .await?;
+    eventually("the change made after the resume point", || {
+        hub.has_object(&account, "configmaps", "new", object_event::Type::Applied)
+    })
+    .await?;
+    assert_eq!(
+        agent.metrics().lists_total(&account, "configmaps"),
+        0,
+        "resumed kinds must not LIST"
+    );
+    assert_eq!(
+        agent.metrics().watch_resumes_total(&account, "configmaps"),
+        1
+    );
+    assert_eq!(hub.snapshot_begins(&account, "configmaps"), 0);
+    assert!(
+        hub.kind_status(&account, "secrets", kind_status::State::Stopped)
+            .is_some(),
+        "a resume point for a kind no longer watched gets STOPPED"
+    );
+    assert_eq!(agent.metrics().lists_total(&account, "secrets"), 0);
+    assert!(
+        !hub.has_object(&account, "configmaps", "old", object_event::Type::Applied),
+        "'old' predates the resume point and must not be resent"
+    );
+    agent.stop().await?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compacted_resume_point_gets_410_and_falls_back_to_a_snapshot() -> anyhow::Result<()> {
+    init_logs();
+    let control_plane = ControlPlane::shared()?;
+    let admin = control_plane.client().await?;
+    let namespace = control_plane.namespace(&admin, "agent-gone").await?;
+    let dir = temp_dir("gone")?;
+    let kubeconfig =
+        namespaced_agent_identity(control_plane, &admin, &namespace, &["podtemplates"], &dir)
+            .await?;
+    let templates = Api::<PodTemplate>::namespaced(admin.clone(), &namespace);
+    let created = templates
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": { "name": "web" },
+                "template": { "spec": { "containers": [{ "name": "web", "image": "nginx" }] } },
+            }))?,
+        )
+        .await?;
+    let old_version = created.metadata.resource_version.unwrap_or_default();
+    for revision in 0..3 {
+        templates
+            .patch(
+                "web",
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({ "metadata": { "labels": { "revision": revision.to_string() } } }),
+                ),
+            )
+            .await?;
+    }
+    control_plane.compact_etcd().await?;
+
+    let hub = Arc::new(HubState::default());
+    if let Ok(mut points) = hub.resume_points.lock() {
+        points.push(ResumePoint {
+            kind: Some(Kind {
+                group: String::new(),
+                version: "v1".into(),
+                kind: "PodTemplate".into(),
+                plural: "podtemplates".into(),
+                namespaced: true,
+            }),
+            resource_version: old_version,
+            watch_namespace: namespace.clone(),
+        });
+    }
+    let hub_addr = start_hub(hub.clone()).await?;
+    let account = account_name("gone");
+    let config = dir.join("scale-agent.yaml");
+    write_config(
+        &config,
+        hub_addr,
+        json!([{
+            "name": account,
+            "kubeconfigFile": kubeconfig.display().to_string(),
+            "namespaces": [namespace],
+            "kinds": ["PodTemplate"],
+        }]),
+    )?;
+    let agent = start_agent(&config).await?;
+    eventually("a snapshot after 410 Gone", || {
+        hub.snapshot_ends(&account, "podtemplates") >= 1
+    })
+    .await?;
+    assert!(hub.has_object(&account, "podtemplates", "web", object_event::Type::Applied));
+    assert_eq!(
+        agent
+            .metrics()
+            .watch_resumes_total(&account, "podtemplates"),
+        1
+    );
+    assert!(agent.metrics().watch_gone_total(&account, "podtemplates") >= 1);
+    assert_eq!(agent.metrics().lists_total(&account, "podtemplates"), 1);
+    let web = hub
+        .objects(&account, "podtemplates")
+        .into_iter()
+        .rfind(|o| o.name == "web")
+        .ok_or_else(|| anyhow::anyhow!("no event for 'web'"))?;
+    let body: serde_json::Value = serde_json::from_slice(&web.object_json)?;
+    assert_eq!(body["metadata"]["labels"]["revision"], "2");
+    agent.stop().await?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespace_role_streams_its_namespace_reports_forbidden_and_reloads() -> anyhow::Result<()>
+{
+    init_logs();
+    let control_plane = ControlPlane::shared()?;
+    let admin = control_plane.client().await?;
+    let namespace = control_plane.namespace(&admin, "agent-rbac").await?;
+    let dir = temp_dir("rbac")?;
+    let kubeconfig =
+        namespaced_agent_identity(control_plane, &admin, &namespace, &["configmaps"], &dir).await?;
+    Api::<ConfigMap>::namespaced(admin.clone(), &namespace)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({ "metadata": { "name": "visible" } }))?,
+        )
+        .await?;
+
+    let hub = Arc::new(HubState::default());
+    let hub_addr = start_hub(hub.clone()).await?;
+    let scoped = account_name("scoped");
+    let wide = account_name("wide");
+    let scoped_account = json!({
+        "name": scoped,
+        "kubeconfigFile": kubeconfig.display().to_string(),
+        "namespaces": [namespace],
+        "kinds": ["ConfigMap"],
+    });
+    let wide_account = json!({
+        "name": wide,
+        "kubeconfigFile": kubeconfig.display().to_string(),
+        "kinds": ["ConfigMap", "Namespace"],
+    });
+    let config = dir.join("scale-agent.yaml");
+    write_config(&config, hub_addr, json!([scoped_account, wide_account]))?;
+    let agent = start_agent(&config).await?;
+
+    eventually("the namespace's snapshot", || {
+        hub.has_object(
+            &scoped,
+            "configmaps",
+            "visible",
+            object_event::Type::Applied,
+        ) && hub.snapshot_ends(&scoped, "configmaps") == 1
+    })
+    .await?;
+    eventually("FORBIDDEN for the cluster-wide kinds", || {
+        hub.kind_status(&wide, "configmaps", kind_status::State::Forbidden)
+            .is_some()
+            && hub
+                .kind_status(&wide, "namespaces", kind_status::State::Forbidden)
+                .is_some()
+    })
+    .await?;
+    let message = hub
+        .kind_status(&wide, "namespaces", kind_status::State::Forbidden)
+        .unwrap_or_default();
+    assert!(
+        message.contains(&format!("system:serviceaccount:{namespace}:agent")),
+        "the API server's message names the ServiceAccount: {message}"
+    );
+    let view = agent.view();
+    let forbidden = view
+        .kind(&wide, "namespaces", "")
+        .map(|k| format!("{:?}", k.state))
+        .unwrap_or_default();
+    assert_eq!(forbidden, "Forbidden");
+    eventually("readiness with forbidden kinds", || agent.view().ready()).await?;
+
+    // Forbidden kinds are not retried in a hot loop.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(agent.metrics().lists_total(&wide, "configmaps"), 1);
+    assert_eq!(agent.metrics().lists_total(&wide, "namespaces"), 1);
+
+    // An invalid file is refused and the running config stays.
+    std::fs::write(&config, "kubernetes: [")?;
+    eventually("the invalid config to be noticed", || {
+        agent.metrics().config_errors.get() >= 1
+    })
+    .await?;
+    assert!(agent.view().account(&wide).is_some());
+    assert!(agent.view().hub_connected);
+
+    // Hot reload: removing an account unregisters it, adding one registers it.
+    let added = account_name("added");
+    let added_account = json!({
+        "name": added,
+        "kubeconfigFile": kubeconfig.display().to_string(),
+        "namespaces": [namespace],
+        "kinds": ["configmaps"],
+    });
+    write_config(&config, hub_addr, json!([scoped_account, added_account]))?;
+    eventually("UnregisterAccount for the removed account", || {
+        hub.kinds()
+            .iter()
+            .any(|k| matches!(k, agent_message::Kind::UnregisterAccount(u) if u.account == wide))
+    })
+    .await?;
+    eventually("the added account's snapshot", || {
+        hub.has_object(&added, "configmaps", "visible", object_event::Type::Applied)
+    })
+    .await?;
+    assert!(agent.view().account(&wide).is_none());
+    // The unchanged account kept streaming without a relist.
+    assert_eq!(agent.metrics().lists_total(&scoped, "configmaps"), 1);
+
+    agent.stop().await?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_stream_reconnects_and_resumes_without_relisting() -> anyhow::Result<()> {
+    init_logs();
+    let control_plane = ControlPlane::shared()?;
+    let admin = control_plane.client().await?;
+    let namespace = control_plane.namespace(&admin, "agent-reconnect").await?;
+    let dir = temp_dir("reconnect")?;
+    let kubeconfig =
+        namespaced_agent_identity(control_plane, &admin, &namespace, &["configmaps"], &dir).await?;
+    let configmaps = Api::<ConfigMap>::namespaced(admin.clone(), &namespace);
+    let pp = PostParams::default();
+    configmaps
+        .create(
+            &pp,
+            &serde_json::from_value(json!({ "metadata": { "name": "a" }, "data": { "v": "1" } }))?,
+        )
+        .await?;
+
+    let hub = Arc::new(HubState::default());
+    hub.learn_resume_points.store(true, Ordering::SeqCst);
+    let hub_addr = start_hub(hub.clone()).await?;
+    let account = account_name("reconnect");
+    let config = dir.join("scale-agent.yaml");
+    write_config(
+        &config,
+        hub_addr,
+        json!([{
+            "name": account,
+            "kubeconfigFile": kubeconfig.display().to_string(),
+            "namespaces": [namespace],
+            "kinds": ["configmaps"],
+        }]),
+    )?;
+    let agent = start_agent(&config).await?;
+    eventually("the first snapshot", || {
+        hub.snapshot_ends(&account, "configmaps") == 1
+    })
+    .await?;
+
+    // The hub drops the stream; a change made meanwhile must still arrive, from a watch
+    // resumed at the hub's resume point, without a second LIST.
+    hub.disconnect.notify_one();
+    configmaps
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "data": { "v": "2" } })),
+        )
+        .await?;
+    eventually("a second stream", || {
+        hub.sessions.load(Ordering::SeqCst) >= 2
+    })
+    .await?;
+    eventually("the change made while disconnected", || {
+        hub.objects(&account, "configmaps").iter().any(|o| {
+            o.name == "a"
+                && serde_json::from_slice::<serde_json::Value>(&o.object_json)
+                    .is_ok_and(|v| v["data"]["v"] == "2")
+        })
+    })
+    .await?;
+    configmaps
+        .create(
+            &pp,
+            &serde_json::from_value(json!({ "metadata": { "name": "b" } }))?,
+        )
+        .await?;
+    eventually("a change after the reconnect", || {
+        hub.has_object(&account, "configmaps", "b", object_event::Type::Applied)
+    })
+    .await?;
+    let metrics = agent.metrics();
+    assert_eq!(metrics.lists_total(&account, "configmaps"), 1);
+    assert_eq!(metrics.watch_resumes_total(&account, "configmaps"), 1);
+    assert_eq!(hub.snapshot_begins(&account, "configmaps"), 1);
+    assert!(metrics.reconnects.get() >= 1);
+    // Sequence numbers restart at 1 on every stream.
+    let hellos: Vec<u64> = hub
+        .messages()
+        .iter()
+        .filter(|m| matches!(m.kind, Some(agent_message::Kind::Hello(_))))
+        .map(|m| m.seq)
+        .collect();
+    assert_eq!(hellos, [1, 1]);
+    agent.stop().await?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hub_that_does_not_ack_stops_the_watches_at_max_unacked() -> anyhow::Result<()> {
+    init_logs();
+    let control_plane = ControlPlane::shared()?;
+    let admin = control_plane.client().await?;
+    let namespace = control_plane.namespace(&admin, "agent-flow").await?;
+    let dir = temp_dir("flow")?;
+    let kubeconfig =
+        namespaced_agent_identity(control_plane, &admin, &namespace, &["configmaps"], &dir).await?;
+    let configmaps = Api::<ConfigMap>::namespaced(admin.clone(), &namespace);
+    let count = 40;
+    for i in 0..count {
+        configmaps
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({ "metadata": { "name": format!("cm-{i}") } }))?,
+            )
+            .await?;
+    }
+    let hub = Arc::new(HubState::default());
+    hub.acks_paused.store(true, Ordering::SeqCst);
+    let hub_addr = start_hub(hub.clone()).await?;
+    let account = account_name("flow");
+    let config = dir.join("scale-agent.yaml");
+    write_config(
+        &config,
+        hub_addr,
+        json!([{
+            "name": account,
+            "kubeconfigFile": kubeconfig.display().to_string(),
+            "namespaces": [namespace],
+            "kinds": ["configmaps"],
+        }]),
+    )?;
+    let agent = start_agent(&config).await?;
+    let non_heartbeats = || {
+        hub.messages()
+            .iter()
+            .filter(|m| !matches!(m.kind, Some(agent_message::Kind::Heartbeat(_))))
+            .count()
+    };
+    eventually("the window to fill", || {
+        non_heartbeats() >= MAX_UNACKED as usize
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let summary: Vec<String> = hub
+        .messages()
+        .iter()
+        .map(|m| {
+            let kind = format!("{:?}", m.kind);
+            format!("{}:{}", m.seq, kind.chars().take(40).collect::<String>())
+        })
+        .collect();
+    assert!(
+        non_heartbeats() <= MAX_UNACKED as usize,
+        "{} messages sent with {MAX_UNACKED} allowed unacknowledged: {summary:#?}",
+        non_heartbeats()
+    );
+    assert_eq!(hub.snapshot_ends(&account, "configmaps"), 0);
+
+    hub.acks_paused.store(false, Ordering::SeqCst);
+    hub.release.notify_one();
+    eventually("the whole snapshot once acks flow", || {
+        hub.snapshot_ends(&account, "configmaps") == 1
+    })
+    .await?;
+    let objects = hub.objects(&account, "configmaps").len();
+    assert_eq!(objects, count, "every ConfigMap, once");
+    // Sequence numbers have no gaps.
+    let seqs: Vec<u64> = hub.messages().iter().map(|m| m.seq).collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+    agent.stop().await?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejected_and_standby_accounts_are_not_streamed() -> anyhow::Result<()> {
+    init_logs();
+    let control_plane = ControlPlane::shared()?;
+    let admin = control_plane.client().await?;
+    let namespace = control_plane.namespace(&admin, "agent-roles").await?;
+    let dir = temp_dir("roles")?;
+    let kubeconfig =
+        namespaced_agent_identity(control_plane, &admin, &namespace, &["configmaps"], &dir).await?;
+    let hub = Arc::new(HubState::default());
+    let rejected = account_name("rejected");
+    let standby = account_name("standby");
+    if let Ok(mut roles) = hub.roles.lock() {
+        roles.insert(
+            rejected.clone(),
+            (AssignmentRole::Rejected, "bound to another cluster".into()),
+        );
+        roles.insert(standby.clone(), (AssignmentRole::Standby, String::new()));
+    }
+    let hub_addr = start_hub(hub.clone()).await?;
+    let config = dir.join("scale-agent.yaml");
+    let account = |name: &str| {
+        json!({
+            "name": name,
+            "kubeconfigFile": kubeconfig.display().to_string(),
+            "namespaces": [namespace],
+            "kinds": ["configmaps"],
+        })
+    };
+    write_config(
+        &config,
+        hub_addr,
+        json!([account(&rejected), account(&standby)]),
+    )?;
+    let agent = start_agent(&config).await?;
+    eventually("both assignments", || {
+        let view = agent.view();
+        view.account(&rejected)
+            .is_some_and(|a| a.role == "rejected")
+            && view.account(&standby).is_some_and(|a| a.role == "standby")
+    })
+    .await?;
+    let view = agent.view();
+    let register = hub.kinds().into_iter().find_map(|k| match k {
+        agent_message::Kind::RegisterAccount(r) if r.account == rejected => Some(r),
+        _ => None,
+    });
+    let register = register.ok_or_else(|| anyhow::anyhow!("no RegisterAccount"))?;
+    let cluster = register.cluster.unwrap_or_default();
+    assert_eq!(cluster.api_server_host, control_plane.server());
+    assert_eq!(cluster.ca_fingerprint.len(), 64);
+    assert_eq!(
+        cluster.kubernetes_version,
+        scale_agent_e2e::KUBERNETES_VERSION
+    );
+    assert_eq!(register.namespaces, [namespace.as_str()]);
+    assert_eq!(
+        view.account(&rejected)
+            .and_then(|a| a.rejection_reason.clone())
+            .as_deref(),
+        Some("bound to another cluster")
+    );
+    assert!(
+        view.ready(),
+        "rejected and standby accounts do not block readiness"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(hub.streamed_about(&rejected), 0);
+    assert_eq!(hub.streamed_about(&standby), 0);
+    assert_eq!(agent.metrics().lists_total(&standby, "configmaps"), 0);
+    let metrics = agent.metrics().encode();
+    assert!(
+        metrics.contains(&format!(
+            "scale_agent_agent_account_rejected{{account=\"{rejected}\"}} 1"
+        )),
+        "{metrics}"
+    );
+    agent.stop().await?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_with_certificates_reloaded_on_reconnect() -> anyhow::Result<()> {
+    init_logs();
+    let dir = temp_dir("mtls")?;
+    let ca = scale_agent_e2e::pki::CertificateAuthority::new("hub-ca")?;
+    let serving = ca.serving("hub", &["hub.test"])?;
+    let write = |name: &str, text: &str| -> anyhow::Result<PathBuf> {
+        let path = dir.join(name);
+        std::fs::write(&path, text)?;
+        Ok(path)
+    };
+    let ca_path = write("ca.pem", &ca.cert_pem)?;
+    let first = ca.client("agent-one", &[])?;
+    let cert_path = write("tls.crt", &first.cert_pem)?;
+    let key_path = write("tls.key", &first.key_pem)?;
+
+    let hub = Arc::new(HubState::default());
+    let tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(&serving.cert_pem, &serving.key_pem))
+        .client_ca_root(Certificate::from_pem(&ca.cert_pem));
+    let hub_addr = start_hub_with(hub.clone(), Some(tls)).await?;
+    let config = dir.join("scale-agent.yaml");
+    std::fs::write(
+        &config,
+        serde_json::to_string(&json!({
+            "clouddriver": {
+                "grpc": format!("localhost:{}", hub_addr.port()),
+                "backoff": { "baseDelay": "200ms", "maxDelay": "2s" },
+            },
+        }))?,
+    )?;
+    let mut options = Options::for_config(&config);
+    options.admin_addr = Some("127.0.0.1:0".parse()?);
+    options.hub_ca = Some(ca_path);
+    options.tls_cert = Some(cert_path.clone());
+    options.tls_key = Some(key_path.clone());
+    options.hub_server_name = Some("hub.test".into());
+    let agent = scale_agent::start(options).await?;
+    eventually("a TLS stream", || agent.view().hub_connected).await?;
+    assert_eq!(agent.view().hub_identity, "fake-agent");
+
+    // Rotate the client certificate on disk, then drop the stream: the next stream
+    // presents the new certificate.
+    let second = ca.client("agent-two", &[])?;
+    std::fs::write(&cert_path, &second.cert_pem)?;
+    std::fs::write(&key_path, &second.key_pem)?;
+    hub.disconnect.notify_one();
+    eventually("a second TLS stream", || {
+        hub.client_certificates.lock().map(|c| c.len()).unwrap_or(0) >= 2
+    })
+    .await?;
+    let seen = hub
+        .client_certificates
+        .lock()
+        .map(|c| c.clone())
+        .unwrap_or_default();
+    assert_ne!(
+        seen[0], seen[1],
+        "the rotated certificate was not picked up"
+    );
+    agent.stop().await?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_hub_is_dropped_after_two_heartbeat_periods() -> anyhow::Result<()> {
+    init_logs();
+    let dir = temp_dir("silent")?;
+    let hub = Arc::new(HubState::default());
+    hub.heartbeat_seconds.store(1, Ordering::SeqCst);
+    hub.silent.store(true, Ordering::SeqCst);
+    let hub_addr = start_hub(hub.clone()).await?;
+    let config = dir.join("scale-agent.yaml");
+    write_config(&config, hub_addr, json!([]))?;
+    let started = Instant::now();
+    let agent = start_agent(&config).await?;
+    eventually("a reconnect after the hub went silent", || {
+        hub.sessions.load(Ordering::SeqCst) >= 2
+    })
+    .await?;
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "dropped before two periods: {:?}",
+        started.elapsed()
+    );
+    assert!(agent.metrics().reconnects.get() >= 1);
+    // The agent kept heartbeating while it waited.
+    assert!(
+        hub.kinds()
+            .iter()
+            .any(|k| matches!(k, agent_message::Kind::Heartbeat(_)))
+    );
+    let hello = hub.kinds().into_iter().find_map(|k| match k {
+        agent_message::Kind::Hello(hello) => Some(hello),
+        _ => None,
+    });
+    let hello = hello.ok_or_else(|| anyhow::anyhow!("no Hello"))?;
+    assert_eq!(hello.replica, "e2e-0");
+    assert!(!hello.agent_version.is_empty());
+    agent.stop().await?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_objects_are_sent_truncated() -> anyhow::Result<()> {
+    init_logs();
+    let control_plane = ControlPlane::shared()?;
+    let admin = control_plane.client().await?;
+    let namespace = control_plane.namespace(&admin, "agent-big").await?;
+    let dir = temp_dir("big")?;
+    let kubeconfig =
+        namespaced_agent_identity(control_plane, &admin, &namespace, &["configmaps"], &dir).await?;
+    let configmaps = Api::<ConfigMap>::namespaced(admin.clone(), &namespace);
+    let pp = PostParams::default();
+    configmaps
+        .create(
+            &pp,
+            &serde_json::from_value(
+                json!({ "metadata": { "name": "big" }, "data": { "blob": "x".repeat(20_000) } }),
+            )?,
+        )
+        .await?;
+    configmaps
+        .create(
+            &pp,
+            &serde_json::from_value(json!({ "metadata": { "name": "small" } }))?,
+        )
+        .await?;
+    let hub = Arc::new(HubState::default());
+    hub.max_object_bytes.store(10_000, Ordering::SeqCst);
+    let hub_addr = start_hub(hub.clone()).await?;
+    let account = account_name("big");
+    let config = dir.join("scale-agent.yaml");
+    write_config(
+        &config,
+        hub_addr,
+        json!([{
+            "name": account,
+            "kubeconfigFile": kubeconfig.display().to_string(),
+            "namespaces": [namespace],
+            "kinds": ["configmaps"],
+        }]),
+    )?;
+    let agent = start_agent(&config).await?;
+    eventually("the snapshot", || {
+        hub.snapshot_ends(&account, "configmaps") == 1
+    })
+    .await?;
+    let objects = hub.objects(&account, "configmaps");
+    let big = objects.iter().find(|o| o.name == "big");
+    let big = big.ok_or_else(|| anyhow::anyhow!("no event for 'big'"))?;
+    assert!(big.truncated);
+    assert!(big.object_json.is_empty());
+    assert!(!big.uid.is_empty() && !big.resource_version.is_empty());
+    let small = objects.iter().find(|o| o.name == "small");
+    assert!(small.is_some_and(|o| !o.truncated && !o.object_json.is_empty()));
+    agent.stop().await?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_custom_resource_installed_later_is_discovered() -> anyhow::Result<()> {
+    init_logs();
+    let control_plane = ControlPlane::shared()?;
+    let admin = control_plane.client().await?;
+    let namespace = control_plane.namespace(&admin, "agent-crd").await?;
+    let dir = temp_dir("crd")?;
+    let kubeconfig = namespaced_agent_identity(
+        control_plane,
+        &admin,
+        &namespace,
+        &["configmaps", "widgets.agenttest.scaleagent.dev"],
+        &dir,
+    )
+    .await?;
+    let hub = Arc::new(HubState::default());
+    let hub_addr = start_hub(hub.clone()).await?;
+    let account = account_name("crd");
+    let config = dir.join("scale-agent.yaml");
+    write_config(
+        &config,
+        hub_addr,
+        json!([{
+            "name": account,
+            "kubeconfigFile": kubeconfig.display().to_string(),
+            "namespaces": [namespace],
+            "kinds": ["configmaps"],
+            "customResourceDefinitions": [{ "kind": "Widget.agenttest.scaleagent.dev" }],
+        }]),
+    )?;
+    let mut options = Options::for_config(&config);
+    options.admin_addr = Some("127.0.0.1:0".parse()?);
+    options.rediscover_seconds = 1;
+    let agent = scale_agent::start(options).await?;
+    eventually("the ConfigMap snapshot", || {
+        hub.snapshot_ends(&account, "configmaps") == 1
+    })
+    .await?;
+    assert_eq!(hub.snapshot_ends(&account, "widgets"), 0);
+
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "metadata": { "name": "widgets.agenttest.scaleagent.dev" },
+        "spec": {
+            "group": "agenttest.scaleagent.dev",
+            "names": { "kind": "Widget", "plural": "widgets", "singular": "widget", "listKind": "WidgetList" },
+            "scope": "Namespaced",
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "schema": { "openAPIV3Schema": { "type": "object", "x-kubernetes-preserve-unknown-fields": true } },
+            }],
+        },
+    }))?;
+    scale_agent_e2e::crds::install(&admin, &[crd]).await?;
+    let widgets = Api::<kube::api::DynamicObject>::namespaced_with(
+        admin.clone(),
+        &namespace,
+        &kube::discovery::ApiResource {
+            group: "agenttest.scaleagent.dev".into(),
+            version: "v1".into(),
+            api_version: "agenttest.scaleagent.dev/v1".into(),
+            kind: "Widget".into(),
+            plural: "widgets".into(),
+        },
+    );
+    let widget: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "agenttest.scaleagent.dev/v1",
+        "kind": "Widget",
+        "metadata": { "name": "gear" },
+        "spec": { "teeth": 12 },
+    }))?;
+    widgets.create(&PostParams::default(), &widget).await?;
+    eventually("the Widget, after rediscovery", || {
+        hub.has_object(&account, "widgets", "gear", object_event::Type::Applied)
+    })
+    .await?;
+    let gear = hub
+        .objects(&account, "widgets")
+        .into_iter()
+        .find(|o| o.name == "gear");
+    let gear = gear.ok_or_else(|| anyhow::anyhow!("no event for 'gear'"))?;
+    let body: serde_json::Value = serde_json::from_slice(&gear.object_json)?;
+    assert_eq!(body["apiVersion"], "agenttest.scaleagent.dev/v1");
+    assert_eq!(body["spec"]["teeth"], 12);
+    // The ConfigMap watch was not restarted by rediscovery.
+    assert_eq!(agent.metrics().lists_total(&account, "configmaps"), 1);
+    agent.stop().await?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// The agent against the real hub (in-process, plaintext): it registers, streams, and after
+/// an agent restart resumes from the hub's stored resume points without a LIST.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_to_the_real_hub_and_resumes_after_an_agent_restart() -> anyhow::Result<()> {
+    init_logs();
+    let control_plane = ControlPlane::shared()?;
+    let admin = control_plane.client().await?;
+    let namespace = control_plane.namespace(&admin, "agent-real-hub").await?;
+    let dir = temp_dir("real-hub")?;
+    let kubeconfig = namespaced_agent_identity(
+        control_plane,
+        &admin,
+        &namespace,
+        &["configmaps", "secrets"],
+        &dir,
+    )
+    .await?;
+    let configmaps = Api::<ConfigMap>::namespaced(admin.clone(), &namespace);
+    let pp = PostParams::default();
+    configmaps
+        .create(
+            &pp,
+            &serde_json::from_value(json!({ "metadata": { "name": "first" } }))?,
+        )
+        .await?;
+
+    let mut hub_config = scale_agent_hub::Config::new(
+        scale_agent_hub::GrpcSecurity::InsecurePlaintext,
+        dir.join("hub-data"),
+    );
+    hub_config.grpc_addr = "127.0.0.1:0".parse()?;
+    hub_config.http_addr = "127.0.0.1:0".parse()?;
+    hub_config.heartbeat_period = Duration::from_secs(2);
+    let hub = scale_agent_hub::start(hub_config).await?;
+    let account = account_name("real");
+    let config = dir.join("scale-agent.yaml");
+    write_config(
+        &config,
+        hub.grpc_addr,
+        json!([{
+            "name": account,
+            "kubeconfigFile": kubeconfig.display().to_string(),
+            "namespaces": [namespace],
+            "kinds": ["configmaps", "secrets"],
+        }]),
+    )?;
+    let objects_path = format!("/api/v1/accounts/{account}/objects?kind=configmaps");
+    let agent = start_agent(&config).await?;
+    eventually("readiness against the real hub", || agent.view().ready()).await?;
+    let mut listed = String::new();
+    for _ in 0..100 {
+        listed = admin_get(hub.http_addr, &objects_path).await?;
+        if listed.contains("\"first\"") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(listed.contains("\"first\""), "{listed}");
+    assert_eq!(agent.metrics().lists_total(&account, "configmaps"), 1);
+    agent.stop().await?;
+
+    // Restart the agent: the hub holds resume points, so nothing is listed again.
+    configmaps
+        .create(
+            &pp,
+            &serde_json::from_value(json!({ "metadata": { "name": "second" } }))?,
+        )
+        .await?;
+    let agent = start_agent(&config).await?;
+    eventually("readiness after the restart", || agent.view().ready()).await?;
+    for _ in 0..100 {
+        listed = admin_get(hub.http_addr, &objects_path).await?;
+        if listed.contains("\"second\"") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(listed.contains("\"second\""), "{listed}");
+    assert_eq!(agent.metrics().lists_total(&account, "configmaps"), 0);
+    assert_eq!(
+        agent.metrics().watch_resumes_total(&account, "configmaps"),
+        1
+    );
+    assert_eq!(agent.metrics().lists_total(&account, "secrets"), 0);
+    agent.stop().await?;
+    hub.shutdown().await?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// Two replicas against the real hub: one streams, the other stands by; when the streaming
+/// replica stops, the standby is promoted and resumes from the hub's resume points without
+/// a LIST.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standby_replica_takes_over_without_relisting() -> anyhow::Result<()> {
+    init_logs();
+    let control_plane = ControlPlane::shared()?;
+    let admin = control_plane.client().await?;
+    let namespace = control_plane.namespace(&admin, "agent-ha").await?;
+    let dir = temp_dir("ha")?;
+    let kubeconfig =
+        namespaced_agent_identity(control_plane, &admin, &namespace, &["configmaps"], &dir).await?;
+    let configmaps = Api::<ConfigMap>::namespaced(admin.clone(), &namespace);
+    let pp = PostParams::default();
+    configmaps
+        .create(
+            &pp,
+            &serde_json::from_value(json!({ "metadata": { "name": "one" } }))?,
+        )
+        .await?;
+
+    let mut hub_config = scale_agent_hub::Config::new(
+        scale_agent_hub::GrpcSecurity::InsecurePlaintext,
+        dir.join("hub-data"),
+    );
+    hub_config.grpc_addr = "127.0.0.1:0".parse()?;
+    hub_config.http_addr = "127.0.0.1:0".parse()?;
+    hub_config.heartbeat_period = Duration::from_secs(2);
+    let hub = scale_agent_hub::start(hub_config).await?;
+    let account = account_name("ha");
+    let config = dir.join("scale-agent.yaml");
+    write_config(
+        &config,
+        hub.grpc_addr,
+        json!([{
+            "name": account,
+            "kubeconfigFile": kubeconfig.display().to_string(),
+            "namespaces": [namespace],
+            "kinds": ["configmaps"],
+        }]),
+    )?;
+    let first = start_replica(&config, "replica-a").await?;
+    eventually("the first replica streaming", || {
+        first.view().ready()
+            && first
+                .view()
+                .account(&account)
+                .is_some_and(|a| a.role == "streaming")
+    })
+    .await?;
+    let second = start_replica(&config, "replica-b").await?;
+    eventually("the second replica on standby", || {
+        second
+            .view()
+            .account(&account)
+            .is_some_and(|a| a.role == "standby")
+    })
+    .await?;
+    assert_eq!(second.metrics().lists_total(&account, "configmaps"), 0);
+
+    first.stop().await?;
+    configmaps
+        .create(
+            &pp,
+            &serde_json::from_value(json!({ "metadata": { "name": "two" } }))?,
+        )
+        .await?;
+    eventually("the standby promoted", || {
+        second
+            .view()
+            .account(&account)
+            .is_some_and(|a| a.role == "streaming")
+    })
+    .await?;
+    let objects_path = format!("/api/v1/accounts/{account}/objects?kind=configmaps");
+    let mut listed = String::new();
+    for _ in 0..100 {
+        listed = admin_get(hub.http_addr, &objects_path).await?;
+        if listed.contains("\"two\"") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(listed.contains("\"two\""), "{listed}");
+    assert_eq!(second.metrics().lists_total(&account, "configmaps"), 0);
+    assert_eq!(
+        second.metrics().watch_resumes_total(&account, "configmaps"),
+        1
+    );
+    second.stop().await?;
+    hub.shutdown().await?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}

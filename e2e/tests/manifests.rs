@@ -1,0 +1,151 @@
+//! The Helm chart renders the same objects as the kustomize install: same kinds and names,
+//! same specs, RBAC rules and bindings. Rendered with the real `helm` and `kubectl kustomize`
+//! built with the control plane.
+
+// Helpers outside #[test] fns panic on purpose too; clippy's test allowance does not see them.
+#![allow(clippy::expect_used)]
+
+use std::{collections::BTreeMap, path::Path, process::Command};
+
+use scale_agent_e2e::Binaries;
+use serde_json::Value;
+
+fn repo() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+fn run(program: &Path, args: &[&str]) -> String {
+    let output = Command::new(program)
+        .args(args)
+        .current_dir(repo())
+        .output()
+        .unwrap_or_else(|e| panic!("run {}: {e}", program.display()));
+    assert!(
+        output.status.success(),
+        "{} {args:?} failed: {}",
+        program.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("rendered YAML is UTF-8")
+}
+
+/// Rendered objects by (kind, name). Namespaces are left out: kustomize creates the
+/// operator's, Helm installs into the release's (`--create-namespace`).
+fn objects(yaml: &str) -> BTreeMap<(String, String), Value> {
+    let documents: Vec<Value> = serde_saphyr::from_multiple(yaml).expect("rendered YAML parses");
+    documents
+        .into_iter()
+        .filter(|doc| !doc.is_null())
+        .filter(|doc| doc["kind"] != "Namespace")
+        .map(|doc| {
+            let kind = doc["kind"].as_str().unwrap_or_default().to_string();
+            let name = doc["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            ((kind, name), doc)
+        })
+        .collect()
+}
+
+/// The parts of an object that make it behave: everything but metadata (Helm adds its own
+/// labels; namespaces differ by design).
+fn behaviour(object: &Value) -> Value {
+    let mut object = object.clone();
+    if let Some(map) = object.as_object_mut() {
+        map.remove("metadata");
+        // Subjects name the operator's namespace, which is the release namespace under Helm.
+        if let Some(subjects) = map.get_mut("subjects").and_then(Value::as_array_mut) {
+            for subject in subjects {
+                if let Some(subject) = subject.as_object_mut() {
+                    subject.remove("namespace");
+                }
+            }
+        }
+    }
+    object
+}
+
+/// The first path where two values differ, numbers compared by value (kustomize re-emits
+/// `1.0` as `1`), or None when they agree.
+fn first_difference(a: &Value, b: &Value, path: &str) -> Option<String> {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: std::collections::BTreeSet<_> = x.keys().chain(y.keys()).collect();
+            keys.into_iter().find_map(|key| {
+                first_difference(
+                    x.get(key).unwrap_or(&Value::Null),
+                    y.get(key).unwrap_or(&Value::Null),
+                    &format!("{path}.{key}"),
+                )
+            })
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x
+            .iter()
+            .zip(y)
+            .enumerate()
+            .find_map(|(i, (x, y))| first_difference(x, y, &format!("{path}[{i}]"))),
+        (Value::Number(x), Value::Number(y)) if x.as_f64() == y.as_f64() => None,
+        _ if a == b => None,
+        _ => Some(format!("{path}: chart {a} vs kustomize {b}")),
+    }
+}
+
+fn assert_same(helm: &str, kustomize: &str, what: &str) {
+    let helm = objects(helm);
+    let kustomize = objects(kustomize);
+    assert_eq!(
+        helm.keys().collect::<Vec<_>>(),
+        kustomize.keys().collect::<Vec<_>>(),
+        "{what}: the chart and kustomize render different objects"
+    );
+    for (key, object) in &helm {
+        let difference = first_difference(&behaviour(object), &behaviour(&kustomize[key]), "");
+        assert!(
+            difference.is_none(),
+            "{what}: {key:?} differs between the chart and kustomize at {}",
+            difference.unwrap_or_default()
+        );
+    }
+}
+
+#[test]
+fn helm_chart_renders_what_kustomize_renders() {
+    let binaries = Binaries::locate().expect("control-plane binaries (make control-plane)");
+    let chart = "manifests/helm/scale-agent";
+    let namespace = "--namespace=scale-agent-system";
+
+    let operator_only = run(
+        &binaries.helm(),
+        &[
+            "template",
+            "scale-agent",
+            chart,
+            namespace,
+            "--include-crds",
+        ],
+    );
+    let base = run(&binaries.kubectl(), &["kustomize", "manifests"]);
+    assert_same(&operator_only, &base, "default values vs manifests/");
+
+    let with_hub = run(
+        &binaries.helm(),
+        &[
+            "template",
+            "scale-agent",
+            chart,
+            namespace,
+            "--include-crds",
+            "--set=hub.enabled=true",
+        ],
+    );
+    let spinnaker = run(
+        &binaries.kubectl(),
+        &["kustomize", "manifests/overlays/spinnaker"],
+    );
+    assert_same(
+        &with_hub,
+        &spinnaker,
+        "hub.enabled=true vs overlays/spinnaker",
+    );
+}

@@ -1,0 +1,1593 @@
+//! The operator against a real control plane with kube-controller-manager (issue 4, tests
+//! 1-5): owned objects and rollout, idempotence across a restart, real and minimal RBAC,
+//! scope changes and garbage collection, certificate issue and renewal, invalid objects
+//! rejected or reported; plus the examples and kustomize manifests, with the operator running
+//! under its own least-privilege RBAC, and convergence after a restart.
+//!
+//! Each test runs its own operator in-process, watching only the test's namespace, so tests
+//! do not see each other's objects and an operator can be stopped and restarted.
+//! Not here yet: the full flow with a real agent process and hub (issue 4, test 6).
+
+use std::{
+    collections::BTreeMap,
+    future::Future,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::{
+    ByteString,
+    api::{
+        apps::v1::{Deployment, ReplicaSet},
+        core::v1::{ConfigMap, Secret, ServiceAccount},
+        rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
+    },
+};
+use kube::{
+    Api, Client, Resource,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchParams},
+};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+use scale_agent_crds::{
+    AgentAccount, LABEL_COMPONENT, LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_NAME, LABEL_PART_OF,
+    ScaleAgent,
+    agent_config::AgentConfig,
+    conditions::{
+        ACCEPTED, CERTIFICATE_READY, DEGRADED, PROGRESSING, READY, find_condition, is_true,
+    },
+};
+use scale_agent_e2e::{ControlPlane, ControlPlaneOptions, crds};
+use scale_agent_operator::{Config, Metrics, pki};
+use serde_json::{Value, json};
+use tokio::{sync::oneshot, task::JoinHandle};
+
+const TIMEOUT: Duration = Duration::from_secs(90);
+
+fn control_plane() -> anyhow::Result<&'static ControlPlane> {
+    Ok(ControlPlane::shared_with(|| {
+        ControlPlaneOptions::default().with_controller_manager()
+    })?)
+}
+
+/// An admin client, the CRDs installed, and a fresh namespace.
+async fn setup(prefix: &str) -> anyhow::Result<(&'static ControlPlane, Client, String)> {
+    // Operator logs with RUST_LOG=scale_agent_operator=debug and --nocapture.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let control_plane = control_plane()?;
+    let client = control_plane.client().await?;
+    crds::install(&client, &crds::read_crds(&crds::manifests_dir())?).await?;
+    let namespace = control_plane.namespace(&client, prefix).await?;
+    Ok((control_plane, client, namespace))
+}
+
+/// An operator running in this test's runtime, watching one namespace.
+struct Operator {
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<scale_agent_operator::Result<()>>,
+    metrics: Arc<Metrics>,
+}
+
+impl Operator {
+    fn config(namespace: &str) -> Config {
+        Config {
+            namespace: Some(namespace.to_owned()),
+            retry_base: Duration::from_millis(500),
+            retry_max: Duration::from_secs(4),
+            instance: Some(format!("e2e-{namespace}")),
+            ..Config::default()
+        }
+    }
+
+    fn start(client: Client, config: Config) -> Self {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let metrics = Arc::new(Metrics::new());
+        let task = tokio::spawn(scale_agent_operator::run_controllers(
+            client,
+            config,
+            metrics.clone(),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        Self {
+            stop: Some(stop),
+            task,
+            metrics,
+        }
+    }
+
+    async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(30), &mut self.task).await???;
+        Ok(())
+    }
+
+    /// Reconciles counted for `controller` since start.
+    fn reconciles(&self, controller: &str) -> u64 {
+        let text = self.metrics.render();
+        let prefix =
+            format!("scale_agent_operator_reconciles_total{{controller=\"{controller}\"}} ");
+        text.lines()
+            .find_map(|line| line.strip_prefix(&prefix))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+/// Polls `check` until it returns `Some`, or fails after `TIMEOUT` naming `what`.
+async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<Option<T>>>,
+{
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        if let Some(value) = check().await? {
+            return Ok(value);
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("timed out after {TIMEOUT:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// A self-signed CA: (certificate PEM, PKCS#8 key PEM).
+fn make_ca(name: &str) -> anyhow::Result<(String, String)> {
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::default();
+    params.distinguished_name.push(DnType::CommonName, name);
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let cert = params.self_signed(&key)?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+async fn create_secret(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    data: &[(&str, &str)],
+) -> anyhow::Result<()> {
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        data: Some(
+            data.iter()
+                .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+                .collect(),
+        ),
+        ..Default::default()
+    };
+    Api::<Secret>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &secret)
+        .await?;
+    Ok(())
+}
+
+/// Creates the issuer Secret `agent-ca` and returns the CA certificate PEM.
+async fn create_ca_secret(client: &Client, namespace: &str) -> anyhow::Result<(String, String)> {
+    let (cert, key) = make_ca("scale-agent-e2e-agents")?;
+    create_secret(
+        client,
+        namespace,
+        "agent-ca",
+        &[("tls.crt", &cert), ("tls.key", &key)],
+    )
+    .await?;
+    Ok((cert, key))
+}
+
+async fn apply_json<K>(client: &Client, namespace: &str, value: Value) -> anyhow::Result<K>
+where
+    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + serde::Serialize,
+{
+    let name = value["metadata"]["name"]
+        .as_str()
+        .ok_or_else(|| anyhow::anyhow!("no name"))?
+        .to_owned();
+    let api = Api::<K>::namespaced(client.clone(), namespace);
+    Ok(api
+        .patch(
+            &name,
+            &PatchParams::apply("scale-agent-e2e").force(),
+            &Patch::Apply(&value),
+        )
+        .await?)
+}
+
+fn scale_agent(name: &str, spec: Value) -> Value {
+    let mut base = json!({
+        "hub": { "address": "hub.spinnaker.example.com:9091" },
+        "clientCertificate": { "issuerSecretRef": { "name": "agent-ca" } },
+    });
+    if let (Some(base), Some(extra)) = (base.as_object_mut(), spec.as_object()) {
+        for (k, v) in extra {
+            base.insert(k.clone(), v.clone());
+        }
+    }
+    json!({
+        "apiVersion": "scaleagent.dev/v1alpha1",
+        "kind": "ScaleAgent",
+        "metadata": { "name": name },
+        "spec": base,
+    })
+}
+
+fn agent_account(name: &str, spec: Value) -> Value {
+    json!({
+        "apiVersion": "scaleagent.dev/v1alpha1",
+        "kind": "AgentAccount",
+        "metadata": { "name": name },
+        "spec": spec,
+    })
+}
+
+async fn get_agent(client: &Client, namespace: &str, name: &str) -> anyhow::Result<ScaleAgent> {
+    Ok(Api::<ScaleAgent>::namespaced(client.clone(), namespace)
+        .get(name)
+        .await?)
+}
+
+async fn get_account(client: &Client, namespace: &str, name: &str) -> anyhow::Result<AgentAccount> {
+    Ok(Api::<AgentAccount>::namespaced(client.clone(), namespace)
+        .get(name)
+        .await?)
+}
+
+async fn agent_config(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> anyhow::Result<Option<AgentConfig>> {
+    let Some(cm) = Api::<ConfigMap>::namespaced(client.clone(), namespace)
+        .get_opt(&format!("{name}-agent"))
+        .await?
+    else {
+        return Ok(None);
+    };
+    let yaml = cm
+        .data
+        .and_then(|d| d.get("scale-agent.yaml").cloned())
+        .unwrap_or_default();
+    Ok(Some(AgentConfig::from_yaml(&yaml)?))
+}
+
+fn account_names(config: &AgentConfig) -> Vec<String> {
+    config
+        .kubernetes
+        .accounts
+        .iter()
+        .map(|a| a.name.clone())
+        .collect()
+}
+
+fn api_code<T: std::fmt::Debug>(result: &Result<T, kube::Error>) -> Option<u16> {
+    match result {
+        Ok(_) => Some(200),
+        Err(kube::Error::Api(status)) => Some(status.code),
+        Err(_) => None,
+    }
+}
+
+fn assert_labels<K: Resource>(obj: &K, instance: &str) {
+    let labels = obj.meta().labels.clone().unwrap_or_default();
+    for (key, value) in [
+        (LABEL_NAME, "scale-agent"),
+        (LABEL_INSTANCE, instance),
+        (LABEL_COMPONENT, "agent"),
+        (LABEL_MANAGED_BY, "scale-agent-operator"),
+        (LABEL_PART_OF, "scale-agent"),
+    ] {
+        assert_eq!(
+            labels.get(key).map(String::as_str),
+            Some(value),
+            "label {key} on {:?}",
+            obj.meta().name
+        );
+    }
+}
+
+fn assert_owned_by<K: Resource>(obj: &K, owner: &ScaleAgent) {
+    let refs = obj.meta().owner_references.clone().unwrap_or_default();
+    assert!(
+        refs.iter()
+            .any(|r| Some(&r.uid) == owner.meta().uid.as_ref() && r.controller == Some(true)),
+        "{:?} is not controlled by the ScaleAgent: {refs:?}",
+        obj.meta().name
+    );
+}
+
+fn kubectl(control_plane: &ControlPlane, args: &[&str]) -> anyhow::Result<String> {
+    let output = std::process::Command::new(control_plane.binaries().kubectl())
+        .arg("--kubeconfig")
+        .arg(control_plane.kubeconfig_path())
+        .args(args)
+        .output()?;
+    anyhow::ensure!(
+        output.status.success(),
+        "kubectl {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(String::from_utf8(output.stdout)?)
+}
+
+/// resourceVersions of everything the operator made for ScaleAgent `name`, and of the
+/// resources themselves.
+async fn resource_versions(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    accounts: &[&str],
+) -> anyhow::Result<BTreeMap<String, String>> {
+    let agent = format!("{name}-agent");
+    let rbac = format!("scale-agent:{namespace}:{name}");
+    let rv =
+        |o: Option<kube::api::ObjectMeta>| o.and_then(|m| m.resource_version).unwrap_or_default();
+    let mut versions = BTreeMap::new();
+    versions.insert(
+        "ScaleAgent".into(),
+        rv(Some(get_agent(client, namespace, name).await?.metadata)),
+    );
+    for account in accounts {
+        versions.insert(
+            format!("AgentAccount/{account}"),
+            rv(Some(
+                get_account(client, namespace, account).await?.metadata,
+            )),
+        );
+    }
+    versions.insert(
+        "ServiceAccount".into(),
+        rv(Api::<ServiceAccount>::namespaced(client.clone(), namespace)
+            .get_opt(&agent)
+            .await?
+            .map(|o| o.metadata)),
+    );
+    versions.insert(
+        "ConfigMap".into(),
+        rv(Api::<ConfigMap>::namespaced(client.clone(), namespace)
+            .get_opt(&agent)
+            .await?
+            .map(|o| o.metadata)),
+    );
+    versions.insert(
+        "Secret".into(),
+        rv(Api::<Secret>::namespaced(client.clone(), namespace)
+            .get_opt(&format!("{agent}-tls"))
+            .await?
+            .map(|o| o.metadata)),
+    );
+    versions.insert(
+        "Deployment".into(),
+        rv(Api::<Deployment>::namespaced(client.clone(), namespace)
+            .get_opt(&agent)
+            .await?
+            .map(|o| o.metadata)),
+    );
+    versions.insert(
+        "ClusterRole".into(),
+        rv(Api::<ClusterRole>::all(client.clone())
+            .get_opt(&rbac)
+            .await?
+            .map(|o| o.metadata)),
+    );
+    versions.insert(
+        "ClusterRoleBinding".into(),
+        rv(Api::<ClusterRoleBinding>::all(client.clone())
+            .get_opt(&rbac)
+            .await?
+            .map(|o| o.metadata)),
+    );
+    versions.insert(
+        "Role".into(),
+        rv(Api::<Role>::namespaced(client.clone(), namespace)
+            .get_opt(&rbac)
+            .await?
+            .map(|o| o.metadata)),
+    );
+    Ok(versions)
+}
+
+/// Test 1: every owned object appears with the expected content, the Deployment rolls out to
+/// a ReplicaSet, conditions and printer columns are right, and reconciling again (a
+/// restarted operator) writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owned_objects_roll_out_and_a_second_reconcile_writes_nothing() -> anyhow::Result<()> {
+    let (control_plane, client, ns) = setup("op-objects").await?;
+    create_ca_secret(&client, &ns).await?;
+    let operator = Operator::start(client.clone(), Operator::config(&ns));
+
+    apply_json::<ScaleAgent>(
+        &client,
+        &ns,
+        scale_agent(
+            "prod",
+            json!({ "defaults": { "kinds": ["Deployment", "ConfigMap"] } }),
+        ),
+    )
+    .await?;
+    let web = format!("{ns}-web");
+    let api_name = format!("{ns}-api");
+    apply_json::<AgentAccount>(
+        &client,
+        &ns,
+        agent_account("web", json!({ "agentRef": "prod", "accountName": web })),
+    )
+    .await?;
+    apply_json::<AgentAccount>(
+        &client,
+        &ns,
+        agent_account(
+            "api",
+            json!({ "agentRef": "prod", "accountName": api_name, "kinds": ["Service"] }),
+        ),
+    )
+    .await?;
+
+    let agent = wait_for(
+        "ScaleAgent status with 2 accounts and a certificate",
+        || async {
+            let agent = get_agent(&client, &ns, "prod").await?;
+            let ok = agent.status.as_ref().is_some_and(|s| {
+                s.accounts == 2 && is_true(&s.conditions, CERTIFICATE_READY) && s.replicas == 2
+            });
+            Ok(ok.then_some(agent))
+        },
+    )
+    .await?;
+
+    // ServiceAccount, ConfigMap, Secret, Deployment: labelled and owned.
+    let sa = Api::<ServiceAccount>::namespaced(client.clone(), &ns)
+        .get("prod-agent")
+        .await?;
+    assert_labels(&sa, "prod");
+    assert_owned_by(&sa, &agent);
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), &ns)
+        .get("prod-agent")
+        .await?;
+    assert_labels(&cm, "prod");
+    assert_owned_by(&cm, &agent);
+    let config = agent_config(&client, &ns, "prod").await?.expect("config");
+    let mut expected = vec![api_name.clone(), web.clone()];
+    expected.sort();
+    assert_eq!(account_names(&config), expected);
+    assert_eq!(config.clouddriver.grpc, "hub.spinnaker.example.com:9091");
+    let web_config = config
+        .kubernetes
+        .accounts
+        .iter()
+        .find(|a| a.name == web)
+        .expect("web");
+    assert!(web_config.service_account);
+    assert_eq!(
+        web_config.kinds,
+        ["Deployment", "ConfigMap"],
+        "agent defaults"
+    );
+    let api_config = config
+        .kubernetes
+        .accounts
+        .iter()
+        .find(|a| a.name == api_name)
+        .expect("api");
+    assert_eq!(api_config.kinds, ["Service"]);
+    let secret = Api::<Secret>::namespaced(client.clone(), &ns)
+        .get("prod-agent-tls")
+        .await?;
+    assert_labels(&secret, "prod");
+    assert_owned_by(&secret, &agent);
+    let keys: Vec<_> = secret
+        .data
+        .clone()
+        .unwrap_or_default()
+        .into_keys()
+        .collect();
+    assert_eq!(keys, ["ca.crt", "tls.crt", "tls.key"]);
+    let deployment = Api::<Deployment>::namespaced(client.clone(), &ns)
+        .get("prod-agent")
+        .await?;
+    assert_labels(&deployment, "prod");
+    assert_owned_by(&deployment, &agent);
+    assert_eq!(deployment.spec.replicas, Some(2));
+    let pod = deployment.spec.template.spec.clone().expect("pod spec");
+    assert_eq!(pod.service_account_name.as_deref(), Some("prod-agent"));
+    let container = &pod.containers[0];
+    assert_eq!(
+        container.args.clone().unwrap_or_default(),
+        ["--config", "/etc/scale-agent/scale-agent.yaml"]
+    );
+    assert_eq!(
+        container
+            .security_context
+            .as_ref()
+            .and_then(|s| s.read_only_root_filesystem),
+        Some(true)
+    );
+
+    // Cluster scope (the default): a ClusterRole with exactly the watched kinds, bound.
+    let rbac_name = format!("scale-agent:{ns}:prod");
+    let cluster_role = Api::<ClusterRole>::all(client.clone())
+        .get(&rbac_name)
+        .await?;
+    assert_labels(&cluster_role, "prod");
+    let rules = cluster_role.rules.clone().unwrap_or_default();
+    let granted: Vec<(String, Vec<String>)> = rules
+        .iter()
+        .map(|r| {
+            (
+                r.api_groups.clone().unwrap_or_default().join(","),
+                r.resources.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        granted,
+        [
+            (
+                String::new(),
+                vec!["configmaps".to_string(), "services".to_string()]
+            ),
+            ("apps".to_string(), vec!["deployments".to_string()]),
+        ]
+    );
+    assert!(rules.iter().all(|r| r.verbs == ["get", "list", "watch"]));
+    let binding = Api::<ClusterRoleBinding>::all(client.clone())
+        .get(&rbac_name)
+        .await?;
+    let subject = &binding.subjects.clone().unwrap_or_default()[0];
+    assert_eq!(
+        (subject.name.as_str(), subject.namespace.as_deref()),
+        ("prod-agent", Some(ns.as_str()))
+    );
+
+    // The Deployment rolls out to a ReplicaSet with the desired replicas (pods stay Pending:
+    // there is no kubelet).
+    let replica_set = wait_for("a ReplicaSet of the agent Deployment", || async {
+        let sets = Api::<ReplicaSet>::namespaced(client.clone(), &ns)
+            .list(&ListParams::default().labels(&format!("{LABEL_INSTANCE}=prod")))
+            .await?;
+        Ok(sets
+            .items
+            .into_iter()
+            .find(|rs| rs.spec.replicas == Some(2)))
+    })
+    .await?;
+    assert_owned_by_deployment(&replica_set, &deployment);
+
+    // Conditions.
+    let agent = wait_for("ScaleAgent status reflecting the rollout", || async {
+        let agent = get_agent(&client, &ns, "prod").await?;
+        Ok(agent
+            .status
+            .as_ref()
+            .is_some_and(|s| find_condition(&s.conditions, PROGRESSING).is_some())
+            .then_some(agent))
+    })
+    .await?;
+    let status = agent.status.clone().expect("status");
+    assert_eq!(status.observed_generation, agent.metadata.generation);
+    assert!(is_true(&status.conditions, CERTIFICATE_READY));
+    assert!(!is_true(&status.conditions, DEGRADED));
+    assert!(
+        !is_true(&status.conditions, READY),
+        "no kubelet, no ready pod"
+    );
+    assert!(is_true(&status.conditions, PROGRESSING));
+    let ready = find_condition(&status.conditions, READY).expect("Ready");
+    assert_eq!(ready.reason, "AgentsNotReady");
+    assert!(status.certificate_expiry.is_some());
+    for account in ["web", "api"] {
+        let account = wait_for("account accepted", || async {
+            let a = get_account(&client, &ns, account).await?;
+            Ok(a.status.as_ref().is_some_and(|s| s.accepted).then_some(a))
+        })
+        .await?;
+        assert!(is_true(
+            &account.status.expect("status").conditions,
+            ACCEPTED
+        ));
+    }
+
+    // Events on the ScaleAgent and an account.
+    let events = wait_for("Events about the ScaleAgent", || async {
+        let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns)
+            .list(&ListParams::default())
+            .await?
+            .items;
+        let reasons: Vec<(String, String)> = events
+            .iter()
+            .filter_map(|e| {
+                let regarding = e.regarding.as_ref()?;
+                Some((regarding.kind.clone()?, e.reason.clone()?))
+            })
+            .collect();
+        let has = |kind: &str, reason: &str| reasons.iter().any(|(k, r)| k == kind && r == reason);
+        Ok((has("ScaleAgent", "CertificateIssued")
+            && has("ScaleAgent", "Applied")
+            && has("AgentAccount", "Accepted"))
+        .then_some(reasons))
+    })
+    .await?;
+    assert!(!events.is_empty());
+
+    // Printer columns, as kubectl shows them.
+    let table = kubectl(control_plane, &["get", "scaleagents", "-n", &ns])?;
+    let mut lines = table.lines();
+    let header: Vec<_> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header,
+        ["NAME", "READY", "REPLICAS", "ACCOUNTS", "CONNECTED", "AGE"],
+        "{table}"
+    );
+    let row: Vec<_> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(&row[..4], ["prod", "0", "2", "2"], "{table}");
+    let table = kubectl(control_plane, &["get", "agentaccounts", "-n", &ns])?;
+    assert!(
+        table
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .contains("ACCEPTED"),
+        "{table}"
+    );
+    let web_row = table
+        .lines()
+        .find(|l| l.starts_with("web "))
+        .unwrap_or_default()
+        .to_owned();
+    let web_row: Vec<_> = web_row.split_whitespace().collect();
+    assert_eq!(
+        &web_row[..4],
+        ["web", "prod", web.as_str(), "true"],
+        "{table}"
+    );
+
+    // A second reconcile writes nothing: wait until nothing moves, restart the operator (which
+    // reconciles everything on start) and compare resourceVersions.
+    let accounts = ["web", "api"];
+    let mut previous = resource_versions(&client, &ns, "prod", &accounts).await?;
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let now = resource_versions(&client, &ns, "prod", &accounts).await?;
+        if now == previous {
+            break;
+        }
+        previous = now;
+    }
+    operator.stop().await?;
+    let before = resource_versions(&client, &ns, "prod", &accounts).await?;
+    let operator = Operator::start(client.clone(), Operator::config(&ns));
+    wait_for("the restarted operator to reconcile", || async {
+        Ok(
+            (operator.reconciles("scaleagent") >= 1 && operator.reconciles("agentaccount") >= 2)
+                .then_some(()),
+        )
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = resource_versions(&client, &ns, "prod", &accounts).await?;
+    assert_eq!(
+        before, after,
+        "a reconcile of unchanged objects wrote something"
+    );
+    operator.stop().await
+}
+
+fn assert_owned_by_deployment(replica_set: &ReplicaSet, deployment: &Deployment) {
+    let refs = replica_set
+        .metadata
+        .owner_references
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        refs.iter()
+            .any(|r| Some(&r.uid) == deployment.metadata.uid.as_ref()),
+        "{refs:?}"
+    );
+}
+
+/// Test 2: with a token of the generated ServiceAccount, the configured kinds can be listed
+/// and watched; other namespaces, other kinds and Secrets are forbidden; write verbs appear
+/// only with `Deploy`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rbac_is_real_and_minimal() -> anyhow::Result<()> {
+    let (control_plane, client, ns) = setup("op-rbac").await?;
+    let in_scope = control_plane.namespace(&client, "op-rbac-in").await?;
+    let out_of_scope = control_plane.namespace(&client, "op-rbac-out").await?;
+    create_ca_secret(&client, &ns).await?;
+    let operator = Operator::start(client.clone(), Operator::config(&ns));
+    apply_json::<ScaleAgent>(
+        &client,
+        &ns,
+        scale_agent(
+            "prod",
+            json!({ "scope": { "type": "Namespaces", "namespaces": [ns, in_scope] } }),
+        ),
+    )
+    .await?;
+    apply_json::<AgentAccount>(
+        &client,
+        &ns,
+        agent_account(
+            "web",
+            json!({ "agentRef": "prod", "accountName": format!("{ns}-web"), "kinds": ["Deployment", "ConfigMap"] }),
+        ),
+    )
+    .await?;
+    let rbac_name = format!("scale-agent:{ns}:prod");
+    wait_for("Roles in both scope namespaces", || async {
+        let mut found = 0;
+        for namespace in [&ns, &in_scope] {
+            let role = Api::<Role>::namespaced(client.clone(), namespace)
+                .get_opt(&rbac_name)
+                .await?;
+            if role.is_some_and(|r| r.rules.unwrap_or_default().len() == 2) {
+                found += 1;
+            }
+        }
+        Ok((found == 2).then_some(()))
+    })
+    .await?;
+    assert!(
+        Api::<ClusterRole>::all(client.clone())
+            .get_opt(&rbac_name)
+            .await?
+            .is_none()
+    );
+    assert!(
+        Api::<Role>::namespaced(client.clone(), &out_of_scope)
+            .get_opt(&rbac_name)
+            .await?
+            .is_none()
+    );
+
+    let token = control_plane
+        .service_account_token(&client, &ns, "prod-agent")
+        .await?;
+    let agent = control_plane.client_for_token(&token).await?;
+    let lp = ListParams::default();
+    for namespace in [&ns, &in_scope] {
+        let deployments = Api::<Deployment>::namespaced(agent.clone(), namespace)
+            .list(&lp)
+            .await;
+        assert_eq!(api_code(&deployments), Some(200), "{deployments:?}");
+        let configmaps = Api::<ConfigMap>::namespaced(agent.clone(), namespace);
+        let watch = configmaps
+            .watch(&WatchParams::default().timeout(1), "0")
+            .await;
+        assert!(
+            watch.is_ok(),
+            "watch configmaps in {namespace}: {:?}",
+            watch.err()
+        );
+    }
+    let other = Api::<Deployment>::namespaced(agent.clone(), &out_of_scope)
+        .list(&lp)
+        .await;
+    assert_eq!(api_code(&other), Some(403), "another namespace");
+    let all = Api::<Deployment>::all(agent.clone()).list(&lp).await;
+    assert_eq!(
+        api_code(&all),
+        Some(403),
+        "cluster-wide list with namespace scope"
+    );
+    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(agent.clone(), &ns)
+        .list(&lp)
+        .await;
+    assert_eq!(api_code(&pods), Some(403), "a kind no account watches");
+    let secrets = Api::<Secret>::namespaced(agent.clone(), &ns);
+    assert_eq!(
+        api_code(&secrets.list(&lp).await),
+        Some(403),
+        "Secrets not watched"
+    );
+    assert_eq!(
+        api_code(&secrets.get("agent-ca").await),
+        Some(403),
+        "Secret data"
+    );
+    let write = Api::<ConfigMap>::namespaced(agent.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({ "metadata": { "name": "x" } }))?,
+        )
+        .await;
+    assert_eq!(api_code(&write), Some(403), "ReadOnly cannot write");
+
+    // Deploy, and an account that caches Secrets: writes and Secret list/watch, never get.
+    apply_json::<ScaleAgent>(
+        &client,
+        &ns,
+        scale_agent(
+            "prod",
+            json!({ "access": "Deploy", "scope": { "type": "Namespaces", "namespaces": [ns, in_scope] } }),
+        ),
+    )
+    .await?;
+    apply_json::<AgentAccount>(
+        &client,
+        &ns,
+        agent_account(
+            "web",
+            json!({ "agentRef": "prod", "accountName": format!("{ns}-web"), "kinds": ["Deployment", "ConfigMap", "Secret"] }),
+        ),
+    )
+    .await?;
+    wait_for("Deploy rules", || async {
+        let role = Api::<Role>::namespaced(client.clone(), &in_scope)
+            .get_opt(&rbac_name)
+            .await?;
+        let rules = role.and_then(|r| r.rules).unwrap_or_default();
+        let secrets = rules.iter().any(|r| {
+            r.resources
+                .as_ref()
+                .is_some_and(|res| res.contains(&"secrets".to_string()))
+        });
+        let writes = rules
+            .iter()
+            .any(|r| r.verbs.contains(&"create".to_string()));
+        Ok((secrets && writes).then_some(()))
+    })
+    .await?;
+    let created = Api::<ConfigMap>::namespaced(agent.clone(), &in_scope)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({ "metadata": { "name": "deployed" } }))?,
+        )
+        .await;
+    assert_eq!(api_code(&created), Some(200), "{created:?}");
+    let deleted = Api::<ConfigMap>::namespaced(agent.clone(), &in_scope)
+        .delete("deployed", &DeleteParams::default())
+        .await;
+    assert!(deleted.is_ok(), "{deleted:?}");
+    assert_eq!(
+        api_code(&secrets.list(&lp).await),
+        Some(200),
+        "Secrets listed as metadata"
+    );
+    assert!(
+        secrets
+            .watch(&WatchParams::default().timeout(1), "0")
+            .await
+            .is_ok()
+    );
+    assert_eq!(
+        api_code(&secrets.get("agent-ca").await),
+        Some(403),
+        "Secret data stays forbidden"
+    );
+    let out_write = Api::<ConfigMap>::namespaced(agent.clone(), &out_of_scope)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({ "metadata": { "name": "x" } }))?,
+        )
+        .await;
+    assert_eq!(
+        api_code(&out_write),
+        Some(403),
+        "no writes outside the scope"
+    );
+    operator.stop().await
+}
+
+/// Test 3: scope namespaces → cluster → namespaces swaps Roles and ClusterRoles; removing an
+/// account drops it from the config; deleting the ScaleAgent removes everything it made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scope_changes_account_removal_and_deletion_clean_up() -> anyhow::Result<()> {
+    let (control_plane, client, ns) = setup("op-scope").await?;
+    let other = control_plane.namespace(&client, "op-scope-other").await?;
+    create_ca_secret(&client, &ns).await?;
+    let operator = Operator::start(client.clone(), Operator::config(&ns));
+    let namespaces_scope = json!({ "scope": { "type": "Namespaces", "namespaces": [ns, other] } });
+    apply_json::<ScaleAgent>(&client, &ns, scale_agent("prod", namespaces_scope.clone())).await?;
+    for name in ["one", "two"] {
+        apply_json::<AgentAccount>(
+            &client,
+            &ns,
+            agent_account(name, json!({ "agentRef": "prod", "accountName": format!("{ns}-{name}"), "kinds": ["Pod"] })),
+        )
+        .await?;
+    }
+    let rbac_name = format!("scale-agent:{ns}:prod");
+    let roles_in = |client: Client, namespaces: Vec<String>, rbac_name: String| async move {
+        let mut present = Vec::new();
+        for namespace in namespaces {
+            if Api::<Role>::namespaced(client.clone(), &namespace)
+                .get_opt(&rbac_name)
+                .await?
+                .is_some()
+                && Api::<RoleBinding>::namespaced(client.clone(), &namespace)
+                    .get_opt(&rbac_name)
+                    .await?
+                    .is_some()
+            {
+                present.push(namespace);
+            }
+        }
+        anyhow::Ok(present)
+    };
+    let cluster_rbac = |client: Client, rbac_name: String| async move {
+        let role = Api::<ClusterRole>::all(client.clone())
+            .get_opt(&rbac_name)
+            .await?;
+        let binding = Api::<ClusterRoleBinding>::all(client.clone())
+            .get_opt(&rbac_name)
+            .await?;
+        anyhow::Ok((role.is_some(), binding.is_some()))
+    };
+    let both = vec![ns.clone(), other.clone()];
+    wait_for("Roles in both namespaces", || {
+        let f = roles_in(client.clone(), both.clone(), rbac_name.clone());
+        let expected = both.clone();
+        async move { Ok((f.await? == expected).then_some(())) }
+    })
+    .await?;
+    assert_eq!(
+        cluster_rbac(client.clone(), rbac_name.clone()).await?,
+        (false, false)
+    );
+
+    // → Cluster.
+    apply_json::<ScaleAgent>(
+        &client,
+        &ns,
+        scale_agent("prod", json!({ "scope": { "type": "Cluster" } })),
+    )
+    .await?;
+    wait_for("ClusterRole instead of Roles", || {
+        let roles = roles_in(client.clone(), both.clone(), rbac_name.clone());
+        let cluster = cluster_rbac(client.clone(), rbac_name.clone());
+        async move { Ok((roles.await?.is_empty() && cluster.await? == (true, true)).then_some(())) }
+    })
+    .await?;
+
+    // → Namespaces again, only the other namespace.
+    apply_json::<ScaleAgent>(
+        &client,
+        &ns,
+        scale_agent(
+            "prod",
+            json!({ "scope": { "type": "Namespaces", "namespaces": [other] } }),
+        ),
+    )
+    .await?;
+    wait_for("Roles instead of the ClusterRole", || {
+        let roles = roles_in(client.clone(), both.clone(), rbac_name.clone());
+        let cluster = cluster_rbac(client.clone(), rbac_name.clone());
+        let other = other.clone();
+        async move { Ok((roles.await? == [other] && cluster.await? == (false, false)).then_some(())) }
+    })
+    .await?;
+    let config = agent_config(&client, &ns, "prod").await?.expect("config");
+    assert!(
+        config
+            .kubernetes
+            .accounts
+            .iter()
+            .all(|a| a.namespaces == [other.clone()])
+    );
+
+    // Remove an account: the config drops it.
+    let two = format!("{ns}-two");
+    wait_for("both accounts in the config", || async {
+        let names = agent_config(&client, &ns, "prod")
+            .await?
+            .map(|c| account_names(&c))
+            .unwrap_or_default();
+        Ok((names.len() == 2).then_some(()))
+    })
+    .await?;
+    Api::<AgentAccount>::namespaced(client.clone(), &ns)
+        .delete("one", &DeleteParams::default())
+        .await?;
+    wait_for("the config without the removed account", || async {
+        let names = agent_config(&client, &ns, "prod")
+            .await?
+            .map(|c| account_names(&c))
+            .unwrap_or_default();
+        Ok((names == [two.clone()]).then_some(()))
+    })
+    .await?;
+    wait_for("accounts count 1", || async {
+        let agent = get_agent(&client, &ns, "prod").await?;
+        Ok(agent.status.is_some_and(|s| s.accounts == 1).then_some(()))
+    })
+    .await?;
+
+    // Delete the ScaleAgent: the finalizer removes the RBAC, the garbage collector the rest.
+    Api::<ScaleAgent>::namespaced(client.clone(), &ns)
+        .delete("prod", &DeleteParams::default())
+        .await?;
+    wait_for("everything the ScaleAgent made to be gone", || async {
+        let agent_gone = Api::<ScaleAgent>::namespaced(client.clone(), &ns)
+            .get_opt("prod")
+            .await?
+            .is_none();
+        let roles = roles_in(client.clone(), both.clone(), rbac_name.clone()).await?;
+        let cluster = cluster_rbac(client.clone(), rbac_name.clone()).await?;
+        let sa = Api::<ServiceAccount>::namespaced(client.clone(), &ns)
+            .get_opt("prod-agent")
+            .await?;
+        let cm = Api::<ConfigMap>::namespaced(client.clone(), &ns)
+            .get_opt("prod-agent")
+            .await?;
+        let secret = Api::<Secret>::namespaced(client.clone(), &ns)
+            .get_opt("prod-agent-tls")
+            .await?;
+        let deployment = Api::<Deployment>::namespaced(client.clone(), &ns)
+            .get_opt("prod-agent")
+            .await?;
+        let replica_sets = Api::<ReplicaSet>::namespaced(client.clone(), &ns)
+            .list(&ListParams::default().labels(&format!("{LABEL_INSTANCE}=prod")))
+            .await?
+            .items;
+        Ok((agent_gone
+            && roles.is_empty()
+            && cluster == (false, false)
+            && sa.is_none()
+            && cm.is_none()
+            && secret.is_none()
+            && deployment.is_none()
+            && replica_sets.is_empty())
+        .then_some(()))
+    })
+    .await?;
+    operator.stop().await
+}
+
+/// Test 4: the certificate is issued by the CA for the agent's identity with a PKCS#8 key,
+/// and, with a short lifetime, re-issued before it expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificate_is_issued_by_the_ca_and_renewed_before_expiry() -> anyhow::Result<()> {
+    let (_, client, ns) = setup("op-cert").await?;
+    let (ca_cert, ca_key) = create_ca_secret(&client, &ns).await?;
+    let ca = pki::Ca::from_pem(&ca_cert, &ca_key).map_err(anyhow::Error::msg)?;
+    let mut config = Operator::config(&ns);
+    config.certificate_lifetime_override = Some(Duration::from_secs(15));
+    let operator = Operator::start(client.clone(), config);
+    apply_json::<ScaleAgent>(&client, &ns, scale_agent("prod", json!({}))).await?;
+    let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
+    let read = |secret: &Secret, key: &str| {
+        secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+            .unwrap_or_default()
+    };
+    let first = wait_for("the certificate Secret", || async {
+        Ok(secrets.get_opt("prod-agent-tls").await?)
+    })
+    .await?;
+    assert_eq!(first.type_.as_deref(), Some("kubernetes.io/tls"));
+    let cert = read(&first, "tls.crt");
+    let info = pki::parse(&cert).expect("a PEM certificate");
+    let identity = format!("prod.{ns}");
+    assert!(info.has_identity(&identity), "{info:?}");
+    assert!(ca.signed(&cert), "signed by the issuer CA");
+    assert!(pki::is_pkcs8_pem(&read(&first, "tls.key")), "PKCS#8 key");
+    assert_eq!(read(&first, "ca.crt"), ca_cert);
+    assert_eq!(info.not_after - info.not_before, 15);
+
+    let agent = wait_for("CertificateReady", || async {
+        let agent = get_agent(&client, &ns, "prod").await?;
+        Ok(agent
+            .status
+            .as_ref()
+            .is_some_and(|s| is_true(&s.conditions, CERTIFICATE_READY))
+            .then_some(agent))
+    })
+    .await?;
+    let status = agent.status.expect("status");
+    let condition = find_condition(&status.conditions, CERTIFICATE_READY).expect("condition");
+    assert!(
+        condition.message.contains("valid until"),
+        "{}",
+        condition.message
+    );
+    assert!(status.certificate_expiry.is_some());
+
+    // Renewed when a third of the lifetime remains, before expiry.
+    let renewed = wait_for("a renewed certificate", || async {
+        let secret = secrets.get("prod-agent-tls").await?;
+        let cert = read(&secret, "tls.crt");
+        Ok((cert != read(&first, "tls.crt")).then_some(cert))
+    })
+    .await?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs() as i64;
+    let renewed_info = pki::parse(&renewed).expect("renewed certificate");
+    assert!(
+        renewed_info.not_before >= info.renew_at() - 1,
+        "{renewed_info:?} vs {info:?}"
+    );
+    assert!(
+        renewed_info.not_before < info.not_after,
+        "renewed before the old one expired"
+    );
+    assert!(now <= renewed_info.not_after);
+    assert!(renewed_info.has_identity(&identity));
+    assert!(ca.signed(&renewed));
+    wait_for("status with the new expiry", || async {
+        let agent = get_agent(&client, &ns, "prod").await?;
+        let expiry = agent.status.and_then(|s| s.certificate_expiry);
+        Ok((expiry.as_deref()
+            >= Some(scale_agent_operator::status::rfc3339(renewed_info.not_after).as_str()))
+        .then_some(()))
+    })
+    .await?;
+    operator.stop().await
+}
+
+/// Test 5: invalid objects are rejected by validation or reported in status with a message
+/// that says what to fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_objects_are_rejected_or_reported() -> anyhow::Result<()> {
+    let (_, client, ns) = setup("op-invalid").await?;
+    let operator = Operator::start(client.clone(), Operator::config(&ns));
+    let accounts = Api::<AgentAccount>::namespaced(client.clone(), &ns);
+
+    // CEL: both kinds and omitKinds.
+    let both: AgentAccount = serde_json::from_value(agent_account(
+        "both",
+        json!({ "agentRef": "prod", "kinds": ["Pod"], "omitKinds": ["Event"] }),
+    ))?;
+    let rejected = accounts.create(&PostParams::default(), &both).await;
+    assert_eq!(api_code(&rejected), Some(422), "{rejected:?}");
+    assert!(format!("{rejected:?}").contains("not both"), "{rejected:?}");
+    // CEL: namespace scope without namespaces.
+    let no_namespaces: ScaleAgent = serde_json::from_value(scale_agent(
+        "bad",
+        json!({ "scope": { "type": "Namespaces" } }),
+    ))?;
+    let rejected = Api::<ScaleAgent>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &no_namespaces)
+        .await;
+    assert_eq!(api_code(&rejected), Some(422), "{rejected:?}");
+
+    // Unknown agent.
+    apply_json::<AgentAccount>(
+        &client,
+        &ns,
+        agent_account(
+            "orphan",
+            json!({ "agentRef": "nope", "accountName": format!("{ns}-orphan") }),
+        ),
+    )
+    .await?;
+    let condition = wait_for_accepted_condition(&client, &ns, "orphan", "AgentNotFound").await?;
+    assert!(
+        condition.contains(&format!("ScaleAgent nope not found in namespace {ns}")),
+        "{condition}"
+    );
+
+    // The issuer Secret is missing: Degraded says what to create; creating it heals.
+    apply_json::<ScaleAgent>(&client, &ns, scale_agent("prod", json!({}))).await?;
+    let agent = wait_for("Degraded for the missing issuer", || async {
+        let agent = get_agent(&client, &ns, "prod").await?;
+        Ok(agent
+            .status
+            .as_ref()
+            .is_some_and(|s| is_true(&s.conditions, DEGRADED))
+            .then_some(agent))
+    })
+    .await?;
+    let status = agent.status.expect("status");
+    let degraded = find_condition(&status.conditions, DEGRADED).expect("Degraded");
+    assert_eq!(degraded.reason, "IssuerSecretNotFound");
+    assert!(
+        degraded.message.contains(&format!(
+            "issuer Secret agent-ca not found in namespace {ns}: create it"
+        )),
+        "{}",
+        degraded.message
+    );
+    assert!(!is_true(&status.conditions, CERTIFICATE_READY));
+    assert!(!is_true(&status.conditions, READY));
+
+    // Duplicate account names: the older account keeps the name.
+    apply_json::<AgentAccount>(
+        &client,
+        &ns,
+        agent_account(
+            "first",
+            json!({ "agentRef": "prod", "accountName": format!("{ns}-dup") }),
+        ),
+    )
+    .await?;
+    wait_for("the first account accepted", || async {
+        let a = get_account(&client, &ns, "first").await?;
+        Ok(a.status.is_some_and(|s| s.accepted).then_some(()))
+    })
+    .await?;
+    apply_json::<AgentAccount>(
+        &client,
+        &ns,
+        agent_account(
+            "second",
+            json!({ "agentRef": "prod", "accountName": format!("{ns}-dup") }),
+        ),
+    )
+    .await?;
+    let condition =
+        wait_for_accepted_condition(&client, &ns, "second", "DuplicateAccountName").await?;
+    assert!(
+        condition.contains(&format!("already used by AgentAccount {ns}/first")),
+        "{condition}"
+    );
+
+    // Credentials that do not fit the mode, and a missing kubeconfig Secret.
+    apply_json::<AgentAccount>(
+        &client,
+        &ns,
+        agent_account(
+            "remote",
+            json!({ "agentRef": "prod", "accountName": format!("{ns}-remote"),
+                    "credentials": { "type": "Kubeconfig", "kubeconfigSecretRef": { "name": "remote-kc" } } }),
+        ),
+    )
+    .await?;
+    wait_for_accepted_condition(&client, &ns, "remote", "CredentialsModeMismatch").await?;
+    apply_json::<ScaleAgent>(
+        &client,
+        &ns,
+        scale_agent("infra", json!({ "mode": "Infrastructure" })),
+    )
+    .await?;
+    apply_json::<AgentAccount>(
+        &client,
+        &ns,
+        agent_account(
+            "remote",
+            json!({ "agentRef": "infra", "accountName": format!("{ns}-remote"),
+                    "credentials": { "type": "Kubeconfig", "kubeconfigSecretRef": { "name": "remote-kc" } } }),
+        ),
+    )
+    .await?;
+    let condition =
+        wait_for_accepted_condition(&client, &ns, "remote", "KubeconfigSecretNotFound").await?;
+    assert!(
+        condition.contains("Secret remote-kc not found"),
+        "{condition}"
+    );
+    create_secret(&client, &ns, "remote-kc", &[("other", "x")]).await?;
+    wait_for_accepted_condition(&client, &ns, "remote", "KubeconfigKeyMissing").await?;
+
+    // Fixing things heals them.
+    create_ca_secret(&client, &ns).await?;
+    wait_for("prod to recover", || async {
+        let agent = get_agent(&client, &ns, "prod").await?;
+        Ok(agent
+            .status
+            .as_ref()
+            .is_some_and(|s| {
+                is_true(&s.conditions, CERTIFICATE_READY) && !is_true(&s.conditions, DEGRADED)
+            })
+            .then_some(()))
+    })
+    .await?;
+    let config = agent_config(&client, &ns, "prod").await?.expect("config");
+    assert_eq!(
+        account_names(&config),
+        [format!("{ns}-dup")],
+        "only the accepted account"
+    );
+    Api::<Secret>::namespaced(client.clone(), &ns)
+        .delete("remote-kc", &DeleteParams::default())
+        .await?;
+    create_secret(
+        &client,
+        &ns,
+        "remote-kc",
+        &[("kubeconfig", "apiVersion: v1\nkind: Config\n")],
+    )
+    .await?;
+    wait_for("remote accepted", || async {
+        let a = get_account(&client, &ns, "remote").await?;
+        Ok(a.status.is_some_and(|s| s.accepted).then_some(()))
+    })
+    .await?;
+    let infra = wait_for("infra config with the kubeconfig account", || async {
+        Ok(agent_config(&client, &ns, "infra")
+            .await?
+            .filter(|c| c.kubernetes.accounts.len() == 1))
+    })
+    .await?;
+    assert_eq!(
+        infra.kubernetes.accounts[0].kubeconfig_file.as_deref(),
+        Some("/var/run/scale-agent/kubeconfigs/remote-kc/kubeconfig")
+    );
+    let deployment = wait_for("infra Deployment mounting the kubeconfig", || async {
+        let d = Api::<Deployment>::namespaced(client.clone(), &ns)
+            .get_opt("infra-agent")
+            .await?;
+        Ok(d.filter(|d| {
+            d.spec.template.spec.as_ref().is_some_and(|p| {
+                p.volumes.clone().unwrap_or_default().iter().any(|v| {
+                    v.secret.as_ref().and_then(|s| s.secret_name.as_deref()) == Some("remote-kc")
+                })
+            })
+        }))
+    })
+    .await?;
+    assert_eq!(
+        deployment
+            .spec
+            .template
+            .spec
+            .and_then(|p| p.automount_service_account_token),
+        Some(false)
+    );
+    // Infrastructure mode grants no RBAC in this cluster.
+    assert!(
+        Api::<ClusterRole>::all(client.clone())
+            .get_opt(&format!("scale-agent:{ns}:infra"))
+            .await?
+            .is_none()
+    );
+    operator.stop().await
+}
+
+/// Waits until AgentAccount `name` reports `Accepted=False` with `reason`; returns the message.
+async fn wait_for_accepted_condition(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    reason: &str,
+) -> anyhow::Result<String> {
+    wait_for(
+        &format!("AgentAccount {name} rejected with {reason}"),
+        || async {
+            let account = get_account(client, namespace, name).await?;
+            Ok(account.status.and_then(|s| {
+                find_condition(&s.conditions, ACCEPTED)
+                    .filter(|c| c.reason == reason && c.status == "False" && !s.accepted)
+                    .map(|c| c.message.clone())
+            }))
+        },
+    )
+    .await
+}
+
+fn manifests_root() -> std::path::PathBuf {
+    crds::manifests_dir()
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+/// Every example (one per mode) is a valid ScaleAgent/AgentAccount for the API server: the
+/// schema and CEL rules accept it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn examples_for_each_mode_are_valid() -> anyhow::Result<()> {
+    let (control_plane, _client, ns) = setup("op-examples").await?;
+    for example in [
+        "agent-mode.yaml",
+        "infrastructure-mode.yaml",
+        "spinnakerservice-mode.yaml",
+    ] {
+        let path = manifests_root().join("examples").join(example);
+        let path = path.to_string_lossy();
+        let out = kubectl(
+            control_plane,
+            &[
+                "apply",
+                "--server-side",
+                "--dry-run=server",
+                "-n",
+                &ns,
+                "-f",
+                &path,
+            ],
+        )?;
+        assert!(out.contains("scaleagent.dev/"), "{example}: {out}");
+    }
+    Ok(())
+}
+
+/// The kustomize base and overlays render, and the operator's own least-privilege RBAC from
+/// them is enough: an operator authenticated with its ServiceAccount's token reconciles a
+/// ScaleAgent whose account watches everything (RBAC with `*`), and cleans it up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kustomize_manifests_render_and_the_operator_rbac_suffices() -> anyhow::Result<()> {
+    let (control_plane, client, ns) = setup("op-manifests").await?;
+    let root = manifests_root();
+    for (dir, kinds) in [
+        (
+            "",
+            vec!["CustomResourceDefinition", "Deployment", "ClusterRole"],
+        ),
+        (
+            "operator",
+            vec![
+                "Namespace",
+                "ServiceAccount",
+                "ClusterRoleBinding",
+                "Deployment",
+            ],
+        ),
+        (
+            "hub",
+            vec!["Deployment", "Service", "PersistentVolumeClaim"],
+        ),
+        (
+            "overlays/target-cluster",
+            vec!["Deployment", "ScaleAgent", "AgentAccount"],
+        ),
+        ("overlays/spinnaker", vec!["Deployment", "Service"]),
+    ] {
+        let path = root.join(dir);
+        let rendered = kubectl(control_plane, &["kustomize", &path.to_string_lossy()])?;
+        for kind in kinds {
+            assert!(
+                rendered.contains(&format!("kind: {kind}\n")),
+                "{dir} lacks a {kind}"
+            );
+        }
+    }
+    let operator_dir = root.join("operator");
+    kubectl(
+        control_plane,
+        &[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-k",
+            &operator_dir.to_string_lossy(),
+        ],
+    )?;
+    let token = control_plane
+        .service_account_token(&client, "scale-agent-system", "scale-agent-operator")
+        .await?;
+    let as_operator = control_plane.client_for_token(&token).await?;
+    // The operator's token really is restricted.
+    let forbidden = Api::<Secret>::namespaced(as_operator.clone(), &ns)
+        .delete("anything", &DeleteParams::default())
+        .await;
+    assert_eq!(api_code(&forbidden), Some(403), "{forbidden:?}");
+
+    create_ca_secret(&client, &ns).await?;
+    let operator = Operator::start(as_operator, Operator::config(&ns));
+    apply_json::<ScaleAgent>(
+        &client,
+        &ns,
+        scale_agent("prod", json!({ "access": "Deploy" })),
+    )
+    .await?;
+    apply_json::<AgentAccount>(
+        &client,
+        &ns,
+        agent_account("all", json!({ "agentRef": "prod", "accountName": format!("{ns}-all"), "omitKinds": ["Secret"] })),
+    )
+    .await?;
+    let rbac_name = format!("scale-agent:{ns}:prod");
+    wait_for(
+        "the ScaleAgent reconciled by the restricted operator",
+        || async {
+            let agent = get_agent(&client, &ns, "prod").await?;
+            let ok = agent.status.as_ref().is_some_and(|s| {
+                s.accounts == 1
+                    && is_true(&s.conditions, CERTIFICATE_READY)
+                    && !is_true(&s.conditions, DEGRADED)
+            });
+            Ok(ok.then_some(()))
+        },
+    )
+    .await?;
+    let cluster_role = Api::<ClusterRole>::all(client.clone())
+        .get(&rbac_name)
+        .await?;
+    let rules = cluster_role.rules.unwrap_or_default();
+    assert!(
+        rules
+            .iter()
+            .any(|r| r.api_groups == Some(vec!["apps".to_string()])
+                && r.resources == Some(vec!["*".to_string()])),
+        "every group but core as *: {rules:?}"
+    );
+    assert!(
+        rules.iter().all(|r| !r
+            .resources
+            .clone()
+            .unwrap_or_default()
+            .contains(&"secrets".to_string())),
+        "Secrets omitted: {rules:?}"
+    );
+    Api::<ScaleAgent>::namespaced(client.clone(), &ns)
+        .delete("prod", &DeleteParams::default())
+        .await?;
+    wait_for(
+        "the finalizer to clean up under the operator's RBAC",
+        || async {
+            let gone = Api::<ScaleAgent>::namespaced(client.clone(), &ns)
+                .get_opt("prod")
+                .await?
+                .is_none();
+            let role = Api::<ClusterRole>::all(client.clone())
+                .get_opt(&rbac_name)
+                .await?;
+            Ok((gone && role.is_none()).then_some(()))
+        },
+    )
+    .await?;
+    operator.stop().await
+}
+
+/// Changes made while the operator is down are picked up when it comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_operator_converges() -> anyhow::Result<()> {
+    let (_, client, ns) = setup("op-restart").await?;
+    create_ca_secret(&client, &ns).await?;
+    let operator = Operator::start(client.clone(), Operator::config(&ns));
+    apply_json::<ScaleAgent>(&client, &ns, scale_agent("prod", json!({}))).await?;
+    apply_json::<AgentAccount>(
+        &client,
+        &ns,
+        agent_account(
+            "one",
+            json!({ "agentRef": "prod", "accountName": format!("{ns}-one") }),
+        ),
+    )
+    .await?;
+    wait_for("one account in the config", || async {
+        let names = agent_config(&client, &ns, "prod")
+            .await?
+            .map(|c| account_names(&c))
+            .unwrap_or_default();
+        Ok((names.len() == 1).then_some(()))
+    })
+    .await?;
+    operator.stop().await?;
+
+    apply_json::<ScaleAgent>(&client, &ns, scale_agent("prod", json!({ "replicas": 3 }))).await?;
+    apply_json::<AgentAccount>(
+        &client,
+        &ns,
+        agent_account(
+            "two",
+            json!({ "agentRef": "prod", "accountName": format!("{ns}-two") }),
+        ),
+    )
+    .await?;
+    let operator = Operator::start(client.clone(), Operator::config(&ns));
+    wait_for("the changes applied after the restart", || async {
+        let names = agent_config(&client, &ns, "prod")
+            .await?
+            .map(|c| account_names(&c))
+            .unwrap_or_default();
+        let deployment = Api::<Deployment>::namespaced(client.clone(), &ns)
+            .get("prod-agent")
+            .await?;
+        let agent = get_agent(&client, &ns, "prod").await?;
+        let observed = agent
+            .status
+            .is_some_and(|s| s.observed_generation == agent.metadata.generation && s.accounts == 2);
+        Ok((names.len() == 2 && deployment.spec.replicas == Some(3) && observed).then_some(()))
+    })
+    .await?;
+    operator.stop().await
+}

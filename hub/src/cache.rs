@@ -1,0 +1,725 @@
+//! The in-memory cache: account → kind → objects, with the resume point of every watch
+//! scope. Pure: every mutation also pushes the [`StoreOp`]s that persist it.
+
+use std::{cmp::Ordering, collections::BTreeMap, fmt};
+
+use scale_agent_proto::v1 as pb;
+use serde::{Deserialize, Serialize};
+
+use crate::store::StoreOp;
+
+/// A kind as the cache keys it: group and kind (the version may change between agents).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct KindKey {
+    pub group: String,
+    pub kind: String,
+}
+
+impl KindKey {
+    /// `group/kind`, with an empty group for the core group: the form used in store keys.
+    pub fn storage_key(&self) -> String {
+        format!("{}/{}", self.group, self.kind)
+    }
+
+    /// Inverse of [`KindKey::storage_key`].
+    pub fn from_storage_key(s: &str) -> Option<Self> {
+        let (group, kind) = s.split_once('/')?;
+        Some(KindKey {
+            group: group.to_string(),
+            kind: kind.to_string(),
+        })
+    }
+}
+
+impl fmt::Display for KindKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.group.is_empty() {
+            f.write_str(&self.kind)
+        } else {
+            write!(f, "{}/{}", self.group, self.kind)
+        }
+    }
+}
+
+/// What discovery says about a kind (the wire `Kind`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KindInfo {
+    pub group: String,
+    pub version: String,
+    pub kind: String,
+    pub plural: String,
+    pub namespaced: bool,
+}
+
+impl KindInfo {
+    /// Validates a wire `Kind`.
+    pub fn from_proto(kind: Option<&pb::Kind>) -> Result<Self, String> {
+        let k = kind.ok_or("kind is missing")?;
+        if k.kind.is_empty() || k.version.is_empty() {
+            return Err(format!(
+                "kind {:?} (group {:?}, version {:?}) needs both kind and version",
+                k.kind, k.group, k.version
+            ));
+        }
+        if k.kind.contains(['/', '\0']) || k.group.contains(['/', '\0']) {
+            return Err(format!(
+                "kind {:?} / group {:?} contains '/' or NUL",
+                k.kind, k.group
+            ));
+        }
+        Ok(KindInfo {
+            group: k.group.clone(),
+            version: k.version.clone(),
+            kind: k.kind.clone(),
+            plural: k.plural.clone(),
+            namespaced: k.namespaced,
+        })
+    }
+
+    pub fn key(&self) -> KindKey {
+        KindKey {
+            group: self.group.clone(),
+            kind: self.kind.clone(),
+        }
+    }
+
+    pub fn to_proto(&self) -> pb::Kind {
+        pb::Kind {
+            group: self.group.clone(),
+            version: self.version.clone(),
+            kind: self.kind.clone(),
+            plural: self.plural.clone(),
+            namespaced: self.namespaced,
+        }
+    }
+
+    /// `apps/v1` or `v1`.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+}
+
+/// One cached object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CachedObject {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub resource_version: String,
+    /// The object's JSON; empty when truncated.
+    pub json: Vec<u8>,
+    pub truncated: bool,
+}
+
+/// The last state an agent reported for a kind (KindStatus). Not persisted.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KindState {
+    pub state: String,
+    pub message: String,
+    pub namespaces: Vec<String>,
+}
+
+/// Everything cached for one kind of one account.
+#[derive(Clone, Debug)]
+pub struct KindCache {
+    pub info: KindInfo,
+    /// By uid.
+    pub objects: BTreeMap<String, CachedObject>,
+    /// Watch namespace ("" for a cluster-wide watch) → last resourceVersion.
+    pub resume: BTreeMap<String, String>,
+    pub status: Option<KindState>,
+}
+
+impl KindCache {
+    fn new(info: KindInfo) -> Self {
+        KindCache {
+            info,
+            objects: BTreeMap::new(),
+            resume: BTreeMap::new(),
+            status: None,
+        }
+    }
+}
+
+/// Everything cached for one account.
+#[derive(Clone, Debug, Default)]
+pub struct AccountCache {
+    pub kinds: BTreeMap<KindKey, KindCache>,
+}
+
+impl AccountCache {
+    pub fn object_count(&self) -> usize {
+        self.kinds.values().map(|k| k.objects.len()).sum()
+    }
+}
+
+/// Whether resourceVersion `new` is newer than `old`. resourceVersions are opaque in
+/// general; when both parse as integers (etcd revisions) they are compared numerically,
+/// otherwise `new` is taken as newer (always applied).
+pub fn is_newer(new: &str, old: &str) -> bool {
+    match (new.parse::<u64>(), old.parse::<u64>()) {
+        (Ok(n), Ok(o)) => n.cmp(&o) == Ordering::Greater,
+        _ => true,
+    }
+}
+
+/// An object event after validation.
+#[derive(Clone, Debug)]
+pub struct Event {
+    pub deleted: bool,
+    pub object: CachedObject,
+    pub watch_namespace: String,
+}
+
+/// What applying a delta did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Applied {
+    Stored,
+    Deleted,
+    /// Not newer than what the cache holds (a replay): ignored.
+    Stale,
+}
+
+/// The whole cache.
+#[derive(Clone, Debug, Default)]
+pub struct Cache {
+    pub accounts: BTreeMap<String, AccountCache>,
+}
+
+impl Cache {
+    pub fn object_count(&self) -> usize {
+        self.accounts.values().map(AccountCache::object_count).sum()
+    }
+
+    /// The kind's cache, created (and persisted) on first use; a changed version or plural
+    /// is recorded.
+    fn kind_mut(
+        &mut self,
+        account: &str,
+        info: &KindInfo,
+        ops: &mut Vec<StoreOp>,
+    ) -> &mut KindCache {
+        let key = info.key();
+        let kinds = &mut self.accounts.entry(account.to_string()).or_default().kinds;
+        let entry = kinds.entry(key.clone()).or_insert_with(|| {
+            ops.push(StoreOp::PutKind {
+                account: account.to_string(),
+                info: info.clone(),
+            });
+            KindCache::new(info.clone())
+        });
+        if entry.info != *info {
+            entry.info = info.clone();
+            ops.push(StoreOp::PutKind {
+                account: account.to_string(),
+                info: info.clone(),
+            });
+        }
+        entry
+    }
+
+    /// Records the agent's KindStatus (memory only).
+    pub fn set_status(
+        &mut self,
+        account: &str,
+        info: &KindInfo,
+        state: KindState,
+        ops: &mut Vec<StoreOp>,
+    ) {
+        self.kind_mut(account, info, ops).status = Some(state);
+    }
+
+    /// Applies one delta in order, idempotently: an event whose resourceVersion is not newer
+    /// than the object's cached one, or than its watch's resume point, is ignored.
+    pub fn apply_event(
+        &mut self,
+        account: &str,
+        info: &KindInfo,
+        event: Event,
+        ops: &mut Vec<StoreOp>,
+    ) -> Applied {
+        let kind = self.kind_mut(account, info, ops);
+        let rv = event.object.resource_version.clone();
+        let behind_resume = kind
+            .resume
+            .get(&event.watch_namespace)
+            .is_some_and(|r| !is_newer(&rv, r));
+        let behind_object = kind
+            .objects
+            .get(&event.object.uid)
+            .is_some_and(|o| !is_newer(&rv, &o.resource_version));
+        if behind_resume || behind_object {
+            return Applied::Stale;
+        }
+        let key = info.key();
+        let applied = if event.deleted {
+            if kind.objects.remove(&event.object.uid).is_some() {
+                ops.push(StoreOp::DeleteObject {
+                    account: account.to_string(),
+                    kind: key.clone(),
+                    uid: event.object.uid.clone(),
+                });
+            }
+            Applied::Deleted
+        } else {
+            ops.push(StoreOp::PutObject {
+                account: account.to_string(),
+                kind: key.clone(),
+                object: event.object.clone(),
+            });
+            kind.objects.insert(event.object.uid.clone(), event.object);
+            Applied::Stored
+        };
+        advance(kind, account, &key, &event.watch_namespace, &rv, ops);
+        applied
+    }
+
+    /// A bookmark: advances the watch's resume point.
+    pub fn bookmark(
+        &mut self,
+        account: &str,
+        info: &KindInfo,
+        watch_namespace: &str,
+        rv: &str,
+        ops: &mut Vec<StoreOp>,
+    ) {
+        let key = info.key();
+        let kind = self.kind_mut(account, info, ops);
+        advance(kind, account, &key, watch_namespace, rv, ops);
+    }
+
+    /// Replaces a watch scope's objects with a finished snapshot (all the kind's objects for a
+    /// cluster-wide watch, the namespace's for a namespaced one) and sets its resume point
+    /// to the LIST's resourceVersion. Returns (objects stored, objects pruned).
+    pub fn replace_scope(
+        &mut self,
+        account: &str,
+        info: &KindInfo,
+        watch_namespace: &str,
+        snapshot: BTreeMap<String, CachedObject>,
+        list_rv: &str,
+        ops: &mut Vec<StoreOp>,
+    ) -> (usize, usize) {
+        let key = info.key();
+        let kind = self.kind_mut(account, info, ops);
+        let in_scope =
+            |o: &CachedObject| watch_namespace.is_empty() || o.namespace == watch_namespace;
+        let pruned: Vec<String> = kind
+            .objects
+            .values()
+            .filter(|o| in_scope(o) && !snapshot.contains_key(&o.uid))
+            .map(|o| o.uid.clone())
+            .collect();
+        for uid in &pruned {
+            kind.objects.remove(uid);
+            ops.push(StoreOp::DeleteObject {
+                account: account.to_string(),
+                kind: key.clone(),
+                uid: uid.clone(),
+            });
+        }
+        let stored = snapshot.len();
+        for (uid, object) in snapshot {
+            if kind.objects.get(&uid) == Some(&object) {
+                continue;
+            }
+            ops.push(StoreOp::PutObject {
+                account: account.to_string(),
+                kind: key.clone(),
+                object: object.clone(),
+            });
+            kind.objects.insert(uid, object);
+        }
+        if watch_namespace.is_empty() {
+            // A cluster-wide watch supersedes any per-namespace ones.
+            let stale: Vec<String> = kind
+                .resume
+                .keys()
+                .filter(|ns| !ns.is_empty())
+                .cloned()
+                .collect();
+            for ns in stale {
+                kind.resume.remove(&ns);
+                ops.push(StoreOp::DeleteResume {
+                    account: account.to_string(),
+                    kind: key.clone(),
+                    watch_namespace: ns,
+                });
+            }
+        }
+        kind.resume
+            .insert(watch_namespace.to_string(), list_rv.to_string());
+        ops.push(StoreOp::PutResume {
+            account: account.to_string(),
+            kind: key,
+            watch_namespace: watch_namespace.to_string(),
+            resource_version: list_rv.to_string(),
+        });
+        (stored, pruned.len())
+    }
+
+    /// A kind no longer watched (KindStatus STOPPED): forgets its objects and resume points
+    /// in `namespaces` (all of them when empty), so nothing stale is served.
+    pub fn drop_scope(
+        &mut self,
+        account: &str,
+        info: &KindInfo,
+        namespaces: &[String],
+        ops: &mut Vec<StoreOp>,
+    ) -> usize {
+        let key = info.key();
+        let kind = self.kind_mut(account, info, ops);
+        let in_scope = |ns: &String| namespaces.is_empty() || namespaces.contains(ns);
+        let doomed: Vec<String> = kind
+            .objects
+            .values()
+            .filter(|o| in_scope(&o.namespace))
+            .map(|o| o.uid.clone())
+            .collect();
+        for uid in &doomed {
+            kind.objects.remove(uid);
+            ops.push(StoreOp::DeleteObject {
+                account: account.to_string(),
+                kind: key.clone(),
+                uid: uid.clone(),
+            });
+        }
+        let scopes: Vec<String> = kind
+            .resume
+            .keys()
+            .filter(|ns| in_scope(ns))
+            .cloned()
+            .collect();
+        for ns in scopes {
+            kind.resume.remove(&ns);
+            ops.push(StoreOp::DeleteResume {
+                account: account.to_string(),
+                kind: key.clone(),
+                watch_namespace: ns,
+            });
+        }
+        doomed.len()
+    }
+
+    /// The resume points of every watch of an account, for a STREAMING assignment.
+    pub fn resume_points(&self, account: &str) -> Vec<pb::ResumePoint> {
+        let Some(acc) = self.accounts.get(account) else {
+            return Vec::new();
+        };
+        acc.kinds
+            .values()
+            .flat_map(|k| {
+                k.resume.iter().map(|(ns, rv)| pb::ResumePoint {
+                    kind: Some(k.info.to_proto()),
+                    resource_version: rv.clone(),
+                    watch_namespace: ns.clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// Forgets an account.
+    pub fn remove_account(&mut self, account: &str) {
+        self.accounts.remove(account);
+    }
+
+    /// Loads persisted state (at start-up, no store ops).
+    pub fn load_kind(&mut self, account: &str, info: KindInfo) {
+        self.accounts
+            .entry(account.to_string())
+            .or_default()
+            .kinds
+            .entry(info.key())
+            .or_insert_with(|| KindCache::new(info));
+    }
+
+    /// Loads a persisted object; false when its kind is unknown.
+    pub fn load_object(&mut self, account: &str, kind: &KindKey, object: CachedObject) -> bool {
+        match self
+            .accounts
+            .get_mut(account)
+            .and_then(|a| a.kinds.get_mut(kind))
+        {
+            Some(k) => {
+                k.objects.insert(object.uid.clone(), object);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Loads a persisted resume point; false when its kind is unknown.
+    pub fn load_resume(&mut self, account: &str, kind: &KindKey, ns: String, rv: String) -> bool {
+        match self
+            .accounts
+            .get_mut(account)
+            .and_then(|a| a.kinds.get_mut(kind))
+        {
+            Some(k) => {
+                k.resume.insert(ns, rv);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+fn advance(
+    kind: &mut KindCache,
+    account: &str,
+    key: &KindKey,
+    watch_namespace: &str,
+    rv: &str,
+    ops: &mut Vec<StoreOp>,
+) {
+    if rv.is_empty() {
+        return;
+    }
+    let newer = kind
+        .resume
+        .get(watch_namespace)
+        .is_none_or(|old| is_newer(rv, old));
+    if newer {
+        kind.resume
+            .insert(watch_namespace.to_string(), rv.to_string());
+        ops.push(StoreOp::PutResume {
+            account: account.to_string(),
+            kind: key.clone(),
+            watch_namespace: watch_namespace.to_string(),
+            resource_version: rv.to_string(),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info() -> KindInfo {
+        KindInfo {
+            group: "apps".into(),
+            version: "v1".into(),
+            kind: "Deployment".into(),
+            plural: "deployments".into(),
+            namespaced: true,
+        }
+    }
+
+    fn obj(ns: &str, name: &str, rv: &str) -> CachedObject {
+        CachedObject {
+            namespace: ns.into(),
+            name: name.into(),
+            uid: format!("uid-{ns}-{name}"),
+            resource_version: rv.into(),
+            json: format!(r#"{{"metadata":{{"name":"{name}","resourceVersion":"{rv}"}}}}"#)
+                .into_bytes(),
+            truncated: false,
+        }
+    }
+
+    fn ev(deleted: bool, o: CachedObject, ns: &str) -> Event {
+        Event {
+            deleted,
+            object: o,
+            watch_namespace: ns.into(),
+        }
+    }
+
+    fn snapshot(objs: &[CachedObject]) -> BTreeMap<String, CachedObject> {
+        objs.iter().map(|o| (o.uid.clone(), o.clone())).collect()
+    }
+
+    #[test]
+    fn newer() {
+        assert!(is_newer("10", "9"));
+        assert!(!is_newer("9", "10"));
+        assert!(!is_newer("10", "10"));
+        assert!(is_newer("abc", "10"));
+        assert!(is_newer("10", "abc"));
+    }
+
+    #[test]
+    fn snapshot_prunes_and_sets_resume_point() {
+        let mut c = Cache::default();
+        let mut ops = Vec::new();
+        c.replace_scope(
+            "a",
+            &info(),
+            "",
+            snapshot(&[obj("x", "one", "5"), obj("x", "two", "6")]),
+            "10",
+            &mut ops,
+        );
+        assert_eq!(c.object_count(), 2);
+        assert!(ops.iter().any(|o| matches!(o, StoreOp::PutKind { .. })));
+        let mut ops = Vec::new();
+        let (stored, pruned) = c.replace_scope(
+            "a",
+            &info(),
+            "",
+            snapshot(&[obj("x", "two", "6"), obj("y", "three", "12")]),
+            "20",
+            &mut ops,
+        );
+        assert_eq!((stored, pruned), (2, 1));
+        let names: Vec<_> = c.accounts["a"].kinds[&info().key()]
+            .objects
+            .values()
+            .map(|o| o.name.clone())
+            .collect();
+        assert_eq!(names, vec!["two", "three"]);
+        // Unchanged "two" is not rewritten; "one" deleted; "three" put; resume point put.
+        assert_eq!(
+            ops.iter()
+                .filter(|o| matches!(o, StoreOp::PutObject { .. }))
+                .count(),
+            1
+        );
+        assert_eq!(
+            ops.iter()
+                .filter(|o| matches!(o, StoreOp::DeleteObject { .. }))
+                .count(),
+            1
+        );
+        let rp = c.resume_points("a");
+        assert_eq!(rp.len(), 1);
+        assert_eq!(rp[0].resource_version, "20");
+    }
+
+    #[test]
+    fn namespaced_snapshot_only_replaces_its_namespace() {
+        let mut c = Cache::default();
+        let mut ops = Vec::new();
+        c.replace_scope(
+            "a",
+            &info(),
+            "x",
+            snapshot(&[obj("x", "one", "5")]),
+            "10",
+            &mut ops,
+        );
+        c.replace_scope(
+            "a",
+            &info(),
+            "y",
+            snapshot(&[obj("y", "two", "6")]),
+            "11",
+            &mut ops,
+        );
+        c.replace_scope("a", &info(), "x", snapshot(&[]), "12", &mut ops);
+        let k = &c.accounts["a"].kinds[&info().key()];
+        assert_eq!(k.objects.len(), 1);
+        assert_eq!(k.resume.len(), 2);
+        assert_eq!(k.resume["x"], "12");
+    }
+
+    #[test]
+    fn deltas_are_idempotent() {
+        let mut c = Cache::default();
+        let mut ops = Vec::new();
+        c.replace_scope("a", &info(), "", snapshot(&[]), "10", &mut ops);
+        assert_eq!(
+            c.apply_event("a", &info(), ev(false, obj("x", "one", "11"), ""), &mut ops),
+            Applied::Stored
+        );
+        assert_eq!(
+            c.apply_event("a", &info(), ev(false, obj("x", "one", "13"), ""), &mut ops),
+            Applied::Stored
+        );
+        // Replay of an older version, and of the same one.
+        assert_eq!(
+            c.apply_event("a", &info(), ev(false, obj("x", "one", "11"), ""), &mut ops),
+            Applied::Stale
+        );
+        assert_eq!(
+            c.apply_event("a", &info(), ev(false, obj("x", "one", "13"), ""), &mut ops),
+            Applied::Stale
+        );
+        assert_eq!(
+            c.accounts["a"].kinds[&info().key()].objects["uid-x-one"].resource_version,
+            "13"
+        );
+        assert_eq!(
+            c.apply_event("a", &info(), ev(true, obj("x", "one", "14"), ""), &mut ops),
+            Applied::Deleted
+        );
+        // A replayed APPLIED from before the delete does not resurrect the object.
+        assert_eq!(
+            c.apply_event("a", &info(), ev(false, obj("x", "one", "13"), ""), &mut ops),
+            Applied::Stale
+        );
+        assert_eq!(c.object_count(), 0);
+        assert_eq!(c.resume_points("a")[0].resource_version, "14");
+        // Non-numeric resourceVersions are always applied.
+        assert_eq!(
+            c.apply_event(
+                "a",
+                &info(),
+                ev(false, obj("x", "two", "abc"), ""),
+                &mut ops
+            ),
+            Applied::Stored
+        );
+    }
+
+    #[test]
+    fn stopped_kinds_are_dropped() {
+        let mut c = Cache::default();
+        let mut ops = Vec::new();
+        c.replace_scope(
+            "a",
+            &info(),
+            "x",
+            snapshot(&[obj("x", "one", "5")]),
+            "10",
+            &mut ops,
+        );
+        c.replace_scope(
+            "a",
+            &info(),
+            "y",
+            snapshot(&[obj("y", "two", "6")]),
+            "11",
+            &mut ops,
+        );
+        assert_eq!(c.drop_scope("a", &info(), &["x".to_string()], &mut ops), 1);
+        let k = &c.accounts["a"].kinds[&info().key()];
+        assert_eq!(k.objects.len(), 1);
+        assert_eq!(k.resume.keys().collect::<Vec<_>>(), ["y"]);
+        assert_eq!(c.drop_scope("a", &info(), &[], &mut ops), 1);
+        assert!(c.resume_points("a").is_empty());
+        assert_eq!(c.object_count(), 0);
+    }
+
+    #[test]
+    fn bookmarks_only_advance() {
+        let mut c = Cache::default();
+        let mut ops = Vec::new();
+        c.bookmark("a", &info(), "", "30", &mut ops);
+        c.bookmark("a", &info(), "", "20", &mut ops);
+        assert_eq!(c.resume_points("a")[0].resource_version, "30");
+    }
+
+    #[test]
+    fn kind_validation() {
+        assert!(KindInfo::from_proto(None).is_err());
+        let mut k = info().to_proto();
+        assert_eq!(KindInfo::from_proto(Some(&k)).unwrap(), info());
+        k.version.clear();
+        assert!(KindInfo::from_proto(Some(&k)).is_err());
+        assert_eq!(
+            KindKey::from_storage_key(&info().key().storage_key()),
+            Some(info().key())
+        );
+        assert_eq!(
+            KindKey::from_storage_key("/Pod").unwrap().to_string(),
+            "Pod"
+        );
+    }
+}

@@ -1,0 +1,318 @@
+//! The hub's configuration: [`Config`] (what [`crate::start`] needs) and [`Args`] (the
+//! command line, every flag with an environment fallback).
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use clap::{Parser, ValueEnum};
+
+use crate::{
+    error::{HubError, Result},
+    identity::AllowRule,
+};
+
+/// How the gRPC listener authenticates agents.
+#[derive(Clone, Debug)]
+pub enum GrpcSecurity {
+    /// TLS with a client certificate required and verified against `client_ca_pem`.
+    MutualTls(TlsMaterial),
+    /// No TLS at all; every agent has the identity [`crate::identity::ANONYMOUS`].
+    InsecurePlaintext,
+}
+
+/// PEM-encoded certificate material for the gRPC listener.
+#[derive(Clone)]
+pub struct TlsMaterial {
+    /// The server certificate chain.
+    pub cert_pem: Vec<u8>,
+    /// The server's private key.
+    pub key_pem: Vec<u8>,
+    /// The CA (or CAs) that sign agents' client certificates.
+    pub client_ca_pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for TlsMaterial {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsMaterial")
+            .field("cert_pem", &format_args!("{} bytes", self.cert_pem.len()))
+            .field("key_pem", &"<redacted>")
+            .field(
+                "client_ca_pem",
+                &format_args!("{} bytes", self.client_ca_pem.len()),
+            )
+            .finish()
+    }
+}
+
+/// Longest heartbeat period accepted.
+pub const MAX_HEARTBEAT_PERIOD: Duration = Duration::from_secs(3600);
+
+/// Everything [`crate::start`] needs.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub grpc_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    pub security: GrpcSecurity,
+    /// Holds `hub.redb`.
+    pub data_dir: PathBuf,
+    /// How long an account with no connected agent is kept.
+    pub grace_period: Duration,
+    pub heartbeat_period: Duration,
+    pub max_unacked: u32,
+    pub max_object_bytes: u64,
+    /// Empty: any identity may register any account.
+    pub allow: Vec<AllowRule>,
+}
+
+impl Config {
+    /// Checks the values [`crate::start`] relies on.
+    pub fn validate(&self) -> Result<()> {
+        if self.heartbeat_period < Duration::from_secs(1)
+            || self.heartbeat_period > MAX_HEARTBEAT_PERIOD
+        {
+            return Err(HubError::Config(format!(
+                "the heartbeat period must be between 1s and 1h, not {:?}",
+                self.heartbeat_period
+            )));
+        }
+        if self.max_unacked == 0 {
+            return Err(HubError::Config("--max-unacked must be at least 1".into()));
+        }
+        if self.max_object_bytes == 0 {
+            return Err(HubError::Config(
+                "--max-object-bytes must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A configuration with the defaults of the command line, for the given security and
+    /// data directory (handy for tests: set the addresses to `127.0.0.1:0`).
+    pub fn new(security: GrpcSecurity, data_dir: impl Into<PathBuf>) -> Self {
+        Config {
+            grpc_addr: SocketAddr::from(([0, 0, 0, 0], 9091)),
+            http_addr: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            security,
+            data_dir: data_dir.into(),
+            grace_period: Duration::from_secs(600),
+            heartbeat_period: Duration::from_secs(15),
+            max_unacked: 1000,
+            max_object_bytes: 2 * 1024 * 1024,
+            allow: Vec::new(),
+        }
+    }
+}
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// scale-agent-hub: accepts Scale Agent streams over mutual TLS, caches every agent's
+/// cluster, and serves it over an HTTP API.
+#[derive(Clone, Debug, Parser)]
+#[command(name = "scale-agent-hub", version, about, long_about = None)]
+pub struct Args {
+    /// Address of the gRPC listener agents connect to.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_HUB_GRPC_ADDR",
+        default_value = "0.0.0.0:9091"
+    )]
+    pub grpc_addr: SocketAddr,
+
+    /// Address of the HTTP API (REST, /healthz, /readyz, /metrics).
+    #[arg(
+        long,
+        env = "SCALE_AGENT_HUB_HTTP_ADDR",
+        default_value = "0.0.0.0:8080"
+    )]
+    pub http_addr: SocketAddr,
+
+    /// PEM file with the gRPC server's certificate chain. Required unless
+    /// --insecure-plaintext.
+    #[arg(long, env = "SCALE_AGENT_HUB_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM file with the gRPC server's private key. Required unless --insecure-plaintext.
+    #[arg(long, env = "SCALE_AGENT_HUB_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+
+    /// PEM file with the CA that signs agents' client certificates; every agent must present
+    /// a certificate it signed. Required unless --insecure-plaintext.
+    #[arg(long, env = "SCALE_AGENT_HUB_CLIENT_CA")]
+    pub client_ca: Option<PathBuf>,
+
+    /// Serve gRPC without TLS and without authenticating agents (every agent is
+    /// "anonymous"). For local experiments only.
+    #[arg(long, env = "SCALE_AGENT_HUB_INSECURE_PLAINTEXT")]
+    pub insecure_plaintext: bool,
+
+    /// Directory of the embedded store (file hub.redb): cached objects, resume points and
+    /// account bindings survive restarts.
+    #[arg(long, env = "SCALE_AGENT_HUB_DATA_DIR", default_value = "data")]
+    pub data_dir: PathBuf,
+
+    /// How long an account with no connected agent is kept (cache and resume points
+    /// included) before it is removed: seconds, or a number with ms, s, m or h.
+    #[arg(long, env = "SCALE_AGENT_HUB_GRACE_PERIOD", default_value = "600s", value_parser = parse_duration)]
+    pub grace_period: Duration,
+
+    /// Period of application heartbeats, sent to agents in Welcome; a stream silent for two
+    /// periods is ended. Seconds, or a number with ms, s, m or h.
+    #[arg(long, env = "SCALE_AGENT_HUB_HEARTBEAT_PERIOD", default_value = "15s", value_parser = parse_duration)]
+    pub heartbeat_period: Duration,
+
+    /// Most messages an agent may send without an acknowledgement.
+    #[arg(long, env = "SCALE_AGENT_HUB_MAX_UNACKED", default_value_t = 1000)]
+    pub max_unacked: u32,
+
+    /// Largest object payload in bytes; agents send larger objects truncated (metadata
+    /// only).
+    #[arg(long, env = "SCALE_AGENT_HUB_MAX_OBJECT_BYTES", default_value_t = 2 * 1024 * 1024)]
+    pub max_object_bytes: u64,
+
+    /// IDENTITY=PATTERN: the agent identity (from its client certificate) may register
+    /// accounts whose name matches PATTERN. Both sides accept `*` wildcards. Repeatable;
+    /// with no rule, any identity may register any account. Comma-separated in the
+    /// environment variable.
+    #[arg(long, env = "SCALE_AGENT_HUB_ALLOW", value_delimiter = ',', value_parser = AllowRule::parse)]
+    pub allow: Vec<AllowRule>,
+
+    /// Log format.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_HUB_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+}
+
+impl Args {
+    /// Reads the files the flags name and builds the [`Config`].
+    pub fn into_config(self) -> Result<Config> {
+        let security = if self.insecure_plaintext {
+            GrpcSecurity::InsecurePlaintext
+        } else {
+            let missing: Vec<&str> = [
+                ("--tls-cert", self.tls_cert.is_none()),
+                ("--tls-key", self.tls_key.is_none()),
+                ("--client-ca", self.client_ca.is_none()),
+            ]
+            .into_iter()
+            .filter_map(|(flag, missing)| missing.then_some(flag))
+            .collect();
+            match (&self.tls_cert, &self.tls_key, &self.client_ca) {
+                (Some(cert), Some(key), Some(ca)) => GrpcSecurity::MutualTls(TlsMaterial {
+                    cert_pem: read(cert)?,
+                    key_pem: read(key)?,
+                    client_ca_pem: read(ca)?,
+                }),
+                _ => {
+                    return Err(HubError::Config(format!(
+                        "mutual TLS needs {} (or pass --insecure-plaintext to serve without TLS)",
+                        missing.join(", ")
+                    )));
+                }
+            }
+        };
+        let config = Config {
+            grpc_addr: self.grpc_addr,
+            http_addr: self.http_addr,
+            security,
+            data_dir: self.data_dir,
+            grace_period: self.grace_period,
+            heartbeat_period: self.heartbeat_period,
+            max_unacked: self.max_unacked,
+            max_object_bytes: self.max_object_bytes,
+            allow: self.allow,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+fn read(path: &PathBuf) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|source| HubError::ReadFile {
+        path: path.clone(),
+        source,
+    })
+}
+
+/// Parses `600`, `600s`, `10m`, `1h` or `250ms`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration: expected e.g. 600, 600s, 10m, 1h, 250ms"))?;
+    let d = match unit.trim() {
+        "" | "s" => Duration::from_secs(n),
+        "ms" => Duration::from_millis(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        "h" => Duration::from_secs(n.saturating_mul(3600)),
+        other => {
+            return Err(format!("{s:?}: unknown unit {other:?} (use ms, s, m or h)"));
+        }
+    };
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("600").unwrap(), Duration::from_secs(600));
+        assert_eq!(parse_duration("600s").unwrap(), Duration::from_secs(600));
+        assert_eq!(parse_duration("10m").unwrap(), Duration::from_secs(600));
+        assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert!(parse_duration("ten").is_err());
+        assert!(parse_duration("5d").is_err());
+    }
+
+    #[test]
+    fn defaults_and_missing_tls() {
+        let args = Args::try_parse_from(["scale-agent-hub"]).unwrap();
+        assert_eq!(args.grpc_addr.port(), 9091);
+        assert_eq!(args.http_addr.port(), 8080);
+        assert_eq!(args.grace_period, Duration::from_secs(600));
+        assert_eq!(args.heartbeat_period, Duration::from_secs(15));
+        assert_eq!(args.max_unacked, 1000);
+        assert_eq!(args.max_object_bytes, 2 * 1024 * 1024);
+        let err = args.into_config().unwrap_err().to_string();
+        assert!(err.contains("--tls-cert, --tls-key, --client-ca"), "{err}");
+
+        let args = Args::try_parse_from([
+            "scale-agent-hub",
+            "--insecure-plaintext",
+            "--allow",
+            "agent-a=prod-*",
+            "--allow",
+            "*=dev",
+            "--grace-period",
+            "2m",
+        ])
+        .unwrap();
+        let config = args.into_config().unwrap();
+        assert!(matches!(config.security, GrpcSecurity::InsecurePlaintext));
+        assert_eq!(config.allow.len(), 2);
+        assert_eq!(config.grace_period, Duration::from_secs(120));
+        assert!(!format!("{config:?}").contains("PRIVATE"));
+
+        let args = Args::try_parse_from([
+            "scale-agent-hub",
+            "--insecure-plaintext",
+            "--heartbeat-period",
+            "5000h",
+        ])
+        .unwrap();
+        let err = args.into_config().unwrap_err().to_string();
+        assert!(err.contains("heartbeat period"), "{err}");
+    }
+}

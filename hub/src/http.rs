@@ -1,0 +1,539 @@
+//! The HTTP API (axum): agents, accounts, cached objects, health, readiness and metrics.
+
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, atomic::Ordering},
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use axum::{
+    Json, Router,
+    extract::{Path, Query, State},
+    http::{StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::get,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::{
+    Hub,
+    cache::{AccountCache, CachedObject, KindCache, KindInfo},
+    registry::{Account, ClusterRecord, Registry, SessionId},
+};
+
+/// The API's routes.
+pub(crate) fn router(hub: Arc<Hub>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/api/v1/agents", get(agents))
+        .route("/api/v1/accounts", get(accounts))
+        .route("/api/v1/accounts/{name}", get(account))
+        .route("/api/v1/accounts/{name}/objects", get(objects))
+        .with_state(hub)
+}
+
+fn error(status: StatusCode, message: String) -> Response {
+    (status, Json(json!({ "error": message }))).into_response()
+}
+
+async fn readyz(State(hub): State<Arc<Hub>>) -> Response {
+    let store = hub.store_open.load(Ordering::SeqCst);
+    let grpc = hub.grpc_listening.load(Ordering::SeqCst);
+    if store && grpc {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: store open {store}, gRPC listening {grpc}\n"),
+        )
+            .into_response()
+    }
+}
+
+async fn metrics(State(hub): State<Arc<Hub>>) -> Response {
+    hub.refresh_gauges();
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        hub.metrics.encode(),
+    )
+        .into_response()
+}
+
+/// RFC 3339 in UTC, seconds precision.
+pub fn rfc3339(t: SystemTime) -> String {
+    let secs = t
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        (rem / 60) % 60,
+        rem % 60
+    )
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct AgentView {
+    identity: String,
+    replica: String,
+    agent_version: String,
+    connected_since: String,
+    accounts: Vec<AgentAccountView>,
+}
+
+#[derive(Serialize)]
+struct AgentAccountView {
+    name: String,
+    role: &'static str,
+}
+
+async fn agents(State(hub): State<Arc<Hub>>) -> Json<Vec<AgentView>> {
+    let st = hub.state();
+    Json(
+        st.registry
+            .sessions
+            .values()
+            .map(|s| AgentView {
+                identity: s.identity.clone(),
+                replica: s.replica.clone(),
+                agent_version: s.agent_version.clone(),
+                connected_since: rfc3339(s.connected_since),
+                accounts: st
+                    .registry
+                    .accounts_of(s.id)
+                    .into_iter()
+                    .map(|(name, role)| AgentAccountView {
+                        name,
+                        role: role.as_str(),
+                    })
+                    .collect(),
+            })
+            .collect(),
+    )
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ReplicaView {
+    identity: String,
+    replica: String,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ResumePointView {
+    watch_namespace: String,
+    resource_version: String,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct KindView {
+    group: String,
+    version: String,
+    kind: String,
+    plural: String,
+    namespaced: bool,
+    objects: usize,
+    /// WATCHING, FORBIDDEN, FAILING, STOPPED; null when the agent has not reported it.
+    state: Option<String>,
+    message: String,
+    namespaces: Vec<String>,
+    resume_points: Vec<ResumePointView>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct AccountView {
+    name: String,
+    cluster: ClusterRecord,
+    namespaces: Vec<String>,
+    properties: Value,
+    /// "connected" or "disconnected".
+    state: &'static str,
+    disconnected_since: Option<String>,
+    streaming: Option<ReplicaView>,
+    standbys: Vec<ReplicaView>,
+    objects: usize,
+    object_counts: BTreeMap<String, usize>,
+    kinds: Vec<KindView>,
+}
+
+fn replica(registry: &Registry, id: SessionId) -> Option<ReplicaView> {
+    registry.sessions.get(&id).map(|s| ReplicaView {
+        identity: s.identity.clone(),
+        replica: s.replica.clone(),
+    })
+}
+
+fn kind_view(k: &KindCache) -> KindView {
+    KindView {
+        group: k.info.group.clone(),
+        version: k.info.version.clone(),
+        kind: k.info.kind.clone(),
+        plural: k.info.plural.clone(),
+        namespaced: k.info.namespaced,
+        objects: k.objects.len(),
+        state: k.status.as_ref().map(|s| s.state.clone()),
+        message: k
+            .status
+            .as_ref()
+            .map(|s| s.message.clone())
+            .unwrap_or_default(),
+        namespaces: k
+            .status
+            .as_ref()
+            .map(|s| s.namespaces.clone())
+            .unwrap_or_default(),
+        resume_points: k
+            .resume
+            .iter()
+            .map(|(ns, rv)| ResumePointView {
+                watch_namespace: ns.clone(),
+                resource_version: rv.clone(),
+            })
+            .collect(),
+    }
+}
+
+fn account_view(
+    registry: &Registry,
+    name: &str,
+    a: &Account,
+    cache: Option<&AccountCache>,
+) -> AccountView {
+    let connected = a.streaming.is_some() || !a.standbys.is_empty();
+    let kinds: Vec<&KindCache> = cache
+        .map(|c| c.kinds.values().collect())
+        .unwrap_or_default();
+    AccountView {
+        name: name.to_string(),
+        cluster: a.record.cluster.clone(),
+        namespaces: a.record.namespaces.clone(),
+        properties: a.record.properties.clone(),
+        state: if connected {
+            "connected"
+        } else {
+            "disconnected"
+        },
+        disconnected_since: a.disconnected_since.map(|(_, t)| rfc3339(t)),
+        streaming: a.streaming.and_then(|id| replica(registry, id)),
+        standbys: a
+            .standbys
+            .iter()
+            .filter_map(|id| replica(registry, *id))
+            .collect(),
+        objects: kinds.iter().map(|k| k.objects.len()).sum(),
+        object_counts: kinds
+            .iter()
+            .map(|k| (k.info.key().to_string(), k.objects.len()))
+            .collect(),
+        kinds: kinds.into_iter().map(kind_view).collect(),
+    }
+}
+
+async fn accounts(State(hub): State<Arc<Hub>>) -> Json<Vec<AccountView>> {
+    let st = hub.state();
+    Json(
+        st.registry
+            .accounts
+            .iter()
+            .map(|(name, a)| account_view(&st.registry, name, a, st.cache.accounts.get(name)))
+            .collect(),
+    )
+}
+
+async fn account(State(hub): State<Arc<Hub>>, Path(name): Path<String>) -> Response {
+    let st = hub.state();
+    match st.registry.accounts.get(&name) {
+        Some(a) => Json(account_view(
+            &st.registry,
+            &name,
+            a,
+            st.cache.accounts.get(&name),
+        ))
+        .into_response(),
+        None => error(StatusCode::NOT_FOUND, format!("no account {name:?}")),
+    }
+}
+
+/// Query of the objects endpoint.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectQuery {
+    /// Kind or plural, case-insensitive, optionally `group/`-qualified (`core/` for the
+    /// core group).
+    pub kind: Option<String>,
+    pub namespace: Option<String>,
+    pub label_selector: Option<String>,
+}
+
+/// Whether a kind matches the `kind` parameter.
+pub fn kind_matches(query: &str, k: &KindCache) -> bool {
+    let (group, name) = match query.split_once('/') {
+        Some((g, n)) => (Some(g), n),
+        None => (None, query),
+    };
+    let group_ok = group.is_none_or(|g| {
+        g.eq_ignore_ascii_case(&k.info.group)
+            || (g.eq_ignore_ascii_case("core") && k.info.group.is_empty())
+    });
+    group_ok
+        && (name.eq_ignore_ascii_case(&k.info.kind) || name.eq_ignore_ascii_case(&k.info.plural))
+}
+
+/// One requirement of a label selector.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Requirement {
+    Equals(String, String),
+    NotEquals(String, String),
+    In(String, Vec<String>),
+    NotIn(String, Vec<String>),
+    Exists(String),
+    NotExists(String),
+}
+
+impl Requirement {
+    fn matches(&self, labels: &serde_json::Map<String, Value>) -> bool {
+        let get = |k: &str| labels.get(k).and_then(Value::as_str);
+        match self {
+            Requirement::Equals(k, v) => get(k) == Some(v.as_str()),
+            Requirement::NotEquals(k, v) => get(k) != Some(v.as_str()),
+            Requirement::In(k, vs) => get(k).is_some_and(|x| vs.iter().any(|v| v == x)),
+            Requirement::NotIn(k, vs) => get(k).is_none_or(|x| vs.iter().all(|v| v != x)),
+            Requirement::Exists(k) => labels.contains_key(k),
+            Requirement::NotExists(k) => !labels.contains_key(k),
+        }
+    }
+}
+
+/// Parses a Kubernetes label selector: `a=b`, `a==b`, `a!=b`, `a`, `!a`, `a in (x,y)`,
+/// `a notin (x,y)`, joined by commas.
+pub fn parse_label_selector(s: &str) -> Result<Vec<Requirement>, String> {
+    let mut terms = Vec::new();
+    let mut depth = 0usize;
+    let mut current = String::new();
+    for c in s.chars() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                terms.push(std::mem::take(&mut current));
+                continue;
+            }
+            _ => {}
+        }
+        current.push(c);
+    }
+    terms.push(current);
+    let mut out = Vec::new();
+    for term in terms.iter().map(|t| t.trim()).filter(|t| !t.is_empty()) {
+        let bad = || format!("invalid label selector term {term:?}");
+        let set = |rest: &str| -> Result<Vec<String>, String> {
+            let rest = rest.trim();
+            let inner = rest
+                .strip_prefix('(')
+                .and_then(|r| r.strip_suffix(')'))
+                .ok_or_else(bad)?;
+            Ok(inner.split(',').map(|v| v.trim().to_string()).collect())
+        };
+        let req = if let Some(k) = term.strip_prefix('!') {
+            Requirement::NotExists(k.trim().to_string())
+        } else if let Some((k, v)) = term.split_once("!=") {
+            Requirement::NotEquals(k.trim().to_string(), v.trim().to_string())
+        } else if let Some((k, v)) = term.split_once("==") {
+            Requirement::Equals(k.trim().to_string(), v.trim().to_string())
+        } else if let Some((k, v)) = term.split_once('=') {
+            Requirement::Equals(k.trim().to_string(), v.trim().to_string())
+        } else if let Some((k, rest)) = term.split_once(" notin ") {
+            Requirement::NotIn(k.trim().to_string(), set(rest)?)
+        } else if let Some((k, rest)) = term.split_once(" in ") {
+            Requirement::In(k.trim().to_string(), set(rest)?)
+        } else if term.contains(char::is_whitespace) || term.contains(['(', ')']) {
+            return Err(bad());
+        } else {
+            Requirement::Exists(term.to_string())
+        };
+        let key = match &req {
+            Requirement::Equals(k, _)
+            | Requirement::NotEquals(k, _)
+            | Requirement::In(k, _)
+            | Requirement::NotIn(k, _)
+            | Requirement::Exists(k)
+            | Requirement::NotExists(k) => k,
+        };
+        if key.is_empty() {
+            return Err(bad());
+        }
+        out.push(req);
+    }
+    Ok(out)
+}
+
+fn object_value(kind: &KindInfo, o: &CachedObject) -> Value {
+    if o.truncated {
+        return json!({
+            "apiVersion": kind.api_version(),
+            "kind": kind.kind,
+            "metadata": {
+                "name": o.name,
+                "namespace": o.namespace,
+                "uid": o.uid,
+                "resourceVersion": o.resource_version,
+                "annotations": { "scaleagent.dev/truncated": "true" },
+            },
+        });
+    }
+    serde_json::from_slice(&o.json).unwrap_or(Value::Null)
+}
+
+async fn objects(
+    State(hub): State<Arc<Hub>>,
+    Path(name): Path<String>,
+    Query(q): Query<ObjectQuery>,
+) -> Response {
+    let selector = match q
+        .label_selector
+        .as_deref()
+        .map(parse_label_selector)
+        .transpose()
+    {
+        Ok(s) => s.unwrap_or_default(),
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    // Copy what matches out of the lock; parse JSON after releasing it.
+    let selected: Vec<(KindInfo, CachedObject)> = {
+        let st = hub.state();
+        if !st.registry.accounts.contains_key(&name) {
+            return error(StatusCode::NOT_FOUND, format!("no account {name:?}"));
+        }
+        let empty = AccountCache::default();
+        let cache = st.cache.accounts.get(&name).unwrap_or(&empty);
+        let kinds: Vec<&KindCache> = cache
+            .kinds
+            .values()
+            .filter(|k| q.kind.as_deref().is_none_or(|query| kind_matches(query, k)))
+            .collect();
+        if let (Some(query), true) = (&q.kind, kinds.is_empty()) {
+            let known: Vec<String> = cache.kinds.keys().map(ToString::to_string).collect();
+            return error(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "account {name:?} has no cached kind matching {query:?}; cached kinds: [{}]",
+                    known.join(", ")
+                ),
+            );
+        }
+        kinds
+            .into_iter()
+            .flat_map(|k| {
+                k.objects
+                    .values()
+                    .filter(|o| q.namespace.as_deref().is_none_or(|ns| ns == o.namespace))
+                    .map(|o| (k.info.clone(), o.clone()))
+            })
+            .collect()
+    };
+    let empty_labels = serde_json::Map::new();
+    let items: Vec<Value> = selected
+        .iter()
+        .map(|(info, o)| object_value(info, o))
+        .filter(|value| {
+            let labels = value
+                .pointer("/metadata/labels")
+                .and_then(Value::as_object)
+                .unwrap_or(&empty_labels);
+            selector.iter().all(|r| r.matches(labels))
+        })
+        .collect();
+    Json(json!({ "account": name, "items": items })).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps() {
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00Z");
+        let t = UNIX_EPOCH + std::time::Duration::from_secs(1_795_000_000);
+        assert_eq!(rfc3339(t), "2026-11-18T11:06:40Z");
+        let leap = UNIX_EPOCH + std::time::Duration::from_secs(951_782_400);
+        assert_eq!(rfc3339(leap), "2000-02-29T00:00:00Z");
+    }
+
+    #[test]
+    fn selectors() {
+        let labels: serde_json::Map<String, Value> =
+            serde_json::from_str(r#"{"app":"web","tier":"front","env":"prod"}"#).unwrap();
+        let ok = |s: &str| {
+            parse_label_selector(s)
+                .unwrap()
+                .iter()
+                .all(|r| r.matches(&labels))
+        };
+        assert!(ok("app=web"));
+        assert!(ok("app==web,tier!=back,env"));
+        assert!(!ok("app=db"));
+        assert!(ok("!missing"));
+        assert!(!ok("!app"));
+        assert!(ok("env in (prod, staging),app notin (db)"));
+        assert!(!ok("env notin (prod)"));
+        assert!(ok(""));
+        assert!(parse_label_selector("a b").is_err());
+        assert!(parse_label_selector("=x").is_err());
+    }
+
+    #[test]
+    fn kinds() {
+        let k = KindCache {
+            info: KindInfo {
+                group: "apps".into(),
+                version: "v1".into(),
+                kind: "Deployment".into(),
+                plural: "deployments".into(),
+                namespaced: true,
+            },
+            objects: Default::default(),
+            resume: Default::default(),
+            status: None,
+        };
+        for q in [
+            "Deployment",
+            "deployments",
+            "DEPLOYMENT",
+            "apps/deployments",
+            "Apps/Deployment",
+        ] {
+            assert!(kind_matches(q, &k), "{q}");
+        }
+        assert!(!kind_matches("core/deployments", &k));
+        assert!(!kind_matches("pods", &k));
+        let mut pod = k.clone();
+        pod.info.group = String::new();
+        pod.info.kind = "Pod".into();
+        pod.info.plural = "pods".into();
+        assert!(kind_matches("core/pods", &pod));
+        assert!(kind_matches("pod", &pod));
+    }
+}

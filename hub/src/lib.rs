@@ -1,0 +1,354 @@
+//! `scale-agent-hub`: accepts Scale Agent streams over mutual TLS, keeps a cache of every
+//! agent's cluster (persisted with its resume points in an embedded redb store), and serves
+//! it over an HTTP API.
+//!
+//! Embedding (tests, e2e): build a [`Config`] (e.g. [`Config::new`] with addresses on
+//! `127.0.0.1:0`), call [`start`], read the bound addresses from the [`RunningHub`], and
+//! call [`RunningHub::shutdown`] at the end. The binary calls [`run`].
+
+pub mod cache;
+pub mod config;
+pub mod error;
+pub mod http;
+pub mod identity;
+pub mod metrics;
+pub mod registry;
+pub mod service;
+pub mod session;
+pub mod store;
+
+use std::{
+    collections::HashMap,
+    future::Future,
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{
+        Arc, Mutex, MutexGuard,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use scale_agent_proto::v1::agent_hub_server::AgentHubServer;
+use tokio::{
+    sync::{mpsc, watch},
+    task::JoinHandle,
+};
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig, server::TcpIncoming};
+
+pub use crate::{
+    config::{Args, Config, GrpcSecurity, LogFormat, TlsMaterial},
+    error::{HubError, Result},
+};
+use crate::{
+    metrics::Metrics,
+    registry::{Promotion, SessionId},
+    service::AgentHubService,
+    session::{HubState, Limits},
+    store::{Store, StoreOp},
+};
+
+/// A message to a running stream from elsewhere in the hub.
+#[derive(Debug)]
+pub(crate) enum Control {
+    /// This stream now streams the account: send it a STREAMING assignment.
+    Promote(String),
+    /// End the stream with this status.
+    Close(tonic::Status),
+}
+
+/// The state shared by the gRPC service, the HTTP API and the background tasks.
+pub(crate) struct Hub {
+    pub(crate) config: Config,
+    pub(crate) limits: Limits,
+    state: Mutex<HubState>,
+    /// Held while a batch is applied and stored, so that store commits happen in the order
+    /// of the in-memory changes. Lock order: store, then state.
+    pub(crate) store: tokio::sync::Mutex<Store>,
+    sessions: Mutex<HashMap<SessionId, mpsc::Sender<Control>>>,
+    pub(crate) metrics: Metrics,
+    pub(crate) shutdown: watch::Receiver<bool>,
+    pub(crate) grpc_listening: AtomicBool,
+    pub(crate) store_open: AtomicBool,
+    pub(crate) store_path: PathBuf,
+}
+
+impl Hub {
+    /// The registry and cache (a poisoned lock is taken over: the state is kept consistent
+    /// by each critical section, which never panics by design).
+    pub(crate) fn state(&self) -> MutexGuard<'_, HubState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn sessions(&self) -> MutexGuard<'_, HashMap<SessionId, mpsc::Sender<Control>>> {
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sends a control message to a stream without waiting.
+    pub(crate) fn control(&self, session: SessionId, message: Control) {
+        let Some(tx) = self.sessions().get(&session).cloned() else {
+            return;
+        };
+        if let Err(mpsc::error::TrySendError::Full(message)) = tx.try_send(message) {
+            tokio::spawn(async move {
+                let _ = tx.send(message).await;
+            });
+        }
+    }
+
+    pub(crate) fn deliver(&self, promotions: Vec<Promotion>) {
+        for p in promotions {
+            self.control(p.session, Control::Promote(p.account));
+        }
+    }
+
+    /// Removes accounts past their grace period, and makes recent commits durable.
+    async fn maintain(&self) -> Result<()> {
+        let mut store = self.store.lock().await;
+        let expired = {
+            let mut st = self.state();
+            let names = st
+                .registry
+                .expired(Instant::now(), self.config.grace_period);
+            for name in &names {
+                st.registry.remove_account(name);
+                st.cache.remove_account(name);
+            }
+            names
+        };
+        for name in &expired {
+            tracing::info!(account = %name, grace_period = ?self.config.grace_period, "account removed: no agent within the grace period");
+        }
+        let ops = expired
+            .into_iter()
+            .map(|account| StoreOp::DeleteAccount { account })
+            .collect();
+        store.commit(ops).await
+    }
+
+    /// Refreshes the gauges from the state.
+    pub(crate) fn refresh_gauges(&self) {
+        let st = self.state();
+        self.metrics
+            .connected_agents
+            .set(st.registry.sessions.len() as i64);
+        self.metrics.accounts.set(st.registry.accounts.len() as i64);
+        self.metrics
+            .objects_cached
+            .set(st.cache.object_count() as i64);
+    }
+}
+
+/// Resolves once shutdown is requested.
+pub(crate) async fn shutting_down(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+/// A hub started by [`start`].
+pub struct RunningHub {
+    /// Where the gRPC listener is bound (useful with port 0).
+    pub grpc_addr: SocketAddr,
+    /// Where the HTTP API is bound.
+    pub http_addr: SocketAddr,
+    hub: Arc<Hub>,
+    shutdown_tx: watch::Sender<bool>,
+    grpc: JoinHandle<Result<()>>,
+    http: JoinHandle<Result<()>>,
+    maintenance: JoinHandle<()>,
+    failed: mpsc::Receiver<HubError>,
+}
+
+impl RunningHub {
+    /// The store file.
+    pub fn store_path(&self) -> &std::path::Path {
+        &self.hub.store_path
+    }
+
+    /// Resolves when a server fails on its own (not after [`RunningHub::shutdown`]).
+    pub async fn failed(&mut self) -> HubError {
+        match self.failed.recv().await {
+            Some(e) => e,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Ends every agent stream (status `unavailable`), stops the servers, and flushes and
+    /// closes the store.
+    pub async fn shutdown(self) -> Result<()> {
+        let _ = self.shutdown_tx.send(true);
+        let deadline = Duration::from_secs(10);
+        let mut result = Ok(());
+        for (name, task) in [("gRPC server", self.grpc), ("HTTP server", self.http)] {
+            match tokio::time::timeout(deadline, task).await {
+                Ok(Ok(Ok(()))) => {}
+                Ok(Ok(Err(e))) => result = Err(e),
+                Ok(Err(e)) => result = Err(HubError::Task(format!("{name}: {e}"))),
+                Err(_) => tracing::warn!("{name} did not stop within {deadline:?}"),
+            }
+        }
+        self.maintenance.abort();
+        let _ = self.maintenance.await;
+        self.hub.grpc_listening.store(false, Ordering::SeqCst);
+        self.hub.store_open.store(false, Ordering::SeqCst);
+        let closed = self.hub.store.lock().await.close().await;
+        tracing::info!("hub stopped; store flushed");
+        result.and(closed)
+    }
+}
+
+/// Opens the store, loads the cache, binds both listeners and starts serving.
+pub async fn start(config: Config) -> Result<RunningHub> {
+    config.validate()?;
+    let store = Store::open(&config.data_dir)?;
+    let store_path = store.path().to_path_buf();
+    let loaded = store.load()?;
+    let mut state = HubState {
+        cache: loaded.cache,
+        ..HubState::default()
+    };
+    let now = service::now();
+    let loaded_accounts = loaded.accounts.len();
+    for (name, record) in loaded.accounts {
+        state.registry.load(name, record, now);
+    }
+    tracing::info!(path = %store_path.display(), accounts = loaded_accounts, objects = state.cache.object_count(), "store loaded");
+
+    let grpc_listener = tokio::net::TcpListener::bind(config.grpc_addr)
+        .await
+        .map_err(|source| HubError::Bind {
+            addr: config.grpc_addr,
+            source,
+        })?;
+    let grpc_addr = grpc_listener.local_addr().map_err(|source| HubError::Io {
+        context: "gRPC listener address".into(),
+        source,
+    })?;
+    let http_listener = tokio::net::TcpListener::bind(config.http_addr)
+        .await
+        .map_err(|source| HubError::Bind {
+            addr: config.http_addr,
+            source,
+        })?;
+    let http_addr = http_listener.local_addr().map_err(|source| HubError::Io {
+        context: "HTTP listener address".into(),
+        source,
+    })?;
+
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let hub = Arc::new(Hub {
+        limits: Limits {
+            max_object_bytes: config.max_object_bytes,
+            allow: config.allow.clone(),
+        },
+        state: Mutex::new(state),
+        store: tokio::sync::Mutex::new(store),
+        sessions: Mutex::new(HashMap::new()),
+        metrics: Metrics::new(),
+        shutdown: shutdown_rx,
+        grpc_listening: AtomicBool::new(false),
+        store_open: AtomicBool::new(true),
+        store_path,
+        config,
+    });
+
+    let (keepalive_interval, keepalive_timeout) = service::keepalive(hub.config.heartbeat_period);
+    let mut builder = Server::builder()
+        .http2_keepalive_interval(Some(keepalive_interval))
+        .http2_keepalive_timeout(Some(keepalive_timeout))
+        .tcp_keepalive(Some(Duration::from_secs(60)));
+    match &hub.config.security {
+        GrpcSecurity::MutualTls(tls) => {
+            let tls = ServerTlsConfig::new()
+                .identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem))
+                .client_ca_root(Certificate::from_pem(&tls.client_ca_pem))
+                .timeout(Duration::from_secs(10));
+            builder = builder.tls_config(tls)?;
+        }
+        GrpcSecurity::InsecurePlaintext => {
+            tracing::warn!(
+                "--insecure-plaintext: gRPC without TLS; agents are not authenticated and their \
+                 traffic is readable on the network"
+            );
+        }
+    }
+    let max_message = usize::try_from(hub.config.max_object_bytes)
+        .unwrap_or(usize::MAX)
+        .saturating_add(1024 * 1024);
+    let service = AgentHubServer::new(AgentHubService { hub: hub.clone() })
+        .max_decoding_message_size(max_message);
+    let incoming = TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
+    let (failed_tx, failed) = mpsc::channel(2);
+
+    let shutdown = hub.shutdown.clone();
+    let router = builder.add_service(service);
+    let failed_grpc = failed_tx.clone();
+    let grpc = tokio::spawn(async move {
+        let result = router
+            .serve_with_incoming_shutdown(incoming, shutting_down(shutdown))
+            .await
+            .map_err(HubError::from);
+        if let Err(e) = &result {
+            let _ = failed_grpc.try_send(HubError::Task(format!("gRPC server: {e}")));
+        }
+        result
+    });
+    hub.grpc_listening.store(true, Ordering::SeqCst);
+    tracing::info!(%grpc_addr, mtls = matches!(hub.config.security, GrpcSecurity::MutualTls(_)), "gRPC listening");
+
+    let app = http::router(hub.clone());
+    let shutdown = hub.shutdown.clone();
+    let http = tokio::spawn(async move {
+        let result = axum::serve(http_listener, app)
+            .with_graceful_shutdown(shutting_down(shutdown))
+            .await
+            .map_err(|source| HubError::Io {
+                context: "HTTP server".into(),
+                source,
+            });
+        if let Err(e) = &result {
+            let _ = failed_tx.try_send(HubError::Task(e.to_string()));
+        }
+        result
+    });
+    tracing::info!(%http_addr, "HTTP API listening");
+
+    let tick =
+        (hub.config.grace_period / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    let maintained = hub.clone();
+    let maintenance = tokio::spawn(async move {
+        let mut interval = tokio::time::interval(tick);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            interval.tick().await;
+            if let Err(e) = maintained.maintain().await {
+                tracing::error!(error = %e, "store maintenance failed");
+            }
+        }
+    });
+
+    Ok(RunningHub {
+        grpc_addr,
+        http_addr,
+        hub,
+        shutdown_tx,
+        grpc,
+        http,
+        maintenance,
+        failed,
+    })
+}
+
+/// Runs the hub until `shutdown` resolves (or a server fails), then stops it cleanly.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<()> {
+    let mut hub = start(config).await?;
+    let failure = tokio::select! {
+        () = shutdown => None,
+        e = hub.failed() => Some(e),
+    };
+    tracing::info!("shutting down");
+    let stopped = hub.shutdown().await;
+    match failure {
+        Some(e) => Err(e),
+        None => stopped,
+    }
+}

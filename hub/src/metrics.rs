@@ -1,0 +1,122 @@
+//! Prometheus metrics (prometheus-client). Labels are bounded: only the message type.
+
+use prometheus_client::{
+    encoding::text::encode,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
+
+/// The hub's metrics.
+pub struct Metrics {
+    registry: Registry,
+    pub connected_agents: Gauge,
+    pub accounts: Gauge,
+    pub objects_cached: Gauge,
+    /// By message type (hello, register_account, object, bookmark, ...).
+    pub events_received: Family<[(&'static str, &'static str); 1], Counter>,
+    pub bytes_received: Counter,
+    pub resumes: Counter,
+    pub relists: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("scale_agent_hub");
+        let connected_agents = Gauge::default();
+        let accounts = Gauge::default();
+        let objects_cached = Gauge::default();
+        let events_received = Family::default();
+        let bytes_received = Counter::default();
+        let resumes = Counter::default();
+        let relists = Counter::default();
+        registry.register(
+            "connected_agents",
+            "Agent streams connected",
+            connected_agents.clone(),
+        );
+        registry.register(
+            "accounts",
+            "Accounts known (connected or within their grace period)",
+            accounts.clone(),
+        );
+        registry.register(
+            "objects_cached",
+            "Objects in the cache",
+            objects_cached.clone(),
+        );
+        registry.register(
+            "events_received",
+            "Messages received from agents, by type",
+            events_received.clone(),
+        );
+        registry.register(
+            "bytes_received",
+            "Bytes of messages received from agents",
+            bytes_received.clone(),
+        );
+        registry.register(
+            "resumes",
+            "Kinds handed to a streaming replica with a resume point (no relist needed)",
+            resumes.clone(),
+        );
+        registry.register(
+            "relists",
+            "Snapshots started by agents (a kind listed instead of resumed)",
+            relists.clone(),
+        );
+        Metrics {
+            registry,
+            connected_agents,
+            accounts,
+            objects_cached,
+            events_received,
+            bytes_received,
+            resumes,
+            relists,
+        }
+    }
+
+    pub fn received(&self, kind: &'static str, bytes: usize) {
+        self.events_received.get_or_create(&[("type", kind)]).inc();
+        self.bytes_received.inc_by(bytes as u64);
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        let m = Metrics::new();
+        m.received("object", 10);
+        m.relists.inc();
+        let text = m.encode();
+        for name in [
+            "scale_agent_hub_connected_agents",
+            "scale_agent_hub_accounts",
+            "scale_agent_hub_objects_cached",
+            "scale_agent_hub_events_received_total{type=\"object\"} 1",
+            "scale_agent_hub_bytes_received_total 10",
+            "scale_agent_hub_resumes_total 0",
+            "scale_agent_hub_relists_total 1",
+        ] {
+            assert!(text.contains(name), "{name} missing in\n{text}");
+        }
+    }
+}

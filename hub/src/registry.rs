@@ -1,0 +1,438 @@
+//! Pure bookkeeping of connected agent streams and accounts: which cluster an account name is
+//! bound to, which replica streams it, which ones stand by, and since when an account has had
+//! no agent (for the grace period).
+
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant, SystemTime},
+};
+
+use serde::{Deserialize, Serialize};
+
+/// Identifies one gRPC stream for the hub's lifetime.
+pub type SessionId = u64;
+
+/// The cluster an account is bound to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterRecord {
+    pub api_server_host: String,
+    pub ca_fingerprint: String,
+    pub kubernetes_version: String,
+}
+
+impl ClusterRecord {
+    /// Same cluster: same API server host and CA fingerprint (the version may change).
+    pub fn same_cluster(&self, other: &ClusterRecord) -> bool {
+        self.api_server_host == other.api_server_host && self.ca_fingerprint == other.ca_fingerprint
+    }
+
+    pub fn describe(&self) -> String {
+        if self.ca_fingerprint.is_empty() {
+            format!("{} (CA: system roots)", self.api_server_host)
+        } else {
+            format!(
+                "{} (CA sha256 {})",
+                self.api_server_host, self.ca_fingerprint
+            )
+        }
+    }
+}
+
+/// An account as persisted: its binding and the agent's last registration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AccountRecord {
+    pub cluster: ClusterRecord,
+    pub namespaces: Vec<String>,
+    /// RegisterAccount.properties_json, parsed (null when empty or not JSON).
+    pub properties: serde_json::Value,
+}
+
+/// One connected agent stream.
+#[derive(Clone, Debug)]
+pub struct AgentSession {
+    pub id: SessionId,
+    pub identity: String,
+    pub replica: String,
+    pub agent_version: String,
+    pub connected_since: SystemTime,
+}
+
+/// One account.
+#[derive(Clone, Debug)]
+pub struct Account {
+    pub record: AccountRecord,
+    pub streaming: Option<SessionId>,
+    /// In registration order: the first is promoted first.
+    pub standbys: Vec<SessionId>,
+    /// Set while no agent serves the account.
+    pub disconnected_since: Option<(Instant, SystemTime)>,
+}
+
+impl Account {
+    fn role_of(&self, session: SessionId) -> Option<Role> {
+        if self.streaming == Some(session) {
+            Some(Role::Streaming)
+        } else if self.standbys.contains(&session) {
+            Some(Role::Standby)
+        } else {
+            None
+        }
+    }
+}
+
+/// A replica's role for an account.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Streaming,
+    Standby,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Streaming => "STREAMING",
+            Role::Standby => "STANDBY",
+        }
+    }
+}
+
+/// The answer to a registration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Registration {
+    Assigned(Role),
+    Rejected(String),
+}
+
+/// A standby that now streams an account.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Promotion {
+    pub session: SessionId,
+    pub account: String,
+}
+
+/// Agents and accounts.
+#[derive(Debug, Default)]
+pub struct Registry {
+    pub sessions: BTreeMap<SessionId, AgentSession>,
+    pub accounts: BTreeMap<String, Account>,
+    next_id: SessionId,
+}
+
+impl Registry {
+    /// An account loaded from the store at start-up: no agent yet, so its grace period
+    /// starts now.
+    pub fn load(&mut self, name: String, record: AccountRecord, now: (Instant, SystemTime)) {
+        self.accounts.insert(
+            name,
+            Account {
+                record,
+                streaming: None,
+                standbys: Vec::new(),
+                disconnected_since: Some(now),
+            },
+        );
+    }
+
+    /// A new stream said Hello. An older stream with the same identity and replica is removed
+    /// (returned, to be ended) along with the promotions its removal causes.
+    pub fn connect(
+        &mut self,
+        identity: &str,
+        replica: &str,
+        agent_version: &str,
+        now: (Instant, SystemTime),
+    ) -> (SessionId, Option<SessionId>, Vec<Promotion>) {
+        let old = self
+            .sessions
+            .values()
+            .find(|s| s.identity == identity && s.replica == replica)
+            .map(|s| s.id);
+        let promotions = old.map(|id| self.disconnect(id, now)).unwrap_or_default();
+        self.next_id += 1;
+        let id = self.next_id;
+        self.sessions.insert(
+            id,
+            AgentSession {
+                id,
+                identity: identity.to_string(),
+                replica: replica.to_string(),
+                agent_version: agent_version.to_string(),
+                connected_since: now.1,
+            },
+        );
+        (id, old, promotions)
+    }
+
+    /// A stream registers an account (already checked against the allow-list). Returns the
+    /// answer and, when accepted, the record to persist.
+    pub fn register(
+        &mut self,
+        session: SessionId,
+        name: &str,
+        record: AccountRecord,
+    ) -> (Registration, Option<AccountRecord>) {
+        if !self.sessions.contains_key(&session) {
+            return (
+                Registration::Rejected("the stream is no longer registered".into()),
+                None,
+            );
+        }
+        match self.accounts.get_mut(name) {
+            Some(account) => {
+                if !account.record.cluster.same_cluster(&record.cluster) {
+                    let reason = format!(
+                        "account {name:?} is bound to cluster {}; this agent's cluster is {}. \
+                         Rename the account, or remove it from the agent that serves the other \
+                         cluster and wait for the hub's grace period to expire",
+                        account.record.cluster.describe(),
+                        record.cluster.describe()
+                    );
+                    return (Registration::Rejected(reason), None);
+                }
+                account.record = record.clone();
+                account.disconnected_since = None;
+                let role = match account.role_of(session) {
+                    Some(role) => role,
+                    None if account.streaming.is_none() => {
+                        account.streaming = Some(session);
+                        Role::Streaming
+                    }
+                    None => {
+                        account.standbys.push(session);
+                        Role::Standby
+                    }
+                };
+                (Registration::Assigned(role), Some(record))
+            }
+            None => {
+                self.accounts.insert(
+                    name.to_string(),
+                    Account {
+                        record: record.clone(),
+                        streaming: Some(session),
+                        standbys: Vec::new(),
+                        disconnected_since: None,
+                    },
+                );
+                (Registration::Assigned(Role::Streaming), Some(record))
+            }
+        }
+    }
+
+    /// Whether `session` is the account's streaming replica.
+    pub fn is_streaming(&self, session: SessionId, account: &str) -> bool {
+        self.accounts
+            .get(account)
+            .is_some_and(|a| a.streaming == Some(session))
+    }
+
+    /// The session's role for an account, if it registered it.
+    pub fn role(&self, session: SessionId, account: &str) -> Option<Role> {
+        self.accounts.get(account).and_then(|a| a.role_of(session))
+    }
+
+    /// The accounts a session serves, with its role.
+    pub fn accounts_of(&self, session: SessionId) -> Vec<(String, Role)> {
+        self.accounts
+            .iter()
+            .filter_map(|(name, a)| a.role_of(session).map(|r| (name.clone(), r)))
+            .collect()
+    }
+
+    /// A stream stops serving an account.
+    pub fn unregister(
+        &mut self,
+        session: SessionId,
+        name: &str,
+        now: (Instant, SystemTime),
+    ) -> Vec<Promotion> {
+        let Some(account) = self.accounts.get_mut(name) else {
+            return Vec::new();
+        };
+        account.standbys.retain(|s| *s != session);
+        let mut promotions = Vec::new();
+        if account.streaming == Some(session) {
+            account.streaming = None;
+            if !account.standbys.is_empty() {
+                let next = account.standbys.remove(0);
+                account.streaming = Some(next);
+                promotions.push(Promotion {
+                    session: next,
+                    account: name.to_string(),
+                });
+            }
+        }
+        if account.streaming.is_none() && account.disconnected_since.is_none() {
+            account.disconnected_since = Some(now);
+        }
+        promotions
+    }
+
+    /// A stream ended: its accounts are handed to standbys or start their grace period.
+    pub fn disconnect(&mut self, session: SessionId, now: (Instant, SystemTime)) -> Vec<Promotion> {
+        if self.sessions.remove(&session).is_none() {
+            return Vec::new();
+        }
+        let names: Vec<String> = self
+            .accounts
+            .iter()
+            .filter(|(_, a)| a.role_of(session).is_some())
+            .map(|(n, _)| n.clone())
+            .collect();
+        names
+            .iter()
+            .flat_map(|name| self.unregister(session, name, now))
+            .collect()
+    }
+
+    /// Accounts without an agent for longer than `grace`.
+    pub fn expired(&self, now: Instant, grace: Duration) -> Vec<String> {
+        self.accounts
+            .iter()
+            .filter(|(_, a)| {
+                a.disconnected_since
+                    .is_some_and(|(since, _)| now.saturating_duration_since(since) >= grace)
+            })
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    pub fn remove_account(&mut self, name: &str) {
+        self.accounts.remove(name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(host: &str) -> AccountRecord {
+        AccountRecord {
+            cluster: ClusterRecord {
+                api_server_host: host.into(),
+                ca_fingerprint: "ff".into(),
+                kubernetes_version: "v1.37.0".into(),
+            },
+            namespaces: vec![],
+            properties: serde_json::Value::Null,
+        }
+    }
+
+    fn now() -> (Instant, SystemTime) {
+        (Instant::now(), SystemTime::now())
+    }
+
+    #[test]
+    fn roles_promotion_and_grace() {
+        let mut r = Registry::default();
+        let (a, _, _) = r.connect("agent", "pod-a", "v", now());
+        let (b, _, _) = r.connect("agent", "pod-b", "v", now());
+        assert_eq!(
+            r.register(a, "prod", rec("h1")).0,
+            Registration::Assigned(Role::Streaming)
+        );
+        assert_eq!(
+            r.register(b, "prod", rec("h1")).0,
+            Registration::Assigned(Role::Standby)
+        );
+        // Registering again keeps the role.
+        assert_eq!(
+            r.register(a, "prod", rec("h1")).0,
+            Registration::Assigned(Role::Streaming)
+        );
+        assert!(r.is_streaming(a, "prod"));
+        assert!(!r.is_streaming(b, "prod"));
+
+        let promotions = r.disconnect(a, now());
+        assert_eq!(
+            promotions,
+            vec![Promotion {
+                session: b,
+                account: "prod".into()
+            }]
+        );
+        assert!(r.is_streaming(b, "prod"));
+        assert!(r.expired(Instant::now(), Duration::ZERO).is_empty());
+
+        assert!(r.disconnect(b, now()).is_empty());
+        assert_eq!(
+            r.expired(Instant::now(), Duration::ZERO),
+            vec!["prod".to_string()]
+        );
+        assert!(
+            r.expired(Instant::now(), Duration::from_secs(60))
+                .is_empty()
+        );
+
+        // Reconnecting within the grace period keeps the account.
+        let (c, _, _) = r.connect("agent", "pod-c", "v", now());
+        assert_eq!(
+            r.register(c, "prod", rec("h1")).0,
+            Registration::Assigned(Role::Streaming)
+        );
+        assert!(r.expired(Instant::now(), Duration::ZERO).is_empty());
+    }
+
+    #[test]
+    fn other_cluster_is_rejected() {
+        let mut r = Registry::default();
+        let (a, _, _) = r.connect("agent", "x", "v", now());
+        let (b, _, _) = r.connect("other", "x", "v", now());
+        r.register(a, "prod", rec("https://h1"));
+        let (reg, persist) = r.register(b, "prod", rec("https://h2"));
+        assert!(persist.is_none());
+        match reg {
+            Registration::Rejected(reason) => {
+                assert!(reason.contains("https://h1"), "{reason}");
+                assert!(reason.contains("https://h2"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // A new Kubernetes version of the same cluster is fine.
+        let mut newer = rec("https://h1");
+        newer.cluster.kubernetes_version = "v1.38.0".into();
+        assert_eq!(
+            r.register(b, "prod", newer).0,
+            Registration::Assigned(Role::Standby)
+        );
+        assert_eq!(
+            r.accounts["prod"].record.cluster.kubernetes_version,
+            "v1.38.0"
+        );
+    }
+
+    #[test]
+    fn same_identity_and_replica_replaces() {
+        let mut r = Registry::default();
+        let (a, _, _) = r.connect("agent", "x", "v", now());
+        r.register(a, "prod", rec("h"));
+        let (a2, old, promotions) = r.connect("agent", "x", "v", now());
+        assert_eq!(old, Some(a));
+        assert!(promotions.is_empty());
+        assert!(!r.sessions.contains_key(&a));
+        assert_eq!(r.accounts["prod"].streaming, None);
+        assert_eq!(
+            r.register(a2, "prod", rec("h")).0,
+            Registration::Assigned(Role::Streaming)
+        );
+        // A different replica does not replace.
+        let (_, old, _) = r.connect("agent", "y", "v", now());
+        assert_eq!(old, None);
+    }
+
+    #[test]
+    fn unregister_promotes() {
+        let mut r = Registry::default();
+        let (a, _, _) = r.connect("agent", "a", "v", now());
+        let (b, _, _) = r.connect("agent", "b", "v", now());
+        r.register(a, "prod", rec("h"));
+        r.register(b, "prod", rec("h"));
+        assert_eq!(r.accounts_of(b), vec![("prod".to_string(), Role::Standby)]);
+        let p = r.unregister(a, "prod", now());
+        assert_eq!(p.len(), 1);
+        assert_eq!(r.role(b, "prod"), Some(Role::Streaming));
+        assert_eq!(r.role(a, "prod"), None);
+    }
+}

@@ -1,0 +1,288 @@
+//! The gRPC service: one task per agent stream, running the protocol of
+//! [`crate::session`] with batching, acknowledgements, heartbeats and promotions.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use futures::FutureExt as _;
+use prost::Message as _;
+use scale_agent_proto::v1::{self as pb, agent_hub_server::AgentHub, hub_message::Kind as Out};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::{
+    Control, Hub,
+    config::GrpcSecurity,
+    identity::{ANONYMOUS, identity_from_der},
+    session::{Effects, Session, check_hello, message_type, streaming_assignment},
+};
+
+/// Messages waiting to be sent to one agent.
+const OUTBOUND_BUFFER: usize = 64;
+/// Control messages (promotions, replacement) waiting for one stream.
+pub(crate) const CONTROL_BUFFER: usize = 16;
+/// Most messages applied and stored in one transaction: a batch is whatever the agent has
+/// already sent when the previous batch is stored, up to this many.
+pub const MAX_BATCH: usize = 500;
+
+pub(crate) fn now() -> (Instant, SystemTime) {
+    (Instant::now(), SystemTime::now())
+}
+
+fn unix_millis() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or_default()
+}
+
+/// The tonic service.
+pub(crate) struct AgentHubService {
+    pub(crate) hub: Arc<Hub>,
+}
+
+type Outbound = mpsc::Sender<Result<pb::HubMessage, Status>>;
+
+#[tonic::async_trait]
+impl AgentHub for AgentHubService {
+    type SessionStream = ReceiverStream<Result<pb::HubMessage, Status>>;
+
+    async fn session(
+        &self,
+        request: Request<Streaming<pb::AgentMessage>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        let identity = match &self.hub.config.security {
+            GrpcSecurity::InsecurePlaintext => ANONYMOUS.to_string(),
+            GrpcSecurity::MutualTls(_) => {
+                let certs = request
+                    .peer_certs()
+                    .ok_or_else(|| Status::unauthenticated("a client certificate is required"))?;
+                let leaf = certs
+                    .first()
+                    .ok_or_else(|| Status::unauthenticated("a client certificate is required"))?;
+                identity_from_der(leaf.as_ref()).map_err(Status::unauthenticated)?
+            }
+        };
+        let peer = request
+            .remote_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        let inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(OUTBOUND_BUFFER);
+        let hub = self.hub.clone();
+        tokio::spawn(async move {
+            if let Err(status) = run_stream(&hub, &identity, &peer, inbound, &tx).await {
+                tracing::info!(%identity, %peer, code = ?status.code(), message = status.message(), "agent stream ended");
+                let _ = tx.send(Err(status)).await;
+            } else {
+                tracing::info!(%identity, %peer, "agent stream closed by the agent");
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+async fn send(tx: &Outbound, kind: Out) -> Result<(), Status> {
+    tx.send(Ok(pb::HubMessage { kind: Some(kind) }))
+        .await
+        .map_err(|_| Status::cancelled("the agent went away"))
+}
+
+async fn run_stream(
+    hub: &Arc<Hub>,
+    identity: &str,
+    peer: &str,
+    mut inbound: Streaming<pb::AgentMessage>,
+    tx: &Outbound,
+) -> Result<(), Status> {
+    let silence = hub.config.heartbeat_period * 2;
+    let first = match tokio::time::timeout(silence, inbound.message()).await {
+        Err(_) => {
+            return Err(Status::deadline_exceeded(format!(
+                "no Hello within {silence:?}"
+            )));
+        }
+        Ok(Err(_)) | Ok(Ok(None)) => return Ok(()),
+        Ok(Ok(Some(m))) => m,
+    };
+    hub.metrics
+        .received(message_type(&first), first.encoded_len());
+    let hello = check_hello(first).map_err(|e| e.to_status())?;
+    let (ctrl_tx, mut ctrl_rx) = mpsc::channel(CONTROL_BUFFER);
+    let (id, replaced, promotions) =
+        hub.state()
+            .registry
+            .connect(identity, &hello.replica, &hello.agent_version, now());
+    hub.sessions().insert(id, ctrl_tx);
+    if let Some(old) = replaced {
+        tracing::info!(%identity, replica = %hello.replica, "a newer stream replaces the older one");
+        hub.control(
+            old,
+            Control::Close(Status::aborted(
+                "replaced by a newer stream from the same agent identity and replica",
+            )),
+        );
+    }
+    hub.deliver(promotions);
+    tracing::info!(%identity, %peer, replica = %hello.replica, version = %hello.agent_version, session = id, "agent connected");
+
+    let session = Session::new(id, identity.to_string());
+    let result = serve(hub, session, &mut inbound, &mut ctrl_rx, tx).await;
+
+    let promotions = hub.state().registry.disconnect(id, now());
+    hub.sessions().remove(&id);
+    hub.deliver(promotions);
+    result
+}
+
+async fn serve(
+    hub: &Arc<Hub>,
+    mut session: Session,
+    inbound: &mut Streaming<pb::AgentMessage>,
+    ctrl_rx: &mut mpsc::Receiver<Control>,
+    tx: &Outbound,
+) -> Result<(), Status> {
+    let period = hub.config.heartbeat_period;
+    let silence = period * 2;
+    send(
+        tx,
+        Out::Welcome(pb::Welcome {
+            identity: session.identity.clone(),
+            heartbeat_period_seconds: u32::try_from(period.as_secs().max(1)).unwrap_or(u32::MAX),
+            max_unacked: hub.config.max_unacked,
+            max_object_bytes: hub.config.max_object_bytes,
+            hub_version: env!("CARGO_PKG_VERSION").to_string(),
+        }),
+    )
+    .await?;
+    send(tx, Out::Ack(pb::Ack { seq: 1 })).await?;
+
+    let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let shutdown = crate::shutting_down(hub.shutdown.clone());
+    tokio::pin!(shutdown);
+    let mut last_heard = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            () = &mut shutdown => {
+                return Err(Status::unavailable("the hub is shutting down"));
+            }
+            ctrl = ctrl_rx.recv() => match ctrl {
+                Some(Control::Close(status)) => return Err(status),
+                Some(Control::Promote(account)) => {
+                    let assignment = {
+                        let st = hub.state();
+                        st.registry
+                            .is_streaming(session.id, &account)
+                            .then(|| streaming_assignment(&st.cache, &account))
+                    };
+                    if let Some(a) = assignment {
+                        tracing::info!(account = %a.account, identity = %session.identity, resume_points = a.resume_points.len(), "standby promoted: STREAMING");
+                        hub.metrics.resumes.inc_by(a.resume_points.len() as u64);
+                        send(tx, Out::Assignment(a)).await?;
+                    }
+                }
+                None => return Err(Status::aborted("the hub dropped this stream")),
+            },
+            _ = heartbeat.tick() => {
+                // Skipped when the agent is not reading: it has messages to read anyway.
+                let _ = tx.try_send(Ok(pb::HubMessage {
+                    kind: Some(Out::Heartbeat(pb::Heartbeat { sent_at_unix_millis: unix_millis() })),
+                }));
+            }
+            _ = tokio::time::sleep_until(last_heard + silence) => {
+                return Err(Status::deadline_exceeded(format!(
+                    "no message from the agent for {silence:?} (two heartbeat periods)"
+                )));
+            }
+            msg = inbound.message() => {
+                let first = match msg {
+                    Ok(Some(m)) => m,
+                    Ok(None) => return Ok(()),
+                    Err(status) => {
+                        tracing::debug!(identity = %session.identity, %status, "agent stream broke");
+                        return Ok(());
+                    }
+                };
+                last_heard = tokio::time::Instant::now();
+                let mut batch = vec![first];
+                let mut ended = false;
+                while batch.len() < MAX_BATCH {
+                    match inbound.message().now_or_never() {
+                        Some(Ok(Some(m))) => batch.push(m),
+                        Some(_) => {
+                            ended = true;
+                            break;
+                        }
+                        None => break,
+                    }
+                }
+                process_batch(hub, &mut session, batch, tx).await?;
+                if ended {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// Applies a batch under the locks, stores it in one transaction, then answers: assignments
+/// first, then Ack of the last message.
+async fn process_batch(
+    hub: &Arc<Hub>,
+    session: &mut Session,
+    batch: Vec<pb::AgentMessage>,
+    tx: &Outbound,
+) -> Result<(), Status> {
+    let mut store = hub.store.lock().await;
+    let mut fx = Effects::default();
+    let mut protocol_error = None;
+    {
+        let mut st = hub.state();
+        let now = now();
+        for msg in batch {
+            hub.metrics.received(message_type(&msg), msg.encoded_len());
+            if let Err(e) = session.handle(&mut st, &hub.limits, msg, now, &mut fx) {
+                protocol_error = Some(e);
+                break;
+            }
+        }
+    }
+    if let Err(e) = store.commit(std::mem::take(&mut fx.ops)).await {
+        tracing::error!(identity = %session.identity, error = %e, "cannot store a batch");
+        return Err(Status::internal(format!(
+            "the hub could not store the messages: {e}"
+        )));
+    }
+    drop(store);
+    hub.metrics.resumes.inc_by(fx.resumes);
+    hub.metrics.relists.inc_by(fx.relists);
+    if fx.stale > 0 {
+        tracing::debug!(identity = %session.identity, stale = fx.stale, "ignored replayed events");
+    }
+    hub.deliver(std::mem::take(&mut fx.promotions));
+    for reply in fx.replies {
+        if let Some(kind) = reply.kind {
+            send(tx, kind).await?;
+        }
+    }
+    if let Some(e) = protocol_error {
+        tracing::warn!(identity = %session.identity, error = ?e, "protocol error; ending the stream");
+        return Err(e.to_status());
+    }
+    send(
+        tx,
+        Out::Ack(pb::Ack {
+            seq: session.last_seq(),
+        }),
+    )
+    .await
+}
+
+/// Keepalive settings of the gRPC server, derived from the heartbeat period.
+pub(crate) fn keepalive(period: Duration) -> (Duration, Duration) {
+    (period, period * 2)
+}

@@ -1,0 +1,895 @@
+//! The protocol state of one agent stream, without I/O: sequence numbers, registration,
+//! snapshot staging, and validation of every message against the hub's state.
+//!
+//! Error policy: a message that breaks the stream contract (wrong sequence number, a second
+//! Hello, an event for an account this stream does not stream, SnapshotEnd without
+//! SnapshotBegin, an invalid kind or object, a snapshot whose object count does not match)
+//! ends the stream with a gRPC status (`invalid_argument` for a malformed message,
+//! `failed_precondition` for a message out of order) whose message names the problem.
+//! Messages before it in the same batch are applied. A registration the hub refuses
+//! (another cluster, not allowed, invalid name) is answered with a REJECTED assignment and
+//! the stream goes on.
+
+use std::{
+    collections::BTreeMap,
+    time::{Instant, SystemTime},
+};
+
+use scale_agent_proto::v1::{
+    self as pb, account_assignment::Role as PbRole, agent_message::Kind as Msg,
+    hub_message::Kind as Out, kind_status::State as PbKindState, object_event::Type as PbType,
+};
+
+use crate::{
+    cache::{Applied, Cache, CachedObject, Event, KindInfo, KindKey, KindState},
+    identity::{AllowRule, is_allowed},
+    registry::{AccountRecord, ClusterRecord, Promotion, Registration, Registry, Role, SessionId},
+    store::StoreOp,
+};
+
+/// Registry and cache, guarded together by one lock.
+#[derive(Debug, Default)]
+pub struct HubState {
+    pub registry: Registry,
+    pub cache: Cache,
+}
+
+/// Why a stream is ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProtocolError {
+    /// The message itself is malformed.
+    InvalidArgument(String),
+    /// The message is valid but not allowed now.
+    FailedPrecondition(String),
+}
+
+impl ProtocolError {
+    pub fn to_status(&self) -> tonic::Status {
+        match self {
+            ProtocolError::InvalidArgument(m) => tonic::Status::invalid_argument(m.clone()),
+            ProtocolError::FailedPrecondition(m) => tonic::Status::failed_precondition(m.clone()),
+        }
+    }
+}
+
+fn invalid(message: String) -> ProtocolError {
+    ProtocolError::InvalidArgument(message)
+}
+
+fn precondition(message: String) -> ProtocolError {
+    ProtocolError::FailedPrecondition(message)
+}
+
+/// What handling messages produced, for the caller to carry out after the batch.
+#[derive(Debug, Default)]
+pub struct Effects {
+    /// To persist, in one transaction.
+    pub ops: Vec<StoreOp>,
+    /// To send to this agent once the batch is stored.
+    pub replies: Vec<pb::HubMessage>,
+    /// Other streams to tell they now stream an account.
+    pub promotions: Vec<Promotion>,
+    /// Kinds handed out with a resume point.
+    pub resumes: u64,
+    /// Snapshots begun.
+    pub relists: u64,
+    /// Events ignored as replays.
+    pub stale: u64,
+}
+
+/// Hub settings a stream needs.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub max_object_bytes: u64,
+    pub allow: Vec<AllowRule>,
+}
+
+/// The metrics label of a message.
+pub fn message_type(msg: &pb::AgentMessage) -> &'static str {
+    match &msg.kind {
+        None => "empty",
+        Some(Msg::Hello(_)) => "hello",
+        Some(Msg::RegisterAccount(_)) => "register_account",
+        Some(Msg::UnregisterAccount(_)) => "unregister_account",
+        Some(Msg::KindStatus(_)) => "kind_status",
+        Some(Msg::SnapshotBegin(_)) => "snapshot_begin",
+        Some(Msg::Object(_)) => "object",
+        Some(Msg::SnapshotEnd(_)) => "snapshot_end",
+        Some(Msg::Bookmark(_)) => "bookmark",
+        Some(Msg::Heartbeat(_)) => "heartbeat",
+    }
+}
+
+/// Checks the first message of a stream: Hello with seq 1.
+pub fn check_hello(msg: pb::AgentMessage) -> Result<pb::Hello, ProtocolError> {
+    match msg.kind {
+        Some(Msg::Hello(hello)) if msg.seq == 1 => Ok(hello),
+        Some(Msg::Hello(_)) => Err(invalid(format!(
+            "Hello has seq {}; the first message of a stream has seq 1",
+            msg.seq
+        ))),
+        _ => Err(precondition(format!(
+            "the first message of a stream must be Hello, got {}",
+            message_type(&msg)
+        ))),
+    }
+}
+
+/// Account names the hub accepts: 1 to 253 characters out of letters, digits, `-`, `_`, `.`.
+pub fn validate_account_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 253 {
+        return Err(format!(
+            "account name {name:?} must have 1 to 253 characters"
+        ));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+    {
+        return Err(format!(
+            "account name {name:?} contains {c:?}; use letters, digits, '-', '_' and '.'"
+        ));
+    }
+    Ok(())
+}
+
+/// A STREAMING assignment with the hub's current resume points.
+pub fn streaming_assignment(cache: &Cache, account: &str) -> pb::AccountAssignment {
+    pb::AccountAssignment {
+        account: account.to_string(),
+        role: PbRole::Streaming as i32,
+        reason: String::new(),
+        resume_points: cache.resume_points(account),
+    }
+}
+
+fn assignment(account: &str, role: PbRole, reason: String) -> pb::HubMessage {
+    pb::HubMessage {
+        kind: Some(Out::Assignment(pb::AccountAssignment {
+            account: account.to_string(),
+            role: role as i32,
+            reason,
+            resume_points: Vec::new(),
+        })),
+    }
+}
+
+#[derive(Debug)]
+struct Staged {
+    info: KindInfo,
+    objects: BTreeMap<String, CachedObject>,
+    received: u64,
+}
+
+/// One stream's protocol state.
+#[derive(Debug)]
+pub struct Session {
+    pub id: SessionId,
+    pub identity: String,
+    next_seq: u64,
+    /// Open snapshots by (account, kind, watch namespace).
+    staging: BTreeMap<(String, KindKey, String), Staged>,
+}
+
+impl Session {
+    /// After Hello (seq 1) was accepted.
+    pub fn new(id: SessionId, identity: String) -> Self {
+        Session {
+            id,
+            identity,
+            next_seq: 2,
+            staging: BTreeMap::new(),
+        }
+    }
+
+    /// The sequence number of the last message handled.
+    pub fn last_seq(&self) -> u64 {
+        self.next_seq - 1
+    }
+
+    /// Number of snapshots open.
+    pub fn open_snapshots(&self) -> usize {
+        self.staging.len()
+    }
+
+    fn require_streaming(
+        &self,
+        st: &HubState,
+        account: &str,
+        what: &str,
+    ) -> Result<(), ProtocolError> {
+        if st.registry.is_streaming(self.id, account) {
+            return Ok(());
+        }
+        let role = match st.registry.role(self.id, account) {
+            Some(Role::Standby) => "is STANDBY for it",
+            Some(Role::Streaming) => "is STREAMING for it",
+            None => "did not register it (or it was rejected)",
+        };
+        Err(precondition(format!(
+            "{what} for account {account:?}, but this stream {role}; only the STREAMING replica \
+             may send objects, snapshots, bookmarks and kind statuses"
+        )))
+    }
+
+    /// Handles one message (after Hello).
+    pub fn handle(
+        &mut self,
+        st: &mut HubState,
+        limits: &Limits,
+        msg: pb::AgentMessage,
+        now: (Instant, SystemTime),
+        fx: &mut Effects,
+    ) -> Result<(), ProtocolError> {
+        if msg.seq != self.next_seq {
+            return Err(invalid(format!(
+                "message seq {} ({}), expected {}: seq starts at 1 and increases by 1 on each stream",
+                msg.seq,
+                message_type(&msg),
+                self.next_seq
+            )));
+        }
+        self.next_seq += 1;
+        let kind = msg
+            .kind
+            .ok_or_else(|| invalid(format!("message seq {} has no content", msg.seq)))?;
+        match kind {
+            Msg::Hello(_) => Err(precondition(
+                "Hello is only allowed as the first message of a stream".into(),
+            )),
+            Msg::Heartbeat(_) => Ok(()),
+            Msg::RegisterAccount(reg) => {
+                self.register(st, limits, reg, now, fx);
+                Ok(())
+            }
+            Msg::UnregisterAccount(un) => {
+                self.staging.retain(|(a, _, _), _| *a != un.account);
+                fx.promotions
+                    .extend(st.registry.unregister(self.id, &un.account, now));
+                Ok(())
+            }
+            Msg::KindStatus(ks) => {
+                self.require_streaming(st, &ks.account, "KindStatus")?;
+                let info = KindInfo::from_proto(ks.kind.as_ref()).map_err(|e| {
+                    invalid(format!("KindStatus for account {:?}: {e}", ks.account))
+                })?;
+                let parsed = PbKindState::try_from(ks.state);
+                let state = parsed
+                    .map(|s| s.as_str_name().to_string())
+                    .unwrap_or_else(|_| format!("UNKNOWN({})", ks.state));
+                if parsed == Ok(PbKindState::Stopped) {
+                    let key = info.key();
+                    self.staging.retain(|(a, k, ns), _| {
+                        !(*a == ks.account
+                            && *k == key
+                            && (ks.namespaces.is_empty() || ks.namespaces.contains(ns)))
+                    });
+                    st.cache
+                        .drop_scope(&ks.account, &info, &ks.namespaces, &mut fx.ops);
+                }
+                st.cache.set_status(
+                    &ks.account,
+                    &info,
+                    KindState {
+                        state,
+                        message: ks.message,
+                        namespaces: ks.namespaces,
+                    },
+                    &mut fx.ops,
+                );
+                Ok(())
+            }
+            Msg::SnapshotBegin(b) => {
+                self.require_streaming(st, &b.account, "SnapshotBegin")?;
+                let info = KindInfo::from_proto(b.kind.as_ref()).map_err(|e| {
+                    invalid(format!("SnapshotBegin for account {:?}: {e}", b.account))
+                })?;
+                // A snapshot begun again (the agent retried its LIST) starts over.
+                self.staging.insert(
+                    (b.account, info.key(), b.watch_namespace),
+                    Staged {
+                        info,
+                        objects: BTreeMap::new(),
+                        received: 0,
+                    },
+                );
+                fx.relists += 1;
+                Ok(())
+            }
+            Msg::Object(ev) => self.object(st, limits, ev, fx),
+            Msg::SnapshotEnd(end) => {
+                self.require_streaming(st, &end.account, "SnapshotEnd")?;
+                let info = KindInfo::from_proto(end.kind.as_ref()).map_err(|e| {
+                    invalid(format!("SnapshotEnd for account {:?}: {e}", end.account))
+                })?;
+                let key = (end.account.clone(), info.key(), end.watch_namespace.clone());
+                let staged = self.staging.remove(&key).ok_or_else(|| {
+                    precondition(format!(
+                        "SnapshotEnd for account {:?}, kind {}, watch namespace {:?} without a \
+                         SnapshotBegin",
+                        end.account,
+                        info.key(),
+                        end.watch_namespace
+                    ))
+                })?;
+                if staged.received != end.object_count {
+                    return Err(precondition(format!(
+                        "SnapshotEnd for account {:?}, kind {}: object_count {} but {} objects \
+                         were received; the snapshot is discarded",
+                        end.account,
+                        info.key(),
+                        end.object_count,
+                        staged.received
+                    )));
+                }
+                if end.resource_version.is_empty() {
+                    return Err(invalid(format!(
+                        "SnapshotEnd for account {:?}, kind {} has no resource_version",
+                        end.account,
+                        info.key()
+                    )));
+                }
+                st.cache.replace_scope(
+                    &end.account,
+                    &staged.info,
+                    &end.watch_namespace,
+                    staged.objects,
+                    &end.resource_version,
+                    &mut fx.ops,
+                );
+                Ok(())
+            }
+            Msg::Bookmark(bm) => {
+                self.require_streaming(st, &bm.account, "Bookmark")?;
+                let info = KindInfo::from_proto(bm.kind.as_ref())
+                    .map_err(|e| invalid(format!("Bookmark for account {:?}: {e}", bm.account)))?;
+                if bm.resource_version.is_empty() {
+                    return Err(invalid(format!(
+                        "Bookmark for account {:?}, kind {} has no resource_version",
+                        bm.account,
+                        info.key()
+                    )));
+                }
+                st.cache.bookmark(
+                    &bm.account,
+                    &info,
+                    &bm.watch_namespace,
+                    &bm.resource_version,
+                    &mut fx.ops,
+                );
+                Ok(())
+            }
+        }
+    }
+
+    fn register(
+        &mut self,
+        st: &mut HubState,
+        limits: &Limits,
+        reg: pb::RegisterAccount,
+        now: (Instant, SystemTime),
+        fx: &mut Effects,
+    ) {
+        let name = reg.account.clone();
+        let reject = |reason: String, fx: &mut Effects| {
+            tracing::warn!(account = %name, identity = %self.identity, %reason, "account rejected");
+            fx.replies.push(assignment(&name, PbRole::Rejected, reason));
+        };
+        if let Err(reason) = validate_account_name(&name) {
+            return reject(reason, fx);
+        }
+        if !is_allowed(&limits.allow, &self.identity, &name) {
+            return reject(
+                format!(
+                    "identity {:?} may not register account {name:?} (no --allow rule matches)",
+                    self.identity
+                ),
+                fx,
+            );
+        }
+        let Some(cluster) = reg.cluster.filter(|c| !c.api_server_host.is_empty()) else {
+            return reject(
+                format!("account {name:?} registered without cluster info (api_server_host)"),
+                fx,
+            );
+        };
+        let properties = if reg.properties_json.is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::from_slice(&reg.properties_json).unwrap_or(serde_json::Value::Null)
+        };
+        let record = AccountRecord {
+            cluster: ClusterRecord {
+                api_server_host: cluster.api_server_host,
+                ca_fingerprint: cluster.ca_fingerprint,
+                kubernetes_version: cluster.kubernetes_version,
+            },
+            namespaces: reg.namespaces,
+            properties,
+        };
+        let (registration, persist) = st.registry.register(self.id, &name, record);
+        if let Some(record) = persist {
+            fx.ops.push(StoreOp::PutAccount {
+                account: name.clone(),
+                record,
+            });
+        }
+        match registration {
+            Registration::Rejected(reason) => {
+                // A stream that served the account and now claims another cluster for it
+                // stops serving it.
+                self.staging.retain(|(a, _, _), _| *a != name);
+                fx.promotions
+                    .extend(st.registry.unregister(self.id, &name, now));
+                reject(reason, fx)
+            }
+            Registration::Assigned(Role::Streaming) => {
+                let a = streaming_assignment(&st.cache, &name);
+                fx.resumes += a.resume_points.len() as u64;
+                tracing::info!(account = %name, identity = %self.identity, resume_points = a.resume_points.len(), "account assigned: STREAMING");
+                fx.replies.push(pb::HubMessage {
+                    kind: Some(Out::Assignment(a)),
+                });
+            }
+            Registration::Assigned(Role::Standby) => {
+                tracing::info!(account = %name, identity = %self.identity, "account assigned: STANDBY");
+                fx.replies
+                    .push(assignment(&name, PbRole::Standby, String::new()));
+            }
+        }
+    }
+
+    fn object(
+        &mut self,
+        st: &mut HubState,
+        limits: &Limits,
+        ev: pb::ObjectEvent,
+        fx: &mut Effects,
+    ) -> Result<(), ProtocolError> {
+        self.require_streaming(st, &ev.account, "ObjectEvent")?;
+        let info = KindInfo::from_proto(ev.kind.as_ref())
+            .map_err(|e| invalid(format!("ObjectEvent for account {:?}: {e}", ev.account)))?;
+        let deleted = match PbType::try_from(ev.r#type) {
+            Ok(PbType::Applied) => false,
+            Ok(PbType::Deleted) => true,
+            _ => {
+                return Err(invalid(format!(
+                    "ObjectEvent for {}/{} in account {:?} has type {}; expected APPLIED or DELETED",
+                    info.key(),
+                    ev.name,
+                    ev.account,
+                    ev.r#type
+                )));
+            }
+        };
+        if ev.uid.is_empty() || ev.name.is_empty() || ev.resource_version.is_empty() {
+            return Err(invalid(format!(
+                "ObjectEvent for kind {} in account {:?} needs name, uid and resource_version \
+                 (got name {:?}, uid {:?}, resource_version {:?})",
+                info.key(),
+                ev.account,
+                ev.name,
+                ev.uid,
+                ev.resource_version
+            )));
+        }
+        let mut truncated = ev.truncated;
+        let mut json = ev.object_json;
+        if json.len() as u64 > limits.max_object_bytes {
+            tracing::warn!(account = %ev.account, kind = %info.key(), name = %ev.name, bytes = json.len(), "object larger than max_object_bytes; keeping its metadata only");
+            truncated = true;
+        }
+        if truncated {
+            json = Vec::new();
+        } else if !deleted
+            && serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&json).is_err()
+        {
+            return Err(invalid(format!(
+                "ObjectEvent for {} {:?} in account {:?}: object_json is not a JSON object",
+                info.key(),
+                ev.name,
+                ev.account
+            )));
+        }
+        let object = CachedObject {
+            namespace: ev.namespace,
+            name: ev.name,
+            uid: ev.uid,
+            resource_version: ev.resource_version,
+            json,
+            truncated,
+        };
+        let scope = (ev.account.clone(), info.key(), ev.watch_namespace.clone());
+        if let Some(staged) = self.staging.get_mut(&scope) {
+            staged.received += 1;
+            if deleted {
+                staged.objects.remove(&object.uid);
+            } else {
+                staged.objects.insert(object.uid.clone(), object);
+            }
+            return Ok(());
+        }
+        let applied = st.cache.apply_event(
+            &ev.account,
+            &info,
+            Event {
+                deleted,
+                object,
+                watch_namespace: ev.watch_namespace,
+            },
+            &mut fx.ops,
+        );
+        if applied == Applied::Stale {
+            fx.stale += 1;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn now() -> (Instant, SystemTime) {
+        (Instant::now(), SystemTime::now())
+    }
+
+    fn limits() -> Limits {
+        Limits {
+            max_object_bytes: 1024,
+            allow: vec![AllowRule::parse("agent=prod-*").unwrap()],
+        }
+    }
+
+    fn kind() -> pb::Kind {
+        pb::Kind {
+            group: String::new(),
+            version: "v1".into(),
+            kind: "ConfigMap".into(),
+            plural: "configmaps".into(),
+            namespaced: true,
+        }
+    }
+
+    fn msg(seq: u64, kind: Msg) -> pb::AgentMessage {
+        pb::AgentMessage {
+            seq,
+            kind: Some(kind),
+        }
+    }
+
+    fn register(account: &str, host: &str) -> Msg {
+        Msg::RegisterAccount(pb::RegisterAccount {
+            account: account.into(),
+            cluster: Some(pb::ClusterInfo {
+                api_server_host: host.into(),
+                ca_fingerprint: "aa".into(),
+                kubernetes_version: "v1.37.0".into(),
+            }),
+            namespaces: vec![],
+            properties_json: br#"{"kinds":["ConfigMap"]}"#.to_vec(),
+        })
+    }
+
+    fn object(account: &str, name: &str, rv: &str) -> Msg {
+        Msg::Object(pb::ObjectEvent {
+            account: account.into(),
+            kind: Some(kind()),
+            r#type: PbType::Applied as i32,
+            namespace: "default".into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            resource_version: rv.into(),
+            object_json: format!(r#"{{"metadata":{{"name":"{name}"}}}}"#).into_bytes(),
+            truncated: false,
+            watch_namespace: String::new(),
+        })
+    }
+
+    fn roles(fx: &Effects) -> Vec<(String, i32, String)> {
+        fx.replies
+            .iter()
+            .filter_map(|m| match &m.kind {
+                Some(Out::Assignment(a)) => Some((a.account.clone(), a.role, a.reason.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn connect(st: &mut HubState, identity: &str, replica: &str) -> Session {
+        let (id, _, _) = st.registry.connect(identity, replica, "v", now());
+        Session::new(id, identity.into())
+    }
+
+    #[test]
+    fn hello_must_come_first() {
+        assert!(check_hello(msg(1, Msg::Hello(pb::Hello::default()))).is_ok());
+        assert!(matches!(
+            check_hello(msg(2, Msg::Hello(pb::Hello::default()))),
+            Err(ProtocolError::InvalidArgument(_))
+        ));
+        let err = check_hello(msg(1, register("prod-a", "h"))).unwrap_err();
+        assert!(
+            matches!(&err, ProtocolError::FailedPrecondition(m) if m.contains("must be Hello"))
+        );
+    }
+
+    #[test]
+    fn seq_must_increase_by_one() {
+        let mut st = HubState::default();
+        let mut s = connect(&mut st, "agent", "r");
+        let mut fx = Effects::default();
+        s.handle(
+            &mut st,
+            &limits(),
+            msg(2, Msg::Heartbeat(pb::Heartbeat::default())),
+            now(),
+            &mut fx,
+        )
+        .unwrap();
+        let err = s
+            .handle(
+                &mut st,
+                &limits(),
+                msg(4, Msg::Heartbeat(pb::Heartbeat::default())),
+                now(),
+                &mut fx,
+            )
+            .unwrap_err();
+        assert!(
+            matches!(&err, ProtocolError::InvalidArgument(m) if m.contains("expected 3")),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn register_snapshot_and_delta() {
+        let mut st = HubState::default();
+        let mut s = connect(&mut st, "agent", "r");
+        let mut fx = Effects::default();
+        let l = limits();
+        s.handle(
+            &mut st,
+            &l,
+            msg(2, register("prod-a", "https://h")),
+            now(),
+            &mut fx,
+        )
+        .unwrap();
+        s.handle(
+            &mut st,
+            &l,
+            msg(3, register("dev", "https://h")),
+            now(),
+            &mut fx,
+        )
+        .unwrap();
+        let r = roles(&fx);
+        assert_eq!(r[0].1, PbRole::Streaming as i32);
+        assert_eq!(r[1].1, PbRole::Rejected as i32);
+        assert!(r[1].2.contains("--allow"), "{}", r[1].2);
+
+        let begin = Msg::SnapshotBegin(pb::SnapshotBegin {
+            account: "prod-a".into(),
+            kind: Some(kind()),
+            watch_namespace: String::new(),
+        });
+        s.handle(&mut st, &l, msg(4, begin), now(), &mut fx)
+            .unwrap();
+        s.handle(
+            &mut st,
+            &l,
+            msg(5, object("prod-a", "one", "5")),
+            now(),
+            &mut fx,
+        )
+        .unwrap();
+        // Not visible before SnapshotEnd.
+        assert_eq!(st.cache.object_count(), 0);
+        let end = |count| {
+            Msg::SnapshotEnd(pb::SnapshotEnd {
+                account: "prod-a".into(),
+                kind: Some(kind()),
+                resource_version: "10".into(),
+                object_count: count,
+                watch_namespace: String::new(),
+            })
+        };
+        s.handle(&mut st, &l, msg(6, end(1)), now(), &mut fx)
+            .unwrap();
+        assert_eq!(st.cache.object_count(), 1);
+        s.handle(
+            &mut st,
+            &l,
+            msg(7, object("prod-a", "two", "11")),
+            now(),
+            &mut fx,
+        )
+        .unwrap();
+        assert_eq!(st.cache.object_count(), 2);
+        assert_eq!(fx.relists, 1);
+        // SnapshotEnd without SnapshotBegin.
+        let err = s
+            .handle(&mut st, &l, msg(8, end(0)), now(), &mut fx)
+            .unwrap_err();
+        assert!(
+            matches!(&err, ProtocolError::FailedPrecondition(m) if m.contains("without a SnapshotBegin"))
+        );
+    }
+
+    #[test]
+    fn snapshot_count_mismatch_and_unregister() {
+        let mut st = HubState::default();
+        let l = limits();
+        let mut a = connect(&mut st, "agent", "a");
+        let mut b = connect(&mut st, "agent", "b");
+        let mut fx = Effects::default();
+        a.handle(
+            &mut st,
+            &l,
+            msg(2, register("prod-a", "https://h")),
+            now(),
+            &mut fx,
+        )
+        .unwrap();
+        b.handle(
+            &mut st,
+            &l,
+            msg(2, register("prod-a", "https://h")),
+            now(),
+            &mut fx,
+        )
+        .unwrap();
+        let begin = Msg::SnapshotBegin(pb::SnapshotBegin {
+            account: "prod-a".into(),
+            kind: Some(kind()),
+            watch_namespace: String::new(),
+        });
+        a.handle(&mut st, &l, msg(3, begin), now(), &mut fx)
+            .unwrap();
+        assert_eq!(a.open_snapshots(), 1);
+        // Unregistering drops the open snapshot and promotes the standby.
+        let un = Msg::UnregisterAccount(pb::UnregisterAccount {
+            account: "prod-a".into(),
+        });
+        a.handle(&mut st, &l, msg(4, un), now(), &mut fx).unwrap();
+        assert_eq!(a.open_snapshots(), 0);
+        assert_eq!(
+            fx.promotions,
+            vec![Promotion {
+                session: b.id,
+                account: "prod-a".into()
+            }]
+        );
+        let begin = Msg::SnapshotBegin(pb::SnapshotBegin {
+            account: "prod-a".into(),
+            kind: Some(kind()),
+            watch_namespace: String::new(),
+        });
+        b.handle(&mut st, &l, msg(3, begin), now(), &mut fx)
+            .unwrap();
+        b.handle(
+            &mut st,
+            &l,
+            msg(4, object("prod-a", "one", "5")),
+            now(),
+            &mut fx,
+        )
+        .unwrap();
+        let end = Msg::SnapshotEnd(pb::SnapshotEnd {
+            account: "prod-a".into(),
+            kind: Some(kind()),
+            resource_version: "10".into(),
+            object_count: 2,
+            watch_namespace: String::new(),
+        });
+        let err = b
+            .handle(&mut st, &l, msg(5, end), now(), &mut fx)
+            .unwrap_err();
+        assert!(
+            matches!(&err, ProtocolError::FailedPrecondition(m) if m.contains("object_count 2 but 1")),
+            "{err:?}"
+        );
+        assert_eq!(st.cache.object_count(), 0);
+    }
+
+    #[test]
+    fn events_for_accounts_not_streamed_are_refused() {
+        let mut st = HubState::default();
+        let l = limits();
+        let mut a = connect(&mut st, "agent", "a");
+        let mut b = connect(&mut st, "agent", "b");
+        let mut fx = Effects::default();
+        a.handle(
+            &mut st,
+            &l,
+            msg(2, register("prod-a", "https://h")),
+            now(),
+            &mut fx,
+        )
+        .unwrap();
+        b.handle(
+            &mut st,
+            &l,
+            msg(2, register("prod-a", "https://h")),
+            now(),
+            &mut fx,
+        )
+        .unwrap();
+        let err = b
+            .handle(
+                &mut st,
+                &l,
+                msg(3, object("prod-a", "x", "1")),
+                now(),
+                &mut fx,
+            )
+            .unwrap_err();
+        assert!(
+            matches!(&err, ProtocolError::FailedPrecondition(m) if m.contains("STANDBY")),
+            "{err:?}"
+        );
+        let err = a
+            .handle(
+                &mut st,
+                &l,
+                msg(3, object("prod-b", "x", "1")),
+                now(),
+                &mut fx,
+            )
+            .unwrap_err();
+        assert!(
+            matches!(&err, ProtocolError::FailedPrecondition(m) if m.contains("did not register"))
+        );
+        assert_eq!(st.cache.object_count(), 0);
+    }
+
+    #[test]
+    fn malformed_objects() {
+        let mut st = HubState::default();
+        let l = limits();
+        let mut s = connect(&mut st, "agent", "a");
+        let mut fx = Effects::default();
+        s.handle(
+            &mut st,
+            &l,
+            msg(2, register("prod-a", "https://h")),
+            now(),
+            &mut fx,
+        )
+        .unwrap();
+        let Msg::Object(mut ev) = object("prod-a", "x", "1") else {
+            unreachable!()
+        };
+        ev.object_json = b"not json".to_vec();
+        let err = s
+            .handle(&mut st, &l, msg(3, Msg::Object(ev.clone())), now(), &mut fx)
+            .unwrap_err();
+        assert!(
+            matches!(&err, ProtocolError::InvalidArgument(m) if m.contains("not a JSON object"))
+        );
+        let mut s = connect(&mut st, "agent", "a2");
+        let mut fx = Effects::default();
+        s.handle(
+            &mut st,
+            &l,
+            msg(2, register("prod-b", "https://h")),
+            now(),
+            &mut fx,
+        )
+        .unwrap();
+        ev.account = "prod-b".into();
+        ev.object_json = vec![b' '; 2048];
+        // Too large: kept as truncated, payload dropped.
+        s.handle(&mut st, &l, msg(3, Msg::Object(ev)), now(), &mut fx)
+            .unwrap();
+        let o = st.cache.accounts["prod-b"]
+            .kinds
+            .values()
+            .next()
+            .unwrap()
+            .objects["uid-x"]
+            .clone();
+        assert!(o.truncated && o.json.is_empty());
+    }
+}

@@ -1,0 +1,467 @@
+//! Persistence in an embedded redb database (`<data-dir>/hub.redb`): account bindings, kinds,
+//! cached objects and resume points. Writers hand a batch of [`StoreOp`]s to
+//! [`Store::commit`]: one write transaction per batch.
+//!
+//! Durability: most commits are non-durable (no fsync); a commit is made durable when the
+//! last durable one is older than [`DURABLE_EVERY`], [`Store::flush`] (called periodically
+//! and at shutdown) makes everything durable. Cache and resume points are always written in
+//! the same transaction, so after a crash the hub holds a consistent, slightly older state
+//! and hands out slightly older resume points: agents replay a few events, which is
+//! harmless (events are idempotent).
+
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    cache::{Cache, CachedObject, KindInfo, KindKey},
+    error::{HubError, Result},
+    registry::AccountRecord,
+};
+
+/// account → AccountRecord (JSON).
+const ACCOUNTS: TableDefinition<&str, &[u8]> = TableDefinition::new("accounts");
+/// account \0 group/kind → KindInfo (JSON).
+const KINDS: TableDefinition<&str, &[u8]> = TableDefinition::new("kinds");
+/// account \0 group/kind \0 uid → object header (JSON) \n object JSON.
+const OBJECTS: TableDefinition<&str, &[u8]> = TableDefinition::new("objects");
+/// account \0 group/kind \0 watch namespace → resourceVersion.
+const RESUME: TableDefinition<&str, &str> = TableDefinition::new("resume_points");
+
+/// Longest time between durable commits while agents stream.
+pub const DURABLE_EVERY: Duration = Duration::from_secs(1);
+
+/// One change to persist.
+#[derive(Clone, Debug)]
+pub enum StoreOp {
+    PutAccount {
+        account: String,
+        record: AccountRecord,
+    },
+    DeleteAccount {
+        account: String,
+    },
+    PutKind {
+        account: String,
+        info: KindInfo,
+    },
+    PutObject {
+        account: String,
+        kind: KindKey,
+        object: CachedObject,
+    },
+    DeleteObject {
+        account: String,
+        kind: KindKey,
+        uid: String,
+    },
+    PutResume {
+        account: String,
+        kind: KindKey,
+        watch_namespace: String,
+        resource_version: String,
+    },
+    DeleteResume {
+        account: String,
+        kind: KindKey,
+        watch_namespace: String,
+    },
+}
+
+#[derive(Serialize, Deserialize)]
+struct ObjectHeader {
+    namespace: String,
+    name: String,
+    uid: String,
+    rv: String,
+    truncated: bool,
+}
+
+fn key2(account: &str, kind: &KindKey) -> String {
+    format!("{account}\0{}", kind.storage_key())
+}
+
+fn key3(account: &str, kind: &KindKey, last: &str) -> String {
+    format!("{account}\0{}\0{last}", kind.storage_key())
+}
+
+fn encode_object(o: &CachedObject) -> Vec<u8> {
+    let header = ObjectHeader {
+        namespace: o.namespace.clone(),
+        name: o.name.clone(),
+        uid: o.uid.clone(),
+        rv: o.resource_version.clone(),
+        truncated: o.truncated,
+    };
+    // serde_json escapes newlines, so the first b'\n' ends the header.
+    let mut bytes = serde_json::to_vec(&header).unwrap_or_default();
+    bytes.push(b'\n');
+    bytes.extend_from_slice(&o.json);
+    bytes
+}
+
+fn decode_object(key: &str, bytes: &[u8]) -> Result<CachedObject> {
+    let corrupt = |message: String| HubError::Corrupt {
+        key: key.to_string(),
+        message,
+    };
+    let split = bytes
+        .iter()
+        .position(|b| *b == b'\n')
+        .ok_or_else(|| corrupt("no header".into()))?;
+    let header: ObjectHeader =
+        serde_json::from_slice(&bytes[..split]).map_err(|e| corrupt(e.to_string()))?;
+    Ok(CachedObject {
+        namespace: header.namespace,
+        name: header.name,
+        uid: header.uid,
+        resource_version: header.rv,
+        json: bytes[split + 1..].to_vec(),
+        truncated: header.truncated,
+    })
+}
+
+/// What the store held at start-up.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    pub accounts: Vec<(String, AccountRecord)>,
+    pub cache: Cache,
+}
+
+/// The embedded store.
+pub struct Store {
+    path: PathBuf,
+    db: Option<Arc<Database>>,
+    last_durable: Instant,
+    dirty: bool,
+}
+
+impl Store {
+    /// Opens (or creates) `<data_dir>/hub.redb`.
+    pub fn open(data_dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(data_dir).map_err(|source| HubError::Io {
+            context: format!("cannot create data directory {}", data_dir.display()),
+            source,
+        })?;
+        let path = data_dir.join("hub.redb");
+        let db = Database::create(&path).map_err(|e| HubError::store("open", e))?;
+        let txn = db.begin_write().map_err(|e| HubError::store("open", e))?;
+        {
+            txn.open_table(ACCOUNTS)
+                .map_err(|e| HubError::store("open", e))?;
+            txn.open_table(KINDS)
+                .map_err(|e| HubError::store("open", e))?;
+            txn.open_table(OBJECTS)
+                .map_err(|e| HubError::store("open", e))?;
+            txn.open_table(RESUME)
+                .map_err(|e| HubError::store("open", e))?;
+        }
+        txn.commit().map_err(|e| HubError::store("open", e))?;
+        Ok(Store {
+            path,
+            db: Some(Arc::new(db)),
+            last_durable: Instant::now(),
+            dirty: false,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.db.is_some()
+    }
+
+    /// Reads everything back.
+    pub fn load(&self) -> Result<Loaded> {
+        let db = self.db.as_ref().ok_or(HubError::StoreClosed)?;
+        let txn = db.begin_read().map_err(load_err)?;
+        let mut loaded = Loaded::default();
+        let accounts = txn.open_table(ACCOUNTS).map_err(load_err)?;
+        for row in accounts.iter().map_err(load_err)? {
+            let (k, v) = row.map_err(load_err)?;
+            let record: AccountRecord =
+                serde_json::from_slice(v.value()).map_err(|err| HubError::Corrupt {
+                    key: k.value().to_string(),
+                    message: err.to_string(),
+                })?;
+            loaded.accounts.push((k.value().to_string(), record));
+        }
+        let kinds = txn.open_table(KINDS).map_err(load_err)?;
+        for row in kinds.iter().map_err(load_err)? {
+            let (k, v) = row.map_err(load_err)?;
+            let key = k.value();
+            let Some((account, _)) = key.split_once('\0') else {
+                continue;
+            };
+            let info: KindInfo =
+                serde_json::from_slice(v.value()).map_err(|err| HubError::Corrupt {
+                    key: key.replace('\0', "/"),
+                    message: err.to_string(),
+                })?;
+            loaded.cache.load_kind(account, info);
+        }
+        let objects = txn.open_table(OBJECTS).map_err(load_err)?;
+        for row in objects.iter().map_err(load_err)? {
+            let (k, v) = row.map_err(load_err)?;
+            let key = k.value();
+            let mut parts = key.splitn(3, '\0');
+            let (Some(account), Some(kind), Some(_)) = (parts.next(), parts.next(), parts.next())
+            else {
+                continue;
+            };
+            let Some(kind) = KindKey::from_storage_key(kind) else {
+                continue;
+            };
+            let object = decode_object(&key.replace('\0', "/"), v.value())?;
+            loaded.cache.load_object(account, &kind, object);
+        }
+        let resume = txn.open_table(RESUME).map_err(load_err)?;
+        for row in resume.iter().map_err(load_err)? {
+            let (k, v) = row.map_err(load_err)?;
+            let key = k.value();
+            let mut parts = key.splitn(3, '\0');
+            let (Some(account), Some(kind), Some(ns)) = (parts.next(), parts.next(), parts.next())
+            else {
+                continue;
+            };
+            let Some(kind) = KindKey::from_storage_key(kind) else {
+                continue;
+            };
+            loaded
+                .cache
+                .load_resume(account, &kind, ns.to_string(), v.value().to_string());
+        }
+        // Cached data of accounts without a binding (should not happen) is dropped.
+        let known: std::collections::BTreeSet<&String> =
+            loaded.accounts.iter().map(|(a, _)| a).collect();
+        loaded.cache.accounts.retain(|a, _| known.contains(a));
+        Ok(loaded)
+    }
+
+    /// Writes a batch in one transaction (on a blocking thread).
+    pub async fn commit(&mut self, ops: Vec<StoreOp>) -> Result<()> {
+        let durable = self.last_durable.elapsed() >= DURABLE_EVERY;
+        if ops.is_empty() && !(durable && self.dirty) {
+            return Ok(());
+        }
+        self.write(ops, durable).await
+    }
+
+    /// Makes every earlier commit durable.
+    pub async fn flush(&mut self) -> Result<()> {
+        if !self.dirty {
+            return Ok(());
+        }
+        self.write(Vec::new(), true).await
+    }
+
+    /// Flushes and closes the database (releasing its file lock).
+    pub async fn close(&mut self) -> Result<()> {
+        let result = self.flush().await;
+        self.db = None;
+        result
+    }
+
+    async fn write(&mut self, ops: Vec<StoreOp>, durable: bool) -> Result<()> {
+        let db = self.db.clone().ok_or(HubError::StoreClosed)?;
+        tokio::task::spawn_blocking(move || write_batch(&db, ops, durable))
+            .await
+            .map_err(|e| HubError::Task(e.to_string()))??;
+        if durable {
+            self.last_durable = Instant::now();
+            self.dirty = false;
+        } else {
+            self.dirty = true;
+        }
+        Ok(())
+    }
+}
+
+fn load_err<E: Into<redb::Error>>(e: E) -> HubError {
+    HubError::store("load", e)
+}
+
+fn commit_err<E: Into<redb::Error>>(e: E) -> HubError {
+    HubError::store("commit", e)
+}
+
+fn prefix_range(account: &str) -> (String, String) {
+    (format!("{account}\0"), format!("{account}\u{1}"))
+}
+
+fn write_batch(db: &Database, ops: Vec<StoreOp>, durable: bool) -> Result<()> {
+    let mut txn = db.begin_write().map_err(commit_err)?;
+    txn.set_durability(if durable {
+        Durability::Immediate
+    } else {
+        Durability::None
+    })
+    .map_err(commit_err)?;
+    {
+        let mut accounts = txn.open_table(ACCOUNTS).map_err(commit_err)?;
+        let mut kinds = txn.open_table(KINDS).map_err(commit_err)?;
+        let mut objects = txn.open_table(OBJECTS).map_err(commit_err)?;
+        let mut resume = txn.open_table(RESUME).map_err(commit_err)?;
+        for op in ops {
+            match op {
+                StoreOp::PutAccount { account, record } => {
+                    let bytes = serde_json::to_vec(&record).unwrap_or_default();
+                    accounts
+                        .insert(account.as_str(), bytes.as_slice())
+                        .map_err(commit_err)?;
+                }
+                StoreOp::DeleteAccount { account } => {
+                    accounts.remove(account.as_str()).map_err(commit_err)?;
+                    let (start, end) = prefix_range(&account);
+                    let range = start.as_str()..end.as_str();
+                    kinds
+                        .retain_in(range.clone(), |_, _| false)
+                        .map_err(commit_err)?;
+                    objects
+                        .retain_in(range.clone(), |_, _| false)
+                        .map_err(commit_err)?;
+                    resume.retain_in(range, |_, _| false).map_err(commit_err)?;
+                }
+                StoreOp::PutKind { account, info } => {
+                    let bytes = serde_json::to_vec(&info).unwrap_or_default();
+                    kinds
+                        .insert(key2(&account, &info.key()).as_str(), bytes.as_slice())
+                        .map_err(commit_err)?;
+                }
+                StoreOp::PutObject {
+                    account,
+                    kind,
+                    object,
+                } => {
+                    let bytes = encode_object(&object);
+                    objects
+                        .insert(
+                            key3(&account, &kind, &object.uid).as_str(),
+                            bytes.as_slice(),
+                        )
+                        .map_err(commit_err)?;
+                }
+                StoreOp::DeleteObject { account, kind, uid } => {
+                    objects
+                        .remove(key3(&account, &kind, &uid).as_str())
+                        .map_err(commit_err)?;
+                }
+                StoreOp::PutResume {
+                    account,
+                    kind,
+                    watch_namespace,
+                    resource_version,
+                } => {
+                    resume
+                        .insert(
+                            key3(&account, &kind, &watch_namespace).as_str(),
+                            resource_version.as_str(),
+                        )
+                        .map_err(commit_err)?;
+                }
+                StoreOp::DeleteResume {
+                    account,
+                    kind,
+                    watch_namespace,
+                } => {
+                    resume
+                        .remove(key3(&account, &kind, &watch_namespace).as_str())
+                        .map_err(commit_err)?;
+                }
+            }
+        }
+    }
+    txn.commit().map_err(commit_err)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::ClusterRecord;
+
+    fn record() -> AccountRecord {
+        AccountRecord {
+            cluster: ClusterRecord {
+                api_server_host: "https://10.0.0.1:443".into(),
+                ca_fingerprint: "ab".into(),
+                kubernetes_version: "v1.37.1".into(),
+            },
+            namespaces: vec![],
+            properties: serde_json::Value::Null,
+        }
+    }
+
+    #[tokio::test]
+    async fn round_trip_and_delete_account() {
+        let dir = std::env::temp_dir().join(format!("hub-store-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let info = KindInfo {
+            group: String::new(),
+            version: "v1".into(),
+            kind: "ConfigMap".into(),
+            plural: "configmaps".into(),
+            namespaced: true,
+        };
+        let object = CachedObject {
+            namespace: "default".into(),
+            name: "cm".into(),
+            uid: "u1".into(),
+            resource_version: "7".into(),
+            json: br#"{"a":"b\nc"}"#.to_vec(),
+            truncated: false,
+        };
+        let mut ops = vec![];
+        for account in ["acc", "acc2"] {
+            ops.push(StoreOp::PutAccount {
+                account: account.into(),
+                record: record(),
+            });
+            ops.push(StoreOp::PutKind {
+                account: account.into(),
+                info: info.clone(),
+            });
+            ops.push(StoreOp::PutObject {
+                account: account.into(),
+                kind: info.key(),
+                object: object.clone(),
+            });
+            ops.push(StoreOp::PutResume {
+                account: account.into(),
+                kind: info.key(),
+                watch_namespace: "default".into(),
+                resource_version: "9".into(),
+            });
+        }
+        {
+            let mut store = Store::open(&dir).unwrap();
+            store.commit(ops).await.unwrap();
+            store
+                .commit(vec![StoreOp::DeleteAccount {
+                    account: "acc2".into(),
+                }])
+                .await
+                .unwrap();
+            store.close().await.unwrap();
+            assert!(!store.is_open());
+        }
+        let store = Store::open(&dir).unwrap();
+        let loaded = store.load().unwrap();
+        assert_eq!(loaded.accounts.len(), 1);
+        assert_eq!(loaded.accounts[0].0, "acc");
+        assert_eq!(loaded.accounts[0].1, record());
+        let kind = &loaded.cache.accounts["acc"].kinds[&info.key()];
+        assert_eq!(kind.objects["u1"], object);
+        assert_eq!(kind.resume["default"], "9");
+        assert!(!loaded.cache.accounts.contains_key("acc2"));
+        drop(store);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,1042 @@
+//! Stream tests: the hub in-process on 127.0.0.1, fake agents built on the generated client,
+//! over real mutual TLS with certificates generated at test time.
+
+// The helpers below are test code too: a failed set-up should panic.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::{
+    collections::VecDeque,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
+};
+use scale_agent_hub::{Config, GrpcSecurity, RunningHub, TlsMaterial, identity::AllowRule};
+use scale_agent_proto::v1::{
+    self as pb, account_assignment::Role, agent_hub_client::AgentHubClient,
+    agent_message::Kind as Msg, hub_message::Kind as Out, kind_status::State as KindState,
+    object_event::Type as EventType,
+};
+use serde_json::Value;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    sync::mpsc,
+};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{
+    Code, Status, Streaming,
+    transport::{Certificate, ClientTlsConfig, Endpoint, Identity},
+};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+// ---------------------------------------------------------------- certificates
+
+struct Pki {
+    ca_pem: String,
+    ca: CertifiedIssuer<'static, KeyPair>,
+    server_cert_pem: String,
+    server_key_pem: String,
+}
+
+fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name.push(DnType::CommonName, name);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
+}
+
+fn leaf(
+    issuer: &CertifiedIssuer<'static, KeyPair>,
+    sans: &[&str],
+    usage: ExtendedKeyUsagePurpose,
+) -> (String, String) {
+    let mut params =
+        CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+    params.extended_key_usages = vec![usage];
+    params
+        .distinguished_name
+        .push(DnType::CommonName, sans.first().copied().unwrap_or("cn"));
+    let key = KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, issuer).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+impl Pki {
+    fn new() -> Self {
+        let ca = ca("scale-agent-test-ca");
+        let (server_cert_pem, server_key_pem) = leaf(
+            &ca,
+            &["localhost", "127.0.0.1"],
+            ExtendedKeyUsagePurpose::ServerAuth,
+        );
+        Pki {
+            ca_pem: ca.pem(),
+            ca,
+            server_cert_pem,
+            server_key_pem,
+        }
+    }
+
+    fn client(&self, identity: &str) -> (String, String) {
+        leaf(&self.ca, &[identity], ExtendedKeyUsagePurpose::ClientAuth)
+    }
+}
+
+// ---------------------------------------------------------------- hub
+
+fn data_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "scale-agent-hub-test-{name}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+async fn start_hub(pki: &Pki, dir: &Path, tweak: impl FnOnce(&mut Config)) -> RunningHub {
+    let mut config = Config::new(
+        GrpcSecurity::MutualTls(TlsMaterial {
+            cert_pem: pki.server_cert_pem.clone().into_bytes(),
+            key_pem: pki.server_key_pem.clone().into_bytes(),
+            client_ca_pem: pki.ca_pem.clone().into_bytes(),
+        }),
+        dir,
+    );
+    config.grpc_addr = "127.0.0.1:0".parse().unwrap();
+    config.http_addr = "127.0.0.1:0".parse().unwrap();
+    tweak(&mut config);
+    scale_agent_hub::start(config).await.unwrap()
+}
+
+/// GET over a raw HTTP/1.1 connection: (status, body).
+async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: hub\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(WAIT, stream.read_to_end(&mut raw))
+        .await
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        let mut out = String::new();
+        let mut rest = body;
+        loop {
+            let (size, after) = rest.split_once("\r\n").unwrap();
+            let size = usize::from_str_radix(size.trim(), 16).unwrap();
+            if size == 0 {
+                break;
+            }
+            out.push_str(&after[..size]);
+            rest = &after[size + 2..];
+        }
+        out
+    } else {
+        body.to_string()
+    };
+    (status, body)
+}
+
+async fn get_json(addr: SocketAddr, path: &str) -> (u16, Value) {
+    let (status, body) = get(addr, path).await;
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+async fn object_names(hub: &RunningHub, query: &str) -> Vec<String> {
+    let (status, v) = get_json(hub.http_addr, &format!("/api/v1/accounts/{query}")).await;
+    assert_eq!(status, 200, "{v}");
+    let mut names: Vec<String> = v["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["metadata"]["name"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+// ---------------------------------------------------------------- fake agent
+
+struct FakeAgent {
+    tx: mpsc::Sender<pb::AgentMessage>,
+    rx: Streaming<pb::HubMessage>,
+    seq: u64,
+    acked: u64,
+    assignments: VecDeque<pb::AccountAssignment>,
+    heartbeats: usize,
+    welcome: Option<pb::Welcome>,
+}
+
+async fn open_stream(
+    hub: &RunningHub,
+    pki_ca_pem: &str,
+    client: Option<(String, String)>,
+) -> Result<FakeAgent, Status> {
+    let mut tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(pki_ca_pem))
+        .domain_name("localhost");
+    if let Some((cert, key)) = client {
+        tls = tls.identity(Identity::from_pem(cert, key));
+    }
+    let endpoint = Endpoint::from_shared(format!("https://127.0.0.1:{}", hub.grpc_addr.port()))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap();
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| Status::unavailable(format!("connect: {e:?}")))?;
+    let (tx, rx) = mpsc::channel(64);
+    let response = AgentHubClient::new(channel)
+        .session(ReceiverStream::new(rx))
+        .await?;
+    Ok(FakeAgent {
+        tx,
+        rx: response.into_inner(),
+        seq: 0,
+        acked: 0,
+        assignments: VecDeque::new(),
+        heartbeats: 0,
+        welcome: None,
+    })
+}
+
+/// Connects and says Hello; returns the agent after Welcome.
+async fn agent(hub: &RunningHub, pki: &Pki, identity: &str, replica: &str) -> FakeAgent {
+    let mut a = open_stream(hub, &pki.ca_pem, Some(pki.client(identity)))
+        .await
+        .unwrap();
+    a.send(Msg::Hello(pb::Hello {
+        replica: replica.into(),
+        agent_version: "test".into(),
+        capabilities: vec![],
+    }))
+    .await;
+    while a.welcome.is_none() {
+        a.pump().await.unwrap();
+    }
+    a
+}
+
+impl FakeAgent {
+    async fn send(&mut self, kind: Msg) -> u64 {
+        self.seq += 1;
+        self.send_raw(pb::AgentMessage {
+            seq: self.seq,
+            kind: Some(kind),
+        })
+        .await;
+        self.seq
+    }
+
+    async fn send_raw(&mut self, msg: pb::AgentMessage) {
+        self.tx.send(msg).await.unwrap();
+    }
+
+    /// Reads one message and files it; Err when the stream ended.
+    async fn pump(&mut self) -> Result<(), Status> {
+        let msg = tokio::time::timeout(WAIT, self.rx.message())
+            .await
+            .map_err(|_| Status::deadline_exceeded("test: nothing from the hub"))??
+            .ok_or_else(|| Status::ok("stream ended"))?;
+        match msg.kind {
+            Some(Out::Welcome(w)) => self.welcome = Some(w),
+            Some(Out::Assignment(a)) => self.assignments.push_back(a),
+            Some(Out::Ack(ack)) => {
+                assert!(ack.seq >= self.acked, "acks go backwards");
+                self.acked = ack.seq;
+            }
+            Some(Out::Heartbeat(_)) => self.heartbeats += 1,
+            None => panic!("empty hub message"),
+        }
+        Ok(())
+    }
+
+    async fn assignment(&mut self) -> pb::AccountAssignment {
+        loop {
+            if let Some(a) = self.assignments.pop_front() {
+                return a;
+            }
+            self.pump().await.unwrap();
+        }
+    }
+
+    /// Waits until everything sent is acknowledged.
+    async fn synced(&mut self) {
+        while self.acked < self.seq {
+            self.pump().await.unwrap();
+        }
+    }
+
+    /// Waits for the stream to end with an error status.
+    async fn error(&mut self) -> Status {
+        loop {
+            if let Err(status) = self.pump().await {
+                return status;
+            }
+        }
+    }
+
+    async fn register(&mut self, account: &str, host: &str) -> pb::AccountAssignment {
+        self.send(Msg::RegisterAccount(pb::RegisterAccount {
+            account: account.into(),
+            cluster: Some(pb::ClusterInfo {
+                api_server_host: host.into(),
+                ca_fingerprint: "0a1b".into(),
+                kubernetes_version: "v1.37.1".into(),
+            }),
+            namespaces: vec![],
+            properties_json: br#"{"kinds":["ConfigMap"]}"#.to_vec(),
+        }))
+        .await;
+        let a = self.assignment().await;
+        assert_eq!(a.account, account);
+        a
+    }
+
+    async fn snapshot(&mut self, account: &str, objects: &[(&str, &str)], rv: &str) {
+        self.send(Msg::SnapshotBegin(pb::SnapshotBegin {
+            account: account.into(),
+            kind: Some(configmaps()),
+            watch_namespace: String::new(),
+        }))
+        .await;
+        for (name, orv) in objects {
+            self.send(cm_event(account, EventType::Applied, name, orv, "web"))
+                .await;
+        }
+        self.send(Msg::SnapshotEnd(pb::SnapshotEnd {
+            account: account.into(),
+            kind: Some(configmaps()),
+            resource_version: rv.into(),
+            object_count: objects.len() as u64,
+            watch_namespace: String::new(),
+        }))
+        .await;
+    }
+}
+
+fn configmaps() -> pb::Kind {
+    pb::Kind {
+        group: String::new(),
+        version: "v1".into(),
+        kind: "ConfigMap".into(),
+        plural: "configmaps".into(),
+        namespaced: true,
+    }
+}
+
+fn cm_event(account: &str, t: EventType, name: &str, rv: &str, app: &str) -> Msg {
+    Msg::Object(pb::ObjectEvent {
+        account: account.into(),
+        kind: Some(configmaps()),
+        r#type: t as i32,
+        namespace: "default".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        resource_version: rv.into(),
+        object_json: serde_json::to_vec(&serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": name,
+                "namespace": "default",
+                "uid": format!("uid-{name}"),
+                "resourceVersion": rv,
+                "labels": { "app": app },
+            },
+            "data": { "rv": rv },
+        }))
+        .unwrap(),
+        truncated: false,
+        watch_namespace: String::new(),
+    })
+}
+
+fn role(a: &pb::AccountAssignment) -> Role {
+    Role::try_from(a.role).unwrap()
+}
+
+async fn wait_for(mut check: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "condition not met in time"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+// ---------------------------------------------------------------- tests
+
+#[tokio::test]
+async fn snapshot_deltas_and_http_api() {
+    let pki = Pki::new();
+    let dir = data_dir("api");
+    let hub = start_hub(&pki, &dir, |_| {}).await;
+    let mut a = agent(&hub, &pki, "agent-a.test", "pod-1").await;
+    let welcome = a.welcome.clone().unwrap();
+    assert_eq!(welcome.identity, "agent-a.test");
+    assert_eq!(welcome.heartbeat_period_seconds, 15);
+    assert_eq!(welcome.max_unacked, 1000);
+    assert_eq!(welcome.max_object_bytes, 2 * 1024 * 1024);
+    assert_eq!(a.acked, 0);
+    a.synced().await; // Hello is acknowledged too.
+
+    let assignment = a.register("prod", "https://10.0.0.1:6443").await;
+    assert_eq!(role(&assignment), Role::Streaming);
+    assert!(assignment.resume_points.is_empty());
+
+    a.send(Msg::KindStatus(pb::KindStatus {
+        account: "prod".into(),
+        kind: Some(configmaps()),
+        state: KindState::Watching as i32,
+        message: String::new(),
+        namespaces: vec![],
+    }))
+    .await;
+    a.send(Msg::KindStatus(pb::KindStatus {
+        account: "prod".into(),
+        kind: Some(pb::Kind {
+            group: String::new(),
+            version: "v1".into(),
+            kind: "Secret".into(),
+            plural: "secrets".into(),
+            namespaced: true,
+        }),
+        state: KindState::Forbidden as i32,
+        message: "secrets is forbidden: User cannot list".into(),
+        namespaces: vec![],
+    }))
+    .await;
+    a.snapshot("prod", &[("one", "5"), ("two", "6"), ("three", "7")], "10")
+        .await;
+    a.synced().await;
+    // Ack comes after apply: the objects are visible now.
+    assert_eq!(
+        object_names(&hub, "prod/objects?kind=configmaps").await,
+        ["one", "three", "two"]
+    );
+
+    // Deltas: modify, add, delete.
+    a.send(cm_event("prod", EventType::Applied, "one", "11", "db"))
+        .await;
+    a.send(cm_event("prod", EventType::Applied, "four", "12", "web"))
+        .await;
+    a.send(cm_event("prod", EventType::Deleted, "two", "13", "web"))
+        .await;
+    a.synced().await;
+    assert_eq!(
+        object_names(&hub, "prod/objects?kind=ConfigMap").await,
+        ["four", "one", "three"]
+    );
+    assert_eq!(
+        object_names(
+            &hub,
+            "prod/objects?kind=core/configmaps&labelSelector=app%3Dweb"
+        )
+        .await,
+        ["four", "three"]
+    );
+    assert_eq!(
+        object_names(
+            &hub,
+            "prod/objects?labelSelector=app!%3Dweb,app&namespace=default"
+        )
+        .await,
+        ["one"]
+    );
+    assert!(
+        object_names(&hub, "prod/objects?namespace=other")
+            .await
+            .is_empty()
+    );
+
+    // Idempotent replay: old versions of "one" and of the deleted "two" change nothing.
+    a.send(cm_event("prod", EventType::Applied, "one", "5", "web"))
+        .await;
+    a.send(cm_event("prod", EventType::Applied, "two", "6", "web"))
+        .await;
+    a.synced().await;
+    let (_, v) = get_json(
+        hub.http_addr,
+        "/api/v1/accounts/prod/objects?kind=configmaps",
+    )
+    .await;
+    let one = v["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["metadata"]["name"] == "one")
+        .unwrap();
+    assert_eq!(one["metadata"]["resourceVersion"], "11");
+    assert_eq!(
+        object_names(&hub, "prod/objects").await,
+        ["four", "one", "three"]
+    );
+
+    // Bookmark then a new snapshot prunes what was not re-sent.
+    a.send(Msg::Bookmark(pb::Bookmark {
+        account: "prod".into(),
+        kind: Some(configmaps()),
+        resource_version: "20".into(),
+        watch_namespace: String::new(),
+    }))
+    .await;
+    a.snapshot("prod", &[("three", "7"), ("five", "25")], "30")
+        .await;
+    a.synced().await;
+    assert_eq!(object_names(&hub, "prod/objects").await, ["five", "three"]);
+
+    // Accounts and agents.
+    let (status, acc) = get_json(hub.http_addr, "/api/v1/accounts/prod").await;
+    assert_eq!(status, 200);
+    assert_eq!(acc["state"], "connected");
+    assert_eq!(acc["cluster"]["apiServerHost"], "https://10.0.0.1:6443");
+    assert_eq!(acc["cluster"]["kubernetesVersion"], "v1.37.1");
+    assert_eq!(acc["streaming"]["identity"], "agent-a.test");
+    assert_eq!(acc["streaming"]["replica"], "pod-1");
+    assert_eq!(acc["objectCounts"]["ConfigMap"], 2);
+    assert_eq!(acc["properties"]["kinds"][0], "ConfigMap");
+    let kinds = acc["kinds"].as_array().unwrap();
+    let secret = kinds.iter().find(|k| k["kind"] == "Secret").unwrap();
+    assert_eq!(secret["state"], "FORBIDDEN");
+    assert_eq!(secret["message"], "secrets is forbidden: User cannot list");
+    let cm = kinds.iter().find(|k| k["kind"] == "ConfigMap").unwrap();
+    assert_eq!(cm["state"], "WATCHING");
+    assert_eq!(cm["resumePoints"][0]["resourceVersion"], "30");
+    let (_, list) = get_json(hub.http_addr, "/api/v1/accounts").await;
+    assert_eq!(list.as_array().unwrap().len(), 1);
+    let (_, agents) = get_json(hub.http_addr, "/api/v1/agents").await;
+    assert_eq!(agents[0]["identity"], "agent-a.test");
+    assert_eq!(agents[0]["accounts"][0]["name"], "prod");
+    assert_eq!(agents[0]["accounts"][0]["role"], "STREAMING");
+    assert!(agents[0]["connectedSince"].as_str().unwrap().ends_with('Z'));
+
+    // Errors of the API.
+    assert_eq!(get(hub.http_addr, "/api/v1/accounts/nope").await.0, 404);
+    let (status, body) = get(hub.http_addr, "/api/v1/accounts/prod/objects?kind=pods").await;
+    assert_eq!(status, 404);
+    assert!(body.contains("ConfigMap"), "{body}");
+    assert_eq!(
+        get(
+            hub.http_addr,
+            "/api/v1/accounts/prod/objects?labelSelector=a%20b"
+        )
+        .await
+        .0,
+        400
+    );
+
+    // Health and metrics.
+    assert_eq!(get(hub.http_addr, "/healthz").await.0, 200);
+    assert_eq!(get(hub.http_addr, "/readyz").await.0, 200);
+    let (status, metrics) = get(hub.http_addr, "/metrics").await;
+    assert_eq!(status, 200);
+    for line in [
+        "scale_agent_hub_connected_agents 1",
+        "scale_agent_hub_accounts 1",
+        "scale_agent_hub_objects_cached 2",
+        "scale_agent_hub_relists_total 2",
+        "scale_agent_hub_events_received_total{type=\"object\"}",
+        "scale_agent_hub_bytes_received_total",
+        "scale_agent_hub_resumes_total 0",
+    ] {
+        assert!(metrics.contains(line), "{line} missing in\n{metrics}");
+    }
+
+    // An oversized object arrives truncated: the hub keeps its metadata.
+    let Msg::Object(mut ev) = cm_event("prod", EventType::Applied, "big", "40", "web") else {
+        unreachable!()
+    };
+    ev.truncated = true;
+    ev.object_json.clear();
+    a.send(Msg::Object(ev)).await;
+    a.synced().await;
+    let (_, v) = get_json(
+        hub.http_addr,
+        "/api/v1/accounts/prod/objects?kind=configmaps",
+    )
+    .await;
+    let big = v["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["metadata"]["name"] == "big")
+        .unwrap()
+        .clone();
+    assert_eq!(big["metadata"]["resourceVersion"], "40");
+    assert_eq!(
+        big["metadata"]["annotations"]["scaleagent.dev/truncated"],
+        "true"
+    );
+    assert_eq!(big["kind"], "ConfigMap");
+
+    // A kind no longer watched: its objects and resume points go.
+    a.send(Msg::KindStatus(pb::KindStatus {
+        account: "prod".into(),
+        kind: Some(configmaps()),
+        state: KindState::Stopped as i32,
+        message: String::new(),
+        namespaces: vec![],
+    }))
+    .await;
+    a.synced().await;
+    assert!(
+        object_names(&hub, "prod/objects?kind=configmaps")
+            .await
+            .is_empty()
+    );
+    let (_, acc) = get_json(hub.http_addr, "/api/v1/accounts/prod").await;
+    let cm = acc["kinds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["kind"] == "ConfigMap")
+        .unwrap()
+        .clone();
+    assert_eq!(cm["state"], "STOPPED");
+    assert_eq!(cm["resumePoints"], serde_json::json!([]));
+
+    hub.shutdown().await.unwrap();
+    // The agent is told the hub is going away.
+    assert_eq!(a.error().await.code(), Code::Unavailable);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn standby_is_promoted_with_resume_points() {
+    let pki = Pki::new();
+    let dir = data_dir("ha");
+    let hub = start_hub(&pki, &dir, |_| {}).await;
+    let mut a = agent(&hub, &pki, "agent-a.test", "pod-1").await;
+    assert_eq!(
+        role(&a.register("prod", "https://h:6443").await),
+        Role::Streaming
+    );
+    a.snapshot("prod", &[("one", "5")], "100").await;
+    a.synced().await;
+
+    // Another replica (here another identity) of the same cluster: STANDBY.
+    let mut b = agent(&hub, &pki, "agent-b.test", "pod-2").await;
+    assert_eq!(
+        role(&b.register("prod", "https://h:6443").await),
+        Role::Standby
+    );
+    // A standby may not stream.
+    let (_, acc) = get_json(hub.http_addr, "/api/v1/accounts/prod").await;
+    assert_eq!(acc["standbys"][0]["identity"], "agent-b.test");
+
+    // a starts a new snapshot but never ends it: it is discarded.
+    a.send(Msg::SnapshotBegin(pb::SnapshotBegin {
+        account: "prod".into(),
+        kind: Some(configmaps()),
+        watch_namespace: String::new(),
+    }))
+    .await;
+    a.send(cm_event("prod", EventType::Applied, "ghost", "150", "web"))
+        .await;
+    a.synced().await;
+    assert_eq!(object_names(&hub, "prod/objects").await, ["one"]);
+
+    // The streaming replica goes away: b is promoted with the hub's resume points.
+    drop(a);
+    let promoted = b.assignment().await;
+    assert_eq!(role(&promoted), Role::Streaming);
+    assert_eq!(promoted.resume_points.len(), 1);
+    assert_eq!(promoted.resume_points[0].resource_version, "100");
+    assert_eq!(
+        promoted.resume_points[0].kind.as_ref().unwrap().plural,
+        "configmaps"
+    );
+    // b streams a delta from there.
+    b.send(cm_event("prod", EventType::Applied, "two", "101", "web"))
+        .await;
+    b.synced().await;
+    assert_eq!(object_names(&hub, "prod/objects").await, ["one", "two"]);
+    let (_, acc) = get_json(hub.http_addr, "/api/v1/accounts/prod").await;
+    assert_eq!(acc["streaming"]["identity"], "agent-b.test");
+    assert_eq!(acc["standbys"].as_array().unwrap().len(), 0);
+    let (_, metrics) = get(hub.http_addr, "/metrics").await;
+    assert!(
+        metrics.contains("scale_agent_hub_resumes_total 1"),
+        "{metrics}"
+    );
+
+    // A newer stream from the same identity and replica replaces the older one.
+    let mut b2 = agent(&hub, &pki, "agent-b.test", "pod-2").await;
+    let status = b.error().await;
+    assert_eq!(status.code(), Code::Aborted);
+    assert!(
+        status.message().contains("replaced"),
+        "{}",
+        status.message()
+    );
+    let again = b2.register("prod", "https://h:6443").await;
+    assert_eq!(role(&again), Role::Streaming);
+    assert_eq!(again.resume_points[0].resource_version, "101");
+
+    hub.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn other_cluster_and_disallowed_identity_are_rejected() {
+    let pki = Pki::new();
+    let dir = data_dir("reject");
+    let hub = start_hub(&pki, &dir, |c| {
+        c.allow = vec![
+            AllowRule::parse("agent-a.test=prod*").unwrap(),
+            AllowRule::parse("agent-b.test=*").unwrap(),
+            AllowRule::parse("agent-c.test=dev").unwrap(),
+        ];
+    })
+    .await;
+    let mut a = agent(&hub, &pki, "agent-a.test", "pod-1").await;
+    assert_eq!(
+        role(&a.register("prod", "https://one:6443").await),
+        Role::Streaming
+    );
+    a.snapshot("prod", &[("one", "5")], "10").await;
+    a.synced().await;
+
+    let mut b = agent(&hub, &pki, "agent-b.test", "pod-1").await;
+    let rejected = b.register("prod", "https://two:6443").await;
+    assert_eq!(role(&rejected), Role::Rejected);
+    assert!(
+        rejected.reason.contains("https://one:6443"),
+        "{}",
+        rejected.reason
+    );
+    assert!(
+        rejected.reason.contains("https://two:6443"),
+        "{}",
+        rejected.reason
+    );
+
+    let mut c = agent(&hub, &pki, "agent-c.test", "pod-1").await;
+    let rejected = c.register("prod-2", "https://three:6443").await;
+    assert_eq!(role(&rejected), Role::Rejected);
+    assert!(rejected.reason.contains("--allow"), "{}", rejected.reason);
+    assert_eq!(
+        role(&c.register("dev", "https://three:6443").await),
+        Role::Streaming
+    );
+
+    // The rejected agent cannot write into the account anyway.
+    b.send(cm_event("prod", EventType::Deleted, "one", "11", "web"))
+        .await;
+    let status = b.error().await;
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert!(
+        status.message().contains("\"prod\""),
+        "{}",
+        status.message()
+    );
+    assert_eq!(object_names(&hub, "prod/objects").await, ["one"]);
+    let (_, acc) = get_json(hub.http_addr, "/api/v1/accounts/prod").await;
+    assert_eq!(acc["cluster"]["apiServerHost"], "https://one:6443");
+
+    hub.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn clients_without_a_trusted_certificate_cannot_connect() {
+    let pki = Pki::new();
+    let dir = data_dir("untrusted");
+    let hub = start_hub(&pki, &dir, |_| {}).await;
+
+    async fn try_hello(hub: &RunningHub, ca_pem: &str, client: Option<(String, String)>) -> bool {
+        let Ok(mut a) = open_stream(hub, ca_pem, client).await else {
+            return false;
+        };
+        a.send(Msg::Hello(pb::Hello::default())).await;
+        while a.welcome.is_none() {
+            if a.pump().await.is_err() {
+                return false;
+            }
+        }
+        true
+    }
+
+    assert!(!try_hello(&hub, &pki.ca_pem, None).await);
+    let other = ca("another-ca");
+    let foreign = leaf(
+        &other,
+        &["agent-x.test"],
+        ExtendedKeyUsagePurpose::ClientAuth,
+    );
+    assert!(!try_hello(&hub, &pki.ca_pem, Some(foreign)).await);
+    // And a proper one can.
+    assert!(try_hello(&hub, &pki.ca_pem, Some(pki.client("agent-a.test"))).await);
+
+    hub.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn restart_keeps_objects_resume_points_and_bindings() {
+    let pki = Pki::new();
+    let dir = data_dir("restart");
+    let hub = start_hub(&pki, &dir, |_| {}).await;
+    let mut a = agent(&hub, &pki, "agent-a.test", "pod-1").await;
+    a.register("prod", "https://one:6443").await;
+    a.snapshot("prod", &[("one", "5"), ("two", "6")], "10")
+        .await;
+    a.send(cm_event("prod", EventType::Applied, "three", "12", "web"))
+        .await;
+    a.send(Msg::Bookmark(pb::Bookmark {
+        account: "prod".into(),
+        kind: Some(configmaps()),
+        resource_version: "15".into(),
+        watch_namespace: String::new(),
+    }))
+    .await;
+    a.synced().await;
+    hub.shutdown().await.unwrap();
+    drop(a);
+
+    let hub = start_hub(&pki, &dir, |_| {}).await;
+    // The cache is served before any agent is back.
+    assert_eq!(
+        object_names(&hub, "prod/objects").await,
+        ["one", "three", "two"]
+    );
+    let (_, acc) = get_json(hub.http_addr, "/api/v1/accounts/prod").await;
+    assert_eq!(acc["state"], "disconnected");
+    assert!(acc["disconnectedSince"].is_string());
+    // The binding survived.
+    let mut b = agent(&hub, &pki, "agent-b.test", "pod-1").await;
+    assert_eq!(
+        role(&b.register("prod", "https://two:6443").await),
+        Role::Rejected
+    );
+    // The same cluster resumes where it left off: no relist.
+    let mut a = agent(&hub, &pki, "agent-a.test", "pod-1").await;
+    let assignment = a.register("prod", "https://one:6443").await;
+    assert_eq!(role(&assignment), Role::Streaming);
+    assert_eq!(assignment.resume_points.len(), 1);
+    assert_eq!(assignment.resume_points[0].resource_version, "15");
+    assert_eq!(assignment.resume_points[0].watch_namespace, "");
+    let (_, metrics) = get(hub.http_addr, "/metrics").await;
+    assert!(
+        metrics.contains("scale_agent_hub_resumes_total 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("scale_agent_hub_relists_total 0"),
+        "{metrics}"
+    );
+
+    hub.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn grace_period_removes_accounts_without_agents() {
+    let pki = Pki::new();
+    let dir = data_dir("grace");
+    let hub = start_hub(&pki, &dir, |c| c.grace_period = Duration::from_millis(1500)).await;
+    let mut a = agent(&hub, &pki, "agent-a.test", "pod-1").await;
+    a.register("prod", "https://one:6443").await;
+    a.snapshot("prod", &[("one", "5")], "10").await;
+    a.synced().await;
+    drop(a);
+    // Reconnecting within the grace period keeps the account and its cache.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut a = agent(&hub, &pki, "agent-a.test", "pod-1").await;
+    let assignment = a.register("prod", "https://one:6443").await;
+    assert_eq!(assignment.resume_points[0].resource_version, "10");
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert_eq!(object_names(&hub, "prod/objects").await, ["one"]);
+
+    drop(a);
+    let addr = hub.http_addr;
+    wait_for(async || get(addr, "/api/v1/accounts/prod").await.0 == 404).await;
+    let (_, list) = get_json(addr, "/api/v1/accounts").await;
+    assert_eq!(list, serde_json::json!([]));
+    // Gone from the store too, and the name is free for another cluster.
+    hub.shutdown().await.unwrap();
+    let hub = start_hub(&pki, &dir, |_| {}).await;
+    assert_eq!(get(hub.http_addr, "/api/v1/accounts/prod").await.0, 404);
+    let mut b = agent(&hub, &pki, "agent-b.test", "pod-1").await;
+    let assignment = b.register("prod", "https://two:6443").await;
+    assert_eq!(role(&assignment), Role::Streaming);
+    assert!(assignment.resume_points.is_empty());
+    hub.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn malformed_messages_end_only_the_offending_stream() {
+    let pki = Pki::new();
+    let dir = data_dir("malformed");
+    let hub = start_hub(&pki, &dir, |_| {}).await;
+    let mut good = agent(&hub, &pki, "agent-good.test", "pod-1").await;
+    good.register("prod", "https://one:6443").await;
+    good.snapshot("prod", &[("one", "5")], "10").await;
+    good.synced().await;
+
+    // First message not Hello.
+    let mut bad = open_stream(&hub, &pki.ca_pem, Some(pki.client("agent-bad.test")))
+        .await
+        .unwrap();
+    bad.send(Msg::Heartbeat(pb::Heartbeat::default())).await;
+    let status = bad.error().await;
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert!(
+        status.message().contains("must be Hello"),
+        "{}",
+        status.message()
+    );
+
+    // Sequence number skipped.
+    let mut bad = agent(&hub, &pki, "agent-bad.test", "pod-1").await;
+    bad.send_raw(pb::AgentMessage {
+        seq: 5,
+        kind: Some(Msg::Heartbeat(pb::Heartbeat::default())),
+    })
+    .await;
+    let status = bad.error().await;
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(
+        status.message().contains("expected 2"),
+        "{}",
+        status.message()
+    );
+
+    // SnapshotEnd without SnapshotBegin.
+    let mut bad = agent(&hub, &pki, "agent-bad.test", "pod-1").await;
+    bad.register("other", "https://two:6443").await;
+    bad.send(Msg::SnapshotEnd(pb::SnapshotEnd {
+        account: "other".into(),
+        kind: Some(configmaps()),
+        resource_version: "3".into(),
+        object_count: 0,
+        watch_namespace: String::new(),
+    }))
+    .await;
+    let status = bad.error().await;
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert!(
+        status.message().contains("without a SnapshotBegin"),
+        "{}",
+        status.message()
+    );
+
+    // An event for an account this stream did not register (someone else's).
+    let mut bad = agent(&hub, &pki, "agent-bad.test", "pod-1").await;
+    bad.send(cm_event("prod", EventType::Deleted, "one", "99", "web"))
+        .await;
+    let status = bad.error().await;
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert!(
+        status.message().contains("did not register"),
+        "{}",
+        status.message()
+    );
+
+    // A payload that is not JSON.
+    let mut bad = agent(&hub, &pki, "agent-bad.test", "pod-1").await;
+    bad.register("other", "https://two:6443").await;
+    let Msg::Object(mut ev) = cm_event("other", EventType::Applied, "x", "1", "web") else {
+        unreachable!()
+    };
+    ev.object_json = b"{not json".to_vec();
+    bad.send(Msg::Object(ev)).await;
+    let status = bad.error().await;
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(
+        status.message().contains("not a JSON object"),
+        "{}",
+        status.message()
+    );
+
+    // The good agent's account is untouched and its stream still works.
+    assert_eq!(object_names(&hub, "prod/objects").await, ["one"]);
+    good.send(cm_event("prod", EventType::Applied, "two", "11", "web"))
+        .await;
+    good.synced().await;
+    assert_eq!(object_names(&hub, "prod/objects").await, ["one", "two"]);
+    let (_, acc) = get_json(hub.http_addr, "/api/v1/accounts/prod").await;
+    assert_eq!(acc["streaming"]["identity"], "agent-good.test");
+
+    hub.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn silent_streams_are_ended_after_two_heartbeat_periods() {
+    let pki = Pki::new();
+    let dir = data_dir("silent");
+    let hub = start_hub(&pki, &dir, |c| c.heartbeat_period = Duration::from_secs(1)).await;
+    let mut a = agent(&hub, &pki, "agent-a.test", "pod-1").await;
+    assert_eq!(a.welcome.as_ref().unwrap().heartbeat_period_seconds, 1);
+    let started = std::time::Instant::now();
+    let status = a.error().await;
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    assert!(started.elapsed() >= Duration::from_millis(1500));
+    assert!(a.heartbeats >= 1, "the hub sends heartbeats");
+    let (_, agents) = get_json(hub.http_addr, "/api/v1/agents").await;
+    assert_eq!(agents, serde_json::json!([]));
+    hub.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn insecure_plaintext_mode_serves_anonymous_agents() {
+    let dir = data_dir("plaintext");
+    let mut config = Config::new(GrpcSecurity::InsecurePlaintext, &dir);
+    config.grpc_addr = "127.0.0.1:0".parse().unwrap();
+    config.http_addr = "127.0.0.1:0".parse().unwrap();
+    let hub = scale_agent_hub::start(config).await.unwrap();
+    let channel = Endpoint::from_shared(format!("http://{}", hub.grpc_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let (tx, rx) = mpsc::channel(8);
+    let mut inbound = AgentHubClient::new(channel)
+        .session(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    tx.send(pb::AgentMessage {
+        seq: 1,
+        kind: Some(Msg::Hello(pb::Hello {
+            replica: "r".into(),
+            ..Default::default()
+        })),
+    })
+    .await
+    .unwrap();
+    let first = inbound.message().await.unwrap().unwrap();
+    let Some(Out::Welcome(welcome)) = first.kind else {
+        panic!("expected Welcome, got {first:?}")
+    };
+    assert_eq!(welcome.identity, scale_agent_hub::identity::ANONYMOUS);
+    hub.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,346 @@
+//! The two controllers, their shared context, and the per-object retry backoff.
+
+pub mod agent_account;
+pub mod scale_agent;
+
+use std::{
+    collections::HashMap,
+    pin::Pin,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::{
+    apps::v1::Deployment,
+    core::v1::{ConfigMap, ObjectReference, Secret, ServiceAccount},
+    rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
+};
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::ListParams,
+    runtime::{
+        Controller,
+        events::{Event, EventType, Recorder, Reporter},
+        reflector::{ObjectRef, Store},
+        watcher,
+    },
+};
+use scale_agent_crds::{AgentAccount, LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGED_BY, ScaleAgent};
+
+use crate::{
+    desired::OWNER_NAMESPACE_LABEL,
+    error::{Result, kube_err},
+    metrics::Metrics,
+    validate,
+};
+
+/// Settings of the controllers.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Overrides every ScaleAgent's `clientCertificate.lifetime` (whose schema minimum is
+    /// 1h). For tests of certificate renewal only.
+    pub certificate_lifetime_override: Option<Duration>,
+    /// Reconcile every object at least this often, even without changes.
+    pub resync: Duration,
+    /// First delay before retrying a failed (or degraded) object; doubles per failure.
+    pub retry_base: Duration,
+    /// Longest delay between retries of one object.
+    pub retry_max: Duration,
+    /// Name of this operator instance in Events (e.g. the pod name).
+    pub instance: Option<String>,
+    /// Watch ScaleAgents and AgentAccounts in this namespace only (account names are then
+    /// checked for duplicates within it); every namespace when unset.
+    pub namespace: Option<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            certificate_lifetime_override: None,
+            resync: Duration::from_secs(600),
+            retry_base: Duration::from_secs(2),
+            retry_max: Duration::from_secs(300),
+            instance: None,
+            namespace: None,
+        }
+    }
+}
+
+/// What every reconcile needs.
+pub struct Context {
+    /// API client.
+    pub client: Client,
+    /// Settings.
+    pub config: Config,
+    /// Publishes Events.
+    pub recorder: Recorder,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Consecutive failures per object (`Kind/namespace/name`), for exponential backoff.
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Context {
+    /// A context for `client`.
+    pub fn new(client: Client, config: Config, metrics: Arc<Metrics>) -> Self {
+        let reporter = Reporter {
+            controller: MANAGED_BY.into(),
+            instance: config.instance.clone(),
+        };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            config,
+            metrics,
+            failures: Mutex::default(),
+        }
+    }
+
+    /// Counts a failure of `key` and returns how long to wait before the next attempt:
+    /// `retry_base × 2^(failures-1)`, at most `retry_max`.
+    pub fn next_backoff(&self, key: &str) -> Duration {
+        let failures = match self.failures.lock() {
+            Ok(mut map) => {
+                let count = map.entry(key.to_owned()).or_insert(0);
+                *count = count.saturating_add(1);
+                *count
+            }
+            Err(_) => 1,
+        };
+        backoff_delay(self.config.retry_base, self.config.retry_max, failures)
+    }
+
+    /// An API for `K` in the watched namespace, or in all namespaces.
+    pub fn watched_api<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
+    {
+        match &self.config.namespace {
+            Some(namespace) => Api::namespaced(self.client.clone(), namespace),
+            None => Api::all(self.client.clone()),
+        }
+    }
+
+    /// Forgets the failures of `key` after a success.
+    pub fn reset_backoff(&self, key: &str) {
+        if let Ok(mut map) = self.failures.lock() {
+            map.remove(key);
+        }
+    }
+
+    /// Publishes an Event about `regarding`; a failure is logged, never returned.
+    pub async fn publish(
+        &self,
+        regarding: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let mut note = note;
+        if note.len() > 1000 {
+            let mut cut = 1000;
+            while !note.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            note.truncate(cut);
+        }
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: action.into(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, regarding).await {
+            tracing::warn!(%error, reason, "failed to publish event");
+        }
+    }
+}
+
+/// `base × 2^(failures-1)`, capped at `max`.
+pub fn backoff_delay(base: Duration, max: Duration, failures: u32) -> Duration {
+    let exponent = failures.saturating_sub(1).min(20);
+    base.saturating_mul(1 << exponent).min(max)
+}
+
+/// The ScaleAgent a labelled RBAC object belongs to.
+fn rbac_owner<K: Resource>(obj: &K) -> Option<ObjectRef<ScaleAgent>> {
+    let labels = obj.meta().labels.as_ref()?;
+    let name = labels.get(LABEL_INSTANCE)?;
+    let namespace = labels.get(OWNER_NAMESPACE_LABEL)?;
+    Some(ObjectRef::new(name).within(namespace))
+}
+
+type Shutdown = futures::future::Shared<Pin<Box<dyn Future<Output = ()> + Send + Sync>>>;
+
+/// Runs both controllers until `shutdown` completes. Fails only when the CRDs are not
+/// installed; errors of single objects are retried with backoff and never stop a controller.
+pub async fn run_controllers(
+    client: Client,
+    config: Config,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> Result<()> {
+    let ctx = Arc::new(Context::new(client.clone(), config, metrics));
+    let agents = ctx.watched_api::<ScaleAgent>();
+    let accounts = ctx.watched_api::<AgentAccount>();
+    for check in [
+        agents
+            .list(&ListParams::default().limit(1))
+            .await
+            .map(|_| ()),
+        accounts
+            .list(&ListParams::default().limit(1))
+            .await
+            .map(|_| ()),
+    ] {
+        check.map_err(kube_err(
+            "list ScaleAgents and AgentAccounts (are the CRDs installed? \
+             kubectl apply --server-side -f manifests/crds/)",
+        ))?;
+    }
+    let shutdown: Shutdown =
+        (Box::pin(shutdown) as Pin<Box<dyn Future<Output = ()> + Send + Sync>>).shared();
+
+    let account_controller =
+        Controller::new(accounts.clone(), watcher::Config::default().any_semantic());
+    let account_store = account_controller.store();
+    let agent_controller = scale_agent_controller(&ctx, account_store.clone(), shutdown.clone());
+    let account_controller = account_controller
+        .watches(agents, watcher::Config::default(), {
+            let store = account_store.clone();
+            move |agent: ScaleAgent| {
+                store
+                    .state()
+                    .into_iter()
+                    .filter(|a| validate::refers_to(a, &agent))
+                    .map(|a| ObjectRef::from_obj(&*a))
+                    .collect::<Vec<_>>()
+            }
+        })
+        .watches(accounts, watcher::Config::default(), {
+            let store = account_store.clone();
+            move |changed: AgentAccount| same_account_name(&store, &changed)
+        })
+        .graceful_shutdown_on(shutdown.clone());
+
+    let agents_done = agent_controller
+        .run(
+            scale_agent::reconcile,
+            scale_agent::error_policy,
+            ctx.clone(),
+        )
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "ScaleAgent controller event");
+            }
+        });
+    let accounts_done = account_controller
+        .run(agent_account::reconcile, agent_account::error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "AgentAccount controller event");
+            }
+        });
+    tracing::info!("controllers started");
+    futures::join!(agents_done, accounts_done);
+    tracing::info!("controllers stopped");
+    Ok(())
+}
+
+/// Accounts sharing `changed`'s Spinnaker account name: a change to one can change which of
+/// them is the duplicate.
+fn same_account_name(
+    store: &Store<AgentAccount>,
+    changed: &AgentAccount,
+) -> Vec<ObjectRef<AgentAccount>> {
+    let Some(name) = changed.account_name() else {
+        return Vec::new();
+    };
+    store
+        .state()
+        .into_iter()
+        .filter(|a| a.account_name() == Some(name))
+        .filter(|a| a.namespace() != changed.namespace() || a.name_any() != changed.name_any())
+        .map(|a| ObjectRef::from_obj(&*a))
+        .collect()
+}
+
+fn scale_agent_controller(
+    ctx: &Context,
+    account_store: Store<AgentAccount>,
+    shutdown: Shutdown,
+) -> Controller<ScaleAgent> {
+    let client = &ctx.client;
+    let owned = watcher::Config::default()
+        .labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"))
+        .any_semantic();
+    Controller::new(
+        ctx.watched_api::<ScaleAgent>(),
+        watcher::Config::default().any_semantic(),
+    )
+    .owns(ctx.watched_api::<Deployment>(), owned.clone())
+    .owns(ctx.watched_api::<ConfigMap>(), owned.clone())
+    .owns(ctx.watched_api::<Secret>(), owned.clone())
+    .owns(ctx.watched_api::<ServiceAccount>(), owned.clone())
+    .watches(
+        Api::<ClusterRole>::all(client.clone()),
+        owned.clone(),
+        |o| rbac_owner(&o),
+    )
+    .watches(
+        Api::<ClusterRoleBinding>::all(client.clone()),
+        owned.clone(),
+        |o| rbac_owner(&o),
+    )
+    .watches(Api::<Role>::all(client.clone()), owned.clone(), |o| {
+        rbac_owner(&o)
+    })
+    .watches(Api::<RoleBinding>::all(client.clone()), owned, |o| {
+        rbac_owner(&o)
+    })
+    .watches(
+        ctx.watched_api::<AgentAccount>(),
+        watcher::Config::default(),
+        move |account: AgentAccount| {
+            // Its own agent, and the agents of accounts whose duplicate status it may change.
+            let mut refs = vec![agent_of(&account)];
+            refs.extend(
+                same_account_name(&account_store, &account)
+                    .into_iter()
+                    .filter_map(|r| account_store.get(&r))
+                    .map(|a| agent_of(&a)),
+            );
+            refs.sort_by_key(|r| (r.namespace.clone(), r.name.clone()));
+            refs.dedup();
+            refs
+        },
+    )
+    .graceful_shutdown_on(shutdown)
+}
+
+fn agent_of(account: &AgentAccount) -> ObjectRef<ScaleAgent> {
+    let r = ObjectRef::new(&account.spec.agent_ref);
+    match account.namespace() {
+        Some(ns) => r.within(&ns),
+        None => r,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap() {
+        let base = Duration::from_secs(2);
+        let max = Duration::from_secs(60);
+        let delays: Vec<_> = (1..=7)
+            .map(|n| backoff_delay(base, max, n).as_secs())
+            .collect();
+        assert_eq!(delays, [2, 4, 8, 16, 32, 60, 60]);
+        assert_eq!(backoff_delay(base, max, u32::MAX), max);
+    }
+}

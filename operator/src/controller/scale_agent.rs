@@ -1,0 +1,595 @@
+//! The ScaleAgent reconcile: dereference (accounts, issuer, existing certificate) → build the
+//! desired objects (pure, `crate::desired`) → apply what changed → status and Events.
+
+use std::{
+    collections::BTreeSet,
+    sync::Arc,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use k8s_openapi::{
+    api::{
+        apps::v1::Deployment,
+        core::v1::{ConfigMap, Secret, ServiceAccount},
+        rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding},
+    },
+    apimachinery::pkg::apis::meta::v1::Time,
+    jiff::Timestamp,
+};
+use kube::{
+    Api, Resource, ResourceExt,
+    api::ListParams,
+    runtime::{
+        controller::Action,
+        events::EventType,
+        finalizer::{self, Event as Finalizer, finalizer},
+    },
+};
+use scale_agent_crds::{
+    AgentAccount, ScaleAgent,
+    conditions::{DEGRADED, READY, STATUS_TRUE},
+    v1alpha1::Mode,
+};
+
+use super::Context;
+use crate::{
+    apply::{Outcome, apply, delete_if_exists, list},
+    desired::{self, FINALIZER},
+    error::{Error, Result, is_not_found, kube_err},
+    pki::{self, Ca, Decision},
+    rbac,
+    status::{self, CertificateState, Observed, Problem},
+    validate,
+};
+
+const CONTROLLER: &str = "scaleagent";
+
+fn key(agent: &ScaleAgent) -> String {
+    format!(
+        "ScaleAgent/{}/{}",
+        agent.namespace().unwrap_or_default(),
+        agent.name_any()
+    )
+}
+
+/// Reconciles one ScaleAgent (the finalizer's apply or cleanup).
+pub async fn reconcile(agent: Arc<ScaleAgent>, ctx: Arc<Context>) -> Result<Action> {
+    let started = Instant::now();
+    let namespace = agent
+        .namespace()
+        .ok_or(Error::MissingField("metadata.namespace"))?;
+    let api = Api::<ScaleAgent>::namespaced(ctx.client.clone(), &namespace);
+    let result = finalizer(&api, FINALIZER, agent, |event| async {
+        match event {
+            Finalizer::Apply(agent) => apply_agent(&agent, &ctx).await,
+            Finalizer::Cleanup(agent) => cleanup(&agent, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)));
+    ctx.metrics.reconciled(CONTROLLER, started.elapsed());
+    result
+}
+
+/// Logs, counts, and retries the object with its own exponential backoff.
+pub fn error_policy(agent: Arc<ScaleAgent>, error: &Error, ctx: Arc<Context>) -> Action {
+    // Adding the finalizer races with a store that has not seen the previous add yet (the
+    // JSON patch's `test` fails with 422): not a failure, just look again.
+    if let Error::Finalizer(inner) = error
+        && let finalizer::Error::AddFinalizer(kube::Error::Api(status)) = inner.as_ref()
+        && (status.code == 422 || status.code == 409)
+    {
+        tracing::debug!(scaleagent = %key(&agent), "finalizer changed meanwhile; retrying");
+        return Action::requeue(Duration::from_secs(1));
+    }
+    ctx.metrics.failed(CONTROLLER, error);
+    let delay = ctx.next_backoff(&key(&agent));
+    tracing::warn!(scaleagent = %key(&agent), %error, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// The certificate outcome of one reconcile.
+struct CertificatePlan {
+    state: CertificateState,
+    secret: Option<Secret>,
+    issued: Option<&'static str>,
+}
+
+async fn plan_certificate(
+    agent: &ScaleAgent,
+    ctx: &Context,
+    secrets: &Api<Secret>,
+    now: i64,
+    problems: &mut Vec<Problem>,
+) -> Result<CertificatePlan> {
+    let namespace = agent.namespace().unwrap_or_default();
+    let mut fail = |reason: &'static str, message: String| {
+        problems.push(Problem {
+            reason,
+            message: message.clone(),
+        });
+        CertificatePlan {
+            state: CertificateState::Failed(message),
+            secret: None,
+            issued: None,
+        }
+    };
+    if agent.spec.hub.tls.insecure_plaintext {
+        return Ok(CertificatePlan {
+            state: CertificateState::NotRequired,
+            secret: None,
+            issued: None,
+        });
+    }
+    let Some(spec) = &agent.spec.client_certificate else {
+        return Ok(fail(
+            "ClientCertificateMissing",
+            "spec.clientCertificate is required: set clientCertificate.issuerSecretRef.name to \
+             the Secret holding the CA that signs agent certificates"
+                .into(),
+        ));
+    };
+    let Some(identity) = agent.client_identity() else {
+        return Err(Error::MissingField("metadata.name"));
+    };
+    let lifetime = match ctx.config.certificate_lifetime_override {
+        Some(lifetime) => lifetime,
+        None => match spec.lifetime() {
+            Ok(lifetime) => lifetime,
+            Err(e) => return Ok(fail("InvalidLifetime", e.to_string())),
+        },
+    };
+    let issuer = &spec.issuer_secret_ref;
+    let Some(issuer_secret) = secrets
+        .get_opt(&issuer.name)
+        .await
+        .map_err(kube_err(format!("get Secret {namespace}/{}", issuer.name)))?
+    else {
+        return Ok(fail(
+            "IssuerSecretNotFound",
+            format!(
+                "issuer Secret {} not found in namespace {namespace}: create it with the CA \
+                 certificate under {} and its PKCS#8 private key under {} (a kubernetes.io/tls \
+                 Secret fits), or fix spec.clientCertificate.issuerSecretRef",
+                issuer.name, issuer.cert_key, issuer.key_key
+            ),
+        ));
+    };
+    let field = |secret: &Secret, key: &str| -> Option<String> {
+        secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .and_then(|v| String::from_utf8(v.0.clone()).ok())
+    };
+    let (Some(ca_cert), Some(ca_key)) = (
+        field(&issuer_secret, &issuer.cert_key),
+        field(&issuer_secret, &issuer.key_key),
+    ) else {
+        return Ok(fail(
+            "IssuerSecretInvalid",
+            format!(
+                "issuer Secret {} in namespace {namespace} lacks key {} or {}: add the PEM CA \
+                 certificate and its PKCS#8 private key under them",
+                issuer.name, issuer.cert_key, issuer.key_key
+            ),
+        ));
+    };
+    let ca = match Ca::from_pem(&ca_cert, &ca_key) {
+        Ok(ca) => ca,
+        Err(reason) => {
+            return Ok(fail(
+                "IssuerSecretInvalid",
+                format!(
+                    "issuer Secret {} in namespace {namespace} cannot sign: {reason}",
+                    issuer.name
+                ),
+            ));
+        }
+    };
+    let existing = secrets
+        .get_opt(&desired::tls_secret_name(agent))
+        .await
+        .map_err(kube_err(format!(
+            "get Secret {namespace}/{}",
+            desired::tls_secret_name(agent)
+        )))?;
+    let existing_cert = existing.as_ref().and_then(|s| field(s, "tls.crt"));
+    let existing_key = existing.as_ref().and_then(|s| field(s, "tls.key"));
+    let decision = pki::decide(
+        &ca,
+        existing_cert.as_deref(),
+        existing_key.as_deref(),
+        &identity,
+        now,
+    );
+    let (cert_pem, key_pem, info, issued) = match (decision, existing_cert, existing_key) {
+        (Decision::Keep(info), Some(cert), Some(key)) => (cert, key, info, None),
+        (decision, _, _) => {
+            let reason = match decision {
+                Decision::Issue(reason) => reason,
+                Decision::Keep(_) => "NoCertificate",
+            };
+            let issued = ca
+                .issue(&identity, lifetime, now)
+                .map_err(Error::Certificate)?;
+            (issued.cert_pem, issued.key_pem, issued.info, Some(reason))
+        }
+    };
+    Ok(CertificatePlan {
+        state: CertificateState::Valid {
+            not_after: info.not_after,
+            renew_at: info.renew_at(),
+        },
+        secret: Some(desired::tls_secret(
+            agent,
+            &cert_pem,
+            &key_pem,
+            &ca.cert_pem,
+        )?),
+        issued,
+    })
+}
+
+/// The rules for the accepted ServiceAccount accounts.
+async fn plan_rules(
+    agent: &ScaleAgent,
+    ctx: &Context,
+    accepted: &[&AgentAccount],
+    cluster_scoped: bool,
+    problems: &mut Vec<Problem>,
+) -> Result<Vec<PolicyRule>> {
+    let mut watched = Vec::new();
+    for account in accepted {
+        let (kinds, omit_kinds) = desired::effective_kinds(agent, account);
+        let custom: Vec<(String, String)> = account
+            .spec
+            .custom_resources
+            .iter()
+            .map(|cr| (cr.kind.clone(), cr.group.clone()))
+            .collect();
+        match rbac::watched(&kinds, &omit_kinds, &custom) {
+            Ok(w) => watched.push(w),
+            Err(unknown) => problems.push(Problem {
+                reason: "UnknownKind",
+                message: format!(
+                    "AgentAccount {} names kinds the operator cannot map to API resources: {}; \
+                     write them as resource.group, e.g. servicemonitors.monitoring.coreos.com",
+                    account.name_any(),
+                    unknown.join(", ")
+                ),
+            }),
+        }
+    }
+    let groups = if watched.iter().any(|w| w.everything) {
+        ctx.client
+            .list_api_groups()
+            .await
+            .map_err(kube_err("discover API groups"))?
+            .groups
+            .into_iter()
+            .map(|g| g.name)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    Ok(rbac::rules(
+        &watched,
+        agent.spec.access == scale_agent_crds::v1alpha1::Access::Deploy,
+        cluster_scoped,
+        &groups,
+    ))
+}
+
+/// Applies the RBAC the scope asks for and removes the RBAC it no longer asks for.
+async fn reconcile_rbac(
+    agent: &ScaleAgent,
+    ctx: &Context,
+    accepted: &[&AgentAccount],
+    problems: &mut Vec<Problem>,
+    applied: &mut Vec<String>,
+) -> Result<()> {
+    let client = &ctx.client;
+    let name = desired::rbac_name(agent);
+    let selector = desired::rbac_selector(agent);
+    let agent_mode = agent.spec.mode == Mode::Agent;
+    let want_cluster = agent_mode && agent.spec.scope.is_cluster();
+    let want_namespaces: BTreeSet<String> = if agent_mode && !want_cluster {
+        agent.spec.scope.namespaces.iter().cloned().collect()
+    } else {
+        BTreeSet::new()
+    };
+    let cluster_roles = Api::<ClusterRole>::all(client.clone());
+    let cluster_bindings = Api::<ClusterRoleBinding>::all(client.clone());
+    if want_cluster {
+        let rules = plan_rules(agent, ctx, accepted, true, problems).await?;
+        let (role, binding) = desired::cluster_rbac(agent, rules);
+        note(
+            applied,
+            apply(&cluster_roles, &role).await?.1,
+            "ClusterRole",
+        );
+        note(
+            applied,
+            apply(&cluster_bindings, &binding).await?.1,
+            "ClusterRoleBinding",
+        );
+    } else {
+        delete_existing(&cluster_bindings, &name).await?;
+        delete_existing(&cluster_roles, &name).await?;
+    }
+    if !want_namespaces.is_empty() {
+        let rules = plan_rules(agent, ctx, accepted, false, problems).await?;
+        for namespace in &want_namespaces {
+            let (role, binding) = desired::namespaced_rbac(agent, namespace, rules.clone())?;
+            let roles = Api::<Role>::namespaced(client.clone(), namespace);
+            let bindings = Api::<RoleBinding>::namespaced(client.clone(), namespace);
+            match apply(&roles, &role).await {
+                Ok((_, outcome)) => note(applied, outcome, "Role"),
+                Err(Error::Kube { source, .. }) if is_not_found(&source) => {
+                    problems.push(Problem {
+                        reason: "NamespaceNotFound",
+                        message: format!(
+                            "namespace {namespace} in spec.scope.namespaces does not exist: \
+                             create it, or remove it from spec.scope.namespaces"
+                        ),
+                    });
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+            note(applied, apply(&bindings, &binding).await?.1, "RoleBinding");
+        }
+    }
+    // Roles left in namespaces the scope no longer lists (or all of them for Cluster scope).
+    let roles_everywhere = Api::<Role>::all(client.clone());
+    for role in list(&roles_everywhere, &selector).await? {
+        let namespace = role.namespace().unwrap_or_default();
+        if !want_namespaces.contains(&namespace) {
+            let api = Api::<Role>::namespaced(client.clone(), &namespace);
+            delete_if_exists(&api, &role.name_any()).await?;
+        }
+    }
+    let bindings_everywhere = Api::<RoleBinding>::all(client.clone());
+    for binding in list(&bindings_everywhere, &selector).await? {
+        let namespace = binding.namespace().unwrap_or_default();
+        if !want_namespaces.contains(&namespace) {
+            let api = Api::<RoleBinding>::namespaced(client.clone(), &namespace);
+            delete_if_exists(&api, &binding.name_any()).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Deletes a cluster-scoped object only when it exists (a read, not a write, otherwise).
+async fn delete_existing<K>(api: &Api<K>, name: &str) -> Result<()>
+where
+    K: Resource<DynamicType = ()> + serde::de::DeserializeOwned + Clone + std::fmt::Debug,
+{
+    if api
+        .get_metadata_opt(name)
+        .await
+        .map_err(kube_err(format!("get {} {name}", K::kind(&()))))?
+        .is_some()
+    {
+        delete_if_exists(api, name).await?;
+    }
+    Ok(())
+}
+
+fn note(applied: &mut Vec<String>, outcome: Outcome, what: &str) {
+    if outcome == Outcome::Applied {
+        applied.push(what.to_owned());
+    }
+}
+
+async fn apply_agent(agent: &ScaleAgent, ctx: &Context) -> Result<Action> {
+    let client = &ctx.client;
+    let namespace = agent.namespace().unwrap_or_default();
+    let key = key(agent);
+    let now = unix_now();
+    let mut problems = Vec::new();
+    let mut applied = Vec::new();
+
+    // Dereference: the accounts that name this agent, and which of them are accepted.
+    let all_accounts = ctx
+        .watched_api::<AgentAccount>()
+        .list(&ListParams::default())
+        .await
+        .map_err(kube_err("list AgentAccounts"))?
+        .items;
+    let secrets = Api::<Secret>::namespaced(client.clone(), &namespace);
+    let mut accepted: Vec<&AgentAccount> = Vec::new();
+    for account in all_accounts
+        .iter()
+        .filter(|a| validate::refers_to(a, agent) && a.meta().deletion_timestamp.is_none())
+    {
+        let kubeconfig = match &account.spec.credentials.kubeconfig_secret_ref {
+            Some(r) => secrets
+                .get_opt(&r.name)
+                .await
+                .map_err(kube_err(format!("get Secret {namespace}/{}", r.name)))?,
+            None => None,
+        };
+        if validate::check(account, Some(agent), &all_accounts, kubeconfig.as_ref()).is_ok() {
+            accepted.push(account);
+        }
+    }
+
+    let certificate = plan_certificate(agent, ctx, &secrets, now, &mut problems).await?;
+
+    // Apply, in dependency order.
+    let service_accounts = Api::<ServiceAccount>::namespaced(client.clone(), &namespace);
+    note(
+        &mut applied,
+        apply(&service_accounts, &desired::service_account(agent)?)
+            .await?
+            .1,
+        "ServiceAccount",
+    );
+    reconcile_rbac(agent, ctx, &accepted, &mut problems, &mut applied).await?;
+    let config = desired::agent_config(agent, &accepted);
+    let config_maps = Api::<ConfigMap>::namespaced(client.clone(), &namespace);
+    note(
+        &mut applied,
+        apply(&config_maps, &desired::config_map(agent, &config)?)
+            .await?
+            .1,
+        "ConfigMap",
+    );
+    if let Some(secret) = &certificate.secret {
+        note(&mut applied, apply(&secrets, secret).await?.1, "Secret");
+    }
+    let deployments = Api::<Deployment>::namespaced(client.clone(), &namespace);
+    let kubeconfig_secrets = desired::kubeconfig_secrets(&accepted);
+    let (deployment, outcome) = apply(
+        &deployments,
+        &desired::deployment(agent, &kubeconfig_secrets)?,
+    )
+    .await?;
+    note(&mut applied, outcome, "Deployment");
+
+    // Status.
+    let observed = Observed {
+        deployment: Some(&deployment),
+        certificate: certificate.state.clone(),
+        problems: problems.clone(),
+        accounts: i32::try_from(accepted.len()).unwrap_or(i32::MAX),
+    };
+    let new_status = status::scale_agent_status(agent, &observed, Time(Timestamp::now()));
+    let api = Api::<ScaleAgent>::namespaced(client.clone(), &namespace);
+    let wrote = status::patch_status(&api, agent, agent.status.as_ref(), &new_status).await?;
+    if !applied.is_empty() {
+        ctx.metrics
+            .writes
+            .get_or_create(&crate::metrics::ControllerLabels {
+                controller: CONTROLLER,
+            })
+            .inc();
+    }
+
+    // Events, on transitions only.
+    let reference = agent.object_ref(&());
+    if let Some(reason) = certificate.issued
+        && let CertificateState::Valid { not_after, .. } = &certificate.state
+    {
+        ctx.publish(
+            &reference,
+            EventType::Normal,
+            "CertificateIssued",
+            "IssueCertificate",
+            format!(
+                "issued client certificate for {} valid until {} ({reason})",
+                agent.client_identity().unwrap_or_default(),
+                status::rfc3339(*not_after)
+            ),
+        )
+        .await;
+    }
+    if !applied.is_empty() {
+        ctx.publish(
+            &reference,
+            EventType::Normal,
+            "Applied",
+            "Apply",
+            format!("applied {}", applied.join(", ")),
+        )
+        .await;
+    }
+    if wrote {
+        let before = agent
+            .status
+            .as_ref()
+            .map(|s| s.conditions.as_slice())
+            .unwrap_or_default();
+        let changed = |type_: &str| {
+            let old = status::condition(before, type_);
+            let new = status::condition(&new_status.conditions, type_);
+            match (old, new) {
+                (Some(o), Some(n)) => o.status != n.status || o.message != n.message,
+                (None, Some(_)) => true,
+                _ => false,
+            }
+        };
+        if let Some(degraded) = status::condition(&new_status.conditions, DEGRADED)
+            && degraded.status == STATUS_TRUE
+            && changed(DEGRADED)
+        {
+            ctx.publish(
+                &reference,
+                EventType::Warning,
+                &degraded.reason,
+                "Reconcile",
+                degraded.message.clone(),
+            )
+            .await;
+        }
+        if let Some(ready) = status::condition(&new_status.conditions, READY)
+            && changed(READY)
+            && (ready.status == STATUS_TRUE || before.iter().any(|c| c.type_ == READY))
+        {
+            let type_ = if ready.status == STATUS_TRUE {
+                EventType::Normal
+            } else {
+                EventType::Warning
+            };
+            let reason = if ready.status == STATUS_TRUE {
+                "Ready"
+            } else {
+                "NotReady"
+            };
+            ctx.publish(
+                &reference,
+                type_,
+                reason,
+                "Reconcile",
+                ready.message.clone(),
+            )
+            .await;
+        }
+    }
+
+    // Next visit: retry with backoff while degraded, else before the renewal is due.
+    if !problems.is_empty() {
+        return Ok(Action::requeue(ctx.next_backoff(&key)));
+    }
+    ctx.reset_backoff(&key);
+    let mut next = ctx.config.resync;
+    if let CertificateState::Valid { renew_at, .. } = certificate.state {
+        let until = Duration::from_secs(u64::try_from(renew_at.saturating_sub(now)).unwrap_or(0))
+            + Duration::from_secs(1);
+        next = next.min(until);
+    }
+    Ok(Action::requeue(next))
+}
+
+/// Deletes what owner references cannot clean up: the cluster-scoped RBAC and Roles in other
+/// namespaces. Owned objects go with the garbage collector.
+async fn cleanup(agent: &ScaleAgent, ctx: &Context) -> Result<Action> {
+    let client = &ctx.client;
+    let name = desired::rbac_name(agent);
+    let selector = desired::rbac_selector(agent);
+    delete_if_exists(&Api::<ClusterRoleBinding>::all(client.clone()), &name).await?;
+    delete_if_exists(&Api::<ClusterRole>::all(client.clone()), &name).await?;
+    for role in list(&Api::<Role>::all(client.clone()), &selector).await? {
+        let api = Api::<Role>::namespaced(client.clone(), &role.namespace().unwrap_or_default());
+        delete_if_exists(&api, &role.name_any()).await?;
+    }
+    for binding in list(&Api::<RoleBinding>::all(client.clone()), &selector).await? {
+        let api = Api::<RoleBinding>::namespaced(
+            client.clone(),
+            &binding.namespace().unwrap_or_default(),
+        );
+        delete_if_exists(&api, &binding.name_any()).await?;
+    }
+    ctx.reset_backoff(&key(agent));
+    tracing::info!(scaleagent = %key(agent), "cleaned up");
+    Ok(Action::await_change())
+}

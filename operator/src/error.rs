@@ -1,0 +1,80 @@
+//! The crate's one error type.
+
+use kube::runtime::finalizer;
+
+/// Everything that can make a reconcile (or the operator's start-up) fail.
+///
+/// Problems a user can fix by editing a resource (a missing issuer Secret, an unknown kind)
+/// are not errors: they are reported in status conditions. These are the failures left over:
+/// the API server refusing or failing a request, or internal inconsistencies.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A request to the Kubernetes API failed.
+    #[error("failed to {action}: {source}")]
+    Kube {
+        /// What the operator was doing, e.g. `apply Deployment ns/prod-agent`.
+        action: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+
+    /// The finalizer helper failed (boxed: it embeds this type).
+    #[error(transparent)]
+    Finalizer(#[from] Box<finalizer::Error<Error>>),
+
+    /// An object could not be serialised or deserialised.
+    #[error("failed to serialise {what}: {source}")]
+    Serialize {
+        /// What was being serialised.
+        what: String,
+        /// The serializer's error.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// Rendering the agent config failed.
+    #[error("failed to render the agent config: {0}")]
+    AgentConfig(#[from] scale_agent_crds::Error),
+
+    /// Issuing a certificate failed.
+    #[error("failed to issue the agent certificate: {0}")]
+    Certificate(String),
+
+    /// An object lacks a field the API server always sets.
+    #[error("object has no {0}")]
+    MissingField(&'static str),
+
+    /// The metrics listener failed.
+    #[error("metrics server failed: {0}")]
+    Metrics(#[source] std::io::Error),
+}
+
+impl Error {
+    /// A bounded label for metrics (never per object, never a message).
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::Kube { .. } => "kube",
+            Self::Finalizer(_) => "finalizer",
+            Self::Serialize { .. } => "serialize",
+            Self::AgentConfig(_) => "agent_config",
+            Self::Certificate(_) => "certificate",
+            Self::MissingField(_) => "missing_field",
+            Self::Metrics(_) => "metrics",
+        }
+    }
+}
+
+/// Maps a [`kube::Error`] to [`Error::Kube`] with a description of the action.
+pub(crate) fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+    let action = action.into();
+    move |source| Error::Kube { action, source }
+}
+
+/// Whether `error` is the API server's 404 Not Found.
+pub(crate) fn is_not_found(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status.code == 404)
+}
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,235 @@
+//! Checks on AgentAccounts that CEL rules cannot do, shared by both controllers so the
+//! agent's config and the account's status always agree. Pure.
+
+use std::cmp::Ordering;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::{Resource, ResourceExt};
+use scale_agent_crds::{
+    AgentAccount, ScaleAgent,
+    v1alpha1::{CredentialsType, Mode, is_dns1123_label},
+};
+
+/// Why an account is not accepted: a condition reason and a message that says what to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    /// `PascalCase` reason for the `Accepted=False` condition.
+    pub reason: &'static str,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+/// Whether `account`'s agent reference names `agent`.
+pub fn refers_to(account: &AgentAccount, agent: &ScaleAgent) -> bool {
+    account.namespace() == agent.namespace() && account.spec.agent_ref == agent.name_any()
+}
+
+/// The account that holds `account`'s name first, if another one does: among accounts (in
+/// every namespace the operator sees) with the same Spinnaker account name, the oldest wins,
+/// then the first by namespace and name.
+pub fn duplicate_of<'a>(
+    account: &AgentAccount,
+    all: &'a [AgentAccount],
+) -> Option<&'a AgentAccount> {
+    let name = account.account_name()?;
+    all.iter()
+        .filter(|other| other.meta().deletion_timestamp.is_none())
+        .filter(|other| !same_object(account, other))
+        .filter(|other| other.account_name() == Some(name))
+        .find(|other| precedence(other, account) == Ordering::Less)
+}
+
+fn same_object(a: &AgentAccount, b: &AgentAccount) -> bool {
+    a.namespace() == b.namespace() && a.name_any() == b.name_any()
+}
+
+fn precedence(a: &AgentAccount, b: &AgentAccount) -> Ordering {
+    let key = |x: &AgentAccount| {
+        (
+            x.meta().creation_timestamp.clone(),
+            x.namespace(),
+            x.name_any(),
+        )
+    };
+    key(a).cmp(&key(b))
+}
+
+/// Checks one account. `agent` is the ScaleAgent it names (if it exists), `all` every
+/// AgentAccount the operator sees, `kubeconfig` the Secret its credentials name (if any and
+/// if it exists).
+pub fn check(
+    account: &AgentAccount,
+    agent: Option<&ScaleAgent>,
+    all: &[AgentAccount],
+    kubeconfig: Option<&Secret>,
+) -> Result<(), Rejection> {
+    let namespace = account.namespace().unwrap_or_default();
+    let Some(agent) = agent.filter(|a| a.meta().deletion_timestamp.is_none()) else {
+        return Err(Rejection {
+            reason: "AgentNotFound",
+            message: format!(
+                "ScaleAgent {} not found in namespace {namespace}: create it, or set \
+                 spec.agentRef to the name of a ScaleAgent in this namespace",
+                account.spec.agent_ref
+            ),
+        });
+    };
+    let Some(name) = account.account_name().filter(|n| is_dns1123_label(n)) else {
+        return Err(Rejection {
+            reason: "InvalidAccountName",
+            message: "the account name must be a lowercase DNS label: set spec.accountName, \
+                      e.g. prod-eu-west-1"
+                .into(),
+        });
+    };
+    if let Some(other) = duplicate_of(account, all) {
+        return Err(Rejection {
+            reason: "DuplicateAccountName",
+            message: format!(
+                "account name {name} is already used by AgentAccount {}/{}: set \
+                 spec.accountName to a name unique across the cluster",
+                other.namespace().unwrap_or_default(),
+                other.name_any()
+            ),
+        });
+    }
+    let mode = agent.spec.mode;
+    match (mode, account.spec.credentials.type_) {
+        (Mode::Agent, CredentialsType::Kubeconfig) => {
+            return Err(Rejection {
+                reason: "CredentialsModeMismatch",
+                message: format!(
+                    "credentials.type is Kubeconfig but ScaleAgent {} runs in mode Agent, which \
+                     uses its own ServiceAccount: set credentials.type to ServiceAccount, or \
+                     point spec.agentRef at a ScaleAgent in mode Infrastructure or \
+                     SpinnakerService",
+                    agent.name_any()
+                ),
+            });
+        }
+        (Mode::Infrastructure | Mode::SpinnakerService, CredentialsType::ServiceAccount) => {
+            return Err(Rejection {
+                reason: "CredentialsModeMismatch",
+                message: format!(
+                    "credentials.type is ServiceAccount but ScaleAgent {} runs in mode {mode:?}, \
+                     which reaches clusters through kubeconfigs: set credentials.type to \
+                     Kubeconfig with credentials.kubeconfigSecretRef",
+                    agent.name_any()
+                ),
+            });
+        }
+        _ => {}
+    }
+    if let Some(secret_ref) = &account.spec.credentials.kubeconfig_secret_ref {
+        let Some(secret) = kubeconfig else {
+            return Err(Rejection {
+                reason: "KubeconfigSecretNotFound",
+                message: format!(
+                    "Secret {} not found in namespace {namespace}: create it with the kubeconfig \
+                     under key {}",
+                    secret_ref.name, secret_ref.key
+                ),
+            });
+        };
+        let has_key = secret
+            .data
+            .as_ref()
+            .is_some_and(|d| d.contains_key(&secret_ref.key))
+            || secret
+                .string_data
+                .as_ref()
+                .is_some_and(|d| d.contains_key(&secret_ref.key));
+        if !has_key {
+            return Err(Rejection {
+                reason: "KubeconfigKeyMissing",
+                message: format!(
+                    "Secret {} in namespace {namespace} has no key {}: add the kubeconfig under \
+                     that key, or set credentials.kubeconfigSecretRef.key",
+                    secret_ref.name, secret_ref.key
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::desired::tests::{account, agent, kubeconfig_account};
+    use k8s_openapi::ByteString;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn created_at(mut a: AgentAccount, seconds: i64) -> AgentAccount {
+        a.metadata.creation_timestamp = Some(Time(Timestamp::from_second(seconds).unwrap()));
+        a
+    }
+
+    #[test]
+    fn accepts_a_plain_account() {
+        let agent = agent("prod");
+        let a = account("web", "prod");
+        assert_eq!(
+            check(&a, Some(&agent), std::slice::from_ref(&a), None),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn rejects_unknown_agents_and_mode_mismatches() {
+        let a = account("web", "prod");
+        let err = check(&a, None, &[], None).unwrap_err();
+        assert_eq!(err.reason, "AgentNotFound");
+        assert!(
+            err.message
+                .contains("ScaleAgent prod not found in namespace ns"),
+            "{}",
+            err.message
+        );
+
+        let kc = kubeconfig_account("remote", "prod", "remote-kc");
+        let err = check(&kc, Some(&agent("prod")), &[], None).unwrap_err();
+        assert_eq!(err.reason, "CredentialsModeMismatch");
+
+        let mut infra = agent("prod");
+        infra.spec.mode = Mode::Infrastructure;
+        assert_eq!(
+            check(&a, Some(&infra), &[], None).unwrap_err().reason,
+            "CredentialsModeMismatch"
+        );
+        let err = check(&kc, Some(&infra), &[], None).unwrap_err();
+        assert_eq!(err.reason, "KubeconfigSecretNotFound");
+        assert!(
+            err.message.contains("Secret remote-kc not found"),
+            "{}",
+            err.message
+        );
+        let mut secret = Secret::default();
+        assert_eq!(
+            check(&kc, Some(&infra), &[], Some(&secret))
+                .unwrap_err()
+                .reason,
+            "KubeconfigKeyMissing"
+        );
+        secret.data = Some([("kubeconfig".to_string(), ByteString(b"x".to_vec()))].into());
+        assert_eq!(check(&kc, Some(&infra), &[], Some(&secret)), Ok(()));
+    }
+
+    #[test]
+    fn the_oldest_account_keeps_a_duplicate_name() {
+        let agent = agent("prod");
+        let first = created_at(account("web", "prod"), 100);
+        let mut second = created_at(account("web-2", "prod"), 200);
+        second.spec.account_name = Some("web".into());
+        let all = vec![first.clone(), second.clone()];
+        assert_eq!(check(&first, Some(&agent), &all, None), Ok(()));
+        let err = check(&second, Some(&agent), &all, None).unwrap_err();
+        assert_eq!(err.reason, "DuplicateAccountName");
+        assert!(
+            err.message.contains("already used by AgentAccount ns/web"),
+            "{}",
+            err.message
+        );
+    }
+}
