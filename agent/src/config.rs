@@ -8,7 +8,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use scale_agent_crds::agent_config::{AccountConfig, AgentConfig};
 
 use crate::error::{Error, Result};
@@ -16,13 +16,7 @@ use crate::error::{Error, Result};
 /// Default location of the config file (the operator mounts the ConfigMap there).
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/scale-agent/scale-agent.yaml";
 
-/// Log output format.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    #[default]
-    Text,
-    Json,
-}
+pub use scale_agent_runtime::LogFormat;
 
 /// The agent's command line. Every flag also reads an environment variable; flags win over
 /// the config file.

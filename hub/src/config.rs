@@ -3,7 +3,7 @@
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 
 use crate::{
     error::{HubError, Result},
@@ -102,12 +102,7 @@ impl Config {
     }
 }
 
-/// Log output format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
+pub use scale_agent_runtime::LogFormat;
 
 /// scale-agent-hub: accepts Scale Agent streams over mutual TLS, caches every agent's
 /// cluster, and serves it over an HTTP API.

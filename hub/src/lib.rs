@@ -7,6 +7,7 @@
 //! call [`RunningHub::shutdown`] at the end. The binary calls [`run`].
 
 pub mod cache;
+pub mod cli;
 pub mod config;
 pub mod error;
 pub mod http;

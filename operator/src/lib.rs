@@ -10,6 +10,7 @@
 //! operator.
 
 pub mod apply;
+pub mod cli;
 pub mod controller;
 pub mod desired;
 pub mod error;

@@ -1,0 +1,21 @@
+//! The `scale-agent` command: flags, logging, run until SIGTERM or Ctrl-C. `main.rs` only
+//! calls [`main`], so end-to-end tests can build the same command under another name.
+
+use std::time::Duration;
+
+use clap::Parser as _;
+
+use crate::Options;
+
+pub fn main() -> anyhow::Result<()> {
+    let options = Options::parse();
+    scale_agent_runtime::init_tracing(options.log_format);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let result = runtime.block_on(crate::run(options, scale_agent_runtime::shutdown_signal()));
+    // Do not wait for stray blocking work once the agent has stopped.
+    runtime.shutdown_timeout(Duration::from_millis(200));
+    result?;
+    Ok(())
+}

@@ -1,0 +1,90 @@
+//! The `scale-agent-operator` command: flags, logging, run until SIGTERM or Ctrl-C.
+//! `main.rs` only calls [`main`], so end-to-end tests can build the same command under
+//! another name.
+
+use std::{net::SocketAddr, time::Duration};
+
+use clap::Parser;
+use scale_agent_runtime::LogFormat;
+
+/// Reconciles ScaleAgent and AgentAccount resources into agent Deployments, RBAC, config and
+/// mTLS credentials.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Address of the `/metrics`, `/healthz` and `/readyz` listener.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_OPERATOR_METRICS_ADDRESS",
+        default_value = "0.0.0.0:8080"
+    )]
+    metrics_address: SocketAddr,
+
+    /// Log format.
+    #[arg(long, env = "SCALE_AGENT_OPERATOR_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+
+    /// Reconcile every object at least this often, in seconds.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_OPERATOR_RESYNC_SECONDS",
+        default_value_t = 600
+    )]
+    resync_seconds: u64,
+
+    /// Longest delay between retries of a failing object, in seconds.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_OPERATOR_RETRY_MAX_SECONDS",
+        default_value_t = 300
+    )]
+    retry_max_seconds: u64,
+
+    /// Watch ScaleAgents and AgentAccounts in this namespace only; every namespace when
+    /// unset.
+    #[arg(long, env = "SCALE_AGENT_OPERATOR_NAMESPACE")]
+    namespace: Option<String>,
+
+    /// Name of this instance in Events; the pod name in a Deployment.
+    #[arg(long, env = "POD_NAME")]
+    instance: Option<String>,
+
+    /// Testing only: issue agent certificates with this lifetime in seconds, overriding
+    /// every ScaleAgent's `clientCertificate.lifetime`.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_OPERATOR_CERTIFICATE_LIFETIME_OVERRIDE_SECONDS",
+        hide = true
+    )]
+    certificate_lifetime_override_seconds: Option<u64>,
+}
+
+pub fn main() -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(run_from_args(Args::parse()))
+}
+
+async fn run_from_args(args: Args) -> anyhow::Result<()> {
+    scale_agent_runtime::init_tracing(args.log_format);
+    let config = crate::Config {
+        certificate_lifetime_override: args
+            .certificate_lifetime_override_seconds
+            .map(Duration::from_secs),
+        resync: Duration::from_secs(args.resync_seconds),
+        retry_max: Duration::from_secs(args.retry_max_seconds),
+        instance: args.instance,
+        namespace: args.namespace,
+        ..Default::default()
+    };
+    let client = kube::Client::try_default().await?;
+    crate::run(
+        client,
+        config,
+        Some(args.metrics_address),
+        scale_agent_runtime::shutdown_signal(),
+    )
+    .await?;
+    Ok(())
+}
