@@ -19,6 +19,8 @@ test: control-plane ## Formatting, lints, and every test including the end-to-en
 	$(CARGO) test --workspace --locked
 
 demo: control-plane ## Run Scale Agent locally on a real control plane (Ctrl-C stops it)
+	@# The demo starts the hub, operator and agent binaries built beside it.
+	$(CARGO) build --locked -p scale-agent-e2e --bins
 	$(CARGO) run --locked -p scale-agent-e2e --bin scale-agent-demo
 
 fmt: ## Format the code

@@ -99,6 +99,23 @@ impl Binaries {
     }
 }
 
+/// The path of one of this package's binaries (`e2e-agent`, `e2e-hub`, `e2e-operator`,
+/// `scale-agent-demo`), found next to the running executable: in `target/<profile>/` for a
+/// binary, one level up for a test in `target/<profile>/deps/`. Integration tests can use
+/// `env!("CARGO_BIN_EXE_<name>")` instead; library code cannot.
+pub fn product_binary(name: &str) -> Result<PathBuf> {
+    let exe =
+        std::env::current_exe().map_err(crate::error::io_err("find the running executable"))?;
+    let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    [dir.join(name), dir.join("..").join(name)]
+        .into_iter()
+        .find(|candidate| candidate.is_file())
+        .ok_or_else(|| Error::ProductBinaryMissing {
+            name: name.to_string(),
+            dir,
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

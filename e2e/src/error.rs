@@ -13,6 +13,13 @@ pub enum Error {
     )]
     BinariesMissing { version: &'static str, dir: PathBuf },
 
+    /// One of this package's binaries has not been built.
+    #[error(
+        "{name} is not built next to {dir}: run `cargo build -p scale-agent-e2e --bins` \
+         (make demo and make test do)"
+    )]
+    ProductBinaryMissing { name: String, dir: PathBuf },
+
     #[error("failed to {action}: {source}")]
     Io {
         action: String,
