@@ -5,7 +5,7 @@ SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
 
-.PHONY: help test demo control-plane fmt lint unit crds proto
+.PHONY: help test demo bench control-plane fmt lint unit crds proto
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -22,6 +22,9 @@ demo: control-plane ## Run Scale Agent locally on a real control plane (Ctrl-C s
 	@# The demo starts the hub, operator and agent binaries built beside it.
 	$(CARGO) build --locked -p scale-agent-e2e --bins
 	$(CARGO) run --locked -p scale-agent-e2e --bin scale-agent-demo
+
+bench: control-plane ## Benchmarks side by side with their baselines (release build; table + target/bench/latest.json)
+	$(CARGO) run --locked --release -p scale-agent-bench
 
 fmt: ## Format the code
 	$(CARGO) fmt --all

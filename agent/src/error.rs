@@ -48,10 +48,6 @@ pub enum Error {
         "invalid hub address {address:?}: {message}; write it as host:port (or https://host:port)"
     )]
     HubAddress { address: String, message: String },
-    #[error(
-        "TLS to the hub needs a CA: set clouddriver.tls.cacertFile or --hub-ca (or --insecure-plaintext for tests)"
-    )]
-    NoHubCa,
     #[error("cannot connect to the hub at {address}: {source}")]
     Connect {
         address: String,

@@ -13,6 +13,7 @@ pub mod convert;
 pub mod error;
 pub mod kinds;
 pub mod metrics;
+pub mod operations;
 pub mod session;
 pub mod state;
 pub mod streamer;

@@ -28,6 +28,15 @@ pub struct WatchStateLabels {
     pub state: String,
 }
 
+/// Labels of the operations counter: `type` (apply, delete, ...) and `outcome` (succeeded,
+/// failed, timedOut).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationLabels {
+    pub account: String,
+    pub r#type: String,
+    pub outcome: String,
+}
+
 /// The agent's metrics. Cheap to share (`Arc`); reading them back in tests is supported by
 /// the accessor methods.
 pub struct Metrics {
@@ -62,6 +71,10 @@ pub struct Metrics {
     pub config_reloads: Counter,
     /// Config file reads that failed to parse (the previous config stays).
     pub config_errors: Counter,
+    /// Operations executed for the hub, by account, type and outcome.
+    pub operations: Family<OperationLabels, Counter>,
+    /// Operations running now.
+    pub operations_running: Gauge,
 }
 
 impl Default for Metrics {
@@ -89,9 +102,21 @@ impl Metrics {
             watches: Family::default(),
             config_reloads: Counter::default(),
             config_errors: Counter::default(),
+            operations: Family::default(),
+            operations_running: Gauge::default(),
         };
         if let Ok(mut registry) = metrics.registry.lock() {
             let r = &mut *registry;
+            r.register(
+                "scale_agent_agent_operations",
+                "Operations executed for the hub, by account, type and outcome",
+                metrics.operations.clone(),
+            );
+            r.register(
+                "scale_agent_agent_operations_running",
+                "Operations running now",
+                metrics.operations_running.clone(),
+            );
             r.register(
                 "scale_agent_agent_lists",
                 "LISTs issued (one per snapshot), by account and kind",

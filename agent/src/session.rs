@@ -45,6 +45,7 @@ pub const CAPABILITIES: &[&str] = &[
     "bookmarks",
     "truncated-objects",
     "secrets-metadata-only",
+    "operations",
 ];
 /// Used when Welcome leaves max_unacked at 0.
 pub const DEFAULT_MAX_UNACKED: u64 = 1000;
@@ -74,19 +75,21 @@ fn read(what: &'static str, path: &str) -> Result<Vec<u8>> {
 }
 
 /// TLS settings for the hub, read from disk now (so rotated files are picked up on every
-/// reconnect).
+/// reconnect). Without a CA file the hub is verified against the public web PKI roots
+/// compiled into the agent (a hub behind a publicly trusted load balancer), which does not
+/// depend on what the container image ships in /etc/ssl.
 pub fn tls_config(hub: &HubConnection, host: &str) -> Result<ClientTlsConfig> {
-    let ca_file = hub.tls.cacert_file.as_deref().ok_or(Error::NoHubCa)?;
-    let ca = Certificate::from_pem(read("hub CA", ca_file)?);
     let server_name = hub
         .tls
         .server_name
         .clone()
         .filter(|n| !n.is_empty())
         .unwrap_or_else(|| host.to_string());
-    let mut tls = ClientTlsConfig::new()
-        .ca_certificate(ca)
-        .domain_name(server_name);
+    let mut tls = ClientTlsConfig::new().domain_name(server_name);
+    tls = match hub.tls.cacert_file.as_deref() {
+        Some(ca_file) => tls.ca_certificate(Certificate::from_pem(read("hub CA", ca_file)?)),
+        None => tls.with_webpki_roots(),
+    };
     match (&hub.tls.client_cert_file, &hub.tls.client_key_file) {
         (Some(cert), Some(key)) => {
             tls = tls.identity(Identity::from_pem(
@@ -136,6 +139,59 @@ pub async fn connect(hub: &HubConnection) -> Result<Channel> {
     })
 }
 
+/// An error on the hub connection as one line: every cause in its source chain (tonic's own
+/// message is only "transport error"), and for the usual TLS mistakes, what to change.
+/// With TLS 1.3 a client certificate the hub refuses surfaces on the first read of the
+/// stream, not at connect, so this describes every way a stream ends.
+pub fn describe_hub_error(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut causes = vec![error.to_string()];
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !causes.iter().any(|known| known.contains(&text)) {
+            causes.push(text);
+        }
+        source = cause.source();
+    }
+    let chain = causes.join(": ");
+    let lower = chain.to_ascii_lowercase();
+    let hint = if lower.contains("unknownissuer") || lower.contains("unknown issuer") {
+        Some(
+            "the hub's certificate is not signed by the CA this agent trusts: set clouddriver.tls.cacertFile (--hub-ca) to the CA that signed it",
+        )
+    } else if lower.contains("notvalidforname") || lower.contains("not valid for name") {
+        Some(
+            "the hub's certificate does not name the host dialled: set clouddriver.tls.serverName (--hub-server-name) to a name in it",
+        )
+    } else if lower.contains("certificaterequired") || lower.contains("certificate required") {
+        Some(
+            "the hub requires a client certificate: set clouddriver.tls.clientCertFile and clientKeyFile (--tls-cert, --tls-key)",
+        )
+    } else if lower.contains("unknownca")
+        || lower.contains("unknown ca")
+        || lower.contains("badcertificate")
+        || lower.contains("bad certificate")
+    {
+        Some(
+            "the hub refused this agent's client certificate: it must be signed by the CA the hub trusts (the hub's --client-ca)",
+        )
+    } else if lower.contains("expired") {
+        Some(
+            "a certificate has expired: renew the agent's client certificate or the hub's serving certificate",
+        )
+    } else if lower.contains("connection refused") {
+        Some(
+            "nothing listens at the hub address: check clouddriver.grpc (--hub) and that the hub runs",
+        )
+    } else {
+        None
+    };
+    match hint {
+        Some(hint) => format!("{chain} ({hint})"),
+        None => chain,
+    }
+}
+
 /// Reads the hub's first messages up to Welcome; heartbeats before it are tolerated.
 async fn await_welcome(inbound: &mut tonic::Streaming<HubMessage>) -> Result<v1::Welcome> {
     loop {
@@ -182,6 +238,10 @@ struct Session {
     max_object_bytes: u64,
     events_tx: mpsc::Sender<Outbound>,
     shared: Arc<Shared>,
+    /// Results of operations, sent as they finish.
+    results_tx: mpsc::Sender<v1::OperationResult>,
+    /// Operations running for this stream; dropped (aborted) with it.
+    operations: tokio::task::JoinSet<()>,
 }
 
 impl Session {
@@ -229,6 +289,8 @@ struct Entry {
     prepared: Option<Arc<Prepared>>,
     preparing: Option<JoinHandle<()>>,
     streamer: Option<JoinHandle<()>>,
+    /// Runs the hub's operations for this account, once prepared.
+    executor: Option<Arc<crate::operations::Executor>>,
     /// Generation of the running streamer; 0 when none, so stale messages are dropped.
     stream_generation: u64,
 }
@@ -265,6 +327,8 @@ pub struct Runtime {
     config: Arc<AgentConfig>,
     accounts: BTreeMap<String, Entry>,
     total_budget: Arc<Semaphore>,
+    /// Bounds the operations running at once.
+    operation_budget: Arc<Semaphore>,
     next_generation: u64,
     prep_tx: mpsc::UnboundedSender<Prep>,
     inputs: Option<Inputs>,
@@ -293,6 +357,7 @@ impl Runtime {
             options,
             shared,
             total_budget: Arc::new(Semaphore::new(config.tasks.total_budget.max(1) as usize)),
+            operation_budget: Arc::new(Semaphore::new(crate::operations::CONCURRENCY)),
             inputs: Some(Inputs {
                 shutdown,
                 configs: WatchStream::from_changes(config_rx.clone()),
@@ -344,7 +409,13 @@ impl Runtime {
                     if welcomed && started.elapsed() >= STABLE_STREAM {
                         backoff.reset();
                     }
-                    error
+                    let mut text = describe_hub_error(&error);
+                    // A hub that refuses the client certificate often closes the connection
+                    // before its TLS alert is read, leaving only "connection closed".
+                    if !welcomed && !self.config.clouddriver.insecure && !text.contains(" (") {
+                        text.push_str(" (the hub closed the connection before welcoming this agent: if this repeats, check that the hub trusts the agent's client certificate (its --client-ca) and that the agent trusts the hub's (clouddriver.tls.cacertFile))");
+                    }
+                    text
                 }
             };
             let delay = backoff.next_delay();
@@ -408,6 +479,8 @@ impl Runtime {
         };
         let (tx, rx) = mpsc::channel::<AgentMessage>(64);
         let (events_tx, mut events_rx) = mpsc::channel::<Outbound>(EVENT_CHANNEL);
+        let (results_tx, mut results_rx) =
+            mpsc::channel::<v1::OperationResult>(crate::operations::CONCURRENCY);
         let mut session = Session {
             tx,
             seq: 0,
@@ -416,6 +489,8 @@ impl Runtime {
             max_object_bytes: 0,
             events_tx,
             shared: self.shared.clone(),
+            results_tx,
+            operations: tokio::task::JoinSet::new(),
         };
         let hello = agent_message::Kind::Hello(v1::Hello {
             replica: self.options.replica_name(),
@@ -512,6 +587,12 @@ impl Runtime {
                         return failed(true)(error);
                     }
                 }
+                Some(result) = results_rx.recv() => {
+                    if let Err(error) = session.send(agent_message::Kind::OperationResult(result)).await {
+                        return failed(true)(error);
+                    }
+                }
+                Some(_) = session.operations.join_next(), if !session.operations.is_empty() => {}
                 Some(outbound) = events_rx.recv(), if open => {
                     let current = self
                         .accounts
@@ -547,9 +628,87 @@ impl Runtime {
         match message.kind {
             Some(hub_message::Kind::Ack(ack)) => session.ack(ack.seq),
             Some(hub_message::Kind::Assignment(assignment)) => self.assign(assignment, session),
+            Some(hub_message::Kind::Operation(operation)) => self.operate(operation, session),
             Some(hub_message::Kind::Heartbeat(_)) | Some(hub_message::Kind::Welcome(_)) | None => {}
         }
         Ok(())
+    }
+
+    /// Starts an operation; its result goes back on this stream when it finishes.
+    fn operate(&mut self, operation: v1::Operation, session: &mut Session) {
+        let replica = self.options.replica_name();
+        let executor = self
+            .accounts
+            .get(&operation.account)
+            .map(|entry| entry.executor.clone());
+        let tx = session.results_tx.clone();
+        let executor = match executor {
+            Some(Some(executor)) => executor,
+            found => {
+                let (code, reason, message) = if found.is_none() {
+                    (
+                        404,
+                        "NotFound",
+                        format!(
+                            "this agent (replica {replica}) does not serve account {:?}",
+                            operation.account
+                        ),
+                    )
+                } else {
+                    (
+                        503,
+                        "ServiceUnavailable",
+                        format!(
+                            "account {:?} is not ready on replica {replica}: its credentials are still loading",
+                            operation.account
+                        ),
+                    )
+                };
+                let result =
+                    crate::operations::refused(&operation, &replica, code, reason, message);
+                session.operations.spawn(async move {
+                    let _ = tx.send(result).await;
+                });
+                return;
+            }
+        };
+        tracing::info!(account = %operation.account, id = %operation.id,
+            r#type = operation.op.as_ref().map(crate::operations::op_name).unwrap_or("none"), "operation received");
+        let shared = self.shared.clone();
+        session.operations.spawn(async move {
+            let metrics = &shared.metrics;
+            let kind = operation
+                .op
+                .as_ref()
+                .map(crate::operations::op_name)
+                .unwrap_or("none");
+            let account = operation.account.clone();
+            // Decremented on drop too: the task is aborted when the stream ends.
+            struct Running<'a>(&'a prometheus_client::metrics::gauge::Gauge);
+            impl Drop for Running<'_> {
+                fn drop(&mut self) {
+                    self.0.dec();
+                }
+            }
+            metrics.operations_running.inc();
+            let running = Running(&metrics.operations_running);
+            let result = executor.execute(operation).await;
+            drop(running);
+            let outcome = match result.status.as_ref().map(|s| s.code) {
+                _ if result.ok => "succeeded",
+                Some(504) => "timedOut",
+                _ => "failed",
+            };
+            metrics
+                .operations
+                .get_or_create(&crate::metrics::OperationLabels {
+                    account,
+                    r#type: kind.into(),
+                    outcome: outcome.into(),
+                })
+                .inc();
+            let _ = tx.send(result).await;
+        });
     }
 
     fn assign(&mut self, assignment: v1::AccountAssignment, session: &Session) {
@@ -649,6 +808,12 @@ impl Runtime {
         if entry.generation != prep.generation {
             return Ok(());
         }
+        entry.executor = Some(Arc::new(crate::operations::Executor::new(
+            prep.account.clone(),
+            self.options.replica_name(),
+            prep.prepared.client.clone(),
+            self.operation_budget.clone(),
+        )));
         entry.prepared = Some(prep.prepared);
         entry.preparing = None;
         match session {
@@ -760,6 +925,7 @@ impl Runtime {
                     prepared: None,
                     preparing: Some(preparing),
                     streamer: None,
+                    executor: None,
                     stream_generation: 0,
                 },
             );
@@ -783,13 +949,54 @@ mod tests {
     }
 
     #[test]
-    fn tls_needs_a_ca_and_both_halves_of_the_identity() {
+    fn hub_errors_name_every_cause_and_say_what_to_change() {
+        #[derive(Debug)]
+        struct Layer(&'static str, Option<Box<Layer>>);
+        impl std::fmt::Display for Layer {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.0)
+            }
+        }
+        impl std::error::Error for Layer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                self.1.as_deref().map(|l| l as _)
+            }
+        }
+        let error = Layer(
+            "transport error",
+            Some(Box::new(Layer(
+                "invalid peer certificate: UnknownIssuer",
+                None,
+            ))),
+        );
+        let text = describe_hub_error(&error);
+        assert!(
+            text.starts_with("transport error: invalid peer certificate: UnknownIssuer"),
+            "{text}"
+        );
+        assert!(
+            text.contains("set clouddriver.tls.cacertFile (--hub-ca)"),
+            "{text}"
+        );
+        let refused = Layer("received fatal alert: UnknownCA", None);
+        assert!(describe_hub_error(&refused).contains("the hub's --client-ca"));
+        assert_eq!(
+            describe_hub_error(&Layer("stream reset", None)),
+            "stream reset"
+        );
+    }
+
+    #[test]
+    fn tls_uses_the_ca_file_or_public_roots_and_needs_both_halves_of_the_identity() {
         let mut hub = HubConnection::default();
+        // No CA file: the public roots compiled in.
+        assert!(tls_config(&hub, "hub").is_ok());
+        hub.tls.cacert_file = Some("/nonexistent/ca.pem".into());
         let err = tls_config(&hub, "hub")
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
-        assert!(err.contains("--hub-ca"), "{err}");
+        assert!(err.contains("/nonexistent/ca.pem"), "{err}");
         let dir = std::env::temp_dir().join(format!("scale-agent-tls-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let cert = rcgen::generate_simple_self_signed(vec!["hub".into()]).unwrap();

@@ -15,8 +15,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
 use k8s_openapi::api::{
     authentication::v1::{TokenRequest, TokenRequestSpec},
     core::v1::{Namespace, ServiceAccount},
@@ -641,6 +639,9 @@ where
     }
 }
 
+/// How long one call to etcd may take.
+const ETCD_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The few calls the harness makes to etcd, through its JSON gateway (gRPC-gateway on the
 /// client URL), which needs no etcd client library.
 struct Etcd {
@@ -689,43 +690,20 @@ impl Etcd {
     }
 
     async fn post(&self, path: &str, body: Option<serde_json::Value>) -> Result<serde_json::Value> {
-        let authority = self.endpoint.trim_start_matches("http://").to_string();
-        let stream = tokio::net::TcpStream::connect(&authority)
-            .await
-            .map_err(|e| self.error(format!("connect: {e}")))?;
-        let (mut sender, connection) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                .await
-                .map_err(|e| self.error(format!("handshake: {e}")))?;
-        tokio::spawn(connection);
+        let authority = self.endpoint.trim_start_matches("http://");
         let method = if body.is_some() { "POST" } else { "GET" };
-        let request = http::Request::builder()
-            .method(method)
-            .uri(path)
-            .header(http::header::HOST, authority)
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(
-                body.map(|b| b.to_string()).unwrap_or_default(),
-            )))
-            .map_err(|e| self.error(format!("request: {e}")))?;
-        let response = sender
-            .send_request(request)
+        let body = body.map(|b| b.to_string());
+        let response = crate::http::request(method, authority, path, body.as_deref(), ETCD_TIMEOUT)
             .await
-            .map_err(|e| self.error(format!("{method} {path}: {e}")))?;
-        let status = response.status();
-        let bytes = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| self.error(format!("{method} {path}: {e}")))?
-            .to_bytes();
-        if !status.is_success() {
+            .map_err(|e| self.error(e.to_string()))?;
+        if !(200..300).contains(&response.status) {
             return Err(self.error(format!(
-                "{method} {path}: {status}: {}",
-                String::from_utf8_lossy(&bytes)
+                "{method} {path}: {}: {}",
+                response.status, response.body
             )));
         }
-        serde_json::from_slice(&bytes).map_err(|e| self.error(format!("{method} {path}: {e}")))
+        serde_json::from_str(&response.body)
+            .map_err(|e| self.error(format!("{method} {path}: {e}")))
     }
 }
 

@@ -74,6 +74,18 @@ pub enum Error {
     #[error("the shared control plane failed to start: {0}")]
     SharedStartFailed(String),
 
+    /// A Deployment's pod cannot be run as a local process (see `local_agent`).
+    #[error("cannot run pod {pod} locally: {message}")]
+    LocalPod { pod: String, message: String },
+
+    /// An HTTP request to a local component failed.
+    #[error("{method} {url}: {message}")]
+    Http {
+        method: String,
+        url: String,
+        message: String,
+    },
+
     #[error("invalid manifest {path}: {message}")]
     Manifest { path: PathBuf, message: String },
 }

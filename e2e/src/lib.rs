@@ -16,6 +16,9 @@ pub mod control_plane;
 pub mod crds;
 pub mod demo;
 pub mod error;
+pub mod fixtures;
+pub mod http;
+pub mod local_agent;
 pub mod pki;
 pub mod process;
 

@@ -23,6 +23,9 @@ pub struct CertifiedKey {
 pub struct CertificateAuthority {
     issuer: Issuer<'static, KeyPair>,
     pub cert_pem: String,
+    /// The CA's PKCS#8 PEM private key, for handing the CA to another signer (the
+    /// operator's issuer Secret).
+    pub key_pem: String,
 }
 
 fn cert_err(what: &'static str) -> impl FnOnce(rcgen::Error) -> Error {
@@ -47,6 +50,7 @@ impl CertificateAuthority {
             .map_err(cert_err("CA certificate"))?;
         Ok(Self {
             cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
             issuer: Issuer::new(params, key),
         })
     }

@@ -112,16 +112,20 @@ impl ManagedProcess {
         args: &[String],
         log: PathBuf,
     ) -> Result<Self> {
+        let mut command = Command::new(program);
+        command.args(args);
+        Self::spawn_command(name, command, log)
+    }
+
+    /// Starts a prepared `command` (program, arguments, environment, working directory),
+    /// its stdin closed and its stdout and stderr appended to `log`.
+    pub fn spawn_command(name: &'static str, mut command: Command, log: PathBuf) -> Result<Self> {
         let out = File::create(&log).map_err(io_err(format!("create {}", log.display())))?;
         let err = out
             .try_clone()
             .map_err(io_err(format!("open {}", log.display())))?;
-        let mut command = Command::new(program);
-        command
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err);
+        let program = PathBuf::from(command.get_program());
+        command.stdin(Stdio::null()).stdout(out).stderr(err);
         let child = spawn_tied_to_this_process(command)
             .map_err(io_err(format!("start {name} ({})", program.display())))?;
         Ok(Self { name, child, log })

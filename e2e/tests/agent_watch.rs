@@ -19,18 +19,19 @@ use std::{
 };
 
 use k8s_openapi::{
-    api::{
-        core::v1::{ConfigMap, PodTemplate, Secret, ServiceAccount},
-        rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject},
-    },
+    api::core::v1::{ConfigMap, PodTemplate, Secret},
     apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
 };
 use kube::{
     Api, Client,
-    api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams},
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
 };
 use scale_agent::{AgentHandle, Options};
-use scale_agent_e2e::ControlPlane;
+use scale_agent_e2e::{
+    ControlPlane,
+    fixtures::{self, start_plaintext_hub},
+    http,
+};
 use scale_agent_proto::v1::{
     AccountAssignment, Ack, AgentMessage, Heartbeat, HubMessage, Kind, ObjectEvent, ResumePoint,
     Welcome,
@@ -385,104 +386,105 @@ async fn namespaced_agent_identity(
     resources: &[&str],
     dir: &Path,
 ) -> anyhow::Result<PathBuf> {
-    let pp = PostParams::default();
-    Api::<ServiceAccount>::namespaced(admin.clone(), namespace)
-        .create(
-            &pp,
-            &serde_json::from_value(json!({ "metadata": { "name": "agent" } }))?,
-        )
+    fixtures::service_account_identity(
+        control_plane,
+        admin,
+        namespace,
+        "agent",
+        fixtures::Scope::Namespace,
+        fixtures::read_rules(resources),
+        dir.join("kubeconfig"),
+    )
+    .await
+}
+
+/// What most tests start from: the shared control plane, a fresh namespace `agent-<name>`,
+/// a temporary directory and, in it, the kubeconfig of an agent identity that may get, list
+/// and watch `resources` in the namespace (see [`namespaced_agent_identity`]).
+struct Setup {
+    control_plane: &'static ControlPlane,
+    admin: Client,
+    namespace: String,
+    dir: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+async fn setup(name: &str, resources: &[&str]) -> anyhow::Result<Setup> {
+    init_logs();
+    let control_plane = ControlPlane::shared()?;
+    let admin = control_plane.client().await?;
+    let namespace = control_plane
+        .namespace(&admin, &format!("agent-{name}"))
         .await?;
-    Api::<Role>::namespaced(admin.clone(), namespace)
-        .create(
-            &pp,
-            &Role {
-                metadata: ObjectMeta {
-                    name: Some("agent".into()),
-                    ..Default::default()
-                },
-                rules: Some(
-                    resources
-                        .iter()
-                        .map(|resource| {
-                            let (plural, group) =
-                                resource.split_once('.').unwrap_or((resource, ""));
-                            PolicyRule {
-                                api_groups: Some(vec![group.to_string()]),
-                                resources: Some(vec![plural.to_string()]),
-                                verbs: vec!["get".into(), "list".into(), "watch".into()],
-                                ..Default::default()
-                            }
-                        })
-                        .collect(),
-                ),
-            },
-        )
-        .await?;
-    Api::<RoleBinding>::namespaced(admin.clone(), namespace)
-        .create(
-            &pp,
-            &RoleBinding {
-                metadata: ObjectMeta {
-                    name: Some("agent".into()),
-                    ..Default::default()
-                },
-                role_ref: RoleRef {
-                    api_group: Some("rbac.authorization.k8s.io".into()),
-                    kind: "Role".into(),
-                    name: "agent".into(),
-                },
-                subjects: Some(vec![Subject {
-                    kind: "ServiceAccount".into(),
-                    name: "agent".into(),
-                    namespace: Some(namespace.into()),
-                    ..Default::default()
-                }]),
-            },
-        )
-        .await?;
-    let token = control_plane
-        .service_account_token(admin, namespace, "agent")
-        .await?;
-    let path = dir.join("kubeconfig");
-    std::fs::write(&path, control_plane.kubeconfig_for_token(&token))?;
-    Ok(path)
+    let dir = temp_dir(name)?;
+    let kubeconfig =
+        namespaced_agent_identity(control_plane, &admin, &namespace, resources, &dir).await?;
+    Ok(Setup {
+        control_plane,
+        admin,
+        namespace,
+        dir,
+        kubeconfig,
+    })
+}
+
+impl Setup {
+    /// Writes the agent's config, `scale-agent.yaml` in the test's directory, for the hub at
+    /// `hub` with the one account `account`: `kinds` in the namespace, as the identity.
+    fn write_config(
+        &self,
+        hub: SocketAddr,
+        account: &str,
+        kinds: &[&str],
+    ) -> anyhow::Result<PathBuf> {
+        let config = self.dir.join("scale-agent.yaml");
+        let accounts = json!([fixtures::account(
+            account,
+            &self.kubeconfig,
+            &self.namespace,
+            kinds
+        )]);
+        write_config(&config, hub, accounts)?;
+        Ok(config)
+    }
+}
+
+/// Creates the object `object` (JSON) through `api`.
+async fn create<K>(api: &Api<K>, object: serde_json::Value) -> anyhow::Result<K>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + serde::Serialize,
+{
+    Ok(api
+        .create(&PostParams::default(), &serde_json::from_value(object)?)
+        .await?)
+}
+
+/// A resume point at `resource_version` for the core (`v1`) namespaced kind `kind`.
+fn resume_point(kind: &str, plural: &str, resource_version: &str, namespace: &str) -> ResumePoint {
+    ResumePoint {
+        kind: Some(Kind {
+            group: String::new(),
+            version: "v1".into(),
+            kind: kind.into(),
+            plural: plural.into(),
+            namespaced: true,
+        }),
+        resource_version: resource_version.into(),
+        watch_namespace: namespace.into(),
+    }
 }
 
 fn temp_dir(name: &str) -> anyhow::Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!(
-        "scale-agent-e2e-{name}-{}-{}",
-        std::process::id(),
-        rand::random::<u32>()
-    ));
-    std::fs::create_dir_all(&dir)?;
-    Ok(dir)
+    Ok(fixtures::temp_dir(&format!("scale-agent-e2e-{name}"))?)
 }
 
+/// The agent's config at `path`: the plaintext hub at `hub`, `accounts`, a 5 s heartbeat.
 fn write_config(path: &Path, hub: SocketAddr, accounts: serde_json::Value) -> anyhow::Result<()> {
-    let config = json!({
-        "clouddriver": {
-            "grpc": hub.to_string(),
-            "insecure": true,
-            "keepAliveHeartbeatSeconds": 5,
-            "backoff": { "baseDelay": "200ms", "maxDelay": "2s" },
-        },
-        "kubernetes": { "accounts": accounts },
-        "tasks": { "totalBudget": 4, "budgetPerAccount": 2 },
-    });
-    // JSON is YAML.
-    std::fs::write(path, serde_json::to_string_pretty(&config)?)?;
-    Ok(())
+    fixtures::write_plaintext_agent_config(path, hub, accounts, 5)
 }
 
 async fn start_agent(config: &Path) -> anyhow::Result<AgentHandle> {
-    start_replica(config, "e2e-0").await
-}
-
-async fn start_replica(config: &Path, replica: &str) -> anyhow::Result<AgentHandle> {
-    let mut options = Options::for_config(config);
-    options.admin_addr = Some("127.0.0.1:0".parse()?);
-    options.replica = Some(replica.into());
-    Ok(scale_agent::start(options).await?)
+    fixtures::start_agent_replica(config, "e2e-0").await
 }
 
 async fn eventually(what: &str, mut check: impl FnMut() -> bool) -> anyhow::Result<()> {
@@ -496,16 +498,25 @@ async fn eventually(what: &str, mut check: impl FnMut() -> bool) -> anyhow::Resu
     anyhow::bail!("timed out after {WAIT:?} waiting for {what}")
 }
 
-/// GET `path` on the agent's admin port (HTTP/1.0, so the server closes the connection).
-async fn admin_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
-        .await?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await?;
-    Ok(response)
+/// GET `path` on the agent's admin port or the hub's HTTP API.
+async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<http::Response> {
+    Ok(http::get(addr, path).await?)
+}
+
+/// Polls the hub's objects of `account` (kind configmaps) every 100 ms, at most 100 times,
+/// until they name `object`; returns the last listing.
+async fn hub_lists(hub: SocketAddr, account: &str, object: &str) -> anyhow::Result<String> {
+    let path = format!("/api/v1/accounts/{account}/objects?kind=configmaps");
+    let needle = format!("\"{object}\"");
+    let mut listed = String::new();
+    for _ in 0..100 {
+        listed = http_get(hub, &path).await?.body;
+        if listed.contains(&needle) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(listed)
 }
 
 fn account_name(prefix: &str) -> String {
@@ -517,62 +528,39 @@ fn account_name(prefix: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshot_then_deltas_and_secret_data_never_leaves() -> anyhow::Result<()> {
-    init_logs();
-    let control_plane = ControlPlane::shared()?;
-    let admin = control_plane.client().await?;
-    let namespace = control_plane.namespace(&admin, "agent-deltas").await?;
-    let dir = temp_dir("deltas")?;
-    let kubeconfig = namespaced_agent_identity(
-        control_plane,
-        &admin,
-        &namespace,
-        &["configmaps", "secrets"],
-        &dir,
+    let s = setup("deltas", &["configmaps", "secrets"]).await?;
+    let Setup {
+        admin,
+        namespace,
+        dir,
+        ..
+    } = &s;
+    let configmaps = Api::<ConfigMap>::namespaced(admin.clone(), namespace);
+    create(
+        &configmaps,
+        json!({ "metadata": { "name": "before" }, "data": { "colour": "blue" } }),
     )
     .await?;
-
-    let pp = PostParams::default();
-    let configmaps = Api::<ConfigMap>::namespaced(admin.clone(), &namespace);
-    configmaps
-        .create(
-            &pp,
-            &serde_json::from_value(
-                json!({ "metadata": { "name": "before" }, "data": { "colour": "blue" } }),
-            )?,
-        )
-        .await?;
     let marker = format!("marker-{:016x}", rand::random::<u64>());
     let secret_data = json!({ "password": marker });
-    Api::<Secret>::namespaced(admin.clone(), &namespace)
-        .create(
-            &pp,
-            &serde_json::from_value(json!({
-                "metadata": {
-                    "name": "db",
-                    "annotations": {
-                        "kubectl.kubernetes.io/last-applied-configuration":
-                            json!({ "apiVersion": "v1", "kind": "Secret", "stringData": secret_data }).to_string(),
-                    },
-                },
-                "stringData": secret_data,
-            }))?,
-        )
-        .await?;
+    let last_applied =
+        json!({ "apiVersion": "v1", "kind": "Secret", "stringData": secret_data }).to_string();
+    create(
+        &Api::<Secret>::namespaced(admin.clone(), namespace),
+        json!({
+            "metadata": {
+                "name": "db",
+                "annotations": { "kubectl.kubernetes.io/last-applied-configuration": last_applied },
+            },
+            "stringData": secret_data,
+        }),
+    )
+    .await?;
 
     let hub = Arc::new(HubState::default());
     let hub_addr = start_hub(hub.clone()).await?;
     let account = account_name("deltas");
-    let config = dir.join("scale-agent.yaml");
-    write_config(
-        &config,
-        hub_addr,
-        json!([{
-            "name": account,
-            "kubeconfigFile": kubeconfig.display().to_string(),
-            "namespaces": [namespace],
-            "kinds": ["ConfigMap", "secrets"],
-        }]),
-    )?;
+    let config = s.write_config(hub_addr, &account, &["ConfigMap", "secrets"])?;
     let agent = start_agent(&config).await?;
 
     eventually("the ConfigMap snapshot", || {
@@ -598,16 +586,11 @@ async fn snapshot_then_deltas_and_secret_data_never_leaves() -> anyhow::Result<(
     assert_eq!(body["data"]["colour"], "blue");
     assert_eq!(body["kind"], "ConfigMap");
     assert!(body["metadata"].get("managedFields").is_none(), "{body}");
-    assert_eq!(before.watch_namespace, namespace);
+    assert_eq!(&before.watch_namespace, namespace);
     assert!(!before.uid.is_empty() && !before.resource_version.is_empty());
 
     // Deltas: create, update, delete.
-    configmaps
-        .create(
-            &pp,
-            &serde_json::from_value(json!({ "metadata": { "name": "after" } }))?,
-        )
-        .await?;
+    create(&configmaps, json!({ "metadata": { "name": "after" } })).await?;
     configmaps
         .patch(
             "before",
@@ -655,7 +638,7 @@ async fn snapshot_then_deltas_and_secret_data_never_leaves() -> anyhow::Result<(
             other => format!("{other:?}"),
         })
         .collect();
-    use base64_marker::encode as b64;
+    use scale_agent_e2e::fixtures::base64 as b64;
     for needle in [marker.clone(), b64(marker.as_bytes())] {
         assert!(
             !sent_text.contains(&needle),
@@ -668,12 +651,9 @@ async fn snapshot_then_deltas_and_secret_data_never_leaves() -> anyhow::Result<(
 
     // Admin port: ready, metrics and the accounts view.
     eventually("readiness", || agent.view().ready()).await?;
-    let ready = admin_get(agent.admin_addr(), "/readyz").await?;
-    assert!(
-        ready.starts_with("HTTP/1.0 200") || ready.starts_with("HTTP/1.1 200"),
-        "{ready}"
-    );
-    let metrics = admin_get(agent.admin_addr(), "/metrics").await?;
+    let ready = http_get(agent.admin_addr(), "/readyz").await?;
+    assert_eq!(ready.status, 200, "{ready:?}");
+    let metrics = http_get(agent.admin_addr(), "/metrics").await?.body;
     assert!(
         metrics.contains(&format!(
             "scale_agent_agent_lists_total{{account=\"{account}\",kind=\"configmaps\"}} 1"
@@ -684,9 +664,8 @@ async fn snapshot_then_deltas_and_secret_data_never_leaves() -> anyhow::Result<(
         metrics.contains("scale_agent_agent_bytes_sent_total"),
         "{metrics}"
     );
-    let accounts = admin_get(agent.admin_addr(), "/accounts").await?;
-    let json_start = accounts.find("\r\n\r\n").map(|i| i + 4).unwrap_or(0);
-    let view: serde_json::Value = serde_json::from_str(&accounts[json_start..])?;
+    let accounts = http_get(agent.admin_addr(), "/accounts").await?.body;
+    let view: serde_json::Value = serde_json::from_str(&accounts)?;
     let view_account = &view["accounts"][0];
     assert_eq!(view_account["name"], account);
     assert_eq!(view_account["role"], "streaming");
@@ -703,107 +682,47 @@ async fn snapshot_then_deltas_and_secret_data_never_leaves() -> anyhow::Result<(
     );
 
     agent.stop().await?;
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
     Ok(())
 }
 
 /// Base64 as the apiserver stores Secret data, without a dependency for it.
-mod base64_marker {
-    pub fn encode(bytes: &[u8]) -> String {
-        const ALPHABET: &[u8; 64] =
-            b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-        let mut out = String::new();
-        for chunk in bytes.chunks(3) {
-            let b = [
-                chunk[0],
-                *chunk.get(1).unwrap_or(&0),
-                *chunk.get(2).unwrap_or(&0),
-            ];
-            let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-            for i in 0..4 {
-                if i <= chunk.len() {
-                    out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
-                } else {
-                    out.push('=');
-                }
-            }
-        }
-        out
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resume_point_means_no_list_and_changes_still_arrive() -> anyhow::Result<()> {
-    init_logs();
-    let control_plane = ControlPlane::shared()?;
-    let admin = control_plane.client().await?;
-    let namespace = control_plane.namespace(&admin, "agent-resume").await?;
-    let dir = temp_dir("resume")?;
-    let kubeconfig =
-        namespaced_agent_identity(control_plane, &admin, &namespace, &["configmaps"], &dir).await?;
-    let configmaps = Api::<ConfigMap>::namespaced(admin.clone(), &namespace);
-    let pp = PostParams::default();
-    configmaps
-        .create(
-            &pp,
-            &serde_json::from_value(json!({ "metadata": { "name": "old" } }))?,
-        )
-        .await?;
+    let s = setup("resume", &["configmaps"]).await?;
+    let Setup {
+        admin,
+        namespace,
+        dir,
+        ..
+    } = &s;
+    let configmaps = Api::<ConfigMap>::namespaced(admin.clone(), namespace);
+    create(&configmaps, json!({ "metadata": { "name": "old" } })).await?;
     let list = configmaps.list(&ListParams::default()).await?;
     let resume_from = list.metadata.resource_version.unwrap_or_default();
     assert!(!resume_from.is_empty());
 
     let hub = Arc::new(HubState::default());
     if let Ok(mut points) = hub.resume_points.lock() {
-        points.push(ResumePoint {
-            kind: Some(Kind {
-                group: String::new(),
-                version: "v1".into(),
-                kind: "ConfigMap".into(),
-                plural: "configmaps".into(),
-                namespaced: true,
-            }),
-            resource_version: resume_from.clone(),
-            watch_namespace: namespace.clone(),
-        });
+        points.push(resume_point(
+            "ConfigMap",
+            "configmaps",
+            &resume_from,
+            namespace,
+        ));
         // A watch the account no longer has (its kinds changed): the agent says STOPPED.
-        points.push(ResumePoint {
-            kind: Some(Kind {
-                group: String::new(),
-                version: "v1".into(),
-                kind: "Secret".into(),
-                plural: "secrets".into(),
-                namespaced: true,
-            }),
-            resource_version: resume_from.clone(),
-            watch_namespace: namespace.clone(),
-        });
+        points.push(resume_point("Secret", "secrets", &resume_from, namespace));
     }
     let hub_addr = start_hub(hub.clone()).await?;
     let account = account_name("resume");
-    let config = dir.join("scale-agent.yaml");
-    write_config(
-        &config,
-        hub_addr,
-        json!([{
-            "name": account,
-            "kubeconfigFile": kubeconfig.display().to_string(),
-            "namespaces": [namespace],
-            "kinds": ["configmaps"],
-        }]),
-    )?;
+    let config = s.write_config(hub_addr, &account, &["configmaps"])?;
     let agent = start_agent(&config).await?;
     eventually("the resumed watch", || {
         hub.kind_status(&account, "configmaps", kind_status::State::Watching)
             .is_some()
     })
     .await?;
-    configmaps
-        .create(
-            &pp,
-            &serde_json::from_value(json!({ "metadata": { "name": "new" } }))?,
-        )
-        .await?;
+    create(&configmaps, json!({ "metadata": { "name": "new" } })).await?;
     eventually("the change made after the resume point", || {
         hub.has_object(&account, "configmaps", "new", object_event::Type::Applied)
     })
@@ -829,30 +748,29 @@ async fn resume_point_means_no_list_and_changes_still_arrive() -> anyhow::Result
         "'old' predates the resume point and must not be resent"
     );
     agent.stop().await?;
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compacted_resume_point_gets_410_and_falls_back_to_a_snapshot() -> anyhow::Result<()> {
-    init_logs();
-    let control_plane = ControlPlane::shared()?;
-    let admin = control_plane.client().await?;
-    let namespace = control_plane.namespace(&admin, "agent-gone").await?;
-    let dir = temp_dir("gone")?;
-    let kubeconfig =
-        namespaced_agent_identity(control_plane, &admin, &namespace, &["podtemplates"], &dir)
-            .await?;
-    let templates = Api::<PodTemplate>::namespaced(admin.clone(), &namespace);
-    let created = templates
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": { "name": "web" },
-                "template": { "spec": { "containers": [{ "name": "web", "image": "nginx" }] } },
-            }))?,
-        )
-        .await?;
+    let s = setup("gone", &["podtemplates"]).await?;
+    let Setup {
+        control_plane,
+        admin,
+        namespace,
+        dir,
+        ..
+    } = &s;
+    let templates = Api::<PodTemplate>::namespaced(admin.clone(), namespace);
+    let created = create(
+        &templates,
+        json!({
+            "metadata": { "name": "web" },
+            "template": { "spec": { "containers": [{ "name": "web", "image": "nginx" }] } },
+        }),
+    )
+    .await?;
     let old_version = created.metadata.resource_version.unwrap_or_default();
     for revision in 0..3 {
         templates
@@ -869,31 +787,16 @@ async fn compacted_resume_point_gets_410_and_falls_back_to_a_snapshot() -> anyho
 
     let hub = Arc::new(HubState::default());
     if let Ok(mut points) = hub.resume_points.lock() {
-        points.push(ResumePoint {
-            kind: Some(Kind {
-                group: String::new(),
-                version: "v1".into(),
-                kind: "PodTemplate".into(),
-                plural: "podtemplates".into(),
-                namespaced: true,
-            }),
-            resource_version: old_version,
-            watch_namespace: namespace.clone(),
-        });
+        points.push(resume_point(
+            "PodTemplate",
+            "podtemplates",
+            &old_version,
+            namespace,
+        ));
     }
     let hub_addr = start_hub(hub.clone()).await?;
     let account = account_name("gone");
-    let config = dir.join("scale-agent.yaml");
-    write_config(
-        &config,
-        hub_addr,
-        json!([{
-            "name": account,
-            "kubeconfigFile": kubeconfig.display().to_string(),
-            "namespaces": [namespace],
-            "kinds": ["PodTemplate"],
-        }]),
-    )?;
+    let config = s.write_config(hub_addr, &account, &["PodTemplate"])?;
     let agent = start_agent(&config).await?;
     eventually("a snapshot after 410 Gone", || {
         hub.snapshot_ends(&account, "podtemplates") >= 1
@@ -916,37 +819,32 @@ async fn compacted_resume_point_gets_410_and_falls_back_to_a_snapshot() -> anyho
     let body: serde_json::Value = serde_json::from_slice(&web.object_json)?;
     assert_eq!(body["metadata"]["labels"]["revision"], "2");
     agent.stop().await?;
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn namespace_role_streams_its_namespace_reports_forbidden_and_reloads() -> anyhow::Result<()>
 {
-    init_logs();
-    let control_plane = ControlPlane::shared()?;
-    let admin = control_plane.client().await?;
-    let namespace = control_plane.namespace(&admin, "agent-rbac").await?;
-    let dir = temp_dir("rbac")?;
-    let kubeconfig =
-        namespaced_agent_identity(control_plane, &admin, &namespace, &["configmaps"], &dir).await?;
-    Api::<ConfigMap>::namespaced(admin.clone(), &namespace)
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({ "metadata": { "name": "visible" } }))?,
-        )
-        .await?;
+    let s = setup("rbac", &["configmaps"]).await?;
+    let Setup {
+        admin,
+        namespace,
+        dir,
+        kubeconfig,
+        ..
+    } = &s;
+    create(
+        &Api::<ConfigMap>::namespaced(admin.clone(), namespace),
+        json!({ "metadata": { "name": "visible" } }),
+    )
+    .await?;
 
     let hub = Arc::new(HubState::default());
     let hub_addr = start_hub(hub.clone()).await?;
     let scoped = account_name("scoped");
     let wide = account_name("wide");
-    let scoped_account = json!({
-        "name": scoped,
-        "kubeconfigFile": kubeconfig.display().to_string(),
-        "namespaces": [namespace],
-        "kinds": ["ConfigMap"],
-    });
+    let scoped_account = fixtures::account(&scoped, kubeconfig, namespace, &["ConfigMap"]);
     let wide_account = json!({
         "name": wide,
         "kubeconfigFile": kubeconfig.display().to_string(),
@@ -1004,12 +902,7 @@ async fn namespace_role_streams_its_namespace_reports_forbidden_and_reloads() ->
 
     // Hot reload: removing an account unregisters it, adding one registers it.
     let added = account_name("added");
-    let added_account = json!({
-        "name": added,
-        "kubeconfigFile": kubeconfig.display().to_string(),
-        "namespaces": [namespace],
-        "kinds": ["configmaps"],
-    });
+    let added_account = fixtures::account(&added, kubeconfig, namespace, &["configmaps"]);
     write_config(&config, hub_addr, json!([scoped_account, added_account]))?;
     eventually("UnregisterAccount for the removed account", || {
         hub.kinds()
@@ -1026,43 +919,31 @@ async fn namespace_role_streams_its_namespace_reports_forbidden_and_reloads() ->
     assert_eq!(agent.metrics().lists_total(&scoped, "configmaps"), 1);
 
     agent.stop().await?;
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_stream_reconnects_and_resumes_without_relisting() -> anyhow::Result<()> {
-    init_logs();
-    let control_plane = ControlPlane::shared()?;
-    let admin = control_plane.client().await?;
-    let namespace = control_plane.namespace(&admin, "agent-reconnect").await?;
-    let dir = temp_dir("reconnect")?;
-    let kubeconfig =
-        namespaced_agent_identity(control_plane, &admin, &namespace, &["configmaps"], &dir).await?;
-    let configmaps = Api::<ConfigMap>::namespaced(admin.clone(), &namespace);
-    let pp = PostParams::default();
-    configmaps
-        .create(
-            &pp,
-            &serde_json::from_value(json!({ "metadata": { "name": "a" }, "data": { "v": "1" } }))?,
-        )
-        .await?;
+    let s = setup("reconnect", &["configmaps"]).await?;
+    let Setup {
+        admin,
+        namespace,
+        dir,
+        ..
+    } = &s;
+    let configmaps = Api::<ConfigMap>::namespaced(admin.clone(), namespace);
+    create(
+        &configmaps,
+        json!({ "metadata": { "name": "a" }, "data": { "v": "1" } }),
+    )
+    .await?;
 
     let hub = Arc::new(HubState::default());
     hub.learn_resume_points.store(true, Ordering::SeqCst);
     let hub_addr = start_hub(hub.clone()).await?;
     let account = account_name("reconnect");
-    let config = dir.join("scale-agent.yaml");
-    write_config(
-        &config,
-        hub_addr,
-        json!([{
-            "name": account,
-            "kubeconfigFile": kubeconfig.display().to_string(),
-            "namespaces": [namespace],
-            "kinds": ["configmaps"],
-        }]),
-    )?;
+    let config = s.write_config(hub_addr, &account, &["configmaps"])?;
     let agent = start_agent(&config).await?;
     eventually("the first snapshot", || {
         hub.snapshot_ends(&account, "configmaps") == 1
@@ -1091,12 +972,7 @@ async fn dropped_stream_reconnects_and_resumes_without_relisting() -> anyhow::Re
         })
     })
     .await?;
-    configmaps
-        .create(
-            &pp,
-            &serde_json::from_value(json!({ "metadata": { "name": "b" } }))?,
-        )
-        .await?;
+    create(&configmaps, json!({ "metadata": { "name": "b" } })).await?;
     eventually("a change after the reconnect", || {
         hub.has_object(&account, "configmaps", "b", object_event::Type::Applied)
     })
@@ -1115,44 +991,33 @@ async fn dropped_stream_reconnects_and_resumes_without_relisting() -> anyhow::Re
         .collect();
     assert_eq!(hellos, [1, 1]);
     agent.stop().await?;
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hub_that_does_not_ack_stops_the_watches_at_max_unacked() -> anyhow::Result<()> {
-    init_logs();
-    let control_plane = ControlPlane::shared()?;
-    let admin = control_plane.client().await?;
-    let namespace = control_plane.namespace(&admin, "agent-flow").await?;
-    let dir = temp_dir("flow")?;
-    let kubeconfig =
-        namespaced_agent_identity(control_plane, &admin, &namespace, &["configmaps"], &dir).await?;
-    let configmaps = Api::<ConfigMap>::namespaced(admin.clone(), &namespace);
+    let s = setup("flow", &["configmaps"]).await?;
+    let Setup {
+        admin,
+        namespace,
+        dir,
+        ..
+    } = &s;
+    let configmaps = Api::<ConfigMap>::namespaced(admin.clone(), namespace);
     let count = 40;
     for i in 0..count {
-        configmaps
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({ "metadata": { "name": format!("cm-{i}") } }))?,
-            )
-            .await?;
+        create(
+            &configmaps,
+            json!({ "metadata": { "name": format!("cm-{i}") } }),
+        )
+        .await?;
     }
     let hub = Arc::new(HubState::default());
     hub.acks_paused.store(true, Ordering::SeqCst);
     let hub_addr = start_hub(hub.clone()).await?;
     let account = account_name("flow");
-    let config = dir.join("scale-agent.yaml");
-    write_config(
-        &config,
-        hub_addr,
-        json!([{
-            "name": account,
-            "kubeconfigFile": kubeconfig.display().to_string(),
-            "namespaces": [namespace],
-            "kinds": ["configmaps"],
-        }]),
-    )?;
+    let config = s.write_config(hub_addr, &account, &["configmaps"])?;
     let agent = start_agent(&config).await?;
     let non_heartbeats = || {
         hub.messages()
@@ -1192,19 +1057,20 @@ async fn a_hub_that_does_not_ack_stops_the_watches_at_max_unacked() -> anyhow::R
     let seqs: Vec<u64> = hub.messages().iter().map(|m| m.seq).collect();
     assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
     agent.stop().await?;
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejected_and_standby_accounts_are_not_streamed() -> anyhow::Result<()> {
-    init_logs();
-    let control_plane = ControlPlane::shared()?;
-    let admin = control_plane.client().await?;
-    let namespace = control_plane.namespace(&admin, "agent-roles").await?;
-    let dir = temp_dir("roles")?;
-    let kubeconfig =
-        namespaced_agent_identity(control_plane, &admin, &namespace, &["configmaps"], &dir).await?;
+    let s = setup("roles", &["configmaps"]).await?;
+    let Setup {
+        control_plane,
+        namespace,
+        dir,
+        kubeconfig,
+        ..
+    } = &s;
     let hub = Arc::new(HubState::default());
     let rejected = account_name("rejected");
     let standby = account_name("standby");
@@ -1217,18 +1083,15 @@ async fn rejected_and_standby_accounts_are_not_streamed() -> anyhow::Result<()> 
     }
     let hub_addr = start_hub(hub.clone()).await?;
     let config = dir.join("scale-agent.yaml");
-    let account = |name: &str| {
-        json!({
-            "name": name,
-            "kubeconfigFile": kubeconfig.display().to_string(),
-            "namespaces": [namespace],
-            "kinds": ["configmaps"],
-        })
-    };
+    let watching_configmaps =
+        |name: &str| fixtures::account(name, kubeconfig, namespace, &["configmaps"]);
     write_config(
         &config,
         hub_addr,
-        json!([account(&rejected), account(&standby)]),
+        json!([
+            watching_configmaps(&rejected),
+            watching_configmaps(&standby)
+        ]),
     )?;
     let agent = start_agent(&config).await?;
     eventually("both assignments", || {
@@ -1274,7 +1137,7 @@ async fn rejected_and_standby_accounts_are_not_streamed() -> anyhow::Result<()> 
         "{metrics}"
     );
     agent.stop().await?;
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
     Ok(())
 }
 
@@ -1385,44 +1248,25 @@ async fn a_silent_hub_is_dropped_after_two_heartbeat_periods() -> anyhow::Result
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_objects_are_sent_truncated() -> anyhow::Result<()> {
-    init_logs();
-    let control_plane = ControlPlane::shared()?;
-    let admin = control_plane.client().await?;
-    let namespace = control_plane.namespace(&admin, "agent-big").await?;
-    let dir = temp_dir("big")?;
-    let kubeconfig =
-        namespaced_agent_identity(control_plane, &admin, &namespace, &["configmaps"], &dir).await?;
-    let configmaps = Api::<ConfigMap>::namespaced(admin.clone(), &namespace);
-    let pp = PostParams::default();
-    configmaps
-        .create(
-            &pp,
-            &serde_json::from_value(
-                json!({ "metadata": { "name": "big" }, "data": { "blob": "x".repeat(20_000) } }),
-            )?,
-        )
-        .await?;
-    configmaps
-        .create(
-            &pp,
-            &serde_json::from_value(json!({ "metadata": { "name": "small" } }))?,
-        )
-        .await?;
+    let s = setup("big", &["configmaps"]).await?;
+    let Setup {
+        admin,
+        namespace,
+        dir,
+        ..
+    } = &s;
+    let configmaps = Api::<ConfigMap>::namespaced(admin.clone(), namespace);
+    create(
+        &configmaps,
+        json!({ "metadata": { "name": "big" }, "data": { "blob": "x".repeat(20_000) } }),
+    )
+    .await?;
+    create(&configmaps, json!({ "metadata": { "name": "small" } })).await?;
     let hub = Arc::new(HubState::default());
     hub.max_object_bytes.store(10_000, Ordering::SeqCst);
     let hub_addr = start_hub(hub.clone()).await?;
     let account = account_name("big");
-    let config = dir.join("scale-agent.yaml");
-    write_config(
-        &config,
-        hub_addr,
-        json!([{
-            "name": account,
-            "kubeconfigFile": kubeconfig.display().to_string(),
-            "namespaces": [namespace],
-            "kinds": ["configmaps"],
-        }]),
-    )?;
+    let config = s.write_config(hub_addr, &account, &["configmaps"])?;
     let agent = start_agent(&config).await?;
     eventually("the snapshot", || {
         hub.snapshot_ends(&account, "configmaps") == 1
@@ -1437,25 +1281,20 @@ async fn oversized_objects_are_sent_truncated() -> anyhow::Result<()> {
     let small = objects.iter().find(|o| o.name == "small");
     assert!(small.is_some_and(|o| !o.truncated && !o.object_json.is_empty()));
     agent.stop().await?;
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_custom_resource_installed_later_is_discovered() -> anyhow::Result<()> {
-    init_logs();
-    let control_plane = ControlPlane::shared()?;
-    let admin = control_plane.client().await?;
-    let namespace = control_plane.namespace(&admin, "agent-crd").await?;
-    let dir = temp_dir("crd")?;
-    let kubeconfig = namespaced_agent_identity(
-        control_plane,
-        &admin,
-        &namespace,
-        &["configmaps", "widgets.agenttest.scaleagent.dev"],
-        &dir,
-    )
-    .await?;
+    let s = setup("crd", &["configmaps", "widgets.agenttest.scaleagent.dev"]).await?;
+    let Setup {
+        admin,
+        namespace,
+        dir,
+        kubeconfig,
+        ..
+    } = &s;
     let hub = Arc::new(HubState::default());
     let hub_addr = start_hub(hub.clone()).await?;
     let account = account_name("crd");
@@ -1493,10 +1332,10 @@ async fn a_custom_resource_installed_later_is_discovered() -> anyhow::Result<()>
             }],
         },
     }))?;
-    scale_agent_e2e::crds::install(&admin, &[crd]).await?;
+    scale_agent_e2e::crds::install(admin, &[crd]).await?;
     let widgets = Api::<kube::api::DynamicObject>::namespaced_with(
         admin.clone(),
-        &namespace,
+        namespace,
         &kube::discovery::ApiResource {
             group: "agenttest.scaleagent.dev".into(),
             version: "v1".into(),
@@ -1527,7 +1366,7 @@ async fn a_custom_resource_installed_later_is_discovered() -> anyhow::Result<()>
     // The ConfigMap watch was not restarted by rediscovery.
     assert_eq!(agent.metrics().lists_total(&account, "configmaps"), 1);
     agent.stop().await?;
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
     Ok(())
 }
 
@@ -1535,79 +1374,32 @@ async fn a_custom_resource_installed_later_is_discovered() -> anyhow::Result<()>
 /// an agent restart resumes from the hub's stored resume points without a LIST.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_to_the_real_hub_and_resumes_after_an_agent_restart() -> anyhow::Result<()> {
-    init_logs();
-    let control_plane = ControlPlane::shared()?;
-    let admin = control_plane.client().await?;
-    let namespace = control_plane.namespace(&admin, "agent-real-hub").await?;
-    let dir = temp_dir("real-hub")?;
-    let kubeconfig = namespaced_agent_identity(
-        control_plane,
-        &admin,
-        &namespace,
-        &["configmaps", "secrets"],
-        &dir,
-    )
-    .await?;
-    let configmaps = Api::<ConfigMap>::namespaced(admin.clone(), &namespace);
-    let pp = PostParams::default();
-    configmaps
-        .create(
-            &pp,
-            &serde_json::from_value(json!({ "metadata": { "name": "first" } }))?,
-        )
-        .await?;
+    let s = setup("real-hub", &["configmaps", "secrets"]).await?;
+    let Setup {
+        admin,
+        namespace,
+        dir,
+        kubeconfig: _,
+        ..
+    } = &s;
+    let configmaps = Api::<ConfigMap>::namespaced(admin.clone(), namespace);
+    create(&configmaps, json!({ "metadata": { "name": "first" } })).await?;
 
-    let mut hub_config = scale_agent_hub::Config::new(
-        scale_agent_hub::GrpcSecurity::InsecurePlaintext,
-        dir.join("hub-data"),
-    );
-    hub_config.grpc_addr = "127.0.0.1:0".parse()?;
-    hub_config.http_addr = "127.0.0.1:0".parse()?;
-    hub_config.heartbeat_period = Duration::from_secs(2);
-    let hub = scale_agent_hub::start(hub_config).await?;
+    let hub = start_plaintext_hub(dir).await?;
     let account = account_name("real");
-    let config = dir.join("scale-agent.yaml");
-    write_config(
-        &config,
-        hub.grpc_addr,
-        json!([{
-            "name": account,
-            "kubeconfigFile": kubeconfig.display().to_string(),
-            "namespaces": [namespace],
-            "kinds": ["configmaps", "secrets"],
-        }]),
-    )?;
-    let objects_path = format!("/api/v1/accounts/{account}/objects?kind=configmaps");
+    let config = s.write_config(hub.grpc_addr, &account, &["configmaps", "secrets"])?;
     let agent = start_agent(&config).await?;
     eventually("readiness against the real hub", || agent.view().ready()).await?;
-    let mut listed = String::new();
-    for _ in 0..100 {
-        listed = admin_get(hub.http_addr, &objects_path).await?;
-        if listed.contains("\"first\"") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let listed = hub_lists(hub.http_addr, &account, "first").await?;
     assert!(listed.contains("\"first\""), "{listed}");
     assert_eq!(agent.metrics().lists_total(&account, "configmaps"), 1);
     agent.stop().await?;
 
     // Restart the agent: the hub holds resume points, so nothing is listed again.
-    configmaps
-        .create(
-            &pp,
-            &serde_json::from_value(json!({ "metadata": { "name": "second" } }))?,
-        )
-        .await?;
+    create(&configmaps, json!({ "metadata": { "name": "second" } })).await?;
     let agent = start_agent(&config).await?;
     eventually("readiness after the restart", || agent.view().ready()).await?;
-    for _ in 0..100 {
-        listed = admin_get(hub.http_addr, &objects_path).await?;
-        if listed.contains("\"second\"") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let listed = hub_lists(hub.http_addr, &account, "second").await?;
     assert!(listed.contains("\"second\""), "{listed}");
     assert_eq!(agent.metrics().lists_total(&account, "configmaps"), 0);
     assert_eq!(
@@ -1617,7 +1409,7 @@ async fn streams_to_the_real_hub_and_resumes_after_an_agent_restart() -> anyhow:
     assert_eq!(agent.metrics().lists_total(&account, "secrets"), 0);
     agent.stop().await?;
     hub.shutdown().await?;
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
     Ok(())
 }
 
@@ -1626,43 +1418,21 @@ async fn streams_to_the_real_hub_and_resumes_after_an_agent_restart() -> anyhow:
 /// a LIST.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standby_replica_takes_over_without_relisting() -> anyhow::Result<()> {
-    init_logs();
-    let control_plane = ControlPlane::shared()?;
-    let admin = control_plane.client().await?;
-    let namespace = control_plane.namespace(&admin, "agent-ha").await?;
-    let dir = temp_dir("ha")?;
-    let kubeconfig =
-        namespaced_agent_identity(control_plane, &admin, &namespace, &["configmaps"], &dir).await?;
-    let configmaps = Api::<ConfigMap>::namespaced(admin.clone(), &namespace);
-    let pp = PostParams::default();
-    configmaps
-        .create(
-            &pp,
-            &serde_json::from_value(json!({ "metadata": { "name": "one" } }))?,
-        )
-        .await?;
+    let s = setup("ha", &["configmaps"]).await?;
+    let Setup {
+        admin,
+        namespace,
+        dir,
+        kubeconfig: _,
+        ..
+    } = &s;
+    let configmaps = Api::<ConfigMap>::namespaced(admin.clone(), namespace);
+    create(&configmaps, json!({ "metadata": { "name": "one" } })).await?;
 
-    let mut hub_config = scale_agent_hub::Config::new(
-        scale_agent_hub::GrpcSecurity::InsecurePlaintext,
-        dir.join("hub-data"),
-    );
-    hub_config.grpc_addr = "127.0.0.1:0".parse()?;
-    hub_config.http_addr = "127.0.0.1:0".parse()?;
-    hub_config.heartbeat_period = Duration::from_secs(2);
-    let hub = scale_agent_hub::start(hub_config).await?;
+    let hub = start_plaintext_hub(dir).await?;
     let account = account_name("ha");
-    let config = dir.join("scale-agent.yaml");
-    write_config(
-        &config,
-        hub.grpc_addr,
-        json!([{
-            "name": account,
-            "kubeconfigFile": kubeconfig.display().to_string(),
-            "namespaces": [namespace],
-            "kinds": ["configmaps"],
-        }]),
-    )?;
-    let first = start_replica(&config, "replica-a").await?;
+    let config = s.write_config(hub.grpc_addr, &account, &["configmaps"])?;
+    let first = fixtures::start_agent_replica(&config, "replica-a").await?;
     eventually("the first replica streaming", || {
         first.view().ready()
             && first
@@ -1671,7 +1441,7 @@ async fn standby_replica_takes_over_without_relisting() -> anyhow::Result<()> {
                 .is_some_and(|a| a.role == "streaming")
     })
     .await?;
-    let second = start_replica(&config, "replica-b").await?;
+    let second = fixtures::start_agent_replica(&config, "replica-b").await?;
     eventually("the second replica on standby", || {
         second
             .view()
@@ -1682,12 +1452,7 @@ async fn standby_replica_takes_over_without_relisting() -> anyhow::Result<()> {
     assert_eq!(second.metrics().lists_total(&account, "configmaps"), 0);
 
     first.stop().await?;
-    configmaps
-        .create(
-            &pp,
-            &serde_json::from_value(json!({ "metadata": { "name": "two" } }))?,
-        )
-        .await?;
+    create(&configmaps, json!({ "metadata": { "name": "two" } })).await?;
     eventually("the standby promoted", || {
         second
             .view()
@@ -1695,15 +1460,7 @@ async fn standby_replica_takes_over_without_relisting() -> anyhow::Result<()> {
             .is_some_and(|a| a.role == "streaming")
     })
     .await?;
-    let objects_path = format!("/api/v1/accounts/{account}/objects?kind=configmaps");
-    let mut listed = String::new();
-    for _ in 0..100 {
-        listed = admin_get(hub.http_addr, &objects_path).await?;
-        if listed.contains("\"two\"") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let listed = hub_lists(hub.http_addr, &account, "two").await?;
     assert!(listed.contains("\"two\""), "{listed}");
     assert_eq!(second.metrics().lists_total(&account, "configmaps"), 0);
     assert_eq!(
@@ -1712,6 +1469,6 @@ async fn standby_replica_takes_over_without_relisting() -> anyhow::Result<()> {
     );
     second.stop().await?;
     hub.shutdown().await?;
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
     Ok(())
 }

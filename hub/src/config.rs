@@ -61,6 +61,8 @@ pub struct Config {
     pub max_object_bytes: u64,
     /// Empty: any identity may register any account.
     pub allow: Vec<AllowRule>,
+    /// How long finished operations stay visible at `GET /api/v1/operations/{id}`.
+    pub operation_retention: Duration,
 }
 
 impl Config {
@@ -98,6 +100,7 @@ impl Config {
             max_unacked: 1000,
             max_object_bytes: 2 * 1024 * 1024,
             allow: Vec::new(),
+            operation_retention: Duration::from_secs(15 * 60),
         }
     }
 }
@@ -175,6 +178,11 @@ pub struct Args {
     #[arg(long, env = "SCALE_AGENT_HUB_ALLOW", value_delimiter = ',', value_parser = AllowRule::parse)]
     pub allow: Vec<AllowRule>,
 
+    /// How long finished operations stay visible at GET /api/v1/operations/{id} (at most
+    /// 10000 are kept). Seconds, or a number with ms, s, m or h.
+    #[arg(long, env = "SCALE_AGENT_HUB_OPERATION_RETENTION", default_value = "15m", value_parser = parse_duration)]
+    pub operation_retention: Duration,
+
     /// Log format.
     #[arg(
         long,
@@ -223,6 +231,7 @@ impl Args {
             max_unacked: self.max_unacked,
             max_object_bytes: self.max_object_bytes,
             allow: self.allow,
+            operation_retention: self.operation_retention,
         };
         config.validate()?;
         Ok(config)

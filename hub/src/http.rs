@@ -11,7 +11,7 @@ use axum::{
     extract::{Path, Query, State},
     http::{StatusCode, header},
     response::{IntoResponse, Response},
-    routing::get,
+    routing::{get, post},
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -32,11 +32,61 @@ pub(crate) fn router(hub: Arc<Hub>) -> Router {
         .route("/api/v1/accounts", get(accounts))
         .route("/api/v1/accounts/{name}", get(account))
         .route("/api/v1/accounts/{name}/objects", get(objects))
+        .route("/api/v1/accounts/{name}/operations", post(submit_operation))
+        .route("/api/v1/operations/{id}", get(operation))
         .with_state(hub)
 }
 
 fn error(status: StatusCode, message: String) -> Response {
     (status, Json(json!({ "error": message }))).into_response()
+}
+
+async fn submit_operation(
+    State(hub): State<Arc<Hub>>,
+    Path(name): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    let request: crate::operations::OperationRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            let message = format!("invalid operation request: {e}");
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(json!({
+                    "state": "failed",
+                    "executed": false,
+                    "status": { "code": 400, "reason": "BadRequest", "message": message, "causes": [] },
+                    "message": message,
+                })),
+            )
+                .into_response();
+        }
+    };
+    // Run apart from the request: a client that goes away does not abandon the operation,
+    // which still finishes and is recorded for GET /api/v1/operations/{id}.
+    let task = tokio::spawn(async move { crate::operations::submit(&hub, &name, request).await });
+    let (code, body) = match task.await {
+        Ok(answer) => answer,
+        Err(e) => (
+            500,
+            json!({ "state": "failed", "message": format!("the operation task failed: {e}") }),
+        ),
+    };
+    let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, Json(body)).into_response()
+}
+
+async fn operation(State(hub): State<Arc<Hub>>, Path(id): Path<String>) -> Response {
+    match hub.operations.lookup(&id, hub.config.operation_retention) {
+        Some(body) => Json(body).into_response(),
+        None => error(
+            StatusCode::NOT_FOUND,
+            format!(
+                "no operation {id:?} (unknown, or finished longer ago than the retention of {:?})",
+                hub.config.operation_retention
+            ),
+        ),
+    }
 }
 
 async fn readyz(State(hub): State<Arc<Hub>>) -> Response {

@@ -13,6 +13,7 @@ pub mod error;
 pub mod http;
 pub mod identity;
 pub mod metrics;
+pub mod operations;
 pub mod registry;
 pub mod service;
 pub mod session;
@@ -56,6 +57,8 @@ pub(crate) enum Control {
     Promote(String),
     /// End the stream with this status.
     Close(tonic::Status),
+    /// Send this operation to the agent.
+    Operation(Box<scale_agent_proto::v1::Operation>),
 }
 
 /// The state shared by the gRPC service, the HTTP API and the background tasks.
@@ -68,6 +71,7 @@ pub(crate) struct Hub {
     pub(crate) store: tokio::sync::Mutex<Store>,
     sessions: Mutex<HashMap<SessionId, mpsc::Sender<Control>>>,
     pub(crate) metrics: Metrics,
+    pub(crate) operations: operations::Operations,
     pub(crate) shutdown: watch::Receiver<bool>,
     pub(crate) grpc_listening: AtomicBool,
     pub(crate) store_open: AtomicBool,
@@ -245,6 +249,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         store: tokio::sync::Mutex::new(store),
         sessions: Mutex::new(HashMap::new()),
         metrics: Metrics::new(),
+        operations: operations::Operations::default(),
         shutdown: shutdown_rx,
         grpc_listening: AtomicBool::new(false),
         store_open: AtomicBool::new(true),

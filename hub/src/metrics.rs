@@ -17,6 +17,11 @@ pub struct Metrics {
     pub bytes_received: Counter,
     pub resumes: Counter,
     pub relists: Counter,
+    /// Finished operations by type (apply, delete, ...) and state (succeeded, failed,
+    /// timedOut, noAgent).
+    pub operations: Family<[(&'static str, &'static str); 2], Counter>,
+    /// Operations resent to another replica after the chosen one left.
+    pub operation_retries: Counter,
 }
 
 impl Default for Metrics {
@@ -35,6 +40,18 @@ impl Metrics {
         let bytes_received = Counter::default();
         let resumes = Counter::default();
         let relists = Counter::default();
+        let operations = Family::default();
+        let operation_retries = Counter::default();
+        registry.register(
+            "operations",
+            "Operations finished, by type and state",
+            operations.clone(),
+        );
+        registry.register(
+            "operation_retries",
+            "Operations resent to another replica after the chosen one left before answering",
+            operation_retries.clone(),
+        );
         registry.register(
             "connected_agents",
             "Agent streams connected",
@@ -79,7 +96,22 @@ impl Metrics {
             bytes_received,
             resumes,
             relists,
+            operations,
+            operation_retries,
         }
+    }
+
+    /// Counts a finished operation (`state` is one of a few fixed names).
+    pub fn operation(&self, kind: &'static str, state: &str) {
+        let state = match state {
+            "succeeded" => "succeeded",
+            "timedOut" => "timedOut",
+            "noAgent" => "noAgent",
+            _ => "failed",
+        };
+        self.operations
+            .get_or_create(&[("type", kind), ("state", state)])
+            .inc();
     }
 
     pub fn received(&self, kind: &'static str, bytes: usize) {
@@ -106,6 +138,8 @@ mod tests {
         let m = Metrics::new();
         m.received("object", 10);
         m.relists.inc();
+        m.operation("apply", "succeeded");
+        m.operation("delete", "whatever");
         let text = m.encode();
         for name in [
             "scale_agent_hub_connected_agents",
@@ -115,6 +149,9 @@ mod tests {
             "scale_agent_hub_bytes_received_total 10",
             "scale_agent_hub_resumes_total 0",
             "scale_agent_hub_relists_total 1",
+            "scale_agent_hub_operations_total{type=\"apply\",state=\"succeeded\"} 1",
+            "scale_agent_hub_operations_total{type=\"delete\",state=\"failed\"} 1",
+            "scale_agent_hub_operation_retries_total 0",
         ] {
             assert!(text.contains(name), "{name} missing in\n{text}");
         }

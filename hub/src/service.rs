@@ -134,6 +134,7 @@ async fn run_stream(
 
     let promotions = hub.state().registry.disconnect(id, now());
     hub.sessions().remove(&id);
+    hub.operations.session_ended(id);
     hub.deliver(promotions);
     result
 }
@@ -172,6 +173,11 @@ async fn serve(
             }
             ctrl = ctrl_rx.recv() => match ctrl {
                 Some(Control::Close(status)) => return Err(status),
+                Some(Control::Operation(op)) => {
+                    let id = op.id.clone();
+                    send(tx, Out::Operation(*op)).await?;
+                    hub.operations.mark_sent(&id);
+                }
                 Some(Control::Promote(account)) => {
                     let assignment = {
                         let st = hub.state();
@@ -264,6 +270,12 @@ async fn process_batch(
         tracing::debug!(identity = %session.identity, stale = fx.stale, "ignored replayed events");
     }
     hub.deliver(std::mem::take(&mut fx.promotions));
+    for result in std::mem::take(&mut fx.results) {
+        let id = result.id.clone();
+        if !hub.operations.complete(session.id, result) {
+            tracing::debug!(identity = %session.identity, %id, "result of an operation nobody waits for (timed out or unknown)");
+        }
+    }
     for reply in fx.replies {
         if let Some(kind) = reply.kind {
             send(tx, kind).await?;

@@ -184,6 +184,7 @@ struct FakeAgent {
     acked: u64,
     assignments: VecDeque<pb::AccountAssignment>,
     heartbeats: usize,
+    operations: VecDeque<pb::Operation>,
     welcome: Option<pb::Welcome>,
 }
 
@@ -217,6 +218,7 @@ async fn open_stream(
         acked: 0,
         assignments: VecDeque::new(),
         heartbeats: 0,
+        operations: VecDeque::new(),
         welcome: None,
     })
 }
@@ -267,6 +269,7 @@ impl FakeAgent {
                 self.acked = ack.seq;
             }
             Some(Out::Heartbeat(_)) => self.heartbeats += 1,
+            Some(Out::Operation(op)) => self.operations.push_back(op),
             None => panic!("empty hub message"),
         }
         Ok(())
@@ -1037,6 +1040,226 @@ async fn insecure_plaintext_mode_serves_anonymous_agents() {
         panic!("expected Welcome, got {first:?}")
     };
     assert_eq!(welcome.identity, scale_agent_hub::identity::ANONYMOUS);
+    hub.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// POST a JSON body over a raw HTTP/1.0 connection: (status, JSON body).
+async fn post_json(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let body = body.to_string();
+    stream
+        .write_all(
+            format!(
+                "POST {path} HTTP/1.0\r\nHost: hub\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(WAIT, stream.read_to_end(&mut raw))
+        .await
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+impl FakeAgent {
+    /// Reads until an operation arrives.
+    async fn operation(&mut self) -> pb::Operation {
+        loop {
+            if let Some(op) = self.operations.pop_front() {
+                return op;
+            }
+            self.pump().await.unwrap();
+        }
+    }
+}
+
+/// Operations through fake agents: a result updates the cache before the HTTP answer
+/// (read-your-writes), a non-idempotent operation whose replica leaves is not resent, an
+/// idempotent one is resent to another replica (a standby), and with no replica the answer
+/// is 503 noAgent.
+#[tokio::test]
+async fn operations_are_routed_answered_and_resent_only_when_safe() {
+    let pki = Pki::new();
+    let dir = data_dir("ops");
+    let hub = start_hub(&pki, &dir, |_| {}).await;
+    let http = hub.http_addr;
+    let mut a = agent(&hub, &pki, "agent-a.test", "pod-1").await;
+    assert_eq!(
+        role(&a.register("prod", "https://h:6443").await),
+        Role::Streaming
+    );
+    a.snapshot("prod", &[("one", "5")], "100").await;
+    a.synced().await;
+
+    // An apply answered by the only replica: objects and deletions reach the cache first.
+    let submit = tokio::spawn(async move {
+        post_json(
+            http,
+            "/api/v1/accounts/prod/operations",
+            &serde_json::json!({"type": "apply", "manifest": {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "two"}}}),
+        )
+        .await
+    });
+    let op = a.operation().await;
+    assert_eq!(op.account, "prod");
+    assert!(op.deadline_unix_millis > 0);
+    assert!(matches!(op.op, Some(pb::operation::Op::Apply(_))));
+    let Msg::Object(two) = cm_event("prod", EventType::Applied, "two", "120", "web") else {
+        unreachable!()
+    };
+    a.send(Msg::OperationResult(pb::OperationResult {
+        id: op.id.clone(),
+        ok: true,
+        status: Some(pb::OperationStatus {
+            code: 200,
+            ..Default::default()
+        }),
+        objects_json: vec![two.object_json],
+        object_kinds: vec![configmaps()],
+        deleted: vec!["ConfigMap/default/one".into()],
+        deleted_kinds: vec![configmaps()],
+        deleted_uids: vec!["uid-one".into()],
+        executed: true,
+        replica: "pod-1".into(),
+        account: "prod".into(),
+        ..Default::default()
+    }))
+    .await;
+    let (code, body) = submit.await.unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["state"], "succeeded");
+    assert_eq!(body["objects"][0]["metadata"]["name"], "two");
+    // Read-your-writes: no watch event was sent for "two", nor a deletion of "one".
+    assert_eq!(object_names(&hub, "prod/objects").await, ["two"]);
+    let (code, looked) = get_json(http, &format!("/api/v1/operations/{}", op.id)).await;
+    assert_eq!(code, 200);
+    assert_eq!(looked["state"], "succeeded");
+
+    // A create (not idempotent) whose replica leaves after receiving it: not resent.
+    let mut b = agent(&hub, &pki, "agent-b.test", "pod-2").await;
+    assert_eq!(
+        role(&b.register("prod", "https://h:6443").await),
+        Role::Standby
+    );
+    let submit = tokio::spawn(async move {
+        post_json(
+            http,
+            "/api/v1/accounts/prod/operations",
+            &serde_json::json!({"type": "create", "manifest": {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}}),
+        )
+        .await
+    });
+    let (receiver, op) = tokio::select! {
+        op = a.operation() => ("a", op),
+        op = b.operation() => ("b", op),
+    };
+    if receiver == "a" {
+        drop(a);
+    } else {
+        drop(b);
+        b = a;
+    }
+    let (code, body) = submit.await.unwrap();
+    assert_eq!(code, 503, "{body}");
+    assert_eq!(body["state"], "failed");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("not safe to resend"),
+        "{body}"
+    );
+    assert!(b.operations.iter().all(|o| o.id != op.id));
+
+    // An idempotent get whose replica leaves: resent to the other one (here a standby).
+    let mut c = agent(&hub, &pki, "agent-c.test", "pod-3").await;
+    assert_eq!(
+        role(&c.register("prod", "https://h:6443").await),
+        Role::Standby
+    );
+    let submit = tokio::spawn(async move {
+        post_json(
+            http,
+            "/api/v1/accounts/prod/operations",
+            &serde_json::json!({"type": "get", "kind": "ConfigMap", "namespace": "default", "name": "two"}),
+        )
+        .await
+    });
+    let (receiver, first) = tokio::select! {
+        op = b.operation() => ("b", op),
+        op = c.operation() => ("c", op),
+    };
+    let mut other = if receiver == "b" {
+        drop(b);
+        c
+    } else {
+        drop(c);
+        b
+    };
+    let again = other.operation().await;
+    assert_eq!(again.id, first.id);
+    other
+        .send(Msg::OperationResult(pb::OperationResult {
+            id: again.id.clone(),
+            ok: false,
+            status: Some(pb::OperationStatus {
+                code: 404,
+                reason: "NotFound".into(),
+                message: "configmaps \"two\" not found".into(),
+                causes: vec![],
+            }),
+            executed: true,
+            account: "prod".into(),
+            ..Default::default()
+        }))
+        .await;
+    let (code, body) = submit.await.unwrap();
+    assert_eq!(code, 404, "{body}");
+    assert_eq!(body["attempts"], 2);
+    assert_eq!(body["status"]["reason"], "NotFound");
+
+    // Nobody left.
+    drop(other);
+    wait_for(async || {
+        let (_, acc) = get_json(http, "/api/v1/accounts/prod").await;
+        acc["state"] == "disconnected"
+    })
+    .await;
+    let (code, body) = post_json(
+        http,
+        "/api/v1/accounts/prod/operations",
+        &serde_json::json!({"type": "get", "kind": "ConfigMap", "name": "two"}),
+    )
+    .await;
+    assert_eq!(code, 503, "{body}");
+    assert_eq!(body["state"], "noAgent");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("no agent connected for account prod")
+    );
+    let (code, _) = post_json(
+        http,
+        "/api/v1/accounts/prod/operations",
+        &serde_json::json!({"type": "bogus"}),
+    )
+    .await;
+    assert_eq!(code, 400);
+    let (_, metrics) = get(http, "/metrics").await;
+    assert!(
+        metrics.contains("scale_agent_hub_operation_retries_total 2"),
+        "{metrics}"
+    );
+
     hub.shutdown().await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -185,10 +185,19 @@ impl From<&KnownKind> for Resolved {
     }
 }
 
+/// A kind the cluster serves, from discovery (`kube::discovery`), so custom resources resolve
+/// to their real plural, scope and subresources instead of a guess.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServedKind {
+    pub kind: String,
+    pub resolved: Resolved,
+}
+
 /// Resolves a kind as accounts write it: `Deployment`, `deployment`, `deployments`,
-/// `Deployment.apps` or `deployments.apps`; a kind of another group must carry its group
-/// (`servicemonitors.monitoring.coreos.com`). `None` for an unknown kind without a group.
-pub fn resolve(kind: &str) -> Option<Resolved> {
+/// `Deployment.apps` or `deployments.apps`; kinds outside the built-in table are looked up in
+/// what the cluster serves (`served`). A name without a group that several groups serve, or a
+/// kind the cluster does not serve, gives `None`.
+pub fn resolve(kind: &str, served: &[ServedKind]) -> Option<Resolved> {
     let (name, group) = match kind.split_once('.') {
         Some((name, group)) => (name, Some(group)),
         None => (kind, None),
@@ -198,36 +207,18 @@ pub fn resolve(kind: &str) -> Option<Resolved> {
         (known.kind.eq_ignore_ascii_case(name) || known.resource == lower)
             && group.is_none_or(|g| g == known.group)
     });
-    match (known, group) {
-        (Some(known), _) => Some(known.into()),
-        (None, Some(group)) => {
-            let resource = if name.chars().next().is_some_and(char::is_uppercase) {
-                plural(&lower)
-            } else {
-                lower
-            };
-            Some(Resolved {
-                group: group.into(),
-                resource,
-                namespaced: true,
-                scalable: false,
-            })
-        }
-        (None, None) => None,
+    if let Some(known) = known {
+        return Some(known.into());
     }
-}
-
-/// The usual English plural Kubernetes uses for resource names (`policy` → `policies`).
-pub fn plural(lower_kind: &str) -> String {
-    if let Some(stem) = lower_kind.strip_suffix('y')
-        && !stem.ends_with(['a', 'e', 'i', 'o', 'u'])
-    {
-        return format!("{stem}ies");
-    }
-    if lower_kind.ends_with('s') || lower_kind.ends_with("ch") || lower_kind.ends_with('x') {
-        return format!("{lower_kind}es");
-    }
-    format!("{lower_kind}s")
+    let mut matches = served.iter().filter(|served| {
+        (served.kind.eq_ignore_ascii_case(name) || served.resolved.resource == lower)
+            && group.is_none_or(|g| g == served.resolved.group)
+    });
+    let first = matches.next()?;
+    // One group, or the name is ambiguous and must carry its group.
+    matches
+        .all(|other| other.resolved.group == first.resolved.group)
+        .then(|| first.resolved.clone())
 }
 
 /// What one account wants watched, in RBAC terms.
@@ -247,13 +238,14 @@ pub fn watched(
     kinds: &[String],
     omit_kinds: &[String],
     custom: &[(String, String)],
+    served: &[ServedKind],
 ) -> Result<Watched, Vec<String>> {
     let mut unknown = Vec::new();
     let mut resolve_all = |names: &[String]| -> BTreeSet<Resolved> {
         names
             .iter()
             .filter_map(|name| {
-                let resolved = resolve(name);
+                let resolved = resolve(name, served);
                 if resolved.is_none() {
                     unknown.push(name.clone());
                 }
@@ -275,8 +267,11 @@ pub fn watched(
         }
     };
     for (kind, group) in custom {
-        if let Some(resolved) = resolve(&format!("{kind}.{group}")) {
-            watched.resources.insert(resolved);
+        match resolve(&format!("{kind}.{group}"), served) {
+            Some(resolved) => {
+                watched.resources.insert(resolved);
+            }
+            None => unknown.push(format!("{kind}.{group}")),
         }
     }
     if unknown.is_empty() {
@@ -405,6 +400,50 @@ mod tests {
         list.iter().map(|s| s.to_string()).collect()
     }
 
+    /// What discovery reports for a cluster with a few custom resources.
+    fn served() -> Vec<ServedKind> {
+        let kind = |kind: &str, group: &str, resource: &str, namespaced, scalable| ServedKind {
+            kind: kind.into(),
+            resolved: Resolved {
+                group: group.into(),
+                resource: resource.into(),
+                namespaced,
+                scalable,
+            },
+        };
+        vec![
+            kind(
+                "ServiceMonitor",
+                "monitoring.coreos.com",
+                "servicemonitors",
+                true,
+                false,
+            ),
+            kind(
+                "Prometheus",
+                "monitoring.coreos.com",
+                "prometheuses",
+                true,
+                true,
+            ),
+            kind(
+                "ClusterIssuer",
+                "cert-manager.io",
+                "clusterissuers",
+                false,
+                false,
+            ),
+            kind(
+                "Certificate",
+                "cert-manager.io",
+                "certificates",
+                true,
+                false,
+            ),
+            kind("Certificate", "example.com", "certificates", true, false),
+        ]
+    }
+
     #[test]
     fn resolves_the_spellings_accounts_use() {
         for spelling in [
@@ -414,29 +453,55 @@ mod tests {
             "Deployment.apps",
             "deployments.apps",
         ] {
-            let resolved = resolve(spelling).unwrap();
+            let resolved = resolve(spelling, &[]).unwrap();
             assert_eq!(
                 (resolved.group.as_str(), resolved.resource.as_str()),
                 ("apps", "deployments")
             );
             assert!(resolved.scalable);
         }
-        let custom = resolve("ServiceMonitor.monitoring.coreos.com").unwrap();
-        assert_eq!(custom.resource, "servicemonitors");
         assert_eq!(
-            resolve("certificates.cert-manager.io").unwrap().resource,
-            "certificates"
+            resolve("NetworkPolicy", &[]).unwrap().group,
+            "networking.k8s.io"
         );
-        assert_eq!(resolve("NetworkPolicy").unwrap().group, "networking.k8s.io");
-        assert!(resolve("ServiceMonitor").is_none());
-        assert_eq!(plural("policy"), "policies");
-        assert_eq!(plural("gateway"), "gateways");
-        assert_eq!(plural("ingress"), "ingresses");
+    }
+
+    #[test]
+    fn custom_kinds_resolve_to_what_the_cluster_serves() {
+        let served = served();
+        // The real plural, scope and scale subresource, not guesses.
+        let prometheus = resolve("Prometheus.monitoring.coreos.com", &served).unwrap();
+        assert_eq!(prometheus.resource, "prometheuses");
+        assert!(prometheus.scalable);
+        let issuer = resolve("ClusterIssuer", &served).unwrap();
+        assert_eq!(issuer.group, "cert-manager.io");
+        assert!(!issuer.namespaced);
+        assert_eq!(
+            resolve("servicemonitors", &served).unwrap().group,
+            "monitoring.coreos.com"
+        );
+        // Served by two groups: it must carry its group.
+        assert!(resolve("Certificate", &served).is_none());
+        assert_eq!(
+            resolve("certificates.cert-manager.io", &served)
+                .unwrap()
+                .group,
+            "cert-manager.io"
+        );
+        // Not served at all (its CRD is not installed): unknown, not guessed.
+        assert!(resolve("Widget.example.org", &served).is_none());
+        assert!(resolve("ServiceMonitor", &[]).is_none());
     }
 
     #[test]
     fn read_only_rules_cover_only_the_kinds() {
-        let w = watched(&names(&["Deployment", "ConfigMap", "Namespace"]), &[], &[]).unwrap();
+        let w = watched(
+            &names(&["Deployment", "ConfigMap", "Namespace"]),
+            &[],
+            &[],
+            &[],
+        )
+        .unwrap();
         let rules = rules(&[w], false, false, &[]);
         assert_eq!(rules.len(), 2, "{rules:?}");
         assert_eq!(rules[0].api_groups, Some(vec![String::new()]));
@@ -451,7 +516,7 @@ mod tests {
 
     #[test]
     fn deploy_adds_writes_and_scale() {
-        let w = watched(&names(&["Deployment", "Namespace"]), &[], &[]).unwrap();
+        let w = watched(&names(&["Deployment", "Namespace"]), &[], &[], &[]).unwrap();
         let rules = rules(&[w], true, true, &[]);
         assert_eq!(rules.len(), 3, "{rules:?}");
         assert_eq!(rules[0].resources, Some(names(&["namespaces"])));
@@ -466,14 +531,14 @@ mod tests {
 
     #[test]
     fn secrets_are_list_watch_only_and_only_when_watched() {
-        let w = watched(&names(&["Secret"]), &[], &[]).unwrap();
+        let w = watched(&names(&["Secret"]), &[], &[], &[]).unwrap();
         let rules_ro = rules(std::slice::from_ref(&w), false, false, &[]);
         assert_eq!(rules_ro.len(), 1);
         assert_eq!(rules_ro[0].verbs, names(&["list", "watch"]));
         let rules_deploy = rules(&[w], true, false, &[]);
         assert!(!rules_deploy[0].verbs.contains(&"get".to_string()));
 
-        let everything_but_secrets = watched(&[], &names(&["Secret"]), &[]).unwrap();
+        let everything_but_secrets = watched(&[], &names(&["Secret"]), &[], &[]).unwrap();
         let all = rules(
             &[everything_but_secrets],
             false,
@@ -509,15 +574,26 @@ mod tests {
     #[test]
     fn unknown_kinds_are_reported() {
         assert_eq!(
-            watched(&names(&["Deployment", "Widget"]), &[], &[]).unwrap_err(),
+            watched(&names(&["Deployment", "Widget"]), &[], &[], &[]).unwrap_err(),
             names(&["Widget"])
         );
         let custom = watched(
             &names(&["Pod"]),
             &[],
             &[("ServiceMonitor".into(), "monitoring.coreos.com".into())],
+            &served(),
         )
         .unwrap();
         assert_eq!(custom.resources.len(), 2);
+        assert_eq!(
+            watched(
+                &names(&["Pod"]),
+                &[],
+                &[("Widget".into(), "example.org".into())],
+                &served(),
+            )
+            .unwrap_err(),
+            names(&["Widget.example.org"])
+        );
     }
 }

@@ -14,10 +14,14 @@ pub enum LogFormat {
     Json,
 }
 
-/// Installs the global tracing subscriber: `RUST_LOG` filters (default `info`), in `format`.
+/// Installs the global tracing subscriber: `RUST_LOG` filters (default `info`), in `format`,
+/// colours only when writing to a terminal (never into log files or container logs).
 pub fn init_tracing(format: LogFormat) {
+    use std::io::IsTerminal as _;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stdout().is_terminal());
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

@@ -246,6 +246,7 @@ async fn plan_rules(
     cluster_scoped: bool,
     problems: &mut Vec<Problem>,
 ) -> Result<Vec<PolicyRule>> {
+    let served = served_kinds(ctx).await?;
     let mut watched = Vec::new();
     for account in accepted {
         let (kinds, omit_kinds) = desired::effective_kinds(agent, account);
@@ -255,13 +256,15 @@ async fn plan_rules(
             .iter()
             .map(|cr| (cr.kind.clone(), cr.group.clone()))
             .collect();
-        match rbac::watched(&kinds, &omit_kinds, &custom) {
+        match rbac::watched(&kinds, &omit_kinds, &custom, &served) {
             Ok(w) => watched.push(w),
             Err(unknown) => problems.push(Problem {
                 reason: "UnknownKind",
                 message: format!(
-                    "AgentAccount {} names kinds the operator cannot map to API resources: {}; \
-                     write them as resource.group, e.g. servicemonitors.monitoring.coreos.com",
+                    "AgentAccount {} names kinds this cluster does not serve, or that several \
+                     API groups serve: {}; check the spelling and that the CRD is installed, \
+                     and write a kind served by several groups as resource.group, e.g. \
+                     certificates.cert-manager.io",
                     account.name_any(),
                     unknown.join(", ")
                 ),
@@ -269,14 +272,14 @@ async fn plan_rules(
         }
     }
     let groups = if watched.iter().any(|w| w.everything) {
-        ctx.client
-            .list_api_groups()
-            .await
-            .map_err(kube_err("discover API groups"))?
-            .groups
-            .into_iter()
-            .map(|g| g.name)
-            .collect()
+        let mut groups: Vec<String> = served
+            .iter()
+            .map(|s| s.resolved.group.clone())
+            .filter(|g| !g.is_empty())
+            .collect();
+        groups.sort();
+        groups.dedup();
+        groups
     } else {
         Vec::new()
     };
@@ -286,6 +289,31 @@ async fn plan_rules(
         cluster_scoped,
         &groups,
     ))
+}
+
+/// Every kind the cluster serves (preferred versions), for resolving account kind names to
+/// their resources. Runs discovery at each reconcile, so CRDs installed later are found.
+async fn served_kinds(ctx: &Context) -> Result<Vec<rbac::ServedKind>> {
+    let discovery = kube::discovery::Discovery::new(ctx.client.clone())
+        .run_aggregated()
+        .await
+        .map_err(kube_err("discover the API resources the cluster serves"))?;
+    Ok(discovery
+        .groups()
+        .flat_map(|group| group.recommended_resources())
+        .map(|(resource, capabilities)| rbac::ServedKind {
+            kind: resource.kind.clone(),
+            resolved: rbac::Resolved {
+                group: resource.group.clone(),
+                resource: resource.plural.clone(),
+                namespaced: capabilities.scope == kube::discovery::Scope::Namespaced,
+                scalable: capabilities
+                    .subresources
+                    .iter()
+                    .any(|(sub, _)| sub.plural == "scale"),
+            },
+        })
+        .collect())
 }
 
 /// Applies the RBAC the scope asks for and removes the RBAC it no longer asks for.

@@ -1,0 +1,585 @@
+//! Operations the hub sends (apply, delete, patch, scale, rollout, get, list, events, logs),
+//! executed as the account's own credentials, with bounded concurrency and within each
+//! operation's deadline. Every outcome is an [`v1::OperationResult`] carrying the
+//! Kubernetes status as the API server gave it (see the contract in the .proto).
+//!
+//! - kinds are resolved through discovery (cached per account, refreshed once when a kind
+//!   is unknown): `Deployment`, `deployments`, `deploy`, `deployment.apps`,
+//!   `deployments.v1.apps`, or group/version/kind from a manifest;
+//! - results carry the resulting objects (scrubbed like watched objects: no managedFields,
+//!   Secrets without data) so the hub's cache reflects the write at once;
+//! - a deadline that passes answers 504 with `executed` telling whether a request had
+//!   reached the API server.
+
+mod delete;
+mod read;
+mod rollout;
+mod write;
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use kube::{
+    Api, Client,
+    api::DynamicObject,
+    core::{Status, response::StatusCause},
+};
+use scale_agent_proto::v1::{self, operation::Op};
+use serde_json::Value;
+use tokio::sync::{Mutex, Semaphore};
+
+use crate::{
+    account,
+    convert::scrub,
+    kinds::{Candidate, KindRef},
+};
+
+/// Operations running at once per agent process.
+pub const CONCURRENCY: usize = 16;
+/// Deadline of an operation that names none.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
+/// Field manager when the operation names none.
+pub const FIELD_MANAGER: &str = "scale-agent";
+/// Attempts of a read-modify-write that meets 409 Conflict.
+pub const CONFLICT_RETRIES: usize = 5;
+
+/// Why an operation failed: a Kubernetes status.
+#[derive(Clone, Debug)]
+pub struct Failure {
+    pub status: v1::OperationStatus,
+}
+
+impl Failure {
+    pub fn new(code: i32, reason: &str, message: impl Into<String>) -> Self {
+        Failure {
+            status: v1::OperationStatus {
+                code,
+                reason: reason.into(),
+                message: message.into(),
+                causes: Vec::new(),
+            },
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(400, "BadRequest", message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(404, "NotFound", message)
+    }
+
+    pub fn code(&self) -> i32 {
+        self.status.code
+    }
+}
+
+fn cause(c: &StatusCause) -> v1::operation_status::Cause {
+    v1::operation_status::Cause {
+        reason: c.reason.clone(),
+        message: c.message.clone(),
+        field: c.field.clone(),
+    }
+}
+
+/// The API server's status, as is.
+pub fn status_failure(s: &Status) -> Failure {
+    Failure {
+        status: v1::OperationStatus {
+            code: i32::from(s.code),
+            reason: s.reason.clone(),
+            message: s.message.clone(),
+            causes: s
+                .details
+                .as_ref()
+                .map(|d| d.causes.iter().map(cause).collect())
+                .unwrap_or_default(),
+        },
+    }
+}
+
+impl From<kube::Error> for Failure {
+    fn from(e: kube::Error) -> Self {
+        match e {
+            kube::Error::Api(s) => status_failure(&s),
+            other => Failure::new(
+                503,
+                "ServiceUnavailable",
+                format!("cannot reach the API server: {other}"),
+            ),
+        }
+    }
+}
+
+pub type OpResult<T> = std::result::Result<T, Failure>;
+
+/// What an operation produced so far (kept when it fails or times out midway).
+#[derive(Debug, Default)]
+pub struct Output {
+    pub objects: Vec<(KindRef, Value)>,
+    /// (label, kind, uid; empty while the object still exists)
+    pub deleted: Vec<(String, KindRef, String)>,
+    pub text: String,
+    /// HTTP code of a success; 200 when unset.
+    pub code: i32,
+}
+
+impl Output {
+    pub fn object(&mut self, kind: &KindRef, mut value: Value) {
+        scrub(kind, &mut value);
+        self.objects.push((kind.clone(), value));
+    }
+}
+
+/// `Deployment.apps/ns/name`, `Namespace/name`: how results name objects.
+pub fn label(kind: &KindRef, namespace: &str, name: &str) -> String {
+    let k = if kind.group.is_empty() {
+        kind.kind.clone()
+    } else {
+        format!("{}.{}", kind.kind, kind.group)
+    };
+    if namespace.is_empty() {
+        format!("{k}/{name}")
+    } else {
+        format!("{k}/{namespace}/{name}")
+    }
+}
+
+/// Per-operation context.
+pub struct Ctx<'a> {
+    pub exec: &'a Executor,
+    executed: AtomicBool,
+}
+
+impl Ctx<'_> {
+    /// Marks that a request goes to the API server now.
+    pub fn hit(&self) {
+        self.executed.store(true, Ordering::SeqCst);
+    }
+
+    pub fn client(&self) -> Client {
+        self.exec.client.clone()
+    }
+
+    /// An API for the kind in `namespace` (empty: all namespaces, or cluster-scoped).
+    pub fn api(&self, kind: &KindRef, namespace: &str) -> Api<DynamicObject> {
+        let ar = kind.api_resource();
+        if kind.namespaced && !namespace.is_empty() {
+            Api::namespaced_with(self.client(), namespace, &ar)
+        } else {
+            Api::all_with(self.client(), &ar)
+        }
+    }
+
+    /// The namespace an object of `kind` lives in: the given one, else `default` for
+    /// namespaced kinds; empty for cluster-scoped ones.
+    pub fn namespace_for(kind: &KindRef, given: &str) -> String {
+        if !kind.namespaced {
+            String::new()
+        } else if given.is_empty() {
+            "default".into()
+        } else {
+            given.to_string()
+        }
+    }
+
+    pub async fn resolve(&self, selector: Option<&v1::KindSelector>) -> OpResult<KindRef> {
+        let selector =
+            selector.ok_or_else(|| Failure::bad_request("the operation names no kind"))?;
+        self.exec.resolve(selector, self).await
+    }
+
+    pub async fn target(
+        &self,
+        target: Option<&v1::ObjectRef>,
+    ) -> OpResult<(KindRef, String, String)> {
+        let t = target.ok_or_else(|| Failure::bad_request("the operation names no object"))?;
+        if t.name.is_empty() {
+            return Err(Failure::bad_request(
+                "the operation names no object (name is empty)",
+            ));
+        }
+        let kind = self.resolve(t.kind.as_ref()).await?;
+        let ns = Self::namespace_for(&kind, &t.namespace);
+        Ok((kind, ns, t.name.clone()))
+    }
+}
+
+/// Short names kubectl knows for built-in kinds.
+const SHORT_NAMES: &[(&str, &str)] = &[
+    ("deploy", "deployments"),
+    ("sts", "statefulsets"),
+    ("ds", "daemonsets"),
+    ("rs", "replicasets"),
+    ("svc", "services"),
+    ("cm", "configmaps"),
+    ("po", "pods"),
+    ("ns", "namespaces"),
+    ("sa", "serviceaccounts"),
+    ("pvc", "persistentvolumeclaims"),
+    ("pv", "persistentvolumes"),
+    ("ing", "ingresses"),
+    ("cj", "cronjobs"),
+    ("hpa", "horizontalpodautoscalers"),
+    ("crd", "customresourcedefinitions"),
+    ("crds", "customresourcedefinitions"),
+    ("ev", "events"),
+    ("no", "nodes"),
+    ("netpol", "networkpolicies"),
+    ("pdb", "poddisruptionbudgets"),
+    ("ep", "endpoints"),
+    ("limits", "limitranges"),
+    ("quota", "resourcequotas"),
+    ("sc", "storageclasses"),
+];
+
+fn group_rank(group: &str) -> u8 {
+    if group.is_empty() {
+        0
+    } else if !group.contains('.') {
+        1
+    } else if group.ends_with(".k8s.io") {
+        2
+    } else {
+        3
+    }
+}
+
+/// Picks the kind a selector names among discovered candidates (pure).
+pub fn pick_kind(selector: &v1::KindSelector, candidates: &[Candidate]) -> Option<KindRef> {
+    let name_of = |n: &str| -> String {
+        let lower = n.to_ascii_lowercase();
+        SHORT_NAMES
+            .iter()
+            .find(|(s, _)| *s == lower)
+            .map(|(_, p)| p.to_string())
+            .unwrap_or(lower)
+    };
+    let names = |c: &KindRef, n: &str| {
+        c.kind.eq_ignore_ascii_case(n)
+            || c.plural.eq_ignore_ascii_case(n)
+            || c.kind.to_ascii_lowercase() == n
+    };
+    // (name, group filter, version filter) interpretations, in order.
+    let mut tries: Vec<(String, Option<String>, Option<String>)> = Vec::new();
+    let explicit = !selector.group.is_empty() || !selector.version.is_empty();
+    if explicit {
+        tries.push((
+            name_of(&selector.kind),
+            Some(selector.group.clone()),
+            (!selector.version.is_empty()).then(|| selector.version.clone()),
+        ));
+    } else {
+        let k = selector.kind.trim();
+        match k.split_once('.') {
+            None => tries.push((name_of(k), None, None)),
+            Some((n, rest)) => {
+                tries.push((name_of(n), Some(rest.to_string()), None));
+                if let Some((v, g)) = rest.split_once('.') {
+                    tries.push((name_of(n), Some(g.to_string()), Some(v.to_string())));
+                } else {
+                    // `deployments.v1` names the core group's version? Only for v1-like.
+                    tries.push((name_of(n), Some(String::new()), Some(rest.to_string())));
+                }
+            }
+        }
+    }
+    for (name, group, version) in tries {
+        let mut found: Vec<&Candidate> = candidates
+            .iter()
+            .filter(|c| names(&c.kind, &name))
+            .filter(|c| {
+                group
+                    .as_ref()
+                    .is_none_or(|g| c.kind.group.eq_ignore_ascii_case(g))
+            })
+            .filter(|c| match &version {
+                Some(v) => c.kind.version == *v,
+                None => true,
+            })
+            .collect();
+        if version.is_none() && found.iter().any(|c| c.preferred) {
+            found.retain(|c| c.preferred);
+        }
+        found.sort_by_key(|c| (group_rank(&c.kind.group), c.kind.group.clone()));
+        if let Some(c) = found.first() {
+            return Some(c.kind.clone());
+        }
+    }
+    None
+}
+
+/// Executes operations for one account.
+pub struct Executor {
+    pub account: String,
+    pub replica: String,
+    client: Client,
+    semaphore: Arc<Semaphore>,
+    kinds: Mutex<Option<Arc<Vec<Candidate>>>>,
+}
+
+impl Executor {
+    pub fn new(
+        account: String,
+        replica: String,
+        client: Client,
+        semaphore: Arc<Semaphore>,
+    ) -> Self {
+        Executor {
+            account,
+            replica,
+            client,
+            semaphore,
+            kinds: Mutex::new(None),
+        }
+    }
+
+    async fn candidates(&self, refresh: bool, ctx: &Ctx<'_>) -> OpResult<Arc<Vec<Candidate>>> {
+        let mut kinds = self.kinds.lock().await;
+        if let (Some(k), false) = (kinds.as_ref(), refresh) {
+            return Ok(k.clone());
+        }
+        ctx.hit();
+        let found = account::discover(&self.account, &self.client)
+            .await
+            .map_err(|e| Failure::new(503, "ServiceUnavailable", e.to_string()))?;
+        let found = Arc::new(found);
+        *kinds = Some(found.clone());
+        Ok(found)
+    }
+
+    async fn resolve(&self, selector: &v1::KindSelector, ctx: &Ctx<'_>) -> OpResult<KindRef> {
+        for refresh in [false, true] {
+            let candidates = self.candidates(refresh, ctx).await?;
+            if let Some(k) = pick_kind(selector, &candidates) {
+                return Ok(k);
+            }
+        }
+        let named = if selector.group.is_empty() && selector.version.is_empty() {
+            selector.kind.clone()
+        } else {
+            format!("{}/{} {}", selector.group, selector.version, selector.kind)
+        };
+        Err(Failure::not_found(format!(
+            "the server doesn't have a resource type \"{named}\""
+        )))
+    }
+
+    /// Runs one operation to its result.
+    pub async fn execute(&self, operation: v1::Operation) -> v1::OperationResult {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or_default();
+        let budget = if operation.deadline_unix_millis > 0 {
+            Duration::from_millis(u64::try_from(operation.deadline_unix_millis - now).unwrap_or(0))
+        } else {
+            DEFAULT_DEADLINE
+        };
+        let ctx = Ctx {
+            exec: self,
+            executed: AtomicBool::new(false),
+        };
+        let mut out = Output::default();
+        let started = std::time::Instant::now();
+        let kind = operation.op.as_ref().map(op_name).unwrap_or("none");
+        let outcome = tokio::time::timeout(budget, async {
+            let _permit =
+                self.semaphore.acquire().await.map_err(|_| {
+                    Failure::new(503, "ServiceUnavailable", "the agent is stopping")
+                })?;
+            run(&ctx, operation.op, &mut out).await
+        })
+        .await;
+        let executed = ctx.executed.load(Ordering::SeqCst);
+        let (ok, status) = match outcome {
+            Ok(Ok(())) => (
+                true,
+                v1::OperationStatus {
+                    code: if out.code == 0 { 200 } else { out.code },
+                    reason: String::new(),
+                    message: String::new(),
+                    causes: Vec::new(),
+                },
+            ),
+            Ok(Err(f)) => (false, f.status),
+            Err(_) => (
+                false,
+                Failure::new(
+                    504,
+                    "Timeout",
+                    format!(
+                        "the {kind} operation did not finish within its deadline ({:.1} s); {}",
+                        budget.as_secs_f64(),
+                        if executed {
+                            "it had reached the API server, so part of it may have been done"
+                        } else {
+                            "it never reached the API server"
+                        }
+                    ),
+                )
+                .status,
+            ),
+        };
+        tracing::info!(account = %self.account, id = %operation.id, r#type = kind, ok, code = status.code,
+            elapsed_ms = started.elapsed().as_millis() as u64, "operation done");
+        v1::OperationResult {
+            id: operation.id,
+            ok,
+            status: Some(status),
+            objects_json: out
+                .objects
+                .iter()
+                .map(|(_, v)| serde_json::to_vec(v).unwrap_or_default())
+                .collect(),
+            object_kinds: out.objects.iter().map(|(k, _)| k.to_proto()).collect(),
+            deleted: out.deleted.iter().map(|(l, _, _)| l.clone()).collect(),
+            deleted_kinds: out.deleted.iter().map(|(_, k, _)| k.to_proto()).collect(),
+            deleted_uids: out.deleted.iter().map(|(_, _, u)| u.clone()).collect(),
+            text: out.text,
+            executed,
+            replica: self.replica.clone(),
+            account: self.account.clone(),
+        }
+    }
+}
+
+/// The operation's type, for logs and metrics.
+pub fn op_name(op: &Op) -> &'static str {
+    match op {
+        Op::Apply(_) => "apply",
+        Op::Create(_) => "create",
+        Op::Replace(_) => "replace",
+        Op::Delete(_) => "delete",
+        Op::Patch(_) => "patch",
+        Op::Scale(_) => "scale",
+        Op::Rollout(_) => "rollout",
+        Op::Get(_) => "get",
+        Op::List(_) => "list",
+        Op::Events(_) => "events",
+        Op::Logs(_) => "logs",
+    }
+}
+
+async fn run(ctx: &Ctx<'_>, op: Option<Op>, out: &mut Output) -> OpResult<()> {
+    let op = op.ok_or_else(|| Failure::bad_request("the operation has no content"))?;
+    match op {
+        Op::Apply(a) => write::apply(ctx, a, out).await,
+        Op::Create(c) => write::create(ctx, c, out).await,
+        Op::Replace(r) => write::replace(ctx, r, out).await,
+        Op::Patch(p) => write::patch(ctx, p, out).await,
+        Op::Scale(s) => write::scale(ctx, s, out).await,
+        Op::Delete(d) => delete::delete(ctx, d, out).await,
+        Op::Rollout(r) => rollout::rollout(ctx, r, out).await,
+        Op::Get(g) => read::get(ctx, g, out).await,
+        Op::List(l) => read::list(ctx, l, out).await,
+        Op::Events(e) => read::events(ctx, e, out).await,
+        Op::Logs(l) => read::logs(ctx, l, out).await,
+    }
+}
+
+/// A result for an operation this agent cannot run at all (account unknown or not ready).
+pub fn refused(
+    operation: &v1::Operation,
+    replica: &str,
+    code: i32,
+    reason: &str,
+    message: String,
+) -> v1::OperationResult {
+    v1::OperationResult {
+        id: operation.id.clone(),
+        ok: false,
+        status: Some(Failure::new(code, reason, message).status),
+        replica: replica.to_string(),
+        account: operation.account.clone(),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cand(group: &str, version: &str, kind: &str, plural: &str, preferred: bool) -> Candidate {
+        Candidate {
+            kind: KindRef {
+                group: group.into(),
+                version: version.into(),
+                kind: kind.into(),
+                plural: plural.into(),
+                namespaced: true,
+            },
+            verbs: vec![],
+            preferred,
+        }
+    }
+
+    fn sel(kind: &str) -> v1::KindSelector {
+        v1::KindSelector {
+            kind: kind.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn kinds_resolve_like_kubectl() {
+        let c = vec![
+            cand("apps", "v1", "Deployment", "deployments", true),
+            cand("", "v1", "Event", "events", true),
+            cand("events.k8s.io", "v1", "Event", "events", true),
+            cand("example.com", "v1", "Widget", "widgets", false),
+            cand("example.com", "v2", "Widget", "widgets", true),
+            cand("other.io", "v1", "Widget", "widgets", true),
+        ];
+        let g = |k: &str| {
+            pick_kind(&sel(k), &c).map(|k| format!("{}/{}/{}", k.group, k.version, k.kind))
+        };
+        assert_eq!(g("deploy").as_deref(), Some("apps/v1/Deployment"));
+        assert_eq!(g("Deployment").as_deref(), Some("apps/v1/Deployment"));
+        assert_eq!(g("deployments.apps").as_deref(), Some("apps/v1/Deployment"));
+        assert_eq!(
+            g("deployments.v1.apps").as_deref(),
+            Some("apps/v1/Deployment")
+        );
+        assert_eq!(g("event").as_deref(), Some("/v1/Event"));
+        assert_eq!(
+            g("events.events.k8s.io").as_deref(),
+            Some("events.k8s.io/v1/Event")
+        );
+        assert_eq!(
+            g("widget.example.com").as_deref(),
+            Some("example.com/v2/Widget")
+        );
+        assert_eq!(
+            g("widgets.v1.example.com").as_deref(),
+            Some("example.com/v1/Widget")
+        );
+        assert_eq!(g("widget.other.io").as_deref(), Some("other.io/v1/Widget"));
+        assert_eq!(g("gadget"), None);
+        let explicit = v1::KindSelector {
+            group: "example.com".into(),
+            version: "v1".into(),
+            kind: "Widget".into(),
+        };
+        assert_eq!(pick_kind(&explicit, &c).unwrap().version, "v1");
+    }
+
+    #[test]
+    fn labels_and_failures() {
+        let k = cand("apps", "v1", "Deployment", "deployments", true).kind;
+        assert_eq!(label(&k, "ns", "web"), "Deployment.apps/ns/web");
+        let s: Status = serde_json::from_value(serde_json::json!({
+            "code": 422, "reason": "Invalid", "message": "bad",
+            "details": {"causes": [{"reason": "FieldValueRequired", "message": "Required value", "field": "spec.x"}]}
+        }))
+        .unwrap();
+        let f = status_failure(&s);
+        assert_eq!(f.code(), 422);
+        assert_eq!(f.status.causes[0].field, "spec.x");
+    }
+}

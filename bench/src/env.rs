@@ -1,0 +1,428 @@
+//! The benchmark's world: a real control plane, certificates, the agent's ServiceAccount,
+//! and helpers that start the hub and the agent as processes.
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use futures::{StreamExt as _, TryStreamExt as _};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{
+    Api, Client,
+    api::{ListParams, PostParams},
+};
+use scale_agent_e2e::{ControlPlane, ControlPlaneOptions, pki::CertificateAuthority};
+use serde_json::json;
+
+use crate::procs::{self, Proc, free_port, get_json, http, metric_sum, wait_for};
+
+const READY: Duration = Duration::from_secs(120);
+
+/// Files of the hub's and the agents' certificates.
+pub struct PkiFiles {
+    pub ca: CertificateAuthority,
+    pub ca_file: PathBuf,
+    pub hub_cert: PathBuf,
+    pub hub_key: PathBuf,
+    pub agent_cert: PathBuf,
+    pub agent_key: PathBuf,
+}
+
+/// Everything the measures share.
+pub struct Env {
+    pub control_plane: ControlPlane,
+    pub admin: Client,
+    pub exe: PathBuf,
+    pub dir: PathBuf,
+    pub pki: PkiFiles,
+    /// Kubeconfig of the agent's ServiceAccount (bound to cluster-admin through RBAC).
+    pub agent_kubeconfig: PathBuf,
+    pub kubernetes_version: String,
+    /// Where hubs keep their stores (the work directory by default).
+    pub store_dir: PathBuf,
+}
+
+impl Env {
+    pub async fn start(exe: PathBuf, dir: PathBuf) -> Result<Self> {
+        std::fs::create_dir_all(&dir)?;
+        let control_plane = ControlPlane::start(ControlPlaneOptions {
+            ready_timeout: Duration::from_secs(120),
+            ..ControlPlaneOptions::default()
+        })
+        .await
+        .context(
+            "start the control plane (etcd + kube-apiserver); `make control-plane` builds it",
+        )?;
+        let admin = control_plane.client().await?;
+        let version = admin.apiserver_version().await?.git_version;
+
+        let ca = CertificateAuthority::new("scale-agent-bench-ca")?;
+        let hub = ca.serving("scale-agent-hub", &["hub.bench"])?;
+        let agent = ca.client("bench-agent", &[])?;
+        let write = |name: &str, text: &str| -> Result<PathBuf> {
+            let path = dir.join(name);
+            std::fs::write(&path, text)?;
+            Ok(path)
+        };
+        let pki = PkiFiles {
+            ca_file: write("ca.pem", &ca.cert_pem)?,
+            hub_cert: write("hub.pem", &hub.cert_pem)?,
+            hub_key: write("hub-key.pem", &hub.key_pem)?,
+            agent_cert: write("agent.pem", &agent.cert_pem)?,
+            agent_key: write("agent-key.pem", &agent.key_pem)?,
+            ca,
+        };
+
+        // The agent's identity: a ServiceAccount with a real token, bound by RBAC.
+        let sa_namespace = control_plane.namespace(&admin, "bench-agent").await?;
+        let pp = PostParams::default();
+        Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(admin.clone(), &sa_namespace)
+            .create(
+                &pp,
+                &serde_json::from_value(json!({ "metadata": { "name": "scale-agent" } }))?,
+            )
+            .await?;
+        Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(admin.clone())
+            .create(
+                &pp,
+                &serde_json::from_value(json!({
+                    "metadata": { "name": format!("bench-agent-{sa_namespace}") },
+                    "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin" },
+                    "subjects": [{ "kind": "ServiceAccount", "name": "scale-agent", "namespace": sa_namespace }],
+                }))?,
+            )
+            .await?;
+        let token = control_plane
+            .service_account_token(&admin, &sa_namespace, "scale-agent")
+            .await?;
+        let agent_kubeconfig = write(
+            "agent.kubeconfig",
+            &control_plane.kubeconfig_for_token(&token),
+        )?;
+        Ok(Self {
+            control_plane,
+            admin,
+            exe,
+            pki,
+            agent_kubeconfig,
+            kubernetes_version: version,
+            store_dir: dir.clone(),
+            dir,
+        })
+    }
+
+    pub async fn namespace(&self, prefix: &str) -> Result<String> {
+        Ok(self.control_plane.namespace(&self.admin, prefix).await?)
+    }
+
+    /// (name, pid) of etcd and kube-apiserver.
+    pub fn control_plane_pids(&self) -> Vec<(String, u32)> {
+        self.control_plane
+            .pids()
+            .into_iter()
+            .map(|(n, p)| (n.to_string(), p))
+            .collect()
+    }
+
+    /// Starts a hub process with a fresh data directory under `name`.
+    pub async fn hub(&self, name: &str) -> Result<HubProc> {
+        let data_dir = self.store_dir.join(format!("{name}-data"));
+        let _ = std::fs::remove_dir_all(&data_dir);
+        let mut hub = HubProc {
+            proc: None,
+            name: name.to_string(),
+            exe: self.exe.clone(),
+            grpc_addr: format!("127.0.0.1:{}", free_port()?).parse()?,
+            http_addr: format!("127.0.0.1:{}", free_port()?).parse()?,
+            data_dir,
+            log_dir: self.dir.clone(),
+            args_tls: vec![
+                format!("--tls-cert={}", self.pki.hub_cert.display()),
+                format!("--tls-key={}", self.pki.hub_key.display()),
+                format!("--client-ca={}", self.pki.ca_file.display()),
+            ],
+            starts: 0,
+        };
+        hub.start().await?;
+        Ok(hub)
+    }
+
+    /// Starts an agent process streaming `accounts` (JSON array of account configs) to `hub`.
+    pub async fn agent(
+        &self,
+        name: &str,
+        hub: &HubProc,
+        accounts: serde_json::Value,
+    ) -> Result<AgentProc> {
+        let config = self.dir.join(format!("{name}.yaml"));
+        let text = serde_json::to_string_pretty(&json!({
+            "clouddriver": {
+                "grpc": hub.grpc_addr.to_string(),
+                "keepAliveHeartbeatSeconds": 15,
+                "backoff": { "baseDelay": "200ms", "maxDelay": "1s" },
+            },
+            "kubernetes": { "accounts": accounts },
+            "tasks": { "totalBudget": 4, "budgetPerAccount": 4 },
+        }))?;
+        std::fs::write(&config, text)?;
+        let admin_addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        let proc = Proc::spawn(
+            name,
+            &self.exe,
+            "agent",
+            &[
+                format!("--config={}", config.display()),
+                format!("--hub-ca={}", self.pki.ca_file.display()),
+                format!("--tls-cert={}", self.pki.agent_cert.display()),
+                format!("--tls-key={}", self.pki.agent_key.display()),
+                "--hub-server-name=localhost".into(),
+                format!("--admin-addr={admin_addr}"),
+                format!("--replica={name}"),
+            ],
+            &[],
+            self.dir.join(format!("{name}.log")),
+        )?;
+        Ok(AgentProc {
+            proc,
+            admin_addr,
+            started: Instant::now(),
+        })
+    }
+
+    /// An account of the agent limited to `namespace` and `kinds`.
+    pub fn account(&self, name: &str, namespace: &str, kinds: &[&str]) -> serde_json::Value {
+        json!({
+            "name": name,
+            "kubeconfigFile": self.agent_kubeconfig.display().to_string(),
+            "namespaces": [namespace],
+            "kinds": kinds,
+        })
+    }
+
+    /// Creates `n` ConfigMaps `<prefix>-<i>` of about `bytes` bytes of data with
+    /// `writers` requests in flight; returns how long it took.
+    pub async fn create_configmaps(
+        &self,
+        namespace: &str,
+        prefix: &str,
+        n: usize,
+        bytes: usize,
+        writers: usize,
+    ) -> Result<Duration> {
+        let api = Api::<ConfigMap>::namespaced(self.admin.clone(), namespace);
+        let started = Instant::now();
+        futures::stream::iter(0..n)
+            .map(|i| {
+                let api = api.clone();
+                async move {
+                    let cm: ConfigMap = serde_json::from_value(json!({
+                        "metadata": { "name": format!("{prefix}-{i}"), "labels": { "app": "bench" } },
+                        "data": { "payload": payload(i, bytes) },
+                    }))?;
+                    api.create(&PostParams::default(), &cm).await?;
+                    anyhow::Ok(())
+                }
+            })
+            .buffer_unordered(writers.max(1))
+            .try_collect::<Vec<_>>()
+            .await?;
+        Ok(started.elapsed())
+    }
+
+    /// A paginated LIST (500 per page) of the namespace's ConfigMaps: (objects, bytes of
+    /// JSON, time).
+    pub async fn list_configmaps(&self, namespace: &str) -> Result<(usize, usize, Duration)> {
+        let api = Api::<ConfigMap>::namespaced(self.admin.clone(), namespace);
+        let started = Instant::now();
+        let mut params = ListParams::default().limit(500);
+        let (mut count, mut size) = (0, 0);
+        loop {
+            let page = api.list(&params).await?;
+            count += page.items.len();
+            size += page
+                .items
+                .iter()
+                .map(|o| serde_json::to_vec(o).map(|v| v.len()).unwrap_or(0))
+                .sum::<usize>();
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(token) => params = params.continue_token(&token),
+                None => break,
+            }
+        }
+        Ok((count, size, started.elapsed()))
+    }
+}
+
+/// Deterministic filler of `bytes` characters.
+pub fn payload(seed: usize, bytes: usize) -> String {
+    let alphabet = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    (0..bytes)
+        .map(|j| alphabet[(seed.wrapping_mul(31).wrapping_add(j * 7)) % alphabet.len()] as char)
+        .collect()
+}
+
+/// A hub process; can be stopped and started again on the same ports and data.
+pub struct HubProc {
+    proc: Option<Proc>,
+    name: String,
+    exe: PathBuf,
+    pub grpc_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    pub data_dir: PathBuf,
+    log_dir: PathBuf,
+    args_tls: Vec<String>,
+    starts: usize,
+}
+
+impl HubProc {
+    pub async fn start(&mut self) -> Result<()> {
+        self.starts += 1;
+        let mut args = self.args_tls.clone();
+        args.extend([
+            format!("--grpc-addr={}", self.grpc_addr),
+            format!("--http-addr={}", self.http_addr),
+            format!("--data-dir={}", self.data_dir.display()),
+            "--grace-period=1h".into(),
+        ]);
+        let proc = Proc::spawn(
+            "scale-agent-hub",
+            &self.exe,
+            "hub",
+            &args,
+            &[],
+            self.log_dir
+                .join(format!("{}-{}.log", self.name, self.starts)),
+        )?;
+        self.proc = Some(proc);
+        let addr = self.http_addr;
+        wait_for(
+            "the hub's /readyz",
+            READY,
+            Duration::from_millis(10),
+            || async { Ok((http(addr, "GET", "/readyz", None).await?.0 == 200).then_some(())) },
+        )
+        .await
+        .with_context(|| self.log_tail())?;
+        Ok(())
+    }
+
+    /// SIGTERM and wait (the hub flushes its store).
+    pub fn stop(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            p.stop(Duration::from_secs(15));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.proc.as_ref().map(Proc::pid).unwrap_or(0)
+    }
+
+    pub fn stats(&self) -> Result<procs::ProcStats> {
+        procs::proc_stats(self.pid())
+    }
+
+    pub fn log_tail(&self) -> String {
+        self.proc
+            .as_ref()
+            .map(|p| scale_agent_e2e::process::tail(&p.log, 20))
+            .unwrap_or_default()
+    }
+
+    /// The account's view, or None while unknown.
+    pub async fn account(&self, account: &str) -> Result<Option<serde_json::Value>> {
+        let (status, body) = http(
+            self.http_addr,
+            "GET",
+            &format!("/api/v1/accounts/{account}"),
+            None,
+        )
+        .await?;
+        match status {
+            200 => Ok(Some(serde_json::from_slice(&body)?)),
+            404 => Ok(None),
+            s => bail!("account {account}: HTTP {s}"),
+        }
+    }
+
+    /// Objects the hub holds for the account.
+    pub async fn object_count(&self, account: &str) -> Result<u64> {
+        Ok(self
+            .account(account)
+            .await?
+            .and_then(|a| a["objects"].as_u64())
+            .unwrap_or(0))
+    }
+
+    /// Waits until the hub holds `n` objects of the account; returns when it did.
+    pub async fn wait_objects(&self, account: &str, n: u64, timeout: Duration) -> Result<Instant> {
+        wait_for(
+            &format!("the hub to hold {n} objects of {account}"),
+            timeout,
+            Duration::from_millis(10),
+            || async { Ok((self.object_count(account).await? >= n).then(Instant::now)) },
+        )
+        .await
+    }
+
+    pub async fn metrics(&self) -> Result<String> {
+        let (_, body) = http(self.http_addr, "GET", "/metrics", None).await?;
+        Ok(String::from_utf8_lossy(&body).into_owned())
+    }
+
+    pub async fn metric(&self, name: &str) -> Result<f64> {
+        Ok(metric_sum(&self.metrics().await?, name))
+    }
+
+    pub async fn get_json(&self, path: &str) -> Result<serde_json::Value> {
+        get_json(self.http_addr, path).await
+    }
+}
+
+/// An agent process.
+pub struct AgentProc {
+    pub proc: Proc,
+    pub admin_addr: SocketAddr,
+    pub started: Instant,
+}
+
+impl AgentProc {
+    pub async fn metrics(&self) -> Result<String> {
+        let (_, body) = http(self.admin_addr, "GET", "/metrics", None).await?;
+        Ok(String::from_utf8_lossy(&body).into_owned())
+    }
+
+    pub async fn metric(&self, name: &str) -> Result<f64> {
+        Ok(metric_sum(&self.metrics().await?, name))
+    }
+
+    /// Waits for `/readyz` (connected, every kind past starting).
+    pub async fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let addr = self.admin_addr;
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.proc.ensure_running()?;
+            if matches!(http(addr, "GET", "/readyz", None).await, Ok((200, _))) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the agent was not ready within {timeout:?}; end of its log:\n{}",
+                    scale_agent_e2e::process::tail(&self.proc.log, 20)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
+    }
+}
+
+/// Removes a directory tree, ignoring errors.
+pub fn remove(dir: &Path) {
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1,0 +1,185 @@
+//! Scale Agent's performance harness: starts a real local control plane, the hub and agents
+//! (as processes), and measures this system beside its baselines in one run — the raw
+//! Kubernetes watch (the floor), Clouddriver-style polling, plain LISTs, `kubectl apply`.
+//!
+//! [`run`] returns a [`Report`] (a table plus JSON); `main` only parses flags. The hub, the
+//! agent and the watch floor run as this same executable with [`procs::ROLE_ENV`] set, so
+//! their RSS and CPU time are their own.
+
+pub mod env;
+pub mod fake;
+pub mod floor;
+pub mod measures;
+pub mod procs;
+pub mod report;
+
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::Result;
+use serde_json::json;
+
+pub use crate::report::{Report, Row};
+
+/// Sizes and knobs of a run. [`Options::default`] is the default run (a few minutes on
+/// two cores in release); [`Options::tiny`] is the smoke test's.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The executable run as hub, agent and watch floor (this benchmark's binary).
+    pub exe: PathBuf,
+    /// Work directory (certificates, configs, hub stores, logs); a fresh temp dir if None.
+    pub work_dir: Option<PathBuf>,
+    pub latency_updates: usize,
+    pub latency_rate: f64,
+    pub latency_objects: usize,
+    /// Sleep between two polls of the hub's HTTP API in the latency measure.
+    pub poll_interval: Duration,
+    /// Clouddriver's polling period for the list baseline.
+    pub list_period: Duration,
+    pub saturation_objects: usize,
+    pub writers: usize,
+    pub synthetic_events: usize,
+    pub sync_sizes: Vec<usize>,
+    pub object_bytes: usize,
+    pub resume_changes: usize,
+    pub idle_seconds: u64,
+    pub agents: usize,
+    pub agent_objects: usize,
+    pub operations: usize,
+    /// Which of the seven measures to run (all by default).
+    pub measures: Vec<u8>,
+    /// Hub stores on /dev/shm instead of the work directory (default: the work directory,
+    /// a disk like a real hub's).
+    pub hub_store_on_tmpfs: bool,
+}
+
+impl Options {
+    pub fn new(exe: PathBuf) -> Self {
+        Self {
+            exe,
+            work_dir: None,
+            latency_updates: 1000,
+            latency_rate: 100.0,
+            latency_objects: 10,
+            poll_interval: Duration::from_millis(2),
+            list_period: Duration::from_secs(30),
+            saturation_objects: 3000,
+            writers: 16,
+            synthetic_events: 50_000,
+            sync_sizes: vec![1000, 10_000],
+            object_bytes: 1024,
+            resume_changes: 500,
+            idle_seconds: 10,
+            agents: 200,
+            agent_objects: 5,
+            operations: 20,
+            measures: (1..=7).collect(),
+            hub_store_on_tmpfs: false,
+        }
+    }
+
+    /// Tiny sizes for the smoke test.
+    pub fn tiny(exe: PathBuf) -> Self {
+        Self {
+            latency_updates: 20,
+            latency_objects: 5,
+            saturation_objects: 50,
+            writers: 8,
+            synthetic_events: 500,
+            sync_sizes: vec![50],
+            resume_changes: 20,
+            idle_seconds: 1,
+            agents: 20,
+            agent_objects: 2,
+            operations: 3,
+            ..Self::new(exe)
+        }
+    }
+}
+
+/// Runs every measure and returns the report. Progress goes to stderr.
+pub async fn run(options: &Options) -> Result<Report> {
+    let started = std::time::Instant::now();
+    let dir = options.work_dir.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("scale-agent-bench-{}", std::process::id()))
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut env = env::Env::start(options.exe.clone(), dir.clone()).await?;
+    if options.hub_store_on_tmpfs {
+        let shm =
+            PathBuf::from("/dev/shm").join(format!("scale-agent-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&shm)?;
+        env.store_dir = shm;
+    }
+    let machine = report::Machine::detect(env.kubernetes_version.clone());
+    eprintln!(
+        "[bench] {} build, Kubernetes {}, control plane {}",
+        machine.build_profile,
+        machine.kubernetes_version,
+        env.control_plane.startup()
+    );
+    let mut rows = Vec::new();
+    let step = |name: &str| eprintln!("[bench] {:>6.1} s: {name}", started.elapsed().as_secs_f64());
+
+    let on = |m: u8| options.measures.contains(&m);
+    let mut bottleneck = String::from("not measured (measure 2 not run)");
+    if on(1) {
+        step("1. change-to-hub latency");
+        measures::latency(&env, options, &mut rows).await?;
+    }
+    if on(2) {
+        step("2. events per second at saturation");
+        bottleneck = measures::throughput(&env, options, &mut rows).await?;
+        step("2. stream alone (synthetic source)");
+        let ceiling = measures::synthetic(&env, options, &mut rows).await?;
+        bottleneck = format!("{bottleneck}. {}", ceiling.sentence());
+    }
+    if on(3) || on(4) || on(5) {
+        step("3-5. initial sync, resume, footprint with objects");
+        measures::sync_and_resume(&env, options, &mut rows).await?;
+    }
+    if on(5) {
+        step("5. idle footprint, 10 kinds");
+        measures::idle_footprint(&env, options, &mut rows).await?;
+    }
+    if on(7) {
+        step("7. many agents");
+        measures::many_agents(&env, options, &mut rows).await?;
+    }
+    if on(6) {
+        step("6. operations");
+        measures::operations(&env, options, &mut rows).await?;
+    }
+    step("done");
+    rows.sort_by_key(|r| r.measure);
+
+    let report = Report {
+        machine,
+        settings: json!({
+            "latency_updates": options.latency_updates,
+            "latency_rate_per_sec": options.latency_rate,
+            "latency_objects": options.latency_objects,
+            "poll_interval_ms": options.poll_interval.as_secs_f64() * 1000.0,
+            "list_period_secs": options.list_period.as_secs_f64(),
+            "saturation_objects": options.saturation_objects,
+            "writers": options.writers,
+            "synthetic_events": options.synthetic_events,
+            "sync_sizes": options.sync_sizes,
+            "object_bytes": options.object_bytes,
+            "resume_changes": options.resume_changes,
+            "idle_seconds": options.idle_seconds,
+            "agents": options.agents,
+            "agent_objects": options.agent_objects,
+            "operations": options.operations,
+            "measures": options.measures,
+        }),
+        rows,
+        bottleneck,
+        wall_seconds: started.elapsed().as_secs_f64(),
+    };
+    if options.hub_store_on_tmpfs {
+        let _ = std::fs::remove_dir_all(&env.store_dir);
+    }
+    drop(env);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(report)
+}

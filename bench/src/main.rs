@@ -1,0 +1,139 @@
+//! `scale-agent-bench`: one table comparing Scale Agent with its baselines, measured side by
+//! side in one run against a real local control plane. Meant to run in release:
+//!
+//! ```sh
+//! cargo run --release -p scale-agent-bench -- --json target/bench/latest.json
+//! ```
+//!
+//! The same executable also runs the hub, the agent and the watch floor as child processes
+//! (selected by `SCALE_AGENT_BENCH_ROLE`), so each one's RSS and CPU are its own.
+
+use std::{path::PathBuf, time::Duration};
+
+use clap::Parser;
+use scale_agent_bench::{Options, procs::ROLE_ENV};
+
+/// Benchmarks Scale Agent beside the raw watch, Clouddriver-style polling, plain LISTs and
+/// kubectl, and prints one table (plus JSON). Sizes are flags; the defaults take a few
+/// minutes on two cores in a release build.
+#[derive(Debug, Parser)]
+#[command(name = "scale-agent-bench", version)]
+struct Args {
+    /// Where to write the report as JSON.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_BENCH_JSON",
+        default_value = "target/bench/latest.json"
+    )]
+    json: PathBuf,
+    /// Work directory for certificates, configs, hub stores and logs (default: a temp dir,
+    /// removed at the end).
+    #[arg(long, env = "SCALE_AGENT_BENCH_WORK_DIR")]
+    work_dir: Option<PathBuf>,
+    /// Measure 1: number of ConfigMap updates.
+    #[arg(long, default_value_t = 1000)]
+    latency_updates: usize,
+    /// Measure 1: updates per second (fixed rate).
+    #[arg(long, default_value_t = 100.0)]
+    latency_rate: f64,
+    /// Measure 1: ConfigMaps the updates go round.
+    #[arg(long, default_value_t = 10)]
+    latency_objects: usize,
+    /// Measure 1: milliseconds between two polls of the hub's HTTP API.
+    #[arg(long, default_value_t = 2)]
+    poll_interval_ms: u64,
+    /// Measure 1: Clouddriver's full-LIST period, seconds, for the polling baseline.
+    #[arg(long, default_value_t = 30)]
+    list_period_secs: u64,
+    /// Measure 2: ConfigMaps created as fast as the API server takes them.
+    #[arg(long, default_value_t = 3000)]
+    saturation_objects: usize,
+    /// Requests in flight when creating or changing ConfigMaps.
+    #[arg(long, default_value_t = 16)]
+    writers: usize,
+    /// Measure 2: ObjectEvents the synthetic source sends straight to the hub.
+    #[arg(long, default_value_t = 50_000)]
+    synthetic_events: usize,
+    /// Measure 3: initial-sync sizes (comma-separated); the largest is also used for the
+    /// resume and footprint-with-objects measures.
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+    sync_sizes: Vec<usize>,
+    /// Measure 3: also sync 50,000 ConfigMaps (adds minutes and memory).
+    #[arg(long)]
+    sync_50k: bool,
+    /// Bytes of data per ConfigMap in measures 2 to 5.
+    #[arg(long, default_value_t = 1024)]
+    object_bytes: usize,
+    /// Measure 4: changes made while the hub is down.
+    #[arg(long, default_value_t = 500)]
+    resume_changes: usize,
+    /// Measure 5 and 7: seconds of the idle windows.
+    #[arg(long, default_value_t = 10)]
+    idle_seconds: u64,
+    /// Measure 7: simulated agents (up to 1000 or more).
+    #[arg(long, default_value_t = 200)]
+    agents: usize,
+    /// Measure 7: objects in each simulated agent's snapshot.
+    #[arg(long, default_value_t = 5)]
+    agent_objects: usize,
+    /// Measure 6: server-side applies through each path.
+    #[arg(long, default_value_t = 20)]
+    operations: usize,
+    /// Which measures to run (comma-separated numbers 1 to 7; 3, 4 and 5 share one setup).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6,7")]
+    measures: Vec<u8>,
+    /// Run the hubs' stores on tmpfs (/dev/shm) instead of the work directory's disk.
+    #[arg(long)]
+    hub_store_on_tmpfs: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    match std::env::var(ROLE_ENV).as_deref() {
+        Ok("hub") => return scale_agent_hub::cli::main(),
+        Ok("agent") => return scale_agent::cli::main(),
+        Ok("watch-floor") => return scale_agent_bench::floor::main(),
+        _ => {}
+    }
+    let args = Args::parse();
+    let mut sync_sizes = args.sync_sizes.clone();
+    if args.sync_50k && !sync_sizes.contains(&50_000) {
+        sync_sizes.push(50_000);
+    }
+    let options = Options {
+        work_dir: args.work_dir,
+        latency_updates: args.latency_updates,
+        latency_rate: args.latency_rate,
+        latency_objects: args.latency_objects,
+        poll_interval: Duration::from_millis(args.poll_interval_ms),
+        list_period: Duration::from_secs(args.list_period_secs),
+        saturation_objects: args.saturation_objects,
+        writers: args.writers,
+        synthetic_events: args.synthetic_events,
+        sync_sizes,
+        object_bytes: args.object_bytes,
+        resume_changes: args.resume_changes,
+        idle_seconds: args.idle_seconds,
+        agents: args.agents,
+        agent_objects: args.agent_objects,
+        operations: args.operations,
+        measures: args.measures,
+        hub_store_on_tmpfs: args.hub_store_on_tmpfs,
+        ..Options::new(std::env::current_exe()?)
+    };
+    if cfg!(debug_assertions) {
+        eprintln!(
+            "[bench] WARNING: debug build; figures are not representative. Run `cargo run --release -p scale-agent-bench`."
+        );
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let report = runtime.block_on(scale_agent_bench::run(&options))?;
+    println!("{}", report.table());
+    if let Some(parent) = args.json.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::write(&args.json, serde_json::to_vec_pretty(&report)?)?;
+    eprintln!("[bench] JSON written to {}", args.json.display());
+    Ok(())
+}

@@ -1,0 +1,331 @@
+//! Child processes (hub, agent, watch floor) started from this very executable, their
+//! resource use read from `/proc`, and a tiny HTTP/1.0 client for their HTTP endpoints.
+
+use std::{
+    net::{SocketAddr, TcpListener},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+/// Environment variable that makes the bench executable act as another program.
+pub const ROLE_ENV: &str = "SCALE_AGENT_BENCH_ROLE";
+
+/// Clock ticks per second of `/proc/<pid>/stat` times (USER_HZ, 100 on every Linux port).
+const USER_HZ: f64 = 100.0;
+
+/// Memory and CPU time of one process.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct ProcStats {
+    /// Resident set size (VmRSS), KiB.
+    pub rss_kib: u64,
+    /// Anonymous resident memory (heap, stacks), KiB.
+    pub rss_anon_kib: u64,
+    /// User plus system CPU time, seconds.
+    pub cpu_secs: f64,
+}
+
+/// Reads `/proc/<pid>/status` and `/proc/<pid>/stat`.
+pub fn proc_stats(pid: u32) -> Result<ProcStats> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("read /proc/{pid}/status"))?;
+    let field = |name: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("read /proc/{pid}/stat"))?;
+    let after = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .ok_or_else(|| anyhow!("unexpected /proc/{pid}/stat"))?;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| -> f64 {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0) as f64
+    };
+    Ok(ProcStats {
+        rss_kib: field("VmRSS:"),
+        rss_anon_kib: field("RssAnon:"),
+        // utime and stime: fields 14 and 15 of stat, 11 and 12 after the command name.
+        cpu_secs: (ticks(11) + ticks(12)) / USER_HZ,
+    })
+}
+
+/// CPU seconds used by several processes between two samples.
+#[derive(Debug)]
+pub struct CpuWindow {
+    pids: Vec<(String, u32)>,
+    start: Vec<f64>,
+    started: Instant,
+}
+
+impl CpuWindow {
+    pub fn start(pids: Vec<(String, u32)>) -> Self {
+        let start = pids
+            .iter()
+            .map(|(_, pid)| proc_stats(*pid).map(|s| s.cpu_secs).unwrap_or(0.0))
+            .collect();
+        Self {
+            pids,
+            start,
+            started: Instant::now(),
+        }
+    }
+
+    /// (name, CPU seconds) per process, and the wall time of the window.
+    pub fn finish(&self) -> (Vec<(String, f64)>, f64) {
+        let used = self
+            .pids
+            .iter()
+            .zip(&self.start)
+            .map(|((name, pid), start)| {
+                let now = proc_stats(*pid).map(|s| s.cpu_secs).unwrap_or(*start);
+                (name.clone(), (now - start).max(0.0))
+            })
+            .collect();
+        (used, self.started.elapsed().as_secs_f64())
+    }
+}
+
+/// A loopback port free right now.
+pub fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// A child process that dies with this process and is stopped when dropped.
+#[derive(Debug)]
+pub struct Proc {
+    pub name: String,
+    child: Child,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    /// Runs `exe` (this benchmark's executable) as `role` with `args` and extra `env`.
+    pub fn spawn(
+        name: &str,
+        exe: &Path,
+        role: &str,
+        args: &[String],
+        env: &[(&str, String)],
+        log: PathBuf,
+    ) -> Result<Self> {
+        let out =
+            std::fs::File::create(&log).with_context(|| format!("create {}", log.display()))?;
+        let mut command = Command::new(exe);
+        command
+            .args(args)
+            .env(ROLE_ENV, role)
+            .env(
+                "RUST_LOG",
+                std::env::var("SCALE_AGENT_BENCH_CHILD_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out);
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let child = scale_agent_e2e::process::spawn_tied_to_this_process(command)
+            .with_context(|| format!("start {name} ({})", exe.display()))?;
+        Ok(Self {
+            name: name.to_string(),
+            child,
+            log,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn stats(&self) -> Result<ProcStats> {
+        proc_stats(self.pid())
+    }
+
+    /// Fails with the end of the log when the process has exited.
+    pub fn ensure_running(&mut self) -> Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!(
+                "{} exited ({status}); end of {}:\n{}",
+                self.name,
+                self.log.display(),
+                scale_agent_e2e::process::tail(&self.log, 20)
+            );
+        }
+        Ok(())
+    }
+
+    /// SIGTERM, then SIGKILL after `grace`; waits for the exit.
+    pub fn stop(&mut self, grace: Duration) {
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        scale_agent_e2e::process::send_signal(self.pid(), 15);
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_)) | Err(_)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(5));
+    }
+}
+
+/// One HTTP/1.0 request (the server closes the connection): (status, body).
+pub async fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&[u8]>,
+) -> Result<(u16, Vec<u8>)> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let mut request = format!("{method} {path} HTTP/1.0\r\nHost: localhost\r\n");
+    if let Some(body) = body {
+        request.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            body.len()
+        ));
+    }
+    request.push_str("\r\n");
+    let mut bytes = request.into_bytes();
+    if let Some(body) = body {
+        bytes.extend_from_slice(body);
+    }
+    stream.write_all(&bytes).await?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await?;
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| anyhow!("malformed HTTP response from {addr}{path}"))?;
+    let head = String::from_utf8_lossy(&raw[..split]).to_string();
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| anyhow!("no status in {head:?}"))?;
+    let mut body = raw[split + 4..].to_vec();
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        body = dechunk(&body);
+    }
+    Ok((status, body))
+}
+
+fn dechunk(mut body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(line_end) = body.windows(2).position(|w| w == b"\r\n") {
+        let size = std::str::from_utf8(&body[..line_end])
+            .ok()
+            .and_then(|s| usize::from_str_radix(s.trim(), 16).ok())
+            .unwrap_or(0);
+        if size == 0 || body.len() < line_end + 2 + size {
+            break;
+        }
+        out.extend_from_slice(&body[line_end + 2..line_end + 2 + size]);
+        body = &body[(line_end + 4 + size).min(body.len())..];
+    }
+    out
+}
+
+/// GET returning the body as JSON; fails on a status other than 200.
+pub async fn get_json(addr: SocketAddr, path: &str) -> Result<serde_json::Value> {
+    let (status, body) = http(addr, "GET", path, None).await?;
+    if status != 200 {
+        bail!(
+            "GET {path}: HTTP {status}: {}",
+            String::from_utf8_lossy(&body)
+        );
+    }
+    Ok(serde_json::from_slice(&body)?)
+}
+
+/// The sum of every sample of metric `name` in a Prometheus/OpenMetrics text.
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let metric = series.split('{').next()?;
+            (metric == name).then(|| value.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
+/// Polls `check` every `every` until it returns `Some`, or fails after `timeout`.
+pub async fn wait_for<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    every: Duration,
+    mut check: F,
+) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>>>,
+{
+    let deadline = Instant::now() + timeout;
+    let mut last_error = None;
+    loop {
+        match check().await {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last_error = Some(e),
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "timed out after {timeout:?} waiting for {what}{}",
+                last_error
+                    .map(|e| format!(" (last error: {e:#})"))
+                    .unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn sums_metric_samples() {
+        let text = "# TYPE a counter\na_total{x=\"1\"} 2\na_total{x=\"2\"} 3.5\nab_total 7\n";
+        assert_eq!(metric_sum(text, "a_total"), 5.5);
+        assert_eq!(metric_sum(text, "ab_total"), 7.0);
+        assert_eq!(metric_sum(text, "c"), 0.0);
+    }
+
+    #[test]
+    fn reads_own_stats() {
+        let s = proc_stats(std::process::id()).unwrap();
+        assert!(s.rss_kib > 0);
+    }
+
+    #[test]
+    fn dechunks() {
+        assert_eq!(dechunk(b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"), b"abcde");
+    }
+}

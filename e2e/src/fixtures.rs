@@ -1,0 +1,216 @@
+//! Pieces of the agent's world that several test files set up the same way.
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use k8s_openapi::api::{
+    core::v1::ServiceAccount,
+    rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject},
+};
+use kube::{
+    Api, Client,
+    api::{ObjectMeta, PostParams},
+};
+use serde_json::{Value, json};
+
+use crate::ControlPlane;
+
+/// One account of the agent's config: `kinds` in `namespace`, read as the identity whose
+/// kubeconfig is `kubeconfig`.
+pub fn account(name: &str, kubeconfig: &Path, namespace: &str, kinds: &[&str]) -> Value {
+    json!({
+        "name": name,
+        "kubeconfigFile": kubeconfig.display().to_string(),
+        "namespaces": [namespace],
+        "kinds": kinds,
+    })
+}
+
+/// The real hub, in this process: plaintext gRPC and HTTP on free loopback ports, its store
+/// in `dir/hub-data`, a heartbeat every 2 s.
+pub async fn start_plaintext_hub(dir: &Path) -> anyhow::Result<scale_agent_hub::RunningHub> {
+    let mut config = scale_agent_hub::Config::new(
+        scale_agent_hub::GrpcSecurity::InsecurePlaintext,
+        dir.join("hub-data"),
+    );
+    config.grpc_addr = "127.0.0.1:0".parse()?;
+    config.http_addr = "127.0.0.1:0".parse()?;
+    config.heartbeat_period = Duration::from_secs(2);
+    Ok(scale_agent_hub::start(config).await?)
+}
+
+/// Writes the agent's config file (JSON, which is YAML) for a plaintext hub at `hub` with
+/// `accounts`, heartbeating every `heartbeat_seconds`, reconnecting after 200 ms to 2 s, and
+/// a task budget of 4 (2 an account).
+pub fn write_plaintext_agent_config(
+    path: &Path,
+    hub: SocketAddr,
+    accounts: Value,
+    heartbeat_seconds: u32,
+) -> anyhow::Result<()> {
+    let config = json!({
+        "clouddriver": {
+            "grpc": hub.to_string(),
+            "insecure": true,
+            "keepAliveHeartbeatSeconds": heartbeat_seconds,
+            "backoff": { "baseDelay": "200ms", "maxDelay": "2s" },
+        },
+        "kubernetes": { "accounts": accounts },
+        "tasks": { "totalBudget": 4, "budgetPerAccount": 2 },
+    });
+    std::fs::write(path, serde_json::to_string_pretty(&config)?)?;
+    Ok(())
+}
+
+/// Starts the agent in this process on the config at `config`, as replica `replica`, with
+/// its admin port on a free loopback port.
+pub async fn start_agent_replica(
+    config: &Path,
+    replica: &str,
+) -> anyhow::Result<scale_agent::AgentHandle> {
+    let mut options = scale_agent::Options::for_config(config);
+    options.admin_addr = Some("127.0.0.1:0".parse()?);
+    options.replica = Some(replica.into());
+    Ok(scale_agent::start(options).await?)
+}
+
+/// `bytes` in base64 (standard alphabet, padded) as the API server serves Secret data: the
+/// encoding of k8s-openapi's `ByteString`.
+pub fn base64(bytes: &[u8]) -> String {
+    match serde_json::to_value(k8s_openapi::ByteString(bytes.to_vec())) {
+        Ok(Value::String(encoded)) => encoded,
+        other => unreachable!("a ByteString serializes as a string, not {other:?}"),
+    }
+}
+
+/// A new directory `<prefix>-<pid>-<random>` under the system's temporary directory.
+pub fn temp_dir(prefix: &str) -> std::io::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!(
+        "{prefix}-{}-{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// Where a test identity's rules apply.
+pub enum Scope {
+    /// A ClusterRole and ClusterRoleBinding, both `scale-agent-<namespace>`.
+    Cluster,
+    /// A Role and RoleBinding in the ServiceAccount's namespace, named as it.
+    Namespace,
+}
+
+/// get, list and watch on `resources`: `plural` for the core group, else `plural.group`.
+pub fn read_rules(resources: &[&str]) -> Vec<PolicyRule> {
+    resources
+        .iter()
+        .map(|resource| {
+            let (plural, group) = resource.split_once('.').unwrap_or((resource, ""));
+            PolicyRule {
+                api_groups: Some(vec![group.to_string()]),
+                resources: Some(vec![plural.to_string()]),
+                verbs: vec!["get".into(), "list".into(), "watch".into()],
+                ..Default::default()
+            }
+        })
+        .collect()
+}
+
+/// A ServiceAccount `name` in `namespace`, bound per `scope` to `rules` under real RBAC;
+/// writes a kubeconfig holding a real TokenRequest token for it to `kubeconfig` and returns
+/// that path.
+pub async fn service_account_identity(
+    control_plane: &ControlPlane,
+    admin: &Client,
+    namespace: &str,
+    name: &str,
+    scope: Scope,
+    rules: Vec<PolicyRule>,
+    kubeconfig: PathBuf,
+) -> anyhow::Result<PathBuf> {
+    let pp = PostParams::default();
+    let metadata = |name: &str| ObjectMeta {
+        name: Some(name.into()),
+        ..Default::default()
+    };
+    Api::<ServiceAccount>::namespaced(admin.clone(), namespace)
+        .create(
+            &pp,
+            &ServiceAccount {
+                metadata: metadata(name),
+                ..Default::default()
+            },
+        )
+        .await?;
+    let subjects = Some(vec![Subject {
+        kind: "ServiceAccount".into(),
+        name: name.into(),
+        namespace: Some(namespace.into()),
+        ..Default::default()
+    }]);
+    let role_ref = |kind: &str, name: &str| RoleRef {
+        api_group: Some("rbac.authorization.k8s.io".into()),
+        kind: kind.into(),
+        name: name.into(),
+    };
+    match scope {
+        Scope::Cluster => {
+            let binding = format!("scale-agent-{namespace}");
+            let role = ClusterRole {
+                metadata: metadata(&binding),
+                rules: Some(rules),
+                ..Default::default()
+            };
+            Api::<ClusterRole>::all(admin.clone())
+                .create(&pp, &role)
+                .await?;
+            let role_binding = ClusterRoleBinding {
+                metadata: metadata(&binding),
+                role_ref: role_ref("ClusterRole", &binding),
+                subjects,
+            };
+            Api::<ClusterRoleBinding>::all(admin.clone())
+                .create(&pp, &role_binding)
+                .await?;
+        }
+        Scope::Namespace => {
+            let role = Role {
+                metadata: metadata(name),
+                rules: Some(rules),
+            };
+            Api::<Role>::namespaced(admin.clone(), namespace)
+                .create(&pp, &role)
+                .await?;
+            let role_binding = RoleBinding {
+                metadata: metadata(name),
+                role_ref: role_ref("Role", name),
+                subjects,
+            };
+            Api::<RoleBinding>::namespaced(admin.clone(), namespace)
+                .create(&pp, &role_binding)
+                .await?;
+        }
+    }
+    let token = control_plane
+        .service_account_token(admin, namespace, name)
+        .await?;
+    std::fs::write(&kubeconfig, control_plane.kubeconfig_for_token(&token))?;
+    Ok(kubeconfig)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn base64_is_the_padded_standard_alphabet() {
+        assert_eq!(super::base64(b""), "");
+        assert_eq!(super::base64(b"f"), "Zg==");
+        assert_eq!(super::base64(b"fo"), "Zm8=");
+        assert_eq!(super::base64(b"foo"), "Zm9v");
+        assert_eq!(super::base64(&[0xfb, 0xff, 0xbf]), "+/+/");
+    }
+}
