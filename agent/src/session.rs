@@ -673,14 +673,14 @@ impl Runtime {
             }
         };
         tracing::info!(account = %operation.account, id = %operation.id,
-            r#type = operation.op.as_ref().map(crate::operations::op_name).unwrap_or("none"), "operation received");
+            r#type = operation.op.as_ref().map(scale_agent_proto::v1::operation::Op::name).unwrap_or("none"), "operation received");
         let shared = self.shared.clone();
         session.operations.spawn(async move {
             let metrics = &shared.metrics;
             let kind = operation
                 .op
                 .as_ref()
-                .map(crate::operations::op_name)
+                .map(scale_agent_proto::v1::operation::Op::name)
                 .unwrap_or("none");
             let account = operation.account.clone();
             // Decremented on drop too: the task is aborted when the stream ends.

@@ -110,6 +110,20 @@ struct Page {
     continue_token: Option<String>,
 }
 
+impl Page {
+    fn from_list<K: serde::Serialize + Clone>(list: kube::core::ObjectList<K>) -> Self {
+        Self {
+            items: list
+                .items
+                .into_iter()
+                .map(|o| serde_json::to_value(o).unwrap_or(Value::Null))
+                .collect(),
+            resource_version: list.metadata.resource_version.unwrap_or_default(),
+            continue_token: list.metadata.continue_,
+        }
+    }
+}
+
 /// One (account, kind, watch namespace) watch.
 struct Watch {
     ctx: WatchContext,
@@ -341,28 +355,11 @@ impl Watch {
     }
 
     async fn list_page(&self, params: &ListParams) -> Result<Page, kube::Error> {
+        // Secrets are listed as metadata only, so their data never reaches this process.
         if self.kind.is_secret() {
-            let list = self.api.list_metadata(params).await?;
-            Ok(Page {
-                items: list
-                    .items
-                    .into_iter()
-                    .map(|o| serde_json::to_value(o).unwrap_or(Value::Null))
-                    .collect(),
-                resource_version: list.metadata.resource_version.unwrap_or_default(),
-                continue_token: list.metadata.continue_,
-            })
+            Ok(Page::from_list(self.api.list_metadata(params).await?))
         } else {
-            let list = self.api.list(params).await?;
-            Ok(Page {
-                items: list
-                    .items
-                    .into_iter()
-                    .map(|o| serde_json::to_value(o).unwrap_or(Value::Null))
-                    .collect(),
-                resource_version: list.metadata.resource_version.unwrap_or_default(),
-                continue_token: list.metadata.continue_,
-            })
+            Ok(Page::from_list(self.api.list(params).await?))
         }
     }
 

@@ -366,23 +366,6 @@ impl OperationRequest {
     }
 }
 
-/// Bounded metrics label of an operation.
-pub fn op_type(op: &Op) -> &'static str {
-    match op {
-        Op::Apply(_) => "apply",
-        Op::Create(_) => "create",
-        Op::Replace(_) => "replace",
-        Op::Delete(_) => "delete",
-        Op::Patch(_) => "patch",
-        Op::Scale(_) => "scale",
-        Op::Rollout(_) => "rollout",
-        Op::Get(_) => "get",
-        Op::List(_) => "list",
-        Op::Events(_) => "events",
-        Op::Logs(_) => "logs",
-    }
-}
-
 /// Whether sending the operation again (after a replica left without answering) is safe.
 pub fn idempotent(op: &Op) -> bool {
     use pb::rollout_op::Action;
@@ -750,7 +733,7 @@ pub(crate) async fn submit(
         Ok(t) => t,
         Err(e) => return bad(e),
     };
-    let kind = op_type(&op);
+    let kind = op.name();
     let id = match &request.id {
         Some(id) => {
             if let Some(known) = hub.operations.lookup(id, retention) {

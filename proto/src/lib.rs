@@ -14,3 +14,24 @@
 pub mod v1 {
     include!("gen/scaleagent.v1.rs");
 }
+
+impl v1::operation::Op {
+    /// The operation's type as the hub's HTTP API and both sides' metrics name it; a bounded
+    /// set, fit for a metrics label.
+    pub fn name(&self) -> &'static str {
+        use v1::operation::Op;
+        match self {
+            Op::Apply(_) => "apply",
+            Op::Create(_) => "create",
+            Op::Replace(_) => "replace",
+            Op::Delete(_) => "delete",
+            Op::Patch(_) => "patch",
+            Op::Scale(_) => "scale",
+            Op::Rollout(_) => "rollout",
+            Op::Get(_) => "get",
+            Op::List(_) => "list",
+            Op::Events(_) => "events",
+            Op::Logs(_) => "logs",
+        }
+    }
+}

@@ -387,7 +387,7 @@ impl Executor {
         };
         let mut out = Output::default();
         let started = std::time::Instant::now();
-        let kind = operation.op.as_ref().map(op_name).unwrap_or("none");
+        let kind = operation.op.as_ref().map(Op::name).unwrap_or("none");
         let outcome = tokio::time::timeout(budget, async {
             let _permit =
                 self.semaphore.acquire().await.map_err(|_| {
@@ -446,23 +446,6 @@ impl Executor {
             replica: self.replica.clone(),
             account: self.account.clone(),
         }
-    }
-}
-
-/// The operation's type, for logs and metrics.
-pub fn op_name(op: &Op) -> &'static str {
-    match op {
-        Op::Apply(_) => "apply",
-        Op::Create(_) => "create",
-        Op::Replace(_) => "replace",
-        Op::Delete(_) => "delete",
-        Op::Patch(_) => "patch",
-        Op::Scale(_) => "scale",
-        Op::Rollout(_) => "rollout",
-        Op::Get(_) => "get",
-        Op::List(_) => "list",
-        Op::Events(_) => "events",
-        Op::Logs(_) => "logs",
     }
 }
 

@@ -90,28 +90,11 @@ pub fn history_text(
 }
 
 fn now_rfc3339() -> String {
-    // Seconds precision, UTC; enough for a restart marker.
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or_default();
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        (rem / 60) % 60,
-        rem % 60
-    )
+    // Seconds precision, UTC, like kubectl's restart marker.
+    let now = k8s_openapi::jiff::Timestamp::now();
+    k8s_openapi::jiff::Timestamp::from_second(now.as_second())
+        .unwrap_or(now)
+        .to_string()
 }
 
 pub async fn rollout(ctx: &Ctx<'_>, op: v1::RolloutOp, out: &mut Output) -> OpResult<()> {
