@@ -7,6 +7,7 @@
 pub mod account;
 pub mod admin;
 pub mod backoff;
+pub mod budget;
 pub mod cli;
 pub mod config;
 pub mod convert;

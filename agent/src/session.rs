@@ -356,7 +356,7 @@ impl Runtime {
         Self {
             options,
             shared,
-            total_budget: Arc::new(Semaphore::new(config.tasks.total_budget.max(1) as usize)),
+            total_budget: crate::budget::total(config.tasks.total_budget),
             operation_budget: Arc::new(Semaphore::new(crate::operations::CONCURRENCY)),
             inputs: Some(Inputs {
                 shutdown,

@@ -145,8 +145,10 @@ pub async fn run(ctx: StreamerContext) {
         client: ctx.prepared.client.clone(),
         tx: ctx.tx.clone(),
         shared: ctx.shared.clone(),
-        total_budget: ctx.total_budget.clone(),
-        account_budget: Arc::new(Semaphore::new(ctx.budget_per_account.max(1) as usize)),
+        list_budget: crate::budget::ListBudget::for_account(
+            ctx.total_budget.clone(),
+            ctx.budget_per_account,
+        ),
         max_object_bytes: ctx.max_object_bytes,
         omit_namespaces: Arc::new(
             ctx.account

@@ -18,7 +18,7 @@ use scale_agent_proto::v1::{self, agent_message, kind_status, object_event};
 use serde::Serialize;
 use serde_json::Value;
 use tokio::{
-    sync::{Semaphore, mpsc},
+    sync::mpsc,
     time::Instant,
 };
 
@@ -52,8 +52,7 @@ pub struct WatchContext {
     pub client: Client,
     pub tx: mpsc::Sender<Outbound>,
     pub shared: Arc<Shared>,
-    pub total_budget: Arc<Semaphore>,
-    pub account_budget: Arc<Semaphore>,
+    pub list_budget: crate::budget::ListBudget,
     pub max_object_bytes: u64,
     pub omit_namespaces: Arc<BTreeSet<String>>,
     pub forbidden_retry: Duration,
@@ -366,20 +365,12 @@ impl Watch {
     /// LISTs the kind (under the budget) and sends a snapshot; returns the list's
     /// resourceVersion.
     async fn snapshot(&mut self) -> Result<String, Failure> {
-        let _account_permit = self
+        let _permit = self
             .ctx
-            .account_budget
-            .clone()
-            .acquire_owned()
+            .list_budget
+            .acquire()
             .await
-            .map_err(|_| Failure::Closed)?;
-        let _total_permit = self
-            .ctx
-            .total_budget
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| Failure::Closed)?;
+            .ok_or(Failure::Closed)?;
         self.ctx
             .shared
             .metrics

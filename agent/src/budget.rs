@@ -1,0 +1,108 @@
+//! The list budget (`tasks.totalBudget`, `tasks.budgetPerAccount`): how many initial LISTs
+//! may run at once across the agent and within one account. A LIST holds its permits until
+//! its snapshot is sent, so the budget bounds the memory of lists in flight; watches are
+//! free.
+
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// One account's view of the budget: its own limit plus the agent-wide one.
+#[derive(Clone, Debug)]
+pub struct ListBudget {
+    total: Arc<Semaphore>,
+    account: Arc<Semaphore>,
+}
+
+/// Both permits of one LIST; dropping it returns them.
+#[derive(Debug)]
+pub struct ListPermit {
+    _account: OwnedSemaphorePermit,
+    _total: OwnedSemaphorePermit,
+}
+
+/// The agent-wide limit, shared by every account's [`ListBudget`]. At least 1.
+pub fn total(limit: u32) -> Arc<Semaphore> {
+    Arc::new(Semaphore::new(limit.max(1) as usize))
+}
+
+impl ListBudget {
+    /// An account's budget under the agent-wide `total`; `per_account` is at least 1.
+    pub fn for_account(total: Arc<Semaphore>, per_account: u32) -> Self {
+        Self {
+            total,
+            account: Arc::new(Semaphore::new(per_account.max(1) as usize)),
+        }
+    }
+
+    /// Waits for a permit of both limits; `None` once the budget is closed. The account's
+    /// permit is taken first, so an account at its own limit holds no agent-wide permit
+    /// while it waits.
+    pub async fn acquire(&self) -> Option<ListPermit> {
+        let account = self.account.clone().acquire_owned().await.ok()?;
+        let total = self.total.clone().acquire_owned().await.ok()?;
+        Some(ListPermit {
+            _account: account,
+            _total: total,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    async fn blocked(budget: &ListBudget) -> bool {
+        tokio::time::timeout(Duration::from_millis(50), budget.acquire())
+            .await
+            .is_err()
+    }
+
+    #[tokio::test]
+    async fn each_account_and_the_whole_agent_are_limited() {
+        let total = total(3);
+        let a = ListBudget::for_account(total.clone(), 2);
+        let b = ListBudget::for_account(total.clone(), 2);
+
+        let a1 = a.acquire().await.unwrap();
+        let _a2 = a.acquire().await.unwrap();
+        assert!(blocked(&a).await, "account a is at its own limit of 2");
+        let b1 = b.acquire().await.unwrap();
+        assert!(blocked(&b).await, "the agent is at its total of 3");
+
+        drop(b1);
+        let _b2 = b.acquire().await.unwrap();
+        assert!(
+            blocked(&a).await,
+            "a freed total permit does not lift a's own limit"
+        );
+        drop(a1);
+        let _a3 = a.acquire().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_account_at_its_limit_does_not_starve_the_others() {
+        let total = total(2);
+        let a = ListBudget::for_account(total.clone(), 1);
+        let b = ListBudget::for_account(total.clone(), 1);
+        let _a1 = a.acquire().await.unwrap();
+        // A second LIST of a waits on a's own limit without taking a total permit...
+        let waiting = tokio::spawn({
+            let a = a.clone();
+            async move { a.acquire().await.is_some() }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // ...so b still gets the agent's second permit.
+        assert!(!blocked(&b).await);
+        waiting.abort();
+    }
+
+    #[test]
+    fn zero_limits_mean_one() {
+        assert_eq!(total(0).available_permits(), 1);
+        let budget = ListBudget::for_account(total(5), 0);
+        assert_eq!(budget.account.available_permits(), 1);
+    }
+}
