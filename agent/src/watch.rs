@@ -17,10 +17,7 @@ use kube::{
 use scale_agent_proto::v1::{self, agent_message, kind_status, object_event};
 use serde::Serialize;
 use serde_json::Value;
-use tokio::{
-    sync::mpsc,
-    time::Instant,
-};
+use tokio::{sync::mpsc, time::Instant};
 
 use crate::{backoff::Backoff, convert, kinds::KindRef, state::KindState, state::Shared};
 
