@@ -153,10 +153,7 @@ pub async fn run(
         ctx,
         reported: None,
     };
-    watch
-        .ctx
-        .shared
-        .update_kind(&watch.ctx.account, &watch.kind, &watch.namespace, |_| {});
+    watch.update_view(|_| {});
     watch.run(resume.filter(|rv| !rv.is_empty())).await;
 }
 
@@ -296,12 +293,10 @@ impl Watch {
             kind_status::State::Forbidden => KindState::Forbidden,
             _ => KindState::Failing,
         };
-        self.ctx
-            .shared
-            .update_kind(&self.ctx.account, &self.kind, &self.namespace, |view| {
-                view.state = view_state;
-                view.message = message.to_string();
-            });
+        self.update_view(|view| {
+            view.state = view_state;
+            view.message = message.to_string();
+        });
         self.send(agent_message::Kind::KindStatus(v1::KindStatus {
             account: self.ctx.account.clone(),
             kind: Some(self.kind.to_proto()),
@@ -341,12 +336,10 @@ impl Watch {
         );
         let resource_version = event.resource_version.clone();
         self.send(agent_message::Kind::Object(event)).await?;
-        self.ctx
-            .shared
-            .update_kind(&self.ctx.account, &self.kind, &self.namespace, |view| {
-                view.objects_sent += 1;
-                view.resource_version = resource_version;
-            });
+        self.update_view(|view| {
+            view.objects_sent += 1;
+            view.resource_version = resource_version;
+        });
         Ok(())
     }
 
@@ -357,6 +350,13 @@ impl Watch {
         } else {
             Ok(Page::from_list(self.api.list(params).await?))
         }
+    }
+
+    /// Updates this watch's entry in the admin view.
+    fn update_view(&self, f: impl FnOnce(&mut crate::state::KindView)) {
+        self.ctx
+            .shared
+            .update_kind(&self.ctx.account, &self.kind, &self.namespace, f);
     }
 
     /// LISTs the kind (under the budget) and sends a snapshot; returns the list's
@@ -374,11 +374,7 @@ impl Watch {
             .lists
             .get_or_create(&self.labels())
             .inc();
-        self.ctx
-            .shared
-            .update_kind(&self.ctx.account, &self.kind, &self.namespace, |view| {
-                view.lists += 1
-            });
+        self.update_view(|view| view.lists += 1);
         let mut params = ListParams::default().limit(LIST_PAGE);
         let mut count: u64 = 0;
         let mut begun = false;
@@ -422,14 +418,7 @@ impl Watch {
                     }))
                     .await?;
                     let rv = resource_version.clone();
-                    self.ctx.shared.update_kind(
-                        &self.ctx.account,
-                        &self.kind,
-                        &self.namespace,
-                        |view| {
-                            view.resource_version = rv;
-                        },
-                    );
+                    self.update_view(|view| view.resource_version = rv);
                     tracing::debug!(account = %self.ctx.account, kind = %self.label, namespace = %self.namespace, objects = count, %resource_version, "snapshot sent");
                     return Ok(resource_version);
                 }
@@ -502,14 +491,7 @@ impl Watch {
                         watch_namespace: self.namespace.clone(),
                     }))
                     .await?;
-                    self.ctx.shared.update_kind(
-                        &self.ctx.account,
-                        &self.kind,
-                        &self.namespace,
-                        |view| {
-                            view.resource_version = rv;
-                        },
-                    );
+                    self.update_view(|view| view.resource_version = rv);
                 }
                 Event::Error(status) => return Err(classify_status(&status)),
             }
