@@ -40,7 +40,7 @@ crds: ## Regenerate manifests/crds from the Rust types in crds/
 	$(CARGO) run --locked -p scale-agent-crds --bin crdgen -- manifests/crds
 
 proto: ## Regenerate proto/src/gen from proto/proto (no protoc needed)
-	@# protogen links the library, which includes the generated file: start from an empty
-	@# one so a stale file that no longer compiles cannot block its own regeneration.
-	: > proto/src/gen/scaleagent.v1.rs
+	@# protogen links the library, which includes the checked-in generated file (and code
+	@# that uses its types), so it builds against the old file and then overwrites it. If
+	@# the old file no longer compiles, `git checkout proto/src/gen` and run this again.
 	$(CARGO) run --locked -p scale-agent-proto --features codegen --bin protogen

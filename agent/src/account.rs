@@ -21,6 +21,9 @@ use crate::{
 /// An account ready to register: a client and the identity of its cluster.
 pub struct Prepared {
     pub client: Client,
+    /// For the hub's Kubernetes API proxy: the same credentials without kube's retries, so
+    /// every request is replayed exactly once and its answer passed on as it is.
+    pub proxy_client: Client,
     pub cluster: v1::ClusterInfo,
 }
 
@@ -93,6 +96,10 @@ pub async fn prepare(account: &AccountConfig) -> Result<Prepared> {
             source,
         }
     };
+    let mut proxy_config = config.clone();
+    proxy_config.default_retry = false;
+    let proxy_client =
+        Client::try_from(proxy_config).map_err(kube_error("build a client for the proxy"))?;
     let client = Client::try_from(config).map_err(kube_error("build a client"))?;
     let version = client
         .apiserver_version()
@@ -102,6 +109,7 @@ pub async fn prepare(account: &AccountConfig) -> Result<Prepared> {
         )))?;
     Ok(Prepared {
         client,
+        proxy_client,
         cluster: v1::ClusterInfo {
             api_server_host,
             ca_fingerprint,

@@ -18,6 +18,7 @@ pub mod operations;
 pub mod session;
 pub mod state;
 pub mod streamer;
+pub mod tunnel;
 pub mod watch;
 
 use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};

@@ -37,6 +37,13 @@ pub struct OperationLabels {
     pub outcome: String,
 }
 
+/// Labels of the proxy requests counter: `code` is the status class (2xx, 4xx, ...).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProxyLabels {
+    pub account: String,
+    pub code: String,
+}
+
 /// The agent's metrics. Cheap to share (`Arc`); reading them back in tests is supported by
 /// the accessor methods.
 pub struct Metrics {
@@ -75,6 +82,10 @@ pub struct Metrics {
     pub operations: Family<OperationLabels, Counter>,
     /// Operations running now.
     pub operations_running: Gauge,
+    /// Kubernetes API proxy requests replayed for the hub, by account and status class.
+    pub proxy_requests: Family<ProxyLabels, Counter>,
+    /// Encoded bytes of tunnel frames sent to the hub (not in `bytes_sent`).
+    pub tunnel_bytes_sent: Counter,
 }
 
 impl Default for Metrics {
@@ -104,6 +115,8 @@ impl Metrics {
             config_errors: Counter::default(),
             operations: Family::default(),
             operations_running: Gauge::default(),
+            proxy_requests: Family::default(),
+            tunnel_bytes_sent: Counter::default(),
         };
         if let Ok(mut registry) = metrics.registry.lock() {
             let r = &mut *registry;
@@ -116,6 +129,17 @@ impl Metrics {
                 "scale_agent_agent_operations_running",
                 "Operations running now",
                 metrics.operations_running.clone(),
+            );
+            r.register(
+                "scale_agent_agent_proxy_requests",
+                "Kubernetes API proxy requests replayed against the API server, by account and \
+                 status class",
+                metrics.proxy_requests.clone(),
+            );
+            r.register(
+                "scale_agent_agent_tunnel_bytes_sent",
+                "Encoded bytes of tunnel frames (proxy responses) sent to the hub",
+                metrics.tunnel_bytes_sent.clone(),
             );
             r.register(
                 "scale_agent_agent_lists",
@@ -229,6 +253,23 @@ impl Metrics {
         self.watch_gone
             .get_or_create(&Self::kind(account, kind))
             .get()
+    }
+
+    /// Counts a proxy request of `account` answered with `code`.
+    pub fn proxy_request(&self, account: &str, code: u16) {
+        let class = match code {
+            100..=199 => "1xx",
+            200..=299 => "2xx",
+            300..=399 => "3xx",
+            400..=499 => "4xx",
+            _ => "5xx",
+        };
+        self.proxy_requests
+            .get_or_create(&ProxyLabels {
+                account: account.to_string(),
+                code: class.to_string(),
+            })
+            .inc();
     }
 
     /// Object events sent for `account`.

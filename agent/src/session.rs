@@ -46,6 +46,7 @@ pub const CAPABILITIES: &[&str] = &[
     "truncated-objects",
     "secrets-metadata-only",
     "operations",
+    "http-tunnel",
 ];
 /// Used when Welcome leaves max_unacked at 0.
 pub const DEFAULT_MAX_UNACKED: u64 = 1000;
@@ -242,6 +243,9 @@ struct Session {
     results_tx: mpsc::Sender<v1::OperationResult>,
     /// Operations running for this stream; dropped (aborted) with it.
     operations: tokio::task::JoinSet<()>,
+    /// Tunnelled HTTP exchanges of the hub's Kubernetes API proxy; dropped (aborted) with
+    /// the stream.
+    tunnel: crate::tunnel::Tunnel,
 }
 
 impl Session {
@@ -482,7 +486,7 @@ impl Runtime {
         let (results_tx, mut results_rx) =
             mpsc::channel::<v1::OperationResult>(crate::operations::CONCURRENCY);
         let mut session = Session {
-            tx,
+            tx: tx.clone(),
             seq: 0,
             acked: 0,
             max_unacked: DEFAULT_MAX_UNACKED,
@@ -491,6 +495,11 @@ impl Runtime {
             shared: self.shared.clone(),
             results_tx,
             operations: tokio::task::JoinSet::new(),
+            tunnel: crate::tunnel::Tunnel::new(
+                tx.clone(),
+                crate::tunnel::DEFAULT_WINDOW_BYTES,
+                self.shared.clone(),
+            ),
         };
         let hello = agent_message::Kind::Hello(v1::Hello {
             replica: self.options.replica_name(),
@@ -527,6 +536,11 @@ impl Runtime {
             session.max_unacked = u64::from(welcome.max_unacked);
         }
         session.max_object_bytes = welcome.max_object_bytes;
+        session.tunnel = crate::tunnel::Tunnel::new(
+            session.tx.clone(),
+            welcome.tunnel_window_bytes,
+            self.shared.clone(),
+        );
         let period_secs = match welcome.heartbeat_period_seconds {
             0 => self.config.clouddriver.keep_alive_heartbeat_seconds.max(1),
             secs => secs,
@@ -629,6 +643,15 @@ impl Runtime {
             Some(hub_message::Kind::Ack(ack)) => session.ack(ack.seq),
             Some(hub_message::Kind::Assignment(assignment)) => self.assign(assignment, session),
             Some(hub_message::Kind::Operation(operation)) => self.operate(operation, session),
+            Some(hub_message::Kind::Tunnel(frame)) => {
+                let accounts = &self.accounts;
+                session.tunnel.handle(frame, |account| {
+                    accounts
+                        .get(account)
+                        .and_then(|entry| entry.prepared.as_ref())
+                        .map(|prepared| prepared.proxy_client.clone())
+                });
+            }
             Some(hub_message::Kind::Heartbeat(_)) | Some(hub_message::Kind::Welcome(_)) | None => {}
         }
         Ok(())

@@ -79,6 +79,9 @@ pub enum Error {
     LocalPod { pod: String, message: String },
 
     /// An HTTP request to a local component failed.
+    #[error("TLS client set-up: {0}")]
+    Tls(String),
+
     #[error("{method} {url}: {message}")]
     Http {
         method: String,

@@ -1,25 +1,28 @@
-//! The one HTTP client of the tests and the demo: plain HTTP/1 on loopback (the agent's
-//! admin port, the hub's HTTP API, etcd's JSON gateway), on hyper's client.
+//! The one HTTP client of the tests and the demo, on hyper's client: plain HTTP/1 on
+//! loopback (the agent's admin port, etcd's JSON gateway, a plaintext hub) and HTTPS to the
+//! hub's TLS listener (its REST API, admin API and Kubernetes API proxy) with a given CA.
 //!
 //! Every call makes its own connection and waits at most its timeout for the whole answer;
 //! nothing is pooled, so a call may run on any Tokio runtime.
 
-use std::{fmt::Display, time::Duration};
+use std::{fmt::Display, sync::Arc, time::Duration};
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+use rustls::pki_types::{CertificateDer, pem::PemObject as _};
 
 use crate::{Error, Result};
 
 /// How long [`get`] and [`get_json`] wait for an answer.
 pub const GET_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// An answer: the status code and the body (decoded as UTF-8, lossily).
+/// An answer: the status code, the headers and the body (decoded as UTF-8, lossily).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Response {
     pub status: u16,
     pub body: String,
+    pub headers: Vec<(String, String)>,
 }
 
 impl Response {
@@ -27,6 +30,165 @@ impl Response {
     pub fn json_or_null(&self) -> serde_json::Value {
         serde_json::from_str(&self.body).unwrap_or_default()
     }
+
+    /// The first value of a header (names compared case-insensitively).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// One request: a full URL (`http://` or `https://`), headers, an optional body, and for
+/// HTTPS the PEM CA to trust.
+#[derive(Clone, Debug)]
+pub struct Call {
+    pub method: String,
+    pub url: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Option<Vec<u8>>,
+    pub ca_pem: Option<String>,
+    pub timeout: Duration,
+}
+
+impl Call {
+    /// `method url`, no headers or body, [`GET_TIMEOUT`].
+    pub fn new(method: &str, url: impl Into<String>) -> Self {
+        Call {
+            method: method.to_string(),
+            url: url.into(),
+            headers: Vec::new(),
+            body: None,
+            ca_pem: None,
+            timeout: GET_TIMEOUT,
+        }
+    }
+
+    /// Adds a header.
+    pub fn header(mut self, name: &str, value: impl Into<String>) -> Self {
+        self.headers.push((name.to_string(), value.into()));
+        self
+    }
+
+    /// `Authorization: Bearer <token>`.
+    pub fn bearer(self, token: &str) -> Self {
+        self.header("authorization", format!("Bearer {token}"))
+    }
+
+    /// A JSON body (`Content-Type: application/json`).
+    pub fn json(mut self, body: &serde_json::Value) -> Self {
+        self.body = Some(body.to_string().into_bytes());
+        self.header("content-type", "application/json")
+    }
+
+    /// Trusts this PEM CA for HTTPS.
+    pub fn ca(mut self, pem: impl Into<String>) -> Self {
+        self.ca_pem = Some(pem.into());
+        self
+    }
+
+    /// Waits at most this long for the whole answer.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sends it; any status is an answer, no full answer within the timeout is
+    /// [`Error::Http`].
+    pub async fn send(self) -> Result<Response> {
+        let http_error = |message: String| Error::Http {
+            method: self.method.clone(),
+            url: self.url.clone(),
+            message,
+        };
+        let mut builder = http::Request::builder()
+            .method(self.method.as_str())
+            .uri(&self.url);
+        for (name, value) in &self.headers {
+            builder = builder.header(name.as_str(), value.as_str());
+        }
+        let request = builder
+            .body(Full::new(Bytes::from(
+                self.body.clone().unwrap_or_default(),
+            )))
+            .map_err(|e| http_error(format!("request: {e}")))?;
+        let exchange = async {
+            let response = if self.url.starts_with("https://") {
+                let tls = client_tls(self.ca_pem.as_deref()).map_err(|e| e.to_string())?;
+                let connector = hyper_rustls::HttpsConnectorBuilder::new()
+                    .with_tls_config(tls)
+                    .https_only()
+                    .enable_http1()
+                    .build();
+                Client::builder(TokioExecutor::new())
+                    .pool_max_idle_per_host(0)
+                    .build::<_, Full<Bytes>>(connector)
+                    .request(request)
+                    .await
+            } else {
+                Client::builder(TokioExecutor::new())
+                    .pool_max_idle_per_host(0)
+                    .build_http::<Full<Bytes>>()
+                    .request(request)
+                    .await
+            }
+            .map_err(|e| {
+                // The legacy client's own message is only "client error (Connect)": add
+                // the cause.
+                let cause = std::error::Error::source(&e).map(|s| format!(": {s}"));
+                format!("{e}{}", cause.unwrap_or_default())
+            })?;
+            let status = response.status().as_u16();
+            let headers = response
+                .headers()
+                .iter()
+                .map(|(n, v)| {
+                    (
+                        n.as_str().to_string(),
+                        String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                    )
+                })
+                .collect();
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| format!("reading the body: {e}"))?
+                .to_bytes();
+            std::result::Result::<_, String>::Ok(Response {
+                status,
+                body: String::from_utf8_lossy(&body).into_owned(),
+                headers,
+            })
+        };
+        tokio::time::timeout(self.timeout, exchange)
+            .await
+            .map_err(|_| http_error(format!("no answer within {} s", self.timeout.as_secs())))?
+            .map_err(http_error)
+    }
+}
+
+/// A rustls client configuration trusting `ca_pem` (the web's public roots when `None`).
+fn client_tls(ca_pem: Option<&str>) -> Result<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    match ca_pem {
+        Some(pem) => {
+            for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+                let cert = cert.map_err(|e| Error::Tls(format!("CA PEM: {e}")))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| Error::Tls(format!("CA certificate: {e}")))?;
+            }
+        }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::Tls(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
 }
 
 /// `method http://<addr><path>`, with `json_body` (sent as `application/json`) when given;
@@ -39,46 +201,12 @@ pub async fn request(
     json_body: Option<&str>,
     timeout: Duration,
 ) -> Result<Response> {
-    let url = format!("http://{addr}{path}");
-    let http_error = |message: String| Error::Http {
-        method: method.to_string(),
-        url: url.clone(),
-        message,
-    };
-    let mut builder = http::Request::builder().method(method).uri(&url);
-    if json_body.is_some() {
-        builder = builder.header(http::header::CONTENT_TYPE, "application/json");
+    let mut call = Call::new(method, format!("http://{addr}{path}")).timeout(timeout);
+    if let Some(body) = json_body {
+        call.body = Some(body.as_bytes().to_vec());
+        call = call.header("content-type", "application/json");
     }
-    let request = builder
-        .body(Full::new(Bytes::from(
-            json_body.map(str::to_owned).unwrap_or_default(),
-        )))
-        .map_err(|e| http_error(format!("request: {e}")))?;
-    let client = Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(0)
-        .build_http::<Full<Bytes>>();
-    let exchange = async {
-        let response = client.request(request).await.map_err(|e| {
-            // The legacy client's own message is only "client error (Connect)": add the cause.
-            let cause = std::error::Error::source(&e).map(|s| format!(": {s}"));
-            format!("{e}{}", cause.unwrap_or_default())
-        })?;
-        let status = response.status().as_u16();
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| format!("reading the body: {e}"))?
-            .to_bytes();
-        std::result::Result::<_, String>::Ok(Response {
-            status,
-            body: String::from_utf8_lossy(&body).into_owned(),
-        })
-    };
-    tokio::time::timeout(timeout, exchange)
-        .await
-        .map_err(|_| http_error(format!("no answer within {} s", timeout.as_secs())))?
-        .map_err(http_error)
+    call.send().await
 }
 
 /// `GET http://<addr><path>`, waiting up to [`GET_TIMEOUT`]: the status and the body.
@@ -88,7 +216,7 @@ pub async fn get(addr: impl Display, path: &str) -> Result<Response> {
 
 /// `GET` a JSON document; `None` on 404, an error on any other status but 200.
 pub async fn get_json(addr: impl Display, path: &str) -> Result<Option<serde_json::Value>> {
-    let Response { status, body } = get(&addr, path).await?;
+    let Response { status, body, .. } = get(&addr, path).await?;
     let error = |message: String| Error::Http {
         method: "GET".into(),
         url: format!("http://{addr}{path}"),

@@ -43,6 +43,28 @@ impl std::fmt::Debug for TlsMaterial {
     }
 }
 
+/// How the HTTP listener (REST API and Kubernetes API proxy) is served.
+#[derive(Clone)]
+pub enum HttpSecurity {
+    /// TLS with this certificate chain and key (PEM).
+    Tls { cert_pem: Vec<u8>, key_pem: Vec<u8> },
+    /// No TLS: bearer tokens cross the network in clear. Only behind an explicit flag.
+    Plaintext,
+}
+
+impl std::fmt::Debug for HttpSecurity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HttpSecurity::Tls { cert_pem, .. } => f
+                .debug_struct("Tls")
+                .field("cert_pem", &format_args!("{} bytes", cert_pem.len()))
+                .field("key_pem", &"<redacted>")
+                .finish(),
+            HttpSecurity::Plaintext => f.write_str("Plaintext"),
+        }
+    }
+}
+
 /// Longest heartbeat period accepted.
 pub const MAX_HEARTBEAT_PERIOD: Duration = Duration::from_secs(3600);
 
@@ -63,6 +85,16 @@ pub struct Config {
     pub allow: Vec<AllowRule>,
     /// How long finished operations stay visible at `GET /api/v1/operations/{id}`.
     pub operation_retention: Duration,
+    pub http_security: HttpSecurity,
+    /// The HTTP listener's URL as clients reach it (`https://hub.example:8443`), for the
+    /// kubeconfigs the hub hands out; unset: taken from each request's `Host`.
+    pub public_url: Option<String>,
+    /// PEM of the CA that signed the HTTP serving certificate, put into kubeconfigs; unset:
+    /// kubeconfigs rely on the system roots.
+    pub serving_ca_pem: Option<Vec<u8>>,
+    /// File holding the admin token (created with a new token when missing); `None`: no
+    /// admin token, so tokens can only be issued on the command line against a stopped hub.
+    pub admin_token_file: Option<PathBuf>,
 }
 
 impl Config {
@@ -88,7 +120,9 @@ impl Config {
     }
 
     /// A configuration with the defaults of the command line, for the given security and
-    /// data directory (handy for tests: set the addresses to `127.0.0.1:0`).
+    /// data directory (handy for tests: set the addresses to `127.0.0.1:0`). Unlike the
+    /// command line, the HTTP listener is plaintext and there is no admin token file: set
+    /// `http_security` and `admin_token_file` where a test needs them.
     pub fn new(security: GrpcSecurity, data_dir: impl Into<PathBuf>) -> Self {
         Config {
             grpc_addr: SocketAddr::from(([0, 0, 0, 0], 9091)),
@@ -101,6 +135,10 @@ impl Config {
             max_object_bytes: 2 * 1024 * 1024,
             allow: Vec::new(),
             operation_retention: Duration::from_secs(15 * 60),
+            http_security: HttpSecurity::Plaintext,
+            public_url: None,
+            serving_ca_pem: None,
+            admin_token_file: None,
         }
     }
 }
@@ -120,13 +158,45 @@ pub struct Args {
     )]
     pub grpc_addr: SocketAddr,
 
-    /// Address of the HTTP API (REST, /healthz, /readyz, /metrics).
+    /// Address of the HTTP listener: the Kubernetes API proxy (/clusters/<account>/...), the
+    /// REST API, /healthz, /readyz and /metrics. TLS unless --http-plaintext.
     #[arg(
         long,
         env = "SCALE_AGENT_HUB_HTTP_ADDR",
-        default_value = "0.0.0.0:8080"
+        default_value = "0.0.0.0:8443"
     )]
     pub http_addr: SocketAddr,
+
+    /// PEM certificate chain of the HTTP listener; default: --tls-cert.
+    #[arg(long, env = "SCALE_AGENT_HUB_HTTP_TLS_CERT")]
+    pub http_tls_cert: Option<PathBuf>,
+
+    /// PEM private key of the HTTP listener; default: --tls-key.
+    #[arg(long, env = "SCALE_AGENT_HUB_HTTP_TLS_KEY")]
+    pub http_tls_key: Option<PathBuf>,
+
+    /// Serve HTTP without TLS: proxy tokens and cluster data cross the network in clear.
+    /// For tests, or behind a TLS-terminating ingress on the same host only.
+    #[arg(long, env = "SCALE_AGENT_HUB_HTTP_PLAINTEXT")]
+    pub http_plaintext: bool,
+
+    /// The HTTP listener's URL as kubectl and Clouddriver reach it, e.g.
+    /// https://scale-agent-hub.spinnaker:8443; written into the kubeconfigs the hub hands
+    /// out. Default: taken from the request asking for a kubeconfig.
+    #[arg(long, env = "SCALE_AGENT_HUB_PUBLIC_URL")]
+    pub public_url: Option<String>,
+
+    /// PEM file with the CA that signed the HTTP serving certificate, written into the
+    /// kubeconfigs the hub hands out (certificate-authority-data). Default: none, clients
+    /// use their system roots.
+    #[arg(long, env = "SCALE_AGENT_HUB_SERVING_CA")]
+    pub serving_ca: Option<PathBuf>,
+
+    /// File with the admin token, which issues and revokes proxy tokens
+    /// (`scale-agent-hub kubeconfig`, `scale-agent-hub token`). Created with a new random
+    /// token (mode 0600) when missing. Default: <data-dir>/admin-token.
+    #[arg(long, env = "SCALE_AGENT_HUB_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
 
     /// PEM file with the gRPC server's certificate chain. Required unless
     /// --insecure-plaintext.
@@ -221,6 +291,39 @@ impl Args {
                 }
             }
         };
+        let http_security = if self.http_plaintext {
+            HttpSecurity::Plaintext
+        } else {
+            let cert = self.http_tls_cert.as_ref().or(self.tls_cert.as_ref());
+            let key = self.http_tls_key.as_ref().or(self.tls_key.as_ref());
+            match (cert, key) {
+                (Some(cert), Some(key)) => HttpSecurity::Tls {
+                    cert_pem: read(cert)?,
+                    key_pem: read(key)?,
+                },
+                _ => {
+                    return Err(HubError::Config(
+                        "the HTTP listener serves TLS: give it a certificate and key \
+                         (--http-tls-cert and --http-tls-key, or --tls-cert and --tls-key), or \
+                         pass --http-plaintext to serve it without TLS"
+                            .into(),
+                    ));
+                }
+            }
+        };
+        if let Some(url) = &self.public_url
+            && !(url.starts_with("https://") || url.starts_with("http://"))
+        {
+            return Err(HubError::Config(format!(
+                "--public-url {url:?} must start with https:// (or http:// with --http-plaintext)"
+            )));
+        }
+        let serving_ca_pem = self.serving_ca.as_ref().map(read).transpose()?;
+        let admin_token_file = Some(
+            self.admin_token_file
+                .clone()
+                .unwrap_or_else(|| self.data_dir.join("admin-token")),
+        );
         let config = Config {
             grpc_addr: self.grpc_addr,
             http_addr: self.http_addr,
@@ -232,6 +335,10 @@ impl Args {
             max_object_bytes: self.max_object_bytes,
             allow: self.allow,
             operation_retention: self.operation_retention,
+            http_security,
+            public_url: self.public_url,
+            serving_ca_pem,
+            admin_token_file,
         };
         config.validate()?;
         Ok(config)
@@ -284,7 +391,7 @@ mod tests {
     fn defaults_and_missing_tls() {
         let args = Args::try_parse_from(["scale-agent-hub"]).unwrap();
         assert_eq!(args.grpc_addr.port(), 9091);
-        assert_eq!(args.http_addr.port(), 8080);
+        assert_eq!(args.http_addr.port(), 8443);
         assert_eq!(args.grace_period, Duration::from_secs(600));
         assert_eq!(args.heartbeat_period, Duration::from_secs(15));
         assert_eq!(args.max_unacked, 1000);
@@ -292,9 +399,15 @@ mod tests {
         let err = args.into_config().unwrap_err().to_string();
         assert!(err.contains("--tls-cert, --tls-key, --client-ca"), "{err}");
 
+        // Plaintext gRPC still needs TLS material for HTTP, or the explicit flag.
+        let args = Args::try_parse_from(["scale-agent-hub", "--insecure-plaintext"]).unwrap();
+        let err = args.into_config().unwrap_err().to_string();
+        assert!(err.contains("--http-plaintext"), "{err}");
+
         let args = Args::try_parse_from([
             "scale-agent-hub",
             "--insecure-plaintext",
+            "--http-plaintext",
             "--allow",
             "agent-a=prod-*",
             "--allow",
@@ -312,6 +425,7 @@ mod tests {
         let args = Args::try_parse_from([
             "scale-agent-hub",
             "--insecure-plaintext",
+            "--http-plaintext",
             "--heartbeat-period",
             "5000h",
         ])

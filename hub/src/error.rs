@@ -46,6 +46,9 @@ pub enum HubError {
     /// The gRPC server (tonic) failed.
     #[error("gRPC server: {0}")]
     Grpc(#[from] tonic::transport::Error),
+    /// The operating system's random number generator failed (tokens cannot be made).
+    #[error("the operating system's random number generator failed")]
+    Random,
     /// A background task panicked or was cancelled.
     #[error("background task failed: {0}")]
     Task(String),

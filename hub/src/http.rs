@@ -1,4 +1,6 @@
-//! The HTTP API (axum): agents, accounts, cached objects, health, readiness and metrics.
+//! The HTTP API (axum): agents, accounts, cached objects, health, readiness and metrics; it
+//! mounts the admin routes ([`crate::admin_api`]) and the Kubernetes API proxy
+//! ([`crate::proxy`]).
 
 use std::{
     collections::BTreeMap,
@@ -34,6 +36,8 @@ pub(crate) fn router(hub: Arc<Hub>) -> Router {
         .route("/api/v1/accounts/{name}/objects", get(objects))
         .route("/api/v1/accounts/{name}/operations", post(submit_operation))
         .route("/api/v1/operations/{id}", get(operation))
+        .merge(crate::admin_api::router())
+        .merge(crate::proxy::router())
         .with_state(hub)
 }
 

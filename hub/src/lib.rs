@@ -1,23 +1,30 @@
 //! `scale-agent-hub`: accepts Scale Agent streams over mutual TLS, keeps a cache of every
-//! agent's cluster (persisted with its resume points in an embedded redb store), and serves
-//! it over an HTTP API.
+//! agent's cluster (persisted with its resume points in an embedded redb store), serves it
+//! over an HTTP API, and lets kubectl, Helm and Clouddriver reach every cluster through a
+//! Kubernetes API proxy tunnelled over the agents' streams.
 //!
 //! Embedding (tests, e2e): build a [`Config`] (e.g. [`Config::new`] with addresses on
 //! `127.0.0.1:0`), call [`start`], read the bound addresses from the [`RunningHub`], and
 //! call [`RunningHub::shutdown`] at the end. The binary calls [`run`].
 
+pub mod admin_api;
 pub mod cache;
 pub mod cli;
 pub mod config;
 pub mod error;
 pub mod http;
 pub mod identity;
+pub mod kubeconfig;
 pub mod metrics;
 pub mod operations;
+pub mod proxy;
 pub mod registry;
+pub mod serve;
 pub mod service;
 pub mod session;
 pub mod store;
+pub mod tokens;
+pub mod tunnel;
 
 use std::{
     collections::HashMap,
@@ -39,7 +46,7 @@ use tokio::{
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig, server::TcpIncoming};
 
 pub use crate::{
-    config::{Args, Config, GrpcSecurity, LogFormat, TlsMaterial},
+    config::{Args, Config, GrpcSecurity, HttpSecurity, LogFormat, TlsMaterial},
     error::{HubError, Result},
 };
 use crate::{
@@ -48,6 +55,7 @@ use crate::{
     service::AgentHubService,
     session::{HubState, Limits},
     store::{Store, StoreOp},
+    tokens::{AdminToken, Tokens},
 };
 
 /// A message to a running stream from elsewhere in the hub.
@@ -61,6 +69,16 @@ pub(crate) enum Control {
     Operation(Box<scale_agent_proto::v1::Operation>),
 }
 
+/// What the rest of the hub holds of one agent stream.
+pub(crate) struct SessionHandle {
+    /// Promotions, replacement, operations: handled by the stream's loop.
+    pub(crate) control: mpsc::Sender<Control>,
+    /// The stream's outbound queue, for tunnel frames that must not wait for that loop.
+    pub(crate) outbound: tunnel::AgentSender,
+    /// The tunnel window when the agent announced the `http-tunnel` capability.
+    pub(crate) tunnel_window: Option<u32>,
+}
+
 /// The state shared by the gRPC service, the HTTP API and the background tasks.
 pub(crate) struct Hub {
     pub(crate) config: Config,
@@ -69,8 +87,14 @@ pub(crate) struct Hub {
     /// Held while a batch is applied and stored, so that store commits happen in the order
     /// of the in-memory changes. Lock order: store, then state.
     pub(crate) store: tokio::sync::Mutex<Store>,
-    sessions: Mutex<HashMap<SessionId, mpsc::Sender<Control>>>,
+    sessions: Mutex<HashMap<SessionId, SessionHandle>>,
     pub(crate) metrics: Metrics,
+    /// Open exchanges of the Kubernetes API proxy.
+    pub(crate) tunnels: tunnel::Tunnels,
+    /// The proxy's per-account discovery and OpenAPI documents.
+    pub(crate) discovery: proxy::discovery::DiscoveryCache,
+    tokens: Mutex<Tokens>,
+    pub(crate) admin_token: Option<AdminToken>,
     pub(crate) operations: operations::Operations,
     pub(crate) shutdown: watch::Receiver<bool>,
     pub(crate) grpc_listening: AtomicBool,
@@ -85,13 +109,18 @@ impl Hub {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn sessions(&self) -> MutexGuard<'_, HashMap<SessionId, mpsc::Sender<Control>>> {
+    pub(crate) fn sessions(&self) -> MutexGuard<'_, HashMap<SessionId, SessionHandle>> {
         self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The proxy's tokens.
+    pub(crate) fn tokens(&self) -> MutexGuard<'_, Tokens> {
+        self.tokens.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Sends a control message to a stream without waiting.
     pub(crate) fn control(&self, session: SessionId, message: Control) {
-        let Some(tx) = self.sessions().get(&session).cloned() else {
+        let Some(tx) = self.sessions().get(&session).map(|h| h.control.clone()) else {
             return;
         };
         if let Err(mpsc::error::TrySendError::Full(message)) = tx.try_send(message) {
@@ -122,6 +151,7 @@ impl Hub {
             names
         };
         for name in &expired {
+            self.discovery.forget(name);
             tracing::info!(account = %name, grace_period = ?self.config.grace_period, "account removed: no agent within the grace period");
         }
         let ops = expired
@@ -141,6 +171,10 @@ impl Hub {
         self.metrics
             .objects_cached
             .set(st.cache.object_count() as i64);
+        drop(st);
+        self.metrics
+            .proxy_exchanges_open
+            .set(self.tunnels.len() as i64);
     }
 }
 
@@ -211,6 +245,35 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         cache: loaded.cache,
         ..HubState::default()
     };
+    let (tokens, token_ops) = Tokens::load(
+        loaded.tokens,
+        loaded.meta.get(tokens::DERIVATION_KEY).map(String::as_str),
+    )?;
+    let mut store = store;
+    store.commit(token_ops).await?;
+    let admin_token = match &config.admin_token_file {
+        None => None,
+        Some(path) => {
+            let (token, created) =
+                AdminToken::read_or_create(path).map_err(|source| HubError::Io {
+                    context: format!(
+                        "cannot read or create the admin token file {}",
+                        path.display()
+                    ),
+                    source,
+                })?;
+            if created {
+                tracing::info!(path = %path.display(), "created an admin token (it issues proxy tokens: `scale-agent-hub kubeconfig --account <name>`)");
+            }
+            Some(AdminToken::new(&token))
+        }
+    };
+    let http_tls = match &config.http_security {
+        config::HttpSecurity::Tls { cert_pem, key_pem } => {
+            Some(serve::tls_config(cert_pem, key_pem)?)
+        }
+        config::HttpSecurity::Plaintext => None,
+    };
     let now = service::now();
     let loaded_accounts = loaded.accounts.len();
     for (name, record) in loaded.accounts {
@@ -249,6 +312,10 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         store: tokio::sync::Mutex::new(store),
         sessions: Mutex::new(HashMap::new()),
         metrics: Metrics::new(),
+        tunnels: tunnel::Tunnels::default(),
+        discovery: proxy::discovery::DiscoveryCache::default(),
+        tokens: Mutex::new(tokens),
+        admin_token,
         operations: operations::Operations::default(),
         shutdown: shutdown_rx,
         grpc_listening: AtomicBool::new(false),
@@ -303,20 +370,21 @@ pub async fn start(config: Config) -> Result<RunningHub> {
 
     let app = http::router(hub.clone());
     let shutdown = hub.shutdown.clone();
+    let tls = http_tls.is_some();
+    if !tls {
+        tracing::warn!(
+            "--http-plaintext: the HTTP listener has no TLS; proxy tokens and cluster data cross \
+             the network in clear"
+        );
+    }
     let http = tokio::spawn(async move {
-        let result = axum::serve(http_listener, app)
-            .with_graceful_shutdown(shutting_down(shutdown))
-            .await
-            .map_err(|source| HubError::Io {
-                context: "HTTP server".into(),
-                source,
-            });
+        let result = serve::serve(http_listener, app, http_tls, shutting_down(shutdown)).await;
         if let Err(e) = &result {
-            let _ = failed_tx.try_send(HubError::Task(e.to_string()));
+            let _ = failed_tx.try_send(HubError::Task(format!("HTTP server: {e}")));
         }
         result
     });
-    tracing::info!(%http_addr, "HTTP API listening");
+    tracing::info!(%http_addr, tls, "HTTP listening (REST API and Kubernetes API proxy)");
 
     let tick =
         (hub.config.grace_period / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));

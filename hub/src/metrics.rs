@@ -22,6 +22,13 @@ pub struct Metrics {
     pub operations: Family<[(&'static str, &'static str); 2], Counter>,
     /// Operations resent to another replica after the chosen one left.
     pub operation_retries: Counter,
+    /// Kubernetes API proxy requests by method, who answered (tunnel, cache, hub) and status
+    /// class.
+    pub proxy_requests: Family<[(&'static str, &'static str); 3], Counter>,
+    /// Response body bytes the proxy passed from agents to clients.
+    pub proxy_bytes: Counter,
+    /// Tunnelled exchanges open now.
+    pub proxy_exchanges_open: Gauge,
 }
 
 impl Default for Metrics {
@@ -42,6 +49,26 @@ impl Metrics {
         let relists = Counter::default();
         let operations = Family::default();
         let operation_retries = Counter::default();
+        let proxy_requests = Family::default();
+        let proxy_bytes = Counter::default();
+        let proxy_exchanges_open = Gauge::default();
+        registry.register(
+            "proxy_requests",
+            "Kubernetes API proxy requests, by method, by who answered (tunnel: the cluster \
+             through an agent; cache: the hub's discovery cache; hub: an error of the hub's own) \
+             and by status class",
+            proxy_requests.clone(),
+        );
+        registry.register(
+            "proxy_response_bytes",
+            "Response body bytes the Kubernetes API proxy passed from agents to clients",
+            proxy_bytes.clone(),
+        );
+        registry.register(
+            "proxy_exchanges_open",
+            "Tunnelled HTTP exchanges open now (watches and log follows stay open)",
+            proxy_exchanges_open.clone(),
+        );
         registry.register(
             "operations",
             "Operations finished, by type and state",
@@ -98,7 +125,34 @@ impl Metrics {
             relists,
             operations,
             operation_retries,
+            proxy_requests,
+            proxy_bytes,
+            proxy_exchanges_open,
         }
+    }
+
+    /// Counts a proxy request (labels bounded: known methods, three answerers, five classes).
+    pub fn proxy_request(&self, method: &http::Method, served: &'static str, code: u16) {
+        let method = match method.as_str() {
+            "GET" => "GET",
+            "POST" => "POST",
+            "PUT" => "PUT",
+            "PATCH" => "PATCH",
+            "DELETE" => "DELETE",
+            "HEAD" => "HEAD",
+            "OPTIONS" => "OPTIONS",
+            _ => "other",
+        };
+        let class = match code {
+            100..=199 => "1xx",
+            200..=299 => "2xx",
+            300..=399 => "3xx",
+            400..=499 => "4xx",
+            _ => "5xx",
+        };
+        self.proxy_requests
+            .get_or_create(&[("method", method), ("served", served), ("code", class)])
+            .inc();
     }
 
     /// Counts a finished operation (`state` is one of a few fixed names).

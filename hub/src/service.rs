@@ -8,13 +8,15 @@ use std::{
 
 use futures::FutureExt as _;
 use prost::Message as _;
-use scale_agent_proto::v1::{self as pb, agent_hub_server::AgentHub, hub_message::Kind as Out};
+use scale_agent_proto::v1::{
+    self as pb, agent_hub_server::AgentHub, agent_message::Kind as Msg, hub_message::Kind as Out,
+};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::{
-    Control, Hub,
+    Control, Hub, SessionHandle,
     config::GrpcSecurity,
     identity::{ANONYMOUS, identity_from_der},
     session::{Effects, Session, check_hello, message_type, streaming_assignment},
@@ -27,6 +29,8 @@ pub(crate) const CONTROL_BUFFER: usize = 16;
 /// Most messages applied and stored in one transaction: a batch is whatever the agent has
 /// already sent when the previous batch is stored, up to this many.
 pub const MAX_BATCH: usize = 500;
+/// The Hello capability of agents that carry the Kubernetes API proxy's exchanges.
+pub const TUNNEL_CAPABILITY: &str = "http-tunnel";
 
 pub(crate) fn now() -> (Instant, SystemTime) {
     (Instant::now(), SystemTime::now())
@@ -111,12 +115,20 @@ async fn run_stream(
     hub.metrics
         .received(message_type(&first), first.encoded_len());
     let hello = check_hello(first).map_err(|e| e.to_status())?;
+    let tunnel = hello.capabilities.iter().any(|c| c == TUNNEL_CAPABILITY);
     let (ctrl_tx, mut ctrl_rx) = mpsc::channel(CONTROL_BUFFER);
     let (id, replaced, promotions) =
         hub.state()
             .registry
             .connect(identity, &hello.replica, &hello.agent_version, now());
-    hub.sessions().insert(id, ctrl_tx);
+    hub.sessions().insert(
+        id,
+        SessionHandle {
+            control: ctrl_tx,
+            outbound: tx.clone(),
+            tunnel_window: tunnel.then_some(crate::tunnel::WINDOW_BYTES),
+        },
+    );
     if let Some(old) = replaced {
         tracing::info!(%identity, replica = %hello.replica, "a newer stream replaces the older one");
         hub.control(
@@ -135,6 +147,7 @@ async fn run_stream(
     let promotions = hub.state().registry.disconnect(id, now());
     hub.sessions().remove(&id);
     hub.operations.session_ended(id);
+    hub.tunnels.session_ended(id);
     hub.deliver(promotions);
     result
 }
@@ -156,6 +169,7 @@ async fn serve(
             max_unacked: hub.config.max_unacked,
             max_object_bytes: hub.config.max_object_bytes,
             hub_version: env!("CARGO_PKG_VERSION").to_string(),
+            tunnel_window_bytes: crate::tunnel::WINDOW_BYTES,
         }),
     )
     .await?;
@@ -214,24 +228,51 @@ async fn serve(
                     }
                 };
                 last_heard = tokio::time::Instant::now();
-                let mut batch = vec![first];
+                let mut batch = Vec::new();
                 let mut ended = false;
-                while batch.len() < MAX_BATCH {
+                let mut next = Some(first);
+                while let Some(message) = next.take() {
+                    // Tunnel frames go to their exchanges at once: they are outside the
+                    // sequence numbers and must not wait for a batch to be stored.
+                    if let (0, Some(Msg::Tunnel(frame))) = (message.seq, &message.kind) {
+                        deliver_tunnel_frame(hub, session.id, frame.clone(), message.encoded_len(), tx);
+                    } else {
+                        batch.push(message);
+                    }
+                    if batch.len() >= MAX_BATCH {
+                        break;
+                    }
                     match inbound.message().now_or_never() {
-                        Some(Ok(Some(m))) => batch.push(m),
-                        Some(_) => {
-                            ended = true;
-                            break;
-                        }
-                        None => break,
+                        Some(Ok(Some(m))) => next = Some(m),
+                        Some(_) => ended = true,
+                        None => {}
                     }
                 }
-                process_batch(hub, &mut session, batch, tx).await?;
+                if !batch.is_empty() {
+                    process_batch(hub, &mut session, batch, tx).await?;
+                }
                 if ended {
                     return Ok(());
                 }
             }
         }
+    }
+}
+
+/// Hands a tunnel frame to its exchange; a frame that breaks the exchange's flow control
+/// resets that exchange only.
+fn deliver_tunnel_frame(
+    hub: &Hub,
+    session: crate::registry::SessionId,
+    frame: pb::TunnelFrame,
+    size: usize,
+    tx: &Outbound,
+) {
+    hub.metrics.received("tunnel", size);
+    let exchange = frame.exchange;
+    if let Some(reset) = hub.tunnels.deliver(session, frame) {
+        tracing::warn!(session, exchange, reset = ?reset, "tunnel exchange broke the protocol; reset");
+        crate::tunnel::send_frame_soon(tx, exchange, reset);
     }
 }
 
@@ -270,6 +311,11 @@ async fn process_batch(
         tracing::debug!(identity = %session.identity, stale = fx.stale, "ignored replayed events");
     }
     hub.deliver(std::mem::take(&mut fx.promotions));
+    for account in std::mem::take(&mut fx.discovery_changed) {
+        tracing::info!(%account, identity = %session.identity, "the cluster's kinds changed; discovery cache dropped");
+        hub.discovery
+            .invalidate(&account, std::time::Instant::now());
+    }
     for result in std::mem::take(&mut fx.results) {
         let id = result.id.clone();
         if !hub.operations.complete(session.id, result) {

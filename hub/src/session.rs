@@ -77,6 +77,8 @@ pub struct Effects {
     pub stale: u64,
     /// Operation results to hand to their waiters once the batch is stored.
     pub results: Vec<pb::OperationResult>,
+    /// Accounts whose cluster's kinds changed (their cached discovery is dropped).
+    pub discovery_changed: Vec<String>,
 }
 
 /// Hub settings a stream needs.
@@ -100,6 +102,8 @@ pub fn message_type(msg: &pb::AgentMessage) -> &'static str {
         Some(Msg::Bookmark(_)) => "bookmark",
         Some(Msg::Heartbeat(_)) => "heartbeat",
         Some(Msg::OperationResult(_)) => "operation_result",
+        Some(Msg::Tunnel(_)) => "tunnel",
+        Some(Msg::DiscoveryChanged(_)) => "discovery_changed",
     }
 }
 
@@ -300,6 +304,17 @@ impl Session {
                 Ok(())
             }
             Msg::Object(ev) => self.object(st, limits, ev, fx),
+            Msg::Tunnel(_) => Err(invalid(format!(
+                "a TunnelFrame with seq {}: tunnel frames carry seq 0 (item 7 of the stream \
+                 contract)",
+                msg.seq
+            ))),
+            Msg::DiscoveryChanged(changed) => {
+                if st.registry.role(self.id, &changed.account).is_some() {
+                    fx.discovery_changed.push(changed.account);
+                }
+                Ok(())
+            }
             Msg::OperationResult(result) => {
                 // Read-your-writes: the written objects enter the cache with this batch,
                 // before the waiter hears of the result. Only accounts this stream

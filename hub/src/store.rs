@@ -1,5 +1,6 @@
 //! Persistence in an embedded redb database (`<data-dir>/hub.redb`): account bindings, kinds,
-//! cached objects and resume points. Writers hand a batch of [`StoreOp`]s to
+//! cached objects and resume points, the proxy's tokens (hashed), and the accounts registered
+//! in Clouddriver. Writers hand a batch of [`StoreOp`]s to
 //! [`Store::commit`]: one write transaction per batch.
 //!
 //! Durability: most commits are non-durable (no fsync); a commit is made durable when the
@@ -22,6 +23,7 @@ use crate::{
     cache::{Cache, CachedObject, KindInfo, KindKey},
     error::{HubError, Result},
     registry::AccountRecord,
+    tokens::TokenRecord,
 };
 
 /// account → AccountRecord (JSON).
@@ -32,6 +34,12 @@ const KINDS: TableDefinition<&str, &[u8]> = TableDefinition::new("kinds");
 const OBJECTS: TableDefinition<&str, &[u8]> = TableDefinition::new("objects");
 /// account \0 group/kind \0 watch namespace → resourceVersion.
 const RESUME: TableDefinition<&str, &str> = TableDefinition::new("resume_points");
+/// token id → TokenRecord (JSON; the token's hash, never the token).
+const TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("tokens");
+/// name → value: the hub's own settings (the token derivation key).
+const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
+/// account → hash of the body last registered in Clouddriver's Account Management API.
+const REGISTRATIONS: TableDefinition<&str, &str> = TableDefinition::new("clouddriver_accounts");
 
 /// Longest time between durable commits while agents stream.
 pub const DURABLE_EVERY: Duration = Duration::from_secs(1);
@@ -71,6 +79,34 @@ pub enum StoreOp {
         kind: KindKey,
         watch_namespace: String,
     },
+    PutToken {
+        record: TokenRecord,
+    },
+    DeleteToken {
+        id: String,
+    },
+    PutMeta {
+        key: String,
+        value: String,
+    },
+    PutRegistration {
+        account: String,
+        body_hash: String,
+    },
+    DeleteRegistration {
+        account: String,
+    },
+}
+
+impl StoreOp {
+    /// Ops that must be on disk before the hub answers (a token it showed to someone, the
+    /// key that derives tokens): their batch is committed durably.
+    fn needs_durability(&self) -> bool {
+        matches!(
+            self,
+            StoreOp::PutToken { .. } | StoreOp::DeleteToken { .. } | StoreOp::PutMeta { .. }
+        )
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -131,6 +167,10 @@ fn decode_object(key: &str, bytes: &[u8]) -> Result<CachedObject> {
 pub struct Loaded {
     pub accounts: Vec<(String, AccountRecord)>,
     pub cache: Cache,
+    pub tokens: Vec<TokenRecord>,
+    pub meta: std::collections::BTreeMap<String, String>,
+    /// Accounts registered in Clouddriver, with the hash of their last body.
+    pub registrations: std::collections::BTreeMap<String, String>,
 }
 
 /// The embedded store.
@@ -167,6 +207,12 @@ impl Store {
             txn.open_table(OBJECTS)
                 .map_err(|e| HubError::store("open", e))?;
             txn.open_table(RESUME)
+                .map_err(|e| HubError::store("open", e))?;
+            txn.open_table(TOKENS)
+                .map_err(|e| HubError::store("open", e))?;
+            txn.open_table(META)
+                .map_err(|e| HubError::store("open", e))?;
+            txn.open_table(REGISTRATIONS)
                 .map_err(|e| HubError::store("open", e))?;
         }
         txn.commit().map_err(|e| HubError::store("open", e))?;
@@ -246,6 +292,30 @@ impl Store {
                 .cache
                 .load_resume(account, &kind, ns.to_string(), v.value().to_string());
         }
+        let tokens = txn.open_table(TOKENS).map_err(load_err)?;
+        for row in tokens.iter().map_err(load_err)? {
+            let (k, v) = row.map_err(load_err)?;
+            let record: TokenRecord =
+                serde_json::from_slice(v.value()).map_err(|err| HubError::Corrupt {
+                    key: format!("tokens/{}", k.value()),
+                    message: err.to_string(),
+                })?;
+            loaded.tokens.push(record);
+        }
+        let meta = txn.open_table(META).map_err(load_err)?;
+        for row in meta.iter().map_err(load_err)? {
+            let (k, v) = row.map_err(load_err)?;
+            loaded
+                .meta
+                .insert(k.value().to_string(), v.value().to_string());
+        }
+        let registrations = txn.open_table(REGISTRATIONS).map_err(load_err)?;
+        for row in registrations.iter().map_err(load_err)? {
+            let (k, v) = row.map_err(load_err)?;
+            loaded
+                .registrations
+                .insert(k.value().to_string(), v.value().to_string());
+        }
         // Cached data of accounts without a binding (should not happen) is dropped.
         let known: std::collections::BTreeSet<&String> =
             loaded.accounts.iter().map(|(a, _)| a).collect();
@@ -255,7 +325,8 @@ impl Store {
 
     /// Writes a batch in one transaction (on a blocking thread).
     pub async fn commit(&mut self, ops: Vec<StoreOp>) -> Result<()> {
-        let durable = self.last_durable.elapsed() >= DURABLE_EVERY;
+        let durable = self.last_durable.elapsed() >= DURABLE_EVERY
+            || ops.iter().any(StoreOp::needs_durability);
         if ops.is_empty() && !(durable && self.dirty) {
             return Ok(());
         }
@@ -317,6 +388,9 @@ fn write_batch(db: &Database, ops: Vec<StoreOp>, durable: bool) -> Result<()> {
         let mut kinds = txn.open_table(KINDS).map_err(commit_err)?;
         let mut objects = txn.open_table(OBJECTS).map_err(commit_err)?;
         let mut resume = txn.open_table(RESUME).map_err(commit_err)?;
+        let mut tokens = txn.open_table(TOKENS).map_err(commit_err)?;
+        let mut meta = txn.open_table(META).map_err(commit_err)?;
+        let mut registrations = txn.open_table(REGISTRATIONS).map_err(commit_err)?;
         for op in ops {
             match op {
                 StoreOp::PutAccount { account, record } => {
@@ -382,6 +456,27 @@ fn write_batch(db: &Database, ops: Vec<StoreOp>, durable: bool) -> Result<()> {
                     resume
                         .remove(key3(&account, &kind, &watch_namespace).as_str())
                         .map_err(commit_err)?;
+                }
+                StoreOp::PutToken { record } => {
+                    let bytes = serde_json::to_vec(&record).unwrap_or_default();
+                    tokens
+                        .insert(record.id.as_str(), bytes.as_slice())
+                        .map_err(commit_err)?;
+                }
+                StoreOp::DeleteToken { id } => {
+                    tokens.remove(id.as_str()).map_err(commit_err)?;
+                }
+                StoreOp::PutMeta { key, value } => {
+                    meta.insert(key.as_str(), value.as_str())
+                        .map_err(commit_err)?;
+                }
+                StoreOp::PutRegistration { account, body_hash } => {
+                    registrations
+                        .insert(account.as_str(), body_hash.as_str())
+                        .map_err(commit_err)?;
+                }
+                StoreOp::DeleteRegistration { account } => {
+                    registrations.remove(account.as_str()).map_err(commit_err)?;
                 }
             }
         }
@@ -470,6 +565,61 @@ mod tests {
         assert_eq!(kind.resume["default"], "9");
         assert!(!loaded.cache.accounts.contains_key("acc2"));
         drop(store);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn tokens_meta_and_registrations_survive_a_reopen() {
+        let dir = std::env::temp_dir().join(format!("hub-store-tokens-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let token = |id: &str| TokenRecord {
+            id: id.into(),
+            account: "prod".into(),
+            name: "alice".into(),
+            sha256: "00ff".into(),
+            created: 5,
+            generation: None,
+        };
+        {
+            let mut store = Store::open(&dir).unwrap();
+            store
+                .commit(vec![
+                    StoreOp::PutToken {
+                        record: token("t1"),
+                    },
+                    StoreOp::PutToken {
+                        record: token("t2"),
+                    },
+                    StoreOp::DeleteToken { id: "t1".into() },
+                    StoreOp::PutMeta {
+                        key: "k".into(),
+                        value: "v".into(),
+                    },
+                    StoreOp::PutRegistration {
+                        account: "prod".into(),
+                        body_hash: "h1".into(),
+                    },
+                    StoreOp::PutRegistration {
+                        account: "gone".into(),
+                        body_hash: "h2".into(),
+                    },
+                    StoreOp::DeleteRegistration {
+                        account: "gone".into(),
+                    },
+                ])
+                .await
+                .unwrap();
+            // Token ops are committed durably at once: nothing is left dirty to flush.
+            assert!(!store.dirty);
+            store.close().await.unwrap();
+        }
+        let loaded = Store::open(&dir).unwrap().load().unwrap();
+        assert_eq!(loaded.tokens, vec![token("t2")]);
+        assert_eq!(loaded.meta.get("k").map(String::as_str), Some("v"));
+        assert_eq!(
+            loaded.registrations.into_iter().collect::<Vec<_>>(),
+            vec![("prod".to_string(), "h1".to_string())]
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

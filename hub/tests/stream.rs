@@ -185,6 +185,7 @@ struct FakeAgent {
     assignments: VecDeque<pb::AccountAssignment>,
     heartbeats: usize,
     operations: VecDeque<pb::Operation>,
+    tunnel: VecDeque<pb::TunnelFrame>,
     welcome: Option<pb::Welcome>,
 }
 
@@ -219,6 +220,7 @@ async fn open_stream(
         assignments: VecDeque::new(),
         heartbeats: 0,
         operations: VecDeque::new(),
+        tunnel: VecDeque::new(),
         welcome: None,
     })
 }
@@ -270,6 +272,7 @@ impl FakeAgent {
             }
             Some(Out::Heartbeat(_)) => self.heartbeats += 1,
             Some(Out::Operation(op)) => self.operations.push_back(op),
+            Some(Out::Tunnel(frame)) => self.tunnel.push_back(frame),
             None => panic!("empty hub message"),
         }
         Ok(())

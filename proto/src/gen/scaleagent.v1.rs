@@ -5,7 +5,10 @@ pub struct AgentMessage {
     /// 1, 2, 3, ... on each stream; acknowledged by Ack.
     #[prost(uint64, tag = "1")]
     pub seq: u64,
-    #[prost(oneof = "agent_message::Kind", tags = "2, 3, 4, 5, 6, 7, 8, 9, 10, 11")]
+    #[prost(
+        oneof = "agent_message::Kind",
+        tags = "2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13"
+    )]
     pub kind: ::core::option::Option<agent_message::Kind>,
 }
 /// Nested message and enum types in `AgentMessage`.
@@ -32,12 +35,17 @@ pub mod agent_message {
         Heartbeat(super::Heartbeat),
         #[prost(message, tag = "11")]
         OperationResult(super::OperationResult),
+        /// seq 0: see item 7 of the contract.
+        #[prost(message, tag = "12")]
+        Tunnel(super::TunnelFrame),
+        #[prost(message, tag = "13")]
+        DiscoveryChanged(super::DiscoveryChanged),
     }
 }
 /// Hub to agent.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct HubMessage {
-    #[prost(oneof = "hub_message::Kind", tags = "1, 2, 3, 4, 5")]
+    #[prost(oneof = "hub_message::Kind", tags = "1, 2, 3, 4, 5, 6")]
     pub kind: ::core::option::Option<hub_message::Kind>,
 }
 /// Nested message and enum types in `HubMessage`.
@@ -54,6 +62,8 @@ pub mod hub_message {
         Heartbeat(super::Heartbeat),
         #[prost(message, tag = "5")]
         Operation(super::Operation),
+        #[prost(message, tag = "6")]
+        Tunnel(super::TunnelFrame),
     }
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -83,6 +93,10 @@ pub struct Welcome {
     pub max_object_bytes: u64,
     #[prost(string, tag = "5")]
     pub hub_version: ::prost::alloc::string::String,
+    /// Initial flow-control window of each direction of a tunnelled exchange, in bytes (item 7
+    /// of the contract); 0: 1 MiB.
+    #[prost(uint32, tag = "6")]
+    pub tunnel_window_bytes: u32,
 }
 /// The cluster an account points at. An account name is bound to one cluster, identified by
 /// api_server_host and ca_fingerprint; another cluster claiming it is rejected.
@@ -776,6 +790,90 @@ pub struct OperationResult {
     pub replica: ::prost::alloc::string::String,
     /// The operation's account, for the hub's cache.
     #[prost(string, tag = "12")]
+    pub account: ::prost::alloc::string::String,
+}
+/// One header field; values are bytes because HTTP allows non-UTF-8 octets in them.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct HttpHeader {
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
+    #[prost(bytes = "vec", tag = "2")]
+    pub value: ::prost::alloc::vec::Vec<u8>,
+}
+/// Opens an exchange (hub to agent). Hop-by-hop headers, the caller's Authorization and any
+/// Impersonate-\* headers are removed by the hub; the agent adds its own credentials.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct HttpRequestHead {
+    #[prost(string, tag = "1")]
+    pub account: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub method: ::prost::alloc::string::String,
+    /// Path and query as the API server sees them, starting with "/" (the part of the proxy
+    /// URL after /clusters/<account>), e.g. "/api/v1/namespaces/default/pods?limit=500".
+    #[prost(string, tag = "3")]
+    pub path_and_query: ::prost::alloc::string::String,
+    #[prost(message, repeated, tag = "4")]
+    pub headers: ::prost::alloc::vec::Vec<HttpHeader>,
+    /// No body follows.
+    #[prost(bool, tag = "5")]
+    pub end_of_body: bool,
+}
+/// The API server's answer (agent to hub), or the agent's own when it could not reach the
+/// API server (502 with a Kubernetes Status saying why).
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct HttpResponseHead {
+    #[prost(uint32, tag = "1")]
+    pub status: u32,
+    #[prost(message, repeated, tag = "2")]
+    pub headers: ::prost::alloc::vec::Vec<HttpHeader>,
+    /// No body follows.
+    #[prost(bool, tag = "3")]
+    pub end_of_body: bool,
+}
+/// Body bytes, in either direction; at most 64 KiB per frame.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct TunnelData {
+    #[prost(bytes = "vec", tag = "1")]
+    pub data: ::prost::alloc::vec::Vec<u8>,
+    /// The last frame of this direction's body (data may be empty).
+    #[prost(bool, tag = "2")]
+    pub end_of_body: bool,
+}
+/// Ends an exchange early, in either direction.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct TunnelReset {
+    /// Why, in words for logs and for the HTTP client's error.
+    #[prost(string, tag = "1")]
+    pub reason: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct TunnelFrame {
+    #[prost(uint64, tag = "1")]
+    pub exchange: u64,
+    #[prost(oneof = "tunnel_frame::Frame", tags = "2, 3, 4, 5, 6")]
+    pub frame: ::core::option::Option<tunnel_frame::Frame>,
+}
+/// Nested message and enum types in `TunnelFrame`.
+pub mod tunnel_frame {
+    #[derive(Clone, PartialEq, ::prost::Oneof)]
+    pub enum Frame {
+        #[prost(message, tag = "2")]
+        Request(super::HttpRequestHead),
+        #[prost(message, tag = "3")]
+        Response(super::HttpResponseHead),
+        #[prost(message, tag = "4")]
+        Data(super::TunnelData),
+        /// Credit returned to the sender of this exchange's other direction, in bytes.
+        #[prost(uint32, tag = "5")]
+        WindowUpdate(u32),
+        #[prost(message, tag = "6")]
+        Reset(super::TunnelReset),
+    }
+}
+/// The cluster's API groups or kinds changed (agent to hub); see item 8 of the contract.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct DiscoveryChanged {
+    #[prost(string, tag = "1")]
     pub account: ::prost::alloc::string::String,
 }
 /// Generated client implementations.

@@ -1,0 +1,434 @@
+//! The agent's half of tunnelled HTTP exchanges (item 7 of the stream contract in
+//! `proto/scaleagent/v1/agent.proto`): the hub's Kubernetes API proxy hands the agent HTTP
+//! requests on the stream; the agent replays each against the account's API server with
+//! the account's own credentials and streams the answer back.
+//!
+//! Every exchange runs in its own task. Response bodies are sent in frames of at most
+//! [`MAX_FRAME_BYTES`], never more than the hub's credit for that exchange, so a watch, a
+//! followed log or a 50 MiB list never stalls the object stream or another exchange, and
+//! neither side buffers more than a window per exchange. Request bodies are collected before
+//! the replay (at most [`MAX_REQUEST_BODY_BYTES`]; the API server itself accepts 3 MiB)
+//! because kube's client sends whole request bodies. Tunnel frames carry seq 0 and bypass the
+//! acknowledgement window. When the stream ends, [`Tunnel`] is dropped and its exchanges
+//! are aborted.
+
+use std::{collections::HashMap, sync::Arc};
+
+use bytes::Bytes;
+use http_body_util::BodyExt as _;
+use kube::client::Body;
+use scale_agent_proto::v1::{self as pb, AgentMessage, agent_message, tunnel_frame::Frame};
+use tokio::{
+    sync::{Semaphore, mpsc},
+    task::{AbortHandle, JoinSet},
+};
+
+use crate::state::Shared;
+
+/// Largest body chunk in one frame (the contract's limit).
+pub const MAX_FRAME_BYTES: usize = 64 * 1024;
+/// Largest request body the agent replays.
+pub const MAX_REQUEST_BODY_BYTES: usize = 8 * 1024 * 1024;
+/// Window used when Welcome leaves it at 0.
+pub const DEFAULT_WINDOW_BYTES: u32 = 1024 * 1024;
+
+/// Request headers never replayed: the caller's credentials and identity claims (the agent
+/// acts as itself), and headers that belong to one connection.
+const DROPPED_REQUEST_HEADERS: &[&str] = &[
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "expect",
+    "content-length",
+];
+
+/// Response headers that belong to one connection.
+const DROPPED_RESPONSE_HEADERS: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Whether a request header from the hub may be replayed.
+pub fn replay_request_header(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    !(DROPPED_REQUEST_HEADERS.contains(&name.as_str()) || name.starts_with("impersonate-"))
+}
+
+/// The response headers to send back.
+pub fn response_headers(headers: &http::HeaderMap) -> Vec<pb::HttpHeader> {
+    headers
+        .iter()
+        .filter(|(name, _)| !DROPPED_RESPONSE_HEADERS.contains(&name.as_str()))
+        .map(|(name, value)| pb::HttpHeader {
+            name: name.as_str().to_string(),
+            value: value.as_bytes().to_vec(),
+        })
+        .collect()
+}
+
+/// A Kubernetes `Status` body, for answers the agent makes up itself.
+pub fn status_body(code: u16, reason: &str, message: &str) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": message, "reason": reason, "code": code,
+    }))
+    .unwrap_or_default()
+}
+
+/// Builds the request to replay.
+pub fn build_request(
+    head: &pb::HttpRequestHead,
+    body: Bytes,
+) -> Result<http::Request<Body>, String> {
+    if !head.path_and_query.starts_with('/') {
+        return Err(format!(
+            "the request path {:?} does not start with '/'",
+            head.path_and_query
+        ));
+    }
+    let mut builder = http::Request::builder()
+        .method(head.method.as_str())
+        .uri(head.path_and_query.as_str());
+    for header in &head.headers {
+        if replay_request_header(&header.name) {
+            builder = builder.header(header.name.as_str(), header.value.as_slice());
+        }
+    }
+    builder
+        .body(Body::from(body))
+        .map_err(|e| format!("the request cannot be replayed: {e}"))
+}
+
+/// Where an exchange's frames go: the stream's outbound queue.
+#[derive(Clone)]
+struct Frames {
+    out: mpsc::Sender<AgentMessage>,
+    exchange: u64,
+    shared: Arc<Shared>,
+}
+
+impl Frames {
+    /// Sends a frame; Err when the stream is gone (the exchange then stops).
+    async fn send(&self, frame: Frame) -> Result<(), Gone> {
+        let message = AgentMessage {
+            seq: 0,
+            kind: Some(agent_message::Kind::Tunnel(pb::TunnelFrame {
+                exchange: self.exchange,
+                frame: Some(frame),
+            })),
+        };
+        self.shared
+            .metrics
+            .tunnel_bytes_sent
+            .inc_by(prost::Message::encoded_len(&message) as u64);
+        self.out.send(message).await.map_err(|_| Gone)
+    }
+
+    async fn answer(&self, code: u16, reason: &str, message: &str) -> Result<(), Gone> {
+        let body = status_body(code, reason, message);
+        self.send(Frame::Response(pb::HttpResponseHead {
+            status: u32::from(code),
+            headers: vec![pb::HttpHeader {
+                name: "content-type".into(),
+                value: b"application/json".to_vec(),
+            }],
+            end_of_body: false,
+        }))
+        .await?;
+        self.send(Frame::Data(pb::TunnelData {
+            data: body,
+            end_of_body: true,
+        }))
+        .await
+    }
+}
+
+/// The stream is gone.
+#[derive(Debug)]
+struct Gone;
+
+/// What the agent holds of one exchange.
+struct ExchangeHandle {
+    /// Request body chunks for the exchange's task; `None` once the body ended.
+    request_body: Option<mpsc::UnboundedSender<Vec<u8>>>,
+    /// Credit for response bytes, topped up by the hub's window updates.
+    response_credit: Arc<Semaphore>,
+    abort: AbortHandle,
+}
+
+/// The open exchanges of one stream.
+pub struct Tunnel {
+    exchanges: HashMap<u64, ExchangeHandle>,
+    tasks: JoinSet<u64>,
+    out: mpsc::Sender<AgentMessage>,
+    window: u32,
+    shared: Arc<Shared>,
+}
+
+impl Tunnel {
+    /// For a stream whose outbound queue is `out`, with the window from Welcome.
+    pub fn new(out: mpsc::Sender<AgentMessage>, window: u32, shared: Arc<Shared>) -> Self {
+        Tunnel {
+            exchanges: HashMap::new(),
+            tasks: JoinSet::new(),
+            out,
+            window: if window == 0 {
+                DEFAULT_WINDOW_BYTES
+            } else {
+                window
+            },
+            shared,
+        }
+    }
+
+    /// Number of exchanges running.
+    pub fn len(&self) -> usize {
+        self.exchanges.len()
+    }
+
+    /// Whether no exchange is running.
+    pub fn is_empty(&self) -> bool {
+        self.exchanges.is_empty()
+    }
+
+    /// Forgets exchanges whose tasks finished.
+    fn reap(&mut self) {
+        while let Some(done) = self.tasks.try_join_next() {
+            if let Ok(id) = done {
+                self.exchanges.remove(&id);
+            }
+        }
+    }
+
+    /// Handles a frame from the hub. `client` gives the API server client of an account
+    /// this agent serves (`None`: not served here, or its credentials are not loaded yet).
+    pub fn handle(
+        &mut self,
+        frame: pb::TunnelFrame,
+        client: impl FnOnce(&str) -> Option<kube::Client>,
+    ) {
+        self.reap();
+        let id = frame.exchange;
+        match frame.frame {
+            Some(Frame::Request(head)) => self.open(id, head, client),
+            Some(Frame::Data(data)) => {
+                let Some(exchange) = self.exchanges.get_mut(&id) else {
+                    return;
+                };
+                if let Some(tx) = &exchange.request_body {
+                    if data.data.len() > MAX_FRAME_BYTES {
+                        exchange.abort.abort();
+                        self.exchanges.remove(&id);
+                        self.reset_soon(id, "a request body frame larger than 64 KiB");
+                        return;
+                    }
+                    if !data.data.is_empty() {
+                        let _ = tx.send(data.data);
+                    }
+                    if data.end_of_body {
+                        exchange.request_body = None;
+                    }
+                }
+            }
+            Some(Frame::WindowUpdate(credit)) => {
+                if let Some(exchange) = self.exchanges.get(&id) {
+                    exchange.response_credit.add_permits(credit as usize);
+                }
+            }
+            Some(Frame::Reset(reset)) => {
+                if let Some(exchange) = self.exchanges.remove(&id) {
+                    tracing::debug!(exchange = id, reason = %reset.reason, "the hub reset an exchange");
+                    exchange.abort.abort();
+                }
+            }
+            Some(Frame::Response(_)) | None => {}
+        }
+    }
+
+    fn reset_soon(&self, exchange: u64, reason: &str) {
+        let frames = Frames {
+            out: self.out.clone(),
+            exchange,
+            shared: self.shared.clone(),
+        };
+        let reason = reason.to_string();
+        tokio::spawn(async move {
+            let _ = frames.send(Frame::Reset(pb::TunnelReset { reason })).await;
+        });
+    }
+
+    fn open(
+        &mut self,
+        id: u64,
+        head: pb::HttpRequestHead,
+        client: impl FnOnce(&str) -> Option<kube::Client>,
+    ) {
+        let frames = Frames {
+            out: self.out.clone(),
+            exchange: id,
+            shared: self.shared.clone(),
+        };
+        let (body_tx, body_rx) = if head.end_of_body {
+            (None, None)
+        } else {
+            let (tx, rx) = mpsc::unbounded_channel();
+            (Some(tx), Some(rx))
+        };
+        let credit = Arc::new(Semaphore::new(self.window as usize));
+        let response_credit = credit.clone();
+        let client = client(&head.account);
+        let shared = self.shared.clone();
+        let abort = self.tasks.spawn(async move {
+            let account = head.account.clone();
+            let method = head.method.clone();
+            let result = match client {
+                Some(client) => exchange(&frames, head, client, body_rx, credit).await,
+                None => frames
+                    .answer(
+                        503,
+                        "ServiceUnavailable",
+                        &format!(
+                            "account {account:?} is not ready on this agent (it does not serve \
+                             it, or its credentials are still loading)"
+                        ),
+                    )
+                    .await
+                    .map(|()| 503),
+            };
+            match result {
+                Ok(code) => {
+                    shared.metrics.proxy_request(&account, code);
+                    tracing::debug!(%account, %method, exchange = id, code, "tunnelled request answered");
+                }
+                Err(Gone) => {
+                    tracing::debug!(%account, exchange = id, "stream gone during a tunnelled request");
+                }
+            }
+            id
+        });
+        self.exchanges.insert(
+            id,
+            ExchangeHandle {
+                request_body: body_tx,
+                response_credit,
+                abort,
+            },
+        );
+    }
+}
+
+/// One exchange: collect the request body, replay, stream the answer within the credit.
+/// Returns the status code answered.
+async fn exchange(
+    frames: &Frames,
+    head: pb::HttpRequestHead,
+    client: kube::Client,
+    body_rx: Option<mpsc::UnboundedReceiver<Vec<u8>>>,
+    credit: Arc<Semaphore>,
+) -> Result<u16, Gone> {
+    let body = match body_rx {
+        None => Bytes::new(),
+        Some(mut rx) => {
+            let mut body = Vec::new();
+            while let Some(chunk) = rx.recv().await {
+                let len = chunk.len();
+                body.extend_from_slice(&chunk);
+                if body.len() > MAX_REQUEST_BODY_BYTES {
+                    let message = format!(
+                        "the request body is larger than the {} MiB the agent replays (the \
+                         API server accepts at most 3 MiB)",
+                        MAX_REQUEST_BODY_BYTES / (1024 * 1024)
+                    );
+                    frames
+                        .answer(413, "RequestEntityTooLarge", &message)
+                        .await?;
+                    return Ok(413);
+                }
+                // The chunk is consumed (kept here): the hub may send more.
+                frames
+                    .send(Frame::WindowUpdate(u32::try_from(len).unwrap_or(u32::MAX)))
+                    .await?;
+            }
+            Bytes::from(body)
+        }
+    };
+    let request = match build_request(&head, body) {
+        Ok(request) => request,
+        Err(message) => {
+            frames.answer(400, "BadRequest", &message).await?;
+            return Ok(400);
+        }
+    };
+    let response = match client.send(request).await {
+        Ok(response) => response,
+        Err(error) => {
+            let message = format!("the agent could not reach the API server: {error}");
+            frames.answer(502, "InternalError", &message).await?;
+            return Ok(502);
+        }
+    };
+    let (parts, mut body) = response.into_parts();
+    let code = parts.status.as_u16();
+    let end = http_body::Body::is_end_stream(&body);
+    frames
+        .send(Frame::Response(pb::HttpResponseHead {
+            status: u32::from(code),
+            headers: response_headers(&parts.headers),
+            end_of_body: end,
+        }))
+        .await?;
+    if end {
+        return Ok(code);
+    }
+    loop {
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                for chunk in data.chunks(MAX_FRAME_BYTES) {
+                    // Closed only when the exchange is dropped; then the task is aborted too.
+                    let Ok(permits) = credit.acquire_many(chunk.len() as u32).await else {
+                        return Err(Gone);
+                    };
+                    permits.forget();
+                    frames
+                        .send(Frame::Data(pb::TunnelData {
+                            data: chunk.to_vec(),
+                            end_of_body: false,
+                        }))
+                        .await?;
+                }
+            }
+            Some(Err(error)) => {
+                let reason = format!("the API server's response broke off: {error}");
+                frames
+                    .send(Frame::Reset(pb::TunnelReset { reason }))
+                    .await?;
+                return Ok(code);
+            }
+            None => {
+                frames
+                    .send(Frame::Data(pb::TunnelData {
+                        data: Vec::new(),
+                        end_of_body: true,
+                    }))
+                    .await?;
+                return Ok(code);
+            }
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! Kubeconfigs that point kubectl, Helm, client-go and Clouddriver at the hub's proxy:
+//! `server: <public URL>/clusters/<account>` with the account's bearer token.
+
+use base64::Engine as _;
+use serde::Serialize;
+
+/// Everything a kubeconfig for one account needs.
+#[derive(Clone, Debug)]
+pub struct KubeconfigFor<'a> {
+    pub account: &'a str,
+    /// The hub's HTTP listener as clients reach it, e.g. `https://hub.example:8443`.
+    pub public_url: &'a str,
+    /// PEM of the CA that signed the hub's serving certificate; the system roots when
+    /// absent.
+    pub ca_pem: Option<&'a [u8]>,
+    pub token: &'a str,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "kebab-case")]
+struct Kubeconfig<'a> {
+    api_version: &'static str,
+    kind: &'static str,
+    clusters: Vec<Named<'a, Cluster>>,
+    users: Vec<Named<'a, User<'a>>>,
+    contexts: Vec<Named<'a, Context<'a>>>,
+    current_context: &'a str,
+}
+
+#[derive(Serialize)]
+struct Named<'a, T> {
+    name: &'a str,
+    #[serde(flatten)]
+    value: T,
+}
+
+#[derive(Serialize)]
+struct Cluster {
+    cluster: ClusterSpec,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "kebab-case")]
+struct ClusterSpec {
+    server: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    certificate_authority_data: Option<String>,
+}
+
+#[derive(Serialize)]
+struct User<'a> {
+    user: UserSpec<'a>,
+}
+
+#[derive(Serialize)]
+struct UserSpec<'a> {
+    token: &'a str,
+}
+
+#[derive(Serialize)]
+struct Context<'a> {
+    context: ContextSpec<'a>,
+}
+
+#[derive(Serialize)]
+struct ContextSpec<'a> {
+    cluster: &'a str,
+    user: &'a str,
+}
+
+/// The proxy URL of an account.
+pub fn server_url(public_url: &str, account: &str) -> String {
+    format!("{}/clusters/{account}", public_url.trim_end_matches('/'))
+}
+
+/// The kubeconfig YAML.
+pub fn render(k: &KubeconfigFor<'_>) -> String {
+    let user = format!("scale-agent-{}", k.account);
+    let config = Kubeconfig {
+        api_version: "v1",
+        kind: "Config",
+        clusters: vec![Named {
+            name: k.account,
+            value: Cluster {
+                cluster: ClusterSpec {
+                    server: server_url(k.public_url, k.account),
+                    certificate_authority_data: k
+                        .ca_pem
+                        .map(|pem| base64::engine::general_purpose::STANDARD.encode(pem)),
+                },
+            },
+        }],
+        users: vec![Named {
+            name: &user,
+            value: User {
+                user: UserSpec { token: k.token },
+            },
+        }],
+        contexts: vec![Named {
+            name: k.account,
+            value: Context {
+                context: ContextSpec {
+                    cluster: k.account,
+                    user: &user,
+                },
+            },
+        }],
+        current_context: k.account,
+    };
+    // Serialising these plain structs cannot fail.
+    serde_saphyr::to_string(&config).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kubeconfig_points_at_the_account_with_its_token() {
+        let yaml = render(&KubeconfigFor {
+            account: "prod-eu",
+            public_url: "https://hub.example:8443/",
+            ca_pem: Some(b"-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n"),
+            token: "sat_abc",
+        });
+        let value: serde_json::Value = serde_saphyr::from_str(&yaml).unwrap();
+        assert_eq!(value["kind"], "Config");
+        assert_eq!(value["current-context"], "prod-eu");
+        assert_eq!(
+            value["clusters"][0]["cluster"]["server"],
+            "https://hub.example:8443/clusters/prod-eu"
+        );
+        assert_eq!(value["users"][0]["user"]["token"], "sat_abc");
+        assert_eq!(value["contexts"][0]["context"]["cluster"], "prod-eu");
+        assert_eq!(
+            value["contexts"][0]["context"]["user"],
+            value["users"][0]["name"]
+        );
+        let ca = value["clusters"][0]["cluster"]["certificate-authority-data"]
+            .as_str()
+            .unwrap();
+        let pem = base64::engine::general_purpose::STANDARD
+            .decode(ca)
+            .unwrap();
+        assert!(pem.starts_with(b"-----BEGIN CERTIFICATE-----"));
+
+        let without_ca = render(&KubeconfigFor {
+            account: "a",
+            public_url: "https://hub",
+            ca_pem: None,
+            token: "t",
+        });
+        assert!(
+            !without_ca.contains("certificate-authority"),
+            "{without_ca}"
+        );
+    }
+}

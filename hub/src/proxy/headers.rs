@@ -1,0 +1,148 @@
+//! Which headers cross the tunnel. The caller's credentials never do (the agent replays the
+//! request as its own identity), nor do hop-by-hop headers, which belong to one connection.
+
+use http::{HeaderMap, HeaderName, HeaderValue, header};
+use scale_agent_proto::v1 as pb;
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1) and the ones a proxy sets itself.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "expect",
+];
+
+/// Whether a request header may be forwarded to the agent.
+fn forward_request_header(name: &HeaderName) -> bool {
+    let name = name.as_str();
+    !(HOP_BY_HOP.contains(&name)
+        || name == "authorization"
+        || name == "cookie"
+        || name.starts_with("impersonate-"))
+}
+
+/// Headers named in `Connection` are hop-by-hop too.
+fn connection_listed(headers: &HeaderMap) -> Vec<String> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|v| v.trim().to_ascii_lowercase())
+        .filter(|v| !v.is_empty())
+        .collect()
+}
+
+/// The request headers to send to the agent.
+pub fn request_headers(headers: &HeaderMap) -> Vec<pb::HttpHeader> {
+    let listed = connection_listed(headers);
+    headers
+        .iter()
+        .filter(|(name, _)| {
+            forward_request_header(name) && !listed.iter().any(|l| l == name.as_str())
+        })
+        .map(|(name, value)| pb::HttpHeader {
+            name: name.as_str().to_string(),
+            value: value.as_bytes().to_vec(),
+        })
+        .collect()
+}
+
+/// The response headers to hand to the client, from the agent's answer. Invalid names or
+/// values (which no API server sends) are dropped rather than failing the response.
+pub fn response_headers(headers: &[pb::HttpHeader]) -> HeaderMap {
+    let mut map = HeaderMap::new();
+    for h in headers {
+        let Ok(name) = HeaderName::from_bytes(h.name.as_bytes()) else {
+            continue;
+        };
+        if HOP_BY_HOP.contains(&name.as_str()) {
+            continue;
+        }
+        if let Ok(value) = HeaderValue::from_bytes(&h.value) {
+            map.append(name, value);
+        }
+    }
+    map
+}
+
+/// Whether the request asks for a connection upgrade (exec, attach, port-forward over SPDY
+/// or WebSocket).
+pub fn is_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE)
+        || connection_listed(headers).iter().any(|v| v == "upgrade")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_and_hop_by_hop_headers_stay_behind() {
+        let mut h = HeaderMap::new();
+        h.insert("authorization", HeaderValue::from_static("Bearer sat_x"));
+        h.insert("impersonate-user", HeaderValue::from_static("admin"));
+        h.insert("impersonate-extra-scopes", HeaderValue::from_static("x"));
+        h.insert("cookie", HeaderValue::from_static("session=1"));
+        h.insert(
+            "connection",
+            HeaderValue::from_static("keep-alive, x-trace"),
+        );
+        h.insert("x-trace", HeaderValue::from_static("1"));
+        h.insert("host", HeaderValue::from_static("hub:8443"));
+        h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
+        h.insert("accept", HeaderValue::from_static("application/json"));
+        h.insert(
+            "content-type",
+            HeaderValue::from_static("application/apply-patch+yaml"),
+        );
+        h.insert("user-agent", HeaderValue::from_static("kubectl/v1.37.1"));
+        h.insert("accept-encoding", HeaderValue::from_static("gzip"));
+        let mut names: Vec<String> = request_headers(&h).into_iter().map(|h| h.name).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            ["accept", "accept-encoding", "content-type", "user-agent"]
+        );
+    }
+
+    #[test]
+    fn response_headers_keep_what_clients_read() {
+        let header = |name: &str, value: &[u8]| pb::HttpHeader {
+            name: name.into(),
+            value: value.to_vec(),
+        };
+        let map = response_headers(&[
+            header("content-type", b"application/json"),
+            header("warning", b"299 - \"deprecated\""),
+            header("warning", b"299 - \"other\""),
+            header("etag", b"\"abc\""),
+            header("transfer-encoding", b"chunked"),
+            header("connection", b"close"),
+            header("bad name", b"x"),
+            header("audit-id", b"\x01"),
+        ]);
+        assert_eq!(map.get_all("warning").iter().count(), 2);
+        assert!(map.contains_key("etag") && map.contains_key("content-type"));
+        assert!(!map.contains_key("transfer-encoding") && !map.contains_key("connection"));
+        assert_eq!(map.len(), 4);
+    }
+
+    #[test]
+    fn upgrades_are_recognised() {
+        let mut h = HeaderMap::new();
+        assert!(!is_upgrade(&h));
+        h.insert("connection", HeaderValue::from_static("Upgrade"));
+        assert!(is_upgrade(&h));
+        let mut h = HeaderMap::new();
+        h.insert("upgrade", HeaderValue::from_static("SPDY/3.1"));
+        assert!(is_upgrade(&h));
+    }
+}

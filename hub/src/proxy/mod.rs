@@ -1,0 +1,669 @@
+//! The Kubernetes API proxy: `https://<hub>/clusters/<account>/<any Kubernetes API path>`.
+//!
+//! A kubeconfig whose `server:` is `https://<hub>/clusters/<account>` makes kubectl,
+//! client-go, Helm and Clouddriver (which only runs kubectl) reach the account's cluster
+//! through the hub. Each request needs a bearer token issued for that account
+//! ([`crate::tokens`]); it is carried to a connected agent of the account as one exchange
+//! on the agent's existing stream ([`crate::tunnel`]) and replayed there against the API
+//! server with the agent's own credentials. Discovery and OpenAPI documents are answered
+//! from a per-account cache ([`discovery`]). Every error the hub makes itself is a
+//! Kubernetes `Status` ([`status`]).
+
+pub mod discovery;
+pub mod headers;
+pub mod status;
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use axum::{
+    Router,
+    body::Body,
+    extract::{Request, State},
+    http::{HeaderMap, HeaderValue, Method, StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::any,
+};
+use bytes::Bytes;
+use futures::{Stream, StreamExt as _};
+use http_body_util::BodyExt as _;
+use scale_agent_proto::v1::{self as pb, tunnel_frame::Frame};
+
+use crate::{
+    Hub,
+    registry::SessionId,
+    tunnel::{self, AgentSender, BodyEvent, HeadError, OpenExchange},
+};
+use status::Status;
+
+/// How long the hub waits for the API server's answer to start (watches and log follows
+/// answer at once; the API server's own limit for other requests is 60 s).
+pub const RESPONSE_HEAD_TIMEOUT: Duration = Duration::from_secs(120);
+/// Replicas tried for a request without a body whose agent left before answering.
+pub const MAX_ATTEMPTS: usize = 3;
+/// Response header saying how the proxy answered a discovery or OpenAPI request.
+pub const CACHE_HEADER: &str = "x-scale-agent-cache";
+
+/// The proxy's routes.
+pub(crate) fn router() -> Router<Arc<Hub>> {
+    Router::new()
+        .route("/clusters/{account}", any(handle))
+        .route("/clusters/{account}/", any(handle))
+        .route("/clusters/{account}/{*path}", any(handle))
+}
+
+/// Who answered a request, for the metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Served {
+    /// The API server, through an agent.
+    Tunnel,
+    /// The hub's discovery cache.
+    Cache,
+    /// The hub itself (an error: no token, no agent, ...).
+    Hub,
+}
+
+impl Served {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Served::Tunnel => "tunnel",
+            Served::Cache => "cache",
+            Served::Hub => "hub",
+        }
+    }
+}
+
+async fn handle(State(hub): State<Arc<Hub>>, request: Request) -> Response {
+    let method = request.method().clone();
+    let (response, served) = match proxy(&hub, request).await {
+        Ok(answer) => answer,
+        Err(status) => {
+            tracing::debug!(
+                code = status.code(),
+                message = status.message(),
+                "proxy refused a request"
+            );
+            (status.into_response(), Served::Hub)
+        }
+    };
+    hub.metrics
+        .proxy_request(&method, served.as_str(), response.status().as_u16());
+    response
+}
+
+/// `(account, API path)` of a proxy URL path, the API path kept exactly as sent (still
+/// percent-encoded), `/` when empty.
+pub fn split_path(path: &str) -> Option<(&str, &str)> {
+    let rest = path.strip_prefix("/clusters/")?;
+    let (account, api_path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    Some((account, api_path))
+}
+
+fn authenticate(hub: &Hub, headers: &HeaderMap, account: &str) -> Result<(), Status> {
+    let get_one =
+        format!("get a kubeconfig for it with `scale-agent-hub kubeconfig --account {account}`");
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
+        return Err(Status::unauthorized(format!(
+            "the Scale Agent hub needs a bearer token for account {account:?}: {get_one}"
+        )));
+    };
+    let Some(token) = value.to_str().ok().and_then(crate::tokens::bearer) else {
+        return Err(Status::unauthorized(format!(
+            "the Authorization header must be `Bearer <token>`: {get_one}"
+        )));
+    };
+    let owner = hub.tokens().verify(token).map(|r| r.account.clone());
+    match owner {
+        None => Err(Status::unauthorized(format!(
+            "the token is not valid here (unknown, revoked, or issued by another hub): {get_one}"
+        ))),
+        Some(owner) if owner != account => Err(Status::forbidden(format!(
+            "this token belongs to account {owner:?} and cannot reach account {account:?}"
+        ))),
+        Some(_) => Ok(()),
+    }
+}
+
+async fn proxy(hub: &Arc<Hub>, request: Request) -> Result<(Response, Served), Status> {
+    let (account, api_path) = split_path(request.uri().path())
+        .map(|(a, p)| (a.to_string(), p.to_string()))
+        .ok_or_else(|| Status::not_found("not a proxy path: use /clusters/<account>/..."))?;
+    let api_path = api_path.as_str();
+    crate::session::validate_account_name(&account).map_err(Status::not_found)?;
+    authenticate(hub, request.headers(), &account)?;
+    if !hub.state().registry.accounts.contains_key(&account) {
+        return Err(Status::not_found(format!(
+            "account {account:?} is not known to this hub: no agent has registered it (or it \
+             was removed after its grace period); check the agents with GET /api/v1/agents"
+        )));
+    }
+    if headers::is_upgrade(request.headers()) {
+        return Err(Status::failure(
+            405,
+            "MethodNotAllowed",
+            format!(
+                "exec, attach and port-forward are not supported through the Scale Agent hub \
+                 yet (account {account:?}); run them against the cluster directly"
+            ),
+        ));
+    }
+    let path_and_query = match request.uri().query() {
+        Some(query) => format!("{api_path}?{query}"),
+        None => api_path.to_string(),
+    };
+    let method = request.method().clone();
+    if discovery::is_discovery(&method, api_path) {
+        return discovery_request(hub, &account, &path_and_query, request).await;
+    }
+    let changes_kinds = discovery::changes_kinds(&method, api_path);
+    let ends_cleanly = is_long_running(&method, api_path, request.uri().query());
+    let (parts, body) = request.into_parts();
+    let body = (!body_is_empty(&parts.headers, &body)).then_some(body);
+    let response = forward(
+        hub,
+        &account,
+        &parts.method,
+        &path_and_query,
+        &parts.headers,
+        body,
+        ends_cleanly,
+    )
+    .await?;
+    if changes_kinds && response.status().is_success() {
+        hub.discovery.invalidate(&account, Instant::now());
+        tracing::info!(%account, path = %api_path, "kinds changed through the proxy; discovery cache dropped");
+    }
+    Ok((response, Served::Tunnel))
+}
+
+/// A watch or a followed log: its response ends cleanly when the agent goes away, the way
+/// the API server ends a watch, and clients start a new one.
+fn is_long_running(method: &Method, path: &str, query: Option<&str>) -> bool {
+    if method != Method::GET {
+        return false;
+    }
+    let flag = |name: &str| {
+        query.unwrap_or("").split('&').any(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            k == name && (v == "true" || v == "1")
+        })
+    };
+    flag("watch") || (path.ends_with("/log") && flag("follow")) || path.contains("/watch/")
+}
+
+fn body_is_empty(headers: &HeaderMap, body: &Body) -> bool {
+    use http_body::Body as _;
+    body.is_end_stream()
+        || headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim() == "0")
+}
+
+/// A connected agent replica of `account` that can tunnel, round-robin, skipping `tried`.
+fn pick(hub: &Hub, account: &str, tried: &[SessionId]) -> Option<(SessionId, AgentSender, u32)> {
+    let candidates: Vec<SessionId> = {
+        let st = hub.state();
+        let a = st.registry.accounts.get(account)?;
+        a.streaming
+            .iter()
+            .chain(a.standbys.iter())
+            .copied()
+            .filter(|s| !tried.contains(s))
+            .collect()
+    };
+    let sessions = hub.sessions();
+    let usable: Vec<(SessionId, AgentSender, u32)> = candidates
+        .into_iter()
+        .filter_map(|id| {
+            let handle = sessions.get(&id)?;
+            handle
+                .tunnel_window
+                .map(|window| (id, handle.outbound.clone(), window))
+        })
+        .collect();
+    if usable.is_empty() {
+        return None;
+    }
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let i = NEXT.fetch_add(1, Ordering::Relaxed) as usize % usable.len();
+    usable.into_iter().nth(i)
+}
+
+/// Carries a request to an agent of `account` and streams its answer back.
+async fn forward(
+    hub: &Arc<Hub>,
+    account: &str,
+    method: &Method,
+    path_and_query: &str,
+    headers: &HeaderMap,
+    body: Option<Body>,
+    ends_cleanly: bool,
+) -> Result<Response, Status> {
+    let mut body = body;
+    let mut tried = Vec::new();
+    let mut last_error = None;
+    loop {
+        let Some((session, tx, window)) = pick(hub, account, &tried) else {
+            return Err(last_error.unwrap_or_else(|| {
+                let connected = hub
+                    .state()
+                    .registry
+                    .accounts
+                    .get(account)
+                    .is_some_and(|a| a.streaming.is_some() || !a.standbys.is_empty());
+                Status::unavailable(if connected {
+                    format!(
+                        "the agents connected for account {account:?} are too old for the \
+                         Kubernetes API proxy (no http-tunnel capability): upgrade them"
+                    )
+                } else {
+                    format!(
+                        "no agent of account {account:?} is connected to the hub: the cluster \
+                         is unreachable until one reconnects (check its agent's logs and GET \
+                         /api/v1/agents on the hub)"
+                    )
+                })
+            }));
+        };
+        tried.push(session);
+        let exchange = hub.tunnels.open(session, window, ends_cleanly);
+        let guard = ExchangeGuard {
+            hub: hub.clone(),
+            id: exchange.id,
+            tx: tx.clone(),
+        };
+        let request_head = pb::HttpRequestHead {
+            account: account.to_string(),
+            method: method.as_str().to_string(),
+            path_and_query: path_and_query.to_string(),
+            headers: headers::request_headers(headers),
+            end_of_body: body.is_none(),
+        };
+        if !tunnel::send_frame(&tx, exchange.id, Frame::Request(request_head)).await {
+            hub.tunnels.close(exchange.id);
+            if body.is_none() && tried.len() < MAX_ATTEMPTS {
+                continue;
+            }
+            return Err(Status::unavailable(format!(
+                "the agent of account {account:?} disconnected before the request was sent"
+            )));
+        }
+        if let Some(body) = body.take() {
+            tokio::spawn(pump_request_body(
+                body,
+                exchange.id,
+                exchange.request_credit.clone(),
+                tx.clone(),
+            ));
+        }
+        let OpenExchange {
+            id,
+            head,
+            body: events,
+            unconsumed,
+            ..
+        } = exchange;
+        let head = match tokio::time::timeout(RESPONSE_HEAD_TIMEOUT, head).await {
+            Ok(Ok(Ok(head))) => head,
+            Ok(Ok(Err(HeadError::AgentGone))) | Ok(Err(_)) => {
+                let message =
+                    format!("the agent of account {account:?} disconnected before answering");
+                // Only a request without a body can go to another replica: a body was
+                // streamed into the tunnel and is gone.
+                if tried.len() < MAX_ATTEMPTS && !headers_carry_body(method) {
+                    tracing::info!(%account, exchange = id, "agent left before answering; trying another replica");
+                    last_error = Some(Status::unavailable(message));
+                    continue;
+                }
+                return Err(Status::unavailable(message));
+            }
+            Ok(Ok(Err(HeadError::Reset(reason)))) => {
+                return Err(Status::bad_gateway(format!(
+                    "the agent of account {account:?} could not complete the request: {reason}"
+                )));
+            }
+            Err(_) => {
+                drop(guard);
+                return Err(Status::timeout(format!(
+                    "no answer from the API server of account {account:?} within {} s",
+                    RESPONSE_HEAD_TIMEOUT.as_secs()
+                )));
+            }
+        };
+        let status = StatusCode::from_u16(u16::try_from(head.status).unwrap_or(502))
+            .unwrap_or(StatusCode::BAD_GATEWAY);
+        let mut response = if head.end_of_body {
+            drop(guard);
+            Response::new(Body::empty())
+        } else {
+            Response::new(Body::from_stream(response_body(
+                events,
+                unconsumed,
+                u64::from(window),
+                guard,
+            )))
+        };
+        *response.status_mut() = status;
+        *response.headers_mut() = headers::response_headers(&head.headers);
+        return Ok(response);
+    }
+}
+
+/// Methods whose request may carry a body; their requests are never resent.
+fn headers_carry_body(method: &Method) -> bool {
+    !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+}
+
+/// Ends an exchange the client abandoned: dropped with the handler or the response body,
+/// it tells the agent to stop unless the exchange already finished.
+struct ExchangeGuard {
+    hub: Arc<Hub>,
+    id: u64,
+    tx: AgentSender,
+}
+
+impl Drop for ExchangeGuard {
+    fn drop(&mut self) {
+        if self.hub.tunnels.close(self.id) {
+            tunnel::send_frame_soon(
+                &self.tx,
+                self.id,
+                Frame::Reset(pb::TunnelReset {
+                    reason: "the client went away".into(),
+                }),
+            );
+        }
+    }
+}
+
+/// Streams the request body into the tunnel, never more than the agent's credit.
+async fn pump_request_body(
+    body: Body,
+    id: u64,
+    credit: Arc<tokio::sync::Semaphore>,
+    tx: AgentSender,
+) {
+    let mut body = body;
+    loop {
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                for chunk in data.chunks(tunnel::MAX_FRAME_BYTES) {
+                    let Ok(permits) = credit.acquire_many(chunk.len() as u32).await else {
+                        return;
+                    };
+                    permits.forget();
+                    let frame = Frame::Data(pb::TunnelData {
+                        data: chunk.to_vec(),
+                        end_of_body: false,
+                    });
+                    if !tunnel::send_frame(&tx, id, frame).await {
+                        return;
+                    }
+                }
+            }
+            Some(Err(error)) => {
+                let reason = format!("the client's request body failed: {error}");
+                tunnel::send_frame(&tx, id, Frame::Reset(pb::TunnelReset { reason })).await;
+                return;
+            }
+            None => {
+                let end = Frame::Data(pb::TunnelData {
+                    data: Vec::new(),
+                    end_of_body: true,
+                });
+                tunnel::send_frame(&tx, id, end).await;
+                return;
+            }
+        }
+    }
+}
+
+/// The response body as the HTTP server pulls it, returning credit to the agent as the
+/// client consumes it.
+fn response_body(
+    events: tokio::sync::mpsc::UnboundedReceiver<BodyEvent>,
+    unconsumed: Arc<AtomicU64>,
+    window: u64,
+    guard: ExchangeGuard,
+) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
+    struct State {
+        events: tokio::sync::mpsc::UnboundedReceiver<BodyEvent>,
+        unconsumed: Arc<AtomicU64>,
+        consumed: u64,
+        window: u64,
+        guard: ExchangeGuard,
+        done: bool,
+    }
+    let state = State {
+        events,
+        unconsumed,
+        consumed: 0,
+        window,
+        guard,
+        done: false,
+    };
+    futures::stream::unfold(state, |mut st| async move {
+        if st.done {
+            return None;
+        }
+        match st.events.recv().await {
+            Some(BodyEvent::Data(bytes)) => {
+                st.consumed += bytes.len() as u64;
+                // Credit goes back in quarters of the window: few frames, and the agent
+                // never waits for the client to drain the whole window.
+                if st.consumed >= st.window / 4 {
+                    let credit = st.consumed;
+                    st.consumed = 0;
+                    st.unconsumed.fetch_sub(credit, Ordering::AcqRel);
+                    let update = Frame::WindowUpdate(u32::try_from(credit).unwrap_or(u32::MAX));
+                    if !tunnel::send_frame(&st.guard.tx, st.guard.id, update).await {
+                        st.done = true;
+                    }
+                }
+                st.guard.hub.metrics.proxy_bytes.inc_by(bytes.len() as u64);
+                Some((Ok(bytes), st))
+            }
+            Some(BodyEvent::End) | None => None,
+            Some(BodyEvent::Failed(reason)) => {
+                st.done = true;
+                Some((Err(std::io::Error::other(reason)), st))
+            }
+        }
+    })
+}
+
+/// A discovery, version or OpenAPI request: from the cache when it can, else through the
+/// tunnel, keeping the answer.
+async fn discovery_request(
+    hub: &Arc<Hub>,
+    account: &str,
+    path_and_query: &str,
+    request: Request,
+) -> Result<(Response, Served), Status> {
+    let key = discovery::Key::new(path_and_query, request.headers());
+    let client_etag = request
+        .headers()
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let mut headers = request.headers().clone();
+    let cached = match hub.discovery.lookup(account, &key, Instant::now()) {
+        discovery::Lookup::Fresh(document) => {
+            return Ok((
+                document_response(&document, client_etag.as_deref(), "hit"),
+                Served::Cache,
+            ));
+        }
+        discovery::Lookup::Revalidate(document) => {
+            if let Some(etag) = document
+                .etag
+                .as_deref()
+                .and_then(|e| HeaderValue::from_str(e).ok())
+            {
+                headers.insert(header::IF_NONE_MATCH, etag);
+            }
+            Some(document)
+        }
+        discovery::Lookup::Miss => {
+            // The client's own If-None-Match would turn our fetch into a 304 we cannot keep.
+            headers.remove(header::IF_NONE_MATCH);
+            None
+        }
+    };
+    let response = forward(
+        hub,
+        account,
+        &Method::GET,
+        path_and_query,
+        &headers,
+        None,
+        false,
+    )
+    .await?;
+    if response.status() == StatusCode::NOT_MODIFIED
+        && let Some(document) = cached
+    {
+        hub.discovery.revalidated(account, &key, Instant::now());
+        return Ok((
+            document_response(&document, client_etag.as_deref(), "revalidated"),
+            Served::Tunnel,
+        ));
+    }
+    if response.status() != StatusCode::OK {
+        return Ok((response, Served::Tunnel));
+    }
+    let (parts, body) = response.into_parts();
+    let mut chunks = Vec::new();
+    let mut size = 0usize;
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            Status::bad_gateway(format!(
+                "the agent of account {account:?} failed in the middle of {path_and_query}: {e}"
+            ))
+        })?;
+        size += chunk.len();
+        chunks.push(chunk);
+        if size > discovery::MAX_ENTRY_BYTES {
+            // Too big to keep: hand on what arrived and the rest as it comes.
+            let head = futures::stream::iter(chunks.into_iter().map(Ok::<_, axum::Error>));
+            let body = Body::from_stream(head.chain(stream));
+            return Ok((Response::from_parts(parts, body), Served::Tunnel));
+        }
+    }
+    let mut body = Vec::with_capacity(size);
+    for chunk in &chunks {
+        body.extend_from_slice(chunk);
+    }
+    let document = discovery::Document {
+        headers: parts
+            .headers
+            .iter()
+            .filter(|(name, _)| discovery::KEPT_HEADERS.contains(&name.as_str()))
+            .map(|(name, value)| (name.as_str().to_string(), value.as_bytes().to_vec()))
+            .collect(),
+        etag: parts
+            .headers
+            .get(header::ETAG)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string),
+        body: Bytes::from(body),
+    };
+    hub.discovery
+        .store(account, key, document.clone(), Instant::now());
+    Ok((
+        document_response(&document, client_etag.as_deref(), "miss"),
+        Served::Tunnel,
+    ))
+}
+
+fn document_response(
+    document: &discovery::Document,
+    client_etag: Option<&str>,
+    cache: &'static str,
+) -> Response {
+    let not_modified = client_etag.is_some_and(|sent| {
+        document
+            .etag
+            .as_deref()
+            .is_some_and(|etag| sent.split(',').any(|e| e.trim() == etag))
+    });
+    let mut response = if not_modified {
+        let mut r = Response::new(Body::empty());
+        *r.status_mut() = StatusCode::NOT_MODIFIED;
+        r
+    } else {
+        Response::new(Body::from(document.body.clone()))
+    };
+    for (name, value) in &document.headers {
+        if not_modified && name != "etag" && name != "cache-control" {
+            continue;
+        }
+        if let (Ok(name), Ok(value)) = (
+            header::HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_bytes(value),
+        ) {
+            response.headers_mut().append(name, value);
+        }
+    }
+    response
+        .headers_mut()
+        .insert(CACHE_HEADER, HeaderValue::from_static(cache));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proxy_paths_keep_the_api_path_as_sent() {
+        assert_eq!(split_path("/clusters/prod"), Some(("prod", "/")));
+        assert_eq!(split_path("/clusters/prod/"), Some(("prod", "/")));
+        assert_eq!(
+            split_path("/clusters/prod/api/v1/namespaces/a%2Fb/pods"),
+            Some(("prod", "/api/v1/namespaces/a%2Fb/pods"))
+        );
+        assert_eq!(split_path("/api/v1"), None);
+    }
+
+    #[test]
+    fn long_running_requests() {
+        let get = Method::GET;
+        assert!(is_long_running(
+            &get,
+            "/api/v1/pods",
+            Some("watch=true&resourceVersion=5")
+        ));
+        assert!(is_long_running(&get, "/api/v1/pods", Some("watch=1")));
+        assert!(is_long_running(
+            &get,
+            "/api/v1/namespaces/x/pods/p/log",
+            Some("follow=true")
+        ));
+        assert!(is_long_running(&get, "/api/v1/watch/pods", None));
+        assert!(!is_long_running(&get, "/api/v1/pods", Some("limit=500")));
+        assert!(!is_long_running(
+            &get,
+            "/api/v1/namespaces/x/pods/p/log",
+            None
+        ));
+        assert!(!is_long_running(
+            &Method::POST,
+            "/api/v1/pods",
+            Some("watch=true")
+        ));
+    }
+}

@@ -1,0 +1,123 @@
+//! The HTTP listener: TLS with the hub's serving certificate by default (rustls, ALPN `h2`
+//! and `http/1.1`, so kubectl and client-go speak HTTP/2 and multiplex their watches on one
+//! connection), plaintext only behind an explicit flag. Connections are served by hyper's
+//! automatic HTTP/1.1-or-HTTP/2 builder; shutdown stops accepting, then gives open
+//! connections (long watches among them) a short time to finish.
+
+use std::{future::Future, sync::Arc, time::Duration};
+
+use axum::Router;
+use hyper_util::{
+    rt::{TokioExecutor, TokioIo},
+    server::{conn::auto, graceful::GracefulShutdown},
+    service::TowerToHyperService,
+};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+use crate::error::{HubError, Result};
+
+/// How long a client has to finish its TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long open connections may run on after shutdown begins.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A rustls server configuration from PEM: the certificate chain and its private key.
+pub fn tls_config(cert_pem: &[u8], key_pem: &[u8]) -> Result<Arc<rustls::ServerConfig>> {
+    let certs = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| HubError::Config(format!("the HTTP serving certificate: {e}")))?;
+    if certs.is_empty() {
+        return Err(HubError::Config(
+            "the HTTP serving certificate file holds no PEM certificate".into(),
+        ));
+    }
+    let key = PrivateKeyDer::from_pem_slice(key_pem)
+        .map_err(|e| HubError::Config(format!("the HTTP serving key: {e}")))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| HubError::Config(format!("TLS: {e}")))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| {
+            HubError::Config(format!(
+                "the HTTP serving certificate and key do not fit together: {e}"
+            ))
+        })?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<()> {
+    let acceptor = tls.map(TlsAcceptor::from);
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(%error, "cannot accept an HTTP connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = tcp.set_nodelay(true);
+        let service = TowerToHyperService::new(router.clone());
+        let watcher = graceful.watcher();
+        let acceptor = acceptor.clone();
+        tokio::spawn(async move {
+            let builder = auto::Builder::new(TokioExecutor::new());
+            let result = match acceptor {
+                Some(acceptor) => {
+                    let stream =
+                        match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                            Ok(Ok(stream)) => stream,
+                            Ok(Err(error)) => {
+                                tracing::debug!(%peer, %error, "TLS handshake failed");
+                                return;
+                            }
+                            Err(_) => {
+                                tracing::debug!(%peer, "TLS handshake timed out");
+                                return;
+                            }
+                        };
+                    let conn = builder
+                        .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                        .into_owned();
+                    watcher.watch(conn).await
+                }
+                None => {
+                    let conn = builder
+                        .serve_connection_with_upgrades(TokioIo::new(tcp), service)
+                        .into_owned();
+                    watcher.watch(conn).await
+                }
+            };
+            if let Err(error) = result {
+                tracing::debug!(%peer, %error, "HTTP connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::info!(
+            "HTTP connections still open {DRAIN_TIMEOUT:?} after shutdown began (watches); closing them"
+        );
+    }
+    Ok(())
+}

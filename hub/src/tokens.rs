@@ -1,0 +1,465 @@
+//! Bearer tokens of the Kubernetes API proxy, and the admin token that issues them.
+//!
+//! Each token belongs to one account and has a name (who or what it is for); an account may
+//! have several (Clouddriver's, a person's, a pipeline's). The hub keeps only the SHA-256 of a
+//! token (a token is 32 random bytes, so a fast hash is enough: there is nothing to guess),
+//! shows a token once when it is issued, and forgets it when revoked. Issuing a token under
+//! a name the account already uses replaces (rotates) the old one.
+//!
+//! One kind of token is *derived* instead of random: the one the hub puts into the kubeconfig
+//! it registers in Clouddriver. Its value is an HMAC of the account, name and a generation
+//! under a key kept in the store, so the hub can render the same kubeconfig again after a
+//! restart (Clouddriver keeps using it) without storing the token itself; rotating it bumps
+//! the generation.
+
+use std::collections::{BTreeMap, HashMap};
+
+use base64::Engine as _;
+use ring::{digest, hmac, rand::SecureRandom as _};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    error::{HubError, Result},
+    store::StoreOp,
+};
+
+/// Every token starts with this, so a leaked one is recognisable (secret scanners, logs).
+pub const TOKEN_PREFIX: &str = "sat_";
+/// Name of the token in the kubeconfig the hub registers in Clouddriver for an account.
+pub const CLOUDDRIVER_TOKEN: &str = "clouddriver";
+/// Key in the store's metadata table of the key that derives tokens.
+pub const DERIVATION_KEY: &str = "token-derivation-key";
+
+/// A token the hub issued, as stored (never the token itself).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenRecord {
+    /// Random id, for listing and revoking.
+    pub id: String,
+    pub account: String,
+    pub name: String,
+    /// SHA-256 of the token, lowercase hex.
+    pub sha256: String,
+    /// Unix seconds.
+    pub created: i64,
+    /// Set for derived tokens (see the module docs): the generation it was derived for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u32>,
+}
+
+/// SHA-256 of a presented token.
+fn hash(token: &str) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    out.copy_from_slice(digest::digest(&digest::SHA256, token.as_bytes()).as_ref());
+    out
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// `N` random bytes from the operating system (getrandom).
+pub fn random_bytes<const N: usize>() -> Result<[u8; N]> {
+    let mut out = [0u8; N];
+    ring::rand::SystemRandom::new()
+        .fill(&mut out)
+        .map_err(|_| HubError::Random)?;
+    Ok(out)
+}
+
+fn encode(bytes: &[u8]) -> String {
+    format!(
+        "{TOKEN_PREFIX}{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+    )
+}
+
+/// The tokens the hub has issued, indexed by hash.
+pub struct Tokens {
+    records: BTreeMap<String, TokenRecord>,
+    by_hash: HashMap<[u8; 32], String>,
+    key: hmac::Key,
+}
+
+impl std::fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokens")
+            .field("records", &self.records.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tokens {
+    /// Tokens as stored, with the derivation key (hex) from the store's metadata. Without a
+    /// key (a new store) one is made; the returned ops persist it.
+    pub fn load(records: Vec<TokenRecord>, key_hex: Option<&str>) -> Result<(Self, Vec<StoreOp>)> {
+        let mut ops = Vec::new();
+        let key_bytes = match key_hex.and_then(unhex).filter(|k| k.len() == 32) {
+            Some(bytes) => bytes,
+            None => {
+                let bytes = random_bytes::<32>()?.to_vec();
+                ops.push(StoreOp::PutMeta {
+                    key: DERIVATION_KEY.into(),
+                    value: hex(&bytes),
+                });
+                bytes
+            }
+        };
+        let mut tokens = Tokens {
+            records: BTreeMap::new(),
+            by_hash: HashMap::new(),
+            key: hmac::Key::new(hmac::HMAC_SHA256, &key_bytes),
+        };
+        for record in records {
+            tokens.insert(record);
+        }
+        Ok((tokens, ops))
+    }
+
+    fn insert(&mut self, record: TokenRecord) {
+        if let Some(h) = unhex(&record.sha256).and_then(|h| <[u8; 32]>::try_from(h).ok()) {
+            self.by_hash.insert(h, record.id.clone());
+        }
+        self.records.insert(record.id.clone(), record);
+    }
+
+    fn remove(&mut self, id: &str) -> Option<TokenRecord> {
+        let record = self.records.remove(id)?;
+        self.by_hash.retain(|_, v| v != id);
+        Some(record)
+    }
+
+    /// The record of a presented token, if it is one the hub issued and did not revoke.
+    pub fn verify(&self, token: &str) -> Option<&TokenRecord> {
+        if !token.starts_with(TOKEN_PREFIX) {
+            return None;
+        }
+        self.by_hash
+            .get(&hash(token))
+            .and_then(|id| self.records.get(id))
+    }
+
+    /// The token of `account` named `name`, if any.
+    pub fn find(&self, account: &str, name: &str) -> Option<&TokenRecord> {
+        self.records
+            .values()
+            .find(|r| r.account == account && r.name == name)
+    }
+
+    /// Issues a random token; an existing token of `account` with the same `name` is
+    /// revoked (rotation). Returns the token (shown once), its record and the ops to store.
+    pub fn issue(
+        &mut self,
+        account: &str,
+        name: &str,
+        now_unix: i64,
+    ) -> Result<(String, TokenRecord, Vec<StoreOp>)> {
+        let token = encode(&random_bytes::<32>()?);
+        self.put(account, name, &token, None, now_unix)
+    }
+
+    /// The derived token of `account` named `name` (see the module docs), creating its
+    /// record (generation 1) when there is none. The ops are empty when nothing changed.
+    pub fn derived(
+        &mut self,
+        account: &str,
+        name: &str,
+        now_unix: i64,
+    ) -> Result<(String, Vec<StoreOp>)> {
+        let existing = self.find(account, name).cloned();
+        if let Some(record) = &existing
+            && let Some(generation) = record.generation
+        {
+            let token = self.derive(account, name, generation);
+            if hex(&hash(&token)) == record.sha256 {
+                return Ok((token, Vec::new()));
+            }
+        }
+        let generation = existing.and_then(|r| r.generation).unwrap_or(1);
+        let token = self.derive(account, name, generation);
+        let (token, _, ops) = self.put(account, name, &token, Some(generation), now_unix)?;
+        Ok((token, ops))
+    }
+
+    /// Replaces the derived token of `account` named `name` with the next generation.
+    pub fn rotate_derived(
+        &mut self,
+        account: &str,
+        name: &str,
+        now_unix: i64,
+    ) -> Result<(String, Vec<StoreOp>)> {
+        let generation = self
+            .find(account, name)
+            .and_then(|r| r.generation)
+            .unwrap_or(0)
+            .saturating_add(1);
+        let token = self.derive(account, name, generation);
+        let (token, _, ops) = self.put(account, name, &token, Some(generation), now_unix)?;
+        Ok((token, ops))
+    }
+
+    fn derive(&self, account: &str, name: &str, generation: u32) -> String {
+        let message = format!("scale-agent token\0{account}\0{name}\0{generation}");
+        encode(hmac::sign(&self.key, message.as_bytes()).as_ref())
+    }
+
+    fn put(
+        &mut self,
+        account: &str,
+        name: &str,
+        token: &str,
+        generation: Option<u32>,
+        now_unix: i64,
+    ) -> Result<(String, TokenRecord, Vec<StoreOp>)> {
+        let mut ops = Vec::new();
+        let old: Vec<String> = self
+            .records
+            .values()
+            .filter(|r| r.account == account && r.name == name)
+            .map(|r| r.id.clone())
+            .collect();
+        for id in old {
+            self.remove(&id);
+            ops.push(StoreOp::DeleteToken { id });
+        }
+        let record = TokenRecord {
+            id: hex(&random_bytes::<8>()?),
+            account: account.to_string(),
+            name: name.to_string(),
+            sha256: hex(&hash(token)),
+            created: now_unix,
+            generation,
+        };
+        ops.push(StoreOp::PutToken {
+            record: record.clone(),
+        });
+        self.insert(record.clone());
+        Ok((token.to_string(), record, ops))
+    }
+
+    /// Revokes the token with this id.
+    pub fn revoke(&mut self, id: &str) -> Option<(TokenRecord, Vec<StoreOp>)> {
+        let record = self.remove(id)?;
+        Some((record, vec![StoreOp::DeleteToken { id: id.to_string() }]))
+    }
+
+    /// Every token, ordered by account, then name.
+    pub fn list(&self) -> Vec<TokenRecord> {
+        let mut all: Vec<TokenRecord> = self.records.values().cloned().collect();
+        all.sort_by(|a, b| (&a.account, &a.name).cmp(&(&b.account, &b.name)));
+        all
+    }
+}
+
+/// The admin token: it issues and revokes the proxy's tokens. Read from a file; a missing
+/// file is created with a new random token (mode 0600), the way Argo CD and Jenkins hand out
+/// their first admin secret, so a fresh hub is never open.
+#[derive(Clone)]
+pub struct AdminToken {
+    sha256: [u8; 32],
+}
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken(<redacted>)")
+    }
+}
+
+impl AdminToken {
+    /// An admin token with this value (tests, and the file's content).
+    pub fn new(token: &str) -> Self {
+        AdminToken {
+            sha256: hash(token.trim()),
+        }
+    }
+
+    /// Whether `presented` is the admin token. Comparing digests keeps the comparison's
+    /// timing independent of how much of the token an attacker guessed.
+    pub fn matches(&self, presented: &str) -> bool {
+        hash(presented.trim()) == self.sha256
+    }
+
+    /// Reads the token from `path`, creating the file with a new token when it is missing.
+    /// Returns the token and whether the file was created.
+    pub fn read_or_create(path: &std::path::Path) -> std::io::Result<(String, bool)> {
+        match std::fs::read_to_string(path) {
+            Ok(text) if !text.trim().is_empty() => return Ok((text.trim().to_string(), false)),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        let token = encode(&random_bytes::<32>().map_err(|_| {
+            std::io::Error::other("the operating system's random number generator failed")
+        })?);
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        write_private(path, format!("{token}\n").as_bytes())?;
+        Ok((token, true))
+    }
+}
+
+/// Writes `bytes` to `path` atomically with mode 0600 (a temporary file beside it, renamed).
+pub fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        path.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        std::process::id()
+    ));
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    drop(file);
+    std::fs::rename(&tmp, path)?;
+    if let Ok(dir) = std::fs::File::open(dir) {
+        let _ = dir.sync_all();
+    }
+    Ok(())
+}
+
+/// The bearer token of an `Authorization` header value, if it has one.
+pub fn bearer(header: &str) -> Option<&str> {
+    let (scheme, token) = header.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tokens() -> Tokens {
+        Tokens::load(Vec::new(), None).unwrap().0
+    }
+
+    #[test]
+    fn issued_tokens_verify_by_hash_and_rotate_by_name() {
+        let mut t = tokens();
+        let (prod, record, ops) = t.issue("prod", "alice", 1).unwrap();
+        assert!(prod.starts_with(TOKEN_PREFIX) && prod.len() > 40, "{prod}");
+        assert_eq!(ops.len(), 1);
+        assert!(
+            !format!("{ops:?}").contains(&prod),
+            "the token itself is never stored"
+        );
+        assert_eq!(t.verify(&prod).map(|r| r.account.as_str()), Some("prod"));
+        assert_eq!(record.sha256, hex(&hash(&prod)));
+        assert!(t.verify("sat_wrong").is_none());
+        assert!(
+            t.verify(&prod[4..]).is_none(),
+            "the prefix is part of the token"
+        );
+
+        let (bob, _, _) = t.issue("prod", "bob", 2).unwrap();
+        let (rotated, _, ops) = t.issue("prod", "alice", 3).unwrap();
+        assert_eq!(
+            ops.len(),
+            2,
+            "old alice token deleted, new one stored: {ops:?}"
+        );
+        assert!(t.verify(&prod).is_none(), "rotation revokes the old token");
+        assert!(t.verify(&rotated).is_some() && t.verify(&bob).is_some());
+        assert_eq!(t.list().len(), 2);
+
+        let id = t.verify(&bob).map(|r| r.id.clone()).unwrap();
+        let (revoked, ops) = t.revoke(&id).unwrap();
+        assert_eq!(revoked.name, "bob");
+        assert!(matches!(&ops[..], [StoreOp::DeleteToken { id: x }] if *x == id));
+        assert!(t.verify(&bob).is_none());
+        assert!(t.revoke(&id).is_none());
+    }
+
+    #[test]
+    fn derived_tokens_survive_a_reload_and_rotate_by_generation() {
+        let (mut t, key_ops) = Tokens::load(Vec::new(), None).unwrap();
+        let key = match &key_ops[..] {
+            [StoreOp::PutMeta { key, value }] if key == DERIVATION_KEY => value.clone(),
+            other => panic!("a new store gets a derivation key: {other:?}"),
+        };
+        let (first, ops) = t.derived("prod", CLOUDDRIVER_TOKEN, 1).unwrap();
+        assert_eq!(ops.len(), 1);
+        let (again, ops) = t.derived("prod", CLOUDDRIVER_TOKEN, 2).unwrap();
+        assert_eq!(first, again);
+        assert!(ops.is_empty(), "nothing to store the second time");
+
+        // A restart: the records and the key come back from the store.
+        let (mut reloaded, ops) = Tokens::load(t.list(), Some(&key)).unwrap();
+        assert!(ops.is_empty());
+        let (after_restart, ops) = reloaded.derived("prod", CLOUDDRIVER_TOKEN, 3).unwrap();
+        assert_eq!(after_restart, first, "same token after a restart");
+        assert!(ops.is_empty());
+        assert!(reloaded.verify(&first).is_some());
+
+        let (rotated, _) = reloaded
+            .rotate_derived("prod", CLOUDDRIVER_TOKEN, 4)
+            .unwrap();
+        assert_ne!(rotated, first);
+        assert!(reloaded.verify(&first).is_none());
+        assert_eq!(
+            reloaded.verify(&rotated).and_then(|r| r.generation),
+            Some(2)
+        );
+        // Another account's derived token differs, and another key derives other tokens.
+        let (staging, _) = reloaded.derived("staging", CLOUDDRIVER_TOKEN, 5).unwrap();
+        assert_ne!(staging, rotated);
+        let (mut other_hub, _) = Tokens::load(Vec::new(), None).unwrap();
+        assert_ne!(
+            other_hub.derived("prod", CLOUDDRIVER_TOKEN, 1).unwrap().0,
+            first
+        );
+    }
+
+    #[test]
+    fn admin_token_file_is_created_private_and_read_back() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("hub-admin-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("sub").join("admin-token");
+        let (token, created) = AdminToken::read_or_create(&path).unwrap();
+        assert!(created);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let (again, created) = AdminToken::read_or_create(&path).unwrap();
+        assert!(!created);
+        assert_eq!(token, again);
+        let admin = AdminToken::new(&token);
+        assert!(admin.matches(&token) && admin.matches(&format!("{token}\n")));
+        assert!(!admin.matches("sat_other"));
+        assert!(!format!("{admin:?}").contains(&token));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn bearer_headers() {
+        assert_eq!(bearer("Bearer abc"), Some("abc"));
+        assert_eq!(bearer("bearer  abc "), Some("abc"));
+        assert_eq!(bearer("Basic abc"), None);
+        assert_eq!(bearer("Bearer "), None);
+        assert_eq!(bearer("abc"), None);
+    }
+}
