@@ -306,6 +306,7 @@ impl AgentHub for FakeHub {
                                 max_unacked: MAX_UNACKED,
                                 max_object_bytes,
                                 hub_version: "fake".into(),
+                                tunnel_window_bytes: 0,
                             })),
                             Some(agent_message::Kind::RegisterAccount(register)) => {
                                 Some(hub_message::Kind::Assignment(state.assignment(&register.account)))
