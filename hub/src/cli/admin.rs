@@ -1,0 +1,347 @@
+//! Admin commands against a running hub: `scale-agent-hub kubeconfig --account <name>` prints
+//! a kubeconfig for the Kubernetes API proxy (issuing a token), `scale-agent-hub token list`
+//! and `scale-agent-hub token revoke <id>` manage the tokens. They call the hub's admin API
+//! over HTTPS with the admin token from the admin token file; inside the hub's pod every
+//! default already points at the right place (`kubectl exec deploy/scale-agent-hub --
+//! scale-agent-hub kubeconfig --account prod`).
+
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use http_body_util::{BodyExt as _, Full};
+use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject as _};
+
+use crate::admin_api::TokenView;
+
+/// Whether `first` (the first command-line argument) names an admin command.
+pub fn is_admin_command(first: Option<&str>) -> bool {
+    matches!(first, Some("kubeconfig" | "token"))
+}
+
+/// How long an admin call may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// scale-agent-hub admin commands (they talk to a running hub).
+#[derive(Debug, Parser)]
+#[command(name = "scale-agent-hub", version, about, long_about = None)]
+pub struct AdminCommand {
+    #[command(subcommand)]
+    pub command: Admin,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Admin {
+    /// Print a kubeconfig that reaches an account's cluster through the hub's Kubernetes API
+    /// proxy. Issues a new token (a token of the same --token-name is replaced).
+    Kubeconfig {
+        /// The Spinnaker account.
+        #[arg(long)]
+        account: String,
+        /// Who or what the token is for (it shows in `token list`); `clouddriver` gives
+        /// the kubeconfig the hub registers in Clouddriver.
+        #[arg(long, default_value = "kubeconfig")]
+        token_name: String,
+        /// With --token-name clouddriver: replace that token (the old one stops working).
+        #[arg(long)]
+        rotate: bool,
+        /// Write the kubeconfig to this file (mode 0600) instead of standard output.
+        #[arg(long, short = 'o')]
+        output: Option<PathBuf>,
+        #[command(flatten)]
+        hub: HubAccess,
+    },
+    /// List or revoke the proxy's tokens.
+    Token {
+        #[command(subcommand)]
+        action: TokenAction,
+        #[command(flatten)]
+        hub: HubAccess,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenAction {
+    /// Every token: id, account, name, when it was made.
+    List,
+    /// Revoke a token by id (from `token list`); clients using it get 401 at once.
+    Revoke { id: String },
+}
+
+/// How to reach the hub's admin API.
+#[derive(Debug, clap::Args)]
+pub struct HubAccess {
+    /// The hub's HTTP listener.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_HUB_URL",
+        default_value = "https://127.0.0.1:8443"
+    )]
+    pub hub_url: String,
+    /// PEM CA that signed the hub's serving certificate (the hub's --serving-ca); the
+    /// public web roots when unset.
+    #[arg(long, env = "SCALE_AGENT_HUB_SERVING_CA")]
+    pub ca_file: Option<PathBuf>,
+    /// Name to verify in the hub's certificate, when it differs from the URL's host (in the
+    /// hub's pod the URL is 127.0.0.1 while the certificate names the Service).
+    #[arg(long, env = "SCALE_AGENT_HUB_SERVER_NAME")]
+    pub server_name: Option<String>,
+    /// File with the admin token. Default: <data-dir>/admin-token.
+    #[arg(long, env = "SCALE_AGENT_HUB_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    /// The hub's data directory (for the default admin token file).
+    #[arg(long, env = "SCALE_AGENT_HUB_DATA_DIR", default_value = "data")]
+    pub data_dir: PathBuf,
+}
+
+/// Runs an admin command, printing its result.
+pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
+    match command.command {
+        Admin::Kubeconfig {
+            account,
+            token_name,
+            rotate,
+            output,
+            hub,
+        } => {
+            let path = format!(
+                "/api/v1/accounts/{account}/kubeconfig?tokenName={}{}",
+                encode_query(&token_name),
+                if rotate { "&rotate=true" } else { "" }
+            );
+            let yaml = hub.call("POST", &path).await?;
+            match output {
+                Some(file) => {
+                    crate::tokens::write_private(&file, yaml.as_bytes())
+                        .with_context(|| format!("cannot write {}", file.display()))?;
+                    eprintln!(
+                        "wrote {} (account {account}, token {token_name:?}); use it with \
+                         KUBECONFIG={} kubectl get namespaces",
+                        file.display(),
+                        file.display()
+                    );
+                }
+                None => print!("{yaml}"),
+            }
+            Ok(())
+        }
+        Admin::Token { action, hub } => match action {
+            TokenAction::List => {
+                let body = hub.call("GET", "/api/v1/tokens").await?;
+                let tokens: Vec<TokenView> =
+                    serde_json::from_str(&body).context("the hub's token list")?;
+                println!("{}", token_table(&tokens));
+                Ok(())
+            }
+            TokenAction::Revoke { id } => {
+                let body = hub.call("DELETE", &format!("/api/v1/tokens/{id}")).await?;
+                let token: TokenView = serde_json::from_str(&body).context("the hub's answer")?;
+                println!(
+                    "revoked token {} ({:?} of account {})",
+                    token.id, token.name, token.account
+                );
+                Ok(())
+            }
+        },
+    }
+}
+
+fn encode_query(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The token list as aligned columns.
+pub fn token_table(tokens: &[TokenView]) -> String {
+    let mut rows = vec![[
+        "ID".to_string(),
+        "ACCOUNT".to_string(),
+        "NAME".to_string(),
+        "CREATED".to_string(),
+        "DERIVED".to_string(),
+    ]];
+    for t in tokens {
+        rows.push([
+            t.id.clone(),
+            t.account.clone(),
+            t.name.clone(),
+            t.created.clone(),
+            t.derived.to_string(),
+        ]);
+    }
+    let widths: Vec<usize> = (0..5)
+        .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
+        .collect();
+    rows.iter()
+        .map(|r| {
+            r.iter()
+                .zip(&widths)
+                .map(|(cell, w)| format!("{cell:<w$}"))
+                .collect::<Vec<_>>()
+                .join("  ")
+                .trim_end()
+                .to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+impl HubAccess {
+    fn admin_token(&self) -> anyhow::Result<String> {
+        let path = self
+            .admin_token_file
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("admin-token"));
+        let token = std::fs::read_to_string(&path).with_context(|| {
+            format!(
+                "cannot read the admin token file {} (the hub creates it at start; pass \
+                 --admin-token-file or --data-dir)",
+                path.display()
+            )
+        })?;
+        Ok(token.trim().to_string())
+    }
+
+    fn tls(&self) -> anyhow::Result<rustls::ClientConfig> {
+        let mut roots = rustls::RootCertStore::empty();
+        match &self.ca_file {
+            Some(path) => {
+                let pem = std::fs::read(path)
+                    .with_context(|| format!("cannot read --ca-file {}", path.display()))?;
+                for cert in CertificateDer::pem_slice_iter(&pem) {
+                    roots.add(cert.with_context(|| format!("{}", path.display()))?)?;
+                }
+            }
+            None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        Ok(rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth())
+    }
+
+    /// `method path` with the admin token; the body of a 2xx answer, else an error with the
+    /// hub's message.
+    async fn call(&self, method: &str, path: &str) -> anyhow::Result<String> {
+        let url = format!("{}{path}", self.hub_url.trim_end_matches('/'));
+        let request = http::Request::builder()
+            .method(method)
+            .uri(&url)
+            .header(
+                http::header::AUTHORIZATION,
+                format!("Bearer {}", self.admin_token()?),
+            )
+            .body(Full::new(bytes::Bytes::new()))?;
+        let send = async {
+            let response = if url.starts_with("https://") {
+                let mut connector = hyper_rustls::HttpsConnectorBuilder::new()
+                    .with_tls_config(self.tls()?)
+                    .https_only();
+                if let Some(name) = &self.server_name {
+                    let name = ServerName::try_from(name.clone())
+                        .with_context(|| format!("--server-name {name:?}"))?;
+                    connector = connector.with_server_name_resolver(FixedName(name));
+                }
+                Client::builder(TokioExecutor::new())
+                    .build::<_, Full<bytes::Bytes>>(connector.enable_http1().build())
+                    .request(request)
+                    .await
+            } else {
+                Client::builder(TokioExecutor::new())
+                    .build_http::<Full<bytes::Bytes>>()
+                    .request(request)
+                    .await
+            }
+            .map_err(|e| {
+                let cause = std::error::Error::source(&e)
+                    .map(|s| format!(": {s}"))
+                    .unwrap_or_default();
+                anyhow::anyhow!("cannot reach the hub at {url}: {e}{cause}")
+            })?;
+            let status = response.status();
+            let body = response.into_body().collect().await?.to_bytes();
+            let body = String::from_utf8_lossy(&body).into_owned();
+            if !status.is_success() {
+                let message = serde_json::from_str::<serde_json::Value>(&body)
+                    .ok()
+                    .and_then(|v| v["error"].as_str().map(str::to_string))
+                    .unwrap_or(body);
+                anyhow::bail!("the hub answered {status}: {message}");
+            }
+            anyhow::Ok(body)
+        };
+        tokio::time::timeout(CALL_TIMEOUT, send)
+            .await
+            .map_err(|_| anyhow::anyhow!("no answer from the hub at {url} within 30 s"))?
+    }
+}
+
+/// Verifies every connection's certificate for one fixed name.
+#[derive(Debug)]
+struct FixedName(ServerName<'static>);
+
+impl hyper_rustls::ResolveServerName for FixedName {
+    fn resolve(
+        &self,
+        _: &http::Uri,
+    ) -> Result<ServerName<'static>, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(self.0.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admin_commands_are_recognised_by_their_first_word() {
+        assert!(is_admin_command(Some("kubeconfig")));
+        assert!(is_admin_command(Some("token")));
+        assert!(!is_admin_command(Some("--grpc-addr")));
+        assert!(!is_admin_command(None));
+        let parsed = AdminCommand::try_parse_from([
+            "scale-agent-hub",
+            "kubeconfig",
+            "--account",
+            "prod",
+            "--hub-url",
+            "https://hub:8443",
+        ])
+        .unwrap();
+        assert!(
+            matches!(parsed.command, Admin::Kubeconfig { ref account, .. } if account == "prod")
+        );
+        assert!(AdminCommand::try_parse_from(["scale-agent-hub", "kubeconfig"]).is_err());
+        let parsed =
+            AdminCommand::try_parse_from(["scale-agent-hub", "token", "revoke", "abc"]).unwrap();
+        assert!(
+            matches!(parsed.command, Admin::Token { action: TokenAction::Revoke { ref id }, .. } if id == "abc")
+        );
+    }
+
+    #[test]
+    fn token_tables_align() {
+        let table = token_table(&[TokenView {
+            id: "0123".into(),
+            account: "prod".into(),
+            name: "clouddriver".into(),
+            created: "2026-11-23T00:00:00Z".into(),
+            derived: true,
+        }]);
+        assert_eq!(
+            table,
+            "ID    ACCOUNT  NAME         CREATED               DERIVED\n\
+             0123  prod     clouddriver  2026-11-23T00:00:00Z  true"
+        );
+        assert_eq!(encode_query("a b/c"), "a%20b%2Fc");
+    }
+}

@@ -1,0 +1,32 @@
+//! The `scale-agent-hub` command. Without a subcommand it runs the hub (flags: [`Args`]) until
+//! SIGTERM or Ctrl-C; `kubeconfig` and `token` are admin commands that talk to a running
+//! hub ([`admin`]). `main.rs` only calls [`main`], so end-to-end tests can build the same
+//! command under another name.
+
+pub mod admin;
+
+use clap::Parser as _;
+
+use crate::Args;
+
+pub fn main() -> anyhow::Result<()> {
+    // The admin commands are told apart by their first word, so the hub's own flags (and
+    // their SCALE_AGENT_HUB_* environment variables, set in the hub's pod) never conflict
+    // with them.
+    if admin::is_admin_command(std::env::args().nth(1).as_deref()) {
+        let command = admin::AdminCommand::parse();
+        scale_agent_runtime::init_tracing(scale_agent_runtime::LogFormat::Text);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        return runtime.block_on(admin::run(command));
+    }
+    let args = Args::parse();
+    scale_agent_runtime::init_tracing(args.log_format);
+    let config = args.into_config()?;
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(crate::run(config, scale_agent_runtime::shutdown_signal()))?;
+    Ok(())
+}
