@@ -8,6 +8,7 @@
 
 pub mod cache;
 pub mod cli;
+pub mod clouddriver;
 pub mod config;
 pub mod error;
 pub mod http;
