@@ -553,11 +553,17 @@ pub fn jitter_unit() -> f64 {
     (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
-/// The bearer tokens in a kubeconfig (`token:` lines), to scrub from error messages.
+/// The secrets in a kubeconfig (`token:`, `password:` and `client-key-data:` values), to
+/// scrub from error messages.
 pub fn kubeconfig_secrets(kubeconfig: &str) -> Vec<String> {
     kubeconfig
         .lines()
-        .filter_map(|line| line.trim().strip_prefix("token:"))
+        .filter_map(|line| {
+            let line = line.trim().trim_start_matches("- ");
+            ["token:", "password:", "client-key-data:"]
+                .iter()
+                .find_map(|key| line.strip_prefix(key))
+        })
         .map(|v| v.trim().trim_matches(|c| c == '"' || c == '\'').to_owned())
         .filter(|v| v.len() >= 8)
         .collect()

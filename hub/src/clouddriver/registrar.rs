@@ -7,7 +7,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    path::{Path, PathBuf},
+    path::Path,
     sync::{Arc, Mutex, MutexGuard},
     time::{Duration, Instant, SystemTime},
 };
@@ -33,7 +33,8 @@ pub struct Registrar {
     client: Option<Client>,
     metrics: ClouddriverMetrics,
     state: Mutex<State>,
-    wake: Notify,
+    wake_api: Notify,
+    wake_file: Notify,
 }
 
 /// Attempts at one thing (an account on one target, the file, loading the ledger).
@@ -111,6 +112,14 @@ struct FileState {
     track: Track,
 }
 
+/// The two targets; each has its own loop, so a hung Clouddriver never delays the file nor
+/// a stuck file system the API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Target {
+    Api,
+    File,
+}
+
 #[derive(Default)]
 struct State {
     desired: BTreeMap<String, DesiredAccount>,
@@ -119,6 +128,9 @@ struct State {
     ledger_track: Track,
     api: BTreeMap<String, Track>,
     file: FileState,
+    /// Accounts with work left, per target (the union is the `accounts_pending` gauge).
+    pending_api: BTreeSet<String>,
+    pending_file: BTreeSet<String>,
 }
 
 /// One request to make.
@@ -217,7 +229,8 @@ impl Registrar {
             client,
             metrics: ClouddriverMetrics::default(),
             state: Mutex::new(State::default()),
-            wake: Notify::new(),
+            wake_api: Notify::new(),
+            wake_file: Notify::new(),
         })
     }
 
@@ -254,7 +267,8 @@ impl Registrar {
         }
         st.desired = desired;
         drop(st);
-        self.wake.notify_one();
+        self.wake_api.notify_one();
+        self.wake_file.notify_one();
     }
 
     /// Where every account stands: those wanted, those still registered through the API, and
@@ -310,36 +324,67 @@ impl Registrar {
 
     /// Runs until `shutdown` is true (or its sender is dropped). Returns at once when no
     /// target is configured.
-    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+    pub async fn run(self: Arc<Self>, shutdown: watch::Receiver<bool>) {
         if !self.settings.enabled() {
             tracing::info!(
                 "no --clouddriver-url nor --clouddriver-accounts-file: accounts are not registered in Clouddriver"
             );
             return;
         }
+        let file = self.settings.accounts_file.as_deref().map(Path::display);
         tracing::info!(
-            api = self.settings.api_url.as_deref().unwrap_or("-"),
-            file = %self.settings.accounts_file.as_deref().map(Path::display).map(|d| d.to_string()).unwrap_or_else(|| "-".into()),
+            api = self.settings.api_url.as_deref(),
+            file = file.map(tracing::field::display),
             "registering accounts in Clouddriver"
         );
+        let api = async {
+            if self.client.is_some() {
+                self.reconcile(Target::Api, &self.wake_api, shutdown.clone())
+                    .await;
+            }
+        };
+        let file = async {
+            if self.settings.accounts_file.is_some() {
+                self.reconcile(Target::File, &self.wake_file, shutdown.clone())
+                    .await;
+            }
+        };
+        futures::join!(api, file);
+        tracing::debug!("Clouddriver registrar stopped");
+    }
+
+    /// One target's loop: plan, do what is due, sleep until a change or the next retry.
+    async fn reconcile(&self, target: Target, wake: &Notify, mut shutdown: watch::Receiver<bool>) {
         loop {
             if *shutdown.borrow() {
                 break;
             }
             // Registered before planning, so a change made while requests run is not missed.
-            let notified = self.wake.notified();
+            let notified = wake.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
 
             let plan = {
                 let mut st = self.state();
-                self.plan(&mut st, Instant::now())
+                let plan = self.plan(target, &mut st, Instant::now());
+                let pending = match target {
+                    Target::Api => &mut st.pending_api,
+                    Target::File => &mut st.pending_file,
+                };
+                *pending = plan.pending.clone();
+                let all = st.pending_api.union(&st.pending_file).count();
+                self.metrics.accounts_pending.set(all as i64);
+                plan
             };
-            self.metrics.accounts_pending.set(plan.pending.len() as i64);
             if plan.load_ledger || plan.file.is_some() || !plan.ops.is_empty() {
                 tokio::select! {
                     () = self.execute(plan) => {}
-                    _ = shutdown.changed() => {}
+                    changed = shutdown.changed() => {
+                        // A dropped sender means shutdown too (and would answer at once forever).
+                        if changed.is_err() {
+                            break;
+                        }
+                    }
                 }
                 continue;
             }
@@ -359,11 +404,10 @@ impl Registrar {
                 }
             }
         }
-        tracing::debug!("Clouddriver registrar stopped");
     }
 
-    /// What to do now, and when to look again.
-    fn plan(&self, st: &mut State, now: Instant) -> Plan {
+    /// What to do now on `target`, and when to look again.
+    fn plan(&self, target: Target, st: &mut State, now: Instant) -> Plan {
         let mut plan = Plan::default();
         let defaults = &self.settings.account_defaults;
         let mut file_entries = Vec::new();
@@ -384,7 +428,7 @@ impl Registrar {
             }
         }
 
-        if self.client.is_some() {
+        if target == Target::Api {
             match &st.ledger {
                 None => {
                     if st.ledger_track.due("load", now) {
@@ -436,7 +480,7 @@ impl Registrar {
             }
         }
 
-        if self.settings.accounts_file.is_some() {
+        if target == Target::File {
             for (name, hash) in &file_hashes {
                 if st.file.accounts.get(name) != Some(hash) {
                     plan.pending.insert(name.clone());
@@ -503,7 +547,8 @@ impl Registrar {
         futures::join!(file, api);
     }
 
-    async fn blocking<T: Send + 'static>(
+    /// Runs a ledger call on a blocking thread (a store-backed ledger does disk I/O).
+    async fn with_ledger<T: Send + 'static>(
         &self,
         f: impl FnOnce(&dyn Ledger) -> Result<T> + Send + 'static,
     ) -> Result<T> {
@@ -515,7 +560,7 @@ impl Registrar {
 
     async fn load_ledger(&self) {
         self.state().ledger_track.started();
-        match self.blocking(|l| l.load()).await {
+        match self.with_ledger(|l| l.load()).await {
             Ok(entries) => {
                 tracing::info!(
                     accounts = entries.len(),
@@ -563,7 +608,12 @@ impl Registrar {
                 };
                 self.failed(&op, what, body::redact(&error, secrets), None);
             }
-            Ok(answer) => match body::classify(method, answer.status, &answer.body) {
+            // Scrubbed before classify() shortens the message, which could cut a token in two.
+            Ok(answer) => match body::classify(
+                method,
+                answer.status,
+                body::redact(&String::from_utf8_lossy(&answer.body), secrets).as_bytes(),
+            ) {
                 Outcome::Done => {
                     self.metrics.request(method.as_str(), "success");
                     self.done(op).await;
@@ -614,7 +664,7 @@ impl Registrar {
             } => {
                 let recorded = {
                     let (name, hash) = (name.clone(), hash.clone());
-                    self.blocking(move |l| l.record(&name, &hash)).await
+                    self.with_ledger(move |l| l.record(&name, &hash)).await
                 };
                 if let Err(e) = &recorded {
                     // Registered all the same; after a restart it is sent again (harmless).
@@ -637,7 +687,7 @@ impl Registrar {
             Op::Delete { name } => {
                 let forgotten = {
                     let name = name.clone();
-                    self.blocking(move |l| l.forget(&name)).await
+                    self.with_ledger(move |l| l.forget(&name)).await
                 };
                 if let Err(e) = &forgotten {
                     // Removed all the same; after a restart the DELETE is sent again (harmless).
@@ -656,13 +706,13 @@ impl Registrar {
         }
     }
 
-    async fn write_file(&self, path: &PathBuf, job: FileJob) {
+    async fn write_file(&self, path: &Path, job: FileJob) {
         let checked = self.state().file.checked;
         if !checked {
             // At start: if the file already holds exactly this, keep it (no reload in
             // Clouddriver for a hub restart).
             let existing = {
-                let path = path.clone();
+                let path = path.to_path_buf();
                 tokio::task::spawn_blocking(move || std::fs::read(path))
                     .await
                     .ok()
@@ -680,7 +730,7 @@ impl Registrar {
         }
         self.state().file.track.started();
         let written = {
-            let (path, contents) = (path.clone(), job.contents);
+            let (path, contents) = (path.to_path_buf(), job.contents);
             tokio::task::spawn_blocking(move || file::write_atomically(&path, contents.as_bytes()))
                 .await
                 .map_err(std::io::Error::other)
