@@ -2,19 +2,26 @@
 //! Management API, the dynamic-config YAML, the body hash kept in the ledger, how a
 //! Clouddriver answer is classified, and the retry delays.
 //!
-//! Sources (Clouddriver, `spinnaker/clouddriver` at `0e494148`, and the `spinnaker/spinnaker`
-//! monorepo under `clouddriver/`):
-//! - the fields and their types: `clouddriver-kubernetes/src/main/java/com/netflix/spinnaker/
-//!   clouddriver/kubernetes/config/KubernetesAccountProperties.java` (`ManagedAccount`);
-//! - the type discriminator: `clouddriver-core/src/main/java/com/netflix/spinnaker/clouddriver/
-//!   jackson/mixins/CredentialsDefinitionMixin.java` (`@JsonTypeInfo(use = NAME, property =
-//!   "type")`) with `@JsonTypeName("kubernetes")` on `ManagedAccount`;
-//! - unknown properties are ignored, not rejected: `clouddriver-core/src/main/groovy/com/
-//!   netflix/spinnaker/clouddriver/config/CloudDriverConfig.groovy`
+//! Sources (repository@commit path):
+//! - the fields and their types: `spinnaker/clouddriver@0e494148` (and the same in
+//!   `spinnaker/spinnaker@6f89b62d` under `clouddriver/`)
+//!   `clouddriver-kubernetes/src/main/java/com/netflix/spinnaker/clouddriver/kubernetes/config/KubernetesAccountProperties.java`
+//!   (`ManagedAccount`, `validate()`);
+//! - the type discriminator: `spinnaker/clouddriver@ccf45789`
+//!   `clouddriver-core/src/main/java/com/netflix/spinnaker/clouddriver/jackson/mixins/CredentialsDefinitionMixin.java`
+//!   (`@JsonTypeInfo(use = NAME, property = "type")`), with `@JsonTypeName("kubernetes")` on
+//!   `ManagedAccount`;
+//! - unknown properties are ignored, not rejected: `spinnaker/clouddriver@1a81c481`
+//!   `clouddriver-core/src/main/groovy/com/netflix/spinnaker/clouddriver/config/CloudDriverConfig.groovy`
 //!   (`failOnUnknownProperties(false)`);
-//! - permission keys: fiat `fiat-core/.../fiat/model/Authorization.java` (`READ`, `WRITE`,
-//!   `EXECUTE`, `CREATE`), read as the keys of `Permissions.Builder`, a
-//!   `LinkedHashMap<Authorization, List<String>>`.
+//! - permission keys: `spinnaker/fiat@04138a88`
+//!   `fiat-core/src/main/java/com/netflix/spinnaker/fiat/model/Authorization.java` (`READ`,
+//!   `WRITE`, `EXECUTE`, `CREATE`), the keys of `Permissions.Builder`
+//!   (`.../model/resources/Permissions.java`, a `LinkedHashMap<Authorization, List<String>>`);
+//! - answers: `spinnaker/spinnaker@0f06254e`
+//!   `clouddriver/clouddriver-core/src/main/java/com/netflix/spinnaker/clouddriver/security/AccountDefinitionService.java`
+//!   and `spinnaker/kork@261ccbac`
+//!   `kork-web/src/main/java/com/netflix/spinnaker/kork/web/exceptions/GenericExceptionHandlers.java`.
 
 use std::{
     collections::{BTreeMap, hash_map::RandomState},
@@ -249,11 +256,12 @@ fn strings_of(properties: &Map<String, Value>, key: &str) -> Result<Option<Value
 ///   `deployments`, `Deployment.apps` and `deployments.apps`; Clouddriver's
 ///   `KubernetesKind.fromString` (`clouddriver-kubernetes/.../description/manifest/
 ///   KubernetesKind.java`) splits on the first `.` and matches only the singular kind or its
-///   short alias (`deploy`), so `deployments` becomes an unknown kind. The meaning differs
-///   too: in Clouddriver they limit what the account may deploy
-///   (`KubernetesCredentials.getKindStatus` answers `MISSING_FROM_ALLOWED_KINDS`), while the
-///   agent's limit only what it streams (the proxy tunnels the other kinds). An operator who
-///   wants Clouddriver's limits sets them in the defaults.
+///   short alias (`deploy`), so `deployments` becomes an unknown kind (read at
+///   `spinnaker/clouddriver@098ad77b`). The meaning differs too: in Clouddriver they limit
+///   what the account may deploy (`KubernetesCredentials.getKindStatus` answers
+///   `MISSING_FROM_ALLOWED_KINDS`), while the agent's limit only what it streams (the proxy
+///   tunnels the other kinds). An operator who wants Clouddriver's limits sets them in the
+///   defaults.
 /// - `serviceAccount`, `kubeconfigFile`, `context`: they describe how the agent reaches its
 ///   cluster; passed on they would make Clouddriver bypass the hub (see
 ///   [`HUB_OWNED_FIELDS`]).

@@ -19,7 +19,8 @@
 //!   highest-priority source that has it and replaces `kubernetes.accounts` as a whole, so
 //!   this file must be the only source of that list: Kubernetes accounts defined in
 //!   `clouddriver.yml` or elsewhere disappear while it is loaded (copy them into the
-//!   agents' settings or the API instead).
+//!   agents' settings or the API instead). The file has mode 0600 (it holds tokens), so
+//!   Clouddriver must run as the same user to read it.
 //!
 //! Files: [`body`] builds bodies, the file, hashes and classifies answers (pure); [`client`]
 //! speaks HTTP; [`file`] writes atomically; [`registrar`] is the loop; [`metrics`].
@@ -76,7 +77,11 @@ pub struct ClouddriverSettings {
     /// Sent as `X-SPINNAKER-USER`: with Fiat on, an account manager (or admin) that has a
     /// role the accounts' permissions grant.
     pub user: Option<String>,
-    /// YAML file for Clouddriver's `dynamic-config.files`.
+    /// YAML file for Clouddriver's `dynamic-config.files` (`dynamic-config.enabled: true`).
+    /// Spring replaces the list `kubernetes.accounts` as a whole with the one of the
+    /// highest-priority source, and this file is loaded first: it must be the only source of
+    /// Kubernetes accounts, or the others disappear. Written with mode 0600 (it holds
+    /// tokens): Clouddriver must run as the same user to read it.
     pub accounts_file: Option<PathBuf>,
     /// Extra `ManagedAccount` fields for every account (`kubectlExecutable`,
     /// `cacheIntervalSeconds`, `onlySpinnakerManaged`, `checkPermissionsOnStartup`, ...),
@@ -267,7 +272,8 @@ impl Ledger for MemoryLedger {
     }
 }
 
-/// Where one account stands on one target, for the hub's REST API.
+/// Where one account stands on one target, for the hub's REST API. For the file, the
+/// attempt fields count rewrites of the whole file.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TargetStatus {

@@ -2,8 +2,10 @@
 //! registered (the [`Ledger`] for the API, the file's contents for the file), sends what
 //! differs, and sleeps until the next change or the next retry.
 //!
-//! Each account has its own retry schedule per target, so one refused account never holds the
-//! others back. A changed account is tried at once, whatever its schedule said.
+//! The API and the file each have their own loop, so a hung Clouddriver never delays the file
+//! nor a stuck file system the API. On the API each account has its own retry schedule, so
+//! one refused account never holds the others back; a changed account is tried at once,
+//! whatever its schedule said.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -282,6 +284,12 @@ impl Registrar {
         names.extend(st.file.accounts.keys());
         let defaults = &self.settings.account_defaults;
         let no_track = Track::default();
+        // Until the ledger is read nothing is sent to the API: say why on every account.
+        let ledger_error = st
+            .ledger
+            .is_none()
+            .then_some(st.ledger_track.last_error.as_ref())
+            .flatten();
         names
             .into_iter()
             .map(|name| {
@@ -300,7 +308,7 @@ impl Registrar {
                     st.api.get(name).unwrap_or(&no_track).status(
                         registered.is_some(),
                         in_sync,
-                        invalid,
+                        invalid.or(ledger_error),
                     )
                 });
                 let file = self.settings.accounts_file.as_ref().map(|_| {
