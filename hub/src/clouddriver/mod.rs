@@ -22,8 +22,8 @@
 //!   agents' settings or the API instead). The file has mode 0600 (it holds tokens), so
 //!   Clouddriver must run as the same user to read it.
 //!
-//! Files: [`body`] builds bodies, the file, hashes and classifies answers (pure); [`client`]
-//! speaks HTTP; [`file`] writes atomically; [`registrar`] is the loop; [`metrics`].
+//! Files: [`body`] builds bodies, the file, hashes and classifies answers (pure); `client`
+//! speaks HTTP; `file` writes atomically; [`registrar`] is the loop; [`metrics`].
 //!
 //! Secrets: kubeconfigs carry bearer tokens. Bodies and the file are never logged;
 //! [`DesiredAccount`]'s `Debug` hides the kubeconfig; Clouddriver's error messages are
