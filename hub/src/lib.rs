@@ -10,6 +10,7 @@
 pub mod admin_api;
 pub mod cache;
 pub mod cli;
+pub mod clouddriver;
 pub mod config;
 pub mod error;
 pub mod http;

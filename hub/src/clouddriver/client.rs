@@ -1,0 +1,236 @@
+//! The HTTP client of the Account Management API: `PUT {api}/credentials` and
+//! `DELETE {api}/credentials/{name}`, over http or https (webpki's public roots plus an
+//! optional CA file), each with a deadline. It reports status and error text; deciding what
+//! they mean is [`super::body::classify`]'s job.
+
+use std::{path::Path, sync::Arc, time::Duration};
+
+use http::{HeaderValue, Request, Uri, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Bytes;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::{
+    client::legacy::{Client as HyperClient, connect::HttpConnector},
+    rt::TokioExecutor,
+};
+use rustls::{
+    ClientConfig, RootCertStore,
+    pki_types::{CertificateDer, pem::PemObject},
+};
+
+use super::body::{Method, path_segment};
+
+/// Error bodies are read up to this size (the message is all that is kept).
+const MAX_BODY: usize = 64 * 1024;
+
+/// Clouddriver's answer.
+#[derive(Debug)]
+pub(crate) struct Answer {
+    pub status: u16,
+    /// Read for error answers only: a successful PUT echoes the definition, kubeconfig and
+    /// token included, and is dropped unread.
+    pub body: Vec<u8>,
+}
+
+/// No answer: the request could not be sent or timed out.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SendError {
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    #[error("{0}")]
+    Transport(String),
+}
+
+/// A client for one Clouddriver.
+pub(crate) struct Client {
+    http: HyperClient<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    /// `api_url` without a trailing `/`.
+    base: String,
+    user: Option<HeaderValue>,
+    timeout: Duration,
+}
+
+/// The full error chain of a transport error, on one line (hyper's top-level message alone is
+/// "client error (Connect)").
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+fn tls_config(ca_file: Option<&Path>) -> Result<ClientConfig, String> {
+    let mut roots = RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = ca_file {
+        let pem =
+            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let mut added = 0;
+        for cert in CertificateDer::pem_slice_iter(&pem) {
+            let cert = cert.map_err(|e| format!("{}: {e}", path.display()))?;
+            roots
+                .add(cert)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            added += 1;
+        }
+        if added == 0 {
+            return Err(format!("{}: no PEM certificate in it", path.display()));
+        }
+    }
+    // The provider is named, not taken from the process default, so that the choice never
+    // depends on which rustls features other crates switched on.
+    ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map(|b| b.with_root_certificates(roots).with_no_client_auth())
+        .map_err(|e| e.to_string())
+}
+
+/// Checks `api_url`: http or https, with a host; returns it without a trailing `/`.
+pub(crate) fn parse_api_url(api_url: &str) -> Result<String, String> {
+    let base = api_url.trim().trim_end_matches('/');
+    let uri: Uri = base
+        .parse()
+        .map_err(|e| format!("--clouddriver-url {api_url:?} is not a URL: {e}"))?;
+    match uri.scheme_str() {
+        Some("http" | "https") => {}
+        _ => {
+            return Err(format!(
+                "--clouddriver-url {api_url:?} must start with http:// or https://"
+            ));
+        }
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(format!("--clouddriver-url {api_url:?} has no host"));
+    }
+    if uri.query().is_some() {
+        return Err(format!(
+            "--clouddriver-url {api_url:?} must not have a query"
+        ));
+    }
+    Ok(base.to_owned())
+}
+
+impl Client {
+    /// A client for `api_url` (e.g. `http://spin-clouddriver:7002`).
+    pub fn new(
+        api_url: &str,
+        user: Option<&str>,
+        ca_file: Option<&Path>,
+        timeout: Duration,
+    ) -> Result<Self, String> {
+        let base = parse_api_url(api_url)?;
+        let user = user
+            .map(|u| {
+                HeaderValue::from_str(u)
+                    .map_err(|_| format!("--clouddriver-user {u:?} is not a valid header value"))
+            })
+            .transpose()?;
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config(tls_config(ca_file)?)
+            .https_or_http()
+            .enable_http1()
+            .build();
+        let http = HyperClient::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        Ok(Client {
+            http,
+            base,
+            user,
+            timeout,
+        })
+    }
+
+    /// `PUT /credentials`: save (create or replace) one account definition.
+    pub async fn put_credentials(&self, body: Vec<u8>) -> Result<Answer, SendError> {
+        self.send(Method::Put, format!("{}/credentials", self.base), body)
+            .await
+    }
+
+    /// `DELETE /credentials/{name}`.
+    pub async fn delete_credentials(&self, name: &str) -> Result<Answer, SendError> {
+        let uri = format!("{}/credentials/{}", self.base, path_segment(name));
+        self.send(Method::Delete, uri, Vec::new()).await
+    }
+
+    async fn send(&self, method: Method, uri: String, body: Vec<u8>) -> Result<Answer, SendError> {
+        let mut request = Request::builder()
+            .method(method.as_str())
+            .uri(uri)
+            .header(header::ACCEPT, "application/json")
+            .header(
+                header::USER_AGENT,
+                concat!("scale-agent-hub/", env!("CARGO_PKG_VERSION")),
+            );
+        if method == Method::Put {
+            request = request.header(header::CONTENT_TYPE, "application/json");
+        }
+        if let Some(user) = &self.user {
+            request = request.header("X-SPINNAKER-USER", user.clone());
+        }
+        let request = request
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| SendError::Transport(e.to_string()))?;
+        let exchange = async {
+            let response = self
+                .http
+                .request(request)
+                .await
+                .map_err(|e| SendError::Transport(chain(&e)))?;
+            let status = response.status().as_u16();
+            let body = Limited::new(response.into_body(), MAX_BODY)
+                .collect()
+                .await
+                .map(|c| c.to_bytes().to_vec())
+                // The status is what matters; an unreadable error body just has no message.
+                .unwrap_or_default();
+            let body = if (200..300).contains(&status) {
+                Vec::new()
+            } else {
+                body
+            };
+            Ok(Answer { status, body })
+        };
+        tokio::time::timeout(self.timeout, exchange)
+            .await
+            .map_err(|_| SendError::Timeout(self.timeout))?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        assert_eq!(
+            parse_api_url("http://spin-clouddriver:7002/").unwrap(),
+            "http://spin-clouddriver:7002"
+        );
+        assert_eq!(
+            parse_api_url("https://cd.example/clouddriver").unwrap(),
+            "https://cd.example/clouddriver"
+        );
+        assert!(parse_api_url("spin-clouddriver:7002").is_err());
+        assert!(parse_api_url("ftp://x").is_err());
+        assert!(parse_api_url("http://x/?a=b").is_err());
+    }
+
+    #[test]
+    fn ca_files() {
+        let dir = std::env::temp_dir().join(format!("cd-ca-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let empty = dir.join("empty.pem");
+        std::fs::write(&empty, "not a certificate\n").unwrap();
+        let err = tls_config(Some(&empty)).unwrap_err();
+        assert!(err.contains("no PEM certificate"), "{err}");
+        let err = tls_config(Some(&dir.join("missing.pem"))).unwrap_err();
+        assert!(err.contains("cannot read"), "{err}");
+        assert!(tls_config(None).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
