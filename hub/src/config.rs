@@ -6,6 +6,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 use clap::Parser;
 
 use crate::{
+    clouddriver::ClouddriverSettings,
     error::{HubError, Result},
     identity::AllowRule,
 };
@@ -93,8 +94,10 @@ pub struct Config {
     /// kubeconfigs rely on the system roots.
     pub serving_ca_pem: Option<Vec<u8>>,
     /// File holding the admin token (created with a new token when missing); `None`: no
-    /// admin token, so tokens can only be issued on the command line against a stopped hub.
+    /// admin token, so the admin API refuses every request.
     pub admin_token_file: Option<PathBuf>,
+    /// Registration of accounts in Clouddriver (off unless a target is set).
+    pub clouddriver: ClouddriverSettings,
 }
 
 impl Config {
@@ -114,6 +117,15 @@ impl Config {
         if self.max_object_bytes == 0 {
             return Err(HubError::Config(
                 "--max-object-bytes must be at least 1".into(),
+            ));
+        }
+        self.clouddriver.validate()?;
+        if self.clouddriver.enabled() && self.public_url.is_none() {
+            return Err(HubError::Config(
+                "registering accounts in Clouddriver (--clouddriver-url or \
+                 --clouddriver-accounts-file) needs --public-url: the URL Clouddriver reaches \
+                 the hub's HTTP listener at, e.g. https://scale-agent-hub.spinnaker:8443"
+                    .into(),
             ));
         }
         Ok(())
@@ -139,6 +151,7 @@ impl Config {
             public_url: None,
             serving_ca_pem: None,
             admin_token_file: None,
+            clouddriver: ClouddriverSettings::default(),
         }
     }
 }
@@ -191,6 +204,34 @@ pub struct Args {
     /// use their system roots.
     #[arg(long, env = "SCALE_AGENT_HUB_SERVING_CA")]
     pub serving_ca: Option<PathBuf>,
+
+    /// Register every account in Clouddriver's Account Management API at this URL
+    /// (Clouddriver itself, e.g. http://spin-clouddriver:7002; Spinnaker 1.29+ with
+    /// account.storage.enabled and account.storage.kubernetes.enabled), and remove it when
+    /// its grace period ends. Needs --public-url.
+    #[arg(long, env = "SCALE_AGENT_HUB_CLOUDDRIVER_URL")]
+    pub clouddriver_url: Option<String>,
+
+    /// Sent to Clouddriver as X-SPINNAKER-USER: with Fiat on, an account manager with a role
+    /// the accounts' permissions grant.
+    #[arg(long, env = "SCALE_AGENT_HUB_CLOUDDRIVER_USER")]
+    pub clouddriver_user: Option<String>,
+
+    /// Also (or instead) write every account to this YAML file for Clouddriver's
+    /// dynamic-config.files (replaced atomically; mode 0600). It must be Clouddriver's only
+    /// source of kubernetes.accounts. Needs --public-url.
+    #[arg(long, env = "SCALE_AGENT_HUB_CLOUDDRIVER_ACCOUNTS_FILE")]
+    pub clouddriver_accounts_file: Option<PathBuf>,
+
+    /// YAML or JSON file of Clouddriver account fields added to every account
+    /// (kubectlExecutable, cacheIntervalSeconds, onlySpinnakerManaged,
+    /// checkPermissionsOnStartup, ...).
+    #[arg(long, env = "SCALE_AGENT_HUB_CLOUDDRIVER_ACCOUNT_DEFAULTS")]
+    pub clouddriver_account_defaults: Option<PathBuf>,
+
+    /// PEM CA bundle trusted (besides the public roots) for an https --clouddriver-url.
+    #[arg(long, env = "SCALE_AGENT_HUB_CLOUDDRIVER_CA")]
+    pub clouddriver_ca: Option<PathBuf>,
 
     /// File with the admin token, which issues and revokes proxy tokens
     /// (`scale-agent-hub kubeconfig`, `scale-agent-hub token`). Created with a new random
@@ -324,6 +365,17 @@ impl Args {
                 .clone()
                 .unwrap_or_else(|| self.data_dir.join("admin-token")),
         );
+        let clouddriver = ClouddriverSettings {
+            api_url: self.clouddriver_url,
+            user: self.clouddriver_user,
+            accounts_file: self.clouddriver_accounts_file,
+            account_defaults: match &self.clouddriver_account_defaults {
+                Some(path) => crate::clouddriver::load_account_defaults(path)?,
+                None => serde_json::Map::new(),
+            },
+            ca_file: self.clouddriver_ca,
+            ..ClouddriverSettings::default()
+        };
         let config = Config {
             grpc_addr: self.grpc_addr,
             http_addr: self.http_addr,
@@ -339,6 +391,7 @@ impl Args {
             public_url: self.public_url,
             serving_ca_pem,
             admin_token_file,
+            clouddriver,
         };
         config.validate()?;
         Ok(config)

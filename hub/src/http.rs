@@ -36,6 +36,7 @@ pub(crate) fn router(hub: Arc<Hub>) -> Router {
         .route("/api/v1/accounts/{name}/objects", get(objects))
         .route("/api/v1/accounts/{name}/operations", post(submit_operation))
         .route("/api/v1/operations/{id}", get(operation))
+        .route("/api/v1/clouddriver", get(clouddriver))
         .merge(crate::admin_api::router())
         .merge(crate::proxy::router())
         .with_state(hub)
@@ -91,6 +92,18 @@ async fn operation(State(hub): State<Arc<Hub>>, Path(id): Path<String>) -> Respo
             ),
         ),
     }
+}
+
+/// Where each account's registration in Clouddriver stands (empty when registration is off).
+async fn clouddriver(
+    State(hub): State<Arc<Hub>>,
+) -> Json<Vec<crate::clouddriver::RegistrationStatus>> {
+    Json(
+        hub.registrar
+            .as_ref()
+            .map(|r| r.status())
+            .unwrap_or_default(),
+    )
 }
 
 async fn readyz(State(hub): State<Arc<Hub>>) -> Response {

@@ -87,7 +87,7 @@ pub(crate) struct Hub {
     state: Mutex<HubState>,
     /// Held while a batch is applied and stored, so that store commits happen in the order
     /// of the in-memory changes. Lock order: store, then state.
-    pub(crate) store: tokio::sync::Mutex<Store>,
+    pub(crate) store: Arc<tokio::sync::Mutex<Store>>,
     sessions: Mutex<HashMap<SessionId, SessionHandle>>,
     pub(crate) metrics: Metrics,
     /// Open exchanges of the Kubernetes API proxy.
@@ -96,6 +96,10 @@ pub(crate) struct Hub {
     pub(crate) discovery: proxy::discovery::DiscoveryCache,
     tokens: Mutex<Tokens>,
     pub(crate) admin_token: Option<AdminToken>,
+    /// Registers accounts in Clouddriver; `None` when no target is configured.
+    pub(crate) registrar: Option<Arc<clouddriver::Registrar>>,
+    /// The accounts (name, settings) last handed to the registrar.
+    registered_accounts: Mutex<Vec<(String, String)>>,
     pub(crate) operations: operations::Operations,
     pub(crate) shutdown: watch::Receiver<bool>,
     pub(crate) grpc_listening: AtomicBool,
@@ -159,7 +163,77 @@ impl Hub {
             .into_iter()
             .map(|account| StoreOp::DeleteAccount { account })
             .collect();
-        store.commit(ops).await
+        store.commit(ops).await?;
+        drop(store);
+        self.sync_clouddriver().await
+    }
+
+    /// Hands the registrar the accounts the hub serves, each with a kubeconfig carrying the
+    /// account's derived Clouddriver token, when the set or an account's settings changed.
+    async fn sync_clouddriver(&self) -> Result<()> {
+        let (Some(registrar), Some(public_url)) = (&self.registrar, &self.config.public_url) else {
+            return Ok(());
+        };
+        let accounts: Vec<(String, serde_json::Value)> = self
+            .state()
+            .registry
+            .accounts
+            .iter()
+            .map(|(name, a)| (name.clone(), a.record.properties.clone()))
+            .collect();
+        // Cheap to compare every tick: the account, its settings and its token's hash (a
+        // rotated token changes the kubeconfig, which must be registered again).
+        let fingerprint = |tokens: &Tokens| -> Vec<(String, String)> {
+            accounts
+                .iter()
+                .map(|(name, properties)| {
+                    let token = tokens
+                        .find(name, tokens::CLOUDDRIVER_TOKEN)
+                        .map(|r| r.sha256.clone())
+                        .unwrap_or_default();
+                    (name.clone(), format!("{properties}\0{token}"))
+                })
+                .collect()
+        };
+        let before = fingerprint(&self.tokens());
+        if *self
+            .registered_accounts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            == before
+        {
+            return Ok(());
+        }
+        let mut store = self.store.lock().await;
+        let mut ops = Vec::new();
+        let mut desired = Vec::new();
+        {
+            let mut tokens = self.tokens();
+            for (name, properties) in accounts.clone() {
+                let (token, more) =
+                    tokens.derived(&name, tokens::CLOUDDRIVER_TOKEN, admin_api::now_unix())?;
+                ops.extend(more);
+                let kubeconfig = kubeconfig::render(&kubeconfig::KubeconfigFor {
+                    account: &name,
+                    public_url,
+                    ca_pem: self.config.serving_ca_pem.as_deref(),
+                    token: &token,
+                });
+                desired.push(clouddriver::DesiredAccount {
+                    name,
+                    kubeconfig,
+                    properties,
+                });
+            }
+        }
+        store.commit(ops).await?;
+        drop(store);
+        registrar.set_desired(desired);
+        *self
+            .registered_accounts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = fingerprint(&self.tokens());
+        Ok(())
     }
 
     /// Refreshes the gauges from the state.
@@ -195,6 +269,7 @@ pub struct RunningHub {
     grpc: JoinHandle<Result<()>>,
     http: JoinHandle<Result<()>>,
     maintenance: JoinHandle<()>,
+    registrar: Option<JoinHandle<()>>,
     failed: mpsc::Receiver<HubError>,
 }
 
@@ -228,6 +303,11 @@ impl RunningHub {
         }
         self.maintenance.abort();
         let _ = self.maintenance.await;
+        if let Some(registrar) = self.registrar
+            && tokio::time::timeout(deadline, registrar).await.is_err()
+        {
+            tracing::warn!("the Clouddriver registrar did not stop within {deadline:?}");
+        }
         self.hub.grpc_listening.store(false, Ordering::SeqCst);
         self.hub.store_open.store(false, Ordering::SeqCst);
         let closed = self.hub.store.lock().await.close().await;
@@ -241,11 +321,12 @@ pub async fn start(config: Config) -> Result<RunningHub> {
     config.validate()?;
     let store = Store::open(&config.data_dir)?;
     let store_path = store.path().to_path_buf();
-    let loaded = store.load()?;
+    let mut loaded = store.load()?;
     let mut state = HubState {
         cache: loaded.cache,
         ..HubState::default()
     };
+    let registrations = std::mem::take(&mut loaded.registrations);
     let (tokens, token_ops) = Tokens::load(
         loaded.tokens,
         loaded.meta.get(tokens::DERIVATION_KEY).map(String::as_str),
@@ -304,19 +385,39 @@ pub async fn start(config: Config) -> Result<RunningHub> {
     })?;
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let store = Arc::new(tokio::sync::Mutex::new(store));
+    let registrar = if config.clouddriver.enabled() {
+        let ledger = clouddriver::ledger::StoreLedger::new(
+            store.clone(),
+            registrations,
+            tokio::runtime::Handle::current(),
+        );
+        Some(Arc::new(clouddriver::Registrar::new(
+            config.clouddriver.clone(),
+            Arc::new(ledger),
+        )?))
+    } else {
+        None
+    };
+    let metrics = Metrics::new();
+    if let Some(registrar) = &registrar {
+        metrics.add_clouddriver(registrar.metrics());
+    }
     let hub = Arc::new(Hub {
         limits: Limits {
             max_object_bytes: config.max_object_bytes,
             allow: config.allow.clone(),
         },
         state: Mutex::new(state),
-        store: tokio::sync::Mutex::new(store),
+        store,
         sessions: Mutex::new(HashMap::new()),
-        metrics: Metrics::new(),
+        metrics,
         tunnels: tunnel::Tunnels::default(),
         discovery: proxy::discovery::DiscoveryCache::default(),
         tokens: Mutex::new(tokens),
         admin_token,
+        registrar,
+        registered_accounts: Mutex::new(Vec::new()),
         operations: operations::Operations::default(),
         shutdown: shutdown_rx,
         grpc_listening: AtomicBool::new(false),
@@ -387,6 +488,10 @@ pub async fn start(config: Config) -> Result<RunningHub> {
     });
     tracing::info!(%http_addr, tls, "HTTP listening (REST API and Kubernetes API proxy)");
 
+    let registrar_task = hub.registrar.clone().map(|registrar| {
+        let shutdown = hub.shutdown.clone();
+        tokio::spawn(registrar.run(shutdown))
+    });
     let tick =
         (hub.config.grace_period / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
     let maintained = hub.clone();
@@ -409,6 +514,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         grpc,
         http,
         maintenance,
+        registrar: registrar_task,
         failed,
     })
 }

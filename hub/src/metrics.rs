@@ -8,7 +8,7 @@ use prometheus_client::{
 
 /// The hub's metrics.
 pub struct Metrics {
-    registry: Registry,
+    registry: std::sync::Mutex<Registry>,
     pub connected_agents: Gauge,
     pub accounts: Gauge,
     pub objects_cached: Gauge,
@@ -115,7 +115,7 @@ impl Metrics {
             relists.clone(),
         );
         Metrics {
-            registry,
+            registry: std::sync::Mutex::new(registry),
             connected_agents,
             accounts,
             objects_cached,
@@ -173,10 +173,16 @@ impl Metrics {
         self.bytes_received.inc_by(bytes as u64);
     }
 
+    /// Adds the Clouddriver registrar's metrics (made before the hub's).
+    pub fn add_clouddriver(&self, metrics: &crate::clouddriver::ClouddriverMetrics) {
+        metrics.register(&mut self.registry.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
     /// The text exposition format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
-        if encode(&mut out, &self.registry).is_err() {
+        let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        if encode(&mut out, &registry).is_err() {
             out.clear();
         }
         out

@@ -32,6 +32,7 @@
 pub mod body;
 mod client;
 mod file;
+pub mod ledger;
 pub mod metrics;
 pub mod registrar;
 
