@@ -39,6 +39,106 @@ pub struct StreamerContext {
 
 /// Default period of rediscovery.
 pub const REDISCOVER: Duration = Duration::from_secs(300);
+/// How often the API server's aggregated discovery is checked for a change (a conditional
+/// GET of `/api` and `/apis`: a 304 when nothing changed).
+pub const DISCOVERY_POLL: Duration = Duration::from_secs(20);
+
+/// The `Accept` of aggregated discovery (v2), with plain JSON as the fallback.
+const AGGREGATED_ACCEPT: &str =
+    "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json";
+
+/// What the API server last answered for `/api` and `/apis`: each document's ETag (or a hash
+/// of the body when it sends none).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct DiscoveryVersions {
+    versions: BTreeMap<&'static str, String>,
+}
+
+impl DiscoveryVersions {
+    /// Records `version` for `path`; true when it differs from a version recorded before
+    /// (the first one is not a change).
+    pub fn update(&mut self, path: &'static str, version: String) -> bool {
+        match self.versions.insert(path, version.clone()) {
+            Some(previous) => previous != version,
+            None => false,
+        }
+    }
+
+    fn etag(&self, path: &str) -> Option<&str> {
+        self.versions
+            .get(path)
+            .map(String::as_str)
+            .filter(|v| v.starts_with('"') || v.starts_with("W/"))
+    }
+}
+
+/// Asks the API server whether its groups or kinds changed since the last call; true when
+/// they did. Errors count as "unchanged": the periodic rediscovery catches up.
+async fn discovery_changed(client: &kube::Client, versions: &mut DiscoveryVersions) -> bool {
+    use http_body_util::BodyExt as _;
+    let mut changed = false;
+    for path in ["/api", "/apis"] {
+        let mut request = http::Request::builder()
+            .uri(path)
+            .header(http::header::ACCEPT, AGGREGATED_ACCEPT);
+        if let Some(etag) = versions.etag(path) {
+            request = request.header(http::header::IF_NONE_MATCH, etag);
+        }
+        let Ok(request) = request.body(kube::client::Body::empty()) else {
+            continue;
+        };
+        let Ok(response) = client.send(request).await else {
+            continue;
+        };
+        match response.status() {
+            http::StatusCode::NOT_MODIFIED => {}
+            http::StatusCode::OK => {
+                let etag = response
+                    .headers()
+                    .get(http::header::ETAG)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string);
+                let version = match etag {
+                    Some(etag) => etag,
+                    None => match response.into_body().collect().await {
+                        Ok(body) => account::fingerprint(&body.to_bytes()),
+                        Err(_) => continue,
+                    },
+                };
+                changed |= versions.update(path, version);
+            }
+            _ => {}
+        }
+    }
+    changed
+}
+
+/// The kinds discovery offers, for telling whether they changed between two rounds.
+fn kind_set(candidates: &[kinds::Candidate]) -> BTreeSet<(String, String, String)> {
+    candidates
+        .iter()
+        .map(|c| {
+            (
+                c.kind.group.clone(),
+                c.kind.version.clone(),
+                c.kind.plural.clone(),
+            )
+        })
+        .collect()
+}
+
+async fn send_discovery_changed(ctx: &StreamerContext) {
+    let _ = ctx
+        .tx
+        .send(Outbound {
+            account: ctx.account.name.clone(),
+            generation: ctx.generation,
+            message: agent_message::Kind::DiscoveryChanged(v1::DiscoveryChanged {
+                account: ctx.account.name.clone(),
+            }),
+        })
+        .await;
+}
 
 /// The hub's resume point for `kind` in `watch_namespace`, if it gave one.
 pub fn resume_point(
@@ -162,8 +262,21 @@ pub async fn run(ctx: StreamerContext) {
     let mut tasks = JoinSet::new();
     let mut running: BTreeMap<WatchKey, (kinds::KindRef, AbortHandle)> = BTreeMap::new();
     let mut first = true;
+    let mut known_kinds = None;
+    let mut versions = DiscoveryVersions::default();
+    // Records the current versions, so the first poll has something to compare with.
+    discovery_changed(&ctx.prepared.client, &mut versions).await;
     loop {
         let candidates = discover(&ctx).await;
+        let kinds_now = kind_set(&candidates);
+        if known_kinds
+            .as_ref()
+            .is_some_and(|known| *known != kinds_now)
+        {
+            tracing::info!(account = %name, "the cluster's kinds changed");
+            send_discovery_changed(&ctx).await;
+        }
+        known_kinds = Some(kinds_now);
         let wanted = wanted_watches(&ctx.account, &candidates);
         if first {
             for point in stopped_points(&ctx.resume_points, &wanted) {
@@ -215,10 +328,22 @@ pub async fn run(ctx: StreamerContext) {
         first = false;
         let sleep = tokio::time::sleep(ctx.rediscover);
         tokio::pin!(sleep);
+        let mut poll =
+            tokio::time::interval_at(tokio::time::Instant::now() + DISCOVERY_POLL, DISCOVERY_POLL);
         loop {
             tokio::select! {
                 _ = &mut sleep => break,
                 Some(_) = tasks.join_next() => {}
+                _ = poll.tick() => {
+                    if discovery_changed(&ctx.prepared.client, &mut versions).await {
+                        // The hub drops its cached discovery now; the kinds are compared
+                        // (and reported again if need be) by the rediscovery that follows.
+                        tracing::info!(account = %name, "the API server's discovery changed; rediscovering");
+                        send_discovery_changed(&ctx).await;
+                        known_kinds = None;
+                        break;
+                    }
+                }
             }
         }
     }
@@ -227,6 +352,20 @@ pub async fn run(ctx: StreamerContext) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn discovery_versions_change_only_after_a_first_answer() {
+        let mut v = DiscoveryVersions::default();
+        assert!(
+            !v.update("/apis", "\"a\"".into()),
+            "the first answer is not a change"
+        );
+        assert_eq!(v.etag("/apis"), Some("\"a\""));
+        assert!(!v.update("/apis", "\"a\"".into()));
+        assert!(v.update("/apis", "\"b\"".into()));
+        assert!(!v.update("/api", "0123abcd".into()));
+        assert_eq!(v.etag("/api"), None, "a body hash is not sent as an ETag");
+    }
 
     #[test]
     fn resume_points_match_group_plural_and_scope() {
