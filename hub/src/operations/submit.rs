@@ -157,6 +157,52 @@ impl Submission<'_> {
             }
         }
     }
+
+    /// Sends the operation to one replica after another until one answers (or none is
+    /// left, or sending again is not safe), recording each attempt as running.
+    async fn run(&self, operation: &pb::Operation, deadline: Instant) -> (u16, OperationResponse) {
+        let retention = self.hub.config.operation_retention;
+        let mut tried: Vec<SessionId> = Vec::new();
+        let mut notes: Vec<String> = Vec::new();
+        // An answer "could not run here" kept while other replicas are tried.
+        let mut fallback: Option<(u16, OperationResponse)> = None;
+        loop {
+            let attempts = tried.len();
+            let candidate =
+                pick_replica(self.hub, self.account, &tried).filter(|_| attempts < MAX_ATTEMPTS);
+            let Some((session, replica)) = candidate else {
+                break fallback
+                    .take()
+                    .unwrap_or_else(|| self.no_agent(&notes, attempts));
+            };
+            tried.push(session);
+            let running = OperationResponse::running(self.subject(), &replica, tried.len());
+            self.hub
+                .operations
+                .record(&self.id, running, false, retention);
+            let rx = self.hub.operations.register(&self.id, session);
+            if !self.hub.sessions().contains_key(&session) {
+                self.hub.operations.forget(&self.id);
+                notes.push(format!(
+                    "replica {replica} left before the operation was sent"
+                ));
+                continue;
+            }
+            self.hub
+                .control(session, Control::Operation(Box::new(operation.clone())));
+            let wait = deadline.saturating_duration_since(Instant::now()) + DEADLINE_GRACE;
+            let heard = tokio::time::timeout(wait, rx).await;
+            match self.interpret(heard, &replica, tried.len()) {
+                Step::Done(code, body) => break (code, body),
+                Step::TryNext { note, fallback: f } => {
+                    notes.push(note);
+                    if f.is_some() {
+                        fallback = f;
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Runs a submitted operation to its end: picks a replica, waits, retries when safe.
@@ -210,42 +256,7 @@ pub(crate) async fn submit(
         deadline_unix_millis: deadline_millis(timeout),
         op: Some(op),
     };
-    let mut tried: Vec<SessionId> = Vec::new();
-    let mut notes: Vec<String> = Vec::new();
-    // An answer "could not run here" kept while other replicas are tried.
-    let mut fallback: Option<(u16, OperationResponse)> = None;
-    let (code, body) = loop {
-        let attempts = tried.len();
-        let candidate = pick_replica(hub, account, &tried).filter(|_| attempts < MAX_ATTEMPTS);
-        let Some((session, replica)) = candidate else {
-            break fallback
-                .take()
-                .unwrap_or_else(|| submission.no_agent(&notes, attempts));
-        };
-        tried.push(session);
-        let running = OperationResponse::running(submission.subject(), &replica, tried.len());
-        hub.operations.record(id, running, false, retention);
-        let rx = hub.operations.register(id, session);
-        if !hub.sessions().contains_key(&session) {
-            hub.operations.forget(id);
-            notes.push(format!(
-                "replica {replica} left before the operation was sent"
-            ));
-            continue;
-        }
-        hub.control(session, Control::Operation(Box::new(operation.clone())));
-        let wait = deadline.saturating_duration_since(Instant::now()) + DEADLINE_GRACE;
-        let heard = tokio::time::timeout(wait, rx).await;
-        match submission.interpret(heard, &replica, tried.len()) {
-            Step::Done(code, body) => break (code, body),
-            Step::TryNext { note, fallback: f } => {
-                notes.push(note);
-                if f.is_some() {
-                    fallback = f;
-                }
-            }
-        }
-    };
+    let (code, body) = submission.run(&operation, deadline).await;
     let (kind, state) = (submission.kind, body.state.as_str());
     hub.metrics.operation(kind, state);
     tracing::info!(%id, %account, r#type = kind, state, code, elapsed_ms = started.elapsed().as_millis() as u64, "operation finished");
