@@ -22,7 +22,9 @@ use serde_json::Value;
 pub enum State {
     /// Sent to a replica, no answer yet.
     Running,
+    /// The agent ran it and the API server accepted it.
     Succeeded,
+    /// Refused or failed (see the status), or whether it ran is unknown.
     Failed,
     /// The deadline passed (the agent's own 504, or the hub gave up waiting).
     TimedOut,
@@ -59,8 +61,10 @@ impl State {
 // which serde_json writes sorted, so this keeps them byte for byte.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Cause {
+    /// The field concerned, e.g. `spec.replicas`.
     pub field: String,
     pub message: String,
+    /// A machine-readable reason, e.g. `FieldValueInvalid`.
     pub reason: String,
 }
 
@@ -68,8 +72,10 @@ pub struct Cause {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Status {
     pub causes: Vec<Cause>,
+    /// The HTTP code (0 when the agent sent no status).
     pub code: i32,
     pub message: String,
+    /// A machine-readable reason, e.g. `NotFound`.
     pub reason: String,
 }
 
@@ -111,6 +117,7 @@ impl Status {
 pub struct Subject<'a> {
     /// The operation id.
     pub id: &'a str,
+    /// The account it was submitted to.
     pub account: &'a str,
     /// The operation type (`apply`, `get`, ...).
     pub op_type: &'a str,
@@ -120,6 +127,7 @@ pub struct Subject<'a> {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct OperationResponse {
+    /// The account it was submitted to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub account: Option<String>,
     /// Replicas tried so far.
@@ -131,6 +139,7 @@ pub struct OperationResponse {
     /// Whether the operation reached the cluster (false: certainly not run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub executed: Option<bool>,
+    /// The operation id (client-chosen, or made by the hub).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     /// Set on the bodies the hub makes up; the same text as `status.message`.
@@ -143,11 +152,13 @@ pub struct OperationResponse {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replica: Option<String>,
     pub state: State,
+    /// The Kubernetes-style status of the answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<Status>,
     /// Text output (logs, rollout history or status, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
+    /// The operation type (`apply`, `get`, ...).
     #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
     pub op_type: Option<String>,
 }
