@@ -12,9 +12,11 @@ pub mod cli;
 pub mod config;
 pub mod convert;
 pub mod error;
+pub mod hub_conn;
 pub mod kinds;
 pub mod metrics;
 pub mod operations;
+pub mod runtime;
 pub mod session;
 pub mod state;
 pub mod streamer;
@@ -138,7 +140,7 @@ pub async fn start(options: Options) -> Result<AgentHandle> {
         config_tx,
         shared.clone(),
     ));
-    let runtime = session::Runtime::new(options, shared.clone(), config_rx, shutdown_rx);
+    let runtime = runtime::Runtime::new(options, shared.clone(), config_rx, shutdown_rx);
     let task = tokio::spawn(async move {
         let result = runtime.run().await;
         tracing::debug!("runtime stopped");

@@ -8,6 +8,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::store::StoreOp;
 
+mod results;
+
+pub use results::apply_result_to_cache;
+
 /// A kind as the cache keys it: group and kind (the version may change between agents).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct KindKey {

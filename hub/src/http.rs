@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 use crate::{
     Hub,
     cache::{AccountCache, CachedObject, KindCache, KindInfo},
+    operations::{self, OperationRequest, OperationResponse},
     registry::{Account, ClusterRecord, Registry, SessionId},
 };
 
@@ -51,30 +52,21 @@ async fn submit_operation(
     Path(name): Path<String>,
     body: axum::body::Bytes,
 ) -> Response {
-    let request: crate::operations::OperationRequest = match serde_json::from_slice(&body) {
+    let request: OperationRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => {
-            let message = format!("invalid operation request: {e}");
-            return (
-                StatusCode::BAD_REQUEST,
-                Json(json!({
-                    "state": "failed",
-                    "executed": false,
-                    "status": { "code": 400, "reason": "BadRequest", "message": message, "causes": [] },
-                    "message": message,
-                })),
-            )
-                .into_response();
+            let body = OperationResponse::bad_request(format!("invalid operation request: {e}"));
+            return (StatusCode::BAD_REQUEST, Json(body)).into_response();
         }
     };
     // Run apart from the request: a client that goes away does not abandon the operation,
     // which still finishes and is recorded for GET /api/v1/operations/{id}.
-    let task = tokio::spawn(async move { crate::operations::submit(&hub, &name, request).await });
+    let task = tokio::spawn(async move { operations::submit(&hub, &name, request).await });
     let (code, body) = match task.await {
         Ok(answer) => answer,
         Err(e) => (
             500,
-            json!({ "state": "failed", "message": format!("the operation task failed: {e}") }),
+            OperationResponse::task_failed(format!("the operation task failed: {e}")),
         ),
     };
     let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

@@ -233,6 +233,25 @@ impl Registry {
         self.accounts.get(account).and_then(|a| a.role_of(session))
     }
 
+    /// The sessions that can act on an account's cluster: the STREAMING one first, then the
+    /// STANDBYs in registration order (standbys hold credentials too, so they can run
+    /// requests). Empty for an unknown account.
+    pub fn replicas(&self, account: &str) -> Vec<SessionId> {
+        self.accounts
+            .get(account)
+            .map(|a| a.streaming.iter().chain(&a.standbys).copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// `identity/replica` of a session, as logs and operation bodies name it; empty when
+    /// the session is gone.
+    pub fn replica_label(&self, session: SessionId) -> String {
+        self.sessions
+            .get(&session)
+            .map(|s| format!("{}/{}", s.identity, s.replica))
+            .unwrap_or_default()
+    }
+
     /// The accounts a session serves, with its role.
     pub fn accounts_of(&self, session: SessionId) -> Vec<(String, Role)> {
         self.accounts
@@ -430,9 +449,14 @@ mod tests {
         r.register(a, "prod", rec("h"));
         r.register(b, "prod", rec("h"));
         assert_eq!(r.accounts_of(b), vec![("prod".to_string(), Role::Standby)]);
+        assert_eq!(r.replicas("prod"), vec![a, b]);
+        assert_eq!(r.replica_label(b), "agent/b");
         let p = r.unregister(a, "prod", now());
         assert_eq!(p.len(), 1);
         assert_eq!(r.role(b, "prod"), Some(Role::Streaming));
         assert_eq!(r.role(a, "prod"), None);
+        assert_eq!(r.replicas("prod"), vec![b]);
+        assert!(r.replicas("other").is_empty());
+        assert_eq!(r.replica_label(999), "");
     }
 }

@@ -250,59 +250,11 @@ impl Session {
                 Ok(())
             }
             Msg::UnregisterAccount(un) => {
-                self.staging.retain(|(a, _, _), _| *a != un.account);
-                fx.promotions
-                    .extend(st.registry.unregister(self.id, &un.account, now));
+                self.on_unregister(st, un, now, fx);
                 Ok(())
             }
-            Msg::KindStatus(ks) => {
-                self.require_streaming(st, &ks.account, "KindStatus")?;
-                let info = KindInfo::from_proto(ks.kind.as_ref()).map_err(|e| {
-                    invalid(format!("KindStatus for account {:?}: {e}", ks.account))
-                })?;
-                let parsed = PbKindState::try_from(ks.state);
-                let state = parsed
-                    .map(|s| s.as_str_name().to_string())
-                    .unwrap_or_else(|_| format!("UNKNOWN({})", ks.state));
-                if parsed == Ok(PbKindState::Stopped) {
-                    let key = info.key();
-                    self.staging.retain(|(a, k, ns), _| {
-                        !(*a == ks.account
-                            && *k == key
-                            && (ks.namespaces.is_empty() || ks.namespaces.contains(ns)))
-                    });
-                    st.cache
-                        .drop_scope(&ks.account, &info, &ks.namespaces, &mut fx.ops);
-                }
-                st.cache.set_status(
-                    &ks.account,
-                    &info,
-                    KindState {
-                        state,
-                        message: ks.message,
-                        namespaces: ks.namespaces,
-                    },
-                    &mut fx.ops,
-                );
-                Ok(())
-            }
-            Msg::SnapshotBegin(b) => {
-                self.require_streaming(st, &b.account, "SnapshotBegin")?;
-                let info = KindInfo::from_proto(b.kind.as_ref()).map_err(|e| {
-                    invalid(format!("SnapshotBegin for account {:?}: {e}", b.account))
-                })?;
-                // A snapshot begun again (the agent retried its LIST) starts over.
-                self.staging.insert(
-                    (b.account, info.key(), b.watch_namespace),
-                    Staged {
-                        info,
-                        objects: BTreeMap::new(),
-                        received: 0,
-                    },
-                );
-                fx.relists += 1;
-                Ok(())
-            }
+            Msg::KindStatus(ks) => self.on_kind_status(st, ks, fx),
+            Msg::SnapshotBegin(begin) => self.on_snapshot_begin(st, begin, fx),
             Msg::Object(ev) => self.object(st, limits, ev, fx),
             Msg::Tunnel(_) => Err(invalid(format!(
                 "a TunnelFrame with seq {}: tunnel frames carry seq 0 (item 7 of the stream \
@@ -316,78 +268,170 @@ impl Session {
                 Ok(())
             }
             Msg::OperationResult(result) => {
-                // Read-your-writes: the written objects enter the cache with this batch,
-                // before the waiter hears of the result. Only accounts this stream
-                // registered (as STREAMING or STANDBY) are touched.
-                if st.registry.role(self.id, &result.account).is_some() {
-                    crate::operations::apply_result_to_cache(&mut st.cache, &result, &mut fx.ops);
-                }
-                fx.results.push(result);
+                self.on_operation_result(st, result, fx);
                 Ok(())
             }
-            Msg::SnapshotEnd(end) => {
-                self.require_streaming(st, &end.account, "SnapshotEnd")?;
-                let info = KindInfo::from_proto(end.kind.as_ref()).map_err(|e| {
-                    invalid(format!("SnapshotEnd for account {:?}: {e}", end.account))
-                })?;
-                let key = (end.account.clone(), info.key(), end.watch_namespace.clone());
-                let staged = self.staging.remove(&key).ok_or_else(|| {
-                    precondition(format!(
-                        "SnapshotEnd for account {:?}, kind {}, watch namespace {:?} without a \
-                         SnapshotBegin",
-                        end.account,
-                        info.key(),
-                        end.watch_namespace
-                    ))
-                })?;
-                if staged.received != end.object_count {
-                    return Err(precondition(format!(
-                        "SnapshotEnd for account {:?}, kind {}: object_count {} but {} objects \
-                         were received; the snapshot is discarded",
-                        end.account,
-                        info.key(),
-                        end.object_count,
-                        staged.received
-                    )));
-                }
-                if end.resource_version.is_empty() {
-                    return Err(invalid(format!(
-                        "SnapshotEnd for account {:?}, kind {} has no resource_version",
-                        end.account,
-                        info.key()
-                    )));
-                }
-                st.cache.replace_scope(
-                    &end.account,
-                    &staged.info,
-                    &end.watch_namespace,
-                    staged.objects,
-                    &end.resource_version,
-                    &mut fx.ops,
-                );
-                Ok(())
-            }
-            Msg::Bookmark(bm) => {
-                self.require_streaming(st, &bm.account, "Bookmark")?;
-                let info = KindInfo::from_proto(bm.kind.as_ref())
-                    .map_err(|e| invalid(format!("Bookmark for account {:?}: {e}", bm.account)))?;
-                if bm.resource_version.is_empty() {
-                    return Err(invalid(format!(
-                        "Bookmark for account {:?}, kind {} has no resource_version",
-                        bm.account,
-                        info.key()
-                    )));
-                }
-                st.cache.bookmark(
-                    &bm.account,
-                    &info,
-                    &bm.watch_namespace,
-                    &bm.resource_version,
-                    &mut fx.ops,
-                );
-                Ok(())
-            }
+            Msg::SnapshotEnd(end) => self.on_snapshot_end(st, end, fx),
+            Msg::Bookmark(bm) => self.on_bookmark(st, bm, fx),
         }
+    }
+
+    fn on_unregister(
+        &mut self,
+        st: &mut HubState,
+        un: pb::UnregisterAccount,
+        now: (Instant, SystemTime),
+        fx: &mut Effects,
+    ) {
+        self.staging.retain(|(a, _, _), _| *a != un.account);
+        fx.promotions
+            .extend(st.registry.unregister(self.id, &un.account, now));
+    }
+
+    fn on_kind_status(
+        &mut self,
+        st: &mut HubState,
+        ks: pb::KindStatus,
+        fx: &mut Effects,
+    ) -> Result<(), ProtocolError> {
+        self.require_streaming(st, &ks.account, "KindStatus")?;
+        let info = KindInfo::from_proto(ks.kind.as_ref())
+            .map_err(|e| invalid(format!("KindStatus for account {:?}: {e}", ks.account)))?;
+        let parsed = PbKindState::try_from(ks.state);
+        let state = parsed
+            .map(|s| s.as_str_name().to_string())
+            .unwrap_or_else(|_| format!("UNKNOWN({})", ks.state));
+        if parsed == Ok(PbKindState::Stopped) {
+            let key = info.key();
+            self.staging.retain(|(a, k, ns), _| {
+                !(*a == ks.account
+                    && *k == key
+                    && (ks.namespaces.is_empty() || ks.namespaces.contains(ns)))
+            });
+            st.cache
+                .drop_scope(&ks.account, &info, &ks.namespaces, &mut fx.ops);
+        }
+        st.cache.set_status(
+            &ks.account,
+            &info,
+            KindState {
+                state,
+                message: ks.message,
+                namespaces: ks.namespaces,
+            },
+            &mut fx.ops,
+        );
+        Ok(())
+    }
+
+    fn on_snapshot_begin(
+        &mut self,
+        st: &HubState,
+        b: pb::SnapshotBegin,
+        fx: &mut Effects,
+    ) -> Result<(), ProtocolError> {
+        self.require_streaming(st, &b.account, "SnapshotBegin")?;
+        let info = KindInfo::from_proto(b.kind.as_ref())
+            .map_err(|e| invalid(format!("SnapshotBegin for account {:?}: {e}", b.account)))?;
+        // A snapshot begun again (the agent retried its LIST) starts over.
+        self.staging.insert(
+            (b.account, info.key(), b.watch_namespace),
+            Staged {
+                info,
+                objects: BTreeMap::new(),
+                received: 0,
+            },
+        );
+        fx.relists += 1;
+        Ok(())
+    }
+
+    fn on_operation_result(
+        &mut self,
+        st: &mut HubState,
+        result: pb::OperationResult,
+        fx: &mut Effects,
+    ) {
+        // Read-your-writes: the written objects enter the cache with this batch,
+        // before the waiter hears of the result. Only accounts this stream
+        // registered (as STREAMING or STANDBY) are touched.
+        if st.registry.role(self.id, &result.account).is_some() {
+            crate::cache::apply_result_to_cache(&mut st.cache, &result, &mut fx.ops);
+        }
+        fx.results.push(result);
+    }
+
+    fn on_snapshot_end(
+        &mut self,
+        st: &mut HubState,
+        end: pb::SnapshotEnd,
+        fx: &mut Effects,
+    ) -> Result<(), ProtocolError> {
+        self.require_streaming(st, &end.account, "SnapshotEnd")?;
+        let info = KindInfo::from_proto(end.kind.as_ref())
+            .map_err(|e| invalid(format!("SnapshotEnd for account {:?}: {e}", end.account)))?;
+        let key = (end.account.clone(), info.key(), end.watch_namespace.clone());
+        let staged = self.staging.remove(&key).ok_or_else(|| {
+            precondition(format!(
+                "SnapshotEnd for account {:?}, kind {}, watch namespace {:?} without a \
+                 SnapshotBegin",
+                end.account,
+                info.key(),
+                end.watch_namespace
+            ))
+        })?;
+        if staged.received != end.object_count {
+            return Err(precondition(format!(
+                "SnapshotEnd for account {:?}, kind {}: object_count {} but {} objects \
+                 were received; the snapshot is discarded",
+                end.account,
+                info.key(),
+                end.object_count,
+                staged.received
+            )));
+        }
+        if end.resource_version.is_empty() {
+            return Err(invalid(format!(
+                "SnapshotEnd for account {:?}, kind {} has no resource_version",
+                end.account,
+                info.key()
+            )));
+        }
+        st.cache.replace_scope(
+            &end.account,
+            &staged.info,
+            &end.watch_namespace,
+            staged.objects,
+            &end.resource_version,
+            &mut fx.ops,
+        );
+        Ok(())
+    }
+
+    fn on_bookmark(
+        &mut self,
+        st: &mut HubState,
+        bm: pb::Bookmark,
+        fx: &mut Effects,
+    ) -> Result<(), ProtocolError> {
+        self.require_streaming(st, &bm.account, "Bookmark")?;
+        let info = KindInfo::from_proto(bm.kind.as_ref())
+            .map_err(|e| invalid(format!("Bookmark for account {:?}: {e}", bm.account)))?;
+        if bm.resource_version.is_empty() {
+            return Err(invalid(format!(
+                "Bookmark for account {:?}, kind {} has no resource_version",
+                bm.account,
+                info.key()
+            )));
+        }
+        st.cache.bookmark(
+            &bm.account,
+            &info,
+            &bm.watch_namespace,
+            &bm.resource_version,
+            &mut fx.ops,
+        );
+        Ok(())
     }
 
     fn register(
@@ -578,389 +622,4 @@ impl<'de> serde::Deserialize<'de> for AnyJsonObject {
 }
 
 #[cfg(test)]
-mod tests {
-    #[test]
-    fn json_objects_are_accepted_without_being_built_and_other_json_is_not() {
-        let object =
-            |text: &str| serde_json::from_slice::<super::AnyJsonObject>(text.as_bytes()).is_ok();
-        assert!(object(
-            r#"{"metadata":{"name":"a","labels":{"x":"y"}},"data":[1,2,{"z":null}]}"#
-        ));
-        assert!(object("{}"));
-        for not_an_object in [
-            "[]",
-            "\"text\"",
-            "3",
-            "null",
-            r#"{"a":1"#,
-            r#"{"a":1} trailing"#,
-        ] {
-            assert!(!object(not_an_object), "{not_an_object}");
-        }
-    }
-
-    use super::*;
-
-    fn now() -> (Instant, SystemTime) {
-        (Instant::now(), SystemTime::now())
-    }
-
-    fn limits() -> Limits {
-        Limits {
-            max_object_bytes: 1024,
-            allow: vec![AllowRule::parse("agent=prod-*").unwrap()],
-        }
-    }
-
-    fn kind() -> pb::Kind {
-        pb::Kind {
-            group: String::new(),
-            version: "v1".into(),
-            kind: "ConfigMap".into(),
-            plural: "configmaps".into(),
-            namespaced: true,
-        }
-    }
-
-    fn msg(seq: u64, kind: Msg) -> pb::AgentMessage {
-        pb::AgentMessage {
-            seq,
-            kind: Some(kind),
-        }
-    }
-
-    fn register(account: &str, host: &str) -> Msg {
-        Msg::RegisterAccount(pb::RegisterAccount {
-            account: account.into(),
-            cluster: Some(pb::ClusterInfo {
-                api_server_host: host.into(),
-                ca_fingerprint: "aa".into(),
-                kubernetes_version: "v1.37.0".into(),
-            }),
-            namespaces: vec![],
-            properties_json: br#"{"kinds":["ConfigMap"]}"#.to_vec(),
-        })
-    }
-
-    fn object(account: &str, name: &str, rv: &str) -> Msg {
-        Msg::Object(pb::ObjectEvent {
-            account: account.into(),
-            kind: Some(kind()),
-            r#type: PbType::Applied as i32,
-            namespace: "default".into(),
-            name: name.into(),
-            uid: format!("uid-{name}"),
-            resource_version: rv.into(),
-            object_json: format!(r#"{{"metadata":{{"name":"{name}"}}}}"#).into_bytes(),
-            truncated: false,
-            watch_namespace: String::new(),
-        })
-    }
-
-    fn roles(fx: &Effects) -> Vec<(String, i32, String)> {
-        fx.replies
-            .iter()
-            .filter_map(|m| match &m.kind {
-                Some(Out::Assignment(a)) => Some((a.account.clone(), a.role, a.reason.clone())),
-                _ => None,
-            })
-            .collect()
-    }
-
-    fn connect(st: &mut HubState, identity: &str, replica: &str) -> Session {
-        let (id, _, _) = st.registry.connect(identity, replica, "v", now());
-        Session::new(id, identity.into())
-    }
-
-    #[test]
-    fn hello_must_come_first() {
-        assert!(check_hello(msg(1, Msg::Hello(pb::Hello::default()))).is_ok());
-        assert!(matches!(
-            check_hello(msg(2, Msg::Hello(pb::Hello::default()))),
-            Err(ProtocolError::InvalidArgument(_))
-        ));
-        let err = check_hello(msg(1, register("prod-a", "h"))).unwrap_err();
-        assert!(
-            matches!(&err, ProtocolError::FailedPrecondition(m) if m.contains("must be Hello"))
-        );
-    }
-
-    #[test]
-    fn seq_must_increase_by_one() {
-        let mut st = HubState::default();
-        let mut s = connect(&mut st, "agent", "r");
-        let mut fx = Effects::default();
-        s.handle(
-            &mut st,
-            &limits(),
-            msg(2, Msg::Heartbeat(pb::Heartbeat::default())),
-            now(),
-            &mut fx,
-        )
-        .unwrap();
-        let err = s
-            .handle(
-                &mut st,
-                &limits(),
-                msg(4, Msg::Heartbeat(pb::Heartbeat::default())),
-                now(),
-                &mut fx,
-            )
-            .unwrap_err();
-        assert!(
-            matches!(&err, ProtocolError::InvalidArgument(m) if m.contains("expected 3")),
-            "{err:?}"
-        );
-    }
-
-    #[test]
-    fn register_snapshot_and_delta() {
-        let mut st = HubState::default();
-        let mut s = connect(&mut st, "agent", "r");
-        let mut fx = Effects::default();
-        let l = limits();
-        s.handle(
-            &mut st,
-            &l,
-            msg(2, register("prod-a", "https://h")),
-            now(),
-            &mut fx,
-        )
-        .unwrap();
-        s.handle(
-            &mut st,
-            &l,
-            msg(3, register("dev", "https://h")),
-            now(),
-            &mut fx,
-        )
-        .unwrap();
-        let r = roles(&fx);
-        assert_eq!(r[0].1, PbRole::Streaming as i32);
-        assert_eq!(r[1].1, PbRole::Rejected as i32);
-        assert!(r[1].2.contains("--allow"), "{}", r[1].2);
-
-        let begin = Msg::SnapshotBegin(pb::SnapshotBegin {
-            account: "prod-a".into(),
-            kind: Some(kind()),
-            watch_namespace: String::new(),
-        });
-        s.handle(&mut st, &l, msg(4, begin), now(), &mut fx)
-            .unwrap();
-        s.handle(
-            &mut st,
-            &l,
-            msg(5, object("prod-a", "one", "5")),
-            now(),
-            &mut fx,
-        )
-        .unwrap();
-        // Not visible before SnapshotEnd.
-        assert_eq!(st.cache.object_count(), 0);
-        let end = |count| {
-            Msg::SnapshotEnd(pb::SnapshotEnd {
-                account: "prod-a".into(),
-                kind: Some(kind()),
-                resource_version: "10".into(),
-                object_count: count,
-                watch_namespace: String::new(),
-            })
-        };
-        s.handle(&mut st, &l, msg(6, end(1)), now(), &mut fx)
-            .unwrap();
-        assert_eq!(st.cache.object_count(), 1);
-        s.handle(
-            &mut st,
-            &l,
-            msg(7, object("prod-a", "two", "11")),
-            now(),
-            &mut fx,
-        )
-        .unwrap();
-        assert_eq!(st.cache.object_count(), 2);
-        assert_eq!(fx.relists, 1);
-        // SnapshotEnd without SnapshotBegin.
-        let err = s
-            .handle(&mut st, &l, msg(8, end(0)), now(), &mut fx)
-            .unwrap_err();
-        assert!(
-            matches!(&err, ProtocolError::FailedPrecondition(m) if m.contains("without a SnapshotBegin"))
-        );
-    }
-
-    #[test]
-    fn snapshot_count_mismatch_and_unregister() {
-        let mut st = HubState::default();
-        let l = limits();
-        let mut a = connect(&mut st, "agent", "a");
-        let mut b = connect(&mut st, "agent", "b");
-        let mut fx = Effects::default();
-        a.handle(
-            &mut st,
-            &l,
-            msg(2, register("prod-a", "https://h")),
-            now(),
-            &mut fx,
-        )
-        .unwrap();
-        b.handle(
-            &mut st,
-            &l,
-            msg(2, register("prod-a", "https://h")),
-            now(),
-            &mut fx,
-        )
-        .unwrap();
-        let begin = Msg::SnapshotBegin(pb::SnapshotBegin {
-            account: "prod-a".into(),
-            kind: Some(kind()),
-            watch_namespace: String::new(),
-        });
-        a.handle(&mut st, &l, msg(3, begin), now(), &mut fx)
-            .unwrap();
-        assert_eq!(a.open_snapshots(), 1);
-        // Unregistering drops the open snapshot and promotes the standby.
-        let un = Msg::UnregisterAccount(pb::UnregisterAccount {
-            account: "prod-a".into(),
-        });
-        a.handle(&mut st, &l, msg(4, un), now(), &mut fx).unwrap();
-        assert_eq!(a.open_snapshots(), 0);
-        assert_eq!(
-            fx.promotions,
-            vec![Promotion {
-                session: b.id,
-                account: "prod-a".into()
-            }]
-        );
-        let begin = Msg::SnapshotBegin(pb::SnapshotBegin {
-            account: "prod-a".into(),
-            kind: Some(kind()),
-            watch_namespace: String::new(),
-        });
-        b.handle(&mut st, &l, msg(3, begin), now(), &mut fx)
-            .unwrap();
-        b.handle(
-            &mut st,
-            &l,
-            msg(4, object("prod-a", "one", "5")),
-            now(),
-            &mut fx,
-        )
-        .unwrap();
-        let end = Msg::SnapshotEnd(pb::SnapshotEnd {
-            account: "prod-a".into(),
-            kind: Some(kind()),
-            resource_version: "10".into(),
-            object_count: 2,
-            watch_namespace: String::new(),
-        });
-        let err = b
-            .handle(&mut st, &l, msg(5, end), now(), &mut fx)
-            .unwrap_err();
-        assert!(
-            matches!(&err, ProtocolError::FailedPrecondition(m) if m.contains("object_count 2 but 1")),
-            "{err:?}"
-        );
-        assert_eq!(st.cache.object_count(), 0);
-    }
-
-    #[test]
-    fn events_for_accounts_not_streamed_are_refused() {
-        let mut st = HubState::default();
-        let l = limits();
-        let mut a = connect(&mut st, "agent", "a");
-        let mut b = connect(&mut st, "agent", "b");
-        let mut fx = Effects::default();
-        a.handle(
-            &mut st,
-            &l,
-            msg(2, register("prod-a", "https://h")),
-            now(),
-            &mut fx,
-        )
-        .unwrap();
-        b.handle(
-            &mut st,
-            &l,
-            msg(2, register("prod-a", "https://h")),
-            now(),
-            &mut fx,
-        )
-        .unwrap();
-        let err = b
-            .handle(
-                &mut st,
-                &l,
-                msg(3, object("prod-a", "x", "1")),
-                now(),
-                &mut fx,
-            )
-            .unwrap_err();
-        assert!(
-            matches!(&err, ProtocolError::FailedPrecondition(m) if m.contains("STANDBY")),
-            "{err:?}"
-        );
-        let err = a
-            .handle(
-                &mut st,
-                &l,
-                msg(3, object("prod-b", "x", "1")),
-                now(),
-                &mut fx,
-            )
-            .unwrap_err();
-        assert!(
-            matches!(&err, ProtocolError::FailedPrecondition(m) if m.contains("did not register"))
-        );
-        assert_eq!(st.cache.object_count(), 0);
-    }
-
-    #[test]
-    fn malformed_objects() {
-        let mut st = HubState::default();
-        let l = limits();
-        let mut s = connect(&mut st, "agent", "a");
-        let mut fx = Effects::default();
-        s.handle(
-            &mut st,
-            &l,
-            msg(2, register("prod-a", "https://h")),
-            now(),
-            &mut fx,
-        )
-        .unwrap();
-        let Msg::Object(mut ev) = object("prod-a", "x", "1") else {
-            unreachable!()
-        };
-        ev.object_json = b"not json".to_vec();
-        let err = s
-            .handle(&mut st, &l, msg(3, Msg::Object(ev.clone())), now(), &mut fx)
-            .unwrap_err();
-        assert!(
-            matches!(&err, ProtocolError::InvalidArgument(m) if m.contains("not a JSON object"))
-        );
-        let mut s = connect(&mut st, "agent", "a2");
-        let mut fx = Effects::default();
-        s.handle(
-            &mut st,
-            &l,
-            msg(2, register("prod-b", "https://h")),
-            now(),
-            &mut fx,
-        )
-        .unwrap();
-        ev.account = "prod-b".into();
-        ev.object_json = vec![b' '; 2048];
-        // Too large: kept as truncated, payload dropped.
-        s.handle(&mut st, &l, msg(3, Msg::Object(ev)), now(), &mut fx)
-            .unwrap();
-        let o = st.cache.accounts["prod-b"]
-            .kinds
-            .values()
-            .next()
-            .unwrap()
-            .objects["uid-x"]
-            .clone();
-        assert!(o.truncated && o.json.is_empty());
-    }
-}
+mod tests;

@@ -208,21 +208,14 @@ fn body_is_empty(headers: &HeaderMap, body: &Body) -> bool {
             .is_some_and(|v| v.trim() == "0")
 }
 
-/// A connected agent replica of `account` that can tunnel, round-robin, skipping `tried`.
+/// A connected agent replica of `account` that can tunnel, skipping `tried`; round-robin
+/// with the operations (the same rotation as [`crate::operations::pick_replica`]).
 fn pick(hub: &Hub, account: &str, tried: &[SessionId]) -> Option<(SessionId, AgentSender, u32)> {
-    let candidates: Vec<SessionId> = {
-        let st = hub.state();
-        let a = st.registry.accounts.get(account)?;
-        a.streaming
-            .iter()
-            .chain(a.standbys.iter())
-            .copied()
-            .filter(|s| !tried.contains(s))
-            .collect()
-    };
+    let candidates = hub.state().registry.replicas(account);
     let sessions = hub.sessions();
     let usable: Vec<(SessionId, AgentSender, u32)> = candidates
         .into_iter()
+        .filter(|s| !tried.contains(s))
         .filter_map(|id| {
             let handle = sessions.get(&id)?;
             handle
@@ -230,11 +223,11 @@ fn pick(hub: &Hub, account: &str, tried: &[SessionId]) -> Option<(SessionId, Age
                 .map(|window| (id, handle.outbound.clone(), window))
         })
         .collect();
+    drop(sessions);
     if usable.is_empty() {
         return None;
     }
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let i = NEXT.fetch_add(1, Ordering::Relaxed) as usize % usable.len();
+    let i = hub.operations.pick(usable.len());
     usable.into_iter().nth(i)
 }
 
@@ -254,12 +247,7 @@ async fn forward(
     loop {
         let Some((session, tx, window)) = pick(hub, account, &tried) else {
             return Err(last_error.unwrap_or_else(|| {
-                let connected = hub
-                    .state()
-                    .registry
-                    .accounts
-                    .get(account)
-                    .is_some_and(|a| a.streaming.is_some() || !a.standbys.is_empty());
+                let connected = !hub.state().registry.replicas(account).is_empty();
                 Status::unavailable(if connected {
                     format!(
                         "the agents connected for account {account:?} are too old for the \

@@ -1,0 +1,68 @@
+//! Operations: `POST /api/v1/accounts/{name}/operations` turns a JSON request into a
+//! [`pb::Operation`](scale_agent_proto::v1::Operation), routes it to a connected replica of
+//! the account, waits for its result up to the deadline, retries on another replica when
+//! the chosen one leaves before answering (only when that is safe), and keeps the outcome
+//! for `GET /api/v1/operations/{id}`.
+//!
+//! - `request`: the request body and its conversion to the wire operation;
+//! - `registry`: attempts in flight and the bodies kept for lookups;
+//! - `render`: the typed response bodies;
+//! - `submit`: the driver.
+//!
+//! [`pick_replica`] chooses the agent replica for anything sent to an account (operations,
+//! and other features that send work to agents).
+//!
+//! Read-your-writes: the objects a result carries enter the cache in the same batch as the
+//! result (see [`crate::cache::apply_result_to_cache`]), before the waiter is told.
+
+use std::time::Duration;
+
+use crate::{Hub, registry::SessionId};
+
+mod registry;
+mod render;
+mod request;
+mod submit;
+
+pub use registry::{Operations, Outcome};
+pub use render::{Cause, OperationResponse, State, Status, Subject};
+pub use request::{OperationRequest, idempotent};
+pub use submit::deadline_millis;
+pub(crate) use submit::submit;
+
+/// Default time an operation may take.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest time an operation may take.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long the hub waits past the deadline for the agent's own timeout answer.
+pub const DEADLINE_GRACE: Duration = Duration::from_secs(2);
+/// Replicas tried for one operation.
+pub const MAX_ATTEMPTS: usize = 3;
+/// Finished operations kept at most (the oldest go first).
+pub const MAX_RETAINED: usize = 10_000;
+
+/// The next replica to send a request for `account` to, round-robin over its STREAMING and
+/// STANDBY sessions that are not in `tried`: the session and its `identity/replica` label.
+/// `None` when every replica was tried (or the account has none).
+///
+/// Each call advances the hub-wide rotation, so consecutive requests spread over the
+/// replicas. Anything that sends work to an account's agents (operations, API requests)
+/// picks with this, keeping the list of sessions it already tried.
+pub(crate) fn pick_replica(
+    hub: &Hub,
+    account: &str,
+    tried: &[SessionId],
+) -> Option<(SessionId, String)> {
+    let st = hub.state();
+    let candidates: Vec<SessionId> = st
+        .registry
+        .replicas(account)
+        .into_iter()
+        .filter(|s| !tried.contains(s))
+        .collect();
+    if candidates.is_empty() {
+        return None;
+    }
+    let session = *candidates.get(hub.operations.pick(candidates.len()))?;
+    Some((session, st.registry.replica_label(session)))
+}

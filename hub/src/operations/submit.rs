@@ -1,0 +1,265 @@
+//! The driver of one submitted operation: picks a replica of the account, sends the
+//! operation, waits up to the deadline, and tries another replica when the chosen one
+//! cannot run it or leaves before answering (only when sending again is safe).
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use scale_agent_proto::v1 as pb;
+use tokio::{sync::oneshot, time::error::Elapsed};
+
+use super::{
+    DEADLINE_GRACE, MAX_ATTEMPTS, OperationRequest, OperationResponse, Outcome, State, Status,
+    Subject, idempotent, pick_replica,
+};
+use crate::{Control, Hub, registry::SessionId};
+
+/// Milliseconds since the Unix epoch of `now + d`.
+pub fn deadline_millis(d: Duration) -> i64 {
+    SystemTime::now()
+        .checked_add(d)
+        .unwrap_or_else(SystemTime::now)
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or_default()
+}
+
+/// What to do after one attempt.
+enum Step {
+    /// The operation's answer, with its HTTP code.
+    Done(u16, OperationResponse),
+    /// Try another replica. `note` says why this one gave no answer (for the body if none
+    /// does); `fallback` is an answer to give if no other replica is left.
+    TryNext {
+        note: String,
+        fallback: Option<(u16, OperationResponse)>,
+    },
+}
+
+/// One submission: what every attempt and body of it shares.
+struct Submission<'a> {
+    hub: &'a Hub,
+    id: String,
+    account: &'a str,
+    kind: &'static str,
+    idempotent: bool,
+    timeout: Duration,
+}
+
+impl Submission<'_> {
+    fn subject(&self) -> Subject<'_> {
+        Subject {
+            id: &self.id,
+            account: self.account,
+            op_type: self.kind,
+        }
+    }
+
+    /// A body the hub answers on its own.
+    fn hub_made(
+        &self,
+        state: State,
+        executed: bool,
+        status: Status,
+        attempts: usize,
+    ) -> OperationResponse {
+        OperationResponse::hub_made(self.subject(), state, executed, status, attempts)
+    }
+
+    /// No replica (left) to try: why, from what each attempt ran into.
+    fn no_agent(&self, notes: &[String], attempts: usize) -> (u16, OperationResponse) {
+        let account = self.account;
+        let message = if notes.is_empty() {
+            format!(
+                "no agent connected for account {account}: wait for an agent replica to connect, or check the agents with GET /api/v1/agents"
+            )
+        } else {
+            format!(
+                "no agent connected for account {account}: {}",
+                notes.join("; ")
+            )
+        };
+        let status = Status::new(503, "ServiceUnavailable", message);
+        (503, self.hub_made(State::NoAgent, false, status, attempts))
+    }
+
+    /// Turns what waiting on `replica` (the `attempts`th try) produced into the next step.
+    fn interpret(
+        &self,
+        heard: Result<Result<Outcome, oneshot::error::RecvError>, Elapsed>,
+        replica: &str,
+        attempts: usize,
+    ) -> Step {
+        let (id, account, kind) = (&self.id, self.account, self.kind);
+        match heard {
+            Ok(Ok(Outcome::Result(result))) => {
+                let code = result
+                    .status
+                    .as_ref()
+                    .and_then(|s| u16::try_from(s.code).ok())
+                    .filter(|c| (100..600).contains(c))
+                    .unwrap_or(if result.ok { 200 } else { 500 });
+                let body = OperationResponse::finished(self.subject(), &result, attempts);
+                if !result.executed && code == 503 {
+                    // The replica could not run it at all (its credentials are still
+                    // loading, ...): another replica may.
+                    let why = result
+                        .status
+                        .as_ref()
+                        .map(|s| s.message.clone())
+                        .unwrap_or_default();
+                    return Step::TryNext {
+                        note: format!("replica {replica}: {why}"),
+                        fallback: Some((code, body)),
+                    };
+                }
+                Step::Done(code, body)
+            }
+            Ok(Ok(Outcome::Dropped { sent })) => {
+                self.hub.metrics.operation_retries.inc();
+                if sent && !self.idempotent {
+                    let message = format!(
+                        "replica {replica} of account {account} disconnected before answering a \
+                         {kind} operation it had been sent; it is not safe to resend, so whether \
+                         it ran is unknown: check the cluster (e.g. with a get) before retrying"
+                    );
+                    let status = Status::new(503, "ServiceUnavailable", message);
+                    return Step::Done(503, self.hub_made(State::Failed, true, status, attempts));
+                }
+                tracing::info!(%id, %account, %replica, sent, "replica left before answering; trying another");
+                Step::TryNext {
+                    note: format!(
+                        "replica {replica} disconnected before answering{}",
+                        if sent { "" } else { " (operation not sent)" }
+                    ),
+                    fallback: None,
+                }
+            }
+            Ok(Err(_)) => Step::TryNext {
+                note: format!("replica {replica} was dropped"),
+                fallback: None,
+            },
+            Err(_) => {
+                let sent = self.hub.operations.forget(id);
+                let message = format!(
+                    "account {account}: no result from replica {replica} within {:.0} s{}",
+                    self.timeout.as_secs_f64(),
+                    if sent {
+                        "; the operation was sent, so it may have run"
+                    } else {
+                        ""
+                    }
+                );
+                let status = Status::new(504, "Timeout", message);
+                Step::Done(504, self.hub_made(State::TimedOut, sent, status, attempts))
+            }
+        }
+    }
+
+    /// Sends the operation to one replica after another until one answers (or none is
+    /// left, or sending again is not safe), recording each attempt as running.
+    async fn run(&self, operation: &pb::Operation, deadline: Instant) -> (u16, OperationResponse) {
+        let retention = self.hub.config.operation_retention;
+        let mut tried: Vec<SessionId> = Vec::new();
+        let mut notes: Vec<String> = Vec::new();
+        // An answer "could not run here" kept while other replicas are tried.
+        let mut fallback: Option<(u16, OperationResponse)> = None;
+        loop {
+            let attempts = tried.len();
+            let candidate =
+                pick_replica(self.hub, self.account, &tried).filter(|_| attempts < MAX_ATTEMPTS);
+            let Some((session, replica)) = candidate else {
+                break fallback
+                    .take()
+                    .unwrap_or_else(|| self.no_agent(&notes, attempts));
+            };
+            tried.push(session);
+            let running = OperationResponse::running(self.subject(), &replica, tried.len());
+            self.hub
+                .operations
+                .record(&self.id, running, false, retention);
+            let rx = self.hub.operations.register(&self.id, session);
+            if !self.hub.sessions().contains_key(&session) {
+                self.hub.operations.forget(&self.id);
+                notes.push(format!(
+                    "replica {replica} left before the operation was sent"
+                ));
+                continue;
+            }
+            self.hub
+                .control(session, Control::Operation(Box::new(operation.clone())));
+            let wait = deadline.saturating_duration_since(Instant::now()) + DEADLINE_GRACE;
+            let heard = tokio::time::timeout(wait, rx).await;
+            match self.interpret(heard, &replica, tried.len()) {
+                Step::Done(code, body) => break (code, body),
+                Step::TryNext { note, fallback: f } => {
+                    notes.push(note);
+                    if f.is_some() {
+                        fallback = f;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Runs a submitted operation to its end: picks a replica, waits, retries when safe.
+/// Returns the HTTP status and the response body (also recorded for lookups).
+pub(crate) async fn submit(
+    hub: &Arc<Hub>,
+    account: &str,
+    request: OperationRequest,
+) -> (u16, OperationResponse) {
+    let retention = hub.config.operation_retention;
+    let checked = request.to_op().and_then(|op| Ok((op, request.timeout()?)));
+    let (op, timeout) = match checked {
+        Ok(checked) => checked,
+        Err(message) => return (400, OperationResponse::bad_request(message)),
+    };
+    let id = match &request.id {
+        Some(id) => {
+            if let Some(known) = hub.operations.lookup(id, retention) {
+                if known.state == State::Running {
+                    // Still running: not started twice; look it up later.
+                    return (202, known);
+                }
+                return (known.recorded_code(), known);
+            }
+            id.clone()
+        }
+        None => hub.operations.new_id(),
+    };
+    let submission = Submission {
+        hub,
+        id,
+        account,
+        kind: op.name(),
+        idempotent: idempotent(&op),
+        timeout,
+    };
+    let id = submission.id.as_str();
+    if !hub.state().registry.accounts.contains_key(account) {
+        let message = format!(
+            "no account {account:?}: no agent has registered it (or it was removed after \
+             its grace period)"
+        );
+        let status = Status::new(404, "NotFound", message);
+        return (404, submission.hub_made(State::NoAgent, false, status, 0));
+    }
+    let started = Instant::now();
+    let deadline = started + timeout;
+    let operation = pb::Operation {
+        id: id.to_string(),
+        account: account.to_string(),
+        deadline_unix_millis: deadline_millis(timeout),
+        op: Some(op),
+    };
+    let (code, body) = submission.run(&operation, deadline).await;
+    let (kind, state) = (submission.kind, body.state.as_str());
+    hub.metrics.operation(kind, state);
+    tracing::info!(%id, %account, r#type = kind, state, code, elapsed_ms = started.elapsed().as_millis() as u64, "operation finished");
+    hub.operations.record(id, body.clone(), true, retention);
+    (code, body)
+}
