@@ -42,6 +42,118 @@ pub async fn start_plaintext_hub(dir: &Path) -> anyhow::Result<scale_agent_hub::
     Ok(scale_agent_hub::start(config).await?)
 }
 
+/// The real hub, in this process, as the proxy tests use it: plaintext gRPC for the agents,
+/// and its HTTP listener (REST, admin API, Kubernetes API proxy) on TLS with a serving
+/// certificate for loopback from a CA of its own, and an admin token file.
+pub struct TlsHub {
+    pub hub: scale_agent_hub::RunningHub,
+    /// The CA that signed the serving certificate (PEM), as clients must trust it.
+    pub ca_pem: String,
+    /// The file holding `ca_pem`.
+    pub ca_file: PathBuf,
+    pub admin_token: String,
+    pub admin_token_file: PathBuf,
+    /// `https://127.0.0.1:<port>`.
+    pub url: String,
+}
+
+impl TlsHub {
+    /// Starts it with its files in `dir`; `configure` may change the configuration first
+    /// (grace period, Clouddriver registration, ...).
+    pub async fn start(
+        dir: &Path,
+        configure: impl FnOnce(&mut scale_agent_hub::Config),
+    ) -> anyhow::Result<TlsHub> {
+        let ca = crate::pki::CertificateAuthority::new("scale-agent-hub-ca")?;
+        let serving = ca.serving("scale-agent-hub", &[])?;
+        let ca_file = dir.join("hub-ca.pem");
+        std::fs::write(&ca_file, &ca.cert_pem)?;
+        let admin_token_file = dir.join("admin-token");
+        let mut config = scale_agent_hub::Config::new(
+            scale_agent_hub::GrpcSecurity::InsecurePlaintext,
+            dir.join("hub-data"),
+        );
+        config.grpc_addr = "127.0.0.1:0".parse()?;
+        config.http_addr = "127.0.0.1:0".parse()?;
+        config.heartbeat_period = Duration::from_secs(2);
+        config.http_security = scale_agent_hub::HttpSecurity::Tls {
+            cert_pem: serving.cert_pem.into_bytes(),
+            key_pem: serving.key_pem.into_bytes(),
+        };
+        config.serving_ca_pem = Some(ca.cert_pem.clone().into_bytes());
+        config.admin_token_file = Some(admin_token_file.clone());
+        configure(&mut config);
+        let hub = scale_agent_hub::start(config).await?;
+        let admin_token = std::fs::read_to_string(&admin_token_file)?
+            .trim()
+            .to_string();
+        let url = format!("https://{}", hub.http_addr);
+        Ok(TlsHub {
+            hub,
+            ca_pem: ca.cert_pem,
+            ca_file,
+            admin_token,
+            admin_token_file,
+            url,
+        })
+    }
+
+    /// `method <url><path>` trusting the hub's CA.
+    pub fn call(&self, method: &str, path: &str) -> crate::http::Call {
+        crate::http::Call::new(method, format!("{}{path}", self.url)).ca(&self.ca_pem)
+    }
+
+    /// Issues a kubeconfig for `account` (a token named `token_name`) through the admin API
+    /// and writes it to `path`.
+    pub async fn kubeconfig(
+        &self,
+        account: &str,
+        token_name: &str,
+        path: &Path,
+    ) -> anyhow::Result<PathBuf> {
+        let response = self
+            .call(
+                "POST",
+                &format!("/api/v1/accounts/{account}/kubeconfig?tokenName={token_name}"),
+            )
+            .bearer(&self.admin_token)
+            .send()
+            .await?;
+        anyhow::ensure!(
+            response.status == 200,
+            "the admin API refused a kubeconfig for {account}: {} {}",
+            response.status,
+            response.body
+        );
+        std::fs::write(path, &response.body)?;
+        Ok(path.to_path_buf())
+    }
+
+    /// Waits until `account` is streamed by an agent, and has `replicas` replicas connected.
+    pub async fn wait_connected(&self, account: &str, replicas: usize) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let response = self
+                .call("GET", &format!("/api/v1/accounts/{account}"))
+                .send()
+                .await?;
+            let view = response.json_or_null();
+            let connected = usize::from(view["streaming"].is_object())
+                + view["standbys"].as_array().map_or(0, Vec::len);
+            if response.status == 200 && view["streaming"].is_object() && connected >= replicas {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "account {account} never had {replicas} replica(s) connected: {} {}",
+                response.status,
+                response.body
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
 /// Writes the agent's config file (JSON, which is YAML) for a plaintext hub at `hub` with
 /// `accounts`, heartbeating every `heartbeat_seconds`, reconnecting after 200 ms to 2 s, and
 /// a task budget of 4 (2 an account).

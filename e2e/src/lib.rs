@@ -18,6 +18,7 @@ pub mod demo;
 pub mod error;
 pub mod fixtures;
 pub mod http;
+pub mod kubectl;
 pub mod local_agent;
 pub mod pki;
 pub mod process;
