@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# Builds the local Kubernetes control plane that Scale Agent's tests and demo run on:
-# etcd, kube-apiserver, kube-controller-manager and kubectl, from Go modules through the
-# module proxy, at the version pinned in ./kubernetes-version (the only place it is written),
-# and Helm at the version in ./helm-version (to render the chart in tests).
+# Builds the local Kubernetes control plane that Scale Agent's tests and demo run on, from Go
+# modules through the module proxy (no Docker, no release downloads):
+#   - etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubectl at the version
+#     pinned in ./kubernetes-version (the only place it is written), linked into one
+#     multi-call binary (testbins/main.go) with one symlink per component;
+#   - KWOK at ./kwok-version (fake nodes that run pods: Running, Ready, logs), plus its default
+#     node and pod stages and its Logs CRD copied from the same module into bin/kwok-config/;
+#   - the older kubectl clients listed in ./kubectl-client-versions (Spinnaker's Clouddriver
+#     ships kubectl 1.22 to 1.29), installed as kubectl-1.<minor> (kubectl-clients/*/main.go);
+#   - Helm at ./helm-version (to render the chart in tests).
 #
-# The result is a multi-call binary plus one symlink per component, and helm, cached outside
-# the repository in
+# Everything lands in
 #   ${SCALE_AGENT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/scale-agent}/control-plane/<version>/bin
-# and rebuilt only when the version or this build's inputs change.
+# outside the repository, and is rebuilt only when a pinned version or one of this build's
+# inputs changes (Go's build cache makes a rebuild of unchanged parts quick).
 #
 # Usage: e2e/control-plane/build.sh [--print-bin-dir] [--force]
 set -euo pipefail
@@ -21,20 +27,26 @@ fi
 minor=${BASH_REMATCH[1]}
 patch=${BASH_REMATCH[2]}
 staging_version="v0.$minor.$patch"
+kwok_version=$(tr -d '[:space:]' <"$here/kwok-version")
+helm_version=$(tr -d '[:space:]' <"$here/helm-version")
+mapfile -t kubectl_clients < <(grep -o 'v1\.[0-9]*\.[0-9]*' "$here/kubectl-client-versions")
 
 cache_root=${SCALE_AGENT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/scale-agent}
 out=$cache_root/control-plane/$version
 bin=$out/bin
-components=(etcd kube-apiserver kube-controller-manager kubectl)
+components=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl)
 
 if [[ ${1:-} == --print-bin-dir ]]; then
   echo "$bin"
   exit 0
 fi
 
-# The stamp covers everything the binary is made from, so editing main.go or this script
-# rebuilds, and an interrupted build (no stamp) is never mistaken for a finished one.
-stamp=$(cat "$here/kubernetes-version" "$here/helm-version" "$here/testbins/main.go" "$here/build.sh" | sha256sum | cut -c1-16)
+# The stamp covers everything the binaries are made from, so editing a main.go, a pinned
+# version or this script rebuilds, and an interrupted build (no stamp) is never mistaken for
+# a finished one.
+stamp=$(cat "$here/kubernetes-version" "$here/helm-version" "$here/kwok-version" \
+  "$here/kubectl-client-versions" "$here/testbins/main.go" "$here"/kubectl-clients/*/main.go \
+  "$here/build.sh" | sha256sum | cut -c1-16)
 if [[ ${1:-} != --force && -f $bin/.stamp && $(cat "$bin/.stamp") == "$stamp" ]]; then
   echo "control plane $version: cached in $bin"
   exit 0
@@ -48,12 +60,62 @@ fi
 started=$SECONDS
 step() { printf '[control-plane %s] %4ds  %s\n' "$version" $((SECONDS - started)) "$*"; }
 
-step "building etcd, kube-apiserver, kube-controller-manager and kubectl into $bin"
+# A field of `go mod download -json <module@version>`: "Dir" (the module's directory in the
+# module cache) or "GoMod" (its go.mod file). Run outside any module, so no go.mod or go.sum
+# is touched.
+module_field() {
+  (cd "$out" && GOFLAGS= go mod download -json "$1") | sed -n 's/^[[:space:]]*"'"$2"'": "\(.*\)",*$/\1/p'
+}
+
+# Resolves the module graph (`go mod tidy`) and downloads every module the build needs,
+# printing a line per 50 modules downloaded instead of one per module.
+fetch_modules() {
+  { go mod tidy && go list -deps . >/dev/null; } 2>&1 | awk -v version="$version" '
+    /^go: downloading/ { n++; if (n % 50 == 0) { printf "[control-plane %s]        downloaded %d modules\n", version, n; fflush() } next }
+    { print }
+  '
+}
+
+# `go build -v` names each package as it is compiled (cached ones are not named), which
+# drives a coarse progress line instead of thousands of package names.
+# Usage: build_with_progress <output> <ldflags> [<how long it takes>], in the module's
+# directory.
+build_with_progress() {
+  local output=$1 ldflags=$2 total
+  total=$(go list -deps . | wc -l)
+  step "compiling $total packages${3:+ ($3)}"
+  if ! go build -v -trimpath -ldflags "$ldflags" -o "$output.tmp" . 2>&1 |
+    awk -v total="$total" -v version="$version" '
+      # Compiler diagnostics: a "# package" header and "file.go:line:col: message" lines.
+      /^# / || /\.go:[0-9]+/ { print; next }
+      { n++; if (n % 250 == 0) { printf "[control-plane %s]        compiled %d of at most %d packages\n", version, n, total; fflush() } }
+    '; then
+    echo "build.sh: go build failed (output above)" >&2
+    exit 1
+  fi
+  mv "$output.tmp" "$output"
+}
+
+# Version variables kubectl and the components print, for a build outside Kubernetes' tree.
+# Usage: version_ldflags v1.X.Y
+version_ldflags() {
+  local v=$1 m=${1#v1.}
+  m=${m%%.*}
+  local flags="-s -w"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    flags+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=1 -X $pkg.gitMinor=$m"
+    flags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
+  echo "$flags"
+}
+
+step "building ${components[*]}, kwok $kwok_version, kubectl ${kubectl_clients[*]} and helm $helm_version into $bin"
 export GOFLAGS=-mod=mod CGO_ENABLED=0 GOTOOLCHAIN=local
 
+mkdir -p "$bin"
 step "fetching k8s.io/kubernetes@$version from the module proxy"
-kube_dir=$(go mod download -json "k8s.io/kubernetes@$version" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')
-kube_gomod=$(go mod download -json "k8s.io/kubernetes@$version" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",*$/\1/p')
+kube_dir=$(module_field "k8s.io/kubernetes@$version" Dir)
+kube_gomod=$(module_field "k8s.io/kubernetes@$version" GoMod)
 [[ -d $kube_dir && -f $kube_gomod ]] || { echo "build.sh: could not download k8s.io/kubernetes@$version" >&2; exit 1; }
 
 # Build with exactly the Go release the Kubernetes tree names: a newer Go changes
@@ -65,8 +127,8 @@ step "using Go $go_version ($(go version))"
 
 src=$out/src
 rm -rf "$src"
-mkdir -p "$src" "$bin"
-cp "$here/testbins/main.go" "$src/main.go"
+mkdir -p "$src/testbins"
+cp "$here/testbins/main.go" "$src/testbins/main.go"
 
 # k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces them with local
 # directories, which do not exist in the published module; a consumer has to replace each
@@ -84,43 +146,62 @@ cp "$here/testbins/main.go" "$src/main.go"
   echo "replace ("
   sed -n 's|^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/src/k8s.io/.*$|	\1 => \1 '"$staging_version"'|p' "$kube_gomod"
   echo ")"
-} >"$src/go.mod"
+} >"$src/testbins/go.mod"
 
-cd "$src"
+cd "$src/testbins"
 step "resolving the module graph and downloading modules (go mod tidy)"
-go mod tidy 2>&1 | awk -v version="$version" '
-  /^go: downloading/ { n++; if (n % 50 == 0) { printf "[control-plane %s]        downloaded %d modules\n", version, n; fflush() } next }
-  { print }
-'
-total=$(go list -deps . | wc -l)
-step "compiling $total packages (about 5 min on 2 cores from an empty Go build cache; peak memory about 2 GB)"
-
-ldflags="-s -w"
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  ldflags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-  ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
-done
-
-# `go build -v` names each package as it is compiled (cached ones are not named), which
-# drives a coarse progress line instead of thousands of package names.
-if ! go build -v -trimpath -ldflags "$ldflags" -o "$bin/kube-testbins.tmp" . 2>&1 |
-  awk -v total="$total" -v version="$version" '
-    # Compiler diagnostics: a "# package" header and "file.go:line:col: message" lines.
-    /^# / || /\.go:[0-9]+/ { print; next }
-    { n++; if (n % 250 == 0) { printf "[control-plane %s]        compiled %d of at most %d packages\n", version, n, total; fflush() } }
-  '; then
-  echo "build.sh: go build failed (output above)" >&2
-  exit 1
-fi
-mv "$bin/kube-testbins.tmp" "$bin/kube-testbins"
+fetch_modules
+build_with_progress "$bin/kube-testbins" "$(version_ldflags "$version")" \
+  "about 6 min on 2 cores from an empty Go build cache; peak memory about 2 GB"
 for c in "${components[@]}"; do
   ln -sfn kube-testbins "$bin/$c"
 done
 
+# KWOK's module has no replace directives, so plain `go install` builds it. It brings its own
+# (older) Kubernetes client libraries, so it is a separate binary rather than a component of
+# kube-testbins: putting it in that module graph would move the apiserver's dependencies.
+step "building kwok $kwok_version (go install sigs.k8s.io/kwok/cmd/kwok)"
+(cd "$out" && GOFLAGS= GOBIN="$bin" go install -trimpath \
+  -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$kwok_version" \
+  "sigs.k8s.io/kwok/cmd/kwok@$kwok_version")
+# The kwok binary has no built-in stages (kwokctl normally writes them into its config): take
+# the default ones, and the Logs CRD for per-pod logs, from the same module version.
+kwok_dir=$(module_field "sigs.k8s.io/kwok@$kwok_version" Dir)
+mkdir -p "$bin/kwok-config"
+for stage in node/fast/node-initialize node/heartbeat-with-lease/node-heartbeat-with-lease \
+  pod/fast/pod-ready pod/fast/pod-complete pod/fast/pod-delete; do
+  echo "---"
+  cat "$kwok_dir/kustomize/stage/$stage.yaml"
+done >"$bin/kwok-config/stages.yaml"
+# install, not cp: files in the module cache are read-only, and a copy would keep that mode.
+install -m 0644 "$kwok_dir/kustomize/crd/bases/kwok.x-k8s.io_logs.yaml" "$bin/kwok-config/logs-crd.yaml"
+
+# Older kubectl clients: each a tiny main in a module of its own that requires
+# k8s.io/kubectl at the matching v0.<minor>.<patch>; the published staging modules name
+# their dependencies at consistent versions, so no replace directives are needed.
+for client in "${kubectl_clients[@]}"; do
+  client_minor=${client#v1.}
+  client_minor=${client_minor%%.*}
+  name=kubectl-1.$client_minor
+  step "building kubectl $client ($name)"
+  mkdir -p "$src/$name"
+  cp "$here/kubectl-clients/1.$client_minor/main.go" "$src/$name/main.go"
+  kubectl_gomod=$(module_field "k8s.io/kubectl@v0.${client#v1.}" GoMod)
+  {
+    echo "module scale-agent.invalid/$name"
+    echo
+    sed -n 's/^go \(.*\)$/go \1/p' "$kubectl_gomod"
+    echo
+    echo "require k8s.io/kubectl v0.${client#v1.}"
+  } >"$src/$name/go.mod"
+  cd "$src/$name"
+  fetch_modules
+  build_with_progress "$bin/$name" "$(version_ldflags "$client")"
+done
+
 # Helm's module has no replace directives, so plain `go install` builds it (about 2 min cold).
-helm_version=$(tr -d '[:space:]' <"$here/helm-version")
 step "building helm $helm_version (go install helm.sh/helm/v3/cmd/helm)"
 (cd "$out" && GOFLAGS= GOBIN="$bin" go install "helm.sh/helm/v3/cmd/helm@$helm_version")
 
 echo "$stamp" >"$bin/.stamp"
-step "done: $("$bin/kube-apiserver" --version 2>&1), binaries in $bin"
+step "done: $("$bin/kube-apiserver" --version 2>&1), $("$bin/kwok" --version 2>&1), binaries in $bin"

@@ -1,5 +1,7 @@
 //! Where the control-plane binaries live. The Kubernetes version is read from
-//! `e2e/control-plane/kubernetes-version`, the one place it is written.
+//! `e2e/control-plane/kubernetes-version`, the one place it is written; the KWOK version and
+//! the older kubectl clients likewise from `kwok-version` and `kubectl-client-versions`
+//! beside it.
 
 use std::path::{Path, PathBuf};
 
@@ -7,6 +9,22 @@ use crate::error::{Error, Result};
 
 /// The pinned Kubernetes release, e.g. `v1.37.1`.
 pub const KUBERNETES_VERSION: &str = str_trim(include_str!("../control-plane/kubernetes-version"));
+
+/// The pinned KWOK release, e.g. `v0.8.0`.
+pub const KWOK_VERSION: &str = str_trim(include_str!("../control-plane/kwok-version"));
+
+/// The older kubectl releases built beside the pinned one (e.g. `v1.22.17`), one per line in
+/// `e2e/control-plane/kubectl-client-versions`; see [`Binaries::kubectl_client`].
+const KUBECTL_CLIENT_VERSIONS: &str = include_str!("../control-plane/kubectl-client-versions");
+
+/// The older kubectl releases built beside the pinned one, oldest first: the clients
+/// Spinnaker's Clouddriver ships, which Scale Agent's Kubernetes API proxy must serve.
+pub fn kubectl_client_versions() -> Vec<&'static str> {
+    KUBECTL_CLIENT_VERSIONS
+        .split_whitespace()
+        .filter(|v| v.starts_with("v1."))
+        .collect()
+}
 
 /// Overrides the directory the binaries are taken from.
 pub const BIN_DIR_ENV: &str = "SCALE_AGENT_CONTROL_PLANE_BIN";
@@ -38,6 +56,16 @@ pub struct Binaries {
     pub dir: PathBuf,
 }
 
+/// The binaries every control plane needs; the rest (kube-scheduler, kwok, older kubectls,
+/// helm) are checked by what uses them, so a cache built by an older `build.sh` still runs
+/// the tests that need only these.
+const CORE: &[&str] = &[
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kubectl",
+];
+
 impl Binaries {
     /// Finds the binaries ([`BIN_DIR_ENV`], else the build cache), or says which command
     /// builds them.
@@ -52,24 +80,30 @@ impl Binaries {
     /// Takes the binaries from `dir`, or says which command builds them.
     pub fn locate_in(dir: PathBuf) -> Result<Self> {
         let binaries = Self { dir };
-        let complete = [
-            "etcd",
-            "kube-apiserver",
-            "kube-controller-manager",
-            "kubectl",
-        ]
-        .iter()
-        .all(|name| binaries.path(name).is_file());
-        if complete {
-            Ok(binaries)
+        binaries.require(CORE)?;
+        Ok(binaries)
+    }
+
+    /// Fails with [`Error::BinariesMissing`] (which says how to build them) unless every
+    /// file in `names` is in [`Self::dir`].
+    pub fn require(&self, names: &[&str]) -> Result<()> {
+        let missing: Vec<&str> = names
+            .iter()
+            .copied()
+            .filter(|name| !self.path(name).is_file())
+            .collect();
+        if missing.is_empty() {
+            Ok(())
         } else {
             Err(Error::BinariesMissing {
                 version: KUBERNETES_VERSION,
-                dir: binaries.dir,
+                dir: self.dir.clone(),
+                missing: missing.join(", "),
             })
         }
     }
 
+    /// The file `name` in [`Self::dir`].
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.join(name)
     }
@@ -86,8 +120,37 @@ impl Binaries {
         self.path("kube-controller-manager")
     }
 
+    /// The kube-scheduler of the pinned release (a symlink into the multi-call binary).
+    pub fn kube_scheduler(&self) -> PathBuf {
+        self.path("kube-scheduler")
+    }
+
+    /// The kubectl of the pinned release.
     pub fn kubectl(&self) -> PathBuf {
         self.path("kubectl")
+    }
+
+    /// The kubectl of an older release, `kubectl-1.<minor>` (e.g. `kubectl_client(22)`), as
+    /// Clouddriver's image names them; [`kubectl_client_versions`] lists the ones built.
+    pub fn kubectl_client(&self, minor: u32) -> PathBuf {
+        self.path(&format!("kubectl-1.{minor}"))
+    }
+
+    /// KWOK ([`KWOK_VERSION`]), which runs fake nodes and the pods bound to them.
+    pub fn kwok(&self) -> PathBuf {
+        self.path("kwok")
+    }
+
+    /// KWOK's default node and pod stages (the `kwok` binary has none built in), taken from
+    /// the same module version by `build.sh`.
+    pub fn kwok_stages(&self) -> PathBuf {
+        self.dir.join("kwok-config").join("stages.yaml")
+    }
+
+    /// The CustomResourceDefinition of KWOK's namespaced `Logs` (kwok.x-k8s.io/v1alpha1),
+    /// which points one pod's container logs at a file.
+    pub fn kwok_logs_crd(&self) -> PathBuf {
+        self.dir.join("kwok-config").join("logs-crd.yaml")
     }
 
     pub fn helm(&self) -> PathBuf {
@@ -139,6 +202,22 @@ mod tests {
         let message = Binaries::locate_in(empty).unwrap_err().to_string();
         assert!(message.contains("make control-plane"), "{message}");
         assert!(message.contains(KUBERNETES_VERSION), "{message}");
+        assert!(message.contains("missing: etcd, kube-apiserver"), "{message}");
+    }
+
+    #[test]
+    fn pinned_kwok_and_kubectl_clients_are_releases() {
+        assert!(KWOK_VERSION.starts_with("v0."), "{KWOK_VERSION}");
+        let clients = kubectl_client_versions();
+        assert!(clients.contains(&"v1.22.17"), "{clients:?}");
+        assert!(clients.contains(&"v1.29.0"), "{clients:?}");
+        let binaries = Binaries {
+            dir: PathBuf::from("/bin-dir"),
+        };
+        assert_eq!(
+            binaries.kubectl_client(22),
+            Path::new("/bin-dir/kubectl-1.22")
+        );
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! A real, local Kubernetes control plane: etcd (data on tmpfs), kube-apiserver with RBAC,
 //! ServiceAccount token signing, a serving certificate and an admin identity, and optionally
 //! kube-controller-manager so Deployments roll out to ReplicaSets and namespaces and owned
-//! objects are garbage-collected.
+//! objects are garbage-collected, and optionally kube-scheduler with KWOK's fake nodes so
+//! pods are bound, Running and Ready and have logs (see [`crate::kwok`]).
 //!
 //! Tests share one control plane per test binary ([`ControlPlane::shared`]) and isolate
 //! themselves with a fresh namespace each ([`ControlPlane::namespace`]).
@@ -29,6 +30,7 @@ use rand::Rng;
 use crate::{
     binaries::{Binaries, KUBERNETES_VERSION},
     error::{Error, Result, io_err},
+    kwok::{self, PodLog},
     pki::{self, CertificateAuthority},
     process::{self, ManagedProcess},
 };
@@ -59,7 +61,12 @@ pub const DEFAULT_CONTROLLERS: &[&str] = &[
 pub struct ControlPlaneOptions {
     /// Also run kube-controller-manager with [`Self::controllers`].
     pub controller_manager: bool,
+    /// The controllers kube-controller-manager runs (`--controllers`).
     pub controllers: Vec<String>,
+    /// Also run kube-scheduler and KWOK with the fake nodes of [`kwok::NODES`], so pods are
+    /// bound, become Running and Ready, and can have logs. Needs [`Self::controller_manager`]
+    /// for anything but bare pods; [`Self::with_kwok`] sets both.
+    pub kwok: bool,
     /// Budget for each component to become ready; contended 2-core machines have been seen
     /// to need 35 s for the apiserver.
     pub ready_timeout: Duration,
@@ -73,6 +80,7 @@ impl Default for ControlPlaneOptions {
         Self {
             controller_manager: false,
             controllers: DEFAULT_CONTROLLERS.iter().map(|c| c.to_string()).collect(),
+            kwok: false,
             ready_timeout: Duration::from_secs(60),
             run_dir: None,
         }
@@ -80,8 +88,17 @@ impl Default for ControlPlaneOptions {
 }
 
 impl ControlPlaneOptions {
+    /// Also run kube-controller-manager.
     pub fn with_controller_manager(mut self) -> Self {
         self.controller_manager = true;
+        self
+    }
+
+    /// Also run kube-controller-manager, kube-scheduler and KWOK, so Deployments roll out to
+    /// pods that run: `availableReplicas` counts them and `kubectl rollout status` finishes.
+    pub fn with_kwok(mut self) -> Self {
+        self.controller_manager = true;
+        self.kwok = true;
         self
     }
 }
@@ -92,6 +109,10 @@ pub struct StartupTimes {
     pub etcd: Duration,
     pub kube_apiserver: Duration,
     pub kube_controller_manager: Option<Duration>,
+    /// Until `/readyz` answers ok (informers synced).
+    pub kube_scheduler: Option<Duration>,
+    /// From installing kwok's `Logs` CRD until every fake node is Ready.
+    pub kwok: Option<Duration>,
     pub total: Duration,
 }
 
@@ -107,12 +128,23 @@ impl fmt::Display for StartupTimes {
         if let Some(kcm) = self.kube_controller_manager {
             write!(f, ", kube-controller-manager {:.2} s", kcm.as_secs_f64())?;
         }
+        if let Some(scheduler) = self.kube_scheduler {
+            write!(f, ", kube-scheduler {:.2} s", scheduler.as_secs_f64())?;
+        }
+        if let Some(kwok) = self.kwok {
+            write!(
+                f,
+                ", kwok with {} nodes Ready {:.2} s",
+                kwok::NODES.len(),
+                kwok.as_secs_f64()
+            )?;
+        }
         write!(f, ")")
     }
 }
 
-/// A running control plane. Dropping it stops the components in order (controller
-/// manager, apiserver, etcd) and removes its run directory.
+/// A running control plane. Dropping it stops the components in reverse start order (kwok,
+/// scheduler, controller manager, apiserver, etcd) and removes its run directory.
 pub struct ControlPlane {
     binaries: Binaries,
     run_dir: PathBuf,
@@ -123,7 +155,15 @@ pub struct ControlPlane {
     ca_pem: String,
     kubeconfig_path: PathBuf,
     kubeconfig_yaml: String,
+    kwok: Option<KwokRun>,
     startup: StartupTimes,
+}
+
+/// Where a running kwok serves the kubelet API, and where pod log files go.
+#[derive(Clone, Debug)]
+struct KwokRun {
+    kubelet_port: u16,
+    logs_dir: PathBuf,
 }
 
 impl fmt::Debug for ControlPlane {
@@ -181,10 +221,18 @@ impl ControlPlane {
             .map_err(|message| Error::SharedStartFailed(message.clone()))
     }
 
-    /// Starts etcd, kube-apiserver and (if asked) kube-controller-manager, and waits until
-    /// each is ready.
+    /// Starts etcd, kube-apiserver and (if asked) kube-controller-manager, kube-scheduler and
+    /// kwok with its fake nodes, and waits until each is ready.
     pub async fn start(options: ControlPlaneOptions) -> Result<ControlPlane> {
         let binaries = Binaries::locate()?;
+        if options.kwok {
+            binaries.require(&[
+                "kube-scheduler",
+                "kwok",
+                "kwok-config/stages.yaml",
+                "kwok-config/logs-crd.yaml",
+            ])?;
+        }
         let started = Instant::now();
         let run_dir = match &options.run_dir {
             Some(dir) => {
@@ -251,36 +299,55 @@ impl ControlPlane {
 
         let apiserver_port = free_port()?;
         let server = format!("https://127.0.0.1:{apiserver_port}");
+        let mut apiserver_args = vec![
+            format!("--etcd-servers={etcd_endpoint}"),
+            "--bind-address=127.0.0.1".into(),
+            // Without a default route the apiserver cannot pick an address by itself.
+            "--advertise-address=127.0.0.1".into(),
+            format!("--secure-port={apiserver_port}"),
+            format!("--cert-dir={}", run_dir.join("apiserver-certs").display()),
+            format!("--tls-cert-file={}", serving_cert.display()),
+            format!("--tls-private-key-file={}", serving_key.display()),
+            format!("--client-ca-file={}", ca_file.display()),
+            "--authorization-mode=RBAC".into(),
+            "--service-account-issuer=https://kubernetes.default.svc".into(),
+            format!("--service-account-key-file={}", sa_pub.display()),
+            format!("--service-account-signing-key-file={}", sa_key.display()),
+            "--service-cluster-ip-range=10.0.0.0/24".into(),
+            "--allow-privileged=true".into(),
+            // No kubelet and no ServiceAccount controller: pods must not wait for a
+            // `default` ServiceAccount that nothing creates. And no node-lifecycle
+            // controller to lift the not-ready taint TaintNodesByCondition puts on every
+            // new node, which would keep kwok's nodes unschedulable.
+            format!(
+                "--disable-admission-plugins=ServiceAccount{}",
+                if options.kwok {
+                    ",TaintNodesByCondition"
+                } else {
+                    ""
+                }
+            ),
+            "--endpoint-reconciler-type=none".into(),
+            format!("--watch-cache-sizes={UNCACHED_RESOURCE}#0"),
+            // Priority and fairness only adds start-up work on a single-user test cluster.
+            "--enable-priority-and-fairness=false".into(),
+            "--profiling=false".into(),
+            "--v=1".into(),
+        ];
+        if options.kwok {
+            // `pods/log` goes to "the kubelet", which is kwok at 127.0.0.1 serving with a
+            // certificate from this run's CA: verify it, and take the nodes' InternalIP (the
+            // default order would try their host names first).
+            apiserver_args.extend([
+                format!("--kubelet-certificate-authority={}", ca_file.display()),
+                "--kubelet-preferred-address-types=InternalIP".into(),
+            ]);
+        }
         let apiserver_started = Instant::now();
         processes.push(ManagedProcess::spawn(
             "kube-apiserver",
             &binaries.kube_apiserver(),
-            &[
-                format!("--etcd-servers={etcd_endpoint}"),
-                "--bind-address=127.0.0.1".into(),
-                // Without a default route the apiserver cannot pick an address by itself.
-                "--advertise-address=127.0.0.1".into(),
-                format!("--secure-port={apiserver_port}"),
-                format!("--cert-dir={}", run_dir.join("apiserver-certs").display()),
-                format!("--tls-cert-file={}", serving_cert.display()),
-                format!("--tls-private-key-file={}", serving_key.display()),
-                format!("--client-ca-file={}", ca_file.display()),
-                "--authorization-mode=RBAC".into(),
-                "--service-account-issuer=https://kubernetes.default.svc".into(),
-                format!("--service-account-key-file={}", sa_pub.display()),
-                format!("--service-account-signing-key-file={}", sa_key.display()),
-                "--service-cluster-ip-range=10.0.0.0/24".into(),
-                "--allow-privileged=true".into(),
-                // No kubelet and no ServiceAccount controller: pods must not wait for a
-                // `default` ServiceAccount that nothing creates.
-                "--disable-admission-plugins=ServiceAccount".into(),
-                "--endpoint-reconciler-type=none".into(),
-                format!("--watch-cache-sizes={UNCACHED_RESOURCE}#0"),
-                // Priority and fairness only adds start-up work on a single-user test cluster.
-                "--enable-priority-and-fairness=false".into(),
-                "--profiling=false".into(),
-                "--v=1".into(),
-            ],
+            &apiserver_args,
             run_dir.join("kube-apiserver.log"),
         )?);
 
@@ -339,31 +406,97 @@ impl ControlPlane {
                 ],
                 run_dir.join("kube-controller-manager.log"),
             )?);
-            let kcm_client = client_from_kubeconfig(&kubeconfig_yaml_with_server(
-                &kubeconfig_yaml,
-                &server,
-                &format!("https://127.0.0.1:{kcm_port}"),
-            ))
-            .await?;
-            let index = processes.len() - 1;
-            wait_until(
+            wait_for_health_endpoint(
                 "kube-controller-manager",
                 options.ready_timeout,
-                &mut processes[index],
-                || async {
-                    matches!(
-                        kcm_client
-                            .request_text(http_get("/healthz")?)
-                            .await
-                            .as_deref(),
-                        Ok("ok")
-                    )
-                    .then_some(())
-                    .ok_or(())
-                },
+                &mut processes,
+                &kubeconfig_yaml,
+                &server,
+                kcm_port,
+                "/healthz",
             )
             .await?;
             kcm_ready = Some(kcm_started.elapsed());
+        }
+
+        let (mut scheduler_ready, mut kwok_ready, mut kwok_run) = (None, None, None);
+        if options.kwok {
+            let scheduler_port = free_port()?;
+            let scheduler_started = Instant::now();
+            processes.push(ManagedProcess::spawn(
+                "kube-scheduler",
+                &binaries.kube_scheduler(),
+                &[
+                    format!("--kubeconfig={}", kubeconfig_path.display()),
+                    "--leader-elect=false".into(),
+                    "--bind-address=127.0.0.1".into(),
+                    format!("--secure-port={scheduler_port}"),
+                    format!("--tls-cert-file={}", serving_cert.display()),
+                    format!("--tls-private-key-file={}", serving_key.display()),
+                    "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics".into(),
+                    "--profiling=false".into(),
+                    "--v=1".into(),
+                ],
+                run_dir.join("kube-scheduler.log"),
+            )?);
+            // /readyz, unlike /healthz, waits for the scheduler's informers to sync.
+            wait_for_health_endpoint(
+                "kube-scheduler",
+                options.ready_timeout,
+                &mut processes,
+                &kubeconfig_yaml,
+                &server,
+                scheduler_port,
+                "/readyz",
+            )
+            .await?;
+            scheduler_ready = Some(scheduler_started.elapsed());
+
+            let kwok_started = Instant::now();
+            kwok::install_logs_crd(&admin_client, &binaries).await?;
+            let kubelet_port = free_port()?;
+            let logs_dir = run_dir.join("pod-logs");
+            let logs_config = kwok::write_logs_config(&logs_dir)?;
+            let mut command = std::process::Command::new(binaries.kwok());
+            command
+                .args(kwok::args(
+                    &binaries,
+                    &kubeconfig_path,
+                    &logs_config,
+                    kubelet_port,
+                    &serving_cert,
+                    &serving_key,
+                ))
+                // kwok also reads ~/.kwok/kwok.yaml when it exists: keep a user's out.
+                .env("KWOK_WORKDIR", run_dir.join("kwok"));
+            processes.push(ManagedProcess::spawn_command(
+                "kwok",
+                command,
+                run_dir.join("kwok.log"),
+            )?);
+            let index = processes.len() - 1;
+            wait_until("kwok", options.ready_timeout, &mut processes[index], || {
+                kwok_healthy(kubelet_port)
+            })
+            .await?;
+            kwok::create_nodes(&admin_client).await?;
+            wait_until(
+                "kwok",
+                options.ready_timeout,
+                &mut processes[index],
+                || async {
+                    kwok::nodes_ready(&admin_client, kubelet_port)
+                        .await
+                        .then_some(())
+                        .ok_or(())
+                },
+            )
+            .await?;
+            kwok_ready = Some(kwok_started.elapsed());
+            kwok_run = Some(KwokRun {
+                kubelet_port,
+                logs_dir,
+            });
         }
 
         Ok(ControlPlane {
@@ -375,10 +508,13 @@ impl ControlPlane {
             ca_pem: ca.cert_pem,
             kubeconfig_path,
             kubeconfig_yaml,
+            kwok: kwok_run,
             startup: StartupTimes {
                 etcd: etcd_ready,
                 kube_apiserver: apiserver_ready,
                 kube_controller_manager: kcm_ready,
+                kube_scheduler: scheduler_ready,
+                kwok: kwok_ready,
                 total: started.elapsed(),
             },
         })
@@ -502,6 +638,22 @@ impl ControlPlane {
         Ok(name)
     }
 
+    /// Whether kwok runs the fake nodes of [`kwok::NODES`] ([`ControlPlaneOptions::with_kwok`]).
+    pub fn has_kwok(&self) -> bool {
+        self.kwok.is_some()
+    }
+
+    /// Gives pod `namespace/pod` a log of its own, empty, and waits until kwok serves it:
+    /// `kubectl logs` then prints what [`PodLog::append`] added, and `kubectl logs -f` streams
+    /// it. The pod need not exist yet. Calling it again starts the log afresh.
+    pub async fn pod_log(&self, client: &Client, namespace: &str, pod: &str) -> Result<PodLog> {
+        let kwok = self
+            .kwok
+            .as_ref()
+            .ok_or(Error::KwokNotRunning { what: "a pod log" })?;
+        kwok::pod_log(client, &kwok.logs_dir, kwok.kubelet_port, namespace, pod).await
+    }
+
     /// Compacts etcd's history up to its current revision, so older resourceVersions are
     /// gone. Returns the revision compacted to.
     pub async fn compact_etcd(&self) -> Result<i64> {
@@ -607,6 +759,53 @@ async fn client_from_kubeconfig(yaml: &str) -> Result<Client> {
 
 fn http_get(path: &str) -> std::result::Result<http::Request<Vec<u8>>, ()> {
     http::Request::get(path).body(Vec::new()).map_err(|_| ())
+}
+
+/// Waits until the last of `processes`, a component serving HTTPS on `port` with the
+/// apiserver's certificate, answers `ok` on `path` (one of its always-allowed paths).
+async fn wait_for_health_endpoint(
+    component: &'static str,
+    timeout: Duration,
+    processes: &mut [ManagedProcess],
+    kubeconfig_yaml: &str,
+    server: &str,
+    port: u16,
+    path: &str,
+) -> Result<()> {
+    let client = client_from_kubeconfig(&kubeconfig_yaml_with_server(
+        kubeconfig_yaml,
+        server,
+        &format!("https://127.0.0.1:{port}"),
+    ))
+    .await?;
+    let Some(process) = processes.last_mut() else {
+        return Ok(());
+    };
+    wait_until(component, timeout, process, || async {
+        matches!(
+            client.request_text(http_get(path)?).await.as_deref(),
+            Ok("ok")
+        )
+        .then_some(())
+        .ok_or(())
+    })
+    .await
+}
+
+/// kwok's `/healthz`, over plain HTTP (kwok serves HTTP and HTTPS on one port).
+async fn kwok_healthy(port: u16) -> std::result::Result<(), ()> {
+    match crate::http::request(
+        "GET",
+        format!("127.0.0.1:{port}"),
+        "/healthz",
+        None,
+        Duration::from_secs(2),
+    )
+    .await
+    {
+        Ok(response) if response.status == 200 => Ok(()),
+        _ => Err(()),
+    }
 }
 
 /// Polls `probe` every 100 ms until it succeeds, failing early with the component's log

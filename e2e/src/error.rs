@@ -5,13 +5,18 @@ use std::path::PathBuf;
 /// What can go wrong while building, starting or talking to the local control plane.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The control-plane binaries have not been built on this machine yet.
+    /// The control-plane binaries have not been built on this machine yet (or were built
+    /// by an older `build.sh` that did not make all of them).
     #[error(
-        "the control-plane binaries for Kubernetes {version} are not in {dir}: build them once with \
-         `make control-plane` (or `e2e/control-plane/build.sh`), or point SCALE_AGENT_CONTROL_PLANE_BIN \
-         at a directory holding etcd, kube-apiserver, kube-controller-manager, kubectl and helm"
+        "the control-plane binaries for Kubernetes {version} are not in {dir} (missing: {missing}): \
+         build them once with `make control-plane` (or `e2e/control-plane/build.sh`), or point \
+         SCALE_AGENT_CONTROL_PLANE_BIN at a directory holding what that script makes"
     )]
-    BinariesMissing { version: &'static str, dir: PathBuf },
+    BinariesMissing {
+        version: &'static str,
+        dir: PathBuf,
+        missing: String,
+    },
 
     /// One of this package's binaries has not been built.
     #[error(
@@ -88,6 +93,10 @@ pub enum Error {
         url: String,
         message: String,
     },
+
+    /// Something that needs KWOK was asked of a control plane started without it.
+    #[error("{what} needs KWOK: start the control plane with `ControlPlaneOptions::with_kwok()`")]
+    KwokNotRunning { what: &'static str },
 
     #[error("invalid manifest {path}: {message}")]
     Manifest { path: PathBuf, message: String },

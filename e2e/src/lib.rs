@@ -1,6 +1,7 @@
 //! Test support for Scale Agent: a real local Kubernetes control plane (etcd,
-//! kube-apiserver, optionally kube-controller-manager) built from Go modules by
-//! `e2e/control-plane/build.sh`, plus helpers to act as ServiceAccounts under real RBAC.
+//! kube-apiserver, optionally kube-controller-manager, and kube-scheduler with KWOK fake
+//! nodes so pods run) built from Go modules by `e2e/control-plane/build.sh`, plus helpers to
+//! act as ServiceAccounts under real RBAC.
 //!
 //! ```no_run
 //! # async fn example() -> scale_agent_e2e::Result<()> {
@@ -19,10 +20,12 @@ pub mod error;
 pub mod fixtures;
 pub mod http;
 pub mod kubectl;
+pub mod kwok;
 pub mod local_agent;
 pub mod pki;
 pub mod process;
 
-pub use binaries::{Binaries, KUBERNETES_VERSION};
+pub use binaries::{Binaries, KUBERNETES_VERSION, KWOK_VERSION};
 pub use control_plane::{ControlPlane, ControlPlaneOptions, StartupTimes};
 pub use error::{Error, Result};
+pub use kwok::PodLog;

@@ -184,9 +184,8 @@ async fn settle(admin: &Client, namespace: &str) -> anyhow::Result<()> {
             .iter()
             .filter(|d| {
                 let generation = d.metadata.generation.unwrap_or(0);
-                let spec = d.spec.as_ref();
-                let wanted = spec.and_then(|s| s.replicas).unwrap_or(1);
-                let paused = spec.and_then(|s| s.paused).unwrap_or(false);
+                let wanted = d.spec.replicas.unwrap_or(1);
+                let paused = d.spec.paused.unwrap_or(false);
                 let status = d.status.clone().unwrap_or_default();
                 let observed = status.observed_generation.unwrap_or(0) >= generation;
                 let rolled_out = status.updated_replicas.unwrap_or(0) == wanted
@@ -598,8 +597,9 @@ async fn helm_installs_upgrades_rolls_back_and_uninstalls_through_the_proxy() ->
     )?;
     let image = |d: &Deployment| {
         d.spec
+            .template
+            .spec
             .as_ref()
-            .and_then(|s| s.template.spec.as_ref())
             .map(|s| s.containers[0].image.clone().unwrap_or_default())
             .unwrap_or_default()
     };

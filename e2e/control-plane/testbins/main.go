@@ -1,8 +1,9 @@
 // Command kube-testbins is a multi-call binary (hyperkube style) holding the
 // parts of a real Kubernetes control plane that Scale Agent's tests and demo
-// run: etcd, kube-apiserver, kube-controller-manager and kubectl. Linking them
-// into one binary compiles and links the shared Kubernetes dependencies once,
-// which roughly halves the cold build on a 2-core machine.
+// run: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
+// kubectl. Linking them into one binary compiles and links the shared
+// Kubernetes dependencies once, which roughly halves the cold build on a
+// 2-core machine.
 //
 // The component is chosen by the name the binary is invoked under (build.sh
 // creates one symlink per component), or by the first argument:
@@ -28,6 +29,7 @@ import (
 	kubectlutil "k8s.io/kubectl/pkg/cmd/util"
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
 )
 
 var components = map[string]func() int{
@@ -40,6 +42,9 @@ var components = map[string]func() int{
 	},
 	"kube-controller-manager": func() int {
 		return cli.Run(controllermanager.NewControllerManagerCommand())
+	},
+	"kube-scheduler": func() int {
+		return cli.Run(scheduler.NewSchedulerCommand())
 	},
 	"kubectl": func() int {
 		if err := cli.RunNoErrOutput(kubectlcmd.NewDefaultKubectlCommand()); err != nil {
