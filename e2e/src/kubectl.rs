@@ -203,7 +203,9 @@ fn looks_like_time(s: &str) -> bool {
 fn scrub(value: &mut Value) {
     match value {
         Value::Object(map) => {
-            if map.contains_key("metadata") && map.get("kind").and_then(Value::as_str) != Some("Status") {
+            if map.contains_key("metadata")
+                && map.get("kind").and_then(Value::as_str) != Some("Status")
+            {
                 map.remove("status");
             }
             map.remove("managedFields");
@@ -264,7 +266,10 @@ Error from server (NotFound): deployments.apps \"nope\" not found";
             "Error from server (NotFound): deployments.apps \"nope\" not found"
         );
         assert_eq!(
-            request_shape("/api/v1/namespaces/ns-1/pods?limit=500&continue=abc&limit=2", "ns-1"),
+            request_shape(
+                "/api/v1/namespaces/ns-1/pods?limit=500&continue=abc&limit=2",
+                "ns-1"
+            ),
             "/api/v1/namespaces/NS/pods?continue&limit"
         );
     }
@@ -275,9 +280,16 @@ Error from server (NotFound): deployments.apps \"nope\" not found";
         let b = r#"{"kind":"Deployment","metadata":{"name":"web","namespace":"ns-b","uid":"2","resourceVersion":"9","creationTimestamp":"2026-11-23T00:00:05Z"},"spec":{"x":1},"status":{"replicas":0}}"#;
         assert_eq!(normalize(a, "ns-a"), normalize(b, "ns-b"));
         let c = b.replace("\"x\":1", "\"x\":2");
-        assert_ne!(normalize(a, "ns-a"), normalize(&c, "ns-b"), "a real difference stays");
+        assert_ne!(
+            normalize(a, "ns-a"),
+            normalize(&c, "ns-b"),
+            "a real difference stays"
+        );
         let status = r#"{"kind":"Status","metadata":{},"status":"Failure","code":404}"#;
-        assert!(normalize(status, "x").contains("Failure"), "a Status keeps its status");
+        assert!(
+            normalize(status, "x").contains("Failure"),
+            "a Status keeps its status"
+        );
         assert_eq!(
             normalize("deployment.apps/web scaled in ns-a\n", "ns-a"),
             "deployment.apps/web scaled in NS"

@@ -107,7 +107,11 @@ fn account_entry(name: &str, kubeconfig: &Path) -> Value {
 
 /// A unique account name for this test run.
 fn account_name(prefix: &str) -> String {
-    format!("{prefix}-{}-{:04x}", std::process::id(), rand::random::<u16>())
+    format!(
+        "{prefix}-{}-{:04x}",
+        std::process::id(),
+        rand::random::<u16>()
+    )
 }
 
 /// The hub, and one in-process agent serving `accounts` with the agent's credentials.
@@ -287,37 +291,185 @@ fn clouddriver_forms(crd_group: &str) -> Vec<Step> {
     let widget_get = format!("widget.{crd_group}");
     let widget_list = format!("widgets.{crd_group}");
     vec![
-        with_stdin(step("apply (client-side) a Deployment", &["apply", "-o", "json", "-f", "-"]), deployment("registry.example/web:1.0")),
-        with_stdin(step("apply a Service", &["apply", "-o", "json", "-f", "-"]), service),
-        with_stdin(step("apply a ConfigMap", &["apply", "-o", "json", "-f", "-"]), config("blue")),
-        with_stdin(step("apply a custom resource (kind.group)", &["apply", "-o", "json", "-f", "-"]), widget),
-        step("get one object", &["-o", "json", "get", "deployment", "web"]),
-        step("get a custom resource by kind.group", &["-o", "json", "get", &widget_get, "w1"]),
-        step("list several kinds with a label selector", &["-o", "json", "get", "deployment,replicaset,service,configmap", "-l=app=web"]),
-        viewed(step("events of an object by field selector", &["-o", "json", "get", "event", "--field-selector", "involvedObject.name=web,involvedObject.kind=Deployment"]), View::Events),
-        with_stdin(step("apply server-side, forcing conflicts", &["apply", "--server-side=true", "--force-conflicts=true", "-o", "json", "-f", "-"]), deployment("registry.example/web:1.1")),
-        with_stdin(step("replace", &["replace", "-o", "json", "-f", "-"]), config("green")),
-        with_stdin(step("create (generateName)", &["create", "-o", "json", "-f", "-"]), generated),
-        step("patch: strategic merge", &["patch", "deployment", "web", "--type", "strategic", "--patch", r#"{"spec":{"template":{"metadata":{"labels":{"tier":"front"}}}}}"#]),
-        step("patch: merge", &["patch", "deployment", "web", "--type", "merge", "--patch", r#"{"metadata":{"annotations":{"team":"a"}}}"#]),
-        step("patch: json", &["patch", "deployment", "web", "--type", "json", "--patch", r#"[{"op":"add","path":"/metadata/labels/z","value":"1"}]"#]),
+        with_stdin(
+            step(
+                "apply (client-side) a Deployment",
+                &["apply", "-o", "json", "-f", "-"],
+            ),
+            deployment("registry.example/web:1.0"),
+        ),
+        with_stdin(
+            step("apply a Service", &["apply", "-o", "json", "-f", "-"]),
+            service,
+        ),
+        with_stdin(
+            step("apply a ConfigMap", &["apply", "-o", "json", "-f", "-"]),
+            config("blue"),
+        ),
+        with_stdin(
+            step(
+                "apply a custom resource (kind.group)",
+                &["apply", "-o", "json", "-f", "-"],
+            ),
+            widget,
+        ),
+        step(
+            "get one object",
+            &["-o", "json", "get", "deployment", "web"],
+        ),
+        step(
+            "get a custom resource by kind.group",
+            &["-o", "json", "get", &widget_get, "w1"],
+        ),
+        step(
+            "list several kinds with a label selector",
+            &[
+                "-o",
+                "json",
+                "get",
+                "deployment,replicaset,service,configmap",
+                "-l=app=web",
+            ],
+        ),
+        viewed(
+            step(
+                "events of an object by field selector",
+                &[
+                    "-o",
+                    "json",
+                    "get",
+                    "event",
+                    "--field-selector",
+                    "involvedObject.name=web,involvedObject.kind=Deployment",
+                ],
+            ),
+            View::Events,
+        ),
+        with_stdin(
+            step(
+                "apply server-side, forcing conflicts",
+                &[
+                    "apply",
+                    "--server-side=true",
+                    "--force-conflicts=true",
+                    "-o",
+                    "json",
+                    "-f",
+                    "-",
+                ],
+            ),
+            deployment("registry.example/web:1.1"),
+        ),
+        with_stdin(
+            step("replace", &["replace", "-o", "json", "-f", "-"]),
+            config("green"),
+        ),
+        with_stdin(
+            step(
+                "create (generateName)",
+                &["create", "-o", "json", "-f", "-"],
+            ),
+            generated,
+        ),
+        step(
+            "patch: strategic merge",
+            &[
+                "patch",
+                "deployment",
+                "web",
+                "--type",
+                "strategic",
+                "--patch",
+                r#"{"spec":{"template":{"metadata":{"labels":{"tier":"front"}}}}}"#,
+            ],
+        ),
+        step(
+            "patch: merge",
+            &[
+                "patch",
+                "deployment",
+                "web",
+                "--type",
+                "merge",
+                "--patch",
+                r#"{"metadata":{"annotations":{"team":"a"}}}"#,
+            ],
+        ),
+        step(
+            "patch: json",
+            &[
+                "patch",
+                "deployment",
+                "web",
+                "--type",
+                "json",
+                "--patch",
+                r#"[{"op":"add","path":"/metadata/labels/z","value":"1"}]"#,
+            ],
+        ),
         step("scale", &["scale", "deployment/web", "--replicas=3"]),
         step("rollout history", &["rollout", "history", "deployment/web"]),
-        step("rollout undo to a revision", &["rollout", "undo", "deployment/web", "--to-revision=1"]),
+        step(
+            "rollout undo to a revision",
+            &["rollout", "undo", "deployment/web", "--to-revision=1"],
+        ),
         step("rollout pause", &["rollout", "pause", "deployment/web"]),
         step("rollout resume", &["rollout", "resume", "deployment/web"]),
         step("rollout restart", &["rollout", "restart", "deployment/web"]),
-        step("rollout status", &["rollout", "status", "deployment/web", "--timeout=60s"]),
-        step("logs of a pod's container", &["logs", "logger", "-c", "main"]),
-        step("get the namespace", &["-o", "json", "get", "namespace", "{ns}"]),
-        viewed(step("list namespaces", &["-o", "json", "get", "namespace"]), View::Contains("{ns}".into())),
-        viewed(step("list CRDs", &["-o", "json", "get", "customresourcedefinition"]), View::Contains(widget_list)),
+        step(
+            "rollout status",
+            &["rollout", "status", "deployment/web", "--timeout=60s"],
+        ),
+        step(
+            "logs of a pod's container",
+            &["logs", "logger", "-c", "main"],
+        ),
+        step(
+            "get the namespace",
+            &["-o", "json", "get", "namespace", "{ns}"],
+        ),
+        viewed(
+            step("list namespaces", &["-o", "json", "get", "namespace"]),
+            View::Contains("{ns}".into()),
+        ),
+        viewed(
+            step(
+                "list CRDs",
+                &["-o", "json", "get", "customresourcedefinition"],
+            ),
+            View::Contains(widget_list),
+        ),
         step("top (no metrics API)", &["top", "pod", "--containers"]),
-        step("get a missing object (NotFound)", &["-o", "json", "get", "deployment", "nope"]),
-        step("get an empty list (No resources found)", &["-o", "json", "get", "statefulset"]),
-        step("delete by name, waiting", &["delete", "deployment/web", "--ignore-not-found=true", "--cascade=background"]),
-        step("delete by label selector", &["delete", "configmap", "-l=app=web", "--ignore-not-found=true"]),
-        step("delete a missing object", &["delete", "service/nope", "--ignore-not-found=true"]),
+        step(
+            "get a missing object (NotFound)",
+            &["-o", "json", "get", "deployment", "nope"],
+        ),
+        step(
+            "get an empty list (No resources found)",
+            &["-o", "json", "get", "statefulset"],
+        ),
+        step(
+            "delete by name, waiting",
+            &[
+                "delete",
+                "deployment/web",
+                "--ignore-not-found=true",
+                "--cascade=background",
+            ],
+        ),
+        step(
+            "delete by label selector",
+            &[
+                "delete",
+                "configmap",
+                "-l=app=web",
+                "--ignore-not-found=true",
+            ],
+        ),
+        step(
+            "delete a missing object",
+            &["delete", "service/nope", "--ignore-not-found=true"],
+        ),
     ]
 }
 
@@ -383,7 +535,10 @@ async fn install_widget_crd(admin: &Client, group: &str) -> anyhow::Result<()> {
         if established {
             return Ok(());
         }
-        anyhow::ensure!(tokio::time::Instant::now() < deadline, "CRD {name} never established");
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "CRD {name} never established"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -412,7 +567,10 @@ async fn run_logger(admin: &Client, namespace: &str) -> anyhow::Result<()> {
         if pod.status.and_then(|s| s.phase).as_deref() == Some("Running") {
             return Ok(());
         }
-        anyhow::ensure!(tokio::time::Instant::now() < deadline, "pod logger never ran");
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "pod logger never ran"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -427,10 +585,16 @@ async fn forms_match(version: &str, binary: PathBuf) -> anyhow::Result<()> {
     install_widget_crd(&setup.admin, &group).await?;
     let control_plane = control_plane()?;
     let direct_ns = control_plane
-        .namespace(&setup.admin, &format!("direct-{}", version.replace('.', "")))
+        .namespace(
+            &setup.admin,
+            &format!("direct-{}", version.replace('.', "")),
+        )
         .await?;
     let proxy_ns = control_plane
-        .namespace(&setup.admin, &format!("proxied-{}", version.replace('.', "")))
+        .namespace(
+            &setup.admin,
+            &format!("proxied-{}", version.replace('.', "")),
+        )
         .await?;
     logger_pod(&setup.admin, &direct_ns).await?;
     logger_pod(&setup.admin, &proxy_ns).await?;
@@ -493,9 +657,14 @@ async fn forms_match(version: &str, binary: PathBuf) -> anyhow::Result<()> {
     // The proxy itself refused nothing: every answer came from the API server.
     let refused: Vec<&String> = requests
         .iter()
-        .filter(|r| r.ends_with(" 502") || r.ends_with(" 503") || r.ends_with(" 504") || r.ends_with(" 405"))
+        .filter(|r| {
+            r.ends_with(" 502") || r.ends_with(" 503") || r.ends_with(" 504") || r.ends_with(" 405")
+        })
         .collect();
-    anyhow::ensure!(refused.is_empty(), "requests the proxy refused: {refused:?}");
+    anyhow::ensure!(
+        refused.is_empty(),
+        "requests the proxy refused: {refused:?}"
+    );
     setup.stop().await
 }
 
@@ -572,7 +741,8 @@ fn ensure_ok(what: &str, outcome: &Outcome) -> anyhow::Result<()> {
 }
 
 #[tokio::test]
-async fn helm_installs_upgrades_rolls_back_and_uninstalls_through_the_proxy() -> anyhow::Result<()> {
+async fn helm_installs_upgrades_rolls_back_and_uninstalls_through_the_proxy() -> anyhow::Result<()>
+{
     let account = account_name("helm");
     let setup = Setup::new("helm", &[&account]).await?;
     let kubeconfig = setup.kubeconfig(&account, "helm").await?;
@@ -582,7 +752,12 @@ async fn helm_installs_upgrades_rolls_back_and_uninstalls_through_the_proxy() ->
     let ns = format!("--namespace={namespace}");
     ensure_ok(
         "helm install --wait",
-        &helm(&setup.dir, &kubeconfig, &["install", "rel", &chart, &ns, "--wait", "--timeout=2m"]).await?,
+        &helm(
+            &setup.dir,
+            &kubeconfig,
+            &["install", "rel", &chart, &ns, "--wait", "--timeout=2m"],
+        )
+        .await?,
     )?;
     let deployments: Api<Deployment> = Api::namespaced(setup.admin.clone(), &namespace);
     let web = deployments.get("rel-web").await?;
@@ -593,7 +768,21 @@ async fn helm_installs_upgrades_rolls_back_and_uninstalls_through_the_proxy() ->
     );
     ensure_ok(
         "helm upgrade --wait",
-        &helm(&setup.dir, &kubeconfig, &["upgrade", "rel", &chart, &ns, "--set", "tag=1.1", "--wait", "--timeout=2m"]).await?,
+        &helm(
+            &setup.dir,
+            &kubeconfig,
+            &[
+                "upgrade",
+                "rel",
+                &chart,
+                &ns,
+                "--set",
+                "tag=1.1",
+                "--wait",
+                "--timeout=2m",
+            ],
+        )
+        .await?,
     )?;
     let image = |d: &Deployment| {
         d.spec
@@ -603,12 +792,23 @@ async fn helm_installs_upgrades_rolls_back_and_uninstalls_through_the_proxy() ->
             .map(|s| s.containers[0].image.clone().unwrap_or_default())
             .unwrap_or_default()
     };
-    assert_eq!(image(&deployments.get("rel-web").await?), "registry.example/web:1.1");
+    assert_eq!(
+        image(&deployments.get("rel-web").await?),
+        "registry.example/web:1.1"
+    );
     ensure_ok(
         "helm rollback --wait",
-        &helm(&setup.dir, &kubeconfig, &["rollback", "rel", "1", &ns, "--wait", "--timeout=2m"]).await?,
+        &helm(
+            &setup.dir,
+            &kubeconfig,
+            &["rollback", "rel", "1", &ns, "--wait", "--timeout=2m"],
+        )
+        .await?,
     )?;
-    assert_eq!(image(&deployments.get("rel-web").await?), "registry.example/web:1.0");
+    assert_eq!(
+        image(&deployments.get("rel-web").await?),
+        "registry.example/web:1.0"
+    );
     // The release records are where Helm keeps them: Secrets of type helm.sh/release.v1 in
     // the release's namespace, one per revision.
     let secrets: Api<Secret> = Api::namespaced(setup.admin.clone(), &namespace);
@@ -623,24 +823,42 @@ async fn helm_installs_upgrades_rolls_back_and_uninstalls_through_the_proxy() ->
     names.sort();
     assert_eq!(
         names,
-        ["sh.helm.release.v1.rel.v1", "sh.helm.release.v1.rel.v2", "sh.helm.release.v1.rel.v3"]
+        [
+            "sh.helm.release.v1.rel.v1",
+            "sh.helm.release.v1.rel.v2",
+            "sh.helm.release.v1.rel.v3"
+        ]
     );
-    assert!(releases
-        .items
-        .iter()
-        .all(|s| s.type_.as_deref() == Some("helm.sh/release.v1")));
+    assert!(
+        releases
+            .items
+            .iter()
+            .all(|s| s.type_.as_deref() == Some("helm.sh/release.v1"))
+    );
     let history = helm(&setup.dir, &kubeconfig, &["history", "rel", &ns]).await?;
     ensure_ok("helm history", &history)?;
-    assert!(history.stdout.contains("Rollback to 1"), "{}", history.stdout);
+    assert!(
+        history.stdout.contains("Rollback to 1"),
+        "{}",
+        history.stdout
+    );
     ensure_ok(
         "helm uninstall --wait",
-        &helm(&setup.dir, &kubeconfig, &["uninstall", "rel", &ns, "--wait"]).await?,
+        &helm(
+            &setup.dir,
+            &kubeconfig,
+            &["uninstall", "rel", &ns, "--wait"],
+        )
+        .await?,
     )?;
     assert!(deployments.get_opt("rel-web").await?.is_none());
     let left = secrets
         .list(&ListParams::default().labels("owner=helm,name=rel"))
         .await?;
-    assert!(left.items.is_empty(), "release records left after uninstall");
+    assert!(
+        left.items.is_empty(),
+        "release records left after uninstall"
+    );
     setup.stop().await
 }
 
@@ -663,8 +881,14 @@ impl Follower {
             .stderr(std::process::Stdio::piped())
             .kill_on_drop(true)
             .spawn()?;
-        let stdout = child.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?;
-        let mut stderr = child.stderr.take().ok_or_else(|| anyhow::anyhow!("no stderr"))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+        let mut stderr = child
+            .stderr
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("no stderr"))?;
         let (tx, lines) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(async move {
             let mut reader = tokio::io::BufReader::new(stdout).lines();
@@ -679,7 +903,11 @@ impl Follower {
             let _ = stderr.read_to_string(&mut text).await;
             text
         });
-        Ok(Follower { child, lines, stderr })
+        Ok(Follower {
+            child,
+            lines,
+            stderr,
+        })
     }
 
     /// Waits for a line containing `needle`.
@@ -765,7 +993,9 @@ async fn watches_and_logs_stream_and_end_cleanly_when_their_agent_dies() -> anyh
     sibling_watch.expect("configmap/first").await?;
 
     // A followed log streams what the pod writes after kubectl started.
-    let log = control_plane.pod_log(&setup.admin, &namespace, "logger").await?;
+    let log = control_plane
+        .pod_log(&setup.admin, &namespace, "logger")
+        .await?;
     run_logger(&setup.admin, &namespace).await?;
     let mut follow = Follower::start(
         &kubectl,
@@ -783,13 +1013,29 @@ async fn watches_and_logs_stream_and_end_cleanly_when_their_agent_dies() -> anyh
     process::send_signal(doomed_agent.pid(), libc::SIGKILL);
     doomed_agent.stop(Duration::from_secs(5));
     let (_, stderr) = doomed_watch.exited().await?;
-    for broken in ["unexpected EOF", "INTERNAL_ERROR", "stream error", "an error on the server"] {
-        assert!(!stderr.contains(broken), "the watch did not end cleanly: {stderr}");
+    for broken in [
+        "unexpected EOF",
+        "INTERNAL_ERROR",
+        "stream error",
+        "an error on the server",
+    ] {
+        assert!(
+            !stderr.contains(broken),
+            "the watch did not end cleanly: {stderr}"
+        );
     }
     let (_, stderr) = follow.exited().await?;
-    assert!(!stderr.contains("unexpected EOF"), "the log follow broke: {stderr}");
+    assert!(
+        !stderr.contains("unexpected EOF"),
+        "the log follow broke: {stderr}"
+    );
     let after = kubectl
-        .run(&doomed_kubeconfig, &args(&["get", "configmaps", &ns]), None, KUBECTL_TIMEOUT)
+        .run(
+            &doomed_kubeconfig,
+            &args(&["get", "configmaps", &ns]),
+            None,
+            KUBECTL_TIMEOUT,
+        )
         .await?;
     assert!(!after.success());
     assert!(
@@ -816,7 +1062,10 @@ async fn hub_cli(hub: &TlsHub, list: &[&str]) -> anyhow::Result<Outcome> {
         .args(list)
         .arg(format!("--hub-url={}", hub.url))
         .arg(format!("--ca-file={}", hub.ca_file.display()))
-        .arg(format!("--admin-token-file={}", hub.admin_token_file.display()))
+        .arg(format!(
+            "--admin-token-file={}",
+            hub.admin_token_file.display()
+        ))
         .kill_on_drop(true)
         .output()
         .await?;
@@ -832,26 +1081,48 @@ async fn tokens_are_checked_for_real_clients() -> anyhow::Result<()> {
     let prod = account_name("tok-prod");
     let staging = account_name("tok-staging");
     let setup = Setup::new("tokens", &[&prod, &staging]).await?;
-    let kubectl = Kubectl::new(control_plane()?.binaries().kubectl(), setup.dir.join("home"));
+    let kubectl = Kubectl::new(
+        control_plane()?.binaries().kubectl(),
+        setup.dir.join("home"),
+    );
     let get = args(&["get", "namespaces", "-o", "name"]);
 
     // A kubeconfig from the command line works.
     let file = setup.dir.join("prod-cli.kubeconfig");
     let issued = hub_cli(
         &setup.hub,
-        &["kubeconfig", "--account", &prod, "--token-name", "alice", "-o", &file.display().to_string()],
+        &[
+            "kubeconfig",
+            "--account",
+            &prod,
+            "--token-name",
+            "alice",
+            "-o",
+            &file.display().to_string(),
+        ],
     )
     .await?;
     ensure_ok("scale-agent-hub kubeconfig", &issued)?;
-    ensure_ok("kubectl with the CLI's kubeconfig", &kubectl.run(&file, &get, None, KUBECTL_TIMEOUT).await?)?;
+    ensure_ok(
+        "kubectl with the CLI's kubeconfig",
+        &kubectl.run(&file, &get, None, KUBECTL_TIMEOUT).await?,
+    )?;
 
     // Another account's token: Forbidden, naming both accounts.
     let text = std::fs::read_to_string(&file)?;
     let other = setup.dir.join("wrong-account.kubeconfig");
-    std::fs::write(&other, text.replace(&format!("/clusters/{prod}"), &format!("/clusters/{staging}")))?;
+    std::fs::write(
+        &other,
+        text.replace(
+            &format!("/clusters/{prod}"),
+            &format!("/clusters/{staging}"),
+        ),
+    )?;
     let refused = kubectl.run(&other, &get, None, KUBECTL_TIMEOUT).await?;
     assert!(
-        refused.stderr.contains("(Forbidden)") && refused.stderr.contains(&prod) && refused.stderr.contains(&staging),
+        refused.stderr.contains("(Forbidden)")
+            && refused.stderr.contains(&prod)
+            && refused.stderr.contains(&staging),
         "{}",
         refused.stderr
     );
@@ -860,7 +1131,13 @@ async fn tokens_are_checked_for_real_clients() -> anyhow::Result<()> {
     let unknown = setup.dir.join("unknown.kubeconfig");
     let issued = hub_cli(
         &setup.hub,
-        &["kubeconfig", "--account", "nobody-here", "-o", &unknown.display().to_string()],
+        &[
+            "kubeconfig",
+            "--account",
+            "nobody-here",
+            "-o",
+            &unknown.display().to_string(),
+        ],
     )
     .await?;
     ensure_ok("kubeconfig for an account with no agent", &issued)?;
@@ -873,13 +1150,33 @@ async fn tokens_are_checked_for_real_clients() -> anyhow::Result<()> {
         .lines()
         .find(|l| l.trim_start().starts_with("token:"))
         .ok_or_else(|| anyhow::anyhow!("no token in {text}"))?;
-    std::fs::write(&wrong, text.replace(token_line, "    token: sat_not-a-token"))?;
+    std::fs::write(
+        &wrong,
+        text.replace(token_line, "    token: sat_not-a-token"),
+    )?;
     let refused = kubectl.run(&wrong, &get, None, KUBECTL_TIMEOUT).await?;
-    assert!(refused.stderr.contains("Unauthorized"), "{}", refused.stderr);
-    let missing = setup.dir.join("no-token.kubeconfig");
-    std::fs::write(&missing, text.replace(token_line, "    {}"))?;
-    let refused = kubectl.run(&missing, &get, None, KUBECTL_TIMEOUT).await?;
-    assert!(refused.stderr.contains("Unauthorized"), "{}", refused.stderr);
+    assert!(
+        refused
+            .stderr
+            .contains("You must be logged in to the server"),
+        "{}",
+        refused.stderr
+    );
+    // No token: kubectl would prompt for credentials, so ask over HTTP.
+    let response = setup
+        .hub
+        .call("GET", &format!("/clusters/{prod}/api/v1/namespaces"))
+        .send()
+        .await?;
+    assert_eq!(response.status, 401, "{}", response.body);
+    assert_eq!(response.json_or_null()["reason"], "Unauthorized");
+    assert!(
+        response
+            .body
+            .contains("scale-agent-hub kubeconfig --account"),
+        "{}",
+        response.body
+    );
 
     // Revoked: the CLI lists the token, revokes it, and kubectl is refused at once.
     let listed = hub_cli(&setup.hub, &["token", "list"]).await?;
@@ -891,9 +1188,18 @@ async fn tokens_are_checked_for_real_clients() -> anyhow::Result<()> {
         .and_then(|l| l.split_whitespace().next())
         .ok_or_else(|| anyhow::anyhow!("alice's token is not listed:\n{}", listed.stdout))?
         .to_string();
-    ensure_ok("scale-agent-hub token revoke", &hub_cli(&setup.hub, &["token", "revoke", &id]).await?)?;
+    ensure_ok(
+        "scale-agent-hub token revoke",
+        &hub_cli(&setup.hub, &["token", "revoke", &id]).await?,
+    )?;
     let refused = kubectl.run(&file, &get, None, KUBECTL_TIMEOUT).await?;
-    assert!(refused.stderr.contains("Unauthorized"), "{}", refused.stderr);
+    assert!(
+        refused
+            .stderr
+            .contains("You must be logged in to the server"),
+        "{}",
+        refused.stderr
+    );
 
     // The admin commands need the admin token.
     let forged = setup.dir.join("forged-admin-token");

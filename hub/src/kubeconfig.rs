@@ -19,6 +19,7 @@ pub struct KubeconfigFor<'a> {
 #[derive(Serialize)]
 #[serde(rename_all = "kebab-case")]
 struct Kubeconfig<'a> {
+    #[serde(rename = "apiVersion")]
     api_version: &'static str,
     kind: &'static str,
     clusters: Vec<Named<'a, Cluster>>,
@@ -124,6 +125,20 @@ mod tests {
             token: "sat_abc",
         });
         let value: serde_json::Value = serde_saphyr::from_str(&yaml).unwrap();
+        let mut keys: Vec<&String> = value.as_object().unwrap().keys().collect();
+        keys.sort();
+        assert_eq!(
+            keys,
+            [
+                "apiVersion",
+                "clusters",
+                "contexts",
+                "current-context",
+                "kind",
+                "users"
+            ]
+        );
+        assert_eq!(value["apiVersion"], "v1");
         assert_eq!(value["kind"], "Config");
         assert_eq!(value["current-context"], "prod-eu");
         assert_eq!(

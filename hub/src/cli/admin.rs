@@ -56,17 +56,22 @@ pub enum Admin {
     Token {
         #[command(subcommand)]
         action: TokenAction,
-        #[command(flatten)]
-        hub: HubAccess,
     },
 }
 
 #[derive(Debug, Subcommand)]
 pub enum TokenAction {
     /// Every token: id, account, name, when it was made.
-    List,
+    List {
+        #[command(flatten)]
+        hub: HubAccess,
+    },
     /// Revoke a token by id (from `token list`); clients using it get 401 at once.
-    Revoke { id: String },
+    Revoke {
+        id: String,
+        #[command(flatten)]
+        hub: HubAccess,
+    },
 }
 
 /// How to reach the hub's admin API.
@@ -126,15 +131,15 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Admin::Token { action, hub } => match action {
-            TokenAction::List => {
+        Admin::Token { action } => match action {
+            TokenAction::List { hub } => {
                 let body = hub.call("GET", "/api/v1/tokens").await?;
                 let tokens: Vec<TokenView> =
                     serde_json::from_str(&body).context("the hub's token list")?;
                 println!("{}", token_table(&tokens));
                 Ok(())
             }
-            TokenAction::Revoke { id } => {
+            TokenAction::Revoke { id, hub } => {
                 let body = hub.call("DELETE", &format!("/api/v1/tokens/{id}")).await?;
                 let token: TokenView = serde_json::from_str(&body).context("the hub's answer")?;
                 println!(
@@ -324,7 +329,18 @@ mod tests {
         let parsed =
             AdminCommand::try_parse_from(["scale-agent-hub", "token", "revoke", "abc"]).unwrap();
         assert!(
-            matches!(parsed.command, Admin::Token { action: TokenAction::Revoke { ref id }, .. } if id == "abc")
+            matches!(parsed.command, Admin::Token { action: TokenAction::Revoke { ref id, .. } } if id == "abc")
+        );
+        let parsed = AdminCommand::try_parse_from([
+            "scale-agent-hub",
+            "token",
+            "list",
+            "--hub-url",
+            "https://hub:8443",
+        ])
+        .unwrap();
+        assert!(
+            matches!(parsed.command, Admin::Token { action: TokenAction::List { ref hub } } if hub.hub_url == "https://hub:8443")
         );
     }
 

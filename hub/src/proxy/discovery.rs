@@ -267,6 +267,14 @@ impl DiscoveryCache {
         }
     }
 
+    /// The document kept for `key`, however old (while no agent can fetch a new one).
+    pub fn last_known(&self, account: &str, key: &Key) -> Option<Document> {
+        self.lock()
+            .get(account)
+            .and_then(|d| d.entries.get(key))
+            .map(|e| e.document.clone())
+    }
+
     /// The API server answered 304 to a revalidation: the entry is fresh again.
     pub fn revalidated(&self, account: &str, key: &Key, now: Instant) {
         if let Some(entry) = self
@@ -398,6 +406,7 @@ mod tests {
             matches!(cache.lookup("a", &aggregated, later), Lookup::Revalidate(d) if d.etag.as_deref() == Some("\"e1\""))
         );
         assert!(matches!(cache.lookup("a", &legacy, later), Lookup::Miss));
+        assert!(cache.last_known("a", &legacy).is_some(), "stale, but kept");
         cache.revalidated("a", &aggregated, later);
         assert!(matches!(
             cache.lookup("a", &aggregated, later),

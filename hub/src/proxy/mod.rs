@@ -80,6 +80,8 @@ impl Served {
 
 async fn handle(State(hub): State<Arc<Hub>>, request: Request) -> Response {
     let method = request.method().clone();
+    let discovery_path = split_path(request.uri().path())
+        .is_some_and(|(_, path)| discovery::is_discovery(&method, path));
     let (response, served) = match proxy(&hub, request).await {
         Ok(answer) => answer,
         Err(status) => {
@@ -88,7 +90,12 @@ async fn handle(State(hub): State<Arc<Hub>>, request: Request) -> Response {
                 message = status.message(),
                 "proxy refused a request"
             );
-            (status.into_response(), Served::Hub)
+            let response = if discovery_path {
+                status.into_text_response()
+            } else {
+                status.into_response()
+            };
+            (response, Served::Hub)
         }
     };
     hub.metrics
@@ -510,7 +517,7 @@ async fn discovery_request(
             None
         }
     };
-    let response = forward(
+    let response = match forward(
         hub,
         account,
         &Method::GET,
@@ -519,7 +526,22 @@ async fn discovery_request(
         None,
         false,
     )
-    .await?;
+    .await
+    {
+        Ok(response) => response,
+        Err(status) if status.code() == 503 => {
+            // No agent: the last document the cluster gave still describes its kinds best,
+            // and with it kubectl gets as far as the request itself, whose error says why.
+            return match hub.discovery.last_known(account, &key) {
+                Some(document) => Ok((
+                    document_response(&document, client_etag.as_deref(), "stale"),
+                    Served::Cache,
+                )),
+                None => Err(status),
+            };
+        }
+        Err(status) => return Err(status),
+    };
     if response.status() == StatusCode::NOT_MODIFIED
         && let Some(document) = cached
     {

@@ -72,11 +72,37 @@ impl Status {
     }
 }
 
+impl Status {
+    /// The same error as plain text: client-go's discovery client reads error bodies raw and
+    /// keeps only text (a JSON Status there shows as "unknown"), so errors on discovery
+    /// paths, the first request of every kubectl command, are sent as text.
+    pub fn into_text_response(self) -> Response {
+        let mut response = self.into_response();
+        let message = response
+            .extensions()
+            .get::<Message>()
+            .map(|m| m.0.clone())
+            .unwrap_or_default();
+        *response.body_mut() = axum::body::Body::from(format!("{message}\n"));
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        response.headers_mut().remove(header::CONTENT_LENGTH);
+        response
+    }
+}
+
+/// The message of a Status response, kept for [`Status::into_text_response`].
+#[derive(Clone)]
+struct Message(String);
+
 impl IntoResponse for Status {
     fn into_response(self) -> Response {
         let code = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let body = serde_json::to_vec(&self).unwrap_or_default();
         let mut response = (code, body).into_response();
+        response.extensions_mut().insert(Message(self.message));
         response.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
@@ -112,5 +138,12 @@ mod tests {
         assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
         assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
         assert!(response.headers().contains_key(header::WWW_AUTHENTICATE));
+
+        let text = Status::forbidden("no").into_text_response();
+        assert_eq!(text.status(), StatusCode::FORBIDDEN);
+        assert_eq!(
+            text.headers()[header::CONTENT_TYPE],
+            "text/plain; charset=utf-8"
+        );
     }
 }
