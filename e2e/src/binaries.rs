@@ -202,7 +202,10 @@ mod tests {
         let message = Binaries::locate_in(empty).unwrap_err().to_string();
         assert!(message.contains("make control-plane"), "{message}");
         assert!(message.contains(KUBERNETES_VERSION), "{message}");
-        assert!(message.contains("missing: etcd, kube-apiserver"), "{message}");
+        assert!(
+            message.contains("missing: etcd, kube-apiserver"),
+            "{message}"
+        );
     }
 
     #[test]
