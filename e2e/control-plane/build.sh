@@ -13,7 +13,10 @@
 # Everything lands in
 #   ${SCALE_AGENT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/scale-agent}/control-plane/<version>/bin
 # outside the repository, and is rebuilt only when a pinned version or one of this build's
-# inputs changes (Go's build cache makes a rebuild of unchanged parts quick).
+# inputs changes (Go's build cache makes a rebuild of unchanged parts quick: 15 to 30 s).
+#
+# Cold, on 2 cores: about 6 min for the multi-call binary, 1 to 1.5 min for kwok, 1 to
+# 2.5 min per old kubectl (depending on what else runs), 2 min for Helm.
 #
 # Usage: e2e/control-plane/build.sh [--print-bin-dir] [--force]
 set -euo pipefail
@@ -160,7 +163,7 @@ done
 # KWOK's module has no replace directives, so plain `go install` builds it. It brings its own
 # (older) Kubernetes client libraries, so it is a separate binary rather than a component of
 # kube-testbins: putting it in that module graph would move the apiserver's dependencies.
-step "building kwok $kwok_version (go install sigs.k8s.io/kwok/cmd/kwok)"
+step "building kwok $kwok_version (go install sigs.k8s.io/kwok/cmd/kwok; 1 to 1.5 min cold)"
 (cd "$out" && GOFLAGS= GOBIN="$bin" go install -trimpath \
   -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$kwok_version" \
   "sigs.k8s.io/kwok/cmd/kwok@$kwok_version")
@@ -183,7 +186,7 @@ for client in "${kubectl_clients[@]}"; do
   client_minor=${client#v1.}
   client_minor=${client_minor%%.*}
   name=kubectl-1.$client_minor
-  step "building kubectl $client ($name)"
+  step "building kubectl $client ($name; 1 to 2.5 min cold)"
   mkdir -p "$src/$name"
   cp "$here/kubectl-clients/1.$client_minor/main.go" "$src/$name/main.go"
   kubectl_gomod=$(module_field "k8s.io/kubectl@v0.${client#v1.}" GoMod)
