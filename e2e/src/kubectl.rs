@@ -25,13 +25,27 @@ impl Outcome {
         self.code == Some(0)
     }
 
-    /// stderr without klog's lines (what `-v=6` adds).
+    /// stderr as a user reads it: without klog's info lines (what `-v=6` adds), with klog's
+    /// error and fatal lines reduced to their message (kubectl 1.22 at `-v=6` reports
+    /// errors through klog's fatal path), and without the goroutine dump that follows a
+    /// fatal line.
     pub fn messages(&self) -> String {
-        self.stderr
-            .lines()
-            .filter(|line| !is_klog_line(line))
-            .collect::<Vec<_>>()
-            .join("\n")
+        let mut out = Vec::new();
+        for line in self.stderr.lines() {
+            if line.starts_with("goroutine ") {
+                break;
+            }
+            if is_klog_line(line) {
+                if matches!(line.chars().next(), Some('E' | 'F'))
+                    && let Some(i) = line.find("] ")
+                {
+                    out.push(&line[i + 2..]);
+                }
+                continue;
+            }
+            out.push(line);
+        }
+        out.join("\n")
     }
 }
 
@@ -174,11 +188,36 @@ pub fn request_shape(path: &str, namespace: &str) -> String {
     }
 }
 
+/// Names made from `generateName` prefixes end in five random characters.
+const GENERATED_SUFFIX: usize = 5;
+
+/// Masks the random suffix of names generated from `prefix` (`web-run-x7k2p`).
+pub fn mask_generated(text: &str, prefix: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find(prefix) {
+        let after = &rest[i + prefix.len()..];
+        let suffix_len = after
+            .chars()
+            .take_while(char::is_ascii_alphanumeric)
+            .count();
+        out.push_str(&rest[..i + prefix.len()]);
+        if suffix_len == GENERATED_SUFFIX {
+            out.push_str("GENERATED");
+            rest = &after[GENERATED_SUFFIX..];
+        } else {
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Masks what differs by nature between two runs of the same commands in two namespaces:
-/// `namespace` becomes `NS`; in JSON, uids, resourceVersions, times, managedFields, the
-/// names of generated objects and every object's `status` (written by controllers on
-/// their own schedule) are replaced or dropped. Text that is not JSON only has the
-/// namespace masked.
+/// `namespace` becomes `NS`; in JSON, uids, resourceVersions, times, allocated cluster IPs,
+/// managedFields, the names of generated objects, the Deployment revision annotation and
+/// every object's `status` (written by controllers on their own schedule) are replaced or
+/// dropped. Text that is not JSON only has the namespace masked.
 pub fn normalize(text: &str, namespace: &str) -> String {
     let replaced = text.replace(namespace, "NS");
     match serde_json::from_str::<Value>(&replaced) {
@@ -209,7 +248,14 @@ fn scrub(value: &mut Value) {
                 map.remove("status");
             }
             map.remove("managedFields");
-            for key in ["uid", "resourceVersion", "selfLink"] {
+            map.remove("deployment.kubernetes.io/revision");
+            for key in [
+                "uid",
+                "resourceVersion",
+                "selfLink",
+                "clusterIP",
+                "clusterIPs",
+            ] {
                 if let Some(v) = map.get_mut(key) {
                     *v = Value::String(key.to_uppercase());
                 }
@@ -265,6 +311,12 @@ Error from server (NotFound): deployments.apps \"nope\" not found";
             outcome.messages(),
             "Error from server (NotFound): deployments.apps \"nope\" not found"
         );
+        let fatal = Outcome {
+            code: Some(255),
+            stdout: String::new(),
+            stderr: "I1123 00:00:00.1 1 a.go:1] GET x\nF1123 00:00:00.2 1 helpers.go:118] error: Metrics API not available\ngoroutine 1 [running]:\nk8s.io/klog/v2.stacks(0x1)\n".into(),
+        };
+        assert_eq!(fatal.messages(), "error: Metrics API not available");
         assert_eq!(
             request_shape(
                 "/api/v1/namespaces/ns-1/pods?limit=500&continue=abc&limit=2",
@@ -293,6 +345,10 @@ Error from server (NotFound): deployments.apps \"nope\" not found";
         assert_eq!(
             normalize("deployment.apps/web scaled in ns-a\n", "ns-a"),
             "deployment.apps/web scaled in NS"
+        );
+        assert_eq!(
+            mask_generated("web-run-x7k2p deleted; web-run-long-name kept", "web-run-"),
+            "web-run-GENERATED deleted; web-run-long-name kept"
         );
     }
 }

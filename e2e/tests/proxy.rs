@@ -477,11 +477,16 @@ fn clouddriver_forms(crd_group: &str) -> Vec<Step> {
 fn view(step: &Step, outcome: &Outcome, namespace: &str) -> String {
     let code = outcome.code.unwrap_or(-1);
     match &step.view {
-        View::Exact => format!(
-            "exit {code}\nstdout:\n{}\nstderr:\n{}",
-            kubectl::normalize(&outcome.stdout, namespace),
-            kubectl::normalize(&outcome.messages(), namespace)
-        ),
+        View::Exact => {
+            let clean = |text: &str| {
+                kubectl::mask_generated(&kubectl::normalize(text, namespace), "web-run-")
+            };
+            format!(
+                "exit {code}\nstdout:\n{}\nstderr:\n{}",
+                clean(&outcome.stdout),
+                clean(&outcome.messages())
+            )
+        }
         View::Events => {
             let list: Value = serde_json::from_str(&outcome.stdout).unwrap_or_default();
             let reasons: BTreeSet<String> = list["items"]
@@ -492,15 +497,15 @@ fn view(step: &Step, outcome: &Outcome, namespace: &str) -> String {
                 .collect();
             format!("exit {code} {reasons:?}")
         }
-        View::Contains(name) => {
-            let name = name.replace("{ns}", namespace);
+        View::Contains(template) => {
+            let name = template.replace("{ns}", namespace);
             let list: Value = serde_json::from_str(&outcome.stdout).unwrap_or_default();
             let found = list["items"]
                 .as_array()
                 .into_iter()
                 .flatten()
                 .any(|i| i["metadata"]["name"] == name.as_str());
-            format!("exit {code} contains {name:?}: {found}")
+            format!("exit {code} contains {template:?}: {found}")
         }
     }
 }
