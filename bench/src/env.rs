@@ -286,6 +286,9 @@ impl HubProc {
             format!("--http-addr={}", self.http_addr),
             format!("--data-dir={}", self.data_dir.display()),
             "--grace-period=1h".into(),
+            // The measures read the REST API in plaintext, as they did before the listener
+            // became TLS by default.
+            "--http-plaintext".into(),
         ]);
         let proc = Proc::spawn(
             "scale-agent-hub",

@@ -205,6 +205,9 @@ impl Hub {
             format!("--client-ca={}", pki.ca_file.display()),
             format!("--data-dir={}", data_dir.display()),
             "--heartbeat-period=1s".into(),
+            // These tests read the REST API in plaintext; the HTTP listener's TLS and the
+            // proxy are tested in proxy.rs.
+            "--http-plaintext".into(),
         ];
         args.extend(extra.iter().map(|a| a.to_string()));
         let mut hub = Self {
