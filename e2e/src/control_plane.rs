@@ -67,6 +67,10 @@ pub struct ControlPlaneOptions {
     /// bound, become Running and Ready, and can have logs. Needs [`Self::controller_manager`]
     /// for anything but bare pods; [`Self::with_kwok`] sets both.
     pub kwok: bool,
+    /// Write the API server's audit log (every request's URI, verb, user and user agent,
+    /// as JSON lines), so tests can prove from the server's side what it received
+    /// ([`ControlPlane::audit_events`]).
+    pub audit: bool,
     /// Budget for each component to become ready; contended 2-core machines have been seen
     /// to need 35 s for the apiserver.
     pub ready_timeout: Duration,
@@ -81,6 +85,7 @@ impl Default for ControlPlaneOptions {
             controller_manager: false,
             controllers: DEFAULT_CONTROLLERS.iter().map(|c| c.to_string()).collect(),
             kwok: false,
+            audit: false,
             ready_timeout: Duration::from_secs(60),
             run_dir: None,
         }
@@ -88,6 +93,12 @@ impl Default for ControlPlaneOptions {
 }
 
 impl ControlPlaneOptions {
+    /// Also write the API server's audit log.
+    pub fn with_audit(mut self) -> Self {
+        self.audit = true;
+        self
+    }
+
     /// Also run kube-controller-manager.
     pub fn with_controller_manager(mut self) -> Self {
         self.controller_manager = true;
@@ -156,7 +167,36 @@ pub struct ControlPlane {
     kubeconfig_path: PathBuf,
     kubeconfig_yaml: String,
     kwok: Option<KwokRun>,
+    audit_log: Option<PathBuf>,
     startup: StartupTimes,
+}
+
+/// One request as the API server's audit log recorded it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditEvent {
+    /// Path and query as the server received them.
+    #[serde(rename = "requestURI")]
+    pub request_uri: String,
+    pub verb: String,
+    #[serde(default)]
+    pub user_agent: String,
+    pub user: AuditUser,
+    #[serde(default)]
+    pub response_status: Option<AuditStatus>,
+}
+
+/// Who made an audited request.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+pub struct AuditUser {
+    pub username: String,
+}
+
+/// How an audited request was answered.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+pub struct AuditStatus {
+    #[serde(default)]
+    pub code: u16,
 }
 
 /// Where a running kwok serves the kubelet API, and where pod log files go.
@@ -334,6 +374,25 @@ impl ControlPlane {
             "--profiling=false".into(),
             "--v=1".into(),
         ];
+        let audit_log = options.audit.then(|| run_dir.join("audit.log"));
+        if let Some(log) = &audit_log {
+            let policy = run_dir.join("audit-policy.yaml");
+            // Metadata of every request once it completed: enough to count requests by URI,
+            // user and user agent, without bodies.
+            fs::write(
+                &policy,
+                "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\n\
+                 rules:\n- level: Metadata\n",
+            )
+            .map_err(io_err("write the audit policy"))?;
+            apiserver_args.extend([
+                format!("--audit-policy-file={}", policy.display()),
+                format!("--audit-log-path={}", log.display()),
+                "--audit-log-format=json".into(),
+                // Written before the response, so a test reads what was answered.
+                "--audit-log-mode=blocking".into(),
+            ]);
+        }
         if options.kwok {
             // `pods/log` goes to "the kubelet", which is kwok at 127.0.0.1 serving with a
             // certificate from this run's CA: verify it, and take the nodes' InternalIP (the
@@ -509,6 +568,7 @@ impl ControlPlane {
             kubeconfig_path,
             kubeconfig_yaml,
             kwok: kwok_run,
+            audit_log,
             startup: StartupTimes {
                 etcd: etcd_ready,
                 kube_apiserver: apiserver_ready,
@@ -652,6 +712,19 @@ impl ControlPlane {
             .as_ref()
             .ok_or(Error::KwokNotRunning { what: "a pod log" })?;
         kwok::pod_log(client, &kwok.logs_dir, kwok.kubelet_port, namespace, pod).await
+    }
+
+    /// Every request the API server recorded in its audit log so far (empty without
+    /// [`ControlPlaneOptions::audit`]). Lines it has not finished writing are skipped.
+    pub fn audit_events(&self) -> Result<Vec<AuditEvent>> {
+        let Some(log) = &self.audit_log else {
+            return Ok(Vec::new());
+        };
+        let text = fs::read_to_string(log).map_err(io_err(format!("read {}", log.display())))?;
+        Ok(text
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect())
     }
 
     /// Compacts etcd's history up to its current revision, so older resourceVersions are

@@ -26,6 +26,6 @@ pub mod pki;
 pub mod process;
 
 pub use binaries::{Binaries, KUBERNETES_VERSION, KWOK_VERSION};
-pub use control_plane::{ControlPlane, ControlPlaneOptions, StartupTimes};
+pub use control_plane::{AuditEvent, ControlPlane, ControlPlaneOptions, StartupTimes};
 pub use error::{Error, Result};
 pub use kwok::PodLog;

@@ -103,10 +103,27 @@ impl Key {
             .filter_map(|v| v.to_str().ok())
             .any(|v| v.to_ascii_lowercase().contains("gzip"));
         Key {
-            path_and_query: path_and_query.to_string(),
+            path_and_query: without_timeout(path_and_query),
             accept,
             gzip,
         }
+    }
+}
+
+/// The path and query without `timeout` (client-go adds `?timeout=32s` to discovery; it
+/// does not change the document, and other clients send none).
+fn without_timeout(path_and_query: &str) -> String {
+    let Some((path, query)) = path_and_query.split_once('?') else {
+        return path_and_query.to_string();
+    };
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|pair| !pair.is_empty() && pair.split('=').next() != Some("timeout"))
+        .collect();
+    if kept.is_empty() {
+        path.to_string()
+    } else {
+        format!("{path}?{}", kept.join("&"))
     }
 }
 
@@ -341,6 +358,18 @@ mod tests {
             assert!(!is_discovery(&Method::GET, path), "{path}");
         }
         assert!(!is_discovery(&Method::POST, "/api"));
+    }
+
+    #[test]
+    fn keys_ignore_the_timeout_parameter_only() {
+        let headers = HeaderMap::new();
+        let key = |p: &str| Key::new(p, &headers).path_and_query;
+        assert_eq!(key("/api?timeout=32s"), "/api");
+        assert_eq!(key("/api"), "/api");
+        assert_eq!(
+            key("/openapi/v3/apis/apps/v1?hash=AB12&timeout=32s"),
+            "/openapi/v3/apis/apps/v1?hash=AB12"
+        );
     }
 
     #[test]
