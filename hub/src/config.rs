@@ -138,7 +138,7 @@ impl Config {
     pub fn new(security: GrpcSecurity, data_dir: impl Into<PathBuf>) -> Self {
         Config {
             grpc_addr: SocketAddr::from(([0, 0, 0, 0], 9091)),
-            http_addr: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            http_addr: SocketAddr::from(([0, 0, 0, 0], 8443)),
             security,
             data_dir: data_dir.into(),
             grace_period: Duration::from_secs(600),
