@@ -61,17 +61,32 @@ const DROPPED_RESPONSE_HEADERS: &[&str] = &[
     "upgrade",
 ];
 
-/// Whether a request header from the hub may be replayed.
-pub fn replay_request_header(name: &str) -> bool {
+/// Whether a request header from the hub may be replayed; for an upgrade (exec, attach,
+/// port-forward) `Connection` and `Upgrade` ask the API server to switch protocols.
+pub fn replay_request_header(name: &str, upgrade: bool) -> bool {
     let name = name.to_ascii_lowercase();
+    if upgrade && (name == "connection" || name == "upgrade") {
+        return true;
+    }
     !(DROPPED_REQUEST_HEADERS.contains(&name.as_str()) || name.starts_with("impersonate-"))
 }
 
-/// The response headers to send back.
-pub fn response_headers(headers: &http::HeaderMap) -> Vec<pb::HttpHeader> {
+/// Whether the request asks the API server to switch protocols.
+pub fn is_upgrade(head: &pb::HttpRequestHead) -> bool {
+    head.headers
+        .iter()
+        .any(|h| h.name.eq_ignore_ascii_case("upgrade"))
+}
+
+/// The response headers to send back; a 101 keeps `Connection` and `Upgrade`, which the
+/// client needs to accept the switch.
+pub fn response_headers(headers: &http::HeaderMap, switching: bool) -> Vec<pb::HttpHeader> {
     headers
         .iter()
-        .filter(|(name, _)| !DROPPED_RESPONSE_HEADERS.contains(&name.as_str()))
+        .filter(|(name, _)| {
+            (switching && (*name == http::header::CONNECTION || *name == http::header::UPGRADE))
+                || !DROPPED_RESPONSE_HEADERS.contains(&name.as_str())
+        })
         .map(|(name, value)| pb::HttpHeader {
             name: name.as_str().to_string(),
             value: value.as_bytes().to_vec(),
@@ -93,6 +108,7 @@ pub fn build_request(
     head: &pb::HttpRequestHead,
     body: Bytes,
 ) -> Result<http::Request<Body>, String> {
+    let upgrade = is_upgrade(head);
     if !head.path_and_query.starts_with('/') {
         return Err(format!(
             "the request path {:?} does not start with '/'",
@@ -103,7 +119,7 @@ pub fn build_request(
         .method(head.method.as_str())
         .uri(head.path_and_query.as_str());
     for header in &head.headers {
-        if replay_request_header(&header.name) {
+        if replay_request_header(&header.name, upgrade) {
             builder = builder.header(header.name.as_str(), header.value.as_slice());
         }
     }
@@ -339,6 +355,9 @@ async fn exchange(
     body_rx: Option<mpsc::UnboundedReceiver<Vec<u8>>>,
     credit: Arc<Semaphore>,
 ) -> Result<u16, Gone> {
+    if is_upgrade(&head) {
+        return upgraded(frames, head, client, body_rx, credit).await;
+    }
     let body = match body_rx {
         None => Bytes::new(),
         Some(mut rx) => {
@@ -380,13 +399,22 @@ async fn exchange(
             return Ok(502);
         }
     };
+    stream_response(frames, response, credit).await
+}
+
+/// Sends the API server's answer: its head, then its body within the hub's credit.
+async fn stream_response(
+    frames: &Frames,
+    response: http::Response<Body>,
+    credit: Arc<Semaphore>,
+) -> Result<u16, Gone> {
     let (parts, mut body) = response.into_parts();
     let code = parts.status.as_u16();
     let end = http_body::Body::is_end_stream(&body);
     frames
         .send(Frame::Response(pb::HttpResponseHead {
             status: u32::from(code),
-            headers: response_headers(&parts.headers),
+            headers: response_headers(&parts.headers, false),
             end_of_body: end,
         }))
         .await?;
@@ -430,5 +458,198 @@ async fn exchange(
                 return Ok(code);
             }
         }
+    }
+}
+
+/// An upgrade (exec, attach, port-forward): replayed with an empty body; after the API
+/// server's 101 the exchange carries the connection's bytes both ways, the server's within
+/// the hub's credit, the client's acknowledged with credit as they are written.
+async fn upgraded(
+    frames: &Frames,
+    head: pb::HttpRequestHead,
+    client: kube::Client,
+    body_rx: Option<mpsc::UnboundedReceiver<Vec<u8>>>,
+    credit: Arc<Semaphore>,
+) -> Result<u16, Gone> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let request = match build_request(&head, Bytes::new()) {
+        Ok(request) => request,
+        Err(message) => {
+            frames.answer(400, "BadRequest", &message).await?;
+            return Ok(400);
+        }
+    };
+    let mut response = match client.send(request).await {
+        Ok(response) => response,
+        Err(error) => {
+            let message = format!("the agent could not reach the API server: {error}");
+            frames.answer(502, "InternalError", &message).await?;
+            return Ok(502);
+        }
+    };
+    if response.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+        return stream_response(frames, response, credit).await;
+    }
+    let on_upgrade = hyper::upgrade::on(&mut response);
+    frames
+        .send(Frame::Response(pb::HttpResponseHead {
+            status: 101,
+            headers: response_headers(response.headers(), true),
+            end_of_body: false,
+        }))
+        .await?;
+    let io = match on_upgrade.await {
+        Ok(upgraded) => hyper_util::rt::TokioIo::new(upgraded),
+        Err(error) => {
+            let reason = format!("the API server's connection did not upgrade: {error}");
+            frames
+                .send(Frame::Reset(pb::TunnelReset { reason }))
+                .await?;
+            return Ok(101);
+        }
+    };
+    let (mut from_server, mut to_server) = tokio::io::split(io);
+    // Client to API server: what the hub sends, acknowledged as written.
+    let up_frames = frames.clone();
+    let upstream = tokio::spawn(async move {
+        let Some(mut rx) = body_rx else {
+            return;
+        };
+        while let Some(chunk) = rx.recv().await {
+            let len = chunk.len();
+            if to_server.write_all(&chunk).await.is_err() {
+                return;
+            }
+            let credit = Frame::WindowUpdate(u32::try_from(len).unwrap_or(u32::MAX));
+            if up_frames.send(credit).await.is_err() {
+                return;
+            }
+        }
+        // The client finished sending.
+        let _ = to_server.shutdown().await;
+    });
+    // API server to client, within the hub's credit; the exchange ends when the server's
+    // side closes.
+    let mut buf = vec![0u8; MAX_FRAME_BYTES];
+    let result = loop {
+        let n = match from_server.read(&mut buf).await {
+            Ok(n) => n,
+            Err(error) => {
+                let reason = format!("the API server's connection broke off: {error}");
+                break frames.send(Frame::Reset(pb::TunnelReset { reason })).await;
+            }
+        };
+        if n == 0 {
+            break frames
+                .send(Frame::Data(pb::TunnelData {
+                    data: Vec::new(),
+                    end_of_body: true,
+                }))
+                .await;
+        }
+        let Ok(permits) = credit.acquire_many(n as u32).await else {
+            break Err(Gone);
+        };
+        permits.forget();
+        if let Err(gone) = frames
+            .send(Frame::Data(pb::TunnelData {
+                data: buf[..n].to_vec(),
+                end_of_body: false,
+            }))
+            .await
+        {
+            break Err(gone);
+        }
+    };
+    upstream.abort();
+    result.map(|()| 101)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(name: &str, value: &str) -> pb::HttpHeader {
+        pb::HttpHeader {
+            name: name.into(),
+            value: value.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn replayed_requests_carry_no_caller_credentials() {
+        let head = pb::HttpRequestHead {
+            account: "a".into(),
+            method: "PATCH".into(),
+            path_and_query: "/apis/apps/v1/namespaces/x/deployments/web?fieldManager=kubectl"
+                .into(),
+            headers: vec![
+                header("Authorization", "Bearer sat_x"),
+                header("Impersonate-User", "admin"),
+                header("Content-Type", "application/strategic-merge-patch+json"),
+                header("Connection", "keep-alive"),
+                header("Content-Length", "2"),
+            ],
+            end_of_body: false,
+        };
+        let request = build_request(&head, Bytes::from_static(b"{}")).unwrap();
+        assert_eq!(request.method(), "PATCH");
+        assert_eq!(
+            request.uri(),
+            "/apis/apps/v1/namespaces/x/deployments/web?fieldManager=kubectl"
+        );
+        let names: Vec<&str> = request.headers().keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["content-type"]);
+        let bad = pb::HttpRequestHead {
+            path_and_query: "http://elsewhere/".into(),
+            ..head
+        };
+        assert!(
+            build_request(&bad, Bytes::new()).is_err(),
+            "only paths of this API server"
+        );
+    }
+
+    #[test]
+    fn upgrades_keep_their_connection_headers_both_ways() {
+        let head = pb::HttpRequestHead {
+            method: "POST".into(),
+            path_and_query: "/api/v1/namespaces/x/pods/p/exec?command=true&stdout=true".into(),
+            headers: vec![
+                header("Connection", "Upgrade"),
+                header("Upgrade", "SPDY/3.1"),
+                header("X-Stream-Protocol-Version", "v4.channel.k8s.io"),
+                header("Authorization", "Bearer sat_x"),
+            ],
+            ..Default::default()
+        };
+        assert!(is_upgrade(&head));
+        let request = build_request(&head, Bytes::new()).unwrap();
+        assert_eq!(request.headers()["upgrade"], "SPDY/3.1");
+        assert_eq!(request.headers()["connection"], "Upgrade");
+        assert!(!request.headers().contains_key("authorization"));
+
+        let mut answer = http::HeaderMap::new();
+        answer.insert("connection", http::HeaderValue::from_static("Upgrade"));
+        answer.insert("upgrade", http::HeaderValue::from_static("SPDY/3.1"));
+        answer.insert(
+            "x-stream-protocol-version",
+            http::HeaderValue::from_static("v4.channel.k8s.io"),
+        );
+        assert_eq!(response_headers(&answer, true).len(), 3);
+        assert_eq!(response_headers(&answer, false).len(), 1);
+    }
+
+    #[test]
+    fn statuses_made_by_the_agent_are_kubernetes_statuses() {
+        let body: serde_json::Value = serde_json::from_slice(&status_body(
+            502,
+            "InternalError",
+            "the agent could not reach the API server",
+        ))
+        .unwrap();
+        assert_eq!(body["kind"], "Status");
+        assert_eq!(body["code"], 502);
+        assert_eq!(body["reason"], "InternalError");
     }
 }

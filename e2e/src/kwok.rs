@@ -19,6 +19,10 @@
 //!   `no logs found for container "app" in pod "ns/name"`, which `kubectl logs -f` keeps
 //!   printing as it retries.) A pod not yet bound to a node has an empty log too: the
 //!   apiserver answers so itself.
+//! - `exec` runs the command on this host (a `ClusterExec` with a local target, in the run's
+//!   directory): `kubectl exec pod -- echo hi` prints `hi`. `port-forward` connects every
+//!   port to a `cat` process (a `ClusterPortForward` with a command), so what a client sends
+//!   through a forwarded port comes back: an echo server.
 
 use std::{
     fs::OpenOptions,
@@ -71,9 +75,10 @@ fn probe_log(logs_dir: &Path) -> PathBuf {
     logs_dir.join("probe.log")
 }
 
-/// Writes kwok's configuration for logs into `logs_dir` (created): a `ClusterLogs` that
-/// gives every pod an empty log, and the probe log of [`PROBE_CONTAINER`]. Returns the
-/// configuration file, for `--config`.
+/// Writes kwok's configuration into `logs_dir` (created): a `ClusterLogs` that gives every
+/// pod an empty log (and the probe log of [`PROBE_CONTAINER`]), a `ClusterExec` that runs
+/// `exec` commands on this host, and a `ClusterPortForward` that echoes forwarded ports.
+/// Returns the configuration file, for `--config`.
 pub(crate) fn write_logs_config(logs_dir: &Path) -> Result<PathBuf> {
     std::fs::create_dir_all(logs_dir).map_err(io_err(format!("create {}", logs_dir.display())))?;
     let write = |path: PathBuf, contents: String| {
@@ -82,14 +87,34 @@ pub(crate) fn write_logs_config(logs_dir: &Path) -> Result<PathBuf> {
     write(empty_log(logs_dir), String::new())?;
     write(probe_log(logs_dir), cri_records(PROBE_LINE))?;
     // JSON is YAML, which kwok's --config reads.
-    let config = json!({
-        "apiVersion": "kwok.x-k8s.io/v1alpha1",
-        "kind": "ClusterLogs",
-        "metadata": { "name": "empty-by-default" },
-        "spec": { "logs": [ { "logsFile": empty_log(logs_dir).display().to_string() } ] },
-    });
-    let path = logs_dir.join("cluster-logs.yaml");
-    write(path.clone(), config.to_string())?;
+    let documents = [
+        json!({
+            "apiVersion": "kwok.x-k8s.io/v1alpha1",
+            "kind": "ClusterLogs",
+            "metadata": { "name": "empty-by-default" },
+            "spec": { "logs": [ { "logsFile": empty_log(logs_dir).display().to_string() } ] },
+        }),
+        json!({
+            "apiVersion": "kwok.x-k8s.io/v1alpha1",
+            "kind": "ClusterExec",
+            "metadata": { "name": "local" },
+            "spec": { "execs": [ { "local": { "workDir": logs_dir.display().to_string() } } ] },
+        }),
+        json!({
+            "apiVersion": "kwok.x-k8s.io/v1alpha1",
+            "kind": "ClusterPortForward",
+            "metadata": { "name": "echo" },
+            "spec": { "forwards": [ { "command": ["cat"] } ] },
+        }),
+    ];
+    // JSON documents are YAML documents; kwok reads the stream of them.
+    let text = documents
+        .iter()
+        .map(|d| d.to_string())
+        .collect::<Vec<_>>()
+        .join("\n---\n");
+    let path = logs_dir.join("kwok-config.yaml");
+    write(path.clone(), text)?;
     Ok(path)
 }
 

@@ -1341,3 +1341,103 @@ fn proxy_token(kubeconfig: &Path) -> anyhow::Result<String> {
         .find_map(|l| l.trim().strip_prefix("token: ").map(str::to_string))
         .ok_or_else(|| anyhow::anyhow!("no token in {}", kubeconfig.display()))
 }
+
+#[tokio::test]
+async fn exec_and_port_forward_work_through_the_proxy() -> anyhow::Result<()> {
+    use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
+    let account = account_name("exec");
+    let setup = Setup::new("exec", &[&account]).await?;
+    let proxied = setup.kubeconfig(&account, "exec").await?;
+    let control_plane = control_plane()?;
+    let namespace = control_plane.namespace(&setup.admin, "exec").await?;
+    run_logger(&setup.admin, &namespace).await?;
+    let ns = format!("--namespace={namespace}");
+
+    // exec: kubectl 1.37 speaks WebSocket (v5.channel.k8s.io), 1.29 SPDY; kwok runs the
+    // command on this host.
+    for (label, binary) in [
+        ("current", control_plane.binaries().kubectl()),
+        ("1.29", control_plane.binaries().kubectl_client(29)),
+    ] {
+        let kubectl = Kubectl::new(binary, setup.dir.join(format!("home-exec-{label}")));
+        let exec = args(&[
+            "exec",
+            "logger",
+            "-c",
+            "main",
+            &ns,
+            "--",
+            "echo",
+            "hello-from-exec",
+        ]);
+        let direct = kubectl
+            .run(&setup.direct, &exec, None, KUBECTL_TIMEOUT)
+            .await?;
+        ensure_ok(&format!("kubectl {label} exec directly"), &direct)?;
+        let through = kubectl.run(&proxied, &exec, None, KUBECTL_TIMEOUT).await?;
+        ensure_ok(&format!("kubectl {label} exec through the proxy"), &through)?;
+        assert_eq!(through.stdout.trim(), "hello-from-exec");
+        assert_eq!(through.stdout, direct.stdout);
+        // stdin crosses too. (`head -n 1`, not `cat`: kwok's local exec does not pass on
+        // the end of stdin, directly or not, so `cat` would never exit.)
+        let head = args(&[
+            "exec", "-i", "logger", "-c", "main", &ns, "--", "head", "-n", "1",
+        ]);
+        let direct = kubectl
+            .run(
+                &setup.direct,
+                &head,
+                Some("typed into stdin\n"),
+                KUBECTL_TIMEOUT,
+            )
+            .await?;
+        ensure_ok(&format!("kubectl {label} exec -i directly"), &direct)?;
+        let echoed = kubectl
+            .run(&proxied, &head, Some("typed into stdin\n"), KUBECTL_TIMEOUT)
+            .await?;
+        ensure_ok(
+            &format!("kubectl {label} exec -i through the proxy"),
+            &echoed,
+        )?;
+        assert_eq!(echoed.stdout, "typed into stdin\n");
+        assert_eq!(echoed.stdout, direct.stdout);
+    }
+
+    // port-forward: kwok echoes every forwarded port.
+    let kubectl = Kubectl::new(
+        control_plane.binaries().kubectl(),
+        setup.dir.join("home-pf"),
+    );
+    let mut forward = tokio::process::Command::new(&kubectl.binary)
+        .arg(format!("--kubeconfig={}", proxied.display()))
+        .args(["port-forward", "pod/logger", ":8080", &ns])
+        .env("HOME", &kubectl.home)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let stdout = forward
+        .stdout
+        .take()
+        .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    // "Forwarding from 127.0.0.1:43211 -> 8080"
+    let port = tokio::time::timeout(WAIT, async {
+        while let Some(line) = lines.next_line().await? {
+            if let Some(rest) = line.strip_prefix("Forwarding from 127.0.0.1:") {
+                let port: u16 = rest.split_whitespace().next().unwrap_or("").parse()?;
+                return anyhow::Ok(port);
+            }
+        }
+        anyhow::bail!("kubectl port-forward ended without forwarding")
+    })
+    .await??;
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream.write_all(b"ping through the hub\n").await?;
+    let mut echoed = vec![0u8; "ping through the hub\n".len()];
+    tokio::time::timeout(WAIT, stream.read_exact(&mut echoed)).await??;
+    assert_eq!(echoed, b"ping through the hub\n");
+    drop(stream);
+    let _ = forward.kill().await;
+    setup.stop().await
+}

@@ -73,6 +73,44 @@ pub fn response_headers(headers: &[pb::HttpHeader]) -> HeaderMap {
     map
 }
 
+/// The headers that ask the API server for the same upgrade the client asked for
+/// (`Connection: Upgrade`, `Upgrade: SPDY/3.1` or `websocket`), which
+/// [`request_headers`] leaves out as hop-by-hop.
+pub fn upgrade_headers(headers: &HeaderMap) -> Vec<pb::HttpHeader> {
+    let mut out = vec![pb::HttpHeader {
+        name: "connection".into(),
+        value: b"Upgrade".to_vec(),
+    }];
+    out.extend(
+        headers
+            .get_all(header::UPGRADE)
+            .iter()
+            .map(|value| pb::HttpHeader {
+                name: "upgrade".into(),
+                value: value.as_bytes().to_vec(),
+            }),
+    );
+    out
+}
+
+/// The headers of a 101 answer: as [`response_headers`], plus `Connection` and `Upgrade`,
+/// which the client needs to accept the switch.
+pub fn switching_headers(headers: &[pb::HttpHeader]) -> HeaderMap {
+    let mut map = response_headers(headers);
+    for h in headers {
+        let name = h.name.to_ascii_lowercase();
+        if (name == "connection" || name == "upgrade")
+            && let (Ok(name), Ok(value)) = (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_bytes(&h.value),
+            )
+        {
+            map.append(name, value);
+        }
+    }
+    map
+}
+
 /// Whether the request asks for a connection upgrade (exec, attach, port-forward over SPDY
 /// or WebSocket).
 pub fn is_upgrade(headers: &HeaderMap) -> bool {
@@ -133,6 +171,47 @@ mod tests {
         assert!(map.contains_key("etag") && map.contains_key("content-type"));
         assert!(!map.contains_key("transfer-encoding") && !map.contains_key("connection"));
         assert_eq!(map.len(), 4);
+    }
+
+    #[test]
+    fn upgrade_headers_ask_for_the_same_protocol_and_101s_keep_them() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", HeaderValue::from_static("Upgrade"));
+        h.insert("upgrade", HeaderValue::from_static("SPDY/3.1"));
+        h.insert(
+            "x-stream-protocol-version",
+            HeaderValue::from_static("v4.channel.k8s.io"),
+        );
+        let forwarded: Vec<(String, Vec<u8>)> = request_headers(&h)
+            .into_iter()
+            .chain(upgrade_headers(&h))
+            .map(|h| (h.name, h.value))
+            .collect();
+        assert!(forwarded.contains(&("upgrade".into(), b"SPDY/3.1".to_vec())));
+        assert!(forwarded.contains(&("connection".into(), b"Upgrade".to_vec())));
+        assert!(forwarded.contains(&(
+            "x-stream-protocol-version".into(),
+            b"v4.channel.k8s.io".to_vec()
+        )));
+        let answer = [
+            pb::HttpHeader {
+                name: "Connection".into(),
+                value: b"Upgrade".to_vec(),
+            },
+            pb::HttpHeader {
+                name: "Upgrade".into(),
+                value: b"SPDY/3.1".to_vec(),
+            },
+            pb::HttpHeader {
+                name: "X-Stream-Protocol-Version".into(),
+                value: b"v4.channel.k8s.io".to_vec(),
+            },
+        ];
+        let map = switching_headers(&answer);
+        assert_eq!(map["upgrade"], "SPDY/3.1");
+        assert_eq!(map["connection"], "Upgrade");
+        assert_eq!(map["x-stream-protocol-version"], "v4.channel.k8s.io");
+        assert_eq!(response_headers(&answer).len(), 1, "hop-by-hop otherwise");
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! through the hub. Each request needs a bearer token issued for that account
 //! ([`crate::tokens`]); it is carried to a connected agent of the account as one exchange
 //! on the agent's existing stream ([`crate::tunnel`]) and replayed there against the API
-//! server with the agent's own credentials. Discovery and OpenAPI documents are answered
+//! server with the agent's own credentials; upgrades (exec, attach, port-forward) carry the
+//! connection's bytes after the API server's 101. Discovery and OpenAPI documents are answered
 //! from a per-account cache ([`discovery`]). Every error the hub makes itself is a
 //! Kubernetes `Status` ([`status`]).
 
@@ -152,16 +153,6 @@ async fn proxy(hub: &Arc<Hub>, request: Request) -> Result<(Response, Served), S
              was removed after its grace period); check the agents with GET /api/v1/agents"
         )));
     }
-    if headers::is_upgrade(request.headers()) {
-        return Err(Status::failure(
-            405,
-            "MethodNotAllowed",
-            format!(
-                "exec, attach and port-forward are not supported through the Scale Agent hub \
-                 yet (account {account:?}); run them against the cluster directly"
-            ),
-        ));
-    }
     let path_and_query = match request.uri().query() {
         Some(query) => format!("{api_path}?{query}"),
         None => api_path.to_string(),
@@ -171,7 +162,12 @@ async fn proxy(hub: &Arc<Hub>, request: Request) -> Result<(Response, Served), S
         return discovery_request(hub, &account, &path_and_query, request).await;
     }
     let changes_kinds = discovery::changes_kinds(&method, api_path);
-    let ends_cleanly = is_long_running(&method, api_path, request.uri().query());
+    let mut request = request;
+    // exec, attach, port-forward: after the API server's 101 the exchange carries the
+    // connection's bytes both ways.
+    let upgrade = headers::is_upgrade(request.headers()).then(|| hyper::upgrade::on(&mut request));
+    let ends_cleanly =
+        upgrade.is_some() || is_long_running(&method, api_path, request.uri().query());
     let (parts, body) = request.into_parts();
     let body = (!body_is_empty(&parts.headers, &body)).then_some(body);
     let response = forward(
@@ -181,7 +177,10 @@ async fn proxy(hub: &Arc<Hub>, request: Request) -> Result<(Response, Served), S
         &path_and_query,
         &parts.headers,
         body,
-        ends_cleanly,
+        Exchange {
+            ends_cleanly,
+            upgrade,
+        },
     )
     .await?;
     if changes_kinds && response.status().is_success() {
@@ -238,6 +237,17 @@ fn pick(hub: &Hub, account: &str, tried: &[SessionId]) -> Option<(SessionId, Age
     usable.into_iter().nth(i)
 }
 
+/// How an exchange behaves besides its request.
+#[derive(Default)]
+struct Exchange {
+    /// A watch or log follow (or an upgraded connection): it ends cleanly when its agent
+    /// goes away.
+    ends_cleanly: bool,
+    /// The client's connection, once the API server switches protocols (exec, attach,
+    /// port-forward).
+    upgrade: Option<hyper::upgrade::OnUpgrade>,
+}
+
 /// Carries a request to an agent of `account` and streams its answer back.
 async fn forward(
     hub: &Arc<Hub>,
@@ -246,9 +256,14 @@ async fn forward(
     path_and_query: &str,
     headers: &HeaderMap,
     body: Option<Body>,
-    ends_cleanly: bool,
+    exchange_kind: Exchange,
 ) -> Result<Response, Status> {
+    let Exchange {
+        ends_cleanly,
+        mut upgrade,
+    } = exchange_kind;
     let mut body = body;
+    let once = body.is_some() || upgrade.is_some();
     let mut tried = Vec::new();
     let mut last_error = None;
     loop {
@@ -276,16 +291,21 @@ async fn forward(
             id: exchange.id,
             tx: tx.clone(),
         };
+        let mut request_headers = headers::request_headers(headers);
+        if upgrade.is_some() {
+            request_headers.extend(headers::upgrade_headers(headers));
+        }
         let request_head = pb::HttpRequestHead {
             account: account.to_string(),
             method: method.as_str().to_string(),
             path_and_query: path_and_query.to_string(),
-            headers: headers::request_headers(headers),
-            end_of_body: body.is_none(),
+            headers: request_headers,
+            // An upgrade's client-to-server bytes follow the API server's 101.
+            end_of_body: body.is_none() && upgrade.is_none(),
         };
         if !tunnel::send_frame(&tx, exchange.id, Frame::Request(request_head)).await {
             hub.tunnels.close(exchange.id);
-            if body.is_none() && tried.len() < MAX_ATTEMPTS {
+            if !once && tried.len() < MAX_ATTEMPTS {
                 continue;
             }
             return Err(Status::unavailable(format!(
@@ -305,7 +325,7 @@ async fn forward(
             head,
             body: events,
             unconsumed,
-            ..
+            request_credit,
         } = exchange;
         let head = match tokio::time::timeout(RESPONSE_HEAD_TIMEOUT, head).await {
             Ok(Ok(Ok(head))) => head,
@@ -314,7 +334,7 @@ async fn forward(
                     format!("the agent of account {account:?} disconnected before answering");
                 // Only a request without a body can go to another replica: a body was
                 // streamed into the tunnel and is gone.
-                if tried.len() < MAX_ATTEMPTS && !headers_carry_body(method) {
+                if tried.len() < MAX_ATTEMPTS && !once && !headers_carry_body(method) {
                     tracing::info!(%account, exchange = id, "agent left before answering; trying another replica");
                     last_error = Some(Status::unavailable(message));
                     continue;
@@ -336,6 +356,22 @@ async fn forward(
         };
         let status = StatusCode::from_u16(u16::try_from(head.status).unwrap_or(502))
             .unwrap_or(StatusCode::BAD_GATEWAY);
+        if status == StatusCode::SWITCHING_PROTOCOLS
+            && let Some(on_upgrade) = upgrade.take()
+        {
+            let mut response = Response::new(Body::empty());
+            *response.status_mut() = status;
+            *response.headers_mut() = headers::switching_headers(&head.headers);
+            let pump = Upgraded {
+                events,
+                unconsumed,
+                credit: request_credit,
+                window: u64::from(window),
+                guard,
+            };
+            tokio::spawn(pump.run(on_upgrade));
+            return Ok(response);
+        }
         let mut response = if head.end_of_body {
             drop(guard);
             Response::new(Body::empty())
@@ -350,6 +386,86 @@ async fn forward(
         *response.status_mut() = status;
         *response.headers_mut() = headers::response_headers(&head.headers);
         return Ok(response);
+    }
+}
+
+/// An upgraded connection (exec, attach, port-forward) carried by an exchange: the client's
+/// bytes go to the agent within its credit, the agent's to the client, returning credit as
+/// they are written.
+struct Upgraded {
+    events: tokio::sync::mpsc::UnboundedReceiver<BodyEvent>,
+    unconsumed: Arc<AtomicU64>,
+    credit: Arc<tokio::sync::Semaphore>,
+    window: u64,
+    guard: ExchangeGuard,
+}
+
+impl Upgraded {
+    async fn run(self, on_upgrade: hyper::upgrade::OnUpgrade) {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let Upgraded {
+            mut events,
+            unconsumed,
+            credit,
+            window,
+            guard,
+        } = self;
+        let io = match on_upgrade.await {
+            Ok(upgraded) => hyper_util::rt::TokioIo::new(upgraded),
+            Err(error) => {
+                tracing::debug!(%error, "the client's connection did not upgrade");
+                return;
+            }
+        };
+        let (mut from_client, mut to_client) = tokio::io::split(io);
+        let (id, tx) = (guard.id, guard.tx.clone());
+        // Client to agent, never beyond the agent's credit.
+        let upstream = tokio::spawn(async move {
+            let mut buf = vec![0u8; tunnel::MAX_FRAME_BYTES];
+            loop {
+                // A read error ends the client's side like an end of stream.
+                let n: usize = from_client.read(&mut buf).await.unwrap_or_default();
+                if n > 0 {
+                    let Ok(permits) = credit.acquire_many(n as u32).await else {
+                        return;
+                    };
+                    permits.forget();
+                }
+                let frame = Frame::Data(pb::TunnelData {
+                    data: buf[..n].to_vec(),
+                    end_of_body: n == 0,
+                });
+                if !tunnel::send_frame(&tx, id, frame).await || n == 0 {
+                    return;
+                }
+            }
+        });
+        // Agent to client; the connection ends when the API server's side does.
+        let mut consumed = 0u64;
+        while let Some(event) = events.recv().await {
+            match event {
+                BodyEvent::Data(bytes) => {
+                    if to_client.write_all(&bytes).await.is_err() {
+                        break;
+                    }
+                    consumed += bytes.len() as u64;
+                    if consumed >= window / 4 {
+                        unconsumed.fetch_sub(consumed, Ordering::AcqRel);
+                        let update =
+                            Frame::WindowUpdate(u32::try_from(consumed).unwrap_or(u32::MAX));
+                        consumed = 0;
+                        if !tunnel::send_frame(&guard.tx, guard.id, update).await {
+                            break;
+                        }
+                    }
+                }
+                BodyEvent::End | BodyEvent::Failed(_) => break,
+            }
+        }
+        let _ = to_client.shutdown().await;
+        upstream.abort();
+        // Dropping the guard resets the exchange if the agent's side is still open.
+        drop(guard);
     }
 }
 
@@ -524,7 +640,7 @@ async fn discovery_request(
         path_and_query,
         &headers,
         None,
-        false,
+        Exchange::default(),
     )
     .await
     {
