@@ -257,13 +257,7 @@ impl Metrics {
 
     /// Counts a proxy request of `account` answered with `code`.
     pub fn proxy_request(&self, account: &str, code: u16) {
-        let class = match code {
-            100..=199 => "1xx",
-            200..=299 => "2xx",
-            300..=399 => "3xx",
-            400..=499 => "4xx",
-            _ => "5xx",
-        };
+        let class = scale_agent_proto::tunnel::status_class(code);
         self.proxy_requests
             .get_or_create(&ProxyLabels {
                 account: account.to_string(),

@@ -17,7 +17,10 @@ use std::{collections::HashMap, sync::Arc};
 use bytes::Bytes;
 use http_body_util::BodyExt as _;
 use kube::client::Body;
-use scale_agent_proto::v1::{self as pb, AgentMessage, agent_message, tunnel_frame::Frame};
+use scale_agent_proto::{
+    tunnel::HOP_BY_HOP,
+    v1::{self as pb, AgentMessage, agent_message, tunnel_frame::Frame},
+};
 use tokio::{
     sync::{Semaphore, mpsc},
     task::{AbortHandle, JoinSet},
@@ -25,41 +28,13 @@ use tokio::{
 
 use crate::state::Shared;
 
-/// Largest body chunk in one frame (the contract's limit).
-pub const MAX_FRAME_BYTES: usize = 64 * 1024;
+pub use scale_agent_proto::tunnel::{DEFAULT_WINDOW_BYTES, MAX_FRAME_BYTES};
 /// Largest request body the agent replays.
 pub const MAX_REQUEST_BODY_BYTES: usize = 8 * 1024 * 1024;
-/// Window used when Welcome leaves it at 0.
-pub const DEFAULT_WINDOW_BYTES: u32 = 1024 * 1024;
 
-/// Request headers never replayed: the caller's credentials and identity claims (the agent
-/// acts as itself), and headers that belong to one connection.
-const DROPPED_REQUEST_HEADERS: &[&str] = &[
-    "authorization",
-    "proxy-authorization",
-    "cookie",
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "host",
-    "expect",
-    "content-length",
-];
-
-/// Response headers that belong to one connection.
-const DROPPED_RESPONSE_HEADERS: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
+/// Request headers never replayed besides the hop-by-hop ones: the caller's credentials and
+/// identity claims (the agent acts as itself), and the length hyper sets from the body.
+const DROPPED_REQUEST_HEADERS: &[&str] = &["authorization", "cookie", "content-length"];
 
 /// Whether a request header from the hub may be replayed; for an upgrade (exec, attach,
 /// port-forward) `Connection` and `Upgrade` ask the API server to switch protocols.
@@ -68,7 +43,9 @@ pub fn replay_request_header(name: &str, upgrade: bool) -> bool {
     if upgrade && (name == "connection" || name == "upgrade") {
         return true;
     }
-    !(DROPPED_REQUEST_HEADERS.contains(&name.as_str()) || name.starts_with("impersonate-"))
+    !(HOP_BY_HOP.contains(&name.as_str())
+        || DROPPED_REQUEST_HEADERS.contains(&name.as_str())
+        || name.starts_with("impersonate-"))
 }
 
 /// Whether the request asks the API server to switch protocols.
@@ -85,7 +62,7 @@ pub fn response_headers(headers: &http::HeaderMap, switching: bool) -> Vec<pb::H
         .iter()
         .filter(|(name, _)| {
             (switching && (*name == http::header::CONNECTION || *name == http::header::UPGRADE))
-                || !DROPPED_RESPONSE_HEADERS.contains(&name.as_str())
+                || !HOP_BY_HOP.contains(&name.as_str())
         })
         .map(|(name, value)| pb::HttpHeader {
             name: name.as_str().to_string(),

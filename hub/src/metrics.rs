@@ -143,13 +143,7 @@ impl Metrics {
             "OPTIONS" => "OPTIONS",
             _ => "other",
         };
-        let class = match code {
-            100..=199 => "1xx",
-            200..=299 => "2xx",
-            300..=399 => "3xx",
-            400..=499 => "4xx",
-            _ => "5xx",
-        };
+        let class = scale_agent_proto::tunnel::status_class(code);
         self.proxy_requests
             .get_or_create(&[("method", method), ("served", served), ("code", class)])
             .inc();

@@ -23,10 +23,11 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::registry::SessionId;
 
-/// Initial window of each direction of an exchange, sent in Welcome.
-pub const WINDOW_BYTES: u32 = 1024 * 1024;
-/// Largest body chunk in one frame.
-pub const MAX_FRAME_BYTES: usize = 64 * 1024;
+/// Initial window of each direction of an exchange, sent in Welcome: a window in flight
+/// per exchange keeps a loopback or LAN tunnel near its bandwidth while bounding what the
+/// hub holds for a slow client.
+pub const WINDOW_BYTES: u32 = scale_agent_proto::tunnel::DEFAULT_WINDOW_BYTES;
+pub use scale_agent_proto::tunnel::MAX_FRAME_BYTES;
 
 /// The outbound queue of one agent stream.
 pub type AgentSender = mpsc::Sender<Result<pb::HubMessage, tonic::Status>>;

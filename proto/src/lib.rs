@@ -35,3 +35,37 @@ impl v1::operation::Op {
         }
     }
 }
+
+/// What both ends of a tunnelled HTTP exchange agree on (item 7 of the stream contract).
+pub mod tunnel {
+    /// Largest body chunk in one `TunnelData` frame.
+    pub const MAX_FRAME_BYTES: usize = 64 * 1024;
+    /// The window of each direction when `Welcome.tunnel_window_bytes` is 0.
+    pub const DEFAULT_WINDOW_BYTES: u32 = 1024 * 1024;
+    /// Headers that belong to one HTTP connection (RFC 9110 §7.6.1) or that each hop sets
+    /// itself: never carried across the tunnel.
+    pub const HOP_BY_HOP: &[&str] = &[
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "expect",
+    ];
+
+    /// The class of an HTTP status code (`2xx`, ...), a bounded metrics label.
+    pub fn status_class(code: u16) -> &'static str {
+        match code {
+            100..=199 => "1xx",
+            200..=299 => "2xx",
+            300..=399 => "3xx",
+            400..=499 => "4xx",
+            _ => "5xx",
+        }
+    }
+}

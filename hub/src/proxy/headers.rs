@@ -2,22 +2,7 @@
 //! request as its own identity), nor do hop-by-hop headers, which belong to one connection.
 
 use http::{HeaderMap, HeaderName, HeaderValue, header};
-use scale_agent_proto::v1 as pb;
-
-/// Hop-by-hop headers (RFC 9110 §7.6.1) and the ones a proxy sets itself.
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "host",
-    "expect",
-];
+use scale_agent_proto::{tunnel::HOP_BY_HOP, v1 as pb};
 
 /// Whether a request header may be forwarded to the agent.
 fn forward_request_header(name: &HeaderName) -> bool {
