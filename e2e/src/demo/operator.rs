@@ -94,16 +94,46 @@ pub(super) async fn apply_sample(
         &["apply", "--server-side", "-f", &sample.to_string_lossy()],
     )?;
 
+    let deployment = wait_for_operator(client, out).await?;
+    run_admin_kubectl(
+        control_plane,
+        out,
+        &["get", "scaleagents,agentaccounts", "-n", NAMESPACE],
+    )?;
+    line(
+        out,
+        format!(
+            "    (READY {}: KWOK reports the Deployment's pods Running and Ready on its fake nodes, but no container runs; the agents run as local processes below)",
+            deployment.replicas
+        ),
+    );
+    run_admin_kubectl(
+        control_plane,
+        out,
+        &[
+            "get",
+            "sa,cm,secret,deploy,rs",
+            "-n",
+            NAMESPACE,
+            "-l",
+            MANAGED_BY_SELECTOR,
+        ],
+    )?;
+    Ok(deployment)
+}
+
+/// Waits until the operator has reconciled the sample (status, certificate, ReplicaSet) and
+/// the agent Deployment's KWOK pods are Ready, so READY says the same on every run.
+async fn wait_for_operator(client: &Client, out: &mut dyn Write) -> Result<AgentDeployment> {
     line(
         out,
         "==> Waiting for the operator: ServiceAccount, RBAC, ConfigMap, certificate Secret, Deployment".into(),
     );
     let started = Instant::now();
     let name = format!("{SCALE_AGENT}-agent");
+    let agents = Api::<ScaleAgent>::namespaced(client.clone(), NAMESPACE);
     let replicas = wait_for("the operator's objects", || async {
-        let agent = Api::<ScaleAgent>::namespaced(client.clone(), NAMESPACE)
-            .get(SCALE_AGENT)
-            .await?;
+        let agent = agents.get(SCALE_AGENT).await?;
         let status_ok = agent
             .status
             .as_ref()
@@ -123,40 +153,14 @@ pub(super) async fn apply_sample(
         out,
         format!("    reconciled in {:.1} s", started.elapsed().as_secs_f64()),
     );
-    // Waited for so that READY below says the same on every run.
     wait_for("the agent Deployment's pods to be Ready (KWOK)", || async {
-        let agent = Api::<ScaleAgent>::namespaced(client.clone(), NAMESPACE)
-            .get(SCALE_AGENT)
-            .await?;
+        let agent = agents.get(SCALE_AGENT).await?;
         Ok(agent
             .status
             .is_some_and(|s| s.ready_replicas == replicas)
             .then_some(()))
     })
     .await?;
-    run_admin_kubectl(
-        control_plane,
-        out,
-        &["get", "scaleagents,agentaccounts", "-n", NAMESPACE],
-    )?;
-    line(
-        out,
-        format!(
-            "    (READY {replicas}: KWOK reports the Deployment's pods Running and Ready on its fake nodes, but no container runs; the agents run as local processes below)"
-        ),
-    );
-    run_admin_kubectl(
-        control_plane,
-        out,
-        &[
-            "get",
-            "sa,cm,secret,deploy,rs",
-            "-n",
-            NAMESPACE,
-            "-l",
-            MANAGED_BY_SELECTOR,
-        ],
-    )?;
     Ok(AgentDeployment { name, replicas })
 }
 

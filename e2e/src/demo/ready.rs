@@ -71,6 +71,20 @@ pub(super) fn show(
         );
     }
 
+    show_proxy_commands(hub, proxy, out);
+    say(
+        out,
+        format!(
+            "logs: {}/*.log, {}/agents/*/*.log",
+            run_dir.display(),
+            run_dir.display()
+        ),
+    );
+}
+
+/// The proxy kubeconfig in use, and the admin command's token management.
+fn show_proxy_commands(hub: &Hub, proxy: &ProxyKubeconfig, out: &mut dyn Write) {
+    let say = |out: &mut dyn Write, text: String| line(out, format!("    {text}"));
     say(
         out,
         format!(
@@ -107,14 +121,6 @@ pub(super) fn show(
         out,
         format!(
             "scale-agent-hub kubeconfig --account {ACCOUNT} --token-name alice {flags} > alice.kubeconfig"
-        ),
-    );
-    say(
-        out,
-        format!(
-            "logs: {}/*.log, {}/agents/*/*.log",
-            run_dir.display(),
-            run_dir.display()
         ),
     );
 }
