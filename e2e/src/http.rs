@@ -169,6 +169,27 @@ impl Call {
     }
 }
 
+impl Call {
+    /// Sends it and reads a JSON document: `None` on 404, an error on any other status but
+    /// 200 (what [`get_json`] does for plain HTTP, for any URL and CA).
+    pub async fn fetch_json(self) -> Result<Option<serde_json::Value>> {
+        let (method, url) = (self.method.clone(), self.url.clone());
+        let Response { status, body, .. } = self.send().await?;
+        let error = |message: String| Error::Http {
+            method: method.clone(),
+            url: url.clone(),
+            message,
+        };
+        match status {
+            404 => Ok(None),
+            200 => serde_json::from_str(&body)
+                .map(Some)
+                .map_err(|e| error(format!("invalid JSON ({e}): {body}"))),
+            _ => Err(error(format!("status {status}: {body}"))),
+        }
+    }
+}
+
 /// A rustls client configuration trusting `ca_pem` (the web's public roots when `None`).
 fn client_tls(ca_pem: Option<&str>) -> Result<rustls::ClientConfig> {
     let mut roots = rustls::RootCertStore::empty();
@@ -300,6 +321,35 @@ mod tests {
         let (addr, _) = serve_once("HTTP/1.0 500 Oops\r\n\r\nbroken").await;
         let error = get_json(addr, "/x").await.unwrap_err().to_string();
         assert!(error.contains("status 500: broken"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn fetch_json_reads_a_document_from_any_call() {
+        let (addr, sent) = serve_once("HTTP/1.0 200 OK\r\n\r\n{\"a\":1}").await;
+        let call = Call::new("GET", format!("http://{addr}/x")).bearer("t");
+        assert_eq!(
+            call.fetch_json().await.unwrap(),
+            Some(serde_json::json!({ "a": 1 }))
+        );
+        assert!(
+            sent.await
+                .unwrap()
+                .to_ascii_lowercase()
+                .contains("authorization: bearer t")
+        );
+        let (addr, _) = serve_once("HTTP/1.0 404 Not Found\r\n\r\nnope").await;
+        let call = Call::new("GET", format!("http://{addr}/x"));
+        assert_eq!(call.fetch_json().await.unwrap(), None);
+        let (addr, _) = serve_once("HTTP/1.0 503 Busy\r\n\r\nlater").await;
+        let error = Call::new("GET", format!("http://{addr}/x"))
+            .fetch_json()
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with(&format!("GET http://{addr}/x: status 503: later")),
+            "{error}"
+        );
     }
 
     #[tokio::test]

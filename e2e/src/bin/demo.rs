@@ -5,10 +5,11 @@ use std::path::PathBuf;
 use clap::Parser;
 use scale_agent_e2e::demo::{self, DemoOptions};
 
-/// Starts a local Kubernetes control plane with Scale Agent installed: the hub, the operator
-/// and the agent pods (as local processes) it reconciles from a sample ScaleAgent; shows the
-/// hub's view of the cluster as it changes, how to reach everything, and stops it all on
-/// Ctrl-C.
+/// Starts a local Kubernetes control plane (with KWOK's fake nodes) with Scale Agent
+/// installed: the hub, the operator and the agent pods (as local processes) it reconciles
+/// from a sample ScaleAgent; shows the hub's view of the cluster as it changes, kubectl
+/// through the hub's Kubernetes API proxy, deployments through its operations API, how to
+/// reach everything, and stops it all on Ctrl-C.
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
