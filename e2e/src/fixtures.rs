@@ -32,6 +32,12 @@ pub fn account(name: &str, kubeconfig: &Path, namespace: &str, kinds: &[&str]) -
 /// The real hub, in this process: plaintext gRPC and HTTP on free loopback ports, its store
 /// in `dir/hub-data`, a heartbeat every 2 s.
 pub async fn start_plaintext_hub(dir: &Path) -> anyhow::Result<scale_agent_hub::RunningHub> {
+    Ok(scale_agent_hub::start(test_hub_config(dir)?).await?)
+}
+
+/// The hub configuration of the tests: plaintext gRPC and HTTP on free loopback ports, its
+/// store in `dir/hub-data`, a heartbeat every 2 s.
+pub fn test_hub_config(dir: &Path) -> anyhow::Result<scale_agent_hub::Config> {
     let mut config = scale_agent_hub::Config::new(
         scale_agent_hub::GrpcSecurity::InsecurePlaintext,
         dir.join("hub-data"),
@@ -39,7 +45,7 @@ pub async fn start_plaintext_hub(dir: &Path) -> anyhow::Result<scale_agent_hub::
     config.grpc_addr = "127.0.0.1:0".parse()?;
     config.http_addr = "127.0.0.1:0".parse()?;
     config.heartbeat_period = Duration::from_secs(2);
-    Ok(scale_agent_hub::start(config).await?)
+    Ok(config)
 }
 
 /// The real hub, in this process, as the proxy tests use it: plaintext gRPC for the agents,
@@ -69,13 +75,7 @@ impl TlsHub {
         let ca_file = dir.join("hub-ca.pem");
         std::fs::write(&ca_file, &ca.cert_pem)?;
         let admin_token_file = dir.join("admin-token");
-        let mut config = scale_agent_hub::Config::new(
-            scale_agent_hub::GrpcSecurity::InsecurePlaintext,
-            dir.join("hub-data"),
-        );
-        config.grpc_addr = "127.0.0.1:0".parse()?;
-        config.http_addr = "127.0.0.1:0".parse()?;
-        config.heartbeat_period = Duration::from_secs(2);
+        let mut config = test_hub_config(dir)?;
         config.http_security = scale_agent_hub::HttpSecurity::Tls {
             cert_pem: serving.cert_pem.into_bytes(),
             key_pem: serving.key_pem.into_bytes(),

@@ -917,6 +917,11 @@ impl Follower {
 
     /// Waits for a line containing `needle`.
     async fn expect(&mut self, needle: &str) -> anyhow::Result<()> {
+        self.line(needle).await.map(drop)
+    }
+
+    /// Waits for a line containing `needle` and returns it.
+    async fn line(&mut self, needle: &str) -> anyhow::Result<String> {
         let deadline = tokio::time::Instant::now() + WAIT;
         loop {
             let line = tokio::time::timeout_at(deadline, self.lines.recv())
@@ -924,7 +929,7 @@ impl Follower {
                 .map_err(|_| anyhow::anyhow!("no line with {needle:?} within {WAIT:?}"))?
                 .ok_or_else(|| anyhow::anyhow!("the output ended before a line with {needle:?}"))?;
             if line.contains(needle) {
-                return Ok(());
+                return Ok(line);
             }
         }
     }
@@ -1344,7 +1349,7 @@ fn proxy_token(kubeconfig: &Path) -> anyhow::Result<String> {
 
 #[tokio::test]
 async fn exec_and_port_forward_work_through_the_proxy() -> anyhow::Result<()> {
-    use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let account = account_name("exec");
     let setup = Setup::new("exec", &[&account]).await?;
     let proxied = setup.kubeconfig(&account, "exec").await?;
@@ -1408,36 +1413,26 @@ async fn exec_and_port_forward_work_through_the_proxy() -> anyhow::Result<()> {
         control_plane.binaries().kubectl(),
         setup.dir.join("home-pf"),
     );
-    let mut forward = tokio::process::Command::new(&kubectl.binary)
-        .arg(format!("--kubeconfig={}", proxied.display()))
-        .args(["port-forward", "pod/logger", ":8080", &ns])
-        .env("HOME", &kubectl.home)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
-    let stdout = forward
-        .stdout
-        .take()
-        .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
-    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let mut forward = Follower::start(
+        &kubectl,
+        &proxied,
+        &args(&["port-forward", "pod/logger", ":8080", &ns]),
+    )
+    .await?;
     // "Forwarding from 127.0.0.1:43211 -> 8080"
-    let port = tokio::time::timeout(WAIT, async {
-        while let Some(line) = lines.next_line().await? {
-            if let Some(rest) = line.strip_prefix("Forwarding from 127.0.0.1:") {
-                let port: u16 = rest.split_whitespace().next().unwrap_or("").parse()?;
-                return anyhow::Ok(port);
-            }
-        }
-        anyhow::bail!("kubectl port-forward ended without forwarding")
-    })
-    .await??;
+    let line = forward.line("Forwarding from 127.0.0.1:").await?;
+    let port: u16 = line
+        .trim_start_matches("Forwarding from 127.0.0.1:")
+        .split_whitespace()
+        .next()
+        .unwrap_or("")
+        .parse()?;
     let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
     stream.write_all(b"ping through the hub\n").await?;
     let mut echoed = vec![0u8; "ping through the hub\n".len()];
     tokio::time::timeout(WAIT, stream.read_exact(&mut echoed)).await??;
     assert_eq!(echoed, b"ping through the hub\n");
     drop(stream);
-    let _ = forward.kill().await;
+    drop(forward);
     setup.stop().await
 }
