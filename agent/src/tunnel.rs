@@ -361,22 +361,43 @@ async fn exchange(
             Bytes::from(body)
         }
     };
-    let request = match build_request(&head, body) {
+    match replay(frames, &client, &head, body).await? {
+        Replayed::Answer(response) => stream_response(frames, response, credit).await,
+        Replayed::Refused(code) => Ok(code),
+    }
+}
+
+/// What replaying a request gave.
+enum Replayed {
+    /// The API server's answer.
+    Answer(http::Response<Body>),
+    /// The agent answered itself (a request it cannot replay, an API server it cannot
+    /// reach) with this status code.
+    Refused(u16),
+}
+
+/// Replays the request against the API server; answers 400 or 502 itself when it cannot.
+async fn replay(
+    frames: &Frames,
+    client: &kube::Client,
+    head: &pb::HttpRequestHead,
+    body: Bytes,
+) -> Result<Replayed, Gone> {
+    let request = match build_request(head, body) {
         Ok(request) => request,
         Err(message) => {
             frames.answer(400, "BadRequest", &message).await?;
-            return Ok(400);
+            return Ok(Replayed::Refused(400));
         }
     };
-    let response = match client.send(request).await {
-        Ok(response) => response,
+    match client.send(request).await {
+        Ok(response) => Ok(Replayed::Answer(response)),
         Err(error) => {
             let message = format!("the agent could not reach the API server: {error}");
             frames.answer(502, "InternalError", &message).await?;
-            return Ok(502);
+            Ok(Replayed::Refused(502))
         }
-    };
-    stream_response(frames, response, credit).await
+    }
 }
 
 /// Sends the API server's answer: its head, then its body within the hub's credit.
@@ -449,20 +470,9 @@ async fn upgraded(
     credit: Arc<Semaphore>,
 ) -> Result<u16, Gone> {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let request = match build_request(&head, Bytes::new()) {
-        Ok(request) => request,
-        Err(message) => {
-            frames.answer(400, "BadRequest", &message).await?;
-            return Ok(400);
-        }
-    };
-    let mut response = match client.send(request).await {
-        Ok(response) => response,
-        Err(error) => {
-            let message = format!("the agent could not reach the API server: {error}");
-            frames.answer(502, "InternalError", &message).await?;
-            return Ok(502);
-        }
+    let mut response = match replay(frames, &client, &head, Bytes::new()).await? {
+        Replayed::Answer(response) => response,
+        Replayed::Refused(code) => return Ok(code),
     };
     if response.status() != http::StatusCode::SWITCHING_PROTOCOLS {
         return stream_response(frames, response, credit).await;
