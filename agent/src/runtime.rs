@@ -26,7 +26,7 @@ use tokio::{
     task::JoinHandle,
     time::Instant,
 };
-use tokio_stream::wrappers::{ReceiverStream, WatchStream};
+use tokio_stream::wrappers::WatchStream;
 
 use crate::{
     account::{self, Prepared},
@@ -277,7 +277,7 @@ impl Runtime {
             .map_err(failed(false))?;
         let mut client = AgentHubClient::new(channel);
         let response = tokio::select! {
-            response = tokio::time::timeout(WELCOME_TIMEOUT, client.session(ReceiverStream::new(receivers.outgoing))) => response,
+            response = tokio::time::timeout(WELCOME_TIMEOUT, client.session(scale_agent_proto::tunnel::outbound(receivers.outgoing, receivers.tunnel_outgoing))) => response,
             _ = stopped(&mut inputs.shutdown) => return Err(End::Shutdown),
         };
         let mut inbound = match response {

@@ -62,12 +62,18 @@ pub(crate) struct Session {
     /// Tunnelled HTTP exchanges of the hub's Kubernetes API proxy; dropped (aborted) with
     /// the stream.
     pub(crate) tunnel: crate::tunnel::Tunnel,
+    /// Where the tunnel's frames go: a queue of their own, so the control loop never waits
+    /// behind a large response.
+    tunnel_tx: mpsc::Sender<AgentMessage>,
 }
 
 /// The receiving ends of a new [`Session`]'s channels.
 pub(crate) struct Receivers {
     /// Messages to write to the gRPC stream, in order (the body of the `Session` call).
     pub(crate) outgoing: mpsc::Receiver<AgentMessage>,
+    /// Tunnel frames, merged into the stream beside `outgoing` (see
+    /// [`scale_agent_proto::tunnel::outbound`]).
+    pub(crate) tunnel_outgoing: mpsc::Receiver<AgentMessage>,
     /// The watches' events, read while the session has room ([`Session::has_room`]).
     pub(crate) events: mpsc::Receiver<Outbound>,
     /// Finished operations' results.
@@ -78,27 +84,31 @@ impl Session {
     /// A session before Hello, with the default limits until Welcome sets the hub's.
     pub(crate) fn new(shared: Arc<Shared>) -> (Session, Receivers) {
         let (tx, outgoing) = mpsc::channel::<AgentMessage>(OUTGOING_CHANNEL);
+        let (tunnel_tx, tunnel_outgoing) =
+            mpsc::channel::<AgentMessage>(scale_agent_proto::tunnel::QUEUE);
         let (events_tx, events) = mpsc::channel::<Outbound>(EVENT_CHANNEL);
         let (results_tx, results) =
             mpsc::channel::<v1::OperationResult>(crate::operations::CONCURRENCY);
         let session = Session {
-            tx: tx.clone(),
+            tx,
             seq: 0,
             acked: 0,
             max_unacked: DEFAULT_MAX_UNACKED,
             max_object_bytes: 0,
             events_tx,
             tunnel: crate::tunnel::Tunnel::new(
-                tx.clone(),
+                tunnel_tx.clone(),
                 crate::tunnel::DEFAULT_WINDOW_BYTES,
                 shared.clone(),
             ),
+            tunnel_tx,
             shared,
             results_tx,
             operations: tokio::task::JoinSet::new(),
         };
         let receivers = Receivers {
             outgoing,
+            tunnel_outgoing,
             events,
             results,
         };
@@ -112,7 +122,7 @@ impl Session {
         }
         self.max_object_bytes = welcome.max_object_bytes;
         self.tunnel = crate::tunnel::Tunnel::new(
-            self.tx.clone(),
+            self.tunnel_tx.clone(),
             welcome.tunnel_window_bytes,
             self.shared.clone(),
         );

@@ -12,7 +12,6 @@ use scale_agent_proto::v1::{
     self as pb, agent_hub_server::AgentHub, agent_message::Kind as Msg, hub_message::Kind as Out,
 };
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::{
@@ -52,7 +51,8 @@ type Outbound = mpsc::Sender<Result<pb::HubMessage, Status>>;
 
 #[tonic::async_trait]
 impl AgentHub for AgentHubService {
-    type SessionStream = ReceiverStream<Result<pb::HubMessage, Status>>;
+    type SessionStream =
+        std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::HubMessage, Status>> + Send>>;
 
     async fn session(
         &self,
@@ -76,17 +76,34 @@ impl AgentHub for AgentHubService {
             .unwrap_or_default();
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(OUTBOUND_BUFFER);
+        // Tunnel frames have a queue of their own, merged into the stream, so the stream's
+        // loop never waits behind request bodies or window updates.
+        let (tunnel_tx, tunnel_rx) = mpsc::channel(scale_agent_proto::tunnel::QUEUE);
         let hub = self.hub.clone();
+        let out = StreamOut {
+            control: tx,
+            tunnel: tunnel_tx,
+        };
         tokio::spawn(async move {
-            if let Err(status) = run_stream(&hub, &identity, &peer, inbound, &tx).await {
+            if let Err(status) = run_stream(&hub, &identity, &peer, inbound, &out).await {
                 tracing::info!(%identity, %peer, code = ?status.code(), message = status.message(), "agent stream ended");
-                let _ = tx.send(Err(status)).await;
+                let _ = out.control.send(Err(status)).await;
             } else {
                 tracing::info!(%identity, %peer, "agent stream closed by the agent");
             }
         });
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(Box::pin(
+            scale_agent_proto::tunnel::outbound(rx, tunnel_rx),
+        )))
     }
+}
+
+/// The two queues of a stream's outbound side.
+struct StreamOut {
+    /// Welcome, acknowledgements, assignments, operations, heartbeats.
+    control: Outbound,
+    /// Tunnel frames.
+    tunnel: Outbound,
 }
 
 async fn send(tx: &Outbound, kind: Out) -> Result<(), Status> {
@@ -100,7 +117,7 @@ async fn run_stream(
     identity: &str,
     peer: &str,
     mut inbound: Streaming<pb::AgentMessage>,
-    tx: &Outbound,
+    out: &StreamOut,
 ) -> Result<(), Status> {
     let silence = hub.config.heartbeat_period * 2;
     let first = match tokio::time::timeout(silence, inbound.message()).await {
@@ -125,7 +142,7 @@ async fn run_stream(
         id,
         SessionHandle {
             control: ctrl_tx,
-            outbound: tx.clone(),
+            outbound: out.tunnel.clone(),
             tunnel_window: tunnel.then_some(crate::tunnel::WINDOW_BYTES),
         },
     );
@@ -142,7 +159,7 @@ async fn run_stream(
     tracing::info!(%identity, %peer, replica = %hello.replica, version = %hello.agent_version, session = id, "agent connected");
 
     let session = Session::new(id, identity.to_string());
-    let result = serve(hub, session, &mut inbound, &mut ctrl_rx, tx).await;
+    let result = serve(hub, session, &mut inbound, &mut ctrl_rx, out).await;
 
     let promotions = hub.state().registry.disconnect(id, now());
     hub.sessions().remove(&id);
@@ -157,8 +174,9 @@ async fn serve(
     mut session: Session,
     inbound: &mut Streaming<pb::AgentMessage>,
     ctrl_rx: &mut mpsc::Receiver<Control>,
-    tx: &Outbound,
+    out: &StreamOut,
 ) -> Result<(), Status> {
+    let tx = &out.control;
     let period = hub.config.heartbeat_period;
     let silence = period * 2;
     send(
@@ -235,7 +253,7 @@ async fn serve(
                     // Tunnel frames go to their exchanges at once: they are outside the
                     // sequence numbers and must not wait for a batch to be stored.
                     if let (0, Some(Msg::Tunnel(frame))) = (message.seq, &message.kind) {
-                        deliver_tunnel_frame(hub, session.id, frame.clone(), message.encoded_len(), tx);
+                        deliver_tunnel_frame(hub, session.id, frame.clone(), message.encoded_len(), &out.tunnel);
                     } else {
                         batch.push(message);
                     }

@@ -58,6 +58,29 @@ pub mod tunnel {
         "expect",
     ];
 
+    /// Tunnel frames waiting to be written to one stream, on either side.
+    pub const QUEUE: usize = 16;
+
+    /// The outbound side of a stream: the control queue's messages (acknowledgements,
+    /// heartbeats, objects, operations) interleaved with the tunnel queue's frames, ending
+    /// when the control queue ends. Two queues, so that neither side's control loop ever
+    /// waits behind tunnel data, and tunnel data waits only on its own queue.
+    pub fn outbound<T: Send + 'static>(
+        control: tokio::sync::mpsc::Receiver<T>,
+        tunnel: tokio::sync::mpsc::Receiver<T>,
+    ) -> impl tokio_stream::Stream<Item = T> + Send + 'static {
+        use tokio_stream::{StreamExt as _, wrappers::ReceiverStream};
+        // `None` marks the end of the control queue, which ends the whole stream.
+        let control = ReceiverStream::new(control)
+            .map(Some)
+            .chain(tokio_stream::once(None));
+        let tunnel = ReceiverStream::new(tunnel).map(Some);
+        control
+            .merge(tunnel)
+            .take_while(Option::is_some)
+            .filter_map(|message| message)
+    }
+
     /// The class of an HTTP status code (`2xx`, ...), a bounded metrics label.
     pub fn status_class(code: u16) -> &'static str {
         match code {
@@ -66,6 +89,38 @@ pub mod tunnel {
             300..=399 => "3xx",
             400..=499 => "4xx",
             _ => "5xx",
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use tokio_stream::StreamExt as _;
+
+        #[tokio::test]
+        async fn outbound_interleaves_both_queues_and_ends_with_the_control_queue() {
+            let (control_tx, control) = tokio::sync::mpsc::channel(4);
+            let (tunnel_tx, tunnel) = tokio::sync::mpsc::channel(4);
+            control_tx.send("ack").await.unwrap();
+            tunnel_tx.send("data").await.unwrap();
+            let mut out = Box::pin(super::outbound(control, tunnel));
+            let mut seen = vec![out.next().await.unwrap(), out.next().await.unwrap()];
+            seen.sort();
+            assert_eq!(seen, ["ack", "data"]);
+            // A full tunnel queue does not hold up the control queue.
+            for _ in 0..4 {
+                tunnel_tx.send("data").await.unwrap();
+            }
+            control_tx.send("heartbeat").await.unwrap();
+            let mut got_heartbeat = false;
+            for _ in 0..5 {
+                got_heartbeat |= out.next().await == Some("heartbeat");
+            }
+            assert!(got_heartbeat);
+            // The stream ends with the control queue, whatever the tunnel queue holds.
+            tunnel_tx.send("late").await.unwrap();
+            drop(control_tx);
+            let rest: Vec<&str> = out.collect().await;
+            assert!(rest.len() <= 1, "{rest:?}");
         }
     }
 }
