@@ -19,6 +19,8 @@ pub struct KubeconfigFor<'a> {
 #[derive(Serialize)]
 #[serde(rename_all = "kebab-case")]
 struct Kubeconfig<'a> {
+    // The one camelCase key of a kubeconfig's kebab-case top level.
+    #[serde(rename = "apiVersion")]
     api_version: &'static str,
     kind: &'static str,
     clusters: Vec<Named<'a, Cluster>>,
@@ -124,6 +126,7 @@ mod tests {
             token: "sat_abc",
         });
         let value: serde_json::Value = serde_saphyr::from_str(&yaml).unwrap();
+        assert_eq!(value["apiVersion"], "v1", "{yaml}");
         assert_eq!(value["kind"], "Config");
         assert_eq!(value["current-context"], "prod-eu");
         assert_eq!(
