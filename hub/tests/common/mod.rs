@@ -385,6 +385,11 @@ impl Https {
         }
     }
 
+    /// The client itself, for requests expected to fail.
+    pub fn raw(&self) -> &HyperClient<HttpsConnector<HttpConnector>, ReqBody> {
+        &self.client
+    }
+
     /// A request to `path` (appended to the base URL as it is, percent-encoding and all).
     pub fn request(&self, method: &str, path: &str) -> http::request::Builder {
         Request::builder()
@@ -922,4 +927,24 @@ pub fn cm_event(account: &str, t: EventType, name: &str, rv: &str, app: &str) ->
 
 pub fn role(a: &pb::AccountAssignment) -> Role {
     Role::try_from(a.role).unwrap()
+}
+
+/// A GET through the proxy that `agent` answers with 200 and `body`: the request head the
+/// agent received, and the client's answer.
+pub async fn proxied_get(
+    http: &Https,
+    agent: &mut FakeAgent,
+    path: &str,
+    token: &str,
+    body: &[u8],
+) -> (pb::HttpRequestHead, Reply) {
+    let call = {
+        let (http, path, token) = (http.clone(), path.to_string(), token.to_string());
+        tokio::spawn(async move { http.get(&path, Some(&token)).await })
+    };
+    let (exchange, head) = agent.request().await;
+    agent
+        .respond(exchange, 200, &[("content-type", "application/json")], body)
+        .await;
+    (head, call.await.unwrap())
 }
