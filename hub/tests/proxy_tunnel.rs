@@ -233,6 +233,7 @@ async fn a_client_that_goes_away_resets_its_exchange() {
     let mut a = tunnel_agent(&s.hub, &s.pki, "agent-a.test", "pod-1").await;
     a.register("prod", "https://10.0.0.1:6443").await;
     let token = token_for(&s.http, &s.admin, "prod").await;
+    let window = a.welcome.as_ref().unwrap().tunnel_window_bytes as usize;
 
     // HTTP/1.1: the connection closes; HTTP/2: the stream is reset. Either ends the exchange.
     for client in [&s.h1, &s.http] {
@@ -272,7 +273,7 @@ async fn a_client_that_goes_away_resets_its_exchange() {
                 };
                 break reset.reason;
             }
-            if sent + MAX_FRAME <= 1024 * 1024 {
+            if sent + MAX_FRAME <= window {
                 a.send_data(id, &[b'y'; MAX_FRAME], false).await;
                 sent += MAX_FRAME;
             } else {
@@ -384,13 +385,13 @@ async fn a_get_moves_to_another_replica_when_its_agent_leaves_but_a_post_does_no
 
     // Requests alternate between the replicas: until one lands on the streaming replica a,
     // b answers.
-    let (call, id, head) = loop {
+    let (call, head) = loop {
         let call = {
             let (http, token) = (s.http.clone(), token.clone());
             tokio::spawn(async move { http.get(path, Some(&token)).await })
         };
         tokio::select! {
-            (id, head) = a.request() => break (call, id, head),
+            (_, head) = a.request() => break (call, head),
             (id, _) = b.request() => {
                 b.respond(id, 200, &[], b"{}").await;
                 assert_eq!(call.await.unwrap().status, 200);
@@ -398,7 +399,6 @@ async fn a_get_moves_to_another_replica_when_its_agent_leaves_but_a_post_does_no
         }
     };
     assert_eq!(head.path_and_query, "/api/v1/namespaces/default/pods/web-0");
-    let _ = id;
     // a leaves before answering: the GET is sent again, to the standby.
     drop(a);
     let (id, again) = b.request().await;

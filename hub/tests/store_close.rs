@@ -16,7 +16,7 @@ async fn close_waits_for_a_write_whose_caller_went_away() {
     let _ = std::fs::remove_dir_all(&dir);
     let mut store = Store::open(&dir).unwrap();
     // Large enough that the write is still running when its caller is dropped.
-    let ops: Vec<StoreOp> = (0..50_000)
+    let ops: Vec<StoreOp> = (0..20_000)
         .map(|i| StoreOp::PutMeta {
             key: format!("key-{i:06}"),
             value: "v".repeat(100),
