@@ -385,7 +385,13 @@ async fn a_get_moves_to_another_replica_when_its_agent_leaves_but_a_post_does_no
 
     // Requests alternate between the replicas: until one lands on the streaming replica a,
     // b answers.
+    let mut tries = 0;
     let (call, head) = loop {
+        tries += 1;
+        assert!(
+            tries <= 3,
+            "the requests never reached the streaming replica"
+        );
         let call = {
             let (http, token) = (s.http.clone(), token.clone());
             tokio::spawn(async move { http.get(path, Some(&token)).await })
