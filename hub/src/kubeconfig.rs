@@ -19,6 +19,7 @@ pub struct KubeconfigFor<'a> {
 #[derive(Serialize)]
 #[serde(rename_all = "kebab-case")]
 struct Kubeconfig<'a> {
+    // The one camelCase key of a kubeconfig's kebab-case top level.
     #[serde(rename = "apiVersion")]
     api_version: &'static str,
     kind: &'static str,

@@ -425,6 +425,10 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         store_path,
         config,
     });
+    // The registrar's first pass must see the accounts loaded from the store: with no
+    // accounts it would remove every account registered before this start from Clouddriver,
+    // and register them again a moment later.
+    hub.sync_clouddriver().await?;
 
     let (keepalive_interval, keepalive_timeout) = service::keepalive(hub.config.heartbeat_period);
     let mut builder = Server::builder()

@@ -43,6 +43,8 @@ const REGISTRATIONS: TableDefinition<&str, &str> = TableDefinition::new("clouddr
 
 /// Longest time between durable commits while agents stream.
 pub const DURABLE_EVERY: Duration = Duration::from_secs(1);
+/// Longest wait in [`Store::close`] for a write still running.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One change to persist.
 #[derive(Clone, Debug)]
@@ -344,7 +346,31 @@ impl Store {
     /// Flushes and closes the database (releasing its file lock).
     pub async fn close(&mut self) -> Result<()> {
         let result = self.flush().await;
-        self.db = None;
+        // A write whose caller was cancelled (the maintenance task aborted at shutdown) runs
+        // on to its end on a blocking thread, holding the database: wait for it, so that the
+        // file lock is released when this returns.
+        if let Some(mut db) = self.db.take() {
+            let deadline = Instant::now() + CLOSE_TIMEOUT;
+            loop {
+                match Arc::try_unwrap(db) {
+                    Ok(db) => {
+                        drop(db);
+                        break;
+                    }
+                    Err(shared) if Instant::now() < deadline => {
+                        db = shared;
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    Err(_) => {
+                        tracing::warn!(
+                            "a store write is still running {CLOSE_TIMEOUT:?} after close; the \
+                             database stays open until it ends"
+                        );
+                        break;
+                    }
+                }
+            }
+        }
         result
     }
 

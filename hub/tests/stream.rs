@@ -1,398 +1,24 @@
 //! Stream tests: the hub in-process on 127.0.0.1, fake agents built on the generated client,
 //! over real mutual TLS with certificates generated at test time.
 
-// The helpers below are test code too: a failed set-up should panic.
+// Test code: a failed set-up should panic.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::{
-    collections::VecDeque,
-    net::SocketAddr,
-    path::{Path, PathBuf},
-    time::Duration,
-};
+mod common;
 
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
-};
-use scale_agent_hub::{Config, GrpcSecurity, RunningHub, TlsMaterial, identity::AllowRule};
+use std::time::Duration;
+
+use common::*;
+use rcgen::ExtendedKeyUsagePurpose;
+use scale_agent_hub::{Config, GrpcSecurity, RunningHub, identity::AllowRule};
 use scale_agent_proto::v1::{
     self as pb, account_assignment::Role, agent_hub_client::AgentHubClient,
     agent_message::Kind as Msg, hub_message::Kind as Out, kind_status::State as KindState,
     object_event::Type as EventType,
 };
-use serde_json::Value;
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    sync::mpsc,
-};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::{
-    Code, Status, Streaming,
-    transport::{Certificate, ClientTlsConfig, Endpoint, Identity},
-};
-
-const WAIT: Duration = Duration::from_secs(10);
-
-// ---------------------------------------------------------------- certificates
-
-struct Pki {
-    ca_pem: String,
-    ca: CertifiedIssuer<'static, KeyPair>,
-    server_cert_pem: String,
-    server_key_pem: String,
-}
-
-fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.distinguished_name.push(DnType::CommonName, name);
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
-}
-
-fn leaf(
-    issuer: &CertifiedIssuer<'static, KeyPair>,
-    sans: &[&str],
-    usage: ExtendedKeyUsagePurpose,
-) -> (String, String) {
-    let mut params =
-        CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
-    params.extended_key_usages = vec![usage];
-    params
-        .distinguished_name
-        .push(DnType::CommonName, sans.first().copied().unwrap_or("cn"));
-    let key = KeyPair::generate().unwrap();
-    let cert = params.signed_by(&key, issuer).unwrap();
-    (cert.pem(), key.serialize_pem())
-}
-
-impl Pki {
-    fn new() -> Self {
-        let ca = ca("scale-agent-test-ca");
-        let (server_cert_pem, server_key_pem) = leaf(
-            &ca,
-            &["localhost", "127.0.0.1"],
-            ExtendedKeyUsagePurpose::ServerAuth,
-        );
-        Pki {
-            ca_pem: ca.pem(),
-            ca,
-            server_cert_pem,
-            server_key_pem,
-        }
-    }
-
-    fn client(&self, identity: &str) -> (String, String) {
-        leaf(&self.ca, &[identity], ExtendedKeyUsagePurpose::ClientAuth)
-    }
-}
-
-// ---------------------------------------------------------------- hub
-
-fn data_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "scale-agent-hub-test-{name}-{}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
-}
-
-async fn start_hub(pki: &Pki, dir: &Path, tweak: impl FnOnce(&mut Config)) -> RunningHub {
-    let mut config = Config::new(
-        GrpcSecurity::MutualTls(TlsMaterial {
-            cert_pem: pki.server_cert_pem.clone().into_bytes(),
-            key_pem: pki.server_key_pem.clone().into_bytes(),
-            client_ca_pem: pki.ca_pem.clone().into_bytes(),
-        }),
-        dir,
-    );
-    config.grpc_addr = "127.0.0.1:0".parse().unwrap();
-    config.http_addr = "127.0.0.1:0".parse().unwrap();
-    tweak(&mut config);
-    scale_agent_hub::start(config).await.unwrap()
-}
-
-/// GET over a raw HTTP/1.1 connection: (status, body).
-async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: hub\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await
-        .unwrap();
-    let mut raw = Vec::new();
-    tokio::time::timeout(WAIT, stream.read_to_end(&mut raw))
-        .await
-        .unwrap()
-        .unwrap();
-    let text = String::from_utf8(raw).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap();
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        let mut out = String::new();
-        let mut rest = body;
-        loop {
-            let (size, after) = rest.split_once("\r\n").unwrap();
-            let size = usize::from_str_radix(size.trim(), 16).unwrap();
-            if size == 0 {
-                break;
-            }
-            out.push_str(&after[..size]);
-            rest = &after[size + 2..];
-        }
-        out
-    } else {
-        body.to_string()
-    };
-    (status, body)
-}
-
-async fn get_json(addr: SocketAddr, path: &str) -> (u16, Value) {
-    let (status, body) = get(addr, path).await;
-    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
-}
-
-async fn object_names(hub: &RunningHub, query: &str) -> Vec<String> {
-    let (status, v) = get_json(hub.http_addr, &format!("/api/v1/accounts/{query}")).await;
-    assert_eq!(status, 200, "{v}");
-    let mut names: Vec<String> = v["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|o| o["metadata"]["name"].as_str().unwrap().to_string())
-        .collect();
-    names.sort();
-    names
-}
-
-// ---------------------------------------------------------------- fake agent
-
-struct FakeAgent {
-    tx: mpsc::Sender<pb::AgentMessage>,
-    rx: Streaming<pb::HubMessage>,
-    seq: u64,
-    acked: u64,
-    assignments: VecDeque<pb::AccountAssignment>,
-    heartbeats: usize,
-    operations: VecDeque<pb::Operation>,
-    tunnel: VecDeque<pb::TunnelFrame>,
-    welcome: Option<pb::Welcome>,
-}
-
-async fn open_stream(
-    hub: &RunningHub,
-    pki_ca_pem: &str,
-    client: Option<(String, String)>,
-) -> Result<FakeAgent, Status> {
-    let mut tls = ClientTlsConfig::new()
-        .ca_certificate(Certificate::from_pem(pki_ca_pem))
-        .domain_name("localhost");
-    if let Some((cert, key)) = client {
-        tls = tls.identity(Identity::from_pem(cert, key));
-    }
-    let endpoint = Endpoint::from_shared(format!("https://127.0.0.1:{}", hub.grpc_addr.port()))
-        .unwrap()
-        .tls_config(tls)
-        .unwrap();
-    let channel = endpoint
-        .connect()
-        .await
-        .map_err(|e| Status::unavailable(format!("connect: {e:?}")))?;
-    let (tx, rx) = mpsc::channel(64);
-    let response = AgentHubClient::new(channel)
-        .session(ReceiverStream::new(rx))
-        .await?;
-    Ok(FakeAgent {
-        tx,
-        rx: response.into_inner(),
-        seq: 0,
-        acked: 0,
-        assignments: VecDeque::new(),
-        heartbeats: 0,
-        operations: VecDeque::new(),
-        tunnel: VecDeque::new(),
-        welcome: None,
-    })
-}
-
-/// Connects and says Hello; returns the agent after Welcome.
-async fn agent(hub: &RunningHub, pki: &Pki, identity: &str, replica: &str) -> FakeAgent {
-    let mut a = open_stream(hub, &pki.ca_pem, Some(pki.client(identity)))
-        .await
-        .unwrap();
-    a.send(Msg::Hello(pb::Hello {
-        replica: replica.into(),
-        agent_version: "test".into(),
-        capabilities: vec![],
-    }))
-    .await;
-    while a.welcome.is_none() {
-        a.pump().await.unwrap();
-    }
-    a
-}
-
-impl FakeAgent {
-    async fn send(&mut self, kind: Msg) -> u64 {
-        self.seq += 1;
-        self.send_raw(pb::AgentMessage {
-            seq: self.seq,
-            kind: Some(kind),
-        })
-        .await;
-        self.seq
-    }
-
-    async fn send_raw(&mut self, msg: pb::AgentMessage) {
-        self.tx.send(msg).await.unwrap();
-    }
-
-    /// Reads one message and files it; Err when the stream ended.
-    async fn pump(&mut self) -> Result<(), Status> {
-        let msg = tokio::time::timeout(WAIT, self.rx.message())
-            .await
-            .map_err(|_| Status::deadline_exceeded("test: nothing from the hub"))??
-            .ok_or_else(|| Status::ok("stream ended"))?;
-        match msg.kind {
-            Some(Out::Welcome(w)) => self.welcome = Some(w),
-            Some(Out::Assignment(a)) => self.assignments.push_back(a),
-            Some(Out::Ack(ack)) => {
-                assert!(ack.seq >= self.acked, "acks go backwards");
-                self.acked = ack.seq;
-            }
-            Some(Out::Heartbeat(_)) => self.heartbeats += 1,
-            Some(Out::Operation(op)) => self.operations.push_back(op),
-            Some(Out::Tunnel(frame)) => self.tunnel.push_back(frame),
-            None => panic!("empty hub message"),
-        }
-        Ok(())
-    }
-
-    async fn assignment(&mut self) -> pb::AccountAssignment {
-        loop {
-            if let Some(a) = self.assignments.pop_front() {
-                return a;
-            }
-            self.pump().await.unwrap();
-        }
-    }
-
-    /// Waits until everything sent is acknowledged.
-    async fn synced(&mut self) {
-        while self.acked < self.seq {
-            self.pump().await.unwrap();
-        }
-    }
-
-    /// Waits for the stream to end with an error status.
-    async fn error(&mut self) -> Status {
-        loop {
-            if let Err(status) = self.pump().await {
-                return status;
-            }
-        }
-    }
-
-    async fn register(&mut self, account: &str, host: &str) -> pb::AccountAssignment {
-        self.send(Msg::RegisterAccount(pb::RegisterAccount {
-            account: account.into(),
-            cluster: Some(pb::ClusterInfo {
-                api_server_host: host.into(),
-                ca_fingerprint: "0a1b".into(),
-                kubernetes_version: "v1.37.1".into(),
-            }),
-            namespaces: vec![],
-            properties_json: br#"{"kinds":["ConfigMap"]}"#.to_vec(),
-        }))
-        .await;
-        let a = self.assignment().await;
-        assert_eq!(a.account, account);
-        a
-    }
-
-    async fn snapshot(&mut self, account: &str, objects: &[(&str, &str)], rv: &str) {
-        self.send(Msg::SnapshotBegin(pb::SnapshotBegin {
-            account: account.into(),
-            kind: Some(configmaps()),
-            watch_namespace: String::new(),
-        }))
-        .await;
-        for (name, orv) in objects {
-            self.send(cm_event(account, EventType::Applied, name, orv, "web"))
-                .await;
-        }
-        self.send(Msg::SnapshotEnd(pb::SnapshotEnd {
-            account: account.into(),
-            kind: Some(configmaps()),
-            resource_version: rv.into(),
-            object_count: objects.len() as u64,
-            watch_namespace: String::new(),
-        }))
-        .await;
-    }
-}
-
-fn configmaps() -> pb::Kind {
-    pb::Kind {
-        group: String::new(),
-        version: "v1".into(),
-        kind: "ConfigMap".into(),
-        plural: "configmaps".into(),
-        namespaced: true,
-    }
-}
-
-fn cm_event(account: &str, t: EventType, name: &str, rv: &str, app: &str) -> Msg {
-    Msg::Object(pb::ObjectEvent {
-        account: account.into(),
-        kind: Some(configmaps()),
-        r#type: t as i32,
-        namespace: "default".into(),
-        name: name.into(),
-        uid: format!("uid-{name}"),
-        resource_version: rv.into(),
-        object_json: serde_json::to_vec(&serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {
-                "name": name,
-                "namespace": "default",
-                "uid": format!("uid-{name}"),
-                "resourceVersion": rv,
-                "labels": { "app": app },
-            },
-            "data": { "rv": rv },
-        }))
-        .unwrap(),
-        truncated: false,
-        watch_namespace: String::new(),
-    })
-}
-
-fn role(a: &pb::AccountAssignment) -> Role {
-    Role::try_from(a.role).unwrap()
-}
-
-async fn wait_for(mut check: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "condition not met in time"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+use tonic::{Code, transport::Endpoint};
 
 // ---------------------------------------------------------------- tests
 
@@ -880,7 +506,10 @@ async fn grace_period_removes_accounts_without_agents() {
 
     drop(a);
     let addr = hub.http_addr;
-    wait_for(async || get(addr, "/api/v1/accounts/prod").await.0 == 404).await;
+    wait_for("the account to go", async || {
+        get(addr, "/api/v1/accounts/prod").await.0 == 404
+    })
+    .await;
     let (_, list) = get_json(addr, "/api/v1/accounts").await;
     assert_eq!(list, serde_json::json!([]));
     // Gone from the store too, and the name is free for another cluster.
@@ -1047,43 +676,6 @@ async fn insecure_plaintext_mode_serves_anonymous_agents() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// POST a JSON body over a raw HTTP/1.0 connection: (status, JSON body).
-async fn post_json(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let body = body.to_string();
-    stream
-        .write_all(
-            format!(
-                "POST {path} HTTP/1.0\r\nHost: hub\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            )
-            .as_bytes(),
-        )
-        .await
-        .unwrap();
-    let mut raw = Vec::new();
-    tokio::time::timeout(WAIT, stream.read_to_end(&mut raw))
-        .await
-        .unwrap()
-        .unwrap();
-    let text = String::from_utf8(raw).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap();
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
-}
-
-impl FakeAgent {
-    /// Reads until an operation arrives.
-    async fn operation(&mut self) -> pb::Operation {
-        loop {
-            if let Some(op) = self.operations.pop_front() {
-                return op;
-            }
-            self.pump().await.unwrap();
-        }
-    }
-}
-
 /// Operations through fake agents: a result updates the cache before the HTTP answer
 /// (read-your-writes), a non-idempotent operation whose replica leaves is not resent, an
 /// idempotent one is resent to another replica (a standby), and with no replica the answer
@@ -1231,7 +823,7 @@ async fn operations_are_routed_answered_and_resent_only_when_safe() {
 
     // Nobody left.
     drop(other);
-    wait_for(async || {
+    wait_for("the account to be disconnected", async || {
         let (_, acc) = get_json(http, "/api/v1/accounts/prod").await;
         acc["state"] == "disconnected"
     })

@@ -1,0 +1,950 @@
+//! Test support shared by the hub's integration tests: certificates made at test time, the
+//! hub in-process on 127.0.0.1, fake agents that speak the real gRPC protocol over mutual
+//! TLS, HTTP and HTTPS clients, and the Clouddriver contract server ([`contract`]).
+
+// Each test binary uses a part of this module.
+#![allow(dead_code)]
+// Test code: a failed set-up should panic.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+pub mod contract;
+
+use std::{
+    collections::VecDeque,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response};
+use http_body_util::{BodyExt as _, Full, combinators::BoxBody};
+use hyper::body::Incoming;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::{
+    client::legacy::{Client as HyperClient, connect::HttpConnector},
+    rt::TokioExecutor,
+};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
+};
+use rustls::pki_types::{CertificateDer, pem::PemObject as _};
+use scale_agent_hub::{Config, GrpcSecurity, HttpSecurity, RunningHub, TlsMaterial};
+use scale_agent_proto::v1::{
+    self as pb, account_assignment::Role, agent_hub_client::AgentHubClient,
+    agent_message::Kind as Msg, hub_message::Kind as Out, object_event::Type as EventType,
+    tunnel_frame::Frame,
+};
+use serde_json::Value;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    sync::mpsc,
+    task::JoinHandle,
+};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{
+    Status,
+    transport::{Certificate, ClientTlsConfig, Endpoint, Identity},
+};
+
+/// How long any one step may take: generous, the machine is shared and slow.
+pub const WAIT: Duration = Duration::from_secs(20);
+/// Largest body chunk in one tunnel frame (item 7 of the stream contract).
+pub const MAX_FRAME: usize = 64 * 1024;
+
+// ---------------------------------------------------------------- certificates
+
+pub struct Pki {
+    /// The CA of the agents' client certificates and of the gRPC server certificate.
+    pub ca_pem: String,
+    ca: CertifiedIssuer<'static, KeyPair>,
+    pub server_cert_pem: String,
+    pub server_key_pem: String,
+    /// Another CA, for the HTTP listener's serving certificate: a kubeconfig carrying the
+    /// agents' CA instead would be caught.
+    pub serving_ca_pem: String,
+    pub serving_cert_pem: String,
+    pub serving_key_pem: String,
+}
+
+pub fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name.push(DnType::CommonName, name);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
+}
+
+pub fn leaf(
+    issuer: &CertifiedIssuer<'static, KeyPair>,
+    sans: &[&str],
+    usage: ExtendedKeyUsagePurpose,
+) -> (String, String) {
+    let mut params =
+        CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+    params.extended_key_usages = vec![usage];
+    params
+        .distinguished_name
+        .push(DnType::CommonName, sans.first().copied().unwrap_or("cn"));
+    let key = KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, issuer).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+impl Pki {
+    pub fn new() -> Self {
+        let ca = ca("scale-agent-test-ca");
+        let (server_cert_pem, server_key_pem) = leaf(
+            &ca,
+            &["localhost", "127.0.0.1"],
+            ExtendedKeyUsagePurpose::ServerAuth,
+        );
+        let serving = self::ca("scale-agent-hub-serving-ca");
+        let (serving_cert_pem, serving_key_pem) = leaf(
+            &serving,
+            &["localhost", "127.0.0.1"],
+            ExtendedKeyUsagePurpose::ServerAuth,
+        );
+        Pki {
+            ca_pem: ca.pem(),
+            ca,
+            server_cert_pem,
+            server_key_pem,
+            serving_ca_pem: serving.pem(),
+            serving_cert_pem,
+            serving_key_pem,
+        }
+    }
+
+    pub fn client(&self, identity: &str) -> (String, String) {
+        leaf(&self.ca, &[identity], ExtendedKeyUsagePurpose::ClientAuth)
+    }
+}
+
+// ---------------------------------------------------------------- hub
+
+pub fn data_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "scale-agent-hub-test-{name}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+pub async fn start_hub(pki: &Pki, dir: &Path, tweak: impl FnOnce(&mut Config)) -> RunningHub {
+    let mut config = Config::new(
+        GrpcSecurity::MutualTls(TlsMaterial {
+            cert_pem: pki.server_cert_pem.clone().into_bytes(),
+            key_pem: pki.server_key_pem.clone().into_bytes(),
+            client_ca_pem: pki.ca_pem.clone().into_bytes(),
+        }),
+        dir,
+    );
+    config.grpc_addr = "127.0.0.1:0".parse().unwrap();
+    config.http_addr = "127.0.0.1:0".parse().unwrap();
+    tweak(&mut config);
+    scale_agent_hub::start(config).await.unwrap()
+}
+
+/// The hub's HTTP listener with TLS (the serving certificate of `pki`), that CA in the
+/// kubeconfigs, and an admin token file in the data directory.
+pub fn serve_https(pki: &Pki, config: &mut Config) {
+    config.http_security = HttpSecurity::Tls {
+        cert_pem: pki.serving_cert_pem.clone().into_bytes(),
+        key_pem: pki.serving_key_pem.clone().into_bytes(),
+    };
+    config.serving_ca_pem = Some(pki.serving_ca_pem.clone().into_bytes());
+    config.admin_token_file = Some(config.data_dir.join("admin-token"));
+}
+
+/// The admin token a hub set up by [`serve_https`] created.
+pub fn admin_token(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("admin-token"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// A port free right now, for a hub whose public URL must be known before it starts.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Polls `check` until it holds; panics after [`WAIT`].
+pub async fn wait_for(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+// ---------------------------------------------------------------- plaintext HTTP
+
+/// GET over a raw HTTP/1.1 connection: (status, body).
+pub async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: hub\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(WAIT, stream.read_to_end(&mut raw))
+        .await
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        let mut out = String::new();
+        let mut rest = body;
+        loop {
+            let (size, after) = rest.split_once("\r\n").unwrap();
+            let size = usize::from_str_radix(size.trim(), 16).unwrap();
+            if size == 0 {
+                break;
+            }
+            out.push_str(&after[..size]);
+            rest = &after[size + 2..];
+        }
+        out
+    } else {
+        body.to_string()
+    };
+    (status, body)
+}
+
+pub async fn get_json(addr: SocketAddr, path: &str) -> (u16, Value) {
+    let (status, body) = get(addr, path).await;
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+/// POST a JSON body over a raw HTTP/1.0 connection: (status, JSON body).
+pub async fn post_json(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let body = body.to_string();
+    stream
+        .write_all(
+            format!(
+                "POST {path} HTTP/1.0\r\nHost: hub\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(WAIT, stream.read_to_end(&mut raw))
+        .await
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+pub async fn object_names(hub: &RunningHub, query: &str) -> Vec<String> {
+    let (status, v) = get_json(hub.http_addr, &format!("/api/v1/accounts/{query}")).await;
+    assert_eq!(status, 200, "{v}");
+    names_of(&v)
+}
+
+/// Sorted `metadata.name` of the items of an object list.
+pub fn names_of(list: &Value) -> Vec<String> {
+    let mut names: Vec<String> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["metadata"]["name"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+// ---------------------------------------------------------------- HTTPS client
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// Request bodies of the test client: whole or streamed.
+pub type ReqBody = BoxBody<Bytes, BoxError>;
+
+/// Which HTTP version the client offers (ALPN).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proto {
+    /// HTTP/1.1 only: hop-by-hop and upgrade headers exist only there.
+    H1,
+    /// HTTP/2 preferred, as kubectl and client-go speak it.
+    H2,
+}
+
+/// A client of the hub's HTTPS listener (hyper-util's legacy client over hyper-rustls) that
+/// trusts one CA.
+#[derive(Clone)]
+pub struct Https {
+    client: HyperClient<HttpsConnector<HttpConnector>, ReqBody>,
+    /// e.g. `https://127.0.0.1:8443`, without a trailing `/`.
+    pub base: String,
+}
+
+/// A whole answer.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_string())
+    }
+
+    /// Checks that this is a Kubernetes `Status` failure with `code` and `reason`, the way
+    /// kubectl reads it; returns its message.
+    pub fn k8s_status(&self, code: u16, reason: &str) -> String {
+        assert_eq!(self.status, code, "{}", self.text());
+        assert_eq!(
+            self.header("content-type").as_deref(),
+            Some("application/json")
+        );
+        let v = self.json();
+        assert_eq!(v["kind"], "Status", "{v}");
+        assert_eq!(v["apiVersion"], "v1", "{v}");
+        assert_eq!(v["status"], "Failure", "{v}");
+        assert_eq!(v["reason"], reason, "{v}");
+        assert_eq!(v["code"], code, "{v}");
+        let message = v["message"].as_str().unwrap().to_string();
+        assert!(!message.is_empty(), "{v}");
+        message
+    }
+}
+
+pub fn full(body: impl Into<Bytes>) -> ReqBody {
+    Full::new(body.into()).map_err(|e| match e {}).boxed()
+}
+
+pub fn empty() -> ReqBody {
+    full(Bytes::new())
+}
+
+impl Https {
+    pub fn new(ca_pem: &str, base: impl Into<String>, proto: Proto) -> Self {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+            roots.add(cert.unwrap()).unwrap();
+        }
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let builder = HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_only()
+            .enable_http1();
+        let connector = match proto {
+            Proto::H1 => builder.build(),
+            Proto::H2 => builder.enable_http2().build(),
+        };
+        Https {
+            client: HyperClient::builder(TokioExecutor::new()).build(connector),
+            base: base.into().trim_end_matches('/').to_string(),
+        }
+    }
+
+    /// The client itself, for requests expected to fail.
+    pub fn raw(&self) -> &HyperClient<HttpsConnector<HttpConnector>, ReqBody> {
+        &self.client
+    }
+
+    /// A request to `path` (appended to the base URL as it is, percent-encoding and all).
+    pub fn request(&self, method: &str, path: &str) -> http::request::Builder {
+        Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base))
+    }
+
+    /// Sends a request and returns the response head once it arrives; the body streams.
+    pub async fn send(&self, request: Request<ReqBody>) -> Response<Incoming> {
+        tokio::time::timeout(WAIT, self.client.request(request))
+            .await
+            .expect("no response head in time")
+            .unwrap()
+    }
+
+    /// Sends a request and reads the whole answer.
+    pub async fn call(&self, request: Request<ReqBody>) -> Reply {
+        let response = self.send(request).await;
+        read_all(response).await
+    }
+
+    /// A GET with an optional bearer token.
+    pub async fn get(&self, path: &str, token: Option<&str>) -> Reply {
+        let mut request = self.request("GET", path);
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        self.call(request.body(empty()).unwrap()).await
+    }
+
+    /// A request with a bearer token and a whole body.
+    pub async fn with_token(
+        &self,
+        method: &str,
+        path: &str,
+        token: &str,
+        body: impl Into<Bytes>,
+    ) -> Reply {
+        let request = self
+            .request(method, path)
+            .header("authorization", format!("Bearer {token}"))
+            .body(full(body))
+            .unwrap();
+        self.call(request).await
+    }
+}
+
+/// Reads a whole response; panics on a broken body.
+pub async fn read_all(response: Response<Incoming>) -> Reply {
+    let (parts, body) = response.into_parts();
+    let body = tokio::time::timeout(WAIT, body.collect())
+        .await
+        .expect("the body did not end in time")
+        .unwrap()
+        .to_bytes();
+    Reply {
+        status: parts.status.as_u16(),
+        headers: parts.headers,
+        body,
+    }
+}
+
+/// Reads a response body to its end: the bytes, and the error that broke it, if any.
+pub async fn read_to_end(body: Incoming) -> (Vec<u8>, Option<hyper::Error>) {
+    let mut body = body;
+    let mut bytes = Vec::new();
+    loop {
+        match tokio::time::timeout(WAIT, body.frame())
+            .await
+            .expect("the body neither went on nor ended in time")
+        {
+            None => return (bytes, None),
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    bytes.extend_from_slice(&data);
+                }
+            }
+            Some(Err(e)) => return (bytes, Some(e)),
+        }
+    }
+}
+
+// ---------------------------------------------------------------- admin API
+
+/// Issues a kubeconfig for `account` (token name `token_name`) with the admin token; returns
+/// it parsed.
+pub async fn issue_kubeconfig(http: &Https, admin: &str, account: &str, token_name: &str) -> Value {
+    let reply = http
+        .with_token(
+            "POST",
+            &format!("/api/v1/accounts/{account}/kubeconfig?tokenName={token_name}"),
+            admin,
+            Bytes::new(),
+        )
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    serde_saphyr::from_str(&reply.text()).unwrap()
+}
+
+/// The token of a kubeconfig's (only) user.
+pub fn kubeconfig_token(kubeconfig: &Value) -> String {
+    kubeconfig["users"][0]["user"]["token"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// A fresh token for `account`.
+pub async fn token_for(http: &Https, admin: &str, account: &str) -> String {
+    kubeconfig_token(&issue_kubeconfig(http, admin, account, "tests").await)
+}
+
+// ---------------------------------------------------------------- fake agent
+
+/// An agent speaking the real protocol on a real stream, driven by the test: it files what
+/// the hub sends (a task reads the stream, so the hub never waits for the test to read) and
+/// sends what the test tells it to.
+pub struct FakeAgent {
+    tx: mpsc::Sender<pb::AgentMessage>,
+    inbox: mpsc::UnboundedReceiver<Result<Option<pb::HubMessage>, Status>>,
+    reader: JoinHandle<()>,
+    pub seq: u64,
+    pub acked: u64,
+    pub assignments: VecDeque<pb::AccountAssignment>,
+    pub heartbeats: usize,
+    pub operations: VecDeque<pb::Operation>,
+    pub tunnel: VecDeque<pb::TunnelFrame>,
+    pub welcome: Option<pb::Welcome>,
+    /// Set once the stream ended: the status, or OK for a clean end.
+    ended: Option<Status>,
+}
+
+impl Drop for FakeAgent {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+pub async fn open_stream(
+    hub: &RunningHub,
+    pki_ca_pem: &str,
+    client: Option<(String, String)>,
+) -> Result<FakeAgent, Status> {
+    let mut tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(pki_ca_pem))
+        .domain_name("localhost");
+    if let Some((cert, key)) = client {
+        tls = tls.identity(Identity::from_pem(cert, key));
+    }
+    let endpoint = Endpoint::from_shared(format!("https://127.0.0.1:{}", hub.grpc_addr.port()))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap();
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| Status::unavailable(format!("connect: {e:?}")))?;
+    let (tx, rx) = mpsc::channel(64);
+    let response = AgentHubClient::new(channel)
+        .session(ReceiverStream::new(rx))
+        .await?;
+    let mut stream = response.into_inner();
+    let (inbox_tx, inbox) = mpsc::unbounded_channel();
+    let reader = tokio::spawn(async move {
+        loop {
+            let message = stream.message().await;
+            let last = !matches!(message, Ok(Some(_)));
+            if inbox_tx.send(message).is_err() || last {
+                return;
+            }
+        }
+    });
+    Ok(FakeAgent {
+        tx,
+        inbox,
+        reader,
+        seq: 0,
+        acked: 0,
+        assignments: VecDeque::new(),
+        heartbeats: 0,
+        operations: VecDeque::new(),
+        tunnel: VecDeque::new(),
+        welcome: None,
+        ended: None,
+    })
+}
+
+/// Connects and says Hello without capabilities (an agent from before the proxy); returns
+/// the agent after Welcome.
+pub async fn agent(hub: &RunningHub, pki: &Pki, identity: &str, replica: &str) -> FakeAgent {
+    agent_with(hub, pki, identity, replica, &[]).await
+}
+
+/// Connects and says Hello with the "http-tunnel" capability.
+pub async fn tunnel_agent(hub: &RunningHub, pki: &Pki, identity: &str, replica: &str) -> FakeAgent {
+    agent_with(hub, pki, identity, replica, &["http-tunnel"]).await
+}
+
+pub async fn agent_with(
+    hub: &RunningHub,
+    pki: &Pki,
+    identity: &str,
+    replica: &str,
+    capabilities: &[&str],
+) -> FakeAgent {
+    let mut a = open_stream(hub, &pki.ca_pem, Some(pki.client(identity)))
+        .await
+        .unwrap();
+    a.send(Msg::Hello(pb::Hello {
+        replica: replica.into(),
+        agent_version: "test".into(),
+        capabilities: capabilities.iter().map(|c| c.to_string()).collect(),
+    }))
+    .await;
+    while a.welcome.is_none() {
+        a.pump().await.unwrap();
+    }
+    a
+}
+
+impl FakeAgent {
+    pub async fn send(&mut self, kind: Msg) -> u64 {
+        self.seq += 1;
+        self.send_raw(pb::AgentMessage {
+            seq: self.seq,
+            kind: Some(kind),
+        })
+        .await;
+        self.seq
+    }
+
+    pub async fn send_raw(&mut self, msg: pb::AgentMessage) {
+        self.tx.send(msg).await.unwrap();
+    }
+
+    fn file(&mut self, message: Result<Option<pb::HubMessage>, Status>) -> Result<(), Status> {
+        let msg = match message {
+            Ok(Some(msg)) => msg,
+            Ok(None) => {
+                self.ended = Some(Status::ok("stream ended"));
+                return Err(Status::ok("stream ended"));
+            }
+            Err(status) => {
+                self.ended = Some(status.clone());
+                return Err(status);
+            }
+        };
+        match msg.kind {
+            Some(Out::Welcome(w)) => self.welcome = Some(w),
+            Some(Out::Assignment(a)) => self.assignments.push_back(a),
+            Some(Out::Ack(ack)) => {
+                assert!(ack.seq >= self.acked, "acks go backwards");
+                self.acked = ack.seq;
+            }
+            Some(Out::Heartbeat(_)) => self.heartbeats += 1,
+            Some(Out::Operation(op)) => self.operations.push_back(op),
+            Some(Out::Tunnel(frame)) => self.tunnel.push_back(frame),
+            None => panic!("empty hub message"),
+        }
+        Ok(())
+    }
+
+    /// Reads one message and files it; Err when the stream ended.
+    pub async fn pump(&mut self) -> Result<(), Status> {
+        if let Some(status) = &self.ended {
+            return Err(status.clone());
+        }
+        let message = tokio::time::timeout(WAIT, self.inbox.recv())
+            .await
+            .map_err(|_| Status::deadline_exceeded("test: nothing from the hub"))?
+            .unwrap_or(Ok(None));
+        self.file(message)
+    }
+
+    /// Files every message already received, without waiting.
+    pub fn pump_ready(&mut self) -> Result<(), Status> {
+        while let Ok(message) = self.inbox.try_recv() {
+            self.file(message)?;
+        }
+        Ok(())
+    }
+
+    pub async fn assignment(&mut self) -> pb::AccountAssignment {
+        loop {
+            if let Some(a) = self.assignments.pop_front() {
+                return a;
+            }
+            self.pump().await.unwrap();
+        }
+    }
+
+    /// Waits until everything sent is acknowledged.
+    pub async fn synced(&mut self) {
+        while self.acked < self.seq {
+            self.pump().await.unwrap();
+        }
+    }
+
+    /// Waits for the stream to end with an error status.
+    pub async fn error(&mut self) -> Status {
+        loop {
+            if let Err(status) = self.pump().await {
+                return status;
+            }
+        }
+    }
+
+    /// Reads until an operation arrives.
+    pub async fn operation(&mut self) -> pb::Operation {
+        loop {
+            if let Some(op) = self.operations.pop_front() {
+                return op;
+            }
+            self.pump().await.unwrap();
+        }
+    }
+
+    pub async fn register(&mut self, account: &str, host: &str) -> pb::AccountAssignment {
+        self.register_with(account, host, br#"{"kinds":["ConfigMap"]}"#)
+            .await
+    }
+
+    pub async fn register_with(
+        &mut self,
+        account: &str,
+        host: &str,
+        properties_json: &[u8],
+    ) -> pb::AccountAssignment {
+        self.send(Msg::RegisterAccount(pb::RegisterAccount {
+            account: account.into(),
+            cluster: Some(pb::ClusterInfo {
+                api_server_host: host.into(),
+                ca_fingerprint: "0a1b".into(),
+                kubernetes_version: "v1.37.1".into(),
+            }),
+            namespaces: vec![],
+            properties_json: properties_json.to_vec(),
+        }))
+        .await;
+        let a = self.assignment().await;
+        assert_eq!(a.account, account);
+        a
+    }
+
+    pub async fn snapshot(&mut self, account: &str, objects: &[(&str, &str)], rv: &str) {
+        self.send(Msg::SnapshotBegin(pb::SnapshotBegin {
+            account: account.into(),
+            kind: Some(configmaps()),
+            watch_namespace: String::new(),
+        }))
+        .await;
+        for (name, orv) in objects {
+            self.send(cm_event(account, EventType::Applied, name, orv, "web"))
+                .await;
+        }
+        self.send(Msg::SnapshotEnd(pb::SnapshotEnd {
+            account: account.into(),
+            kind: Some(configmaps()),
+            resource_version: rv.into(),
+            object_count: objects.len() as u64,
+            watch_namespace: String::new(),
+        }))
+        .await;
+    }
+
+    // ------------------------------------------------------------ tunnel
+
+    /// Sends a tunnel frame (seq 0: outside the sequence numbers).
+    pub async fn send_frame(&mut self, exchange: u64, frame: Frame) {
+        self.send_raw(pb::AgentMessage {
+            seq: 0,
+            kind: Some(Msg::Tunnel(pb::TunnelFrame {
+                exchange,
+                frame: Some(frame),
+            })),
+        })
+        .await;
+    }
+
+    /// Takes the first tunnel frame `wanted` accepts out of those received, waiting for one;
+    /// the others stay queued.
+    pub async fn take_frame(
+        &mut self,
+        what: &str,
+        wanted: impl Fn(&pb::TunnelFrame) -> bool,
+    ) -> pb::TunnelFrame {
+        loop {
+            if let Some(i) = self.tunnel.iter().position(&wanted) {
+                return self.tunnel.remove(i).unwrap();
+            }
+            if let Err(status) = self.pump().await {
+                panic!("waiting for {what}: {status:?}; received {:?}", self.tunnel);
+            }
+        }
+    }
+
+    /// The next exchange the hub opens: its id and request head.
+    pub async fn request(&mut self) -> (u64, pb::HttpRequestHead) {
+        let frame = self
+            .take_frame("a request head", |f| {
+                matches!(f.frame, Some(Frame::Request(_)))
+            })
+            .await;
+        let Some(Frame::Request(head)) = frame.frame else {
+            unreachable!()
+        };
+        (frame.exchange, head)
+    }
+
+    /// The next frame of `exchange`.
+    pub async fn frame_of(&mut self, exchange: u64) -> Frame {
+        self.take_frame(&format!("a frame of exchange {exchange}"), |f| {
+            f.exchange == exchange
+        })
+        .await
+        .frame
+        .unwrap()
+    }
+
+    /// The reset of `exchange`, skipping its other frames (window updates).
+    pub async fn reset_of(&mut self, exchange: u64) -> String {
+        loop {
+            if let Frame::Reset(reset) = self.frame_of(exchange).await {
+                return reset.reason;
+            }
+        }
+    }
+
+    /// Answers an exchange with a head.
+    pub async fn respond_head(
+        &mut self,
+        exchange: u64,
+        status: u32,
+        headers: &[(&str, &str)],
+        end_of_body: bool,
+    ) {
+        let headers = headers
+            .iter()
+            .map(|(name, value)| pb::HttpHeader {
+                name: name.to_string(),
+                value: value.as_bytes().to_vec(),
+            })
+            .collect();
+        self.send_frame(
+            exchange,
+            Frame::Response(pb::HttpResponseHead {
+                status,
+                headers,
+                end_of_body,
+            }),
+        )
+        .await;
+    }
+
+    pub async fn send_data(&mut self, exchange: u64, data: &[u8], end_of_body: bool) {
+        assert!(data.len() <= MAX_FRAME);
+        self.send_frame(
+            exchange,
+            Frame::Data(pb::TunnelData {
+                data: data.to_vec(),
+                end_of_body,
+            }),
+        )
+        .await;
+    }
+
+    /// Answers an exchange with a head and a small body (within the initial window).
+    pub async fn respond(
+        &mut self,
+        exchange: u64,
+        status: u32,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) {
+        if body.is_empty() {
+            self.respond_head(exchange, status, headers, true).await;
+            return;
+        }
+        self.respond_head(exchange, status, headers, false).await;
+        let chunks: Vec<&[u8]> = body.chunks(MAX_FRAME).collect();
+        for (i, chunk) in chunks.iter().enumerate() {
+            self.send_data(exchange, chunk, i + 1 == chunks.len()).await;
+        }
+    }
+
+    /// Proves that the hub sent this agent no tunnel frame so far: a message it acknowledges
+    /// now comes after any frame sent before (one ordered queue per stream).
+    pub async fn assert_no_tunnel_frames(&mut self) {
+        self.send(Msg::Heartbeat(pb::Heartbeat::default())).await;
+        self.synced().await;
+        assert!(
+            self.tunnel.is_empty(),
+            "the agent received tunnel frames: {:?}",
+            self.tunnel
+        );
+    }
+}
+
+pub fn configmaps() -> pb::Kind {
+    pb::Kind {
+        group: String::new(),
+        version: "v1".into(),
+        kind: "ConfigMap".into(),
+        plural: "configmaps".into(),
+        namespaced: true,
+    }
+}
+
+pub fn cm_event(account: &str, t: EventType, name: &str, rv: &str, app: &str) -> Msg {
+    Msg::Object(pb::ObjectEvent {
+        account: account.into(),
+        kind: Some(configmaps()),
+        r#type: t as i32,
+        namespace: "default".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        resource_version: rv.into(),
+        object_json: serde_json::to_vec(&serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": name,
+                "namespace": "default",
+                "uid": format!("uid-{name}"),
+                "resourceVersion": rv,
+                "labels": { "app": app },
+            },
+            "data": { "rv": rv },
+        }))
+        .unwrap(),
+        truncated: false,
+        watch_namespace: String::new(),
+    })
+}
+
+pub fn role(a: &pb::AccountAssignment) -> Role {
+    Role::try_from(a.role).unwrap()
+}
+
+/// A GET through the proxy that `agent` answers with 200 and `body`: the request head the
+/// agent received, and the client's answer.
+pub async fn proxied_get(
+    http: &Https,
+    agent: &mut FakeAgent,
+    path: &str,
+    token: &str,
+    body: &[u8],
+) -> (pb::HttpRequestHead, Reply) {
+    let call = {
+        let (http, path, token) = (http.clone(), path.to_string(), token.to_string());
+        tokio::spawn(async move { http.get(&path, Some(&token)).await })
+    };
+    let (exchange, head) = agent.request().await;
+    agent
+        .respond(exchange, 200, &[("content-type", "application/json")], body)
+        .await;
+    (head, call.await.unwrap())
+}

@@ -1,0 +1,454 @@
+//! What crosses the Kubernetes API proxy's tunnel, and how exchanges end: request heads and
+//! bodies as the agent receives them (credit respected), response heads and bodies as the
+//! client receives them, cancellation from either side, and the loss of an agent (watches end
+//! cleanly, other bodies break, a GET moves to another replica, a POST is not resent). The
+//! hub serves HTTPS; the agents are fakes speaking the real gRPC protocol over mutual TLS.
+
+// Test code: a failed set-up should panic.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::{BodyExt as _, StreamBody};
+use hyper::body::Frame as BodyFrame;
+use scale_agent_hub::RunningHub;
+use scale_agent_proto::v1::{account_assignment::Role, tunnel_frame::Frame};
+
+struct Setup {
+    pki: Pki,
+    dir: std::path::PathBuf,
+    hub: RunningHub,
+    http: Https,
+    h1: Https,
+    admin: String,
+}
+
+async fn setup(name: &str) -> Setup {
+    let pki = Pki::new();
+    let dir = data_dir(name);
+    let hub = start_hub(&pki, &dir, |c| serve_https(&pki, c)).await;
+    let base = format!("https://127.0.0.1:{}", hub.http_addr.port());
+    let http = Https::new(&pki.serving_ca_pem, base.clone(), Proto::H2);
+    let h1 = Https::new(&pki.serving_ca_pem, base, Proto::H1);
+    let admin = admin_token(&dir);
+    Setup {
+        pki,
+        dir,
+        hub,
+        http,
+        h1,
+        admin,
+    }
+}
+
+impl Setup {
+    async fn stop(self) {
+        self.hub.shutdown().await.unwrap();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn header_values(head: &scale_agent_proto::v1::HttpRequestHead, name: &str) -> Vec<String> {
+    head.headers
+        .iter()
+        .filter(|h| h.name == name)
+        .map(|h| String::from_utf8(h.value.clone()).unwrap())
+        .collect()
+}
+
+/// A request body of `len` bytes, streamed in pieces of odd sizes (so HTTP/1.1 sends it
+/// chunked and the hub sees frames that do not fall on 64 KiB boundaries).
+fn streamed_body(len: usize) -> (ReqBody, Vec<u8>) {
+    let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    let pieces: Vec<Result<BodyFrame<Bytes>, BoxError>> = bytes
+        .chunks(100_003)
+        .map(|c| Ok(BodyFrame::data(Bytes::copy_from_slice(c))))
+        .collect();
+    let body = StreamBody::new(futures::stream::iter(pieces)).boxed();
+    (body, bytes)
+}
+
+#[tokio::test]
+async fn requests_and_answers_cross_the_tunnel_as_sent() {
+    let s = setup("tunnel-semantics").await;
+    let mut a = tunnel_agent(&s.hub, &s.pki, "agent-a.test", "pod-1").await;
+    a.register("prod", "https://10.0.0.1:6443").await;
+    let token = token_for(&s.http, &s.admin, "prod").await;
+    let window = a.welcome.as_ref().unwrap().tunnel_window_bytes as usize;
+    assert_eq!(window, 1024 * 1024);
+
+    // A POST with everything a proxy must not pass on, over HTTP/1.1 (hop-by-hop headers
+    // exist only there), and a body three times the window.
+    let path = "/api/v1/namespaces/team%2Fa/configmaps?fieldManager=kubectl-client-side-apply&labelSelector=app%3Dweb%2Ctier+in+%28x%29&limit=500";
+    let (body, sent) = streamed_body(3 * window + 12_345);
+    let request =
+        s.h1.request("POST", &format!("/clusters/prod{path}"))
+            .header("authorization", format!("Bearer {token}"))
+            .header("cookie", "session=secret")
+            .header("impersonate-user", "system:admin")
+            .header("impersonate-group", "system:masters")
+            .header("impersonate-extra-scopes", "all")
+            .header("impersonate-uid", "0")
+            .header("proxy-authorization", "Basic eDp5")
+            .header("connection", "keep-alive, x-hop")
+            .header("keep-alive", "timeout=5")
+            .header("x-hop", "1")
+            .header("te", "trailers")
+            .header("accept", "application/json, */*")
+            .header("content-type", "application/json")
+            .header("user-agent", "kubectl/v1.37.1 (linux/amd64)")
+            .header("x-custom", "kept")
+            .body(body)
+            .unwrap();
+    let call = {
+        let h1 = s.h1.clone();
+        tokio::spawn(async move { h1.call(request).await })
+    };
+    let (id, head) = a.request().await;
+    assert_eq!(head.account, "prod");
+    assert_eq!(head.method, "POST");
+    assert_eq!(head.path_and_query, path, "percent-encoding and query kept");
+    assert!(!head.end_of_body, "a body follows");
+    let mut names: Vec<&str> = head.headers.iter().map(|h| h.name.as_str()).collect();
+    names.sort();
+    names.dedup();
+    assert_eq!(
+        names,
+        ["accept", "content-type", "user-agent", "x-custom"],
+        "{head:?}"
+    );
+    assert_eq!(header_values(&head, "accept"), ["application/json, */*"]);
+    assert_eq!(header_values(&head, "x-custom"), ["kept"]);
+
+    // The body, granting credit slowly in pieces that are not whole frames.
+    let grant = 200_000;
+    let (mut granted, mut received) = (0usize, Vec::new());
+    loop {
+        let frame = if window + granted - received.len() < MAX_FRAME {
+            // Not enough credit left for a whole frame: whatever the hub may still send
+            // arrives now, then it must wait for us.
+            match tokio::time::timeout(Duration::from_millis(50), a.frame_of(id)).await {
+                Ok(frame) => frame,
+                Err(_) => {
+                    a.send_frame(id, Frame::WindowUpdate(grant as u32)).await;
+                    granted += grant;
+                    continue;
+                }
+            }
+        } else {
+            a.frame_of(id).await
+        };
+        let Frame::Data(data) = frame else {
+            panic!("expected request body data, got {frame:?}")
+        };
+        assert!(
+            data.data.len() <= MAX_FRAME,
+            "a frame of {}",
+            data.data.len()
+        );
+        received.extend_from_slice(&data.data);
+        assert!(
+            received.len() <= window + granted,
+            "the hub sent {} bytes with {} of credit",
+            received.len(),
+            window + granted
+        );
+        if data.end_of_body {
+            break;
+        }
+    }
+    assert!(received == sent, "the body arrived intact");
+    assert!(granted > 0, "the body needed more than the first window");
+
+    // The answer: status and headers (Warning several times) as the API server sent them.
+    let answer = br#"{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"x"}}"#;
+    a.respond(
+        id,
+        201,
+        &[
+            ("content-type", "application/json"),
+            ("warning", "299 - \"first\""),
+            ("warning", "299 - \"second\""),
+            ("warning", "299 - \"third\""),
+            ("audit-id", "6e1b3b3e-0000"),
+            ("keep-alive", "timeout=99"),
+        ],
+        answer,
+    )
+    .await;
+    let reply = call.await.unwrap();
+    assert_eq!(reply.status, 201, "{}", reply.text());
+    let warnings: Vec<&str> = reply
+        .headers
+        .get_all("warning")
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect();
+    assert_eq!(
+        warnings,
+        ["299 - \"first\"", "299 - \"second\"", "299 - \"third\""]
+    );
+    assert_eq!(reply.header("audit-id").as_deref(), Some("6e1b3b3e-0000"));
+    assert_eq!(
+        reply.header("content-type").as_deref(),
+        Some("application/json")
+    );
+    assert_eq!(reply.header("keep-alive"), None, "hop-by-hop");
+    assert_eq!(&reply.body[..], answer);
+
+    // A DELETE answered 204 with no body (end_of_body on the head), over HTTP/2.
+    let call = {
+        let http = s.http.clone();
+        let token = token.clone();
+        tokio::spawn(async move {
+            http.with_token(
+                "DELETE",
+                "/clusters/prod/api/v1/namespaces/default/configmaps/x",
+                &token,
+                Bytes::new(),
+            )
+            .await
+        })
+    };
+    let (id, head) = a.request().await;
+    assert_eq!(head.method, "DELETE");
+    assert!(head.end_of_body, "no request body");
+    a.respond_head(id, 204, &[("audit-id", "2")], true).await;
+    let reply = call.await.unwrap();
+    assert_eq!(reply.status, 204);
+    assert!(reply.body.is_empty());
+    assert_eq!(reply.header("audit-id").as_deref(), Some("2"));
+    a.assert_no_tunnel_frames().await;
+
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_client_that_goes_away_resets_its_exchange() {
+    let s = setup("tunnel-client-gone").await;
+    let mut a = tunnel_agent(&s.hub, &s.pki, "agent-a.test", "pod-1").await;
+    a.register("prod", "https://10.0.0.1:6443").await;
+    let token = token_for(&s.http, &s.admin, "prod").await;
+    let window = a.welcome.as_ref().unwrap().tunnel_window_bytes as usize;
+
+    // HTTP/1.1: the connection closes; HTTP/2: the stream is reset. Either ends the exchange.
+    for client in [&s.h1, &s.http] {
+        let request = client
+            .request("GET", "/clusters/prod/api/v1/pods?limit=0")
+            .header("authorization", format!("Bearer {token}"))
+            .body(empty())
+            .unwrap();
+        let send = {
+            let client = client.clone();
+            tokio::spawn(async move { client.send(request).await })
+        };
+        let (id, _) = a.request().await;
+        a.respond_head(id, 200, &[("content-type", "application/json")], false)
+            .await;
+        a.send_data(id, &[b'x'; 1000], false).await;
+        let mut body = send.await.unwrap().into_body();
+        let first = tokio::time::timeout(WAIT, body.frame())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(first.is_data());
+        drop(body);
+        // The hub notices when it writes to a closed connection: keep the body coming
+        // (within the credit) until the reset arrives.
+        let mut sent = 1000;
+        let reason = loop {
+            a.pump_ready().unwrap();
+            if let Some(i) = a
+                .tunnel
+                .iter()
+                .position(|f| f.exchange == id && matches!(f.frame, Some(Frame::Reset(_))))
+            {
+                let Some(Frame::Reset(reset)) = a.tunnel.remove(i).unwrap().frame else {
+                    unreachable!()
+                };
+                break reset.reason;
+            }
+            if sent + MAX_FRAME <= window {
+                a.send_data(id, &[b'y'; MAX_FRAME], false).await;
+                sent += MAX_FRAME;
+            } else {
+                a.pump().await.unwrap();
+            }
+        };
+        assert!(reason.contains("client went away"), "{reason}");
+        a.tunnel.retain(|f| f.exchange != id);
+        // Frames of a reset exchange are ignored.
+        a.send_data(id, b"late", true).await;
+    }
+    a.assert_no_tunnel_frames().await;
+
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn an_agent_reset_before_the_head_is_a_bad_gateway() {
+    let s = setup("tunnel-agent-reset").await;
+    let mut a = tunnel_agent(&s.hub, &s.pki, "agent-a.test", "pod-1").await;
+    a.register("prod", "https://10.0.0.1:6443").await;
+    let token = token_for(&s.http, &s.admin, "prod").await;
+    let call = {
+        let http = s.http.clone();
+        tokio::spawn(async move { http.get("/clusters/prod/api/v1/nodes", Some(&token)).await })
+    };
+    let (id, _) = a.request().await;
+    let reason = "dial tcp 10.0.0.1:6443: connect: connection refused";
+    a.send_frame(
+        id,
+        Frame::Reset(scale_agent_proto::v1::TunnelReset {
+            reason: reason.into(),
+        }),
+    )
+    .await;
+    let reply = call.await.unwrap();
+    let message = reply.k8s_status(502, "InternalError");
+    assert!(message.contains(reason), "{message}");
+    assert!(message.contains("\"prod\""), "{message}");
+    a.assert_no_tunnel_frames().await;
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_lost_agent_ends_watches_cleanly_and_breaks_other_bodies() {
+    let s = setup("tunnel-agent-lost").await;
+    let mut a = tunnel_agent(&s.hub, &s.pki, "agent-a.test", "pod-1").await;
+    a.register("prod", "https://10.0.0.1:6443").await;
+    let token = token_for(&s.http, &s.admin, "prod").await;
+
+    // HTTP/1.1, where a clean end is the last chunk of the chunked encoding.
+    let mut open = Vec::new();
+    for path in [
+        "/clusters/prod/api/v1/configmaps?watch=true&resourceVersion=5&allowWatchBookmarks=true",
+        "/clusters/prod/api/v1/configmaps?limit=500",
+    ] {
+        let request =
+            s.h1.request("GET", path)
+                .header("authorization", format!("Bearer {token}"))
+                .body(empty())
+                .unwrap();
+        let send = {
+            let h1 = s.h1.clone();
+            tokio::spawn(async move { h1.send(request).await })
+        };
+        let (id, head) = a.request().await;
+        a.respond_head(id, 200, &[("content-type", "application/json")], false)
+            .await;
+        let data = format!("{{\"part of\":\"{}\"}}\n", head.path_and_query);
+        a.send_data(id, data.as_bytes(), false).await;
+        let response = send.await.unwrap();
+        assert_eq!(response.status(), 200);
+        open.push((response, data));
+    }
+    let (list, list_data) = open.pop().unwrap();
+    let (watch, watch_data) = open.pop().unwrap();
+    assert_eq!(
+        watch.headers()["transfer-encoding"],
+        "chunked",
+        "the watch's end is the chunked encoding's"
+    );
+
+    drop(a);
+    let (bytes, error) = read_to_end(watch.into_body()).await;
+    assert!(error.is_none(), "the watch ended with {error:?}");
+    assert_eq!(String::from_utf8(bytes).unwrap(), watch_data);
+    let (bytes, error) = read_to_end(list.into_body()).await;
+    assert!(error.is_some(), "a cut list must not look complete");
+    assert_eq!(String::from_utf8(bytes).unwrap(), list_data);
+
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_get_moves_to_another_replica_when_its_agent_leaves_but_a_post_does_not() {
+    let s = setup("tunnel-retry").await;
+    let mut a = tunnel_agent(&s.hub, &s.pki, "agent-a.test", "pod-1").await;
+    assert_eq!(
+        role(&a.register("prod", "https://10.0.0.1:6443").await),
+        Role::Streaming
+    );
+    let mut b = tunnel_agent(&s.hub, &s.pki, "agent-b.test", "pod-2").await;
+    assert_eq!(
+        role(&b.register("prod", "https://10.0.0.1:6443").await),
+        Role::Standby
+    );
+    let token = token_for(&s.http, &s.admin, "prod").await;
+    let path = "/clusters/prod/api/v1/namespaces/default/pods/web-0";
+
+    // Requests alternate between the replicas: until one lands on the streaming replica a,
+    // b answers.
+    let mut tries = 0;
+    let (call, head) = loop {
+        tries += 1;
+        assert!(
+            tries <= 3,
+            "the requests never reached the streaming replica"
+        );
+        let call = {
+            let (http, token) = (s.http.clone(), token.clone());
+            tokio::spawn(async move { http.get(path, Some(&token)).await })
+        };
+        tokio::select! {
+            (_, head) = a.request() => break (call, head),
+            (id, _) = b.request() => {
+                b.respond(id, 200, &[], b"{}").await;
+                assert_eq!(call.await.unwrap().status, 200);
+            }
+        }
+    };
+    assert_eq!(head.path_and_query, "/api/v1/namespaces/default/pods/web-0");
+    // a leaves before answering: the GET is sent again, to the standby.
+    drop(a);
+    let (id, again) = b.request().await;
+    assert_eq!(again.method, "GET");
+    assert_eq!(again.path_and_query, head.path_and_query);
+    b.respond(
+        id,
+        200,
+        &[("content-type", "application/json")],
+        br#"{"from":"b"}"#,
+    )
+    .await;
+    let reply = call.await.unwrap();
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.json()["from"], "b");
+
+    // A POST whose replica leaves before answering is not sent again: 503.
+    let mut a = tunnel_agent(&s.hub, &s.pki, "agent-a.test", "pod-1").await;
+    assert_eq!(
+        role(&a.register("prod", "https://10.0.0.1:6443").await),
+        Role::Standby
+    );
+    let call = {
+        let (http, token) = (s.http.clone(), token.clone());
+        tokio::spawn(async move {
+            http.with_token(
+                "POST",
+                "/clusters/prod/api/v1/namespaces/default/configmaps",
+                &token,
+                r#"{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"x"}}"#,
+            )
+            .await
+        })
+    };
+    let mut other = tokio::select! {
+        _ = a.request() => { drop(a); b }
+        _ = b.request() => { drop(b); a }
+    };
+    let message = call.await.unwrap().k8s_status(503, "ServiceUnavailable");
+    assert!(
+        message.contains("disconnected before answering"),
+        "{message}"
+    );
+    other.assert_no_tunnel_frames().await;
+
+    s.stop().await;
+}
