@@ -10,7 +10,7 @@ CARGO ?= cargo
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-control-plane: ## Build etcd, kube-apiserver, kube-controller-manager and kubectl (cached)
+control-plane: ## Build etcd, kube-apiserver, controller manager, scheduler, kubectl (and 1.29, 1.22), KWOK and Helm (cached)
 	@e2e/control-plane/build.sh
 
 test: control-plane ## Formatting, lints, and every test including the end-to-end ones
