@@ -197,13 +197,24 @@ async fn connected_accounts_are_registered_and_removed_after_their_grace_period(
     let second_inode = inode(&accounts_file);
     assert_ne!(second_inode, first_inode, "rewritten in place");
     assert_eq!(contract.accounts()["staging"]["namespaces"], json!(["web"]));
-    // prod-eu's token reaches prod-eu only.
+    // prod-eu's token reaches prod-eu only: a Status on an API path, plain text with the
+    // same message on a discovery path (client-go's discovery client shows only that).
     let message = http
-        .get("/clusters/staging/api", Some(&prod_token))
+        .get("/clusters/staging/api/v1/pods", Some(&prod_token))
         .await
         .k8s_status(403, "Forbidden");
-    assert!(message.contains("\"prod-eu\""), "{message}");
-    b.assert_no_tunnel_frames().await;
+    assert!(
+        message.contains("\"prod-eu\"") && message.contains("\"staging\""),
+        "{message}"
+    );
+    let text = http
+        .get("/clusters/staging/api", Some(&prod_token))
+        .await
+        .text_error(403);
+    assert_eq!(text, message);
+    let staging_token = kubeconfig_token(&registered_kubeconfig(&contract, "staging"));
+    b.assert_no_tunnel_frames(&http, &staging_token, "staging")
+        .await;
 
     // prod-eu's agent leaves for longer than the grace period: removed from both.
     drop(a);
@@ -221,13 +232,19 @@ async fn connected_accounts_are_registered_and_removed_after_their_grace_period(
     let message = http
         .get("/clusters/prod-eu/api", Some(&prod_token))
         .await
-        .k8s_status(404, "NotFound");
-    assert!(message.contains("grace period"), "{message}");
+        .text_error(404);
+    assert!(
+        message.contains("\"prod-eu\"") && message.contains("grace period"),
+        "{message}"
+    );
 
     // A restart with the same data directory: staging is unchanged, nothing is sent.
     let puts_before = puts(&contract);
     let file_before = inode(&accounts_file);
-    let staging_token = kubeconfig_token(&registered_kubeconfig(&contract, "staging"));
+    assert_eq!(
+        kubeconfig_token(&registered_kubeconfig(&contract, "staging")),
+        staging_token
+    );
     hub.shutdown().await.unwrap();
     drop(b);
     let hub = start_hub(&pki, &dir, configure).await;

@@ -50,7 +50,11 @@ async fn from_cache(
     let reply = spawn_get(http, path, token, accept, if_none_match)
         .await
         .unwrap();
-    a.assert_no_tunnel_frames().await;
+    let account = path
+        .strip_prefix("/clusters/")
+        .and_then(|rest| rest.split('/').next())
+        .unwrap();
+    a.assert_no_tunnel_frames(http, token, account).await;
     reply
 }
 
@@ -250,7 +254,7 @@ async fn discovery_is_cached_until_the_kinds_change() {
             "after a CRD POST answered {status}"
         );
     }
-    a.assert_no_tunnel_frames().await;
+    a.assert_no_tunnel_frames(&http, &dev, "dev").await;
 
     hub.shutdown().await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);

@@ -1,8 +1,11 @@
 //! What crosses the Kubernetes API proxy's tunnel, and how exchanges end: request heads and
 //! bodies as the agent receives them (credit respected), response heads and bodies as the
-//! client receives them, cancellation from either side, and the loss of an agent (watches end
-//! cleanly, other bodies break, a GET moves to another replica, a POST is not resent). The
-//! hub serves HTTPS; the agents are fakes speaking the real gRPC protocol over mutual TLS.
+//! client receives them, cancellation from either side, the loss of an agent (watches end
+//! cleanly, other bodies break, a GET moves to another replica, a POST is not resent), and
+//! upgrades (exec, port-forward over SPDY or WebSocket: the 101 and the connection's bytes
+//! both ways under the same flow control, the end from either side, a refusal as a normal
+//! response). The hub serves HTTPS; the agents are fakes speaking the real gRPC protocol over
+//! mutual TLS.
 
 // Test code: a failed set-up should panic.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -15,8 +18,10 @@ use bytes::Bytes;
 use common::*;
 use http_body_util::{BodyExt as _, StreamBody};
 use hyper::body::Frame as BodyFrame;
+use hyper_util::rt::TokioIo;
 use scale_agent_hub::RunningHub;
 use scale_agent_proto::v1::{account_assignment::Role, tunnel_frame::Frame};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 struct Setup {
     pki: Pki,
@@ -222,7 +227,7 @@ async fn requests_and_answers_cross_the_tunnel_as_sent() {
     assert_eq!(reply.status, 204);
     assert!(reply.body.is_empty());
     assert_eq!(reply.header("audit-id").as_deref(), Some("2"));
-    a.assert_no_tunnel_frames().await;
+    a.assert_no_tunnel_frames(&s.http, &token, "prod").await;
 
     s.stop().await;
 }
@@ -285,7 +290,7 @@ async fn a_client_that_goes_away_resets_its_exchange() {
         // Frames of a reset exchange are ignored.
         a.send_data(id, b"late", true).await;
     }
-    a.assert_no_tunnel_frames().await;
+    a.assert_no_tunnel_frames(&s.http, &token, "prod").await;
 
     s.stop().await;
 }
@@ -297,7 +302,7 @@ async fn an_agent_reset_before_the_head_is_a_bad_gateway() {
     a.register("prod", "https://10.0.0.1:6443").await;
     let token = token_for(&s.http, &s.admin, "prod").await;
     let call = {
-        let http = s.http.clone();
+        let (http, token) = (s.http.clone(), token.clone());
         tokio::spawn(async move { http.get("/clusters/prod/api/v1/nodes", Some(&token)).await })
     };
     let (id, _) = a.request().await;
@@ -313,7 +318,7 @@ async fn an_agent_reset_before_the_head_is_a_bad_gateway() {
     let message = reply.k8s_status(502, "InternalError");
     assert!(message.contains(reason), "{message}");
     assert!(message.contains("\"prod\""), "{message}");
-    a.assert_no_tunnel_frames().await;
+    a.assert_no_tunnel_frames(&s.http, &token, "prod").await;
     s.stop().await;
 }
 
@@ -448,7 +453,388 @@ async fn a_get_moves_to_another_replica_when_its_agent_leaves_but_a_post_does_no
         message.contains("disconnected before answering"),
         "{message}"
     );
-    other.assert_no_tunnel_frames().await;
+    // The survivor, now the only replica, never saw the POST.
+    other.assert_no_tunnel_frames(&s.http, &token, "prod").await;
+
+    s.stop().await;
+}
+
+/// Bytes of an upgraded connection, in a pattern that shows a lost, repeated or reordered
+/// piece.
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((i % 253) as u8).wrapping_add(seed))
+        .collect()
+}
+
+/// Sends a client's upgrade request over HTTP/1.1 (h2 has no Upgrade); the response head is
+/// awaited later.
+fn spawn_upgrade(
+    h1: &Https,
+    method: &str,
+    path: &str,
+    token: &str,
+    headers: &[(&str, &str)],
+) -> tokio::task::JoinHandle<http::Response<hyper::body::Incoming>> {
+    let mut request = h1
+        .request(method, &format!("/clusters/prod{path}"))
+        .header("authorization", format!("Bearer {token}"));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let request = request.body(empty()).unwrap();
+    let h1 = h1.clone();
+    tokio::spawn(async move { h1.send(request).await })
+}
+
+/// The names of a request head's headers, sorted, once each.
+fn header_names(head: &scale_agent_proto::v1::HttpRequestHead) -> Vec<&str> {
+    let mut names: Vec<&str> = head.headers.iter().map(|h| h.name.as_str()).collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+#[tokio::test]
+async fn upgrades_carry_the_connections_bytes_both_ways() {
+    let s = setup("tunnel-upgrade").await;
+    let mut a = tunnel_agent(&s.hub, &s.pki, "agent-a.test", "pod-1").await;
+    a.register("prod", "https://10.0.0.1:6443").await;
+    let token = token_for(&s.http, &s.admin, "prod").await;
+    let window = a.welcome.as_ref().unwrap().tunnel_window_bytes as usize;
+
+    // kubectl exec over SPDY: the head reaches the agent with the upgrade it asks for, and
+    // without the caller's credentials.
+    let path =
+        "/api/v1/namespaces/default/pods/web-0/exec?command=sh&stdin=true&stdout=true&stderr=true";
+    let send = spawn_upgrade(
+        &s.h1,
+        "POST",
+        path,
+        &token,
+        &[
+            ("connection", "Upgrade"),
+            ("upgrade", "SPDY/3.1"),
+            ("x-stream-protocol-version", "v4.channel.k8s.io"),
+            ("x-stream-protocol-version", "v3.channel.k8s.io"),
+            ("user-agent", "kubectl/v1.29.0 (linux/amd64)"),
+        ],
+    );
+    let (id, head) = a.request().await;
+    assert_eq!(head.account, "prod");
+    assert_eq!(head.method, "POST");
+    assert_eq!(head.path_and_query, path);
+    assert!(!head.end_of_body, "the connection's bytes follow the 101");
+    assert_eq!(
+        header_names(&head),
+        [
+            "connection",
+            "upgrade",
+            "user-agent",
+            "x-stream-protocol-version"
+        ],
+        "{head:?}"
+    );
+    assert_eq!(header_values(&head, "connection"), ["Upgrade"]);
+    assert_eq!(header_values(&head, "upgrade"), ["SPDY/3.1"]);
+    assert_eq!(
+        header_values(&head, "x-stream-protocol-version"),
+        ["v4.channel.k8s.io", "v3.channel.k8s.io"]
+    );
+
+    // The API server switches protocols: so does the client, with the headers it needs.
+    a.respond_head(
+        id,
+        101,
+        &[
+            ("connection", "Upgrade"),
+            ("upgrade", "SPDY/3.1"),
+            ("x-stream-protocol-version", "v4.channel.k8s.io"),
+        ],
+        false,
+    )
+    .await;
+    let response = send.await.unwrap();
+    assert_eq!(response.status(), 101);
+    let header = |name: &str| response.headers()[name].to_str().unwrap().to_string();
+    assert_eq!(header("connection"), "Upgrade");
+    assert_eq!(header("upgrade"), "SPDY/3.1");
+    assert_eq!(header("x-stream-protocol-version"), "v4.channel.k8s.io");
+    let upgraded = tokio::time::timeout(WAIT, hyper::upgrade::on(response))
+        .await
+        .expect("the client's connection did not upgrade in time")
+        .unwrap();
+    let (mut from_hub, mut to_hub) = tokio::io::split(TokioIo::new(upgraded));
+
+    // Client to agent: more than a window, within the agent's credit, granted slowly in
+    // pieces that are not whole frames.
+    let up = pattern(2 * window + 12_345, 0);
+    let writer = {
+        let up = up.clone();
+        tokio::spawn(async move {
+            to_hub.write_all(&up).await.unwrap();
+            to_hub.flush().await.unwrap();
+            to_hub
+        })
+    };
+    let grant = 200_000;
+    let (mut granted, mut received) = (0usize, Vec::new());
+    while received.len() < up.len() {
+        let frame = if window + granted - received.len() < MAX_FRAME {
+            // Not enough credit left for a whole frame: whatever the hub may still send
+            // arrives now, then it must wait for us.
+            match tokio::time::timeout(Duration::from_millis(50), a.frame_of(id)).await {
+                Ok(frame) => frame,
+                Err(_) => {
+                    a.send_frame(id, Frame::WindowUpdate(grant as u32)).await;
+                    granted += grant;
+                    continue;
+                }
+            }
+        } else {
+            a.frame_of(id).await
+        };
+        let Frame::Data(data) = frame else {
+            panic!("expected the client's bytes, got {frame:?}")
+        };
+        assert!(!data.end_of_body, "the client did not close its side");
+        assert!(
+            data.data.len() <= MAX_FRAME,
+            "a frame of {}",
+            data.data.len()
+        );
+        received.extend_from_slice(&data.data);
+        assert!(
+            received.len() <= window + granted,
+            "the hub sent {} bytes with {} of credit",
+            received.len(),
+            window + granted
+        );
+    }
+    assert!(received == up, "the client's bytes arrived intact");
+    assert!(granted > 0, "the bytes needed more than the first window");
+    let to_hub = tokio::time::timeout(WAIT, writer).await.unwrap().unwrap();
+
+    // Agent to client: more than a window, sent only as the hub returns credit, which it
+    // does as it writes to the client.
+    let down = pattern(2 * window + 777, 100);
+    let reader = tokio::spawn(async move {
+        let mut bytes = Vec::new();
+        tokio::time::timeout(WAIT, from_hub.read_to_end(&mut bytes))
+            .await
+            .expect("the upgraded connection did not end in time")
+            .unwrap();
+        bytes
+    });
+    let (mut sent, mut credit, mut returned) = (0usize, window, 0usize);
+    while sent < down.len() {
+        a.pump_ready().unwrap();
+        let mut kept = std::collections::VecDeque::new();
+        for frame in a.tunnel.drain(..) {
+            match (&frame.frame, frame.exchange == id) {
+                (Some(Frame::WindowUpdate(n)), true) => {
+                    credit += *n as usize;
+                    returned += *n as usize;
+                    assert!(
+                        returned <= sent,
+                        "the hub returned credit for {returned} bytes of {sent} sent"
+                    );
+                }
+                (_, true) => panic!("expected credit only, got {frame:?}"),
+                _ => kept.push_back(frame),
+            }
+        }
+        a.tunnel = kept;
+        let n = MAX_FRAME.min(down.len() - sent).min(credit);
+        if n == 0 {
+            a.pump().await.unwrap();
+            continue;
+        }
+        a.send_data(id, &down[sent..sent + n], false).await;
+        sent += n;
+        credit -= n;
+    }
+    assert!(returned > 0, "the bytes needed more than the first window");
+
+    // The API server's side ends: so does the client's connection, after every byte.
+    a.send_data(id, &[], true).await;
+    let bytes = reader.await.unwrap();
+    assert_eq!(bytes.len(), down.len());
+    assert!(bytes == down, "the agent's bytes arrived intact");
+    // Nothing but credit followed for that exchange (no reset: it ended). The credit was
+    // queued before the client's connection ended, so before the head of a request made
+    // now, which the frames of the stream cannot overtake.
+    let (_, reply) = proxied_get(
+        &s.http,
+        &mut a,
+        "/clusters/prod/api/v1/namespaces/default/pods/web-0",
+        &token,
+        b"{}",
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    a.tunnel
+        .retain(|f| !(f.exchange == id && matches!(f.frame, Some(Frame::WindowUpdate(_)))));
+    a.assert_no_tunnel_frames(&s.http, &token, "prod").await;
+    // The client's side stays open until now: only the agent ended the exchange.
+    drop(to_hub);
+
+    // An upgrade the API server refuses (exec over WebSocket, as kubectl >= 1.30 asks):
+    // its answer reaches the client as a normal response.
+    let path = "/api/v1/namespaces/default/pods/web-0/exec?command=date&stdout=true";
+    let send = spawn_upgrade(
+        &s.h1,
+        "GET",
+        path,
+        &token,
+        &[
+            ("connection", "Upgrade"),
+            ("upgrade", "websocket"),
+            ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
+            ("sec-websocket-version", "13"),
+            ("sec-websocket-protocol", "v5.channel.k8s.io"),
+        ],
+    );
+    let (id, head) = a.request().await;
+    assert_eq!(head.method, "GET");
+    assert_eq!(head.path_and_query, path);
+    assert!(!head.end_of_body);
+    assert_eq!(
+        header_names(&head),
+        [
+            "connection",
+            "sec-websocket-key",
+            "sec-websocket-protocol",
+            "sec-websocket-version",
+            "upgrade"
+        ],
+        "{head:?}"
+    );
+    assert_eq!(header_values(&head, "upgrade"), ["websocket"]);
+    assert_eq!(
+        header_values(&head, "sec-websocket-protocol"),
+        ["v5.channel.k8s.io"]
+    );
+    let refusal = br#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"pods \"web-0\" is forbidden: User \"system:serviceaccount:scale-agent:demo-agent\" cannot create resource \"pods/exec\"","reason":"Forbidden","code":403}"#;
+    a.respond(
+        id,
+        403,
+        &[("content-type", "application/json"), ("audit-id", "403-1")],
+        refusal,
+    )
+    .await;
+    let reply = read_all(send.await.unwrap()).await;
+    assert_eq!(reply.status, 403, "{}", reply.text());
+    assert_eq!(
+        reply.header("content-type").as_deref(),
+        Some("application/json")
+    );
+    assert_eq!(reply.header("audit-id").as_deref(), Some("403-1"));
+    assert_eq!(reply.header("upgrade"), None);
+    assert_eq!(&reply.body[..], refusal);
+    a.assert_no_tunnel_frames(&s.http, &token, "prod").await;
+
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_an_upgraded_connection_resets_its_exchange() {
+    let s = setup("tunnel-upgrade-client-gone").await;
+    let mut a = tunnel_agent(&s.hub, &s.pki, "agent-a.test", "pod-1").await;
+    a.register("prod", "https://10.0.0.1:6443").await;
+    let token = token_for(&s.http, &s.admin, "prod").await;
+    let window = a.welcome.as_ref().unwrap().tunnel_window_bytes as usize;
+
+    // port-forward over WebSocket.
+    let send = spawn_upgrade(
+        &s.h1,
+        "GET",
+        "/api/v1/namespaces/default/pods/web-0/portforward?ports=8080",
+        &token,
+        &[
+            ("connection", "Upgrade"),
+            ("upgrade", "websocket"),
+            ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
+            ("sec-websocket-version", "13"),
+            ("sec-websocket-protocol", "v4.channel.k8s.io"),
+        ],
+    );
+    let (id, _) = a.request().await;
+    a.respond_head(
+        id,
+        101,
+        &[
+            ("connection", "Upgrade"),
+            ("upgrade", "websocket"),
+            ("sec-websocket-accept", "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="),
+            ("sec-websocket-protocol", "v4.channel.k8s.io"),
+        ],
+        false,
+    )
+    .await;
+    let response = send.await.unwrap();
+    assert_eq!(response.status(), 101);
+    assert_eq!(response.headers()["upgrade"], "websocket");
+    assert_eq!(
+        response.headers()["sec-websocket-accept"],
+        "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+    );
+    let upgraded = tokio::time::timeout(WAIT, hyper::upgrade::on(response))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut io = TokioIo::new(upgraded);
+    io.write_all(b"\x82\x03abc").await.unwrap();
+    io.flush().await.unwrap();
+    let Frame::Data(data) = a.frame_of(id).await else {
+        panic!("expected the client's bytes")
+    };
+    assert_eq!(data.data, b"\x82\x03abc");
+    a.send_data(id, b"\x82\x03xyz", false).await;
+    let mut got = [0u8; 5];
+    tokio::time::timeout(WAIT, io.read_exact(&mut got))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&got, b"\x82\x03xyz");
+
+    // The client goes away. The hub notices at the latest when it writes to the closed
+    // connection: keep the bytes coming (within the credit) until the reset arrives.
+    drop(io);
+    let mut sent = 5;
+    let reason = loop {
+        a.pump_ready().unwrap();
+        let mut reset = None;
+        let mut kept = std::collections::VecDeque::new();
+        for frame in a.tunnel.drain(..) {
+            match (&frame.frame, frame.exchange == id) {
+                (Some(Frame::Reset(r)), true) => reset = Some(r.reason.clone()),
+                // The client's end of stream (the hub may read it before it fails to
+                // write), never after the reset.
+                (Some(Frame::Data(d)), true) if d.data.is_empty() && d.end_of_body => {
+                    assert!(reset.is_none(), "data after the reset");
+                }
+                (Some(Frame::WindowUpdate(_)), true) => {}
+                (_, true) => panic!("unexpected {frame:?}"),
+                _ => kept.push_back(frame),
+            }
+        }
+        a.tunnel = kept;
+        if let Some(reason) = reset {
+            break reason;
+        }
+        if sent + MAX_FRAME <= window {
+            a.send_data(id, &[b'y'; MAX_FRAME], false).await;
+            sent += MAX_FRAME;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        } else {
+            a.pump().await.unwrap();
+        }
+    };
+    assert!(reason.contains("client went away"), "{reason}");
+    // Frames of a reset exchange are ignored.
+    a.send_data(id, b"late", true).await;
+    a.assert_no_tunnel_frames(&s.http, &token, "prod").await;
 
     s.stop().await;
 }

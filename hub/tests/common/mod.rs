@@ -13,7 +13,10 @@ use std::{
     collections::VecDeque,
     net::SocketAddr,
     path::{Path, PathBuf},
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
@@ -346,6 +349,27 @@ impl Reply {
         assert_eq!(v["code"], code, "{v}");
         let message = v["message"].as_str().unwrap().to_string();
         assert!(!message.is_empty(), "{v}");
+        message
+    }
+
+    /// Checks that this is an error the hub made on a discovery path: `code`, and the
+    /// message as plain text (client-go's discovery client shows an error body only when it
+    /// is not a JSON Status); returns the message.
+    pub fn text_error(&self, code: u16) -> String {
+        assert_eq!(self.status, code, "{}", self.text());
+        assert_eq!(
+            self.header("content-type").as_deref(),
+            Some("text/plain; charset=utf-8"),
+            "{}",
+            self.text()
+        );
+        let text = self.text();
+        assert!(
+            serde_json::from_str::<Value>(&text).is_err(),
+            "a JSON body: {text}"
+        );
+        let message = text.trim_end().to_string();
+        assert!(!message.is_empty(), "no message");
         message
     }
 }
@@ -875,16 +899,58 @@ impl FakeAgent {
         }
     }
 
-    /// Proves that the hub sent this agent no tunnel frame so far: a message it acknowledges
-    /// now comes after any frame sent before (one ordered queue per stream).
-    pub async fn assert_no_tunnel_frames(&mut self) {
-        self.send(Msg::Heartbeat(pb::Heartbeat::default())).await;
-        self.synced().await;
-        assert!(
-            self.tunnel.is_empty(),
-            "the agent received tunnel frames: {:?}",
-            self.tunnel
-        );
+    /// Proves that the hub sent this agent no tunnel frame so far, beyond those already
+    /// taken out of [`FakeAgent::tunnel`]. Tunnel frames do not share a queue with
+    /// acknowledgements (an ack proves nothing about them), but the frames of one stream stay
+    /// in order: a fresh probe request through the proxy for `account` (which this agent
+    /// serves, as its only connected replica; a path no cache answers) must be the first
+    /// frame received. The probe is answered 200, and the client must get that answer.
+    pub async fn assert_no_tunnel_frames(&mut self, http: &Https, token: &str, account: &str) {
+        static PROBES: AtomicU64 = AtomicU64::new(0);
+        let n = PROBES.fetch_add(1, Ordering::Relaxed);
+        let api_path = format!("/api/v1/namespaces/no-tunnel-probe-{n}");
+        let mut call = {
+            let (http, token) = (http.clone(), token.to_string());
+            let path = format!("/clusters/{account}{api_path}");
+            tokio::spawn(async move { http.get(&path, Some(&token)).await })
+        };
+        let first = loop {
+            if let Some(frame) = self.tunnel.pop_front() {
+                break frame;
+            }
+            tokio::select! {
+                pumped = self.pump() => if let Err(status) = pumped {
+                    panic!("waiting for the probe {api_path}: {status:?}")
+                },
+                reply = &mut call => panic!(
+                    "the probe {api_path} was answered without reaching the agent: {:?}",
+                    reply.map(|r| (r.status, r.text()))
+                ),
+            }
+        };
+        let probe = match &first.frame {
+            Some(Frame::Request(head))
+                if head.account == account && head.path_and_query == api_path =>
+            {
+                first.exchange
+            }
+            _ => panic!(
+                "the agent received a tunnel frame before the probe {api_path}: {first:?}; \
+                 then {:?}",
+                self.tunnel
+            ),
+        };
+        let answer = format!(r#"{{"kind":"Namespace","probe":{n}}}"#);
+        self.respond(
+            probe,
+            200,
+            &[("content-type", "application/json")],
+            answer.as_bytes(),
+        )
+        .await;
+        let reply = call.await.unwrap();
+        assert_eq!(reply.status, 200, "the probe's answer: {}", reply.text());
+        assert_eq!(reply.text(), answer, "the probe's answer");
     }
 }
 
