@@ -127,8 +127,24 @@ impl Env {
             .collect()
     }
 
-    /// Starts a hub process with a fresh data directory under `name`.
+    /// Starts a hub process with a fresh data directory under `name`, its HTTP listener in
+    /// plaintext (the REST API the measures poll).
     pub async fn hub(&self, name: &str) -> Result<HubProc> {
+        self.hub_with(name, HttpListener::Plaintext).await
+    }
+
+    /// Starts a hub process whose HTTP listener serves TLS, as in production: the serving
+    /// certificate is the gRPC one (loopback names, signed by the bench CA), and the CA goes
+    /// into the kubeconfigs it issues (`--serving-ca`). For the Kubernetes API proxy.
+    pub async fn tls_hub(&self, name: &str) -> Result<HubProc> {
+        let listener = HttpListener::Tls {
+            ca_pem: self.pki.ca.cert_pem.clone(),
+            ca_file: self.pki.ca_file.clone(),
+        };
+        self.hub_with(name, listener).await
+    }
+
+    async fn hub_with(&self, name: &str, listener: HttpListener) -> Result<HubProc> {
         let data_dir = self.store_dir.join(format!("{name}-data"));
         let _ = std::fs::remove_dir_all(&data_dir);
         let mut hub = HubProc {
@@ -144,6 +160,7 @@ impl Env {
                 format!("--tls-key={}", self.pki.hub_key.display()),
                 format!("--client-ca={}", self.pki.ca_file.display()),
             ],
+            listener,
             starts: 0,
         };
         hub.start().await?;
@@ -264,6 +281,15 @@ pub fn payload(seed: usize, bytes: usize) -> String {
         .collect()
 }
 
+/// How a hub's HTTP listener (REST API, admin API, Kubernetes API proxy) serves.
+#[derive(Clone, Debug)]
+pub enum HttpListener {
+    /// `--http-plaintext`.
+    Plaintext,
+    /// TLS (the hub's default) with the gRPC serving certificate; clients trust `ca_pem`.
+    Tls { ca_pem: String, ca_file: PathBuf },
+}
+
 /// A hub process; can be stopped and started again on the same ports and data.
 pub struct HubProc {
     proc: Option<Proc>,
@@ -274,6 +300,7 @@ pub struct HubProc {
     pub data_dir: PathBuf,
     log_dir: PathBuf,
     args_tls: Vec<String>,
+    listener: HttpListener,
     starts: usize,
 }
 
@@ -286,10 +313,15 @@ impl HubProc {
             format!("--http-addr={}", self.http_addr),
             format!("--data-dir={}", self.data_dir.display()),
             "--grace-period=1h".into(),
+        ]);
+        match &self.listener {
             // The measures read the REST API in plaintext, as they did before the listener
             // became TLS by default.
-            "--http-plaintext".into(),
-        ]);
+            HttpListener::Plaintext => args.push("--http-plaintext".into()),
+            HttpListener::Tls { ca_file, .. } => {
+                args.push(format!("--serving-ca={}", ca_file.display()));
+            }
+        }
         let proc = Proc::spawn(
             "scale-agent-hub",
             &self.exe,
@@ -300,16 +332,77 @@ impl HubProc {
                 .join(format!("{}-{}.log", self.name, self.starts)),
         )?;
         self.proc = Some(proc);
-        let addr = self.http_addr;
+        let this = &*self;
         wait_for(
             "the hub's /readyz",
             READY,
             Duration::from_millis(10),
-            || async { Ok((http(addr, "GET", "/readyz", None).await?.0 == 200).then_some(())) },
+            || async {
+                Ok((this.request("GET", "/readyz", None, None).await?.0 == 200).then_some(()))
+            },
         )
         .await
         .with_context(|| self.log_tail())?;
         Ok(())
+    }
+
+    /// One request to the hub's HTTP listener, over TLS when it serves TLS (a new
+    /// connection each time: these are the harness's own calls, never timed): (status,
+    /// body).
+    pub async fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+        bearer: Option<&str>,
+    ) -> Result<(u16, Vec<u8>)> {
+        match &self.listener {
+            HttpListener::Plaintext => {
+                anyhow::ensure!(
+                    bearer.is_none(),
+                    "the bench's plaintext client sends no tokens"
+                );
+                http(self.http_addr, method, path, body).await
+            }
+            HttpListener::Tls { ca_pem, .. } => {
+                let mut call = scale_agent_e2e::http::Call::new(
+                    method,
+                    format!("https://{}{path}", self.http_addr),
+                )
+                .ca(ca_pem.as_str());
+                if let Some(body) = body {
+                    call = call.header("content-type", "application/json");
+                    call.body = Some(body.to_vec());
+                }
+                if let Some(token) = bearer {
+                    call = call.bearer(token);
+                }
+                let response = call.send().await?;
+                Ok((response.status, response.body.into_bytes()))
+            }
+        }
+    }
+
+    /// A kubeconfig for the Kubernetes API proxy of `account` (a new token named
+    /// `token_name`), issued by the admin API with the admin token the hub wrote to its data
+    /// directory.
+    pub async fn kubeconfig(&self, account: &str, token_name: &str) -> Result<String> {
+        let admin = std::fs::read_to_string(self.data_dir.join("admin-token"))
+            .context("read the hub's admin token file")?;
+        let (status, body) = self
+            .request(
+                "POST",
+                &format!("/api/v1/accounts/{account}/kubeconfig?tokenName={token_name}"),
+                None,
+                Some(admin.trim()),
+            )
+            .await?;
+        let text = String::from_utf8_lossy(&body).into_owned();
+        anyhow::ensure!(
+            status == 200,
+            "the hub refused a kubeconfig for {account}: HTTP {status}: {text}"
+        );
+        Ok(text)
     }
 
     /// SIGTERM and wait (the hub flushes its store).
@@ -336,13 +429,9 @@ impl HubProc {
 
     /// The account's view, or None while unknown.
     pub async fn account(&self, account: &str) -> Result<Option<serde_json::Value>> {
-        let (status, body) = http(
-            self.http_addr,
-            "GET",
-            &format!("/api/v1/accounts/{account}"),
-            None,
-        )
-        .await?;
+        let (status, body) = self
+            .request("GET", &format!("/api/v1/accounts/{account}"), None, None)
+            .await?;
         match status {
             200 => Ok(Some(serde_json::from_slice(&body)?)),
             404 => Ok(None),
@@ -371,7 +460,7 @@ impl HubProc {
     }
 
     pub async fn metrics(&self) -> Result<String> {
-        let (_, body) = http(self.http_addr, "GET", "/metrics", None).await?;
+        let (_, body) = self.request("GET", "/metrics", None, None).await?;
         Ok(String::from_utf8_lossy(&body).into_owned())
     }
 
@@ -380,7 +469,19 @@ impl HubProc {
     }
 
     pub async fn get_json(&self, path: &str) -> Result<serde_json::Value> {
-        get_json(self.http_addr, path).await
+        match self.listener {
+            HttpListener::Plaintext => get_json(self.http_addr, path).await,
+            HttpListener::Tls { .. } => {
+                let (status, body) = self.request("GET", path, None, None).await?;
+                if status != 200 {
+                    bail!(
+                        "GET {path}: HTTP {status}: {}",
+                        String::from_utf8_lossy(&body)
+                    );
+                }
+                Ok(serde_json::from_slice(&body)?)
+            }
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! Scale Agent's performance harness: starts a real local control plane, the hub and agents
 //! (as processes), and measures this system beside its baselines in one run — the raw
-//! Kubernetes watch (the floor), Clouddriver-style polling, plain LISTs, `kubectl apply`.
+//! Kubernetes watch (the floor), Clouddriver-style polling, plain LISTs, `kubectl apply`,
+//! and requests straight to the API server beside the same through the hub's proxy.
 //!
 //! [`run`] returns a [`Report`] (a table plus JSON); `main` only parses flags. The hub, the
 //! agent and the watch floor run as this same executable with [`procs::ROLE_ENV`] set, so
@@ -45,7 +46,23 @@ pub struct Options {
     pub agents: usize,
     pub agent_objects: usize,
     pub operations: usize,
-    /// Which of the seven measures to run (all by default).
+    /// Measure 8: sequential GETs per side (and GETs per side with `proxy_clients`).
+    pub proxy_requests: usize,
+    /// Measure 8: concurrent clients for the requests/s figure.
+    pub proxy_clients: usize,
+    /// Measure 8: `kubectl apply` runs per side.
+    pub proxy_applies: usize,
+    /// Measure 8: ConfigMap updates the two watches see.
+    pub proxy_watch_updates: usize,
+    /// Measure 8: updates per second (fixed rate).
+    pub proxy_watch_rate: f64,
+    /// Measure 8: ConfigMaps in the large LIST.
+    pub proxy_list_objects: usize,
+    /// Measure 8: bytes of data per ConfigMap of the large LIST.
+    pub proxy_list_object_bytes: usize,
+    /// Measure 8: LISTs per side (the median is shown).
+    pub proxy_list_repeats: usize,
+    /// Which of the eight measures to run (all by default).
     pub measures: Vec<u8>,
     /// Hub stores on /dev/shm instead of the work directory (default: the work directory,
     /// a disk like a real hub's).
@@ -72,7 +89,15 @@ impl Options {
             agents: 200,
             agent_objects: 5,
             operations: 20,
-            measures: (1..=7).collect(),
+            proxy_requests: 1000,
+            proxy_clients: 4,
+            proxy_applies: 30,
+            proxy_watch_updates: 1000,
+            proxy_watch_rate: 100.0,
+            proxy_list_objects: 10_000,
+            proxy_list_object_bytes: 4096,
+            proxy_list_repeats: 3,
+            measures: (1..=8).collect(),
             hub_store_on_tmpfs: false,
         }
     }
@@ -91,6 +116,12 @@ impl Options {
             agents: 20,
             agent_objects: 2,
             operations: 3,
+            proxy_requests: 20,
+            proxy_clients: 2,
+            proxy_applies: 2,
+            proxy_watch_updates: 20,
+            proxy_list_objects: 50,
+            proxy_list_repeats: 1,
             ..Self::new(exe)
         }
     }
@@ -149,6 +180,15 @@ pub async fn run(options: &Options) -> Result<Report> {
         step("6. operations");
         measures::operations(&env, options, &mut rows).await?;
     }
+    if on(8) {
+        step("8. Kubernetes API proxy");
+        let sentence = measures::proxy::proxy(&env, options, &mut rows).await?;
+        bottleneck = if on(2) {
+            format!("{bottleneck} {sentence}")
+        } else {
+            sentence
+        };
+    }
     step("done");
     rows.sort_by_key(|r| r.measure);
 
@@ -170,6 +210,14 @@ pub async fn run(options: &Options) -> Result<Report> {
             "agents": options.agents,
             "agent_objects": options.agent_objects,
             "operations": options.operations,
+            "proxy_requests": options.proxy_requests,
+            "proxy_clients": options.proxy_clients,
+            "proxy_applies": options.proxy_applies,
+            "proxy_watch_updates": options.proxy_watch_updates,
+            "proxy_watch_rate_per_sec": options.proxy_watch_rate,
+            "proxy_list_objects": options.proxy_list_objects,
+            "proxy_list_object_bytes": options.proxy_list_object_bytes,
+            "proxy_list_repeats": options.proxy_list_repeats,
             "measures": options.measures,
         }),
         rows,

@@ -13,8 +13,8 @@ use std::{path::PathBuf, time::Duration};
 use clap::Parser;
 use scale_agent_bench::{Options, procs::ROLE_ENV};
 
-/// Benchmarks Scale Agent beside the raw watch, Clouddriver-style polling, plain LISTs and
-/// kubectl, and prints one table (plus JSON). Sizes are flags; the defaults take a few
+/// Benchmarks Scale Agent beside the raw watch, Clouddriver-style polling, plain LISTs,
+/// kubectl and the API server reached directly, and prints one table (plus JSON). Sizes are flags; the defaults take a few
 /// minutes on two cores in a release build.
 #[derive(Debug, Parser)]
 #[command(name = "scale-agent-bench", version)]
@@ -79,8 +79,34 @@ struct Args {
     /// Measure 6: server-side applies through each path.
     #[arg(long, default_value_t = 20)]
     operations: usize,
-    /// Which measures to run (comma-separated numbers 1 to 7; 3, 4 and 5 share one setup).
-    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6,7")]
+    /// Measure 8 (proxy): sequential GETs of one ConfigMap per side, and GETs per side for
+    /// the requests/s figure.
+    #[arg(long, default_value_t = 1000)]
+    proxy_requests: usize,
+    /// Measure 8: concurrent clients for the requests/s figure.
+    #[arg(long, default_value_t = 4)]
+    proxy_clients: usize,
+    /// Measure 8: `kubectl apply` runs of a Deployment per side.
+    #[arg(long, default_value_t = 30)]
+    proxy_applies: usize,
+    /// Measure 8: ConfigMap updates seen by the watch through the proxy and the direct one.
+    #[arg(long, default_value_t = 1000)]
+    proxy_watch_updates: usize,
+    /// Measure 8: updates per second (fixed rate).
+    #[arg(long, default_value_t = 100.0)]
+    proxy_watch_rate: f64,
+    /// Measure 8: ConfigMaps in the large LIST.
+    #[arg(long, default_value_t = 10_000)]
+    proxy_list_objects: usize,
+    /// Measure 8: bytes of data per ConfigMap of the large LIST.
+    #[arg(long, default_value_t = 4096)]
+    proxy_list_object_bytes: usize,
+    /// Measure 8: large LISTs per side (the median is shown).
+    #[arg(long, default_value_t = 3)]
+    proxy_list_repeats: usize,
+    /// Which measures to run (comma-separated numbers 1 to 8; 3, 4 and 5 share one setup;
+    /// 8 is the Kubernetes API proxy).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6,7,8")]
     measures: Vec<u8>,
     /// Run the hubs' stores on tmpfs (/dev/shm) instead of the work directory's disk.
     #[arg(long)]
@@ -116,6 +142,14 @@ fn main() -> anyhow::Result<()> {
         agents: args.agents,
         agent_objects: args.agent_objects,
         operations: args.operations,
+        proxy_requests: args.proxy_requests,
+        proxy_clients: args.proxy_clients,
+        proxy_applies: args.proxy_applies,
+        proxy_watch_updates: args.proxy_watch_updates,
+        proxy_watch_rate: args.proxy_watch_rate,
+        proxy_list_objects: args.proxy_list_objects,
+        proxy_list_object_bytes: args.proxy_list_object_bytes,
+        proxy_list_repeats: args.proxy_list_repeats,
         measures: args.measures,
         hub_store_on_tmpfs: args.hub_store_on_tmpfs,
         ..Options::new(std::env::current_exe()?)

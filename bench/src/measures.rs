@@ -1,5 +1,8 @@
-//! The seven measures of issue 6. Each appends rows (this system beside its baseline,
-//! measured in the same run) to the report.
+//! The seven measures of issue 6, and the Kubernetes API proxy's ([`proxy`], measure 8).
+//! Each appends rows (this system beside its baseline, measured in the same run) to the
+//! report.
+
+pub mod proxy;
 
 use std::{
     collections::HashMap,

@@ -25,11 +25,16 @@ async fn tiny_run_reports_every_measure_with_its_baseline() -> anyhow::Result<()
         "wire-bytes",
         "operations",
         "many-agents",
+        "proxy-get",
+        "proxy-get-concurrent",
+        "proxy-apply",
+        "proxy-watch",
+        "proxy-list",
     ] {
         assert!(ids.contains(id), "no row {id} in\n{table}");
     }
     let measures: BTreeSet<u8> = report.rows.iter().map(|r| r.measure).collect();
-    assert_eq!(measures, (1..=7).collect(), "{table}");
+    assert_eq!(measures, (1..=8).collect(), "{table}");
     for row in &report.rows {
         assert!(
             !row.system.trim().is_empty(),
