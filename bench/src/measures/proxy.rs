@@ -159,6 +159,30 @@ impl MachineWindow {
     }
 }
 
+/// What limited a side's rate, from the machine's busy cores and this run's processes.
+fn limit(machine_busy: f64, cpu: &[(String, f64)], wall: f64) -> String {
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1) as f64;
+    let (top, top_cores) = cpu
+        .iter()
+        .map(|(n, s)| (n.clone(), s / wall.max(1e-9)))
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .unwrap_or_default();
+    let ours: f64 = cpu.iter().map(|(_, s)| s / wall.max(1e-9)).sum();
+    let how = if machine_busy >= 0.9 * cpus {
+        "bound by CPU"
+    } else if machine_busy >= 0.7 * cpus {
+        // Five processes in one pipeline on few cores: each hop may wait for a core.
+        "close to the machine's CPU limit"
+    } else {
+        "not bound by CPU but by the waits between the hops"
+    };
+    format!(
+        "{how} ({machine_busy:.2} of {cpus} cores busy on the machine, {ours:.2} of them this run's; {top} the busiest at {top_cores:.2})"
+    )
+}
+
 /// A difference of milliseconds with its sign.
 fn signed_ms(v: f64) -> String {
     format!("{}{}", if v < 0.0 { "-" } else { "+" }, ms(v.abs()))
@@ -333,18 +357,26 @@ async fn get_concurrent(
         let (used, wall) = cpu.finish();
         figures.insert(side, (n as f64 / secs, used, wall, machine.finish()));
     }
-    let (proxy_rate, proxy_cpu, proxy_wall, (_, proxy_machine)) =
+    let (proxy_rate, proxy_cpu, proxy_wall, (proxy_busy, proxy_machine)) =
         figures.remove(&Side::Proxy).unwrap_or_default();
     let (direct_rate, direct_cpu, direct_wall, (_, direct_machine)) =
         figures.remove(&Side::Direct).unwrap_or_default();
-    let busiest = |cpu: &[(String, f64)], wall: f64| {
+    // CPU of every process of the run per request: what the proxy costs, whatever limited
+    // the rate.
+    let per_request = |cpu: &[(String, f64)], of: &[&str]| {
         cpu.iter()
-            .map(|(n, s)| (n.clone(), s / wall))
-            .max_by(|a, b| a.1.total_cmp(&b.1))
-            .unwrap_or_default()
+            .filter(|(name, _)| of.is_empty() || of.contains(&name.as_str()))
+            .map(|(_, s)| s)
+            .sum::<f64>()
+            * 1000.0
+            / n as f64
     };
-    let (top, top_cores) = busiest(&proxy_cpu, proxy_wall);
-    let total: f64 = proxy_cpu.iter().map(|(_, s)| s / proxy_wall).sum();
+    let proxy_ms = per_request(&proxy_cpu, &[]);
+    let direct_ms = per_request(&direct_cpu, &[]);
+    let tunnel_ms = per_request(&proxy_cpu, &["hub", "agent"]);
+    let cost = format!(
+        "CPU per request, all processes: {proxy_ms:.2} ms through the proxy ({tunnel_ms:.2} ms in hub and agent) against {direct_ms:.2} ms directly"
+    );
     rows.push(Row {
         id: "proxy-get-concurrent".into(),
         measure: 8,
@@ -353,15 +385,17 @@ async fn get_concurrent(
         baseline_name: "the same GETs straight to the API server".into(),
         baseline: format!("{direct_rate:.0} requests/s"),
         note: format!(
-            "one kube client per side, a keep-alive connection per concurrent request; CPU cores through the proxy: {} ({proxy_machine}); directly: {} ({direct_machine})",
+            "one kube client per side, a keep-alive connection per concurrent request; {cost}; CPU cores through the proxy: {} ({proxy_machine}); directly: {} ({direct_machine})",
             cpu_text(&proxy_cpu, proxy_wall),
             cpu_text(&direct_cpu, direct_wall)
         ),
         values: json!({ "clients": clients, "requests": n, "proxy_per_sec": proxy_rate, "direct_per_sec": direct_rate,
-            "proxy_cpu_cores": cores_json(&proxy_cpu, proxy_wall), "direct_cpu_cores": cores_json(&direct_cpu, direct_wall) }),
+            "proxy_cpu_cores": cores_json(&proxy_cpu, proxy_wall), "direct_cpu_cores": cores_json(&direct_cpu, direct_wall),
+            "proxy_cpu_ms_per_request": proxy_ms, "proxy_hub_agent_cpu_ms_per_request": tunnel_ms, "direct_cpu_ms_per_request": direct_ms }),
     });
     Ok(format!(
-        "GETs with {clients} clients reach {proxy_rate:.0}/s against {direct_rate:.0}/s directly, with {top} the busiest ({top_cores:.2} cores; this run's processes {total:.2}; {proxy_machine})."
+        "GETs with {clients} clients reach {proxy_rate:.0}/s against {direct_rate:.0}/s directly, {}; {cost}.",
+        limit(proxy_busy, &proxy_cpu, proxy_wall)
     ))
 }
 
@@ -679,11 +713,23 @@ async fn list(
     let (proxy_rate, direct_rate) = (rate(proxy_secs), rate(direct_secs));
     let (proxy_cpu, proxy_wall) = cpu.remove(&Side::Proxy).unwrap_or_default();
     let (direct_cpu, direct_wall) = cpu.remove(&Side::Direct).unwrap_or_default();
-    let (top, top_cores) = proxy_cpu
-        .iter()
-        .map(|(n, s)| (n.clone(), s / proxy_wall.max(1e-9)))
-        .max_by(|a, b| a.1.total_cmp(&b.1))
-        .unwrap_or_default();
+    // CPU of every process of the run per MB carried.
+    let megabytes = size as f64 * repeats as f64 / 1_000_000.0;
+    let per_mb = |cpu: &[(String, f64)], of: &[&str]| {
+        cpu.iter()
+            .filter(|(name, _)| of.is_empty() || of.contains(&name.as_str()))
+            .map(|(_, s)| s)
+            .sum::<f64>()
+            * 1000.0
+            / megabytes.max(1e-9)
+    };
+    let cost = format!(
+        "CPU per MB, all processes: {} through the proxy ({} in hub and agent) against {} directly",
+        ms(per_mb(&proxy_cpu, &[])),
+        ms(per_mb(&proxy_cpu, &["hub", "agent"])),
+        ms(per_mb(&direct_cpu, &[]))
+    );
+    let proxy_busy = busy.get(&Side::Proxy).copied().unwrap_or(0.0);
     rows.push(Row {
         id: "proxy-list".into(),
         measure: 8,
@@ -696,7 +742,7 @@ async fn list(
         baseline_name: "the same LIST straight to the API server".into(),
         baseline: format!("{direct_rate:.0} MB/s ({})", crate::report::secs(direct_secs)),
         note: format!(
-            "one unpaginated LIST, body read as it streams; median of {repeats} per side, alternating; the tunnel carries it in frames of at most 64 KiB within a 1 MiB window per exchange; two LISTs at once: {proxy_two:.0} MB/s in all through the proxy, {direct_two:.0} MB/s directly; CPU cores through the proxy: {} ({:.2} busy on the machine); directly: {} ({:.2} busy on the machine)",
+            "one unpaginated LIST, body read as it streams; median of {repeats} per side, alternating; the tunnel carries it in frames of at most 64 KiB within a 1 MiB window per exchange; two LISTs at once: {proxy_two:.0} MB/s in all through the proxy, {direct_two:.0} MB/s directly; {cost}; CPU cores through the proxy: {} ({:.2} busy on the machine); directly: {} ({:.2} busy on the machine)",
             cpu_text(&proxy_cpu, proxy_wall),
             busy.get(&Side::Proxy).copied().unwrap_or(0.0),
             cpu_text(&direct_cpu, direct_wall),
@@ -706,10 +752,13 @@ async fn list(
             "proxy_seconds": secs.get(&Side::Proxy), "direct_seconds": secs.get(&Side::Direct),
             "proxy_mb_per_sec": proxy_rate, "direct_mb_per_sec": direct_rate,
             "two_at_once_proxy_mb_per_sec": proxy_two, "two_at_once_direct_mb_per_sec": direct_two,
-            "proxy_cpu_cores": cores_json(&proxy_cpu, proxy_wall), "direct_cpu_cores": cores_json(&direct_cpu, direct_wall) }),
+            "proxy_cpu_cores": cores_json(&proxy_cpu, proxy_wall), "direct_cpu_cores": cores_json(&direct_cpu, direct_wall),
+            "proxy_cpu_ms_per_mb": per_mb(&proxy_cpu, &[]), "proxy_hub_agent_cpu_ms_per_mb": per_mb(&proxy_cpu, &["hub", "agent"]),
+            "direct_cpu_ms_per_mb": per_mb(&direct_cpu, &[]), "proxy_machine_busy_cores": proxy_busy }),
     });
     Ok(format!(
-        "A {:.1} MB LIST streams at {proxy_rate:.0} MB/s against {direct_rate:.0} MB/s directly ({proxy_two:.0} against {direct_two:.0} MB/s with two at once), with {top} the busiest ({top_cores:.2} cores).",
-        size as f64 / 1_000_000.0
+        "A {:.1} MB LIST streams at {proxy_rate:.0} MB/s against {direct_rate:.0} MB/s directly ({proxy_two:.0} against {direct_two:.0} MB/s with two at once), {}; {cost}.",
+        size as f64 / 1_000_000.0,
+        limit(proxy_busy, &proxy_cpu, proxy_wall)
     ))
 }
