@@ -183,6 +183,18 @@ fn limit(machine_busy: f64, cpu: &[(String, f64)], wall: f64) -> String {
     )
 }
 
+/// A buffer size: whole MiB or KiB when it is one, else bytes.
+fn binary_size(b: u64) -> String {
+    const KIB: u64 = 1024;
+    if b >= KIB * KIB && b.is_multiple_of(KIB * KIB) {
+        format!("{} MiB", b / (KIB * KIB))
+    } else if b >= KIB && b.is_multiple_of(KIB) {
+        format!("{} KiB", b / KIB)
+    } else {
+        format!("{b} B")
+    }
+}
+
 /// A difference of milliseconds with its sign.
 fn signed_ms(v: f64) -> String {
     format!("{}{}", if v < 0.0 { "-" } else { "+" }, ms(v.abs()))
@@ -742,7 +754,10 @@ async fn list(
         baseline_name: "the same LIST straight to the API server".into(),
         baseline: format!("{direct_rate:.0} MB/s ({})", crate::report::secs(direct_secs)),
         note: format!(
-            "one unpaginated LIST, body read as it streams; median of {repeats} per side, alternating; the tunnel carries it in frames of at most 64 KiB within a 1 MiB window per exchange; two LISTs at once: {proxy_two:.0} MB/s in all through the proxy, {direct_two:.0} MB/s directly; {cost}; CPU cores through the proxy: {} ({:.2} busy on the machine); directly: {} ({:.2} busy on the machine)",
+            "one unpaginated LIST, body read as it streams; median of {repeats} per side, alternating; the tunnel carries it in frames of at most {} within a {} window per exchange; two LISTs at once: {proxy_two:.0} MB/s in all through the proxy, {direct_two:.0} MB/s directly; {cost}; CPU cores through the proxy: {} ({:.2} busy on the machine); directly: {} ({:.2} busy on the machine)",
+            // The hub's figures, so the note follows them if they change.
+            binary_size(scale_agent_hub::tunnel::MAX_FRAME_BYTES as u64),
+            binary_size(u64::from(scale_agent_hub::tunnel::WINDOW_BYTES)),
             cpu_text(&proxy_cpu, proxy_wall),
             busy.get(&Side::Proxy).copied().unwrap_or(0.0),
             cpu_text(&direct_cpu, direct_wall),
