@@ -147,7 +147,7 @@ impl Tunnels {
 
     /// Forgets an exchange; true when it was still open (so the agent should hear a reset).
     pub fn close(&self, id: u64) -> bool {
-        self.lock().remove(&id).is_some()
+        finish(&mut self.lock(), id).is_some()
     }
 
     /// Number of open exchanges.
@@ -179,7 +179,7 @@ impl Tunnels {
                 let _ = tx.send(Ok(head));
                 if end {
                     let _ = exchange.body.send(BodyEvent::End);
-                    open.remove(&id);
+                    finish(&mut open, id);
                 }
                 None
             }
@@ -205,7 +205,7 @@ impl Tunnels {
                 }
                 if data.end_of_body {
                     let _ = exchange.body.send(BodyEvent::End);
-                    open.remove(&id);
+                    finish(&mut open, id);
                 }
                 None
             }
@@ -256,6 +256,14 @@ impl Tunnels {
             }
         }
     }
+}
+
+/// Removes a finished exchange. Its request credit is closed, so a request body still
+/// waiting for credit (the API server answered before reading all of it) stops.
+fn finish(open: &mut HashMap<u64, Exchange>, id: u64) -> Option<Exchange> {
+    let exchange = open.remove(&id)?;
+    exchange.request_credit.close();
+    Some(exchange)
 }
 
 fn fail(open: &mut HashMap<u64, Exchange>, id: u64, reason: &str) {
@@ -357,6 +365,22 @@ mod tests {
         );
         assert!(matches!(polite.body.try_recv(), Ok(BodyEvent::Data(_))));
         assert!(matches!(polite.body.try_recv(), Ok(BodyEvent::End)));
+    }
+
+    #[test]
+    fn a_finished_or_closed_exchange_stops_its_request_body() {
+        let tunnels = Tunnels::default();
+        let answered = tunnels.open(7, 10, false);
+        tunnels.deliver(7, frame(answered.id, head(413, true)));
+        assert!(answered.request_credit.is_closed(), "answered before the body was read");
+        let streamed = tunnels.open(7, 10, false);
+        tunnels.deliver(7, frame(streamed.id, head(200, false)));
+        tunnels.deliver(7, frame(streamed.id, data(b"ok", true)));
+        assert!(streamed.request_credit.is_closed());
+        let abandoned = tunnels.open(7, 10, false);
+        assert!(tunnels.close(abandoned.id));
+        assert!(abandoned.request_credit.is_closed());
+        assert!(!tunnels.close(abandoned.id), "closed once");
     }
 
     #[test]
