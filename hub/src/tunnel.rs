@@ -372,7 +372,10 @@ mod tests {
         let tunnels = Tunnels::default();
         let answered = tunnels.open(7, 10, false);
         tunnels.deliver(7, frame(answered.id, head(413, true)));
-        assert!(answered.request_credit.is_closed(), "answered before the body was read");
+        assert!(
+            answered.request_credit.is_closed(),
+            "answered before the body was read"
+        );
         let streamed = tunnels.open(7, 10, false);
         tunnels.deliver(7, frame(streamed.id, head(200, false)));
         tunnels.deliver(7, frame(streamed.id, data(b"ok", true)));
