@@ -237,19 +237,9 @@ pub async fn get(addr: impl Display, path: &str) -> Result<Response> {
 
 /// `GET` a JSON document; `None` on 404, an error on any other status but 200.
 pub async fn get_json(addr: impl Display, path: &str) -> Result<Option<serde_json::Value>> {
-    let Response { status, body, .. } = get(&addr, path).await?;
-    let error = |message: String| Error::Http {
-        method: "GET".into(),
-        url: format!("http://{addr}{path}"),
-        message,
-    };
-    match status {
-        404 => Ok(None),
-        200 => serde_json::from_str(&body)
-            .map(Some)
-            .map_err(|e| error(format!("invalid JSON ({e}): {body}"))),
-        _ => Err(error(format!("status {status}: {body}"))),
-    }
+    Call::new("GET", format!("http://{addr}{path}"))
+        .fetch_json()
+        .await
 }
 
 /// `POST`s a JSON document, waiting up to `timeout` for the answer; returns the status and

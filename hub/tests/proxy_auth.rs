@@ -19,11 +19,7 @@ async fn refused_requests_get_a_status_and_never_reach_an_agent() {
     let pki = Pki::new();
     let dir = data_dir("proxy-refusals");
     let hub = start_hub(&pki, &dir, |c| serve_https(&pki, c)).await;
-    let http = Https::new(
-        &pki.serving_ca_pem,
-        format!("https://127.0.0.1:{}", hub.http_addr.port()),
-        Proto::H2,
-    );
+    let http = Https::for_hub(&pki, &hub, Proto::H2);
     let admin = admin_token(&dir);
     let mut a = tunnel_agent(&hub, &pki, "agent-a.test", "pod-1").await;
     a.register("prod", "https://10.0.0.1:6443").await;
@@ -95,7 +91,7 @@ async fn refused_requests_get_a_status_and_never_reach_an_agent() {
 
     // An upgrade (exec over SPDY; HTTP/1.1, h2 has no Upgrade) is refused like any other
     // request without a token, before anything reaches an agent.
-    let h1 = Https::new(&pki.serving_ca_pem, http.base.clone(), Proto::H1);
+    let h1 = Https::for_hub(&pki, &hub, Proto::H1);
     let request = h1
         .request(
             "POST",

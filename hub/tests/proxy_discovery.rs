@@ -94,11 +94,7 @@ async fn discovery_is_cached_until_the_kinds_change() {
     let pki = Pki::new();
     let dir = data_dir("proxy-discovery");
     let hub = start_hub(&pki, &dir, |c| serve_https(&pki, c)).await;
-    let http = Https::new(
-        &pki.serving_ca_pem,
-        format!("https://127.0.0.1:{}", hub.http_addr.port()),
-        Proto::H2,
-    );
+    let http = Https::for_hub(&pki, &hub, Proto::H2);
     let admin = admin_token(&dir);
     let mut a = tunnel_agent(&hub, &pki, "agent-a.test", "pod-1").await;
     a.register("prod", "https://10.0.0.1:6443").await;

@@ -120,11 +120,7 @@ async fn a_paused_download_stops_its_agent_and_nothing_else() {
     let pki = Pki::new();
     let dir = data_dir("flow-pause");
     let hub = start_hub(&pki, &dir, |c| serve_https(&pki, c)).await;
-    let http = Https::new(
-        &pki.serving_ca_pem,
-        format!("https://127.0.0.1:{}", hub.http_addr.port()),
-        Proto::H2,
-    );
+    let http = Https::for_hub(&pki, &hub, Proto::H2);
     let token = token_for(&http, &admin_token(&dir), "prod").await;
     let mut a = tunnel_agent(&hub, &pki, "agent-a.test", "pod-1").await;
     a.register("prod", "https://10.0.0.1:6443").await;
@@ -301,11 +297,7 @@ async fn an_agent_beyond_its_window_loses_that_exchange_only() {
         c.heartbeat_period = Duration::from_secs(1);
     })
     .await;
-    let http = Https::new(
-        &pki.serving_ca_pem,
-        format!("https://127.0.0.1:{}", hub.http_addr.port()),
-        Proto::H2,
-    );
+    let http = Https::for_hub(&pki, &hub, Proto::H2);
     let token = token_for(&http, &admin_token(&dir), "prod").await;
     let mut a = tunnel_agent(&hub, &pki, "agent-a.test", "pod-1").await;
     a.register("prod", "https://10.0.0.1:6443").await;

@@ -36,9 +36,8 @@ async fn setup(name: &str) -> Setup {
     let pki = Pki::new();
     let dir = data_dir(name);
     let hub = start_hub(&pki, &dir, |c| serve_https(&pki, c)).await;
-    let base = format!("https://127.0.0.1:{}", hub.http_addr.port());
-    let http = Https::new(&pki.serving_ca_pem, base.clone(), Proto::H2);
-    let h1 = Https::new(&pki.serving_ca_pem, base, Proto::H1);
+    let http = Https::for_hub(&pki, &hub, Proto::H2);
+    let h1 = Https::for_hub(&pki, &hub, Proto::H1);
     let admin = admin_token(&dir);
     Setup {
         pki,

@@ -383,6 +383,15 @@ pub fn empty() -> ReqBody {
 }
 
 impl Https {
+    /// A client of `hub`'s HTTPS listener (set up by [`serve_https`]) at 127.0.0.1.
+    pub fn for_hub(pki: &Pki, hub: &RunningHub, proto: Proto) -> Self {
+        Self::new(
+            &pki.serving_ca_pem,
+            format!("https://127.0.0.1:{}", hub.http_addr.port()),
+            proto,
+        )
+    }
+
     pub fn new(ca_pem: &str, base: impl Into<String>, proto: Proto) -> Self {
         let mut roots = rustls::RootCertStore::empty();
         for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
