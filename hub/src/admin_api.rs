@@ -123,26 +123,18 @@ pub(crate) async fn kubeconfig_for(
 ) -> crate::Result<(String, TokenRecord)> {
     let now = now_unix();
     let mut store = hub.store.lock().await;
-    let (token, ops) = {
+    let (token, record, ops) = {
         let mut tokens = hub.tokens();
-        if token_name == CLOUDDRIVER_TOKEN {
-            if rotate {
-                tokens.rotate_derived(account, token_name, now)?
-            } else {
-                tokens.derived(account, token_name, now)?
-            }
+        if token_name == CLOUDDRIVER_TOKEN && rotate {
+            tokens.rotate_derived(account, token_name, now)?
+        } else if token_name == CLOUDDRIVER_TOKEN {
+            tokens.derived(account, token_name, now)?
         } else {
-            let (token, _, ops) = tokens.issue(account, token_name, now)?;
-            (token, ops)
+            tokens.issue(account, token_name, now)?
         }
     };
     store.commit(ops).await?;
     drop(store);
-    let record = hub
-        .tokens()
-        .verify(&token)
-        .cloned()
-        .ok_or_else(|| crate::HubError::Task("a token just issued is not found".into()))?;
     let yaml = kubeconfig::render(&KubeconfigFor {
         account,
         public_url,

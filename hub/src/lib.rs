@@ -210,7 +210,7 @@ impl Hub {
         {
             let mut tokens = self.tokens();
             for (name, properties) in accounts.clone() {
-                let (token, more) =
+                let (token, _, more) =
                     tokens.derived(&name, tokens::CLOUDDRIVER_TOKEN, admin_api::now_unix())?;
                 ops.extend(more);
                 let kubeconfig = kubeconfig::render(&kubeconfig::KubeconfigFor {

@@ -252,8 +252,12 @@ async fn serve(
                 while let Some(message) = next.take() {
                     // Tunnel frames go to their exchanges at once: they are outside the
                     // sequence numbers and must not wait for a batch to be stored.
-                    if let (0, Some(Msg::Tunnel(frame))) = (message.seq, &message.kind) {
-                        deliver_tunnel_frame(hub, session.id, frame.clone(), message.encoded_len(), &out.tunnel);
+                    if message.seq == 0 && matches!(message.kind, Some(Msg::Tunnel(_))) {
+                        let size = message.encoded_len();
+                        // Moved, not copied: data frames carry up to 64 KiB of body.
+                        if let Some(Msg::Tunnel(frame)) = message.kind {
+                            deliver_tunnel_frame(hub, session.id, frame, size, &out.tunnel);
+                        }
                     } else {
                         batch.push(message);
                     }

@@ -54,6 +54,11 @@ fn hash(token: &str) -> [u8; 32] {
     out
 }
 
+/// The hash a record keeps, as bytes.
+fn stored_hash(record: &TokenRecord) -> Option<[u8; 32]> {
+    unhex(&record.sha256).and_then(|h| <[u8; 32]>::try_from(h).ok())
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -84,10 +89,13 @@ fn encode(bytes: &[u8]) -> String {
     )
 }
 
-/// The tokens the hub has issued, indexed by hash.
+/// The tokens the hub has issued, indexed by hash (every proxy request) and by account and
+/// name (rotation, and the Clouddriver kubeconfigs checked at every maintenance tick).
 pub struct Tokens {
     records: BTreeMap<String, TokenRecord>,
     by_hash: HashMap<[u8; 32], String>,
+    /// account → name → id.
+    by_name: HashMap<String, HashMap<String, String>>,
     key: hmac::Key,
 }
 
@@ -118,6 +126,7 @@ impl Tokens {
         let mut tokens = Tokens {
             records: BTreeMap::new(),
             by_hash: HashMap::new(),
+            by_name: HashMap::new(),
             key: hmac::Key::new(hmac::HMAC_SHA256, &key_bytes),
         };
         for record in records {
@@ -127,15 +136,29 @@ impl Tokens {
     }
 
     fn insert(&mut self, record: TokenRecord) {
-        if let Some(h) = unhex(&record.sha256).and_then(|h| <[u8; 32]>::try_from(h).ok()) {
+        if let Some(h) = stored_hash(&record) {
             self.by_hash.insert(h, record.id.clone());
         }
+        self.by_name
+            .entry(record.account.clone())
+            .or_default()
+            .insert(record.name.clone(), record.id.clone());
         self.records.insert(record.id.clone(), record);
     }
 
     fn remove(&mut self, id: &str) -> Option<TokenRecord> {
         let record = self.records.remove(id)?;
-        self.by_hash.retain(|_, v| v != id);
+        if let Some(h) = stored_hash(&record) {
+            self.by_hash.remove(&h);
+        }
+        if let Some(names) = self.by_name.get_mut(&record.account) {
+            if names.get(&record.name).is_some_and(|i| i == id) {
+                names.remove(&record.name);
+            }
+            if names.is_empty() {
+                self.by_name.remove(&record.account);
+            }
+        }
         Some(record)
     }
 
@@ -151,9 +174,10 @@ impl Tokens {
 
     /// The token of `account` named `name`, if any.
     pub fn find(&self, account: &str, name: &str) -> Option<&TokenRecord> {
-        self.records
-            .values()
-            .find(|r| r.account == account && r.name == name)
+        self.by_name
+            .get(account)
+            .and_then(|names| names.get(name))
+            .and_then(|id| self.records.get(id))
     }
 
     /// Issues a random token; an existing token of `account` with the same `name` is
@@ -175,20 +199,19 @@ impl Tokens {
         account: &str,
         name: &str,
         now_unix: i64,
-    ) -> Result<(String, Vec<StoreOp>)> {
+    ) -> Result<(String, TokenRecord, Vec<StoreOp>)> {
         let existing = self.find(account, name).cloned();
-        if let Some(record) = &existing
+        if let Some(record) = existing.clone()
             && let Some(generation) = record.generation
         {
             let token = self.derive(account, name, generation);
             if hex(&hash(&token)) == record.sha256 {
-                return Ok((token, Vec::new()));
+                return Ok((token, record, Vec::new()));
             }
         }
         let generation = existing.and_then(|r| r.generation).unwrap_or(1);
         let token = self.derive(account, name, generation);
-        let (token, _, ops) = self.put(account, name, &token, Some(generation), now_unix)?;
-        Ok((token, ops))
+        self.put(account, name, &token, Some(generation), now_unix)
     }
 
     /// Replaces the derived token of `account` named `name` with the next generation.
@@ -197,15 +220,14 @@ impl Tokens {
         account: &str,
         name: &str,
         now_unix: i64,
-    ) -> Result<(String, Vec<StoreOp>)> {
+    ) -> Result<(String, TokenRecord, Vec<StoreOp>)> {
         let generation = self
             .find(account, name)
             .and_then(|r| r.generation)
             .unwrap_or(0)
             .saturating_add(1);
         let token = self.derive(account, name, generation);
-        let (token, _, ops) = self.put(account, name, &token, Some(generation), now_unix)?;
-        Ok((token, ops))
+        self.put(account, name, &token, Some(generation), now_unix)
     }
 
     fn derive(&self, account: &str, name: &str, generation: u32) -> String {
@@ -222,13 +244,7 @@ impl Tokens {
         now_unix: i64,
     ) -> Result<(String, TokenRecord, Vec<StoreOp>)> {
         let mut ops = Vec::new();
-        let old: Vec<String> = self
-            .records
-            .values()
-            .filter(|r| r.account == account && r.name == name)
-            .map(|r| r.id.clone())
-            .collect();
-        for id in old {
+        if let Some(id) = self.find(account, name).map(|r| r.id.clone()) {
             self.remove(&id);
             ops.push(StoreOp::DeleteToken { id });
         }
@@ -401,23 +417,25 @@ mod tests {
             [StoreOp::PutMeta { key, value }] if key == DERIVATION_KEY => value.clone(),
             other => panic!("a new store gets a derivation key: {other:?}"),
         };
-        let (first, ops) = t.derived("prod", CLOUDDRIVER_TOKEN, 1).unwrap();
+        let (first, _, ops) = t.derived("prod", CLOUDDRIVER_TOKEN, 1).unwrap();
         assert_eq!(ops.len(), 1);
-        let (again, ops) = t.derived("prod", CLOUDDRIVER_TOKEN, 2).unwrap();
+        let (again, record, ops) = t.derived("prod", CLOUDDRIVER_TOKEN, 2).unwrap();
+        assert_eq!(record.generation, Some(1));
         assert_eq!(first, again);
         assert!(ops.is_empty(), "nothing to store the second time");
 
         // A restart: the records and the key come back from the store.
         let (mut reloaded, ops) = Tokens::load(t.list(), Some(&key)).unwrap();
         assert!(ops.is_empty());
-        let (after_restart, ops) = reloaded.derived("prod", CLOUDDRIVER_TOKEN, 3).unwrap();
+        let (after_restart, _, ops) = reloaded.derived("prod", CLOUDDRIVER_TOKEN, 3).unwrap();
         assert_eq!(after_restart, first, "same token after a restart");
         assert!(ops.is_empty());
         assert!(reloaded.verify(&first).is_some());
 
-        let (rotated, _) = reloaded
+        let (rotated, record, _) = reloaded
             .rotate_derived("prod", CLOUDDRIVER_TOKEN, 4)
             .unwrap();
+        assert_eq!(record.generation, Some(2));
         assert_ne!(rotated, first);
         assert!(reloaded.verify(&first).is_none());
         assert_eq!(
@@ -425,7 +443,7 @@ mod tests {
             Some(2)
         );
         // Another account's derived token differs, and another key derives other tokens.
-        let (staging, _) = reloaded.derived("staging", CLOUDDRIVER_TOKEN, 5).unwrap();
+        let (staging, _, _) = reloaded.derived("staging", CLOUDDRIVER_TOKEN, 5).unwrap();
         assert_ne!(staging, rotated);
         let (mut other_hub, _) = Tokens::load(Vec::new(), None).unwrap();
         assert_ne!(
