@@ -525,27 +525,8 @@ async fn install_widget_crd(admin: &Client, group: &str) -> anyhow::Result<()> {
             }],
         },
     }))?;
-    let api: Api<CustomResourceDefinition> = Api::all(admin.clone());
-    api.create(&PostParams::default(), &crd).await?;
-    let name = format!("widgets.{group}");
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let crd = api.get(&name).await?;
-        let established = crd
-            .status
-            .and_then(|s| s.conditions)
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True");
-        if established {
-            return Ok(());
-        }
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "CRD {name} never established"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    scale_agent_e2e::crds::install(admin, &[crd]).await?;
+    Ok(())
 }
 
 /// A bare pod `logger` (container `main`) with a log line, so `kubectl logs` has something
@@ -566,18 +547,15 @@ async fn run_logger(admin: &Client, namespace: &str) -> anyhow::Result<()> {
     }))?;
     let api: Api<Pod> = Api::namespaced(admin.clone(), namespace);
     api.create(&PostParams::default(), &pod).await?;
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let pod = api.get("logger").await?;
-        if pod.status.and_then(|s| s.phase).as_deref() == Some("Running") {
-            return Ok(());
-        }
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "pod logger never ran"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let running = kube::runtime::wait::await_condition(
+        api,
+        "logger",
+        kube::runtime::wait::conditions::is_pod_running(),
+    );
+    tokio::time::timeout(WAIT, running)
+        .await
+        .map_err(|_| anyhow::anyhow!("pod logger never ran"))??;
+    Ok(())
 }
 
 /// Runs the forms with `binary` directly and through the proxy and compares them; writes
