@@ -13,7 +13,6 @@ use axum::{
     routing::{delete, get, post},
 };
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 
 use crate::{
     Hub,
@@ -30,16 +29,12 @@ pub(crate) fn router() -> Router<Arc<Hub>> {
         .route("/api/v1/tokens/{id}", delete(revoke_token))
 }
 
-fn refuse(status: StatusCode, message: String) -> Response {
-    (status, Json(json!({ "error": message }))).into_response()
-}
-
 /// Why the admin API refused a request.
 struct Refused(StatusCode, String);
 
 impl IntoResponse for Refused {
     fn into_response(self) -> Response {
-        refuse(self.0, self.1)
+        crate::http::error(self.0, self.1)
     }
 }
 
@@ -154,7 +149,7 @@ async fn issue_kubeconfig(
         return refused.into_response();
     }
     if let Err(message) = crate::session::validate_account_name(&name) {
-        return refuse(StatusCode::BAD_REQUEST, message);
+        return crate::http::error(StatusCode::BAD_REQUEST, message);
     }
     let token_name = query
         .token_name
@@ -162,13 +157,13 @@ async fn issue_kubeconfig(
         .filter(|n| !n.trim().is_empty())
         .unwrap_or_else(|| "kubeconfig".into());
     if token_name.len() > 63 || token_name.chars().any(|c| c.is_control()) {
-        return refuse(
+        return crate::http::error(
             StatusCode::BAD_REQUEST,
             format!("token name {token_name:?} must be at most 63 printable characters"),
         );
     }
     if query.rotate && token_name != CLOUDDRIVER_TOKEN {
-        return refuse(
+        return crate::http::error(
             StatusCode::BAD_REQUEST,
             format!(
                 "rotate applies to the {CLOUDDRIVER_TOKEN:?} token only; any other token is \
@@ -177,7 +172,7 @@ async fn issue_kubeconfig(
         );
     }
     let Some(url) = public_url(&hub, request.headers(), request.uri()) else {
-        return refuse(
+        return crate::http::error(
             StatusCode::BAD_REQUEST,
             "cannot tell the hub's URL from the request: start the hub with --public-url".into(),
         );
@@ -192,7 +187,7 @@ async fn issue_kubeconfig(
             );
             response
         }
-        Err(e) => refuse(
+        Err(e) => crate::http::error(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("cannot issue a token: {e}"),
         ),
@@ -249,10 +244,10 @@ async fn revoke_token(
     let mut store = hub.store.lock().await;
     let revoked = hub.tokens().revoke(&id);
     let Some((record, ops)) = revoked else {
-        return refuse(StatusCode::NOT_FOUND, format!("no token with id {id:?}"));
+        return crate::http::error(StatusCode::NOT_FOUND, format!("no token with id {id:?}"));
     };
     if let Err(e) = store.commit(ops).await {
-        return refuse(
+        return crate::http::error(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("the token is revoked in memory but could not be stored: {e}"),
         );

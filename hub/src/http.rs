@@ -43,7 +43,8 @@ pub(crate) fn router(hub: Arc<Hub>) -> Router {
         .with_state(hub)
 }
 
-fn error(status: StatusCode, message: String) -> Response {
+/// The API's error body: `{"error": message}`.
+pub(crate) fn error(status: StatusCode, message: String) -> Response {
     (status, Json(json!({ "error": message }))).into_response()
 }
 
