@@ -82,6 +82,10 @@ pub struct Config {
     pub heartbeat_period: Duration,
     pub max_unacked: u32,
     pub max_object_bytes: u64,
+    /// Most bytes of objects one stream may hold in snapshots not yet ended.
+    pub max_staged_bytes: u64,
+    /// Largest body of a REST API request (an operation's manifests).
+    pub max_request_bytes: usize,
     /// Empty: any identity may register any account.
     pub allow: Vec<AllowRule>,
     /// How long finished operations stay visible at `GET /api/v1/operations/{id}`.
@@ -119,6 +123,19 @@ impl Config {
                 "--max-object-bytes must be at least 1".into(),
             ));
         }
+        if self.max_staged_bytes < self.max_object_bytes {
+            return Err(HubError::Config(format!(
+                "--max-staged-bytes ({}) must be at least --max-object-bytes ({}): a snapshot \
+                 holds at least one object",
+                self.max_staged_bytes, self.max_object_bytes
+            )));
+        }
+        if self.max_request_bytes < 1024 {
+            return Err(HubError::Config(format!(
+                "--max-request-bytes ({}) must be at least 1024",
+                self.max_request_bytes
+            )));
+        }
         self.clouddriver.validate()?;
         if self.clouddriver.enabled() && self.public_url.is_none() {
             return Err(HubError::Config(
@@ -145,6 +162,8 @@ impl Config {
             heartbeat_period: Duration::from_secs(15),
             max_unacked: 1000,
             max_object_bytes: 2 * 1024 * 1024,
+            max_staged_bytes: DEFAULT_MAX_STAGED_BYTES,
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             allow: Vec::new(),
             operation_retention: Duration::from_secs(15 * 60),
             http_security: HttpSecurity::Plaintext,
@@ -157,6 +176,11 @@ impl Config {
 }
 
 pub use scale_agent_runtime::LogFormat;
+
+/// Default of `--max-staged-bytes`: 512 MiB.
+pub const DEFAULT_MAX_STAGED_BYTES: u64 = 512 * 1024 * 1024;
+/// Default of `--max-request-bytes`: 8 MiB.
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 8 * 1024 * 1024;
 
 /// scale-agent-hub: accepts Scale Agent streams over mutual TLS, caches every agent's
 /// cluster, and serves it over an HTTP API.
@@ -282,6 +306,17 @@ pub struct Args {
     #[arg(long, env = "SCALE_AGENT_HUB_MAX_OBJECT_BYTES", default_value_t = 2 * 1024 * 1024)]
     pub max_object_bytes: u64,
 
+    /// Most bytes of objects one agent stream may hold in snapshots it has begun and not
+    /// ended (a relist is staged whole before it replaces the cache). A stream past it is
+    /// ended with RESOURCE_EXHAUSTED naming the account and kind.
+    #[arg(long, env = "SCALE_AGENT_HUB_MAX_STAGED_BYTES", default_value_t = DEFAULT_MAX_STAGED_BYTES)]
+    pub max_staged_bytes: u64,
+
+    /// Largest body of a REST API request, in bytes (an operation's manifests); larger
+    /// requests get 413.
+    #[arg(long, env = "SCALE_AGENT_HUB_MAX_REQUEST_BYTES", default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
+    pub max_request_bytes: usize,
+
     /// IDENTITY=PATTERN: the agent identity (from its client certificate) may register
     /// accounts whose name matches PATTERN. Both sides accept `*` wildcards. Repeatable;
     /// with no rule, any identity may register any account. Comma-separated in the
@@ -385,6 +420,8 @@ impl Args {
             heartbeat_period: self.heartbeat_period,
             max_unacked: self.max_unacked,
             max_object_bytes: self.max_object_bytes,
+            max_staged_bytes: self.max_staged_bytes,
+            max_request_bytes: self.max_request_bytes,
             allow: self.allow,
             operation_retention: self.operation_retention,
             http_security,

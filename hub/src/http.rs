@@ -10,7 +10,7 @@ use std::{
 
 use axum::{
     Json, Router,
-    extract::{Path, Query, State},
+    extract::{DefaultBodyLimit, Path, Query, State, rejection::BytesRejection},
     http::{StatusCode, header},
     response::{IntoResponse, Response},
     routing::{get, post},
@@ -27,6 +27,7 @@ use crate::{
 
 /// The API's routes.
 pub(crate) fn router(hub: Arc<Hub>) -> Router {
+    let max_request_bytes = hub.config.max_request_bytes;
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -35,7 +36,10 @@ pub(crate) fn router(hub: Arc<Hub>) -> Router {
         .route("/api/v1/accounts", get(accounts))
         .route("/api/v1/accounts/{name}", get(account))
         .route("/api/v1/accounts/{name}/objects", get(objects))
-        .route("/api/v1/accounts/{name}/operations", post(submit_operation))
+        .route(
+            "/api/v1/accounts/{name}/operations",
+            post(submit_operation).layer(DefaultBodyLimit::max(max_request_bytes)),
+        )
         .route("/api/v1/operations/{id}", get(operation))
         .route("/api/v1/clouddriver", get(clouddriver))
         .merge(crate::admin_api::router())
@@ -51,8 +55,25 @@ pub(crate) fn error(status: StatusCode, message: String) -> Response {
 async fn submit_operation(
     State(hub): State<Arc<Hub>>,
     Path(name): Path<String>,
-    body: axum::body::Bytes,
+    body: Result<axum::body::Bytes, BytesRejection>,
 ) -> Response {
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) => {
+            let status = rejection.status();
+            let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
+                format!(
+                    "the operation request is larger than the hub's limit of {} bytes \
+                     (--max-request-bytes): split the manifests into several operations, or \
+                     raise the limit",
+                    hub.config.max_request_bytes
+                )
+            } else {
+                format!("cannot read the operation request: {rejection}")
+            };
+            return error(status, message);
+        }
+    };
     let request: OperationRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => {

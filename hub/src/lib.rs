@@ -406,6 +406,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
     let hub = Arc::new(Hub {
         limits: Limits {
             max_object_bytes: config.max_object_bytes,
+            max_staged_bytes: config.max_staged_bytes,
             allow: config.allow.clone(),
         },
         state: Mutex::new(state),

@@ -50,6 +50,27 @@ pub fn tls_config(cert_pem: &[u8], key_pem: &[u8]) -> Result<Arc<rustls::ServerC
     Ok(Arc::new(config))
 }
 
+/// Logs a failed TLS handshake: at `warn` with the peer and rustls' reason (an unknown CA, a
+/// bad or expired certificate, no shared protocol version), except a peer that closed the
+/// connection without a word (a TCP health check or port scan), which is `debug`.
+pub(crate) fn log_handshake_failure(
+    listener: &'static str,
+    peer: std::net::SocketAddr,
+    error: &std::io::Error,
+) {
+    let reason = error
+        .get_ref()
+        .map_or_else(|| error.to_string(), |inner| inner.to_string());
+    match error.kind() {
+        std::io::ErrorKind::UnexpectedEof
+        | std::io::ErrorKind::ConnectionReset
+        | std::io::ErrorKind::BrokenPipe => {
+            tracing::debug!(listener, %peer, %reason, "TLS handshake ended by the peer");
+        }
+        _ => tracing::warn!(listener, %peer, %reason, "TLS handshake failed"),
+    }
+}
+
 /// Serves `router` on `listener` until `shutdown` resolves.
 pub async fn serve(
     listener: TcpListener,
@@ -81,18 +102,19 @@ pub async fn serve(
             let builder = auto::Builder::new(TokioExecutor::new());
             let result = match acceptor {
                 Some(acceptor) => {
-                    let stream =
-                        match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                            Ok(Ok(stream)) => stream,
-                            Ok(Err(error)) => {
-                                tracing::debug!(%peer, %error, "TLS handshake failed");
-                                return;
-                            }
-                            Err(_) => {
-                                tracing::debug!(%peer, "TLS handshake timed out");
-                                return;
-                            }
-                        };
+                    let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
+                        .await
+                    {
+                        Ok(Ok(stream)) => stream,
+                        Ok(Err(error)) => {
+                            log_handshake_failure("http", peer, &error);
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::warn!(listener = "http", %peer, "TLS handshake timed out after {HANDSHAKE_TIMEOUT:?}");
+                            return;
+                        }
+                    };
                     let conn = builder
                         .serve_connection_with_upgrades(TokioIo::new(stream), service)
                         .into_owned();

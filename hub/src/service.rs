@@ -256,7 +256,7 @@ async fn serve(
                         let size = message.encoded_len();
                         // Moved, not copied: data frames carry up to 64 KiB of body.
                         if let Some(Msg::Tunnel(frame)) = message.kind {
-                            deliver_tunnel_frame(hub, session.id, frame, size, &out.tunnel);
+                            deliver_tunnel_frame(hub, session.id, frame, size, &out.tunnel)?;
                         }
                     } else {
                         batch.push(message);
@@ -281,20 +281,29 @@ async fn serve(
     }
 }
 
-/// Hands a tunnel frame to its exchange; a frame that breaks the exchange's flow control
-/// resets that exchange only.
+/// Hands a tunnel frame to its exchange. A frame out of order resets that exchange only; one
+/// past the flow-control window ends the stream (`resource_exhausted`), since the window is
+/// what bounds the memory the hub spends on the agent's responses.
 fn deliver_tunnel_frame(
     hub: &Hub,
     session: crate::registry::SessionId,
     frame: pb::TunnelFrame,
     size: usize,
     tx: &Outbound,
-) {
+) -> Result<(), Status> {
     hub.metrics.received("tunnel", size);
     let exchange = frame.exchange;
-    if let Some(reset) = hub.tunnels.deliver(session, frame) {
-        tracing::warn!(session, exchange, reset = ?reset, "tunnel exchange broke the protocol; reset");
-        crate::tunnel::send_frame_soon(tx, exchange, reset);
+    match hub.tunnels.deliver(session, frame) {
+        Ok(None) => Ok(()),
+        Ok(Some(reset)) => {
+            tracing::warn!(session, exchange, reset = ?reset, "tunnel exchange broke the protocol; reset");
+            crate::tunnel::send_frame_soon(tx, exchange, reset);
+            Ok(())
+        }
+        Err(crate::tunnel::WindowViolation(reason)) => {
+            tracing::warn!(session, exchange, %reason, "agent sent past the tunnel window; ending its stream");
+            Err(Status::resource_exhausted(reason))
+        }
     }
 }
 

@@ -41,6 +41,8 @@ pub enum ProtocolError {
     InvalidArgument(String),
     /// The message is valid but not allowed now.
     FailedPrecondition(String),
+    /// The stream went past a limit that protects the hub's memory.
+    ResourceExhausted(String),
 }
 
 impl ProtocolError {
@@ -48,6 +50,7 @@ impl ProtocolError {
         match self {
             ProtocolError::InvalidArgument(m) => tonic::Status::invalid_argument(m.clone()),
             ProtocolError::FailedPrecondition(m) => tonic::Status::failed_precondition(m.clone()),
+            ProtocolError::ResourceExhausted(m) => tonic::Status::resource_exhausted(m.clone()),
         }
     }
 }
@@ -85,6 +88,8 @@ pub struct Effects {
 #[derive(Clone, Debug)]
 pub struct Limits {
     pub max_object_bytes: u64,
+    /// Most bytes one stream may hold in open snapshots.
+    pub max_staged_bytes: u64,
     pub allow: Vec<AllowRule>,
 }
 
@@ -166,6 +171,17 @@ struct Staged {
     info: KindInfo,
     objects: BTreeMap<String, CachedObject>,
     received: u64,
+    /// What `objects` holds, as counted by [`staged_size`].
+    bytes: u64,
+}
+
+/// The bytes a staged object holds (its JSON and identifying strings).
+fn staged_size(object: &CachedObject) -> u64 {
+    (object.json.len()
+        + object.namespace.len()
+        + object.name.len()
+        + object.uid.len()
+        + object.resource_version.len()) as u64
 }
 
 /// One stream's protocol state.
@@ -276,6 +292,53 @@ impl Session {
         }
     }
 
+    /// Adds an object event to an open snapshot, within the stream's staging limit.
+    fn stage(
+        &mut self,
+        scope: (String, KindKey, String),
+        object: CachedObject,
+        deleted: bool,
+        limits: &Limits,
+    ) -> Result<(), ProtocolError> {
+        let others: u64 = self
+            .staging
+            .iter()
+            .filter(|(k, _)| **k != scope)
+            .map(|(_, s)| s.bytes)
+            .sum();
+        let Some(staged) = self.staging.get_mut(&scope) else {
+            return Ok(());
+        };
+        staged.received += 1;
+        let removed = staged
+            .objects
+            .remove(&object.uid)
+            .map_or(0, |old| staged_size(&old));
+        staged.bytes -= removed;
+        if deleted {
+            return Ok(());
+        }
+        let size = staged_size(&object);
+        if others + staged.bytes + size > limits.max_staged_bytes {
+            let (account, kind, namespace) = scope;
+            return Err(ProtocolError::ResourceExhausted(format!(
+                "the snapshots this stream has open hold more than the hub's limit of {} bytes \
+                 (--max-staged-bytes), reached in the snapshot of account {account:?}, kind \
+                 {kind}{}: raise --max-staged-bytes on the hub, or narrow the account's kinds \
+                 or namespaces",
+                limits.max_staged_bytes,
+                if namespace.is_empty() {
+                    String::new()
+                } else {
+                    format!(", namespace {namespace:?}")
+                }
+            )));
+        }
+        staged.bytes += size;
+        staged.objects.insert(object.uid.clone(), object);
+        Ok(())
+    }
+
     fn on_unregister(
         &mut self,
         st: &mut HubState,
@@ -340,6 +403,7 @@ impl Session {
                 info,
                 objects: BTreeMap::new(),
                 received: 0,
+                bytes: 0,
             },
         );
         fx.relists += 1;
@@ -570,14 +634,8 @@ impl Session {
             truncated,
         };
         let scope = (ev.account.clone(), info.key(), ev.watch_namespace.clone());
-        if let Some(staged) = self.staging.get_mut(&scope) {
-            staged.received += 1;
-            if deleted {
-                staged.objects.remove(&object.uid);
-            } else {
-                staged.objects.insert(object.uid.clone(), object);
-            }
-            return Ok(());
+        if self.staging.contains_key(&scope) {
+            return self.stage(scope, object, deleted, limits);
         }
         let applied = st.cache.apply_event(
             &ev.account,

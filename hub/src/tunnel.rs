@@ -73,6 +73,11 @@ pub enum BodyEvent {
     Failed(String),
 }
 
+/// An agent that sent past the flow-control window the hub announced: its stream is ended
+/// (the window is what bounds the response bytes the hub holds for slow clients).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WindowViolation(pub String);
+
 /// Why an exchange ended before its response head.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HeadError {
@@ -161,13 +166,21 @@ impl Tunnels {
     }
 
     /// Handles a frame from the agent of `session`. Returns a reset to send back when the
-    /// frame broke the exchange's flow control or direction; frames of unknown exchanges
-    /// (already finished or reset) are ignored.
-    pub fn deliver(&self, session: SessionId, frame: pb::TunnelFrame) -> Option<Frame> {
+    /// frame broke the exchange's direction, and a [`WindowViolation`] (the stream must end)
+    /// when it broke flow control; frames of unknown exchanges (already finished or reset)
+    /// are ignored.
+    pub fn deliver(
+        &self,
+        session: SessionId,
+        frame: pb::TunnelFrame,
+    ) -> Result<Option<Frame>, WindowViolation> {
         let id = frame.exchange;
         let mut open = self.lock();
-        let exchange = open.get_mut(&id).filter(|e| e.session == session)?;
-        let violation = |message: String| Some(Frame::Reset(pb::TunnelReset { reason: message }));
+        let Some(exchange) = open.get_mut(&id).filter(|e| e.session == session) else {
+            return Ok(None);
+        };
+        let violation =
+            |message: String| Ok(Some(Frame::Reset(pb::TunnelReset { reason: message })));
         match frame.frame {
             Some(Frame::Response(head)) => {
                 let Some(tx) = exchange.head.take() else {
@@ -181,7 +194,7 @@ impl Tunnels {
                     let _ = exchange.body.send(BodyEvent::End);
                     finish(&mut open, id);
                 }
-                None
+                Ok(None)
             }
             Some(Frame::Data(data)) => {
                 if exchange.head.is_some() {
@@ -193,12 +206,14 @@ impl Tunnels {
                 let pending = exchange.unconsumed.fetch_add(len, Ordering::AcqRel) + len;
                 if pending > exchange.window || data.data.len() > MAX_FRAME_BYTES {
                     let reason = format!(
-                        "flow control: the agent sent {pending} bytes beyond the consumed part \
-                         of a {} byte window (frames of at most {MAX_FRAME_BYTES} bytes)",
+                        "flow control: the agent sent {pending} response bytes on exchange \
+                         {id} not yet consumed, past the window of {} bytes the hub announced \
+                         in Welcome (tunnel_window_bytes; frames of at most {MAX_FRAME_BYTES} \
+                         bytes); an agent must send only within the credit it was given",
                         exchange.window
                     );
                     fail(&mut open, id, &reason);
-                    return violation(reason);
+                    return Err(WindowViolation(reason));
                 }
                 if !data.data.is_empty() {
                     let _ = exchange.body.send(BodyEvent::Data(Bytes::from(data.data)));
@@ -207,11 +222,24 @@ impl Tunnels {
                     let _ = exchange.body.send(BodyEvent::End);
                     finish(&mut open, id);
                 }
-                None
+                Ok(None)
             }
             Some(Frame::WindowUpdate(credit)) => {
+                // The hub's credit never exceeds the window: what it holds plus what it sent
+                // and was not credited back. More credit than that is not a credit return.
+                let available = exchange.request_credit.available_permits() as u64;
+                if available + u64::from(credit) > exchange.window {
+                    let reason = format!(
+                        "flow control: the agent returned {credit} bytes of credit on exchange \
+                         {id} while the hub held {available} of a {} byte window; credit \
+                         returned may not exceed what the hub sent",
+                        exchange.window
+                    );
+                    fail(&mut open, id, &reason);
+                    return Err(WindowViolation(reason));
+                }
                 exchange.request_credit.add_permits(credit as usize);
-                None
+                Ok(None)
             }
             Some(Frame::Reset(reset)) => {
                 let reason = if reset.reason.is_empty() {
@@ -220,14 +248,14 @@ impl Tunnels {
                     reset.reason
                 };
                 fail(&mut open, id, &reason);
-                None
+                Ok(None)
             }
             Some(Frame::Request(_)) => {
                 let reason = "a request head from the agent".to_string();
                 fail(&mut open, id, &reason);
                 violation(reason)
             }
-            None => None,
+            None => Ok(None),
         }
     }
 
@@ -281,6 +309,12 @@ fn fail(open: &mut HashMap<u64, Exchange>, id: u64, reason: &str) {
 mod tests {
     use super::*;
 
+    impl Tunnels {
+        fn deliver_ok(&self, session: SessionId, frame: pb::TunnelFrame) -> Option<Frame> {
+            self.deliver(session, frame).expect("within the window")
+        }
+    }
+
     fn frame(exchange: u64, frame: Frame) -> pb::TunnelFrame {
         pb::TunnelFrame {
             exchange,
@@ -307,16 +341,20 @@ mod tests {
     fn head_then_body_then_end() {
         let tunnels = Tunnels::default();
         let mut ex = tunnels.open(7, 100, false);
-        assert!(tunnels.deliver(7, frame(ex.id, head(200, false))).is_none());
+        assert!(
+            tunnels
+                .deliver_ok(7, frame(ex.id, head(200, false)))
+                .is_none()
+        );
         assert_eq!(ex.head.try_recv().unwrap().unwrap().status, 200);
         assert!(
             tunnels
-                .deliver(7, frame(ex.id, data(b"abc", false)))
+                .deliver_ok(7, frame(ex.id, data(b"abc", false)))
                 .is_none()
         );
         assert!(
             tunnels
-                .deliver(7, frame(ex.id, data(b"de", true)))
+                .deliver_ok(7, frame(ex.id, data(b"de", true)))
                 .is_none()
         );
         assert!(matches!(ex.body.try_recv(), Ok(BodyEvent::Data(b)) if &b[..] == b"abc"));
@@ -330,55 +368,64 @@ mod tests {
     fn frames_of_another_stream_or_unknown_exchanges_are_ignored() {
         let tunnels = Tunnels::default();
         let mut ex = tunnels.open(7, 100, false);
-        assert!(tunnels.deliver(8, frame(ex.id, head(200, true))).is_none());
+        assert!(
+            tunnels
+                .deliver_ok(8, frame(ex.id, head(200, true)))
+                .is_none()
+        );
         assert!(ex.head.try_recv().is_err(), "another stream cannot answer");
-        assert!(tunnels.deliver(7, frame(999, head(200, true))).is_none());
+        assert!(tunnels.deliver_ok(7, frame(999, head(200, true))).is_none());
         assert_eq!(tunnels.len(), 1);
     }
 
     #[test]
-    fn a_body_beyond_the_window_resets_only_that_exchange() {
+    fn a_body_beyond_the_window_cuts_the_agent_off() {
         let tunnels = Tunnels::default();
         let mut greedy = tunnels.open(7, 4, false);
-        let mut polite = tunnels.open(7, 4, false);
-        tunnels.deliver(7, frame(greedy.id, head(200, false)));
-        tunnels.deliver(7, frame(polite.id, head(200, false)));
+        tunnels.deliver_ok(7, frame(greedy.id, head(200, false)));
         assert!(
             tunnels
-                .deliver(7, frame(greedy.id, data(b"abc", false)))
+                .deliver_ok(7, frame(greedy.id, data(b"abc", false)))
                 .is_none()
         );
-        let reset = tunnels.deliver(7, frame(greedy.id, data(b"de", false)));
-        assert!(
-            matches!(&reset, Some(Frame::Reset(r)) if r.reason.contains("flow control")),
-            "{reset:?}"
-        );
+        let cut = tunnels
+            .deliver(7, frame(greedy.id, data(b"de", false)))
+            .unwrap_err();
+        assert!(cut.0.contains("past the window of 4 bytes"), "{cut:?}");
+        assert!(cut.0.contains("tunnel_window_bytes"), "{cut:?}");
         let _ = greedy.body.try_recv();
         assert!(
             matches!(greedy.body.try_recv(), Ok(BodyEvent::Failed(m)) if m.contains("flow control"))
         );
-        // The other exchange on the same stream goes on.
+        assert!(tunnels.is_empty());
+    }
+
+    #[test]
+    fn credit_beyond_what_was_sent_cuts_the_agent_off() {
+        let tunnels = Tunnels::default();
+        let ex = tunnels.open(7, 10, false);
+        let cut = tunnels
+            .deliver(7, frame(ex.id, Frame::WindowUpdate(1)))
+            .unwrap_err();
         assert!(
-            tunnels
-                .deliver(7, frame(polite.id, data(b"abcd", true)))
-                .is_none()
+            cut.0.contains("may not exceed what the hub sent"),
+            "{cut:?}"
         );
-        assert!(matches!(polite.body.try_recv(), Ok(BodyEvent::Data(_))));
-        assert!(matches!(polite.body.try_recv(), Ok(BodyEvent::End)));
+        assert!(ex.request_credit.is_closed());
     }
 
     #[test]
     fn a_finished_or_closed_exchange_stops_its_request_body() {
         let tunnels = Tunnels::default();
         let answered = tunnels.open(7, 10, false);
-        tunnels.deliver(7, frame(answered.id, head(413, true)));
+        tunnels.deliver_ok(7, frame(answered.id, head(413, true)));
         assert!(
             answered.request_credit.is_closed(),
             "answered before the body was read"
         );
         let streamed = tunnels.open(7, 10, false);
-        tunnels.deliver(7, frame(streamed.id, head(200, false)));
-        tunnels.deliver(7, frame(streamed.id, data(b"ok", true)));
+        tunnels.deliver_ok(7, frame(streamed.id, head(200, false)));
+        tunnels.deliver_ok(7, frame(streamed.id, data(b"ok", true)));
         assert!(streamed.request_credit.is_closed());
         let abandoned = tunnels.open(7, 10, false);
         assert!(tunnels.close(abandoned.id));
@@ -391,8 +438,10 @@ mod tests {
         let tunnels = Tunnels::default();
         let ex = tunnels.open(7, 10, false);
         assert_eq!(ex.request_credit.available_permits(), 10);
-        tunnels.deliver(7, frame(ex.id, Frame::WindowUpdate(5)));
-        assert_eq!(ex.request_credit.available_permits(), 15);
+        // The hub sends 6 bytes of request body; the agent consumes and credits 5 back.
+        ex.request_credit.try_acquire_many(6).unwrap().forget();
+        tunnels.deliver_ok(7, frame(ex.id, Frame::WindowUpdate(5)));
+        assert_eq!(ex.request_credit.available_permits(), 9);
     }
 
     #[test]
@@ -402,8 +451,8 @@ mod tests {
         let mut watch = tunnels.open(7, 10, true);
         let mut list = tunnels.open(7, 10, false);
         let mut elsewhere = tunnels.open(8, 10, false);
-        tunnels.deliver(7, frame(watch.id, head(200, false)));
-        tunnels.deliver(7, frame(list.id, head(200, false)));
+        tunnels.deliver_ok(7, frame(watch.id, head(200, false)));
+        tunnels.deliver_ok(7, frame(list.id, head(200, false)));
         tunnels.session_ended(7);
         assert_eq!(waiting.head.try_recv().unwrap(), Err(HeadError::AgentGone));
         assert!(matches!(watch.body.try_recv(), Ok(BodyEvent::End)));
@@ -420,7 +469,7 @@ mod tests {
         let reset = Frame::Reset(pb::TunnelReset {
             reason: "connection refused".into(),
         });
-        assert!(tunnels.deliver(7, frame(ex.id, reset)).is_none());
+        assert!(tunnels.deliver_ok(7, frame(ex.id, reset)).is_none());
         assert_eq!(
             ex.head.try_recv().unwrap(),
             Err(HeadError::Reset("connection refused".into()))
@@ -432,12 +481,16 @@ mod tests {
     fn protocol_violations_reset() {
         let tunnels = Tunnels::default();
         let ex = tunnels.open(7, 10, false);
-        let reset = tunnels.deliver(7, frame(ex.id, data(b"x", false)));
+        let reset = tunnels.deliver_ok(7, frame(ex.id, data(b"x", false)));
         assert!(
             matches!(reset, Some(Frame::Reset(r)) if r.reason.contains("before the response head"))
         );
         let ex = tunnels.open(7, 10, false);
-        tunnels.deliver(7, frame(ex.id, head(200, false)));
-        assert!(tunnels.deliver(7, frame(ex.id, head(200, false))).is_some());
+        tunnels.deliver_ok(7, frame(ex.id, head(200, false)));
+        assert!(
+            tunnels
+                .deliver_ok(7, frame(ex.id, head(200, false)))
+                .is_some()
+        );
     }
 }

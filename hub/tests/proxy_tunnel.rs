@@ -295,6 +295,71 @@ async fn a_client_that_goes_away_resets_its_exchange() {
 }
 
 #[tokio::test]
+async fn an_agent_past_the_window_is_cut_off() {
+    let s = setup("tunnel-over-window").await;
+    let mut a = tunnel_agent(&s.hub, &s.pki, "agent-a.test", "pod-1").await;
+    a.register("prod", "https://10.0.0.1:6443").await;
+    let token = token_for(&s.http, &s.admin, "prod").await;
+    let window = a.welcome.as_ref().unwrap().tunnel_window_bytes as usize;
+    // A client that does not read the body: no credit comes back.
+    let request = s
+        .http
+        .request("GET", "/clusters/prod/api/v1/pods")
+        .header("authorization", format!("Bearer {token}"))
+        .body(empty())
+        .unwrap();
+    let send = {
+        let client = s.http.clone();
+        tokio::spawn(async move { client.send(request).await })
+    };
+    let (id, _) = a.request().await;
+    a.respond_head(id, 200, &[("content-type", "application/json")], false)
+        .await;
+    // The client's HTTP/2 buffers take some of the body and credit comes back for it; an
+    // agent that ignores the credit it has sends until it is past window + credit.
+    let (mut sent, mut credited) = (0, 0);
+    let status = loop {
+        if let Err(status) = a.pump_ready() {
+            break status;
+        }
+        for f in a.tunnel.drain(..) {
+            if let (true, Some(Frame::WindowUpdate(c))) = (f.exchange == id, f.frame) {
+                credited += c as usize;
+            }
+        }
+        // The hub may hold back credit for bytes its client took (it returns credit in
+        // batches), so the agent goes a few frames further before it waits.
+        if sent <= window + credited + 4 * MAX_FRAME {
+            a.send_data(id, &[b'x'; MAX_FRAME], false).await;
+            sent += MAX_FRAME;
+        } else if let Err(status) = a.pump().await {
+            break status;
+        }
+        assert!(sent < 64 << 20, "the hub never cut the agent off");
+    };
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains(&format!("past the window of {window} bytes")),
+        "{status:?}"
+    );
+    assert!(
+        status.message().contains("only within the credit"),
+        "{status:?}"
+    );
+    // The client's response breaks rather than ending as if complete.
+    let response = send.await.unwrap();
+    let (bytes, error) = read_to_end(response.into_body()).await;
+    assert!(
+        error.is_some(),
+        "the body must not end cleanly (got {} bytes)",
+        bytes.len()
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
 async fn an_agent_reset_before_the_head_is_a_bad_gateway() {
     let s = setup("tunnel-agent-reset").await;
     let mut a = tunnel_agent(&s.hub, &s.pki, "agent-a.test", "pod-1").await;

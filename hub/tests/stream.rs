@@ -858,3 +858,23 @@ async fn operations_are_routed_answered_and_resent_only_when_safe() {
     hub.shutdown().await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn operation_requests_past_the_body_limit_get_413() {
+    let pki = Pki::new();
+    let dir = data_dir("ops-limit");
+    let hub = start_hub(&pki, &dir, |c| c.max_request_bytes = 4096).await;
+    let manifest = serde_json::json!({"kind": "ConfigMap", "data": {"pad": "x".repeat(5000)}});
+    let (status, body) = post_json(
+        hub.http_addr,
+        "/api/v1/accounts/prod/operations",
+        &serde_json::json!({"type": "apply", "manifests": [manifest]}),
+    )
+    .await;
+    assert_eq!(status, 413, "{body}");
+    let message = body["error"].as_str().unwrap_or_default();
+    assert!(message.contains("limit of 4096 bytes"), "{body}");
+    assert!(message.contains("--max-request-bytes"), "{body}");
+    hub.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -579,9 +579,10 @@ fn response_body(
                     st.consumed = 0;
                     st.unconsumed.fetch_sub(credit, Ordering::AcqRel);
                     let update = Frame::WindowUpdate(u32::try_from(credit).unwrap_or(u32::MAX));
-                    if !tunnel::send_frame(&st.guard.tx, st.guard.id, update).await {
-                        st.done = true;
-                    }
+                    // When the agent's stream is gone the credit has nowhere to go, but the
+                    // body goes on to its last event (End, or Failed for a cut response):
+                    // ending here would make a cut response look complete.
+                    let _ = tunnel::send_frame(&st.guard.tx, st.guard.id, update).await;
                 }
                 st.guard.hub.metrics.proxy_bytes.inc_by(bytes.len() as u64);
                 Some((Ok(bytes), st))

@@ -29,6 +29,7 @@ fn now() -> (Instant, SystemTime) {
 fn limits() -> Limits {
     Limits {
         max_object_bytes: 1024,
+        max_staged_bytes: 64 * 1024,
         allow: vec![AllowRule::parse("agent=prod-*").unwrap()],
     }
 }
@@ -377,4 +378,55 @@ fn malformed_objects() {
         .objects["uid-x"]
         .clone();
     assert!(o.truncated && o.json.is_empty());
+}
+
+#[test]
+fn open_snapshots_are_bounded_in_bytes() {
+    let mut st = HubState::default();
+    let mut s = connect(&mut st, "agent", "r");
+    let mut fx = Effects::default();
+    let l = Limits {
+        max_object_bytes: 1024,
+        max_staged_bytes: 2000,
+        allow: vec![],
+    };
+    let mut seq = 1;
+    let mut send = |s: &mut Session, st: &mut HubState, kind: Msg| {
+        seq += 1;
+        s.handle(st, &l, msg(seq, kind), now(), &mut fx)
+    };
+    send(&mut s, &mut st, register("prod-a", "https://h")).unwrap();
+    let begin = |ns: &str| {
+        Msg::SnapshotBegin(pb::SnapshotBegin {
+            account: "prod-a".into(),
+            kind: Some(kind()),
+            watch_namespace: ns.into(),
+        })
+    };
+    let big = |name: &str, ns: &str| {
+        let Msg::Object(mut ev) = object("prod-a", name, "5") else {
+            unreachable!()
+        };
+        ev.watch_namespace = ns.into();
+        ev.object_json = format!(r#"{{"pad":"{}"}}"#, "x".repeat(800)).into_bytes();
+        Msg::Object(ev)
+    };
+    // Two snapshots open at once share the stream's budget.
+    send(&mut s, &mut st, begin("a")).unwrap();
+    send(&mut s, &mut st, begin("b")).unwrap();
+    send(&mut s, &mut st, big("one", "a")).unwrap();
+    // The same object again replaces, not adds to, what is staged.
+    send(&mut s, &mut st, big("one", "a")).unwrap();
+    send(&mut s, &mut st, big("two", "b")).unwrap();
+    let err = send(&mut s, &mut st, big("three", "b")).unwrap_err();
+    let ProtocolError::ResourceExhausted(message) = &err else {
+        panic!("{err:?}")
+    };
+    assert!(message.contains("2000 bytes"), "{message}");
+    assert!(message.contains(r#"account "prod-a""#), "{message}");
+    assert!(message.contains(r#"namespace "b""#), "{message}");
+    assert!(message.contains("raise --max-staged-bytes"), "{message}");
+    assert_eq!(err.to_status().code(), tonic::Code::ResourceExhausted);
+    // Nothing reached the cache.
+    assert_eq!(st.cache.object_count(), 0);
 }
