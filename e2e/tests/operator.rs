@@ -38,7 +38,7 @@ use scale_agent_crds::{
     },
 };
 use scale_agent_e2e::{ControlPlane, ControlPlaneOptions, crds};
-use scale_agent_operator::{Config, Metrics, pki};
+use scale_agent_operator::{Config, Metrics, pki, policy::WatchNamespaces};
 use serde_json::{Value, json};
 use tokio::{sync::oneshot, task::JoinHandle};
 
@@ -74,7 +74,7 @@ struct Operator {
 impl Operator {
     fn config(namespace: &str) -> Config {
         Config {
-            namespace: Some(namespace.to_owned()),
+            watch_namespaces: WatchNamespaces::Only([namespace.to_owned()].into()),
             retry_base: Duration::from_millis(500),
             retry_max: Duration::from_secs(4),
             instance: Some(format!("e2e-{namespace}")),
