@@ -4,6 +4,10 @@
 //! This needs to read both kinds in every namespace and to patch their `status`
 //! subresource, which carries no spec and creates nothing: the least the operator can hold
 //! and still tell the user. Nothing else about these objects is read or written.
+//!
+//! Only objects with no conditions yet are refused: one that has any was reconciled (or
+//! refused) by another operator watching its namespace, or by this one before its watch
+//! changed, and several operators in one cluster must not overwrite each other's status.
 
 use std::sync::Arc;
 
@@ -72,7 +76,12 @@ async fn refuse_agent(agent: Arc<ScaleAgent>, ctx: Arc<Context>) -> Result<Actio
     let namespace = agent
         .namespace()
         .ok_or(Error::MissingField("metadata.namespace"))?;
-    if ctx.config.watch_namespaces.contains(&namespace) {
+    if ctx.config.watch_namespaces.contains(&namespace)
+        || agent
+            .status
+            .as_ref()
+            .is_some_and(|s| !s.conditions.is_empty())
+    {
         return Ok(Action::await_change());
     }
     let problem = Problem {
@@ -102,7 +111,12 @@ async fn refuse_account(account: Arc<AgentAccount>, ctx: Arc<Context>) -> Result
     let namespace = account
         .namespace()
         .ok_or(Error::MissingField("metadata.namespace"))?;
-    if ctx.config.watch_namespaces.contains(&namespace) {
+    if ctx.config.watch_namespaces.contains(&namespace)
+        || account
+            .status
+            .as_ref()
+            .is_some_and(|s| !s.conditions.is_empty())
+    {
         return Ok(Action::await_change());
     }
     let rejection = Rejection {
