@@ -18,13 +18,42 @@ use crate::{
     kinds::{Candidate, KindRef},
 };
 
-/// An account ready to register: a client and the identity of its cluster.
+/// An account ready to register: its clients and the identity of its cluster.
 pub struct Prepared {
+    /// The account's own credentials: discovery and watches.
     pub client: Client,
+    /// Operations: the account's credentials impersonating `impersonateServiceAccount`
+    /// when it is set, else the same as `client`.
+    pub operations_client: Client,
     /// For the hub's Kubernetes API proxy: the same credentials without kube's retries, so
     /// every request is replayed exactly once and its answer passed on as it is.
     pub proxy_client: Client,
+    /// The proxy's writes: like `proxy_client`, impersonating as `operations_client` does.
+    pub proxy_write_client: Client,
     pub cluster: v1::ClusterInfo,
+}
+
+impl Prepared {
+    /// The client a tunnelled request is replayed with: writes may impersonate.
+    pub fn proxy_client_for(&self, write: bool) -> Client {
+        if write {
+            self.proxy_write_client.clone()
+        } else {
+            self.proxy_client.clone()
+        }
+    }
+}
+
+/// `config` acting as the account's `impersonateServiceAccount`, if any. Only the user is
+/// sent: for a ServiceAccount user the API server adds its groups itself
+/// (`system:serviceaccounts`, `system:serviceaccounts:<namespace>`, `system:authenticated`),
+/// and asking for groups would need the right to impersonate groups as well.
+pub fn impersonating(account: &AccountConfig, config: &Config) -> Option<Config> {
+    let target = account.impersonate_service_account.as_ref()?;
+    let mut config = config.clone();
+    config.auth_info.impersonate = Some(target.username());
+    config.auth_info.impersonate_groups = None;
+    Some(config)
 }
 
 /// The kube client config for an account's credentials.
@@ -98,8 +127,24 @@ pub async fn prepare(account: &AccountConfig) -> Result<Prepared> {
     };
     let mut proxy_config = config.clone();
     proxy_config.default_retry = false;
-    let proxy_client =
-        Client::try_from(proxy_config).map_err(kube_error("build a client for the proxy"))?;
+    let proxy_client = Client::try_from(proxy_config.clone())
+        .map_err(kube_error("build a client for the proxy"))?;
+    let (operations_client, proxy_write_client) = match (
+        impersonating(account, &config),
+        impersonating(account, &proxy_config),
+    ) {
+        (Some(operations), Some(proxy_writes)) => (
+            Client::try_from(operations)
+                .map_err(kube_error("build an impersonating client for operations"))?,
+            Client::try_from(proxy_writes).map_err(kube_error(
+                "build an impersonating client for proxied writes",
+            ))?,
+        ),
+        _ => (
+            Client::try_from(config.clone()).map_err(kube_error("build a client"))?,
+            proxy_client.clone(),
+        ),
+    };
     let client = Client::try_from(config).map_err(kube_error("build a client"))?;
     let version = client
         .apiserver_version()
@@ -107,9 +152,18 @@ pub async fn prepare(account: &AccountConfig) -> Result<Prepared> {
         .map_err(kube_error(&format!(
             "ask {api_server_host} for its version"
         )))?;
+    if let Some(target) = &account.impersonate_service_account {
+        tracing::info!(
+            account = %account.name,
+            impersonate = %target.username(),
+            "operations and proxied writes run as the impersonated ServiceAccount"
+        );
+    }
     Ok(Prepared {
         client,
+        operations_client,
         proxy_client,
+        proxy_write_client,
         cluster: v1::ClusterInfo {
             api_server_host,
             ca_fingerprint,
@@ -166,6 +220,26 @@ mod tests {
             fingerprint(b"abc"),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
+    }
+
+    #[test]
+    fn impersonation_sends_the_service_account_user_and_no_groups() {
+        let mut account = AccountConfig {
+            name: "prod".into(),
+            ..Default::default()
+        };
+        let config = Config::new("https://127.0.0.1:6443".parse().unwrap());
+        assert!(impersonating(&account, &config).is_none());
+        account.impersonate_service_account = Some(scale_agent_crds::v1alpha1::ServiceAccountRef {
+            namespace: "team-a".into(),
+            name: "deployer".into(),
+        });
+        let impersonating = impersonating(&account, &config).unwrap();
+        assert_eq!(
+            impersonating.auth_info.impersonate.as_deref(),
+            Some("system:serviceaccount:team-a:deployer")
+        );
+        assert!(impersonating.auth_info.impersonate_groups.is_none());
     }
 
     #[tokio::test]

@@ -423,11 +423,11 @@ impl Runtime {
             Some(hub_message::Kind::Operation(operation)) => self.operate(operation, session),
             Some(hub_message::Kind::Tunnel(frame)) => {
                 let accounts = &self.accounts;
-                session.tunnel.handle(frame, |account| {
+                session.tunnel.handle(frame, |account, write| {
                     accounts
                         .get(account)
                         .and_then(|entry| entry.prepared.as_ref())
-                        .map(|prepared| prepared.proxy_client.clone())
+                        .map(|prepared| prepared.proxy_client_for(write))
                 });
             }
             Some(hub_message::Kind::Heartbeat(_)) | Some(hub_message::Kind::Welcome(_)) | None => {}
@@ -612,7 +612,7 @@ impl Runtime {
         entry.executor = Some(Arc::new(crate::operations::Executor::new(
             prep.account.clone(),
             self.options.replica_name(),
-            prep.prepared.client.clone(),
+            prep.prepared.operations_client.clone(),
             self.operation_budget.clone(),
         )));
         entry.prepared = Some(prep.prepared);

@@ -55,6 +55,20 @@ pub fn is_upgrade(head: &pb::HttpRequestHead) -> bool {
         .any(|h| h.name.eq_ignore_ascii_case("upgrade"))
 }
 
+/// Whether a tunnelled request changes the cluster, and so runs as the account's
+/// impersonated ServiceAccount when it names one: every method but GET, HEAD and OPTIONS,
+/// and exec, attach and port-forward, whose WebSocket forms are GETs.
+pub fn is_write(head: &pb::HttpRequestHead) -> bool {
+    let read_method = ["GET", "HEAD", "OPTIONS"]
+        .iter()
+        .any(|m| head.method.eq_ignore_ascii_case(m));
+    let path = head.path_and_query.split('?').next().unwrap_or_default();
+    let into_a_pod = ["exec", "attach", "portforward"]
+        .iter()
+        .any(|sub| path.trim_end_matches('/').rsplit('/').next() == Some(sub));
+    !read_method || into_a_pod || is_upgrade(head)
+}
+
 /// The response headers to send back; a 101 keeps `Connection` and `Upgrade`, which the
 /// client needs to accept the switch.
 pub fn response_headers(headers: &http::HeaderMap, switching: bool) -> Vec<pb::HttpHeader> {
@@ -207,11 +221,12 @@ impl Tunnel {
     }
 
     /// Handles a frame from the hub. `client` gives the API server client of an account
-    /// this agent serves (`None`: not served here, or its credentials are not loaded yet).
+    /// this agent serves, for a write ([`is_write`]) or a read (`None`: not served here, or
+    /// its credentials are not loaded yet).
     pub fn handle(
         &mut self,
         frame: pb::TunnelFrame,
-        client: impl FnOnce(&str) -> Option<kube::Client>,
+        client: impl FnOnce(&str, bool) -> Option<kube::Client>,
     ) {
         self.reap();
         let id = frame.exchange;
@@ -267,7 +282,7 @@ impl Tunnel {
         &mut self,
         id: u64,
         head: pb::HttpRequestHead,
-        client: impl FnOnce(&str) -> Option<kube::Client>,
+        client: impl FnOnce(&str, bool) -> Option<kube::Client>,
     ) {
         let frames = Frames {
             out: self.out.clone(),
@@ -282,7 +297,7 @@ impl Tunnel {
         };
         let credit = Arc::new(Semaphore::new(self.window as usize));
         let response_credit = credit.clone();
-        let client = client(&head.account);
+        let client = client(&head.account, is_write(&head));
         let shared = self.shared.clone();
         let abort = self.tasks.spawn(async move {
             let account = head.account.clone();
@@ -625,6 +640,51 @@ mod tests {
         );
         assert_eq!(response_headers(&answer, true).len(), 3);
         assert_eq!(response_headers(&answer, false).len(), 1);
+    }
+
+    #[test]
+    fn writes_are_changes_and_entries_into_pods() {
+        let request =
+            |method: &str, path: &str, headers: Vec<pb::HttpHeader>| pb::HttpRequestHead {
+                method: method.into(),
+                path_and_query: path.into(),
+                headers,
+                ..Default::default()
+            };
+        let pods = "/api/v1/namespaces/web/pods";
+        assert!(!is_write(&request("GET", pods, vec![])));
+        assert!(!is_write(&request(
+            "GET",
+            &format!("{pods}?watch=true"),
+            vec![]
+        )));
+        assert!(!is_write(&request("HEAD", pods, vec![])));
+        assert!(!is_write(&request(
+            "GET",
+            &format!("{pods}/logger/log"),
+            vec![]
+        )));
+        assert!(is_write(&request("POST", pods, vec![])));
+        assert!(is_write(&request(
+            "PATCH",
+            &format!("{pods}/logger"),
+            vec![]
+        )));
+        assert!(is_write(&request(
+            "DELETE",
+            &format!("{pods}/logger"),
+            vec![]
+        )));
+        assert!(is_write(&request(
+            "GET",
+            &format!("{pods}/logger/exec?command=sh"),
+            vec![]
+        )));
+        assert!(is_write(&request(
+            "GET",
+            &format!("{pods}/logger/portforward"),
+            vec![header("Upgrade", "websocket")]
+        )));
     }
 
     #[test]

@@ -139,6 +139,10 @@ pub struct AccountConfig {
     /// Spinnaker roles: `READ: [..]`, `WRITE: [..]`.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub permissions: BTreeMap<String, Vec<String>>,
+    /// Run operations and proxied writes as this ServiceAccount (`Impersonate-User`);
+    /// watches and reads stay the account's own credentials.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub impersonate_service_account: Option<crate::v1alpha1::ServiceAccountRef>,
 }
 
 /// `kubernetes.accounts[].customResourceDefinitions[]`.
@@ -326,10 +330,15 @@ server:
             name: "prod".into(),
             service_account: true,
             omit_kinds: vec!["Event".into()],
+            impersonate_service_account: Some(crate::v1alpha1::ServiceAccountRef {
+                namespace: "team-a".into(),
+                name: "deployer".into(),
+            }),
             ..Default::default()
         });
         let yaml = config.to_yaml().unwrap();
         assert!(yaml.contains("baseDelay: 250ms"), "{yaml}");
+        assert!(yaml.contains("impersonateServiceAccount:"), "{yaml}");
         assert_eq!(AgentConfig::from_yaml(&yaml).unwrap(), config);
     }
 

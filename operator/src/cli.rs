@@ -7,6 +7,8 @@ use std::{net::SocketAddr, time::Duration};
 use clap::Parser;
 use scale_agent_runtime::LogFormat;
 
+use crate::policy::WatchNamespaces;
+
 /// Reconciles ScaleAgent and AgentAccount resources into agent Deployments, RBAC, config and
 /// mTLS credentials.
 #[derive(Debug, Parser)]
@@ -40,10 +42,26 @@ struct Args {
     )]
     retry_max_seconds: u64,
 
-    /// Watch ScaleAgents and AgentAccounts in this namespace only; every namespace when
-    /// unset.
-    #[arg(long, env = "SCALE_AGENT_OPERATOR_NAMESPACE")]
-    namespace: Option<String>,
+    /// Reconcile ScaleAgents and AgentAccounts only in these namespaces (comma-separated),
+    /// or `*` for every namespace; those elsewhere get a condition saying so. Default: the
+    /// operator's own namespace (its pod's, or the kubeconfig context's).
+    #[arg(
+        long,
+        env = "SCALE_AGENT_OPERATOR_WATCH_NAMESPACES",
+        value_delimiter = ','
+    )]
+    watch_namespaces: Option<Vec<String>>,
+
+    /// Agent images a ScaleAgent may run (comma-separated prefixes). A prefix ending in `/`,
+    /// `:` or `@` matches as written; any other is a repository and must be followed by a
+    /// tag or digest. Other images get the condition `Degraded`, reason `ImageNotAllowed`.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_OPERATOR_ALLOWED_IMAGE_PREFIXES",
+        value_delimiter = ',',
+        default_value = scale_agent_crds::v1alpha1::DEFAULT_AGENT_REPOSITORY
+    )]
+    allowed_image_prefixes: Vec<String>,
 
     /// Name of this instance in Events; the pod name in a Deployment.
     #[arg(long, env = "POD_NAME")]
@@ -68,6 +86,21 @@ pub fn main() -> anyhow::Result<()> {
 
 async fn run_from_args(args: Args) -> anyhow::Result<()> {
     scale_agent_runtime::init_tracing(args.log_format);
+    let client = kube::Client::try_default().await?;
+    // In a pod the client's default namespace is the pod's own (from its ServiceAccount).
+    let watch_namespaces = args
+        .watch_namespaces
+        .unwrap_or_else(|| vec![client.default_namespace().to_owned()]);
+    let allowed_image_prefixes: Vec<String> = args
+        .allowed_image_prefixes
+        .into_iter()
+        .map(|p| p.trim().to_owned())
+        .filter(|p| !p.is_empty())
+        .collect();
+    anyhow::ensure!(
+        !allowed_image_prefixes.is_empty(),
+        "--allowed-image-prefixes is empty: give at least one image prefix"
+    );
     let config = crate::Config {
         certificate_lifetime_override: args
             .certificate_lifetime_override_seconds
@@ -75,10 +108,10 @@ async fn run_from_args(args: Args) -> anyhow::Result<()> {
         resync: Duration::from_secs(args.resync_seconds),
         retry_max: Duration::from_secs(args.retry_max_seconds),
         instance: args.instance,
-        namespace: args.namespace,
+        watch_namespaces: WatchNamespaces::parse(&watch_namespaces).map_err(anyhow::Error::msg)?,
+        allowed_image_prefixes,
         ..Default::default()
     };
-    let client = kube::Client::try_default().await?;
     crate::run(
         client,
         config,

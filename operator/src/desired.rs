@@ -259,6 +259,7 @@ fn account_config(
             .collect(),
         metrics: spec.pod_metrics,
         permissions,
+        impersonate_service_account: spec.impersonate_service_account.clone(),
     }
 }
 
@@ -349,7 +350,59 @@ pub fn namespaced_rbac(
     namespace: &str,
     rules: Vec<PolicyRule>,
 ) -> Result<(Role, RoleBinding)> {
+    role_and_binding(agent, namespace, rbac_name(agent), rules)
+}
+
+/// Name of the Role(Binding) letting the agent impersonate ServiceAccounts of one
+/// namespace: `scale-agent:<namespace>:<scaleagent>:impersonate`.
+pub fn impersonation_rbac_name(agent: &ScaleAgent) -> String {
+    format!("{}:impersonate", rbac_name(agent))
+}
+
+/// The ServiceAccounts the accounts of `agent` impersonate that the operator grants: those
+/// of accounts using the agent's own ServiceAccount (a kubeconfig's identity is another
+/// cluster's business), by namespace.
+pub fn impersonated(accounts: &[&AgentAccount]) -> BTreeMap<String, BTreeSet<String>> {
+    let mut by_namespace: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for account in accounts {
+        if account.spec.credentials.type_ != CredentialsType::ServiceAccount {
+            continue;
+        }
+        if let Some(target) = &account.spec.impersonate_service_account {
+            by_namespace
+                .entry(target.namespace.clone())
+                .or_default()
+                .insert(target.name.clone());
+        }
+    }
+    by_namespace
+}
+
+/// Role and RoleBinding in `namespace` granting the agent `impersonate` on exactly the
+/// ServiceAccounts `names` there (`resourceNames`), and nothing else.
+pub fn impersonation_rbac(
+    agent: &ScaleAgent,
+    namespace: &str,
+    names: &BTreeSet<String>,
+) -> Result<(Role, RoleBinding)> {
+    let rule = PolicyRule {
+        api_groups: Some(vec![String::new()]),
+        resources: Some(vec!["serviceaccounts".into()]),
+        verbs: vec!["impersonate".into()],
+        resource_names: Some(names.iter().cloned().collect()),
+        ..Default::default()
+    };
+    role_and_binding(agent, namespace, impersonation_rbac_name(agent), vec![rule])
+}
+
+fn role_and_binding(
+    agent: &ScaleAgent,
+    namespace: &str,
+    name: String,
+    rules: Vec<PolicyRule>,
+) -> Result<(Role, RoleBinding)> {
     let mut meta = cluster_meta(agent);
+    meta.name = Some(name.clone());
     meta.namespace = Some(namespace.to_owned());
     if agent.namespace().as_deref() == Some(namespace) {
         let owner = agent
@@ -366,7 +419,7 @@ pub fn namespaced_rbac(
         role_ref: RoleRef {
             api_group: Some("rbac.authorization.k8s.io".into()),
             kind: "Role".into(),
-            name: rbac_name(agent),
+            name,
         },
         subjects: Some(vec![subject(agent)]),
     };
@@ -544,7 +597,7 @@ pub fn deployment(agent: &ScaleAgent, kubeconfig_secrets: &BTreeSet<String>) -> 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use scale_agent_crds::v1alpha1::{Credentials, KubeconfigSecretRef, Scope};
+    use scale_agent_crds::v1alpha1::{Credentials, KubeconfigSecretRef, Scope, ServiceAccountRef};
     use serde_json::json;
 
     pub(crate) fn agent(name: &str) -> ScaleAgent {
@@ -715,6 +768,49 @@ pub(crate) mod tests {
                 "/var/run/scale-agent/tls",
                 "/var/run/scale-agent/hub-ca"
             ]
+        );
+    }
+
+    #[test]
+    fn impersonation_is_granted_on_exactly_the_named_service_accounts() {
+        let agent = agent("prod");
+        let mut deployer = account("deployer", "prod");
+        deployer.spec.impersonate_service_account = Some(ServiceAccountRef {
+            namespace: "team-a".into(),
+            name: "spinnaker".into(),
+        });
+        let mut remote = kubeconfig_account("remote", "prod", "kc");
+        remote.spec.impersonate_service_account = Some(ServiceAccountRef {
+            namespace: "team-b".into(),
+            name: "spinnaker".into(),
+        });
+        let plain = account("plain", "prod");
+        let wanted = impersonated(&[&deployer, &remote, &plain]);
+        assert_eq!(wanted.keys().collect::<Vec<_>>(), ["team-a"], "{wanted:?}");
+        let (role, binding) = impersonation_rbac(&agent, "team-a", &wanted["team-a"]).unwrap();
+        assert_eq!(
+            role.metadata.name.as_deref(),
+            Some("scale-agent:ns:prod:impersonate")
+        );
+        let rules = role.rules.unwrap();
+        assert_eq!(rules.len(), 1);
+        assert_eq!(rules[0].verbs, ["impersonate"]);
+        assert_eq!(
+            rules[0].resources.as_deref(),
+            Some(&["serviceaccounts".to_string()][..])
+        );
+        assert_eq!(
+            rules[0].resource_names.as_deref(),
+            Some(&["spinnaker".to_string()][..])
+        );
+        assert_eq!(binding.role_ref.name, "scale-agent:ns:prod:impersonate");
+        let config = agent_config(&agent, &[&deployer]);
+        assert_eq!(
+            config.kubernetes.accounts[0]
+                .impersonate_service_account
+                .as_ref()
+                .map(|sa| sa.username()),
+            Some("system:serviceaccount:team-a:spinnaker".to_string())
         );
     }
 

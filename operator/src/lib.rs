@@ -16,6 +16,7 @@ pub mod desired;
 pub mod error;
 pub mod metrics;
 pub mod pki;
+pub mod policy;
 pub mod rbac;
 pub mod status;
 pub mod validate;

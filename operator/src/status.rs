@@ -206,6 +206,31 @@ pub fn scale_agent_status(
     }
 }
 
+/// The status of a ScaleAgent the operator refuses to act on (`problem` says why and what
+/// to change): `Degraded` and `Ready=False` carry the reason and message; nothing else in the
+/// status changes, since nothing was applied.
+pub fn refused_agent_status(agent: &ScaleAgent, problem: &Problem, now: Time) -> ScaleAgentStatus {
+    let mut status = agent.status.clone().unwrap_or_default();
+    let generation = agent.metadata.generation;
+    for type_ in [DEGRADED, READY] {
+        let holds = type_ == DEGRADED;
+        let value = if holds { STATUS_TRUE } else { STATUS_FALSE };
+        set_condition(
+            &mut status.conditions,
+            new_condition(
+                type_,
+                value,
+                problem.reason,
+                problem.message.clone(),
+                generation,
+                now.clone(),
+            ),
+        );
+    }
+    status.observed_generation = generation;
+    status
+}
+
 /// Computes an AgentAccount's status. `agent_ready` is the Ready condition of its ScaleAgent
 /// (when it exists).
 pub fn agent_account_status(

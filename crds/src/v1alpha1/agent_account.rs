@@ -147,6 +147,37 @@ pub struct AgentAccountSpec {
     /// Spinnaker for its UI. Default: false.
     #[serde(default, skip_serializing_if = "is_false")]
     pub pod_metrics: bool,
+
+    /// Run this account's operations and the writes proxied to it (every method but GET,
+    /// HEAD and OPTIONS, and exec, attach and port-forward) as this ServiceAccount, e.g.
+    /// `{namespace: team-a, name: spinnaker-deployer}`, so what Spinnaker may change is what
+    /// that ServiceAccount may change; the agent still watches and reads as itself. With
+    /// `credentials.type: ServiceAccount` the operator grants the agent `impersonate` on
+    /// exactly this ServiceAccount; with a kubeconfig, its identity must already hold it.
+    /// Default: unset, everything runs as the agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub impersonate_service_account: Option<ServiceAccountRef>,
+}
+
+/// A ServiceAccount, by namespace and name.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceAccountRef {
+    /// Namespace of the ServiceAccount. Required.
+    #[schemars(length(min = 1, max = 63), pattern(DNS1123_LABEL_PATTERN))]
+    pub namespace: String,
+
+    /// Name of the ServiceAccount. Required.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+impl ServiceAccountRef {
+    /// The user name the API server gives the ServiceAccount, which `Impersonate-User`
+    /// carries: `system:serviceaccount:<namespace>:<name>`.
+    pub fn username(&self) -> String {
+        format!("system:serviceaccount:{}:{}", self.namespace, self.name)
+    }
 }
 
 impl AgentAccount {

@@ -6,11 +6,12 @@ mod scale_agent;
 
 pub use agent_account::{
     AgentAccount, AgentAccountSpec, AgentAccountStatus, Credentials, CredentialsType,
-    CustomResourceKind, KubeconfigSecretRef, Permissions,
+    CustomResourceKind, KubeconfigSecretRef, Permissions, ServiceAccountRef,
 };
 pub use common::{ACCOUNT_NAME_MAX_LENGTH, DNS1123_LABEL_PATTERN, is_dns1123_label};
 pub use scale_agent::{
     Access, AccountDefaults, Backoff, CaSecretRef, ClientCertificate, DEFAULT_AGENT_IMAGE,
-    DEFAULT_CERTIFICATE_LIFETIME, Heartbeat, Hub, HubTls, ImagePullPolicy, IssuerSecretRef,
-    ListBudget, Mode, ScaleAgent, ScaleAgentSpec, ScaleAgentStatus, Scope, ScopeType,
+    DEFAULT_AGENT_REPOSITORY, DEFAULT_CERTIFICATE_LIFETIME, Heartbeat, Hub, HubTls,
+    ImagePullPolicy, IssuerSecretRef, ListBudget, Mode, ScaleAgent, ScaleAgentSpec,
+    ScaleAgentStatus, Scope, ScopeType,
 };

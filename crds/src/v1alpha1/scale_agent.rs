@@ -15,6 +15,9 @@ use crate::Error;
 pub const DEFAULT_AGENT_IMAGE: &str =
     concat!("ghcr.io/scale-agent/agent:v", env!("CARGO_PKG_VERSION"));
 
+/// The repository of [`DEFAULT_AGENT_IMAGE`]: the images the operator runs by default.
+pub const DEFAULT_AGENT_REPOSITORY: &str = "ghcr.io/scale-agent/agent";
+
 /// Default validity of an agent client certificate (90 days).
 pub const DEFAULT_CERTIFICATE_LIFETIME: &str = "2160h";
 

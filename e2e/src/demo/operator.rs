@@ -41,6 +41,8 @@ pub(super) async fn start(
     command
         .arg(format!("--metrics-address={metrics}"))
         .arg("--retry-max-seconds=10")
+        // The admin kubeconfig's namespace is not the demo's: say which one to reconcile.
+        .arg(format!("--watch-namespaces={NAMESPACE}"))
         .env("KUBECONFIG", control_plane.kubeconfig_path())
         .env("RUST_LOG", "info");
     let operator = system.operator.insert(ManagedProcess::spawn_command(

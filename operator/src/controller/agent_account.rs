@@ -8,7 +8,6 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Resource, ResourceExt,
-    api::ListParams,
     runtime::{controller::Action, events::EventType},
 };
 use scale_agent_crds::{
@@ -63,12 +62,7 @@ async fn reconcile_inner(account: &AgentAccount, ctx: &Context) -> Result<Action
             "get ScaleAgent {namespace}/{}",
             account.spec.agent_ref
         )))?;
-    let all = ctx
-        .watched_api::<AgentAccount>()
-        .list(&ListParams::default())
-        .await
-        .map_err(kube_err("list AgentAccounts"))?
-        .items;
+    let all = ctx.list_watched::<AgentAccount>().await?;
     let kubeconfig = match &account.spec.credentials.kubeconfig_secret_ref {
         Some(r) => Api::<Secret>::namespaced(client.clone(), &namespace)
             .get_opt(&r.name)

@@ -2,6 +2,7 @@
 
 pub mod agent_account;
 pub mod scale_agent;
+pub mod unwatched;
 
 use std::{
     collections::HashMap,
@@ -32,6 +33,7 @@ use crate::{
     desired::OWNER_NAMESPACE_LABEL,
     error::{Result, kube_err},
     metrics::Metrics,
+    policy::{self, WatchNamespaces},
     validate,
 };
 
@@ -49,9 +51,12 @@ pub struct Config {
     pub retry_max: Duration,
     /// Name of this operator instance in Events (e.g. the pod name).
     pub instance: Option<String>,
-    /// Watch ScaleAgents and AgentAccounts in this namespace only (account names are then
-    /// checked for duplicates within it); every namespace when unset.
-    pub namespace: Option<String>,
+    /// The namespaces whose ScaleAgents and AgentAccounts are reconciled (account names are
+    /// checked for duplicates among them); those elsewhere get a condition saying so. The
+    /// command defaults to its own namespace; this library default is every namespace.
+    pub watch_namespaces: WatchNamespaces,
+    /// Agent images must start with one of these (see [`crate::policy::image_allowed`]).
+    pub allowed_image_prefixes: Vec<String>,
 }
 
 impl Default for Config {
@@ -62,7 +67,8 @@ impl Default for Config {
             retry_base: Duration::from_secs(2),
             retry_max: Duration::from_secs(300),
             instance: None,
-            namespace: None,
+            watch_namespaces: WatchNamespaces::All,
+            allowed_image_prefixes: policy::default_image_prefixes(),
         }
     }
 }
@@ -111,15 +117,38 @@ impl Context {
         backoff_delay(self.config.retry_base, self.config.retry_max, failures)
     }
 
-    /// An API for `K` in the watched namespace, or in all namespaces.
-    pub fn watched_api<K>(&self) -> Api<K>
+    /// One API for `K` per watched namespace, or one for all namespaces.
+    pub fn watched_apis<K>(&self) -> Vec<Api<K>>
     where
         K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
     {
-        match &self.config.namespace {
-            Some(namespace) => Api::namespaced(self.client.clone(), namespace),
-            None => Api::all(self.client.clone()),
+        match &self.config.watch_namespaces {
+            WatchNamespaces::Only(namespaces) => namespaces
+                .iter()
+                .map(|namespace| Api::namespaced(self.client.clone(), namespace))
+                .collect(),
+            WatchNamespaces::All => vec![Api::all(self.client.clone())],
         }
+    }
+
+    /// Every `K` in the watched namespaces.
+    pub async fn list_watched<K>(&self) -> Result<Vec<K>>
+    where
+        K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        let mut items = Vec::new();
+        for api in self.watched_apis::<K>() {
+            items.extend(
+                api.list(&ListParams::default())
+                    .await
+                    .map_err(kube_err(format!("list {}s", K::kind(&()))))?
+                    .items,
+            );
+        }
+        Ok(items)
     }
 
     /// Forgets the failures of `key` after a success.
@@ -184,30 +213,74 @@ pub async fn run_controllers(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<()> {
     let ctx = Arc::new(Context::new(client.clone(), config, metrics));
-    let agents = ctx.watched_api::<ScaleAgent>();
-    let accounts = ctx.watched_api::<AgentAccount>();
-    for check in [
-        agents
-            .list(&ListParams::default().limit(1))
-            .await
-            .map(|_| ()),
-        accounts
-            .list(&ListParams::default().limit(1))
-            .await
-            .map(|_| ()),
-    ] {
-        check.map_err(kube_err(
-            "list ScaleAgents and AgentAccounts (are the CRDs installed? \
-             kubectl apply --server-side -f manifests/crds/)",
-        ))?;
+    for (agents, accounts) in ctx
+        .watched_apis::<ScaleAgent>()
+        .into_iter()
+        .zip(ctx.watched_apis::<AgentAccount>())
+    {
+        for check in [
+            agents
+                .list(&ListParams::default().limit(1))
+                .await
+                .map(|_| ()),
+            accounts
+                .list(&ListParams::default().limit(1))
+                .await
+                .map(|_| ()),
+        ] {
+            check.map_err(kube_err(
+                "list ScaleAgents and AgentAccounts (are the CRDs installed? \
+                 kubectl apply --server-side -f manifests/crds/)",
+            ))?;
+        }
     }
     let shutdown: Shutdown =
         (Box::pin(shutdown) as Pin<Box<dyn Future<Output = ()> + Send + Sync>>).shared();
 
+    // One pair of controllers per watched namespace, so the operator needs rights on the
+    // agents' Deployments, ConfigMaps and Secrets only there.
+    let mut running = Vec::new();
+    for namespace in namespaces_of(&ctx.config.watch_namespaces) {
+        running.push(run_pair(ctx.clone(), namespace, shutdown.clone()).boxed());
+    }
+    if let WatchNamespaces::Only(_) = ctx.config.watch_namespaces {
+        running.push(unwatched::run(ctx.clone(), shutdown.clone()).boxed());
+    }
+    tracing::info!(watch_namespaces = %ctx.config.watch_namespaces, "controllers started");
+    futures::future::join_all(running).await;
+    tracing::info!("controllers stopped");
+    Ok(())
+}
+
+/// `Some(namespace)` per watched namespace, or `None` for all of them.
+fn namespaces_of(watch: &WatchNamespaces) -> Vec<Option<String>> {
+    match watch {
+        WatchNamespaces::All => vec![None],
+        WatchNamespaces::Only(namespaces) => namespaces.iter().cloned().map(Some).collect(),
+    }
+}
+
+/// An API for `K` in `namespace`, or in all namespaces.
+fn api_in<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// The ScaleAgent and AgentAccount controllers of one namespace (or all), until shutdown.
+async fn run_pair(ctx: Arc<Context>, namespace: Option<String>, shutdown: Shutdown) {
+    let namespace = namespace.as_deref();
+    let agents = api_in::<ScaleAgent>(&ctx.client, namespace);
+    let accounts = api_in::<AgentAccount>(&ctx.client, namespace);
     let account_controller =
         Controller::new(accounts.clone(), watcher::Config::default().any_semantic());
     let account_store = account_controller.store();
-    let agent_controller = scale_agent_controller(&ctx, account_store.clone(), shutdown.clone());
+    let agent_controller =
+        scale_agent_controller(&ctx, namespace, account_store.clone(), shutdown.clone());
     let account_controller = account_controller
         .watches(agents, watcher::Config::default(), {
             let store = account_store.clone();
@@ -244,10 +317,7 @@ pub async fn run_controllers(
                 tracing::debug!(%error, "AgentAccount controller event");
             }
         });
-    tracing::info!("controllers started");
     futures::join!(agents_done, accounts_done);
-    tracing::info!("controllers stopped");
-    Ok(())
 }
 
 /// Accounts sharing `changed`'s Spinnaker account name: a change to one can change which of
@@ -270,6 +340,7 @@ fn same_account_name(
 
 fn scale_agent_controller(
     ctx: &Context,
+    namespace: Option<&str>,
     account_store: Store<AgentAccount>,
     shutdown: Shutdown,
 ) -> Controller<ScaleAgent> {
@@ -278,13 +349,13 @@ fn scale_agent_controller(
         .labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"))
         .any_semantic();
     Controller::new(
-        ctx.watched_api::<ScaleAgent>(),
+        api_in::<ScaleAgent>(client, namespace),
         watcher::Config::default().any_semantic(),
     )
-    .owns(ctx.watched_api::<Deployment>(), owned.clone())
-    .owns(ctx.watched_api::<ConfigMap>(), owned.clone())
-    .owns(ctx.watched_api::<Secret>(), owned.clone())
-    .owns(ctx.watched_api::<ServiceAccount>(), owned.clone())
+    .owns(api_in::<Deployment>(client, namespace), owned.clone())
+    .owns(api_in::<ConfigMap>(client, namespace), owned.clone())
+    .owns(api_in::<Secret>(client, namespace), owned.clone())
+    .owns(api_in::<ServiceAccount>(client, namespace), owned.clone())
     .watches(
         Api::<ClusterRole>::all(client.clone()),
         owned.clone(),
@@ -302,7 +373,7 @@ fn scale_agent_controller(
         rbac_owner(&o)
     })
     .watches(
-        ctx.watched_api::<AgentAccount>(),
+        api_in::<AgentAccount>(client, namespace),
         watcher::Config::default(),
         move |account: AgentAccount| {
             // Its own agent, and the agents of accounts whose duplicate status it may change.

@@ -18,7 +18,6 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Resource, ResourceExt,
-    api::ListParams,
     runtime::{
         controller::Action,
         events::EventType,
@@ -37,7 +36,7 @@ use crate::{
     desired::{self, FINALIZER},
     error::{Error, Result, is_not_found, kube_err},
     pki::{self, Ca, Decision},
-    rbac,
+    policy, rbac,
     status::{self, CertificateState, Observed, Problem},
     validate,
 };
@@ -283,9 +282,14 @@ async fn plan_rules(
     } else {
         Vec::new()
     };
+    // Accounts that impersonate write as another ServiceAccount: when all of them do, the
+    // agent's own rights can stay read-only whatever `access` says.
+    let writes_as_itself = accepted
+        .iter()
+        .any(|a| a.spec.impersonate_service_account.is_none());
     Ok(rbac::rules(
         &watched,
-        agent.spec.access == scale_agent_crds::v1alpha1::Access::Deploy,
+        agent.spec.access == scale_agent_crds::v1alpha1::Access::Deploy && writes_as_itself,
         cluster_scoped,
         &groups,
     ))
@@ -376,11 +380,45 @@ async fn reconcile_rbac(
             note(applied, apply(&bindings, &binding).await?.1, "RoleBinding");
         }
     }
-    // Roles left in namespaces the scope no longer lists (or all of them for Cluster scope).
+    // The right to impersonate exactly the ServiceAccounts the accounts name, per namespace.
+    let mut keep: BTreeSet<(String, String)> = want_namespaces
+        .iter()
+        .map(|namespace| (namespace.clone(), name.clone()))
+        .collect();
+    let impersonation_name = desired::impersonation_rbac_name(agent);
+    let impersonated = if agent_mode {
+        desired::impersonated(accepted)
+    } else {
+        Default::default()
+    };
+    for (namespace, service_accounts) in &impersonated {
+        let (role, binding) = desired::impersonation_rbac(agent, namespace, service_accounts)?;
+        let roles = Api::<Role>::namespaced(client.clone(), namespace);
+        let bindings = Api::<RoleBinding>::namespaced(client.clone(), namespace);
+        match apply(&roles, &role).await {
+            Ok((_, outcome)) => note(applied, outcome, "Role"),
+            Err(Error::Kube { source, .. }) if is_not_found(&source) => {
+                problems.push(Problem {
+                    reason: "NamespaceNotFound",
+                    message: format!(
+                        "namespace {namespace} of an AgentAccount's \
+                         spec.impersonateServiceAccount does not exist: create it (and the \
+                         ServiceAccount), or fix impersonateServiceAccount.namespace"
+                    ),
+                });
+                continue;
+            }
+            Err(e) => return Err(e),
+        }
+        note(applied, apply(&bindings, &binding).await?.1, "RoleBinding");
+        keep.insert((namespace.clone(), impersonation_name.clone()));
+    }
+    // Roles no longer wanted: namespaces the scope no longer lists (or all of them for
+    // Cluster scope), and impersonation no account asks for any more.
     let roles_everywhere = Api::<Role>::all(client.clone());
     for role in list(&roles_everywhere, &selector).await? {
         let namespace = role.namespace().unwrap_or_default();
-        if !want_namespaces.contains(&namespace) {
+        if !keep.contains(&(namespace.clone(), role.name_any())) {
             let api = Api::<Role>::namespaced(client.clone(), &namespace);
             delete_if_exists(&api, &role.name_any()).await?;
         }
@@ -388,7 +426,7 @@ async fn reconcile_rbac(
     let bindings_everywhere = Api::<RoleBinding>::all(client.clone());
     for binding in list(&bindings_everywhere, &selector).await? {
         let namespace = binding.namespace().unwrap_or_default();
-        if !want_namespaces.contains(&namespace) {
+        if !keep.contains(&(namespace.clone(), binding.name_any())) {
             let api = Api::<RoleBinding>::namespaced(client.clone(), &namespace);
             delete_if_exists(&api, &binding.name_any()).await?;
         }
@@ -423,16 +461,20 @@ async fn apply_agent(agent: &ScaleAgent, ctx: &Context) -> Result<Action> {
     let namespace = agent.namespace().unwrap_or_default();
     let key = key(agent);
     let now = unix_now();
+
+    // An image outside the allowed prefixes gets nothing: not even the ServiceAccount and
+    // RBAC, which another pod could use.
+    if let Some(problem) = policy::check_image(
+        agent.spec.image_or_default(),
+        &ctx.config.allowed_image_prefixes,
+    ) {
+        return refuse(agent, ctx, problem).await;
+    }
     let mut problems = Vec::new();
     let mut applied = Vec::new();
 
     // Dereference: the accounts that name this agent, and which of them are accepted.
-    let all_accounts = ctx
-        .watched_api::<AgentAccount>()
-        .list(&ListParams::default())
-        .await
-        .map_err(kube_err("list AgentAccounts"))?
-        .items;
+    let all_accounts = ctx.list_watched::<AgentAccount>().await?;
     let secrets = Api::<Secret>::namespaced(client.clone(), &namespace);
     let mut accepted: Vec<&AgentAccount> = Vec::new();
     for account in all_accounts
@@ -596,6 +638,26 @@ async fn apply_agent(agent: &ScaleAgent, ctx: &Context) -> Result<Action> {
         next = next.min(until);
     }
     Ok(Action::requeue(next))
+}
+
+/// Reports `problem` in the status (and an Event when it is new) and applies nothing; the
+/// object is looked at again when it changes, or at the next resync.
+async fn refuse(agent: &ScaleAgent, ctx: &Context, problem: Problem) -> Result<Action> {
+    let namespace = agent.namespace().unwrap_or_default();
+    let new_status = status::refused_agent_status(agent, &problem, Time(Timestamp::now()));
+    let api = Api::<ScaleAgent>::namespaced(ctx.client.clone(), &namespace);
+    if status::patch_status(&api, agent, agent.status.as_ref(), &new_status).await? {
+        tracing::warn!(scaleagent = %key(agent), reason = problem.reason, "refused");
+        ctx.publish(
+            &agent.object_ref(&()),
+            EventType::Warning,
+            problem.reason,
+            "Refuse",
+            problem.message,
+        )
+        .await;
+    }
+    Ok(Action::requeue(ctx.config.resync))
 }
 
 /// Deletes what owner references cannot clean up: the cluster-scoped RBAC and Roles in other

@@ -1,0 +1,158 @@
+//! ScaleAgents and AgentAccounts outside the watched namespaces: the operator acts on none
+//! of them, but says so in their status (and an Event) rather than ignoring them silently.
+//!
+//! This needs to read both kinds in every namespace and to patch their `status`
+//! subresource, which carries no spec and creates nothing: the least the operator can hold
+//! and still tell the user. Nothing else about these objects is read or written.
+//!
+//! Only objects with no conditions yet are refused: one that has any was reconciled (or
+//! refused) by another operator watching its namespace, or by this one before its watch
+//! changed, and several operators in one cluster must not overwrite each other's status.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+use kube::{
+    Api, Resource, ResourceExt,
+    runtime::{Controller, controller::Action, events::EventType, watcher},
+};
+use scale_agent_crds::{AgentAccount, ScaleAgent};
+
+use super::{Context, Shutdown};
+use crate::{
+    error::{Error, Result},
+    policy::WatchNamespaces,
+    status::{self, Problem},
+    validate::Rejection,
+};
+
+/// Condition reason of an object in a namespace the operator does not watch.
+pub const REASON: &str = "NamespaceNotWatched";
+
+/// Runs the refusing controllers until shutdown. Only used with a namespace list.
+pub(super) async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
+    // The API server leaves out the watched namespaces, whose objects the real controllers
+    // handle.
+    let outside =
+        watcher::Config::default().fields(&outside_selector(&ctx.config.watch_namespaces));
+    let agents = Controller::new(Api::<ScaleAgent>::all(ctx.client.clone()), outside.clone())
+        .graceful_shutdown_on(shutdown.clone())
+        .run(refuse_agent, retry, ctx.clone())
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "unwatched ScaleAgent controller event");
+            }
+        });
+    let accounts = Controller::new(Api::<AgentAccount>::all(ctx.client.clone()), outside)
+        .graceful_shutdown_on(shutdown)
+        .run(refuse_account, retry, ctx)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "unwatched AgentAccount controller event");
+            }
+        });
+    futures::join!(agents, accounts);
+}
+
+/// `metadata.namespace!=a,metadata.namespace!=b,…`: objects outside the watched namespaces.
+pub fn outside_selector(watch: &WatchNamespaces) -> String {
+    match watch {
+        WatchNamespaces::All => String::new(),
+        WatchNamespaces::Only(names) => names
+            .iter()
+            .map(|n| format!("metadata.namespace!={n}"))
+            .collect::<Vec<_>>()
+            .join(","),
+    }
+}
+
+fn retry<K>(_: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action {
+    tracing::warn!(%error, "failed to report an object outside the watched namespaces");
+    Action::requeue(ctx.config.retry_max)
+}
+
+async fn refuse_agent(agent: Arc<ScaleAgent>, ctx: Arc<Context>) -> Result<Action> {
+    let namespace = agent
+        .namespace()
+        .ok_or(Error::MissingField("metadata.namespace"))?;
+    if ctx.config.watch_namespaces.contains(&namespace)
+        || agent
+            .status
+            .as_ref()
+            .is_some_and(|s| !s.conditions.is_empty())
+    {
+        return Ok(Action::await_change());
+    }
+    let problem = Problem {
+        reason: REASON,
+        message: ctx
+            .config
+            .watch_namespaces
+            .refusal("ScaleAgent", &namespace),
+    };
+    let new_status = status::refused_agent_status(&agent, &problem, Time(Timestamp::now()));
+    let api = Api::<ScaleAgent>::namespaced(ctx.client.clone(), &namespace);
+    if status::patch_status(&api, &*agent, agent.status.as_ref(), &new_status).await? {
+        tracing::info!(scaleagent = %format!("{namespace}/{}", agent.name_any()), "refused: namespace not watched");
+        ctx.publish(
+            &agent.object_ref(&()),
+            EventType::Warning,
+            REASON,
+            "Refuse",
+            problem.message,
+        )
+        .await;
+    }
+    Ok(Action::await_change())
+}
+
+async fn refuse_account(account: Arc<AgentAccount>, ctx: Arc<Context>) -> Result<Action> {
+    let namespace = account
+        .namespace()
+        .ok_or(Error::MissingField("metadata.namespace"))?;
+    if ctx.config.watch_namespaces.contains(&namespace)
+        || account
+            .status
+            .as_ref()
+            .is_some_and(|s| !s.conditions.is_empty())
+    {
+        return Ok(Action::await_change());
+    }
+    let rejection = Rejection {
+        reason: REASON,
+        message: ctx
+            .config
+            .watch_namespaces
+            .refusal("AgentAccount", &namespace),
+    };
+    let verdict = Err(rejection.clone());
+    let new_status =
+        status::agent_account_status(&account, &verdict, false, Time(Timestamp::now()));
+    let api = Api::<AgentAccount>::namespaced(ctx.client.clone(), &namespace);
+    if status::patch_status(&api, &*account, account.status.as_ref(), &new_status).await? {
+        ctx.publish(
+            &account.object_ref(&()),
+            EventType::Warning,
+            REASON,
+            "Refuse",
+            rejection.message,
+        )
+        .await;
+    }
+    Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_watch_leaves_out_the_watched_namespaces() {
+        let watch = WatchNamespaces::parse(&["b".into(), "a".into()]).unwrap();
+        assert_eq!(
+            outside_selector(&watch),
+            "metadata.namespace!=a,metadata.namespace!=b"
+        );
+    }
+}
