@@ -305,3 +305,35 @@ async fn agents_reach_the_hub_through_nginx_with_their_certificate_identity() ->
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
+
+/// Envoy is not in Debian bookworm, so its example is not run; its security-relevant fields
+/// are checked instead (a changed example that drops one of them fails here).
+#[test]
+fn the_envoy_example_requires_client_certificates_and_replaces_the_header() -> anyhow::Result<()> {
+    let envoy: Value =
+        serde_saphyr::from_str(include_str!("../../manifests/grpc-proxy/envoy.yaml"))?;
+    let chain = &envoy["static_resources"]["listeners"][0]["filter_chains"][0];
+    let tls = &chain["transport_socket"]["typed_config"];
+    assert_eq!(tls["require_client_certificate"], true, "{tls}");
+    assert!(
+        tls["common_tls_context"]["validation_context"]["trusted_ca"]["filename"].is_string(),
+        "{tls}"
+    );
+    let manager = &chain["filters"][0]["typed_config"];
+    assert_eq!(
+        manager["forward_client_cert_details"], "SANITIZE_SET",
+        "{manager}"
+    );
+    assert_eq!(
+        manager["set_current_client_cert_details"]["cert"], true,
+        "{manager}"
+    );
+    let route = &manager["route_config"]["virtual_hosts"][0]["routes"][0]["route"];
+    assert_eq!(
+        route["timeout"], "0s",
+        "a route timeout would cut agent streams: {route}"
+    );
+    let cluster = &envoy["static_resources"]["clusters"][0];
+    assert_eq!(cluster["name"], route["cluster"], "{cluster}");
+    Ok(())
+}
