@@ -305,16 +305,18 @@ pub struct Args {
     pub admin_token_file: Option<PathBuf>,
 
     /// PEM file with the gRPC server's certificate chain. Required unless
-    /// --insecure-plaintext.
+    /// --insecure-plaintext; with --forwarded-client-cert, TLS on the hop from the proxy.
     #[arg(long, env = "SCALE_AGENT_HUB_TLS_CERT")]
     pub tls_cert: Option<PathBuf>,
 
-    /// PEM file with the gRPC server's private key. Required unless --insecure-plaintext.
+    /// PEM file with the gRPC server's private key. Required unless --insecure-plaintext;
+    /// with --forwarded-client-cert, TLS on the hop from the proxy.
     #[arg(long, env = "SCALE_AGENT_HUB_TLS_KEY")]
     pub tls_key: Option<PathBuf>,
 
     /// PEM file with the CA that signs agents' client certificates; every agent must present
-    /// a certificate it signed. Required unless --insecure-plaintext.
+    /// a certificate it signed (directly, or forwarded by a trusted proxy with
+    /// --forwarded-client-cert). Required unless --insecure-plaintext.
     #[arg(long, env = "SCALE_AGENT_HUB_CLIENT_CA")]
     pub client_ca: Option<PathBuf>,
 

@@ -340,7 +340,7 @@ impl ProxyTrust {
             .collect();
         self.identity(peer, &values).map_err(|refusal| {
             let peer = peer.addr.map(|a| a.to_string()).unwrap_or_default();
-            tracing::warn!(%peer, header = %self.header, refusal = ?refusal, "agent refused: {refusal}");
+            tracing::warn!(%peer, header = %self.header, "agent refused: {refusal}");
             tonic::Status::unauthenticated(refusal.to_string())
         })
     }
