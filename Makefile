@@ -5,7 +5,7 @@ SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
 
-.PHONY: help test demo bench control-plane fmt lint unit crds proto
+.PHONY: help test demo bench control-plane nginx fmt lint unit crds proto
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -13,7 +13,10 @@ help: ## List the targets
 control-plane: ## Build etcd, kube-apiserver, controller manager, scheduler, kubectl (and 1.29, 1.22), KWOK and Helm (cached)
 	@e2e/control-plane/build.sh
 
-test: control-plane ## Formatting, lints, and every test including the end-to-end ones
+nginx: ## Unpack nginx from Debian's packages for the gRPC proxy tests (cached, no system-wide install)
+	@e2e/nginx/install.sh
+
+test: control-plane nginx ## Formatting, lints, and every test including the end-to-end ones
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 	$(CARGO) test --workspace --locked

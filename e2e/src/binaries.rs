@@ -35,7 +35,17 @@ const fn str_trim(s: &str) -> &str {
 
 /// The directory `e2e/control-plane/build.sh` fills: keep the two in step.
 pub fn default_bin_dir() -> PathBuf {
-    let cache_root = std::env::var_os("SCALE_AGENT_CACHE")
+    cache_root()
+        .join("control-plane")
+        .join(KUBERNETES_VERSION)
+        .join("bin")
+}
+
+/// Where the project's scripts cache what they build or unpack (`e2e/control-plane/build.sh`,
+/// `e2e/nginx/install.sh`): `$SCALE_AGENT_CACHE`, else `$XDG_CACHE_HOME/scale-agent`, else
+/// `~/.cache/scale-agent`.
+pub fn cache_root() -> PathBuf {
+    std::env::var_os("SCALE_AGENT_CACHE")
         .map(PathBuf::from)
         .or_else(|| {
             std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("scale-agent"))
@@ -43,11 +53,7 @@ pub fn default_bin_dir() -> PathBuf {
         .or_else(|| {
             std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("scale-agent"))
         })
-        .unwrap_or_else(|| std::env::temp_dir().join("scale-agent-cache"));
-    cache_root
-        .join("control-plane")
-        .join(KUBERNETES_VERSION)
-        .join("bin")
+        .unwrap_or_else(|| std::env::temp_dir().join("scale-agent-cache"))
 }
 
 /// Paths of the binaries of one control plane.

@@ -100,6 +100,13 @@ pub enum Error {
 
     #[error("invalid manifest {path}: {message}")]
     Manifest { path: PathBuf, message: String },
+
+    /// nginx (Debian's package, unpacked into the cache) is not there.
+    #[error(
+        "nginx is not installed at {path}: run `make nginx` (e2e/nginx/install.sh) once; \
+         make test does"
+    )]
+    NginxMissing { path: PathBuf },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -22,6 +22,7 @@ pub mod http;
 pub mod kubectl;
 pub mod kwok;
 pub mod local_agent;
+pub mod nginx;
 pub mod pki;
 pub mod process;
 

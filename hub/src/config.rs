@@ -8,6 +8,7 @@ use clap::Parser;
 use crate::{
     clouddriver::ClouddriverSettings,
     error::{HubError, Result},
+    forwarded::{Cidr, ForwardedFormat, ProxyTrust},
     identity::AllowRule,
 };
 
@@ -18,6 +19,39 @@ pub enum GrpcSecurity {
     MutualTls(TlsMaterial),
     /// No TLS at all; every agent has the identity [`crate::identity::ANONYMOUS`].
     InsecurePlaintext,
+    /// Behind a gRPC proxy that terminates the agents' mutual TLS and forwards their client
+    /// certificate in a header, honoured only from a trusted proxy.
+    TrustedProxy(ProxyMode),
+}
+
+/// The hub behind a TLS-terminating gRPC proxy.
+#[derive(Clone, Debug)]
+pub struct ProxyMode {
+    /// Who is a trusted proxy, and how forwarded certificates are read and verified.
+    pub trust: ProxyTrust,
+    /// TLS on the proxy-to-hub hop; `None`: plaintext (the proxy next to the hub).
+    pub hop_tls: Option<ProxyHopTls>,
+}
+
+/// The gRPC listener's TLS when the proxy connects to the hub over TLS.
+#[derive(Clone)]
+pub struct ProxyHopTls {
+    /// The hub's server certificate chain (PEM).
+    pub cert_pem: Vec<u8>,
+    /// Its private key (PEM).
+    pub key_pem: Vec<u8>,
+    /// The CA of the proxies' client certificates (PEM); `None`: the proxy presents none.
+    pub proxy_ca_pem: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for ProxyHopTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxyHopTls")
+            .field("cert_pem", &format_args!("{} bytes", self.cert_pem.len()))
+            .field("key_pem", &"<redacted>")
+            .field("proxy_ca_pem", &self.proxy_ca_pem.as_ref().map(Vec::len))
+            .finish()
+    }
 }
 
 /// PEM-encoded certificate material for the gRPC listener.
@@ -137,6 +171,9 @@ impl Config {
             )));
         }
         self.clouddriver.validate()?;
+        if let GrpcSecurity::TrustedProxy(proxy) = &self.security {
+            proxy.validate()?;
+        }
         if self.clouddriver.enabled() && self.public_url.is_none() {
             return Err(HubError::Config(
                 "registering accounts in Clouddriver (--clouddriver-url or \
@@ -172,6 +209,34 @@ impl Config {
             admin_token_file: None,
             clouddriver: ClouddriverSettings::default(),
         }
+    }
+}
+
+impl ProxyMode {
+    /// Refuses a proxy mode that could never trust anyone, or that trusts proxy identities
+    /// it could never see.
+    pub fn validate(&self) -> Result<()> {
+        if !self.trust.has_rules() {
+            return Err(HubError::Config(
+                "--forwarded-client-cert needs a trusted proxy: set --trusted-proxy-cidr to the \
+                 proxy's source address range, or --trusted-proxy-identity (with --tls-cert, \
+                 --tls-key and --trusted-proxy-ca) to its client certificate's identity"
+                    .into(),
+            ));
+        }
+        let proxy_certificates = self
+            .hop_tls
+            .as_ref()
+            .is_some_and(|tls| tls.proxy_ca_pem.is_some());
+        if self.trust.trusts_identities() && !proxy_certificates {
+            return Err(HubError::Config(
+                "--trusted-proxy-identity needs a mutual-TLS hop from the proxy: set --tls-cert \
+                 and --tls-key (the hub's certificate) and --trusted-proxy-ca (the CA of the \
+                 proxy's client certificate)"
+                    .into(),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -264,16 +329,18 @@ pub struct Args {
     pub admin_token_file: Option<PathBuf>,
 
     /// PEM file with the gRPC server's certificate chain. Required unless
-    /// --insecure-plaintext.
+    /// --insecure-plaintext; with --forwarded-client-cert, TLS on the hop from the proxy.
     #[arg(long, env = "SCALE_AGENT_HUB_TLS_CERT")]
     pub tls_cert: Option<PathBuf>,
 
-    /// PEM file with the gRPC server's private key. Required unless --insecure-plaintext.
+    /// PEM file with the gRPC server's private key. Required unless --insecure-plaintext;
+    /// with --forwarded-client-cert, TLS on the hop from the proxy.
     #[arg(long, env = "SCALE_AGENT_HUB_TLS_KEY")]
     pub tls_key: Option<PathBuf>,
 
     /// PEM file with the CA that signs agents' client certificates; every agent must present
-    /// a certificate it signed. Required unless --insecure-plaintext.
+    /// a certificate it signed (directly, or forwarded by a trusted proxy with
+    /// --forwarded-client-cert). Required unless --insecure-plaintext.
     #[arg(long, env = "SCALE_AGENT_HUB_CLIENT_CA")]
     pub client_ca: Option<PathBuf>,
 
@@ -281,6 +348,53 @@ pub struct Args {
     /// "anonymous"). For local experiments only.
     #[arg(long, env = "SCALE_AGENT_HUB_INSECURE_PLAINTEXT")]
     pub insecure_plaintext: bool,
+
+    /// Run behind a gRPC proxy that terminates the agents' mutual TLS and forwards their
+    /// client certificate: xfcc (Envoy's x-forwarded-client-cert) or escaped-pem (nginx's
+    /// $ssl_client_escaped_cert). The certificate is verified against --client-ca; the
+    /// header is honoured only from a --trusted-proxy-cidr or --trusted-proxy-identity.
+    /// The gRPC listener is plaintext unless --tls-cert and --tls-key are set.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_HUB_FORWARDED_CLIENT_CERT",
+        value_enum,
+        conflicts_with = "insecure_plaintext"
+    )]
+    pub forwarded_client_cert: Option<ForwardedFormat>,
+
+    /// The header the proxy forwards the certificate in. Default: x-forwarded-client-cert
+    /// (xfcc) or x-ssl-client-cert (escaped-pem).
+    #[arg(
+        long,
+        env = "SCALE_AGENT_HUB_FORWARDED_CLIENT_CERT_HEADER",
+        requires = "forwarded_client_cert"
+    )]
+    pub forwarded_client_cert_header: Option<String>,
+
+    /// Source address range (10.0.0.0/8, or one address) of a trusted proxy. Repeatable;
+    /// comma-separated in the environment variable.
+    #[arg(long, env = "SCALE_AGENT_HUB_TRUSTED_PROXY_CIDR", value_delimiter = ',', value_parser = Cidr::parse, requires = "forwarded_client_cert")]
+    pub trusted_proxy_cidr: Vec<Cidr>,
+
+    /// Identity (first DNS SAN, else CN; `*` wildcards) of a trusted proxy's client
+    /// certificate on a mutual-TLS hop. Repeatable; comma-separated in the environment
+    /// variable. Needs --tls-cert, --tls-key and --trusted-proxy-ca.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_HUB_TRUSTED_PROXY_IDENTITY",
+        value_delimiter = ',',
+        requires = "forwarded_client_cert"
+    )]
+    pub trusted_proxy_identity: Vec<String>,
+
+    /// PEM file with the CA that signs the proxies' client certificates (for
+    /// --trusted-proxy-identity).
+    #[arg(
+        long,
+        env = "SCALE_AGENT_HUB_TRUSTED_PROXY_CA",
+        requires = "forwarded_client_cert"
+    )]
+    pub trusted_proxy_ca: Option<PathBuf>,
 
     /// Directory of the embedded store (file hub.redb): cached objects, resume points and
     /// account bindings survive restarts.
@@ -344,6 +458,8 @@ impl Args {
     pub fn into_config(self) -> Result<Config> {
         let security = if self.insecure_plaintext {
             GrpcSecurity::InsecurePlaintext
+        } else if let Some(format) = self.forwarded_client_cert {
+            GrpcSecurity::TrustedProxy(self.proxy_mode(format)?)
         } else {
             let missing: Vec<&str> = [
                 ("--tls-cert", self.tls_cert.is_none()),
@@ -435,6 +551,44 @@ impl Args {
     }
 }
 
+impl Args {
+    /// The proxy mode the flags describe (validated by [`Config::validate`]).
+    fn proxy_mode(&self, format: ForwardedFormat) -> Result<ProxyMode> {
+        let Some(client_ca) = &self.client_ca else {
+            return Err(HubError::Config(
+                "--forwarded-client-cert needs --client-ca: the hub verifies every forwarded \
+                 certificate against the CA that signs agents' certificates"
+                    .into(),
+            ));
+        };
+        let trust = ProxyTrust::new(
+            format,
+            self.forwarded_client_cert_header.as_deref(),
+            &read(client_ca)?,
+            self.trusted_proxy_cidr.clone(),
+            self.trusted_proxy_identity.clone(),
+        )
+        .map_err(HubError::Config)?;
+        let hop_tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(ProxyHopTls {
+                cert_pem: read(cert)?,
+                key_pem: read(key)?,
+                proxy_ca_pem: self.trusted_proxy_ca.as_ref().map(read).transpose()?,
+            }),
+            (None, None) if self.trusted_proxy_ca.is_none() => None,
+            _ => {
+                return Err(HubError::Config(
+                    "TLS between the proxy and the hub needs both --tls-cert and --tls-key \
+                     (--trusted-proxy-ca needs them too); set both, or neither for a \
+                     plaintext hop"
+                        .into(),
+                ));
+            }
+        };
+        Ok(ProxyMode { trust, hop_tls })
+    }
+}
+
 fn read(path: &PathBuf) -> Result<Vec<u8>> {
     std::fs::read(path).map_err(|source| HubError::ReadFile {
         path: path.clone(),
@@ -522,5 +676,103 @@ mod tests {
         .unwrap();
         let err = args.into_config().unwrap_err().to_string();
         assert!(err.contains("heartbeat period"), "{err}");
+    }
+
+    #[test]
+    fn proxy_mode_flags() {
+        let dir =
+            std::env::temp_dir().join(format!("scale-agent-hub-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca = dir.join("ca.pem");
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        std::fs::write(&ca, params.self_signed(&key).unwrap().pem()).unwrap();
+        let ca = ca.display().to_string();
+        let parse = |extra: &[&str]| {
+            let mut argv = vec![
+                "scale-agent-hub",
+                "--http-plaintext",
+                "--forwarded-client-cert",
+            ];
+            argv.extend_from_slice(extra);
+            Args::try_parse_from(argv).unwrap().into_config()
+        };
+
+        let err = parse(&["escaped-pem", "--trusted-proxy-cidr", "10.0.0.0/8"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("needs --client-ca"), "{err}");
+        let err = parse(&["escaped-pem", "--client-ca", &ca])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("set --trusted-proxy-cidr"), "{err}");
+        let err = parse(&[
+            "xfcc",
+            "--client-ca",
+            &ca,
+            "--trusted-proxy-identity",
+            "envoy.spinnaker",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("--trusted-proxy-ca"), "{err}");
+        let err = parse(&[
+            "xfcc",
+            "--client-ca",
+            &ca,
+            "--trusted-proxy-cidr",
+            "10.0.0.0/8",
+            "--tls-cert",
+            &ca,
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("both --tls-cert and --tls-key"), "{err}");
+
+        let config = parse(&[
+            "escaped-pem",
+            "--client-ca",
+            &ca,
+            "--trusted-proxy-cidr",
+            "10.0.0.0/8,127.0.0.2",
+        ])
+        .unwrap();
+        let GrpcSecurity::TrustedProxy(proxy) = &config.security else {
+            panic!("not proxy mode: {:?}", config.security);
+        };
+        assert!(proxy.hop_tls.is_none());
+        assert_eq!(proxy.trust.header(), "x-ssl-client-cert");
+
+        let config = parse(&[
+            "xfcc",
+            "--client-ca",
+            &ca,
+            "--trusted-proxy-identity",
+            "envoy.spinnaker",
+            "--tls-cert",
+            &ca,
+            "--tls-key",
+            &ca,
+            "--trusted-proxy-ca",
+            &ca,
+        ])
+        .unwrap();
+        let GrpcSecurity::TrustedProxy(proxy) = &config.security else {
+            panic!("not proxy mode: {:?}", config.security);
+        };
+        assert!(proxy.hop_tls.as_ref().unwrap().proxy_ca_pem.is_some());
+        assert!(proxy.trust.trusts_only_identities());
+
+        let err = Args::try_parse_from([
+            "scale-agent-hub",
+            "--insecure-plaintext",
+            "--forwarded-client-cert",
+            "xfcc",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("cannot be used with"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -13,6 +13,7 @@ pub mod cli;
 pub mod clouddriver;
 pub mod config;
 pub mod error;
+pub mod forwarded;
 pub mod http;
 pub mod identity;
 pub mod kubeconfig;
@@ -47,7 +48,9 @@ use tokio::{
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig, server::TcpIncoming};
 
 pub use crate::{
-    config::{Args, Config, GrpcSecurity, HttpSecurity, LogFormat, TlsMaterial},
+    config::{
+        Args, Config, GrpcSecurity, HttpSecurity, LogFormat, ProxyHopTls, ProxyMode, TlsMaterial,
+    },
     error::{HubError, Result},
 };
 use crate::{
@@ -444,6 +447,9 @@ pub async fn start(config: Config) -> Result<RunningHub> {
                 .timeout(Duration::from_secs(10));
             builder = builder.tls_config(tls)?;
         }
+        GrpcSecurity::TrustedProxy(proxy) => {
+            builder = proxy_listener(builder, proxy)?;
+        }
         GrpcSecurity::InsecurePlaintext => {
             tracing::warn!(
                 "--insecure-plaintext: gRPC without TLS; agents are not authenticated and their \
@@ -522,6 +528,27 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         registrar: registrar_task,
         failed,
     })
+}
+
+/// The gRPC listener behind a TLS-terminating proxy: plaintext, or TLS whose client is the
+/// proxy (its certificate required when only proxy identities are trusted, optional when
+/// an address range is trusted too).
+fn proxy_listener(builder: Server, proxy: &ProxyMode) -> Result<Server> {
+    let header = proxy.trust.header();
+    let Some(hop) = &proxy.hop_tls else {
+        tracing::info!(%header, "gRPC behind a TLS-terminating proxy: plaintext hop; agents are identified by the forwarded certificate from trusted proxies only");
+        return Ok(builder);
+    };
+    let mut tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(&hop.cert_pem, &hop.key_pem))
+        .timeout(Duration::from_secs(10));
+    if let Some(ca) = &hop.proxy_ca_pem {
+        tls = tls
+            .client_ca_root(Certificate::from_pem(ca))
+            .client_auth_optional(!proxy.trust.trusts_only_identities());
+    }
+    tracing::info!(%header, proxy_certificates = hop.proxy_ca_pem.is_some(), "gRPC behind a TLS-terminating proxy: TLS hop");
+    Ok(builder.tls_config(tls)?)
 }
 
 /// Runs the hub until `shutdown` resolves (or a server fails), then stops it cleanly.

@@ -60,6 +60,7 @@ impl AgentHub for AgentHubService {
     ) -> Result<Response<Self::SessionStream>, Status> {
         let identity = match &self.hub.config.security {
             GrpcSecurity::InsecurePlaintext => ANONYMOUS.to_string(),
+            GrpcSecurity::TrustedProxy(proxy) => proxy.trust.authenticate(&request)?,
             GrpcSecurity::MutualTls(_) => {
                 let certs = request
                     .peer_certs()
