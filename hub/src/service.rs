@@ -96,6 +96,13 @@ impl AgentHub for AgentHubService {
             scale_agent_proto::tunnel::outbound(rx, tunnel_rx),
         )))
     }
+
+    async fn enroll(
+        &self,
+        _request: Request<pb::EnrollRequest>,
+    ) -> Result<Response<pb::EnrollResponse>, Status> {
+        Err(Status::unimplemented("this hub does not enrol agents yet"))
+    }
 }
 
 /// The two queues of a stream's outbound side.
@@ -188,6 +195,7 @@ async fn serve(
             max_object_bytes: hub.config.max_object_bytes,
             hub_version: env!("CARGO_PKG_VERSION").to_string(),
             tunnel_window_bytes: crate::tunnel::WINDOW_BYTES,
+            session_token: String::new(),
         }),
     )
     .await?;

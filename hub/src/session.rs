@@ -104,6 +104,7 @@ pub fn message_type(msg: &pb::AgentMessage) -> &'static str {
         Some(Msg::OperationResult(_)) => "operation_result",
         Some(Msg::Tunnel(_)) => "tunnel",
         Some(Msg::DiscoveryChanged(_)) => "discovery_changed",
+        Some(Msg::RenewCertificate(_)) => "renew_certificate",
     }
 }
 
@@ -272,6 +273,9 @@ impl Session {
                 Ok(())
             }
             Msg::SnapshotEnd(end) => self.on_snapshot_end(st, end, fx),
+            Msg::RenewCertificate(_) => Err(precondition(
+                "this hub does not issue certificates yet".into(),
+            )),
             Msg::Bookmark(bm) => self.on_bookmark(st, bm, fx),
         }
     }

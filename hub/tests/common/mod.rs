@@ -550,6 +550,7 @@ pub struct FakeAgent {
     pub heartbeats: usize,
     pub operations: VecDeque<pb::Operation>,
     pub tunnel: VecDeque<pb::TunnelFrame>,
+    pub renewals: VecDeque<pb::CertificateRenewal>,
     pub welcome: Option<pb::Welcome>,
     /// Set once the stream ended: the status, or OK for a clean end.
     ended: Option<Status>,
@@ -605,6 +606,7 @@ pub async fn open_stream(
         heartbeats: 0,
         operations: VecDeque::new(),
         tunnel: VecDeque::new(),
+        renewals: VecDeque::new(),
         welcome: None,
         ended: None,
     })
@@ -635,6 +637,7 @@ pub async fn agent_with(
         replica: replica.into(),
         agent_version: "test".into(),
         capabilities: capabilities.iter().map(|c| c.to_string()).collect(),
+        session_token: String::new(),
     }))
     .await;
     while a.welcome.is_none() {
@@ -680,6 +683,7 @@ impl FakeAgent {
             Some(Out::Heartbeat(_)) => self.heartbeats += 1,
             Some(Out::Operation(op)) => self.operations.push_back(op),
             Some(Out::Tunnel(frame)) => self.tunnel.push_back(frame),
+            Some(Out::CertificateRenewal(r)) => self.renewals.push_back(r),
             None => panic!("empty hub message"),
         }
         Ok(())
