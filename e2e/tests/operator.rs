@@ -1650,7 +1650,7 @@ async fn full_flow_agent_process_registers_with_the_hub_and_survives_an_operator
         scale_agent_hub::GrpcSecurity::MutualTls(scale_agent_hub::TlsMaterial {
             cert_pem: serving.cert_pem.into_bytes(),
             key_pem: serving.key_pem.into_bytes(),
-            client_ca_pem: issuer_cert.into_bytes(),
+            client_ca_pem: Some(issuer_cert.into_bytes()),
         }),
         dir.join("hub-data"),
     );
