@@ -11,6 +11,7 @@ pub mod admin_api;
 pub mod agent_admin;
 pub mod agent_auth;
 pub mod agent_ca;
+pub mod agent_renewal;
 pub mod agent_tokens;
 pub mod cache;
 pub mod cli;

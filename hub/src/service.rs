@@ -100,13 +100,26 @@ impl AgentHub for AgentHubService {
             .remote_addr()
             .map(|a| a.to_string())
             .unwrap_or_default();
-        let result = enroll(&self.hub, request.into_inner()).await;
+        let peer_certs = request.peer_certs();
+        let request = request.into_inner();
+        // An empty token with a client certificate is a renewal (item 9 of the contract).
+        let result = match peer_certs.as_deref().filter(|chain| !chain.is_empty()) {
+            Some(chain) if request.token.is_empty() => crate::agent_renewal::renew_by_certificate(
+                self.hub.client_certificates.as_ref(),
+                &self.hub.agent_ca,
+                self.hub.config.agent_cert_lifetime,
+                chain,
+                &request.csr_pem,
+            )
+            .map(|issued| issued_certificate(&self.hub, issued)),
+            _ => enroll(&self.hub, request).await,
+        };
         match &result {
             Ok(issued) => {
-                tracing::info!(%peer, identity = %issued.identity, not_after = issued.not_after_unix, "agent enrolled: certificate issued");
+                tracing::info!(%peer, identity = %issued.identity, not_after = issued.not_after_unix, "certificate issued (enrolment or renewal by certificate)");
             }
             Err(status) => {
-                tracing::warn!(%peer, code = ?status.code(), reason = status.message(), "enrolment refused");
+                tracing::warn!(%peer, code = ?status.code(), reason = status.message(), "enrolment or renewal refused");
             }
         }
         result.map(|certificate| {
