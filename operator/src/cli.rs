@@ -57,6 +57,12 @@ struct Args {
         hide = true
     )]
     certificate_lifetime_override_seconds: Option<u64>,
+
+    /// Honour `spec.clientCertificate`: the operator signs agent certificates with a CA key
+    /// held in this cluster, for an identity the ScaleAgent chooses. Off by default, so
+    /// agents get their certificates from the hub by enrolment (`spec.enrolment`).
+    #[arg(long, env = "SCALE_AGENT_OPERATOR_ALLOW_OPERATOR_SIGNED_CERTIFICATES")]
+    allow_operator_signed_certificates: bool,
 }
 
 pub fn main() -> anyhow::Result<()> {
@@ -76,6 +82,7 @@ async fn run_from_args(args: Args) -> anyhow::Result<()> {
         retry_max: Duration::from_secs(args.retry_max_seconds),
         instance: args.instance,
         namespace: args.namespace,
+        allow_operator_signed_certificates: args.allow_operator_signed_certificates,
         ..Default::default()
     };
     let client = kube::Client::try_default().await?;

@@ -52,6 +52,10 @@ pub struct Config {
     /// Watch ScaleAgents and AgentAccounts in this namespace only (account names are then
     /// checked for duplicates within it); every namespace when unset.
     pub namespace: Option<String>,
+    /// Honour `spec.clientCertificate` (the operator signs agent certificates with a CA key
+    /// held in the cluster, for an identity the ScaleAgent chooses). Off by default: agents
+    /// enrol with the hub (`spec.enrolment`).
+    pub allow_operator_signed_certificates: bool,
 }
 
 impl Default for Config {
@@ -63,6 +67,7 @@ impl Default for Config {
             retry_max: Duration::from_secs(300),
             instance: None,
             namespace: None,
+            allow_operator_signed_certificates: false,
         }
     }
 }
