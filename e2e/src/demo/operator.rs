@@ -41,6 +41,8 @@ pub(super) async fn start(
     command
         .arg(format!("--metrics-address={metrics}"))
         .arg("--retry-max-seconds=10")
+        // The demo's ScaleAgent uses the operator-signed mode (its hub trusts agent-ca).
+        .arg("--allow-operator-signed-certificates")
         .env("KUBECONFIG", control_plane.kubeconfig_path())
         .env("RUST_LOG", "info");
     let operator = system.operator.insert(ManagedProcess::spawn_command(
