@@ -430,7 +430,10 @@ impl Runtime {
                         .map(|prepared| prepared.proxy_client_for(write))
                 });
             }
-            Some(hub_message::Kind::Heartbeat(_)) | Some(hub_message::Kind::Welcome(_)) | None => {}
+            Some(hub_message::Kind::Heartbeat(_))
+            | Some(hub_message::Kind::Welcome(_))
+            | Some(hub_message::Kind::CertificateRenewal(_))
+            | None => {}
         }
         Ok(())
     }

@@ -163,6 +163,7 @@ impl Session {
             replica,
             agent_version: env!("CARGO_PKG_VERSION").to_string(),
             capabilities: CAPABILITIES.iter().map(|c| c.to_string()).collect(),
+            session_token: String::new(),
         });
         self.send(hello).await
     }

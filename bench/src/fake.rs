@@ -75,6 +75,7 @@ impl FakeAgent {
                 replica: replica.into(),
                 agent_version: "bench".into(),
                 capabilities: vec![],
+                session_token: String::new(),
             })),
         })
         .await

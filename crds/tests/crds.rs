@@ -266,8 +266,13 @@ fn scale_agent_cel_rules() {
     let crd = scale_agent_crd();
     assert!(has_rule(
         &rules(&crd, "spec"),
-        "has(self.clientCertificate)",
-        "issuerSecretRef"
+        "has(self.enrolment) || has(self.clientCertificate)",
+        "enrolment.tokenSecretRef.name"
+    ));
+    assert!(has_rule(
+        &rules(&crd, "spec"),
+        "!(has(self.enrolment) && has(self.clientCertificate))",
+        "not both"
     ));
     assert!(has_rule(
         &rules(&crd, "spec.hub.address"),

@@ -261,6 +261,13 @@ struct FakeHub {
 impl AgentHub for FakeHub {
     type SessionStream = ReceiverStream<Result<HubMessage, Status>>;
 
+    async fn enroll(
+        &self,
+        _request: Request<scale_agent_proto::v1::EnrollRequest>,
+    ) -> Result<Response<scale_agent_proto::v1::EnrollResponse>, Status> {
+        Err(Status::unimplemented("the fake hub does not enrol agents"))
+    }
+
     async fn session(
         &self,
         request: Request<Streaming<AgentMessage>>,
@@ -307,6 +314,7 @@ impl AgentHub for FakeHub {
                                 max_object_bytes,
                                 hub_version: "fake".into(),
                                 tunnel_window_bytes: 0,
+                                session_token: String::new(),
                             })),
                             Some(agent_message::Kind::RegisterAccount(register)) => {
                                 Some(hub_message::Kind::Assignment(state.assignment(&register.account)))

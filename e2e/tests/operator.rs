@@ -78,6 +78,9 @@ impl Operator {
             retry_base: Duration::from_millis(500),
             retry_max: Duration::from_secs(4),
             instance: Some(format!("e2e-{namespace}")),
+            // Most tests here exercise the operator-signed mode (spec.clientCertificate);
+            // the enrolment tests turn it off.
+            allow_operator_signed_certificates: true,
             ..Config::default()
         }
     }
@@ -1669,7 +1672,7 @@ async fn full_flow_agent_process_registers_with_the_hub_and_survives_an_operator
         scale_agent_hub::GrpcSecurity::MutualTls(scale_agent_hub::TlsMaterial {
             cert_pem: serving.cert_pem.into_bytes(),
             key_pem: serving.key_pem.into_bytes(),
-            client_ca_pem: issuer_cert.into_bytes(),
+            client_ca_pem: Some(issuer_cert.into_bytes()),
         }),
         dir.join("hub-data"),
     );
@@ -2251,5 +2254,286 @@ async fn the_operator_is_not_an_escalation_path() -> anyhow::Result<()> {
     })
     .await?;
     assert!(!may(&client, &agent_user, "impersonate", &ns, "spinnaker").await?);
+    operator.stop().await
+}
+
+/// A ScaleAgent spec that enrols with the hub at `hub` (TLS verified with Secret hub-ca)
+/// using the token in Secret `token_secret`.
+fn enrolling_agent(name: &str, hub: std::net::SocketAddr, token_secret: &str) -> Value {
+    let mut agent = scale_agent(
+        name,
+        json!({
+            "hub": {
+                "address": format!("localhost:{}", hub.port()),
+                "tls": { "caSecretRef": { "name": "hub-ca" } },
+            },
+            "enrolment": { "tokenSecretRef": { "name": token_secret } },
+        }),
+    );
+    if let Some(spec) = agent["spec"].as_object_mut() {
+        spec.remove("clientCertificate");
+    }
+    agent
+}
+
+/// The hub with TLS on gRPC (its own agent CA, no --client-ca) and HTTP, and its serving
+/// CA in Secret hub-ca of `ns`.
+async fn enrolment_hub(
+    client: &Client,
+    ns: &str,
+    dir: &std::path::Path,
+) -> anyhow::Result<scale_agent_e2e::fixtures::TlsHub> {
+    let grpc_ca = scale_agent_e2e::pki::CertificateAuthority::new("scale-agent-e2e-grpc-ca")?;
+    let serving = grpc_ca.serving("scale-agent-hub", &[])?;
+    create_secret(client, ns, "hub-ca", &[("ca.crt", &grpc_ca.cert_pem)]).await?;
+    scale_agent_e2e::fixtures::TlsHub::start(dir, |config| {
+        config.security = scale_agent_hub::GrpcSecurity::MutualTls(scale_agent_hub::TlsMaterial {
+            cert_pem: serving.cert_pem.into_bytes(),
+            key_pem: serving.key_pem.into_bytes(),
+            client_ca_pem: None,
+        });
+    })
+    .await
+}
+
+/// A one-time enrolment token from the hub's admin API.
+async fn enrolment_token(
+    hub: &scale_agent_e2e::fixtures::TlsHub,
+    identity: &str,
+) -> anyhow::Result<String> {
+    let response = hub
+        .call(
+            "POST",
+            &format!("/api/v1/agent-tokens?identity={identity}&accounts=*&ttl=1h&once=true"),
+        )
+        .bearer(&hub.admin_token)
+        .send()
+        .await?;
+    anyhow::ensure!(
+        (200..300).contains(&response.status),
+        "the hub refused a token: {} {}",
+        response.status,
+        response.body
+    );
+    response.json_or_null()["token"]
+        .as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| anyhow::anyhow!("no token in {}", response.body))
+}
+
+fn secret_field(secret: &Secret, key: &str) -> String {
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+        .unwrap_or_default()
+}
+
+/// Issue 10, item 6: a ScaleAgent with an enrolment token gets a TLS Secret with a
+/// certificate the hub issued for the token's identity (not one chosen in the cluster); a
+/// second ScaleAgent presenting the same, consumed, token gets the hub's refusal in its
+/// conditions; the certificate renews by certificate for the same identity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enrolment_gets_a_hub_issued_certificate_once_per_token() -> anyhow::Result<()> {
+    use scale_agent_operator::enrol;
+    let (_, client, ns) = setup("op-enrol").await?;
+    let dir = scale_agent_e2e::fixtures::temp_dir("op-enrol")?;
+    let hub = enrolment_hub(&client, &ns, &dir).await?;
+    let grpc = hub.hub.grpc_addr;
+    let token = enrolment_token(&hub, "prod-eu").await?;
+    create_secret(&client, &ns, "enrol", &[("token", &token)]).await?;
+    let mut config = Operator::config(&ns);
+    config.allow_operator_signed_certificates = false;
+    let operator = Operator::start(client.clone(), config);
+    apply_json::<ScaleAgent>(&client, &ns, enrolling_agent("prod", grpc, "enrol")).await?;
+
+    let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
+    let secret = wait_for("the enrolled certificate Secret", || async {
+        Ok(secrets.get_opt("prod-agent-tls").await?)
+    })
+    .await?;
+    let cert = secret_field(&secret, "tls.crt");
+    let key = secret_field(&secret, "tls.key");
+    let ca = secret_field(&secret, "ca.crt");
+    let info = pki::parse(&cert).expect("a PEM certificate");
+    assert!(
+        info.has_identity("prod-eu"),
+        "the token's identity: {info:?}"
+    );
+    let hub_agent_ca = std::fs::read_to_string(dir.join("hub-data/agent-ca.crt"))?;
+    assert_eq!(ca, hub_agent_ca, "ca.crt is the hub's agent CA");
+    assert!(
+        enrol::signed_by(&cert, &hub_agent_ca),
+        "signed by the hub's CA"
+    );
+    assert!(pki::is_pkcs8_pem(&key));
+    assert_eq!(
+        secret
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(enrol::ISSUED_BY_ANNOTATION))
+            .map(String::as_str),
+        Some(enrol::ISSUED_BY_HUB)
+    );
+    let agent = wait_for("CertificateReady with the identity", || async {
+        let agent = get_agent(&client, &ns, "prod").await?;
+        Ok(agent
+            .status
+            .as_ref()
+            .is_some_and(|s| is_true(&s.conditions, CERTIFICATE_READY) && s.identity.is_some())
+            .then_some(agent))
+    })
+    .await?;
+    let status = agent.status.expect("status");
+    assert_eq!(status.identity.as_deref(), Some("prod-eu"));
+    assert_eq!(
+        status.certificate_expiry.as_deref(),
+        Some(scale_agent_operator::status::rfc3339(info.not_after).as_str())
+    );
+    assert!(status.enrolment_token_version.is_some());
+    // The hub shows the token used.
+    let tokens = hub
+        .call("GET", "/api/v1/agent-tokens")
+        .bearer(&hub.admin_token)
+        .send()
+        .await?
+        .json_or_null();
+    let used = tokens
+        .as_array()
+        .or_else(|| tokens["items"].as_array())
+        .into_iter()
+        .flatten()
+        .any(|t| t["identity"] == "prod-eu" && t["used"].is_string());
+    assert!(used, "the token is consumed: {tokens}");
+
+    // A second ScaleAgent with the same token: the hub's refusal, and what to do.
+    apply_json::<ScaleAgent>(&client, &ns, enrolling_agent("second", grpc, "enrol")).await?;
+    let condition = wait_for("the refusal in CertificateReady", || async {
+        let agent = get_agent(&client, &ns, "second").await?;
+        Ok(agent
+            .status
+            .as_ref()
+            .and_then(|s| find_condition(&s.conditions, CERTIFICATE_READY).cloned())
+            .filter(|c| c.status == "False"))
+    })
+    .await?;
+    for part in [
+        "refused the enrolment token",
+        "PermissionDenied",
+        "already used",
+        "agent-token create",
+        &format!("kubectl -n {ns} create secret generic enrol --from-literal=token="),
+    ] {
+        assert!(
+            condition.message.contains(part),
+            "{part}: {}",
+            condition.message
+        );
+    }
+    let second = get_agent(&client, &ns, "second").await?;
+    let degraded = find_condition(
+        &second.status.as_ref().expect("status").conditions,
+        DEGRADED,
+    )
+    .cloned()
+    .expect("Degraded");
+    assert_eq!(degraded.reason, "EnrolmentRefused");
+    assert!(secrets.get_opt("second-agent-tls").await?.is_none());
+    // The refused token version is remembered, so the operator does not present it again.
+    assert!(
+        second
+            .status
+            .and_then(|s| s.enrolment_token_version)
+            .is_some()
+    );
+
+    // Renewal by certificate: a new certificate for the same identity, no token.
+    let endpoint = enrol::HubEndpoint {
+        address: format!("localhost:{}", grpc.port()),
+        server_name: None,
+        ca_pem: Some(secret_field(&secrets.get("hub-ca").await?, "ca.crt")),
+    };
+    let (new_key, csr) = enrol::key_and_csr("renewal").map_err(anyhow::Error::msg)?;
+    let renewed = enrol::enroll(&endpoint, "", &csr, Some((&cert, &key)))
+        .await
+        .map_err(|f| anyhow::anyhow!("{f:?}"))?;
+    assert_eq!(renewed.identity, "prod-eu");
+    assert_ne!(renewed.certificate_chain_pem, cert);
+    let renewed_info = pki::parse(&renewed.certificate_chain_pem).expect("renewed");
+    assert!(renewed_info.has_identity("prod-eu"));
+    assert!(enrol::signed_by(
+        &renewed.certificate_chain_pem,
+        &hub_agent_ca
+    ));
+    assert!(pki::is_pkcs8_pem(&new_key));
+    // Without a certificate an empty token is refused, with what to do.
+    let refused = enrol::enroll(&endpoint, "", &csr, None)
+        .await
+        .expect_err("no token, no certificate");
+    match refused {
+        enrol::Failure::Refused { code, message } => {
+            assert_eq!(code, tonic::Code::Unauthenticated);
+            assert!(message.contains("agent-token create"), "{message}");
+        }
+        other => panic!("expected a refusal: {other:?}"),
+    }
+
+    operator.stop().await?;
+    hub.hub.shutdown().await?;
+    Ok(())
+}
+
+/// Issue 10, item 6: spec.clientCertificate (the operator signs with a CA key in the
+/// cluster) is refused unless the operator runs with --allow-operator-signed-certificates,
+/// with a condition that says what to change; with the flag it works as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_signed_certificates_need_the_flag() -> anyhow::Result<()> {
+    let (_, client, ns) = setup("op-signed").await?;
+    create_ca_secret(&client, &ns).await?;
+    let mut config = Operator::config(&ns);
+    config.allow_operator_signed_certificates = false;
+    let operator = Operator::start(client.clone(), config);
+    apply_json::<ScaleAgent>(&client, &ns, scale_agent("prod", json!({}))).await?;
+    let agent = wait_for("the refusal", || async {
+        let agent = get_agent(&client, &ns, "prod").await?;
+        Ok(agent
+            .status
+            .as_ref()
+            .and_then(|s| find_condition(&s.conditions, DEGRADED))
+            .is_some_and(|c| c.status == "True")
+            .then_some(agent))
+    })
+    .await?;
+    let status = agent.status.expect("status");
+    let degraded = find_condition(&status.conditions, DEGRADED).expect("Degraded");
+    assert_eq!(degraded.reason, "OperatorSignedCertificatesNotAllowed");
+    for part in [
+        "--allow-operator-signed-certificates",
+        "spec.enrolment.tokenSecretRef",
+        "agent-token create --once",
+        "--client-ca",
+    ] {
+        assert!(
+            degraded.message.contains(part),
+            "{part}: {}",
+            degraded.message
+        );
+    }
+    let certificate = find_condition(&status.conditions, CERTIFICATE_READY).expect("condition");
+    assert_eq!(certificate.status, "False");
+    let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
+    assert!(secrets.get_opt("prod-agent-tls").await?.is_none());
+    operator.stop().await?;
+
+    // With the flag, the operator signs.
+    let operator = Operator::start(client.clone(), Operator::config(&ns));
+    let secret = wait_for("the operator-signed Secret", || async {
+        Ok(secrets.get_opt("prod-agent-tls").await?)
+    })
+    .await?;
+    let info = pki::parse(&secret_field(&secret, "tls.crt")).expect("certificate");
+    assert!(info.has_identity(&format!("prod.{ns}")));
     operator.stop().await
 }

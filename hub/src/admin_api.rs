@@ -30,7 +30,7 @@ pub(crate) fn router() -> Router<Arc<Hub>> {
 }
 
 /// Why the admin API refused a request.
-struct Refused(StatusCode, String);
+pub(crate) struct Refused(StatusCode, String);
 
 impl IntoResponse for Refused {
     fn into_response(self) -> Response {
@@ -39,7 +39,7 @@ impl IntoResponse for Refused {
 }
 
 /// Checks the admin token.
-fn require_admin(hub: &Hub, headers: &HeaderMap) -> Result<(), Refused> {
+pub(crate) fn require_admin(hub: &Hub, headers: &HeaderMap) -> Result<(), Refused> {
     let Some(admin) = &hub.admin_token else {
         return Err(Refused(
             StatusCode::FORBIDDEN,

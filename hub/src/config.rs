@@ -6,6 +6,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 use clap::Parser;
 
 use crate::{
+    agent_ca::AgentCaSource,
     clouddriver::ClouddriverSettings,
     error::{HubError, Result},
     forwarded::{Cidr, ForwardedFormat, ProxyTrust},
@@ -29,6 +30,9 @@ pub enum GrpcSecurity {
 pub struct ProxyMode {
     /// Who is a trusted proxy, and how forwarded certificates are read and verified.
     pub trust: ProxyTrust,
+    /// The CA(s) of `--client-ca`: forwarded certificates must chain to it or to the hub's
+    /// own agent CA.
+    pub client_ca_pem: Vec<u8>,
     /// TLS on the proxy-to-hub hop; `None`: plaintext (the proxy next to the hub).
     pub hop_tls: Option<ProxyHopTls>,
 }
@@ -61,8 +65,10 @@ pub struct TlsMaterial {
     pub cert_pem: Vec<u8>,
     /// The server's private key.
     pub key_pem: Vec<u8>,
-    /// The CA (or CAs) that sign agents' client certificates.
-    pub client_ca_pem: Vec<u8>,
+    /// An external CA (or CAs) whose agent certificates are trusted besides the ones the hub
+    /// issues: the operator-signed mode, an explicit opt-in (`--client-ca`). `None`: only
+    /// certificates the hub issued.
+    pub client_ca_pem: Option<Vec<u8>>,
 }
 
 impl std::fmt::Debug for TlsMaterial {
@@ -72,7 +78,7 @@ impl std::fmt::Debug for TlsMaterial {
             .field("key_pem", &"<redacted>")
             .field(
                 "client_ca_pem",
-                &format_args!("{} bytes", self.client_ca_pem.len()),
+                &format_args!("{} bytes", self.client_ca_pem.as_ref().map_or(0, Vec::len)),
             )
             .finish()
     }
@@ -99,6 +105,9 @@ impl std::fmt::Debug for HttpSecurity {
         }
     }
 }
+
+/// Default lifetime of the certificates the hub issues to agents.
+pub const DEFAULT_AGENT_CERT_LIFETIME: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// Longest heartbeat period accepted.
 pub const MAX_HEARTBEAT_PERIOD: Duration = Duration::from_secs(3600);
@@ -136,6 +145,10 @@ pub struct Config {
     pub admin_token_file: Option<PathBuf>,
     /// Registration of accounts in Clouddriver (off unless a target is set).
     pub clouddriver: ClouddriverSettings,
+    /// Where the CA that issues agents' certificates lives.
+    pub agent_ca: AgentCaSource,
+    /// Lifetime of the certificates the hub issues to agents.
+    pub agent_cert_lifetime: Duration,
 }
 
 impl Config {
@@ -151,6 +164,12 @@ impl Config {
         }
         if self.max_unacked == 0 {
             return Err(HubError::Config("--max-unacked must be at least 1".into()));
+        }
+        if self.agent_cert_lifetime < Duration::from_secs(60) {
+            return Err(HubError::Config(format!(
+                "--agent-cert-lifetime must be at least 1m, not {:?}",
+                self.agent_cert_lifetime
+            )));
         }
         if self.max_object_bytes == 0 {
             return Err(HubError::Config(
@@ -208,6 +227,8 @@ impl Config {
             serving_ca_pem: None,
             admin_token_file: None,
             clouddriver: ClouddriverSettings::default(),
+            agent_ca: AgentCaSource::DataDir,
+            agent_cert_lifetime: DEFAULT_AGENT_CERT_LIFETIME,
         }
     }
 }
@@ -338,11 +359,29 @@ pub struct Args {
     #[arg(long, env = "SCALE_AGENT_HUB_TLS_KEY")]
     pub tls_key: Option<PathBuf>,
 
-    /// PEM file with the CA that signs agents' client certificates; every agent must present
-    /// a certificate it signed (directly, or forwarded by a trusted proxy with
-    /// --forwarded-client-cert). Required unless --insecure-plaintext.
+    /// PEM file with an external CA whose agent client certificates the hub trusts besides
+    /// the ones it issues itself (the operator-signed mode). An explicit opt-in: without it
+    /// only certificates the hub issued (by enrolment) are accepted. Behind a
+    /// TLS-terminating proxy (--forwarded-client-cert) forwarded certificates are verified
+    /// against the same CAs.
     #[arg(long, env = "SCALE_AGENT_HUB_CLIENT_CA")]
     pub client_ca: Option<PathBuf>,
+
+    /// PEM certificate of the CA that issues agents' certificates (with --agent-ca-key), for
+    /// example from a Secret in Spinnaker's cluster. Default: <data-dir>/agent-ca.crt, made
+    /// at first start.
+    #[arg(long, env = "SCALE_AGENT_HUB_AGENT_CA_CERT", requires = "agent_ca_key")]
+    pub agent_ca_cert: Option<PathBuf>,
+
+    /// PEM PKCS#8 private key of that CA (with --agent-ca-cert). Default:
+    /// <data-dir>/agent-ca.key (mode 0600), made at first start.
+    #[arg(long, env = "SCALE_AGENT_HUB_AGENT_CA_KEY", requires = "agent_ca_cert")]
+    pub agent_ca_key: Option<PathBuf>,
+
+    /// Lifetime of the certificates the hub issues to agents (agents renew at 2/3 of it).
+    /// Seconds, or a number with ms, s, m or h.
+    #[arg(long, env = "SCALE_AGENT_HUB_AGENT_CERT_LIFETIME", default_value = "720h", value_parser = parse_duration)]
+    pub agent_cert_lifetime: Duration,
 
     /// Serve gRPC without TLS and without authenticating agents (every agent is
     /// "anonymous"). For local experiments only.
@@ -464,16 +503,15 @@ impl Args {
             let missing: Vec<&str> = [
                 ("--tls-cert", self.tls_cert.is_none()),
                 ("--tls-key", self.tls_key.is_none()),
-                ("--client-ca", self.client_ca.is_none()),
             ]
             .into_iter()
             .filter_map(|(flag, missing)| missing.then_some(flag))
             .collect();
-            match (&self.tls_cert, &self.tls_key, &self.client_ca) {
-                (Some(cert), Some(key), Some(ca)) => GrpcSecurity::MutualTls(TlsMaterial {
+            match (&self.tls_cert, &self.tls_key) {
+                (Some(cert), Some(key)) => GrpcSecurity::MutualTls(TlsMaterial {
                     cert_pem: read(cert)?,
                     key_pem: read(key)?,
-                    client_ca_pem: read(ca)?,
+                    client_ca_pem: self.client_ca.as_ref().map(read).transpose()?,
                 }),
                 _ => {
                     return Err(HubError::Config(format!(
@@ -545,6 +583,11 @@ impl Args {
             serving_ca_pem,
             admin_token_file,
             clouddriver,
+            agent_ca: match (self.agent_ca_cert, self.agent_ca_key) {
+                (Some(cert), Some(key)) => AgentCaSource::Files { cert, key },
+                _ => AgentCaSource::DataDir,
+            },
+            agent_cert_lifetime: self.agent_cert_lifetime,
         };
         config.validate()?;
         Ok(config)
@@ -561,10 +604,11 @@ impl Args {
                     .into(),
             ));
         };
+        let client_ca_pem = read(client_ca)?;
         let trust = ProxyTrust::new(
             format,
             self.forwarded_client_cert_header.as_deref(),
-            &read(client_ca)?,
+            &client_ca_pem,
             self.trusted_proxy_cidr.clone(),
             self.trusted_proxy_identity.clone(),
         )
@@ -585,7 +629,11 @@ impl Args {
                 ));
             }
         };
-        Ok(ProxyMode { trust, hop_tls })
+        Ok(ProxyMode {
+            trust,
+            client_ca_pem,
+            hop_tls,
+        })
     }
 }
 
@@ -640,8 +688,10 @@ mod tests {
         assert_eq!(args.heartbeat_period, Duration::from_secs(15));
         assert_eq!(args.max_unacked, 1000);
         assert_eq!(args.max_object_bytes, 2 * 1024 * 1024);
+        assert_eq!(args.agent_cert_lifetime, DEFAULT_AGENT_CERT_LIFETIME);
         let err = args.into_config().unwrap_err().to_string();
-        assert!(err.contains("--tls-cert, --tls-key, --client-ca"), "{err}");
+        assert!(err.contains("--tls-cert, --tls-key"), "{err}");
+        assert!(!err.contains("--client-ca"), "{err}");
 
         // Plaintext gRPC still needs TLS material for HTTP, or the explicit flag.
         let args = Args::try_parse_from(["scale-agent-hub", "--insecure-plaintext"]).unwrap();

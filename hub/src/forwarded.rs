@@ -263,8 +263,31 @@ impl ProxyTrust {
     }
 
     /// The agent's identity on a stream that arrived from `peer` with `header_values` (every
-    /// value of the forwarded-certificate header, in order), or why it is refused.
+    /// value of the forwarded-certificate header, in order), or why it is refused: the
+    /// forwarded certificate checked against this trust's CA.
     pub fn identity(&self, peer: Peer<'_>, header_values: &[&str]) -> Result<String, Refusal> {
+        let chain = self.forwarded_chain(peer, header_values)?;
+        let Some((leaf, intermediates)) = chain.split_first() else {
+            return Err(Refusal::Invalid {
+                reason: "no certificate".into(),
+            });
+        };
+        self.verifier
+            .verify_client_cert(leaf, intermediates, UnixTime::now())
+            .map_err(|e| Refusal::Invalid {
+                reason: e.to_string(),
+            })?;
+        identity_from_der(leaf.as_ref()).map_err(|reason| Refusal::Invalid { reason })
+    }
+
+    /// The forwarded certificate chain (leaf first), not yet verified, of a stream that
+    /// arrived from a trusted proxy; refused when the peer is not trusted, the header is
+    /// missing, or it holds no certificate.
+    pub fn forwarded_chain(
+        &self,
+        peer: Peer<'_>,
+        header_values: &[&str],
+    ) -> Result<Vec<CertificateDer<'static>>, Refusal> {
         let peer_name = peer
             .addr
             .map_or_else(|| "an unknown address".to_string(), |a| a.to_string());
@@ -316,17 +339,18 @@ impl ProxyTrust {
                 .collect(),
             None => Vec::new(),
         };
-        self.verifier
-            .verify_client_cert(&leaf, &intermediates, UnixTime::now())
-            .map_err(|e| Refusal::Invalid {
-                reason: e.to_string(),
-            })?;
-        identity_from_der(leaf.as_ref()).map_err(|reason| Refusal::Invalid { reason })
+        let mut chain = vec![leaf];
+        chain.extend(intermediates);
+        Ok(chain)
     }
 
-    /// [`Self::identity`] for a gRPC request; a refusal is logged at warn with the peer's
-    /// address and becomes `unauthenticated` with the refusal's message.
-    pub fn authenticate<T>(&self, request: &tonic::Request<T>) -> Result<String, tonic::Status> {
+    /// [`Self::forwarded_chain`] for a gRPC request; a refusal is logged at warn with the
+    /// peer's address and becomes `unauthenticated` with the refusal's message. The chain is
+    /// then verified like a directly presented one.
+    pub fn request_chain<T>(
+        &self,
+        request: &tonic::Request<T>,
+    ) -> Result<Vec<CertificateDer<'static>>, tonic::Status> {
         let certs = request.peer_certs();
         let peer = Peer {
             addr: request.remote_addr(),
@@ -338,7 +362,7 @@ impl ProxyTrust {
             .iter()
             .filter_map(|v| v.to_str().ok())
             .collect();
-        self.identity(peer, &values).map_err(|refusal| {
+        self.forwarded_chain(peer, &values).map_err(|refusal| {
             let peer = peer.addr.map(|a| a.to_string()).unwrap_or_default();
             tracing::warn!(%peer, header = %self.header, "agent refused: {refusal}");
             tonic::Status::unauthenticated(refusal.to_string())

@@ -43,6 +43,7 @@ pub(crate) fn router(hub: Arc<Hub>) -> Router {
         .route("/api/v1/operations/{id}", get(operation))
         .route("/api/v1/clouddriver", get(clouddriver))
         .merge(crate::admin_api::router())
+        .merge(crate::agent_admin::router())
         .merge(crate::proxy::router())
         .with_state(hub)
 }

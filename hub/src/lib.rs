@@ -8,6 +8,11 @@
 //! call [`RunningHub::shutdown`] at the end. The binary calls [`run`].
 
 pub mod admin_api;
+pub mod agent_admin;
+pub mod agent_auth;
+pub mod agent_ca;
+pub mod agent_renewal;
+pub mod agent_tokens;
 pub mod cache;
 pub mod cli;
 pub mod clouddriver;
@@ -47,19 +52,22 @@ use tokio::{
 };
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig, server::TcpIncoming};
 
-pub use crate::{
-    config::{
-        Args, Config, GrpcSecurity, HttpSecurity, LogFormat, ProxyHopTls, ProxyMode, TlsMaterial,
-    },
-    error::{HubError, Result},
-};
 use crate::{
+    agent_auth::ClientCertificates,
+    agent_ca::AgentCa,
+    agent_tokens::AgentTokens,
     metrics::Metrics,
     registry::{Promotion, SessionId},
     service::AgentHubService,
     session::{HubState, Limits},
     store::{Store, StoreOp},
     tokens::{AdminToken, Tokens},
+};
+pub use crate::{
+    config::{
+        Args, Config, GrpcSecurity, HttpSecurity, LogFormat, ProxyHopTls, ProxyMode, TlsMaterial,
+    },
+    error::{HubError, Result},
 };
 
 /// A message to a running stream from elsewhere in the hub.
@@ -99,6 +107,12 @@ pub(crate) struct Hub {
     pub(crate) discovery: proxy::discovery::DiscoveryCache,
     tokens: Mutex<Tokens>,
     pub(crate) admin_token: Option<AdminToken>,
+    /// The CA that issues agents' certificates (enrolment, renewal).
+    pub(crate) agent_ca: AgentCa,
+    /// The issuers trusted for client certificates; `None` with `--insecure-plaintext`.
+    pub(crate) client_certificates: Option<ClientCertificates>,
+    /// Enrolment and bearer tokens of agents, and the enrolled identities.
+    agent_tokens: Mutex<AgentTokens>,
     /// Registers accounts in Clouddriver; `None` when no target is configured.
     pub(crate) registrar: Option<Arc<clouddriver::Registrar>>,
     /// The accounts (name, settings) last handed to the registrar.
@@ -124,6 +138,11 @@ impl Hub {
     /// The proxy's tokens.
     pub(crate) fn tokens(&self) -> MutexGuard<'_, Tokens> {
         self.tokens.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Agent tokens and enrolled identities.
+    pub(crate) fn agent_tokens(&self) -> MutexGuard<'_, AgentTokens> {
+        self.agent_tokens.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Sends a control message to a stream without waiting.
@@ -364,6 +383,25 @@ pub async fn start(config: Config) -> Result<RunningHub> {
     for (name, record) in loaded.accounts {
         state.registry.load(name, record, now);
     }
+    state.registry.bindings = loaded.bindings.into_iter().collect();
+    let agent_tokens = AgentTokens::load(
+        std::mem::take(&mut loaded.agent_tokens),
+        std::mem::take(&mut loaded.enrolled),
+    );
+    let agent_ca = AgentCa::load(&config.agent_ca, &config.data_dir)?;
+    let client_certificates = match &config.security {
+        GrpcSecurity::MutualTls(tls) => Some(ClientCertificates::new(
+            agent_ca.cert_pem().as_bytes(),
+            tls.client_ca_pem.as_deref(),
+        )?),
+        // Forwarded certificates: the hub's own and those of the proxy's --client-ca (which
+        // may be the hub's agent CA file itself, for enrolled agents).
+        GrpcSecurity::TrustedProxy(proxy) => Some(ClientCertificates::new(
+            agent_ca.cert_pem().as_bytes(),
+            Some(&proxy.client_ca_pem),
+        )?),
+        GrpcSecurity::InsecurePlaintext => None,
+    };
     tracing::info!(path = %store_path.display(), accounts = loaded_accounts, objects = state.cache.object_count(), "store loaded");
 
     let grpc_listener = tokio::net::TcpListener::bind(config.grpc_addr)
@@ -420,6 +458,9 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         discovery: proxy::discovery::DiscoveryCache::default(),
         tokens: Mutex::new(tokens),
         admin_token,
+        agent_ca,
+        client_certificates,
+        agent_tokens: Mutex::new(agent_tokens),
         registrar,
         registered_accounts: Mutex::new(Vec::new()),
         operations: operations::Operations::default(),
@@ -439,40 +480,54 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         .http2_keepalive_interval(Some(keepalive_interval))
         .http2_keepalive_timeout(Some(keepalive_timeout))
         .tcp_keepalive(Some(Duration::from_secs(60)));
-    match &hub.config.security {
-        GrpcSecurity::MutualTls(tls) => {
-            let tls = ServerTlsConfig::new()
-                .identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem))
-                .client_ca_root(Certificate::from_pem(&tls.client_ca_pem))
-                .timeout(Duration::from_secs(10));
-            builder = builder.tls_config(tls)?;
-        }
-        GrpcSecurity::TrustedProxy(proxy) => {
-            builder = proxy_listener(builder, proxy)?;
-        }
-        GrpcSecurity::InsecurePlaintext => {
-            tracing::warn!(
-                "--insecure-plaintext: gRPC without TLS; agents are not authenticated and their \
-                 traffic is readable on the network"
-            );
-        }
+    if let GrpcSecurity::TrustedProxy(proxy) = &hub.config.security {
+        builder = proxy_listener(builder, proxy)?;
     }
+    // TLS is terminated here rather than by tonic: client certificates are optional at the
+    // TLS layer (enrolling and token-authenticated agents have none) and checked per stream.
+    let grpc_tls = match (&hub.config.security, &hub.client_certificates) {
+        (GrpcSecurity::MutualTls(tls), Some(clients)) => Some(agent_auth::server_tls_config(
+            &tls.cert_pem,
+            &tls.key_pem,
+            clients,
+        )?),
+        (GrpcSecurity::TrustedProxy(_), _) => None,
+        _ => {
+            tracing::warn!(
+                "--insecure-plaintext: gRPC without TLS; agents without an agent token are not \
+                 authenticated and their traffic is readable on the network"
+            );
+            None
+        }
+    };
     let max_message = usize::try_from(hub.config.max_object_bytes)
         .unwrap_or(usize::MAX)
         .saturating_add(1024 * 1024);
     let service = AgentHubServer::new(AgentHubService { hub: hub.clone() })
         .max_decoding_message_size(max_message);
-    let incoming = TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
     let (failed_tx, failed) = mpsc::channel(2);
 
     let shutdown = hub.shutdown.clone();
     let router = builder.add_service(service);
     let failed_grpc = failed_tx.clone();
     let grpc = tokio::spawn(async move {
-        let result = router
-            .serve_with_incoming_shutdown(incoming, shutting_down(shutdown))
-            .await
-            .map_err(HubError::from);
+        let result = match grpc_tls {
+            Some(tls) => {
+                router
+                    .serve_with_incoming_shutdown(
+                        agent_auth::tls_incoming(grpc_listener, tls),
+                        shutting_down(shutdown),
+                    )
+                    .await
+            }
+            None => {
+                let incoming = TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
+                router
+                    .serve_with_incoming_shutdown(incoming, shutting_down(shutdown))
+                    .await
+            }
+        }
+        .map_err(HubError::from);
         if let Err(e) = &result {
             let _ = failed_grpc.try_send(HubError::Task(format!("gRPC server: {e}")));
         }

@@ -49,6 +49,16 @@ pub struct AccountRecord {
     pub properties: serde_json::Value,
 }
 
+/// The agent identity an account is bound to: the first that registered it. Kept after the
+/// account's cache is removed at the end of the grace period; only an admin moves it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AccountBinding {
+    pub identity: String,
+    /// Unix seconds.
+    pub since: i64,
+}
+
 /// One connected agent stream.
 #[derive(Clone, Debug)]
 pub struct AgentSession {
@@ -57,6 +67,8 @@ pub struct AgentSession {
     pub replica: String,
     pub agent_version: String,
     pub connected_since: SystemTime,
+    /// The random token handed out in Welcome; a stream replacing this one must present it.
+    pub session_token: String,
 }
 
 /// One account.
@@ -117,6 +129,8 @@ pub struct Promotion {
 pub struct Registry {
     pub sessions: BTreeMap<SessionId, AgentSession>,
     pub accounts: BTreeMap<String, Account>,
+    /// account → the identity it is bound to (persisted, outlives `accounts` entries).
+    pub bindings: BTreeMap<String, AccountBinding>,
     next_id: SessionId,
 }
 
@@ -160,9 +174,89 @@ impl Registry {
                 replica: replica.to_string(),
                 agent_version: agent_version.to_string(),
                 connected_since: now.1,
+                session_token: String::new(),
             },
         );
         (id, old, promotions)
+    }
+
+    /// Whether a new stream of `identity` and `replica` that presented `session_token` may
+    /// start: when a live stream of the same identity and replica exists, only by presenting
+    /// that stream's token (item 10 of the stream contract). The error says what to do.
+    pub fn may_replace(
+        &self,
+        identity: &str,
+        replica: &str,
+        session_token: &str,
+    ) -> Result<(), String> {
+        let Some(live) = self
+            .sessions
+            .values()
+            .find(|s| s.identity == identity && s.replica == replica)
+        else {
+            return Ok(());
+        };
+        // Digests are compared, so the time the comparison takes says nothing about the token.
+        let digest = |t: &str| ring::digest::digest(&ring::digest::SHA256, t.as_bytes());
+        if !live.session_token.is_empty()
+            && digest(&live.session_token).as_ref() == digest(session_token).as_ref()
+        {
+            return Ok(());
+        }
+        Err(format!(
+            "a stream of identity {identity:?} and replica {replica:?} is live, and this one did \
+             not present its session token (Hello.session_token, from that stream's Welcome). \
+             An agent reconnecting presents it itself; a new agent process waits until the old \
+             stream ends (two heartbeat periods after it went silent). Two agents sharing an \
+             identity need distinct replica names (the pod name)"
+        ))
+    }
+
+    /// Records the session token handed to a stream in Welcome.
+    pub fn set_session_token(&mut self, session: SessionId, token: String) {
+        if let Some(s) = self.sessions.get_mut(&session) {
+            s.session_token = token;
+        }
+    }
+
+    /// Whether `identity` may register `name` as far as bindings go: `Ok(true)` when the
+    /// account is not bound yet (the caller binds it with [`Registry::bind`] once the
+    /// registration is accepted).
+    pub fn check_binding(&self, identity: &str, name: &str) -> Result<bool, String> {
+        match self.bindings.get(name) {
+            None => Ok(true),
+            Some(b) if b.identity == identity => Ok(false),
+            Some(b) => Err(format!(
+                "account {name:?} is bound to agent identity {:?} (the first identity that \
+                 registered it); this agent's identity is {identity:?}. If the account really \
+                 moved to this agent, an admin moves the binding: `scale-agent-hub account \
+                 rebind {name} --identity {identity}`",
+                b.identity
+            )),
+        }
+    }
+
+    /// Binds `name` to `identity`; returns the binding to persist.
+    pub fn bind(&mut self, name: &str, identity: &str, now_unix: i64) -> AccountBinding {
+        let binding = AccountBinding {
+            identity: identity.to_string(),
+            since: now_unix,
+        };
+        self.bindings.insert(name.to_string(), binding.clone());
+        binding
+    }
+
+    /// The sessions of identities other than `identity` that serve `name` (after a rebind,
+    /// they no longer may).
+    pub fn sessions_of_others(&self, name: &str, identity: &str) -> Vec<SessionId> {
+        self.replicas(name)
+            .into_iter()
+            .filter(|id| {
+                self.sessions
+                    .get(id)
+                    .is_some_and(|s| s.identity != identity)
+            })
+            .collect()
     }
 
     /// A stream registers an account (already checked against the allow-list). Returns the

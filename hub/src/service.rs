@@ -15,9 +15,9 @@ use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::{
-    Control, Hub, SessionHandle,
-    config::GrpcSecurity,
-    identity::{ANONYMOUS, identity_from_der},
+    Control, GrpcSecurity, Hub, SessionHandle,
+    agent_auth::{Authenticated, CertificateOrigin, authenticate},
+    agent_tokens::AgentTokenKind,
     session::{Effects, Session, check_hello, message_type, streaming_assignment},
 };
 
@@ -58,23 +58,23 @@ impl AgentHub for AgentHubService {
         &self,
         request: Request<Streaming<pb::AgentMessage>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
-        let identity = match &self.hub.config.security {
-            GrpcSecurity::InsecurePlaintext => ANONYMOUS.to_string(),
-            GrpcSecurity::TrustedProxy(proxy) => proxy.trust.authenticate(&request)?,
-            GrpcSecurity::MutualTls(_) => {
-                let certs = request
-                    .peer_certs()
-                    .ok_or_else(|| Status::unauthenticated("a client certificate is required"))?;
-                let leaf = certs
-                    .first()
-                    .ok_or_else(|| Status::unauthenticated("a client certificate is required"))?;
-                identity_from_der(leaf.as_ref()).map_err(Status::unauthenticated)?
-            }
-        };
         let peer = request
             .remote_addr()
             .map(|a| a.to_string())
             .unwrap_or_default();
+        // Behind a TLS-terminating proxy the agent's certificate arrives in a header, from a
+        // trusted proxy only; it is then verified like one presented directly.
+        let peer_certs = match &self.hub.config.security {
+            GrpcSecurity::TrustedProxy(proxy) => {
+                Some(Arc::new(proxy.trust.request_chain(&request)?))
+            }
+            _ => request.peer_certs(),
+        };
+        let auth = authenticate(&self.hub, peer_certs.as_deref().map(Vec::as_slice), request.metadata())
+            .inspect_err(|status| {
+                tracing::warn!(%peer, code = ?status.code(), reason = status.message(), "agent stream refused");
+            })?;
+        tracing::debug!(%peer, identity = %auth.identity, via = %auth.via, "agent authenticated");
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(OUTBOUND_BUFFER);
         // Tunnel frames have a queue of their own, merged into the stream, so the stream's
@@ -86,7 +86,8 @@ impl AgentHub for AgentHubService {
             tunnel: tunnel_tx,
         };
         tokio::spawn(async move {
-            if let Err(status) = run_stream(&hub, &identity, &peer, inbound, &out).await {
+            let identity = auth.identity.clone();
+            if let Err(status) = run_stream(&hub, &auth, &peer, inbound, &out).await {
                 tracing::info!(%identity, %peer, code = ?status.code(), message = status.message(), "agent stream ended");
                 let _ = out.control.send(Err(status)).await;
             } else {
@@ -96,6 +97,43 @@ impl AgentHub for AgentHubService {
         Ok(Response::new(Box::pin(
             scale_agent_proto::tunnel::outbound(rx, tunnel_rx),
         )))
+    }
+
+    async fn enroll(
+        &self,
+        request: Request<pb::EnrollRequest>,
+    ) -> Result<Response<pb::EnrollResponse>, Status> {
+        let peer = request
+            .remote_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        let peer_certs = request.peer_certs();
+        let request = request.into_inner();
+        // An empty token with a client certificate is a renewal (item 9 of the contract).
+        let result = match peer_certs.as_deref().filter(|chain| !chain.is_empty()) {
+            Some(chain) if request.token.is_empty() => crate::agent_renewal::renew_by_certificate(
+                self.hub.client_certificates.as_ref(),
+                &self.hub.agent_ca,
+                self.hub.config.agent_cert_lifetime,
+                chain,
+                &request.csr_pem,
+            )
+            .map(|issued| issued_certificate(&self.hub, issued)),
+            _ => enroll(&self.hub, request).await,
+        };
+        match &result {
+            Ok(issued) => {
+                tracing::info!(%peer, identity = %issued.identity, not_after = issued.not_after_unix, "certificate issued (enrolment or renewal by certificate)");
+            }
+            Err(status) => {
+                tracing::warn!(%peer, code = ?status.code(), reason = status.message(), "enrolment or renewal refused");
+            }
+        }
+        result.map(|certificate| {
+            Response::new(pb::EnrollResponse {
+                certificate: Some(certificate),
+            })
+        })
     }
 }
 
@@ -113,13 +151,100 @@ async fn send(tx: &Outbound, kind: Out) -> Result<(), Status> {
         .map_err(|_| Status::cancelled("the agent went away"))
 }
 
+/// Checks an enrolment token and a CSR, issues the certificate, and marks the token used
+/// (stored durably) before answering.
+async fn enroll(hub: &Hub, request: pb::EnrollRequest) -> Result<pb::IssuedCertificate, Status> {
+    if request.token.is_empty() {
+        return Err(Status::unauthenticated(
+            "Enroll needs a one-time enrolment token (`scale-agent-hub agent-token create \
+             --identity <id> --accounts <pattern> --ttl 1h --once`)",
+        ));
+    }
+    // The store lock is held from the check to the durable commit, so two enrolments with
+    // one token cannot both succeed.
+    let mut store = hub.store.lock().await;
+    let now = crate::agent_ca::now_unix();
+    let record = hub
+        .agent_tokens()
+        .check(&request.token, AgentTokenKind::Enrolment, now)
+        .map_err(|r| r.to_status())?
+        .clone();
+    let issued = hub
+        .agent_ca
+        .issue(
+            &request.csr_pem,
+            &record.identity,
+            hub.config.agent_cert_lifetime,
+        )
+        .map_err(Status::invalid_argument)?;
+    let ops = hub.agent_tokens().consume(&record.id, now);
+    store
+        .commit(ops)
+        .await
+        .map_err(|e| Status::internal(format!("the hub could not store the enrolment: {e}")))?;
+    Ok(issued_certificate(hub, issued))
+}
+
+fn issued_certificate(hub: &Hub, issued: crate::agent_ca::Issued) -> pb::IssuedCertificate {
+    pb::IssuedCertificate {
+        certificate_chain_pem: issued.certificate_pem,
+        ca_pem: hub.agent_ca.cert_pem().to_string(),
+        identity: issued.identity,
+        not_after_unix: issued.not_after,
+    }
+}
+
+/// Answers a RenewCertificate: a certificate for the stream's identity, for a stream that a
+/// certificate of the hub authenticated.
+fn renew(hub: &Hub, auth: &Authenticated, csr_pem: &str) -> pb::CertificateRenewal {
+    if auth.certificate != Some(CertificateOrigin::Hub) {
+        return pb::CertificateRenewal {
+            certificate: None,
+            refused: format!(
+                "identity {:?} authenticated with {}, not with a certificate this hub issued: \
+                 renewal extends hub-issued certificates only; enrol with a one-time token \
+                 (clouddriver.auth.enrolmentTokenFile) to get one",
+                auth.identity, auth.via
+            ),
+        };
+    }
+    match hub
+        .agent_ca
+        .issue(csr_pem, &auth.identity, hub.config.agent_cert_lifetime)
+    {
+        Ok(issued) => {
+            tracing::info!(identity = %auth.identity, not_after = issued.not_after, "agent certificate renewed");
+            pb::CertificateRenewal {
+                certificate: Some(issued_certificate(hub, issued)),
+                refused: String::new(),
+            }
+        }
+        Err(reason) => {
+            tracing::warn!(identity = %auth.identity, %reason, "certificate renewal refused");
+            pb::CertificateRenewal {
+                certificate: None,
+                refused: reason,
+            }
+        }
+    }
+}
+
+/// A random token for a stream's Welcome.
+fn session_token() -> Result<String, Status> {
+    use base64::Engine as _;
+    let bytes = crate::tokens::random_bytes::<32>()
+        .map_err(|e| Status::internal(format!("cannot make a session token: {e}")))?;
+    Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes))
+}
+
 async fn run_stream(
     hub: &Arc<Hub>,
-    identity: &str,
+    auth: &Authenticated,
     peer: &str,
     mut inbound: Streaming<pb::AgentMessage>,
     out: &StreamOut,
 ) -> Result<(), Status> {
+    let identity = auth.identity.as_str();
     let silence = hub.config.heartbeat_period * 2;
     let first = match tokio::time::timeout(silence, inbound.message()).await {
         Err(_) => {
@@ -135,10 +260,18 @@ async fn run_stream(
     let hello = check_hello(first).map_err(|e| e.to_status())?;
     let tunnel = hello.capabilities.iter().any(|c| c == TUNNEL_CAPABILITY);
     let (ctrl_tx, mut ctrl_rx) = mpsc::channel(CONTROL_BUFFER);
-    let (id, replaced, promotions) =
-        hub.state()
+    let token = session_token()?;
+    let (id, replaced, promotions) = {
+        let mut st = hub.state();
+        st.registry
+            .may_replace(identity, &hello.replica, &hello.session_token)
+            .map_err(Status::permission_denied)?;
+        let connected = st
             .registry
             .connect(identity, &hello.replica, &hello.agent_version, now());
+        st.registry.set_session_token(connected.0, token.clone());
+        connected
+    };
     hub.sessions().insert(
         id,
         SessionHandle {
@@ -159,8 +292,9 @@ async fn run_stream(
     hub.deliver(promotions);
     tracing::info!(%identity, %peer, replica = %hello.replica, version = %hello.agent_version, session = id, "agent connected");
 
-    let session = Session::new(id, identity.to_string());
-    let result = serve(hub, session, &mut inbound, &mut ctrl_rx, out).await;
+    let session =
+        Session::new(id, identity.to_string()).with_account_patterns(auth.account_patterns.clone());
+    let result = serve(hub, auth, session, token, &mut inbound, &mut ctrl_rx, out).await;
 
     let promotions = hub.state().registry.disconnect(id, now());
     hub.sessions().remove(&id);
@@ -172,7 +306,9 @@ async fn run_stream(
 
 async fn serve(
     hub: &Arc<Hub>,
+    auth: &Authenticated,
     mut session: Session,
+    session_token: String,
     inbound: &mut Streaming<pb::AgentMessage>,
     ctrl_rx: &mut mpsc::Receiver<Control>,
     out: &StreamOut,
@@ -189,6 +325,7 @@ async fn serve(
             max_object_bytes: hub.config.max_object_bytes,
             hub_version: env!("CARGO_PKG_VERSION").to_string(),
             tunnel_window_bytes: crate::tunnel::WINDOW_BYTES,
+            session_token,
         }),
     )
     .await?;
@@ -272,7 +409,7 @@ async fn serve(
                     }
                 }
                 if !batch.is_empty() {
-                    process_batch(hub, &mut session, batch, tx).await?;
+                    process_batch(hub, auth, &mut session, batch, tx).await?;
                 }
                 if ended {
                     return Ok(());
@@ -312,6 +449,7 @@ fn deliver_tunnel_frame(
 /// first, then Ack of the last message.
 async fn process_batch(
     hub: &Arc<Hub>,
+    auth: &Authenticated,
     session: &mut Session,
     batch: Vec<pb::AgentMessage>,
     tx: &Outbound,
@@ -358,6 +496,9 @@ async fn process_batch(
         if let Some(kind) = reply.kind {
             send(tx, kind).await?;
         }
+    }
+    for csr_pem in std::mem::take(&mut fx.renewals) {
+        send(tx, Out::CertificateRenewal(renew(hub, auth, &csr_pem))).await?;
     }
     if let Some(e) = protocol_error {
         tracing::warn!(identity = %session.identity, error = ?e, "protocol error; ending the stream");

@@ -82,6 +82,8 @@ pub struct Effects {
     pub results: Vec<pb::OperationResult>,
     /// Accounts whose cluster's kinds changed (their cached discovery is dropped).
     pub discovery_changed: Vec<String>,
+    /// CSRs of RenewCertificate messages, to answer once the batch is stored.
+    pub renewals: Vec<String>,
 }
 
 /// Hub settings a stream needs.
@@ -109,6 +111,7 @@ pub fn message_type(msg: &pb::AgentMessage) -> &'static str {
         Some(Msg::OperationResult(_)) => "operation_result",
         Some(Msg::Tunnel(_)) => "tunnel",
         Some(Msg::DiscoveryChanged(_)) => "discovery_changed",
+        Some(Msg::RenewCertificate(_)) => "renew_certificate",
     }
 }
 
@@ -189,6 +192,9 @@ fn staged_size(object: &CachedObject) -> u64 {
 pub struct Session {
     pub id: SessionId,
     pub identity: String,
+    /// Account-name globs the stream's credentials allow (its agent token's, its enrolled
+    /// identity's); every one must match, besides `--allow`.
+    account_patterns: Vec<String>,
     next_seq: u64,
     /// Open snapshots by (account, kind, watch namespace).
     staging: BTreeMap<(String, KindKey, String), Staged>,
@@ -200,9 +206,16 @@ impl Session {
         Session {
             id,
             identity,
+            account_patterns: Vec::new(),
             next_seq: 2,
             staging: BTreeMap::new(),
         }
+    }
+
+    /// Limits the accounts this stream may register to names matching every pattern.
+    pub fn with_account_patterns(mut self, patterns: Vec<String>) -> Self {
+        self.account_patterns = patterns;
+        self
     }
 
     /// The sequence number of the last message handled.
@@ -288,6 +301,10 @@ impl Session {
                 Ok(())
             }
             Msg::SnapshotEnd(end) => self.on_snapshot_end(st, end, fx),
+            Msg::RenewCertificate(renew) => {
+                fx.renewals.push(renew.csr_pem);
+                Ok(())
+            }
             Msg::Bookmark(bm) => self.on_bookmark(st, bm, fx),
         }
     }
@@ -523,6 +540,22 @@ impl Session {
                 fx,
             );
         }
+        if !crate::agent_tokens::accounts_allow(&self.account_patterns, &name) {
+            return reject(
+                format!(
+                    "identity {:?} may register accounts matching {} only (the pattern of its \
+                     agent token or enrolment); issue a token with a wider --accounts pattern \
+                     to serve {name:?}",
+                    self.identity,
+                    self.account_patterns.join(" and ")
+                ),
+                fx,
+            );
+        }
+        let unbound = match st.registry.check_binding(&self.identity, &name) {
+            Ok(unbound) => unbound,
+            Err(reason) => return reject(reason, fx),
+        };
         let Some(cluster) = reg.cluster.filter(|c| !c.api_server_host.is_empty()) else {
             return reject(
                 format!("account {name:?} registered without cluster info (api_server_host)"),
@@ -559,7 +592,34 @@ impl Session {
                     .extend(st.registry.unregister(self.id, &name, now));
                 reject(reason, fx)
             }
-            Registration::Assigned(Role::Streaming) => {
+            Registration::Assigned(role) => {
+                if unbound {
+                    self.bind(st, &name, now, fx);
+                }
+                self.answer_assignment(st, &name, role, fx);
+            }
+        }
+    }
+
+    /// Binds an account to this stream's identity (its first registration).
+    fn bind(&self, st: &mut HubState, name: &str, now: (Instant, SystemTime), fx: &mut Effects) {
+        let since = now
+            .1
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or_default();
+        let binding = st.registry.bind(name, &self.identity, since);
+        tracing::info!(account = %name, identity = %self.identity, "account bound to the identity that first registered it");
+        fx.ops.push(StoreOp::PutBinding {
+            account: name.to_string(),
+            binding,
+        });
+    }
+
+    fn answer_assignment(&self, st: &HubState, name: &str, role: Role, fx: &mut Effects) {
+        let name = name.to_string();
+        match role {
+            Role::Streaming => {
                 let a = streaming_assignment(&st.cache, &name);
                 fx.resumes += a.resume_points.len() as u64;
                 tracing::info!(account = %name, identity = %self.identity, resume_points = a.resume_points.len(), "account assigned: STREAMING");
@@ -567,7 +627,7 @@ impl Session {
                     kind: Some(Out::Assignment(a)),
                 });
             }
-            Registration::Assigned(Role::Standby) => {
+            Role::Standby => {
                 tracing::info!(account = %name, identity = %self.identity, "account assigned: STANDBY");
                 fx.replies
                     .push(assignment(&name, PbRole::Standby, String::new()));

@@ -20,9 +20,10 @@ use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinitio
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    agent_tokens::{AgentTokenRecord, EnrolledIdentity},
     cache::{Cache, CachedObject, KindInfo, KindKey},
     error::{HubError, Result},
-    registry::AccountRecord,
+    registry::{AccountBinding, AccountRecord},
     tokens::TokenRecord,
 };
 
@@ -40,6 +41,13 @@ const TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("tokens");
 const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
 /// account → hash of the body last registered in Clouddriver's Account Management API.
 const REGISTRATIONS: TableDefinition<&str, &str> = TableDefinition::new("clouddriver_accounts");
+/// agent token id → AgentTokenRecord (JSON; the token's hash, never the token).
+const AGENT_TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("agent_tokens");
+/// identity → EnrolledIdentity (JSON): the account pattern of an enrolled identity.
+const AGENT_IDENTITIES: TableDefinition<&str, &[u8]> = TableDefinition::new("agent_identities");
+/// account → AccountBinding (JSON): the identity an account is bound to. Kept when the
+/// account's cache is removed after the grace period.
+const ACCOUNT_BINDINGS: TableDefinition<&str, &[u8]> = TableDefinition::new("account_bindings");
 
 /// Longest time between durable commits while agents stream.
 pub const DURABLE_EVERY: Duration = Duration::from_secs(1);
@@ -98,6 +106,19 @@ pub enum StoreOp {
     DeleteRegistration {
         account: String,
     },
+    PutAgentToken {
+        record: AgentTokenRecord,
+    },
+    DeleteAgentToken {
+        id: String,
+    },
+    PutEnrolledIdentity {
+        record: EnrolledIdentity,
+    },
+    PutBinding {
+        account: String,
+        binding: AccountBinding,
+    },
 }
 
 impl StoreOp {
@@ -106,7 +127,13 @@ impl StoreOp {
     fn needs_durability(&self) -> bool {
         matches!(
             self,
-            StoreOp::PutToken { .. } | StoreOp::DeleteToken { .. } | StoreOp::PutMeta { .. }
+            StoreOp::PutToken { .. }
+                | StoreOp::DeleteToken { .. }
+                | StoreOp::PutMeta { .. }
+                | StoreOp::PutAgentToken { .. }
+                | StoreOp::DeleteAgentToken { .. }
+                | StoreOp::PutEnrolledIdentity { .. }
+                | StoreOp::PutBinding { .. }
         )
     }
 }
@@ -173,6 +200,9 @@ pub struct Loaded {
     pub meta: std::collections::BTreeMap<String, String>,
     /// Accounts registered in Clouddriver, with the hash of their last body.
     pub registrations: std::collections::BTreeMap<String, String>,
+    pub agent_tokens: Vec<AgentTokenRecord>,
+    pub enrolled: Vec<EnrolledIdentity>,
+    pub bindings: Vec<(String, AccountBinding)>,
 }
 
 /// The embedded store.
@@ -216,6 +246,10 @@ impl Store {
                 .map_err(|e| HubError::store("open", e))?;
             txn.open_table(REGISTRATIONS)
                 .map_err(|e| HubError::store("open", e))?;
+            for table in [AGENT_TOKENS, AGENT_IDENTITIES, ACCOUNT_BINDINGS] {
+                txn.open_table(table)
+                    .map_err(|e| HubError::store("open", e))?;
+            }
         }
         txn.commit().map_err(|e| HubError::store("open", e))?;
         Ok(Store {
@@ -318,6 +352,15 @@ impl Store {
                 .registrations
                 .insert(k.value().to_string(), v.value().to_string());
         }
+        loaded.agent_tokens = load_json(&txn, AGENT_TOKENS, "agent_tokens")?
+            .into_iter()
+            .map(|(_, v)| v)
+            .collect();
+        loaded.enrolled = load_json(&txn, AGENT_IDENTITIES, "agent_identities")?
+            .into_iter()
+            .map(|(_, v)| v)
+            .collect();
+        loaded.bindings = load_json(&txn, ACCOUNT_BINDINGS, "account_bindings")?;
         // Cached data of accounts without a binding (should not happen) is dropped.
         let known: std::collections::BTreeSet<&String> =
             loaded.accounts.iter().map(|(a, _)| a).collect();
@@ -389,6 +432,25 @@ impl Store {
     }
 }
 
+/// Every row of a table of JSON values, decoded.
+fn load_json<T: serde::de::DeserializeOwned>(
+    txn: &redb::ReadTransaction,
+    table: TableDefinition<&str, &[u8]>,
+    name: &str,
+) -> Result<Vec<(String, T)>> {
+    let table = txn.open_table(table).map_err(load_err)?;
+    let mut rows = Vec::new();
+    for row in table.iter().map_err(load_err)? {
+        let (k, v) = row.map_err(load_err)?;
+        let value = serde_json::from_slice(v.value()).map_err(|err| HubError::Corrupt {
+            key: format!("{name}/{}", k.value()),
+            message: err.to_string(),
+        })?;
+        rows.push((k.value().to_string(), value));
+    }
+    Ok(rows)
+}
+
 fn load_err<E: Into<redb::Error>>(e: E) -> HubError {
     HubError::store("load", e)
 }
@@ -417,6 +479,9 @@ fn write_batch(db: &Database, ops: Vec<StoreOp>, durable: bool) -> Result<()> {
         let mut tokens = txn.open_table(TOKENS).map_err(commit_err)?;
         let mut meta = txn.open_table(META).map_err(commit_err)?;
         let mut registrations = txn.open_table(REGISTRATIONS).map_err(commit_err)?;
+        let mut agent_tokens = txn.open_table(AGENT_TOKENS).map_err(commit_err)?;
+        let mut agent_identities = txn.open_table(AGENT_IDENTITIES).map_err(commit_err)?;
+        let mut bindings = txn.open_table(ACCOUNT_BINDINGS).map_err(commit_err)?;
         for op in ops {
             match op {
                 StoreOp::PutAccount { account, record } => {
@@ -503,6 +568,27 @@ fn write_batch(db: &Database, ops: Vec<StoreOp>, durable: bool) -> Result<()> {
                 }
                 StoreOp::DeleteRegistration { account } => {
                     registrations.remove(account.as_str()).map_err(commit_err)?;
+                }
+                StoreOp::PutAgentToken { record } => {
+                    let bytes = serde_json::to_vec(&record).unwrap_or_default();
+                    agent_tokens
+                        .insert(record.id.as_str(), bytes.as_slice())
+                        .map_err(commit_err)?;
+                }
+                StoreOp::DeleteAgentToken { id } => {
+                    agent_tokens.remove(id.as_str()).map_err(commit_err)?;
+                }
+                StoreOp::PutEnrolledIdentity { record } => {
+                    let bytes = serde_json::to_vec(&record).unwrap_or_default();
+                    agent_identities
+                        .insert(record.identity.as_str(), bytes.as_slice())
+                        .map_err(commit_err)?;
+                }
+                StoreOp::PutBinding { account, binding } => {
+                    let bytes = serde_json::to_vec(&binding).unwrap_or_default();
+                    bindings
+                        .insert(account.as_str(), bytes.as_slice())
+                        .map_err(commit_err)?;
                 }
             }
         }

@@ -109,6 +109,7 @@ async fn a_proxy_is_trusted_by_its_client_certificate() {
     let hub = start_hub(&pki, &dir, |config| {
         config.security = GrpcSecurity::TrustedProxy(ProxyMode {
             trust,
+            client_ca_pem: pki.ca_pem.clone().into_bytes(),
             hop_tls: Some(ProxyHopTls {
                 cert_pem: pki.server_cert_pem.clone().into_bytes(),
                 key_pem: pki.server_key_pem.clone().into_bytes(),

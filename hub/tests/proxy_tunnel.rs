@@ -444,7 +444,7 @@ async fn a_get_moves_to_another_replica_when_its_agent_leaves_but_a_post_does_no
         role(&a.register("prod", "https://10.0.0.1:6443").await),
         Role::Streaming
     );
-    let mut b = tunnel_agent(&s.hub, &s.pki, "agent-b.test", "pod-2").await;
+    let mut b = tunnel_agent(&s.hub, &s.pki, "agent-a.test", "pod-2").await;
     assert_eq!(
         role(&b.register("prod", "https://10.0.0.1:6443").await),
         Role::Standby

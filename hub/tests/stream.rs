@@ -270,15 +270,15 @@ async fn standby_is_promoted_with_resume_points() {
     a.snapshot("prod", &[("one", "5")], "100").await;
     a.synced().await;
 
-    // Another replica (here another identity) of the same cluster: STANDBY.
-    let mut b = agent(&hub, &pki, "agent-b.test", "pod-2").await;
+    // Another replica of the same agent: STANDBY.
+    let mut b = agent(&hub, &pki, "agent-a.test", "pod-2").await;
     assert_eq!(
         role(&b.register("prod", "https://h:6443").await),
         Role::Standby
     );
     // A standby may not stream.
     let (_, acc) = get_json(hub.http_addr, "/api/v1/accounts/prod").await;
-    assert_eq!(acc["standbys"][0]["identity"], "agent-b.test");
+    assert_eq!(acc["standbys"][0]["replica"], "pod-2");
 
     // a starts a new snapshot but never ends it: it is discarded.
     a.send(Msg::SnapshotBegin(pb::SnapshotBegin {
@@ -308,7 +308,7 @@ async fn standby_is_promoted_with_resume_points() {
     b.synced().await;
     assert_eq!(object_names(&hub, "prod/objects").await, ["one", "two"]);
     let (_, acc) = get_json(hub.http_addr, "/api/v1/accounts/prod").await;
-    assert_eq!(acc["streaming"]["identity"], "agent-b.test");
+    assert_eq!(acc["streaming"]["replica"], "pod-2");
     assert_eq!(acc["standbys"].as_array().unwrap().len(), 0);
     let (_, metrics) = get(hub.http_addr, "/metrics").await;
     assert!(
@@ -316,8 +316,11 @@ async fn standby_is_promoted_with_resume_points() {
         "{metrics}"
     );
 
-    // A newer stream from the same identity and replica replaces the older one.
-    let mut b2 = agent(&hub, &pki, "agent-b.test", "pod-2").await;
+    // A newer stream from the same identity and replica, presenting the session token of
+    // the live stream, replaces it.
+    let mut b2 = resume_agent(&hub, &pki, "agent-a.test", "pod-2", &b.session_token())
+        .await
+        .unwrap();
     let status = b.error().await;
     assert_eq!(status.code(), Code::Aborted);
     assert!(
@@ -353,7 +356,8 @@ async fn other_cluster_and_disallowed_identity_are_rejected() {
     a.snapshot("prod", &[("one", "5")], "10").await;
     a.synced().await;
 
-    let mut b = agent(&hub, &pki, "agent-b.test", "pod-1").await;
+    // Another replica of the same identity claiming another cluster for the account.
+    let mut b = agent(&hub, &pki, "agent-a.test", "pod-2").await;
     let rejected = b.register("prod", "https://two:6443").await;
     assert_eq!(role(&rejected), Role::Rejected);
     assert!(
@@ -512,12 +516,27 @@ async fn grace_period_removes_accounts_without_agents() {
     .await;
     let (_, list) = get_json(addr, "/api/v1/accounts").await;
     assert_eq!(list, serde_json::json!([]));
-    // Gone from the store too, and the name is free for another cluster.
+    // Gone from the store too; the name's binding to its identity stays (only an admin
+    // moves it), so another identity may not take it over, while the bound identity may
+    // serve it from another cluster.
     hub.shutdown().await.unwrap();
     let hub = start_hub(&pki, &dir, |_| {}).await;
     assert_eq!(get(hub.http_addr, "/api/v1/accounts/prod").await.0, 404);
     let mut b = agent(&hub, &pki, "agent-b.test", "pod-1").await;
-    let assignment = b.register("prod", "https://two:6443").await;
+    let refused = b.register("prod", "https://two:6443").await;
+    assert_eq!(role(&refused), Role::Rejected);
+    assert!(
+        refused
+            .reason
+            .contains("bound to agent identity \"agent-a.test\"")
+            && refused
+                .reason
+                .contains("scale-agent-hub account rebind prod --identity agent-b.test"),
+        "{}",
+        refused.reason
+    );
+    let mut a = agent(&hub, &pki, "agent-a.test", "pod-1").await;
+    let assignment = a.register("prod", "https://two:6443").await;
     assert_eq!(role(&assignment), Role::Streaming);
     assert!(assignment.resume_points.is_empty());
     hub.shutdown().await.unwrap();
@@ -739,7 +758,7 @@ async fn operations_are_routed_answered_and_resent_only_when_safe() {
     assert_eq!(looked["state"], "succeeded");
 
     // A create (not idempotent) whose replica leaves after receiving it: not resent.
-    let mut b = agent(&hub, &pki, "agent-b.test", "pod-2").await;
+    let mut b = agent(&hub, &pki, "agent-a.test", "pod-2").await;
     assert_eq!(
         role(&b.register("prod", "https://h:6443").await),
         Role::Standby
@@ -775,7 +794,7 @@ async fn operations_are_routed_answered_and_resent_only_when_safe() {
     assert!(b.operations.iter().all(|o| o.id != op.id));
 
     // An idempotent get whose replica leaves: resent to the other one (here a standby).
-    let mut c = agent(&hub, &pki, "agent-c.test", "pod-3").await;
+    let mut c = agent(&hub, &pki, "agent-a.test", "pod-3").await;
     assert_eq!(
         role(&c.register("prod", "https://h:6443").await),
         Role::Standby

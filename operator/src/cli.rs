@@ -75,6 +75,12 @@ struct Args {
         hide = true
     )]
     certificate_lifetime_override_seconds: Option<u64>,
+
+    /// Honour `spec.clientCertificate`: the operator signs agent certificates with a CA key
+    /// held in this cluster, for an identity the ScaleAgent chooses. Off by default, so
+    /// agents get their certificates from the hub by enrolment (`spec.enrolment`).
+    #[arg(long, env = "SCALE_AGENT_OPERATOR_ALLOW_OPERATOR_SIGNED_CERTIFICATES")]
+    allow_operator_signed_certificates: bool,
 }
 
 pub fn main() -> anyhow::Result<()> {
@@ -110,6 +116,7 @@ async fn run_from_args(args: Args) -> anyhow::Result<()> {
         instance: args.instance,
         watch_namespaces: WatchNamespaces::parse(&watch_namespaces).map_err(anyhow::Error::msg)?,
         allowed_image_prefixes,
+        allow_operator_signed_certificates: args.allow_operator_signed_certificates,
         ..Default::default()
     };
     crate::run(

@@ -13,6 +13,7 @@ pub mod apply;
 pub mod cli;
 pub mod controller;
 pub mod desired;
+pub mod enrol;
 pub mod error;
 pub mod metrics;
 pub mod pki;

@@ -203,6 +203,8 @@ pub fn scale_agent_status(
         accounts: observed.accounts,
         connected: previous.connected,
         certificate_expiry,
+        identity: previous.identity,
+        enrolment_token_version: previous.enrolment_token_version,
     }
 }
 

@@ -11,7 +11,7 @@ pub use agent_account::{
 pub use common::{ACCOUNT_NAME_MAX_LENGTH, DNS1123_LABEL_PATTERN, is_dns1123_label};
 pub use scale_agent::{
     Access, AccountDefaults, Backoff, CaSecretRef, ClientCertificate, DEFAULT_AGENT_IMAGE,
-    DEFAULT_AGENT_REPOSITORY, DEFAULT_CERTIFICATE_LIFETIME, Heartbeat, Hub, HubTls,
+    DEFAULT_AGENT_REPOSITORY, DEFAULT_CERTIFICATE_LIFETIME, Enrolment, Heartbeat, Hub, HubTls,
     ImagePullPolicy, IssuerSecretRef, ListBudget, Mode, ScaleAgent, ScaleAgentSpec,
-    ScaleAgentStatus, Scope, ScopeType,
+    ScaleAgentStatus, Scope, ScopeType, TokenSecretRef,
 };

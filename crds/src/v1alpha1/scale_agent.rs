@@ -88,11 +88,15 @@ pub const DEFAULT_CERTIFICATE_LIFETIME: &str = "2160h";
     )
 )]
 #[x_kube(validation = Rule::new(
-    "(has(self.hub.tls) && has(self.hub.tls.insecurePlaintext) && self.hub.tls.insecurePlaintext) || has(self.clientCertificate)"
+    "(has(self.hub.tls) && has(self.hub.tls.insecurePlaintext) && self.hub.tls.insecurePlaintext) || has(self.enrolment) || has(self.clientCertificate)"
 )
-.message("spec.clientCertificate is required: set clientCertificate.issuerSecretRef.name to the Secret holding the CA certificate and key that sign agent client certificates (only spec.hub.tls.insecurePlaintext, a test setting, works without one)")
-.field_path(".clientCertificate")
+.message("spec.enrolment is required: set enrolment.tokenSecretRef.name to a Secret holding a one-time enrolment token from the hub (`scale-agent-hub agent-token create --once`); only spec.hub.tls.insecurePlaintext, a test setting, works without one")
+.field_path(".enrolment")
 .reason(Reason::FieldValueRequired))]
+#[x_kube(validation = Rule::new("!(has(self.enrolment) && has(self.clientCertificate))")
+.message("set either spec.enrolment (the hub issues the certificate, recommended) or spec.clientCertificate (the operator signs it, an opt-in), not both")
+.field_path(".clientCertificate")
+.reason(Reason::FieldValueForbidden))]
 #[serde(rename_all = "camelCase")]
 pub struct ScaleAgentSpec {
     /// How the agent reaches the clusters it serves. Default: `Agent`.
@@ -112,8 +116,18 @@ pub struct ScaleAgentSpec {
     /// The hub this agent connects to: its gRPC address and how to verify it.
     pub hub: Hub,
 
-    /// How the operator issues the agent's mTLS client certificate. Required unless
-    /// `hub.tls.insecurePlaintext` is true.
+    /// How the agent gets its mTLS client certificate from the hub: the operator makes a key,
+    /// presents a one-time enrolment token with a CSR to the hub, and writes the certificate
+    /// the hub issues (for the identity the token was issued for) to the agent's Secret. The
+    /// default and recommended way; set it or `clientCertificate`, not both (neither only
+    /// with `hub.tls.insecurePlaintext`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enrolment: Option<Enrolment>,
+
+    /// The operator-signed mode, an explicit opt-in: the operator signs the agent's client
+    /// certificate with a CA key held in this cluster, for an identity chosen here. Only
+    /// honoured when the operator runs with `--allow-operator-signed-certificates`, and the
+    /// hub must trust that CA (`--client-ca`). Prefer `enrolment`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_certificate: Option<ClientCertificate>,
 
@@ -277,6 +291,35 @@ pub struct CaSecretRef {
 
 fn default_ca_key() -> String {
     "ca.crt".into()
+}
+
+/// Enrolment with the hub.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Enrolment {
+    /// Secret in this namespace holding a one-time enrolment token the hub's admin issued
+    /// (`scale-agent-hub agent-token create --identity <id> --accounts <pattern> --ttl 1h
+    /// --once`). The operator presents each version of it once; put a new token in the
+    /// Secret to enrol again. Required.
+    pub token_secret_ref: TokenSecretRef,
+}
+
+/// A key of a Secret holding an enrolment token.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenSecretRef {
+    /// Name of the Secret, in the ScaleAgent's namespace. Required.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+
+    /// Key in the Secret whose value is the token. Default: `token`.
+    #[serde(default = "default_token_key")]
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+fn default_token_key() -> String {
+    "token".into()
 }
 
 /// How the operator issues the agent's client certificate.
@@ -637,4 +680,15 @@ pub struct ScaleAgentStatus {
     /// When the current client certificate expires (RFC 3339, e.g. `2026-01-31T12:00:00Z`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificate_expiry: Option<String>,
+
+    /// The identity in the agent's current client certificate, as the hub (with `enrolment`)
+    /// or the operator (with `clientCertificate`) issued it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<String>,
+
+    /// The enrolment token Secret version (`<uid>/<resourceVersion>`) the operator last
+    /// presented to the hub. That version is never presented again, whether the hub accepted
+    /// it or not: put a new token in the Secret to enrol again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enrolment_token_version: Option<String>,
 }

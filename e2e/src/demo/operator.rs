@@ -43,6 +43,8 @@ pub(super) async fn start(
         .arg("--retry-max-seconds=10")
         // The admin kubeconfig's namespace is not the demo's: say which one to reconcile.
         .arg(format!("--watch-namespaces={NAMESPACE}"))
+        // The demo's ScaleAgent uses the operator-signed mode (its hub trusts agent-ca).
+        .arg("--allow-operator-signed-certificates")
         .env("KUBECONFIG", control_plane.kubeconfig_path())
         .env("RUST_LOG", "info");
     let operator = system.operator.insert(ManagedProcess::spawn_command(

@@ -13,11 +13,17 @@ use http_body_util::{BodyExt as _, Full};
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject as _};
 
-use crate::admin_api::TokenView;
+use crate::{
+    admin_api::TokenView,
+    agent_admin::{AgentTokenView, BindingView},
+};
 
 /// Whether `first` (the first command-line argument) names an admin command.
 pub fn is_admin_command(first: Option<&str>) -> bool {
-    matches!(first, Some("kubeconfig" | "token"))
+    matches!(
+        first,
+        Some("kubeconfig" | "token" | "agent-token" | "account")
+    )
 }
 
 /// How long an admin call may take.
@@ -56,6 +62,69 @@ pub enum Admin {
     Token {
         #[command(subcommand)]
         action: TokenAction,
+    },
+    /// Issue, list or revoke agent tokens (enrolment and bearer tokens of agents).
+    AgentToken {
+        #[command(subcommand)]
+        action: AgentTokenAction,
+    },
+    /// Account bindings: which agent identity may serve an account.
+    Account {
+        #[command(subcommand)]
+        action: AccountAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AgentTokenAction {
+    /// Issue a token for an agent identity; prints the token (shown once).
+    Create {
+        /// The identity an agent using the token gets (a lowercase DNS name).
+        #[arg(long)]
+        identity: String,
+        /// Glob of the account names that identity may register, e.g. 'prod-*'.
+        #[arg(long)]
+        accounts: String,
+        /// How long the token is valid: seconds, or a number with s, m or h.
+        #[arg(long, default_value = "1h")]
+        ttl: String,
+        /// A one-time enrolment token (the agent trades it for a certificate); without it,
+        /// a bearer token the agent presents on every connection until it expires.
+        #[arg(long)]
+        once: bool,
+        #[command(flatten)]
+        hub: HubAccess,
+    },
+    /// Every agent token: id, kind, identity, accounts, expiry, use.
+    List {
+        #[command(flatten)]
+        hub: HubAccess,
+    },
+    /// Revoke an agent token by id (from `agent-token list`).
+    Revoke {
+        id: String,
+        #[command(flatten)]
+        hub: HubAccess,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AccountAction {
+    /// Bind an account to another agent identity (streams of other identities serving it
+    /// are ended).
+    Rebind {
+        /// The account.
+        name: String,
+        /// The identity that may serve it from now on.
+        #[arg(long)]
+        identity: String,
+        #[command(flatten)]
+        hub: HubAccess,
+    },
+    /// Every account binding.
+    Bindings {
+        #[command(flatten)]
+        hub: HubAccess,
     },
 }
 
@@ -149,7 +218,126 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
                 Ok(())
             }
         },
+        Admin::AgentToken { action } => match action {
+            AgentTokenAction::Create {
+                identity,
+                accounts,
+                ttl,
+                once,
+                hub,
+            } => {
+                let path = format!(
+                    "/api/v1/agent-tokens?identity={}&accounts={}&ttl={}{}",
+                    encode_query(&identity),
+                    encode_query(&accounts),
+                    encode_query(&ttl),
+                    if once { "&once=true" } else { "" }
+                );
+                let body = hub.call("POST", &path).await?;
+                let token: AgentTokenView =
+                    serde_json::from_str(&body).context("the hub's answer")?;
+                eprintln!(
+                    "issued {} token {} for identity {} (accounts {}), valid until {}",
+                    token.kind, token.id, token.identity, token.accounts, token.expires
+                );
+                println!("{}", token.token.unwrap_or_default());
+                Ok(())
+            }
+            AgentTokenAction::List { hub } => {
+                let body = hub.call("GET", "/api/v1/agent-tokens").await?;
+                let tokens: Vec<AgentTokenView> =
+                    serde_json::from_str(&body).context("the hub's agent token list")?;
+                let mut rows = vec![
+                    ["ID", "KIND", "IDENTITY", "ACCOUNTS", "EXPIRES", "USED"]
+                        .map(str::to_string)
+                        .to_vec(),
+                ];
+                for t in tokens {
+                    rows.push(vec![
+                        t.id,
+                        t.kind,
+                        t.identity,
+                        t.accounts,
+                        t.expires,
+                        t.used.unwrap_or_default(),
+                    ]);
+                }
+                println!("{}", table(&rows));
+                Ok(())
+            }
+            AgentTokenAction::Revoke { id, hub } => {
+                let body = hub
+                    .call(
+                        "DELETE",
+                        &format!("/api/v1/agent-tokens/{}", encode_query(&id)),
+                    )
+                    .await?;
+                let token: AgentTokenView =
+                    serde_json::from_str(&body).context("the hub's answer")?;
+                println!(
+                    "revoked {} token {} of identity {}",
+                    token.kind, token.id, token.identity
+                );
+                Ok(())
+            }
+        },
+        Admin::Account { action } => match action {
+            AccountAction::Rebind {
+                name,
+                identity,
+                hub,
+            } => {
+                let path = format!(
+                    "/api/v1/accounts/{}/rebind?identity={}",
+                    encode_query(&name),
+                    encode_query(&identity)
+                );
+                let body = hub.call("POST", &path).await?;
+                let binding: BindingView =
+                    serde_json::from_str(&body).context("the hub's answer")?;
+                println!(
+                    "account {} is bound to identity {}",
+                    binding.account, binding.identity
+                );
+                Ok(())
+            }
+            AccountAction::Bindings { hub } => {
+                let body = hub.call("GET", "/api/v1/account-bindings").await?;
+                let bindings: Vec<BindingView> =
+                    serde_json::from_str(&body).context("the hub's binding list")?;
+                let mut rows = vec![
+                    ["ACCOUNT", "IDENTITY", "SINCE"]
+                        .map(str::to_string)
+                        .to_vec(),
+                ];
+                for b in bindings {
+                    rows.push(vec![b.account, b.identity, b.since]);
+                }
+                println!("{}", table(&rows));
+                Ok(())
+            }
+        },
     }
+}
+
+/// Rows as aligned columns.
+fn table(rows: &[Vec<String>]) -> String {
+    let columns = rows.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..columns)
+        .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
+        .collect();
+    rows.iter()
+        .map(|r| {
+            r.iter()
+                .zip(&widths)
+                .map(|(cell, w)| format!("{cell:<w$}"))
+                .collect::<Vec<_>>()
+                .join("  ")
+                .trim_end()
+                .to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 fn encode_query(value: &str) -> String {
@@ -166,15 +354,13 @@ fn encode_query(value: &str) -> String {
 
 /// The token list as aligned columns.
 pub fn token_table(tokens: &[TokenView]) -> String {
-    let mut rows = vec![[
-        "ID".to_string(),
-        "ACCOUNT".to_string(),
-        "NAME".to_string(),
-        "CREATED".to_string(),
-        "DERIVED".to_string(),
-    ]];
+    let mut rows = vec![
+        ["ID", "ACCOUNT", "NAME", "CREATED", "DERIVED"]
+            .map(str::to_string)
+            .to_vec(),
+    ];
     for t in tokens {
-        rows.push([
+        rows.push(vec![
             t.id.clone(),
             t.account.clone(),
             t.name.clone(),
@@ -182,21 +368,7 @@ pub fn token_table(tokens: &[TokenView]) -> String {
             t.derived.to_string(),
         ]);
     }
-    let widths: Vec<usize> = (0..5)
-        .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
-        .collect();
-    rows.iter()
-        .map(|r| {
-            r.iter()
-                .zip(&widths)
-                .map(|(cell, w)| format!("{cell:<w$}"))
-                .collect::<Vec<_>>()
-                .join("  ")
-                .trim_end()
-                .to_string()
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
+    table(&rows)
 }
 
 impl HubAccess {
@@ -312,6 +484,38 @@ mod tests {
         assert!(is_admin_command(Some("kubeconfig")));
         assert!(is_admin_command(Some("token")));
         assert!(!is_admin_command(Some("--grpc-addr")));
+        assert!(is_admin_command(Some("agent-token")));
+        assert!(is_admin_command(Some("account")));
+        let parsed = AdminCommand::try_parse_from([
+            "scale-agent-hub",
+            "agent-token",
+            "create",
+            "--identity",
+            "prod-agent",
+            "--accounts",
+            "prod-*",
+            "--ttl",
+            "1h",
+            "--once",
+        ])
+        .unwrap();
+        assert!(matches!(
+            parsed.command,
+            Admin::AgentToken { action: AgentTokenAction::Create { ref identity, once: true, .. } } if identity == "prod-agent"
+        ));
+        let parsed = AdminCommand::try_parse_from([
+            "scale-agent-hub",
+            "account",
+            "rebind",
+            "prod",
+            "--identity",
+            "prod-agent-2",
+        ])
+        .unwrap();
+        assert!(matches!(
+            parsed.command,
+            Admin::Account { action: AccountAction::Rebind { ref name, ref identity, .. } } if name == "prod" && identity == "prod-agent-2"
+        ));
         assert!(!is_admin_command(None));
         let parsed = AdminCommand::try_parse_from([
             "scale-agent-hub",

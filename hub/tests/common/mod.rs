@@ -146,7 +146,7 @@ pub async fn start_hub(pki: &Pki, dir: &Path, tweak: impl FnOnce(&mut Config)) -
         GrpcSecurity::MutualTls(TlsMaterial {
             cert_pem: pki.server_cert_pem.clone().into_bytes(),
             key_pem: pki.server_key_pem.clone().into_bytes(),
-            client_ca_pem: pki.ca_pem.clone().into_bytes(),
+            client_ca_pem: Some(pki.ca_pem.clone().into_bytes()),
         }),
         dir,
     );
@@ -550,6 +550,7 @@ pub struct FakeAgent {
     pub heartbeats: usize,
     pub operations: VecDeque<pb::Operation>,
     pub tunnel: VecDeque<pb::TunnelFrame>,
+    pub renewals: VecDeque<pb::CertificateRenewal>,
     pub welcome: Option<pb::Welcome>,
     /// Set once the stream ended: the status, or OK for a clean end.
     ended: Option<Status>,
@@ -566,6 +567,16 @@ pub async fn open_stream(
     pki_ca_pem: &str,
     client: Option<(String, String)>,
 ) -> Result<FakeAgent, Status> {
+    open_stream_with_token(hub, pki_ca_pem, client, None).await
+}
+
+/// The hub's gRPC channel (TLS, trusting `pki_ca_pem` for the server), with a client
+/// certificate when given.
+pub async fn grpc_channel(
+    hub: &RunningHub,
+    pki_ca_pem: &str,
+    client: Option<(String, String)>,
+) -> Result<tonic::transport::Channel, Status> {
     let mut tls = ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(pki_ca_pem))
         .domain_name("localhost");
@@ -576,14 +587,35 @@ pub async fn open_stream(
         .unwrap()
         .tls_config(tls)
         .unwrap();
-    let channel = endpoint
+    endpoint
         .connect()
         .await
-        .map_err(|e| Status::unavailable(format!("connect: {e:?}")))?;
+        .map_err(|e| Status::unavailable(format!("connect: {e:?}")))
+}
+
+/// Opens a stream with a client certificate and/or an agent bearer token.
+pub async fn open_stream_with_token(
+    hub: &RunningHub,
+    pki_ca_pem: &str,
+    client: Option<(String, String)>,
+    bearer: Option<&str>,
+) -> Result<FakeAgent, Status> {
+    let channel = grpc_channel(hub, pki_ca_pem, client).await?;
     let (tx, rx) = mpsc::channel(64);
-    let response = AgentHubClient::new(channel)
-        .session(ReceiverStream::new(rx))
-        .await?;
+    let mut request = tonic::Request::new(ReceiverStream::new(rx));
+    if let Some(token) = bearer {
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    }
+    let response = AgentHubClient::new(channel).session(request).await?;
+    Ok(finish_open(tx, response))
+}
+
+fn finish_open(
+    tx: mpsc::Sender<pb::AgentMessage>,
+    response: tonic::Response<tonic::Streaming<pb::HubMessage>>,
+) -> FakeAgent {
     let mut stream = response.into_inner();
     let (inbox_tx, inbox) = mpsc::unbounded_channel();
     let reader = tokio::spawn(async move {
@@ -595,7 +627,7 @@ pub async fn open_stream(
             }
         }
     });
-    Ok(FakeAgent {
+    FakeAgent {
         tx,
         inbox,
         reader,
@@ -605,9 +637,10 @@ pub async fn open_stream(
         heartbeats: 0,
         operations: VecDeque::new(),
         tunnel: VecDeque::new(),
+        renewals: VecDeque::new(),
         welcome: None,
         ended: None,
-    })
+    }
 }
 
 /// Connects and says Hello without capabilities (an agent from before the proxy); returns
@@ -631,19 +664,52 @@ pub async fn agent_with(
     let mut a = open_stream(hub, &pki.ca_pem, Some(pki.client(identity)))
         .await
         .unwrap();
-    a.send(Msg::Hello(pb::Hello {
-        replica: replica.into(),
-        agent_version: "test".into(),
-        capabilities: capabilities.iter().map(|c| c.to_string()).collect(),
-    }))
-    .await;
-    while a.welcome.is_none() {
-        a.pump().await.unwrap();
-    }
+    a.hello(replica, capabilities, "").await.unwrap();
     a
 }
 
+/// Connects and says Hello presenting the session token of an earlier stream.
+pub async fn resume_agent(
+    hub: &RunningHub,
+    pki: &Pki,
+    identity: &str,
+    replica: &str,
+    session_token: &str,
+) -> Result<FakeAgent, Status> {
+    let mut a = open_stream(hub, &pki.ca_pem, Some(pki.client(identity))).await?;
+    a.hello(replica, &[], session_token).await?;
+    Ok(a)
+}
+
 impl FakeAgent {
+    /// Says Hello and waits for Welcome (Err: the status the hub ended the stream with).
+    pub async fn hello(
+        &mut self,
+        replica: &str,
+        capabilities: &[&str],
+        session_token: &str,
+    ) -> Result<(), Status> {
+        self.send(Msg::Hello(pb::Hello {
+            replica: replica.into(),
+            agent_version: "test".into(),
+            capabilities: capabilities.iter().map(|c| c.to_string()).collect(),
+            session_token: session_token.into(),
+        }))
+        .await;
+        while self.welcome.is_none() {
+            self.pump().await?;
+        }
+        Ok(())
+    }
+
+    /// The session token the hub handed out in Welcome.
+    pub fn session_token(&self) -> String {
+        self.welcome
+            .as_ref()
+            .map(|w| w.session_token.clone())
+            .unwrap_or_default()
+    }
+
     pub async fn send(&mut self, kind: Msg) -> u64 {
         self.seq += 1;
         self.send_raw(pb::AgentMessage {
@@ -680,6 +746,7 @@ impl FakeAgent {
             Some(Out::Heartbeat(_)) => self.heartbeats += 1,
             Some(Out::Operation(op)) => self.operations.push_back(op),
             Some(Out::Tunnel(frame)) => self.tunnel.push_back(frame),
+            Some(Out::CertificateRenewal(r)) => self.renewals.push_back(r),
             None => panic!("empty hub message"),
         }
         Ok(())

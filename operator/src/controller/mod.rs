@@ -57,6 +57,10 @@ pub struct Config {
     pub watch_namespaces: WatchNamespaces,
     /// Agent images must start with one of these (see [`crate::policy::image_allowed`]).
     pub allowed_image_prefixes: Vec<String>,
+    /// Honour `spec.clientCertificate` (the operator signs agent certificates with a CA key
+    /// held in the cluster, for an identity the ScaleAgent chooses). Off by default: agents
+    /// enrol with the hub (`spec.enrolment`).
+    pub allow_operator_signed_certificates: bool,
 }
 
 impl Default for Config {
@@ -69,6 +73,7 @@ impl Default for Config {
             instance: None,
             watch_namespaces: WatchNamespaces::All,
             allowed_image_prefixes: policy::default_image_prefixes(),
+            allow_operator_signed_certificates: false,
         }
     }
 }

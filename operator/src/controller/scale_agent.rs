@@ -34,6 +34,7 @@ use super::Context;
 use crate::{
     apply::{Outcome, apply, delete_if_exists, list},
     desired::{self, FINALIZER},
+    enrol,
     error::{Error, Result, is_not_found, kube_err},
     pki::{self, Ca, Decision},
     policy, rbac,
@@ -99,6 +100,38 @@ struct CertificatePlan {
     state: CertificateState,
     secret: Option<Secret>,
     issued: Option<&'static str>,
+    /// The identity in the certificate, for status.
+    identity: Option<String>,
+    /// The enrolment token version presented to the hub in this reconcile, for status.
+    token_version: Option<String>,
+}
+
+impl CertificatePlan {
+    fn without_secret(state: CertificateState) -> Self {
+        Self {
+            state,
+            secret: None,
+            issued: None,
+            identity: None,
+            token_version: None,
+        }
+    }
+}
+
+async fn get_secret(secrets: &Api<Secret>, name: String) -> Result<Option<Secret>> {
+    secrets.get_opt(&name).await.map_err(kube_err(format!(
+        "get Secret {}/{name}",
+        secrets.namespace().unwrap_or_default()
+    )))
+}
+
+/// A field of a Secret as UTF-8 text.
+fn secret_text(secret: &Secret, key: &str) -> Option<String> {
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .and_then(|v| String::from_utf8(v.0.clone()).ok())
 }
 
 async fn plan_certificate(
@@ -114,27 +147,38 @@ async fn plan_certificate(
             reason,
             message: message.clone(),
         });
-        CertificatePlan {
-            state: CertificateState::Failed(message),
-            secret: None,
-            issued: None,
-        }
+        CertificatePlan::without_secret(CertificateState::Failed(message))
     };
     if agent.spec.hub.tls.insecure_plaintext {
-        return Ok(CertificatePlan {
-            state: CertificateState::NotRequired,
-            secret: None,
-            issued: None,
-        });
+        return Ok(CertificatePlan::without_secret(
+            CertificateState::NotRequired,
+        ));
+    }
+    if let Some(enrolment) = &agent.spec.enrolment {
+        return plan_enrolment(agent, enrolment, secrets, now, problems).await;
     }
     let Some(spec) = &agent.spec.client_certificate else {
         return Ok(fail(
-            "ClientCertificateMissing",
-            "spec.clientCertificate is required: set clientCertificate.issuerSecretRef.name to \
-             the Secret holding the CA that signs agent certificates"
+            "EnrolmentMissing",
+            "spec.enrolment is required: set enrolment.tokenSecretRef.name to a Secret holding \
+             a one-time enrolment token from the hub (`scale-agent-hub agent-token create \
+             --once`)"
                 .into(),
         ));
     };
+    if !ctx.config.allow_operator_signed_certificates {
+        return Ok(fail(
+            "OperatorSignedCertificatesNotAllowed",
+            "spec.clientCertificate (a certificate the operator signs with a CA key held in \
+             this cluster, for an identity chosen here) is refused: this operator runs without \
+             --allow-operator-signed-certificates. Replace spec.clientCertificate with \
+             spec.enrolment.tokenSecretRef naming a Secret with a one-time token from the hub \
+             (`scale-agent-hub agent-token create --once`), or start the operator with \
+             --allow-operator-signed-certificates (SCALE_AGENT_OPERATOR_ALLOW_OPERATOR_SIGNED_CERTIFICATES=true) \
+             and trust its CA on the hub with --client-ca"
+                .into(),
+        ));
+    }
     let Some(identity) = agent.client_identity() else {
         return Err(Error::MissingField("metadata.name"));
     };
@@ -234,7 +278,244 @@ async fn plan_certificate(
             &ca.cert_pem,
         )?),
         issued,
+        identity: Some(identity),
+        token_version: None,
     })
+}
+
+/// `spec.enrolment`: keeps the hub-issued certificate, renews it by certificate from 2/3 of
+/// its lifetime, or enrols with the token (each version of the token Secret once).
+async fn plan_enrolment(
+    agent: &ScaleAgent,
+    enrolment: &scale_agent_crds::v1alpha1::Enrolment,
+    secrets: &Api<Secret>,
+    now: i64,
+    problems: &mut Vec<Problem>,
+) -> Result<CertificatePlan> {
+    let namespace = agent.namespace().unwrap_or_default();
+    let mut fail = |reason: &'static str, message: String| {
+        problems.push(Problem {
+            reason,
+            message: message.clone(),
+        });
+        CertificatePlan::without_secret(CertificateState::Failed(message))
+    };
+    let get = |name: String| get_secret(secrets, name);
+    let hub_ca_pem = match &agent.spec.hub.tls.ca_secret_ref {
+        None => None,
+        Some(r) => match get(r.name.clone())
+            .await?
+            .and_then(|s| secret_text(&s, &r.key))
+        {
+            Some(pem) => Some(pem),
+            None => {
+                return Ok(fail(
+                    "HubCaSecretNotFound",
+                    format!(
+                        "Secret {} with key {} (spec.hub.tls.caSecretRef) not found in \
+                         namespace {namespace}: create it with the CA of the hub's serving \
+                         certificate, which the operator needs to enrol the agent",
+                        r.name, r.key
+                    ),
+                ));
+            }
+        },
+    };
+    let hub = enrol::HubEndpoint {
+        address: agent.spec.hub.address.clone(),
+        server_name: agent.spec.hub.tls.server_name.clone(),
+        ca_pem: hub_ca_pem,
+    };
+    let existing = get(desired::tls_secret_name(agent)).await?;
+    let field = |key: &str| existing.as_ref().and_then(|s| secret_text(s, key));
+    let (cert, key, ca) = (field("tls.crt"), field("tls.key"), field("ca.crt"));
+    let current = enrol::Current {
+        cert_pem: cert.as_deref(),
+        key_pem: key.as_deref(),
+        ca_pem: ca.as_deref(),
+        hub_issued: existing.as_ref().is_some_and(|s| {
+            s.annotations()
+                .get(enrol::ISSUED_BY_ANNOTATION)
+                .map(String::as_str)
+                == Some(enrol::ISSUED_BY_HUB)
+        }),
+    };
+    let hub_secret = |cert: &str, key: &str, ca: &str| -> Result<Secret> {
+        let mut secret = desired::tls_secret(agent, cert, key, ca)?;
+        secret.annotations_mut().insert(
+            enrol::ISSUED_BY_ANNOTATION.into(),
+            enrol::ISSUED_BY_HUB.into(),
+        );
+        Ok(secret)
+    };
+    let valid = |info: &pki::CertificateInfo| CertificateState::Valid {
+        not_after: info.not_after,
+        renew_at: info.renew_at(),
+    };
+    let issued_plan = |issued: scale_agent_proto::v1::IssuedCertificate,
+                       key: &str,
+                       reason: &'static str,
+                       token_version: Option<String>|
+     -> Result<CertificatePlan> {
+        let not_before = pki::parse(&issued.certificate_chain_pem)
+            .map(|i| i.not_before)
+            .unwrap_or(now);
+        let info = pki::CertificateInfo {
+            common_name: Some(issued.identity.clone()),
+            dns_names: vec![issued.identity.clone()],
+            not_before,
+            not_after: issued.not_after_unix,
+        };
+        Ok(CertificatePlan {
+            state: valid(&info),
+            secret: Some(hub_secret(
+                &issued.certificate_chain_pem,
+                key,
+                &issued.ca_pem,
+            )?),
+            issued: Some(reason),
+            identity: Some(issued.identity),
+            token_version,
+        })
+    };
+    let reason = match enrol::decide(&current, now) {
+        enrol::Decision::Keep(info) => {
+            return Ok(CertificatePlan {
+                state: valid(&info),
+                secret: Some(hub_secret(
+                    cert.as_deref().unwrap_or_default(),
+                    key.as_deref().unwrap_or_default(),
+                    ca.as_deref().unwrap_or_default(),
+                )?),
+                issued: None,
+                identity: info.common_name.clone(),
+                token_version: None,
+            });
+        }
+        enrol::Decision::Renew(info) => {
+            let (new_key, csr) =
+                enrol::key_and_csr(&agent.name_any()).map_err(Error::Certificate)?;
+            let client = (
+                cert.as_deref().unwrap_or_default(),
+                key.as_deref().unwrap_or_default(),
+            );
+            match enrol::enroll(&hub, "", &csr, Some(client)).await {
+                Ok(issued) => return issued_plan(issued, &new_key, "Renewal", None),
+                Err(failure) => {
+                    // The current certificate still works: keep it, report, retry.
+                    problems.push(Problem {
+                        reason: "CertificateRenewalFailed",
+                        message: format!(
+                            "renewing the agent certificate (valid until {}) failed: {}",
+                            status::rfc3339(info.not_after),
+                            enrol::failure_message(
+                                &failure,
+                                &hub.address,
+                                &agent.namespace().unwrap_or_default(),
+                                &enrolment.token_secret_ref.name,
+                                &enrolment.token_secret_ref.key,
+                            )
+                        ),
+                    });
+                    return Ok(CertificatePlan {
+                        state: valid(&info),
+                        secret: Some(hub_secret(
+                            client.0,
+                            client.1,
+                            ca.as_deref().unwrap_or_default(),
+                        )?),
+                        issued: None,
+                        identity: info.common_name.clone(),
+                        token_version: None,
+                    });
+                }
+            }
+        }
+        enrol::Decision::Enrol(reason) => reason,
+    };
+    let namespace = agent.namespace().unwrap_or_default();
+    let token_ref = &enrolment.token_secret_ref;
+    let hint = |identity: &str| {
+        enrol::new_token_hint(&namespace, &token_ref.name, &token_ref.key, identity)
+    };
+    let identity_hint = agent
+        .status
+        .as_ref()
+        .and_then(|s| s.identity.clone())
+        .unwrap_or_else(|| "<identity>".into());
+    let Some(token_secret) = get(token_ref.name.clone()).await? else {
+        return Ok(fail(
+            "EnrolmentTokenSecretNotFound",
+            format!(
+                "enrolment token Secret {} not found in namespace {namespace} \
+                 (spec.enrolment.tokenSecretRef): {}",
+                token_ref.name,
+                hint(&identity_hint)
+            ),
+        ));
+    };
+    let Some(token) = secret_text(&token_secret, &token_ref.key)
+        .map(|t| t.trim().to_owned())
+        .filter(|t| !t.is_empty())
+    else {
+        return Ok(fail(
+            "EnrolmentTokenMissing",
+            format!(
+                "Secret {namespace}/{} has no key {} with an enrolment token: {}",
+                token_ref.name,
+                token_ref.key,
+                hint(&identity_hint)
+            ),
+        ));
+    };
+    let version = enrol::token_version(&token_secret);
+    let presented = agent
+        .status
+        .as_ref()
+        .and_then(|s| s.enrolment_token_version.as_deref());
+    if presented == Some(version.as_str()) {
+        // Never twice: keep the previous answer's message when there is one.
+        let previous = agent
+            .status
+            .as_ref()
+            .and_then(|s| {
+                status::condition(
+                    &s.conditions,
+                    scale_agent_crds::conditions::CERTIFICATE_READY,
+                )
+            })
+            .filter(|c| c.status != STATUS_TRUE)
+            .map(|c| c.message.clone());
+        return Ok(fail(
+            "EnrolmentTokenUsed",
+            previous.unwrap_or_else(|| {
+                format!(
+                    "the agent needs a new certificate ({reason}) but the enrolment token in \
+                     Secret {namespace}/{} was already presented to the hub: {}",
+                    token_ref.name,
+                    hint(&identity_hint)
+                )
+            }),
+        ));
+    }
+    let (new_key, csr) = enrol::key_and_csr(&agent.name_any()).map_err(Error::Certificate)?;
+    match enrol::enroll(&hub, &token, &csr, None).await {
+        Ok(issued) => issued_plan(issued, &new_key, reason, Some(version)),
+        Err(failure) => {
+            let message = enrol::failure_message(
+                &failure,
+                &hub.address,
+                &namespace,
+                &token_ref.name,
+                &token_ref.key,
+            );
+            let mut plan = fail("EnrolmentRefused", message);
+            if failure.token_seen() {
+                plan.token_version = Some(version);
+            }
+            Ok(plan)
+        }
+    }
 }
 
 /// The rules for the accepted ServiceAccount accounts.
@@ -494,6 +775,10 @@ async fn apply_agent(agent: &ScaleAgent, ctx: &Context) -> Result<Action> {
     }
 
     let certificate = plan_certificate(agent, ctx, &secrets, now, &mut problems).await?;
+    // Stored first: a certificate the hub issued for a one-time token cannot be had again.
+    if let Some(secret) = &certificate.secret {
+        note(&mut applied, apply(&secrets, secret).await?.1, "Secret");
+    }
 
     // Apply, in dependency order.
     let service_accounts = Api::<ServiceAccount>::namespaced(client.clone(), &namespace);
@@ -514,9 +799,6 @@ async fn apply_agent(agent: &ScaleAgent, ctx: &Context) -> Result<Action> {
             .1,
         "ConfigMap",
     );
-    if let Some(secret) = &certificate.secret {
-        note(&mut applied, apply(&secrets, secret).await?.1, "Secret");
-    }
     let deployments = Api::<Deployment>::namespaced(client.clone(), &namespace);
     let kubeconfig_secrets = desired::kubeconfig_secrets(&accepted);
     let (deployment, outcome) = apply(
@@ -533,7 +815,13 @@ async fn apply_agent(agent: &ScaleAgent, ctx: &Context) -> Result<Action> {
         problems: problems.clone(),
         accounts: i32::try_from(accepted.len()).unwrap_or(i32::MAX),
     };
-    let new_status = status::scale_agent_status(agent, &observed, Time(Timestamp::now()));
+    let mut new_status = status::scale_agent_status(agent, &observed, Time(Timestamp::now()));
+    if certificate.identity.is_some() {
+        new_status.identity = certificate.identity.clone();
+    }
+    if certificate.token_version.is_some() {
+        new_status.enrolment_token_version = certificate.token_version.clone();
+    }
     let api = Api::<ScaleAgent>::namespaced(client.clone(), &namespace);
     let wrote = status::patch_status(&api, agent, agent.status.as_ref(), &new_status).await?;
     if !applied.is_empty() {
@@ -557,7 +845,7 @@ async fn apply_agent(agent: &ScaleAgent, ctx: &Context) -> Result<Action> {
             "IssueCertificate",
             format!(
                 "issued client certificate for {} valid until {} ({reason})",
-                agent.client_identity().unwrap_or_default(),
+                certificate.identity.as_deref().unwrap_or_default(),
                 status::rfc3339(*not_after)
             ),
         )

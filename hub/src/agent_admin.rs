@@ -1,0 +1,340 @@
+//! The admin API of agent identities: issuing, listing and revoking agent tokens (one-time
+//! enrolment tokens and bearer tokens), and moving an account's identity binding. Every route
+//! needs the admin's authorisation ([`authorize`], the one place to change when the HTTP API's
+//! roles arrive). A token is shown once, in the answer that issues it, and never logged.
+
+use std::sync::Arc;
+
+use axum::{
+    Json, Router,
+    extract::{Path, Query, State},
+    http::{HeaderMap, StatusCode},
+    response::{IntoResponse, Response},
+    routing::{delete, get, post},
+};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    Control, Hub,
+    agent_tokens::{AgentTokenKind, AgentTokenRecord},
+    config::parse_duration,
+    store::StoreOp,
+};
+
+/// Longest lifetime of an agent token.
+const MAX_TTL_SECONDS: i64 = 366 * 24 * 3600;
+
+/// The routes.
+pub(crate) fn router() -> Router<Arc<Hub>> {
+    Router::new()
+        .route("/api/v1/agent-tokens", post(create_token).get(list_tokens))
+        .route("/api/v1/agent-tokens/{id}", delete(revoke_token))
+        .route("/api/v1/accounts/{name}/rebind", post(rebind))
+        .route("/api/v1/account-bindings", get(list_bindings))
+}
+
+/// The admin check of every route here.
+fn authorize(hub: &Hub, headers: &HeaderMap) -> Result<(), Response> {
+    crate::admin_api::require_admin(hub, headers).map_err(IntoResponse::into_response)
+}
+
+fn time(unix: i64) -> String {
+    jiff::Timestamp::from_second(unix)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
+/// Query of `POST /api/v1/agent-tokens`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreateQuery {
+    /// The identity an agent using the token gets (a DNS name: it goes into certificates).
+    pub identity: String,
+    /// Glob of the account names it may register.
+    pub accounts: String,
+    /// Lifetime: seconds, or a number with s, m or h.
+    pub ttl: String,
+    /// A one-time enrolment token (else a bearer token).
+    #[serde(default)]
+    pub once: bool,
+}
+
+/// An agent token as the API shows it.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentTokenView {
+    pub id: String,
+    /// `enrolment` or `bearer`.
+    pub kind: String,
+    pub identity: String,
+    pub accounts: String,
+    pub created: String,
+    pub expires: String,
+    /// When an enrolment token was used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used: Option<String>,
+    /// Only in the answer that issues it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
+impl From<AgentTokenRecord> for AgentTokenView {
+    fn from(r: AgentTokenRecord) -> Self {
+        AgentTokenView {
+            kind: r.kind.as_str().to_string(),
+            created: time(r.created),
+            expires: time(r.expires),
+            used: r.used.map(time),
+            id: r.id,
+            identity: r.identity,
+            accounts: r.accounts,
+            token: None,
+        }
+    }
+}
+
+/// Checks what a token is issued for; the error says what to change.
+fn validate(query: &CreateQuery) -> Result<i64, String> {
+    let identity = query.identity.trim();
+    let dns_name = !identity.is_empty()
+        && identity.len() <= 253
+        && identity.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        });
+    if !dns_name {
+        return Err(format!(
+            "identity {identity:?} must be a lowercase DNS name (letters, digits, '-', '.'), \
+             e.g. prod-agent: it becomes the DNS name of the agent's certificate"
+        ));
+    }
+    if query.accounts.trim().is_empty() {
+        return Err("accounts must be a pattern of account names, e.g. 'prod-*' or '*'".into());
+    }
+    let ttl = parse_duration(&query.ttl)?;
+    let ttl = i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX);
+    if !(60..=MAX_TTL_SECONDS).contains(&ttl) {
+        return Err(format!(
+            "ttl {:?} must be between 1m and 366 days (8784h)",
+            query.ttl
+        ));
+    }
+    Ok(ttl)
+}
+
+async fn create_token(
+    State(hub): State<Arc<Hub>>,
+    Query(query): Query<CreateQuery>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(refused) = authorize(&hub, &headers) {
+        return refused;
+    }
+    let ttl = match validate(&query) {
+        Ok(ttl) => ttl,
+        Err(message) => return crate::http::error(StatusCode::BAD_REQUEST, message),
+    };
+    let kind = if query.once {
+        AgentTokenKind::Enrolment
+    } else {
+        AgentTokenKind::Bearer
+    };
+    let mut store = hub.store.lock().await;
+    let issued = hub.agent_tokens().issue(
+        kind,
+        query.identity.trim(),
+        query.accounts.trim(),
+        ttl,
+        crate::agent_ca::now_unix(),
+    );
+    let (token, record, ops) = match issued {
+        Ok(issued) => issued,
+        Err(e) => {
+            return crate::http::error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("cannot issue a token: {e}"),
+            );
+        }
+    };
+    if let Err(e) = store.commit(ops).await {
+        hub.agent_tokens().revoke(&record.id);
+        return crate::http::error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot store the token: {e}"),
+        );
+    }
+    drop(store);
+    tracing::info!(id = %record.id, kind = record.kind.as_str(), identity = %record.identity, accounts = %record.accounts, expires = %time(record.expires), "issued an agent token");
+    let mut view = AgentTokenView::from(record);
+    view.token = Some(token);
+    (StatusCode::CREATED, Json(view)).into_response()
+}
+
+async fn list_tokens(State(hub): State<Arc<Hub>>, headers: HeaderMap) -> Response {
+    if let Err(refused) = authorize(&hub, &headers) {
+        return refused;
+    }
+    let list: Vec<AgentTokenView> = hub
+        .agent_tokens()
+        .list()
+        .into_iter()
+        .map(AgentTokenView::from)
+        .collect();
+    Json(list).into_response()
+}
+
+async fn revoke_token(
+    State(hub): State<Arc<Hub>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(refused) = authorize(&hub, &headers) {
+        return refused;
+    }
+    let mut store = hub.store.lock().await;
+    let revoked = hub.agent_tokens().revoke(&id);
+    let Some((record, ops)) = revoked else {
+        return crate::http::error(
+            StatusCode::NOT_FOUND,
+            format!(
+                "no agent token with id {id:?} (`scale-agent-hub agent-token list` shows them)"
+            ),
+        );
+    };
+    if let Err(e) = store.commit(ops).await {
+        return crate::http::error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the token is revoked in memory but could not be stored: {e}"),
+        );
+    }
+    tracing::info!(%id, identity = %record.identity, "revoked an agent token");
+    Json(AgentTokenView::from(record)).into_response()
+}
+
+/// Query of `POST /api/v1/accounts/{name}/rebind`.
+#[derive(Debug, Deserialize)]
+pub struct RebindQuery {
+    /// The identity the account is bound to from now on.
+    pub identity: String,
+}
+
+/// An account's binding as the API shows it.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BindingView {
+    pub account: String,
+    pub identity: String,
+    pub since: String,
+}
+
+/// Moves an account's binding to another identity. Streams of other identities that serve
+/// the account are ended, so they stop receiving its operations at once; when they
+/// reconnect, their registration of the account is refused.
+async fn rebind(
+    State(hub): State<Arc<Hub>>,
+    Path(name): Path<String>,
+    Query(query): Query<RebindQuery>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(refused) = authorize(&hub, &headers) {
+        return refused;
+    }
+    if let Err(message) = crate::session::validate_account_name(&name) {
+        return crate::http::error(StatusCode::BAD_REQUEST, message);
+    }
+    let identity = query.identity.trim().to_string();
+    if identity.is_empty() || identity.contains('*') {
+        return crate::http::error(
+            StatusCode::BAD_REQUEST,
+            "identity must name one agent identity (no wildcards)".into(),
+        );
+    }
+    let mut store = hub.store.lock().await;
+    let (binding, previous, evicted) = {
+        let mut st = hub.state();
+        let previous = st.registry.bindings.get(&name).map(|b| b.identity.clone());
+        let binding = st
+            .registry
+            .bind(&name, &identity, crate::agent_ca::now_unix());
+        let evicted = st.registry.sessions_of_others(&name, &identity);
+        (binding, previous, evicted)
+    };
+    if let Err(e) = store
+        .commit(vec![StoreOp::PutBinding {
+            account: name.clone(),
+            binding: binding.clone(),
+        }])
+        .await
+    {
+        return crate::http::error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the binding changed in memory but could not be stored: {e}"),
+        );
+    }
+    drop(store);
+    for session in &evicted {
+        hub.control(
+            *session,
+            Control::Close(tonic::Status::permission_denied(format!(
+                "account {name:?} was rebound to identity {identity:?} by an admin; this \
+                 agent's identity may no longer serve it"
+            ))),
+        );
+    }
+    tracing::info!(account = %name, %identity, previous = previous.as_deref().unwrap_or(""), evicted = evicted.len(), "account rebound");
+    Json(BindingView {
+        account: name,
+        identity: binding.identity,
+        since: time(binding.since),
+    })
+    .into_response()
+}
+
+async fn list_bindings(State(hub): State<Arc<Hub>>, headers: HeaderMap) -> Response {
+    if let Err(refused) = authorize(&hub, &headers) {
+        return refused;
+    }
+    let list: Vec<BindingView> = hub
+        .state()
+        .registry
+        .bindings
+        .iter()
+        .map(|(account, b)| BindingView {
+            account: account.clone(),
+            identity: b.identity.clone(),
+            since: time(b.since),
+        })
+        .collect();
+    Json(list).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn query(identity: &str, accounts: &str, ttl: &str) -> CreateQuery {
+        CreateQuery {
+            identity: identity.into(),
+            accounts: accounts.into(),
+            ttl: ttl.into(),
+            once: true,
+        }
+    }
+
+    #[test]
+    fn token_requests_are_checked() {
+        assert_eq!(validate(&query("prod-agent", "prod-*", "1h")), Ok(3600));
+        let err = validate(&query("Prod Agent", "prod-*", "1h")).unwrap_err();
+        assert!(err.contains("lowercase DNS name"), "{err}");
+        let err = validate(&query("prod-agent", " ", "1h")).unwrap_err();
+        assert!(err.contains("pattern"), "{err}");
+        let err = validate(&query("prod-agent", "*", "10s")).unwrap_err();
+        assert!(err.contains("between 1m"), "{err}");
+        assert!(validate(&query("prod-agent", "*", "soon")).is_err());
+    }
+}

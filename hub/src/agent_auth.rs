@@ -1,0 +1,372 @@
+//! Who an agent stream is: the gRPC listener's TLS (client certificates optional, so that
+//! enrolling and token-authenticated agents get in), the check of a presented certificate
+//! chain against the hub's CA and an opted-in external CA, agent bearer tokens, and the one
+//! [`authenticate`] step the service calls.
+//!
+//! The TLS layer proves that a client holds the key of the certificate it presents, but
+//! leaves the chain to [`ClientCertificates::verify`]: a certificate the hub did not issue is
+//! then refused with a gRPC status that says what to do, instead of a bare TLS alert, and the
+//! same check serves a chain that reaches the hub another way (a forwarded client certificate
+//! from a trusted proxy). Every RPC that needs an identity must go through [`authenticate`].
+
+use std::{sync::Arc, time::Duration};
+
+use futures::Stream;
+use rustls::{
+    DistinguishedName, RootCertStore, SignatureScheme,
+    client::danger::HandshakeSignatureValid,
+    pki_types::{CertificateDer, PrivateKeyDer, UnixTime, pem::PemObject as _},
+    server::{
+        WebPkiClientVerifier,
+        danger::{ClientCertVerified, ClientCertVerifier},
+    },
+};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::{TlsAcceptor, server::TlsStream};
+use tonic::{Status, metadata::MetadataMap};
+
+use crate::{
+    Hub,
+    agent_tokens::AgentTokenKind,
+    error::{HubError, Result},
+    identity::{ANONYMOUS, identity_from_der},
+};
+
+/// How long a client may take to complete the TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Handshaken connections waiting for the gRPC server.
+const ACCEPTED_QUEUE: usize = 64;
+
+/// Which CA vouched for a client certificate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CertificateOrigin {
+    /// The hub's own CA (enrolment or renewal).
+    Hub,
+    /// The external CA of `--client-ca` (the operator-signed mode, an explicit opt-in).
+    External,
+}
+
+/// The trusted issuers of client certificates.
+#[derive(Debug)]
+pub struct ClientCertificates {
+    hub: Arc<dyn ClientCertVerifier>,
+    external: Option<Arc<dyn ClientCertVerifier>>,
+    /// Accepts a chain of either (for the TLS layer's root hints and signature checks).
+    any: Arc<dyn ClientCertVerifier>,
+}
+
+fn roots(pem: &[u8], what: &str) -> Result<RootCertStore> {
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(pem) {
+        let cert = cert.map_err(|e| HubError::Config(format!("{what}: {e}")))?;
+        roots
+            .add(cert)
+            .map_err(|e| HubError::Config(format!("{what}: {e}")))?;
+    }
+    if roots.is_empty() {
+        return Err(HubError::Config(format!("{what} holds no PEM certificate")));
+    }
+    Ok(roots)
+}
+
+fn verifier(roots: RootCertStore) -> Result<Arc<dyn ClientCertVerifier>> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| HubError::Config(format!("client certificate verifier: {e}")))
+}
+
+impl ClientCertificates {
+    /// Trusts certificates of the hub's CA and, when given, of an external CA.
+    pub fn new(hub_ca_pem: &[u8], external_ca_pem: Option<&[u8]>) -> Result<Self> {
+        let hub_roots = roots(hub_ca_pem, "the hub's agent CA")?;
+        let mut any_roots = hub_roots.clone();
+        let external = match external_ca_pem {
+            Some(pem) => {
+                let external = roots(pem, "--client-ca")?;
+                any_roots.roots.extend(external.roots.iter().cloned());
+                Some(verifier(external)?)
+            }
+            None => None,
+        };
+        Ok(ClientCertificates {
+            hub: verifier(hub_roots)?,
+            external,
+            any: verifier(any_roots)?,
+        })
+    }
+
+    /// Checks a presented chain (leaf first) now; returns the identity in the leaf and which
+    /// CA vouched for it. The error says what to change.
+    pub fn verify(
+        &self,
+        chain: &[CertificateDer<'_>],
+    ) -> Result<(String, CertificateOrigin), String> {
+        let Some((leaf, intermediates)) = chain.split_first() else {
+            return Err("no client certificate".into());
+        };
+        let now = UnixTime::now();
+        let origin = match self.hub.verify_client_cert(leaf, intermediates, now) {
+            Ok(_) => CertificateOrigin::Hub,
+            Err(hub_error) => match &self.external {
+                Some(external) => match external.verify_client_cert(leaf, intermediates, now) {
+                    Ok(_) => CertificateOrigin::External,
+                    Err(e) => {
+                        return Err(format!(
+                            "the client certificate is neither one this hub issued ({hub_error}) \
+                             nor one the CA of --client-ca signed ({e}); enrol the agent with a \
+                             one-time token (`scale-agent-hub agent-token create --once`) to \
+                             get a certificate from the hub"
+                        ));
+                    }
+                },
+                None => {
+                    return Err(format!(
+                        "the client certificate was not issued by this hub ({hub_error}); enrol \
+                         the agent with a one-time token (`scale-agent-hub agent-token create \
+                         --once`), or start the hub with --client-ca to also trust the CA that \
+                         signed it (the operator-signed mode)"
+                    ));
+                }
+            },
+        };
+        let identity = identity_from_der(leaf.as_ref())?;
+        Ok((identity, origin))
+    }
+}
+
+/// The TLS layer's view: every chain is accepted here (its holder's proof of the key is
+/// checked), the chain itself by [`ClientCertificates::verify`] in [`authenticate`].
+#[derive(Debug)]
+struct ChainCheckedLater(Arc<dyn ClientCertVerifier>);
+
+impl ClientCertVerifier for ChainCheckedLater {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.0.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> std::result::Result<ClientCertVerified, rustls::Error> {
+        Ok(ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
+/// The gRPC listener's TLS configuration: the server certificate, client certificates
+/// optional, HTTP/2.
+pub fn server_tls_config(
+    cert_pem: &[u8],
+    key_pem: &[u8],
+    clients: &ClientCertificates,
+) -> Result<Arc<rustls::ServerConfig>> {
+    let certs = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| HubError::Config(format!("the gRPC server certificate: {e}")))?;
+    if certs.is_empty() {
+        return Err(HubError::Config(
+            "the gRPC server certificate file (--tls-cert) holds no PEM certificate".into(),
+        ));
+    }
+    let key = PrivateKeyDer::from_pem_slice(key_pem)
+        .map_err(|e| HubError::Config(format!("the gRPC server key (--tls-key): {e}")))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| HubError::Config(format!("TLS: {e}")))?
+        .with_client_cert_verifier(Arc::new(ChainCheckedLater(clients.any.clone())))
+        .with_single_cert(certs, key)
+        .map_err(|e| {
+            HubError::Config(format!(
+                "the gRPC server certificate and key do not fit together: {e}"
+            ))
+        })?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// Accepts TCP connections and completes their TLS handshakes concurrently; yields the
+/// connections that made it. A failed handshake is logged with the peer and the reason.
+pub fn tls_incoming(
+    listener: TcpListener,
+    config: Arc<rustls::ServerConfig>,
+) -> impl Stream<Item = std::io::Result<TlsStream<TcpStream>>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(ACCEPTED_QUEUE);
+    let acceptor = TlsAcceptor::from(config);
+    tokio::spawn(async move {
+        loop {
+            let (tcp, peer) = tokio::select! {
+                () = tx.closed() => return,
+                accepted = listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        // Out of file descriptors and the like: wait instead of spinning.
+                        tracing::warn!(error = %e, "gRPC listener cannot accept a connection");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+            };
+            let _ = tcp.set_nodelay(true);
+            let acceptor = acceptor.clone();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                    Ok(Ok(tls)) => {
+                        let _ = tx.send(Ok(tls)).await;
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(%peer, reason = %e, "gRPC TLS handshake failed");
+                    }
+                    Err(_) => {
+                        tracing::warn!(%peer, reason = "no handshake within 10s", "gRPC TLS handshake failed");
+                    }
+                }
+            });
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// An authenticated agent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Authenticated {
+    pub identity: String,
+    /// Account-name globs its credentials allow (all must match; `--allow` applies too).
+    pub account_patterns: Vec<String>,
+    /// Set when a client certificate authenticated it.
+    pub certificate: Option<CertificateOrigin>,
+    /// How, for logs: "certificate (hub)", "token", ...
+    pub via: String,
+}
+
+/// The bearer token in `authorization` metadata, if any.
+fn bearer(metadata: &MetadataMap) -> Option<&str> {
+    let value = metadata.get("authorization")?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then_some(token.trim())
+}
+
+/// Authenticates a stream from its client certificate chain (the TLS peer's, or one a
+/// trusted proxy forwarded) and its bearer token. When both are presented their identities
+/// must agree.
+pub(crate) fn authenticate(
+    hub: &Hub,
+    chain: Option<&[CertificateDer<'_>]>,
+    metadata: &MetadataMap,
+) -> Result<Authenticated, Status> {
+    let chain = chain.filter(|c| !c.is_empty());
+    let from_certificate = match (chain, &hub.client_certificates) {
+        (Some(chain), Some(clients)) => {
+            Some(clients.verify(chain).map_err(Status::unauthenticated)?)
+        }
+        _ => None,
+    };
+    let from_token = match bearer(metadata) {
+        None => None,
+        Some(token) => {
+            let now = crate::agent_ca::now_unix();
+            let record = hub
+                .agent_tokens()
+                .check(token, AgentTokenKind::Bearer, now)
+                .map_err(|r| r.to_status())?
+                .clone();
+            Some(record)
+        }
+    };
+    let mut account_patterns = Vec::new();
+    let (identity, certificate, via) = match (from_certificate, &from_token) {
+        (Some((cert_identity, _)), Some(token)) if cert_identity != token.identity => {
+            return Err(Status::permission_denied(format!(
+                "the client certificate is for identity {cert_identity:?} but the bearer token \
+                 {} is for {:?}; present credentials of one identity (or only one of them)",
+                token.id, token.identity
+            )));
+        }
+        (Some((identity, origin)), token) => {
+            let via = match (origin, token) {
+                (CertificateOrigin::Hub, None) => "certificate (hub-issued)",
+                (CertificateOrigin::External, None) => "certificate (--client-ca)",
+                (_, Some(_)) => "certificate and token",
+            };
+            (identity, Some(origin), via)
+        }
+        (None, Some(token)) => (token.identity.clone(), None, "token"),
+        (None, None) => match hub.client_certificates {
+            None => (ANONYMOUS.to_string(), None, "none (--insecure-plaintext)"),
+            Some(_) => {
+                return Err(Status::unauthenticated(
+                    "the stream needs a client certificate this hub issued (enrol the agent \
+                     with a one-time token: clouddriver.auth.enrolmentTokenFile) or an agent \
+                     bearer token (clouddriver.auth.tokenFile); the hub's admin issues both \
+                     with `scale-agent-hub agent-token create`",
+                ));
+            }
+        },
+    };
+    if let Some(token) = &from_token {
+        account_patterns.push(token.accounts.clone());
+    }
+    if certificate == Some(CertificateOrigin::Hub)
+        && let Some(enrolled) = hub.agent_tokens().enrolled(&identity)
+    {
+        account_patterns.push(enrolled.accounts.clone());
+    }
+    account_patterns.dedup();
+    Ok(Authenticated {
+        identity,
+        account_patterns,
+        certificate,
+        via: via.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_tokens_in_metadata() {
+        let mut m = MetadataMap::new();
+        assert_eq!(bearer(&m), None);
+        m.insert("authorization", "Bearer saa_x".parse().unwrap());
+        assert_eq!(bearer(&m), Some("saa_x"));
+        m.insert("authorization", "Basic abc".parse().unwrap());
+        assert_eq!(bearer(&m), None);
+    }
+}
