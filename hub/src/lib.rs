@@ -8,6 +8,8 @@
 //! call [`RunningHub::shutdown`] at the end. The binary calls [`run`].
 
 pub mod admin_api;
+pub mod api_auth;
+pub mod audit;
 pub mod cache;
 pub mod cli;
 pub mod clouddriver;
@@ -96,6 +98,8 @@ pub(crate) struct Hub {
     pub(crate) discovery: proxy::discovery::DiscoveryCache,
     tokens: Mutex<Tokens>,
     pub(crate) admin_token: Option<AdminToken>,
+    /// The API tokens file (`--api-tokens-file`), re-read in the background.
+    pub(crate) api_tokens_file: Option<Arc<api_auth::TokensFile>>,
     /// Registers accounts in Clouddriver; `None` when no target is configured.
     pub(crate) registrar: Option<Arc<clouddriver::Registrar>>,
     /// The accounts (name, settings) last handed to the registrar.
@@ -350,6 +354,12 @@ pub async fn start(config: Config) -> Result<RunningHub> {
             Some(AdminToken::new(&token))
         }
     };
+    let api_tokens_file = config
+        .api_tokens_file
+        .as_deref()
+        .map(api_auth::TokensFile::open)
+        .transpose()?
+        .map(Arc::new);
     let http_tls = match &config.http_security {
         config::HttpSecurity::Tls { cert_pem, key_pem } => {
             Some(serve::tls_config(cert_pem, key_pem)?)
@@ -416,6 +426,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         discovery: proxy::discovery::DiscoveryCache::default(),
         tokens: Mutex::new(tokens),
         admin_token,
+        api_tokens_file,
         registrar,
         registered_accounts: Mutex::new(Vec::new()),
         operations: operations::Operations::default(),
@@ -492,6 +503,9 @@ pub async fn start(config: Config) -> Result<RunningHub> {
     });
     tracing::info!(%http_addr, tls, "HTTP listening (REST API and Kubernetes API proxy)");
 
+    if let Some(file) = hub.api_tokens_file.clone() {
+        tokio::spawn(file.watch(hub.shutdown.clone()));
+    }
     let registrar_task = hub.registrar.clone().map(|registrar| {
         let shutdown = hub.shutdown.clone();
         tokio::spawn(registrar.run(shutdown))
