@@ -283,6 +283,11 @@ impl RunningHub {
         &self.hub.store_path
     }
 
+    /// The admin token file (created at start when missing): its token has role admin.
+    pub fn admin_token_file(&self) -> Option<&std::path::Path> {
+        self.hub.config.admin_token_file.as_deref()
+    }
+
     /// Resolves when a server fails on its own (not after [`RunningHub::shutdown`]).
     pub async fn failed(&mut self) -> HubError {
         match self.failed.recv().await {
