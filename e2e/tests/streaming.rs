@@ -135,6 +135,15 @@ async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)>
     Ok((response.status, response.body))
 }
 
+/// GET on the hub's REST API (or /metrics), with the tests' API token.
+async fn hub_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    let response = fixtures::hub_call("GET", addr, path)
+        .timeout(Duration::from_secs(20))
+        .send()
+        .await?;
+    Ok((response.status, response.body))
+}
+
 /// The value of the sample `name{labels…}` in Prometheus/OpenMetrics text (0 when absent,
 /// as a counter or gauge never touched).
 fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
@@ -208,6 +217,10 @@ impl Hub {
             // These tests read the REST API in plaintext; the HTTP listener's TLS and the
             // proxy are tested in proxy.rs.
             "--http-plaintext".into(),
+            format!(
+                "--api-tokens-file={}",
+                fixtures::write_api_tokens(dir)?.display()
+            ),
         ];
         args.extend(extra.iter().map(|a| a.to_string()));
         let mut hub = Self {
@@ -267,7 +280,7 @@ impl Hub {
     }
 
     async fn json(&self, path: &str) -> anyhow::Result<(u16, Value)> {
-        let (status, body) = http_get(self.http, path).await?;
+        let (status, body) = hub_get(self.http, path).await?;
         Ok((status, serde_json::from_str(&body).unwrap_or(Value::Null)))
     }
 
@@ -869,7 +882,8 @@ async fn secret_data_never_reaches_the_hub_nor_the_agent_memory() -> anyhow::Res
         "/api/v1/accounts".to_string(),
         "/metrics".to_string(),
     ] {
-        let (_, body) = http_get(hub.http, &path).await?;
+        let (status, body) = hub_get(hub.http, &path).await?;
+        assert_eq!(status, 200, "{path}: {body}");
         assert!(
             !body.contains(&secret_marker),
             "{path} holds the Secret's data"
@@ -879,7 +893,7 @@ async fn secret_data_never_reaches_the_hub_nor_the_agent_memory() -> anyhow::Res
             "{path} holds the Secret's data (base64)"
         );
     }
-    let (_, configmaps) = http_get(
+    let (_, configmaps) = hub_get(
         hub.http,
         &format!("/api/v1/accounts/{acc}/objects?kind=configmaps"),
     )
@@ -1064,7 +1078,7 @@ async fn hub_and_agent_restarts_resume_without_relisting() -> anyhow::Result<()>
         metric(&after, "scale_agent_agent_reconnects_total", &[]) >= 1.0,
         "{after}"
     );
-    let (_, hub_metrics) = http_get(s.hub.http, "/metrics").await?;
+    let (_, hub_metrics) = hub_get(s.hub.http, "/metrics").await?;
     assert!(
         metric(&hub_metrics, "scale_agent_hub_resumes_total", &[]) >= 2.0,
         "{hub_metrics}"
