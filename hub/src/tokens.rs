@@ -473,6 +473,57 @@ mod tests {
     }
 
     #[test]
+    fn api_tokens_have_a_role_rotate_by_name_and_never_open_the_proxy() {
+        let mut t = tokens();
+        let (proxy, _, _) = t.issue("prod", "ci", 1).unwrap();
+        let (api, record, ops) = t.issue_api("ci", Role::Operator, 2).unwrap();
+        assert_eq!((record.kind(), record.role), ("api", Some(Role::Operator)));
+        assert!(record.account.is_empty());
+        assert!(
+            !format!("{ops:?}").contains(&api),
+            "the token itself is never stored"
+        );
+        assert!(
+            t.verify(&api).is_none(),
+            "an API token opens no proxy route"
+        );
+        assert!(
+            t.verify_api(&proxy).is_none(),
+            "a proxy token opens no API route"
+        );
+        assert_eq!(t.verify_api(&api).map(|r| r.name.as_str()), Some("ci"));
+        assert!(
+            t.verify(&proxy).is_some(),
+            "same name, other kind: both kept"
+        );
+
+        let (rotated, _, ops) = t.issue_api("ci", Role::Reader, 3).unwrap();
+        assert_eq!(ops.len(), 2, "old deleted, new stored: {ops:?}");
+        assert!(t.verify_api(&api).is_none());
+        assert_eq!(
+            t.verify_api(&rotated).and_then(|r| r.role),
+            Some(Role::Reader)
+        );
+        assert_eq!(t.list().len(), 2);
+
+        let json = serde_json::to_string(&t.verify_api(&rotated).unwrap()).unwrap();
+        assert!(
+            json.contains("\"role\":\"reader\"") && !json.contains("account"),
+            "{json}"
+        );
+        let proxy_record = serde_json::to_string(&t.verify(&proxy).unwrap()).unwrap();
+        assert!(
+            !proxy_record.contains("role"),
+            "stored proxy tokens are unchanged: {proxy_record}"
+        );
+        assert_eq!(
+            parse_sha256(&sha256_hex("x").to_uppercase()),
+            Some(sha256("x"))
+        );
+        assert_eq!(parse_sha256("abc"), None);
+    }
+
+    #[test]
     fn derived_tokens_survive_a_reload_and_rotate_by_generation() {
         let (mut t, key_ops) = Tokens::load(Vec::new(), None).unwrap();
         let key = match &key_ops[..] {
