@@ -20,16 +20,33 @@ use crate::{api_auth::Caller, operations::OperationRequest};
 /// The tracing target of audit events.
 pub const TARGET: &str = "audit";
 
-/// Audits a submitted operation (`request` is `None` when its body did not parse).
+/// What an audit line says an operation is: its verb and object, taken before the request
+/// is handed to the driver.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OperationSubject {
+    pub verb: String,
+    pub object: String,
+}
+
+impl OperationSubject {
+    /// The subject of `request`; `None` is a body that did not parse (verb `invalid`).
+    pub fn of(request: Option<&OperationRequest>) -> Self {
+        OperationSubject {
+            verb: request.map_or_else(|| "invalid".into(), |r| r.op_type.clone()),
+            object: request.map(operation_object).unwrap_or_default(),
+        }
+    }
+}
+
+/// Audits a submitted operation.
 pub fn operation(
     caller: &Caller,
     account: &str,
-    request: Option<&OperationRequest>,
+    subject: &OperationSubject,
     code: u16,
     duration: Duration,
 ) {
-    let verb = request.map_or("invalid", |r| r.op_type.as_str());
-    let object = request.map(operation_object).unwrap_or_default();
+    let (verb, object) = (subject.verb.as_str(), subject.object.as_str());
     tracing::info!(
         target: TARGET,
         who = %caller.name,

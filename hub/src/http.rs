@@ -75,16 +75,17 @@ async fn submit_operation(
         Ok(r) => r,
         Err(e) => {
             let body = OperationResponse::bad_request(format!("invalid operation request: {e}"));
-            crate::audit::operation(&caller, &name, None, 400, started.elapsed());
+            let subject = crate::audit::OperationSubject::of(None);
+            crate::audit::operation(&caller, &name, &subject, 400, started.elapsed());
             return (StatusCode::BAD_REQUEST, Json(body)).into_response();
         }
     };
-    let audited = request.clone();
+    let subject = crate::audit::OperationSubject::of(Some(&request));
     // Run apart from the request: a client that goes away does not abandon the operation,
     // which still finishes, is recorded for GET /api/v1/operations/{id}, and is audited.
     let task = tokio::spawn(async move {
         let answer = operations::submit(&hub, &name, request).await;
-        crate::audit::operation(&caller, &name, Some(&audited), answer.0, started.elapsed());
+        crate::audit::operation(&caller, &name, &subject, answer.0, started.elapsed());
         answer
     });
     let (code, body) = match task.await {
