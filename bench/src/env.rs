@@ -17,7 +17,9 @@ use kube::{
 use scale_agent_e2e::{ControlPlane, ControlPlaneOptions, pki::CertificateAuthority};
 use serde_json::json;
 
-use crate::procs::{self, Proc, free_port, get_json, http, metric_sum, wait_for};
+use crate::procs::{
+    self, API_TOKEN, Proc, free_port, get_json, http, http_with_token, metric_sum, wait_for,
+};
 
 const READY: Duration = Duration::from_secs(120);
 
@@ -313,6 +315,10 @@ impl HubProc {
             format!("--http-addr={}", self.http_addr),
             format!("--data-dir={}", self.data_dir.display()),
             "--grace-period=1h".into(),
+            format!(
+                "--api-tokens-file={}",
+                scale_agent_e2e::fixtures::write_api_tokens(&self.data_dir)?.display()
+            ),
         ]);
         match &self.listener {
             // The measures read the REST API in plaintext, as they did before the listener
@@ -347,8 +353,8 @@ impl HubProc {
     }
 
     /// One request to the hub's HTTP listener, over TLS when it serves TLS (a new
-    /// connection each time: these are the harness's own calls, never timed): (status,
-    /// body).
+    /// connection each time: these are the harness's own calls, never timed), with `bearer`
+    /// or else the bench's API token: (status, body).
     pub async fn request(
         &self,
         method: &str,
@@ -358,11 +364,14 @@ impl HubProc {
     ) -> Result<(u16, Vec<u8>)> {
         match &self.listener {
             HttpListener::Plaintext => {
-                anyhow::ensure!(
-                    bearer.is_none(),
-                    "the bench's plaintext client sends no tokens"
-                );
-                http(self.http_addr, method, path, body).await
+                http_with_token(
+                    self.http_addr,
+                    method,
+                    path,
+                    body,
+                    Some(bearer.unwrap_or(API_TOKEN)),
+                )
+                .await
             }
             HttpListener::Tls { ca_pem, .. } => {
                 let mut call = scale_agent_e2e::http::Call::new(
@@ -374,9 +383,7 @@ impl HubProc {
                     call = call.header("content-type", "application/json");
                     call.body = Some(body.to_vec());
                 }
-                if let Some(token) = bearer {
-                    call = call.bearer(token);
-                }
+                call = call.bearer(bearer.unwrap_or(API_TOKEN));
                 let response = call.send().await?;
                 Ok((response.status, response.body.into_bytes()))
             }

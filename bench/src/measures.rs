@@ -31,7 +31,7 @@ use crate::{
     env::{Env, HubProc, payload},
     fake::{FakeAgent, object_event},
     floor,
-    procs::{CpuWindow, Proc, http, proc_stats},
+    procs::{self, CpuWindow, Proc, proc_stats},
     report::{Percentiles, Row, bytes, mib, ms, secs},
 };
 
@@ -142,7 +142,9 @@ pub async fn latency(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<()> 
         tokio::spawn(async move {
             let mut last: HashMap<String, u64> = HashMap::new();
             while !stop.load(Ordering::SeqCst) {
-                if let Ok((200, body)) = http(addr, "GET", &path, None).await {
+                if let Ok((200, body)) =
+                    procs::http_with_token(addr, "GET", &path, None, Some(procs::API_TOKEN)).await
+                {
                     let now = Instant::now();
                     polls.fetch_add(1, Ordering::Relaxed);
                     if let Ok(v) = serde_json::from_slice::<Value>(&body) {
@@ -929,7 +931,14 @@ pub async fn operations(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<(
     for i in 0..o.operations {
         let body = serde_json::to_vec(&operation_body(&manifest(i, "by-hub")))?;
         let started = Instant::now();
-        let (status, reply) = http(hub.http_addr, "POST", &path, Some(&body)).await?;
+        let (status, reply) = procs::http_with_token(
+            hub.http_addr,
+            "POST",
+            &path,
+            Some(&body),
+            Some(procs::API_TOKEN),
+        )
+        .await?;
         let elapsed = started.elapsed().as_secs_f64() * 1000.0;
         let reply_json = serde_json::from_slice::<Value>(&reply).ok();
         match status {

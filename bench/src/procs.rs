@@ -190,6 +190,10 @@ impl Drop for Proc {
     }
 }
 
+/// The token of the bench's hubs' REST API (role operator), from the tokens file
+/// [`scale_agent_e2e::fixtures::write_api_tokens`] writes.
+pub use scale_agent_e2e::fixtures::API_TOKEN;
+
 /// One HTTP/1.0 request (the server closes the connection): (status, body).
 pub async fn http(
     addr: SocketAddr,
@@ -197,9 +201,23 @@ pub async fn http(
     path: &str,
     body: Option<&[u8]>,
 ) -> Result<(u16, Vec<u8>)> {
+    http_with_token(addr, method, path, body, None).await
+}
+
+/// [`http`] with `Authorization: Bearer <token>` (the hub's REST API).
+pub async fn http_with_token(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&[u8]>,
+    token: Option<&str>,
+) -> Result<(u16, Vec<u8>)> {
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
     stream.set_nodelay(true)?;
     let mut request = format!("{method} {path} HTTP/1.0\r\nHost: localhost\r\n");
+    if let Some(token) = token {
+        request.push_str(&format!("Authorization: Bearer {token}\r\n"));
+    }
     if let Some(body) = body {
         request.push_str(&format!(
             "Content-Type: application/json\r\nContent-Length: {}\r\n",
@@ -250,9 +268,10 @@ fn dechunk(mut body: &[u8]) -> Vec<u8> {
     out
 }
 
-/// GET returning the body as JSON; fails on a status other than 200.
+/// GET on the hub's REST API (with the bench's API token) returning the body as JSON;
+/// fails on a status other than 200.
 pub async fn get_json(addr: SocketAddr, path: &str) -> Result<serde_json::Value> {
-    let (status, body) = http(addr, "GET", path, None).await?;
+    let (status, body) = http_with_token(addr, "GET", path, None, Some(API_TOKEN)).await?;
     if status != 200 {
         bail!(
             "GET {path}: HTTP {status}: {}",

@@ -29,6 +29,42 @@ pub fn account(name: &str, kubeconfig: &Path, namespace: &str, kinds: &[&str]) -
     })
 }
 
+/// The API token of the tests' hubs (role operator: everything but the admin API), from the
+/// tokens file [`write_api_tokens`] writes. A constant, so any helper holding only the hub's
+/// address can attach it; only its hash is in the file, like any API token.
+pub const API_TOKEN: &str = "sat_e2e-operator-token-for-tests-only";
+/// Its name, as audit lines and 403 messages show it.
+pub const API_TOKEN_NAME: &str = "e2e";
+
+/// Writes `dir/api-tokens.yaml`, the hub's `--api-tokens-file` holding [`API_TOKEN`].
+pub fn write_api_tokens(dir: &Path) -> anyhow::Result<PathBuf> {
+    let path = dir.join("api-tokens.yaml");
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(
+        &path,
+        scale_agent_hub::api_auth::file_entry(
+            API_TOKEN_NAME,
+            scale_agent_hub::api_auth::Role::Operator,
+            API_TOKEN,
+        ),
+    )?;
+    Ok(path)
+}
+
+/// `method http://<addr><path>` to a plaintext hub's REST API, with [`API_TOKEN`].
+pub fn hub_call(method: &str, addr: impl std::fmt::Display, path: &str) -> crate::http::Call {
+    crate::http::Call::new(method, format!("http://{addr}{path}")).bearer(API_TOKEN)
+}
+
+/// `GET` a JSON document from a plaintext hub's REST API with [`API_TOKEN`]: `None` on 404,
+/// an error on any other status but 200.
+pub async fn hub_get_json(
+    addr: impl std::fmt::Display,
+    path: &str,
+) -> crate::Result<Option<Value>> {
+    hub_call("GET", addr, path).fetch_json().await
+}
+
 /// The real hub, in this process: plaintext gRPC and HTTP on free loopback ports, its store
 /// in `dir/hub-data`, a heartbeat every 2 s.
 pub async fn start_plaintext_hub(dir: &Path) -> anyhow::Result<scale_agent_hub::RunningHub> {
@@ -36,7 +72,7 @@ pub async fn start_plaintext_hub(dir: &Path) -> anyhow::Result<scale_agent_hub::
 }
 
 /// The hub configuration of the tests: plaintext gRPC and HTTP on free loopback ports, its
-/// store in `dir/hub-data`, a heartbeat every 2 s.
+/// store in `dir/hub-data`, a heartbeat every 2 s, and the tokens file holding [`API_TOKEN`].
 pub fn test_hub_config(dir: &Path) -> anyhow::Result<scale_agent_hub::Config> {
     let mut config = scale_agent_hub::Config::new(
         scale_agent_hub::GrpcSecurity::InsecurePlaintext,
@@ -45,6 +81,7 @@ pub fn test_hub_config(dir: &Path) -> anyhow::Result<scale_agent_hub::Config> {
     config.grpc_addr = "127.0.0.1:0".parse()?;
     config.http_addr = "127.0.0.1:0".parse()?;
     config.heartbeat_period = Duration::from_secs(2);
+    config.api_tokens_file = Some(write_api_tokens(dir)?);
     Ok(config)
 }
 
@@ -98,9 +135,15 @@ impl TlsHub {
         })
     }
 
-    /// `method <url><path>` trusting the hub's CA.
+    /// `method <url><path>` trusting the hub's CA (no token: the proxy's requests carry
+    /// their account's token).
     pub fn call(&self, method: &str, path: &str) -> crate::http::Call {
         crate::http::Call::new(method, format!("{}{path}", self.url)).ca(&self.ca_pem)
+    }
+
+    /// [`Self::call`] to the REST API, with [`API_TOKEN`].
+    pub fn api(&self, method: &str, path: &str) -> crate::http::Call {
+        self.call(method, path).bearer(API_TOKEN)
     }
 
     /// Issues a kubeconfig for `account` (a token named `token_name`) through the admin API
@@ -134,7 +177,7 @@ impl TlsHub {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         loop {
             let response = self
-                .call("GET", &format!("/api/v1/accounts/{account}"))
+                .api("GET", &format!("/api/v1/accounts/{account}"))
                 .send()
                 .await?;
             let view = response.json_or_null();

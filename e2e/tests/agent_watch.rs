@@ -507,7 +507,7 @@ async fn eventually(what: &str, mut check: impl FnMut() -> bool) -> anyhow::Resu
     anyhow::bail!("timed out after {WAIT:?} waiting for {what}")
 }
 
-/// GET `path` on the agent's admin port or the hub's HTTP API.
+/// GET `path` on the agent's admin port.
 async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<http::Response> {
     Ok(http::get(addr, path).await?)
 }
@@ -519,7 +519,7 @@ async fn hub_lists(hub: SocketAddr, account: &str, object: &str) -> anyhow::Resu
     let needle = format!("\"{object}\"");
     let mut listed = String::new();
     for _ in 0..100 {
-        listed = http_get(hub, &path).await?.body;
+        listed = fixtures::hub_call("GET", hub, &path).send().await?.body;
         if listed.contains(&needle) {
             break;
         }

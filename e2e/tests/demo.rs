@@ -423,12 +423,26 @@ fn check_kubectl_through_the_hub(demo: &RunningDemo, run_dir: &Path) -> anyhow::
         .nth(2)
         .ok_or_else(|| anyhow::anyhow!("no CA in {curl}"))?;
     let ca_pem = std::fs::read_to_string(ca_file)?;
+    // With the token from the file the curl command reads it from (role operator).
+    let token_file = curl
+        .split_once("Bearer $(cat ")
+        .and_then(|(_, rest)| rest.split_once(')'))
+        .map(|(file, _)| file)
+        .ok_or_else(|| anyhow::anyhow!("no token file in {curl}"))?;
+    let token = std::fs::read_to_string(token_file)?;
+    let unauthenticated = tokio::runtime::Runtime::new()?.block_on(
+        Call::new("GET", format!("{hub_url}/api/v1/agents"))
+            .ca(ca_pem.clone())
+            .send(),
+    )?;
+    assert_eq!(unauthenticated.status, 401, "{}", unauthenticated.body);
     let account = tokio::runtime::Runtime::new()?.block_on(
         Call::new(
             "GET",
             format!("{hub_url}/api/v1/accounts/{}", demo::ACCOUNT),
         )
         .ca(ca_pem)
+        .bearer(token.trim())
         .fetch_json(),
     )?;
     assert_eq!(
@@ -444,6 +458,10 @@ fn check_kubectl_through_the_hub(demo: &RunningDemo, run_dir: &Path) -> anyhow::
         assert!(
             curl.contains(&format!("--cacert {ca_file} ")) && curl.contains(&hub_url),
             "a curl command to the hub without HTTPS and its CA: {curl}"
+        );
+        assert!(
+            curl.contains(&format!("Bearer $(cat {token_file})")),
+            "a curl command to the hub without its token: {curl}"
         );
     }
 

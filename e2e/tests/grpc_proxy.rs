@@ -81,6 +81,7 @@ async fn hello(endpoint: Endpoint, header: Option<&str>) -> Result<String, Statu
             replica: "probe".into(),
             agent_version: "test".into(),
             capabilities: Vec::new(),
+            session_token: String::new(),
         })),
     })
     .await

@@ -105,8 +105,12 @@ async fn http(
     body: Option<&Value>,
 ) -> anyhow::Result<(u16, Value)> {
     let body = body.map(Value::to_string);
-    let response =
-        scale_agent_e2e::http::request(method, addr, path, body.as_deref(), HTTP_TIMEOUT).await?;
+    let mut call = fixtures::hub_call(method, addr, path).timeout(HTTP_TIMEOUT);
+    if let Some(body) = body {
+        call.body = Some(body.into_bytes());
+        call = call.header("content-type", "application/json");
+    }
+    let response = call.send().await?;
     let value = serde_json::from_str(&response.body).unwrap_or(Value::String(response.body));
     Ok((response.status, value))
 }

@@ -1630,7 +1630,7 @@ async fn wait_for_hub_account(
     account: &str,
     kind: &str,
 ) -> anyhow::Result<Value> {
-    use scale_agent_e2e::http::get_json;
+    use scale_agent_e2e::fixtures::hub_get_json as get_json;
     wait_for(
         &format!("account {account} in the hub with {kind}s"),
         || async {
@@ -1654,7 +1654,7 @@ async fn wait_for_hub_account(
 async fn full_flow_agent_process_registers_with_the_hub_and_survives_an_operator_restart()
 -> anyhow::Result<()> {
     use scale_agent_e2e::{
-        http::get_json,
+        fixtures::hub_get_json as get_json,
         local_agent::{LocalAgent, LocalAgentOptions},
         pki::CertificateAuthority,
     };
@@ -1678,6 +1678,7 @@ async fn full_flow_agent_process_registers_with_the_hub_and_survives_an_operator
     );
     hub_config.grpc_addr = "127.0.0.1:0".parse()?;
     hub_config.http_addr = "127.0.0.1:0".parse()?;
+    hub_config.api_tokens_file = Some(scale_agent_e2e::fixtures::write_api_tokens(&dir)?);
     let hub = scale_agent_hub::start(hub_config).await?;
 
     let mut operator = Operator::start(client.clone(), Operator::config(&ns));

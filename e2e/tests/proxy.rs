@@ -1197,7 +1197,11 @@ async fn tokens_are_checked_for_real_clients() -> anyhow::Result<()> {
         .output()
         .await?;
     assert!(!output.status.success());
-    assert!(String::from_utf8_lossy(&output.stderr).contains("403"));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("401") && stderr.contains("not an API token of this hub"),
+        "{stderr}"
+    );
     setup.stop().await
 }
 

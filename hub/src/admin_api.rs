@@ -1,7 +1,8 @@
-//! The admin part of the HTTP API: kubeconfigs for the Kubernetes API proxy, and listing and
-//! revoking the proxy's tokens. Every route needs the admin token (`Authorization: Bearer`),
-//! which `scale-agent-hub kubeconfig` and `scale-agent-hub token` read from the admin token
-//! file. Tokens are shown once, in the kubeconfig that carries them, and never logged.
+//! The admin part of the HTTP API: kubeconfigs for the Kubernetes API proxy, issuing API
+//! tokens, and listing and revoking tokens. Every route needs role `admin` (the router puts
+//! [`crate::api_auth::require`] in front of them); `scale-agent-hub kubeconfig` and
+//! `scale-agent-hub token` use the admin token file. Tokens are shown once, in the answer
+//! that carries them, and never logged.
 
 use std::sync::Arc;
 
@@ -12,61 +13,23 @@ use axum::{
     response::{IntoResponse, Response},
     routing::{delete, get, post},
 };
+
+use crate::api_auth::Role;
 use serde::{Deserialize, Serialize};
 
 use crate::{
     Hub,
     config::HttpSecurity,
     kubeconfig::{self, KubeconfigFor},
-    tokens::{self, CLOUDDRIVER_TOKEN, TokenRecord},
+    tokens::{CLOUDDRIVER_TOKEN, TokenRecord},
 };
 
 /// The admin routes.
 pub(crate) fn router() -> Router<Arc<Hub>> {
     Router::new()
         .route("/api/v1/accounts/{name}/kubeconfig", post(issue_kubeconfig))
-        .route("/api/v1/tokens", get(list_tokens))
+        .route("/api/v1/tokens", get(list_tokens).post(create_token))
         .route("/api/v1/tokens/{id}", delete(revoke_token))
-}
-
-/// Why the admin API refused a request.
-pub(crate) struct Refused(StatusCode, String);
-
-impl IntoResponse for Refused {
-    fn into_response(self) -> Response {
-        crate::http::error(self.0, self.1)
-    }
-}
-
-/// Checks the admin token.
-pub(crate) fn require_admin(hub: &Hub, headers: &HeaderMap) -> Result<(), Refused> {
-    let Some(admin) = &hub.admin_token else {
-        return Err(Refused(
-            StatusCode::FORBIDDEN,
-            "this hub has no admin token (it was started without --admin-token-file), so it \
-             issues no tokens over HTTP"
-                .into(),
-        ));
-    };
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(tokens::bearer);
-    match presented {
-        Some(token) if admin.matches(token) => Ok(()),
-        Some(_) => Err(Refused(
-            StatusCode::FORBIDDEN,
-            "this token is not the hub's admin token (the admin token file, by default \
-             <data-dir>/admin-token, holds it)"
-                .into(),
-        )),
-        None => Err(Refused(
-            StatusCode::UNAUTHORIZED,
-            "the admin API needs `Authorization: Bearer <admin token>` (the admin token file, \
-             by default <data-dir>/admin-token, holds it)"
-                .into(),
-        )),
-    }
 }
 
 /// Unix seconds now.
@@ -145,9 +108,6 @@ async fn issue_kubeconfig(
     Query(query): Query<KubeconfigQuery>,
     request: Request,
 ) -> Response {
-    if let Err(refused) = require_admin(&hub, request.headers()) {
-        return refused.into_response();
-    }
     if let Err(message) = crate::session::validate_account_name(&name) {
         return crate::http::error(StatusCode::BAD_REQUEST, message);
     }
@@ -198,7 +158,22 @@ async fn issue_kubeconfig(
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TokenView {
+    /// For revoking; empty for tokens the hub did not issue (the tokens file, the admin
+    /// token file).
     pub id: String,
+    /// `proxy` (opens one account's /clusters/ path), `api` (the REST API, with a role) or
+    /// `admin` (the admin token file).
+    #[serde(default)]
+    pub kind: String,
+    /// Where it is kept: `hub` (issued, in the store), `file` (--api-tokens-file) or
+    /// `admin-token-file`.
+    #[serde(default)]
+    pub source: String,
+    /// The role of an API or admin token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<Role>,
+    /// The account of a proxy token; empty otherwise.
+    #[serde(default)]
     pub account: String,
     pub name: String,
     pub created: String,
@@ -213,6 +188,9 @@ impl From<TokenRecord> for TokenView {
                 .map(|t| t.to_string())
                 .unwrap_or_default(),
             derived: r.generation.is_some(),
+            kind: r.kind().into(),
+            source: "hub".into(),
+            role: r.role,
             id: r.id,
             account: r.account,
             name: r.name,
@@ -220,27 +198,105 @@ impl From<TokenRecord> for TokenView {
     }
 }
 
-async fn list_tokens(State(hub): State<Arc<Hub>>, headers: HeaderMap) -> Response {
-    if let Err(refused) = require_admin(&hub, &headers) {
-        return refused.into_response();
+/// A token the hub did not issue (no id, no creation time).
+fn external_view(kind: &str, source: &str, name: &str, role: Role) -> TokenView {
+    TokenView {
+        id: String::new(),
+        kind: kind.into(),
+        source: source.into(),
+        role: Some(role),
+        account: String::new(),
+        name: name.into(),
+        created: String::new(),
+        derived: false,
     }
-    let list: Vec<TokenView> = hub
-        .tokens()
-        .list()
-        .into_iter()
-        .map(TokenView::from)
-        .collect();
+}
+
+async fn list_tokens(State(hub): State<Arc<Hub>>) -> Response {
+    let mut list = Vec::new();
+    if hub.admin_token.is_some() {
+        list.push(external_view(
+            "admin",
+            "admin-token-file",
+            "admin",
+            Role::Admin,
+        ));
+    }
+    if let Some(file) = &hub.api_tokens_file {
+        list.extend(
+            file.list()
+                .into_iter()
+                .map(|t| external_view("api", "file", &t.name, t.role)),
+        );
+    }
+    list.extend(hub.tokens().list().into_iter().map(TokenView::from));
     Json(list).into_response()
 }
 
-async fn revoke_token(
-    State(hub): State<Arc<Hub>>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    if let Err(refused) = require_admin(&hub, &headers) {
-        return refused.into_response();
+/// Body of `POST /api/v1/tokens`.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateToken {
+    pub name: String,
+    pub role: Role,
+}
+
+/// Answer of `POST /api/v1/tokens`: the token, shown this once.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreatedToken {
+    pub token: String,
+    #[serde(flatten)]
+    pub view: TokenView,
+}
+
+/// Issues an API token; a token of the same name is replaced (rotation).
+async fn create_token(State(hub): State<Arc<Hub>>, body: axum::body::Bytes) -> Response {
+    let request: CreateToken = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return crate::http::error(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "the body must be {{\"name\": \"<who>\", \"role\": \"reader|operator|admin\"}}: {e}"
+                ),
+            );
+        }
+    };
+    let name = request.name.trim();
+    if name.is_empty() || name.len() > 63 || name.chars().any(|c| c.is_control()) {
+        return crate::http::error(
+            StatusCode::BAD_REQUEST,
+            format!("token name {name:?} must be 1 to 63 printable characters"),
+        );
     }
+    let mut store = hub.store.lock().await;
+    let issued = hub.tokens().issue_api(name, request.role, now_unix());
+    let (token, record, ops) = match issued {
+        Ok(issued) => issued,
+        Err(e) => {
+            return crate::http::error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("cannot issue a token: {e}"),
+            );
+        }
+    };
+    if let Err(e) = store.commit(ops).await {
+        return crate::http::error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot store the token: {e}"),
+        );
+    }
+    drop(store);
+    tracing::info!(token = %record.name, role = %request.role, id = %record.id, "issued an API token");
+    Json(CreatedToken {
+        token,
+        view: TokenView::from(record),
+    })
+    .into_response()
+}
+
+async fn revoke_token(State(hub): State<Arc<Hub>>, Path(id): Path<String>) -> Response {
     let mut store = hub.store.lock().await;
     let revoked = hub.tokens().revoke(&id);
     let Some((record, ops)) = revoked else {
@@ -252,6 +308,6 @@ async fn revoke_token(
             format!("the token is revoked in memory but could not be stored: {e}"),
         );
     }
-    tracing::info!(account = %record.account, token = %record.name, %id, "revoked a proxy token");
+    tracing::info!(account = %record.account, token = %record.name, kind = record.kind(), %id, "revoked a token");
     Json(TokenView::from(record)).into_response()
 }

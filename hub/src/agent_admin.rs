@@ -1,14 +1,13 @@
 //! The admin API of agent identities: issuing, listing and revoking agent tokens (one-time
 //! enrolment tokens and bearer tokens), and moving an account's identity binding. Every route
-//! needs the admin's authorisation ([`authorize`], the one place to change when the HTTP API's
-//! roles arrive). A token is shown once, in the answer that issues it, and never logged.
+//! needs role admin (the route layer in [`crate::http::router`]). A token is shown once, in the answer that issues it, and never logged.
 
 use std::sync::Arc;
 
 use axum::{
     Json, Router,
     extract::{Path, Query, State},
-    http::{HeaderMap, StatusCode},
+    http::StatusCode,
     response::{IntoResponse, Response},
     routing::{delete, get, post},
 };
@@ -31,11 +30,6 @@ pub(crate) fn router() -> Router<Arc<Hub>> {
         .route("/api/v1/agent-tokens/{id}", delete(revoke_token))
         .route("/api/v1/accounts/{name}/rebind", post(rebind))
         .route("/api/v1/account-bindings", get(list_bindings))
-}
-
-/// The admin check of every route here.
-fn authorize(hub: &Hub, headers: &HeaderMap) -> Result<(), Response> {
-    crate::admin_api::require_admin(hub, headers).map_err(IntoResponse::into_response)
 }
 
 fn time(unix: i64) -> String {
@@ -127,14 +121,7 @@ fn validate(query: &CreateQuery) -> Result<i64, String> {
     Ok(ttl)
 }
 
-async fn create_token(
-    State(hub): State<Arc<Hub>>,
-    Query(query): Query<CreateQuery>,
-    headers: HeaderMap,
-) -> Response {
-    if let Err(refused) = authorize(&hub, &headers) {
-        return refused;
-    }
+async fn create_token(State(hub): State<Arc<Hub>>, Query(query): Query<CreateQuery>) -> Response {
     let ttl = match validate(&query) {
         Ok(ttl) => ttl,
         Err(message) => return crate::http::error(StatusCode::BAD_REQUEST, message),
@@ -175,10 +162,7 @@ async fn create_token(
     (StatusCode::CREATED, Json(view)).into_response()
 }
 
-async fn list_tokens(State(hub): State<Arc<Hub>>, headers: HeaderMap) -> Response {
-    if let Err(refused) = authorize(&hub, &headers) {
-        return refused;
-    }
+async fn list_tokens(State(hub): State<Arc<Hub>>) -> Response {
     let list: Vec<AgentTokenView> = hub
         .agent_tokens()
         .list()
@@ -188,14 +172,7 @@ async fn list_tokens(State(hub): State<Arc<Hub>>, headers: HeaderMap) -> Respons
     Json(list).into_response()
 }
 
-async fn revoke_token(
-    State(hub): State<Arc<Hub>>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    if let Err(refused) = authorize(&hub, &headers) {
-        return refused;
-    }
+async fn revoke_token(State(hub): State<Arc<Hub>>, Path(id): Path<String>) -> Response {
     let mut store = hub.store.lock().await;
     let revoked = hub.agent_tokens().revoke(&id);
     let Some((record, ops)) = revoked else {
@@ -239,11 +216,7 @@ async fn rebind(
     State(hub): State<Arc<Hub>>,
     Path(name): Path<String>,
     Query(query): Query<RebindQuery>,
-    headers: HeaderMap,
 ) -> Response {
-    if let Err(refused) = authorize(&hub, &headers) {
-        return refused;
-    }
     if let Err(message) = crate::session::validate_account_name(&name) {
         return crate::http::error(StatusCode::BAD_REQUEST, message);
     }
@@ -295,10 +268,7 @@ async fn rebind(
     .into_response()
 }
 
-async fn list_bindings(State(hub): State<Arc<Hub>>, headers: HeaderMap) -> Response {
-    if let Err(refused) = authorize(&hub, &headers) {
-        return refused;
-    }
+async fn list_bindings(State(hub): State<Arc<Hub>>) -> Response {
     let list: Vec<BindingView> = hub
         .state()
         .registry

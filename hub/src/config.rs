@@ -143,6 +143,10 @@ pub struct Config {
     /// File holding the admin token (created with a new token when missing); `None`: no
     /// admin token, so the admin API refuses every request.
     pub admin_token_file: Option<PathBuf>,
+    /// YAML or JSON list of API tokens (`{name, role, sha256}`), re-read when it changes.
+    pub api_tokens_file: Option<PathBuf>,
+    /// Serve `/metrics` without a token (for a scraper that cannot send one).
+    pub metrics_unauthenticated: bool,
     /// Registration of accounts in Clouddriver (off unless a target is set).
     pub clouddriver: ClouddriverSettings,
     /// Where the CA that issues agents' certificates lives.
@@ -206,14 +210,16 @@ impl Config {
 
     /// A configuration with the defaults of the command line, for the given security and
     /// data directory (handy for tests: set the addresses to `127.0.0.1:0`). Unlike the
-    /// command line, the HTTP listener is plaintext and there is no admin token file: set
-    /// `http_security` and `admin_token_file` where a test needs them.
+    /// command line, the HTTP listener is plaintext: set `http_security` where a test needs
+    /// TLS. As on the command line, the admin token file is `<data_dir>/admin-token`.
     pub fn new(security: GrpcSecurity, data_dir: impl Into<PathBuf>) -> Self {
+        let data_dir = data_dir.into();
         Config {
             grpc_addr: SocketAddr::from(([0, 0, 0, 0], 9091)),
             http_addr: SocketAddr::from(([0, 0, 0, 0], 8443)),
             security,
-            data_dir: data_dir.into(),
+            admin_token_file: Some(data_dir.join("admin-token")),
+            data_dir,
             grace_period: Duration::from_secs(600),
             heartbeat_period: Duration::from_secs(15),
             max_unacked: 1000,
@@ -225,7 +231,8 @@ impl Config {
             http_security: HttpSecurity::Plaintext,
             public_url: None,
             serving_ca_pem: None,
-            admin_token_file: None,
+            api_tokens_file: None,
+            metrics_unauthenticated: false,
             clouddriver: ClouddriverSettings::default(),
             agent_ca: AgentCaSource::DataDir,
             agent_cert_lifetime: DEFAULT_AGENT_CERT_LIFETIME,
@@ -348,6 +355,17 @@ pub struct Args {
     /// token (mode 0600) when missing. Default: <data-dir>/admin-token.
     #[arg(long, env = "SCALE_AGENT_HUB_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
+
+    /// YAML or JSON list of API tokens, `[{name, role, sha256}]` with role reader, operator
+    /// or admin and the token's SHA-256 in hex (`scale-agent-hub token hash`); re-read when it
+    /// changes (a broken file keeps the previous tokens). A missing file holds no tokens
+    /// until it appears.
+    #[arg(long, env = "SCALE_AGENT_HUB_API_TOKENS_FILE")]
+    pub api_tokens_file: Option<PathBuf>,
+
+    /// Serve /metrics without a bearer token (by default it needs role reader).
+    #[arg(long, env = "SCALE_AGENT_HUB_METRICS_UNAUTHENTICATED")]
+    pub metrics_unauthenticated: bool,
 
     /// PEM file with the gRPC server's certificate chain. Required unless
     /// --insecure-plaintext; with --forwarded-client-cert, TLS on the hop from the proxy.
@@ -582,6 +600,8 @@ impl Args {
             public_url: self.public_url,
             serving_ca_pem,
             admin_token_file,
+            api_tokens_file: self.api_tokens_file,
+            metrics_unauthenticated: self.metrics_unauthenticated,
             clouddriver,
             agent_ca: match (self.agent_ca_cert, self.agent_ca_key) {
                 (Some(cert), Some(key)) => AgentCaSource::Files { cert, key },

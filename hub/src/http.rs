@@ -20,30 +20,47 @@ use serde_json::{Value, json};
 
 use crate::{
     Hub,
+    api_auth::{self, Caller, Role},
     cache::{AccountCache, CachedObject, KindCache, KindInfo},
     operations::{self, OperationRequest, OperationResponse},
     registry::{Account, ClusterRecord, Registry, SessionId},
 };
 
-/// The API's routes.
+/// The API's routes, each group behind the role it needs ([`crate::api_auth`]).
 pub(crate) fn router(hub: Arc<Hub>) -> Router {
     let max_request_bytes = hub.config.max_request_bytes;
-    Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+    let role =
+        |role: Role| axum::middleware::from_fn_with_state((hub.clone(), role), api_auth::require);
+    let metrics_route = Router::new().route("/metrics", get(metrics));
+    let metrics_route = if hub.config.metrics_unauthenticated {
+        metrics_route
+    } else {
+        metrics_route.route_layer(role(Role::Reader))
+    };
+    let reader = Router::new()
         .route("/api/v1/agents", get(agents))
         .route("/api/v1/accounts", get(accounts))
         .route("/api/v1/accounts/{name}", get(account))
         .route("/api/v1/accounts/{name}/objects", get(objects))
+        .route("/api/v1/clouddriver", get(clouddriver))
+        .route_layer(role(Role::Reader));
+    let operator = Router::new()
         .route(
             "/api/v1/accounts/{name}/operations",
             post(submit_operation).layer(DefaultBodyLimit::max(max_request_bytes)),
         )
         .route("/api/v1/operations/{id}", get(operation))
-        .route("/api/v1/clouddriver", get(clouddriver))
-        .merge(crate::admin_api::router())
+        .route_layer(role(Role::Operator));
+    let admin = crate::admin_api::router()
         .merge(crate::agent_admin::router())
+        .route_layer(role(Role::Admin));
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .merge(metrics_route)
+        .merge(reader)
+        .merge(operator)
+        .merge(admin)
         .merge(crate::proxy::router())
         .with_state(hub)
 }
@@ -56,8 +73,10 @@ pub(crate) fn error(status: StatusCode, message: String) -> Response {
 async fn submit_operation(
     State(hub): State<Arc<Hub>>,
     Path(name): Path<String>,
+    axum::Extension(caller): axum::Extension<Caller>,
     body: Result<axum::body::Bytes, BytesRejection>,
 ) -> Response {
+    let started = std::time::Instant::now();
     let body = match body {
         Ok(body) => body,
         Err(rejection) => {
@@ -72,6 +91,8 @@ async fn submit_operation(
             } else {
                 format!("cannot read the operation request: {rejection}")
             };
+            let subject = crate::audit::OperationSubject::of(None);
+            crate::audit::operation(&caller, &name, &subject, status.as_u16(), started.elapsed());
             return error(status, message);
         }
     };
@@ -79,12 +100,19 @@ async fn submit_operation(
         Ok(r) => r,
         Err(e) => {
             let body = OperationResponse::bad_request(format!("invalid operation request: {e}"));
+            let subject = crate::audit::OperationSubject::of(None);
+            crate::audit::operation(&caller, &name, &subject, 400, started.elapsed());
             return (StatusCode::BAD_REQUEST, Json(body)).into_response();
         }
     };
+    let subject = crate::audit::OperationSubject::of(Some(&request));
     // Run apart from the request: a client that goes away does not abandon the operation,
-    // which still finishes and is recorded for GET /api/v1/operations/{id}.
-    let task = tokio::spawn(async move { operations::submit(&hub, &name, request).await });
+    // which still finishes, is recorded for GET /api/v1/operations/{id}, and is audited.
+    let task = tokio::spawn(async move {
+        let answer = operations::submit(&hub, &name, request).await;
+        crate::audit::operation(&caller, &name, &subject, answer.0, started.elapsed());
+        answer
+    });
     let (code, body) = match task.await {
         Ok(answer) => answer,
         Err(e) => (

@@ -13,6 +13,8 @@ pub mod agent_auth;
 pub mod agent_ca;
 pub mod agent_renewal;
 pub mod agent_tokens;
+pub mod api_auth;
+pub mod audit;
 pub mod cache;
 pub mod cli;
 pub mod clouddriver;
@@ -113,6 +115,8 @@ pub(crate) struct Hub {
     pub(crate) client_certificates: Option<ClientCertificates>,
     /// Enrolment and bearer tokens of agents, and the enrolled identities.
     agent_tokens: Mutex<AgentTokens>,
+    /// The API tokens file (`--api-tokens-file`), re-read in the background.
+    pub(crate) api_tokens_file: Option<Arc<api_auth::TokensFile>>,
     /// Registers accounts in Clouddriver; `None` when no target is configured.
     pub(crate) registrar: Option<Arc<clouddriver::Registrar>>,
     /// The accounts (name, settings) last handed to the registrar.
@@ -301,6 +305,11 @@ impl RunningHub {
         &self.hub.store_path
     }
 
+    /// The admin token file (created at start when missing): its token has role admin.
+    pub fn admin_token_file(&self) -> Option<&std::path::Path> {
+        self.hub.config.admin_token_file.as_deref()
+    }
+
     /// Resolves when a server fails on its own (not after [`RunningHub::shutdown`]).
     pub async fn failed(&mut self) -> HubError {
         match self.failed.recv().await {
@@ -372,6 +381,12 @@ pub async fn start(config: Config) -> Result<RunningHub> {
             Some(AdminToken::new(&token))
         }
     };
+    let api_tokens_file = config
+        .api_tokens_file
+        .as_deref()
+        .map(api_auth::TokensFile::open)
+        .transpose()?
+        .map(Arc::new);
     let http_tls = match &config.http_security {
         config::HttpSecurity::Tls { cert_pem, key_pem } => {
             Some(serve::tls_config(cert_pem, key_pem)?)
@@ -461,6 +476,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         agent_ca,
         client_certificates,
         agent_tokens: Mutex::new(agent_tokens),
+        api_tokens_file,
         registrar,
         registered_accounts: Mutex::new(Vec::new()),
         operations: operations::Operations::default(),
@@ -554,6 +570,9 @@ pub async fn start(config: Config) -> Result<RunningHub> {
     });
     tracing::info!(%http_addr, tls, "HTTP listening (REST API and Kubernetes API proxy)");
 
+    if let Some(file) = hub.api_tokens_file.clone() {
+        tokio::spawn(file.watch(hub.shutdown.clone()));
+    }
     let registrar_task = hub.registrar.clone().map(|registrar| {
         let shutdown = hub.shutdown.clone();
         tokio::spawn(registrar.run(shutdown))

@@ -691,6 +691,7 @@ mod tests {
             sha256: "00ff".into(),
             created: 5,
             generation: None,
+            role: None,
         };
         {
             let mut store = Store::open(&dir).unwrap();

@@ -1,4 +1,9 @@
-//! Bearer tokens of the Kubernetes API proxy, and the admin token that issues them.
+//! Bearer tokens of the Kubernetes API proxy and of the HTTP API, and the admin token.
+//!
+//! Proxy tokens belong to an account; API tokens (issued with `scale-agent-hub token
+//! create`) have a role instead ([`crate::api_auth`]) and no account. Both live in the same
+//! store table and are hashed the same way; a proxy token opens no API route and an API token
+//! opens no proxy route.
 //!
 //! Each token belongs to one account and has a name (who or what it is for); an account may
 //! have several (Clouddriver's, a person's, a pipeline's). The hub keeps only the SHA-256 of a
@@ -19,6 +24,7 @@ use ring::{digest, hmac, rand::SecureRandom as _};
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    api_auth::Role,
     error::{HubError, Result},
     store::StoreOp,
 };
@@ -36,6 +42,8 @@ pub const DERIVATION_KEY: &str = "token-derivation-key";
 pub struct TokenRecord {
     /// Random id, for listing and revoking.
     pub id: String,
+    /// The account a proxy token belongs to; empty for an API token.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub account: String,
     pub name: String,
     /// SHA-256 of the token, lowercase hex.
@@ -45,9 +53,33 @@ pub struct TokenRecord {
     /// Set for derived tokens (see the module docs): the generation it was derived for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<u32>,
+    /// Set for API tokens: what the token may do on the HTTP API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<Role>,
+}
+
+impl TokenRecord {
+    /// `proxy` or `api`.
+    pub fn kind(&self) -> &'static str {
+        if self.role.is_some() { "api" } else { "proxy" }
+    }
 }
 
 /// SHA-256 of a presented token.
+pub fn sha256(token: &str) -> [u8; 32] {
+    hash(token)
+}
+
+/// SHA-256 of a token, lowercase hex (what the store and the tokens file keep).
+pub fn sha256_hex(token: &str) -> String {
+    hex(&hash(token))
+}
+
+/// A SHA-256 written as 64 hex digits (either case).
+pub fn parse_sha256(text: &str) -> Option<[u8; 32]> {
+    unhex(&text.trim().to_ascii_lowercase()).and_then(|h| <[u8; 32]>::try_from(h).ok())
+}
+
 fn hash(token: &str) -> [u8; 32] {
     let mut out = [0u8; 32];
     out.copy_from_slice(digest::digest(&digest::SHA256, token.as_bytes()).as_ref());
@@ -80,6 +112,11 @@ pub fn random_bytes<const N: usize>() -> Result<[u8; N]> {
         .fill(&mut out)
         .map_err(|_| HubError::Random)?;
     Ok(out)
+}
+
+/// A new random token (`sat_` and 43 characters).
+pub fn new_token() -> Result<String> {
+    Ok(encode(&random_bytes::<32>()?))
 }
 
 fn encode(bytes: &[u8]) -> String {
@@ -162,14 +199,37 @@ impl Tokens {
         Some(record)
     }
 
-    /// The record of a presented token, if it is one the hub issued and did not revoke.
+    /// The record of a presented proxy token, if it is one the hub issued and did not revoke.
     pub fn verify(&self, token: &str) -> Option<&TokenRecord> {
+        self.verify_any(token).filter(|r| r.role.is_none())
+    }
+
+    /// The record of a presented API token (one with a role).
+    pub fn verify_api(&self, token: &str) -> Option<&TokenRecord> {
+        self.verify_any(token).filter(|r| r.role.is_some())
+    }
+
+    fn verify_any(&self, token: &str) -> Option<&TokenRecord> {
         if !token.starts_with(TOKEN_PREFIX) {
             return None;
         }
         self.by_hash
             .get(&hash(token))
             .and_then(|id| self.records.get(id))
+    }
+
+    /// Issues a random API token named `name` with `role`; an API token of the same name is
+    /// revoked (rotation). Returns the token (shown once), its record and the ops to store.
+    pub fn issue_api(
+        &mut self,
+        name: &str,
+        role: Role,
+        now_unix: i64,
+    ) -> Result<(String, TokenRecord, Vec<StoreOp>)> {
+        let token = encode(&random_bytes::<32>()?);
+        // API tokens are indexed under the empty account, which no proxy token has (account
+        // names are never empty).
+        self.put("", name, &token, None, Some(role), now_unix)
     }
 
     /// The token of `account` named `name`, if any.
@@ -189,7 +249,7 @@ impl Tokens {
         now_unix: i64,
     ) -> Result<(String, TokenRecord, Vec<StoreOp>)> {
         let token = encode(&random_bytes::<32>()?);
-        self.put(account, name, &token, None, now_unix)
+        self.put(account, name, &token, None, None, now_unix)
     }
 
     /// The derived token of `account` named `name` (see the module docs), creating its
@@ -211,7 +271,7 @@ impl Tokens {
         }
         let generation = existing.and_then(|r| r.generation).unwrap_or(1);
         let token = self.derive(account, name, generation);
-        self.put(account, name, &token, Some(generation), now_unix)
+        self.put(account, name, &token, Some(generation), None, now_unix)
     }
 
     /// Replaces the derived token of `account` named `name` with the next generation.
@@ -227,7 +287,7 @@ impl Tokens {
             .unwrap_or(0)
             .saturating_add(1);
         let token = self.derive(account, name, generation);
-        self.put(account, name, &token, Some(generation), now_unix)
+        self.put(account, name, &token, Some(generation), None, now_unix)
     }
 
     fn derive(&self, account: &str, name: &str, generation: u32) -> String {
@@ -241,6 +301,7 @@ impl Tokens {
         name: &str,
         token: &str,
         generation: Option<u32>,
+        role: Option<Role>,
         now_unix: i64,
     ) -> Result<(String, TokenRecord, Vec<StoreOp>)> {
         let mut ops = Vec::new();
@@ -255,6 +316,7 @@ impl Tokens {
             sha256: hex(&hash(token)),
             created: now_unix,
             generation,
+            role,
         };
         ops.push(StoreOp::PutToken {
             record: record.clone(),
@@ -269,7 +331,7 @@ impl Tokens {
         Some((record, vec![StoreOp::DeleteToken { id: id.to_string() }]))
     }
 
-    /// Every token, ordered by account, then name.
+    /// Every token, ordered by account (API tokens, with none, first), then name.
     pub fn list(&self) -> Vec<TokenRecord> {
         let mut all: Vec<TokenRecord> = self.records.values().cloned().collect();
         all.sort_by(|a, b| (&a.account, &a.name).cmp(&(&b.account, &b.name)));
@@ -408,6 +470,57 @@ mod tests {
         assert!(matches!(&ops[..], [StoreOp::DeleteToken { id: x }] if *x == id));
         assert!(t.verify(&bob).is_none());
         assert!(t.revoke(&id).is_none());
+    }
+
+    #[test]
+    fn api_tokens_have_a_role_rotate_by_name_and_never_open_the_proxy() {
+        let mut t = tokens();
+        let (proxy, _, _) = t.issue("prod", "ci", 1).unwrap();
+        let (api, record, ops) = t.issue_api("ci", Role::Operator, 2).unwrap();
+        assert_eq!((record.kind(), record.role), ("api", Some(Role::Operator)));
+        assert!(record.account.is_empty());
+        assert!(
+            !format!("{ops:?}").contains(&api),
+            "the token itself is never stored"
+        );
+        assert!(
+            t.verify(&api).is_none(),
+            "an API token opens no proxy route"
+        );
+        assert!(
+            t.verify_api(&proxy).is_none(),
+            "a proxy token opens no API route"
+        );
+        assert_eq!(t.verify_api(&api).map(|r| r.name.as_str()), Some("ci"));
+        assert!(
+            t.verify(&proxy).is_some(),
+            "same name, other kind: both kept"
+        );
+
+        let (rotated, _, ops) = t.issue_api("ci", Role::Reader, 3).unwrap();
+        assert_eq!(ops.len(), 2, "old deleted, new stored: {ops:?}");
+        assert!(t.verify_api(&api).is_none());
+        assert_eq!(
+            t.verify_api(&rotated).and_then(|r| r.role),
+            Some(Role::Reader)
+        );
+        assert_eq!(t.list().len(), 2);
+
+        let json = serde_json::to_string(&t.verify_api(&rotated).unwrap()).unwrap();
+        assert!(
+            json.contains("\"role\":\"reader\"") && !json.contains("account"),
+            "{json}"
+        );
+        let proxy_record = serde_json::to_string(&t.verify(&proxy).unwrap()).unwrap();
+        assert!(
+            !proxy_record.contains("role"),
+            "stored proxy tokens are unchanged: {proxy_record}"
+        );
+        assert_eq!(
+            parse_sha256(&sha256_hex("x").to_uppercase()),
+            Some(sha256("x"))
+        );
+        assert_eq!(parse_sha256("abc"), None);
     }
 
     #[test]

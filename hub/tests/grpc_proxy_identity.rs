@@ -57,6 +57,7 @@ async fn hello(
             replica: "r".into(),
             agent_version: "test".into(),
             capabilities: Vec::new(),
+            session_token: String::new(),
         })),
     })
     .await

@@ -167,7 +167,7 @@ async fn refused_requests_get_a_status_and_never_reach_an_agent() {
     // The agent leaves; the account stays for its grace period, unreachable.
     drop(a);
     wait_for("prod to be disconnected", async || {
-        http.get("/api/v1/accounts/prod", None).await.json()["state"] == "disconnected"
+        http.get("/api/v1/accounts/prod", Some(&admin)).await.json()["state"] == "disconnected"
     })
     .await;
     let message = http
@@ -216,29 +216,31 @@ async fn the_admin_api_hands_out_working_kubeconfigs() {
         .call(http.request("POST", issue).body(empty()).unwrap())
         .await;
     assert_eq!(reply.status, 401, "{}", reply.text());
+    let message = reply.json()["error"].as_str().unwrap().to_string();
     assert!(
-        reply.json()["error"]
-            .as_str()
-            .unwrap()
-            .contains("admin token")
+        message.contains("needs `Authorization: Bearer <token>` with role admin")
+            && message.contains("scale-agent-hub token create"),
+        "{message}"
     );
     let reply = http
         .with_token("POST", issue, "sat_not-the-admin-token", Bytes::new())
         .await;
-    assert_eq!(reply.status, 403, "{}", reply.text());
+    assert_eq!(reply.status, 401, "{}", reply.text());
     assert!(
         reply.json()["error"]
             .as_str()
             .unwrap()
-            .contains("admin token")
+            .contains("not an API token of this hub")
     );
-    // The proxy's own tokens are not admin tokens either.
+    // The proxy's own tokens are not API tokens either.
     let prod = token_for(&http, &admin, "prod").await;
-    assert_eq!(
-        http.with_token("POST", issue, &prod, Bytes::new())
-            .await
-            .status,
-        403
+    let reply = http.with_token("POST", issue, &prod, Bytes::new()).await;
+    assert_eq!(reply.status, 401, "{}", reply.text());
+    assert!(
+        reply.json()["error"]
+            .as_str()
+            .unwrap()
+            .contains("a proxy token, which opens only /clusters/<account>/...")
     );
 
     let reply = http.with_token("POST", issue, &admin, Bytes::new()).await;

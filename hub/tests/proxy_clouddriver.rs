@@ -61,8 +61,8 @@ fn registered_kubeconfig(contract: &common::contract::Contract, account: &str) -
 }
 
 /// What `GET /api/v1/clouddriver` says about `account`, if anything.
-async fn registration(http: &Https, account: &str) -> Option<Value> {
-    let reply = http.get("/api/v1/clouddriver", None).await;
+async fn registration(http: &Https, admin: &str, account: &str) -> Option<Value> {
+    let reply = http.get("/api/v1/clouddriver", Some(admin)).await;
     assert_eq!(reply.status, 200, "{}", reply.text());
     reply
         .json()
@@ -177,7 +177,7 @@ async fn connected_accounts_are_registered_and_removed_after_their_grace_period(
         definition["kubeconfigContents"]
     );
     wait_for("prod-eu registered", async || {
-        in_sync(&registration(&http, "prod-eu").await)
+        in_sync(&registration(&http, &admin_token(&dir), "prod-eu").await)
     })
     .await;
 
@@ -224,7 +224,9 @@ async fn connected_accounts_are_registered_and_removed_after_their_grace_period(
             .iter()
             .any(|s| s.method == "DELETE" && s.path == "/credentials/prod-eu")
             && file_names(&accounts_file) == ["staging"]
-            && registration(&http, "prod-eu").await.is_none()
+            && registration(&http, &admin_token(&dir), "prod-eu")
+                .await
+                .is_none()
     })
     .await;
     assert!(!contract.accounts().contains_key("prod-eu"));
@@ -261,7 +263,7 @@ async fn connected_accounts_are_registered_and_removed_after_their_grace_period(
         Proto::H2,
     );
     wait_for("staging in sync after the restart", async || {
-        in_sync(&registration(&http, "staging").await)
+        in_sync(&registration(&http, &admin_token(&dir), "staging").await)
     })
     .await;
     // No DELETE and PUT again either (the registrar acting before it knew the accounts).

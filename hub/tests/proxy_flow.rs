@@ -218,7 +218,10 @@ async fn a_paused_download_stops_its_agent_and_nothing_else() {
     }
     a.synced().await;
     let objects = http
-        .get("/api/v1/accounts/prod/objects?kind=configmaps", None)
+        .get(
+            "/api/v1/accounts/prod/objects?kind=configmaps",
+            Some(&admin_token(&dir)),
+        )
         .await;
     assert_eq!(objects.status, 200, "{}", objects.text());
     let listed = names_of(&objects.json());
@@ -372,7 +375,10 @@ async fn an_agent_beyond_its_window_loses_that_exchange_only() {
         .await;
     a.synced().await;
     let objects = http
-        .get("/api/v1/accounts/prod/objects?kind=configmaps", None)
+        .get(
+            "/api/v1/accounts/prod/objects?kind=configmaps",
+            Some(&admin_token(&dir)),
+        )
         .await;
     assert!(names_of(&objects.json()).contains(&"after".to_string()));
     // Whatever the hub sent for the reset exchange (credit, as the client read what was left)

@@ -111,11 +111,7 @@ async fn snapshot_deltas_and_http_api() {
     a.send(cm_event("prod", EventType::Applied, "two", "6", "web"))
         .await;
     a.synced().await;
-    let (_, v) = get_json(
-        hub.http_addr,
-        "/api/v1/accounts/prod/objects?kind=configmaps",
-    )
-    .await;
+    let (_, v) = get_json(&api(&hub), "/api/v1/accounts/prod/objects?kind=configmaps").await;
     let one = v["items"]
         .as_array()
         .unwrap()
@@ -142,7 +138,7 @@ async fn snapshot_deltas_and_http_api() {
     assert_eq!(object_names(&hub, "prod/objects").await, ["five", "three"]);
 
     // Accounts and agents.
-    let (status, acc) = get_json(hub.http_addr, "/api/v1/accounts/prod").await;
+    let (status, acc) = get_json(&api(&hub), "/api/v1/accounts/prod").await;
     assert_eq!(status, 200);
     assert_eq!(acc["state"], "connected");
     assert_eq!(acc["cluster"]["apiServerHost"], "https://10.0.0.1:6443");
@@ -158,22 +154,22 @@ async fn snapshot_deltas_and_http_api() {
     let cm = kinds.iter().find(|k| k["kind"] == "ConfigMap").unwrap();
     assert_eq!(cm["state"], "WATCHING");
     assert_eq!(cm["resumePoints"][0]["resourceVersion"], "30");
-    let (_, list) = get_json(hub.http_addr, "/api/v1/accounts").await;
+    let (_, list) = get_json(&api(&hub), "/api/v1/accounts").await;
     assert_eq!(list.as_array().unwrap().len(), 1);
-    let (_, agents) = get_json(hub.http_addr, "/api/v1/agents").await;
+    let (_, agents) = get_json(&api(&hub), "/api/v1/agents").await;
     assert_eq!(agents[0]["identity"], "agent-a.test");
     assert_eq!(agents[0]["accounts"][0]["name"], "prod");
     assert_eq!(agents[0]["accounts"][0]["role"], "STREAMING");
     assert!(agents[0]["connectedSince"].as_str().unwrap().ends_with('Z'));
 
     // Errors of the API.
-    assert_eq!(get(hub.http_addr, "/api/v1/accounts/nope").await.0, 404);
-    let (status, body) = get(hub.http_addr, "/api/v1/accounts/prod/objects?kind=pods").await;
+    assert_eq!(get(&api(&hub), "/api/v1/accounts/nope").await.0, 404);
+    let (status, body) = get(&api(&hub), "/api/v1/accounts/prod/objects?kind=pods").await;
     assert_eq!(status, 404);
     assert!(body.contains("ConfigMap"), "{body}");
     assert_eq!(
         get(
-            hub.http_addr,
+            &api(&hub),
             "/api/v1/accounts/prod/objects?labelSelector=a%20b"
         )
         .await
@@ -182,9 +178,9 @@ async fn snapshot_deltas_and_http_api() {
     );
 
     // Health and metrics.
-    assert_eq!(get(hub.http_addr, "/healthz").await.0, 200);
-    assert_eq!(get(hub.http_addr, "/readyz").await.0, 200);
-    let (status, metrics) = get(hub.http_addr, "/metrics").await;
+    assert_eq!(get(&api(&hub), "/healthz").await.0, 200);
+    assert_eq!(get(&api(&hub), "/readyz").await.0, 200);
+    let (status, metrics) = get(&api(&hub), "/metrics").await;
     assert_eq!(status, 200);
     for line in [
         "scale_agent_hub_connected_agents 1",
@@ -206,11 +202,7 @@ async fn snapshot_deltas_and_http_api() {
     ev.object_json.clear();
     a.send(Msg::Object(ev)).await;
     a.synced().await;
-    let (_, v) = get_json(
-        hub.http_addr,
-        "/api/v1/accounts/prod/objects?kind=configmaps",
-    )
-    .await;
+    let (_, v) = get_json(&api(&hub), "/api/v1/accounts/prod/objects?kind=configmaps").await;
     let big = v["items"]
         .as_array()
         .unwrap()
@@ -240,7 +232,7 @@ async fn snapshot_deltas_and_http_api() {
             .await
             .is_empty()
     );
-    let (_, acc) = get_json(hub.http_addr, "/api/v1/accounts/prod").await;
+    let (_, acc) = get_json(&api(&hub), "/api/v1/accounts/prod").await;
     let cm = acc["kinds"]
         .as_array()
         .unwrap()
@@ -277,7 +269,7 @@ async fn standby_is_promoted_with_resume_points() {
         Role::Standby
     );
     // A standby may not stream.
-    let (_, acc) = get_json(hub.http_addr, "/api/v1/accounts/prod").await;
+    let (_, acc) = get_json(&api(&hub), "/api/v1/accounts/prod").await;
     assert_eq!(acc["standbys"][0]["replica"], "pod-2");
 
     // a starts a new snapshot but never ends it: it is discarded.
@@ -307,10 +299,10 @@ async fn standby_is_promoted_with_resume_points() {
         .await;
     b.synced().await;
     assert_eq!(object_names(&hub, "prod/objects").await, ["one", "two"]);
-    let (_, acc) = get_json(hub.http_addr, "/api/v1/accounts/prod").await;
+    let (_, acc) = get_json(&api(&hub), "/api/v1/accounts/prod").await;
     assert_eq!(acc["streaming"]["replica"], "pod-2");
     assert_eq!(acc["standbys"].as_array().unwrap().len(), 0);
-    let (_, metrics) = get(hub.http_addr, "/metrics").await;
+    let (_, metrics) = get(&api(&hub), "/metrics").await;
     assert!(
         metrics.contains("scale_agent_hub_resumes_total 1"),
         "{metrics}"
@@ -391,7 +383,7 @@ async fn other_cluster_and_disallowed_identity_are_rejected() {
         status.message()
     );
     assert_eq!(object_names(&hub, "prod/objects").await, ["one"]);
-    let (_, acc) = get_json(hub.http_addr, "/api/v1/accounts/prod").await;
+    let (_, acc) = get_json(&api(&hub), "/api/v1/accounts/prod").await;
     assert_eq!(acc["cluster"]["apiServerHost"], "https://one:6443");
 
     hub.shutdown().await.unwrap();
@@ -460,7 +452,7 @@ async fn restart_keeps_objects_resume_points_and_bindings() {
         object_names(&hub, "prod/objects").await,
         ["one", "three", "two"]
     );
-    let (_, acc) = get_json(hub.http_addr, "/api/v1/accounts/prod").await;
+    let (_, acc) = get_json(&api(&hub), "/api/v1/accounts/prod").await;
     assert_eq!(acc["state"], "disconnected");
     assert!(acc["disconnectedSince"].is_string());
     // The binding survived.
@@ -476,7 +468,7 @@ async fn restart_keeps_objects_resume_points_and_bindings() {
     assert_eq!(assignment.resume_points.len(), 1);
     assert_eq!(assignment.resume_points[0].resource_version, "15");
     assert_eq!(assignment.resume_points[0].watch_namespace, "");
-    let (_, metrics) = get(hub.http_addr, "/metrics").await;
+    let (_, metrics) = get(&api(&hub), "/metrics").await;
     assert!(
         metrics.contains("scale_agent_hub_resumes_total 1"),
         "{metrics}"
@@ -509,19 +501,19 @@ async fn grace_period_removes_accounts_without_agents() {
     assert_eq!(object_names(&hub, "prod/objects").await, ["one"]);
 
     drop(a);
-    let addr = hub.http_addr;
+    let addr = api(&hub);
     wait_for("the account to go", async || {
-        get(addr, "/api/v1/accounts/prod").await.0 == 404
+        get(&addr, "/api/v1/accounts/prod").await.0 == 404
     })
     .await;
-    let (_, list) = get_json(addr, "/api/v1/accounts").await;
+    let (_, list) = get_json(&addr, "/api/v1/accounts").await;
     assert_eq!(list, serde_json::json!([]));
     // Gone from the store too; the name's binding to its identity stays (only an admin
     // moves it), so another identity may not take it over, while the bound identity may
     // serve it from another cluster.
     hub.shutdown().await.unwrap();
     let hub = start_hub(&pki, &dir, |_| {}).await;
-    assert_eq!(get(hub.http_addr, "/api/v1/accounts/prod").await.0, 404);
+    assert_eq!(get(&api(&hub), "/api/v1/accounts/prod").await.0, 404);
     let mut b = agent(&hub, &pki, "agent-b.test", "pod-1").await;
     let refused = b.register("prod", "https://two:6443").await;
     assert_eq!(role(&refused), Role::Rejected);
@@ -634,7 +626,7 @@ async fn malformed_messages_end_only_the_offending_stream() {
         .await;
     good.synced().await;
     assert_eq!(object_names(&hub, "prod/objects").await, ["one", "two"]);
-    let (_, acc) = get_json(hub.http_addr, "/api/v1/accounts/prod").await;
+    let (_, acc) = get_json(&api(&hub), "/api/v1/accounts/prod").await;
     assert_eq!(acc["streaming"]["identity"], "agent-good.test");
 
     hub.shutdown().await.unwrap();
@@ -653,7 +645,7 @@ async fn silent_streams_are_ended_after_two_heartbeat_periods() {
     assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
     assert!(started.elapsed() >= Duration::from_millis(1500));
     assert!(a.heartbeats >= 1, "the hub sends heartbeats");
-    let (_, agents) = get_json(hub.http_addr, "/api/v1/agents").await;
+    let (_, agents) = get_json(&api(&hub), "/api/v1/agents").await;
     assert_eq!(agents, serde_json::json!([]));
     hub.shutdown().await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
@@ -704,7 +696,7 @@ async fn operations_are_routed_answered_and_resent_only_when_safe() {
     let pki = Pki::new();
     let dir = data_dir("ops");
     let hub = start_hub(&pki, &dir, |_| {}).await;
-    let http = hub.http_addr;
+    let http = api(&hub);
     let mut a = agent(&hub, &pki, "agent-a.test", "pod-1").await;
     assert_eq!(
         role(&a.register("prod", "https://h:6443").await),
@@ -714,9 +706,10 @@ async fn operations_are_routed_answered_and_resent_only_when_safe() {
     a.synced().await;
 
     // An apply answered by the only replica: objects and deletions reach the cache first.
+    let submitter = http.clone();
     let submit = tokio::spawn(async move {
         post_json(
-            http,
+            &submitter,
             "/api/v1/accounts/prod/operations",
             &serde_json::json!({"type": "apply", "manifest": {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "two"}}}),
         )
@@ -753,7 +746,7 @@ async fn operations_are_routed_answered_and_resent_only_when_safe() {
     assert_eq!(body["objects"][0]["metadata"]["name"], "two");
     // Read-your-writes: no watch event was sent for "two", nor a deletion of "one".
     assert_eq!(object_names(&hub, "prod/objects").await, ["two"]);
-    let (code, looked) = get_json(http, &format!("/api/v1/operations/{}", op.id)).await;
+    let (code, looked) = get_json(&http, &format!("/api/v1/operations/{}", op.id)).await;
     assert_eq!(code, 200);
     assert_eq!(looked["state"], "succeeded");
 
@@ -763,9 +756,10 @@ async fn operations_are_routed_answered_and_resent_only_when_safe() {
         role(&b.register("prod", "https://h:6443").await),
         Role::Standby
     );
+    let submitter = http.clone();
     let submit = tokio::spawn(async move {
         post_json(
-            http,
+            &submitter,
             "/api/v1/accounts/prod/operations",
             &serde_json::json!({"type": "create", "manifest": {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}}),
         )
@@ -799,9 +793,10 @@ async fn operations_are_routed_answered_and_resent_only_when_safe() {
         role(&c.register("prod", "https://h:6443").await),
         Role::Standby
     );
+    let submitter = http.clone();
     let submit = tokio::spawn(async move {
         post_json(
-            http,
+            &submitter,
             "/api/v1/accounts/prod/operations",
             &serde_json::json!({"type": "get", "kind": "ConfigMap", "namespace": "default", "name": "two"}),
         )
@@ -843,12 +838,12 @@ async fn operations_are_routed_answered_and_resent_only_when_safe() {
     // Nobody left.
     drop(other);
     wait_for("the account to be disconnected", async || {
-        let (_, acc) = get_json(http, "/api/v1/accounts/prod").await;
+        let (_, acc) = get_json(&http, "/api/v1/accounts/prod").await;
         acc["state"] == "disconnected"
     })
     .await;
     let (code, body) = post_json(
-        http,
+        &http,
         "/api/v1/accounts/prod/operations",
         &serde_json::json!({"type": "get", "kind": "ConfigMap", "name": "two"}),
     )
@@ -862,13 +857,13 @@ async fn operations_are_routed_answered_and_resent_only_when_safe() {
             .contains("no agent connected for account prod")
     );
     let (code, _) = post_json(
-        http,
+        &http,
         "/api/v1/accounts/prod/operations",
         &serde_json::json!({"type": "bogus"}),
     )
     .await;
     assert_eq!(code, 400);
-    let (_, metrics) = get(http, "/metrics").await;
+    let (_, metrics) = get(&http, "/metrics").await;
     assert!(
         metrics.contains("scale_agent_hub_operation_retries_total 2"),
         "{metrics}"
@@ -885,7 +880,7 @@ async fn operation_requests_past_the_body_limit_get_413() {
     let hub = start_hub(&pki, &dir, |c| c.max_request_bytes = 4096).await;
     let manifest = serde_json::json!({"kind": "ConfigMap", "data": {"pad": "x".repeat(5000)}});
     let (status, body) = post_json(
-        hub.http_addr,
+        &api(&hub),
         "/api/v1/accounts/prod/operations",
         &serde_json::json!({"type": "apply", "manifests": [manifest]}),
     )

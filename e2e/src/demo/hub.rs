@@ -1,16 +1,29 @@
 //! The hub as a process (the real `scale-agent-hub` command, built as `e2e-hub`): gRPC with
 //! mutual TLS for the agents, and one HTTPS listener for its REST API, its admin API and the
-//! Kubernetes API proxy. [`Hub`] is how the other steps reach it.
+//! Kubernetes API proxy. [`Hub`] is how the other steps reach it: its REST API with an
+//! operator token issued at start by `scale-agent-hub token create`, the way a platform team
+//! gets one.
 
 use std::{io::Write, net::SocketAddr, path::PathBuf, process::Command, time::Duration};
 
 use serde_json::Value;
 
-use super::{System, certificates::HubFiles, support::line, support::wait_ready};
+use super::{
+    System,
+    certificates::HubFiles,
+    support::{command_failed, line, wait_ready},
+};
 use crate::{
-    ControlPlane, binaries::product_binary, error::Result, http::Call, local_agent::free_port,
+    ControlPlane,
+    binaries::product_binary,
+    error::{Result, io_err},
+    http::Call,
+    local_agent::free_port,
     process::ManagedProcess,
 };
+
+/// Name of the REST API token the demo issues (role operator).
+pub const API_TOKEN_NAME: &str = "demo";
 
 /// The running hub, as clients reach it.
 pub(super) struct Hub {
@@ -26,12 +39,18 @@ pub(super) struct Hub {
     pub admin_token_file: PathBuf,
     /// The binary, for the admin commands (`kubeconfig`, `token`).
     pub binary: PathBuf,
+    /// The operator token of the REST API (`scale-agent-hub token create`), and the file
+    /// (mode 0600) the curl commands read it from.
+    pub api_token: String,
+    pub api_token_file: PathBuf,
 }
 
 impl Hub {
-    /// `method <url><path>`, trusting the hub's CA.
+    /// `method <url><path>` to the REST API, trusting the hub's CA, with the operator token.
     pub fn call(&self, method: &str, path: &str) -> Call {
-        Call::new(method, format!("{}{path}", self.url)).ca(&self.ca_pem)
+        Call::new(method, format!("{}{path}", self.url))
+            .ca(&self.ca_pem)
+            .bearer(&self.api_token)
     }
 
     /// `GET`s a JSON document: `None` on 404.
@@ -64,7 +83,19 @@ impl Hub {
         } else {
             url
         };
-        format!("curl --cacert {} {url}", self.ca_file.display())
+        format!(
+            "curl --cacert {} {} {url}",
+            self.ca_file.display(),
+            self.authorization()
+        )
+    }
+
+    /// The curl flag sending the operator token, read from its file.
+    pub fn authorization(&self) -> String {
+        format!(
+            "-H \"Authorization: Bearer $(cat {})\"",
+            self.api_token_file.display()
+        )
     }
 
     /// The flags (and their values, as separate arguments) that point an admin command at
@@ -116,13 +147,15 @@ pub(super) async fn start(
         command,
         run_dir.join("hub.log"),
     )?);
-    let hub = Hub {
+    let mut hub = Hub {
         grpc_addr,
         url,
         ca_pem: files.serving_ca_pem.clone(),
         ca_file: files.serving_ca.clone(),
         admin_token_file: files.data_dir.join("admin-token"),
         binary,
+        api_token: String::new(),
+        api_token_file: run_dir.join("operator-token"),
     };
     wait_ready(process, hub.call("GET", "/readyz")).await?;
     line(
@@ -143,5 +176,50 @@ pub(super) async fn start(
             hub.admin_token_file.display()
         ),
     );
+    hub.api_token = create_api_token(&hub, out).await?;
+    scale_agent_hub::tokens::write_private(&hub.api_token_file, hub.api_token.as_bytes())
+        .map_err(io_err(format!("write {}", hub.api_token_file.display())))?;
+    line(
+        out,
+        format!(
+            "    REST API token (role operator) in {} (mode 0600): the curl commands below send it",
+            hub.api_token_file.display()
+        ),
+    );
     Ok(hub)
+}
+
+/// Runs `scale-agent-hub token create --name demo --role operator` (the real binary) and
+/// returns the token it prints.
+async fn create_api_token(hub: &Hub, out: &mut dyn Write) -> Result<String> {
+    let mut args = vec![
+        "token".to_string(),
+        "create".into(),
+        "--name".into(),
+        API_TOKEN_NAME.into(),
+        "--role".into(),
+        "operator".into(),
+    ];
+    args.extend(hub.admin_flags());
+    let command = format!("scale-agent-hub {}", args.join(" "));
+    line(out, format!("    $ {command}"));
+    let output = tokio::process::Command::new(&hub.binary)
+        .args(&args)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(io_err(format!("run {}", hub.binary.display())))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let token = stdout.trim();
+    if !output.status.success() || token.is_empty() {
+        return Err(command_failed(
+            &command,
+            output.status.code(),
+            &stdout,
+            &stderr,
+        ));
+    }
+    line(out, format!("      {}", stderr.trim()));
+    Ok(token.to_string())
 }

@@ -369,9 +369,10 @@ impl Operations<'_> {
             line(
                 out,
                 format!(
-                    "      curl -sS --cacert {} -X POST {}{path} -H 'Content-Type: application/json' -d '{}'",
+                    "      curl -sS --cacert {} -X POST {}{path} {} -H 'Content-Type: application/json' -d '{}'",
                     self.hub.ca_file.display(),
                     self.hub.url,
+                    self.hub.authorization(),
                     body.to_string().replace('\'', "'\\''")
                 ),
             );

@@ -1,9 +1,11 @@
 //! Admin commands against a running hub: `scale-agent-hub kubeconfig --account <name>` prints
-//! a kubeconfig for the Kubernetes API proxy (issuing a token), `scale-agent-hub token list`
-//! and `scale-agent-hub token revoke <id>` manage the tokens. They call the hub's admin API
-//! over HTTPS with the admin token from the admin token file; inside the hub's pod every
-//! default already points at the right place (`kubectl exec deploy/scale-agent-hub --
-//! scale-agent-hub kubeconfig --account prod`).
+//! a kubeconfig for the Kubernetes API proxy (issuing a token), `scale-agent-hub token create
+//! --name ci --role operator` issues an API token, `scale-agent-hub token list` and
+//! `scale-agent-hub token revoke <id>` manage the tokens. They call the hub's admin API over
+//! HTTPS with the admin token from the admin token file; inside the hub's pod every default
+//! already points at the right place (`kubectl exec deploy/scale-agent-hub --
+//! scale-agent-hub kubeconfig --account prod`). `scale-agent-hub token hash` needs no hub: it
+//! turns a secret into an entry of the hub's --api-tokens-file.
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
@@ -14,8 +16,9 @@ use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject as _};
 
 use crate::{
-    admin_api::TokenView,
+    admin_api::{CreateToken, CreatedToken, TokenView},
     agent_admin::{AgentTokenView, BindingView},
+    api_auth::Role,
 };
 
 /// Whether `first` (the first command-line argument) names an admin command.
@@ -58,7 +61,7 @@ pub enum Admin {
         #[command(flatten)]
         hub: HubAccess,
     },
-    /// List or revoke the proxy's tokens.
+    /// Issue, list, revoke or hash tokens.
     Token {
         #[command(subcommand)]
         action: TokenAction,
@@ -130,7 +133,33 @@ pub enum AccountAction {
 
 #[derive(Debug, Subcommand)]
 pub enum TokenAction {
-    /// Every token: id, account, name, when it was made.
+    /// Issue an API token with a role; prints the token once (a token of the same name is
+    /// replaced, so issuing a name again rotates it).
+    Create {
+        /// Who or what the token is for (it names the caller in 403 messages and audit lines).
+        #[arg(long)]
+        name: String,
+        /// reader (agents, accounts, objects, metrics), operator (plus operations) or admin
+        /// (plus tokens and kubeconfigs).
+        #[arg(long, value_enum)]
+        role: Role,
+        #[command(flatten)]
+        hub: HubAccess,
+    },
+    /// Print an entry of the hub's --api-tokens-file for a token read from standard input
+    /// (only its SHA-256 goes into the file). With --generate, make a new token and print it
+    /// on standard error.
+    Hash {
+        #[arg(long)]
+        name: String,
+        #[arg(long, value_enum)]
+        role: Role,
+        /// Make a new random token instead of reading one.
+        #[arg(long)]
+        generate: bool,
+    },
+    /// Every token: id, kind (proxy, api, admin), role, account, name, where it is kept, when
+    /// it was made.
     List {
         #[command(flatten)]
         hub: HubAccess,
@@ -201,6 +230,41 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
             Ok(())
         }
         Admin::Token { action } => match action {
+            TokenAction::Create { name, role, hub } => {
+                let body = serde_json::to_vec(&CreateToken { name, role })?;
+                let answer = hub.call_with("POST", "/api/v1/tokens", body).await?;
+                let created: CreatedToken =
+                    serde_json::from_str(&answer).context("the hub's answer")?;
+                eprintln!(
+                    "issued API token {:?} (role {role}, id {}); it is shown only now:",
+                    created.view.name, created.view.id
+                );
+                println!("{}", created.token);
+                Ok(())
+            }
+            TokenAction::Hash {
+                name,
+                role,
+                generate,
+            } => {
+                let token = if generate {
+                    let token = crate::tokens::new_token()?;
+                    eprintln!("token (shown only now): {token}");
+                    token
+                } else {
+                    let mut secret = String::new();
+                    std::io::Read::read_to_string(&mut std::io::stdin(), &mut secret)
+                        .context("reading the token from standard input")?;
+                    let secret = secret.trim().to_string();
+                    anyhow::ensure!(
+                        !secret.is_empty(),
+                        "no token on standard input (pipe one in, or pass --generate)"
+                    );
+                    secret
+                };
+                print!("{}", crate::api_auth::file_entry(&name, role, &token));
+                Ok(())
+            }
             TokenAction::List { hub } => {
                 let body = hub.call("GET", "/api/v1/tokens").await?;
                 let tokens: Vec<TokenView> =
@@ -352,19 +416,34 @@ fn encode_query(value: &str) -> String {
         .collect()
 }
 
-/// The token list as aligned columns.
+/// The token list as aligned columns (`-` for what a token does not have).
 pub fn token_table(tokens: &[TokenView]) -> String {
-    let mut rows = vec![
-        ["ID", "ACCOUNT", "NAME", "CREATED", "DERIVED"]
-            .map(str::to_string)
-            .to_vec(),
-    ];
+    let dash = |s: &str| {
+        if s.is_empty() {
+            "-".to_string()
+        } else {
+            s.to_string()
+        }
+    };
+    let mut rows = vec![vec![
+        "ID".to_string(),
+        "KIND".to_string(),
+        "ROLE".to_string(),
+        "ACCOUNT".to_string(),
+        "NAME".to_string(),
+        "SOURCE".to_string(),
+        "CREATED".to_string(),
+        "DERIVED".to_string(),
+    ]];
     for t in tokens {
         rows.push(vec![
-            t.id.clone(),
-            t.account.clone(),
+            dash(&t.id),
+            dash(&t.kind),
+            t.role.map_or("-".to_string(), |r| r.to_string()),
+            dash(&t.account),
             t.name.clone(),
-            t.created.clone(),
+            dash(&t.source),
+            dash(&t.created),
             t.derived.to_string(),
         ]);
     }
@@ -409,6 +488,11 @@ impl HubAccess {
     /// `method path` with the admin token; the body of a 2xx answer, else an error with the
     /// hub's message.
     async fn call(&self, method: &str, path: &str) -> anyhow::Result<String> {
+        self.call_with(method, path, Vec::new()).await
+    }
+
+    /// [`Self::call`] with a JSON body.
+    async fn call_with(&self, method: &str, path: &str, body: Vec<u8>) -> anyhow::Result<String> {
         let url = format!("{}{path}", self.hub_url.trim_end_matches('/'));
         let request = http::Request::builder()
             .method(method)
@@ -417,7 +501,8 @@ impl HubAccess {
                 http::header::AUTHORIZATION,
                 format!("Bearer {}", self.admin_token()?),
             )
-            .body(Full::new(bytes::Bytes::new()))?;
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(bytes::Bytes::from(body)))?;
         let send = async {
             let response = if url.starts_with("https://") {
                 let mut connector = hyper_rustls::HttpsConnectorBuilder::new()
@@ -530,6 +615,31 @@ mod tests {
             matches!(parsed.command, Admin::Kubeconfig { ref account, .. } if account == "prod")
         );
         assert!(AdminCommand::try_parse_from(["scale-agent-hub", "kubeconfig"]).is_err());
+        let parsed = AdminCommand::try_parse_from([
+            "scale-agent-hub",
+            "token",
+            "create",
+            "--name",
+            "ci",
+            "--role",
+            "operator",
+        ])
+        .unwrap();
+        assert!(
+            matches!(parsed.command, Admin::Token { action: TokenAction::Create { ref name, role: Role::Operator, .. } } if name == "ci")
+        );
+        assert!(
+            AdminCommand::try_parse_from([
+                "scale-agent-hub",
+                "token",
+                "create",
+                "--name",
+                "ci",
+                "--role",
+                "root",
+            ])
+            .is_err()
+        );
         let parsed =
             AdminCommand::try_parse_from(["scale-agent-hub", "token", "revoke", "abc"]).unwrap();
         assert!(
@@ -550,17 +660,33 @@ mod tests {
 
     #[test]
     fn token_tables_align() {
-        let table = token_table(&[TokenView {
-            id: "0123".into(),
-            account: "prod".into(),
-            name: "clouddriver".into(),
-            created: "2026-11-23T00:00:00Z".into(),
-            derived: true,
-        }]);
+        let table = token_table(&[
+            TokenView {
+                id: "0123".into(),
+                kind: "proxy".into(),
+                source: "hub".into(),
+                role: None,
+                account: "prod".into(),
+                name: "clouddriver".into(),
+                created: "2026-11-23T00:00:00Z".into(),
+                derived: true,
+            },
+            TokenView {
+                id: String::new(),
+                kind: "api".into(),
+                source: "file".into(),
+                role: Some(Role::Operator),
+                account: String::new(),
+                name: "ci".into(),
+                created: String::new(),
+                derived: false,
+            },
+        ]);
         assert_eq!(
             table,
-            "ID    ACCOUNT  NAME         CREATED               DERIVED\n\
-             0123  prod     clouddriver  2026-11-23T00:00:00Z  true"
+            "ID    KIND   ROLE      ACCOUNT  NAME         SOURCE  CREATED               DERIVED\n\
+             0123  proxy  -         prod     clouddriver  hub     2026-11-23T00:00:00Z  true\n\
+             -     api    operator  -        ci           file    -                     false"
         );
         assert_eq!(encode_query("a b/c"), "a%20b%2Fc");
     }

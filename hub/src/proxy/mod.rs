@@ -80,9 +80,22 @@ impl Served {
 }
 
 async fn handle(State(hub): State<Arc<Hub>>, request: Request) -> Response {
+    let started = Instant::now();
     let method = request.method().clone();
     let discovery_path = split_path(request.uri().path())
         .is_some_and(|(_, path)| discovery::is_discovery(&method, path));
+    let upgrade = headers::is_upgrade(request.headers());
+    // Writes are audited: who (the token's name), what, and how it ended.
+    let audit = crate::audit::is_proxy_write(&method, upgrade).then(|| {
+        let (account, api_path) = split_path(request.uri().path()).unwrap_or_default();
+        let who = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(crate::tokens::bearer)
+            .and_then(|token| hub.tokens().verify(token).map(|r| r.name.clone()));
+        (account.to_string(), api_path.to_string(), who)
+    });
     let (response, served) = match proxy(&hub, request).await {
         Ok(answer) => answer,
         Err(status) => {
@@ -101,6 +114,17 @@ async fn handle(State(hub): State<Arc<Hub>>, request: Request) -> Response {
     };
     hub.metrics
         .proxy_request(&method, served.as_str(), response.status().as_u16());
+    if let Some((account, api_path, who)) = audit {
+        crate::audit::proxy_write(
+            who.as_deref(),
+            &account,
+            &method,
+            &api_path,
+            upgrade,
+            response.status().as_u16(),
+            started.elapsed(),
+        );
+    }
     response
 }
 

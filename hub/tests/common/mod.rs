@@ -198,12 +198,53 @@ pub async fn wait_for(what: &str, mut check: impl AsyncFnMut() -> bool) {
 
 // ---------------------------------------------------------------- plaintext HTTP
 
+/// The REST API of a plaintext hub, and the token its requests carry.
+#[derive(Clone, Debug)]
+pub struct Api {
+    pub addr: SocketAddr,
+    /// Sent as `Authorization: Bearer`; `None` sends no header.
+    pub token: Option<String>,
+}
+
+/// `hub`'s REST API with the admin token the hub wrote to its admin token file at start.
+pub fn api(hub: &RunningHub) -> Api {
+    let file = hub
+        .admin_token_file()
+        .expect("the tests' hubs have an admin token file");
+    let token = std::fs::read_to_string(file).unwrap().trim().to_string();
+    Api {
+        addr: hub.http_addr,
+        token: Some(token),
+    }
+}
+
+impl Api {
+    /// The same API with another token (or none).
+    pub fn with_token(&self, token: Option<&str>) -> Api {
+        Api {
+            addr: self.addr,
+            token: token.map(str::to_string),
+        }
+    }
+
+    fn authorization(&self) -> String {
+        self.token
+            .as_deref()
+            .map(|t| format!("Authorization: Bearer {t}\r\n"))
+            .unwrap_or_default()
+    }
+}
+
 /// GET over a raw HTTP/1.1 connection: (status, body).
-pub async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+pub async fn get(api: &Api, path: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(api.addr).await.unwrap();
     stream
         .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: hub\r\nConnection: close\r\n\r\n").as_bytes(),
+            format!(
+                "GET {path} HTTP/1.1\r\nHost: hub\r\n{}Connection: close\r\n\r\n",
+                api.authorization()
+            )
+            .as_bytes(),
         )
         .await
         .unwrap();
@@ -237,19 +278,20 @@ pub async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     (status, body)
 }
 
-pub async fn get_json(addr: SocketAddr, path: &str) -> (u16, Value) {
-    let (status, body) = get(addr, path).await;
+pub async fn get_json(api: &Api, path: &str) -> (u16, Value) {
+    let (status, body) = get(api, path).await;
     (status, serde_json::from_str(&body).unwrap_or(Value::Null))
 }
 
 /// POST a JSON body over a raw HTTP/1.0 connection: (status, JSON body).
-pub async fn post_json(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+pub async fn post_json(api: &Api, path: &str, body: &Value) -> (u16, Value) {
+    let mut stream = tokio::net::TcpStream::connect(api.addr).await.unwrap();
     let body = body.to_string();
     stream
         .write_all(
             format!(
-                "POST {path} HTTP/1.0\r\nHost: hub\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                "POST {path} HTTP/1.0\r\nHost: hub\r\n{}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                api.authorization(),
                 body.len()
             )
             .as_bytes(),
@@ -268,7 +310,7 @@ pub async fn post_json(addr: SocketAddr, path: &str, body: &Value) -> (u16, Valu
 }
 
 pub async fn object_names(hub: &RunningHub, query: &str) -> Vec<String> {
-    let (status, v) = get_json(hub.http_addr, &format!("/api/v1/accounts/{query}")).await;
+    let (status, v) = get_json(&api(hub), &format!("/api/v1/accounts/{query}")).await;
     assert_eq!(status, 200, "{v}");
     names_of(&v)
 }
