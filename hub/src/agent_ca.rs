@@ -170,9 +170,11 @@ impl AgentCa {
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.use_authority_key_identifier_extension = true;
         let now = now_unix();
-        // A little back-dating absorbs clock skew between the hub and agents.
+        // Only hubs verify these certificates, with their own clocks: a few seconds of
+        // back-dating absorb the skew between hub replicas, and keep not_before close to the
+        // issue time, which agents count their renewal (at 2/3 of the lifetime) from.
         let epoch = rcgen::date_time_ymd(1970, 1, 1);
-        params.not_before = epoch + since_epoch(now - 300);
+        params.not_before = epoch + since_epoch(now - 5);
         let not_after = now + secs(lifetime);
         params.not_after = epoch + since_epoch(not_after);
         let cert = params

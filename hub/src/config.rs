@@ -124,9 +124,9 @@ impl Config {
         if self.max_unacked == 0 {
             return Err(HubError::Config("--max-unacked must be at least 1".into()));
         }
-        if self.agent_cert_lifetime < Duration::from_secs(60) {
+        if self.agent_cert_lifetime < Duration::from_secs(10) {
             return Err(HubError::Config(format!(
-                "--agent-cert-lifetime must be at least 1m, not {:?}",
+                "--agent-cert-lifetime must be at least 10s, not {:?}",
                 self.agent_cert_lifetime
             )));
         }
