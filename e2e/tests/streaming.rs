@@ -195,6 +195,20 @@ impl Hub {
     /// Starts the hub with mutual TLS (`pki`), fresh ports and data directory, 1 s
     /// heartbeats, and `extra` flags; waits for `/readyz`.
     async fn start(dir: &Path, pki: &Pki, extra: &[&str]) -> anyhow::Result<Self> {
+        let client_ca = format!("--client-ca={}", pki.ca_file.display());
+        let extra: Vec<&str> = std::iter::once(client_ca.as_str())
+            .chain(extra.iter().copied())
+            .collect();
+        Self::start_trusting_only_itself(dir, pki, &extra).await
+    }
+
+    /// Like [`Hub::start`] but without `--client-ca`: only certificates the hub issued (by
+    /// enrolment) authenticate agents.
+    async fn start_trusting_only_itself(
+        dir: &Path,
+        pki: &Pki,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
         let (grpc, http) = (free_addr()?, free_addr()?);
         let data_dir = dir.join("hub-data");
         let mut args: Vec<String> = vec![
@@ -202,7 +216,6 @@ impl Hub {
             format!("--http-addr={http}"),
             format!("--tls-cert={}", pki.hub_cert.display()),
             format!("--tls-key={}", pki.hub_key.display()),
-            format!("--client-ca={}", pki.ca_file.display()),
             format!("--data-dir={}", data_dir.display()),
             "--heartbeat-period=1s".into(),
             // These tests read the REST API in plaintext; the HTTP listener's TLS and the
@@ -1689,6 +1702,194 @@ async fn initial_sync_of_many_configmaps() -> anyhow::Result<()> {
             &[("account", acc), ("kind", "configmaps")]
         ),
         1.0
+    );
+    Ok(())
+}
+
+/// `scale-agent-hub agent-token create` against the hub's admin API (the real command, as an
+/// admin runs it); returns the token it printed.
+fn create_agent_token(hub: &Hub, args: &[&str]) -> anyhow::Result<String> {
+    let output = std::process::Command::new(HUB)
+        .args(["agent-token", "create"])
+        .args(args)
+        .arg(format!("--hub-url=http://{}", hub.http))
+        .arg(format!("--data-dir={}", hub.data_dir.display()))
+        .output()?;
+    anyhow::ensure!(
+        output.status.success(),
+        "agent-token create failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(String::from_utf8(output.stdout)?.trim().to_string())
+}
+
+/// Item 3 and 6 of the security issue with real processes: an agent enrols with a one-time
+/// token, streams with the certificate the hub issued, renews it over its stream and comes
+/// back with it after a restart (the token is gone by then); an agent with a bearer token
+/// streams; and that second identity may not join the first one's account, even as a
+/// standby of the same cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enrolled_and_token_agents_stream_and_accounts_stay_bound() -> anyhow::Result<()> {
+    let (control_plane, admin, ns) = cluster("enrol").await?;
+    let dir = TempDir::new("enrol")?;
+    let pki = Pki::new(dir.path(), "enrol")?;
+    // 30 s certificates: the agent renews after about 20 s.
+    let hub =
+        Hub::start_trusting_only_itself(dir.path(), &pki, &["--agent-cert-lifetime=30s"]).await?;
+    let kubeconfig = agent_identity(
+        control_plane,
+        &admin,
+        &ns,
+        Scope::Namespace,
+        &["configmaps"],
+        dir.path(),
+    )
+    .await?;
+    create_configmap(&admin, &ns, "seen", json!({ "v": "1" })).await?;
+    let account = unique("enrol");
+    let accounts = json!([fixtures::account(
+        &account,
+        &kubeconfig,
+        &ns,
+        &["configmaps"]
+    )]);
+
+    let token_file = dir.path().join("enrolment-token");
+    std::fs::write(
+        &token_file,
+        create_agent_token(
+            &hub,
+            &[
+                "--identity=enrolled-agent",
+                "--accounts=enrol-*",
+                "--ttl=10m",
+                "--once",
+            ],
+        )?,
+    )?;
+    let cert_dir = dir.path().join("enrolled");
+    let client = ClientCert {
+        cert: cert_dir.join("tls.crt"),
+        key: cert_dir.join("tls.key"),
+    };
+    let config = dir.path().join("enrolled.yaml");
+    std::fs::write(
+        &config,
+        serde_json::to_string(&json!({
+            "clouddriver": {
+                "grpc": hub.grpc.to_string(),
+                "keepAliveHeartbeatSeconds": 1,
+                "backoff": { "baseDelay": "200ms", "maxDelay": "1s" },
+                "auth": { "enrolmentTokenFile": token_file.display().to_string() },
+            },
+            "kubernetes": { "accounts": accounts },
+        }))?,
+    )?;
+    let tls = AgentTls {
+        ca_file: pki.ca_file.clone(),
+        client: Some(client.clone()),
+    };
+    let mut enrolled = Agent::start(dir.path(), &config, "enrolled-0", &tls).await?;
+    eventually("the enrolled agent streaming", || async {
+        Ok(hub
+            .account(&account)
+            .await?
+            .is_some_and(|a| a["streaming"]["identity"] == "enrolled-agent"))
+    })
+    .await?;
+    eventually("the account's ConfigMap in the hub", || async {
+        Ok(hub
+            .object(&account, "configmaps", &ns, "seen")
+            .await?
+            .is_some())
+    })
+    .await?;
+    let first_cert = std::fs::read(&client.cert)?;
+    use std::os::unix::fs::PermissionsExt as _;
+    assert_eq!(
+        std::fs::metadata(&client.key)?.permissions().mode() & 0o777,
+        0o600
+    );
+
+    // The token worked once; the agent renews over its stream and keeps the new certificate.
+    std::fs::remove_file(&token_file)?;
+    eventually("the certificate renewed over the stream", || async {
+        Ok(std::fs::read(&client.cert)? != first_cert)
+    })
+    .await?;
+    // Restarted, it connects with the renewed certificate: there is no token to enrol with.
+    enrolled.stop();
+    enrolled.start_again().await?;
+    eventually("the restarted agent streaming again", || async {
+        Ok(enrolled.ready().await?
+            && hub
+                .account(&account)
+                .await?
+                .is_some_and(|a| a["streaming"]["identity"] == "enrolled-agent"))
+    })
+    .await?;
+
+    // A bearer-token agent of another identity on the same cluster: it streams its own
+    // account, but the first one's is refused, as STANDBY too.
+    let bearer_file = dir.path().join("bearer-token");
+    std::fs::write(
+        &bearer_file,
+        create_agent_token(
+            &hub,
+            &["--identity=token-agent", "--accounts=*", "--ttl=10m"],
+        )?,
+    )?;
+    let own = unique("token");
+    let config = dir.path().join("token.yaml");
+    std::fs::write(
+        &config,
+        serde_json::to_string(&json!({
+            "clouddriver": {
+                "grpc": hub.grpc.to_string(),
+                "keepAliveHeartbeatSeconds": 1,
+                "backoff": { "baseDelay": "200ms", "maxDelay": "1s" },
+                "auth": { "tokenFile": bearer_file.display().to_string() },
+            },
+            "kubernetes": { "accounts": [
+                fixtures::account(&account, &kubeconfig, &ns, &["configmaps"]),
+                fixtures::account(&own, &kubeconfig, &ns, &["configmaps"]),
+            ] },
+        }))?,
+    )?;
+    let token_tls = AgentTls {
+        ca_file: pki.ca_file.clone(),
+        client: None,
+    };
+    let token_agent = Agent::start(dir.path(), &config, "token-0", &token_tls).await?;
+    eventually("the token agent streaming its own account", || async {
+        Ok(hub
+            .account(&own)
+            .await?
+            .is_some_and(|a| a["streaming"]["identity"] == "token-agent"))
+    })
+    .await?;
+    eventually("the bound account refused to the token agent", || async {
+        Ok(token_agent
+            .metric(
+                "scale_agent_agent_account_rejected",
+                &[("account", &account)],
+            )
+            .await?
+            == 1.0)
+    })
+    .await?;
+    let held = hub.account(&account).await?.unwrap_or_default();
+    assert_eq!(held["streaming"]["identity"], "enrolled-agent", "{held}");
+    assert!(
+        held["standbys"].as_array().is_none_or(Vec::is_empty),
+        "{held}"
+    );
+    let log = hub.log();
+    assert!(
+        log.lines().any(|l| l.contains("account rejected")
+            && l.contains(&account)
+            && l.contains("scale-agent-hub account rebind")),
+        "the hub says why and what to do:\n{log}"
     );
     Ok(())
 }
