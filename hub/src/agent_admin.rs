@@ -34,8 +34,8 @@ pub(crate) fn router() -> Router<Arc<Hub>> {
 }
 
 /// The admin check of every route here.
-fn authorize(hub: &Hub, headers: &HeaderMap) -> Result<(), Response> {
-    crate::admin_api::require_admin(hub, headers).map_err(IntoResponse::into_response)
+fn authorize(hub: &Hub, headers: &HeaderMap) -> Result<(), crate::admin_api::Refused> {
+    crate::admin_api::require_admin(hub, headers)
 }
 
 fn time(unix: i64) -> String {
@@ -133,7 +133,7 @@ async fn create_token(
     headers: HeaderMap,
 ) -> Response {
     if let Err(refused) = authorize(&hub, &headers) {
-        return refused;
+        return refused.into_response();
     }
     let ttl = match validate(&query) {
         Ok(ttl) => ttl,
@@ -177,7 +177,7 @@ async fn create_token(
 
 async fn list_tokens(State(hub): State<Arc<Hub>>, headers: HeaderMap) -> Response {
     if let Err(refused) = authorize(&hub, &headers) {
-        return refused;
+        return refused.into_response();
     }
     let list: Vec<AgentTokenView> = hub
         .agent_tokens()
@@ -194,7 +194,7 @@ async fn revoke_token(
     headers: HeaderMap,
 ) -> Response {
     if let Err(refused) = authorize(&hub, &headers) {
-        return refused;
+        return refused.into_response();
     }
     let mut store = hub.store.lock().await;
     let revoked = hub.agent_tokens().revoke(&id);
@@ -242,7 +242,7 @@ async fn rebind(
     headers: HeaderMap,
 ) -> Response {
     if let Err(refused) = authorize(&hub, &headers) {
-        return refused;
+        return refused.into_response();
     }
     if let Err(message) = crate::session::validate_account_name(&name) {
         return crate::http::error(StatusCode::BAD_REQUEST, message);
@@ -297,7 +297,7 @@ async fn rebind(
 
 async fn list_bindings(State(hub): State<Arc<Hub>>, headers: HeaderMap) -> Response {
     if let Err(refused) = authorize(&hub, &headers) {
-        return refused;
+        return refused.into_response();
     }
     let list: Vec<BindingView> = hub
         .state()
