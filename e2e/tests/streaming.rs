@@ -1282,9 +1282,11 @@ async fn other_cluster_and_untrusted_clients_are_rejected() -> anyhow::Result<()
         &s.hub,
         account_config(&second_kubeconfig, &second_ns),
     )?;
+    // The same identity in another cluster (another identity is refused by the account's
+    // identity binding first; enrolled_and_token_agents_stream_and_accounts_stay_bound).
     let second_tls = AgentTls {
         ca_file: s.pki.ca_file.clone(),
-        client: Some(s.pki.client("agent-second-cluster")?),
+        client: s.tls.client.clone(),
     };
     let second = Agent::start(s.dir.path(), &second_config, "second", &second_tls).await?;
     let second_ = &second;

@@ -88,7 +88,7 @@ pub struct Config {
     pub heartbeat_period: Duration,
     pub max_unacked: u32,
     pub max_object_bytes: u64,
-    /// Empty: any identity may register any account.
+    /// Empty: only the account patterns of agent tokens and enrolments limit registrations.
     pub allow: Vec<AllowRule>,
     /// How long finished operations stay visible at `GET /api/v1/operations/{id}`.
     pub operation_retention: Duration,
@@ -317,10 +317,10 @@ pub struct Args {
     #[arg(long, env = "SCALE_AGENT_HUB_MAX_OBJECT_BYTES", default_value_t = 2 * 1024 * 1024)]
     pub max_object_bytes: u64,
 
-    /// IDENTITY=PATTERN: the agent identity (from its client certificate) may register
-    /// accounts whose name matches PATTERN. Both sides accept `*` wildcards. Repeatable;
-    /// with no rule, any identity may register any account. Comma-separated in the
-    /// environment variable.
+    /// IDENTITY=PATTERN: the agent identity (from its client certificate or agent token) may
+    /// register accounts whose name matches PATTERN. Both sides accept `*` wildcards.
+    /// Repeatable; with no rule, only the account patterns of agent tokens and enrolments
+    /// apply. Comma-separated in the environment variable.
     #[arg(long, env = "SCALE_AGENT_HUB_ALLOW", value_delimiter = ',', value_parser = AllowRule::parse)]
     pub allow: Vec<AllowRule>,
 
