@@ -1807,6 +1807,7 @@ async fn enrolled_and_token_agents_stream_and_accounts_stay_bound() -> anyhow::R
     })
     .await?;
     let first_cert = std::fs::read(&client.cert)?;
+    let used_token = std::fs::read_to_string(&token_file)?;
     use std::os::unix::fs::PermissionsExt as _;
     assert_eq!(
         std::fs::metadata(&client.key)?.permissions().mode() & 0o777,
@@ -1893,5 +1894,63 @@ async fn enrolled_and_token_agents_stream_and_accounts_stay_bound() -> anyhow::R
             && l.contains("scale-agent-hub account rebind")),
         "the hub says why and what to do:\n{log}"
     );
+
+    // An agent given the used token: refused, and its log says why and what to set.
+    let reused_file = dir.path().join("reused-token");
+    std::fs::write(&reused_file, &used_token)?;
+    let config = dir.path().join("reused.yaml");
+    std::fs::write(
+        &config,
+        serde_json::to_string(&json!({
+            "clouddriver": {
+                "grpc": hub.grpc.to_string(),
+                "keepAliveHeartbeatSeconds": 1,
+                "backoff": { "baseDelay": "200ms", "maxDelay": "1s" },
+                "auth": { "enrolmentTokenFile": reused_file.display().to_string() },
+            },
+            "kubernetes": { "accounts": [] },
+        }))?,
+    )?;
+    let reused_dir = dir.path().join("reused");
+    let reused_tls = AgentTls {
+        ca_file: pki.ca_file.clone(),
+        client: Some(ClientCert {
+            cert: reused_dir.join("tls.crt"),
+            key: reused_dir.join("tls.key"),
+        }),
+    };
+    let reused = Agent::start(dir.path(), &config, "reused-0", &reused_tls).await?;
+    let reused_log = reused
+        .process
+        .as_ref()
+        .map(|p| p.log().to_path_buf())
+        .ok_or_else(|| anyhow::anyhow!("the agent is not running"))?;
+    eventually("the refused enrolment in the agent's log", || async {
+        let text = std::fs::read_to_string(&reused_log)?;
+        Ok(text.contains("the hub refused the enrolment")
+            && text.contains("already used")
+            && text.contains(&format!(
+                "Put a new one-time token (`scale-agent-hub agent-token create --once`) into {}",
+                reused_file.display()
+            )))
+    })
+    .await?;
+    assert!(!reused_dir.join("tls.crt").exists());
+    assert_eq!(reused.view().await?["hubConnected"], false);
+
+    // A client that does not speak TLS: the hub logs the failed handshake with the peer.
+    {
+        use tokio::io::AsyncWriteExt as _;
+        let mut tcp = tokio::net::TcpStream::connect(hub.grpc).await?;
+        tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await?;
+        let peer = tcp.local_addr()?.to_string();
+        eventually("the failed handshake in the hub's log", || async {
+            Ok(hub
+                .log()
+                .lines()
+                .any(|l| l.contains("gRPC TLS handshake failed") && l.contains(&peer)))
+        })
+        .await?;
+    }
     Ok(())
 }
