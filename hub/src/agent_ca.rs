@@ -64,9 +64,22 @@ impl AgentCa {
             AgentCaSource::DataDir => {
                 let cert = data_dir.join(CA_CERT_FILE);
                 let key = data_dir.join(CA_KEY_FILE);
-                if !cert.exists() && !key.exists() {
-                    Self::create(&cert, &key)?;
-                    tracing::info!(cert = %cert.display(), "created the hub's agent CA (its key stays in the data directory)");
+                match (cert.exists(), key.exists()) {
+                    (false, false) => {
+                        Self::create(&cert, &key)?;
+                        tracing::info!(cert = %cert.display(), "created the hub's agent CA (its key stays in the data directory)");
+                    }
+                    (true, true) => {}
+                    _ => {
+                        // A new CA would silently invalidate every certificate issued so far.
+                        return Err(HubError::Config(format!(
+                            "the data directory holds only one of {} and {}: restore the \
+                             missing one (certificates the hub issued depend on that CA), or \
+                             remove both to make a new CA (every agent then enrols again)",
+                            cert.display(),
+                            key.display()
+                        )));
+                    }
                 }
                 (cert, key)
             }
@@ -245,6 +258,13 @@ mod tests {
             .issue("not a csr", "prod-agent", Duration::from_secs(60))
             .unwrap_err();
         assert!(err.contains("PKCS#10"), "{err}");
+
+        // Half a CA is not replaced by a new one.
+        std::fs::remove_file(dir.join(CA_CERT_FILE)).unwrap();
+        let err = AgentCa::load(&AgentCaSource::DataDir, &dir)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("restore the missing one"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
