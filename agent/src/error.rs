@@ -54,6 +54,9 @@ pub enum Error {
         #[source]
         source: tonic::transport::Error,
     },
+    /// Enrolment or renewal of the client certificate; the text says what to change.
+    #[error("enrolment: {0}")]
+    Enrolment(String),
     #[error("hub stream failed: {0}")]
     Stream(#[from] tonic::Status),
     #[error("hub protocol error: {0}")]

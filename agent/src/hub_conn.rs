@@ -67,6 +67,22 @@ pub fn tls_config(hub: &HubConnection, host: &str) -> Result<ClientTlsConfig> {
 
 /// Opens the gRPC channel to the hub.
 pub async fn connect(hub: &HubConnection) -> Result<Channel> {
+    connect_with(hub, true).await
+}
+
+/// Opens the gRPC channel to the hub, without the client certificate when
+/// `client_certificate` is false (enrolment: the agent has none yet).
+pub async fn connect_with(hub: &HubConnection, client_certificate: bool) -> Result<Channel> {
+    let stripped;
+    let hub = if client_certificate {
+        hub
+    } else {
+        let mut without = hub.clone();
+        without.tls.client_cert_file = None;
+        without.tls.client_key_file = None;
+        stripped = without;
+        &stripped
+    };
     let url = hub_url(&hub.grpc, hub.insecure);
     let address_error = |message: String| Error::HubAddress {
         address: hub.grpc.clone(),

@@ -32,6 +32,7 @@ use crate::{
     account::{self, Prepared},
     backoff::Backoff,
     config::{Options, diff_accounts},
+    enrolment::{self, CertificateFiles},
     error::{Error, Result},
     hub_conn::{WELCOME_TIMEOUT, await_welcome, connect, describe_hub_error},
     session::Session,
@@ -92,6 +93,14 @@ enum End {
     Failed { welcomed: bool, error: Error },
 }
 
+/// Resolves when an enrolled agent's certificate is due for renewal (never without one).
+async fn sleep_until_renewal(renew: &Option<(CertificateFiles, Instant)>) {
+    match renew {
+        Some((_, at)) => tokio::time::sleep_until(*at).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Owns the accounts and the connection to the hub.
 pub struct Runtime {
     options: Options,
@@ -107,6 +116,11 @@ pub struct Runtime {
     inputs: Option<Inputs>,
     /// Accounts removed while no stream was up, unregistered on the next stream.
     unregister_pending: BTreeSet<String>,
+    /// The session token of the last stream's Welcome, presented in the next Hello.
+    session_token: String,
+    /// A renewal asked for on the current stream: where the certificate goes, and the new
+    /// key it is for.
+    renewal: Option<(CertificateFiles, String)>,
 }
 
 /// What the runtime waits on besides the hub (kept apart so `select!` can borrow them
@@ -125,6 +139,8 @@ struct Open {
     period: Duration,
     events: mpsc::Receiver<Outbound>,
     results: mpsc::Receiver<v1::OperationResult>,
+    /// Enrolled agents: their certificate files, and when to renew the certificate.
+    renew: Option<(CertificateFiles, Instant)>,
 }
 
 impl Runtime {
@@ -154,6 +170,8 @@ impl Runtime {
             next_generation: 1,
             prep_tx,
             unregister_pending: BTreeSet::new(),
+            session_token: String::new(),
+            renewal: None,
         }
     }
 
@@ -266,18 +284,40 @@ impl Runtime {
     async fn open(&mut self, inputs: &mut Inputs) -> std::result::Result<Open, End> {
         let failed = |welcomed: bool| move |error: Error| End::Failed { welcomed, error };
         let hub = self.config.clouddriver.clone();
+        let certificate_files = CertificateFiles::from_config(&hub).map_err(failed(false))?;
+        if let Some(files) = &certificate_files {
+            tokio::select! {
+                enrolled = enrolment::ensure_certificate(&hub, files) => enrolled.map_err(failed(false))?,
+                _ = stopped(&mut inputs.shutdown) => return Err(End::Shutdown),
+            }
+        }
+        let bearer = enrolment::bearer_token(&hub).map_err(failed(false))?;
         let channel = tokio::select! {
             channel = connect(&hub) => channel.map_err(failed(false))?,
             _ = stopped(&mut inputs.shutdown) => return Err(End::Shutdown),
         };
         let (mut session, receivers) = Session::new(self.shared.clone());
         session
-            .hello(self.options.replica_name())
+            .hello(self.options.replica_name(), self.session_token.clone())
             .await
             .map_err(failed(false))?;
         let mut client = AgentHubClient::new(channel);
+        let mut request = tonic::Request::new(scale_agent_proto::tunnel::outbound(
+            receivers.outgoing,
+            receivers.tunnel_outgoing,
+        ));
+        if let Some(token) = bearer {
+            let value = format!("Bearer {token}").parse().map_err(|_| {
+                failed(false)(Error::InvalidConfig(
+                    "the agent token (clouddriver.auth.token or tokenFile) holds characters a \
+                     header cannot carry"
+                        .into(),
+                ))
+            })?;
+            request.metadata_mut().insert("authorization", value);
+        }
         let response = tokio::select! {
-            response = tokio::time::timeout(WELCOME_TIMEOUT, client.session(scale_agent_proto::tunnel::outbound(receivers.outgoing, receivers.tunnel_outgoing))) => response,
+            response = tokio::time::timeout(WELCOME_TIMEOUT, client.session(request)) => response,
             _ = stopped(&mut inputs.shutdown) => return Err(End::Shutdown),
         };
         let mut inbound = match response {
@@ -299,6 +339,17 @@ impl Runtime {
             _ = stopped(&mut inputs.shutdown) => return Err(End::Shutdown),
         };
         session.welcome(&welcome);
+        self.session_token = welcome.session_token.clone();
+        self.renewal = None;
+        let renew = certificate_files.and_then(|files| {
+            let renew_at = enrolment::renew_at(&std::fs::read(&files.cert).ok()?)?;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs() as i64)
+                .unwrap_or_default();
+            let wait = u64::try_from(renew_at - now).unwrap_or(0);
+            Some((files, Instant::now() + Duration::from_secs(wait)))
+        });
         let period_secs = match welcome.heartbeat_period_seconds {
             0 => self.config.clouddriver.keep_alive_heartbeat_seconds.max(1),
             secs => secs,
@@ -330,6 +381,7 @@ impl Runtime {
             period,
             events: receivers.events,
             results: receivers.results,
+            renew,
         })
     }
 
@@ -347,6 +399,7 @@ impl Runtime {
             period,
             mut events,
             mut results,
+            mut renew,
         } = open;
         let mut heartbeat = tokio::time::interval_at(Instant::now() + period, period);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -385,6 +438,14 @@ impl Runtime {
                     }
                 }
                 Some(_) = session.operations.join_next(), if !session.operations.is_empty() => {}
+                () = sleep_until_renewal(&renew), if renew.is_some() => {
+                    // Once per stream: a refused renewal is tried again on the next one.
+                    if let Some((files, _)) = renew.take()
+                        && let Err(error) = self.ask_renewal(files, &mut session).await
+                    {
+                        return failed(error);
+                    }
+                }
                 Some(outbound) = events.recv(), if room => {
                     let current = self
                         .accounts
@@ -430,12 +491,43 @@ impl Runtime {
                         .map(|prepared| prepared.proxy_client_for(write))
                 });
             }
-            Some(hub_message::Kind::Heartbeat(_))
-            | Some(hub_message::Kind::Welcome(_))
-            | Some(hub_message::Kind::CertificateRenewal(_))
-            | None => {}
+            Some(hub_message::Kind::CertificateRenewal(renewal)) => self.renewed(renewal),
+            Some(hub_message::Kind::Heartbeat(_)) | Some(hub_message::Kind::Welcome(_)) | None => {}
         }
         Ok(())
+    }
+
+    /// Sends RenewCertificate with a CSR for a new key, kept until the answer arrives.
+    async fn ask_renewal(&mut self, files: CertificateFiles, session: &mut Session) -> Result<()> {
+        let (key_pem, csr_pem) = enrolment::key_and_csr()?;
+        tracing::info!(cert = %files.cert.display(), "renewing the client certificate over the stream");
+        self.renewal = Some((files, key_pem));
+        session
+            .send(agent_message::Kind::RenewCertificate(
+                v1::RenewCertificate { csr_pem },
+            ))
+            .await
+    }
+
+    /// Keeps a renewed certificate (used from the next connection on).
+    fn renewed(&mut self, renewal: v1::CertificateRenewal) {
+        let Some((files, key_pem)) = self.renewal.take() else {
+            tracing::warn!("the hub sent a certificate renewal nobody asked for; ignored");
+            return;
+        };
+        match renewal.certificate {
+            Some(certificate) => {
+                match enrolment::store(&files, &key_pem, &certificate.certificate_chain_pem) {
+                    Ok(()) => {
+                        tracing::info!(identity = %certificate.identity, not_after = certificate.not_after_unix, "client certificate renewed; the next connection uses it")
+                    }
+                    Err(error) => tracing::warn!(%error, "cannot keep the renewed certificate"),
+                }
+            }
+            None => {
+                tracing::warn!(reason = %renewal.refused, "the hub refused to renew the client certificate; the agent enrols again with clouddriver.auth.enrolmentTokenFile once it expires")
+            }
+        }
     }
 
     /// Starts an operation; its result goes back on this stream when it finishes.

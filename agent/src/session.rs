@@ -158,12 +158,12 @@ impl Session {
     }
 
     /// Sends Hello, the first message of a stream.
-    pub(crate) async fn hello(&mut self, replica: String) -> Result<()> {
+    pub(crate) async fn hello(&mut self, replica: String, session_token: String) -> Result<()> {
         let hello = agent_message::Kind::Hello(v1::Hello {
             replica,
             agent_version: env!("CARGO_PKG_VERSION").to_string(),
             capabilities: CAPABILITIES.iter().map(|c| c.to_string()).collect(),
-            session_token: String::new(),
+            session_token,
         });
         self.send(hello).await
     }
@@ -199,7 +199,7 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(session.max_object_bytes, 7);
-        session.hello("r".into()).await.unwrap();
+        session.hello("r".into(), String::new()).await.unwrap();
         assert!(session.has_room());
         session.heartbeat().await.unwrap();
         assert!(!session.has_room(), "two messages await an ack");

@@ -35,6 +35,8 @@ pub struct HubConnection {
     /// started with its own explicit flag. Unlike Armory's agent, the default is TLS.
     pub insecure: bool,
     pub tls: HubTls,
+    /// How the agent authenticates besides (or instead of) its client certificate.
+    pub auth: HubAuth,
     /// Period of the application heartbeat both ways; a silent peer is dead after two.
     pub keep_alive_heartbeat_seconds: u32,
     /// Reconnect backoff, with grpc-go's semantics (as Armory's agent).
@@ -47,6 +49,7 @@ impl Default for HubConnection {
             grpc: "scale-agent-hub:9091".into(),
             insecure: false,
             tls: HubTls::default(),
+            auth: HubAuth::default(),
             keep_alive_heartbeat_seconds: 15,
             backoff: Backoff::default(),
         }
@@ -69,6 +72,25 @@ pub struct HubTls {
     /// The client certificate's private key (PEM, PKCS#8).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_key_file: Option<String>,
+}
+
+/// `clouddriver.auth.*`: agent tokens the hub issued (`scale-agent-hub agent-token create`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct HubAuth {
+    /// A bearer token, literally (Armory's key). Prefer `tokenFile`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// File holding a bearer token, sent as `authorization: Bearer` on every connection
+    /// (read again on every connect, so a rotated token is used from the next one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<String>,
+    /// File holding a one-time enrolment token. When set and the agent has no valid client
+    /// certificate, it makes a key, enrols, and writes the key and the certificate the hub
+    /// issued to `clouddriver.tls.clientKeyFile` and `clientCertFile` (which must be set, in
+    /// a writable directory); it renews that certificate over its stream.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enrolment_token_file: Option<String>,
 }
 
 /// Reconnect backoff: `baseDelay × multiplier^attempt`, at most `maxDelay`, ± `jitter`.
@@ -268,6 +290,8 @@ clouddriver:
     clientCertFile: /opt/tls.crt
     clientKeyFile: /opt/tls.key
   keepAliveHeartbeatSeconds: 20
+  auth:
+    token: literal-token
   backoff:
     baseDelay: 1000000000
     multiplier: 1.6
@@ -319,6 +343,19 @@ server:
         );
         assert_eq!(config.kubernetes.accounts[0].permissions["WRITE"], ["ops"]);
         assert_eq!(config.tasks.total_budget, 1000);
+        assert_eq!(
+            config.clouddriver.auth.token.as_deref(),
+            Some("literal-token")
+        );
+        let ours = AgentConfig::from_yaml(
+            "clouddriver:\n  auth:\n    tokenFile: /t\n    enrolmentTokenFile: /e\n",
+        )
+        .unwrap();
+        assert_eq!(ours.clouddriver.auth.token_file.as_deref(), Some("/t"));
+        assert_eq!(
+            ours.clouddriver.auth.enrolment_token_file.as_deref(),
+            Some("/e")
+        );
     }
 
     #[test]

@@ -275,7 +275,11 @@ async fn agents_reach_the_hub_through_nginx_with_their_certificate_identity() ->
         )
         .await,
         Code::Unauthenticated,
-        &["neither one this hub issued", "--client-ca", "agent-token create --once"],
+        &[
+            "neither one this hub issued",
+            "--client-ca",
+            "agent-token create --once",
+        ],
     );
 
     // Through nginx with agent-b's certificate, claiming agent-a's in the header: nginx

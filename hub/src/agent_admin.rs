@@ -112,9 +112,9 @@ fn validate(query: &CreateQuery) -> Result<i64, String> {
     }
     let ttl = parse_duration(&query.ttl)?;
     let ttl = i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX);
-    if !(60..=MAX_TTL_SECONDS).contains(&ttl) {
+    if !(1..=MAX_TTL_SECONDS).contains(&ttl) {
         return Err(format!(
-            "ttl {:?} must be between 1m and 366 days (8784h)",
+            "ttl {:?} must be between 1s and 366 days (8784h)",
             query.ttl
         ));
     }
@@ -303,8 +303,8 @@ mod tests {
         assert!(err.contains("lowercase DNS name"), "{err}");
         let err = validate(&query("prod-agent", " ", "1h")).unwrap_err();
         assert!(err.contains("pattern"), "{err}");
-        let err = validate(&query("prod-agent", "*", "10s")).unwrap_err();
-        assert!(err.contains("between 1m"), "{err}");
+        let err = validate(&query("prod-agent", "*", "0s")).unwrap_err();
+        assert!(err.contains("between 1s"), "{err}");
         assert!(validate(&query("prod-agent", "*", "soon")).is_err());
     }
 }

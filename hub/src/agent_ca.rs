@@ -64,9 +64,22 @@ impl AgentCa {
             AgentCaSource::DataDir => {
                 let cert = data_dir.join(CA_CERT_FILE);
                 let key = data_dir.join(CA_KEY_FILE);
-                if !cert.exists() && !key.exists() {
-                    Self::create(&cert, &key)?;
-                    tracing::info!(cert = %cert.display(), "created the hub's agent CA (its key stays in the data directory)");
+                match (cert.exists(), key.exists()) {
+                    (false, false) => {
+                        Self::create(&cert, &key)?;
+                        tracing::info!(cert = %cert.display(), "created the hub's agent CA (its key stays in the data directory)");
+                    }
+                    (true, true) => {}
+                    _ => {
+                        // A new CA would silently invalidate every certificate issued so far.
+                        return Err(HubError::Config(format!(
+                            "the data directory holds only one of {} and {}: restore the \
+                             missing one (certificates the hub issued depend on that CA), or \
+                             remove both to make a new CA (every agent then enrols again)",
+                            cert.display(),
+                            key.display()
+                        )));
+                    }
                 }
                 (cert, key)
             }
@@ -170,9 +183,11 @@ impl AgentCa {
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.use_authority_key_identifier_extension = true;
         let now = now_unix();
-        // A little back-dating absorbs clock skew between the hub and agents.
+        // Only hubs verify these certificates, with their own clocks: a few seconds of
+        // back-dating absorb the skew between hub replicas, and keep not_before close to the
+        // issue time, which agents count their renewal (at 2/3 of the lifetime) from.
         let epoch = rcgen::date_time_ymd(1970, 1, 1);
-        params.not_before = epoch + since_epoch(now - 300);
+        params.not_before = epoch + since_epoch(now - 5);
         let not_after = now + secs(lifetime);
         params.not_after = epoch + since_epoch(not_after);
         let cert = params
@@ -243,6 +258,13 @@ mod tests {
             .issue("not a csr", "prod-agent", Duration::from_secs(60))
             .unwrap_err();
         assert!(err.contains("PKCS#10"), "{err}");
+
+        // Half a CA is not replaced by a new one.
+        std::fs::remove_file(dir.join(CA_CERT_FILE)).unwrap();
+        let err = AgentCa::load(&AgentCaSource::DataDir, &dir)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("restore the missing one"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -40,6 +40,14 @@ impl AgentTokenKind {
             AgentTokenKind::Bearer => "bearer",
         }
     }
+
+    /// "an enrolment token", "a bearer token".
+    fn with_article(self) -> &'static str {
+        match self {
+            AgentTokenKind::Enrolment => "an enrolment token",
+            AgentTokenKind::Bearer => "a bearer token",
+        }
+    }
 }
 
 /// An agent token as stored (never the token itself).
@@ -207,10 +215,10 @@ impl AgentTokens {
             })?;
         if record.kind != kind {
             return Err(TokenRefusal::Unusable(format!(
-                "token {} is a {} token, not a {} token; {}",
+                "token {} is {}, not {}; {}",
                 record.id,
-                record.kind.as_str(),
-                kind.as_str(),
+                record.kind.with_article(),
+                kind.with_article(),
                 issue_hint(kind, &record.identity, &record.accounts)
             )));
         }

@@ -129,7 +129,7 @@ pub struct Config {
     pub max_staged_bytes: u64,
     /// Largest body of a REST API request (an operation's manifests).
     pub max_request_bytes: usize,
-    /// Empty: any identity may register any account.
+    /// Empty: only the account patterns of agent tokens and enrolments limit registrations.
     pub allow: Vec<AllowRule>,
     /// How long finished operations stay visible at `GET /api/v1/operations/{id}`.
     pub operation_retention: Duration,
@@ -169,9 +169,9 @@ impl Config {
         if self.max_unacked == 0 {
             return Err(HubError::Config("--max-unacked must be at least 1".into()));
         }
-        if self.agent_cert_lifetime < Duration::from_secs(60) {
+        if self.agent_cert_lifetime < Duration::from_secs(10) {
             return Err(HubError::Config(format!(
-                "--agent-cert-lifetime must be at least 1m, not {:?}",
+                "--agent-cert-lifetime must be at least 10s, not {:?}",
                 self.agent_cert_lifetime
             )));
         }
@@ -488,10 +488,10 @@ pub struct Args {
     #[arg(long, env = "SCALE_AGENT_HUB_MAX_REQUEST_BYTES", default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
     pub max_request_bytes: usize,
 
-    /// IDENTITY=PATTERN: the agent identity (from its client certificate) may register
-    /// accounts whose name matches PATTERN. Both sides accept `*` wildcards. Repeatable;
-    /// with no rule, any identity may register any account. Comma-separated in the
-    /// environment variable.
+    /// IDENTITY=PATTERN: the agent identity (from its client certificate or agent token) may
+    /// register accounts whose name matches PATTERN. Both sides accept `*` wildcards.
+    /// Repeatable; with no rule, only the account patterns of agent tokens and enrolments
+    /// apply. Comma-separated in the environment variable.
     #[arg(long, env = "SCALE_AGENT_HUB_ALLOW", value_delimiter = ',', value_parser = AllowRule::parse)]
     pub allow: Vec<AllowRule>,
 

@@ -181,6 +181,7 @@ pub fn agent_config(agent: &ScaleAgent, accounts: &[&AgentAccount]) -> AgentConf
         grpc: spec.hub.address.clone(),
         insecure,
         tls,
+        auth: Default::default(),
         keep_alive_heartbeat_seconds: u32::try_from(spec.heartbeat.period_seconds).unwrap_or(15),
         backoff: Backoff {
             base_delay: secs(spec.backoff.base_seconds),
