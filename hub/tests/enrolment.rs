@@ -422,7 +422,7 @@ async fn a_second_identity_cannot_claim_a_bound_account_until_an_admin_rebinds_i
     assert_eq!(bindings[0]["account"], "prod");
     assert_eq!(bindings[0]["identity"], "owner.test");
 
-    // Rebinding needs the admin token.
+    // Rebinding needs role admin: an unknown token is told which role it needs.
     let denied = http
         .with_token(
             "POST",
@@ -431,7 +431,12 @@ async fn a_second_identity_cannot_claim_a_bound_account_until_an_admin_rebinds_i
             Bytes::new(),
         )
         .await;
-    assert_eq!(denied.status, 403, "{}", denied.text());
+    assert_eq!(denied.status, 401, "{}", denied.text());
+    assert!(
+        denied.text().contains("needs role admin"),
+        "{}",
+        denied.text()
+    );
     // An admin moves the account: the old identity's stream is ended, the new one may serve.
     let moved = http
         .with_token(

@@ -330,7 +330,9 @@ async fn an_agent_past_the_window_is_cut_off() {
         // The hub may hold back credit for bytes its client took (it returns credit in
         // batches), so the agent goes a few frames further before it waits.
         if sent <= window + credited + 4 * MAX_FRAME {
-            a.send_data(id, &[b'x'; MAX_FRAME], false).await;
+            if !a.try_send_data(id, &[b'x'; MAX_FRAME]).await {
+                break a.error().await;
+            }
             sent += MAX_FRAME;
         } else if let Err(status) = a.pump().await {
             break status;

@@ -766,6 +766,24 @@ impl FakeAgent {
         self.tx.send(msg).await.unwrap();
     }
 
+    /// Sends response data on an exchange; false when the hub has ended the stream.
+    pub async fn try_send_data(&mut self, exchange: u64, data: &[u8]) -> bool {
+        let frame = Frame::Data(pb::TunnelData {
+            data: data.to_vec(),
+            end_of_body: false,
+        });
+        self.tx
+            .send(pb::AgentMessage {
+                seq: 0,
+                kind: Some(Msg::Tunnel(pb::TunnelFrame {
+                    exchange,
+                    frame: Some(frame),
+                })),
+            })
+            .await
+            .is_ok()
+    }
+
     fn file(&mut self, message: Result<Option<pb::HubMessage>, Status>) -> Result<(), Status> {
         let msg = match message {
             Ok(Some(msg)) => msg,

@@ -474,29 +474,26 @@ async fn plan_enrolment(
         .as_ref()
         .and_then(|s| s.enrolment_token_version.as_deref());
     if presented == Some(version.as_str()) {
-        // Never twice: keep the previous answer's message when there is one.
+        // Never twice. The hub's earlier refusal stays as it was (reason and message), so
+        // the conditions do not flip between reconciles; otherwise: the token is spent.
         let previous = agent
             .status
             .as_ref()
-            .and_then(|s| {
-                status::condition(
-                    &s.conditions,
-                    scale_agent_crds::conditions::CERTIFICATE_READY,
-                )
-            })
-            .filter(|c| c.status != STATUS_TRUE)
+            .and_then(|s| status::condition(&s.conditions, DEGRADED))
+            .filter(|c| c.status == STATUS_TRUE && c.reason == "EnrolmentRefused")
             .map(|c| c.message.clone());
-        return Ok(fail(
-            "EnrolmentTokenUsed",
-            previous.unwrap_or_else(|| {
+        return Ok(match previous {
+            Some(message) => fail("EnrolmentRefused", message),
+            None => fail(
+                "EnrolmentTokenUsed",
                 format!(
                     "the agent needs a new certificate ({reason}) but the enrolment token in \
                      Secret {namespace}/{} was already presented to the hub: {}",
                     token_ref.name,
                     hint(&identity_hint)
-                )
-            }),
-        ));
+                ),
+            ),
+        });
     }
     let (new_key, csr) = enrol::key_and_csr(&agent.name_any()).map_err(Error::Certificate)?;
     match enrol::enroll(&hub, &token, &csr, None).await {
