@@ -8,6 +8,8 @@
 //! Only objects with no conditions yet are refused: one that has any was reconciled (or
 //! refused) by another operator watching its namespace, or by this one before its watch
 //! changed, and several operators in one cluster must not overwrite each other's status.
+//! A new object is left [`REFUSAL_GRACE`] to the operator that watches its namespace, so
+//! that one's conditions come first instead of a passing refusal from this one.
 
 use std::sync::Arc;
 
@@ -72,6 +74,25 @@ fn retry<K>(_: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action {
     Action::requeue(ctx.config.retry_max)
 }
 
+/// How long a new object is left to the operator that watches its namespace before this one
+/// says that none does.
+const REFUSAL_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The rest of [`REFUSAL_GRACE`] for an object created `created` (Unix seconds) at `now`.
+fn grace_left(created: Option<i64>, now: i64) -> Option<std::time::Duration> {
+    let grace = i64::try_from(REFUSAL_GRACE.as_secs()).unwrap_or(i64::MAX);
+    let age = now.saturating_sub(created?);
+    (age < grace).then(|| std::time::Duration::from_secs(grace.abs_diff(age.max(0))))
+}
+
+fn created_at(object: &impl ResourceExt) -> Option<i64> {
+    object
+        .meta()
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0.as_second())
+}
+
 async fn refuse_agent(agent: Arc<ScaleAgent>, ctx: Arc<Context>) -> Result<Action> {
     let namespace = agent
         .namespace()
@@ -83,6 +104,9 @@ async fn refuse_agent(agent: Arc<ScaleAgent>, ctx: Arc<Context>) -> Result<Actio
             .is_some_and(|s| !s.conditions.is_empty())
     {
         return Ok(Action::await_change());
+    }
+    if let Some(left) = grace_left(created_at(&*agent), Timestamp::now().as_second()) {
+        return Ok(Action::requeue(left));
     }
     let problem = Problem {
         reason: REASON,
@@ -119,6 +143,9 @@ async fn refuse_account(account: Arc<AgentAccount>, ctx: Arc<Context>) -> Result
     {
         return Ok(Action::await_change());
     }
+    if let Some(left) = grace_left(created_at(&*account), Timestamp::now().as_second()) {
+        return Ok(Action::requeue(left));
+    }
     let rejection = Rejection {
         reason: REASON,
         message: ctx
@@ -146,6 +173,17 @@ async fn refuse_account(account: Arc<AgentAccount>, ctx: Arc<Context>) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn new_objects_are_left_to_their_own_operator_first() {
+        assert_eq!(grace_left(Some(100), 100), Some(REFUSAL_GRACE));
+        assert_eq!(
+            grace_left(Some(100), 107),
+            Some(std::time::Duration::from_secs(3))
+        );
+        assert_eq!(grace_left(Some(100), 110), None);
+        assert_eq!(grace_left(None, 110), None);
+    }
 
     #[test]
     fn the_watch_leaves_out_the_watched_namespaces() {
