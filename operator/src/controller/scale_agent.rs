@@ -134,6 +134,19 @@ fn secret_text(secret: &Secret, key: &str) -> Option<String> {
         .and_then(|v| String::from_utf8(v.0.clone()).ok())
 }
 
+/// Records a certificate problem; the plan applies no Secret.
+fn failed_plan(
+    problems: &mut Vec<Problem>,
+    reason: &'static str,
+    message: String,
+) -> CertificatePlan {
+    problems.push(Problem {
+        reason,
+        message: message.clone(),
+    });
+    CertificatePlan::without_secret(CertificateState::Failed(message))
+}
+
 async fn plan_certificate(
     agent: &ScaleAgent,
     ctx: &Context,
@@ -142,13 +155,7 @@ async fn plan_certificate(
     problems: &mut Vec<Problem>,
 ) -> Result<CertificatePlan> {
     let namespace = agent.namespace().unwrap_or_default();
-    let mut fail = |reason: &'static str, message: String| {
-        problems.push(Problem {
-            reason,
-            message: message.clone(),
-        });
-        CertificatePlan::without_secret(CertificateState::Failed(message))
-    };
+    let mut fail = |reason: &'static str, message: String| failed_plan(problems, reason, message);
     if agent.spec.hub.tls.insecure_plaintext {
         return Ok(CertificatePlan::without_secret(
             CertificateState::NotRequired,
@@ -293,13 +300,7 @@ async fn plan_enrolment(
     problems: &mut Vec<Problem>,
 ) -> Result<CertificatePlan> {
     let namespace = agent.namespace().unwrap_or_default();
-    let mut fail = |reason: &'static str, message: String| {
-        problems.push(Problem {
-            reason,
-            message: message.clone(),
-        });
-        CertificatePlan::without_secret(CertificateState::Failed(message))
-    };
+    let mut fail = |reason: &'static str, message: String| failed_plan(problems, reason, message);
     let get = |name: String| get_secret(secrets, name);
     let hub_ca_pem = match &agent.spec.hub.tls.ca_secret_ref {
         None => None,
