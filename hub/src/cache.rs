@@ -120,7 +120,7 @@ pub struct CachedObject {
     pub truncated: bool,
 }
 
-/// The last state an agent reported for a kind (KindStatus). Not persisted.
+/// The last state an agent reported for a kind in one scope (KindStatus). Not persisted.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct KindState {
@@ -137,16 +137,35 @@ pub struct KindCache {
     pub objects: BTreeMap<String, CachedObject>,
     /// Watch namespace ("" for a cluster-wide watch) → last resourceVersion.
     pub resume: BTreeMap<String, String>,
-    pub status: Option<KindState>,
+    /// The last state reported for each scope (the KindStatus's namespaces, sorted; empty for
+    /// cluster-wide): a kind may be WATCHING in one namespace and FORBIDDEN in another.
+    pub statuses: BTreeMap<Vec<String>, KindState>,
+}
+
+/// How much a state needs attention, for the summary of several scopes: anything but
+/// WATCHING before WATCHING, FORBIDDEN and FAILING first.
+fn severity(state: &str) -> u8 {
+    match state {
+        "FORBIDDEN" | "FAILING" => 3,
+        "WATCHING" => 0,
+        "STOPPED" => 1,
+        _ => 2,
+    }
 }
 
 impl KindCache {
+    /// The state that most needs attention among the scopes (its message and namespaces
+    /// with it), or `None` before any KindStatus.
+    pub fn summary_status(&self) -> Option<&KindState> {
+        self.statuses.values().max_by_key(|s| severity(&s.state))
+    }
+
     fn new(info: KindInfo) -> Self {
         KindCache {
             info,
             objects: BTreeMap::new(),
             resume: BTreeMap::new(),
-            status: None,
+            statuses: BTreeMap::new(),
         }
     }
 }
@@ -236,7 +255,12 @@ impl Cache {
         state: KindState,
         ops: &mut Vec<StoreOp>,
     ) {
-        self.kind_mut(account, info, ops).status = Some(state);
+        let mut scope = state.namespaces.clone();
+        scope.sort();
+        scope.dedup();
+        self.kind_mut(account, info, ops)
+            .statuses
+            .insert(scope, state);
     }
 
     /// Applies one delta in order, idempotently: an event whose resourceVersion is not newer

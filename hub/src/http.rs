@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use crate::{
     Hub,
     api_auth::{self, Caller, Role},
-    cache::{AccountCache, CachedObject, KindCache, KindInfo},
+    cache::{AccountCache, CachedObject, KindCache, KindInfo, KindState},
     operations::{self, OperationRequest, OperationResponse},
     registry::{Account, ClusterRecord, Registry, SessionId},
 };
@@ -252,10 +252,13 @@ struct KindView {
     plural: String,
     namespaced: bool,
     objects: usize,
-    /// WATCHING, FORBIDDEN, FAILING, STOPPED; null when the agent has not reported it.
+    /// WATCHING, FORBIDDEN, FAILING, STOPPED; null when the agent has not reported it. With
+    /// several scopes, the one that most needs attention (FORBIDDEN/FAILING first).
     state: Option<String>,
     message: String,
     namespaces: Vec<String>,
+    /// Every scope's own state (namespaces empty: cluster-wide).
+    scopes: Vec<KindState>,
     resume_points: Vec<ResumePointView>,
 }
 
@@ -291,17 +294,16 @@ fn kind_view(k: &KindCache) -> KindView {
         plural: k.info.plural.clone(),
         namespaced: k.info.namespaced,
         objects: k.objects.len(),
-        state: k.status.as_ref().map(|s| s.state.clone()),
+        state: k.summary_status().map(|s| s.state.clone()),
         message: k
-            .status
-            .as_ref()
+            .summary_status()
             .map(|s| s.message.clone())
             .unwrap_or_default(),
         namespaces: k
-            .status
-            .as_ref()
+            .summary_status()
             .map(|s| s.namespaces.clone())
             .unwrap_or_default(),
+        scopes: k.statuses.values().cloned().collect(),
         resume_points: k
             .resume
             .iter()
@@ -613,7 +615,7 @@ mod tests {
             },
             objects: Default::default(),
             resume: Default::default(),
-            status: None,
+            statuses: Default::default(),
         };
         for q in [
             "Deployment",
@@ -632,5 +634,48 @@ mod tests {
         pod.info.plural = "pods".into();
         assert!(kind_matches("core/pods", &pod));
         assert!(kind_matches("pod", &pod));
+    }
+
+    #[test]
+    fn each_scope_of_a_kind_keeps_its_state() {
+        let info = KindInfo {
+            group: String::new(),
+            version: "v1".into(),
+            kind: "Secret".into(),
+            plural: "secrets".into(),
+            namespaced: true,
+        };
+        let mut cache = crate::cache::Cache::default();
+        let mut ops = Vec::new();
+        let state = |state: &str, message: &str, ns: &str| KindState {
+            state: state.into(),
+            message: message.into(),
+            namespaces: vec![ns.into()],
+        };
+        cache.set_status("prod", &info, state("WATCHING", "", "web"), &mut ops);
+        cache.set_status(
+            "prod",
+            &info,
+            state("FORBIDDEN", "secrets is forbidden", "db"),
+            &mut ops,
+        );
+        // A later WATCHING elsewhere does not hide the forbidden scope.
+        cache.set_status("prod", &info, state("WATCHING", "", "web"), &mut ops);
+        let view = kind_view(&cache.accounts["prod"].kinds[&info.key()]);
+        assert_eq!(view.state.as_deref(), Some("FORBIDDEN"));
+        assert_eq!(view.namespaces, ["db"]);
+        assert_eq!(view.message, "secrets is forbidden");
+        let scopes: Vec<(&str, &[String])> = view
+            .scopes
+            .iter()
+            .map(|s| (s.state.as_str(), s.namespaces.as_slice()))
+            .collect();
+        assert_eq!(
+            scopes,
+            [
+                ("FORBIDDEN", &["db".to_string()][..]),
+                ("WATCHING", &["web".to_string()][..])
+            ]
+        );
     }
 }
