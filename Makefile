@@ -36,8 +36,9 @@ lint: ## Formatting check and clippy only
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
-unit: ## Tests that need no control plane (the library and unit tests)
+unit: ## Tests that need no control plane: every library and binary test, and the integration tests of hub, crds and proto
 	$(CARGO) test --workspace --locked --lib --bins
+	$(CARGO) test --locked -p scale-agent-hub -p scale-agent-crds -p scale-agent-proto --test '*'
 
 crds: ## Regenerate manifests/crds from the Rust types in crds/
 	$(CARGO) run --locked -p scale-agent-crds --bin crdgen -- manifests/crds

@@ -94,6 +94,14 @@ fn first_difference(a: &Value, b: &Value, path: &str) -> Option<String> {
 fn assert_same(helm: &str, kustomize: &str, what: &str) {
     let helm = objects(helm);
     let kustomize = objects(kustomize);
+    // The comparison means nothing if a render came out empty: each must hold a Deployment.
+    for (side, rendered) in [("the chart", &helm), ("kustomize", &kustomize)] {
+        assert!(
+            rendered.keys().any(|(kind, _)| kind == "Deployment"),
+            "{what}: {side} rendered no Deployment ({} objects)",
+            rendered.len()
+        );
+    }
     assert_eq!(
         helm.keys().collect::<Vec<_>>(),
         kustomize.keys().collect::<Vec<_>>(),
