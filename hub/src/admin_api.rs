@@ -32,11 +32,6 @@ pub(crate) fn router() -> Router<Arc<Hub>> {
         .route("/api/v1/tokens/{id}", delete(revoke_token))
 }
 
-/// Unix seconds now.
-pub(crate) fn now_unix() -> i64 {
-    jiff::Timestamp::now().as_second()
-}
-
 /// Query of `POST /api/v1/accounts/{name}/kubeconfig`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -79,7 +74,7 @@ pub(crate) async fn kubeconfig_for(
     rotate: bool,
     public_url: &str,
 ) -> crate::Result<(String, TokenRecord)> {
-    let now = now_unix();
+    let now = crate::now_unix();
     let mut store = hub.store.lock().await;
     let (token, record, ops) = {
         let mut tokens = hub.tokens();
@@ -271,7 +266,9 @@ async fn create_token(State(hub): State<Arc<Hub>>, body: axum::body::Bytes) -> R
         );
     }
     let mut store = hub.store.lock().await;
-    let issued = hub.tokens().issue_api(name, request.role, now_unix());
+    let issued = hub
+        .tokens()
+        .issue_api(name, request.role, crate::now_unix());
     let (token, record, ops) = match issued {
         Ok(issued) => issued,
         Err(e) => {

@@ -137,7 +137,7 @@ async fn create_token(State(hub): State<Arc<Hub>>, Query(query): Query<CreateQue
         query.identity.trim(),
         query.accounts.trim(),
         ttl,
-        crate::agent_ca::now_unix(),
+        crate::now_unix(),
     );
     let (token, record, ops) = match issued {
         Ok(issued) => issued,
@@ -231,9 +231,7 @@ async fn rebind(
     let (binding, previous, evicted) = {
         let mut st = hub.state();
         let previous = st.registry.bindings.get(&name).map(|b| b.identity.clone());
-        let binding = st
-            .registry
-            .bind(&name, &identity, crate::agent_ca::now_unix());
+        let binding = st.registry.bind(&name, &identity, crate::now_unix());
         let evicted = st.registry.sessions_of_others(&name, &identity);
         (binding, previous, evicted)
     };

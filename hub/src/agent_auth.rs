@@ -300,7 +300,7 @@ pub(crate) fn authenticate(
     let from_token = match bearer(metadata) {
         None => None,
         Some(token) => {
-            let now = crate::agent_ca::now_unix();
+            let now = crate::now_unix();
             let record = hub
                 .agent_tokens()
                 .check(token, AgentTokenKind::Bearer, now)

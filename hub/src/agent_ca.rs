@@ -108,7 +108,7 @@ impl AgentCa {
                 .push(DnType::CommonName, "scale-agent-hub agent CA");
             params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
             params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-            let now = now_unix();
+            let now = crate::now_unix();
             let epoch = rcgen::date_time_ymd(1970, 1, 1);
             params.not_before = epoch + since_epoch(now - 300);
             params.not_after = epoch + since_epoch(now + secs(CA_LIFETIME));
@@ -182,7 +182,7 @@ impl AgentCa {
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.use_authority_key_identifier_extension = true;
-        let now = now_unix();
+        let now = crate::now_unix();
         // Only hubs verify these certificates, with their own clocks: a few seconds of
         // back-dating absorb the skew between hub replicas, and keep not_before close to the
         // issue time, which agents count their renewal (at 2/3 of the lifetime) from.
@@ -208,11 +208,6 @@ fn secs(d: Duration) -> i64 {
 /// The duration since the Unix epoch (rcgen's dates are the epoch plus a duration).
 fn since_epoch(unix: i64) -> Duration {
     Duration::from_secs(u64::try_from(unix).unwrap_or(0))
-}
-
-/// Unix seconds now.
-pub(crate) fn now_unix() -> i64 {
-    jiff::Timestamp::now().as_second()
 }
 
 #[cfg(test)]
@@ -252,7 +247,7 @@ mod tests {
         let (_, ca_cert) = x509_parser::parse_x509_certificate(ca.cert_der()).unwrap();
         assert!(cert.verify_signature(Some(ca_cert.public_key())).is_ok());
         assert!(!format!("{:?}", cert.subject_alternative_name()).contains("evil"));
-        assert!((issued.not_after - now_unix() - 3600).abs() < 5);
+        assert!((issued.not_after - crate::now_unix() - 3600).abs() < 5);
 
         let err = ca
             .issue("not a csr", "prod-agent", Duration::from_secs(60))

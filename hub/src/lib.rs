@@ -237,7 +237,7 @@ impl Hub {
             let mut tokens = self.tokens();
             for (name, properties) in accounts.clone() {
                 let (token, _, more) =
-                    tokens.derived(&name, tokens::CLOUDDRIVER_TOKEN, admin_api::now_unix())?;
+                    tokens.derived(&name, tokens::CLOUDDRIVER_TOKEN, now_unix())?;
                 ops.extend(more);
                 let kubeconfig = kubeconfig::render(&kubeconfig::KubeconfigFor {
                     account: &name,
@@ -623,6 +623,11 @@ fn proxy_listener(builder: Server, proxy: &ProxyMode) -> Result<Server> {
     }
     tracing::info!(%header, proxy_certificates = hop.proxy_ca_pem.is_some(), "gRPC behind a TLS-terminating proxy: TLS hop");
     Ok(builder.tls_config(tls)?)
+}
+
+/// Unix seconds now (token and certificate times).
+pub(crate) fn now_unix() -> i64 {
+    jiff::Timestamp::now().as_second()
 }
 
 /// Runs the hub until `shutdown` resolves (or a server fails), then stops it cleanly.

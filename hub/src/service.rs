@@ -163,7 +163,7 @@ async fn enroll(hub: &Hub, request: pb::EnrollRequest) -> Result<pb::IssuedCerti
     // The store lock is held from the check to the durable commit, so two enrolments with
     // one token cannot both succeed.
     let mut store = hub.store.lock().await;
-    let now = crate::agent_ca::now_unix();
+    let now = crate::now_unix();
     let record = hub
         .agent_tokens()
         .check(&request.token, AgentTokenKind::Enrolment, now)

@@ -41,11 +41,7 @@ use scale_agent_proto::v1::{
     tunnel_frame::Frame,
 };
 use serde_json::Value;
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    sync::mpsc,
-    task::JoinHandle,
-};
+use tokio::{sync::mpsc, task::JoinHandle};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{
     Status,
@@ -226,56 +222,41 @@ impl Api {
             token: token.map(str::to_string),
         }
     }
-
-    fn authorization(&self) -> String {
-        self.token
-            .as_deref()
-            .map(|t| format!("Authorization: Bearer {t}\r\n"))
-            .unwrap_or_default()
-    }
 }
 
-/// GET over a raw HTTP/1.1 connection: (status, body).
-pub async fn get(api: &Api, path: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(api.addr).await.unwrap();
-    stream
-        .write_all(
-            format!(
-                "GET {path} HTTP/1.1\r\nHost: hub\r\n{}Connection: close\r\n\r\n",
-                api.authorization()
-            )
-            .as_bytes(),
-        )
-        .await
-        .unwrap();
-    let mut raw = Vec::new();
-    tokio::time::timeout(WAIT, stream.read_to_end(&mut raw))
-        .await
-        .unwrap()
-        .unwrap();
-    let text = String::from_utf8(raw).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap();
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        let mut out = String::new();
-        let mut rest = body;
-        loop {
-            let (size, after) = rest.split_once("\r\n").unwrap();
-            let size = usize::from_str_radix(size.trim(), 16).unwrap();
-            if size == 0 {
-                break;
-            }
-            out.push_str(&after[..size]);
-            rest = &after[size + 2..];
+/// One request to a plaintext hub's API with hyper's client: (status, body).
+async fn call(api: &Api, method: &str, path: &str, json: Option<&Value>) -> (u16, String) {
+    let client: HyperClient<HttpConnector, ReqBody> =
+        HyperClient::builder(TokioExecutor::new()).build_http();
+    let mut request = Request::builder()
+        .method(method)
+        .uri(format!("http://{}{path}", api.addr));
+    if let Some(token) = &api.token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    let body = match json {
+        Some(value) => {
+            request = request.header("content-type", "application/json");
+            full(value.to_string())
         }
-        out
-    } else {
-        body.to_string()
+        None => empty(),
     };
-    (status, body)
+    let response = tokio::time::timeout(WAIT, client.request(request.body(body).unwrap()))
+        .await
+        .expect("the hub answered in time")
+        .unwrap();
+    let status = response.status().as_u16();
+    let bytes = tokio::time::timeout(WAIT, response.into_body().collect())
+        .await
+        .expect("the hub's body ended in time")
+        .unwrap()
+        .to_bytes();
+    (status, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+/// GET: (status, body).
+pub async fn get(api: &Api, path: &str) -> (u16, String) {
+    call(api, "GET", path, None).await
 }
 
 pub async fn get_json(api: &Api, path: &str) -> (u16, Value) {
@@ -283,30 +264,10 @@ pub async fn get_json(api: &Api, path: &str) -> (u16, Value) {
     (status, serde_json::from_str(&body).unwrap_or(Value::Null))
 }
 
-/// POST a JSON body over a raw HTTP/1.0 connection: (status, JSON body).
+/// POST a JSON body: (status, JSON body).
 pub async fn post_json(api: &Api, path: &str, body: &Value) -> (u16, Value) {
-    let mut stream = tokio::net::TcpStream::connect(api.addr).await.unwrap();
-    let body = body.to_string();
-    stream
-        .write_all(
-            format!(
-                "POST {path} HTTP/1.0\r\nHost: hub\r\n{}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-                api.authorization(),
-                body.len()
-            )
-            .as_bytes(),
-        )
-        .await
-        .unwrap();
-    let mut raw = Vec::new();
-    tokio::time::timeout(WAIT, stream.read_to_end(&mut raw))
-        .await
-        .unwrap()
-        .unwrap();
-    let text = String::from_utf8(raw).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap();
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+    let (status, body) = call(api, "POST", path, Some(body)).await;
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
 }
 
 pub async fn object_names(hub: &RunningHub, query: &str) -> Vec<String> {
