@@ -9,7 +9,7 @@ use std::{
 };
 
 use clap::Parser;
-use scale_agent_crds::agent_config::{AccountConfig, AgentConfig};
+use scale_agent_crds::agent_config::{AccountConfig, AgentConfig, UnknownKey};
 
 use crate::error::{Error, Result};
 
@@ -27,10 +27,11 @@ pub use scale_agent_runtime::LogFormat;
     about = "Scale Agent: streams a Kubernetes cluster to the Scale Agent hub"
 )]
 pub struct Options {
-    /// Config file (Armory's `armory-agent.yaml` shape). Re-read every 2 s; a missing file
-    /// means the defaults (no accounts).
-    #[arg(long, env = "SCALE_AGENT_CONFIG", default_value = DEFAULT_CONFIG_PATH)]
-    pub config: PathBuf,
+    /// Config file (Armory's `armory-agent.yaml` shape), re-read every 2 s. Default
+    /// `/etc/scale-agent/scale-agent.yaml`, where a missing file means the defaults (no
+    /// accounts); a path given here that does not exist is refused at start-up.
+    #[arg(long, env = "SCALE_AGENT_CONFIG")]
+    pub config: Option<PathBuf>,
 
     /// Hub gRPC address, `host:port` (overrides `clouddriver.grpc`).
     #[arg(long, env = "SCALE_AGENT_HUB")]
@@ -81,7 +82,7 @@ impl Options {
     /// Options for a config file, everything else default (handy in tests).
     pub fn for_config(path: impl Into<PathBuf>) -> Self {
         Self {
-            config: path.into(),
+            config: Some(path.into()),
             hub: None,
             hub_ca: None,
             tls_cert: None,
@@ -146,27 +147,72 @@ impl Options {
         }
     }
 
-    /// Reads and parses the config file, then applies the flags. A missing file is the
-    /// default config (Armory's agent also starts without one).
-    pub fn load(&self) -> Result<(AgentConfig, String)> {
-        let text = read_config_text(&self.config)?;
-        let config = self.parse_text(&text)?;
-        Ok((config, text))
+    /// The config file: `--config`, else [`DEFAULT_CONFIG_PATH`].
+    pub fn config_path(&self) -> &Path {
+        self.config
+            .as_deref()
+            .unwrap_or_else(|| Path::new(DEFAULT_CONFIG_PATH))
+    }
+
+    /// Reads and parses the config file, then applies the flags. A missing file at the
+    /// default path is the default config (Armory's agent also starts without one); a
+    /// missing file the operator named with `--config` is an error, as it is surely a mistake.
+    pub fn load(&self) -> Result<LoadedConfig> {
+        let path = self.config_path();
+        let text = match read_config_text(path)? {
+            Some(text) => text,
+            None if self.config.is_some() => {
+                return Err(Error::ConfigMissing {
+                    path: path.to_path_buf(),
+                });
+            }
+            None => {
+                return Ok(LoadedConfig {
+                    parsed: self.parse_text("")?,
+                    text: String::new(),
+                    missing: true,
+                });
+            }
+        };
+        Ok(LoadedConfig {
+            parsed: self.parse_text(&text)?,
+            text,
+            missing: false,
+        })
     }
 
     /// Parses config text and applies the flags.
-    pub fn parse_text(&self, text: &str) -> Result<AgentConfig> {
-        let mut config = parse_config(&self.config, text)?;
-        self.apply_overrides(&mut config);
-        Ok(config)
+    pub fn parse_text(&self, text: &str) -> Result<ParsedConfig> {
+        let mut parsed = parse_config(self.config_path(), text)?;
+        self.apply_overrides(&mut parsed.config);
+        Ok(parsed)
     }
 }
 
-/// The file's text; empty when it does not exist.
-pub fn read_config_text(path: &Path) -> Result<String> {
+/// A parsed config and the keys it ignored.
+#[derive(Clone, Debug)]
+pub struct ParsedConfig {
+    pub config: AgentConfig,
+    /// Keys no setting reads (typos, or Armory keys this agent does not support); ignored,
+    /// and worth a warning each.
+    pub unknown_keys: Vec<UnknownKey>,
+}
+
+/// The config the agent starts with.
+#[derive(Clone, Debug)]
+pub struct LoadedConfig {
+    pub parsed: ParsedConfig,
+    /// The file's text (empty when there is no file), to notice changes.
+    pub text: String,
+    /// No file at the default path: running on the defaults.
+    pub missing: bool,
+}
+
+/// The file's text; `None` when it does not exist.
+pub fn read_config_text(path: &Path) -> Result<Option<String>> {
     match std::fs::read_to_string(path) {
-        Ok(text) => Ok(text),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(String::new()),
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(source) => Err(Error::ReadConfig {
             path: path.to_path_buf(),
             source,
@@ -175,16 +221,20 @@ pub fn read_config_text(path: &Path) -> Result<String> {
 }
 
 /// Parses and validates config text.
-pub fn parse_config(path: &Path, text: &str) -> Result<AgentConfig> {
-    let config = AgentConfig::from_yaml(text).map_err(|e| Error::ParseConfig {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    })?;
+pub fn parse_config(path: &Path, text: &str) -> Result<ParsedConfig> {
+    let (config, unknown_keys) =
+        AgentConfig::from_yaml_reporting_unknown(text).map_err(|e| Error::ParseConfig {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
     validate(&config).map_err(|message| Error::ParseConfig {
         path: path.to_path_buf(),
         message,
     })?;
-    Ok(config)
+    Ok(ParsedConfig {
+        config,
+        unknown_keys,
+    })
 }
 
 /// Checks what the types cannot: account names present and unique.
@@ -262,7 +312,8 @@ mod tests {
         options.insecure_plaintext = true;
         let config = options
             .parse_text("clouddriver:\n  grpc: file:9091\n  tls:\n    cacertFile: /file-ca.pem\n    clientCertFile: /c.pem\n")
-            .unwrap();
+            .unwrap()
+            .config;
         assert_eq!(config.clouddriver.grpc, "hub.example:9091");
         assert_eq!(
             config.clouddriver.tls.cacert_file.as_deref(),
@@ -276,14 +327,45 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_file_is_the_default_config() {
-        let options = Options::for_config("/nonexistent/scale-agent.yaml");
-        let (config, text) = options.load().unwrap();
-        assert!(text.is_empty());
+    fn a_missing_file_at_the_default_path_is_the_default_config() {
+        let mut options = Options::for_config("x");
+        options.config = None;
+        assert_eq!(options.config_path(), Path::new(DEFAULT_CONFIG_PATH));
+        // The test machine has no agent config at the default path.
+        let loaded = options.load().unwrap();
+        assert!(loaded.missing);
+        assert!(loaded.text.is_empty());
+        let config = loaded.parsed.config;
         assert!(config.kubernetes.accounts.is_empty());
         assert_eq!(
             options.admin_addr(&config),
             "0.0.0.0:8082".parse::<SocketAddr>().unwrap()
+        );
+    }
+
+    #[test]
+    fn a_missing_file_given_with_config_is_refused_with_what_to_do() {
+        let options = Options::for_config("/nonexistent/scale-agent.yaml");
+        let err = options.load().unwrap_err().to_string();
+        assert!(err.contains("/nonexistent/scale-agent.yaml"), "{err}");
+        assert!(err.contains("--config"), "{err}");
+        assert!(err.contains("SCALE_AGENT_CONFIG"), "{err}");
+    }
+
+    #[test]
+    fn unknown_keys_come_with_the_parsed_config() {
+        let options = Options::for_config("a.yaml");
+        let parsed = options
+            .parse_text("kubernetes:\n  accounts:\n    - name: a\n      kindz: [Deployment]\n")
+            .unwrap();
+        let unknown: Vec<String> = parsed
+            .unknown_keys
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            unknown,
+            ["kubernetes.accounts[0].kindz (did you mean `kinds`?)"]
         );
     }
 

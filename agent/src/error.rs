@@ -12,6 +12,10 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "the config file {path} does not exist: create it, or point --config (SCALE_AGENT_CONFIG) at the agent's config file"
+    )]
+    ConfigMissing { path: PathBuf },
     #[error("the config file {path} is not valid: {message}")]
     ParseConfig { path: PathBuf, message: String },
     #[error("invalid config: {0}")]

@@ -24,9 +24,9 @@ pub mod streamer;
 pub mod tunnel;
 pub mod watch;
 
-use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
+use std::{future::Future, net::SocketAddr, path::Path, sync::Arc, time::Duration};
 
-use scale_agent_crds::agent_config::AgentConfig;
+use scale_agent_crds::agent_config::{AgentConfig, UnknownKey};
 use tokio::{sync::watch as signal, task::JoinHandle};
 
 pub use crate::{
@@ -97,7 +97,8 @@ impl AgentHandle {
 
 /// Loads the config, binds the admin listener and starts the agent in the background.
 pub async fn start(options: Options) -> Result<AgentHandle> {
-    let (config, text) = options.load()?;
+    let loaded = options.load()?;
+    let config = loaded.parsed.config;
     let admin_addr = options.admin_addr(&config);
     let listener = tokio::net::TcpListener::bind(admin_addr)
         .await
@@ -110,10 +111,22 @@ pub async fn start(options: Options) -> Result<AgentHandle> {
         source,
     })?;
     let shared = Shared::new();
+    let path = options.config_path();
     shared.update(|view| {
         view.replica = options.replica_name();
         view.hub = config.clouddriver.grpc.clone();
+        view.config.path = path.display().to_string();
     });
+    report_unknown_keys(path, &loaded.parsed.unknown_keys, &shared);
+    if loaded.missing {
+        let problem = format!(
+            "no config file at {}: running on the defaults (no accounts) until one appears",
+            path.display()
+        );
+        tracing::warn!(path = %path.display(), "{problem}");
+        shared.metrics.config_errors.inc();
+        shared.update(|view| view.config.problem = Some(problem));
+    }
     for account in &config.kubernetes.accounts {
         shared.update_account(&account.name, |_| {});
     }
@@ -137,7 +150,11 @@ pub async fn start(options: Options) -> Result<AgentHandle> {
     };
     let poller = tokio::spawn(poll_config(
         options.clone(),
-        text,
+        ConfigPoll {
+            last_text: loaded.text,
+            last_problem: None,
+            unreadable: loaded.missing,
+        },
         config_tx,
         shared.clone(),
     ));
@@ -174,41 +191,92 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
     }
 }
 
+/// Logs each key the config ignores once (this function runs once per distinct file
+/// content), counts them as config errors, and shows them on `/accounts`.
+fn report_unknown_keys(path: &Path, unknown_keys: &[UnknownKey], shared: &Shared) {
+    for key in unknown_keys {
+        let suggestion = key.suggestion.unwrap_or_default();
+        tracing::warn!(
+            path = %path.display(),
+            key = %key.path,
+            suggestion,
+            "unknown config key {key} ignored; fix or remove it (a key Armory's agent has that this one does not support is ignored too)"
+        );
+        shared.metrics.config_errors.inc();
+    }
+    let shown = unknown_keys.iter().map(ToString::to_string).collect();
+    shared.update(|view| view.config.unknown_keys = shown);
+}
+
+/// What the config poller remembers between reads.
+struct ConfigPoll {
+    /// The text last parsed (applied or refused), to notice changes.
+    last_text: String,
+    /// Why `last_text` was refused, if it was.
+    last_problem: Option<String>,
+    /// The file is missing or unreadable now (reported once, when it became so).
+    unreadable: bool,
+}
+
 /// Re-reads the config file every [`CONFIG_POLL`] and publishes it when its content changed
-/// and parses; an invalid file is logged and the previous config stays.
+/// and parses. An invalid, missing or unreadable file is logged, counted and shown on
+/// `/accounts`, and the previous config stays: a ConfigMap unmounted or a rename in progress
+/// must not stop every account.
 async fn poll_config(
     options: Options,
-    mut last: String,
+    mut state: ConfigPoll,
     tx: signal::Sender<Arc<AgentConfig>>,
     shared: Arc<Shared>,
 ) {
+    let path = options.config_path();
     let mut interval = tokio::time::interval(CONFIG_POLL);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         interval.tick().await;
-        let text = match config::read_config_text(&options.config) {
-            Ok(text) => text,
-            Err(error) => {
-                tracing::warn!(%error, "cannot re-read the config file; keeping the current config");
+        let problem = match config::read_config_text(path) {
+            Ok(Some(text)) => {
+                if state.unreadable {
+                    state.unreadable = false;
+                    tracing::info!(path = %path.display(), "the config file is readable again");
+                    let problem = state.last_problem.clone();
+                    shared.update(|view| view.config.problem = problem);
+                }
+                if text == state.last_text {
+                    continue;
+                }
+                state.last_text = text;
+                match options.parse_text(&state.last_text) {
+                    Ok(parsed) => {
+                        tracing::info!(path = %path.display(), "config file changed; applying it");
+                        shared.metrics.config_reloads.inc();
+                        state.last_problem = None;
+                        shared.update(|view| view.config.problem = None);
+                        report_unknown_keys(path, &parsed.unknown_keys, &shared);
+                        if tx.send(Arc::new(parsed.config)).is_err() {
+                            return;
+                        }
+                    }
+                    Err(error) => {
+                        shared.metrics.config_errors.inc();
+                        tracing::error!(%error, "config file changed but is invalid; keeping the current config until it is fixed");
+                        let problem = format!("{error}; keeping the previous config");
+                        state.last_problem = Some(problem.clone());
+                        shared.update(|view| view.config.problem = Some(problem));
+                    }
+                }
                 continue;
             }
+            Ok(None) => format!(
+                "the config file {} does not exist (deleted, or its ConfigMap unmounted); keeping the last good config until it is back",
+                path.display()
+            ),
+            Err(error) => format!("{error}; keeping the last good config until it can be read"),
         };
-        if text == last {
-            continue;
-        }
-        last = text;
-        match options.parse_text(&last) {
-            Ok(config) => {
-                tracing::info!(path = %options.config.display(), "config file changed; applying it");
-                shared.metrics.config_reloads.inc();
-                if tx.send(Arc::new(config)).is_err() {
-                    return;
-                }
-            }
-            Err(error) => {
-                shared.metrics.config_errors.inc();
-                tracing::error!(%error, "config file changed but is invalid; keeping the current config until it is fixed");
-            }
+        if !state.unreadable {
+            state.unreadable = true;
+            shared.metrics.config_errors.inc();
+            tracing::warn!(path = %path.display(), "{problem}");
+            shared.update(|view| view.config.problem = Some(problem));
         }
     }
 }

@@ -76,7 +76,9 @@ pub struct Metrics {
     pub watches: Family<WatchStateLabels, Gauge>,
     /// Config file reloads that changed the config.
     pub config_reloads: Counter,
-    /// Config file reads that failed to parse (the previous config stays).
+    /// Config file problems: a change that does not parse or validate, a file that went
+    /// missing or unreadable (each keeps the previous config; counted once until the file is
+    /// back), and each unknown key of a config read (ignored).
     pub config_errors: Counter,
     /// Operations executed for the hub, by account, type and outcome.
     pub operations: Family<OperationLabels, Counter>,
@@ -213,7 +215,7 @@ impl Metrics {
             );
             r.register(
                 "scale_agent_agent_config_errors",
-                "Config file changes rejected as invalid",
+                "Config file problems: invalid or missing file (the previous config stays), unknown keys (ignored)",
                 metrics.config_errors.clone(),
             );
         }

@@ -97,6 +97,20 @@ pub const ROLE_STREAMING: &str = "streaming";
 pub const ROLE_STANDBY: &str = "standby";
 pub const ROLE_REJECTED: &str = "rejected";
 
+/// The config file as the agent last read it.
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigView {
+    pub path: String,
+    /// Why the config in use is not the file's current content (missing, unreadable,
+    /// invalid) or is the defaults; absent when the file was read and applied.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
+    /// Keys of the config in use that no setting reads, with the closest known key.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unknown_keys: Vec<String>,
+}
+
 /// The whole admin view.
 #[derive(Clone, Debug, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -106,6 +120,7 @@ pub struct AgentView {
     pub hub_connected: bool,
     /// The identity the hub read from the client certificate (Welcome).
     pub hub_identity: String,
+    pub config: ConfigView,
     pub accounts: Vec<AccountView>,
 }
 

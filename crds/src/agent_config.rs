@@ -4,7 +4,8 @@
 //! It keeps the shape of Armory's `armory-agent.yaml` (`clouddriver.*`,
 //! `kubernetes.accounts[]`, `tasks.*`, `server.*`), so a migration is a copy: keys Armory
 //! spells differently are accepted as aliases, and keys this agent does not know are
-//! ignored, as Armory's agent ignores them.
+//! ignored, as Armory's agent ignores them, but reported
+//! ([`AgentConfig::from_yaml_reporting_unknown`]) so a typo does not pass silently.
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -259,13 +260,215 @@ mod duration_value {
     }
 }
 
-impl AgentConfig {
-    /// Parses a config file's YAML; an empty file is the default config.
-    pub fn from_yaml(text: &str) -> Result<Self, crate::Error> {
-        if text.trim().is_empty() {
-            return Ok(Self::default());
+/// A key in a config file that no field of [`AgentConfig`] reads. Ignored (Armory keys this
+/// agent does not support yet must not stop it), but worth a warning: `kindz:` for `kinds:`
+/// silently widens an account to every kind.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownKey {
+    /// Where the key is, e.g. `kubernetes.accounts[0].kindz`.
+    pub path: String,
+    /// The known key at the same place that is closest to it, when one is close enough to be
+    /// a typo of it.
+    pub suggestion: Option<&'static str>,
+}
+
+impl std::fmt::Display for UnknownKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.suggestion {
+            Some(known) => write!(f, "{} (did you mean `{known}`?)", self.path),
+            None => f.write_str(&self.path),
         }
-        serde_saphyr::from_str(text).map_err(|e| crate::Error::AgentConfig(e.to_string()))
+    }
+}
+
+/// The keys each section of the file accepts (aliases included), by section path with list
+/// indices written `[]`. A unit test checks it against the types.
+const KNOWN_KEYS: &[(&str, &[&str])] = &[
+    ("", &["clouddriver", "hub", "kubernetes", "tasks", "server"]),
+    (
+        "clouddriver",
+        &[
+            "grpc",
+            "insecure",
+            "tls",
+            "auth",
+            "keepAliveHeartbeatSeconds",
+            "backoff",
+        ],
+    ),
+    (
+        "clouddriver.tls",
+        &[
+            "serverName",
+            "cacertFile",
+            "caCertFile",
+            "clientCertFile",
+            "clientKeyFile",
+        ],
+    ),
+    (
+        "clouddriver.auth",
+        &["token", "tokenFile", "enrolmentTokenFile"],
+    ),
+    (
+        "clouddriver.backoff",
+        &["baseDelay", "multiplier", "jitter", "maxDelay"],
+    ),
+    ("kubernetes", &["accounts"]),
+    (
+        "kubernetes.accounts[]",
+        &[
+            "name",
+            "serviceAccount",
+            "kubeconfigFile",
+            "kubeConfigFile",
+            "context",
+            "namespaces",
+            "omitNamespaces",
+            "kinds",
+            "omitKinds",
+            "onlyNamespacedResources",
+            "customResourceDefinitions",
+            "metrics",
+            "permissions",
+            "impersonateServiceAccount",
+        ],
+    ),
+    (
+        "kubernetes.accounts[].customResourceDefinitions[]",
+        &["kind", "version", "scope"],
+    ),
+    (
+        "kubernetes.accounts[].impersonateServiceAccount",
+        &["namespace", "name"],
+    ),
+    ("tasks", &["totalBudget", "budgetPerAccount"]),
+    ("server", &["port"]),
+];
+
+/// The keys known in `section` (`hub` is read as `clouddriver`, its alias).
+fn known_keys(section: &str) -> &'static [&'static str] {
+    let section = match section.strip_prefix("hub") {
+        Some(rest) if rest.is_empty() || rest.starts_with('.') => {
+            return known_keys(&format!("clouddriver{rest}"));
+        }
+        _ => section,
+    };
+    KNOWN_KEYS
+        .iter()
+        .find(|(known, _)| *known == section)
+        .map(|(_, keys)| *keys)
+        .unwrap_or(&[])
+}
+
+/// Edit distance (insertions, deletions, substitutions), ignoring ASCII case: `kubeconfigfile`
+/// is a typo of `kubeconfigFile`, not a different key.
+pub fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().map(|c| c.to_ascii_lowercase()).collect();
+    let b: Vec<char> = b.chars().map(|c| c.to_ascii_lowercase()).collect();
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.iter().enumerate() {
+        let mut current = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let substitution = previous[j] + usize::from(ca != cb);
+            current[j + 1] = substitution.min(previous[j + 1] + 1).min(current[j] + 1);
+        }
+        previous = current;
+    }
+    previous[b.len()]
+}
+
+/// The key of `known` closest to `key`, if it is close enough to be a typo: at most 2 edits,
+/// or a third of the key's length for long keys. Ties go to the first in `known`.
+pub fn closest_key(key: &str, known: &[&'static str]) -> Option<&'static str> {
+    let allowed = (key.chars().count() / 3).max(2);
+    known
+        .iter()
+        .map(|candidate| (edit_distance(key, candidate), *candidate))
+        .filter(|(distance, _)| *distance <= allowed)
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, candidate)| candidate)
+}
+
+/// One step of a path into the file.
+enum Step {
+    Key(String),
+    Index(usize),
+}
+
+fn steps(path: &serde_ignored::Path<'_>, out: &mut Vec<Step>) {
+    match path {
+        serde_ignored::Path::Root => {}
+        serde_ignored::Path::Seq { parent, index } => {
+            steps(parent, out);
+            out.push(Step::Index(*index));
+        }
+        serde_ignored::Path::Map { parent, key } => {
+            steps(parent, out);
+            out.push(Step::Key(key.clone()));
+        }
+        serde_ignored::Path::Some { parent }
+        | serde_ignored::Path::NewtypeStruct { parent }
+        | serde_ignored::Path::NewtypeVariant { parent } => steps(parent, out),
+    }
+}
+
+/// `kubernetes.accounts[0].kindz` and its suggestion, from serde_ignored's path.
+fn unknown_key(path: &serde_ignored::Path<'_>) -> UnknownKey {
+    let mut all = Vec::new();
+    steps(path, &mut all);
+    let mut shown = String::new();
+    let mut section = String::new();
+    let last = all.len().saturating_sub(1);
+    let mut key = "";
+    for (position, step) in all.iter().enumerate() {
+        match step {
+            Step::Key(name) => {
+                if !shown.is_empty() {
+                    shown.push('.');
+                }
+                shown.push_str(name);
+                if position == last {
+                    key = name;
+                } else {
+                    if !section.is_empty() {
+                        section.push('.');
+                    }
+                    section.push_str(name);
+                }
+            }
+            Step::Index(index) => {
+                shown.push_str(&format!("[{index}]"));
+                section.push_str("[]");
+            }
+        }
+    }
+    UnknownKey {
+        path: shown,
+        suggestion: closest_key(key, known_keys(&section)),
+    }
+}
+
+impl AgentConfig {
+    /// Parses a config file's YAML; an empty file is the default config. Unknown keys are
+    /// ignored (see [`Self::from_yaml_reporting_unknown`] to hear about them).
+    pub fn from_yaml(text: &str) -> Result<Self, crate::Error> {
+        Self::from_yaml_reporting_unknown(text).map(|(config, _)| config)
+    }
+
+    /// Parses a config file's YAML and lists the keys it ignored, in the order they appear.
+    pub fn from_yaml_reporting_unknown(
+        text: &str,
+    ) -> Result<(Self, Vec<UnknownKey>), crate::Error> {
+        if text.trim().is_empty() {
+            return Ok((Self::default(), Vec::new()));
+        }
+        let mut unknown = Vec::new();
+        let config = serde_saphyr::with_deserializer_from_str(text, |deserializer| {
+            serde_ignored::deserialize(deserializer, |path| unknown.push(unknown_key(&path)))
+        })
+        .map_err(|e| crate::Error::AgentConfig(e.to_string()))?;
+        Ok((config, unknown))
     }
 
     /// Renders the config as YAML, as the operator writes it into the agent's ConfigMap.
@@ -377,6 +580,122 @@ server:
         assert!(yaml.contains("baseDelay: 250ms"), "{yaml}");
         assert!(yaml.contains("impersonateServiceAccount:"), "{yaml}");
         assert_eq!(AgentConfig::from_yaml(&yaml).unwrap(), config);
+    }
+
+    #[test]
+    fn unknown_keys_are_reported_with_their_path_and_the_closest_known_key() {
+        let text = "kubernets:\n  accounts: []\nhub:\n  grcp: h:1\n  tls:\n    cacertfil: /ca\nkubernetes:\n  accounts:\n    - name: a\n      kindz: [Deployment]\n      customResourceDefinitions:\n        - kind: X.example.com\n          scpoe: Cluster\n    - name: b\n      oAuthScopes: [x]\n";
+        let (config, unknown) = AgentConfig::from_yaml_reporting_unknown(text).unwrap();
+        assert_eq!(config.kubernetes.accounts.len(), 2);
+        assert!(config.kubernetes.accounts[0].kinds.is_empty());
+        let shown: Vec<String> = unknown.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            [
+                "kubernets (did you mean `kubernetes`?)",
+                "hub.grcp (did you mean `grpc`?)",
+                "hub.tls.cacertfil (did you mean `cacertFile`?)",
+                "kubernetes.accounts[0].kindz (did you mean `kinds`?)",
+                "kubernetes.accounts[0].customResourceDefinitions[0].scpoe (did you mean `scope`?)",
+                // An Armory key this agent does not support: reported, no far-fetched guess.
+                "kubernetes.accounts[1].oAuthScopes",
+            ]
+        );
+        let (_, none) = AgentConfig::from_yaml_reporting_unknown(
+            "kubernetes:\n  accounts:\n    - name: a\n      kubeConfigFile: /k\n      permissions:\n        READ: [x]\n",
+        )
+        .unwrap();
+        assert!(none.is_empty(), "{none:?}");
+    }
+
+    #[test]
+    fn closest_key_takes_small_edits_only() {
+        assert_eq!(edit_distance("kindz", "kinds"), 1);
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(edit_distance("KubeConfigFile", "kubeconfigfile"), 0);
+        assert_eq!(edit_distance("omitKind", "omitKinds"), 1);
+        let known = known_keys("kubernetes.accounts[]");
+        assert_eq!(closest_key("namespace", known), Some("namespaces"));
+        assert_eq!(closest_key("omitnamespace", known), Some("omitNamespaces"));
+        assert_eq!(closest_key("providerVersion", known), None);
+        assert_eq!(closest_key("x", known), None);
+        assert_eq!(closest_key("prot", known_keys("server")), Some("port"));
+        assert_eq!(closest_key("grcp", known_keys("hub")), Some("grpc"));
+        assert_eq!(closest_key("port", known_keys("no.such.section")), None);
+    }
+
+    /// Every key the types write is in [`KNOWN_KEYS`] for its section, so suggestions follow
+    /// the types.
+    #[test]
+    fn known_keys_cover_every_field() {
+        fn walk(value: &serde_json::Value, section: &str, seen: &mut usize) {
+            match value {
+                serde_json::Value::Object(map) => {
+                    for (key, child) in map {
+                        assert!(
+                            known_keys(section).contains(&key.as_str()),
+                            "{section}.{key} is missing from KNOWN_KEYS"
+                        );
+                        *seen += 1;
+                        // `permissions` is a map of role names, not keys of ours.
+                        if key != "permissions" {
+                            let child_section = if section.is_empty() {
+                                key.clone()
+                            } else {
+                                format!("{section}.{key}")
+                            };
+                            walk(child, &child_section, seen);
+                        }
+                    }
+                }
+                serde_json::Value::Array(items) => {
+                    for item in items {
+                        walk(item, &format!("{section}[]"), seen);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut config = AgentConfig::default();
+        config.clouddriver.tls = HubTls {
+            server_name: Some("s".into()),
+            cacert_file: Some("c".into()),
+            client_cert_file: Some("c".into()),
+            client_key_file: Some("k".into()),
+        };
+        config.clouddriver.auth = HubAuth {
+            token: Some("t".into()),
+            token_file: Some("t".into()),
+            enrolment_token_file: Some("e".into()),
+        };
+        config.kubernetes.accounts.push(AccountConfig {
+            name: "a".into(),
+            service_account: true,
+            kubeconfig_file: Some("k".into()),
+            context: Some("c".into()),
+            namespaces: vec!["n".into()],
+            omit_namespaces: vec!["n".into()],
+            kinds: vec!["k".into()],
+            omit_kinds: vec!["k".into()],
+            only_namespaced_resources: true,
+            custom_resource_definitions: vec![CustomResourceConfig {
+                kind: "K.g".into(),
+                version: Some("v1".into()),
+                scope: CustomResourceScope::Cluster,
+            }],
+            metrics: true,
+            permissions: BTreeMap::from([("READ".into(), vec!["r".into()])]),
+            impersonate_service_account: Some(crate::v1alpha1::ServiceAccountRef {
+                namespace: "n".into(),
+                name: "s".into(),
+            }),
+        });
+        let value = serde_json::to_value(&config).unwrap();
+        let mut seen = 0;
+        walk(&value, "", &mut seen);
+        let listed: usize = KNOWN_KEYS.iter().map(|(_, keys)| keys.len()).sum();
+        // Every listed key but the aliases (`hub`, `caCertFile`, `kubeConfigFile`) was written.
+        assert_eq!(seen, listed - 3);
     }
 
     #[test]

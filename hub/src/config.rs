@@ -1,9 +1,14 @@
 //! The hub's configuration: [`Config`] (what [`crate::start`] needs) and [`Args`] (the
 //! command line, every flag with an environment fallback).
 
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use clap::Parser;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
 
 use crate::{
     agent_ca::AgentCaSource,
@@ -527,9 +532,13 @@ impl Args {
             .collect();
             match (&self.tls_cert, &self.tls_key) {
                 (Some(cert), Some(key)) => GrpcSecurity::MutualTls(TlsMaterial {
-                    cert_pem: read(cert)?,
-                    key_pem: read(key)?,
-                    client_ca_pem: self.client_ca.as_ref().map(read).transpose()?,
+                    cert_pem: read_certs("--tls-cert", cert)?,
+                    key_pem: read_key("--tls-key", key)?,
+                    client_ca_pem: self
+                        .client_ca
+                        .as_ref()
+                        .map(|ca| read_certs("--client-ca", ca))
+                        .transpose()?,
                 }),
                 _ => {
                     return Err(HubError::Config(format!(
@@ -542,12 +551,14 @@ impl Args {
         let http_security = if self.http_plaintext {
             HttpSecurity::Plaintext
         } else {
-            let cert = self.http_tls_cert.as_ref().or(self.tls_cert.as_ref());
-            let key = self.http_tls_key.as_ref().or(self.tls_key.as_ref());
+            let cert = (self.http_tls_cert.as_ref().map(|c| ("--http-tls-cert", c)))
+                .or(self.tls_cert.as_ref().map(|c| ("--tls-cert", c)));
+            let key = (self.http_tls_key.as_ref().map(|k| ("--http-tls-key", k)))
+                .or(self.tls_key.as_ref().map(|k| ("--tls-key", k)));
             match (cert, key) {
-                (Some(cert), Some(key)) => HttpSecurity::Tls {
-                    cert_pem: read(cert)?,
-                    key_pem: read(key)?,
+                (Some((cert_flag, cert)), Some((key_flag, key))) => HttpSecurity::Tls {
+                    cert_pem: read_certs(cert_flag, cert)?,
+                    key_pem: read_key(key_flag, key)?,
                 },
                 _ => {
                     return Err(HubError::Config(
@@ -566,7 +577,17 @@ impl Args {
                 "--public-url {url:?} must start with https:// (or http:// with --http-plaintext)"
             )));
         }
-        let serving_ca_pem = self.serving_ca.as_ref().map(read).transpose()?;
+        let serving_ca_pem = self
+            .serving_ca
+            .as_ref()
+            .map(|ca| read_certs("--serving-ca", ca))
+            .transpose()?;
+        // The agent CA is loaded after the store is opened; check its files now so a wrong
+        // path fails before anything else.
+        if let (Some(cert), Some(key)) = (&self.agent_ca_cert, &self.agent_ca_key) {
+            read_certs("--agent-ca-cert", cert)?;
+            read_key("--agent-ca-key", key)?;
+        }
         let admin_token_file = Some(
             self.admin_token_file
                 .clone()
@@ -624,7 +645,7 @@ impl Args {
                     .into(),
             ));
         };
-        let client_ca_pem = read(client_ca)?;
+        let client_ca_pem = read_certs("--client-ca", client_ca)?;
         let trust = ProxyTrust::new(
             format,
             self.forwarded_client_cert_header.as_deref(),
@@ -635,9 +656,13 @@ impl Args {
         .map_err(HubError::Config)?;
         let hop_tls = match (&self.tls_cert, &self.tls_key) {
             (Some(cert), Some(key)) => Some(ProxyHopTls {
-                cert_pem: read(cert)?,
-                key_pem: read(key)?,
-                proxy_ca_pem: self.trusted_proxy_ca.as_ref().map(read).transpose()?,
+                cert_pem: read_certs("--tls-cert", cert)?,
+                key_pem: read_key("--tls-key", key)?,
+                proxy_ca_pem: self
+                    .trusted_proxy_ca
+                    .as_ref()
+                    .map(|ca| read_certs("--trusted-proxy-ca", ca))
+                    .transpose()?,
             }),
             (None, None) if self.trusted_proxy_ca.is_none() => None,
             _ => {
@@ -657,11 +682,48 @@ impl Args {
     }
 }
 
-fn read(path: &PathBuf) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|source| HubError::ReadFile {
-        path: path.clone(),
-        source,
-    })
+/// Reads the PEM file `flag` names and checks it holds at least one certificate, so a wrong
+/// file fails here, naming the flag, rather than later in rustls with "no root trust anchors".
+fn read_certs(flag: &'static str, path: &Path) -> Result<Vec<u8>> {
+    let pem = read_tls_file(flag, path)?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| tls_file_error(flag, path, format!("not valid PEM ({e})")))?;
+    if certs.is_empty() {
+        return Err(tls_file_error(
+            flag,
+            path,
+            format!(
+                "no certificate in the file: point {flag} at a PEM file with a \"BEGIN CERTIFICATE\" block"
+            ),
+        ));
+    }
+    Ok(pem)
+}
+
+/// Reads the PEM file `flag` names and checks it holds a private key.
+fn read_key(flag: &'static str, path: &Path) -> Result<Vec<u8>> {
+    let pem = read_tls_file(flag, path)?;
+    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
+        tls_file_error(
+            flag,
+            path,
+            format!("no private key in the file ({e}): point {flag} at the PEM private key"),
+        )
+    })?;
+    Ok(pem)
+}
+
+fn read_tls_file(flag: &'static str, path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| tls_file_error(flag, path, format!("cannot be read: {e}")))
+}
+
+fn tls_file_error(flag: &'static str, path: &Path, problem: String) -> HubError {
+    HubError::TlsFile {
+        flag,
+        path: path.to_path_buf(),
+        problem,
+    }
 }
 
 /// Parses `600`, `600s`, `10m`, `1h` or `250ms`.
@@ -748,6 +810,92 @@ mod tests {
         assert!(err.contains("heartbeat period"), "{err}");
     }
 
+    /// Every TLS file flag is checked when the flags are read, before the store is opened,
+    /// and a file without what it should hold is refused naming the flag and the file.
+    #[test]
+    fn tls_files_without_a_certificate_or_key_are_refused_naming_flag_and_file() {
+        let dir =
+            std::env::temp_dir().join(format!("scale-agent-hub-tlsfiles-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = rcgen::CertificateParams::new(vec!["hub.test".to_string()]).unwrap();
+        let cert = dir.join("tls.crt");
+        std::fs::write(&cert, params.self_signed(&key).unwrap().pem()).unwrap();
+        let key_file = dir.join("tls.key");
+        std::fs::write(&key_file, key.serialize_pem()).unwrap();
+        let empty = dir.join("empty.pem");
+        std::fs::write(&empty, "").unwrap();
+        let (cert, key_file, empty) = (
+            cert.display().to_string(),
+            key_file.display().to_string(),
+            empty.display().to_string(),
+        );
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["scale-agent-hub"];
+            argv.extend_from_slice(extra);
+            Args::try_parse_from(argv).unwrap().into_config()
+        };
+        let good = ["--tls-cert", cert.as_str(), "--tls-key", key_file.as_str()];
+        assert!(parse(&good).is_ok());
+        let cases: [(&[&str], &str, &str, &str); 5] = [
+            (
+                &["--client-ca", &empty],
+                "--client-ca",
+                &empty,
+                "no certificate",
+            ),
+            (
+                &["--agent-ca-cert", &empty, "--agent-ca-key", &key_file],
+                "--agent-ca-cert",
+                &empty,
+                "no certificate",
+            ),
+            (
+                &["--agent-ca-cert", &cert, "--agent-ca-key", &cert],
+                "--agent-ca-key",
+                &cert,
+                "no private key",
+            ),
+            (
+                &["--http-tls-key", &empty],
+                "--http-tls-key",
+                &empty,
+                "no private key",
+            ),
+            (
+                &["--client-ca", "/nonexistent/ca.pem"],
+                "--client-ca",
+                "/nonexistent/ca.pem",
+                "cannot be read",
+            ),
+        ];
+        for (extra, flag, file, problem) in cases {
+            let mut argv = good.to_vec();
+            argv.extend_from_slice(extra);
+            let err = parse(&argv).unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!("{flag} {file}: {problem}")),
+                "{err}"
+            );
+        }
+        let err = parse(&["--tls-cert", &empty, "--tls-key", &key_file])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with(&format!("--tls-cert {empty}: no certificate")),
+            "{err}"
+        );
+        assert!(err.contains("point --tls-cert at a PEM file"), "{err}");
+        let err = parse(&["--tls-cert", &cert, "--tls-key", &empty])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("point --tls-key at the PEM private key"),
+            "{err}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn proxy_mode_flags() {
         let dir =
@@ -759,6 +907,9 @@ mod tests {
         params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
         std::fs::write(&ca, params.self_signed(&key).unwrap().pem()).unwrap();
         let ca = ca.display().to_string();
+        let key_path = dir.join("ca.key");
+        std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        let key_path = key_path.display().to_string();
         let parse = |extra: &[&str]| {
             let mut argv = vec![
                 "scale-agent-hub",
@@ -823,7 +974,7 @@ mod tests {
             "--tls-cert",
             &ca,
             "--tls-key",
-            &ca,
+            &key_path,
             "--trusted-proxy-ca",
             &ca,
         ])

@@ -16,6 +16,13 @@ pub enum HubError {
         #[source]
         source: std::io::Error,
     },
+    /// A TLS file named by a flag cannot be read or holds no certificate or key.
+    #[error("{flag} {path}: {problem}")]
+    TlsFile {
+        flag: &'static str,
+        path: PathBuf,
+        problem: String,
+    },
     /// A listener could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {

@@ -111,3 +111,40 @@ async fn failed_handshakes_are_logged_with_peer_and_reason() {
     hub.shutdown().await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A `--client-ca` without a certificate stops the hub process before it opens its store,
+/// with a message naming the flag and the file (it used to fail later with rustls' "no root
+/// trust anchors were provided").
+#[test]
+fn a_client_ca_without_a_certificate_stops_the_hub_before_the_store_is_opened() {
+    let dir = std::env::temp_dir().join(format!("scale-agent-hub-emptyca-{}", std::process::id()));
+    let data_dir = dir.join("data");
+    std::fs::create_dir_all(&dir).unwrap();
+    let empty = dir.join("ca.pem");
+    std::fs::write(&empty, "# no certificate here\n").unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params = rcgen::CertificateParams::new(vec!["hub.test".to_string()]).unwrap();
+    let (cert_file, key_file) = (dir.join("tls.crt"), dir.join("tls.key"));
+    std::fs::write(&cert_file, params.self_signed(&key).unwrap().pem()).unwrap();
+    std::fs::write(&key_file, key.serialize_pem()).unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_scale-agent-hub"))
+        .arg("--tls-cert")
+        .arg(&cert_file)
+        .arg("--tls-key")
+        .arg(&key_file)
+        .args(["--http-plaintext", "--client-ca"])
+        .arg(&empty)
+        .arg("--data-dir")
+        .arg(&data_dir)
+        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!("--client-ca {}: no certificate", empty.display())),
+        "{stderr}"
+    );
+    assert!(!data_dir.join("hub.redb").exists(), "the store was opened");
+    let _ = std::fs::remove_dir_all(&dir);
+}
