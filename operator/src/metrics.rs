@@ -154,4 +154,31 @@ mod tests {
         );
         assert!(text.contains("error=\"missing_field\""), "{text}");
     }
+
+    /// Every ScaleAgent reconcile runs inside `finalizer()`; its failures are labelled with
+    /// what failed inside, not `finalizer`.
+    #[test]
+    fn finalizer_failures_are_labelled_with_the_inner_category() {
+        use kube::runtime::finalizer;
+        let metrics = Metrics::new();
+        let inner = |error| Error::Finalizer(Box::new(error));
+        metrics.failed(
+            "scaleagent",
+            &inner(finalizer::Error::ApplyFailed(Error::Certificate(
+                "no CA".into(),
+            ))),
+        );
+        metrics.failed(
+            "scaleagent",
+            &inner(finalizer::Error::CleanupFailed(Error::MissingField("x"))),
+        );
+        let text = metrics.render();
+        for category in ["certificate", "missing_field"] {
+            let series = format!(
+                "scale_agent_operator_reconcile_failures_total{{controller=\"scaleagent\",error=\"{category}\"}} 1"
+            );
+            assert!(text.contains(&series), "no {series} in {text}");
+        }
+        assert!(!text.contains("error=\"finalizer\""), "{text}");
+    }
 }
