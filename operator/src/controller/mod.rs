@@ -19,7 +19,7 @@ use k8s_openapi::api::{
 };
 use kube::{
     Api, Client, Resource, ResourceExt,
-    api::ListParams,
+    api::{ListParams, WatchParams},
     runtime::{
         Controller,
         events::{Event, EventType, Recorder, Reporter},
@@ -209,8 +209,10 @@ fn rbac_owner<K: Resource>(obj: &K) -> Option<ObjectRef<ScaleAgent>> {
 
 type Shutdown = futures::future::Shared<Pin<Box<dyn Future<Output = ()> + Send + Sync>>>;
 
-/// Runs both controllers until `shutdown` completes. Fails only when the CRDs are not
-/// installed; errors of single objects are retried with backoff and never stop a controller.
+/// Runs both controllers until `shutdown` completes, with `metrics` saying whether they run
+/// (for `/readyz`). Fails at start when the CRDs are not installed or the operator may not
+/// list and watch a kind the controllers watch: those would never recover by retrying.
+/// Errors of single objects are retried with backoff and never stop a controller.
 pub async fn run_controllers(
     client: Client,
     config: Config,
@@ -218,42 +220,111 @@ pub async fn run_controllers(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<()> {
     let ctx = Arc::new(Context::new(client.clone(), config, metrics));
-    for (agents, accounts) in ctx
-        .watched_apis::<ScaleAgent>()
-        .into_iter()
-        .zip(ctx.watched_apis::<AgentAccount>())
-    {
-        for check in [
-            agents
-                .list(&ListParams::default().limit(1))
-                .await
-                .map(|_| ()),
-            accounts
-                .list(&ListParams::default().limit(1))
-                .await
-                .map(|_| ()),
-        ] {
-            check.map_err(kube_err(
-                "list ScaleAgents and AgentAccounts (are the CRDs installed? \
-                 kubectl apply --server-side -f manifests/crds/)",
-            ))?;
-        }
-    }
+    check_watch_access(&ctx.client, &ctx.config.watch_namespaces).await?;
     let shutdown: Shutdown =
         (Box::pin(shutdown) as Pin<Box<dyn Future<Output = ()> + Send + Sync>>).shared();
 
     // One pair of controllers per watched namespace, so the operator needs rights on the
     // agents' Deployments, ConfigMaps and Secrets only there.
     let mut running = Vec::new();
+    let mut caches = Vec::new();
     for namespace in namespaces_of(&ctx.config.watch_namespaces) {
-        running.push(run_pair(ctx.clone(), namespace, shutdown.clone()).boxed());
+        let (filled, run) = pair(ctx.clone(), namespace, shutdown.clone());
+        caches.push(filled);
+        running.push(run);
     }
     if let WatchNamespaces::Only(_) = ctx.config.watch_namespaces {
         running.push(unwatched::run(ctx.clone(), shutdown.clone()).boxed());
     }
     tracing::info!(watch_namespaces = %ctx.config.watch_namespaces, "controllers started");
-    futures::future::join_all(running).await;
+    let mut running = std::pin::pin!(futures::future::join_all(running));
+    tokio::select! {
+        _ = &mut running => {}
+        filled = futures::future::join_all(caches) => {
+            if filled.into_iter().all(|filled| filled) {
+                tracing::info!("controllers running: caches filled");
+                ctx.metrics.set_controllers_running(true);
+            }
+            running.await;
+        }
+    }
+    ctx.metrics.set_controllers_running(false);
     tracing::info!("controllers stopped");
+    Ok(())
+}
+
+/// Lists and watches every kind the controllers watch, once, so that a missing CRD or a
+/// missing permission stops the operator with an error that names it instead of leaving a
+/// controller retrying in the background.
+async fn check_watch_access(client: &Client, watch: &WatchNamespaces) -> Result<()> {
+    const CRDS_HINT: &str = "are the CRDs installed? kubectl apply --server-side -f manifests/crds/; \
+        does the operator's ServiceAccount have the rules of manifests/operator/rbac.yaml?";
+    const RBAC_HINT: &str =
+        "give the operator's ServiceAccount the rules of manifests/operator/rbac.yaml";
+    for namespace in namespaces_of(watch) {
+        let namespace = namespace.as_deref();
+        check_kind(
+            api_in::<ScaleAgent>(client, namespace),
+            namespace,
+            CRDS_HINT,
+        )
+        .await?;
+        check_kind(
+            api_in::<AgentAccount>(client, namespace),
+            namespace,
+            CRDS_HINT,
+        )
+        .await?;
+        check_kind(
+            api_in::<Deployment>(client, namespace),
+            namespace,
+            RBAC_HINT,
+        )
+        .await?;
+        check_kind(api_in::<ConfigMap>(client, namespace), namespace, RBAC_HINT).await?;
+        check_kind(api_in::<Secret>(client, namespace), namespace, RBAC_HINT).await?;
+        check_kind(
+            api_in::<ServiceAccount>(client, namespace),
+            namespace,
+            RBAC_HINT,
+        )
+        .await?;
+    }
+    // RBAC objects are watched in every namespace (their owner is found by label), and with a
+    // namespace list so are ScaleAgents and AgentAccounts, to refuse those outside it.
+    let all = Client::clone(client);
+    check_kind(Api::<ClusterRole>::all(all.clone()), None, RBAC_HINT).await?;
+    check_kind(Api::<ClusterRoleBinding>::all(all.clone()), None, RBAC_HINT).await?;
+    check_kind(Api::<Role>::all(all.clone()), None, RBAC_HINT).await?;
+    check_kind(Api::<RoleBinding>::all(all.clone()), None, RBAC_HINT).await?;
+    if let WatchNamespaces::Only(_) = watch {
+        check_kind(Api::<ScaleAgent>::all(all.clone()), None, CRDS_HINT).await?;
+        check_kind(Api::<AgentAccount>::all(all), None, CRDS_HINT).await?;
+    }
+    Ok(())
+}
+
+/// One list and one (at once closed) watch of `api`, as the controller's watcher makes.
+async fn check_kind<K>(api: Api<K>, namespace: Option<&str>, hint: &str) -> Result<()>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let scope = match namespace {
+        Some(namespace) => format!("in namespace {namespace}"),
+        None => "in all namespaces".to_owned(),
+    };
+    let what = format!("{}s {scope} ({hint})", K::kind(&()));
+    let list = api
+        .list_metadata(&ListParams::default().limit(1))
+        .await
+        .map_err(kube_err(format!("list {what}")))?;
+    let version = list.metadata.resource_version.unwrap_or_default();
+    // The API server refuses a watch in the response head; the events are not needed.
+    let events = api
+        .watch_metadata(&WatchParams::default().timeout(1), &version)
+        .await
+        .map_err(kube_err(format!("watch {what}")))?;
+    drop(events);
     Ok(())
 }
 
@@ -276,8 +347,17 @@ where
     }
 }
 
-/// The ScaleAgent and AgentAccount controllers of one namespace (or all), until shutdown.
-async fn run_pair(ctx: Arc<Context>, namespace: Option<String>, shutdown: Shutdown) {
+/// The ScaleAgent and AgentAccount controllers of one namespace (or all): a future that
+/// completes once both caches hold their first list (true) or a cache is gone (false), and
+/// the future that runs them until shutdown.
+fn pair(
+    ctx: Arc<Context>,
+    namespace: Option<String>,
+    shutdown: Shutdown,
+) -> (
+    Pin<Box<dyn Future<Output = bool> + Send>>,
+    Pin<Box<dyn Future<Output = ()> + Send>>,
+) {
     let namespace = namespace.as_deref();
     let agents = api_in::<ScaleAgent>(&ctx.client, namespace);
     let accounts = api_in::<AgentAccount>(&ctx.client, namespace);
@@ -286,6 +366,17 @@ async fn run_pair(ctx: Arc<Context>, namespace: Option<String>, shutdown: Shutdo
     let account_store = account_controller.store();
     let agent_controller =
         scale_agent_controller(&ctx, namespace, account_store.clone(), shutdown.clone());
+    let filled = {
+        let agent_store = agent_controller.store();
+        let account_store = account_store.clone();
+        async move {
+            let (agents, accounts) = futures::join!(
+                agent_store.wait_until_ready(),
+                account_store.wait_until_ready()
+            );
+            agents.is_ok() && accounts.is_ok()
+        }
+    };
     let account_controller = account_controller
         .watches(agents, watcher::Config::default(), {
             let store = account_store.clone();
@@ -322,7 +413,8 @@ async fn run_pair(ctx: Arc<Context>, namespace: Option<String>, shutdown: Shutdo
                 tracing::debug!(%error, "AgentAccount controller event");
             }
         });
-    futures::join!(agents_done, accounts_done);
+    let running = futures::future::join(agents_done, accounts_done).map(|_| ());
+    (filled.boxed(), running.boxed())
 }
 
 /// Accounts sharing `changed`'s Spinnaker account name: a change to one can change which of
