@@ -7,20 +7,27 @@
 use std::{
     net::SocketAddr,
     process::Command,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use k8s_openapi::api::{
     core::v1::ServiceAccount,
+    events::v1::Event,
     rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject},
 };
 use kube::{
     Api, Client,
-    api::{ObjectMeta, PostParams},
+    api::{ApiResource, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams, PostParams},
+};
+use scale_agent_crds::{
+    ScaleAgent,
+    conditions::{DEGRADED, find_condition},
 };
 use scale_agent_e2e::{
     ControlPlane, crds, fixtures, http::Call, local_agent::free_port, process::ManagedProcess,
 };
+use scale_agent_operator::{Config, Metrics, policy::WatchNamespaces};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -200,5 +207,136 @@ async fn readyz_says_ok_only_once_the_controllers_run() -> anyhow::Result<()> {
         "/readyz said ok before the controllers ran; log:\n{log}"
     );
     operator.stop(Duration::from_secs(10));
+    Ok(())
+}
+
+/// Polls `check` until it returns `Some`, or fails after `TIMEOUT` naming `what`.
+async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
+{
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        if let Some(value) = check().await? {
+            return Ok(value);
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "timed out after {TIMEOUT:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn scale_agent_json(name: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "scaleagent.dev/v1alpha1",
+        "kind": "ScaleAgent",
+        "metadata": { "name": name },
+        "spec": {
+            "hub": { "address": "hub.spinnaker.example.com:9091" },
+            "clientCertificate": { "issuerSecretRef": { "name": "agent-ca" } },
+        },
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_scale_agent_gets_an_event_and_the_others_are_still_reconciled()
+-> anyhow::Result<()> {
+    let (_, client, namespace) = setup("operator-unreadable").await?;
+    // A condition's `lastTransitionTime` has `format: date-time` in the CRD's schema; the API
+    // server accepts a time with ten fractional digits, but the Rust type (a jiff timestamp,
+    // at most nanoseconds) cannot read it. Nothing in the schema is loosened.
+    let raw = Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        &namespace,
+        &ApiResource::erase::<ScaleAgent>(&()),
+    );
+    raw.create(
+        &PostParams::default(),
+        &serde_json::from_value(scale_agent_json("broken"))?,
+    )
+    .await?;
+    let condition = serde_json::json!({
+        "type": "Ready", "status": "False", "reason": "Set", "message": "by hand",
+        "lastTransitionTime": "2024-01-01T00:00:00.1234567891Z",
+    });
+    raw.patch_status(
+        "broken",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({ "status": { "conditions": [condition] } })),
+    )
+    .await?;
+    let agents = Api::<ScaleAgent>::namespaced(client.clone(), &namespace);
+    let unreadable = agents.get("broken").await;
+    assert!(
+        matches!(unreadable, Err(kube::Error::SerdeError(_))),
+        "the premise: the Rust type must refuse the stored object, got {unreadable:?}"
+    );
+
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let config = Config {
+        watch_namespaces: WatchNamespaces::Only([namespace.clone()].into()),
+        retry_base: Duration::from_millis(500),
+        retry_max: Duration::from_secs(4),
+        instance: Some(format!("e2e-{namespace}")),
+        ..Config::default()
+    };
+    let operator = tokio::spawn(scale_agent_operator::run_controllers(
+        client.clone(),
+        config,
+        Arc::new(Metrics::new()),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    raw.create(
+        &PostParams::default(),
+        &serde_json::from_value(scale_agent_json("good"))?,
+    )
+    .await?;
+
+    // The readable one is reconciled: without operator-signed certificates allowed, it is
+    // Degraded, saying so.
+    let reason = wait_for("the readable ScaleAgent's Degraded condition", || async {
+        let agent = agents.get("good").await?;
+        Ok(agent
+            .status
+            .as_ref()
+            .and_then(|s| find_condition(&s.conditions, DEGRADED))
+            .map(|c| c.reason.clone()))
+    })
+    .await?;
+    assert_eq!(reason, "OperatorSignedCertificatesNotAllowed");
+
+    // The unreadable one gets a Warning Event saying why and what to do.
+    let events = Api::<Event>::namespaced(client.clone(), &namespace);
+    let event = wait_for(
+        "the InvalidObject Event on the unreadable ScaleAgent",
+        || async {
+            Ok(events
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some("InvalidObject")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("broken")
+                }))
+        },
+    )
+    .await?;
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    let note = event.note.unwrap_or_default();
+    for part in ["cannot read this ScaleAgent", "kubectl edit scaleagent -n"] {
+        assert!(
+            note.contains(part),
+            "no {part:?} in the Event's note: {note}"
+        );
+    }
+
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(30), operator).await???;
     Ok(())
 }

@@ -11,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use futures::{FutureExt, StreamExt};
+use futures::{FutureExt, StreamExt, future::BoxFuture};
 use k8s_openapi::api::{
     apps::v1::Deployment,
     core::v1::{ConfigMap, ObjectReference, Secret, ServiceAccount},
@@ -20,8 +20,9 @@ use k8s_openapi::api::{
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{ListParams, WatchParams},
+    core::DeserializeGuard,
     runtime::{
-        Controller,
+        Controller, controller,
         events::{Event, EventType, Recorder, Reporter},
         reflector::{ObjectRef, Store},
         watcher,
@@ -200,7 +201,7 @@ pub fn backoff_delay(base: Duration, max: Duration, failures: u32) -> Duration {
 }
 
 /// The ScaleAgent a labelled RBAC object belongs to.
-fn rbac_owner<K: Resource>(obj: &K) -> Option<ObjectRef<ScaleAgent>> {
+fn rbac_owner<K: Resource>(obj: &K) -> Option<ObjectRef<DeserializeGuard<ScaleAgent>>> {
     let labels = obj.meta().labels.as_ref()?;
     let name = labels.get(LABEL_INSTANCE)?;
     let namespace = labels.get(OWNER_NAMESPACE_LABEL)?;
@@ -354,12 +355,9 @@ fn pair(
     ctx: Arc<Context>,
     namespace: Option<String>,
     shutdown: Shutdown,
-) -> (
-    Pin<Box<dyn Future<Output = bool> + Send>>,
-    Pin<Box<dyn Future<Output = ()> + Send>>,
-) {
+) -> (BoxFuture<'static, bool>, BoxFuture<'static, ()>) {
     let namespace = namespace.as_deref();
-    let agents = api_in::<ScaleAgent>(&ctx.client, namespace);
+    let agents = api_in::<DeserializeGuard<ScaleAgent>>(&ctx.client, namespace);
     let accounts = api_in::<AgentAccount>(&ctx.client, namespace);
     let account_controller =
         Controller::new(accounts.clone(), watcher::Config::default().any_semantic());
@@ -380,13 +378,15 @@ fn pair(
     let account_controller = account_controller
         .watches(agents, watcher::Config::default(), {
             let store = account_store.clone();
-            move |agent: ScaleAgent| {
-                store
+            move |agent: DeserializeGuard<ScaleAgent>| match agent.0 {
+                Ok(agent) => store
                     .state()
                     .into_iter()
                     .filter(|a| validate::refers_to(a, &agent))
                     .map(|a| ObjectRef::from_obj(&*a))
-                    .collect::<Vec<_>>()
+                    .collect::<Vec<_>>(),
+                // Accounts of an unreadable agent are reconciled on their own changes.
+                Err(_) => Vec::new(),
             }
         })
         .watches(accounts, watcher::Config::default(), {
@@ -397,24 +397,41 @@ fn pair(
 
     let agents_done = agent_controller
         .run(
-            scale_agent::reconcile,
+            scale_agent::reconcile_guarded,
             scale_agent::error_policy,
             ctx.clone(),
         )
         .for_each(|result| async move {
             if let Err(error) = result {
-                tracing::debug!(%error, "ScaleAgent controller event");
+                log_controller_error("ScaleAgent", &error);
             }
         });
     let accounts_done = account_controller
         .run(agent_account::reconcile, agent_account::error_policy, ctx)
         .for_each(|result| async move {
             if let Err(error) = result {
-                tracing::debug!(%error, "AgentAccount controller event");
+                log_controller_error("AgentAccount", &error);
             }
         });
     let running = futures::future::join(agents_done, accounts_done).map(|_| ());
     (filled.boxed(), running.boxed())
+}
+
+/// Logs an error of a controller's stream: at `warn` when the controller cannot watch (a
+/// watch forbidden, an object that cannot be read) — it retries, but nothing else would say
+/// so; at `debug` a failed reconcile (the error policy logs it) or an object gone meanwhile.
+pub(crate) fn log_controller_error<Q: std::error::Error>(
+    controller: &str,
+    error: &controller::Error<crate::Error, Q>,
+) {
+    match error {
+        controller::Error::QueueError(_) | controller::Error::RunnerError(_) => {
+            tracing::warn!(%error, controller, "controller cannot watch; retrying");
+        }
+        controller::Error::ReconcilerFailed(..) | controller::Error::ObjectNotFound(_) => {
+            tracing::debug!(%error, controller, "controller event");
+        }
+    }
 }
 
 /// Accounts sharing `changed`'s Spinnaker account name: a change to one can change which of
@@ -440,13 +457,15 @@ fn scale_agent_controller(
     namespace: Option<&str>,
     account_store: Store<AgentAccount>,
     shutdown: Shutdown,
-) -> Controller<ScaleAgent> {
+) -> Controller<DeserializeGuard<ScaleAgent>> {
     let client = &ctx.client;
     let owned = watcher::Config::default()
         .labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"))
         .any_semantic();
+    // Read per object: one ScaleAgent that does not fit the Rust type must not fail the list
+    // of all of them.
     Controller::new(
-        api_in::<ScaleAgent>(client, namespace),
+        api_in::<DeserializeGuard<ScaleAgent>>(client, namespace),
         watcher::Config::default().any_semantic(),
     )
     .owns(api_in::<Deployment>(client, namespace), owned.clone())
@@ -489,7 +508,7 @@ fn scale_agent_controller(
     .graceful_shutdown_on(shutdown)
 }
 
-fn agent_of(account: &AgentAccount) -> ObjectRef<ScaleAgent> {
+fn agent_of(account: &AgentAccount) -> ObjectRef<DeserializeGuard<ScaleAgent>> {
     let r = ObjectRef::new(&account.spec.agent_ref);
     match account.namespace() {
         Some(ns) => r.within(&ns),
