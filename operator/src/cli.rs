@@ -119,12 +119,16 @@ async fn run_from_args(args: Args) -> anyhow::Result<()> {
         allow_operator_signed_certificates: args.allow_operator_signed_certificates,
         ..Default::default()
     };
-    crate::run(
+    let result = crate::run(
         client,
         config,
         Some(args.metrics_address),
         scale_agent_runtime::shutdown_signal(),
     )
-    .await?;
-    Ok(())
+    .await;
+    if let Err(error) = &result {
+        // Also in the log (JSON in a cluster), not only on stderr as the exit error.
+        tracing::error!(%error, "operator stopped");
+    }
+    Ok(result?)
 }

@@ -55,7 +55,15 @@ impl Error {
     pub fn category(&self) -> &'static str {
         match self {
             Self::Kube { .. } => "kube",
-            Self::Finalizer(_) => "finalizer",
+            // Every ScaleAgent reconcile runs inside `finalizer()`: label what failed in it.
+            Self::Finalizer(inner) => match inner.as_ref() {
+                finalizer::Error::ApplyFailed(error) | finalizer::Error::CleanupFailed(error) => {
+                    error.category()
+                }
+                finalizer::Error::AddFinalizer(_) | finalizer::Error::RemoveFinalizer(_) => "kube",
+                finalizer::Error::UnnamedObject => "missing_field",
+                finalizer::Error::InvalidFinalizer => "finalizer",
+            },
             Self::Serialize { .. } => "serialize",
             Self::AgentConfig(_) => "agent_config",
             Self::Certificate(_) => "certificate",

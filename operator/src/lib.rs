@@ -30,7 +30,8 @@ use futures::FutureExt;
 pub use metrics::Metrics;
 
 /// Runs the controllers, and the metrics/health listener when `metrics_address` is set,
-/// until `shutdown` completes.
+/// until `shutdown` completes or either fails: a failure of one ends the other, so the
+/// process exits with the error instead of serving health for controllers that are gone.
 pub async fn run(
     client: kube::Client,
     config: Config,
@@ -43,8 +44,7 @@ pub async fn run(
     match metrics_address {
         Some(address) => {
             let server = metrics::serve(address, metrics, shutdown);
-            let (controllers, server) = futures::join!(controllers, server);
-            controllers.and(server)
+            futures::try_join!(controllers, server).map(|((), ())| ())
         }
         None => controllers.await,
     }

@@ -1,9 +1,22 @@
 //! Prometheus metrics (`scale_agent_operator_*`) and the HTTP listener serving them with
 //! health endpoints.
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
-use axum::{Router, extract::State, http::header, response::IntoResponse, routing::get};
+use axum::{
+    Router,
+    extract::State,
+    http::{StatusCode, header},
+    response::IntoResponse,
+    routing::get,
+};
 use prometheus_client::{
     encoding::{EncodeLabelSet, text::encode},
     metrics::{counter::Counter, family::Family, histogram::Histogram},
@@ -40,6 +53,8 @@ pub struct Metrics {
     /// Reconcile duration in seconds.
     pub duration: Family<ControllerLabels, Histogram>,
     registry: Registry,
+    /// Whether the controllers run with their caches filled: what `/readyz` answers.
+    controllers_running: AtomicBool,
 }
 
 impl Default for Metrics {
@@ -76,7 +91,18 @@ impl Metrics {
             writes,
             duration,
             registry,
+            controllers_running: AtomicBool::new(false),
         }
+    }
+
+    /// Records whether the controllers are running (their first lists are in).
+    pub fn set_controllers_running(&self, running: bool) {
+        self.controllers_running.store(running, Ordering::Release);
+    }
+
+    /// Whether the controllers are running: `/readyz` says ok only then.
+    pub fn controllers_running(&self) -> bool {
+        self.controllers_running.load(Ordering::Acquire)
     }
 
     /// Records a finished reconcile.
@@ -117,7 +143,19 @@ async fn metrics(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
     )
 }
 
-/// Serves `/metrics`, `/healthz` and `/readyz` on `address` until `shutdown` completes.
+async fn readyz(State(metrics): State<Arc<Metrics>>) -> (StatusCode, &'static str) {
+    if metrics.controllers_running() {
+        (StatusCode::OK, "ok")
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "controllers not running: starting, or stopped (see the operator's log)",
+        )
+    }
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` (ok once the controllers run) on `address`
+/// until `shutdown` completes.
 pub async fn serve(
     address: SocketAddr,
     metrics_registry: Arc<Metrics>,
@@ -126,7 +164,7 @@ pub async fn serve(
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
         .with_state(metrics_registry);
     let listener = tokio::net::TcpListener::bind(address)
         .await
@@ -153,5 +191,32 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("error=\"missing_field\""), "{text}");
+    }
+
+    /// Every ScaleAgent reconcile runs inside `finalizer()`; its failures are labelled with
+    /// what failed inside, not `finalizer`.
+    #[test]
+    fn finalizer_failures_are_labelled_with_the_inner_category() {
+        use kube::runtime::finalizer;
+        let metrics = Metrics::new();
+        let inner = |error| Error::Finalizer(Box::new(error));
+        metrics.failed(
+            "scaleagent",
+            &inner(finalizer::Error::ApplyFailed(Error::Certificate(
+                "no CA".into(),
+            ))),
+        );
+        metrics.failed(
+            "scaleagent",
+            &inner(finalizer::Error::CleanupFailed(Error::MissingField("x"))),
+        );
+        let text = metrics.render();
+        for category in ["certificate", "missing_field"] {
+            let series = format!(
+                "scale_agent_operator_reconcile_failures_total{{controller=\"scaleagent\",error=\"{category}\"}} 1"
+            );
+            assert!(text.contains(&series), "no {series} in {text}");
+        }
+        assert!(!text.contains("error=\"finalizer\""), "{text}");
     }
 }

@@ -11,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use futures::{FutureExt, StreamExt};
+use futures::{FutureExt, StreamExt, future::BoxFuture};
 use k8s_openapi::api::{
     apps::v1::Deployment,
     core::v1::{ConfigMap, ObjectReference, Secret, ServiceAccount},
@@ -19,9 +19,10 @@ use k8s_openapi::api::{
 };
 use kube::{
     Api, Client, Resource, ResourceExt,
-    api::ListParams,
+    api::{ListParams, WatchParams},
+    core::DeserializeGuard,
     runtime::{
-        Controller,
+        Controller, controller,
         events::{Event, EventType, Recorder, Reporter},
         reflector::{ObjectRef, Store},
         watcher,
@@ -200,7 +201,7 @@ pub fn backoff_delay(base: Duration, max: Duration, failures: u32) -> Duration {
 }
 
 /// The ScaleAgent a labelled RBAC object belongs to.
-fn rbac_owner<K: Resource>(obj: &K) -> Option<ObjectRef<ScaleAgent>> {
+fn rbac_owner<K: Resource>(obj: &K) -> Option<ObjectRef<DeserializeGuard<ScaleAgent>>> {
     let labels = obj.meta().labels.as_ref()?;
     let name = labels.get(LABEL_INSTANCE)?;
     let namespace = labels.get(OWNER_NAMESPACE_LABEL)?;
@@ -209,8 +210,10 @@ fn rbac_owner<K: Resource>(obj: &K) -> Option<ObjectRef<ScaleAgent>> {
 
 type Shutdown = futures::future::Shared<Pin<Box<dyn Future<Output = ()> + Send + Sync>>>;
 
-/// Runs both controllers until `shutdown` completes. Fails only when the CRDs are not
-/// installed; errors of single objects are retried with backoff and never stop a controller.
+/// Runs both controllers until `shutdown` completes, with `metrics` saying whether they run
+/// (for `/readyz`). Fails at start when the CRDs are not installed or the operator may not
+/// list and watch a kind the controllers watch: those would never recover by retrying.
+/// Errors of single objects are retried with backoff and never stop a controller.
 pub async fn run_controllers(
     client: Client,
     config: Config,
@@ -218,42 +221,111 @@ pub async fn run_controllers(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<()> {
     let ctx = Arc::new(Context::new(client.clone(), config, metrics));
-    for (agents, accounts) in ctx
-        .watched_apis::<ScaleAgent>()
-        .into_iter()
-        .zip(ctx.watched_apis::<AgentAccount>())
-    {
-        for check in [
-            agents
-                .list(&ListParams::default().limit(1))
-                .await
-                .map(|_| ()),
-            accounts
-                .list(&ListParams::default().limit(1))
-                .await
-                .map(|_| ()),
-        ] {
-            check.map_err(kube_err(
-                "list ScaleAgents and AgentAccounts (are the CRDs installed? \
-                 kubectl apply --server-side -f manifests/crds/)",
-            ))?;
-        }
-    }
+    check_watch_access(&ctx.client, &ctx.config.watch_namespaces).await?;
     let shutdown: Shutdown =
         (Box::pin(shutdown) as Pin<Box<dyn Future<Output = ()> + Send + Sync>>).shared();
 
     // One pair of controllers per watched namespace, so the operator needs rights on the
     // agents' Deployments, ConfigMaps and Secrets only there.
     let mut running = Vec::new();
+    let mut caches = Vec::new();
     for namespace in namespaces_of(&ctx.config.watch_namespaces) {
-        running.push(run_pair(ctx.clone(), namespace, shutdown.clone()).boxed());
+        let (filled, run) = pair(ctx.clone(), namespace, shutdown.clone());
+        caches.push(filled);
+        running.push(run);
     }
     if let WatchNamespaces::Only(_) = ctx.config.watch_namespaces {
         running.push(unwatched::run(ctx.clone(), shutdown.clone()).boxed());
     }
     tracing::info!(watch_namespaces = %ctx.config.watch_namespaces, "controllers started");
-    futures::future::join_all(running).await;
+    let mut running = std::pin::pin!(futures::future::join_all(running));
+    tokio::select! {
+        _ = &mut running => {}
+        filled = futures::future::join_all(caches) => {
+            if filled.into_iter().all(|filled| filled) {
+                tracing::info!("controllers running: caches filled");
+                ctx.metrics.set_controllers_running(true);
+            }
+            running.await;
+        }
+    }
+    ctx.metrics.set_controllers_running(false);
     tracing::info!("controllers stopped");
+    Ok(())
+}
+
+/// Lists and watches every kind the controllers watch, once, so that a missing CRD or a
+/// missing permission stops the operator with an error that names it instead of leaving a
+/// controller retrying in the background.
+async fn check_watch_access(client: &Client, watch: &WatchNamespaces) -> Result<()> {
+    const CRDS_HINT: &str = "are the CRDs installed? kubectl apply --server-side -f manifests/crds/; \
+        does the operator's ServiceAccount have the rules of manifests/operator/rbac.yaml?";
+    const RBAC_HINT: &str =
+        "give the operator's ServiceAccount the rules of manifests/operator/rbac.yaml";
+    for namespace in namespaces_of(watch) {
+        let namespace = namespace.as_deref();
+        check_kind(
+            api_in::<ScaleAgent>(client, namespace),
+            namespace,
+            CRDS_HINT,
+        )
+        .await?;
+        check_kind(
+            api_in::<AgentAccount>(client, namespace),
+            namespace,
+            CRDS_HINT,
+        )
+        .await?;
+        check_kind(
+            api_in::<Deployment>(client, namespace),
+            namespace,
+            RBAC_HINT,
+        )
+        .await?;
+        check_kind(api_in::<ConfigMap>(client, namespace), namespace, RBAC_HINT).await?;
+        check_kind(api_in::<Secret>(client, namespace), namespace, RBAC_HINT).await?;
+        check_kind(
+            api_in::<ServiceAccount>(client, namespace),
+            namespace,
+            RBAC_HINT,
+        )
+        .await?;
+    }
+    // RBAC objects are watched in every namespace (their owner is found by label), and with a
+    // namespace list so are ScaleAgents and AgentAccounts, to refuse those outside it.
+    let all = Client::clone(client);
+    check_kind(Api::<ClusterRole>::all(all.clone()), None, RBAC_HINT).await?;
+    check_kind(Api::<ClusterRoleBinding>::all(all.clone()), None, RBAC_HINT).await?;
+    check_kind(Api::<Role>::all(all.clone()), None, RBAC_HINT).await?;
+    check_kind(Api::<RoleBinding>::all(all.clone()), None, RBAC_HINT).await?;
+    if let WatchNamespaces::Only(_) = watch {
+        check_kind(Api::<ScaleAgent>::all(all.clone()), None, CRDS_HINT).await?;
+        check_kind(Api::<AgentAccount>::all(all), None, CRDS_HINT).await?;
+    }
+    Ok(())
+}
+
+/// One list and one (at once closed) watch of `api`, as the controller's watcher makes.
+async fn check_kind<K>(api: Api<K>, namespace: Option<&str>, hint: &str) -> Result<()>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let scope = match namespace {
+        Some(namespace) => format!("in namespace {namespace}"),
+        None => "in all namespaces".to_owned(),
+    };
+    let what = format!("{}s {scope} ({hint})", K::kind(&()));
+    let list = api
+        .list_metadata(&ListParams::default().limit(1))
+        .await
+        .map_err(kube_err(format!("list {what}")))?;
+    let version = list.metadata.resource_version.unwrap_or_default();
+    // The API server refuses a watch in the response head; the events are not needed.
+    let events = api
+        .watch_metadata(&WatchParams::default().timeout(1), &version)
+        .await
+        .map_err(kube_err(format!("watch {what}")))?;
+    drop(events);
     Ok(())
 }
 
@@ -276,26 +348,45 @@ where
     }
 }
 
-/// The ScaleAgent and AgentAccount controllers of one namespace (or all), until shutdown.
-async fn run_pair(ctx: Arc<Context>, namespace: Option<String>, shutdown: Shutdown) {
+/// The ScaleAgent and AgentAccount controllers of one namespace (or all): a future that
+/// completes once both caches hold their first list (true) or a cache is gone (false), and
+/// the future that runs them until shutdown.
+fn pair(
+    ctx: Arc<Context>,
+    namespace: Option<String>,
+    shutdown: Shutdown,
+) -> (BoxFuture<'static, bool>, BoxFuture<'static, ()>) {
     let namespace = namespace.as_deref();
-    let agents = api_in::<ScaleAgent>(&ctx.client, namespace);
+    let agents = api_in::<DeserializeGuard<ScaleAgent>>(&ctx.client, namespace);
     let accounts = api_in::<AgentAccount>(&ctx.client, namespace);
     let account_controller =
         Controller::new(accounts.clone(), watcher::Config::default().any_semantic());
     let account_store = account_controller.store();
     let agent_controller =
         scale_agent_controller(&ctx, namespace, account_store.clone(), shutdown.clone());
+    let filled = {
+        let agent_store = agent_controller.store();
+        let account_store = account_store.clone();
+        async move {
+            let (agents, accounts) = futures::join!(
+                agent_store.wait_until_ready(),
+                account_store.wait_until_ready()
+            );
+            agents.is_ok() && accounts.is_ok()
+        }
+    };
     let account_controller = account_controller
         .watches(agents, watcher::Config::default(), {
             let store = account_store.clone();
-            move |agent: ScaleAgent| {
-                store
+            move |agent: DeserializeGuard<ScaleAgent>| match agent.0 {
+                Ok(agent) => store
                     .state()
                     .into_iter()
                     .filter(|a| validate::refers_to(a, &agent))
                     .map(|a| ObjectRef::from_obj(&*a))
-                    .collect::<Vec<_>>()
+                    .collect::<Vec<_>>(),
+                // Accounts of an unreadable agent are reconciled on their own changes.
+                Err(_) => Vec::new(),
             }
         })
         .watches(accounts, watcher::Config::default(), {
@@ -306,23 +397,41 @@ async fn run_pair(ctx: Arc<Context>, namespace: Option<String>, shutdown: Shutdo
 
     let agents_done = agent_controller
         .run(
-            scale_agent::reconcile,
+            scale_agent::reconcile_guarded,
             scale_agent::error_policy,
             ctx.clone(),
         )
         .for_each(|result| async move {
             if let Err(error) = result {
-                tracing::debug!(%error, "ScaleAgent controller event");
+                log_controller_error("ScaleAgent", &error);
             }
         });
     let accounts_done = account_controller
         .run(agent_account::reconcile, agent_account::error_policy, ctx)
         .for_each(|result| async move {
             if let Err(error) = result {
-                tracing::debug!(%error, "AgentAccount controller event");
+                log_controller_error("AgentAccount", &error);
             }
         });
-    futures::join!(agents_done, accounts_done);
+    let running = futures::future::join(agents_done, accounts_done).map(|_| ());
+    (filled.boxed(), running.boxed())
+}
+
+/// Logs an error of a controller's stream: at `warn` when the controller cannot watch (a
+/// watch forbidden, an object that cannot be read) — it retries, but nothing else would say
+/// so; at `debug` a failed reconcile (the error policy logs it) or an object gone meanwhile.
+pub(crate) fn log_controller_error<Q: std::error::Error>(
+    controller: &str,
+    error: &controller::Error<crate::Error, Q>,
+) {
+    match error {
+        controller::Error::QueueError(_) | controller::Error::RunnerError(_) => {
+            tracing::warn!(%error, controller, "controller cannot watch; retrying");
+        }
+        controller::Error::ReconcilerFailed(..) | controller::Error::ObjectNotFound(_) => {
+            tracing::debug!(%error, controller, "controller event");
+        }
+    }
 }
 
 /// Accounts sharing `changed`'s Spinnaker account name: a change to one can change which of
@@ -348,13 +457,15 @@ fn scale_agent_controller(
     namespace: Option<&str>,
     account_store: Store<AgentAccount>,
     shutdown: Shutdown,
-) -> Controller<ScaleAgent> {
+) -> Controller<DeserializeGuard<ScaleAgent>> {
     let client = &ctx.client;
     let owned = watcher::Config::default()
         .labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"))
         .any_semantic();
+    // Read per object: one ScaleAgent that does not fit the Rust type must not fail the list
+    // of all of them.
     Controller::new(
-        api_in::<ScaleAgent>(client, namespace),
+        api_in::<DeserializeGuard<ScaleAgent>>(client, namespace),
         watcher::Config::default().any_semantic(),
     )
     .owns(api_in::<Deployment>(client, namespace), owned.clone())
@@ -397,7 +508,7 @@ fn scale_agent_controller(
     .graceful_shutdown_on(shutdown)
 }
 
-fn agent_of(account: &AgentAccount) -> ObjectRef<ScaleAgent> {
+fn agent_of(account: &AgentAccount) -> ObjectRef<DeserializeGuard<ScaleAgent>> {
     let r = ObjectRef::new(&account.spec.agent_ref);
     match account.namespace() {
         Some(ns) => r.within(&ns),

@@ -10,7 +10,7 @@ use std::{
 use k8s_openapi::{
     api::{
         apps::v1::Deployment,
-        core::v1::{ConfigMap, Secret, ServiceAccount},
+        core::v1::{ConfigMap, ObjectReference, Secret, ServiceAccount},
         rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding},
     },
     apimachinery::pkg::apis::meta::v1::Time,
@@ -18,6 +18,7 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Resource, ResourceExt,
+    core::{DeserializeGuard, error_boundary::InvalidObject},
     runtime::{
         controller::Action,
         events::EventType,
@@ -44,13 +45,67 @@ use crate::{
 
 const CONTROLLER: &str = "scaleagent";
 
-fn key(agent: &ScaleAgent) -> String {
+fn key(agent: &impl ResourceExt) -> String {
     format!(
         "ScaleAgent/{}/{}",
         agent.namespace().unwrap_or_default(),
         agent.name_any()
     )
 }
+
+/// Reconciles a ScaleAgent the operator could read; one it cannot (its JSON does not fit
+/// the Rust type although the CRD's schema let it in) gets a Warning Event saying why, and
+/// is looked at again only when it changes. Read per object, so such an object does not
+/// fail the list of all the others.
+pub async fn reconcile_guarded(
+    agent: Arc<DeserializeGuard<ScaleAgent>>,
+    ctx: Arc<Context>,
+) -> Result<Action> {
+    match &agent.0 {
+        Ok(readable) => reconcile(Arc::new(readable.clone()), ctx).await,
+        Err(invalid) => {
+            report_unreadable(invalid, &ctx).await;
+            Ok(Action::await_change())
+        }
+    }
+}
+
+/// A Warning Event `InvalidObject` on a ScaleAgent the operator cannot read.
+async fn report_unreadable(invalid: &InvalidObject, ctx: &Context) {
+    let meta = &invalid.metadata;
+    let name = format!(
+        "{}/{}",
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default()
+    );
+    tracing::warn!(scaleagent = %name, error = %invalid.error, "cannot read ScaleAgent; skipping it");
+    let regarding = ObjectReference {
+        api_version: Some(ScaleAgent::api_version(&()).into_owned()),
+        kind: Some(ScaleAgent::kind(&()).into_owned()),
+        name: meta.name.clone(),
+        namespace: meta.namespace.clone(),
+        uid: meta.uid.clone(),
+        resource_version: meta.resource_version.clone(),
+        ..Default::default()
+    };
+    ctx.publish(
+        &regarding,
+        EventType::Warning,
+        INVALID_OBJECT,
+        "Read",
+        format!(
+            "the operator cannot read this ScaleAgent ({}); it is not reconciled until it \
+             changes: fix the field named (kubectl edit scaleagent -n {} {})",
+            invalid.error,
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default()
+        ),
+    )
+    .await;
+}
+
+/// Event reason on a ScaleAgent the operator cannot read.
+pub const INVALID_OBJECT: &str = "InvalidObject";
 
 /// Reconciles one ScaleAgent (the finalizer's apply or cleanup).
 pub async fn reconcile(agent: Arc<ScaleAgent>, ctx: Arc<Context>) -> Result<Action> {
@@ -72,19 +127,23 @@ pub async fn reconcile(agent: Arc<ScaleAgent>, ctx: Arc<Context>) -> Result<Acti
 }
 
 /// Logs, counts, and retries the object with its own exponential backoff.
-pub fn error_policy(agent: Arc<ScaleAgent>, error: &Error, ctx: Arc<Context>) -> Action {
+pub fn error_policy(
+    agent: Arc<DeserializeGuard<ScaleAgent>>,
+    error: &Error,
+    ctx: Arc<Context>,
+) -> Action {
     // Adding the finalizer races with a store that has not seen the previous add yet (the
     // JSON patch's `test` fails with 422): not a failure, just look again.
     if let Error::Finalizer(inner) = error
         && let finalizer::Error::AddFinalizer(kube::Error::Api(status)) = inner.as_ref()
         && (status.code == 422 || status.code == 409)
     {
-        tracing::debug!(scaleagent = %key(&agent), "finalizer changed meanwhile; retrying");
+        tracing::debug!(scaleagent = %key(&*agent), "finalizer changed meanwhile; retrying");
         return Action::requeue(Duration::from_secs(1));
     }
     ctx.metrics.failed(CONTROLLER, error);
-    let delay = ctx.next_backoff(&key(&agent));
-    tracing::warn!(scaleagent = %key(&agent), %error, retry_in = ?delay, "reconcile failed");
+    let delay = ctx.next_backoff(&key(&*agent));
+    tracing::warn!(scaleagent = %key(&*agent), %error, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }
 

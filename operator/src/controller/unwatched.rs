@@ -17,6 +17,7 @@ use futures::StreamExt;
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use kube::{
     Api, Resource, ResourceExt,
+    core::DeserializeGuard,
     runtime::{Controller, controller::Action, events::EventType, watcher},
 };
 use scale_agent_crds::{AgentAccount, ScaleAgent};
@@ -38,20 +39,24 @@ pub(super) async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     // handle.
     let outside =
         watcher::Config::default().fields(&outside_selector(&ctx.config.watch_namespaces));
-    let agents = Controller::new(Api::<ScaleAgent>::all(ctx.client.clone()), outside.clone())
-        .graceful_shutdown_on(shutdown.clone())
-        .run(refuse_agent, retry, ctx.clone())
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(%error, "unwatched ScaleAgent controller event");
-            }
-        });
+    // Read per object, so one unreadable ScaleAgent does not fail the list of all.
+    let agents = Controller::new(
+        Api::<DeserializeGuard<ScaleAgent>>::all(ctx.client.clone()),
+        outside.clone(),
+    )
+    .graceful_shutdown_on(shutdown.clone())
+    .run(refuse_readable_agent, retry, ctx.clone())
+    .for_each(|result| async move {
+        if let Err(error) = result {
+            super::log_controller_error("unwatched ScaleAgent", &error);
+        }
+    });
     let accounts = Controller::new(Api::<AgentAccount>::all(ctx.client.clone()), outside)
         .graceful_shutdown_on(shutdown)
         .run(refuse_account, retry, ctx)
         .for_each(|result| async move {
             if let Err(error) = result {
-                tracing::debug!(%error, "unwatched AgentAccount controller event");
+                super::log_controller_error("unwatched AgentAccount", &error);
             }
         });
     futures::join!(agents, accounts);
@@ -91,6 +96,26 @@ fn created_at(object: &impl ResourceExt) -> Option<i64> {
         .creation_timestamp
         .as_ref()
         .map(|t| t.0.as_second())
+}
+
+/// Refuses a ScaleAgent the operator can read; one it cannot is only logged (no operator
+/// acts on it here, and the one watching its namespace reports it).
+async fn refuse_readable_agent(
+    agent: Arc<DeserializeGuard<ScaleAgent>>,
+    ctx: Arc<Context>,
+) -> Result<Action> {
+    match &agent.0 {
+        Ok(readable) => refuse_agent(Arc::new(readable.clone()), ctx).await,
+        Err(invalid) => {
+            tracing::warn!(
+                namespace = invalid.metadata.namespace.as_deref().unwrap_or_default(),
+                name = invalid.metadata.name.as_deref().unwrap_or_default(),
+                error = %invalid.error,
+                "cannot read a ScaleAgent outside the watched namespaces; skipping it"
+            );
+            Ok(Action::await_change())
+        }
+    }
 }
 
 async fn refuse_agent(agent: Arc<ScaleAgent>, ctx: Arc<Context>) -> Result<Action> {
