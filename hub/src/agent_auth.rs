@@ -32,8 +32,6 @@ use crate::{
     identity::{ANONYMOUS, identity_from_der},
 };
 
-/// How long a client may take to complete the TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Handshaken connections waiting for the gRPC server.
 const ACCEPTED_QUEUE: usize = 64;
 
@@ -244,16 +242,14 @@ pub fn tls_incoming(
             let acceptor = acceptor.clone();
             let tx = tx.clone();
             tokio::spawn(async move {
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                match tokio::time::timeout(crate::serve::HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
+                    .await
+                {
                     Ok(Ok(tls)) => {
                         let _ = tx.send(Ok(tls)).await;
                     }
-                    Ok(Err(e)) => {
-                        tracing::warn!(%peer, reason = %e, "gRPC TLS handshake failed");
-                    }
-                    Err(_) => {
-                        tracing::warn!(%peer, reason = "no handshake within 10s", "gRPC TLS handshake failed");
-                    }
+                    Ok(Err(e)) => crate::serve::log_handshake_failure("gRPC", peer, &e),
+                    Err(_) => crate::serve::log_handshake_timeout("gRPC", peer),
                 }
             });
         }

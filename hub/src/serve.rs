@@ -19,7 +19,7 @@ use tokio_rustls::TlsAcceptor;
 use crate::error::{HubError, Result};
 
 /// How long a client has to finish its TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long open connections may run on after shutdown begins.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -50,9 +50,10 @@ pub fn tls_config(cert_pem: &[u8], key_pem: &[u8]) -> Result<Arc<rustls::ServerC
     Ok(Arc::new(config))
 }
 
-/// Logs a failed TLS handshake: at `warn` with the peer and rustls' reason (an unknown CA, a
-/// bad or expired certificate, no shared protocol version), except a peer that closed the
-/// connection without a word (a TCP health check or port scan), which is `debug`.
+/// Logs a failed TLS handshake on `listener` ("HTTPS", "gRPC"): at `warn` with the peer and
+/// rustls' reason (an unknown CA, a bad or expired certificate, no shared protocol version),
+/// except a peer that closed the connection without a word (a TCP health check or port
+/// scan), which is `debug`. Both listeners log through here.
 pub(crate) fn log_handshake_failure(
     listener: &'static str,
     peer: std::net::SocketAddr,
@@ -65,10 +66,16 @@ pub(crate) fn log_handshake_failure(
         std::io::ErrorKind::UnexpectedEof
         | std::io::ErrorKind::ConnectionReset
         | std::io::ErrorKind::BrokenPipe => {
-            tracing::debug!(listener, %peer, %reason, "TLS handshake ended by the peer");
+            tracing::debug!(listener, %peer, %reason, "{listener} TLS handshake ended by the peer");
         }
-        _ => tracing::warn!(listener, %peer, %reason, "TLS handshake failed"),
+        _ => tracing::warn!(listener, %peer, %reason, "{listener} TLS handshake failed"),
     }
+}
+
+/// Logs a handshake that did not finish within [`HANDSHAKE_TIMEOUT`].
+pub(crate) fn log_handshake_timeout(listener: &'static str, peer: std::net::SocketAddr) {
+    let reason = format!("no handshake within {HANDSHAKE_TIMEOUT:?}");
+    tracing::warn!(listener, %peer, %reason, "{listener} TLS handshake failed");
 }
 
 /// Serves `router` on `listener` until `shutdown` resolves.
@@ -102,19 +109,18 @@ pub async fn serve(
             let builder = auto::Builder::new(TokioExecutor::new());
             let result = match acceptor {
                 Some(acceptor) => {
-                    let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
-                        .await
-                    {
-                        Ok(Ok(stream)) => stream,
-                        Ok(Err(error)) => {
-                            log_handshake_failure("http", peer, &error);
-                            return;
-                        }
-                        Err(_) => {
-                            tracing::warn!(listener = "http", %peer, "TLS handshake timed out after {HANDSHAKE_TIMEOUT:?}");
-                            return;
-                        }
-                    };
+                    let stream =
+                        match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                            Ok(Ok(stream)) => stream,
+                            Ok(Err(error)) => {
+                                log_handshake_failure("HTTPS", peer, &error);
+                                return;
+                            }
+                            Err(_) => {
+                                log_handshake_timeout("HTTPS", peer);
+                                return;
+                            }
+                        };
                     let conn = builder
                         .serve_connection_with_upgrades(TokioIo::new(stream), service)
                         .into_owned();
