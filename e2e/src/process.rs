@@ -96,6 +96,25 @@ pub fn is_alive(pid: u32) -> bool {
     }
 }
 
+/// Waits up to `within` for every named process to be gone; returns those still alive.
+pub fn still_alive_after(
+    pids: &[(String, u32)],
+    within: std::time::Duration,
+) -> Vec<(String, u32)> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let alive: Vec<(String, u32)> = pids
+            .iter()
+            .filter(|(_, pid)| is_alive(*pid))
+            .cloned()
+            .collect();
+        if alive.is_empty() || std::time::Instant::now() >= deadline {
+            return alive;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// A child process with its log file, stopped (SIGTERM, then SIGKILL) when dropped.
 #[derive(Debug)]
 pub struct ManagedProcess {

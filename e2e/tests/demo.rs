@@ -219,21 +219,11 @@ fn demo_narrates_kubectl_through_the_hub_and_stops_everything_on_sigterm() -> an
         demo.take_stderr()
     );
     assert!(narration.contains("nothing left running"), "{narration}");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let alive: Vec<_> = pids
-            .iter()
-            .filter(|(_, pid)| process::is_alive(*pid))
-            .collect();
-        if alive.is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "still running after the demo exited: {alive:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let alive = process::still_alive_after(&pids, Duration::from_secs(10));
+    assert!(
+        alive.is_empty(),
+        "still running after the demo exited: {alive:?}"
+    );
     Ok(())
 }
 

@@ -6,7 +6,7 @@
 use std::{
     io::{BufRead, BufReader},
     process::{Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use futures::{StreamExt, TryStreamExt};
@@ -340,20 +340,10 @@ fn killing_the_owner_leaves_no_control_plane_running() -> anyhow::Result<()> {
 
     demo.kill()?;
     demo.wait()?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let alive: Vec<_> = pids
-            .iter()
-            .filter(|(_, pid)| process::is_alive(*pid))
-            .collect();
-        if alive.is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "still running 10 s after their owner was killed: {alive:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let alive = process::still_alive_after(&pids, Duration::from_secs(10));
+    assert!(
+        alive.is_empty(),
+        "still running 10 s after their owner was killed: {alive:?}"
+    );
     Ok(())
 }

@@ -218,14 +218,7 @@ async fn a_paused_download_stops_its_agent_and_nothing_else() {
         .await;
     }
     a.synced().await;
-    let objects = http
-        .get(
-            "/api/v1/accounts/prod/objects?kind=configmaps",
-            Some(&admin_token(&dir)),
-        )
-        .await;
-    assert_eq!(objects.status, 200, "{}", objects.text());
-    let listed = names_of(&objects.json());
+    let listed = object_names_https(&http, &dir, "prod/objects?kind=configmaps").await;
     for name in &names {
         assert!(listed.contains(name), "{name} missing in {listed:?}");
     }
@@ -373,13 +366,8 @@ async fn an_agent_beyond_its_window_is_cut_off_and_a_standby_takes_over() {
         .send(cm_event("prod", EventType::Applied, "after", "50", "web"))
         .await;
     other.synced().await;
-    let objects = http
-        .get(
-            "/api/v1/accounts/prod/objects?kind=configmaps",
-            Some(&admin_token(&dir)),
-        )
-        .await;
-    assert!(names_of(&objects.json()).contains(&"after".to_string()));
+    let listed = object_names_https(&http, &dir, "prod/objects?kind=configmaps").await;
+    assert!(listed.contains(&"after".to_string()), "{listed:?}");
 
     hub.shutdown().await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);

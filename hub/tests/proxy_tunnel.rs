@@ -129,42 +129,8 @@ async fn requests_and_answers_cross_the_tunnel_as_sent() {
     assert_eq!(header_values(&head, "x-custom"), ["kept"]);
 
     // The body, granting credit slowly in pieces that are not whole frames.
-    let grant = 200_000;
-    let (mut granted, mut received) = (0usize, Vec::new());
-    loop {
-        let frame = if window + granted - received.len() < MAX_FRAME {
-            // Not enough credit left for a whole frame: whatever the hub may still send
-            // arrives now, then it must wait for us.
-            match tokio::time::timeout(Duration::from_millis(50), a.frame_of(id)).await {
-                Ok(frame) => frame,
-                Err(_) => {
-                    a.send_frame(id, Frame::WindowUpdate(grant as u32)).await;
-                    granted += grant;
-                    continue;
-                }
-            }
-        } else {
-            a.frame_of(id).await
-        };
-        let Frame::Data(data) = frame else {
-            panic!("expected request body data, got {frame:?}")
-        };
-        assert!(
-            data.data.len() <= MAX_FRAME,
-            "a frame of {}",
-            data.data.len()
-        );
-        received.extend_from_slice(&data.data);
-        assert!(
-            received.len() <= window + granted,
-            "the hub sent {} bytes with {} of credit",
-            received.len(),
-            window + granted
-        );
-        if data.end_of_body {
-            break;
-        }
-    }
+    let (received, granted, ended) = receive_granting(&mut a, id, window, None).await;
+    assert!(ended, "the body ended");
     assert!(received == sent, "the body arrived intact");
     assert!(granted > 0, "the body needed more than the first window");
 
@@ -527,6 +493,56 @@ async fn a_get_moves_to_another_replica_when_its_agent_leaves_but_a_post_does_no
 
 /// Bytes of an upgraded connection, in a pattern that shows a lost, repeated or reordered
 /// piece.
+/// Receives the data frames of exchange `id` as a well-behaved agent: checks each frame's
+/// size and that the hub never sends beyond `window` plus the credit granted, and grants
+/// 200 000 bytes at a time (not whole frames) only when the hub has used up its credit.
+/// Stops at the end of the body, or once `until` bytes arrived. Returns the bytes, the credit
+/// granted, and whether the body ended.
+async fn receive_granting(
+    a: &mut FakeAgent,
+    id: u64,
+    window: usize,
+    until: Option<usize>,
+) -> (Vec<u8>, usize, bool) {
+    let grant = 200_000;
+    let (mut granted, mut received) = (0usize, Vec::new());
+    while until.is_none_or(|n| received.len() < n) {
+        let frame = if window + granted - received.len() < MAX_FRAME {
+            // Not enough credit left for a whole frame: whatever the hub may still send
+            // arrives now, then it must wait for us.
+            match tokio::time::timeout(Duration::from_millis(50), a.frame_of(id)).await {
+                Ok(frame) => frame,
+                Err(_) => {
+                    a.send_frame(id, Frame::WindowUpdate(grant as u32)).await;
+                    granted += grant;
+                    continue;
+                }
+            }
+        } else {
+            a.frame_of(id).await
+        };
+        let Frame::Data(data) = frame else {
+            panic!("expected body data, got {frame:?}")
+        };
+        assert!(
+            data.data.len() <= MAX_FRAME,
+            "a frame of {}",
+            data.data.len()
+        );
+        received.extend_from_slice(&data.data);
+        assert!(
+            received.len() <= window + granted,
+            "the hub sent {} bytes with {} of credit",
+            received.len(),
+            window + granted
+        );
+        if data.end_of_body {
+            return (received, granted, true);
+        }
+    }
+    (received, granted, false)
+}
+
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| ((i % 253) as u8).wrapping_add(seed))
@@ -643,40 +659,8 @@ async fn upgrades_carry_the_connections_bytes_both_ways() {
             to_hub
         })
     };
-    let grant = 200_000;
-    let (mut granted, mut received) = (0usize, Vec::new());
-    while received.len() < up.len() {
-        let frame = if window + granted - received.len() < MAX_FRAME {
-            // Not enough credit left for a whole frame: whatever the hub may still send
-            // arrives now, then it must wait for us.
-            match tokio::time::timeout(Duration::from_millis(50), a.frame_of(id)).await {
-                Ok(frame) => frame,
-                Err(_) => {
-                    a.send_frame(id, Frame::WindowUpdate(grant as u32)).await;
-                    granted += grant;
-                    continue;
-                }
-            }
-        } else {
-            a.frame_of(id).await
-        };
-        let Frame::Data(data) = frame else {
-            panic!("expected the client's bytes, got {frame:?}")
-        };
-        assert!(!data.end_of_body, "the client did not close its side");
-        assert!(
-            data.data.len() <= MAX_FRAME,
-            "a frame of {}",
-            data.data.len()
-        );
-        received.extend_from_slice(&data.data);
-        assert!(
-            received.len() <= window + granted,
-            "the hub sent {} bytes with {} of credit",
-            received.len(),
-            window + granted
-        );
-    }
+    let (received, granted, ended) = receive_granting(&mut a, id, window, Some(up.len())).await;
+    assert!(!ended, "the client did not close its side");
     assert!(received == up, "the client's bytes arrived intact");
     assert!(granted > 0, "the bytes needed more than the first window");
     let to_hub = tokio::time::timeout(WAIT, writer).await.unwrap().unwrap();

@@ -276,6 +276,18 @@ pub async fn object_names(hub: &RunningHub, query: &str) -> Vec<String> {
     names_of(&v)
 }
 
+/// [`object_names`] of a hub serving HTTPS ([`serve_https`]), with its admin token.
+pub async fn object_names_https(http: &Https, dir: &Path, query: &str) -> Vec<String> {
+    let reply = http
+        .get(
+            &format!("/api/v1/accounts/{query}"),
+            Some(&admin_token(dir)),
+        )
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    names_of(&reply.json())
+}
+
 /// Sorted `metadata.name` of the items of an object list.
 pub fn names_of(list: &Value) -> Vec<String> {
     let mut names: Vec<String> = list["items"]
