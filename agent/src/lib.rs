@@ -18,6 +18,7 @@ pub mod kinds;
 pub mod metrics;
 pub mod operations;
 pub mod runtime;
+pub mod secret_watch;
 pub mod session;
 pub mod state;
 pub mod streamer;
