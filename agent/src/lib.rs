@@ -24,6 +24,7 @@ pub mod state;
 pub mod streamer;
 pub mod tunnel;
 pub mod watch;
+pub mod wiping_alloc;
 
 use std::{future::Future, net::SocketAddr, path::Path, sync::Arc, time::Duration};
 
