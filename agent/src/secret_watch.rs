@@ -306,13 +306,21 @@ async fn send(client: &Client, request: http::Request<Body>) -> kube::Result<Bod
         return Ok(response.into_body());
     }
     let body = response.into_body().collect().await?.to_bytes();
-    let status = serde_json::from_slice::<Status>(&body).unwrap_or_else(|_| Status {
-        code: code.as_u16(),
-        reason: code.canonical_reason().unwrap_or_default().to_string(),
-        message: String::from_utf8_lossy(&body).into_owned(),
-        ..Default::default()
-    });
-    Err(kube::Error::Api(Box::new(status)))
+    Err(kube::Error::Api(Box::new(error_status(code, &body))))
+}
+
+/// The Status of an error answer: the API server's own, or one made from the HTTP status
+/// and the body's text when the body is not a Status.
+fn error_status(code: http::StatusCode, body: &[u8]) -> Status {
+    serde_json::from_slice::<Status>(body)
+        .ok()
+        .filter(|status| status.code != 0)
+        .unwrap_or_else(|| Status {
+            code: code.as_u16(),
+            reason: code.canonical_reason().unwrap_or_default().to_string(),
+            message: String::from_utf8_lossy(body).into_owned(),
+            ..Default::default()
+        })
 }
 
 /// LISTs Secrets' metadata at `url_path` (one page).
@@ -515,6 +523,27 @@ mod tests {
             Some(Err(e)) if e.to_string().contains("SURPRISE")
         ));
         assert!(matches!(decode_event(b"{\"type\":"), Some(Err(_))));
+    }
+
+    #[test]
+    fn error_answers_become_their_status() {
+        let forbidden = json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "message": "secrets is forbidden: User \"system:serviceaccount:a:b\" cannot list resource \"secrets\"",
+            "reason": "Forbidden", "code": 403 })
+        .to_string();
+        let status = error_status(http::StatusCode::FORBIDDEN, forbidden.as_bytes());
+        assert_eq!(status.code, 403);
+        assert_eq!(status.reason, "Forbidden");
+        assert!(
+            status.message.contains("cannot list resource"),
+            "{status:?}"
+        );
+        let status = error_status(http::StatusCode::GONE, b"expired continue token");
+        assert_eq!(status.code, 410);
+        assert_eq!(status.reason, "Gone");
+        assert_eq!(status.message, "expired continue token");
+        let status = error_status(http::StatusCode::BAD_GATEWAY, b"{}");
+        assert_eq!(status.code, 502);
     }
 
     #[test]
