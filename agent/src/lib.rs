@@ -18,11 +18,13 @@ pub mod kinds;
 pub mod metrics;
 pub mod operations;
 pub mod runtime;
+pub mod secret_watch;
 pub mod session;
 pub mod state;
 pub mod streamer;
 pub mod tunnel;
 pub mod watch;
+pub mod wiping_alloc;
 
 use std::{future::Future, net::SocketAddr, path::Path, sync::Arc, time::Duration};
 

@@ -10,7 +10,7 @@ use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use futures::{StreamExt, stream::BoxStream};
 use kube::{
-    Api, Client,
+    Api, Client, Resource as _,
     api::{DynamicObject, ListParams, WatchEvent, WatchParams},
     core::Status,
 };
@@ -19,7 +19,9 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::{sync::mpsc, time::Instant};
 
-use crate::{backoff::Backoff, convert, kinds::KindRef, state::KindState, state::Shared};
+use crate::{
+    backoff::Backoff, convert, kinds::KindRef, secret_watch, state::KindState, state::Shared,
+};
 
 /// Server-side timeout of each watch request, in seconds.
 pub const WATCH_TIMEOUT_SECS: u32 = 290;
@@ -55,8 +57,8 @@ pub struct WatchContext {
     pub forbidden_retry: Duration,
 }
 
-/// An event of either a full-object or a metadata-only watch.
-enum Event {
+/// An event of either a full-object or a Secrets' metadata watch.
+pub enum Event {
     Applied(Value),
     Deleted(Value),
     Bookmark(String),
@@ -128,6 +130,8 @@ struct Watch {
     /// Empty for a cluster-wide watch.
     namespace: String,
     api: Api<DynamicObject>,
+    /// The kind's collection path in the watch namespace (Secrets' own requests use it).
+    url_path: String,
     /// What the hub was last told about this watch's state.
     reported: Option<(kind_status::State, String)>,
 }
@@ -145,7 +149,9 @@ pub async fn run(
         Some(ns) => Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &resource),
         None => Api::<DynamicObject>::all_with(ctx.client.clone(), &resource),
     };
+    let url_path = DynamicObject::url_path(&resource, namespace.as_deref());
     let mut watch = Watch {
+        url_path,
         label: kind.label(),
         kind,
         namespace: namespace.unwrap_or_default(),
@@ -344,9 +350,15 @@ impl Watch {
     }
 
     async fn list_page(&self, params: &ListParams) -> Result<Page, kube::Error> {
-        // Secrets are listed as metadata only, so their data never reaches this process.
+        // Secrets are listed as metadata only, decoded without the data client-side
+        // `kubectl apply` copies into their metadata (see secret_watch).
         if self.kind.is_secret() {
-            Ok(Page::from_list(self.api.list_metadata(params).await?))
+            let page = secret_watch::list(&self.ctx.client, &self.url_path, params).await?;
+            Ok(Page {
+                items: page.items,
+                resource_version: page.metadata.resource_version.unwrap_or_default(),
+                continue_token: page.metadata.continue_,
+            })
         } else {
             Ok(Page::from_list(self.api.list(params).await?))
         }
@@ -433,8 +445,7 @@ impl Watch {
         let params = WatchParams::default().timeout(WATCH_TIMEOUT_SECS);
         debug_assert!(params.bookmarks);
         if self.kind.is_secret() {
-            let stream = self.api.watch_metadata(&params, from).await?;
-            Ok(stream.map(|e| e.map(event)).boxed())
+            secret_watch::watch(&self.ctx.client, &self.url_path, &params, from).await
         } else {
             let stream = self.api.watch(&params, from).await?;
             Ok(stream.map(|e| e.map(event)).boxed())

@@ -26,6 +26,7 @@ use kube::{
     Api, Client,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
 };
+use scale_agent::convert::LAST_APPLIED;
 use scale_agent::{AgentHandle, Options};
 use scale_agent_e2e::{
     ControlPlane,
@@ -827,6 +828,100 @@ async fn compacted_resume_point_gets_410_and_falls_back_to_a_snapshot() -> anyho
         .ok_or_else(|| anyhow::anyhow!("no event for 'web'"))?;
     let body: serde_json::Value = serde_json::from_slice(&web.object_json)?;
     assert_eq!(body["metadata"]["labels"]["revision"], "2");
+    agent.stop().await?;
+    let _ = std::fs::remove_dir_all(dir);
+    Ok(())
+}
+
+/// Secrets have a WATCH of their own (decoded without the last-applied annotation): it
+/// resumes from the hub's resume point without a LIST, and after an event that carried
+/// Secret data (the watch then closes its connection and re-opens from that event) later
+/// changes still arrive, still without a LIST, and nothing sent holds the data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_resume_and_reopen_after_data_without_listing() -> anyhow::Result<()> {
+    let s = setup("secret-watch", &["secrets"]).await?;
+    let Setup {
+        admin,
+        namespace,
+        dir,
+        ..
+    } = &s;
+    let secrets = Api::<Secret>::namespaced(admin.clone(), namespace);
+    create(
+        &secrets,
+        json!({ "metadata": { "name": "web" }, "stringData": { "password": "first" } }),
+    )
+    .await?;
+    let resume_from = secrets
+        .list_metadata(&ListParams::default())
+        .await?
+        .metadata
+        .resource_version
+        .unwrap_or_default();
+
+    let hub = Arc::new(HubState::default());
+    if let Ok(mut points) = hub.resume_points.lock() {
+        points.push(resume_point("Secret", "secrets", &resume_from, namespace));
+    }
+    let hub_addr = start_hub(hub.clone()).await?;
+    let account = account_name("secret-watch");
+    let config = s.write_config(hub_addr, &account, &["secrets"])?;
+    let agent = start_agent(&config).await?;
+    eventually("the resumed watch", || {
+        hub.kind_status(&account, "secrets", kind_status::State::Watching)
+            .is_some()
+    })
+    .await?;
+    let labels_of = |name: &str| {
+        hub.objects(&account, "secrets")
+            .into_iter()
+            .rfind(|o| o.name == name)
+            .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.object_json).ok())
+            .map(|body| body["metadata"]["labels"].clone())
+    };
+
+    // What client-side `kubectl apply` writes: the data, in clear, in the annotation.
+    let marker = format!("applied-marker-{:032x}", rand::random::<u128>());
+    let label = |key: &str| Patch::Merge(json!({ "metadata": { "labels": { key: "yes" } } }));
+    secrets
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": {
+                "labels": { "applied": "yes" },
+                "annotations": { LAST_APPLIED: json!({ "stringData": { "password": marker } }).to_string() },
+            } })),
+        )
+        .await?;
+    eventually("the applied Secret", || {
+        labels_of("web").is_some_and(|l| l["applied"] == "yes")
+    })
+    .await?;
+    // The watch re-opened from that event: later changes arrive.
+    secrets
+        .patch("web", &PatchParams::default(), &label("after"))
+        .await?;
+    create(&secrets, json!({ "metadata": { "name": "later" } })).await?;
+    eventually("the changes after the applied Secret", || {
+        labels_of("web").is_some_and(|l| l["after"] == "yes")
+            && hub.has_object(&account, "secrets", "later", object_event::Type::Applied)
+    })
+    .await?;
+    let metrics = agent.metrics();
+    assert_eq!(metrics.watch_resumes_total(&account, "secrets"), 1);
+    assert_eq!(metrics.lists_total(&account, "secrets"), 0, "no LIST");
+    assert_eq!(hub.snapshot_begins(&account, "secrets"), 0);
+    assert!(
+        !hub.has_object(&account, "secrets", "web", object_event::Type::Deleted),
+        "re-opening must not make objects look deleted"
+    );
+    let events = hub.objects(&account, "secrets");
+    assert!(events.len() >= 3, "{events:?}");
+    for event in events {
+        let body = String::from_utf8_lossy(&event.object_json);
+        assert!(!body.contains(&marker), "{body}");
+        assert!(!body.contains(LAST_APPLIED), "{body}");
+    }
     agent.stop().await?;
     let _ = std::fs::remove_dir_all(dir);
     Ok(())

@@ -25,10 +25,12 @@ use kube::{
     Api, Client,
     api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams},
 };
+use scale_agent::convert::LAST_APPLIED;
 use scale_agent_e2e::{
     ControlPlane, ControlPlaneOptions,
     fixtures::{self, Scope},
     http,
+    kubectl::Kubectl,
     pki::CertificateAuthority,
     process::{self, ManagedProcess},
 };
@@ -628,6 +630,64 @@ fn file_contains(path: &Path, needle: &str) -> anyhow::Result<bool> {
     }
 }
 
+/// Which of `needles` (what, text) occur in the file at `path`: the `what`s, in one pass.
+fn found_in(path: &Path, needles: &[(String, String)]) -> anyhow::Result<BTreeSet<String>> {
+    let mut grep = std::process::Command::new("grep");
+    grep.args(["-a", "-o", "-F"]);
+    for (_, needle) in needles {
+        grep.arg("-e").arg(needle);
+    }
+    let output = grep.arg(path).output()?;
+    match output.status.code() {
+        Some(0 | 1) => {}
+        _ => anyhow::bail!("grep failed on {}: {}", path.display(), output.status),
+    }
+    let matched: BTreeSet<&str> = std::str::from_utf8(&output.stdout)?.lines().collect();
+    Ok(needles
+        .iter()
+        .filter(|(_, needle)| matched.contains(needle.as_str()))
+        .map(|(what, _)| what.clone())
+        .collect())
+}
+
+/// `kubectl apply` (client side: kubectl copies the manifest, data included, into the
+/// last-applied annotation) of Secret `name` holding `marker` as `password`, in `data`
+/// (base64) or `stringData` (clear), labelled `version`.
+async fn kubectl_apply_secret(
+    kubectl: &Kubectl,
+    kubeconfig: &Path,
+    ns: &str,
+    name: &str,
+    marker: String,
+    version: &str,
+    in_data: bool,
+) -> anyhow::Result<()> {
+    let mut manifest = json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": { "name": name, "namespace": ns, "labels": { "version": version } },
+    });
+    if in_data {
+        manifest["data"] = json!({ "password": fixtures::base64(marker.as_bytes()) });
+    } else {
+        manifest["stringData"] = json!({ "password": marker });
+    }
+    let outcome = kubectl
+        .run(
+            kubeconfig,
+            &["apply".into(), "-f".into(), "-".into()],
+            Some(&manifest.to_string()),
+            WAIT,
+        )
+        .await?;
+    anyhow::ensure!(
+        outcome.success(),
+        "kubectl apply of Secret {name}: {}",
+        outcome.messages()
+    );
+    Ok(())
+}
+
 const GADGET_GROUP: &str = "streamtest.scaleagent.dev";
 
 /// A small namespaced custom resource of this test file's own, installed once.
@@ -823,7 +883,10 @@ async fn hub_reflects_creates_updates_and_deletes() -> anyhow::Result<()> {
 
 /// Test 2: a Secret's data never reaches the hub (HTTP API, redb file) nor the agent's
 /// memory (core dump of the live process), while a ConfigMap's data, the control, is found
-/// in all three.
+/// in all three. Secrets made by client-side `kubectl apply` carry their whole data in the
+/// last-applied annotation, which is metadata the agent does watch: some are applied before
+/// the agent starts (they reach it in its LIST), others are created, updated and deleted
+/// while it watches; none of their markers may be found, raw or base64.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secret_data_never_reaches_the_hub_nor_the_agent_memory() -> anyhow::Result<()> {
     let (control_plane, admin, ns) = cluster("secret").await?;
@@ -850,6 +913,49 @@ async fn secret_data_never_reaches_the_hub_nor_the_agent_memory() -> anyhow::Res
         )
         .await?;
     create_configmap(&admin, &ns, "control", json!({ "value": control_marker })).await?;
+    let marker = |what: &str| format!("{what}-marker-{:032x}", rand::random::<u128>());
+    let listed = marker("listed");
+    let listed_updated = marker("listed-updated");
+    let deleted = marker("deleted");
+    let watched = marker("watched");
+    let watched_updated = marker("watched-updated");
+    let kubectl = Kubectl::new(
+        control_plane.binaries().kubectl(),
+        s.dir.path().join("kubectl-home"),
+    );
+    let apply = |name: &'static str, marker: String, version: &'static str, in_data: bool| {
+        kubectl_apply_secret(
+            &kubectl,
+            control_plane.kubeconfig_path(),
+            &ns,
+            name,
+            marker,
+            version,
+            in_data,
+        )
+    };
+    // Before the agent starts: these reach it in its LIST.
+    apply("applied-listed", listed.clone(), "1", true).await?;
+    apply("applied-deleted", deleted.clone(), "1", false).await?;
+    // The premise: kubectl copied the data into the annotation (base64 from `data`, clear
+    // from `stringData`).
+    let secrets = Api::<Secret>::namespaced(admin.clone(), &ns);
+    for (name, needle) in [
+        ("applied-listed", fixtures::base64(listed.as_bytes())),
+        ("applied-deleted", deleted.clone()),
+    ] {
+        let applied = secrets.get(name).await?;
+        let annotation = applied
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .remove(LAST_APPLIED)
+            .unwrap_or_default();
+        assert!(
+            annotation.contains(&needle),
+            "{name}: kubectl apply put the data in {LAST_APPLIED}: {annotation}"
+        );
+    }
     let account = unique("secret");
     let config = s.dir.path().join("agent.yaml");
     write_agent_config(
@@ -865,18 +971,75 @@ async fn secret_data_never_reaches_the_hub_nor_the_agent_memory() -> anyhow::Res
     let agent = Agent::start(s.dir.path(), &config, "secret-0", &s.tls).await?;
     let hub = &s.hub;
     let (acc, ns_) = (account.as_str(), ns.as_str());
-    eventually("the Secret and the ConfigMap in the hub", || async move {
+    eventually("the Secrets and the ConfigMap in the hub", || async move {
+        for name in ["credentials", "applied-listed", "applied-deleted"] {
+            if hub.object(acc, "secrets", ns_, name).await?.is_none() {
+                return Ok(false);
+            }
+        }
         Ok(hub
-            .object(acc, "secrets", ns_, "credentials")
+            .object(acc, "configmaps", ns_, "control")
             .await?
-            .is_some()
-            && hub
-                .object(acc, "configmaps", ns_, "control")
-                .await?
-                .is_some())
+            .is_some())
     })
     .await?;
-    let encoded = fixtures::base64(secret_marker.as_bytes());
+
+    // While the agent watches: a Secret created then updated, one listed before updated,
+    // one deleted (its DELETE event carries its last state, annotation included).
+    apply("applied-watched", watched.clone(), "1", false).await?;
+    apply("applied-watched", watched_updated.clone(), "2", false).await?;
+    apply("applied-listed", listed_updated.clone(), "2", true).await?;
+    let deleted_by_kubectl = kubectl
+        .run(
+            control_plane.kubeconfig_path(),
+            &[
+                "delete".into(),
+                "secret".into(),
+                "applied-deleted".into(),
+                format!("--namespace={ns}"),
+            ],
+            None,
+            WAIT,
+        )
+        .await?;
+    assert!(
+        deleted_by_kubectl.success(),
+        "kubectl delete: {}",
+        deleted_by_kubectl.messages()
+    );
+    eventually("the watched changes in the hub", || async move {
+        let version =
+            |object: Option<Value>| object.map(|o| o["metadata"]["labels"]["version"].clone());
+        Ok(
+            version(hub.object(acc, "secrets", ns_, "applied-watched").await?) == Some(json!("2"))
+                && version(hub.object(acc, "secrets", ns_, "applied-listed").await?)
+                    == Some(json!("2"))
+                && hub
+                    .object(acc, "secrets", ns_, "applied-deleted")
+                    .await?
+                    .is_none(),
+        )
+    })
+    .await?;
+    // Every Secret value, raw and base64, with a name for the failure message.
+    let mut needles = Vec::new();
+    for (what, value) in [
+        ("created through the API", &secret_marker),
+        ("applied before the agent", &listed),
+        (
+            "applied before the agent, updated while watched",
+            &listed_updated,
+        ),
+        ("applied before the agent, deleted while watched", &deleted),
+        ("applied while watched", &watched),
+        ("applied while watched, updated", &watched_updated),
+    ] {
+        needles.push((format!("{what} (raw)"), value.clone()));
+        needles.push((
+            format!("{what} (base64)"),
+            fixtures::base64(value.as_bytes()),
+        ));
+    }
 
     // The hub's API: the Secret's metadata is there, its data is not.
     let secret = hub
@@ -888,6 +1051,16 @@ async fn secret_data_never_reaches_the_hub_nor_the_agent_memory() -> anyhow::Res
         secret.get("data").is_none() && secret.get("stringData").is_none(),
         "{secret}"
     );
+    let applied = hub
+        .object(acc, "secrets", ns_, "applied-watched")
+        .await?
+        .unwrap_or_default();
+    assert!(
+        applied["metadata"]["annotations"]
+            .get(LAST_APPLIED)
+            .is_none(),
+        "{applied}"
+    );
     for path in [
         format!("/api/v1/accounts/{acc}/objects?kind=secrets"),
         format!("/api/v1/accounts/{acc}/objects?kind=configmaps"),
@@ -897,14 +1070,12 @@ async fn secret_data_never_reaches_the_hub_nor_the_agent_memory() -> anyhow::Res
     ] {
         let (status, body) = hub_get(hub.http, &path).await?;
         assert_eq!(status, 200, "{path}: {body}");
-        assert!(
-            !body.contains(&secret_marker),
-            "{path} holds the Secret's data"
-        );
-        assert!(
-            !body.contains(&encoded),
-            "{path} holds the Secret's data (base64)"
-        );
+        for (what, needle) in &needles {
+            assert!(
+                !body.contains(needle),
+                "{path} holds a Secret's data: {what}"
+            );
+        }
     }
     let (_, configmaps) = hub_get(
         hub.http,
@@ -933,8 +1104,7 @@ async fn secret_data_never_reaches_the_hub_nor_the_agent_memory() -> anyhow::Res
     );
     let core_size = std::fs::metadata(&core)?.len();
     let found_control = file_contains(&core, &control_marker)?;
-    let found_secret = file_contains(&core, &secret_marker)?;
-    let found_encoded = file_contains(&core, &encoded)?;
+    let found_secrets = found_in(&core, &needles)?;
     std::fs::remove_file(&core)?;
     eprintln!(
         "[streaming] core dump of the agent: {} MiB",
@@ -944,10 +1114,9 @@ async fn secret_data_never_reaches_the_hub_nor_the_agent_memory() -> anyhow::Res
         found_control,
         "control: the ConfigMap's data is in the agent's memory"
     );
-    assert!(!found_secret, "the Secret's data is in the agent's memory");
     assert!(
-        !found_encoded,
-        "the Secret's data (base64) is in the agent's memory"
+        found_secrets.is_empty(),
+        "Secret data in the agent's memory: {found_secrets:?}"
     );
     assert!(process::is_alive(pid), "gcore must leave the agent running");
     assert!(
@@ -971,13 +1140,10 @@ async fn secret_data_never_reaches_the_hub_nor_the_agent_memory() -> anyhow::Res
         file_contains(&store, &control_marker)?,
         "control: the ConfigMap's data is stored"
     );
+    let in_store = found_in(&store, &needles)?;
     assert!(
-        !file_contains(&store, &secret_marker)?,
-        "the Secret's data is in the hub's store"
-    );
-    assert!(
-        !file_contains(&store, &encoded)?,
-        "the Secret's data (base64) is in the hub's store"
+        in_store.is_empty(),
+        "Secret data in the hub's store: {in_store:?}"
     );
     // Nor do their logs.
     drop(agent);
@@ -986,8 +1152,8 @@ async fn secret_data_never_reaches_the_hub_nor_the_agent_memory() -> anyhow::Res
         let path = entry?.path();
         if path.extension().is_some_and(|e| e == "log") {
             logs += 1;
-            assert!(!file_contains(&path, &secret_marker)?, "{}", path.display());
-            assert!(!file_contains(&path, &encoded)?, "{}", path.display());
+            let in_log = found_in(&path, &needles)?;
+            assert!(in_log.is_empty(), "{}: {in_log:?}", path.display());
         }
     }
     assert_eq!(logs, 2, "the hub's and the agent's logs");
