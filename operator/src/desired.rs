@@ -160,6 +160,24 @@ pub fn effective_kinds(agent: &ScaleAgent, account: &AgentAccount) -> (Vec<Strin
     }
 }
 
+/// Whether `account` reads or deploys in `namespace` (of its ScaleAgent's scope): it lists no
+/// namespaces and does not omit this one, or it lists it.
+pub fn covers_namespace(account: &AgentAccount, namespace: &str) -> bool {
+    let spec = &account.spec;
+    if spec.namespaces.is_empty() {
+        !spec.omit_namespaces.iter().any(|n| n == namespace)
+    } else {
+        spec.namespaces.iter().any(|n| n == namespace)
+    }
+}
+
+/// Whether Spinnaker's writes through `account` run as the agent's own ServiceAccount, so
+/// the agent needs write rules for them: access `Deploy` and no `impersonateServiceAccount`.
+pub fn writes_as_agent(agent: &ScaleAgent, account: &AgentAccount) -> bool {
+    agent.spec.access == scale_agent_crds::v1alpha1::Access::Deploy
+        && account.spec.impersonate_service_account.is_none()
+}
+
 /// Renders the agent config from the ScaleAgent and its accepted accounts.
 pub fn agent_config(agent: &ScaleAgent, accounts: &[&AgentAccount]) -> AgentConfig {
     let spec = &agent.spec;
