@@ -546,7 +546,8 @@ async fn owned_objects_roll_out_and_a_second_reconcile_writes_nothing() -> anyho
         Some(true)
     );
 
-    // Cluster scope (the default): a ClusterRole with exactly the watched kinds, bound.
+    // Cluster scope (the default): a ClusterRole with exactly the watched kinds and what the
+    // read operations on them need (Events; a Deployment's ReplicaSets, pods and logs), bound.
     let rbac_name = format!("scale-agent:{ns}:prod");
     let cluster_role = Api::<ClusterRole>::all(client.clone())
         .get(&rbac_name)
@@ -567,12 +568,21 @@ async fn owned_objects_roll_out_and_a_second_reconcile_writes_nothing() -> anyho
         [
             (
                 String::new(),
-                vec!["configmaps".to_string(), "services".to_string()]
+                ["configmaps", "events", "pods", "services"]
+                    .map(String::from)
+                    .to_vec()
             ),
-            ("apps".to_string(), vec!["deployments".to_string()]),
+            (String::new(), vec!["pods/log".to_string()]),
+            (
+                "apps".to_string(),
+                vec!["deployments".to_string(), "replicasets".to_string()]
+            ),
         ]
     );
-    assert!(rules.iter().all(|r| r.verbs == ["get", "list", "watch"]));
+    assert!(rules.iter().all(|r| {
+        r.verbs == ["get", "list", "watch"]
+            || (r.resources == Some(vec!["pods/log".to_string()]) && r.verbs == ["get"])
+    }));
     let binding = Api::<ClusterRoleBinding>::all(client.clone())
         .get(&rbac_name)
         .await?;

@@ -424,6 +424,22 @@ fn operations(ns: &str) -> Vec<(&'static str, Value, Expect, Expect)> {
             Forbidden,
             Ok(200),
         ),
+        // Documented refusals for both.
+        (
+            "patch of the status subresource",
+            with(
+                target("Deployment", "web"),
+                json!({"type": "patch", "patchType": "merge", "subresource": "status", "patch": {"status": {"observedGeneration": 1}}}),
+            ),
+            Forbidden,
+            Forbidden,
+        ),
+        (
+            "apply of a kind neither watched nor deployable",
+            json!({"type": "apply", "manifest": {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": ns}, "spec": {"ports": [{"port": 80}]}}}),
+            Forbidden,
+            Forbidden,
+        ),
         (
             "delete, waiting",
             json!({"type": "delete", "kind": "ConfigMap", "namespace": ns, "name": "existing", "wait": true}),
