@@ -655,6 +655,35 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn an_account_covers_the_namespaces_it_reads_and_deploys_in() {
+        let mut a = account("web", "prod");
+        assert!(covers_namespace(&a, "team-a"), "no namespaces: every one");
+        a.spec.omit_namespaces = vec!["team-b".into()];
+        assert!(covers_namespace(&a, "team-a"));
+        assert!(!covers_namespace(&a, "team-b"));
+        a.spec.omit_namespaces.clear();
+        a.spec.namespaces = vec!["team-a".into()];
+        assert!(covers_namespace(&a, "team-a"));
+        assert!(!covers_namespace(&a, "team-b"));
+    }
+
+    #[test]
+    fn only_deploy_accounts_that_do_not_impersonate_write_as_the_agent() {
+        let mut deploy = agent("prod");
+        let mut a = account("web", "prod");
+        assert!(!writes_as_agent(&deploy, &a), "ReadOnly is the default");
+        deploy.spec.access = scale_agent_crds::v1alpha1::Access::Deploy;
+        assert!(writes_as_agent(&deploy, &a));
+        a.spec.impersonate_service_account = Some(
+            serde_json::from_value(json!({"namespace": "team-a", "name": "deployer"})).unwrap(),
+        );
+        assert!(
+            !writes_as_agent(&deploy, &a),
+            "writes run as the impersonated account"
+        );
+    }
+
+    #[test]
     fn names_and_labels_are_deterministic() {
         let agent = agent("prod");
         assert_eq!(agent_name(&agent), "prod-agent");
