@@ -1,12 +1,17 @@
-//! RBAC for the agent's ServiceAccount, derived from what its accounts watch: the kind names
-//! accounts use resolved to API groups and resources, and the rules built from them. Pure.
+//! RBAC for the agent's ServiceAccount, derived from what its accounts watch and deploy: the
+//! kind names accounts use resolved to API groups and resources, and the rules built from
+//! them. Pure.
 //!
-//! Rules are minimal for what the accounts ask for:
-//! - `ReadOnly`: `get`, `list`, `watch` on each watched resource.
-//! - `Deploy`: also `create`, `update`, `patch`, `delete`, and `get`/`update`/`patch` on the
-//!   `scale` subresource of scalable kinds.
-//! - Secrets: only `list` and `watch` (the agent watches Secrets as metadata; it never reads
-//!   their data), plus the write verbs for `Deploy`; and only when an account caches Secrets.
+//! Rules are minimal for the operations the hub documents on those kinds:
+//! - watched kinds: `get`, `list`, `watch`; Secrets only `list`, `watch` (the agent watches
+//!   their metadata and never needs one whole).
+//! - deployable kinds (`Deploy`, an account's `deployKinds`, default its watched kinds): also
+//!   `create`, `update`, `patch`, `delete`, `get`/`update`/`patch` on `scale` of scalable
+//!   kinds, and `get`/`create` on `exec`, `attach` and `portforward` of Pods. A deployable
+//!   Secret gets `get` as well: client-side apply and replace read it, and write responses
+//!   carry the whole object anyway.
+//! - what the operations read besides the object: Events (`events`), the pods of a workload
+//!   and their `log` (`logs`), ReplicaSets and ControllerRevisions (`rollout history`/`undo`).
 //! - An account that names no kinds watches every kind it may list. RBAC cannot subtract, so
 //!   "everything except Secrets' data" is written as: the core (`""`) group's resources listed
 //!   one by one (Secrets as list/watch), and `*` in every other API group the cluster serves
@@ -424,7 +429,7 @@ impl Grants {
         for resolved in core_everything(&kinds.omitted) {
             self.kind(&resolved, deploy);
         }
-        let verbs: &[&str] = if deploy { &VERB_ORDER[..] } else { READ_VERBS };
+        let verbs: &[&str] = if deploy { VERB_ORDER } else { READ_VERBS };
         for group in api_groups.iter().filter(|g| !g.is_empty()) {
             self.grant(group, "*", verbs);
         }
