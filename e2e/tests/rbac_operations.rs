@@ -28,7 +28,8 @@ use scale_agent_crds::{
 };
 use scale_agent_e2e::{
     ControlPlane, ControlPlaneOptions, crds,
-    fixtures::{self, hub_call},
+    fixtures::{self, TlsHub},
+    kubectl::Kubectl,
 };
 use scale_agent_operator::{Config, Metrics, policy::WatchNamespaces};
 use serde_json::{Value, json};
@@ -37,6 +38,7 @@ use tokio::{sync::oneshot, task::JoinHandle};
 /// Generous: two cores are shared by many builds and tests.
 const TIMEOUT: Duration = Duration::from_secs(180);
 const HTTP_TIMEOUT: Duration = Duration::from_secs(300);
+const KUBECTL_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// The kinds both accounts watch (and the Deploy account deploys, with Jobs besides).
 const KINDS: &[&str] = &["Deployment", "StatefulSet", "ConfigMap", "Secret", "Pod"];
@@ -119,6 +121,10 @@ async fn apply(client: &Client, namespace: &str, value: Value) -> anyhow::Result
     )
     .await?;
     Ok(())
+}
+
+fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
 }
 
 fn scale_agent(name: &str, access: &str, scope: &[&str]) -> Value {
@@ -522,20 +528,13 @@ async fn rendered_accounts(
     Ok(serde_json::to_value(&config.kubernetes.accounts)?)
 }
 
-async fn operation(
-    hub: std::net::SocketAddr,
-    account: &str,
-    body: &Value,
-) -> anyhow::Result<(u16, Value)> {
-    let mut call = hub_call(
-        "POST",
-        hub,
-        &format!("/api/v1/accounts/{account}/operations"),
-    )
-    .timeout(HTTP_TIMEOUT)
-    .header("content-type", "application/json");
-    call.body = Some(body.to_string().into_bytes());
-    let response = call.send().await?;
+async fn operation(hub: &TlsHub, account: &str, body: &Value) -> anyhow::Result<(u16, Value)> {
+    let response = hub
+        .api("POST", &format!("/api/v1/accounts/{account}/operations"))
+        .json(body)
+        .timeout(HTTP_TIMEOUT)
+        .send()
+        .await?;
     Ok((response.status, response.json_or_null()))
 }
 
@@ -726,7 +725,7 @@ async fn every_documented_operation_works_or_is_the_documented_403_for_each_acce
         "ConfigMaps only where the account that watches them is"
     );
 
-    let hub = fixtures::start_plaintext_hub(&dir).await?;
+    let hub = TlsHub::start(&dir, |_| {}).await?;
     let mut agents = Vec::new();
     for (name, account) in [("ro", &ro_account), ("deploy", &deploy_account)] {
         let token = control_plane
@@ -754,15 +753,9 @@ async fn every_documented_operation_works_or_is_the_documented_403_for_each_acce
             );
         }
         let config = dir.join(format!("{name}.yaml"));
-        fixtures::write_plaintext_agent_config(&config, hub.grpc_addr, accounts, 2)?;
+        fixtures::write_plaintext_agent_config(&config, hub.hub.grpc_addr, accounts, 2)?;
         agents.push(fixtures::start_agent_replica(&config, &format!("{name}-0")).await?);
-        wait_for("the account to be served", || async {
-            let view =
-                fixtures::hub_get_json(hub.http_addr, &format!("/api/v1/accounts/{account}"))
-                    .await?;
-            Ok(view.filter(|v| v["streaming"].is_object()).map(|_| ()))
-        })
-        .await?;
+        hub.wait_connected(account, 1).await?;
     }
 
     let mut failures = Vec::new();
@@ -771,7 +764,7 @@ async fn every_documented_operation_works_or_is_the_documented_403_for_each_acce
             ("ro", &ro_account, read_only),
             ("deploy", &deploy_account, deploy),
         ] {
-            let (got, result) = operation(hub.http_addr, account, &body).await?;
+            let (got, result) = operation(&hub, account, &body).await?;
             let message = result["status"]["message"].as_str().unwrap_or_default();
             let user = format!("system:serviceaccount:{ns}:{agent}-agent");
             let as_expected = match expect {
@@ -822,6 +815,124 @@ async fn every_documented_operation_works_or_is_the_documented_403_for_each_acce
             .is_some()
     );
 
+    // kubectl through the hub's proxy, as Clouddriver runs it: the same verbs, the agent's
+    // identity.
+    let kubectl = Kubectl::new(control_plane.binaries().kubectl(), dir.join("kubectl-home"));
+    let pod = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(admin.clone(), &ns)
+        .list(&ListParams::default().labels("app=web"))
+        .await?
+        .items
+        .into_iter()
+        .find_map(|p| p.metadata.name)
+        .ok_or_else(|| anyhow::anyhow!("no pod of Deployment web"))?;
+    let secret_yaml = secret(&ns, "by-kubectl", "four").to_string();
+    let commands: Vec<(&str, Vec<String>, Option<&str>, bool, bool)> = vec![
+        // (what, args, stdin, allowed with ReadOnly, allowed with Deploy)
+        (
+            "rollout history",
+            args(&["rollout", "history", "deployment/web"]),
+            None,
+            true,
+            true,
+        ),
+        (
+            "events",
+            args(&["events", "--for", "deployment/web"]),
+            None,
+            true,
+            true,
+        ),
+        ("logs", args(&["logs", &pod, "--tail=1"]), None, true, true),
+        (
+            "client-side apply of a Secret",
+            args(&["apply", "-f", "-"]),
+            Some(secret_yaml.as_str()),
+            false,
+            true,
+        ),
+        (
+            "client-side apply of a Secret again",
+            args(&["apply", "-f", "-"]),
+            Some(secret_yaml.as_str()),
+            false,
+            true,
+        ),
+        (
+            "scale",
+            args(&["scale", "deployment/web", "--replicas=1"]),
+            None,
+            false,
+            true,
+        ),
+        (
+            "rollout undo",
+            args(&["rollout", "undo", "deployment/web"]),
+            None,
+            false,
+            true,
+        ),
+    ];
+    for (agent, account) in [("ro", &ro_account), ("deploy", &deploy_account)] {
+        let kubeconfig = hub
+            .kubeconfig(
+                account,
+                "kubectl",
+                &dir.join(format!("{agent}-proxy.kubeconfig")),
+            )
+            .await?;
+        let run = |args: Vec<String>, stdin: Option<String>| {
+            let (kubectl, kubeconfig, ns) = (kubectl.clone(), kubeconfig.clone(), ns.clone());
+            async move {
+                let args: Vec<String> = ["-n".to_string(), ns].into_iter().chain(args).collect();
+                kubectl
+                    .run(&kubeconfig, &args, stdin.as_deref(), KUBECTL_TIMEOUT)
+                    .await
+            }
+        };
+        for (what, args, stdin, read_only, deploy) in &commands {
+            let allowed = if agent == "ro" { *read_only } else { *deploy };
+            let outcome = run(args.clone(), stdin.map(str::to_owned)).await?;
+            let messages = outcome.messages();
+            let as_expected = if allowed {
+                outcome.success()
+            } else {
+                !outcome.success()
+                    && messages.to_lowercase().contains("forbidden")
+                    && messages.contains(&format!("{agent}-agent"))
+            };
+            if !as_expected {
+                failures.push(format!(
+                    "{agent}: kubectl {what}: expected {}, got {:?}: {messages}",
+                    if allowed { "success" } else { "Forbidden" },
+                    outcome.code
+                ));
+            }
+        }
+        // exec cannot run without a kubelet, but authorization comes first: the Deploy agent
+        // gets past it (to "pod ... does not have a host assigned"), ReadOnly is refused.
+        let exec = run(args(&["exec", &pod, "--", "true"]), None).await?;
+        let messages = exec.messages();
+        let as_expected = !exec.success()
+            && if agent == "ro" {
+                messages.contains("cannot create resource \"pods/exec\"")
+                    && messages.contains("ro-agent")
+            } else {
+                messages.contains("does not have a host assigned")
+            };
+        if !as_expected {
+            failures.push(format!(
+                "{agent}: kubectl exec: exit {:?}: {messages}",
+                exec.code
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} kubectl commands not as documented:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+
     // The proxy's streaming subresources: with Deploy on Pods, exec, attach and port-forward
     // (create for SPDY, get for WebSocket); ReadOnly gets the 403.
     for subresource in ["exec", "attach", "portforward"] {
@@ -856,7 +967,7 @@ async fn every_documented_operation_works_or_is_the_documented_403_for_each_acce
     for agent in agents {
         agent.shutdown();
     }
-    hub.shutdown().await?;
+    hub.hub.shutdown().await?;
     operator.stop().await?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
