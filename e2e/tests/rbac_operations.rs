@@ -4,7 +4,9 @@
 //! `Deploy` ScaleAgent; an agent for each runs with a TokenRequest token of the ServiceAccount
 //! the operator made (so exactly the generated RBAC applies) against a real hub, and every
 //! operation of the hub's operations API is run through each: it succeeds, or is refused with
-//! the API server's 403 where the access level documents it. Also: an account deploys a kind
+//! the API server's 403 where the access level documents it; then kubectl runs the same kinds
+//! of commands through the hub's Kubernetes API proxy (exec included), and a
+//! SubjectAccessReview checks exec, attach and port-forward. Also: an account deploys a kind
 //! it does not watch (`deployKinds`), each scope namespace's Role holds only what its own
 //! accounts need, and an account naming a namespace outside the scope is refused with what to
 //! change.
