@@ -125,6 +125,10 @@ async fn apply(client: &Client, namespace: &str, value: Value) -> anyhow::Result
     Ok(())
 }
 
+/// A kubectl command run through the proxy: (what, args, stdin, allowed with `ReadOnly`,
+/// allowed with `Deploy`).
+type KubectlCommand<'a> = (&'a str, Vec<String>, Option<&'a str>, bool, bool);
+
 fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
@@ -828,8 +832,7 @@ async fn every_documented_operation_works_or_is_the_documented_403_for_each_acce
         .find_map(|p| p.metadata.name)
         .ok_or_else(|| anyhow::anyhow!("no pod of Deployment web"))?;
     let secret_yaml = secret(&ns, "by-kubectl", "four").to_string();
-    let commands: Vec<(&str, Vec<String>, Option<&str>, bool, bool)> = vec![
-        // (what, args, stdin, allowed with ReadOnly, allowed with Deploy)
+    let commands: Vec<KubectlCommand> = vec![
         (
             "rollout history",
             args(&["rollout", "history", "deployment/web"]),
