@@ -226,6 +226,24 @@ pub fn resolve(kind: &str, served: &[ServedKind]) -> Option<Resolved> {
         .then(|| first.resolved.clone())
 }
 
+/// Resolves `names`, adding those that do not resolve to `unknown`.
+fn resolve_names(
+    names: &[String],
+    served: &[ServedKind],
+    unknown: &mut Vec<String>,
+) -> BTreeSet<Resolved> {
+    names
+        .iter()
+        .filter_map(|name| {
+            let resolved = resolve(name, served);
+            if resolved.is_none() {
+                unknown.push(name.clone());
+            }
+            resolved
+        })
+        .collect()
+}
+
 /// What one account wants watched, in RBAC terms.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Watched {
@@ -246,18 +264,7 @@ pub fn watched(
     served: &[ServedKind],
 ) -> Result<Watched, Vec<String>> {
     let mut unknown = Vec::new();
-    let mut resolve_all = |names: &[String]| -> BTreeSet<Resolved> {
-        names
-            .iter()
-            .filter_map(|name| {
-                let resolved = resolve(name, served);
-                if resolved.is_none() {
-                    unknown.push(name.clone());
-                }
-                resolved
-            })
-            .collect()
-    };
+    let mut resolve_all = |names: &[String]| resolve_names(names, served, &mut unknown);
     let mut watched = if kinds.is_empty() {
         Watched {
             everything: true,
@@ -322,16 +329,7 @@ pub fn deployed(
         return Ok(watched.clone());
     };
     let mut unknown = Vec::new();
-    let resources = names
-        .iter()
-        .filter_map(|name| {
-            let resolved = resolve(name, served);
-            if resolved.is_none() {
-                unknown.push(name.clone());
-            }
-            resolved
-        })
-        .collect();
+    let resources = resolve_names(names, served, &mut unknown);
     if unknown.is_empty() {
         Ok(Watched {
             everything: false,
@@ -388,9 +386,10 @@ impl Grants {
             .extend(verbs.iter().copied());
     }
 
-    /// Grants `verbs` on a kind (`Secret` reads narrowed to `list`/`watch`), and what the
-    /// documented operations on it read besides; with `deploy`, also its `scale`
-    /// subresource and, for pods, `exec`, `attach` and `portforward`.
+    /// Grants what a watched kind needs (reads; Secrets only `list`/`watch`), or with
+    /// `deploy` a deployable one (reads and writes, its `scale` subresource, and for pods
+    /// `exec`, `attach` and `portforward`), plus what the documented operations on it read
+    /// besides.
     fn kind(&mut self, resolved: &Resolved, deploy: bool) {
         if !resolved.namespaced && !self.cluster_scoped {
             return;
