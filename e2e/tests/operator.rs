@@ -546,7 +546,8 @@ async fn owned_objects_roll_out_and_a_second_reconcile_writes_nothing() -> anyho
         Some(true)
     );
 
-    // Cluster scope (the default): a ClusterRole with exactly the watched kinds, bound.
+    // Cluster scope (the default): a ClusterRole with exactly the watched kinds and what the
+    // read operations on them need (Events; a Deployment's ReplicaSets, pods and logs), bound.
     let rbac_name = format!("scale-agent:{ns}:prod");
     let cluster_role = Api::<ClusterRole>::all(client.clone())
         .get(&rbac_name)
@@ -567,12 +568,21 @@ async fn owned_objects_roll_out_and_a_second_reconcile_writes_nothing() -> anyho
         [
             (
                 String::new(),
-                vec!["configmaps".to_string(), "services".to_string()]
+                ["configmaps", "events", "pods", "services"]
+                    .map(String::from)
+                    .to_vec()
             ),
-            ("apps".to_string(), vec!["deployments".to_string()]),
+            (String::new(), vec!["pods/log".to_string()]),
+            (
+                "apps".to_string(),
+                vec!["deployments".to_string(), "replicasets".to_string()]
+            ),
         ]
     );
-    assert!(rules.iter().all(|r| r.verbs == ["get", "list", "watch"]));
+    assert!(rules.iter().all(|r| {
+        r.verbs == ["get", "list", "watch"]
+            || (r.resources == Some(vec!["pods/log".to_string()]) && r.verbs == ["get"])
+    }));
     let binding = Api::<ClusterRoleBinding>::all(client.clone())
         .get(&rbac_name)
         .await?;
@@ -738,7 +748,7 @@ fn assert_owned_by_deployment(replica_set: &ReplicaSet, deployment: &Deployment)
 
 /// Test 2: with a token of the generated ServiceAccount, the configured kinds can be listed
 /// and watched; other namespaces, other kinds and Secrets are forbidden; write verbs appear
-/// only with `Deploy`.
+/// only with `Deploy`. (`rbac_operations.rs` runs every documented operation under it.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rbac_is_real_and_minimal() -> anyhow::Result<()> {
     let (control_plane, client, ns) = setup("op-rbac").await?;
@@ -771,7 +781,18 @@ async fn rbac_is_real_and_minimal() -> anyhow::Result<()> {
             let role = Api::<Role>::namespaced(client.clone(), namespace)
                 .get_opt(&rbac_name)
                 .await?;
-            if role.is_some_and(|r| r.rules.unwrap_or_default().len() == 2) {
+            let grants = |resource: &str| {
+                role.as_ref()
+                    .and_then(|r| r.rules.as_ref())
+                    .is_some_and(|rules| {
+                        rules.iter().any(|rule| {
+                            rule.resources
+                                .as_ref()
+                                .is_some_and(|r| r.iter().any(|r| r == resource))
+                        })
+                    })
+            };
+            if grants("configmaps") && grants("deployments") {
                 found += 1;
             }
         }
@@ -821,10 +842,10 @@ async fn rbac_is_real_and_minimal() -> anyhow::Result<()> {
         Some(403),
         "cluster-wide list with namespace scope"
     );
-    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(agent.clone(), &ns)
+    let services = Api::<k8s_openapi::api::core::v1::Service>::namespaced(agent.clone(), &ns)
         .list(&lp)
         .await;
-    assert_eq!(api_code(&pods), Some(403), "a kind no account watches");
+    assert_eq!(api_code(&services), Some(403), "a kind no account watches");
     let secrets = Api::<Secret>::namespaced(agent.clone(), &ns);
     assert_eq!(
         api_code(&secrets.list(&lp).await),
@@ -839,7 +860,8 @@ async fn rbac_is_real_and_minimal() -> anyhow::Result<()> {
     let write = create_configmap(&agent, &ns, "x").await;
     assert_eq!(api_code(&write), Some(403), "ReadOnly cannot write");
 
-    // Deploy, and an account that caches Secrets: writes and Secret list/watch, never get.
+    // Deploy, and an account that caches and deploys Secrets: writes, and Secret get (client-side
+    // apply and replace read the live Secret; write responses carry it anyway).
     apply_json::<ScaleAgent>(
         &client,
         &ns,
@@ -893,8 +915,8 @@ async fn rbac_is_real_and_minimal() -> anyhow::Result<()> {
     );
     assert_eq!(
         api_code(&secrets.get("agent-ca").await),
-        Some(403),
-        "Secret data stays forbidden"
+        Some(200),
+        "a deployable Secret is readable"
     );
     let out_write = create_configmap(&agent, &out_of_scope, "x").await;
     assert_eq!(

@@ -160,6 +160,24 @@ pub fn effective_kinds(agent: &ScaleAgent, account: &AgentAccount) -> (Vec<Strin
     }
 }
 
+/// Whether `account` reads or deploys in `namespace` (of its ScaleAgent's scope): it lists no
+/// namespaces and does not omit this one, or it lists it.
+pub fn covers_namespace(account: &AgentAccount, namespace: &str) -> bool {
+    let spec = &account.spec;
+    if spec.namespaces.is_empty() {
+        !spec.omit_namespaces.iter().any(|n| n == namespace)
+    } else {
+        spec.namespaces.iter().any(|n| n == namespace)
+    }
+}
+
+/// Whether Spinnaker's writes through `account` run as the agent's own ServiceAccount, so
+/// the agent needs write rules for them: access `Deploy` and no `impersonateServiceAccount`.
+pub fn writes_as_agent(agent: &ScaleAgent, account: &AgentAccount) -> bool {
+    agent.spec.access == scale_agent_crds::v1alpha1::Access::Deploy
+        && account.spec.impersonate_service_account.is_none()
+}
+
 /// Renders the agent config from the ScaleAgent and its accepted accounts.
 pub fn agent_config(agent: &ScaleAgent, accounts: &[&AgentAccount]) -> AgentConfig {
     let spec = &agent.spec;
@@ -634,6 +652,35 @@ pub(crate) mod tests {
             context: Some("admin".into()),
         });
         account
+    }
+
+    #[test]
+    fn an_account_covers_the_namespaces_it_reads_and_deploys_in() {
+        let mut a = account("web", "prod");
+        assert!(covers_namespace(&a, "team-a"), "no namespaces: every one");
+        a.spec.omit_namespaces = vec!["team-b".into()];
+        assert!(covers_namespace(&a, "team-a"));
+        assert!(!covers_namespace(&a, "team-b"));
+        a.spec.omit_namespaces.clear();
+        a.spec.namespaces = vec!["team-a".into()];
+        assert!(covers_namespace(&a, "team-a"));
+        assert!(!covers_namespace(&a, "team-b"));
+    }
+
+    #[test]
+    fn only_deploy_accounts_that_do_not_impersonate_write_as_the_agent() {
+        let mut deploy = agent("prod");
+        let mut a = account("web", "prod");
+        assert!(!writes_as_agent(&deploy, &a), "ReadOnly is the default");
+        deploy.spec.access = scale_agent_crds::v1alpha1::Access::Deploy;
+        assert!(writes_as_agent(&deploy, &a));
+        a.spec.impersonate_service_account = Some(
+            serde_json::from_value(json!({"namespace": "team-a", "name": "deployer"})).unwrap(),
+        );
+        assert!(
+            !writes_as_agent(&deploy, &a),
+            "writes run as the impersonated account"
+        );
     }
 
     #[test]

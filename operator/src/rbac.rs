@@ -1,12 +1,17 @@
-//! RBAC for the agent's ServiceAccount, derived from what its accounts watch: the kind names
-//! accounts use resolved to API groups and resources, and the rules built from them. Pure.
+//! RBAC for the agent's ServiceAccount, derived from what its accounts watch and deploy: the
+//! kind names accounts use resolved to API groups and resources, and the rules built from
+//! them. Pure.
 //!
-//! Rules are minimal for what the accounts ask for:
-//! - `ReadOnly`: `get`, `list`, `watch` on each watched resource.
-//! - `Deploy`: also `create`, `update`, `patch`, `delete`, and `get`/`update`/`patch` on the
-//!   `scale` subresource of scalable kinds.
-//! - Secrets: only `list` and `watch` (the agent watches Secrets as metadata; it never reads
-//!   their data), plus the write verbs for `Deploy`; and only when an account caches Secrets.
+//! Rules are minimal for the operations the hub documents on those kinds:
+//! - watched kinds: `get`, `list`, `watch`; Secrets only `list`, `watch` (the agent watches
+//!   their metadata and never needs one whole).
+//! - deployable kinds (`Deploy`, an account's `deployKinds`, default its watched kinds): also
+//!   `create`, `update`, `patch`, `delete`, `get`/`update`/`patch` on `scale` of scalable
+//!   kinds, and `get`/`create` on `exec`, `attach` and `portforward` of Pods. A deployable
+//!   Secret gets `get` as well: client-side apply and replace read it, and write responses
+//!   carry the whole object anyway.
+//! - what the operations read besides the object: Events (`events`), the pods of a workload
+//!   and their `log` (`logs`), ReplicaSets and ControllerRevisions (`rollout history`/`undo`).
 //! - An account that names no kinds watches every kind it may list. RBAC cannot subtract, so
 //!   "everything except Secrets' data" is written as: the core (`""`) group's resources listed
 //!   one by one (Secrets as list/watch), and `*` in every other API group the cluster serves
@@ -221,6 +226,24 @@ pub fn resolve(kind: &str, served: &[ServedKind]) -> Option<Resolved> {
         .then(|| first.resolved.clone())
 }
 
+/// Resolves `names`, adding those that do not resolve to `unknown`.
+fn resolve_names(
+    names: &[String],
+    served: &[ServedKind],
+    unknown: &mut Vec<String>,
+) -> BTreeSet<Resolved> {
+    names
+        .iter()
+        .filter_map(|name| {
+            let resolved = resolve(name, served);
+            if resolved.is_none() {
+                unknown.push(name.clone());
+            }
+            resolved
+        })
+        .collect()
+}
+
 /// What one account wants watched, in RBAC terms.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Watched {
@@ -241,18 +264,7 @@ pub fn watched(
     served: &[ServedKind],
 ) -> Result<Watched, Vec<String>> {
     let mut unknown = Vec::new();
-    let mut resolve_all = |names: &[String]| -> BTreeSet<Resolved> {
-        names
-            .iter()
-            .filter_map(|name| {
-                let resolved = resolve(name, served);
-                if resolved.is_none() {
-                    unknown.push(name.clone());
-                }
-                resolved
-            })
-            .collect()
-    };
+    let mut resolve_all = |names: &[String]| resolve_names(names, served, &mut unknown);
     let mut watched = if kinds.is_empty() {
         Watched {
             everything: true,
@@ -285,111 +297,221 @@ pub fn watched(
 pub const READ_VERBS: &[&str] = &["get", "list", "watch"];
 /// Write verbs added for `Deploy`.
 pub const WRITE_VERBS: &[&str] = &["create", "update", "patch", "delete"];
-/// Verbs on Secrets for reading: metadata-only list and watch, never `get`.
+/// Verbs on Secrets an account only watches: metadata-only list and watch, never `get`.
 pub const SECRET_READ_VERBS: &[&str] = &["list", "watch"];
+/// Verbs on the `scale` subresource of a deployable scalable kind.
+pub const SCALE_VERBS: &[&str] = &["get", "update", "patch"];
+/// Verbs on the streaming pod subresources (`exec`, `attach`, `portforward`): `create` for
+/// SPDY, `get` for the WebSocket upgrade kubectl 1.30+ sends.
+pub const STREAM_VERBS: &[&str] = &["get", "create"];
 
-/// Builds the rules for the union of what the accounts watch.
+/// The order verbs are written in, so rules compare and read the same every time.
+const VERB_ORDER: &[&str] = &[
+    "get", "list", "watch", "create", "update", "patch", "delete",
+];
+
+/// What one account needs: the kinds it watches, and the kinds Spinnaker may deploy through
+/// it (`None` when it writes nothing as the agent: `ReadOnly`, or it impersonates).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AccountKinds {
+    pub watched: Watched,
+    pub deployed: Option<Watched>,
+}
+
+/// Resolves the kinds an account may deploy: `deploy_kinds` when set, else what it watches.
+/// Unresolvable kind names are returned as the error.
+pub fn deployed(
+    deploy_kinds: Option<&[String]>,
+    watched: &Watched,
+    served: &[ServedKind],
+) -> Result<Watched, Vec<String>> {
+    let Some(names) = deploy_kinds else {
+        return Ok(watched.clone());
+    };
+    let mut unknown = Vec::new();
+    let resources = resolve_names(names, served, &mut unknown);
+    if unknown.is_empty() {
+        Ok(Watched {
+            everything: false,
+            resources,
+            omitted: BTreeSet::new(),
+        })
+    } else {
+        Err(unknown)
+    }
+}
+
+/// Reads the documented operations need besides the object itself (all namespaced):
+/// `events` lists Events of any kind; `logs` lists the pods a workload selects and reads
+/// their log; `rollout history`/`undo` list a Deployment's ReplicaSets and a StatefulSet's
+/// or DaemonSet's ControllerRevisions.
+fn related_reads(resolved: &Resolved) -> &'static [(&'static str, &'static str)] {
+    const PODS: (&str, &str) = ("", "pods");
+    const POD_LOG: (&str, &str) = ("", "pods/log");
+    match (resolved.group.as_str(), resolved.resource.as_str()) {
+        ("apps", "deployments") => &[("apps", "replicasets"), PODS, POD_LOG],
+        ("apps", "statefulsets" | "daemonsets") => {
+            &[("apps", "controllerrevisions"), PODS, POD_LOG]
+        }
+        ("apps", "replicasets") | ("batch", "jobs") | ("", "replicationcontrollers") => {
+            &[PODS, POD_LOG]
+        }
+        ("", "pods") => &[POD_LOG],
+        _ => &[],
+    }
+}
+
+/// The core resources an account watching everything covers: the built-in core kinds, minus
+/// those `omitted`.
+fn core_everything(omitted: &BTreeSet<Resolved>) -> impl Iterator<Item = Resolved> + '_ {
+    KNOWN_KINDS
+        .iter()
+        .filter(|known| known.group.is_empty())
+        .map(Resolved::from)
+        .filter(move |resolved| !omitted.contains(resolved))
+}
+
+/// Verbs per (group, resource), collected from the accounts.
+#[derive(Default)]
+struct Grants {
+    cluster_scoped: bool,
+    verbs: BTreeMap<(String, String), BTreeSet<&'static str>>,
+}
+
+impl Grants {
+    fn grant(&mut self, group: &str, resource: &str, verbs: &[&'static str]) {
+        self.verbs
+            .entry((group.to_owned(), resource.to_owned()))
+            .or_default()
+            .extend(verbs.iter().copied());
+    }
+
+    /// Grants what a watched kind needs (reads; Secrets only `list`/`watch`), or with
+    /// `deploy` a deployable one (reads and writes, its `scale` subresource, and for pods
+    /// `exec`, `attach` and `portforward`), plus what the documented operations on it read
+    /// besides.
+    fn kind(&mut self, resolved: &Resolved, deploy: bool) {
+        if !resolved.namespaced && !self.cluster_scoped {
+            return;
+        }
+        let (group, resource) = (resolved.group.as_str(), resolved.resource.as_str());
+        let is_secret = group.is_empty() && resource == "secrets";
+        if deploy {
+            self.grant(group, resource, READ_VERBS);
+            self.grant(group, resource, WRITE_VERBS);
+            if resolved.scalable {
+                self.grant(group, &format!("{resource}/scale"), SCALE_VERBS);
+            }
+            if group.is_empty() && resource == "pods" {
+                for stream in ["pods/exec", "pods/attach", "pods/portforward"] {
+                    self.grant("", stream, STREAM_VERBS);
+                }
+            }
+        } else if is_secret {
+            self.grant(group, resource, SECRET_READ_VERBS);
+        } else {
+            self.grant(group, resource, READ_VERBS);
+        }
+        for (group, resource) in related_reads(resolved) {
+            let verbs: &[&str] = if resource.contains('/') {
+                &["get"]
+            } else {
+                READ_VERBS
+            };
+            self.grant(group, resource, verbs);
+        }
+    }
+
+    /// Grants `verbs` on every kind an account watching everything covers: the core kinds
+    /// one by one and `*` in every other served group.
+    fn everything(&mut self, kinds: &Watched, deploy: bool, api_groups: &[String]) {
+        for resolved in core_everything(&kinds.omitted) {
+            self.kind(&resolved, deploy);
+        }
+        let verbs: &[&str] = if deploy { VERB_ORDER } else { READ_VERBS };
+        for group in api_groups.iter().filter(|g| !g.is_empty()) {
+            self.grant(group, "*", verbs);
+        }
+    }
+
+    fn account(&mut self, account: &AccountKinds, api_groups: &[String]) {
+        let add = |kinds: &Watched, deploy: bool, grants: &mut Self| {
+            if kinds.everything {
+                grants.everything(kinds, deploy, api_groups);
+            }
+            for resolved in &kinds.resources {
+                grants.kind(resolved, deploy);
+            }
+        };
+        add(&account.watched, false, self);
+        if let Some(deployed) = &account.deployed {
+            add(deployed, true, self);
+        }
+        // The `events` operation works on any kind the account can name.
+        self.grant("", "events", READ_VERBS);
+    }
+
+    /// The rules: one per group and set of verbs, resources sorted; a resource whose verbs
+    /// its group's `*` already grants is left out.
+    fn into_rules(self) -> Vec<PolicyRule> {
+        let wildcard: BTreeMap<String, BTreeSet<&str>> = self
+            .verbs
+            .iter()
+            .filter(|((_, resource), _)| resource == "*")
+            .map(|((group, _), verbs)| (group.clone(), verbs.clone()))
+            .collect();
+        let mut by_verbs: BTreeMap<(String, Vec<&str>), Vec<String>> = BTreeMap::new();
+        for ((group, resource), verbs) in self.verbs {
+            let covered =
+                resource != "*" && wildcard.get(&group).is_some_and(|all| verbs.is_subset(all));
+            if covered {
+                continue;
+            }
+            let mut ordered: Vec<&str> = verbs.into_iter().collect();
+            ordered.sort_by_key(|verb| VERB_ORDER.iter().position(|v| v == verb));
+            by_verbs.entry((group, ordered)).or_default().push(resource);
+        }
+        let mut rules: Vec<PolicyRule> = by_verbs
+            .into_iter()
+            .map(|((group, verbs), resources)| PolicyRule {
+                api_groups: Some(vec![group]),
+                resources: Some(resources),
+                verbs: verbs.into_iter().map(str::to_owned).collect(),
+                ..Default::default()
+            })
+            .collect();
+        // Core first, then by group; within a group the widest verbs first.
+        rules.sort_by(|a, b| {
+            (a.api_groups.clone(), std::cmp::Reverse(a.verbs.len()))
+                .cmp(&(b.api_groups.clone(), std::cmp::Reverse(b.verbs.len())))
+        });
+        rules
+    }
+}
+
+/// Builds the rules for what `accounts` watch and deploy, plus what the documented operations
+/// on those kinds read besides (Events, a workload's pods and their logs, ReplicaSets and
+/// ControllerRevisions for rollout history and undo).
 ///
 /// `cluster_scoped` says whether the rules go into a ClusterRole (cluster-scoped kinds are
 /// only meaningful there); `api_groups` are the non-core groups the cluster serves, used when
-/// an account watches everything.
+/// an account watches or deploys everything.
 pub fn rules(
-    watched: &[Watched],
-    deploy: bool,
+    accounts: &[AccountKinds],
     cluster_scoped: bool,
     api_groups: &[String],
 ) -> Vec<PolicyRule> {
-    let everything = watched.iter().any(|w| w.everything);
-    // group -> resources
-    let mut resources: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut scale: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut secrets = false;
-    let mut add = |r: &Resolved, resources: &mut BTreeMap<String, BTreeSet<String>>| {
-        if !r.namespaced && !cluster_scoped {
-            return;
-        }
-        if r.group.is_empty() && r.resource == "secrets" {
-            secrets = true;
-            return;
-        }
-        resources
-            .entry(r.group.clone())
-            .or_default()
-            .insert(r.resource.clone());
-        if r.scalable {
-            scale
-                .entry(r.group.clone())
-                .or_default()
-                .insert(format!("{}/scale", r.resource));
-        }
+    if accounts.is_empty() {
+        return Vec::new();
+    }
+    let mut grants = Grants {
+        cluster_scoped,
+        ..Grants::default()
     };
-    for w in watched {
-        for r in &w.resources {
-            add(r, &mut resources);
-        }
+    for account in accounts {
+        grants.account(account, api_groups);
     }
-    if everything {
-        // Core resources one by one; a core kind omitted by every account watching
-        // everything is left out.
-        for known in KNOWN_KINDS.iter().filter(|k| k.group.is_empty()) {
-            let resolved = Resolved::from(known);
-            let omitted_by_all = watched
-                .iter()
-                .filter(|w| w.everything)
-                .all(|w| w.omitted.contains(&resolved));
-            if !omitted_by_all {
-                add(&resolved, &mut resources);
-            }
-        }
-        for group in api_groups.iter().filter(|g| !g.is_empty()) {
-            resources
-                .entry(group.clone())
-                .or_default()
-                .insert("*".into());
-        }
-    }
-    // `*` covers every resource of the group, subresources included.
-    for (group, set) in &mut resources {
-        if set.contains("*") {
-            set.retain(|r| r == "*");
-            scale.remove(group);
-        }
-    }
-    let verbs = |extra: &[&str], base: &[&str], deploy: bool| -> Vec<String> {
-        let mut verbs: Vec<String> = base.iter().map(|v| v.to_string()).collect();
-        if deploy {
-            verbs.extend(extra.iter().map(|v| v.to_string()));
-        }
-        verbs
-    };
-    let mut rules = Vec::new();
-    for (group, set) in resources {
-        rules.push(PolicyRule {
-            api_groups: Some(vec![group]),
-            resources: Some(set.into_iter().collect()),
-            verbs: verbs(WRITE_VERBS, READ_VERBS, deploy),
-            ..Default::default()
-        });
-    }
-    if secrets {
-        rules.push(PolicyRule {
-            api_groups: Some(vec![String::new()]),
-            resources: Some(vec!["secrets".into()]),
-            verbs: verbs(WRITE_VERBS, SECRET_READ_VERBS, deploy),
-            ..Default::default()
-        });
-    }
-    if deploy {
-        for (group, set) in scale {
-            rules.push(PolicyRule {
-                api_groups: Some(vec![group]),
-                resources: Some(set.into_iter().collect()),
-                verbs: vec!["get".into(), "update".into(), "patch".into()],
-                ..Default::default()
-            });
-        }
-    }
-    rules
+    grants.into_rules()
 }
 
 #[cfg(test)]
@@ -493,82 +615,224 @@ mod tests {
         assert!(resolve("ServiceMonitor", &[]).is_none());
     }
 
+    fn read_only(kinds: &[&str]) -> AccountKinds {
+        AccountKinds {
+            watched: watched(&names(kinds), &[], &[], &[]).unwrap(),
+            deployed: None,
+        }
+    }
+
+    /// An account that deploys `deploy_kinds` (`None`: what it watches).
+    fn deploying(kinds: &[&str], deploy_kinds: Option<&[&str]>) -> AccountKinds {
+        let watched = watched(&names(kinds), &[], &[], &[]).unwrap();
+        let deploy_kinds = deploy_kinds.map(names);
+        let deployed = deployed(deploy_kinds.as_deref(), &watched, &[]).unwrap();
+        AccountKinds {
+            watched,
+            deployed: Some(deployed),
+        }
+    }
+
+    /// The verbs `rules` grant on `resource` of `group` (directly or through `*`), in
+    /// `VERB_ORDER`.
+    fn verbs_on(rules: &[PolicyRule], group: &str, resource: &str) -> Vec<String> {
+        let mut verbs: BTreeSet<String> = BTreeSet::new();
+        for rule in rules {
+            let in_group = rule.api_groups.as_ref().unwrap().iter().any(|g| g == group);
+            let names = rule.resources.as_ref().unwrap();
+            if in_group && names.iter().any(|r| r == resource || r == "*") {
+                verbs.extend(rule.verbs.iter().cloned());
+            }
+        }
+        let mut verbs: Vec<String> = verbs.into_iter().collect();
+        verbs.sort_by_key(|verb| VERB_ORDER.iter().position(|v| v == verb));
+        verbs
+    }
+
+    fn all_verbs() -> Vec<String> {
+        names(VERB_ORDER)
+    }
+
     #[test]
-    fn read_only_rules_cover_only_the_kinds() {
-        let w = watched(
-            &names(&["Deployment", "ConfigMap", "Namespace"]),
+    fn read_only_rules_cover_the_kinds_and_what_their_reads_need() {
+        let rules = super::rules(
+            &[read_only(&[
+                "Deployment",
+                "StatefulSet",
+                "ConfigMap",
+                "Namespace",
+            ])],
+            false,
             &[],
-            &[],
-            &[],
-        )
-        .unwrap();
-        let rules = rules(&[w], false, false, &[]);
-        assert_eq!(rules.len(), 2, "{rules:?}");
-        assert_eq!(rules[0].api_groups, Some(vec![String::new()]));
-        assert_eq!(
-            rules[0].resources,
-            Some(names(&["configmaps"])),
+        );
+        let read = names(READ_VERBS);
+        for (group, resource) in [
+            ("apps", "deployments"),
+            ("apps", "statefulsets"),
+            ("", "configmaps"),
+            // rollout history of a Deployment, of a StatefulSet
+            ("apps", "replicasets"),
+            ("apps", "controllerrevisions"),
+            // logs of their pods, and events of anything
+            ("", "pods"),
+            ("", "events"),
+        ] {
+            assert_eq!(
+                verbs_on(&rules, group, resource),
+                read,
+                "{group}/{resource}"
+            );
+        }
+        assert_eq!(verbs_on(&rules, "", "pods/log"), names(&["get"]));
+        assert!(
+            verbs_on(&rules, "", "namespaces").is_empty(),
             "namespaces dropped from a Role"
         );
-        assert_eq!(rules[0].verbs, names(READ_VERBS));
-        assert_eq!(rules[1].resources, Some(names(&["deployments"])));
-    }
-
-    #[test]
-    fn deploy_adds_writes_and_scale() {
-        let w = watched(&names(&["Deployment", "Namespace"]), &[], &[], &[]).unwrap();
-        let rules = rules(&[w], true, true, &[]);
-        assert_eq!(rules.len(), 3, "{rules:?}");
-        assert_eq!(rules[0].resources, Some(names(&["namespaces"])));
+        for (group, resource) in [
+            ("", "secrets"),
+            ("", "services"),
+            ("batch", "jobs"),
+            ("apps", "deployments/scale"),
+            ("", "pods/exec"),
+        ] {
+            assert!(
+                verbs_on(&rules, group, resource).is_empty(),
+                "{group}/{resource}: {rules:?}"
+            );
+        }
+        assert!(
+            rules
+                .iter()
+                .all(|r| !r.verbs.iter().any(|v| WRITE_VERBS.contains(&v.as_str()))),
+            "ReadOnly writes nothing: {rules:?}"
+        );
+        // One rule per group and set of verbs.
+        let core_read = rules
+            .iter()
+            .find(|r| r.api_groups == Some(names(&[""])) && r.verbs == read)
+            .unwrap();
         assert_eq!(
-            rules[1].verbs,
-            names(&[
-                "get", "list", "watch", "create", "update", "patch", "delete"
-            ])
+            core_read.resources,
+            Some(names(&["configmaps", "events", "pods"]))
         );
-        assert_eq!(rules[2].resources, Some(names(&["deployments/scale"])));
     }
 
     #[test]
-    fn secrets_are_list_watch_only_and_only_when_watched() {
-        let w = watched(&names(&["Secret"]), &[], &[], &[]).unwrap();
-        let rules_ro = rules(std::slice::from_ref(&w), false, false, &[]);
-        assert_eq!(rules_ro.len(), 1);
-        assert_eq!(rules_ro[0].verbs, names(&["list", "watch"]));
-        let rules_deploy = rules(&[w], true, false, &[]);
-        assert!(!rules_deploy[0].verbs.contains(&"get".to_string()));
+    fn deploy_writes_the_deploy_kinds_with_scale_and_only_reads_the_rest() {
+        let rules = super::rules(&[deploying(&["Deployment", "Namespace"], None)], true, &[]);
+        assert_eq!(verbs_on(&rules, "apps", "deployments"), all_verbs());
+        assert_eq!(verbs_on(&rules, "", "namespaces"), all_verbs());
+        assert_eq!(
+            verbs_on(&rules, "apps", "deployments/scale"),
+            names(SCALE_VERBS)
+        );
+        // Read for rollout history and undo, never written.
+        assert_eq!(verbs_on(&rules, "apps", "replicasets"), names(READ_VERBS));
+        assert_eq!(verbs_on(&rules, "", "pods"), names(READ_VERBS));
+        assert!(verbs_on(&rules, "", "pods/exec").is_empty());
+    }
 
-        let everything_but_secrets = watched(&[], &names(&["Secret"]), &[], &[]).unwrap();
-        let all = rules(
-            &[everything_but_secrets],
+    #[test]
+    fn deploy_kinds_default_to_the_watched_kinds_and_may_name_unwatched_ones() {
+        let w = watched(&names(&["ConfigMap"]), &[], &[], &[]).unwrap();
+        assert_eq!(deployed(None, &w, &[]).unwrap(), w);
+        assert_eq!(
+            deployed(Some(&names(&["Job", "Widget"])), &w, &[]).unwrap_err(),
+            names(&["Widget"])
+        );
+
+        // A Job deployed without being watched.
+        let rules = super::rules(
+            &[deploying(&["ConfigMap"], Some(&["ConfigMap", "Job"]))],
             false,
-            true,
-            &names(&["apps", "batch"]),
+            &[],
         );
+        assert_eq!(verbs_on(&rules, "batch", "jobs"), all_verbs());
+        assert_eq!(verbs_on(&rules, "", "configmaps"), all_verbs());
+        assert_eq!(verbs_on(&rules, "", "pods"), names(READ_VERBS), "Job logs");
+        assert_eq!(verbs_on(&rules, "", "pods/log"), names(&["get"]));
+
+        // `deployKinds: []`: read-only under a Deploy agent.
+        let rules = super::rules(&[deploying(&["ConfigMap"], Some(&[]))], false, &[]);
+        assert_eq!(verbs_on(&rules, "", "configmaps"), names(READ_VERBS));
+
+        // Watched but not deployable: read only.
+        let rules = super::rules(
+            &[deploying(&["ConfigMap", "Service"], Some(&["ConfigMap"]))],
+            false,
+            &[],
+        );
+        assert_eq!(verbs_on(&rules, "", "services"), names(READ_VERBS));
+    }
+
+    #[test]
+    fn deployable_pods_may_be_exec_attached_and_port_forwarded() {
+        let rules = super::rules(&[deploying(&["Pod"], None)], false, &[]);
+        for stream in ["pods/exec", "pods/attach", "pods/portforward"] {
+            assert_eq!(
+                verbs_on(&rules, "", stream),
+                names(STREAM_VERBS),
+                "{stream}"
+            );
+        }
+        let rules = super::rules(&[read_only(&["Pod"])], false, &[]);
+        assert!(verbs_on(&rules, "", "pods/exec").is_empty());
+    }
+
+    #[test]
+    fn watched_secrets_are_list_watch_only_and_deployable_ones_are_readable() {
+        let ro = super::rules(&[read_only(&["Secret"])], false, &[]);
+        assert_eq!(verbs_on(&ro, "", "secrets"), names(SECRET_READ_VERBS));
+        // Deploy: client-side apply and replace read the live Secret; create, update and
+        // patch answer with the whole object, so `get` reveals nothing writing does not.
+        let deploy = super::rules(&[deploying(&["Secret"], None)], false, &[]);
+        assert_eq!(verbs_on(&deploy, "", "secrets"), all_verbs());
+        // Not watched and not deployable: nothing at all.
+        let none = super::rules(&[deploying(&["ConfigMap"], None)], false, &[]);
+        assert!(verbs_on(&none, "", "secrets").is_empty());
+    }
+
+    #[test]
+    fn everything_is_the_core_one_by_one_and_every_other_group() {
+        let groups = names(&["apps", "batch"]);
+        let everything_but_secrets = AccountKinds {
+            watched: watched(&[], &names(&["Secret", "Event"]), &[], &[]).unwrap(),
+            deployed: None,
+        };
+        let all = super::rules(std::slice::from_ref(&everything_but_secrets), true, &groups);
+        assert!(verbs_on(&all, "", "secrets").is_empty(), "{all:?}");
+        assert_eq!(verbs_on(&all, "apps", "replicasets"), names(READ_VERBS));
+        assert_eq!(verbs_on(&all, "", "pods"), names(READ_VERBS));
+        assert_eq!(verbs_on(&all, "", "namespaces"), names(READ_VERBS));
+        assert_eq!(verbs_on(&all, "", "pods/log"), names(&["get"]));
+        // Omitted from the watch, still readable for the `events` operation.
+        assert_eq!(verbs_on(&all, "", "events"), names(READ_VERBS));
+        // `*` covers the group: no resource of it listed again.
         assert!(all.iter().all(|r| {
-            !r.resources
-                .as_ref()
-                .unwrap()
-                .contains(&"secrets".to_string())
+            r.api_groups != Some(names(&["apps"])) || r.resources == Some(names(&["*"]))
         }));
-        assert!(
-            all.iter()
-                .any(|r| r.api_groups == Some(names(&["apps"]))
-                    && r.resources == Some(names(&["*"])))
-        );
-        let core = &all[0];
-        assert!(
-            core.resources
-                .as_ref()
-                .unwrap()
-                .contains(&"pods".to_string())
-        );
-        assert!(
-            core.resources
-                .as_ref()
-                .unwrap()
-                .contains(&"namespaces".to_string())
-        );
+
+        // Watching everything, deploying Deployments: the group's `*` stays read-only and
+        // Deployments are listed with the write verbs next to it.
+        let mut narrow = everything_but_secrets.clone();
+        narrow.deployed = Some(watched(&names(&["Deployment"]), &[], &[], &[]).unwrap());
+        let rules = super::rules(&[narrow], true, &groups);
+        assert_eq!(verbs_on(&rules, "apps", "deployments"), all_verbs());
+        assert_eq!(verbs_on(&rules, "apps", "statefulsets"), names(READ_VERBS));
+        assert_eq!(verbs_on(&rules, "batch", "jobs"), names(READ_VERBS));
+
+        // Deploying everything (the default for an account watching everything).
+        let mut wide = everything_but_secrets;
+        wide.deployed = Some(wide.watched.clone());
+        let rules = super::rules(&[wide], true, &groups);
+        assert_eq!(verbs_on(&rules, "batch", "jobs"), all_verbs());
+        assert_eq!(verbs_on(&rules, "", "configmaps"), all_verbs());
+        assert!(verbs_on(&rules, "", "secrets").is_empty(), "omitted");
+    }
+
+    #[test]
+    fn no_accounts_no_rules() {
+        assert!(rules(&[], true, &names(&["apps"])).is_empty());
     }
 
     #[test]

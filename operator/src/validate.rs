@@ -120,6 +120,9 @@ pub fn check(
         }
         _ => {}
     }
+    if let Some(rejection) = outside_scope(account, agent) {
+        return Err(rejection);
+    }
     if let Some(secret_ref) = &account.spec.credentials.kubeconfig_secret_ref {
         let Some(secret) = kubeconfig else {
             return Err(Rejection {
@@ -151,6 +154,34 @@ pub fn check(
         }
     }
     Ok(())
+}
+
+/// An account of an agent with `scope.type: Namespaces` (mode Agent) that names namespaces
+/// outside the scope: the agent has no rights there, so its watches and operations there
+/// would only ever be refused.
+fn outside_scope(account: &AgentAccount, agent: &ScaleAgent) -> Option<Rejection> {
+    let scope = &agent.spec.scope;
+    if agent.spec.mode != Mode::Agent || scope.is_cluster() {
+        return None;
+    }
+    let outside: Vec<&str> = account
+        .spec
+        .namespaces
+        .iter()
+        .filter(|n| !scope.namespaces.contains(n))
+        .map(String::as_str)
+        .collect();
+    (!outside.is_empty()).then(|| Rejection {
+        reason: "NamespaceOutOfScope",
+        message: format!(
+            "spec.namespaces names {} outside ScaleAgent {}'s spec.scope.namespaces [{}], where \
+             the agent has no rights: remove them from spec.namespaces, or add them to the \
+             ScaleAgent's spec.scope.namespaces",
+            outside.join(", "),
+            agent.name_any(),
+            scope.namespaces.join(", ")
+        ),
+    })
 }
 
 #[cfg(test)]
@@ -214,6 +245,34 @@ mod tests {
         );
         secret.data = Some([("kubeconfig".to_string(), ByteString(b"x".to_vec()))].into());
         assert_eq!(check(&kc, Some(&infra), &[], Some(&secret)), Ok(()));
+    }
+
+    #[test]
+    fn namespaces_outside_the_scope_are_rejected_with_what_to_change() {
+        let mut scoped = agent("prod");
+        scoped.spec.scope = serde_json::from_value(
+            serde_json::json!({"type": "Namespaces", "namespaces": ["team-a", "team-b"]}),
+        )
+        .unwrap();
+        let mut a = account("web", "prod");
+        a.spec.namespaces = vec!["team-a".into()];
+        assert_eq!(check(&a, Some(&scoped), &[], None), Ok(()));
+        a.spec.namespaces = vec!["team-a".into(), "team-c".into()];
+        let err = check(&a, Some(&scoped), &[], None).unwrap_err();
+        assert_eq!(err.reason, "NamespaceOutOfScope");
+        assert!(
+            err.message.contains(
+                "spec.namespaces names team-c outside ScaleAgent prod's \
+                 spec.scope.namespaces [team-a, team-b]"
+            ) && err.message.contains(
+                "remove them from spec.namespaces, or add them to the ScaleAgent's \
+                 spec.scope.namespaces"
+            ),
+            "{}",
+            err.message
+        );
+        // Cluster scope reaches every namespace.
+        assert_eq!(check(&a, Some(&agent("prod")), &[], None), Ok(()));
     }
 
     #[test]

@@ -115,7 +115,7 @@ pub struct AgentAccountSpec {
     /// Watch only these kinds, written as a kind (`Deployment`) or as resource.group
     /// (`deployments.apps`), e.g. `[Deployment, Service, Ingress]`. Default: the ScaleAgent's
     /// `defaults`, else every kind the credentials may list and watch. Spinnaker can still
-    /// deploy kinds that are not watched. Not together with `omitKinds`.
+    /// deploy other kinds only when `deployKinds` names them. Not together with `omitKinds`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(inner(length(min = 1, max = 253)))]
     pub kinds: Vec<String>,
@@ -125,6 +125,15 @@ pub struct AgentAccountSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(inner(length(min = 1, max = 253)))]
     pub omit_kinds: Vec<String>,
+
+    /// Kinds Spinnaker may create, change and delete through this account (with ScaleAgent
+    /// `access: Deploy`), written like `kinds`, e.g. `[Deployment, Service, Job]`; they need
+    /// not be watched (a Job can be deployed without caching Jobs). Default: the watched kinds
+    /// (`kinds`/`omitKinds`, the ScaleAgent's `defaults`, and `customResources`). `[]` makes
+    /// the account read-only under a Deploy agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(inner(length(min = 1, max = 253)))]
+    pub deploy_kinds: Option<Vec<String>>,
 
     /// Custom resource kinds to expose to Spinnaker, e.g. `[{kind: ServiceMonitor, group:
     /// monitoring.coreos.com}]`. Needed with `onlyNamespacedResources`, where the agent does

@@ -163,9 +163,13 @@ pub struct ScaleAgentSpec {
     pub scope: Scope,
 
     /// What the agent's ServiceAccount may do within `scope` (`Agent` mode only). `ReadOnly`
-    /// (default) grants get, list and watch, enough to cache objects for Spinnaker; `Deploy`
-    /// also grants create, update, patch and delete, so Spinnaker pipelines can deploy through
-    /// the agent.
+    /// (default) grants get, list and watch on the watched kinds (Secrets: list and watch)
+    /// and what the read operations need besides (Events, a workload's pods and logs,
+    /// ReplicaSets and ControllerRevisions for rollout history), enough to cache objects for
+    /// Spinnaker; `Deploy` also grants create, update, patch and delete on each account's
+    /// `deployKinds` (default: its watched kinds), their `scale` subresource, and exec,
+    /// attach and port-forward when Pods are deployable, so Spinnaker pipelines can deploy
+    /// through the agent. The full table is in operator/README.md.
     #[serde(default)]
     pub access: Access,
 
@@ -500,10 +504,10 @@ pub enum ScopeType {
 /// What the agent's ServiceAccount may do.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Access {
-    /// get, list, watch.
+    /// get, list, watch (Secrets: list, watch).
     #[default]
     ReadOnly,
-    /// get, list, watch, create, update, patch, delete.
+    /// Also create, update, patch, delete on the deployable kinds.
     Deploy,
 }
 

@@ -575,16 +575,17 @@ async fn plan_enrolment(
     }
 }
 
-/// The rules for the accepted ServiceAccount accounts.
-async fn plan_rules(
+/// The accepted accounts with their watched and deployed kinds resolved (an account naming
+/// a kind the cluster does not serve is reported and left out), and the non-core API groups
+/// the cluster serves (for accounts that watch or deploy everything).
+async fn resolve_account_kinds<'a>(
     agent: &ScaleAgent,
     ctx: &Context,
-    accepted: &[&AgentAccount],
-    cluster_scoped: bool,
+    accepted: &[&'a AgentAccount],
     problems: &mut Vec<Problem>,
-) -> Result<Vec<PolicyRule>> {
+) -> Result<(Vec<(&'a AgentAccount, rbac::AccountKinds)>, Vec<String>)> {
     let served = served_kinds(ctx).await?;
-    let mut watched = Vec::new();
+    let mut resolved = Vec::new();
     for account in accepted {
         let (kinds, omit_kinds) = desired::effective_kinds(agent, account);
         let custom: Vec<(String, String)> = account
@@ -593,44 +594,53 @@ async fn plan_rules(
             .iter()
             .map(|cr| (cr.kind.clone(), cr.group.clone()))
             .collect();
-        match rbac::watched(&kinds, &omit_kinds, &custom, &served) {
-            Ok(w) => watched.push(w),
+        let account_kinds =
+            rbac::watched(&kinds, &omit_kinds, &custom, &served).and_then(|watched| {
+                let deployed = if desired::writes_as_agent(agent, account) {
+                    let deploy_kinds = account.spec.deploy_kinds.as_deref();
+                    Some(rbac::deployed(deploy_kinds, &watched, &served)?)
+                } else {
+                    None
+                };
+                Ok(rbac::AccountKinds { watched, deployed })
+            });
+        match account_kinds {
+            Ok(account_kinds) => resolved.push((*account, account_kinds)),
             Err(unknown) => problems.push(Problem {
                 reason: "UnknownKind",
                 message: format!(
                     "AgentAccount {} names kinds this cluster does not serve, or that several \
-                     API groups serve: {}; check the spelling and that the CRD is installed, \
-                     and write a kind served by several groups as resource.group, e.g. \
-                     certificates.cert-manager.io",
+                     API groups serve: {}; check the spelling of kinds, omitKinds and \
+                     deployKinds and that the CRD is installed, and write a kind served by \
+                     several groups as resource.group, e.g. certificates.cert-manager.io",
                     account.name_any(),
                     unknown.join(", ")
                 ),
             }),
         }
     }
-    let groups = if watched.iter().any(|w| w.everything) {
-        let mut groups: Vec<String> = served
-            .iter()
-            .map(|s| s.resolved.group.clone())
-            .filter(|g| !g.is_empty())
-            .collect();
-        groups.sort();
-        groups.dedup();
-        groups
-    } else {
-        Vec::new()
-    };
-    // Accounts that impersonate write as another ServiceAccount: when all of them do, the
-    // agent's own rights can stay read-only whatever `access` says.
-    let writes_as_itself = accepted
+    let mut groups: Vec<String> = served
         .iter()
-        .any(|a| a.spec.impersonate_service_account.is_none());
-    Ok(rbac::rules(
-        &watched,
-        agent.spec.access == scale_agent_crds::v1alpha1::Access::Deploy && writes_as_itself,
-        cluster_scoped,
-        &groups,
-    ))
+        .map(|s| s.resolved.group.clone())
+        .filter(|g| !g.is_empty())
+        .collect();
+    groups.sort();
+    groups.dedup();
+    Ok((resolved, groups))
+}
+
+/// The rules of a Role in `namespace`: what the accounts that read or deploy there need.
+fn namespace_rules(
+    accounts: &[(&AgentAccount, rbac::AccountKinds)],
+    namespace: &str,
+    groups: &[String],
+) -> Vec<PolicyRule> {
+    let here: Vec<rbac::AccountKinds> = accounts
+        .iter()
+        .filter(|(account, _)| desired::covers_namespace(account, namespace))
+        .map(|(_, kinds)| kinds.clone())
+        .collect();
+    rbac::rules(&here, false, groups)
 }
 
 /// Every kind the cluster serves (preferred versions), for resolving account kind names to
@@ -679,8 +689,9 @@ async fn reconcile_rbac(
     let cluster_roles = Api::<ClusterRole>::all(client.clone());
     let cluster_bindings = Api::<ClusterRoleBinding>::all(client.clone());
     if want_cluster {
-        let rules = plan_rules(agent, ctx, accepted, true, problems).await?;
-        let (role, binding) = desired::cluster_rbac(agent, rules);
+        let (accounts, groups) = resolve_account_kinds(agent, ctx, accepted, problems).await?;
+        let kinds: Vec<rbac::AccountKinds> = accounts.into_iter().map(|(_, kinds)| kinds).collect();
+        let (role, binding) = desired::cluster_rbac(agent, rbac::rules(&kinds, true, &groups));
         note(
             applied,
             apply(&cluster_roles, &role).await?.1,
@@ -696,9 +707,10 @@ async fn reconcile_rbac(
         delete_existing(&cluster_roles, &name).await?;
     }
     if !want_namespaces.is_empty() {
-        let rules = plan_rules(agent, ctx, accepted, false, problems).await?;
+        let (accounts, groups) = resolve_account_kinds(agent, ctx, accepted, problems).await?;
         for namespace in &want_namespaces {
-            let (role, binding) = desired::namespaced_rbac(agent, namespace, rules.clone())?;
+            let rules = namespace_rules(&accounts, namespace, &groups);
+            let (role, binding) = desired::namespaced_rbac(agent, namespace, rules)?;
             let roles = Api::<Role>::namespaced(client.clone(), namespace);
             let bindings = Api::<RoleBinding>::namespaced(client.clone(), namespace);
             match apply(&roles, &role).await {
