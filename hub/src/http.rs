@@ -70,6 +70,15 @@ pub(crate) fn error(status: StatusCode, message: String) -> Response {
     (status, Json(json!({ "error": message }))).into_response()
 }
 
+/// A 413 as a Kubernetes `Status` (reason `RequestEntityTooLarge`, what the API server
+/// answers), which also carries the API's usual `error` field for clients that read only it.
+fn too_large(message: String) -> Response {
+    let status = crate::proxy::status::Status::failure(413, "RequestEntityTooLarge", &message);
+    let mut body = serde_json::to_value(&status).unwrap_or_else(|_| json!({}));
+    body["error"] = json!(message);
+    (StatusCode::PAYLOAD_TOO_LARGE, Json(body)).into_response()
+}
+
 async fn submit_operation(
     State(hub): State<Arc<Hub>>,
     Path(name): Path<String>,
@@ -93,6 +102,9 @@ async fn submit_operation(
             };
             let subject = crate::audit::OperationSubject::of(None);
             crate::audit::operation(&caller, &name, &subject, status.as_u16(), started.elapsed());
+            if status == StatusCode::PAYLOAD_TOO_LARGE {
+                return too_large(message);
+            }
             return error(status, message);
         }
     };

@@ -889,6 +889,11 @@ async fn operation_requests_past_the_body_limit_get_413() {
     let message = body["error"].as_str().unwrap_or_default();
     assert!(message.contains("limit of 4096 bytes"), "{body}");
     assert!(message.contains("--max-request-bytes"), "{body}");
+    // A Kubernetes Status, like the API server's own 413.
+    assert_eq!(body["kind"], "Status", "{body}");
+    assert_eq!(body["reason"], "RequestEntityTooLarge", "{body}");
+    assert_eq!(body["code"], 413, "{body}");
+    assert_eq!(body["message"], body["error"], "{body}");
     hub.shutdown().await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
