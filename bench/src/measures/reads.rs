@@ -794,8 +794,9 @@ async fn accounts_row(w: &World<'_>, rows: &mut Vec<Row>) -> Result<String> {
         ("hub".to_string(), w.hub.pid()),
         ("agent".to_string(), agent.pid()),
     ];
-    let mut figures = Vec::new();
-    for through_proxy in [true, false] {
+    let pids = &pids;
+    // (seconds in all, load, agent CPU seconds) of one side.
+    let timed = |through_proxy: bool| async move {
         let window = LoadWindow::start(env, w.apiserver, w.hub.pid()).await?;
         let cpu = CpuWindow::start(pids.clone());
         let started = Instant::now();
@@ -808,15 +809,16 @@ async fn accounts_row(w: &World<'_>, rows: &mut Vec<Row>) -> Result<String> {
             .find(|(name, _)| name == "agent")
             .map(|(_, s)| *s)
             .unwrap_or(0.0);
-        figures.push((total, load, agent_cpu));
-    }
+        anyhow::Ok((total, load, agent_cpu))
+    };
+    let (ps, pl, pa) = timed(true).await?;
+    let (ds, dl, _) = timed(false).await?;
     let mut headers = BTreeMap::new();
     for path in &kubeconfigs {
         let client = super::proxy::client_for(path).await?;
         merge(&mut headers, cycle_headers(&client, &ns).await?);
     }
     drop(agent);
-    let [(ps, pl, pa), (ds, dl, _)] = [figures[0], figures[1]];
     rows.push(Row {
         id: "reads-accounts".into(),
         measure: 9,
