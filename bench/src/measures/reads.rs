@@ -477,7 +477,14 @@ pub async fn reads(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<String
     .await?;
 
     let mut summary = Vec::new();
-    let step = |what: &str| eprintln!("[bench]          9. {what}");
+    // Seconds into measure 9 as each row starts, so each row's duration shows.
+    let measure_started = Instant::now();
+    let step = |what: &str| {
+        eprintln!(
+            "[bench]          9. {:>6.1} s: {what}",
+            measure_started.elapsed().as_secs_f64()
+        )
+    };
     step("caching cycle, loopback");
     summary.push(
         cycle_row(
@@ -553,6 +560,7 @@ pub async fn reads(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<String
         )
         .await?;
     }
+    step("done");
     drop(agent);
     drop(toxiproxy);
     drop(hub);
