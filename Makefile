@@ -5,7 +5,7 @@ SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
 
-.PHONY: help test demo bench control-plane nginx fmt lint unit crds proto
+.PHONY: help test demo bench control-plane nginx toxiproxy fmt lint unit crds proto
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -26,7 +26,10 @@ demo: control-plane ## Run Scale Agent locally on a real control plane (Ctrl-C s
 	$(CARGO) build --locked -p scale-agent-e2e --bins
 	$(CARGO) run --locked -p scale-agent-e2e --bin scale-agent-demo
 
-bench: control-plane ## Benchmarks side by side with their baselines (release build; table + target/bench/latest.json)
+toxiproxy: ## Build Toxiproxy, the latency proxy of the benchmark's far rows (cached; not needed by `make test`)
+	@bench/toxiproxy/build.sh
+
+bench: control-plane toxiproxy ## Benchmarks side by side with their baselines (release build; table + target/bench/latest.json)
 	$(CARGO) run --locked --release -p scale-agent-bench
 
 fmt: ## Format the code

@@ -176,10 +176,20 @@ impl Env {
         hub: &HubProc,
         accounts: serde_json::Value,
     ) -> Result<AgentProc> {
+        self.agent_at(name, hub.grpc_addr, accounts).await
+    }
+
+    /// [`Self::agent`] with the hub's gRPC address given: a latency proxy's in front of it.
+    pub async fn agent_at(
+        &self,
+        name: &str,
+        hub_grpc: SocketAddr,
+        accounts: serde_json::Value,
+    ) -> Result<AgentProc> {
         let config = self.dir.join(format!("{name}.yaml"));
         let text = serde_json::to_string_pretty(&json!({
             "clouddriver": {
-                "grpc": hub.grpc_addr.to_string(),
+                "grpc": hub_grpc.to_string(),
                 "keepAliveHeartbeatSeconds": 15,
                 "backoff": { "baseDelay": "200ms", "maxDelay": "1s" },
             },

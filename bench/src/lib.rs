@@ -13,6 +13,7 @@ pub mod floor;
 pub mod measures;
 pub mod procs;
 pub mod report;
+pub mod toxiproxy;
 
 use std::{path::PathBuf, time::Duration};
 
@@ -62,7 +63,26 @@ pub struct Options {
     pub proxy_list_object_bytes: usize,
     /// Measure 8: LISTs per side (the median is shown).
     pub proxy_list_repeats: usize,
-    /// Which of the eight measures to run (all by default).
+    /// Measure 9: objects (over eight kinds) in the account of the caching cycle.
+    pub reads_cycle_objects: usize,
+    /// Measure 9: caching cycles per side and setting (the median is shown).
+    pub reads_cycle_repeats: usize,
+    /// Measure 9: ConfigMaps of the paged LIST.
+    pub reads_list_objects: usize,
+    /// Measure 9: paged LISTs per side (the median is shown).
+    pub reads_list_repeats: usize,
+    /// Measure 9: accounts whose caching cycles run at once on one hub.
+    pub reads_accounts: usize,
+    /// Measure 9: objects (over eight kinds) each of those accounts holds.
+    pub reads_account_objects: usize,
+    /// Measure 9: ConfigMap updates the two watches see, per setting.
+    pub reads_watch_updates: usize,
+    /// Measure 9: updates per second (fixed rate).
+    pub reads_watch_rate: f64,
+    /// Measure 9: round trip added by Toxiproxy for the far rows, milliseconds; 0 skips
+    /// them (and Toxiproxy).
+    pub reads_round_trip_ms: u64,
+    /// Which of the nine measures to run (all by default).
     pub measures: Vec<u8>,
     /// Hub stores on /dev/shm instead of the work directory (default: the work directory,
     /// a disk like a real hub's).
@@ -97,7 +117,16 @@ impl Options {
             proxy_list_objects: 10_000,
             proxy_list_object_bytes: 4096,
             proxy_list_repeats: 3,
-            measures: (1..=8).collect(),
+            reads_cycle_objects: 10_000,
+            reads_cycle_repeats: 3,
+            reads_list_objects: 10_000,
+            reads_list_repeats: 3,
+            reads_accounts: 100,
+            reads_account_objects: 80,
+            reads_watch_updates: 300,
+            reads_watch_rate: 50.0,
+            reads_round_trip_ms: 50,
+            measures: (1..=9).collect(),
             hub_store_on_tmpfs: false,
         }
     }
@@ -122,6 +151,13 @@ impl Options {
             proxy_watch_updates: 20,
             proxy_list_objects: 50,
             proxy_list_repeats: 1,
+            reads_cycle_objects: 80,
+            reads_cycle_repeats: 1,
+            reads_list_objects: 1100,
+            reads_list_repeats: 1,
+            reads_accounts: 3,
+            reads_account_objects: 16,
+            reads_watch_updates: 10,
             ..Self::new(exe)
         }
     }
@@ -189,6 +225,15 @@ pub async fn run(options: &Options) -> Result<Report> {
             sentence
         };
     }
+    if on(9) {
+        step("9. reads through the proxy as Clouddriver makes them");
+        let sentence = measures::reads::reads(&env, options, &mut rows).await?;
+        bottleneck = if on(2) || on(8) {
+            format!("{bottleneck} {sentence}")
+        } else {
+            sentence
+        };
+    }
     step("done");
     rows.sort_by_key(|r| r.measure);
 
@@ -218,6 +263,15 @@ pub async fn run(options: &Options) -> Result<Report> {
             "proxy_list_objects": options.proxy_list_objects,
             "proxy_list_object_bytes": options.proxy_list_object_bytes,
             "proxy_list_repeats": options.proxy_list_repeats,
+            "reads_cycle_objects": options.reads_cycle_objects,
+            "reads_cycle_repeats": options.reads_cycle_repeats,
+            "reads_list_objects": options.reads_list_objects,
+            "reads_list_repeats": options.reads_list_repeats,
+            "reads_accounts": options.reads_accounts,
+            "reads_account_objects": options.reads_account_objects,
+            "reads_watch_updates": options.reads_watch_updates,
+            "reads_watch_rate_per_sec": options.reads_watch_rate,
+            "reads_round_trip_ms": options.reads_round_trip_ms,
             "measures": options.measures,
         }),
         rows,

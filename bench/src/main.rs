@@ -104,9 +104,76 @@ struct Args {
     /// Measure 8: large LISTs per side (the median is shown).
     #[arg(long, default_value_t = 3)]
     proxy_list_repeats: usize,
-    /// Which measures to run (comma-separated numbers 1 to 8; 3, 4 and 5 share one setup;
-    /// 8 is the Kubernetes API proxy).
-    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6,7,8")]
+    /// Measure 9 (reads as Clouddriver makes them): objects, over eight kinds, in the
+    /// account of the caching cycle.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_BENCH_READS_CYCLE_OBJECTS",
+        default_value_t = 10_000
+    )]
+    reads_cycle_objects: usize,
+    /// Measure 9: caching cycles per side and setting (the median is shown).
+    #[arg(
+        long,
+        env = "SCALE_AGENT_BENCH_READS_CYCLE_REPEATS",
+        default_value_t = 3
+    )]
+    reads_cycle_repeats: usize,
+    /// Measure 9: ConfigMaps of the LIST in pages of 500.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_BENCH_READS_LIST_OBJECTS",
+        default_value_t = 10_000
+    )]
+    reads_list_objects: usize,
+    /// Measure 9: paged LISTs per side (the median is shown).
+    #[arg(
+        long,
+        env = "SCALE_AGENT_BENCH_READS_LIST_REPEATS",
+        default_value_t = 3
+    )]
+    reads_list_repeats: usize,
+    /// Measure 9: accounts whose caching cycles run at once on one hub.
+    #[arg(long, env = "SCALE_AGENT_BENCH_READS_ACCOUNTS", default_value_t = 100)]
+    reads_accounts: usize,
+    /// Measure 9: objects, over eight kinds, that each of those accounts holds.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_BENCH_READS_ACCOUNT_OBJECTS",
+        default_value_t = 80
+    )]
+    reads_account_objects: usize,
+    /// Measure 9: ConfigMap updates the two watches see, per setting.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_BENCH_READS_WATCH_UPDATES",
+        default_value_t = 300
+    )]
+    reads_watch_updates: usize,
+    /// Measure 9: watch updates per second (fixed rate).
+    #[arg(
+        long,
+        env = "SCALE_AGENT_BENCH_READS_WATCH_RATE",
+        default_value_t = 50.0
+    )]
+    reads_watch_rate: f64,
+    /// Measure 9: round trip, milliseconds, that Toxiproxy adds in front of the API server
+    /// and the hub's gRPC port for the far rows; 0 skips the far rows (and Toxiproxy).
+    #[arg(
+        long,
+        env = "SCALE_AGENT_BENCH_READS_ROUND_TRIP_MS",
+        default_value_t = 50
+    )]
+    reads_round_trip_ms: u64,
+    /// Which measures to run (comma-separated numbers 1 to 9; 3, 4 and 5 share one setup;
+    /// 8 is the Kubernetes API proxy, 9 reads through it as Clouddriver makes them:
+    /// `--measures 8,9` runs only the proxy rows).
+    #[arg(
+        long,
+        env = "SCALE_AGENT_BENCH_MEASURES",
+        value_delimiter = ',',
+        default_value = "1,2,3,4,5,6,7,8,9"
+    )]
     measures: Vec<u8>,
     /// Run the hubs' stores on tmpfs (/dev/shm) instead of the work directory's disk.
     #[arg(long)]
@@ -150,6 +217,15 @@ fn main() -> anyhow::Result<()> {
         proxy_list_objects: args.proxy_list_objects,
         proxy_list_object_bytes: args.proxy_list_object_bytes,
         proxy_list_repeats: args.proxy_list_repeats,
+        reads_cycle_objects: args.reads_cycle_objects,
+        reads_cycle_repeats: args.reads_cycle_repeats,
+        reads_list_objects: args.reads_list_objects,
+        reads_list_repeats: args.reads_list_repeats,
+        reads_accounts: args.reads_accounts,
+        reads_account_objects: args.reads_account_objects,
+        reads_watch_updates: args.reads_watch_updates,
+        reads_watch_rate: args.reads_watch_rate,
+        reads_round_trip_ms: args.reads_round_trip_ms,
         measures: args.measures,
         hub_store_on_tmpfs: args.hub_store_on_tmpfs,
         ..Options::new(std::env::current_exe()?)

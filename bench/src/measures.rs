@@ -1,8 +1,10 @@
-//! The seven measures of issue 6, and the Kubernetes API proxy's ([`proxy`], measure 8).
+//! The seven measures of issue 6, the Kubernetes API proxy's ([`proxy`], measure 8) and
+//! reads through it as Clouddriver makes them ([`reads`], measure 9).
 //! Each appends rows (this system beside its baseline, measured in the same run) to the
 //! report.
 
 pub mod proxy;
+pub mod reads;
 
 use std::{
     collections::HashMap,

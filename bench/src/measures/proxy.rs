@@ -86,7 +86,7 @@ fn pair(i: usize) -> [Side; 2] {
 }
 
 /// A client for the kubeconfig at `path` (kube's own loading, as any client does).
-async fn client_for(path: &Path) -> Result<Client> {
+pub(super) async fn client_for(path: &Path) -> Result<Client> {
     let kubeconfig = Kubeconfig::read_from(path)
         .with_context(|| format!("read kubeconfig {}", path.display()))?;
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
