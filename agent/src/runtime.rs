@@ -492,6 +492,7 @@ impl Runtime {
                 });
             }
             Some(hub_message::Kind::CertificateRenewal(renewal)) => self.renewed(renewal),
+            Some(hub_message::Kind::AccountState(state)) => self.hub_account_state(state),
             Some(hub_message::Kind::Heartbeat(_)) | Some(hub_message::Kind::Welcome(_)) | None => {}
         }
         Ok(())
@@ -510,6 +511,24 @@ impl Runtime {
     }
 
     /// Keeps a renewed certificate (used from the next connection on).
+    /// Records the hub's state of an account (for the admin view and the status writer).
+    fn hub_account_state(&mut self, state: v1::AccountState) {
+        let name = v1::account_state::State::try_from(state.state)
+            .map(|s| s.as_str_name())
+            .unwrap_or("STATE_UNSPECIFIED");
+        tracing::debug!(account = %state.account, state = name, reason = %state.reason, "hub account state");
+        if !self.accounts.contains_key(&state.account) {
+            return;
+        }
+        self.shared.update_account(&state.account, |view| {
+            view.hub_state = Some(state::HubAccountState {
+                state: name.to_string(),
+                reason: state.reason,
+                since_unix_millis: state.since_unix_millis,
+            });
+        });
+    }
+
     fn renewed(&mut self, renewal: v1::CertificateRenewal) {
         let Some((files, key_pem)) = self.renewal.take() else {
             tracing::warn!("the hub sent a certificate renewal nobody asked for; ignored");

@@ -66,6 +66,18 @@ pub struct AccountView {
     /// Discovery is done and the kinds' watches are started.
     pub kinds_started: bool,
     pub kinds: Vec<KindView>,
+    /// The account's state as the hub last reported it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hub_state: Option<HubAccountState>,
+}
+
+/// An account's lifecycle state in the hub (ACTIVE, INACTIVE, FAILED, ORPHANED).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HubAccountState {
+    pub state: String,
+    pub reason: String,
+    pub since_unix_millis: i64,
 }
 
 impl AccountView {
@@ -78,6 +90,7 @@ impl AccountView {
             cluster: None,
             kinds_started: false,
             kinds: Vec::new(),
+            hub_state: None,
         }
     }
 

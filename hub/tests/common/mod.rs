@@ -566,6 +566,8 @@ pub struct FakeAgent {
     pub operations: VecDeque<pb::Operation>,
     pub tunnel: VecDeque<pb::TunnelFrame>,
     pub renewals: VecDeque<pb::CertificateRenewal>,
+    /// AccountState messages, oldest first.
+    pub states: VecDeque<pb::AccountState>,
     pub welcome: Option<pb::Welcome>,
     /// Set once the stream ended: the status, or OK for a clean end.
     ended: Option<Status>,
@@ -653,6 +655,7 @@ fn finish_open(
         operations: VecDeque::new(),
         tunnel: VecDeque::new(),
         renewals: VecDeque::new(),
+        states: VecDeque::new(),
         welcome: None,
         ended: None,
     }
@@ -780,6 +783,7 @@ impl FakeAgent {
             Some(Out::Operation(op)) => self.operations.push_back(op),
             Some(Out::Tunnel(frame)) => self.tunnel.push_back(frame),
             Some(Out::CertificateRenewal(r)) => self.renewals.push_back(r),
+            Some(Out::AccountState(s)) => self.states.push_back(s),
             None => panic!("empty hub message"),
         }
         Ok(())
