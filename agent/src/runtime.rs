@@ -221,6 +221,8 @@ impl Runtime {
                     text
                 }
             };
+            self.shared
+                .update(|view| view.hub_error = Some(error.clone()));
             let delay = backoff.next_delay();
             tracing::warn!(hub = %self.config.clouddriver.grpc, %error, "hub stream ended; reconnecting in {:.1} s", delay.as_secs_f64());
             let sleep = tokio::time::sleep(delay);
@@ -260,6 +262,7 @@ impl Runtime {
         }
         self.shared.update(|view| {
             view.hub_connected = false;
+            view.hub_replicas.clear();
             for account in &mut view.accounts {
                 if account.role != state::ROLE_REJECTED {
                     account.role = state::ROLE_PENDING.into();
@@ -493,6 +496,10 @@ impl Runtime {
             }
             Some(hub_message::Kind::CertificateRenewal(renewal)) => self.renewed(renewal),
             Some(hub_message::Kind::AccountState(state)) => self.hub_account_state(state),
+            Some(hub_message::Kind::AgentReplicas(replicas)) => {
+                self.shared
+                    .update(|view| view.hub_replicas = replicas.replicas);
+            }
             Some(hub_message::Kind::Heartbeat(_)) | Some(hub_message::Kind::Welcome(_)) | None => {}
         }
         Ok(())

@@ -133,6 +133,12 @@ pub struct AgentView {
     pub hub_connected: bool,
     /// The identity the hub read from the client certificate (Welcome).
     pub hub_identity: String,
+    /// Why the last stream to the hub ended or could not start; kept while connected.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hub_error: Option<String>,
+    /// The replicas of this agent's identity connected to the hub, as the hub last said.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hub_replicas: Vec<String>,
     pub config: ConfigView,
     pub accounts: Vec<AccountView>,
 }

@@ -83,6 +83,8 @@ pub(crate) enum Control {
     Operation(Box<scale_agent_proto::v1::Operation>),
     /// Tell the agent an account's state.
     AccountState(scale_agent_proto::v1::AccountState),
+    /// Tell the agent which replicas of its identity are connected.
+    AgentReplicas(scale_agent_proto::v1::AgentReplicas),
 }
 
 /// What the rest of the hub holds of one agent stream.
@@ -194,6 +196,17 @@ impl Hub {
             for session in sessions {
                 self.control(session, Control::AccountState(message.clone()));
             }
+        }
+    }
+
+    /// Tells every stream of `identity` which of its replicas are connected now.
+    pub(crate) fn announce_replicas(&self, identity: &str) {
+        let replicas = self.state().registry.replicas_of_identity(identity);
+        let message = scale_agent_proto::v1::AgentReplicas {
+            replicas: replicas.iter().map(|(_, r)| r.clone()).collect(),
+        };
+        for (session, _) in replicas {
+            self.control(session, Control::AgentReplicas(message.clone()));
         }
     }
 

@@ -592,6 +592,18 @@ impl Registry {
         sessions
     }
 
+    /// Streams of `identity` and their replica names, sorted by replica.
+    pub fn replicas_of_identity(&self, identity: &str) -> Vec<(SessionId, String)> {
+        let mut replicas: Vec<(SessionId, String)> = self
+            .sessions
+            .values()
+            .filter(|s| s.identity == identity)
+            .map(|s| (s.id, s.replica.clone()))
+            .collect();
+        replicas.sort_by(|a, b| a.1.cmp(&b.1));
+        replicas
+    }
+
     /// How many accounts are in each state.
     pub fn state_counts(&self) -> BTreeMap<AccountState, usize> {
         let mut counts: BTreeMap<AccountState, usize> =

@@ -291,6 +291,7 @@ async fn run_stream(
     }
     hub.deliver(promotions);
     hub.observe_states();
+    hub.announce_replicas(identity);
     tracing::info!(%identity, %peer, replica = %hello.replica, version = %hello.agent_version, session = id, "agent connected");
 
     let session =
@@ -303,6 +304,7 @@ async fn run_stream(
     hub.tunnels.session_ended(id);
     hub.deliver(promotions);
     hub.observe_states();
+    hub.announce_replicas(identity);
     result
 }
 
@@ -352,6 +354,9 @@ async fn serve(
                 }
                 Some(Control::AccountState(state)) => {
                     send(tx, Out::AccountState(state)).await?;
+                }
+                Some(Control::AgentReplicas(replicas)) => {
+                    send(tx, Out::AgentReplicas(replicas)).await?;
                 }
                 Some(Control::Promote(account)) => {
                     let assignment = {

@@ -521,6 +521,20 @@ async fn account_states_follow_the_agents() {
     assert!(reason.contains("agent-a.test/pod-1"), "{reason}");
     assert!(since.ends_with('Z'), "{since}");
 
+    // Replicas of one identity hear who of them is connected.
+    let a2 = agent(&hub, &pki, "agent-a.test", "pod-0").await;
+    wait_for("both replicas to be announced", async || {
+        let _ = a.pump_ready();
+        a.replicas.as_ref().is_some_and(|r| r.replicas == ["pod-0", "pod-1"])
+    })
+    .await;
+    drop(a2);
+    wait_for("the replica that left to be announced", async || {
+        let _ = a.pump_ready();
+        a.replicas.as_ref().is_some_and(|r| r.replicas == ["pod-1"])
+    })
+    .await;
+
     drop(a);
     wait_for("INACTIVE", async || state_of(&addr).await.0 == "INACTIVE").await;
     assert!(state_of(&addr).await.1.contains("grace period"));

@@ -5,7 +5,8 @@ mod common;
 mod scale_agent;
 
 pub use agent_account::{
-    AgentAccount, AgentAccountSpec, AgentAccountStatus, Credentials, CredentialsType,
+    AccountHubStatus, AgentAccount, AgentAccountSpec, AgentAccountStatus, Credentials,
+    CredentialsType, ForbiddenKind,
     CustomResourceKind, KubeconfigSecretRef, Permissions, ServiceAccountRef,
 };
 pub use common::{ACCOUNT_NAME_MAX_LENGTH, DNS1123_LABEL_PATTERN, is_dns1123_label};

@@ -568,6 +568,8 @@ pub struct FakeAgent {
     pub renewals: VecDeque<pb::CertificateRenewal>,
     /// AccountState messages, oldest first.
     pub states: VecDeque<pb::AccountState>,
+    /// The last AgentReplicas message.
+    pub replicas: Option<pb::AgentReplicas>,
     pub welcome: Option<pb::Welcome>,
     /// Set once the stream ended: the status, or OK for a clean end.
     ended: Option<Status>,
@@ -656,6 +658,7 @@ fn finish_open(
         tunnel: VecDeque::new(),
         renewals: VecDeque::new(),
         states: VecDeque::new(),
+        replicas: None,
         welcome: None,
         ended: None,
     }
@@ -784,6 +787,7 @@ impl FakeAgent {
             Some(Out::Tunnel(frame)) => self.tunnel.push_back(frame),
             Some(Out::CertificateRenewal(r)) => self.renewals.push_back(r),
             Some(Out::AccountState(s)) => self.states.push_back(s),
+            Some(Out::AgentReplicas(r)) => self.replicas = Some(r),
             None => panic!("empty hub message"),
         }
         Ok(())

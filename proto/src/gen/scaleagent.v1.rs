@@ -96,7 +96,7 @@ pub mod agent_message {
 /// Hub to agent.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct HubMessage {
-    #[prost(oneof = "hub_message::Kind", tags = "1, 2, 3, 4, 5, 6, 7, 8")]
+    #[prost(oneof = "hub_message::Kind", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9")]
     pub kind: ::core::option::Option<hub_message::Kind>,
 }
 /// Nested message and enum types in `HubMessage`.
@@ -119,6 +119,8 @@ pub mod hub_message {
         CertificateRenewal(super::CertificateRenewal),
         #[prost(message, tag = "8")]
         AccountState(super::AccountState),
+        #[prost(message, tag = "9")]
+        AgentReplicas(super::AgentReplicas),
     }
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -195,6 +197,14 @@ pub struct RegisterAccount {
 pub struct UnregisterAccount {
     #[prost(string, tag = "1")]
     pub account: ::prost::alloc::string::String,
+}
+/// Hub to agent: the replicas of this stream's identity connected to the hub now (item 11 of
+/// the contract). Sent to every stream of the identity when one of them connects or ends.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct AgentReplicas {
+    /// Hello.replica of each live stream of the identity, sorted.
+    #[prost(string, repeated, tag = "1")]
+    pub replicas: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
 }
 /// Hub to agent: an account's lifecycle state changed (item 11 of the contract). Sent to
 /// every stream serving the account and to the stream whose registration of it was refused.
