@@ -304,7 +304,14 @@ impl std::fmt::Display for UnknownKey {
 const KNOWN_KEYS: &[(&str, &[&str])] = &[
     (
         "",
-        &["clouddriver", "hub", "kubernetes", "tasks", "server", "status"],
+        &[
+            "clouddriver",
+            "hub",
+            "kubernetes",
+            "tasks",
+            "server",
+            "status",
+        ],
     ),
     ("status", &["namespace", "scaleAgent"]),
     (

@@ -525,7 +525,9 @@ async fn account_states_follow_the_agents() {
     let a2 = agent(&hub, &pki, "agent-a.test", "pod-0").await;
     wait_for("both replicas to be announced", async || {
         let _ = a.pump_ready();
-        a.replicas.as_ref().is_some_and(|r| r.replicas == ["pod-0", "pod-1"])
+        a.replicas
+            .as_ref()
+            .is_some_and(|r| r.replicas == ["pod-0", "pod-1"])
     })
     .await;
     drop(a2);

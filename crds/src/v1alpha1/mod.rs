@@ -6,8 +6,8 @@ mod scale_agent;
 
 pub use agent_account::{
     AccountHubStatus, AgentAccount, AgentAccountSpec, AgentAccountStatus, Credentials,
-    CredentialsType, ForbiddenKind,
-    CustomResourceKind, KubeconfigSecretRef, Permissions, ServiceAccountRef,
+    CredentialsType, CustomResourceKind, ForbiddenKind, KubeconfigSecretRef, Permissions,
+    ServiceAccountRef,
 };
 pub use common::{ACCOUNT_NAME_MAX_LENGTH, DNS1123_LABEL_PATTERN, is_dns1123_label};
 pub use scale_agent::{
