@@ -2554,6 +2554,7 @@ fn connected(
 /// the operator's conditions and the agent's live side by side.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_writes_the_hubs_verdict_into_the_status() -> anyhow::Result<()> {
+    use scale_agent_e2e::argocd;
     use scale_agent_e2e::local_agent::{LocalAgent, LocalAgentOptions};
     use scale_agent_e2e::pki::CertificateAuthority;
     use scale_agent_proto::v1::{self as pb, agent_message::Kind as Msg, hub_message::Kind as Out};
@@ -2782,6 +2783,36 @@ async fn the_agent_writes_the_hubs_verdict_into_the_status() -> anyhow::Result<(
         "{table}"
     );
 
+    // Argo CD's health checks (manifests/argocd) on these very objects.
+    let health_of_account = |name: &'static str| {
+        let client = client.clone();
+        let ns = ns.clone();
+        async move {
+            let account = get_account(&client, &ns, name).await?;
+            Ok::<_, anyhow::Error>(argocd::health(
+                "AgentAccount",
+                &serde_json::to_value(&account)?,
+            )?)
+        }
+    };
+    let (health, message) = health_of_account("one").await?;
+    assert_eq!(health, "Healthy", "{message}");
+    assert!(message.starts_with("Streaming: "), "{message}");
+    let (health, message) = health_of_account("two").await?;
+    assert_eq!(health, "Degraded", "{message}");
+    assert!(
+        message.starts_with("Rejected: ") && message.contains(other_cluster),
+        "{message}"
+    );
+    wait_for("the operator to refuse the foreign account", || async {
+        let status = get_account(&client, &ns, "foreign").await?.status;
+        Ok(status.filter(|s| !s.accepted && s.observed_generation.is_some()))
+    })
+    .await?;
+    let (health, message) = health_of_account("foreign").await?;
+    assert_eq!(health, "Degraded", "{message}");
+    assert!(message.starts_with("AgentNotFound: "), "{message}");
+
     // The ScaleAgent counts the connected replicas.
     let scale_agent_status = wait_for("the ScaleAgent's connected replicas", || async {
         let status = get_agent(&client, &ns, "prod").await?.status;
@@ -2793,6 +2824,13 @@ async fn the_agent_writes_the_hubs_verdict_into_the_status() -> anyhow::Result<(
     assert_eq!((state.as_str(), reason.as_str()), ("True", "Connected"));
     let sca = kubectl(control_plane, &["-n", &ns, "get", "scaleagents", "prod"])?;
     assert!(sca.contains("CONNECTED"), "{sca}");
+    // No kubelet here: the agent's pod is never available, so the rollout goes on.
+    let (health, message) = argocd::health(
+        "ScaleAgent",
+        &serde_json::to_value(get_agent(&client, &ns, "prod").await?)?,
+    )?;
+    assert_eq!(health, "Progressing", "{message}");
+    assert!(message.starts_with("RollingOut: "), "{message}");
 
     // The agent's own token: its statuses only.
     let kubeconfig =
@@ -2874,6 +2912,18 @@ async fn the_agent_writes_the_hubs_verdict_into_the_status() -> anyhow::Result<(
     })
     .await?;
     assert_eq!(scale_agent_status.connected, Some(0));
+    let (health, message) = argocd::health(
+        "ScaleAgent",
+        &serde_json::to_value(get_agent(&client, &ns, "prod").await?)?,
+    )?;
+    assert_eq!(health, "Degraded", "{message}");
+    assert!(message.starts_with("HubUnreachable: "), "{message}");
+    let (health, message) = argocd::health(
+        "AgentAccount",
+        &serde_json::to_value(get_account(&client, &ns, "one").await?)?,
+    )?;
+    assert_eq!(health, "Degraded", "{message}");
+    assert!(message.starts_with("HubUnreachable: "), "{message}");
     agent.ensure_running()?;
 
     agent.stop();
