@@ -719,6 +719,11 @@ server:
                 namespace: "n".into(),
                 name: "s".into(),
             }),
+            agent_account: Some("aa".into()),
+        });
+        config.status = Some(StatusTarget {
+            namespace: "n".into(),
+            scale_agent: "s".into(),
         });
         let value = serde_json::to_value(&config).unwrap();
         let mut seen = 0;
