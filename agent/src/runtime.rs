@@ -269,6 +269,8 @@ impl Runtime {
                 }
                 account.kinds.clear();
                 account.kinds_started = false;
+                // The hub's word no longer holds without a stream.
+                account.hub_state = None;
             }
         });
     }

@@ -21,12 +21,11 @@ pub const ACCEPTED: &str = "Accepted";
 
 /// Written by the agent, not the operator: the hub's verdict on an `AgentAccount` (or, on a
 /// `ScaleAgent`, whether any replica reaches the hub). Reasons: [`REASON_STREAMING`],
-/// [`REASON_STANDBY`], [`REASON_REJECTED`], [`REASON_HUB_UNREACHABLE`].
+/// [`REASON_REJECTED`], [`REASON_HUB_UNREACHABLE`] (and `Connected` on a ScaleAgent). A
+/// standby replica writes no verdict: the streaming one speaks for the account.
 pub const CONNECTED: &str = "Connected";
 /// A replica streams the account to the hub.
 pub const REASON_STREAMING: &str = "Streaming";
-/// The hub keeps this replica ready for operations while another one streams.
-pub const REASON_STANDBY: &str = "Standby";
 /// The hub refused the account; the message is the hub's reason.
 pub const REASON_REJECTED: &str = "Rejected";
 /// The agent cannot reach the hub; the message is the last error.

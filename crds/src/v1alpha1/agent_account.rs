@@ -60,7 +60,7 @@ use super::common::{DNS1123_LABEL_PATTERN, is_false};
         name = "Reason",
         type_ = "string",
         json_path = ".status.conditions[?(@.type==\"Connected\")].reason",
-        description = "Streaming, Standby, Rejected or HubUnreachable"
+        description = "Streaming, Rejected or HubUnreachable"
     ),
     printcolumn(
         name = "Age",
