@@ -16,7 +16,11 @@ control-plane: ## Build etcd, kube-apiserver, controller manager, scheduler, kub
 nginx: ## Unpack nginx from Debian's packages for the gRPC proxy tests (cached, no system-wide install)
 	@e2e/nginx/install.sh
 
-test: control-plane nginx ## Formatting, lints, and every test including the end-to-end ones
+.PHONY: lua
+lua: ## Unpack Lua 5.1 from Debian's packages for the Argo CD health check tests (cached, no system-wide install)
+	@e2e/lua/install.sh
+
+test: control-plane nginx lua ## Formatting, lints, and every test including the end-to-end ones
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 	$(CARGO) test --workspace --locked

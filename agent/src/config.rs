@@ -76,6 +76,16 @@ pub struct Options {
     /// or removed are picked up without a restart.
     #[arg(long, env = "SCALE_AGENT_REDISCOVER_SECONDS", default_value_t = 300)]
     pub rediscover_seconds: u64,
+
+    /// Least time between two status writes to one AgentAccount or ScaleAgent for counters
+    /// (objects streamed, last event); a change of the `Connected` condition is written
+    /// within a second.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_STATUS_INTERVAL_SECONDS",
+        default_value_t = 10
+    )]
+    pub status_interval_seconds: u64,
 }
 
 impl Options {
@@ -93,6 +103,7 @@ impl Options {
             admin_addr: None,
             log_format: LogFormat::Text,
             rediscover_seconds: 300,
+            status_interval_seconds: 10,
         }
     }
 

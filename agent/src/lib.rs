@@ -21,6 +21,7 @@ pub mod runtime;
 pub mod secret_watch;
 pub mod session;
 pub mod state;
+pub mod status_writer;
 pub mod streamer;
 pub mod tunnel;
 pub mod watch;
@@ -160,11 +161,18 @@ pub async fn start(options: Options) -> Result<AgentHandle> {
         config_tx,
         shared.clone(),
     ));
+    let status_writer = tokio::spawn(status_writer::run(
+        shared.clone(),
+        config_rx.clone(),
+        Duration::from_secs(options.status_interval_seconds),
+        shutdown_rx.clone(),
+    ));
     let runtime = runtime::Runtime::new(options, shared.clone(), config_rx, shutdown_rx);
     let task = tokio::spawn(async move {
         let result = runtime.run().await;
         tracing::debug!("runtime stopped");
         poller.abort();
+        status_writer.abort();
         let _ = admin.await;
         tracing::debug!("admin listener stopped");
         result

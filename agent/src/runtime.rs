@@ -221,6 +221,8 @@ impl Runtime {
                     text
                 }
             };
+            self.shared
+                .update(|view| view.hub_error = Some(error.clone()));
             let delay = backoff.next_delay();
             tracing::warn!(hub = %self.config.clouddriver.grpc, %error, "hub stream ended; reconnecting in {:.1} s", delay.as_secs_f64());
             let sleep = tokio::time::sleep(delay);
@@ -260,12 +262,15 @@ impl Runtime {
         }
         self.shared.update(|view| {
             view.hub_connected = false;
+            view.hub_replicas.clear();
             for account in &mut view.accounts {
                 if account.role != state::ROLE_REJECTED {
                     account.role = state::ROLE_PENDING.into();
                 }
                 account.kinds.clear();
                 account.kinds_started = false;
+                // The hub's word no longer holds without a stream.
+                account.hub_state = None;
             }
         });
     }
@@ -492,6 +497,11 @@ impl Runtime {
                 });
             }
             Some(hub_message::Kind::CertificateRenewal(renewal)) => self.renewed(renewal),
+            Some(hub_message::Kind::AccountState(state)) => self.hub_account_state(state),
+            Some(hub_message::Kind::AgentReplicas(replicas)) => {
+                self.shared
+                    .update(|view| view.hub_replicas = replicas.replicas);
+            }
             Some(hub_message::Kind::Heartbeat(_)) | Some(hub_message::Kind::Welcome(_)) | None => {}
         }
         Ok(())
@@ -510,6 +520,24 @@ impl Runtime {
     }
 
     /// Keeps a renewed certificate (used from the next connection on).
+    /// Records the hub's state of an account (for the admin view and the status writer).
+    fn hub_account_state(&mut self, state: v1::AccountState) {
+        let name = v1::account_state::State::try_from(state.state)
+            .map(|s| s.as_str_name())
+            .unwrap_or("STATE_UNSPECIFIED");
+        tracing::debug!(account = %state.account, state = name, reason = %state.reason, "hub account state");
+        if !self.accounts.contains_key(&state.account) {
+            return;
+        }
+        self.shared.update_account(&state.account, |view| {
+            view.hub_state = Some(state::HubAccountState {
+                state: name.to_string(),
+                reason: state.reason,
+                since_unix_millis: state.since_unix_millis,
+            });
+        });
+    }
+
     fn renewed(&mut self, renewal: v1::CertificateRenewal) {
         let Some((files, key_pem)) = self.renewal.take() else {
             tracing::warn!("the hub sent a certificate renewal nobody asked for; ignored");

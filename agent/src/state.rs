@@ -66,6 +66,18 @@ pub struct AccountView {
     /// Discovery is done and the kinds' watches are started.
     pub kinds_started: bool,
     pub kinds: Vec<KindView>,
+    /// The account's state as the hub last reported it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hub_state: Option<HubAccountState>,
+}
+
+/// An account's lifecycle state in the hub (ACTIVE, INACTIVE, FAILED, ORPHANED).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HubAccountState {
+    pub state: String,
+    pub reason: String,
+    pub since_unix_millis: i64,
 }
 
 impl AccountView {
@@ -78,6 +90,7 @@ impl AccountView {
             cluster: None,
             kinds_started: false,
             kinds: Vec::new(),
+            hub_state: None,
         }
     }
 
@@ -120,6 +133,12 @@ pub struct AgentView {
     pub hub_connected: bool,
     /// The identity the hub read from the client certificate (Welcome).
     pub hub_identity: String,
+    /// Why the last stream to the hub ended or could not start; kept while connected.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hub_error: Option<String>,
+    /// The replicas of this agent's identity connected to the hub, as the hub last said.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hub_replicas: Vec<String>,
     pub config: ConfigView,
     pub accounts: Vec<AccountView>,
 }

@@ -24,6 +24,20 @@ pub struct AgentConfig {
     pub tasks: Tasks,
     /// The agent's admin listener (health, readiness, metrics, JSON views).
     pub server: AdminServer,
+    /// Where the agent writes the hub's verdict (not in Armory's file: the operator renders
+    /// it); no status is written when unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<StatusTarget>,
+}
+
+/// `status.*`: the custom resources whose status the agent writes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct StatusTarget {
+    /// Namespace of the ScaleAgent and its AgentAccounts.
+    pub namespace: String,
+    /// The ScaleAgent this agent runs for.
+    pub scale_agent: String,
 }
 
 /// `clouddriver.*`: the one outbound gRPC connection.
@@ -166,6 +180,10 @@ pub struct AccountConfig {
     /// watches and reads stay the account's own credentials.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub impersonate_service_account: Option<crate::v1alpha1::ServiceAccountRef>,
+    /// The AgentAccount (in `status.namespace`) this account comes from, whose status the
+    /// agent writes (not in Armory's file: the operator renders it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_account: Option<String>,
 }
 
 /// `kubernetes.accounts[].customResourceDefinitions[]`.
@@ -284,7 +302,18 @@ impl std::fmt::Display for UnknownKey {
 /// The keys each section of the file accepts (aliases included), by section path with list
 /// indices written `[]`. A unit test checks it against the types.
 const KNOWN_KEYS: &[(&str, &[&str])] = &[
-    ("", &["clouddriver", "hub", "kubernetes", "tasks", "server"]),
+    (
+        "",
+        &[
+            "clouddriver",
+            "hub",
+            "kubernetes",
+            "tasks",
+            "server",
+            "status",
+        ],
+    ),
+    ("status", &["namespace", "scaleAgent"]),
     (
         "clouddriver",
         &[
@@ -332,6 +361,7 @@ const KNOWN_KEYS: &[(&str, &[&str])] = &[
             "metrics",
             "permissions",
             "impersonateServiceAccount",
+            "agentAccount",
         ],
     ),
     (
@@ -689,6 +719,11 @@ server:
                 namespace: "n".into(),
                 name: "s".into(),
             }),
+            agent_account: Some("aa".into()),
+        });
+        config.status = Some(StatusTarget {
+            namespace: "n".into(),
+            scale_agent: "s".into(),
         });
         let value = serde_json::to_value(&config).unwrap();
         let mut seen = 0;

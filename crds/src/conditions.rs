@@ -19,6 +19,22 @@ pub const CERTIFICATE_READY: &str = "CertificateReady";
 /// account name is unique, the credentials fit the agent's mode) and is in the agent's config.
 pub const ACCEPTED: &str = "Accepted";
 
+/// Written by the agent, not the operator: the hub's verdict on an `AgentAccount` (or, on a
+/// `ScaleAgent`, whether any replica reaches the hub). Reasons: [`REASON_STREAMING`],
+/// [`REASON_REJECTED`], [`REASON_HUB_UNREACHABLE`] (and `Connected` on a ScaleAgent). A
+/// standby replica writes no verdict: the streaming one speaks for the account.
+pub const CONNECTED: &str = "Connected";
+/// A replica streams the account to the hub.
+pub const REASON_STREAMING: &str = "Streaming";
+/// The hub refused the account; the message is the hub's reason.
+pub const REASON_REJECTED: &str = "Rejected";
+/// The agent cannot reach the hub; the message is the last error.
+pub const REASON_HUB_UNREACHABLE: &str = "HubUnreachable";
+
+/// The condition types the operator writes; every other condition belongs to the agent.
+pub const OPERATOR_CONDITIONS: &[&str] =
+    &[READY, PROGRESSING, DEGRADED, CERTIFICATE_READY, ACCEPTED];
+
 /// `status` value of a condition that holds.
 pub const STATUS_TRUE: &str = "True";
 /// `status` value of a condition that does not hold.

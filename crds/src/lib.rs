@@ -31,6 +31,11 @@ pub const API_VERSION: &str = "scaleagent.dev/v1alpha1";
 /// writes is unambiguous in `managedFields`.
 pub const FIELD_MANAGER: &str = "scale-agent-operator";
 
+/// Field manager the agent uses for the status it writes (the `Connected` condition and
+/// `status.hub` of AgentAccounts, `status.connected`/`connectedReplicas` of its ScaleAgent),
+/// so it never takes over the operator's fields, nor the operator its.
+pub const AGENT_FIELD_MANAGER: &str = "scale-agent-agent";
+
 /// `app.kubernetes.io/name`: the application's name (`scale-agent`).
 pub const LABEL_NAME: &str = "app.kubernetes.io/name";
 /// `app.kubernetes.io/instance`: the owning `ScaleAgent`'s name.

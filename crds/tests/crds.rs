@@ -236,6 +236,16 @@ fn agent_account_printer_columns() {
             ("Agent", "string", ".spec.agentRef"),
             ("Account", "string", ".status.accountName"),
             ("Accepted", "boolean", ".status.accepted"),
+            (
+                "Connected",
+                "string",
+                ".status.conditions[?(@.type==\"Connected\")].status"
+            ),
+            (
+                "Reason",
+                "string",
+                ".status.conditions[?(@.type==\"Connected\")].reason"
+            ),
             ("Age", "date", ".metadata.creationTimestamp"),
         ]
     );
@@ -249,7 +259,18 @@ fn printer_columns_point_at_schema_fields() {
                 continue;
             }
             let dotted = path.trim_start_matches('.');
-            let _ = node(&crd, dotted);
+            // `list[?(@.type=="X")].field`: the list's items must have `field`.
+            match dotted.split_once("[?(") {
+                Some((list, rest)) => {
+                    let field = rest.rsplit_once(")].").map(|(_, f)| f).unwrap_or_default();
+                    let items = &node(&crd, list)["items"]["properties"];
+                    assert!(!items[field].is_null(), "{path}: no item field {field:?}");
+                    assert!(!items["type"].is_null(), "{path}: items have no type");
+                }
+                None => {
+                    let _ = node(&crd, dotted);
+                }
+            }
             assert!(!name.is_empty());
         }
     }

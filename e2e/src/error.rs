@@ -107,6 +107,17 @@ pub enum Error {
          make test does"
     )]
     NginxMissing { path: PathBuf },
+
+    /// Lua 5.1 (Debian's package, unpacked into the cache) is not there.
+    #[error(
+        "lua5.1 is not installed at {path}: run `make lua` (e2e/lua/install.sh) once; make \
+         test does"
+    )]
+    LuaMissing { path: PathBuf },
+
+    /// A shipped Argo CD health check failed to run.
+    #[error("the Argo CD health check of {kind} failed: {message}")]
+    HealthCheck { kind: String, message: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -12,6 +12,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod argocd;
 pub mod binaries;
 pub mod control_plane;
 pub mod crds;

@@ -340,3 +340,133 @@ async fn an_unreadable_scale_agent_gets_an_event_and_the_others_are_still_reconc
     tokio::time::timeout(Duration::from_secs(30), operator).await???;
     Ok(())
 }
+
+/// The operator binary with leader election on a short Lease, as instance `instance`.
+fn start_electing_operator(
+    control_plane: &ControlPlane,
+    namespace: &str,
+    instance: &str,
+    dir: &std::path::Path,
+) -> anyhow::Result<(ManagedProcess, SocketAddr)> {
+    let health = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+    let mut command = Command::new(env!("CARGO_BIN_EXE_e2e-operator"));
+    command
+        .arg(format!("--metrics-address={health}"))
+        .arg(format!("--watch-namespaces={namespace}"))
+        .arg("--leader-election")
+        .arg(format!("--leader-election-namespace={namespace}"))
+        .arg(format!(
+            "--leader-election-duration-seconds={}",
+            LEASE_DURATION.as_secs()
+        ))
+        .arg("--leader-election-grace-seconds=2")
+        .env("POD_NAME", instance)
+        .env("KUBECONFIG", control_plane.kubeconfig_path())
+        .env("RUST_LOG", "info");
+    let operator = ManagedProcess::spawn_command(
+        "scale-agent-operator",
+        command,
+        dir.join(format!("{instance}.log")),
+    )?;
+    Ok((operator, health))
+}
+
+const LEASE_DURATION: Duration = Duration::from_secs(6);
+
+/// Issue 12, item 4: two operators elect a leader through a Lease; only the leader
+/// reconciles, the standby is ready; when the leader is killed (SIGKILL, no release) the
+/// standby takes the Lease once it expires and reconciles a change made meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_standby_operator_takes_over_when_the_leader_is_killed() -> anyhow::Result<()> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let (control_plane, client, namespace) = setup("operator-leader").await?;
+    let dir = fixtures::temp_dir("operator-leader")?;
+    let leases = Api::<Lease>::namespaced(client.clone(), &namespace);
+    let holder = || async {
+        Ok::<_, anyhow::Error>(
+            leases
+                .get_opt(scale_agent_operator::leader::DEFAULT_LEASE)
+                .await?
+                .and_then(|l| l.spec)
+                .and_then(|s| s.holder_identity),
+        )
+    };
+    let (leader, _) = start_electing_operator(control_plane, &namespace, "op-a", &dir)?;
+    wait_for("op-a to hold the Lease", || async {
+        Ok((holder().await?.as_deref() == Some("op-a")).then_some(()))
+    })
+    .await?;
+    let (mut standby, standby_health) =
+        start_electing_operator(control_plane, &namespace, "op-b", &dir)?;
+    let (code, body) = wait_for("the standby's /readyz", || async {
+        Ok(readyz(standby_health).await)
+    })
+    .await?;
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("standing by"), "{body}");
+
+    let agents = Api::<ScaleAgent>::namespaced(client.clone(), &namespace);
+    let mut manifest = scale_agent_json("prod");
+    manifest["spec"]["hub"]["tls"] = serde_json::json!({ "insecurePlaintext": true });
+    let apply = PatchParams::apply("e2e").force();
+    let applied = agents
+        .patch("prod", &apply, &Patch::Apply(&manifest))
+        .await?;
+    let observed = |generation: Option<i64>| {
+        let agents = agents.clone();
+        async move {
+            let agent = agents.get("prod").await?;
+            Ok::<_, anyhow::Error>(
+                agent
+                    .status
+                    .and_then(|s| s.observed_generation)
+                    .is_some_and(|g| Some(g) == generation),
+            )
+        }
+    };
+    wait_for("the leader to reconcile prod", || async {
+        Ok(observed(applied.metadata.generation).await?.then_some(()))
+    })
+    .await?;
+    // One writer: the standby never started its controllers.
+    let standby_log = std::fs::read_to_string(standby.log())?;
+    assert!(
+        !standby_log.contains("controllers started"),
+        "the standby reconciles while the leader holds the Lease:\n{standby_log}"
+    );
+    assert_eq!(holder().await?.as_deref(), Some("op-a"));
+
+    // Killed: no release, the Lease must expire.
+    scale_agent_e2e::process::send_signal(leader.pid(), libc::SIGKILL);
+    let killed = Instant::now();
+    manifest["spec"]["replicas"] = serde_json::json!(3);
+    let changed = agents
+        .patch("prod", &apply, &Patch::Apply(&manifest))
+        .await?;
+    assert_ne!(changed.metadata.generation, applied.metadata.generation);
+    wait_for("the standby to reconcile the change", || async {
+        Ok(observed(changed.metadata.generation).await?.then_some(()))
+    })
+    .await?;
+    let took = killed.elapsed();
+    assert_eq!(holder().await?.as_deref(), Some("op-b"));
+    // The Lease's duration, plus the standby's retry period and the controllers' start
+    // (generous: two shared cores).
+    assert!(
+        took < LEASE_DURATION * 4,
+        "the standby took {took:?} to take over a Lease of {LEASE_DURATION:?}"
+    );
+    let standby_log = std::fs::read_to_string(standby.log())?;
+    assert!(standby_log.contains("holds the Lease"), "{standby_log}");
+    eprintln!("the standby reconciled {took:?} after the leader was killed");
+
+    standby.stop(Duration::from_secs(10));
+    // A clean stop releases the Lease.
+    wait_for("the Lease to be released", || async {
+        Ok(holder().await?.is_none().then_some(()))
+    })
+    .await?;
+    drop(leader);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}

@@ -1788,8 +1788,13 @@ async fn removed_account_stops_and_the_hub_drops_it_after_the_grace_period() -> 
         assert!(last["streaming"].is_null(), "{last}");
         assert!(last["disconnectedSince"].is_string(), "{last}");
     }
-    eventually("the hub to drop the account", || async move {
-        Ok(hub.account(remove_).await?.is_none())
+    // Dropped: no cache, no replicas; listed as ORPHANED (bound to its identity) until its
+    // agent registers it again.
+    eventually("the hub to drop the account (ORPHANED)", || async move {
+        Ok(hub
+            .account(remove_)
+            .await?
+            .is_some_and(|a| a["accountState"] == "ORPHANED" && a["objects"] == 0))
     })
     .await?;
     let gone_after = dropped_at.elapsed();

@@ -23,7 +23,8 @@ use crate::{
     api_auth::{self, Caller, Role},
     cache::{AccountCache, CachedObject, KindCache, KindInfo, KindState},
     operations::{self, OperationRequest, OperationResponse},
-    registry::{Account, ClusterRecord, Registry, SessionId},
+    registry::{Account, ClusterRecord, Registry, SessionId, StateRecord},
+    session::HubState,
 };
 
 /// The API's routes, each group behind the role it needs ([`crate::api_auth`]).
@@ -283,6 +284,12 @@ struct AccountView {
     properties: Value,
     /// "connected" or "disconnected".
     state: &'static str,
+    /// ACTIVE, INACTIVE, FAILED or ORPHANED; null until the hub first observed the account.
+    account_state: Option<&'static str>,
+    /// Why the account entered `accountState`.
+    state_reason: String,
+    /// When it did (RFC 3339).
+    state_since: Option<String>,
     disconnected_since: Option<String>,
     streaming: Option<ReplicaView>,
     standbys: Vec<ReplicaView>,
@@ -337,6 +344,7 @@ fn account_view(
     let kinds: Vec<&KindCache> = cache
         .map(|c| c.kinds.values().collect())
         .unwrap_or_default();
+    let lifecycle = registry.states.get(name);
     AccountView {
         name: name.to_string(),
         cluster: a.record.cluster.clone(),
@@ -347,6 +355,9 @@ fn account_view(
         } else {
             "disconnected"
         },
+        account_state: lifecycle.map(|l| l.state.as_str()),
+        state_reason: lifecycle.map(|l| l.reason.clone()).unwrap_or_default(),
+        state_since: lifecycle.map(|l| rfc3339(l.since)),
         disconnected_since: a.disconnected_since.map(|(_, t)| rfc3339(t)),
         streaming: a.streaming.and_then(|id| replica(registry, id)),
         standbys: a
@@ -363,27 +374,65 @@ fn account_view(
     }
 }
 
+/// An account the hub keeps a state for but no record (ORPHANED, or FAILED for a name it
+/// never accepted): the last cluster known, no replicas, no objects.
+fn stateless_view(name: &str, lifecycle: &StateRecord) -> AccountView {
+    AccountView {
+        name: name.to_string(),
+        cluster: lifecycle.cluster.clone().unwrap_or(ClusterRecord {
+            api_server_host: String::new(),
+            ca_fingerprint: String::new(),
+            kubernetes_version: String::new(),
+        }),
+        namespaces: Vec::new(),
+        properties: Value::Null,
+        state: "disconnected",
+        account_state: Some(lifecycle.state.as_str()),
+        state_reason: lifecycle.reason.clone(),
+        state_since: Some(rfc3339(lifecycle.since)),
+        disconnected_since: None,
+        streaming: None,
+        standbys: Vec::new(),
+        objects: 0,
+        object_counts: BTreeMap::new(),
+        kinds: Vec::new(),
+    }
+}
+
+fn view_of(st: &HubState, name: &str) -> Option<AccountView> {
+    match st.registry.accounts.get(name) {
+        Some(a) => Some(account_view(
+            &st.registry,
+            name,
+            a,
+            st.cache.accounts.get(name),
+        )),
+        None => st
+            .registry
+            .states
+            .get(name)
+            .map(|l| stateless_view(name, l)),
+    }
+}
+
+/// Every account the hub has a record or a state for (ORPHANED and FAILED ones included).
 async fn accounts(State(hub): State<Arc<Hub>>) -> Json<Vec<AccountView>> {
     let st = hub.state();
-    Json(
-        st.registry
-            .accounts
-            .iter()
-            .map(|(name, a)| account_view(&st.registry, name, a, st.cache.accounts.get(name)))
-            .collect(),
-    )
+    let mut names: Vec<&String> = st
+        .registry
+        .accounts
+        .keys()
+        .chain(st.registry.states.keys())
+        .collect();
+    names.sort();
+    names.dedup();
+    Json(names.into_iter().filter_map(|n| view_of(&st, n)).collect())
 }
 
 async fn account(State(hub): State<Arc<Hub>>, Path(name): Path<String>) -> Response {
     let st = hub.state();
-    match st.registry.accounts.get(&name) {
-        Some(a) => Json(account_view(
-            &st.registry,
-            &name,
-            a,
-            st.cache.accounts.get(&name),
-        ))
-        .into_response(),
+    match view_of(&st, &name) {
+        Some(view) => Json(view).into_response(),
         None => error(StatusCode::NOT_FOUND, format!("no account {name:?}")),
     }
 }

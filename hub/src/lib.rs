@@ -44,7 +44,7 @@ use std::{
         Arc, Mutex, MutexGuard,
         atomic::{AtomicBool, Ordering},
     },
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use scale_agent_proto::v1::agent_hub_server::AgentHubServer;
@@ -81,6 +81,10 @@ pub(crate) enum Control {
     Close(tonic::Status),
     /// Send this operation to the agent.
     Operation(Box<scale_agent_proto::v1::Operation>),
+    /// Tell the agent an account's state.
+    AccountState(scale_agent_proto::v1::AccountState),
+    /// Tell the agent which replicas of its identity are connected.
+    AgentReplicas(scale_agent_proto::v1::AgentReplicas),
 }
 
 /// What the rest of the hub holds of one agent stream.
@@ -167,6 +171,62 @@ impl Hub {
         }
     }
 
+    /// Brings the accounts' states up to date: logs and counts each transition and tells the
+    /// streams concerned. Called after anything that changes the registry.
+    pub(crate) fn observe_states(&self) {
+        let told = {
+            let mut st = self.state();
+            let transitions = st.registry.observe(SystemTime::now());
+            transitions
+                .into_iter()
+                .map(|t| {
+                    let sessions = st.registry.interested_in(&t.account);
+                    (t, sessions)
+                })
+                .collect::<Vec<_>>()
+        };
+        for (t, sessions) in told {
+            let from = t.from.map(|s| s.as_str()).unwrap_or("NEW");
+            tracing::info!(account = %t.account, from, to = t.to.state.as_str(), reason = %t.to.reason, "account state changed");
+            self.metrics
+                .account_transitions
+                .get_or_create(&[("state", t.to.state.as_str())])
+                .inc();
+            let message = account_state_message(&t.account, &t.to);
+            for session in sessions {
+                self.control(session, Control::AccountState(message.clone()));
+            }
+        }
+    }
+
+    /// Tells every stream of `identity` which of its replicas are connected now.
+    pub(crate) fn announce_replicas(&self, identity: &str) {
+        let replicas = self.state().registry.replicas_of_identity(identity);
+        let message = scale_agent_proto::v1::AgentReplicas {
+            replicas: replicas.iter().map(|(_, r)| r.clone()).collect(),
+        };
+        for (session, _) in replicas {
+            self.control(session, Control::AgentReplicas(message.clone()));
+        }
+    }
+
+    /// The current state of each of `accounts`, as sent to agents.
+    pub(crate) fn account_states(
+        &self,
+        accounts: &[String],
+    ) -> Vec<scale_agent_proto::v1::AccountState> {
+        let st = self.state();
+        accounts
+            .iter()
+            .filter_map(|a| {
+                st.registry
+                    .states
+                    .get(a)
+                    .map(|r| account_state_message(a, r))
+            })
+            .collect()
+    }
+
     /// Removes accounts past their grace period, and makes recent commits durable.
     async fn maintain(&self) -> Result<()> {
         let mut store = self.store.lock().await;
@@ -181,6 +241,7 @@ impl Hub {
             }
             names
         };
+        self.observe_states();
         for name in &expired {
             self.discovery.forget(name);
             tracing::info!(account = %name, grace_period = ?self.config.grace_period, "account removed: no agent within the grace period");
@@ -269,6 +330,12 @@ impl Hub {
             .connected_agents
             .set(st.registry.sessions.len() as i64);
         self.metrics.accounts.set(st.registry.accounts.len() as i64);
+        for (state, count) in st.registry.state_counts() {
+            self.metrics
+                .accounts_by_state
+                .get_or_create(&[("state", state.as_str())])
+                .set(count as i64);
+        }
         self.metrics
             .objects_cached
             .set(st.cache.object_count() as i64);
@@ -276,6 +343,30 @@ impl Hub {
         self.metrics
             .proxy_exchanges_open
             .set(self.tunnels.len() as i64);
+    }
+}
+
+/// An account's state as the wire carries it.
+fn account_state_message(
+    account: &str,
+    record: &registry::StateRecord,
+) -> scale_agent_proto::v1::AccountState {
+    use scale_agent_proto::v1::account_state::State;
+    let state = match record.state {
+        registry::AccountState::Active => State::Active,
+        registry::AccountState::Inactive => State::Inactive,
+        registry::AccountState::Failed => State::Failed,
+        registry::AccountState::Orphaned => State::Orphaned,
+    };
+    scale_agent_proto::v1::AccountState {
+        account: account.to_string(),
+        state: state as i32,
+        reason: record.reason.clone(),
+        since_unix_millis: record
+            .since
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or_default(),
     }
 }
 

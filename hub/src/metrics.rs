@@ -11,6 +11,10 @@ pub struct Metrics {
     registry: std::sync::Mutex<Registry>,
     pub connected_agents: Gauge,
     pub accounts: Gauge,
+    /// Accounts by lifecycle state (ACTIVE, INACTIVE, FAILED, ORPHANED).
+    pub accounts_by_state: Family<[(&'static str, &'static str); 1], Gauge>,
+    /// Account state transitions, by the state entered.
+    pub account_transitions: Family<[(&'static str, &'static str); 1], Counter>,
     pub objects_cached: Gauge,
     /// By message type (hello, register_account, object, bookmark, ...).
     pub events_received: Family<[(&'static str, &'static str); 1], Counter>,
@@ -42,6 +46,8 @@ impl Metrics {
         let mut registry = Registry::with_prefix("scale_agent_hub");
         let connected_agents = Gauge::default();
         let accounts = Gauge::default();
+        let accounts_by_state = Family::default();
+        let account_transitions = Family::default();
         let objects_cached = Gauge::default();
         let events_received = Family::default();
         let bytes_received = Counter::default();
@@ -90,6 +96,18 @@ impl Metrics {
             accounts.clone(),
         );
         registry.register(
+            "accounts_by_state",
+            "Accounts by lifecycle state: ACTIVE (streamed), INACTIVE (no agent, within the grace \
+             period), FAILED (no agent, last registration rejected), ORPHANED (no agent took \
+             over within the grace period)",
+            accounts_by_state.clone(),
+        );
+        registry.register(
+            "account_transitions",
+            "Account state transitions, by the state entered",
+            account_transitions.clone(),
+        );
+        registry.register(
             "objects_cached",
             "Objects in the cache",
             objects_cached.clone(),
@@ -118,6 +136,8 @@ impl Metrics {
             registry: std::sync::Mutex::new(registry),
             connected_agents,
             accounts,
+            accounts_by_state,
+            account_transitions,
             objects_cached,
             events_received,
             bytes_received,

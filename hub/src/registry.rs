@@ -1,6 +1,7 @@
 //! Pure bookkeeping of connected agent streams and accounts: which cluster an account name is
 //! bound to, which replica streams it, which ones stand by, and since when an account has had
-//! no agent (for the grace period).
+//! no agent (for the grace period), and each account's lifecycle state (ACTIVE, INACTIVE,
+//! FAILED, ORPHANED) with the time and reason of its last transition.
 
 use std::{
     collections::BTreeMap,
@@ -124,6 +125,62 @@ pub struct Promotion {
     pub account: String,
 }
 
+/// An account's lifecycle state, as Armory users know them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum AccountState {
+    /// A replica streams it.
+    Active,
+    /// No agent serves it; its cache is kept until the grace period ends.
+    Inactive,
+    /// No agent serves it and its last registration was rejected.
+    Failed,
+    /// Its agent left and none took over within the grace period: the cache is gone, the
+    /// binding to its identity is kept.
+    Orphaned,
+}
+
+impl AccountState {
+    pub const ALL: [AccountState; 4] = [
+        AccountState::Active,
+        AccountState::Inactive,
+        AccountState::Failed,
+        AccountState::Orphaned,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AccountState::Active => "ACTIVE",
+            AccountState::Inactive => "INACTIVE",
+            AccountState::Failed => "FAILED",
+            AccountState::Orphaned => "ORPHANED",
+        }
+    }
+}
+
+/// An account's state and its last transition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StateRecord {
+    pub state: AccountState,
+    /// Why the account entered the state, in words for people.
+    pub reason: String,
+    pub since: SystemTime,
+    /// The cluster last registered for it, kept for ORPHANED accounts (whose record is gone);
+    /// `None` when unknown (an ORPHANED account loaded at start-up from its binding only).
+    pub cluster: Option<ClusterRecord>,
+}
+
+/// An account changed state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transition {
+    pub account: String,
+    pub from: Option<AccountState>,
+    pub to: StateRecord,
+}
+
+/// At most this many refused registrations are remembered (for FAILED), so an agent sending
+/// many names it may not serve cannot grow the hub's memory.
+pub const MAX_REJECTIONS: usize = 1024;
+
 /// Agents and accounts.
 #[derive(Debug, Default)]
 pub struct Registry {
@@ -131,6 +188,11 @@ pub struct Registry {
     pub accounts: BTreeMap<String, Account>,
     /// account → the identity it is bound to (persisted, outlives `accounts` entries).
     pub bindings: BTreeMap<String, AccountBinding>,
+    /// account → its lifecycle state, brought up to date by [`Registry::observe`].
+    pub states: BTreeMap<String, StateRecord>,
+    /// account → the stream whose registration of it was refused last, and why. Dropped when
+    /// that stream ends or registers the account successfully.
+    rejections: BTreeMap<String, (SessionId, String)>,
     next_id: SessionId,
 }
 
@@ -273,6 +335,13 @@ impl Registry {
                 None,
             );
         }
+        if self
+            .rejections
+            .get(name)
+            .is_some_and(|(s, _)| *s == session)
+        {
+            self.rejections.remove(name);
+        }
         match self.accounts.get_mut(name) {
             Some(account) => {
                 if !account.record.cluster.same_cluster(&record.cluster) {
@@ -388,6 +457,7 @@ impl Registry {
         if self.sessions.remove(&session).is_none() {
             return Vec::new();
         }
+        self.rejections.retain(|_, (s, _)| *s != session);
         let names: Vec<String> = self
             .accounts
             .iter()
@@ -414,6 +484,134 @@ impl Registry {
 
     pub fn remove_account(&mut self, name: &str) {
         self.accounts.remove(name);
+    }
+
+    /// Remembers that `session`'s registration of `name` was refused (FAILED while no agent
+    /// streams the account). Not remembered past [`MAX_REJECTIONS`] names.
+    pub fn note_rejection(&mut self, session: SessionId, name: &str, reason: &str) {
+        if self.rejections.len() >= MAX_REJECTIONS && !self.rejections.contains_key(name) {
+            return;
+        }
+        self.rejections
+            .insert(name.to_string(), (session, reason.to_string()));
+    }
+
+    /// The state an account is in now, with its reason; `None` for a name the hub knows
+    /// nothing of.
+    fn derive_state(&self, name: &str) -> Option<(AccountState, String)> {
+        let account = self.accounts.get(name);
+        if let Some(session) = account.and_then(|a| a.streaming) {
+            return Some((
+                AccountState::Active,
+                format!("streamed by replica {}", self.replica_label(session)),
+            ));
+        }
+        if let Some((session, reason)) = self.rejections.get(name) {
+            return Some((
+                AccountState::Failed,
+                format!(
+                    "the registration by replica {} was rejected: {reason}",
+                    self.replica_label(*session)
+                ),
+            ));
+        }
+        if account.is_some() {
+            return Some((
+                AccountState::Inactive,
+                "no agent serves it; its cache is kept until the grace period ends".to_string(),
+            ));
+        }
+        self.bindings.get(name).map(|b| {
+            (
+                AccountState::Orphaned,
+                format!(
+                    "no agent took it over within the grace period, so its cache was removed;                      it stays bound to identity {:?}, whose agent makes it ACTIVE again by                      registering it",
+                    b.identity
+                ),
+            )
+        })
+    }
+
+    /// Brings every account's state up to date; returns the transitions, oldest state first.
+    /// Call after anything that changes sessions, accounts, bindings or rejections.
+    pub fn observe(&mut self, now: SystemTime) -> Vec<Transition> {
+        let mut names: Vec<String> = self
+            .accounts
+            .keys()
+            .chain(self.bindings.keys())
+            .chain(self.rejections.keys())
+            .chain(self.states.keys())
+            .cloned()
+            .collect();
+        names.sort();
+        names.dedup();
+        let mut transitions = Vec::new();
+        for name in names {
+            let cluster = self.accounts.get(&name).map(|a| a.record.cluster.clone());
+            let Some((state, reason)) = self.derive_state(&name) else {
+                self.states.remove(&name);
+                continue;
+            };
+            let previous = self.states.get_mut(&name);
+            let from = previous.as_ref().map(|p| p.state);
+            if let Some(previous) = previous {
+                if cluster.is_some() {
+                    previous.cluster = cluster.clone();
+                }
+                if previous.state == state {
+                    continue;
+                }
+            }
+            let cluster =
+                cluster.or_else(|| self.states.get(&name).and_then(|p| p.cluster.clone()));
+            let record = StateRecord {
+                state,
+                reason,
+                since: now,
+                cluster,
+            };
+            self.states.insert(name.clone(), record.clone());
+            transitions.push(Transition {
+                account: name,
+                from,
+                to: record,
+            });
+        }
+        transitions
+    }
+
+    /// The streams to tell about an account's state: those serving it and the one whose
+    /// registration of it was refused.
+    pub fn interested_in(&self, name: &str) -> Vec<SessionId> {
+        let mut sessions = self.replicas(name);
+        if let Some((session, _)) = self.rejections.get(name)
+            && !sessions.contains(session)
+        {
+            sessions.push(*session);
+        }
+        sessions
+    }
+
+    /// Streams of `identity` and their replica names, sorted by replica.
+    pub fn replicas_of_identity(&self, identity: &str) -> Vec<(SessionId, String)> {
+        let mut replicas: Vec<(SessionId, String)> = self
+            .sessions
+            .values()
+            .filter(|s| s.identity == identity)
+            .map(|s| (s.id, s.replica.clone()))
+            .collect();
+        replicas.sort_by(|a, b| a.1.cmp(&b.1));
+        replicas
+    }
+
+    /// How many accounts are in each state.
+    pub fn state_counts(&self) -> BTreeMap<AccountState, usize> {
+        let mut counts: BTreeMap<AccountState, usize> =
+            AccountState::ALL.iter().map(|s| (*s, 0)).collect();
+        for record in self.states.values() {
+            *counts.entry(record.state).or_default() += 1;
+        }
+        counts
     }
 }
 
@@ -533,6 +731,103 @@ mod tests {
         // A different replica does not replace.
         let (_, old, _) = r.connect("agent", "y", "v", now());
         assert_eq!(old, None);
+    }
+
+    fn states(r: &mut Registry) -> Vec<(String, Option<AccountState>, AccountState)> {
+        r.observe(SystemTime::now())
+            .into_iter()
+            .map(|t| (t.account, t.from, t.to.state))
+            .collect()
+    }
+
+    #[test]
+    fn lifecycle_active_inactive_orphaned_and_back() {
+        use AccountState::*;
+        let mut r = Registry::default();
+        let (a, _, _) = r.connect("agent", "pod-a", "v", now());
+        r.register(a, "prod", rec("h"));
+        r.bind("prod", "agent", 0);
+        assert_eq!(states(&mut r), vec![("prod".into(), None, Active)]);
+        assert!(r.states["prod"].reason.contains("agent/pod-a"));
+        // Nothing changed: no transition, and the time of the last one is kept.
+        let since = r.states["prod"].since;
+        assert!(states(&mut r).is_empty());
+        assert_eq!(r.states["prod"].since, since);
+        assert_eq!(r.interested_in("prod"), vec![a]);
+
+        r.disconnect(a, now());
+        assert_eq!(
+            states(&mut r),
+            vec![("prod".into(), Some(Active), Inactive)]
+        );
+        assert!(r.states["prod"].reason.contains("grace period"));
+
+        // The grace period ends: the record goes, the binding stays.
+        r.remove_account("prod");
+        assert_eq!(
+            states(&mut r),
+            vec![("prod".into(), Some(Inactive), Orphaned)]
+        );
+        let orphaned = &r.states["prod"];
+        assert!(orphaned.reason.contains("\"agent\""), "{}", orphaned.reason);
+        assert_eq!(
+            orphaned
+                .cluster
+                .as_ref()
+                .map(|c| c.api_server_host.as_str()),
+            Some("h")
+        );
+        assert_eq!(r.state_counts()[&Orphaned], 1);
+        assert_eq!(r.state_counts()[&Active], 0);
+
+        // Its agent returns.
+        let (b, _, _) = r.connect("agent", "pod-b", "v", now());
+        r.register(b, "prod", rec("h"));
+        assert_eq!(
+            states(&mut r),
+            vec![("prod".into(), Some(Orphaned), Active)]
+        );
+    }
+
+    #[test]
+    fn rejection_fails_an_account_nobody_streams() {
+        use AccountState::*;
+        let mut r = Registry::default();
+        let (a, _, _) = r.connect("agent", "a", "v", now());
+        let (other, _, _) = r.connect("other", "x", "v", now());
+        r.register(a, "prod", rec("h1"));
+        states(&mut r);
+        // A clash while the owner streams: the account stays ACTIVE, the claimant is told.
+        r.note_rejection(other, "prod", "bound to cluster h1");
+        assert!(states(&mut r).is_empty());
+        assert_eq!(r.interested_in("prod"), vec![a, other]);
+        // The owner leaves: the last word is the rejection.
+        r.disconnect(a, now());
+        assert_eq!(states(&mut r), vec![("prod".into(), Some(Active), Failed)]);
+        assert!(r.states["prod"].reason.contains("other/x"));
+        assert!(r.states["prod"].reason.contains("bound to cluster h1"));
+        // The claimant leaves: INACTIVE again.
+        r.disconnect(other, now());
+        assert_eq!(
+            states(&mut r),
+            vec![("prod".into(), Some(Failed), Inactive)]
+        );
+
+        // A name the hub knows only through a rejection is forgotten with the stream.
+        let (c, _, _) = r.connect("other", "y", "v", now());
+        r.note_rejection(c, "unknown", "not allowed");
+        assert_eq!(states(&mut r), vec![("unknown".into(), None, Failed)]);
+        r.disconnect(c, now());
+        assert!(states(&mut r).is_empty());
+        assert!(!r.states.contains_key("unknown"));
+
+        // Rejections are bounded.
+        let (d, _, _) = r.connect("other", "z", "v", now());
+        for i in 0..MAX_REJECTIONS + 10 {
+            r.note_rejection(d, &format!("n{i}"), "no");
+        }
+        states(&mut r);
+        assert_eq!(r.state_counts()[&Failed], MAX_REJECTIONS);
     }
 
     #[test]

@@ -290,6 +290,8 @@ async fn run_stream(
         );
     }
     hub.deliver(promotions);
+    hub.observe_states();
+    hub.announce_replicas(identity);
     tracing::info!(%identity, %peer, replica = %hello.replica, version = %hello.agent_version, session = id, "agent connected");
 
     let session =
@@ -301,6 +303,8 @@ async fn run_stream(
     hub.operations.session_ended(id);
     hub.tunnels.session_ended(id);
     hub.deliver(promotions);
+    hub.observe_states();
+    hub.announce_replicas(identity);
     result
 }
 
@@ -347,6 +351,12 @@ async fn serve(
                     let id = op.id.clone();
                     send(tx, Out::Operation(*op)).await?;
                     hub.operations.mark_sent(&id);
+                }
+                Some(Control::AccountState(state)) => {
+                    send(tx, Out::AccountState(state)).await?;
+                }
+                Some(Control::AgentReplicas(replicas)) => {
+                    send(tx, Out::AgentReplicas(replicas)).await?;
                 }
                 Some(Control::Promote(account)) => {
                     let assignment = {
@@ -481,6 +491,7 @@ async fn process_batch(
         tracing::debug!(identity = %session.identity, stale = fx.stale, "ignored replayed events");
     }
     hub.deliver(std::mem::take(&mut fx.promotions));
+    hub.observe_states();
     for account in std::mem::take(&mut fx.discovery_changed) {
         tracing::info!(%account, identity = %session.identity, "the cluster's kinds changed; discovery cache dropped");
         hub.discovery
@@ -496,6 +507,10 @@ async fn process_batch(
         if let Some(kind) = reply.kind {
             send(tx, kind).await?;
         }
+    }
+    // After the assignments: the agent learns its role, then the account's state.
+    for state in hub.account_states(&fx.registered) {
+        send(tx, Out::AccountState(state)).await?;
     }
     for csr_pem in std::mem::take(&mut fx.renewals) {
         send(tx, Out::CertificateRenewal(renew(hub, auth, &csr_pem))).await?;

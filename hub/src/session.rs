@@ -84,6 +84,8 @@ pub struct Effects {
     pub discovery_changed: Vec<String>,
     /// CSRs of RenewCertificate messages, to answer once the batch is stored.
     pub renewals: Vec<String>,
+    /// Accounts this stream registered (accepted or not): it is sent their state.
+    pub registered: Vec<String>,
 }
 
 /// Hub settings a stream needs.
@@ -524,15 +526,22 @@ impl Session {
         fx: &mut Effects,
     ) {
         let name = reg.account.clone();
-        let reject = |reason: String, fx: &mut Effects| {
+        if let Err(reason) = validate_account_name(&name) {
             tracing::warn!(account = %name, identity = %self.identity, %reason, "account rejected");
             fx.replies.push(assignment(&name, PbRole::Rejected, reason));
-        };
-        if let Err(reason) = validate_account_name(&name) {
-            return reject(reason, fx);
+            return;
         }
+        fx.registered.push(name.clone());
+        // A refusal of a valid name is remembered: the account shows FAILED while nobody
+        // streams it.
+        let reject = |st: &mut HubState, reason: String, fx: &mut Effects| {
+            tracing::warn!(account = %name, identity = %self.identity, %reason, "account rejected");
+            st.registry.note_rejection(self.id, &name, &reason);
+            fx.replies.push(assignment(&name, PbRole::Rejected, reason));
+        };
         if !is_allowed(&limits.allow, &self.identity, &name) {
             return reject(
+                st,
                 format!(
                     "identity {:?} may not register account {name:?} (no --allow rule matches)",
                     self.identity
@@ -542,6 +551,7 @@ impl Session {
         }
         if !crate::agent_tokens::accounts_allow(&self.account_patterns, &name) {
             return reject(
+                st,
                 format!(
                     "identity {:?} may register accounts matching {} only (the pattern of its \
                      agent token or enrolment); issue a token with a wider --accounts pattern \
@@ -554,10 +564,11 @@ impl Session {
         }
         let unbound = match st.registry.check_binding(&self.identity, &name) {
             Ok(unbound) => unbound,
-            Err(reason) => return reject(reason, fx),
+            Err(reason) => return reject(st, reason, fx),
         };
         let Some(cluster) = reg.cluster.filter(|c| !c.api_server_host.is_empty()) else {
             return reject(
+                st,
                 format!("account {name:?} registered without cluster info (api_server_host)"),
                 fx,
             );
@@ -590,7 +601,7 @@ impl Session {
                 self.staging.retain(|(a, _, _), _| *a != name);
                 fx.promotions
                     .extend(st.registry.unregister(self.id, &name, now));
-                reject(reason, fx)
+                reject(st, reason, fx)
             }
             Registration::Assigned(role) => {
                 if unbound {

@@ -482,6 +482,124 @@ async fn restart_keeps_objects_resume_points_and_bindings() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The hub's account states: ACTIVE while streamed, INACTIVE within the grace period,
+/// ORPHANED after it, FAILED while only a rejected claimant is around, and ACTIVE again when
+/// the agent returns; in the API, in metrics and on the agents' streams.
+#[tokio::test]
+async fn account_states_follow_the_agents() {
+    let pki = Pki::new();
+    let dir = data_dir("states");
+    let hub = start_hub(&pki, &dir, |c| c.grace_period = Duration::from_millis(1500)).await;
+    let addr = api(&hub);
+    let state_of = async |addr: &Api| {
+        let (code, acc) = get_json(addr, "/api/v1/accounts/prod").await;
+        assert_eq!(code, 200, "{acc}");
+        (
+            acc["accountState"].as_str().unwrap_or_default().to_string(),
+            acc["stateReason"].as_str().unwrap_or_default().to_string(),
+            acc["stateSince"].as_str().unwrap_or_default().to_string(),
+        )
+    };
+
+    let mut a = agent(&hub, &pki, "agent-a.test", "pod-1").await;
+    assert_eq!(
+        role(&a.register("prod", "https://one:6443").await),
+        Role::Streaming
+    );
+    wait_for("the agent to hear ACTIVE", async || {
+        let _ = a.pump_ready();
+        a.states.iter().any(|s| {
+            s.account == "prod"
+                && s.state == pb::account_state::State::Active as i32
+                && s.reason.contains("agent-a.test/pod-1")
+                && s.since_unix_millis > 0
+        })
+    })
+    .await;
+    let (state, reason, since) = state_of(&addr).await;
+    assert_eq!(state, "ACTIVE");
+    assert!(reason.contains("agent-a.test/pod-1"), "{reason}");
+    assert!(since.ends_with('Z'), "{since}");
+
+    // Replicas of one identity hear who of them is connected.
+    let a2 = agent(&hub, &pki, "agent-a.test", "pod-0").await;
+    wait_for("both replicas to be announced", async || {
+        let _ = a.pump_ready();
+        a.replicas
+            .as_ref()
+            .is_some_and(|r| r.replicas == ["pod-0", "pod-1"])
+    })
+    .await;
+    drop(a2);
+    wait_for("the replica that left to be announced", async || {
+        let _ = a.pump_ready();
+        a.replicas.as_ref().is_some_and(|r| r.replicas == ["pod-1"])
+    })
+    .await;
+
+    drop(a);
+    wait_for("INACTIVE", async || state_of(&addr).await.0 == "INACTIVE").await;
+    assert!(state_of(&addr).await.1.contains("grace period"));
+    wait_for("ORPHANED", async || state_of(&addr).await.0 == "ORPHANED").await;
+    let (_, reason, _) = state_of(&addr).await;
+    assert!(reason.contains("agent-a.test"), "{reason}");
+    let (_, metrics) = get(&addr, "/metrics").await;
+    assert!(
+        metrics.contains("scale_agent_hub_accounts_by_state{state=\"ORPHANED\"} 1"),
+        "{metrics}"
+    );
+    for state in ["ACTIVE", "INACTIVE", "ORPHANED"] {
+        assert!(
+            metrics.contains(&format!(
+                "scale_agent_hub_account_transitions_total{{state=\"{state}\"}} 1"
+            )),
+            "{state} in {metrics}"
+        );
+    }
+
+    // Another cluster claims the name: FAILED while nobody streams it, and the claimant
+    // hears why.
+    let mut b = agent(&hub, &pki, "agent-b.test", "pod-1").await;
+    assert_eq!(
+        role(&b.register("prod", "https://two:6443").await),
+        Role::Rejected
+    );
+    wait_for("FAILED", async || state_of(&addr).await.0 == "FAILED").await;
+    assert!(state_of(&addr).await.1.contains("agent-b.test/pod-1"));
+    wait_for("the claimant to hear FAILED", async || {
+        let _ = b.pump_ready();
+        b.states.iter().any(|s| {
+            s.state == pb::account_state::State::Failed as i32
+                && s.reason
+                    .contains("bound to agent identity \"agent-a.test\"")
+        })
+    })
+    .await;
+    drop(b);
+    wait_for("ORPHANED again", async || {
+        state_of(&addr).await.0 == "ORPHANED"
+    })
+    .await;
+
+    // The agent returns.
+    let mut a = agent(&hub, &pki, "agent-a.test", "pod-2").await;
+    assert_eq!(
+        role(&a.register("prod", "https://one:6443").await),
+        Role::Streaming
+    );
+    wait_for("ACTIVE again", async || state_of(&addr).await.0 == "ACTIVE").await;
+    assert!(state_of(&addr).await.1.contains("agent-a.test/pod-2"));
+    wait_for("the agent to hear ACTIVE again", async || {
+        let _ = a.pump_ready();
+        a.states
+            .iter()
+            .any(|s| s.state == pb::account_state::State::Active as i32)
+    })
+    .await;
+    hub.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test]
 async fn grace_period_removes_accounts_without_agents() {
     let pki = Pki::new();
@@ -502,18 +620,26 @@ async fn grace_period_removes_accounts_without_agents() {
 
     drop(a);
     let addr = api(&hub);
-    wait_for("the account to go", async || {
-        get(&addr, "/api/v1/accounts/prod").await.0 == 404
+    // The account is ORPHANED: no cache, no replicas, only its binding is left.
+    wait_for("the account to be orphaned", async || {
+        get_json(&addr, "/api/v1/accounts/prod").await.1["accountState"] == "ORPHANED"
     })
     .await;
     let (_, list) = get_json(&addr, "/api/v1/accounts").await;
-    assert_eq!(list, serde_json::json!([]));
+    assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
+    assert_eq!(list[0]["objects"], 0, "{list}");
+    assert_eq!(list[0]["streaming"], serde_json::Value::Null, "{list}");
     // Gone from the store too; the name's binding to its identity stays (only an admin
     // moves it), so another identity may not take it over, while the bound identity may
     // serve it from another cluster.
     hub.shutdown().await.unwrap();
     let hub = start_hub(&pki, &dir, |_| {}).await;
-    assert_eq!(get(&api(&hub), "/api/v1/accounts/prod").await.0, 404);
+    let restarted = api(&hub);
+    wait_for("the account to be orphaned after a restart", async || {
+        let (code, acc) = get_json(&restarted, "/api/v1/accounts/prod").await;
+        code == 200 && acc["accountState"] == "ORPHANED" && acc["objects"] == 0
+    })
+    .await;
     let mut b = agent(&hub, &pki, "agent-b.test", "pod-1").await;
     let refused = b.register("prod", "https://two:6443").await;
     assert_eq!(role(&refused), Role::Rejected);

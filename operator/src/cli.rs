@@ -81,6 +81,40 @@ struct Args {
     /// agents get their certificates from the hub by enrolment (`spec.enrolment`).
     #[arg(long, env = "SCALE_AGENT_OPERATOR_ALLOW_OPERATOR_SIGNED_CERTIFICATES")]
     allow_operator_signed_certificates: bool,
+
+    /// Reconcile only while holding a coordination.k8s.io Lease, so several replicas can run:
+    /// the others stand by (ready) and take over when the holder stops renewing it.
+    #[arg(long, env = "SCALE_AGENT_OPERATOR_LEADER_ELECTION")]
+    leader_election: bool,
+
+    /// Name of the leader election Lease.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_OPERATOR_LEADER_ELECTION_LEASE",
+        default_value = crate::leader::DEFAULT_LEASE
+    )]
+    leader_election_lease: String,
+
+    /// Namespace of the leader election Lease. Default: the operator's own.
+    #[arg(long, env = "SCALE_AGENT_OPERATOR_LEADER_ELECTION_NAMESPACE")]
+    leader_election_namespace: Option<String>,
+
+    /// Seconds the Lease holds without renewal: a standby takes over at most this long after
+    /// the leader stopped renewing it.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_OPERATOR_LEADER_ELECTION_DURATION_SECONDS",
+        default_value_t = 15
+    )]
+    leader_election_duration_seconds: u64,
+
+    /// Seconds before expiry at which the leader renews the Lease.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_OPERATOR_LEADER_ELECTION_GRACE_SECONDS",
+        default_value_t = 5
+    )]
+    leader_election_grace_seconds: u64,
 }
 
 pub fn main() -> anyhow::Result<()> {
@@ -107,6 +141,28 @@ async fn run_from_args(args: Args) -> anyhow::Result<()> {
         !allowed_image_prefixes.is_empty(),
         "--allowed-image-prefixes is empty: give at least one image prefix"
     );
+    anyhow::ensure!(
+        !args.leader_election
+            || args.leader_election_grace_seconds < args.leader_election_duration_seconds,
+        "--leader-election-grace-seconds ({}) must be less than \
+         --leader-election-duration-seconds ({}): the leader renews that long before the Lease \
+         expires",
+        args.leader_election_grace_seconds,
+        args.leader_election_duration_seconds
+    );
+    let election = args.leader_election.then(|| crate::leader::LeaderElection {
+        namespace: args
+            .leader_election_namespace
+            .clone()
+            .unwrap_or_else(|| client.default_namespace().to_owned()),
+        lease: args.leader_election_lease.clone(),
+        identity: args
+            .instance
+            .clone()
+            .unwrap_or_else(|| format!("scale-agent-operator-{}", std::process::id())),
+        duration: Duration::from_secs(args.leader_election_duration_seconds),
+        grace: Duration::from_secs(args.leader_election_grace_seconds),
+    });
     let config = crate::Config {
         certificate_lifetime_override: args
             .certificate_lifetime_override_seconds
@@ -122,6 +178,7 @@ async fn run_from_args(args: Args) -> anyhow::Result<()> {
     let result = crate::run(
         client,
         config,
+        election,
         Some(args.metrics_address),
         scale_agent_runtime::shutdown_signal(),
     )

@@ -26,7 +26,7 @@ use scale_agent_crds::{
     MANAGED_BY, PART_OF, ScaleAgent,
     agent_config::{
         AccountConfig, AdminServer, AgentConfig, Backoff, CustomResourceConfig,
-        CustomResourceScope, HubConnection, HubTls, KubernetesConfig, Tasks,
+        CustomResourceScope, HubConnection, HubTls, KubernetesConfig, StatusTarget, Tasks,
     },
     v1alpha1::{CredentialsType, Mode},
 };
@@ -225,6 +225,10 @@ pub fn agent_config(agent: &ScaleAgent, accounts: &[&AgentAccount]) -> AgentConf
         server: AdminServer {
             port: ADMIN_PORT as u16,
         },
+        status: Some(StatusTarget {
+            namespace: agent.namespace().unwrap_or_default(),
+            scale_agent: agent.name_any(),
+        }),
     }
 }
 
@@ -258,6 +262,7 @@ fn account_config(
             .kubeconfig_secret_ref
             .as_ref()
             .and_then(|r| r.context.clone()),
+        agent_account: account.metadata.name.clone(),
         namespaces,
         omit_namespaces: spec.omit_namespaces.clone(),
         kinds,
@@ -370,6 +375,26 @@ pub fn namespaced_rbac(
     rules: Vec<PolicyRule>,
 ) -> Result<(Role, RoleBinding)> {
     role_and_binding(agent, namespace, rbac_name(agent), rules)
+}
+
+/// Name of the Role(Binding) letting the agent write the status of its ScaleAgent and
+/// AgentAccounts: `scale-agent:<namespace>:<scaleagent>:status`.
+pub fn status_rbac_name(agent: &ScaleAgent) -> String {
+    format!("{}:status", rbac_name(agent))
+}
+
+/// Role and RoleBinding in the ScaleAgent's namespace granting the agent `patch` on the
+/// status of its ScaleAgent and of the accepted AgentAccounts (by name), and nothing else.
+pub fn status_rbac(agent: &ScaleAgent, accounts: &[&AgentAccount]) -> Result<(Role, RoleBinding)> {
+    let names = accounts
+        .iter()
+        .filter_map(|a| a.metadata.name.clone())
+        .collect();
+    let rules = crate::rbac::status_rules(&agent.name_any(), &names);
+    let namespace = agent
+        .namespace()
+        .ok_or(Error::MissingField("metadata.namespace on the ScaleAgent"))?;
+    role_and_binding(agent, &namespace, status_rbac_name(agent), rules)
 }
 
 /// Name of the Role(Binding) letting the agent impersonate ServiceAccounts of one

@@ -42,6 +42,9 @@ pub enum Error {
     Certificate(String),
 
     /// An object lacks a field the API server always sets.
+    #[error("leader election: {0}")]
+    LeaderElection(String),
+
     #[error("object has no {0}")]
     MissingField(&'static str),
 
@@ -69,6 +72,7 @@ impl Error {
             Self::Certificate(_) => "certificate",
             Self::MissingField(_) => "missing_field",
             Self::Metrics(_) => "metrics",
+            Self::LeaderElection(_) => "leader_election",
         }
     }
 }

@@ -15,6 +15,7 @@ pub mod controller;
 pub mod desired;
 pub mod enrol;
 pub mod error;
+pub mod leader;
 pub mod metrics;
 pub mod pki;
 pub mod policy;
@@ -29,18 +30,26 @@ pub use error::{Error, Result};
 use futures::FutureExt;
 pub use metrics::Metrics;
 
-/// Runs the controllers, and the metrics/health listener when `metrics_address` is set,
-/// until `shutdown` completes or either fails: a failure of one ends the other, so the
-/// process exits with the error instead of serving health for controllers that are gone.
+/// Runs the controllers (only while holding the Lease, with `election`), and the
+/// metrics/health listener when `metrics_address` is set, until `shutdown` completes or
+/// either fails: a failure of one ends the other, so the process exits with the error
+/// instead of serving health for controllers that are gone.
 pub async fn run(
     client: kube::Client,
     config: Config,
+    election: Option<leader::LeaderElection>,
     metrics_address: Option<SocketAddr>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<()> {
     let metrics = Arc::new(Metrics::new());
     let shutdown = shutdown.shared();
-    let controllers = run_controllers(client, config, metrics.clone(), shutdown.clone());
+    let controllers = match election {
+        Some(election) => {
+            leader::run_when_leading(client, config, metrics.clone(), election, shutdown.clone())
+                .boxed()
+        }
+        None => run_controllers(client, config, metrics.clone(), shutdown.clone()).boxed(),
+    };
     match metrics_address {
         Some(address) => {
             let server = metrics::serve(address, metrics, shutdown);

@@ -55,6 +55,8 @@ pub struct Metrics {
     registry: Registry,
     /// Whether the controllers run with their caches filled: what `/readyz` answers.
     controllers_running: AtomicBool,
+    /// A replica standing by for the Lease: ready too (a rollout must not wait on it).
+    standby: AtomicBool,
 }
 
 impl Default for Metrics {
@@ -92,6 +94,7 @@ impl Metrics {
             duration,
             registry,
             controllers_running: AtomicBool::new(false),
+            standby: AtomicBool::new(false),
         }
     }
 
@@ -100,7 +103,17 @@ impl Metrics {
         self.controllers_running.store(running, Ordering::Release);
     }
 
-    /// Whether the controllers are running: `/readyz` says ok only then.
+    /// Records whether this replica stands by for the Lease (leader election).
+    pub fn set_standby(&self, standby: bool) {
+        self.standby.store(standby, Ordering::Release);
+    }
+
+    /// Whether this replica stands by for the Lease.
+    pub fn standby(&self) -> bool {
+        self.standby.load(Ordering::Acquire)
+    }
+
+    /// Whether the controllers are running: `/readyz` says ok only then (or on standby).
     pub fn controllers_running(&self) -> bool {
         self.controllers_running.load(Ordering::Acquire)
     }
@@ -146,6 +159,8 @@ async fn metrics(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
 async fn readyz(State(metrics): State<Arc<Metrics>>) -> (StatusCode, &'static str) {
     if metrics.controllers_running() {
         (StatusCode::OK, "ok")
+    } else if metrics.standby() {
+        (StatusCode::OK, "ok: standing by for the leader Lease")
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,

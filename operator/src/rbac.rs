@@ -293,6 +293,27 @@ pub fn watched(
     }
 }
 
+/// The agent's right to write the hub's verdict: `patch` on the status subresource of its
+/// own ScaleAgent and of exactly the AgentAccounts it serves (`resourceNames`), nothing else.
+pub fn status_rules(scale_agent: &str, agent_accounts: &BTreeSet<String>) -> Vec<PolicyRule> {
+    let rule = |resource: &str, names: Vec<String>| PolicyRule {
+        api_groups: Some(vec![scale_agent_crds::GROUP.to_owned()]),
+        resources: Some(vec![format!("{resource}/status")]),
+        verbs: vec!["patch".into()],
+        resource_names: Some(names),
+        ..Default::default()
+    };
+    let mut rules = vec![rule("scaleagents", vec![scale_agent.to_owned()])];
+    // An empty resourceNames would mean every object: leave the rule out instead.
+    if !agent_accounts.is_empty() {
+        rules.push(rule(
+            "agentaccounts",
+            agent_accounts.iter().cloned().collect(),
+        ));
+    }
+    rules
+}
+
 /// Read verbs.
 pub const READ_VERBS: &[&str] = &["get", "list", "watch"];
 /// Write verbs added for `Deploy`.

@@ -77,7 +77,11 @@ pub fn scale_agent_status(
     observed: &Observed<'_>,
     now: Time,
 ) -> ScaleAgentStatus {
-    let previous = agent.status.clone().unwrap_or_default();
+    let previous = agent
+        .status
+        .as_ref()
+        .map(ScaleAgentStatus::operator_part)
+        .unwrap_or_default();
     let generation = agent.metadata.generation;
     let desired = agent.spec.replicas;
     let name = agent.name_any();
@@ -201,7 +205,9 @@ pub fn scale_agent_status(
         replicas,
         ready_replicas: ready,
         accounts: observed.accounts,
-        connected: previous.connected,
+        // The agent's fields: left out, so the operator never owns (nor resets) them.
+        connected: None,
+        connected_replicas: Vec::new(),
         certificate_expiry,
         identity: previous.identity,
         enrolment_token_version: previous.enrolment_token_version,
@@ -212,7 +218,11 @@ pub fn scale_agent_status(
 /// to change): `Degraded` and `Ready=False` carry the reason and message; nothing else in the
 /// status changes, since nothing was applied.
 pub fn refused_agent_status(agent: &ScaleAgent, problem: &Problem, now: Time) -> ScaleAgentStatus {
-    let mut status = agent.status.clone().unwrap_or_default();
+    let mut status = agent
+        .status
+        .as_ref()
+        .map(ScaleAgentStatus::operator_part)
+        .unwrap_or_default();
     let generation = agent.metadata.generation;
     for type_ in [DEGRADED, READY] {
         let holds = type_ == DEGRADED;
@@ -241,7 +251,11 @@ pub fn agent_account_status(
     agent_ready: bool,
     now: Time,
 ) -> AgentAccountStatus {
-    let previous = account.status.clone().unwrap_or_default();
+    let previous = account
+        .status
+        .as_ref()
+        .map(AgentAccountStatus::operator_part)
+        .unwrap_or_default();
     let generation = account.metadata.generation;
     let mut conditions = previous.conditions.clone();
     let mut set = |type_: &str, holds: bool, reason: &str, message: String| {
@@ -295,6 +309,26 @@ pub fn agent_account_status(
         observed_generation: generation,
         accepted: verdict.is_ok(),
         account_name,
+        hub: None,
+    }
+}
+
+/// A status the operator shares with the agent: the operator writes and compares only its
+/// own part, so it never takes over (with `force`) or resets the agent's `Connected`
+/// condition and fields.
+pub trait OperatorPart {
+    fn operator_part(&self) -> Self;
+}
+
+impl OperatorPart for ScaleAgentStatus {
+    fn operator_part(&self) -> Self {
+        ScaleAgentStatus::operator_part(self)
+    }
+}
+
+impl OperatorPart for AgentAccountStatus {
+    fn operator_part(&self) -> Self {
+        AgentAccountStatus::operator_part(self)
     }
 }
 
@@ -308,9 +342,10 @@ pub async fn patch_status<K, S>(
 ) -> Result<bool>
 where
     K: Resource<DynamicType = ()> + DeserializeOwned + Clone + std::fmt::Debug,
-    S: Serialize + PartialEq,
+    S: Serialize + PartialEq + OperatorPart,
 {
-    if current == Some(status) {
+    let status = &status.operator_part();
+    if current.map(OperatorPart::operator_part).as_ref() == Some(status) {
         return Ok(false);
     }
     let name = obj.name_any();

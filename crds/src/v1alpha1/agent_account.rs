@@ -51,6 +51,18 @@ use super::common::{DNS1123_LABEL_PATTERN, is_false};
         description = "Whether the operator accepted the account into the agent's config"
     ),
     printcolumn(
+        name = "Connected",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Connected\")].status",
+        description = "Whether the hub accepted the account and a replica streams it (written by the agent)"
+    ),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Connected\")].reason",
+        description = "Streaming, Rejected or HubUnreachable"
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -343,4 +355,78 @@ pub struct AgentAccountStatus {
     /// The Spinnaker account name in effect: `spec.accountName` or `metadata.name`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub account_name: Option<String>,
+
+    /// The hub's view of the account, written by the agent (field manager
+    /// `scale-agent-agent`) together with the `Connected` condition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hub: Option<AccountHubStatus>,
+}
+
+impl AgentAccountStatus {
+    /// The part the operator writes: without the agent's condition and `hub`.
+    pub fn operator_part(&self) -> Self {
+        Self {
+            conditions: operator_conditions(&self.conditions),
+            hub: None,
+            ..self.clone()
+        }
+    }
+}
+
+/// The conditions of the types the operator writes.
+pub fn operator_conditions(conditions: &[Condition]) -> Vec<Condition> {
+    conditions
+        .iter()
+        .filter(|c| crate::conditions::OPERATOR_CONDITIONS.contains(&c.type_.as_str()))
+        .cloned()
+        .collect()
+}
+
+/// What the agent reports about an account.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AccountHubStatus {
+    /// The agent pod that wrote this.
+    #[serde(default)]
+    pub replica: String,
+
+    /// The account's state in the hub: `ACTIVE`, `INACTIVE`, `FAILED` or `ORPHANED`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+
+    /// Why the account entered `state`, as the hub says it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_reason: Option<String>,
+
+    /// Kinds being watched, as `plural.group` (`plural` for the core group).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kinds_watched: Vec<String>,
+
+    /// Kinds RBAC forbids or the API server fails for, with its message.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kinds_forbidden: Vec<ForbiddenKind>,
+
+    /// Objects sent to the hub by the writing replica since it started streaming.
+    #[serde(default)]
+    pub objects_streamed: i64,
+
+    /// When the writing replica last sent an object (RFC 3339, to within the agent's status
+    /// interval).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_event_time: Option<String>,
+}
+
+/// A kind the agent does not stream.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ForbiddenKind {
+    /// `plural.group` (`plural` for the core group).
+    pub kind: String,
+    /// The watch namespace; empty for a cluster-wide watch.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+    /// `Forbidden` (RBAC) or `Failing` (the API server failed; retried).
+    pub state: String,
+    /// The API server's message.
+    pub message: String,
 }

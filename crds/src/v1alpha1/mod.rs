@@ -5,8 +5,9 @@ mod common;
 mod scale_agent;
 
 pub use agent_account::{
-    AgentAccount, AgentAccountSpec, AgentAccountStatus, Credentials, CredentialsType,
-    CustomResourceKind, KubeconfigSecretRef, Permissions, ServiceAccountRef,
+    AccountHubStatus, AgentAccount, AgentAccountSpec, AgentAccountStatus, Credentials,
+    CredentialsType, CustomResourceKind, ForbiddenKind, KubeconfigSecretRef, Permissions,
+    ServiceAccountRef,
 };
 pub use common::{ACCOUNT_NAME_MAX_LENGTH, DNS1123_LABEL_PATTERN, is_dns1123_label};
 pub use scale_agent::{

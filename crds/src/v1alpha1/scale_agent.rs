@@ -649,7 +649,21 @@ impl Default for Backoff {
     }
 }
 
-/// Observed state of a ScaleAgent, written by the operator.
+impl ScaleAgentStatus {
+    /// The part the operator writes: without the agent's condition, `connected` and
+    /// `connectedReplicas`.
+    pub fn operator_part(&self) -> Self {
+        Self {
+            conditions: super::agent_account::operator_conditions(&self.conditions),
+            connected: None,
+            connected_replicas: Vec::new(),
+            ..self.clone()
+        }
+    }
+}
+
+/// Observed state of a ScaleAgent, written by the operator (and, for the `Connected`
+/// condition, `connected` and `connectedReplicas`, by the agent).
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ScaleAgentStatus {
@@ -677,9 +691,15 @@ pub struct ScaleAgentStatus {
     #[serde(default)]
     pub accounts: i32,
 
-    /// Agent pods connected to the hub, as the agents report it. Unset when unknown.
+    /// Agent pods connected to the hub, as the agents report it (written by the agent, field
+    /// manager `scale-agent-agent`). Unset when unknown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connected: Option<i32>,
+
+    /// The agent pods connected to the hub, as the hub told the agents (written by the
+    /// agent).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub connected_replicas: Vec<String>,
 
     /// When the current client certificate expires (RFC 3339, e.g. `2026-01-31T12:00:00Z`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -566,6 +566,10 @@ pub struct FakeAgent {
     pub operations: VecDeque<pb::Operation>,
     pub tunnel: VecDeque<pb::TunnelFrame>,
     pub renewals: VecDeque<pb::CertificateRenewal>,
+    /// AccountState messages, oldest first.
+    pub states: VecDeque<pb::AccountState>,
+    /// The last AgentReplicas message.
+    pub replicas: Option<pb::AgentReplicas>,
     pub welcome: Option<pb::Welcome>,
     /// Set once the stream ended: the status, or OK for a clean end.
     ended: Option<Status>,
@@ -653,6 +657,8 @@ fn finish_open(
         operations: VecDeque::new(),
         tunnel: VecDeque::new(),
         renewals: VecDeque::new(),
+        states: VecDeque::new(),
+        replicas: None,
         welcome: None,
         ended: None,
     }
@@ -780,6 +786,8 @@ impl FakeAgent {
             Some(Out::Operation(op)) => self.operations.push_back(op),
             Some(Out::Tunnel(frame)) => self.tunnel.push_back(frame),
             Some(Out::CertificateRenewal(r)) => self.renewals.push_back(r),
+            Some(Out::AccountState(s)) => self.states.push_back(s),
+            Some(Out::AgentReplicas(r)) => self.replicas = Some(r),
             None => panic!("empty hub message"),
         }
         Ok(())

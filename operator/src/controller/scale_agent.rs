@@ -735,6 +735,18 @@ async fn reconcile_rbac(
         .iter()
         .map(|namespace| (namespace.clone(), name.clone()))
         .collect();
+    // The right to write the hub's verdict into the status of exactly its own objects.
+    let (status_role, status_binding) = desired::status_rbac(agent, accepted)?;
+    let own_namespace = agent.namespace().unwrap_or_default();
+    let roles = Api::<Role>::namespaced(client.clone(), &own_namespace);
+    let bindings = Api::<RoleBinding>::namespaced(client.clone(), &own_namespace);
+    note(applied, apply(&roles, &status_role).await?.1, "Role");
+    note(
+        applied,
+        apply(&bindings, &status_binding).await?.1,
+        "RoleBinding",
+    );
+    keep.insert((own_namespace, desired::status_rbac_name(agent)));
     let impersonation_name = desired::impersonation_rbac_name(agent);
     let impersonated = if agent_mode {
         desired::impersonated(accepted)

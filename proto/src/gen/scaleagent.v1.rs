@@ -96,7 +96,7 @@ pub mod agent_message {
 /// Hub to agent.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct HubMessage {
-    #[prost(oneof = "hub_message::Kind", tags = "1, 2, 3, 4, 5, 6, 7")]
+    #[prost(oneof = "hub_message::Kind", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9")]
     pub kind: ::core::option::Option<hub_message::Kind>,
 }
 /// Nested message and enum types in `HubMessage`.
@@ -117,6 +117,10 @@ pub mod hub_message {
         Tunnel(super::TunnelFrame),
         #[prost(message, tag = "7")]
         CertificateRenewal(super::CertificateRenewal),
+        #[prost(message, tag = "8")]
+        AccountState(super::AccountState),
+        #[prost(message, tag = "9")]
+        AgentReplicas(super::AgentReplicas),
     }
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -193,6 +197,81 @@ pub struct RegisterAccount {
 pub struct UnregisterAccount {
     #[prost(string, tag = "1")]
     pub account: ::prost::alloc::string::String,
+}
+/// Hub to agent: the replicas of this stream's identity connected to the hub now (item 11 of
+/// the contract). Sent to every stream of the identity when one of them connects or ends.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct AgentReplicas {
+    /// Hello.replica of each live stream of the identity, sorted.
+    #[prost(string, repeated, tag = "1")]
+    pub replicas: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+}
+/// Hub to agent: an account's lifecycle state changed (item 11 of the contract). Sent to
+/// every stream serving the account and to the stream whose registration of it was refused.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct AccountState {
+    #[prost(string, tag = "1")]
+    pub account: ::prost::alloc::string::String,
+    #[prost(enumeration = "account_state::State", tag = "2")]
+    pub state: i32,
+    /// Why it entered the state, in words for people.
+    #[prost(string, tag = "3")]
+    pub reason: ::prost::alloc::string::String,
+    /// When it entered the state, milliseconds since the Unix epoch.
+    #[prost(int64, tag = "4")]
+    pub since_unix_millis: i64,
+}
+/// Nested message and enum types in `AccountState`.
+pub mod account_state {
+    #[derive(
+        Clone,
+        Copy,
+        Debug,
+        PartialEq,
+        Eq,
+        Hash,
+        PartialOrd,
+        Ord,
+        ::prost::Enumeration
+    )]
+    #[repr(i32)]
+    pub enum State {
+        Unspecified = 0,
+        /// A replica streams it.
+        Active = 1,
+        /// No agent serves it; the hub keeps its cache until the grace period ends.
+        Inactive = 2,
+        /// No agent serves it and its last registration was rejected.
+        Failed = 3,
+        /// No agent took it over within the grace period; its cache is gone, its binding kept.
+        Orphaned = 4,
+    }
+    impl State {
+        /// String value of the enum field names used in the ProtoBuf definition.
+        ///
+        /// The values are not transformed in any way and thus are considered stable
+        /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+        pub fn as_str_name(&self) -> &'static str {
+            match self {
+                Self::Unspecified => "STATE_UNSPECIFIED",
+                Self::Active => "ACTIVE",
+                Self::Inactive => "INACTIVE",
+                Self::Failed => "FAILED",
+                Self::Orphaned => "ORPHANED",
+            }
+        }
+        /// Creates an enum from field names used in the ProtoBuf definition.
+        pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+            match value {
+                "STATE_UNSPECIFIED" => Some(Self::Unspecified),
+                "ACTIVE" => Some(Self::Active),
+                "INACTIVE" => Some(Self::Inactive),
+                "FAILED" => Some(Self::Failed),
+                "ORPHANED" => Some(Self::Orphaned),
+                _ => None,
+            }
+        }
+    }
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct AccountAssignment {
