@@ -48,3 +48,10 @@ proto: ## Regenerate proto/src/gen from proto/proto (no protoc needed)
 	@# that uses its types), so it builds against the old file and then overwrites it. If
 	@# the old file no longer compiles, `git checkout proto/src/gen` and run this again.
 	$(CARGO) run --locked -p scale-agent-proto --features codegen --bin protogen
+
+# Container images ----------------------------------------------------------------------------
+
+.PHONY: images
+
+images: ## Build the operator, agent and hub images as OCI layouts in target/images (release build; no container engine)
+	@images/build.sh

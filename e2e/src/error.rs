@@ -107,6 +107,10 @@ pub enum Error {
          make test does"
     )]
     NginxMissing { path: PathBuf },
+
+    /// An OCI image layout (`images/image.sh`) is malformed or does not match its digests.
+    #[error("OCI image layout {layout}: {message}")]
+    Image { layout: PathBuf, message: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
