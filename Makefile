@@ -51,7 +51,10 @@ proto: ## Regenerate proto/src/gen from proto/proto (no protoc needed)
 
 # Container images ----------------------------------------------------------------------------
 
-.PHONY: images
+.PHONY: images version
 
 images: ## Build the operator, agent and hub images as OCI layouts in target/images (release build; no container engine)
 	@images/build.sh
+
+version: ## Write the workspace version (Cargo.toml) into the manifests, the chart and the Dockerfile
+	@images/stamp-version.sh

@@ -201,7 +201,7 @@ fn an_image_without_its_c_runtime_fails_the_check() -> anyhow::Result<()> {
 }
 
 #[tokio::test]
-async fn the_agent_image_connects_to_a_hub_and_says_its_version() -> anyhow::Result<()> {
+async fn the_agent_image_connects_to_a_hub_and_both_say_the_version() -> anyhow::Result<()> {
     let dir = temp_dir("agent-image")?;
     let hub = start_plaintext_hub(&dir).await?;
     let (_, binary, debug_binary) = COMPONENTS[1];
@@ -245,6 +245,12 @@ async fn the_agent_image_connects_to_a_hub_and_says_its_version() -> anyhow::Res
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     agent.stop(Duration::from_secs(5));
+    // The hub says the same version in its API.
+    let hub_version = hub_get_json(hub.http_addr, "/api/v1/version").await?;
+    assert_eq!(
+        hub_version.map(|v| v["version"].clone()),
+        Some(serde_json::json!(VERSION))
+    );
     Ok(())
 }
 
