@@ -1,4 +1,4 @@
-# The commands of this repository. `make test` is what CI runs (.ci/run); `make demo` runs
+# The commands of this repository. `make images` and `make test` are what CI runs (.ci/run); `make demo` runs
 # the whole system locally. Both build what they need on a fresh machine, once.
 
 SHELL := bash

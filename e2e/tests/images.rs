@@ -149,7 +149,10 @@ fn every_image_runs_its_entrypoint_as_nonroot_and_prints_the_version() -> anyhow
 /// The release images of `make images`, when it has run (CI runs it before `make test`).
 #[test]
 fn the_images_make_images_built_are_sound() -> anyhow::Result<()> {
-    let images = repo_root().join("target/images");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"));
+    let images = target.join("images");
     let dir = temp_dir("release-images")?;
     for (component, binary, _) in COMPONENTS {
         let layout = images.join(component);
