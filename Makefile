@@ -1,4 +1,4 @@
-# The commands of this repository. `make test` is what CI runs (.ci/run); `make demo` runs
+# The commands of this repository. `make images` and `make test` are what CI runs (.ci/run); `make demo` runs
 # the whole system locally. Both build what they need on a fresh machine, once.
 
 SHELL := bash
@@ -55,3 +55,13 @@ proto: ## Regenerate proto/src/gen from proto/proto (no protoc needed)
 	@# that uses its types), so it builds against the old file and then overwrites it. If
 	@# the old file no longer compiles, `git checkout proto/src/gen` and run this again.
 	$(CARGO) run --locked -p scale-agent-proto --features codegen --bin protogen
+
+# Container images ----------------------------------------------------------------------------
+
+.PHONY: images version
+
+images: ## Build the operator, agent and hub images as OCI layouts in target/images (release build; no container engine)
+	@images/build.sh
+
+version: ## Write the workspace version (Cargo.toml) into the manifests, the chart and the Dockerfile
+	@images/stamp-version.sh

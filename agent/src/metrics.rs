@@ -123,6 +123,11 @@ impl Metrics {
         if let Ok(mut registry) = metrics.registry.lock() {
             let r = &mut *registry;
             r.register(
+                "scale_agent_agent_build",
+                "The agent's version",
+                scale_agent_runtime::build_info(),
+            );
+            r.register(
                 "scale_agent_agent_operations",
                 "Operations executed for the hub, by account, type and outcome",
                 metrics.operations.clone(),
@@ -281,6 +286,16 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn build_info_carries_the_version() {
+        let line = format!(
+            "scale_agent_agent_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        let text = Metrics::new().encode();
+        assert!(text.contains(&line), "{line} missing in\n{text}");
+    }
 
     #[test]
     fn names_carry_the_component_prefix_and_total_suffix() {

@@ -118,6 +118,10 @@ pub enum Error {
     /// A shipped Argo CD health check failed to run.
     #[error("the Argo CD health check of {kind} failed: {message}")]
     HealthCheck { kind: String, message: String },
+
+    /// An OCI image layout (`images/image.sh`) is malformed or does not match its digests.
+    #[error("OCI image layout {layout}: {message}")]
+    Image { layout: PathBuf, message: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

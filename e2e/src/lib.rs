@@ -24,6 +24,7 @@ pub mod kubectl;
 pub mod kwok;
 pub mod local_agent;
 pub mod nginx;
+pub mod oci;
 pub mod pki;
 pub mod process;
 

@@ -40,6 +40,7 @@ pub(crate) fn router(hub: Arc<Hub>) -> Router {
     };
     let reader = Router::new()
         .route("/api/v1/agents", get(agents))
+        .route("/api/v1/version", get(version))
         .route("/api/v1/accounts", get(accounts))
         .route("/api/v1/accounts/{name}", get(account))
         .route("/api/v1/accounts/{name}/objects", get(objects))
@@ -215,6 +216,11 @@ struct AgentView {
 struct AgentAccountView {
     name: String,
     role: &'static str,
+}
+
+/// The hub's version (the agents' are in `/api/v1/agents`).
+async fn version() -> Json<serde_json::Value> {
+    Json(json!({ "version": scale_agent_runtime::VERSION }))
 }
 
 async fn agents(State(hub): State<Arc<Hub>>) -> Json<Vec<AgentView>> {

@@ -44,6 +44,11 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("scale_agent_hub");
+        registry.register(
+            "build",
+            "The hub's version",
+            scale_agent_runtime::build_info(),
+        );
         let connected_agents = Gauge::default();
         let accounts = Gauge::default();
         let accounts_by_state = Family::default();
@@ -206,6 +211,16 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn build_info_carries_the_version() {
+        let line = format!(
+            "scale_agent_hub_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        let text = Metrics::new().encode();
+        assert!(text.contains(&line), "{line} missing in\n{text}");
+    }
 
     #[test]
     fn names() {

@@ -63,6 +63,7 @@ async fn every_route_needs_a_token_with_a_large_enough_role() {
     for path in [
         "/api/v1/agents",
         "/api/v1/accounts",
+        "/api/v1/version",
         "/metrics",
         "/api/v1/tokens",
     ] {

@@ -69,6 +69,11 @@ impl Metrics {
     /// Registers every metric.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("scale_agent_operator");
+        registry.register(
+            "build",
+            "The operator's version",
+            scale_agent_runtime::build_info(),
+        );
         let reconciles = Family::<ControllerLabels, Counter>::default();
         let failures = Family::<FailureLabels, Counter>::default();
         let writes = Family::<ControllerLabels, Counter>::default();
@@ -194,6 +199,16 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn build_info_carries_the_version() {
+        let line = format!(
+            "scale_agent_operator_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        let text = Metrics::new().render();
+        assert!(text.contains(&line), "{line} missing in\n{text}");
+    }
 
     #[test]
     fn renders_bounded_series() {

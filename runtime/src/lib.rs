@@ -1,8 +1,20 @@
 //! What every Scale Agent binary (agent, hub, operator, demo) shares: the `--log-format`
-//! flag and log set-up, and the shutdown signal.
+//! flag and log set-up, the shutdown signal, and the version with its build-info metric.
 
 use clap::ValueEnum;
+use prometheus_client::metrics::info::Info;
 use tracing_subscriber::EnvFilter;
+
+/// The version of every Scale Agent binary and image: the workspace's
+/// (`[workspace.package] version` in Cargo.toml), as `--version` prints it.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The build-info metric, `1` with the version as a label: registered as `build` under a
+/// component's prefix it reads `scale_agent_hub_build_info{version="0.1.0"} 1`, so a
+/// dashboard shows which version runs where.
+pub fn build_info() -> Info<[(&'static str, &'static str); 1]> {
+    Info::new([("version", VERSION)])
+}
 
 /// Log output format (`--log-format`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]

@@ -1,0 +1,302 @@
+//! The Helm chart installs for real: `helm lint --strict` passes, the values schema refuses
+//! wrong values with a message naming them, and the chart with non-default values (hub on,
+//! monitoring on, a watched namespace) installs on the test control plane with the real
+//! `helm`, creating its CRDs, Deployments running this release's images, the monitoring
+//! objects, and printing NOTES that say what to do next.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Output},
+};
+
+use scale_agent_e2e::{Binaries, ControlPlane, fixtures::temp_dir};
+use serde_json::Value;
+
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+fn chart() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/helm/scale-agent")
+}
+
+fn run(program: &Path, args: &[&str]) -> anyhow::Result<Output> {
+    Ok(Command::new(program).args(args).output()?)
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// `kubectl get <what> -o json` in `namespace`.
+fn get(kubectl: &Path, kubeconfig: &str, namespace: &str, what: &str) -> anyhow::Result<Value> {
+    let output = run(
+        kubectl,
+        &[
+            "--kubeconfig",
+            kubeconfig,
+            "-n",
+            namespace,
+            "get",
+            what,
+            "-o",
+            "json",
+        ],
+    )?;
+    anyhow::ensure!(
+        output.status.success(),
+        "kubectl get {what}: {}",
+        text(&output)
+    );
+    Ok(serde_json::from_slice(&output.stdout)?)
+}
+
+#[test]
+fn the_chart_lints_clean_with_default_and_non_default_values() -> anyhow::Result<()> {
+    let helm = Binaries::locate()?.helm();
+    let chart = chart();
+    let chart = chart.to_string_lossy();
+    for extra in [
+        &[][..],
+        &[
+            "--set=hub.enabled=true",
+            "--set=monitoring.enabled=true",
+            "--set=operator.watchNamespaces={a,b}",
+        ][..],
+    ] {
+        let mut args = vec!["lint", "--strict", chart.as_ref()];
+        args.extend_from_slice(extra);
+        let output = run(&helm, &args)?;
+        let said = text(&output);
+        assert!(output.status.success(), "helm lint {extra:?}: {said}");
+        assert!(!said.contains("[WARNING]"), "{said}");
+    }
+    Ok(())
+}
+
+#[test]
+fn the_values_schema_refuses_wrong_values_and_names_them() -> anyhow::Result<()> {
+    let helm = Binaries::locate()?.helm();
+    let chart = chart();
+    for (set, names) in [
+        ("--set=monitoring.enabled=maybe", "/monitoring/enabled"),
+        ("--set=hub.grpcPort=0", "/hub/grpcPort"),
+        ("--set=hub.publicUrl=http://hub:8443", "/hub/publicUrl"),
+        ("--set=monitoring.intervall=30s", "intervall"),
+    ] {
+        let output = run(
+            &helm,
+            &["template", "scale-agent", &chart.to_string_lossy(), set],
+        )?;
+        let said = text(&output);
+        assert!(!output.status.success(), "{set} was accepted");
+        assert!(
+            said.contains("values don't meet the specifications of the schema")
+                && said.contains(names),
+            "{set}: {said}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_chart_installs_with_hub_and_monitoring_on() -> anyhow::Result<()> {
+    let control_plane = ControlPlane::shared()?;
+    let client = control_plane.client().await?;
+    let namespace = control_plane.namespace(&client, "chart").await?;
+    let binaries = Binaries::locate()?;
+    let (helm, kubectl) = (binaries.helm(), binaries.kubectl());
+    let kubeconfig = control_plane
+        .kubeconfig_path()
+        .to_string_lossy()
+        .into_owned();
+    let dir = temp_dir("chart")?;
+
+    let stand_ins =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/prometheus-operator-crds.yaml");
+    let output = run(
+        &kubectl,
+        &[
+            "--kubeconfig",
+            &kubeconfig,
+            "apply",
+            "--server-side",
+            "-f",
+            &stand_ins.to_string_lossy(),
+        ],
+    )?;
+    anyhow::ensure!(output.status.success(), "{}", text(&output));
+    let output = run(
+        &kubectl,
+        &[
+            "--kubeconfig",
+            &kubeconfig,
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/servicemonitors.monitoring.coreos.com",
+            "crd/podmonitors.monitoring.coreos.com",
+            "crd/prometheusrules.monitoring.coreos.com",
+        ],
+    )?;
+    anyhow::ensure!(output.status.success(), "{}", text(&output));
+
+    let values = dir.join("values.yaml");
+    std::fs::write(
+        &values,
+        format!(
+            "hub:\n  enabled: true\nmonitoring:\n  enabled: true\n  labels:\n    release: prometheus\n\
+             operator:\n  watchNamespaces: [{namespace}]\n  logFormat: text\n"
+        ),
+    )?;
+    let output = run(
+        &helm,
+        &[
+            "install",
+            "scale-agent",
+            &chart().to_string_lossy(),
+            "--kubeconfig",
+            &kubeconfig,
+            "--namespace",
+            &namespace,
+            "--values",
+            &values.to_string_lossy(),
+            "--timeout",
+            "5m",
+        ],
+    )?;
+    let said = text(&output);
+    assert!(output.status.success(), "helm install: {said}");
+    // NOTES.txt: what is installed and what to do next.
+    for line in [
+        format!("Scale Agent v{VERSION} is installed in namespace {namespace}."),
+        format!("kubectl -n {namespace} rollout status deploy/scale-agent-operator"),
+        "scale-agent-hub agent-token create".to_string(),
+        "Secret scale-agent-hub-metrics-token (key token)".to_string(),
+        "kubectl apply --server-side -f <chart>/crds/".to_string(),
+    ] {
+        assert!(said.contains(&line), "NOTES lack {line:?}:\n{said}");
+    }
+
+    // The CRDs came with the chart (or were there already, from the same files).
+    for crd in [
+        "crd/scaleagents.scaleagent.dev",
+        "crd/agentaccounts.scaleagent.dev",
+    ] {
+        let output = run(&kubectl, &["--kubeconfig", &kubeconfig, "get", crd])?;
+        assert!(output.status.success(), "{}", text(&output));
+    }
+
+    for (deployment, image) in [
+        ("scale-agent-operator", "operator"),
+        ("scale-agent-hub", "hub"),
+    ] {
+        let object = get(
+            &kubectl,
+            &kubeconfig,
+            &namespace,
+            &format!("deployment/{deployment}"),
+        )?;
+        let container = &object["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(
+            container["image"],
+            format!("ghcr.io/scale-agent/{image}:v{VERSION}")
+        );
+        assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
+    }
+
+    let monitors = get(&kubectl, &kubeconfig, &namespace, "servicemonitors")?;
+    let mut names: Vec<&str> = monitors["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["metadata"]["name"].as_str())
+        .collect();
+    names.sort_unstable();
+    assert_eq!(names, ["scale-agent-hub", "scale-agent-operator"]);
+    for monitor in monitors["items"].as_array().into_iter().flatten() {
+        assert_eq!(monitor["metadata"]["labels"]["release"], "prometheus");
+    }
+    let hub_monitor = get(
+        &kubectl,
+        &kubeconfig,
+        &namespace,
+        "servicemonitor/scale-agent-hub",
+    )?;
+    let endpoint = &hub_monitor["spec"]["endpoints"][0];
+    assert_eq!(endpoint["scheme"], "https");
+    assert_eq!(
+        endpoint["bearerTokenSecret"]["name"],
+        "scale-agent-hub-metrics-token"
+    );
+
+    let agents = get(
+        &kubectl,
+        &kubeconfig,
+        &namespace,
+        "podmonitor/scale-agent-agents",
+    )?;
+    assert_eq!(
+        agents["spec"]["namespaceSelector"]["matchNames"],
+        serde_json::json!([namespace])
+    );
+    assert_eq!(agents["spec"]["podMetricsEndpoints"][0]["port"], "admin");
+
+    let rule = get(
+        &kubectl,
+        &kubeconfig,
+        &namespace,
+        "prometheusrule/scale-agent",
+    )?;
+    let alerts: Vec<&str> = rule["spec"]["groups"][0]["rules"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["alert"].as_str())
+        .collect();
+    assert!(alerts.contains(&"ScaleAgentHubDown"), "{alerts:?}");
+    for r in rule["spec"]["groups"][0]["rules"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        assert!(
+            r["annotations"]["runbook_url"]
+                .as_str()
+                .is_some_and(|u| u.contains("docs/monitoring.md#")),
+            "alert without a runbook: {r}"
+        );
+    }
+
+    let dashboard = get(
+        &kubectl,
+        &kubeconfig,
+        &namespace,
+        "configmap/scale-agent-grafana-dashboard",
+    )?;
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    let json: Value = serde_json::from_str(
+        dashboard["data"]["scale-agent.json"]
+            .as_str()
+            .unwrap_or_default(),
+    )?;
+    assert_eq!(json["uid"], "scale-agent");
+
+    let output = run(
+        &helm,
+        &[
+            "uninstall",
+            "scale-agent",
+            "--kubeconfig",
+            &kubeconfig,
+            "--namespace",
+            &namespace,
+            "--timeout",
+            "2m",
+        ],
+    )?;
+    assert!(output.status.success(), "helm uninstall: {}", text(&output));
+    Ok(())
+}
