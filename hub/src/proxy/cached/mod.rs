@@ -234,10 +234,9 @@ fn plan(hub: &Hub, account: &str, target: &Target, options: &ReadOptions) -> Pla
         return Plan::Tunnel("field selector the cache cannot evaluate");
     };
     // A `metadata.namespace=` selector narrows a cluster-wide list to one namespace.
-    let scope = target
-        .namespace
-        .as_deref()
-        .or(fields.namespace().filter(|_| kind.info.namespaced));
+    let scope = target.namespace.as_deref().or(fields
+        .namespace()
+        .filter(|ns| kind.info.namespaced && !ns.is_empty()));
     let Some(resume) = consistency::synced_resume_point(kind, scope, &omit) else {
         return Plan::Tunnel("kind not synced for the scope");
     };
