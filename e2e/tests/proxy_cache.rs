@@ -914,9 +914,11 @@ async fn reads_right_after_writes_through_the_proxy_see_them() -> anyhow::Result
         }
     }
     tracing::info!(from_cache, "reads after writes answered by the cache");
+    // The cache normally has the write within milliseconds of its answer; reads wait up to
+    // 3 s for it. Mostly tunnelled reads would make this test prove nothing.
     anyhow::ensure!(
-        from_cache > 0,
-        "no read after a write was answered by the cache: the test proves nothing"
+        from_cache >= 100,
+        "only {from_cache} of 200 reads after a write were answered by the cache"
     );
     setup.stop().await
 }

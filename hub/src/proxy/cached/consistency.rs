@@ -54,6 +54,9 @@ pub enum Decision {
     /// Answer from the cache once its resume point reaches this resourceVersion (wait
     /// briefly; tunnel if it does not).
     WaitFor(u64),
+    /// Answer from the cache once it dropped an object deleted through the proxy (wait
+    /// briefly; tunnel if it does not).
+    WaitForDeletion,
     /// Only the API server can answer this.
     Tunnel,
 }
@@ -106,30 +109,42 @@ pub fn resource_version_decision(options: &ReadOptions, resume: &str, list: bool
 }
 
 /// What a write through the proxy left the cache to catch up with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Floor {
     /// The write's resourceVersion: reads wait for the cache to reach it.
     Version(u64),
-    /// The write's answer carried no resourceVersion (a Status, an unreadable body): reads
-    /// of the kind in that namespace are tunnelled until then.
+    /// A delete answered with a `Status` (no resourceVersion) naming the object's uid: reads
+    /// wait for the cache to drop it.
+    Gone(String),
+    /// The write's answer said neither (an unreadable body): reads of the kind in that
+    /// namespace are tunnelled until then.
     Until(Instant),
 }
 
 /// How long reads of a kind are tunnelled after a write whose answer had no
 /// resourceVersion.
 pub const BARRIER: Duration = Duration::from_secs(5);
-/// Writes remembered per hub at most; beyond it the oldest is forgotten (logged).
+/// Scopes with writes pending per hub at most; beyond it the oldest is forgotten (logged).
 pub const MAX_FLOORS: usize = 10_000;
+
+/// The writes pending in one account, kind and namespace.
+#[derive(Debug)]
+struct Pending {
+    version: Option<u64>,
+    gone: Vec<String>,
+    until: Option<Instant>,
+    at: Instant,
+}
 
 /// The writes of each account, kind and namespace ("" for cluster-scoped) that the cache
 /// has not shown yet: read-your-writes for the proxy's own writes.
 #[derive(Debug, Default)]
 pub struct Floors {
-    floors: HashMap<(String, KindKey, String), (Floor, Instant)>,
+    floors: HashMap<(String, KindKey, String), Pending>,
 }
 
 impl Floors {
-    /// Remembers a write (keeping the newest per scope).
+    /// Remembers a write.
     pub fn record(
         &mut self,
         account: &str,
@@ -139,24 +154,23 @@ impl Floors {
         now: Instant,
     ) {
         let key = (account.to_string(), kind, namespace.to_string());
-        let merged = match (self.floors.get(&key).map(|f| f.0), floor) {
-            (Some(Floor::Version(old)), Floor::Version(new)) => Floor::Version(old.max(new)),
-            (Some(Floor::Until(old)), Floor::Until(new)) => Floor::Until(old.max(new)),
-            // A barrier and a version: the barrier is the stricter of the two while it lasts.
-            (Some(Floor::Until(t)), Floor::Version(_))
-            | (Some(Floor::Version(_)), Floor::Until(t))
-                if t > now =>
-            {
-                Floor::Until(t)
-            }
-            (_, floor) => floor,
-        };
-        self.floors.insert(key, (merged, now));
+        let pending = self.floors.entry(key).or_insert(Pending {
+            version: None,
+            gone: Vec::new(),
+            until: None,
+            at: now,
+        });
+        pending.at = now;
+        match floor {
+            Floor::Version(v) => pending.version = Some(pending.version.map_or(v, |o| o.max(v))),
+            Floor::Gone(uid) => pending.gone.push(uid),
+            Floor::Until(t) => pending.until = Some(pending.until.map_or(t, |o| o.max(t))),
+        }
         if self.floors.len() > MAX_FLOORS
             && let Some(oldest) = self
                 .floors
                 .iter()
-                .min_by_key(|(_, (_, at))| *at)
+                .min_by_key(|(_, p)| p.at)
                 .map(|(k, _)| k.clone())
         {
             tracing::warn!(account = %oldest.0, kind = %oldest.1, "too many writes waiting for the cache; forgetting the oldest");
@@ -165,42 +179,43 @@ impl Floors {
     }
 
     /// What a read of `namespace` (all namespaces when `None`) must wait for, forgetting
-    /// floors the cache has reached (`resume`, the read's resume point).
+    /// writes the cache has caught up with: `resume` is the read's resume point, `cached`
+    /// says whether the cache still holds an object (by uid).
     pub fn decision(
         &mut self,
         account: &str,
         kind: &KindKey,
         namespace: Option<&str>,
         resume: &str,
+        cached: impl Fn(&str) -> bool,
         now: Instant,
     ) -> Decision {
         let resume = resume.parse::<u64>().ok();
         let mut decision = Decision::Serve;
-        self.floors.retain(|(a, k, ns), (floor, _)| {
+        self.floors.retain(|(a, k, ns), pending| {
             // A write without a namespace (cluster-scoped, or a cluster-wide
             // deletecollection) concerns every read of the kind.
             if a != account || k != kind || namespace.is_some_and(|n| n != ns && !ns.is_empty()) {
                 return true;
             }
-            match *floor {
-                Floor::Until(t) if t <= now => false,
-                Floor::Until(_) => {
-                    decision = Decision::Tunnel;
-                    true
-                }
-                Floor::Version(v) if resume.is_some_and(|r| r >= v) => false,
-                Floor::Version(v) => {
-                    if resume.is_none() {
-                        decision = Decision::Tunnel;
-                    } else if decision != Decision::Tunnel {
-                        decision = match decision {
-                            Decision::WaitFor(w) => Decision::WaitFor(w.max(v)),
-                            _ => Decision::WaitFor(v),
-                        };
-                    }
-                    true
+            if pending.until.is_some_and(|t| t <= now) {
+                pending.until = None;
+            }
+            if pending.until.is_some() {
+                decision = Decision::Tunnel;
+            }
+            if let Some(v) = pending.version {
+                match resume {
+                    Some(r) if r >= v => pending.version = None,
+                    Some(_) => decision = stricter(decision, Decision::WaitFor(v)),
+                    None => decision = Decision::Tunnel,
                 }
             }
+            pending.gone.retain(|uid| cached(uid));
+            if !pending.gone.is_empty() {
+                decision = stricter(decision, Decision::WaitForDeletion);
+            }
+            pending.until.is_some() || pending.version.is_some() || !pending.gone.is_empty()
         });
         decision
     }
@@ -208,13 +223,13 @@ impl Floors {
 
 /// The stricter of two decisions.
 pub fn stricter(a: Decision, b: Decision) -> Decision {
+    use Decision::*;
     match (a, b) {
-        (Decision::Tunnel, _) | (_, Decision::Tunnel) => Decision::Tunnel,
-        (Decision::WaitFor(x), Decision::WaitFor(y)) => Decision::WaitFor(x.max(y)),
-        (Decision::WaitFor(x), Decision::Serve) | (Decision::Serve, Decision::WaitFor(x)) => {
-            Decision::WaitFor(x)
-        }
-        (Decision::Serve, Decision::Serve) => Decision::Serve,
+        (Tunnel, _) | (_, Tunnel) => Tunnel,
+        (WaitFor(x), WaitFor(y)) => WaitFor(x.max(y)),
+        (WaitFor(x), _) | (_, WaitFor(x)) => WaitFor(x),
+        (WaitForDeletion, _) | (_, WaitForDeletion) => WaitForDeletion,
+        (Serve, Serve) => Serve,
     }
 }
 
@@ -349,32 +364,66 @@ mod tests {
     fn reads_wait_for_the_accounts_own_writes() {
         use Decision::*;
         let now = Instant::now();
+        let none = |_: &str| false;
         let mut floors = Floors::default();
         floors.record("a", cm(), "x", Floor::Version(120), now);
         floors.record("a", cm(), "x", Floor::Version(110), now);
         floors.record("a", cm(), "y", Floor::Version(130), now);
-        assert_eq!(floors.decision("b", &cm(), None, "100", now), Serve);
+        assert_eq!(floors.decision("b", &cm(), None, "100", none, now), Serve);
         assert_eq!(
-            floors.decision("a", &cm(), Some("x"), "100", now),
+            floors.decision("a", &cm(), Some("x"), "100", none, now),
             WaitFor(120)
         );
-        assert_eq!(floors.decision("a", &cm(), None, "100", now), WaitFor(130));
-        assert_eq!(floors.decision("a", &cm(), Some("z"), "100", now), Serve);
+        assert_eq!(
+            floors.decision("a", &cm(), None, "100", none, now),
+            WaitFor(130)
+        );
+        assert_eq!(
+            floors.decision("a", &cm(), Some("z"), "100", none, now),
+            Serve
+        );
         // Reached: forgotten.
-        assert_eq!(floors.decision("a", &cm(), Some("x"), "120", now), Serve);
-        assert_eq!(floors.decision("a", &cm(), None, "125", now), WaitFor(130));
-        assert_eq!(floors.decision("a", &cm(), None, "130", now), Serve);
+        assert_eq!(
+            floors.decision("a", &cm(), Some("x"), "120", none, now),
+            Serve
+        );
+        assert_eq!(
+            floors.decision("a", &cm(), None, "125", none, now),
+            WaitFor(130)
+        );
+        assert_eq!(floors.decision("a", &cm(), None, "130", none, now), Serve);
         assert!(floors.floors.is_empty());
-        // A write without a version: tunnel for a while.
+        // A delete answered by a Status: wait until the cache drops the uid.
+        floors.record("a", cm(), "x", Floor::Gone("u1".into()), now);
+        let held = |uid: &str| uid == "u1";
+        assert_eq!(
+            floors.decision("a", &cm(), Some("x"), "300", held, now),
+            WaitForDeletion
+        );
+        assert_eq!(
+            floors.decision("a", &cm(), Some("x"), "300", none, now),
+            Serve
+        );
+        assert!(floors.floors.is_empty());
+        // An unreadable answer: tunnel for a while, and the version after that.
         floors.record("a", cm(), "x", Floor::Until(now + BARRIER), now);
         floors.record("a", cm(), "x", Floor::Version(200), now);
-        assert_eq!(floors.decision("a", &cm(), Some("x"), "300", now), Tunnel);
         assert_eq!(
-            floors.decision("a", &cm(), Some("x"), "300", now + BARRIER),
-            Serve
+            floors.decision("a", &cm(), Some("x"), "150", none, now),
+            Tunnel
+        );
+        assert_eq!(
+            floors.decision("a", &cm(), Some("x"), "150", none, now + BARRIER),
+            WaitFor(200)
+        );
+        assert_eq!(
+            floors.decision("a", &cm(), Some("x"), "x", none, now + BARRIER),
+            Tunnel
         );
         assert_eq!(stricter(WaitFor(3), WaitFor(5)), WaitFor(5));
         assert_eq!(stricter(Serve, WaitFor(5)), WaitFor(5));
+        assert_eq!(stricter(WaitForDeletion, WaitFor(5)), WaitFor(5));
+        assert_eq!(stricter(WaitForDeletion, Serve), WaitForDeletion);
         assert_eq!(stricter(Tunnel, WaitFor(5)), Tunnel);
     }
 }

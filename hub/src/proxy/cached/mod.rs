@@ -95,7 +95,8 @@ struct Held {
 /// What the cache can do for a read right now.
 enum Plan {
     Ready(Held),
-    WaitFor(u64),
+    /// For the cache to reach a resourceVersion, or to drop an object deleted (`None`).
+    WaitFor(Option<u64>),
     Tunnel(&'static str),
 }
 
@@ -140,7 +141,7 @@ pub(crate) async fn read(
             Plan::WaitFor(rv) => {
                 let changed = tokio::time::timeout_at(deadline, advanced.changed()).await;
                 if !matches!(changed, Ok(Ok(()))) {
-                    tracing::info!(%account, path = %api_path, resource_version = rv, "the cache did not reach the resourceVersion in time; read tunnelled");
+                    tracing::info!(%account, path = %api_path, resource_version = ?rv, "the cache did not reach the resourceVersion in time; read tunnelled");
                     return None;
                 }
             }
@@ -248,12 +249,14 @@ fn plan(hub: &Hub, account: &str, target: &Target, options: &ReadOptions) -> Pla
             &kind.info.key(),
             scope,
             resume,
+            |uid| kind.objects.contains_key(uid),
             Instant::now(),
         ),
     );
     match decision {
         Decision::Tunnel => Plan::Tunnel("resourceVersion the cache cannot satisfy"),
-        Decision::WaitFor(rv) => Plan::WaitFor(rv),
+        Decision::WaitFor(rv) => Plan::WaitFor(Some(rv)),
+        Decision::WaitForDeletion => Plan::WaitFor(None),
         Decision::Serve => {
             let in_scope = |o: &&CachedObject| scope.is_none_or(|ns| o.namespace == ns);
             let objects = match &target.name {
@@ -383,7 +386,7 @@ pub(crate) async fn after_write(
     let (floor, body) = match limited.collect().await {
         Ok(collected) => {
             let bytes = collected.to_bytes();
-            (written_version(&bytes), Body::from(bytes))
+            (written_floor(&bytes), Body::from(bytes))
         }
         Err(error) => {
             // Too large or cut: the client gets the error; reads wait out the barrier.
@@ -397,10 +400,7 @@ pub(crate) async fn after_write(
         }
     };
     let now = Instant::now();
-    let floor = match floor {
-        Some(rv) => Floor::Version(rv),
-        None => Floor::Until(now + consistency::BARRIER),
-    };
+    let floor = floor.unwrap_or(Floor::Until(now + consistency::BARRIER));
     record_write(hub, account, key, &namespace, floor, now);
     Response::from_parts(parts, body)
 }
@@ -419,9 +419,10 @@ fn record_write(
         .record(account, key, namespace, floor, now);
 }
 
-/// The resourceVersion a write's answer carries: the object's, or the newest of a
-/// deletecollection's items; `None` for a Status or anything else.
-pub fn written_version(body: &[u8]) -> Option<u64> {
+/// What a write's answer says the cache must show: its object's resourceVersion (the
+/// newest of a deletecollection's items), or, for a delete answered with a `Status`, that
+/// the object (by uid) is gone; `None` for anything else.
+pub fn written_floor(body: &[u8]) -> Option<Floor> {
     let value: serde_json::Value = serde_json::from_slice(body).ok()?;
     let rv_of = |v: &serde_json::Value| {
         v.pointer("/metadata/resourceVersion")
@@ -429,12 +430,17 @@ pub fn written_version(body: &[u8]) -> Option<u64> {
             .and_then(|r| r.parse::<u64>().ok())
     };
     if value.get("kind").and_then(|k| k.as_str()) == Some("Status") {
-        return None;
+        return value
+            .pointer("/details/uid")
+            .and_then(|u| u.as_str())
+            .filter(|u| !u.is_empty())
+            .map(|u| Floor::Gone(u.to_string()));
     }
     match value.get("items").and_then(|i| i.as_array()) {
         Some(items) => items.iter().filter_map(rv_of).max(),
         None => rv_of(&value),
     }
+    .map(Floor::Version)
 }
 
 #[cfg(test)]
@@ -442,22 +448,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn write_versions() {
+    fn write_floors() {
         assert_eq!(
-            written_version(br#"{"kind":"ConfigMap","metadata":{"resourceVersion":"42"}}"#),
-            Some(42)
+            written_floor(br#"{"kind":"ConfigMap","metadata":{"resourceVersion":"42"}}"#),
+            Some(Floor::Version(42))
         );
         assert_eq!(
-            written_version(
+            written_floor(
                 br#"{"kind":"ConfigMapList","metadata":{"resourceVersion":"1"},"items":[{"metadata":{"resourceVersion":"7"}},{"metadata":{"resourceVersion":"9"}}]}"#
             ),
-            Some(9)
+            Some(Floor::Version(9))
         );
         assert_eq!(
-            written_version(br#"{"kind":"Status","status":"Success","metadata":{}}"#),
+            written_floor(
+                br#"{"kind":"Status","status":"Success","details":{"name":"x","kind":"configmaps","uid":"u1"}}"#
+            ),
+            Some(Floor::Gone("u1".into()))
+        );
+        assert_eq!(
+            written_floor(br#"{"kind":"Status","status":"Success","metadata":{}}"#),
             None
         );
-        assert_eq!(written_version(b"not json"), None);
+        assert_eq!(written_floor(b"not json"), None);
     }
 
     #[test]
