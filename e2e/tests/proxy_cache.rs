@@ -922,3 +922,134 @@ async fn reads_right_after_writes_through_the_proxy_see_them() -> anyhow::Result
     );
     setup.stop().await
 }
+
+/// The lines of a finished watch: (type, name, resourceVersion, code of an ERROR).
+fn watch_events(body: &str) -> anyhow::Result<Vec<(String, String, String)>> {
+    body.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let v: Value = serde_json::from_str(l)?;
+            let o = &v["object"];
+            Ok((
+                v["type"].as_str().unwrap_or_default().to_string(),
+                o["metadata"]["name"]
+                    .as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| o["code"].to_string()),
+                o["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// Watches from the cache's history: from a list's resourceVersion the same events, in the
+/// same order, as the API server's own watch (with and without a label selector that
+/// changes move objects in and out of); without a version, ADDED for each object; from a
+/// version older than the history, the API server's 410 ERROR event.
+#[tokio::test]
+async fn watches_replay_the_same_events_as_the_api_server() -> anyhow::Result<()> {
+    let setup = Setup::new("watch", |_, _, _| async { Ok(()) }).await?;
+    let ns = setup.namespace.clone();
+    let path = format!("/api/v1/namespaces/{ns}/configmaps");
+    let listed = setup.get(&path, None).await?;
+    assert_eq!(listed.header("x-scale-agent-cache"), Some("hit"));
+    let from = listed.json_or_null()["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    // Changes directly on the API server: the agent's watch brings them to the cache.
+    let admin = control_plane()?.client().await?;
+    let api: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
+    let cm = |name: &str, app: &str, v: &str| -> anyhow::Result<ConfigMap> {
+        Ok(serde_json::from_value(json!({
+            "metadata": { "name": name, "labels": { "app": app } }, "data": { "v": v },
+        }))?)
+    };
+    for i in 0..5 {
+        let app = if i % 2 == 0 { "web" } else { "db" };
+        api.create(&PostParams::default(), &cm(&format!("w-{i}"), app, "1")?)
+            .await?;
+    }
+    api.replace("w-1", &PostParams::default(), &cm("w-1", "web", "2")?)
+        .await?;
+    api.replace("w-0", &PostParams::default(), &cm("w-0", "db", "2")?)
+        .await?;
+    api.replace("w-4", &PostParams::default(), &cm("w-4", "web", "2")?)
+        .await?;
+    api.delete("w-2", &Default::default()).await?;
+    let last = api
+        .create(&PostParams::default(), &cm("w-last", "web", "1")?)
+        .await?;
+    let last_rv = last.metadata.resource_version.unwrap_or_default();
+    // Wait for the cache to have the last change (a NotOlderThan list waits for it).
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let reply = setup
+            .get(
+                &format!("{path}?resourceVersion={last_rv}&resourceVersionMatch=NotOlderThan"),
+                None,
+            )
+            .await?;
+        if reply.header("x-scale-agent-cache") == Some("hit") {
+            break;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the cache never reached {last_rv}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let direct = client_for(&setup.direct).await?;
+    for selector in ["", "&labelSelector=app%3Dweb"] {
+        let query = format!("?watch=true&resourceVersion={from}&timeoutSeconds=3{selector}");
+        let proxied = setup.get(&format!("{path}{query}"), None).await?;
+        assert_eq!(proxied.status, 200, "{}", proxied.body);
+        assert_eq!(
+            proxied.header("x-scale-agent-cache"),
+            Some("hit"),
+            "the watch {query} was not served by the cache"
+        );
+        let request = http::Request::get(format!("{path}{query}")).body(Vec::new())?;
+        let expected = watch_events(&direct.request_text(request).await?)?;
+        let got = watch_events(&proxied.body)?;
+        anyhow::ensure!(
+            expected.len() >= 6,
+            "the direct watch {query} saw only {expected:?}: the comparison would prove little"
+        );
+        assert_eq!(got, expected, "watch {query}: proxy vs direct");
+    }
+    // No version: the current objects as ADDED, like the API server.
+    let query = "?watch=true&timeoutSeconds=2";
+    let proxied = setup.get(&format!("{path}{query}"), None).await?;
+    let request = http::Request::get(format!("{path}{query}")).body(Vec::new())?;
+    let expected = watch_events(&direct.request_text(request).await?)?;
+    assert_eq!(
+        watch_events(&proxied.body)?,
+        expected,
+        "watch without a version"
+    );
+    assert!(expected.iter().all(|(t, _, _)| t == "ADDED") && expected.len() == 5);
+    // Older than the history: 410 Expired as an ERROR event, and a message saying what to do.
+    let gone = setup
+        .get(
+            &format!("{path}?watch=true&resourceVersion=1&timeoutSeconds=5"),
+            None,
+        )
+        .await?;
+    assert_eq!(gone.header("x-scale-agent-cache"), Some("hit"));
+    let line: Value = serde_json::from_str(gone.body.lines().next().unwrap_or_default())?;
+    assert_eq!(line["type"], "ERROR", "{}", gone.body);
+    assert_eq!(line["object"]["code"], 410);
+    assert_eq!(line["object"]["reason"], "Expired");
+    assert!(
+        line["object"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("list again"),
+        "{line}"
+    );
+    setup.stop().await
+}

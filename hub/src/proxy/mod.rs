@@ -200,18 +200,18 @@ async fn proxy(hub: &Arc<Hub>, request: Request) -> Result<(Response, Served), S
         return discovery_request(hub, &account, &path_and_query, request).await;
     }
     let upgrade_requested = headers::is_upgrade(request.headers());
-    if method == Method::GET
-        && !upgrade_requested
-        && let Some(response) = cached::read(
-            hub,
-            &account,
-            api_path,
-            request.uri().query(),
-            request.headers(),
-        )
-        .await
-    {
-        return Ok((response, Served::Cache));
+    if method == Method::GET && !upgrade_requested {
+        let query = request.uri().query();
+        if let Some(response) =
+            cached::watch::watch(hub, &account, api_path, query, request.headers()).await
+        {
+            return Ok((response, Served::Cache));
+        }
+        if let Some(response) =
+            cached::read(hub, &account, api_path, query, request.headers()).await
+        {
+            return Ok((response, Served::Cache));
+        }
     }
     let changes_kinds = discovery::changes_kinds(&method, api_path);
     let mut request = request;

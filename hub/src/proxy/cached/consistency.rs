@@ -268,6 +268,8 @@ mod tests {
                     )
                 })
                 .collect(),
+            history: Default::default(),
+            written_through: Default::default(),
         }
     }
 

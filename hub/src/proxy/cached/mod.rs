@@ -17,6 +17,7 @@ pub mod paging;
 pub mod render;
 pub mod request;
 pub mod selector;
+pub mod watch;
 
 use std::{
     sync::{Mutex, MutexGuard},
@@ -29,7 +30,6 @@ use axum::{
     response::Response,
 };
 use http_body_util::BodyExt as _;
-use tokio::sync::watch;
 
 use self::{
     consistency::{Decision, Floor, Floors},
@@ -56,7 +56,7 @@ pub struct CachedReads {
     snapshots: Mutex<Snapshots>,
     floors: Mutex<Floors>,
     /// Bumped after every batch an agent stream applied to the cache.
-    advanced: watch::Sender<u64>,
+    advanced: tokio::sync::watch::Sender<u64>,
 }
 
 impl Default for CachedReads {
@@ -64,7 +64,7 @@ impl Default for CachedReads {
         CachedReads {
             snapshots: Mutex::default(),
             floors: Mutex::default(),
-            advanced: watch::channel(0).0,
+            advanced: tokio::sync::watch::channel(0).0,
         }
     }
 }

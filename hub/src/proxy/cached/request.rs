@@ -70,7 +70,8 @@ pub struct ReadOptions {
     pub resource_version_match: Option<RvMatch>,
 }
 
-fn decode(s: &str) -> Option<String> {
+/// A query value: `+` is a space, then percent-decoding.
+pub fn decode(s: &str) -> Option<String> {
     let spaced = s.replace('+', " ");
     percent_decode_str(&spaced)
         .decode_utf8()
