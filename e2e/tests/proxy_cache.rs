@@ -1053,3 +1053,148 @@ async fn watches_replay_the_same_events_as_the_api_server() -> anyhow::Result<()
     );
     setup.stop().await
 }
+
+/// A watch through the proxy across an agent failover (the streaming replica stops, the
+/// standby is promoted and resumes from the hub's resume points): the watch continues, or
+/// ends cleanly and is resumed from the last resourceVersion it saw, and every change is
+/// seen exactly once, in order.
+#[tokio::test]
+async fn a_watch_across_agent_failover_misses_and_repeats_nothing() -> anyhow::Result<()> {
+    let mut setup = Setup::new("failover", |_, _, _| async { Ok(()) }).await?;
+    let standby =
+        fixtures::start_agent_replica(&setup.dir.join("agent.yaml"), "failover-1").await?;
+    setup.hub.wait_connected(&setup.account, 2).await?;
+    let ns = setup.namespace.clone();
+    let proxy_client = client_for(&setup.proxied).await?;
+    let proxied: Api<ConfigMap> = Api::namespaced(proxy_client, &ns);
+    let start = proxied
+        .list(&ListParams::default())
+        .await?
+        .metadata
+        .resource_version
+        .unwrap_or_default();
+    let probe = setup
+        .get(
+            &format!("/api/v1/namespaces/{ns}/configmaps?watch=true&timeoutSeconds=1&resourceVersion={start}"),
+            None,
+        )
+        .await?;
+    assert_eq!(
+        probe.header("x-scale-agent-cache"),
+        Some("hit"),
+        "the watch is the cache's"
+    );
+    let admin = control_plane()?.client().await?;
+    let direct: Api<ConfigMap> = Api::namespaced(admin, &ns);
+    const CHANGES: usize = 40;
+    let writer = tokio::spawn(async move {
+        for i in 0..CHANGES {
+            let cm: ConfigMap =
+                serde_json::from_value(json!({ "metadata": { "name": format!("f-{i:02}") } }))?;
+            direct.create(&PostParams::default(), &cm).await?;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        anyhow::Ok(())
+    });
+    // Halfway through the writes, the streaming replica goes.
+    let streaming_stopped = {
+        let hub = &setup.hub;
+        let account = setup.account.clone();
+        let first = setup.agent.take();
+        async move {
+            tokio::time::sleep(Duration::from_millis(CHANGES as u64 * 25)).await;
+            let view = hub
+                .api("GET", &format!("/api/v1/accounts/{account}"))
+                .send()
+                .await?
+                .json_or_null();
+            let streaming = view["streaming"]["replica"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let (gone, kept) = if streaming == "failover-1" {
+                (Some(standby), first)
+            } else {
+                (first, Some(standby))
+            };
+            if let Some(agent) = gone {
+                agent.stop().await?;
+            }
+            anyhow::Ok(kept)
+        }
+    };
+    let watching = async {
+        let mut seen: Vec<(String, u64)> = Vec::new();
+        let mut from = start.clone();
+        let mut restarts = 0;
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while seen.len() < CHANGES {
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "the watch saw {} of {CHANGES} changes: {seen:?}",
+                seen.len()
+            );
+            let params = kube::api::WatchParams::default().timeout(30);
+            let mut stream = match proxied.watch(&params, &from).await {
+                Ok(stream) => stream.boxed(),
+                Err(error) => {
+                    // No agent for a moment: the proxy says so; try again.
+                    tracing::info!(%error, "watch refused during the failover; again");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            };
+            while let Some(event) = stream.try_next().await? {
+                match event {
+                    kube::core::WatchEvent::Added(cm) => {
+                        let rv: u64 = cm
+                            .metadata
+                            .resource_version
+                            .clone()
+                            .unwrap_or_default()
+                            .parse()?;
+                        from = rv.to_string();
+                        seen.push((cm.metadata.name.unwrap_or_default(), rv));
+                    }
+                    kube::core::WatchEvent::Error(status) => {
+                        anyhow::bail!("the watch from {from} ended with an error: {status:?}")
+                    }
+                    kube::core::WatchEvent::Bookmark(b) => from = b.metadata.resource_version,
+                    other => anyhow::bail!("unexpected event {other:?}"),
+                }
+                if seen.len() == CHANGES {
+                    break;
+                }
+            }
+            restarts += 1;
+        }
+        anyhow::Ok((seen, restarts))
+    };
+    let (watched, kept) = tokio::join!(watching, streaming_stopped);
+    let (seen, restarts) = watched?;
+    setup.agent = kept?;
+    writer.await??;
+    tracing::info!(restarts, "watch across the failover");
+    // The failover did happen: the replica left streams the account now.
+    let view = setup
+        .hub
+        .api("GET", &format!("/api/v1/accounts/{}", setup.account))
+        .send()
+        .await?
+        .json_or_null();
+    assert!(
+        view["standbys"].as_array().is_none_or(Vec::is_empty),
+        "{view}"
+    );
+    let names: Vec<&str> = seen.iter().map(|(n, _)| n.as_str()).collect();
+    let expected: Vec<String> = (0..CHANGES).map(|i| format!("f-{i:02}")).collect();
+    assert_eq!(
+        names, expected,
+        "every change once, in order (watch restarted {restarts} times)"
+    );
+    assert!(
+        seen.windows(2).all(|w| w[0].1 < w[1].1),
+        "resourceVersions increase: {seen:?}"
+    );
+    setup.stop().await
+}
