@@ -285,8 +285,8 @@ fn widget_resource(group: &str) -> ApiResource {
 
 /// Labels of the i-th object of a kind: every selector operator has matches and misses.
 fn labels(i: usize) -> Value {
-    let mut labels = json!({ "app": if i % 2 == 0 { "web" } else { "db" } });
-    if i % 3 != 0 {
+    let mut labels = json!({ "app": if i.is_multiple_of(2) { "web" } else { "db" } });
+    if !i.is_multiple_of(3) {
         labels["tier"] = json!(if i % 3 == 1 { "front" } else { "back" });
     }
     labels
@@ -646,7 +646,7 @@ async fn paging_returns_each_object_once_and_expired_tokens_are_gone() -> anyhow
                 let api = api.clone();
                 async move {
                     let cm: ConfigMap = serde_json::from_value(json!({
-                        "metadata": { "name": format!("cm-{i:05}"), "labels": { "even": (i % 2 == 0).to_string() } },
+                        "metadata": { "name": format!("cm-{i:05}"), "labels": { "even": i.is_multiple_of(2).to_string() } },
                     }))?;
                     api.create(&PostParams::default(), &cm).await?;
                     anyhow::Ok(())
@@ -884,7 +884,7 @@ async fn reads_right_after_writes_through_the_proxy_see_them() -> anyhow::Result
             .get(&format!("/api/v1/namespaces/{ns}/configmaps/{name}"), None)
             .await?;
         anyhow::ensure!(
-            reply.json_or_null()["data"]["i"] == i.to_string(),
+            reply.json_or_null()["data"]["i"].as_str() == Some(i.to_string().as_str()),
             "round {i}: raw get {}",
             reply.body
         );
@@ -968,8 +968,8 @@ async fn watches_replay_the_same_events_as_the_api_server() -> anyhow::Result<()
             "metadata": { "name": name, "labels": { "app": app } }, "data": { "v": v },
         }))?)
     };
-    for i in 0..5 {
-        let app = if i % 2 == 0 { "web" } else { "db" };
+    for i in 0..5u32 {
+        let app = if i.is_multiple_of(2) { "web" } else { "db" };
         api.create(&PostParams::default(), &cm(&format!("w-{i}"), app, "1")?)
             .await?;
     }

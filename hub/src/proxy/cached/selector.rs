@@ -293,7 +293,7 @@ mod tests {
         assert!(m("n>5"));
         assert!(!m("n<5"));
         assert!(!m("app>5"), "a non-numeric label never compares");
-        assert!(LabelSelector::parse("app=web").unwrap().matches(None) == false);
+        assert!(!LabelSelector::parse("app=web").unwrap().matches(None));
         assert!(LabelSelector::parse("app!=web").unwrap().matches(None));
         assert!(LabelSelector::parse("example.com/team=a").is_some());
     }
