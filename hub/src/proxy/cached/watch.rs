@@ -8,7 +8,7 @@
 //! history still holds, the changes after it; from an older one, an ERROR event with a `410
 //! Expired` Status (the API server's answer), after which clients list again. The watch
 //! ends cleanly at `timeoutSeconds`, when the account's agent goes away (as the tunnelled
-//! watch did), and with a 410 ERROR when the kind is relisted or the watcher fell out of
+//! watch did) or the hub shuts down, and with a 410 ERROR when the kind is relisted or the watcher fell out of
 //! the history window.
 
 use std::{sync::Arc, time::Duration};
@@ -387,7 +387,13 @@ impl Watcher {
         let mut advanced = self.hub.cached_reads.advanced.subscribe();
         let mut last_sent = position.resource_version;
         let mut last_bookmark = tokio::time::Instant::now();
+        // The hub shutting down ends its watches at once, as the API server's do, so that
+        // clients watch again from their last resourceVersion.
+        let mut shutdown = self.hub.shutdown.clone();
         loop {
+            if *shutdown.borrow() {
+                return;
+            }
             advanced.borrow_and_update();
             match step(&self.hub, &self.account, &position) {
                 Step::End => return,
@@ -428,6 +434,7 @@ impl Watcher {
                 _ = tokio::time::sleep(TICK) => {}
                 _ = tokio::time::sleep_until(deadline) => return,
                 _ = self.tx.closed() => return,
+                _ = shutdown.changed() => return,
             }
         }
     }
