@@ -8,8 +8,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::store::StoreOp;
 
+pub mod history;
 mod results;
 
+use bytes::Bytes;
+pub use history::{EventType, History, HistoryEvent};
 pub use results::apply_result_to_cache;
 
 /// A kind as the cache keys it: group and kind (the version may change between agents).
@@ -140,6 +143,11 @@ pub struct KindCache {
     /// The last state reported for each scope (the KindStatus's namespaces, sorted; empty for
     /// cluster-wide): a kind may be WATCHING in one namespace and FORBIDDEN in another.
     pub statuses: BTreeMap<Vec<String>, KindState>,
+    /// The cluster-wide watch's recent events, for the proxy's watches.
+    pub history: History,
+    /// Objects an operation's result wrote before the watch delivered them (uid → whether
+    /// the object existed before), so the watch's echo gets its right event type.
+    pub written_through: BTreeMap<String, bool>,
 }
 
 /// How much a state needs attention, for the summary of several scopes: anything but
@@ -166,6 +174,8 @@ impl KindCache {
             objects: BTreeMap::new(),
             resume: BTreeMap::new(),
             statuses: BTreeMap::new(),
+            history: History::default(),
+            written_through: BTreeMap::new(),
         }
     }
 }
@@ -282,10 +292,18 @@ impl Cache {
             .objects
             .get(&event.object.uid)
             .is_some_and(|o| !is_newer(&rv, &o.resource_version));
-        if behind_resume || behind_object {
+        if behind_resume {
             return Applied::Stale;
         }
         let key = info.key();
+        if event.watch_namespace.is_empty() {
+            record_history(kind, &event);
+        }
+        if behind_object {
+            // The echo of a write an operation's result already brought in.
+            advance(kind, account, &key, &event.watch_namespace, &rv, ops);
+            return Applied::Stale;
+        }
         let applied = if event.deleted {
             if kind.objects.remove(&event.object.uid).is_some() {
                 ops.push(StoreOp::DeleteObject {
@@ -364,6 +382,14 @@ impl Cache {
             });
             kind.objects.insert(uid, object);
         }
+        // The proxy's watches of the old state end; a cluster-wide snapshot starts the
+        // history anew.
+        kind.history.reset(if watch_namespace.is_empty() {
+            list_rv.parse().ok()
+        } else {
+            None
+        });
+        kind.written_through.clear();
         if watch_namespace.is_empty() {
             // A cluster-wide watch supersedes any per-namespace ones.
             let stale: Vec<String> = kind
@@ -403,6 +429,7 @@ impl Cache {
     ) -> usize {
         let key = info.key();
         let kind = self.kind_mut(account, info, ops);
+        kind.history.reset(None);
         let in_scope = |ns: &String| namespaces.is_empty() || namespaces.contains(ns);
         let doomed: Vec<String> = kind
             .objects
@@ -490,12 +517,55 @@ impl Cache {
             .and_then(|a| a.kinds.get_mut(kind))
         {
             Some(k) => {
+                // After a restart the agent resumes the watch from here: the history of
+                // the cluster-wide watch starts at its resume point.
+                if ns.is_empty() {
+                    k.history.reset(rv.parse().ok());
+                }
                 k.resume.insert(ns, rv);
                 true
             }
             None => false,
         }
     }
+}
+
+/// Appends a cluster-wide watch's event to the kind's history (before the object map
+/// changes: whether the object was there decides ADDED or MODIFIED).
+fn record_history(kind: &mut KindCache, event: &Event) {
+    let Ok(resource_version) = event.object.resource_version.parse::<u64>() else {
+        kind.history.reset(None);
+        return;
+    };
+    if event.object.truncated {
+        // A watcher cannot be sent what the hub does not hold.
+        kind.history.reset(None);
+        return;
+    }
+    let uid = &event.object.uid;
+    let previous = kind
+        .objects
+        .get(uid)
+        .filter(|o| !o.truncated)
+        .map(|o| Bytes::from(o.json.clone()));
+    let existed = kind
+        .written_through
+        .remove(uid)
+        .unwrap_or(previous.is_some());
+    let event_type = if event.deleted {
+        EventType::Deleted
+    } else if existed {
+        EventType::Modified
+    } else {
+        EventType::Added
+    };
+    kind.history.push(HistoryEvent {
+        resource_version,
+        event_type,
+        namespace: event.object.namespace.clone(),
+        json: Bytes::from(event.object.json.clone()),
+        previous: previous.filter(|_| existed),
+    });
 }
 
 fn advance(

@@ -683,6 +683,8 @@ mod tests {
             objects: Default::default(),
             resume: Default::default(),
             statuses: Default::default(),
+            history: Default::default(),
+            written_through: Default::default(),
         };
         for q in [
             "Deployment",

@@ -111,6 +111,8 @@ pub(crate) struct Hub {
     pub(crate) tunnels: tunnel::Tunnels,
     /// The proxy's per-account discovery and OpenAPI documents.
     pub(crate) discovery: proxy::discovery::DiscoveryCache,
+    /// The proxy's reads from the cache: continue-token snapshots, writes awaited.
+    pub(crate) cached_reads: proxy::cached::CachedReads,
     tokens: Mutex<Tokens>,
     pub(crate) admin_token: Option<AdminToken>,
     /// The CA that issues agents' certificates (enrolment, renewal).
@@ -562,6 +564,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         metrics,
         tunnels: tunnel::Tunnels::default(),
         discovery: proxy::discovery::DiscoveryCache::default(),
+        cached_reads: proxy::cached::CachedReads::default(),
         tokens: Mutex::new(tokens),
         admin_token,
         agent_ca,

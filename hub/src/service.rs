@@ -485,6 +485,8 @@ async fn process_batch(
         )));
     }
     drop(store);
+    // Reads waiting for the cache to reach a resourceVersion look again.
+    hub.cached_reads.cache_advanced();
     hub.metrics.resumes.inc_by(fx.resumes);
     hub.metrics.relists.inc_by(fx.relists);
     if fx.stale > 0 {

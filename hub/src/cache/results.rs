@@ -56,6 +56,8 @@ pub fn apply_result_to_cache(
         {
             continue;
         }
+        let existed = k.objects.contains_key(&uid);
+        k.written_through.entry(uid.clone()).or_insert(existed);
         let object = CachedObject {
             namespace,
             name,

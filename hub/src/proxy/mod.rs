@@ -10,6 +10,7 @@
 //! from a per-account cache ([`discovery`]). Every error the hub makes itself is a
 //! Kubernetes `Status` ([`status`]).
 
+pub mod cached;
 pub mod discovery;
 pub mod headers;
 pub mod status;
@@ -47,7 +48,9 @@ use status::Status;
 pub const RESPONSE_HEAD_TIMEOUT: Duration = Duration::from_secs(120);
 /// Replicas tried for a request without a body whose agent left before answering.
 pub const MAX_ATTEMPTS: usize = 3;
-/// Response header saying how the proxy answered a discovery or OpenAPI request.
+/// Response header saying who answered: `hit` (the hub's cache), `tunnel` (the API server,
+/// through an agent), `hub` (an error of the hub's own); discovery and OpenAPI documents
+/// also say `miss` (fetched and kept), `stale` and `revalidated`.
 pub const CACHE_HEADER: &str = "x-scale-agent-cache";
 
 /// The proxy's routes.
@@ -63,7 +66,7 @@ pub(crate) fn router() -> Router<Arc<Hub>> {
 pub enum Served {
     /// The API server, through an agent.
     Tunnel,
-    /// The hub's discovery cache.
+    /// The hub's cache (discovery documents, objects).
     Cache,
     /// The hub itself (an error: no token, no agent, ...).
     Hub,
@@ -112,6 +115,17 @@ async fn handle(State(hub): State<Arc<Hub>>, request: Request) -> Response {
             (response, Served::Hub)
         }
     };
+    let mut response = response;
+    if !response.headers().contains_key(CACHE_HEADER) {
+        let who = match served {
+            Served::Cache => "hit",
+            Served::Tunnel => "tunnel",
+            Served::Hub => "hub",
+        };
+        response
+            .headers_mut()
+            .insert(CACHE_HEADER, HeaderValue::from_static(who));
+    }
     hub.metrics
         .proxy_request(&method, served.as_str(), response.status().as_u16());
     if let Some((account, api_path, who)) = audit {
@@ -185,6 +199,20 @@ async fn proxy(hub: &Arc<Hub>, request: Request) -> Result<(Response, Served), S
     if discovery::is_discovery(&method, api_path) {
         return discovery_request(hub, &account, &path_and_query, request).await;
     }
+    let upgrade_requested = headers::is_upgrade(request.headers());
+    if method == Method::GET && !upgrade_requested {
+        let query = request.uri().query();
+        if let Some(response) =
+            cached::watch::watch(hub, &account, api_path, query, request.headers()).await
+        {
+            return Ok((response, Served::Cache));
+        }
+        if let Some(response) =
+            cached::read(hub, &account, api_path, query, request.headers()).await
+        {
+            return Ok((response, Served::Cache));
+        }
+    }
     let changes_kinds = discovery::changes_kinds(&method, api_path);
     let mut request = request;
     // exec, attach, port-forward: after the API server's 101 the exchange carries the
@@ -207,6 +235,7 @@ async fn proxy(hub: &Arc<Hub>, request: Request) -> Result<(Response, Served), S
         },
     )
     .await?;
+    let response = cached::after_write(hub, &account, &parts.method, api_path, response).await;
     if changes_kinds && response.status().is_success() {
         hub.discovery.invalidate(&account, Instant::now());
         tracing::info!(%account, path = %api_path, "kinds changed through the proxy; discovery cache dropped");

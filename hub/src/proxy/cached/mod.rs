@@ -1,0 +1,486 @@
+//! LIST and GET answered from the hub's cache, when that answer is the API server's.
+//!
+//! A read is served from the cache only when all of these hold; otherwise it goes through
+//! the tunnel exactly as before:
+//! - the path is a collection or one object of a kind the account's agent streams, at the
+//!   version the agent streams it, and an agent streams the account now;
+//! - the kind is synced for the scope ([`consistency::synced_resume_point`]);
+//! - the query has only parameters the cache implements ([`request::parse_query`]), the
+//!   selectors are ones it evaluates exactly ([`selector`]), and Accept asks for JSON or
+//!   the metadata-only form ([`request::parse_accept`]);
+//! - Secrets only in the metadata-only form (the hub never holds their data);
+//! - the resourceVersion rules and the account's own writes through the proxy are satisfied,
+//!   after waiting up to [`READ_WAIT`] for the cache to catch up ([`consistency`]).
+
+pub mod consistency;
+pub mod paging;
+pub mod render;
+pub mod request;
+pub mod selector;
+pub mod watch;
+
+use std::{
+    sync::{Mutex, MutexGuard},
+    time::{Duration, Instant},
+};
+
+use axum::{
+    body::Body,
+    http::{HeaderMap, HeaderValue, Method, StatusCode, header},
+    response::Response,
+};
+use http_body_util::BodyExt as _;
+
+use self::{
+    consistency::{Decision, Floor, Floors},
+    paging::{Snapshot, Snapshots, TokenError},
+    request::{Form, ReadOptions, Target},
+    selector::{FieldSelector, LabelSelector},
+};
+use super::{CACHE_HEADER, status::Status};
+use crate::{
+    Hub,
+    cache::{CachedObject, KindInfo, KindKey},
+};
+
+/// How long a read waits for the cache to reach a resourceVersion (its own or one of the
+/// account's writes) before it is tunnelled instead.
+pub const READ_WAIT: Duration = Duration::from_secs(3);
+/// The largest write answer read to learn its resourceVersion (objects are at most 1.5 MiB
+/// in etcd; deletecollection lists can be larger, and then reads of the kind are
+/// tunnelled for [`consistency::BARRIER`]).
+pub const MAX_WRITE_ANSWER_BYTES: usize = 16 * 1024 * 1024;
+
+/// The proxy's state for cached reads.
+pub struct CachedReads {
+    snapshots: Mutex<Snapshots>,
+    floors: Mutex<Floors>,
+    /// Bumped after every batch an agent stream applied to the cache.
+    advanced: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for CachedReads {
+    fn default() -> Self {
+        CachedReads {
+            snapshots: Mutex::default(),
+            floors: Mutex::default(),
+            advanced: tokio::sync::watch::channel(0).0,
+        }
+    }
+}
+
+impl CachedReads {
+    /// Called after the cache applied a batch: wakes reads waiting for it.
+    pub fn cache_advanced(&self) {
+        self.advanced.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    fn snapshots(&self) -> MutexGuard<'_, Snapshots> {
+        self.snapshots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn floors(&self) -> MutexGuard<'_, Floors> {
+        self.floors.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// What the cache held for a read, copied out under the lock.
+struct Held {
+    info: KindInfo,
+    fields: FieldSelector,
+    resource_version: String,
+    objects: Vec<CachedObject>,
+}
+
+/// What the cache can do for a read right now.
+enum Plan {
+    Ready(Held),
+    /// For the cache to reach a resourceVersion, or to drop an object deleted (`None`).
+    WaitFor(Option<u64>),
+    Tunnel(&'static str),
+}
+
+/// The read's answer from the cache, or `None` when it must be tunnelled.
+pub(crate) async fn read(
+    hub: &Hub,
+    account: &str,
+    api_path: &str,
+    query: Option<&str>,
+    headers: &HeaderMap,
+) -> Option<Response> {
+    let target = request::parse_path(api_path)?;
+    let options = request::parse_query(query)?;
+    let list = target.name.is_none();
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let form = request::parse_accept(accept, list)?;
+    if target.group.is_empty() && target.resource == "secrets" && form == Form::Full {
+        // Secret data never reaches the hub: only the API server has it.
+        return None;
+    }
+    let labels = LabelSelector::parse(&options.label_selector)?;
+    let list_key = format!(
+        "{account}|{api_path}|{}|{}|{form:?}",
+        options.label_selector, options.field_selector
+    );
+    if let Some(token) = &options.continue_token {
+        if !paging::is_hub_token(token) || options.resource_version.is_some() {
+            return None;
+        }
+        return Some(next_page(hub, token, &list_key, options.limit));
+    }
+    let deadline = tokio::time::Instant::now() + READ_WAIT;
+    let mut advanced = hub.cached_reads.advanced.subscribe();
+    let held = loop {
+        advanced.borrow_and_update();
+        match plan(hub, account, &target, &options) {
+            Plan::Ready(held) => break held,
+            Plan::Tunnel(why) => {
+                tracing::debug!(%account, path = %api_path, why, "read tunnelled");
+                return None;
+            }
+            Plan::WaitFor(rv) => {
+                let changed = tokio::time::timeout_at(deadline, advanced.changed()).await;
+                if !matches!(changed, Ok(Ok(()))) {
+                    tracing::info!(%account, path = %api_path, resource_version = ?rv, "the cache did not reach the resourceVersion in time; read tunnelled");
+                    return None;
+                }
+            }
+        }
+    };
+    let response = if list {
+        let items = match render::list_items(&held.info, held.objects, &labels, &held.fields, form)
+        {
+            Ok(items) => items,
+            Err(why) => {
+                tracing::debug!(%account, path = %api_path, ?why, "list not renderable from the cache; tunnelled");
+                return None;
+            }
+        };
+        let list_type = render::list_type(&held.info, form);
+        let snapshot = Snapshot {
+            list: list_key,
+            resource_version: held.resource_version.clone(),
+            list_type: list_type.clone(),
+            items,
+            count_remaining: labels.is_empty() && held.fields.is_empty(),
+        };
+        let page = hub
+            .cached_reads
+            .snapshots()
+            .first_page(snapshot, options.limit, Instant::now());
+        json_response(
+            StatusCode::OK,
+            render::list_body(
+                &list_type,
+                &held.resource_version,
+                page.continue_token.as_deref(),
+                page.remaining,
+                &page.items,
+            ),
+        )
+    } else {
+        match held.objects.first() {
+            None => json_response(
+                StatusCode::NOT_FOUND,
+                render::not_found_body(&held.info, target.name.as_deref().unwrap_or_default()),
+            ),
+            Some(object) => match render::object_body(object, form) {
+                Ok(body) => json_response(StatusCode::OK, body),
+                Err(_) => return None,
+            },
+        }
+    };
+    Some(response)
+}
+
+/// Decides under the state lock, copying out what the answer needs.
+fn plan(hub: &Hub, account: &str, target: &Target, options: &ReadOptions) -> Plan {
+    let st = hub.state();
+    let Some(registered) = st.registry.accounts.get(account) else {
+        return Plan::Tunnel("unknown account");
+    };
+    if registered.streaming.is_none() {
+        return Plan::Tunnel("no agent streams the account");
+    }
+    let omit: Vec<String> = registered
+        .record
+        .properties
+        .get("omitNamespaces")
+        .and_then(|v| v.as_array())
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let Some(kind) = st.cache.accounts.get(account).and_then(|a| {
+        a.kinds
+            .values()
+            .find(|k| k.info.group == target.group && k.info.plural == target.resource)
+    }) else {
+        return Plan::Tunnel("kind not streamed");
+    };
+    if kind.info.version != target.version {
+        return Plan::Tunnel("another version than the agent streams");
+    }
+    if target.namespace.is_some() && !kind.info.namespaced {
+        return Plan::Tunnel("namespaced path of a cluster-scoped kind");
+    }
+    if target.name.is_some() && kind.info.namespaced && target.namespace.is_none() {
+        return Plan::Tunnel("named object of a namespaced kind without a namespace");
+    }
+    let Some(fields) =
+        FieldSelector::parse(&options.field_selector, &kind.info.group, &kind.info.kind)
+    else {
+        return Plan::Tunnel("field selector the cache cannot evaluate");
+    };
+    // A `metadata.namespace=` selector narrows a cluster-wide list to one namespace.
+    let scope = target.namespace.as_deref().or(fields
+        .namespace()
+        .filter(|ns| kind.info.namespaced && !ns.is_empty()));
+    let Some(resume) = consistency::synced_resume_point(kind, scope, &omit) else {
+        return Plan::Tunnel("kind not synced for the scope");
+    };
+    let list = target.name.is_none();
+    let decision = consistency::stricter(
+        consistency::resource_version_decision(options, resume, list),
+        hub.cached_reads.floors().decision(
+            account,
+            &kind.info.key(),
+            scope,
+            resume,
+            |uid| kind.objects.contains_key(uid),
+            Instant::now(),
+        ),
+    );
+    match decision {
+        Decision::Tunnel => Plan::Tunnel("resourceVersion the cache cannot satisfy"),
+        Decision::WaitFor(rv) => Plan::WaitFor(Some(rv)),
+        Decision::WaitForDeletion => Plan::WaitFor(None),
+        Decision::Serve => {
+            let in_scope = |o: &&CachedObject| scope.is_none_or(|ns| o.namespace == ns);
+            let objects = match &target.name {
+                Some(name) => kind
+                    .objects
+                    .values()
+                    .filter(in_scope)
+                    .find(|o| &o.name == name)
+                    .cloned()
+                    .into_iter()
+                    .collect(),
+                None => kind.objects.values().filter(in_scope).cloned().collect(),
+            };
+            Plan::Ready(Held {
+                info: kind.info.clone(),
+                fields,
+                resource_version: resume.to_string(),
+                objects,
+            })
+        }
+    }
+}
+
+fn next_page(hub: &Hub, token: &str, list_key: &str, limit: Option<usize>) -> Response {
+    let found = hub
+        .cached_reads
+        .snapshots()
+        .next_page(token, list_key, limit, Instant::now());
+    match found {
+        Ok((page, snapshot)) => json_response(
+            StatusCode::OK,
+            render::list_body(
+                &snapshot.list_type,
+                &snapshot.resource_version,
+                page.continue_token.as_deref(),
+                page.remaining,
+                &page.items,
+            ),
+        ),
+        Err(TokenError::Expired) => expired(),
+        Err(TokenError::OtherList) => cached_status(Status::failure(
+            400,
+            "BadRequest",
+            "this continue token belongs to another list (another path, selector or Accept): \
+             send it with the same query as the list that returned it, or start the list \
+             again without continue",
+        )),
+    }
+}
+
+fn expired() -> Response {
+    cached_status(Status::failure(
+        410,
+        "Expired",
+        "the provided continue parameter is too old to display a consistent list result (the \
+         hub keeps a list's pages for 5 minutes): start the list again without the continue \
+         parameter",
+    ))
+}
+
+fn cached_status(status: Status) -> Response {
+    use axum::response::IntoResponse as _;
+    let mut response = status.into_response();
+    response
+        .headers_mut()
+        .insert(CACHE_HEADER, HeaderValue::from_static("hit"));
+    response
+}
+
+fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(CACHE_HEADER, HeaderValue::from_static("hit"));
+    response
+}
+
+/// The kind and namespace a write path changes: a collection, an object or one of its
+/// subresources.
+fn write_target(api_path: &str) -> Option<Target> {
+    request::parse_path(api_path).or_else(|| {
+        // `.../<resource>/<name>/<subresource>`: the object's resourceVersion changes.
+        let (object, _) = api_path.rsplit_once('/')?;
+        request::parse_path(object).filter(|t| t.name.is_some())
+    })
+}
+
+/// After a write through the proxy: remembers its resourceVersion so that cached reads of
+/// the account never show an older state of what it wrote (read-your-writes). The answer
+/// is read to learn it (and handed on unchanged) only for kinds the cache holds.
+pub(crate) async fn after_write(
+    hub: &Hub,
+    account: &str,
+    method: &Method,
+    api_path: &str,
+    response: Response,
+) -> Response {
+    if !matches!(
+        *method,
+        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+    ) || !response.status().is_success()
+    {
+        return response;
+    }
+    let Some(target) = write_target(api_path) else {
+        return response;
+    };
+    let key = {
+        let st = hub.state();
+        st.cache.accounts.get(account).and_then(|a| {
+            a.kinds
+                .values()
+                .find(|k| k.info.group == target.group && k.info.plural == target.resource)
+                .map(|k| k.info.key())
+        })
+    };
+    let Some(key) = key else {
+        return response;
+    };
+    let namespace = target.namespace.clone().unwrap_or_default();
+    let (parts, body) = response.into_parts();
+    let limited = http_body_util::Limited::new(body, MAX_WRITE_ANSWER_BYTES);
+    let (floor, body) = match limited.collect().await {
+        Ok(collected) => {
+            let bytes = collected.to_bytes();
+            (written_floor(&bytes), Body::from(bytes))
+        }
+        Err(error) => {
+            // Too large or cut: the client gets the error; reads wait out the barrier.
+            tracing::debug!(%account, path = %api_path, %error, "write answer not readable");
+            (
+                None,
+                Body::from_stream(futures::stream::once(async move {
+                    Err::<bytes::Bytes, _>(std::io::Error::other(error.to_string()))
+                })),
+            )
+        }
+    };
+    let now = Instant::now();
+    let floor = floor.unwrap_or(Floor::Until(now + consistency::BARRIER));
+    record_write(hub, account, key, &namespace, floor, now);
+    Response::from_parts(parts, body)
+}
+
+fn record_write(
+    hub: &Hub,
+    account: &str,
+    key: KindKey,
+    namespace: &str,
+    floor: Floor,
+    now: Instant,
+) {
+    tracing::debug!(%account, kind = %key, %namespace, ?floor, "write through the proxy: cached reads wait for it");
+    hub.cached_reads
+        .floors()
+        .record(account, key, namespace, floor, now);
+}
+
+/// What a write's answer says the cache must show: its object's resourceVersion (the
+/// newest of a deletecollection's items), or, for a delete answered with a `Status`, that
+/// the object (by uid) is gone; `None` for anything else.
+pub fn written_floor(body: &[u8]) -> Option<Floor> {
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let rv_of = |v: &serde_json::Value| {
+        v.pointer("/metadata/resourceVersion")
+            .and_then(|r| r.as_str())
+            .and_then(|r| r.parse::<u64>().ok())
+    };
+    if value.get("kind").and_then(|k| k.as_str()) == Some("Status") {
+        return value
+            .pointer("/details/uid")
+            .and_then(|u| u.as_str())
+            .filter(|u| !u.is_empty())
+            .map(|u| Floor::Gone(u.to_string()));
+    }
+    match value.get("items").and_then(|i| i.as_array()) {
+        Some(items) => items.iter().filter_map(rv_of).max(),
+        None => rv_of(&value),
+    }
+    .map(Floor::Version)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_floors() {
+        assert_eq!(
+            written_floor(br#"{"kind":"ConfigMap","metadata":{"resourceVersion":"42"}}"#),
+            Some(Floor::Version(42))
+        );
+        assert_eq!(
+            written_floor(
+                br#"{"kind":"ConfigMapList","metadata":{"resourceVersion":"1"},"items":[{"metadata":{"resourceVersion":"7"}},{"metadata":{"resourceVersion":"9"}}]}"#
+            ),
+            Some(Floor::Version(9))
+        );
+        assert_eq!(
+            written_floor(
+                br#"{"kind":"Status","status":"Success","details":{"name":"x","kind":"configmaps","uid":"u1"}}"#
+            ),
+            Some(Floor::Gone("u1".into()))
+        );
+        assert_eq!(
+            written_floor(br#"{"kind":"Status","status":"Success","metadata":{}}"#),
+            None
+        );
+        assert_eq!(written_floor(b"not json"), None);
+    }
+
+    #[test]
+    fn write_targets_include_subresources() {
+        let t = write_target("/apis/apps/v1/namespaces/x/deployments/web/scale").unwrap();
+        assert_eq!(
+            (t.resource.as_str(), t.name.as_deref()),
+            ("deployments", Some("web"))
+        );
+        let t = write_target("/api/v1/namespaces/x/configmaps").unwrap();
+        assert_eq!(t.namespace.as_deref(), Some("x"));
+        assert!(write_target("/api/v1/namespaces/x/pods/p/log/extra").is_none());
+    }
+}

@@ -1,0 +1,314 @@
+//! The API server's JSON for cached objects (sans-IO): list items in etcd key order, the
+//! list envelope, one object, metadata-only forms and NotFound.
+
+use bytes::Bytes;
+use serde_json::{Map, Value, json};
+
+use super::{
+    request::Form,
+    selector::{FieldSelector, LabelSelector},
+};
+use crate::cache::{CachedObject, KindInfo};
+
+/// Whether a group is built into the API server (its list items carry no apiVersion/kind,
+/// unlike custom resources'): the core group, groups without a dot, and `*.k8s.io`.
+pub fn is_builtin_group(group: &str) -> bool {
+    !group.contains('.') || group.ends_with(".k8s.io")
+}
+
+/// Why the cache cannot render a read.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Unrenderable {
+    /// An object in scope was kept without its JSON (larger than the hub's limit).
+    Truncated,
+    /// Cached JSON that is not an object.
+    Corrupt,
+}
+
+/// The objects of a list, filtered by the selectors, in the API server's order (etcd keys:
+/// `<namespace>/<name>`), each rendered as a list item in `form`.
+pub fn list_items(
+    info: &KindInfo,
+    mut objects: Vec<CachedObject>,
+    labels: &LabelSelector,
+    fields: &FieldSelector,
+    form: Form,
+) -> Result<Vec<Bytes>, Unrenderable> {
+    objects.sort_by_cached_key(etcd_key);
+    let builtin = is_builtin_group(&info.group);
+    let mut items = Vec::with_capacity(objects.len());
+    for object in objects {
+        if object.truncated {
+            return Err(Unrenderable::Truncated);
+        }
+        let mut value: Value =
+            serde_json::from_slice(&object.json).map_err(|_| Unrenderable::Corrupt)?;
+        let labels_of = value.pointer("/metadata/labels").and_then(Value::as_object);
+        if !labels.matches(labels_of) || !fields.matches(&value) {
+            continue;
+        }
+        let item = match form {
+            Form::Metadata => metadata_only(&value),
+            Form::Full if builtin => {
+                let map = value.as_object_mut().ok_or(Unrenderable::Corrupt)?;
+                map.remove("apiVersion");
+                map.remove("kind");
+                value
+            }
+            Form::Full => value,
+        };
+        items.push(Bytes::from(
+            serde_json::to_vec(&item).map_err(|_| Unrenderable::Corrupt)?,
+        ));
+    }
+    Ok(items)
+}
+
+fn etcd_key(o: &CachedObject) -> String {
+    if o.namespace.is_empty() {
+        o.name.clone()
+    } else {
+        format!("{}/{}", o.namespace, o.name)
+    }
+}
+
+fn metadata_only(object: &Value) -> Value {
+    json!({
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": object.get("metadata").cloned().unwrap_or_else(|| Value::Object(Map::new())),
+    })
+}
+
+/// The (kind, apiVersion) of a list of `info` in `form`.
+pub fn list_type(info: &KindInfo, form: Form) -> (String, String) {
+    match form {
+        Form::Full => (format!("{}List", info.kind), info.api_version()),
+        Form::Metadata => (
+            "PartialObjectMetadataList".to_string(),
+            "meta.k8s.io/v1".to_string(),
+        ),
+    }
+}
+
+/// A list response body around rendered items.
+pub fn list_body(
+    (kind, api_version): &(String, String),
+    resource_version: &str,
+    continue_token: Option<&str>,
+    remaining: Option<usize>,
+    items: &[Bytes],
+) -> Vec<u8> {
+    let mut metadata = Map::new();
+    metadata.insert("resourceVersion".into(), resource_version.into());
+    if let Some(token) = continue_token {
+        metadata.insert("continue".into(), token.into());
+    }
+    if let Some(n) = remaining {
+        metadata.insert("remainingItemCount".into(), n.into());
+    }
+    let head = json!({"kind": kind, "apiVersion": api_version, "metadata": metadata});
+    let mut body = serde_json::to_vec(&head).unwrap_or_default();
+    // `{...}` → `{..., "items": [ ... ]}`
+    body.pop();
+    body.extend_from_slice(br#","items":["#);
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(item);
+    }
+    body.extend_from_slice(b"]}");
+    body
+}
+
+/// One object's response body in `form`.
+pub fn object_body(object: &CachedObject, form: Form) -> Result<Vec<u8>, Unrenderable> {
+    if object.truncated {
+        return Err(Unrenderable::Truncated);
+    }
+    match form {
+        Form::Full => Ok(object.json.clone()),
+        Form::Metadata => {
+            let value: Value =
+                serde_json::from_slice(&object.json).map_err(|_| Unrenderable::Corrupt)?;
+            serde_json::to_vec(&metadata_only(&value)).map_err(|_| Unrenderable::Corrupt)
+        }
+    }
+}
+
+/// The API server's NotFound for a GET of one object.
+pub fn not_found_body(info: &KindInfo, name: &str) -> Vec<u8> {
+    let qualified = if info.group.is_empty() {
+        info.plural.clone()
+    } else {
+        format!("{}.{}", info.plural, info.group)
+    };
+    let mut details = Map::new();
+    details.insert("name".into(), name.into());
+    if !info.group.is_empty() {
+        details.insert("group".into(), info.group.clone().into());
+    }
+    details.insert("kind".into(), info.plural.clone().into());
+    serde_json::to_vec(&json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": format!("{qualified} \"{name}\" not found"),
+        "reason": "NotFound",
+        "details": details,
+        "code": 404,
+    }))
+    .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(group: &str, kind: &str, plural: &str) -> KindInfo {
+        KindInfo {
+            group: group.into(),
+            version: "v1".into(),
+            kind: kind.into(),
+            plural: plural.into(),
+            namespaced: true,
+        }
+    }
+
+    fn obj(ns: &str, name: &str, labels: Value) -> CachedObject {
+        CachedObject {
+            namespace: ns.into(),
+            name: name.into(),
+            uid: format!("{ns}-{name}"),
+            resource_version: "1".into(),
+            json: serde_json::to_vec(&json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": name, "namespace": ns, "labels": labels},
+                "data": {"k": "v"},
+            }))
+            .unwrap(),
+            truncated: false,
+        }
+    }
+
+    fn parse(items: &[Bytes]) -> Vec<Value> {
+        items
+            .iter()
+            .map(|i| serde_json::from_slice(i).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn items_in_etcd_key_order_filtered_and_without_type_for_builtins() {
+        let objects = vec![
+            obj("a", "z", json!({"app": "web"})),
+            obj("a-b", "x", json!({"app": "web"})),
+            obj("a", "y", json!({"app": "db"})),
+        ];
+        let labels = LabelSelector::parse("app=web").unwrap();
+        let items = list_items(
+            &info("", "ConfigMap", "configmaps"),
+            objects.clone(),
+            &labels,
+            &FieldSelector::default(),
+            Form::Full,
+        )
+        .unwrap();
+        let items = parse(&items);
+        let names: Vec<_> = items
+            .iter()
+            .map(|i| {
+                format!(
+                    "{}/{}",
+                    i["metadata"]["namespace"].as_str().unwrap(),
+                    i["metadata"]["name"].as_str().unwrap()
+                )
+            })
+            .collect();
+        // '-' sorts before '/' in etcd's keys.
+        assert_eq!(names, ["a-b/x", "a/z"]);
+        assert!(items[0].get("kind").is_none() && items[0].get("apiVersion").is_none());
+        assert_eq!(items[0]["data"]["k"], "v");
+        let custom = list_items(
+            &info("example.com", "Widget", "widgets"),
+            objects.clone(),
+            &LabelSelector::default(),
+            &FieldSelector::default(),
+            Form::Full,
+        )
+        .unwrap();
+        assert_eq!(
+            parse(&custom)[0]["kind"],
+            "ConfigMap",
+            "custom resources keep their type"
+        );
+        let meta = list_items(
+            &info("", "ConfigMap", "configmaps"),
+            objects,
+            &LabelSelector::default(),
+            &FieldSelector::default(),
+            Form::Metadata,
+        )
+        .unwrap();
+        let meta = parse(&meta);
+        assert_eq!(meta.len(), 3);
+        assert_eq!(meta[0]["kind"], "PartialObjectMetadata");
+        assert!(meta[0].get("data").is_none());
+    }
+
+    #[test]
+    fn truncated_objects_cannot_be_served() {
+        let mut o = obj("a", "b", json!({}));
+        o.truncated = true;
+        o.json.clear();
+        assert_eq!(
+            list_items(
+                &info("", "ConfigMap", "configmaps"),
+                vec![o.clone()],
+                &LabelSelector::default(),
+                &FieldSelector::default(),
+                Form::Full
+            ),
+            Err(Unrenderable::Truncated)
+        );
+        assert_eq!(object_body(&o, Form::Full), Err(Unrenderable::Truncated));
+    }
+
+    #[test]
+    fn envelopes() {
+        let body = list_body(
+            &list_type(&info("apps", "Deployment", "deployments"), Form::Full),
+            "42",
+            Some("t"),
+            Some(3),
+            &[Bytes::from_static(b"{\"a\":1}"), Bytes::from_static(b"{}")],
+        );
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            v,
+            json!({"kind": "DeploymentList", "apiVersion": "apps/v1",
+                   "metadata": {"resourceVersion": "42", "continue": "t", "remainingItemCount": 3},
+                   "items": [{"a": 1}, {}]})
+        );
+        let empty: Value = serde_json::from_slice(&list_body(
+            &list_type(&info("", "ConfigMap", "configmaps"), Form::Metadata),
+            "1",
+            None,
+            None,
+            &[],
+        ))
+        .unwrap();
+        assert_eq!(empty["kind"], "PartialObjectMetadataList");
+        assert_eq!(empty["items"], json!([]));
+        let nf: Value = serde_json::from_slice(&not_found_body(
+            &info("apps", "Deployment", "deployments"),
+            "web",
+        ))
+        .unwrap();
+        assert_eq!(nf["message"], "deployments.apps \"web\" not found");
+        assert_eq!(nf["code"], 404);
+        assert_eq!(nf["details"]["group"], "apps");
+    }
+}

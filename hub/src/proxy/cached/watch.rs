@@ -1,0 +1,522 @@
+//! WATCH answered from the cache's history of the kind's cluster-wide watch
+//! ([`crate::cache::History`]): every watcher of an account's kind reads the one agent
+//! stream's events; none opens a watch on the target cluster.
+//!
+//! Served only for a collection (`watch=true`, or a `metadata.name` field selector for one
+//! object) of a kind the agent watches cluster-wide and has synced, as JSON. Start: with no
+//! resourceVersion (or "0"), ADDED for every object, then the changes; from a version the
+//! history still holds, the changes after it; from an older one, an ERROR event with a `410
+//! Expired` Status (the API server's answer), after which clients list again. The watch
+//! ends cleanly at `timeoutSeconds`, when the account's agent goes away (as the tunnelled
+//! watch did) or the hub shuts down, and with a 410 ERROR when the kind is relisted or the watcher fell out of
+//! the history window.
+
+use std::{sync::Arc, time::Duration};
+
+use axum::{
+    body::Body,
+    http::{HeaderMap, HeaderValue, StatusCode, header},
+    response::Response,
+};
+use bytes::Bytes;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use super::{
+    consistency::{self, Decision},
+    request::{self, Form, Target},
+    selector::{FieldSelector, LabelSelector},
+};
+use crate::{
+    Hub,
+    cache::{EventType, HistoryEvent, KindInfo, KindKey},
+    proxy::CACHE_HEADER,
+};
+
+/// How long a watch without `timeoutSeconds` lasts (the API server picks 30 to 60 minutes).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// How often an idle watch checks that its agent is still there, and sends a bookmark when
+/// asked for them and the resourceVersion moved.
+pub const TICK: Duration = Duration::from_secs(1);
+/// The least time between two bookmarks of a watch.
+pub const BOOKMARK_EVERY: Duration = Duration::from_secs(30);
+/// Event lines queued for a slow client; past them the watcher waits, and falls out of the
+/// history window if it waits too long.
+const QUEUE: usize = 64;
+
+/// A watch's parameters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WatchOptions {
+    pub label_selector: String,
+    pub field_selector: String,
+    pub resource_version: Option<String>,
+    pub allow_bookmarks: bool,
+    pub timeout: Option<Duration>,
+}
+
+/// Parses a watch query; `None` when it is not a watch or has a parameter the cache does not
+/// implement (`sendInitialEvents`, `resourceVersionMatch`, ...).
+pub fn parse_watch_query(query: Option<&str>) -> Option<WatchOptions> {
+    let mut options = WatchOptions::default();
+    let mut watch = false;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = request::decode(value)?;
+        match key {
+            "watch" => watch = value == "true" || value == "1",
+            "labelSelector" => options.label_selector = value,
+            "fieldSelector" => options.field_selector = value,
+            "resourceVersion" => {
+                options.resource_version = Some(value).filter(|v| !v.is_empty());
+            }
+            "allowWatchBookmarks" => options.allow_bookmarks = value == "true" || value == "1",
+            "timeoutSeconds" => {
+                options.timeout = Some(Duration::from_secs(value.parse().ok()?));
+            }
+            "timeout" => {}
+            _ => return None,
+        }
+    }
+    watch.then_some(options)
+}
+
+/// One watch event line.
+fn event_line(event_type: &str, object: &[u8]) -> Bytes {
+    let mut line = Vec::with_capacity(object.len() + 32);
+    line.extend_from_slice(br#"{"type":""#);
+    line.extend_from_slice(event_type.as_bytes());
+    line.extend_from_slice(br#"","object":"#);
+    line.extend_from_slice(object);
+    line.extend_from_slice(b"}\n");
+    Bytes::from(line)
+}
+
+/// The ERROR event the API server sends for a watch it cannot continue.
+fn gone_line(message: &str) -> Bytes {
+    let status = serde_json::json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure", "message": message, "reason": "Expired", "code": 410,
+    });
+    event_line("ERROR", status.to_string().as_bytes())
+}
+
+fn bookmark_line(info: &KindInfo, rv: u64) -> Bytes {
+    let object = serde_json::json!({
+        "kind": info.kind, "apiVersion": info.api_version(),
+        "metadata": { "resourceVersion": rv.to_string() },
+    });
+    event_line("BOOKMARK", object.to_string().as_bytes())
+}
+
+/// Who a watcher shows an event to, as the API server's watch cache decides: by the
+/// object's state before and after against the selectors.
+struct Filter {
+    namespace: Option<String>,
+    labels: LabelSelector,
+    fields: FieldSelector,
+}
+
+impl Filter {
+    fn matches(&self, json: &[u8]) -> bool {
+        let Ok(value) = serde_json::from_slice::<Value>(json) else {
+            return false;
+        };
+        let labels = value.pointer("/metadata/labels").and_then(Value::as_object);
+        self.labels.matches(labels) && self.fields.matches(&value)
+    }
+
+    /// The event type this watcher sees, if any.
+    fn view(&self, event: &HistoryEvent) -> Option<&'static str> {
+        if self
+            .namespace
+            .as_deref()
+            .is_some_and(|ns| ns != event.namespace)
+        {
+            return None;
+        }
+        let now = event.event_type != EventType::Deleted && self.matches(&event.json);
+        let before = match event.event_type {
+            EventType::Deleted => self.matches(&event.json),
+            _ => event.previous.as_deref().is_some_and(|p| self.matches(p)),
+        };
+        match (before, now) {
+            (false, true) => Some(EventType::Added.as_str()),
+            (true, true) => Some(EventType::Modified.as_str()),
+            (true, false) => Some(EventType::Deleted.as_str()),
+            (false, false) => None,
+        }
+    }
+}
+
+/// Where a watcher is.
+struct Position {
+    key: KindKey,
+    generation: u64,
+    resource_version: u64,
+}
+
+/// What a watcher found in the cache.
+enum Step {
+    Events(Vec<HistoryEvent>, u64),
+    /// The kind was relisted, dropped, or the watcher fell out of the window.
+    Gone(String),
+    /// The agent went away or the account was removed: end as the API server ends a watch.
+    End,
+}
+
+fn step(hub: &Hub, account: &str, position: &Position) -> Step {
+    let st = hub.state();
+    if st
+        .registry
+        .accounts
+        .get(account)
+        .is_none_or(|a| a.streaming.is_none())
+    {
+        return Step::End;
+    }
+    let Some(kind) = st
+        .cache
+        .accounts
+        .get(account)
+        .and_then(|a| a.kinds.get(&position.key))
+    else {
+        return Step::End;
+    };
+    if kind.history.generation != position.generation {
+        return Step::Gone(format!(
+            "the Scale Agent hub relisted {} for this account: list again and watch from the \
+             list's resourceVersion",
+            position.key
+        ));
+    }
+    let Some(events) = kind.history.since(position.resource_version) else {
+        return Step::Gone(format!(
+            "too old resource version: {} (the Scale Agent hub keeps the last {} events of a \
+             kind, and this watch fell behind them): list again and watch from the list's \
+             resourceVersion",
+            position.resource_version,
+            crate::cache::history::MAX_EVENTS
+        ));
+    };
+    let events: Vec<HistoryEvent> = events.cloned().collect();
+    let resume = kind
+        .resume
+        .get("")
+        .and_then(|r| r.parse::<u64>().ok())
+        .unwrap_or(position.resource_version);
+    let last = events
+        .last()
+        .map_or(position.resource_version, |e| e.resource_version);
+    Step::Events(events, last.max(resume))
+}
+
+/// The watch's answer from the cache, or `None` when it must be tunnelled.
+pub(crate) async fn watch(
+    hub: &Arc<Hub>,
+    account: &str,
+    api_path: &str,
+    query: Option<&str>,
+    headers: &HeaderMap,
+) -> Option<Response> {
+    let target = request::parse_path(api_path)?;
+    let options = parse_watch_query(query)?;
+    if target.name.is_some() {
+        return None;
+    }
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    if request::parse_accept(accept, false)? != Form::Full
+        || (target.group.is_empty() && target.resource == "secrets")
+    {
+        return None;
+    }
+    let labels = LabelSelector::parse(&options.label_selector)?;
+    let (info, filter, position, initial, gone) = start(hub, account, &target, &options, labels)?;
+    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(QUEUE);
+    let mut response = Response::new(Body::from_stream(
+        tokio_stream::wrappers::ReceiverStream::new(rx),
+    ));
+    *response.status_mut() = StatusCode::OK;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+        .headers_mut()
+        .insert(CACHE_HEADER, HeaderValue::from_static("hit"));
+    let hub = hub.clone();
+    let account = account.to_string();
+    let timeout = options.timeout.unwrap_or(DEFAULT_TIMEOUT);
+    tokio::spawn(async move {
+        if let Some(message) = gone {
+            let _ = tx.send(Ok(gone_line(&message))).await;
+            return;
+        }
+        for line in initial {
+            if tx.send(Ok(line)).await.is_err() {
+                return;
+            }
+        }
+        let watcher = Watcher {
+            hub,
+            account,
+            info,
+            filter,
+            bookmarks: options.allow_bookmarks,
+            tx,
+        };
+        watcher.run(position, timeout).await;
+    });
+    Some(response)
+}
+
+type Start = (KindInfo, Filter, Position, Vec<Bytes>, Option<String>);
+
+/// Decides under the state lock where the watch starts; `None` tunnels it.
+fn start(
+    hub: &Hub,
+    account: &str,
+    target: &Target,
+    options: &WatchOptions,
+    labels: LabelSelector,
+) -> Option<Start> {
+    let st = hub.state();
+    let registered = st.registry.accounts.get(account)?;
+    registered.streaming?;
+    let omit: Vec<String> = registered
+        .record
+        .properties
+        .get("omitNamespaces")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let kind = st
+        .cache
+        .accounts
+        .get(account)?
+        .kinds
+        .values()
+        .find(|k| k.info.group == target.group && k.info.plural == target.resource)?;
+    if kind.info.version != target.version || (target.namespace.is_some() && !kind.info.namespaced)
+    {
+        return None;
+    }
+    let fields = FieldSelector::parse(&options.field_selector, &kind.info.group, &kind.info.kind)?;
+    let scope = target.namespace.as_deref();
+    // The history is the cluster-wide watch's.
+    kind.resume.get("")?;
+    let resume = consistency::synced_resume_point(kind, scope, &omit)?;
+    let resume_rv: u64 = resume.parse().ok()?;
+    kind.history.start?;
+    let filter = Filter {
+        namespace: target.namespace.clone(),
+        labels,
+        fields,
+    };
+    let at = |rv| Position {
+        key: kind.info.key(),
+        generation: kind.history.generation,
+        resource_version: rv,
+    };
+    match options.resource_version.as_deref() {
+        None | Some("0") => {
+            // The account's own writes first, as for a list.
+            let floors = hub.cached_reads.floors().decision(
+                account,
+                &kind.info.key(),
+                scope,
+                resume,
+                |uid| kind.objects.contains_key(uid),
+                std::time::Instant::now(),
+            );
+            if floors != Decision::Serve {
+                return None;
+            }
+            let mut objects: Vec<_> = kind
+                .objects
+                .values()
+                .filter(|o| scope.is_none_or(|ns| o.namespace == ns))
+                .collect();
+            objects.sort_by_cached_key(|o| format!("{}/{}", o.namespace, o.name));
+            let mut initial = Vec::new();
+            for object in objects {
+                if object.truncated {
+                    return None;
+                }
+                if filter.matches(&object.json) {
+                    initial.push(event_line("ADDED", &object.json));
+                }
+            }
+            Some((kind.info.clone(), filter, at(resume_rv), initial, None))
+        }
+        Some(rv) => {
+            let wanted: u64 = rv.parse().ok()?;
+            if wanted > resume_rv {
+                // The cache is not there yet; the API server is.
+                return None;
+            }
+            let gone = kind.history.since(wanted).is_none().then(|| {
+                format!(
+                    "too old resource version: {wanted} ({}): the Scale Agent hub keeps the \
+                     last {} events of a kind; list again and watch from the list's \
+                     resourceVersion",
+                    kind.history.start.unwrap_or_default(),
+                    crate::cache::history::MAX_EVENTS
+                )
+            });
+            Some((kind.info.clone(), filter, at(wanted), Vec::new(), gone))
+        }
+    }
+}
+
+struct Watcher {
+    hub: Arc<Hub>,
+    account: String,
+    info: KindInfo,
+    filter: Filter,
+    bookmarks: bool,
+    tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
+}
+
+impl Watcher {
+    async fn run(self, mut position: Position, timeout: Duration) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut advanced = self.hub.cached_reads.advanced.subscribe();
+        let mut last_sent = position.resource_version;
+        let mut last_bookmark = tokio::time::Instant::now();
+        // The hub shutting down ends its watches at once, as the API server's do, so that
+        // clients watch again from their last resourceVersion.
+        let mut shutdown = self.hub.shutdown.clone();
+        loop {
+            if *shutdown.borrow() {
+                return;
+            }
+            advanced.borrow_and_update();
+            match step(&self.hub, &self.account, &position) {
+                Step::End => return,
+                Step::Gone(message) => {
+                    let _ = self.tx.send(Ok(gone_line(&message))).await;
+                    return;
+                }
+                Step::Events(events, now_at) => {
+                    for event in events {
+                        if let Some(event_type) = self.filter.view(&event) {
+                            if self
+                                .tx
+                                .send(Ok(event_line(event_type, &event.json)))
+                                .await
+                                .is_err()
+                            {
+                                return;
+                            }
+                            last_sent = event.resource_version;
+                        }
+                    }
+                    position.resource_version = now_at;
+                }
+            }
+            if self.bookmarks
+                && position.resource_version > last_sent
+                && last_bookmark.elapsed() >= BOOKMARK_EVERY
+            {
+                let line = bookmark_line(&self.info, position.resource_version);
+                if self.tx.send(Ok(line)).await.is_err() {
+                    return;
+                }
+                last_sent = position.resource_version;
+                last_bookmark = tokio::time::Instant::now();
+            }
+            tokio::select! {
+                _ = advanced.changed() => {}
+                _ = tokio::time::sleep(TICK) => {}
+                _ = tokio::time::sleep_until(deadline) => return,
+                _ = self.tx.closed() => return,
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watch_queries() {
+        let o = parse_watch_query(Some(
+            "watch=true&resourceVersion=10&allowWatchBookmarks=true&timeoutSeconds=30&labelSelector=app%3Dweb",
+        ))
+        .unwrap();
+        assert_eq!(o.resource_version.as_deref(), Some("10"));
+        assert!(o.allow_bookmarks);
+        assert_eq!(o.timeout, Some(Duration::from_secs(30)));
+        assert_eq!(o.label_selector, "app=web");
+        assert_eq!(parse_watch_query(Some("limit=5")), None, "not a watch");
+        assert_eq!(
+            parse_watch_query(Some("watch=1&sendInitialEvents=true")),
+            None
+        );
+        assert_eq!(
+            parse_watch_query(Some("watch=true&resourceVersionMatch=NotOlderThan")),
+            None
+        );
+    }
+
+    fn ev(t: EventType, json: &str, previous: Option<&str>) -> HistoryEvent {
+        HistoryEvent {
+            resource_version: 5,
+            event_type: t,
+            namespace: "ns".into(),
+            json: Bytes::from(json.to_string()),
+            previous: previous.map(|p| Bytes::from(p.to_string())),
+        }
+    }
+
+    #[test]
+    fn selectors_turn_changes_into_added_and_deleted() {
+        let filter = Filter {
+            namespace: Some("ns".into()),
+            labels: LabelSelector::parse("app=web").unwrap(),
+            fields: FieldSelector::default(),
+        };
+        let web = r#"{"metadata":{"labels":{"app":"web"}}}"#;
+        let db = r#"{"metadata":{"labels":{"app":"db"}}}"#;
+        assert_eq!(filter.view(&ev(EventType::Added, web, None)), Some("ADDED"));
+        assert_eq!(filter.view(&ev(EventType::Added, db, None)), None);
+        assert_eq!(
+            filter.view(&ev(EventType::Modified, web, Some(web))),
+            Some("MODIFIED")
+        );
+        assert_eq!(
+            filter.view(&ev(EventType::Modified, web, Some(db))),
+            Some("ADDED")
+        );
+        assert_eq!(
+            filter.view(&ev(EventType::Modified, db, Some(web))),
+            Some("DELETED")
+        );
+        assert_eq!(filter.view(&ev(EventType::Modified, db, Some(db))), None);
+        assert_eq!(
+            filter.view(&ev(EventType::Deleted, web, Some(web))),
+            Some("DELETED")
+        );
+        assert_eq!(filter.view(&ev(EventType::Deleted, db, None)), None);
+        let mut other = ev(EventType::Added, web, None);
+        other.namespace = "other".into();
+        assert_eq!(filter.view(&other), None);
+    }
+
+    #[test]
+    fn lines() {
+        assert_eq!(
+            event_line("ADDED", b"{}"),
+            Bytes::from_static(b"{\"type\":\"ADDED\",\"object\":{}}\n")
+        );
+        let gone: Value = serde_json::from_slice(&gone_line("old")).unwrap();
+        assert_eq!(gone["type"], "ERROR");
+        assert_eq!(gone["object"]["code"], 410);
+    }
+}
