@@ -116,6 +116,38 @@ async fn read(client: &Client, collection: &str, name: Option<&str>) -> Result<u
     }
 }
 
+/// Which side of the hub answered a read through the proxy: the value of its
+/// `x-scale-agent-cache` header (`hit`: the hub's cache; `tunnel`: the agent and the API
+/// server), from one untimed request like the timed ones (`watch` for a watch request).
+async fn answered_by(
+    client: &Client,
+    collection: &str,
+    name: Option<&str>,
+    watch: bool,
+) -> Result<String> {
+    let request = kube::core::Request::new(collection);
+    let request = match (name, watch) {
+        (Some(name), _) => request.get(name, &GetParams::default())?,
+        (None, false) => request.list(&ListParams::default())?,
+        (None, true) => request.watch(&WatchParams::default().timeout(1), "0")?,
+    };
+    let response = client.send(request.map(kube::client::Body::from)).await?;
+    Ok(super::reads::cache_header(&response))
+}
+
+/// The path a proxied read took, for a row's note.
+fn path_text(answered_by: &str) -> String {
+    match answered_by {
+        "hit" => {
+            "answered from the hub's cache (x-scale-agent-cache: hit): client → hub (TLS) → back"
+                .into()
+        }
+        other => format!(
+            "client → hub (TLS) → agent over its gRPC stream → API server → back (x-scale-agent-cache: {other})"
+        ),
+    }
+}
+
 /// Busy and total jiffies of the whole machine (`/proc/stat`), every tenant included.
 fn machine_jiffies() -> (u64, u64) {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
@@ -298,6 +330,15 @@ async fn get_one(sides: &Sides, o: &Options, collection: &str, rows: &mut Vec<Ro
             size = read(sides.client(side), collection, Some("get-target")).await?;
         }
     }
+    let path = path_text(
+        &answered_by(
+            sides.client(Side::Proxy),
+            collection,
+            Some("get-target"),
+            false,
+        )
+        .await?,
+    );
     let (mut proxy_ms, mut direct_ms) = (Vec::with_capacity(n), Vec::with_capacity(n));
     for i in 0..n {
         for side in pair(i) {
@@ -319,7 +360,7 @@ async fn get_one(sides: &Sides, o: &Options, collection: &str, rows: &mut Vec<Ro
         baseline_name: "the same GET straight to the API server, same ServiceAccount".into(),
         baseline: direct_p.display_ms(),
         note: format!(
-            "client → hub (TLS) → agent over its gRPC stream → API server → back; kube's client on both sides, one persistent HTTPS connection each ({WARM_UP} warm-up requests first, so no TLS handshake is timed), requests alternating between the sides; difference at p50 {}; max {} / {}",
+            "{path}; kube's client on both sides, one persistent HTTPS connection each ({WARM_UP} warm-up requests first, so no TLS handshake is timed), requests alternating between the sides; difference at p50 {}; max {} / {}",
             signed_ms(proxy_p.p50 - direct_p.p50),
             ms(proxy_p.max),
             ms(direct_p.max)
@@ -340,6 +381,13 @@ async fn get_concurrent(
 ) -> Result<String> {
     let clients = o.proxy_clients.max(1);
     let n = o.proxy_requests.max(clients);
+    let answered = answered_by(
+        sides.client(Side::Proxy),
+        collection,
+        Some("get-target"),
+        false,
+    )
+    .await?;
     let mut figures = HashMap::new();
     for side in [Side::Direct, Side::Proxy] {
         let client = sides.client(side);
@@ -397,7 +445,7 @@ async fn get_concurrent(
         baseline_name: "the same GETs straight to the API server".into(),
         baseline: format!("{direct_rate:.0} requests/s"),
         note: format!(
-            "one kube client per side, a keep-alive connection per concurrent request; {cost}; CPU cores through the proxy: {} ({proxy_machine}); directly: {} ({direct_machine})",
+            "x-scale-agent-cache: {answered}; one kube client per side, a keep-alive connection per concurrent request; {cost}; CPU cores through the proxy: {} ({proxy_machine}); directly: {} ({direct_machine})",
             cpu_text(&proxy_cpu, proxy_wall),
             cpu_text(&direct_cpu, direct_wall)
         ),
@@ -554,6 +602,8 @@ async fn watch(
         .metadata
         .resource_version
         .unwrap_or_default();
+    let collection = format!("/api/v1/namespaces/{ns}/configmaps");
+    let answered = answered_by(&sides.proxy, &collection, None, true).await?;
     let (proxy_seen, direct_seen): (Seen, Seen) = (Arc::default(), Arc::default());
     let proxy_watch = start_watch(sides.proxy.clone(), ns, &rv, proxy_seen.clone()).await?;
     let direct_watch = start_watch(sides.direct.clone(), ns, &rv, direct_seen.clone()).await?;
@@ -640,7 +690,7 @@ async fn watch(
         baseline_name: "the same watch straight to the API server, same update instants".into(),
         baseline: direct_p.display_ms(),
         note: format!(
-            "from PATCH issued to the event read by the client; both watches open at once from the same resourceVersion (kube's client, one raw watch each); the agent streams the same changes to the hub's cache on the same gRPC stream; per event the proxy adds p50 {} / p99 {}; {machine_text}; missed: proxy {proxy_missed}, direct {direct_missed}",
+            "x-scale-agent-cache on the proxied watch: {answered}; from PATCH issued to the event read by the client; both watches open at once from the same resourceVersion (kube's client, one raw watch each); the agent streams the same changes to the hub's cache on the same gRPC stream; per event the proxy adds p50 {} / p99 {}; {machine_text}; missed: proxy {proxy_missed}, direct {direct_missed}",
             ms(extra_p.p50),
             ms(extra_p.p99)
         ),
@@ -672,6 +722,7 @@ async fn list(
     for side in [Side::Direct, Side::Proxy] {
         read(sides.client(side), &collection, None).await?;
     }
+    let answered = answered_by(sides.client(Side::Proxy), &collection, None, false).await?;
     let repeats = o.proxy_list_repeats.max(1);
     let mut secs: HashMap<Side, Vec<f64>> = HashMap::new();
     let mut size = 0;
@@ -754,7 +805,7 @@ async fn list(
         baseline_name: "the same LIST straight to the API server".into(),
         baseline: format!("{direct_rate:.0} MB/s ({})", crate::report::secs(direct_secs)),
         note: format!(
-            "one unpaginated LIST, body read as it streams; median of {repeats} per side, alternating; the tunnel carries it in frames of at most {} within a {} window per exchange; two LISTs at once: {proxy_two:.0} MB/s in all through the proxy, {direct_two:.0} MB/s directly; {cost}; CPU cores through the proxy: {} ({:.2} busy on the machine); directly: {} ({:.2} busy on the machine)",
+            "x-scale-agent-cache: {answered}; one unpaginated LIST, body read as it streams; median of {repeats} per side, alternating; the tunnel carries it in frames of at most {} within a {} window per exchange; two LISTs at once: {proxy_two:.0} MB/s in all through the proxy, {direct_two:.0} MB/s directly; {cost}; CPU cores through the proxy: {} ({:.2} busy on the machine); directly: {} ({:.2} busy on the machine)",
             // The hub's figures, so the note follows them if they change.
             binary_size(scale_agent_hub::tunnel::MAX_FRAME_BYTES as u64),
             binary_size(u64::from(scale_agent_hub::tunnel::WINDOW_BYTES)),

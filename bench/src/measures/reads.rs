@@ -175,7 +175,7 @@ fn merge(into: &mut BTreeMap<String, usize>, from: BTreeMap<String, usize>) {
 }
 
 /// The value of [`CACHE_HEADER`] in `response`, or [`NO_HEADER`].
-fn cache_header<B>(response: &http::Response<B>) -> String {
+pub(super) fn cache_header<B>(response: &http::Response<B>) -> String {
     response
         .headers()
         .get(CACHE_HEADER)
