@@ -26,9 +26,12 @@ use scale_agent_e2e::{
     ControlPlane, ControlPlaneOptions,
     fixtures::{self, TlsHub, temp_dir},
     kubectl::{Kubectl, Outcome},
+    process::ManagedProcess,
 };
 use serde_json::{Value, json};
 
+/// The agent as a process, for the replica that gets SIGKILL.
+const AGENT: &str = env!("CARGO_BIN_EXE_e2e-agent");
 const KUBECTL_TIMEOUT: Duration = Duration::from_secs(90);
 const WAIT: Duration = Duration::from_secs(120);
 /// The kinds the test account streams (the agent's `kinds`), besides the widget CRD's.
@@ -1054,17 +1057,34 @@ async fn watches_replay_the_same_events_as_the_api_server() -> anyhow::Result<()
     setup.stop().await
 }
 
-/// A watch through the proxy across an agent failover (the streaming replica stops, the
-/// standby is promoted and resumes from the hub's resume points): the watch continues, or
-/// ends cleanly and is resumed from the last resourceVersion it saw, and every change is
-/// seen exactly once, in order.
-#[tokio::test]
-async fn a_watch_across_agent_failover_misses_and_repeats_nothing() -> anyhow::Result<()> {
-    let mut setup = Setup::new("failover", |_, _, _| async { Ok(()) }).await?;
-    let standby =
-        fixtures::start_agent_replica(&setup.dir.join("agent.yaml"), "failover-1").await?;
-    setup.hub.wait_connected(&setup.account, 2).await?;
+/// The events of a direct watch of `path` from `from` (timing out after 3 s), as
+/// (name, resourceVersion) pairs: what a watch through the proxy must have seen.
+async fn direct_watch(
+    client: &Client,
+    path: &str,
+    from: &str,
+) -> anyhow::Result<Vec<(String, u64)>> {
+    let request = http::Request::get(format!(
+        "{path}?watch=true&resourceVersion={from}&timeoutSeconds=3"
+    ))
+    .body(Vec::new())?;
+    watch_events(&client.request_text(request).await?)?
+        .into_iter()
+        .map(|(_, name, rv)| Ok((name, rv.parse()?)))
+        .collect()
+}
+
+/// Watches the creation of [`FAILOVER_CHANGES`] ConfigMaps through the proxy (a kube
+/// client's watch, started again from its last resourceVersion whenever it ends) while
+/// `fail_over` runs from halfway through the writes; then checks that the watch saw each
+/// change once, in order, with the resourceVersions of the API server's own watch, and that
+/// the account is left with no standby (the failover happened). Returns `fail_over`'s value.
+async fn watch_across<T>(
+    setup: &Setup,
+    fail_over: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
     let ns = setup.namespace.clone();
+    let path = format!("/api/v1/namespaces/{ns}/configmaps");
     let proxy_client = client_for(&setup.proxied).await?;
     let proxied: Api<ConfigMap> = Api::namespaced(proxy_client, &ns);
     let start = proxied
@@ -1075,7 +1095,7 @@ async fn a_watch_across_agent_failover_misses_and_repeats_nothing() -> anyhow::R
         .unwrap_or_default();
     let probe = setup
         .get(
-            &format!("/api/v1/namespaces/{ns}/configmaps?watch=true&timeoutSeconds=1&resourceVersion={start}"),
+            &format!("{path}?watch=true&timeoutSeconds=1&resourceVersion={start}"),
             None,
         )
         .await?;
@@ -1085,10 +1105,9 @@ async fn a_watch_across_agent_failover_misses_and_repeats_nothing() -> anyhow::R
         "the watch is the cache's"
     );
     let admin = control_plane()?.client().await?;
-    let direct: Api<ConfigMap> = Api::namespaced(admin, &ns);
-    const CHANGES: usize = 40;
+    let direct: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
     let writer = tokio::spawn(async move {
-        for i in 0..CHANGES {
+        for i in 0..FAILOVER_CHANGES {
             let cm: ConfigMap =
                 serde_json::from_value(json!({ "metadata": { "name": format!("f-{i:02}") } }))?;
             direct.create(&PostParams::default(), &cm).await?;
@@ -1096,42 +1115,19 @@ async fn a_watch_across_agent_failover_misses_and_repeats_nothing() -> anyhow::R
         }
         anyhow::Ok(())
     });
-    // Halfway through the writes, the streaming replica goes.
-    let streaming_stopped = {
-        let hub = &setup.hub;
-        let account = setup.account.clone();
-        let first = setup.agent.take();
-        async move {
-            tokio::time::sleep(Duration::from_millis(CHANGES as u64 * 25)).await;
-            let view = hub
-                .api("GET", &format!("/api/v1/accounts/{account}"))
-                .send()
-                .await?
-                .json_or_null();
-            let streaming = view["streaming"]["replica"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
-            let (gone, kept) = if streaming == "failover-1" {
-                (Some(standby), first)
-            } else {
-                (first, Some(standby))
-            };
-            if let Some(agent) = gone {
-                agent.stop().await?;
-            }
-            anyhow::Ok(kept)
-        }
+    let failing_over = async {
+        tokio::time::sleep(Duration::from_millis(FAILOVER_CHANGES as u64 * 25)).await;
+        fail_over.await
     };
     let watching = async {
         let mut seen: Vec<(String, u64)> = Vec::new();
         let mut from = start.clone();
         let mut restarts = 0;
         let deadline = tokio::time::Instant::now() + WAIT;
-        while seen.len() < CHANGES {
+        while seen.len() < FAILOVER_CHANGES {
             anyhow::ensure!(
                 tokio::time::Instant::now() < deadline,
-                "the watch saw {} of {CHANGES} changes: {seen:?}",
+                "the watch saw {} of {FAILOVER_CHANGES} changes: {seen:?}",
                 seen.len()
             );
             let params = kube::api::WatchParams::default().timeout(30);
@@ -1144,6 +1140,8 @@ async fn a_watch_across_agent_failover_misses_and_repeats_nothing() -> anyhow::R
                     continue;
                 }
             };
+            // A stream that breaks off (a truncated line, a reset) fails the test: the watch
+            // must end cleanly.
             while let Some(event) = stream.try_next().await? {
                 match event {
                     kube::core::WatchEvent::Added(cm) => {
@@ -1162,7 +1160,7 @@ async fn a_watch_across_agent_failover_misses_and_repeats_nothing() -> anyhow::R
                     kube::core::WatchEvent::Bookmark(b) => from = b.metadata.resource_version,
                     other => anyhow::bail!("unexpected event {other:?}"),
                 }
-                if seen.len() == CHANGES {
+                if seen.len() == FAILOVER_CHANGES {
                     break;
                 }
             }
@@ -1170,9 +1168,9 @@ async fn a_watch_across_agent_failover_misses_and_repeats_nothing() -> anyhow::R
         }
         anyhow::Ok((seen, restarts))
     };
-    let (watched, kept) = tokio::join!(watching, streaming_stopped);
+    let (watched, failed_over) = tokio::join!(watching, failing_over);
     let (seen, restarts) = watched?;
-    setup.agent = kept?;
+    let failed_over = failed_over?;
     writer.await??;
     tracing::info!(restarts, "watch across the failover");
     // The failover did happen: the replica left streams the account now.
@@ -1182,19 +1180,120 @@ async fn a_watch_across_agent_failover_misses_and_repeats_nothing() -> anyhow::R
         .send()
         .await?
         .json_or_null();
+    assert!(view["streaming"].is_object(), "{view}");
     assert!(
         view["standbys"].as_array().is_none_or(Vec::is_empty),
         "{view}"
     );
     let names: Vec<&str> = seen.iter().map(|(n, _)| n.as_str()).collect();
-    let expected: Vec<String> = (0..CHANGES).map(|i| format!("f-{i:02}")).collect();
+    let expected: Vec<String> = (0..FAILOVER_CHANGES).map(|i| format!("f-{i:02}")).collect();
     assert_eq!(
         names, expected,
         "every change once, in order (watch restarted {restarts} times)"
     );
-    assert!(
-        seen.windows(2).all(|w| w[0].1 < w[1].1),
-        "resourceVersions increase: {seen:?}"
+    assert_eq!(
+        seen,
+        direct_watch(&admin, &path, &start).await?,
+        "the API server's own watch from {start} (watch restarted {restarts} times)"
+    );
+    Ok(failed_over)
+}
+
+/// ConfigMaps created while a watch runs across a failover.
+const FAILOVER_CHANGES: usize = 40;
+
+/// The streaming replica of the account, by the hub's account view.
+async fn streaming_replica(hub: &TlsHub, account: &str) -> anyhow::Result<String> {
+    let view = hub
+        .api("GET", &format!("/api/v1/accounts/{account}"))
+        .send()
+        .await?
+        .json_or_null();
+    Ok(view["streaming"]["replica"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string())
+}
+
+/// A watch through the proxy across an agent failover (the streaming replica stops, the
+/// standby is promoted and resumes from the hub's resume points): the watch continues, or
+/// ends cleanly and is resumed from the last resourceVersion it saw, and every change is
+/// seen exactly once, in order.
+#[tokio::test]
+async fn a_watch_across_agent_failover_misses_and_repeats_nothing() -> anyhow::Result<()> {
+    let mut setup = Setup::new("failover", |_, _, _| async { Ok(()) }).await?;
+    let standby =
+        fixtures::start_agent_replica(&setup.dir.join("agent.yaml"), "failover-1").await?;
+    setup.hub.wait_connected(&setup.account, 2).await?;
+    let first = setup.agent.take();
+    let kept = watch_across(&setup, async {
+        let streaming = streaming_replica(&setup.hub, &setup.account).await?;
+        let (gone, kept) = if streaming == "failover-1" {
+            (Some(standby), first)
+        } else {
+            (first, Some(standby))
+        };
+        if let Some(agent) = gone {
+            agent.stop().await?;
+        }
+        anyhow::Ok(kept)
+    })
+    .await?;
+    setup.agent = kept;
+    setup.stop().await
+}
+
+/// The same across a streaming replica that is KILLED: a real agent process gets SIGKILL,
+/// so its stream to the hub drops without a goodbye, and the standby (in this process) is
+/// promoted.
+#[tokio::test]
+async fn a_watch_across_a_killed_streaming_agent_misses_and_repeats_nothing() -> anyhow::Result<()>
+{
+    let mut setup = Setup::new("killed", |_, _, _| async { Ok(()) }).await?;
+    // Make a process the streaming replica: it joins as the standby, and the replica in
+    // this process hands over to it.
+    let admin_port = scale_agent_e2e::local_agent::free_port()?;
+    let mut process = ManagedProcess::spawn(
+        "e2e-agent",
+        Path::new(AGENT),
+        &args(&[
+            &format!("--config={}", setup.dir.join("agent.yaml").display()),
+            "--replica=killed-process",
+            &format!("--admin-addr=127.0.0.1:{admin_port}"),
+        ]),
+        setup.dir.join("agent-process.log"),
+    )?;
+    setup.hub.wait_connected(&setup.account, 2).await?;
+    if let Some(agent) = setup.agent.take() {
+        agent.stop().await?;
+    }
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while streaming_replica(&setup.hub, &setup.account).await? != "killed-process" {
+        process.ensure_running()?;
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the agent process never streamed the account: {}",
+            scale_agent_e2e::process::tail(process.log(), 20)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    setup.agent =
+        Some(fixtures::start_agent_replica(&setup.dir.join("agent.yaml"), "killed-standby").await?);
+    setup.hub.wait_connected(&setup.account, 2).await?;
+    let pid = process.pid();
+    watch_across(&setup, async {
+        scale_agent_e2e::process::send_signal(pid, libc::SIGKILL);
+        anyhow::Ok(())
+    })
+    .await?;
+    anyhow::ensure!(
+        process.ensure_running().is_err(),
+        "the agent process survived SIGKILL"
+    );
+    assert_eq!(
+        streaming_replica(&setup.hub, &setup.account).await?,
+        "killed-standby",
+        "the standby was promoted"
     );
     setup.stop().await
 }
