@@ -1,8 +1,10 @@
 //! The proxy's reads from the hub's cache, on a real control plane, with real kubectl and a
 //! real kube client: what the cache answers equals what the API server answers directly
 //! (as the same identity), paging covers every object once, the API server receives no
-//! LIST during Clouddriver-style caching cycles (its own audit log says so), and a read
-//! right after a write through the proxy shows that write.
+//! LIST during Clouddriver-style caching cycles (its own audit log says so), a read
+//! right after a write through the proxy shows that write, and watches through the proxy
+//! miss and repeat nothing across an agent failover (clean stop or SIGKILL) and a hub
+//! restart.
 
 use std::{
     collections::BTreeSet,

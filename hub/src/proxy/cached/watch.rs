@@ -8,7 +8,8 @@
 //! history still holds, the changes after it; from an older one, an ERROR event with a `410
 //! Expired` Status (the API server's answer), after which clients list again. The watch
 //! ends cleanly at `timeoutSeconds`, when the account's agent goes away (as the tunnelled
-//! watch did) or the hub shuts down, and with a 410 ERROR when the kind is relisted or the watcher fell out of
+//! watch did) or the hub shuts down (a watch that allows bookmarks first gets one at its
+//! position, where a restarted hub's history starts), and with a 410 ERROR when the kind is relisted or the watcher fell out of
 //! the history window.
 
 use std::{sync::Arc, time::Duration};
