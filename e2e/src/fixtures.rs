@@ -98,6 +98,8 @@ pub struct TlsHub {
     pub admin_token_file: PathBuf,
     /// `https://127.0.0.1:<port>`.
     pub url: String,
+    /// What it was started with (on its bound ports), for [`Self::restart`].
+    config: scale_agent_hub::Config,
 }
 
 impl TlsHub {
@@ -120,7 +122,9 @@ impl TlsHub {
         config.serving_ca_pem = Some(ca.cert_pem.clone().into_bytes());
         config.admin_token_file = Some(admin_token_file.clone());
         configure(&mut config);
-        let hub = scale_agent_hub::start(config).await?;
+        let hub = scale_agent_hub::start(config.clone()).await?;
+        config.grpc_addr = hub.grpc_addr;
+        config.http_addr = hub.http_addr;
         let admin_token = std::fs::read_to_string(&admin_token_file)?
             .trim()
             .to_string();
@@ -132,7 +136,39 @@ impl TlsHub {
             admin_token,
             admin_token_file,
             url,
+            config,
         })
+    }
+
+    /// Shuts the hub down (as on SIGTERM), runs `while_down`, and starts it again with the
+    /// same configuration, ports, serving certificate and data directory, so that agents
+    /// and kubeconfigs find it where it was.
+    pub async fn restart<T>(
+        self,
+        while_down: impl std::future::Future<Output = anyhow::Result<T>>,
+    ) -> anyhow::Result<(TlsHub, T)> {
+        let TlsHub {
+            hub,
+            ca_pem,
+            ca_file,
+            admin_token,
+            admin_token_file,
+            url,
+            config,
+        } = self;
+        hub.shutdown().await?;
+        let between = while_down.await?;
+        let hub = scale_agent_hub::start(config.clone()).await?;
+        let restarted = TlsHub {
+            hub,
+            ca_pem,
+            ca_file,
+            admin_token,
+            admin_token_file,
+            url,
+            config,
+        };
+        Ok((restarted, between))
     }
 
     /// `method <url><path>` trusting the hub's CA (no token: the proxy's requests carry

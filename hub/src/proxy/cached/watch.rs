@@ -8,7 +8,8 @@
 //! history still holds, the changes after it; from an older one, an ERROR event with a `410
 //! Expired` Status (the API server's answer), after which clients list again. The watch
 //! ends cleanly at `timeoutSeconds`, when the account's agent goes away (as the tunnelled
-//! watch did) or the hub shuts down, and with a 410 ERROR when the kind is relisted or the watcher fell out of
+//! watch did) or the hub shuts down (a watch that allows bookmarks first gets one at its
+//! position, where a restarted hub's history starts), and with a 410 ERROR when the kind is relisted or the watcher fell out of
 //! the history window.
 
 use std::{sync::Arc, time::Duration};
@@ -392,11 +393,15 @@ impl Watcher {
         let mut shutdown = self.hub.shutdown.clone();
         loop {
             if *shutdown.borrow() {
+                self.closing_bookmark(&position, last_sent);
                 return;
             }
             advanced.borrow_and_update();
             match step(&self.hub, &self.account, &position) {
-                Step::End => return,
+                Step::End => {
+                    self.closing_bookmark(&position, last_sent);
+                    return;
+                }
                 Step::Gone(message) => {
                     let _ = self.tx.send(Ok(gone_line(&message))).await;
                     return;
@@ -434,10 +439,28 @@ impl Watcher {
                 _ = tokio::time::sleep(TICK) => {}
                 _ = tokio::time::sleep_until(deadline) => return,
                 _ = self.tx.closed() => return,
-                _ = shutdown.changed() => return,
+                _ = shutdown.changed() => {}
             }
         }
     }
+
+    /// Before a clean end (the hub stops, the agent goes away), tells a watcher that allows
+    /// bookmarks how far it has got: the events of other namespaces and objects move the
+    /// resume point past its last event, and a restarted hub's history starts at the resume
+    /// point, so a client re-watching from its last event would get 410 and relist.
+    /// Best effort: a client that does not read is not waited for.
+    fn closing_bookmark(&self, position: &Position, last_sent: u64) {
+        if let Some(rv) = closing_bookmark_at(self.bookmarks, position.resource_version, last_sent)
+        {
+            let _ = self.tx.try_send(Ok(bookmark_line(&self.info, rv)));
+        }
+    }
+}
+
+/// The resourceVersion of the bookmark a watch ends with, if any: when bookmarks are
+/// allowed and the watcher's position (every event up to it sent) is past the last line sent.
+fn closing_bookmark_at(bookmarks: bool, position: u64, last_sent: u64) -> Option<u64> {
+    (bookmarks && position > last_sent).then_some(position)
 }
 
 #[cfg(test)]
@@ -507,6 +530,21 @@ mod tests {
         let mut other = ev(EventType::Added, web, None);
         other.namespace = "other".into();
         assert_eq!(filter.view(&other), None);
+    }
+
+    #[test]
+    fn a_watch_ends_with_a_bookmark_at_its_position_when_it_moved() {
+        assert_eq!(closing_bookmark_at(true, 20, 13), Some(20));
+        assert_eq!(
+            closing_bookmark_at(true, 13, 13),
+            None,
+            "nothing new to say"
+        );
+        assert_eq!(
+            closing_bookmark_at(false, 20, 13),
+            None,
+            "bookmarks not allowed"
+        );
     }
 
     #[test]
