@@ -58,6 +58,57 @@ fn record(seen: &Seen, name: String, rv: u64, at: Instant) {
 
 /// For each update (name, rv, issued at): milliseconds until an observation of that name
 /// with a resourceVersion at least rv; None when never seen.
+/// One update the bench made: the object's name, the resourceVersion the API server gave
+/// it, and when the PATCH was issued.
+type Update = (String, u64, Instant);
+
+/// Patches `names` round-robin, `n` times at `rate` per second, each patch distinct
+/// (`seq: <tag><i>`; a patch that changes nothing makes no event), and returns the updates.
+async fn paced_updates(
+    api: &Api<ConfigMap>,
+    names: &[String],
+    n: usize,
+    rate: f64,
+    tag: &str,
+) -> Result<Vec<Update>> {
+    let period = Duration::from_secs_f64(1.0 / rate.max(0.1));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        tokio::time::sleep_until((started + period * i as u32).into()).await;
+        let api = api.clone();
+        let name = names[i % names.len().max(1)].clone();
+        let patch = json!({ "data": { "seq": format!("{tag}{i}") } });
+        tasks.push(tokio::spawn(async move {
+            let issued = Instant::now();
+            let cm = api
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+            anyhow::Ok((
+                name,
+                rv_num(cm.metadata.resource_version.as_deref()),
+                issued,
+            ))
+        }));
+    }
+    let mut updates = Vec::with_capacity(n);
+    for task in tasks {
+        updates.push(task.await??);
+    }
+    Ok(updates)
+}
+
+/// Waits until every watch in `seen` has delivered every update, or `timeout` passed.
+async fn wait_delivered(updates: &[Update], seen: &[&Seen], timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if seen.iter().all(|s| latencies(updates, s).1 == 0) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn latencies(updates: &[(String, u64, Instant)], seen: &Seen) -> (Vec<f64>, usize) {
     let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
     let mut by_name: HashMap<&str, Vec<(u64, Instant)>> = HashMap::new();

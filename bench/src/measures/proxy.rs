@@ -24,13 +24,13 @@ use futures::{AsyncBufReadExt as _, StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
     Api, Client,
-    api::{GetParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams},
+    api::{GetParams, ListParams, PostParams, WatchEvent, WatchParams},
     config::{KubeConfigOptions, Kubeconfig},
 };
 use scale_agent_e2e::kubectl::Kubectl;
 use serde_json::json;
 
-use super::{LONG, Seen, latencies, record, rv_num};
+use super::{LONG, Seen, latencies, paced_updates, record, rv_num, wait_delivered};
 use crate::{
     Options,
     env::{Env, payload},
@@ -610,40 +610,16 @@ async fn watch(
 
     // The same steady stream of updates as measure 1, seen by both watches.
     let n = o.proxy_watch_updates.max(1);
-    let period = Duration::from_secs_f64(1.0 / o.proxy_watch_rate.max(0.1));
+    let names: Vec<String> = (0..k).map(|i| format!("watch-{i}")).collect();
     let machine = MachineWindow::start();
     let started = Instant::now();
-    let mut tasks = Vec::new();
-    for i in 0..n {
-        tokio::time::sleep_until((started + period * i as u32).into()).await;
-        let api = api.clone();
-        let name = format!("watch-{}", i % k);
-        tasks.push(tokio::spawn(async move {
-            let issued = Instant::now();
-            let patch = json!({ "data": { "seq": i.to_string() } });
-            let cm = api
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
-            anyhow::Ok((
-                name,
-                rv_num(cm.metadata.resource_version.as_deref()),
-                issued,
-            ))
-        }));
-    }
-    let mut updates = Vec::new();
-    for t in tasks {
-        updates.push(t.await??);
-    }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        let (_, pm) = latencies(&updates, &proxy_seen);
-        let (_, dm) = latencies(&updates, &direct_seen);
-        if pm == 0 && dm == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let updates = paced_updates(&api, &names, n, o.proxy_watch_rate, "").await?;
+    wait_delivered(
+        &updates,
+        &[&proxy_seen, &direct_seen],
+        Duration::from_secs(30),
+    )
+    .await;
     let (machine_cores, machine_text) = machine.finish();
     proxy_watch.abort();
     direct_watch.abort();

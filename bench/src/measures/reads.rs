@@ -30,13 +30,13 @@ use http_body_util::BodyExt as _;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
     Api, Client,
-    api::{ListParams, Patch, PatchParams, PostParams, WatchParams},
+    api::{ListParams, PostParams, WatchParams},
     client::Body,
 };
 use scale_agent_e2e::kubectl::Kubectl;
 use serde_json::{Value, json};
 
-use super::{LONG, Seen, latencies, record, rv_num};
+use super::{LONG, Seen, latencies, paced_updates, record, rv_num, wait_delivered};
 use crate::{
     Options,
     env::{Env, HubProc, payload},
@@ -928,39 +928,14 @@ async fn watch_row(
     let (_, direct_watch) = start_watch(direct, ns, &rv, direct_seen.clone()).await?;
 
     let n = w.o.reads_watch_updates.max(1);
-    let period = Duration::from_secs_f64(1.0 / w.o.reads_watch_rate.max(0.1));
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for i in 0..n {
-        tokio::time::sleep_until((started + period * i as u32).into()).await;
-        let api = api.clone();
-        let name = names[i % names.len()].clone();
-        let tag = setting.tag();
-        tasks.push(tokio::spawn(async move {
-            let issued = Instant::now();
-            // Distinct per setting: a patch that changes nothing makes no event.
-            let patch = json!({ "data": { "seq": format!("{tag}-{i}") } });
-            let cm = api
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
-            anyhow::Ok((
-                name,
-                rv_num(cm.metadata.resource_version.as_deref()),
-                issued,
-            ))
-        }));
-    }
-    let mut updates = Vec::new();
-    for task in tasks {
-        updates.push(task.await??);
-    }
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline {
-        if latencies(&updates, &proxy_seen).1 == 0 && latencies(&updates, &direct_seen).1 == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let tag = format!("{}-", setting.tag());
+    let updates = paced_updates(&api, &names, n, w.o.reads_watch_rate, &tag).await?;
+    wait_delivered(
+        &updates,
+        &[&proxy_seen, &direct_seen],
+        Duration::from_secs(60),
+    )
+    .await;
     proxy_watch.abort();
     direct_watch.abort();
     let (proxy_ms, proxy_missed) = latencies(&updates, &proxy_seen);
