@@ -54,7 +54,7 @@ struct Sides {
 
 /// Which side a figure is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum Side {
+pub(super) enum Side {
     Proxy,
     Direct,
 }
@@ -77,7 +77,7 @@ impl Sides {
 
 /// Both sides, the first of each pair alternating, so drift in a shared machine's load
 /// falls on both alike.
-fn pair(i: usize) -> [Side; 2] {
+pub(super) fn pair(i: usize) -> [Side; 2] {
     if i.is_multiple_of(2) {
         [Side::Proxy, Side::Direct]
     } else {

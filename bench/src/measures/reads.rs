@@ -36,7 +36,11 @@ use kube::{
 use scale_agent_e2e::kubectl::Kubectl;
 use serde_json::{Value, json};
 
-use super::{LONG, Seen, latencies, paced_updates, record, rv_num, wait_delivered};
+use super::{
+    LONG, Seen, latencies, paced_updates,
+    proxy::{Side, pair},
+    record, rv_num, wait_delivered,
+};
 use crate::{
     Options,
     env::{Env, HubProc, payload},
@@ -592,12 +596,8 @@ async fn cycle_row(
     let repeats = w.o.reads_cycle_repeats.max(1);
     let (mut p, mut d) = (CycleSide::default(), CycleSide::default());
     for i in 0..repeats {
-        let order = if i % 2 == 0 {
-            [true, false]
-        } else {
-            [false, true]
-        };
-        for through_proxy in order {
+        for order in pair(i) {
+            let through_proxy = order == Side::Proxy;
             let (target, side) = if through_proxy {
                 (proxy, &mut p)
             } else {
@@ -667,12 +667,8 @@ async fn list_row(
     let (mut headers, mut direct_headers) = (BTreeMap::new(), BTreeMap::new());
     let mut pages = 0;
     for i in 0..repeats {
-        let order = if i % 2 == 0 {
-            [true, false]
-        } else {
-            [false, true]
-        };
-        for through_proxy in order {
+        for order in pair(i) {
+            let through_proxy = order == Side::Proxy;
             let (target, side) = if through_proxy {
                 (proxy, &mut p)
             } else {
