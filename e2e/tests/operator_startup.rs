@@ -47,6 +47,16 @@ fn start_operator(
     namespace: &str,
     dir: &std::path::Path,
 ) -> anyhow::Result<(ManagedProcess, SocketAddr)> {
+    start_operator_with(kubeconfig, namespace, &dir.join("operator.log"), |_| {})
+}
+
+/// [`start_operator`] with more arguments or environment set by `extra`, logging to `log`.
+fn start_operator_with(
+    kubeconfig: &std::path::Path,
+    namespace: &str,
+    log: &std::path::Path,
+    extra: impl FnOnce(&mut Command),
+) -> anyhow::Result<(ManagedProcess, SocketAddr)> {
     let health = SocketAddr::from(([127, 0, 0, 1], free_port()?));
     let mut command = Command::new(env!("CARGO_BIN_EXE_e2e-operator"));
     command
@@ -54,8 +64,9 @@ fn start_operator(
         .arg(format!("--watch-namespaces={namespace}"))
         .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", "info");
+    extra(&mut command);
     let operator =
-        ManagedProcess::spawn_command("scale-agent-operator", command, dir.join("operator.log"))?;
+        ManagedProcess::spawn_command("scale-agent-operator", command, log.to_path_buf())?;
     Ok((operator, health))
 }
 
@@ -348,27 +359,23 @@ fn start_electing_operator(
     instance: &str,
     dir: &std::path::Path,
 ) -> anyhow::Result<(ManagedProcess, SocketAddr)> {
-    let health = SocketAddr::from(([127, 0, 0, 1], free_port()?));
-    let mut command = Command::new(env!("CARGO_BIN_EXE_e2e-operator"));
-    command
-        .arg(format!("--metrics-address={health}"))
-        .arg(format!("--watch-namespaces={namespace}"))
-        .arg("--leader-election")
-        .arg(format!("--leader-election-namespace={namespace}"))
-        .arg(format!(
-            "--leader-election-duration-seconds={}",
-            LEASE_DURATION.as_secs()
-        ))
-        .arg("--leader-election-grace-seconds=2")
-        .env("POD_NAME", instance)
-        .env("KUBECONFIG", control_plane.kubeconfig_path())
-        .env("RUST_LOG", "info");
-    let operator = ManagedProcess::spawn_command(
-        "scale-agent-operator",
-        command,
-        dir.join(format!("{instance}.log")),
-    )?;
-    Ok((operator, health))
+    let log = dir.join(format!("{instance}.log"));
+    start_operator_with(
+        control_plane.kubeconfig_path(),
+        namespace,
+        &log,
+        |command| {
+            command
+                .arg("--leader-election")
+                .arg(format!("--leader-election-namespace={namespace}"))
+                .arg(format!(
+                    "--leader-election-duration-seconds={}",
+                    LEASE_DURATION.as_secs()
+                ))
+                .arg("--leader-election-grace-seconds=2")
+                .env("POD_NAME", instance);
+        },
+    )
 }
 
 const LEASE_DURATION: Duration = Duration::from_secs(6);
