@@ -41,6 +41,10 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 pub const TICK: Duration = Duration::from_secs(1);
 /// The least time between two bookmarks of a watch.
 pub const BOOKMARK_EVERY: Duration = Duration::from_secs(30);
+/// How long a watch ending at shutdown waits for its account's stream to stop feeding the
+/// cache, and for its client to take the last lines (the hub's shutdown waits 10 s for the
+/// HTTP server).
+const FINISH_WAIT: Duration = Duration::from_secs(5);
 /// Event lines queued for a slow client; past them the watcher waits, and falls out of the
 /// history window if it waits too long.
 const QUEUE: usize = 64;
@@ -165,16 +169,27 @@ enum Step {
     End,
 }
 
-fn step(hub: &Hub, account: &str, position: &Position) -> Step {
-    let st = hub.state();
-    if st
+/// Whether an agent streams `account` (its events still reach the cache).
+fn streaming(hub: &Hub, account: &str) -> bool {
+    hub.state()
         .registry
         .accounts
         .get(account)
-        .is_none_or(|a| a.streaming.is_none())
-    {
+        .is_some_and(|a| a.streaming.is_some())
+}
+
+fn step(hub: &Hub, account: &str, position: &Position) -> Step {
+    if !streaming(hub, account) {
         return Step::End;
     }
+    read_history(hub, account, position)
+}
+
+/// The events after `position` in its kind's history and the position they bring the
+/// watcher to (past its last event when the resume point moved on), whether or not an agent
+/// still streams the account.
+fn read_history(hub: &Hub, account: &str, position: &Position) -> Step {
+    let st = hub.state();
     let Some(kind) = st
         .cache
         .accounts
@@ -393,13 +408,13 @@ impl Watcher {
         let mut shutdown = self.hub.shutdown.clone();
         loop {
             if *shutdown.borrow() {
-                self.closing_bookmark(&position, last_sent);
+                self.finish(position, last_sent, true).await;
                 return;
             }
             advanced.borrow_and_update();
             match step(&self.hub, &self.account, &position) {
                 Step::End => {
-                    self.closing_bookmark(&position, last_sent);
+                    self.finish(position, last_sent, false).await;
                     return;
                 }
                 Step::Gone(message) => {
@@ -444,12 +459,34 @@ impl Watcher {
         }
     }
 
-    /// Before a clean end (the hub stops, the agent goes away), tells a watcher that allows
-    /// bookmarks how far it has got: the events of other namespaces and objects move the
-    /// resume point past its last event, and a restarted hub's history starts at the resume
-    /// point, so a client re-watching from its last event would get 410 and relist.
-    /// Best effort: a client that does not read is not waited for.
-    fn closing_bookmark(&self, position: &Position, last_sent: u64) {
+    /// Ends the watch cleanly (the hub stops, the agent goes away): once the account's
+    /// stream no longer feeds the cache (at shutdown it is waited for, up to
+    /// [`FINISH_WAIT`]), sends the events not yet sent and then tells a watcher that allows
+    /// bookmarks how far it has got. The events of other namespaces and objects move the
+    /// resume point past its last event, and a restarted hub's history starts at the
+    /// persisted resume point: a bookmark short of it, or a batch stored after it, would
+    /// make the client's next watch 410 and relist. A client that does not read is not
+    /// waited for past [`FINISH_WAIT`].
+    async fn finish(self, mut position: Position, mut last_sent: u64, shutting_down: bool) {
+        let deadline = tokio::time::Instant::now() + FINISH_WAIT;
+        while shutting_down
+            && streaming(&self.hub, &self.account)
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if let Step::Events(events, now_at) = read_history(&self.hub, &self.account, &position) {
+            for event in events {
+                if let Some(event_type) = self.filter.view(&event) {
+                    let line = event_line(event_type, &event.json);
+                    match tokio::time::timeout_at(deadline, self.tx.send(Ok(line))).await {
+                        Ok(Ok(())) => last_sent = event.resource_version,
+                        _ => return,
+                    }
+                }
+            }
+            position.resource_version = now_at;
+        }
         if let Some(rv) = closing_bookmark_at(self.bookmarks, position.resource_version, last_sent)
         {
             let _ = self.tx.try_send(Ok(bookmark_line(&self.info, rv)));
