@@ -23,7 +23,7 @@ lua: ## Unpack Lua 5.1 from Debian's packages for the Argo CD health check tests
 test: control-plane nginx lua ## Formatting, lints, and every test including the end-to-end ones
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
-	$(CARGO) test --workspace --locked
+	$(CARGO) test --workspace --locked --no-fail-fast
 
 demo: control-plane ## Run Scale Agent locally on a real control plane (Ctrl-C stops it)
 	@# The demo starts the hub, operator and agent binaries built beside it.
