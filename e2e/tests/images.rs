@@ -134,9 +134,26 @@ fn check_image(image: &UnpackedImage, binary: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A temporary directory removed when the test ends, pass or fail: each run unpacks about
+/// 150 MB of image layers.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(prefix: &str) -> std::io::Result<Self> {
+        temp_dir(prefix).map(Self)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 #[test]
 fn every_image_runs_its_entrypoint_as_nonroot_and_prints_the_version() -> anyhow::Result<()> {
-    let dir = temp_dir("images")?;
+    let scratch = Scratch::new("images")?;
+    let dir = scratch.0.clone();
     for (component, binary, debug_binary) in COMPONENTS {
         let work = dir.join(component);
         let layout = build_image(debug_binary, binary, &work)?;
@@ -153,7 +170,8 @@ fn the_images_make_images_built_are_sound() -> anyhow::Result<()> {
         .map(PathBuf::from)
         .unwrap_or_else(|| repo_root().join("target"));
     let images = target.join("images");
-    let dir = temp_dir("release-images")?;
+    let scratch = Scratch::new("release-images")?;
+    let dir = scratch.0.clone();
     for (component, binary, _) in COMPONENTS {
         let layout = images.join(component);
         if !layout.join("index.json").is_file() {
@@ -173,7 +191,8 @@ fn the_images_make_images_built_are_sound() -> anyhow::Result<()> {
 
 #[test]
 fn an_image_without_its_c_runtime_fails_the_check() -> anyhow::Result<()> {
-    let dir = temp_dir("broken-image")?;
+    let scratch = Scratch::new("broken-image")?;
+    let dir = scratch.0.clone();
     let (_, binary, debug_binary) = COMPONENTS[2];
     let layout = build_image(debug_binary, binary, &dir)?;
     let image = oci::unpack(&layout, &dir)?;
@@ -205,7 +224,8 @@ fn an_image_without_its_c_runtime_fails_the_check() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn the_agent_image_connects_to_a_hub_and_both_say_the_version() -> anyhow::Result<()> {
-    let dir = temp_dir("agent-image")?;
+    let scratch = Scratch::new("agent-image")?;
+    let dir = scratch.0.clone();
     let hub = start_plaintext_hub(&dir).await?;
     let (_, binary, debug_binary) = COMPONENTS[1];
     let layout = build_image(debug_binary, binary, &dir)?;
