@@ -512,11 +512,13 @@ async fn process_batch(
     hub.deliver(std::mem::take(&mut fx.promotions));
     hub.observe_states();
     if !fx.dynamic_statuses.is_empty() {
-        let replica = hub.state().registry.replica_label(session.id);
-        let replica = replica
-            .split_once('/')
-            .map_or(replica.as_str(), |(_, r)| r)
-            .to_string();
+        let replica = hub
+            .state()
+            .registry
+            .replicas_of_identity(&session.identity)
+            .into_iter()
+            .find_map(|(id, replica)| (id == session.id).then_some(replica))
+            .unwrap_or_default();
         let mut dynamic = hub.dynamic_accounts();
         for status in std::mem::take(&mut fx.dynamic_statuses) {
             dynamic.report(&session.identity, &replica, status);
