@@ -64,8 +64,16 @@ pub async fn kube_config(account: &AccountConfig) -> Result<Config> {
             path: path.to_string(),
             message,
         };
-        let kubeconfig =
-            Kubeconfig::read_from(path).map_err(|e| kubeconfig_error(e.to_string()))?;
+        // `encryptedFile:k8s!n:<secret>!k:<key>`: a Secret read with the agent's own
+        // credentials (dynamic accounts), else a file.
+        let kubeconfig = match crate::dynamic_accounts::SecretRef::parse(path) {
+            Some(secret) => secret
+                .map_err(kubeconfig_error)?
+                .read_kubeconfig()
+                .await
+                .map_err(kubeconfig_error)?,
+            None => Kubeconfig::read_from(path).map_err(|e| kubeconfig_error(e.to_string()))?,
+        };
         let options = KubeConfigOptions {
             context: account.context.clone(),
             ..Default::default()

@@ -11,6 +11,7 @@ pub mod budget;
 pub mod cli;
 pub mod config;
 pub mod convert;
+pub mod dynamic_accounts;
 pub mod enrolment;
 pub mod error;
 pub mod hub_conn;

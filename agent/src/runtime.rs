@@ -32,6 +32,7 @@ use crate::{
     account::{self, Prepared},
     backoff::Backoff,
     config::{Options, diff_accounts},
+    dynamic_accounts::DynamicAccounts,
     enrolment::{self, CertificateFiles},
     error::{Error, Result},
     hub_conn::{WELCOME_TIMEOUT, await_welcome, connect, describe_hub_error},
@@ -106,7 +107,12 @@ pub struct Runtime {
     options: Options,
     shared: Arc<Shared>,
     config_rx: watch::Receiver<Arc<AgentConfig>>,
+    /// The config in use: the file's, plus the hub's dynamic accounts.
     config: Arc<AgentConfig>,
+    /// The config file's, as last read.
+    file_config: Arc<AgentConfig>,
+    /// The accounts the hub pushed.
+    dynamic: DynamicAccounts,
     accounts: BTreeMap<String, Entry>,
     total_budget: Arc<Semaphore>,
     /// Bounds the operations running at once.
@@ -166,6 +172,8 @@ impl Runtime {
             }),
             config_rx,
             config: Arc::new(AgentConfig::default()),
+            file_config: Arc::new(AgentConfig::default()),
+            dynamic: DynamicAccounts::default(),
             accounts: BTreeMap::new(),
             next_generation: 1,
             prep_tx,
@@ -344,6 +352,7 @@ impl Runtime {
             _ = stopped(&mut inputs.shutdown) => return Err(End::Shutdown),
         };
         session.welcome(&welcome);
+        self.dynamic.stream_started();
         self.session_token = welcome.session_token.clone();
         self.renewal = None;
         let renew = certificate_files.and_then(|files| {
@@ -436,6 +445,9 @@ impl Runtime {
                     if let Err(error) = session.heartbeat().await {
                         return failed(error);
                     }
+                    if let Err(error) = self.report_dynamic(&mut session).await {
+                        return failed(error);
+                    }
                 }
                 Some(result) = results.recv() => {
                     if let Err(error) = session.send(agent_message::Kind::OperationResult(result)).await {
@@ -485,7 +497,17 @@ impl Runtime {
     async fn handle(&mut self, message: HubMessage, session: &mut Session) -> Result<()> {
         match message.kind {
             Some(hub_message::Kind::Ack(ack)) => session.ack(ack.seq),
-            Some(hub_message::Kind::Assignment(assignment)) => self.assign(assignment, session),
+            Some(hub_message::Kind::Assignment(assignment)) => {
+                self.assign(assignment, session);
+                self.report_dynamic(session).await?;
+            }
+            Some(hub_message::Kind::DynamicAccounts(set)) => {
+                self.dynamic.replace(set);
+                // Same file, so the hub settings did not change.
+                self.apply_config(self.file_config.clone(), Some(session))
+                    .await;
+                self.report_dynamic(session).await?;
+            }
             Some(hub_message::Kind::Operation(operation)) => self.operate(operation, session),
             Some(hub_message::Kind::Tunnel(frame)) => {
                 let accounts = &self.accounts;
@@ -503,6 +525,16 @@ impl Runtime {
                     .update(|view| view.hub_replicas = replicas.replicas);
             }
             Some(hub_message::Kind::Heartbeat(_)) | Some(hub_message::Kind::Welcome(_)) | None => {}
+        }
+        Ok(())
+    }
+
+    /// Tells the hub how the dynamic accounts fare, where that changed.
+    async fn report_dynamic(&mut self, session: &mut Session) -> Result<()> {
+        for status in self.dynamic.changed(&self.file_config, &self.shared.view()) {
+            session
+                .send(agent_message::Kind::DynamicAccountStatus(status))
+                .await?;
         }
         Ok(())
     }
@@ -791,6 +823,8 @@ impl Runtime {
         new: Arc<AgentConfig>,
         mut session: Option<&mut Session>,
     ) -> bool {
+        self.file_config = new.clone();
+        let new = self.dynamic.merged(&new);
         let hub_changed = new.clouddriver != self.config.clouddriver;
         let diff = diff_accounts(&self.config.kubernetes.accounts, &new.kubernetes.accounts);
         self.config = new;

@@ -9,12 +9,16 @@
 //! one knows.
 //! - The STREAMING replica of an account writes `Streaming`; every replica writes `Rejected`
 //!   (they all serve the same cluster, so the hub's verdict is the same). A STANDBY replica
-//!   writes nothing: the streaming one speaks for the account.
+//!   leaves the account to the streaming one, except once, `Standby`, where its own last
+//!   verdict said it streamed (the hub moved the stream to another replica).
 //! - A replica that loses the hub writes `HubUnreachable` once, only for the objects whose
 //!   last verdict it wrote itself; the replica the hub promotes writes `Streaming` again.
 //!   Authoritative verdicts are re-written every [`RESYNC`], which bounds how long a stale
-//!   `HubUnreachable` (a race between the two) can stay.
-//! - A replica that never reached the hub since it started writes nothing.
+//!   `HubUnreachable` or `Standby` (a race between two replicas) can stay.
+//! - A replica that never reached the hub since it started writes `HubUnreachable` with its
+//!   last error once a connection attempt failed (and again when the error changes), so a
+//!   wrong hub address or CA shows in the cluster instead of an empty column. A replica that
+//!   does reach the hub overwrites it within [`RESYNC`].
 //!
 //! Condition changes are written within a tick ([`TICK`]); counters (objects streamed, last
 //! event) at most once per `--status-interval-seconds` per object.
@@ -41,7 +45,9 @@ use scale_agent_crds::{
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use crate::state::{AccountView, AgentView, KindState, ROLE_REJECTED, ROLE_STREAMING, Shared};
+use crate::state::{
+    AccountView, AgentView, KindState, ROLE_REJECTED, ROLE_STANDBY, ROLE_STREAMING, Shared,
+};
 
 /// How often the writer looks at the agent's state.
 pub const TICK: Duration = Duration::from_secs(1);
@@ -49,6 +55,26 @@ pub const TICK: Duration = Duration::from_secs(1);
 pub const RESYNC: Duration = Duration::from_secs(30);
 /// Reason of a ScaleAgent's `Connected=True`.
 pub const REASON_CONNECTED: &str = "Connected";
+/// Reason of an AgentAccount's `Connected=True` written by a replica the hub put on standby.
+pub const REASON_STANDBY: &str = "Standby";
+
+/// Whether this replica was ever welcomed by the hub (the identity is kept after a stream
+/// ends).
+fn ever_connected(view: &AgentView) -> bool {
+    view.hub_connected || !view.hub_identity.is_empty()
+}
+
+/// `HubUnreachable` of a replica that never reached the hub, once an attempt failed.
+fn never_connected_message(view: &AgentView) -> Option<String> {
+    if ever_connected(view) {
+        return None;
+    }
+    let error = view.hub_error.as_deref()?;
+    Some(format!(
+        "replica {} has not reached the hub at {} since it started: {error}",
+        view.replica, view.hub
+    ))
+}
 
 /// Which object a status is for.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -162,6 +188,28 @@ pub fn account_desired(
             authoritative: true,
         });
     }
+    if view.hub_connected && account.role == ROLE_STANDBY && owned {
+        return Some(Desired {
+            status: STATUS_TRUE,
+            reason: REASON_STANDBY,
+            message: format!(
+                "replica {} is connected and on standby for the account: the hub moved its \
+                 stream to another replica, which reports it from now on",
+                view.replica
+            ),
+            fields: fields(&hub),
+            authoritative: false,
+        });
+    }
+    if let Some(message) = never_connected_message(view) {
+        return Some(Desired {
+            status: STATUS_FALSE,
+            reason: REASON_HUB_UNREACHABLE,
+            message,
+            fields: fields(&hub),
+            authoritative: false,
+        });
+    }
     if !view.hub_connected && owned {
         return Some(Desired {
             status: STATUS_FALSE,
@@ -200,6 +248,15 @@ pub fn scale_agent_desired(view: &AgentView, owned: Option<&Desired>) -> Option<
             ),
             fields: replicas_fields(&view.hub_replicas),
             authoritative: true,
+        });
+    }
+    if let Some(message) = never_connected_message(view) {
+        return Some(Desired {
+            status: STATUS_FALSE,
+            reason: REASON_HUB_UNREACHABLE,
+            message,
+            fields: replicas_fields(&[]),
+            authoritative: false,
         });
     }
     let last = owned.filter(|d| d.authoritative)?;
@@ -481,6 +538,8 @@ mod tests {
             replica: "pod-a".into(),
             hub: "hub:9091".into(),
             hub_connected: connected,
+            // Welcomed once: it has the hub's word for its identity.
+            hub_identity: "prod-agent".into(),
             hub_error: (!connected).then(|| "connection refused".into()),
             hub_replicas: if connected {
                 vec!["pod-a".into(), "pod-b".into()]
@@ -536,6 +595,58 @@ mod tests {
         let d = account_desired(&view(true), &rejected, false, None).unwrap();
         assert_eq!((d.status, d.reason), (STATUS_FALSE, REASON_REJECTED));
         assert!(d.message.contains("https://a"), "{}", d.message);
+    }
+
+    #[test]
+    fn a_demoted_replica_says_standby_once_and_then_leaves_it_to_the_streaming_one() {
+        let standby = account(ROLE_STANDBY);
+        let d = account_desired(&view(true), &standby, true, None).unwrap();
+        assert_eq!((d.status, d.reason), (STATUS_TRUE, REASON_STANDBY));
+        assert!(d.message.contains("pod-a"), "{}", d.message);
+        assert!(d.message.contains("another replica"), "{}", d.message);
+        assert!(
+            !d.authoritative,
+            "written once: the streaming replica speaks after"
+        );
+        // Its last write (Standby) is not authoritative: nothing more.
+        assert!(account_desired(&view(true), &standby, false, None).is_none());
+        let body = patch_body("AgentAccount", &d, "t");
+        assert_eq!(body["status"]["conditions"][0]["reason"], "Standby");
+    }
+
+    #[test]
+    fn a_replica_that_never_reached_the_hub_reports_its_last_error() {
+        let mut never = view(false);
+        never.hub_identity.clear();
+        never.hub_error = None;
+        let a = account(ROLE_STANDBY);
+        // Still trying its first connection: nothing to say yet.
+        assert!(account_desired(&never, &a, false, None).is_none());
+        assert!(scale_agent_desired(&never, None).is_none());
+        never.hub_error = Some("tls handshake: unknown issuer".into());
+        let d = account_desired(&never, &a, false, None).unwrap();
+        assert_eq!((d.status, d.reason), (STATUS_FALSE, REASON_HUB_UNREACHABLE));
+        assert!(d.message.contains("unknown issuer"), "{}", d.message);
+        assert!(d.message.contains("since it started"), "{}", d.message);
+        assert!(d.message.contains("hub:9091"), "{}", d.message);
+        assert!(!d.authoritative);
+        let s = scale_agent_desired(&never, None).unwrap();
+        assert_eq!((s.status, s.reason), (STATUS_FALSE, REASON_HUB_UNREACHABLE));
+        assert_eq!(s.fields["connected"], 0);
+        assert!(s.message.contains("unknown issuer"), "{}", s.message);
+        // A new error is news; the same one is not written again.
+        let last = Written {
+            desired: d.clone(),
+            transition: "t".into(),
+            at: Instant::now(),
+        };
+        assert!(!due(&d, Some(&last), Duration::ZERO));
+        never.hub_error = Some("connection refused".into());
+        let newer = account_desired(&never, &a, false, None).unwrap();
+        assert!(due(&newer, Some(&last), Duration::from_secs(10)));
+        // Once welcomed, the usual rules apply (HubUnreachable only where it spoke last).
+        never.hub_identity = "prod-agent".into();
+        assert!(account_desired(&never, &a, false, None).is_none());
     }
 
     #[test]

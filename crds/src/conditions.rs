@@ -21,8 +21,9 @@ pub const ACCEPTED: &str = "Accepted";
 
 /// Written by the agent, not the operator: the hub's verdict on an `AgentAccount` (or, on a
 /// `ScaleAgent`, whether any replica reaches the hub). Reasons: [`REASON_STREAMING`],
-/// [`REASON_REJECTED`], [`REASON_HUB_UNREACHABLE`] (and `Connected` on a ScaleAgent). A
-/// standby replica writes no verdict: the streaming one speaks for the account.
+/// [`REASON_REJECTED`], [`REASON_HUB_UNREACHABLE`], `Standby` (a replica the hub moved the
+/// account's stream away from says so once; the streaming one speaks for the account) and
+/// `Connected` on a ScaleAgent.
 pub const CONNECTED: &str = "Connected";
 /// A replica streams the account to the hub.
 pub const REASON_STREAMING: &str = "Streaming";

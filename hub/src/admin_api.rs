@@ -30,6 +30,7 @@ pub(crate) fn router() -> Router<Arc<Hub>> {
         .route("/api/v1/accounts/{name}/kubeconfig", post(issue_kubeconfig))
         .route("/api/v1/tokens", get(list_tokens).post(create_token))
         .route("/api/v1/tokens/{id}", delete(revoke_token))
+        .merge(crate::dynamic_accounts::router())
 }
 
 /// Query of `POST /api/v1/accounts/{name}/kubeconfig`.

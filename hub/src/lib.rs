@@ -19,6 +19,7 @@ pub mod cache;
 pub mod cli;
 pub mod clouddriver;
 pub mod config;
+pub mod dynamic_accounts;
 pub mod error;
 pub mod forwarded;
 pub mod http;
@@ -85,6 +86,8 @@ pub(crate) enum Control {
     AccountState(scale_agent_proto::v1::AccountState),
     /// Tell the agent which replicas of its identity are connected.
     AgentReplicas(scale_agent_proto::v1::AgentReplicas),
+    /// Send the agent its identity's dynamic accounts.
+    DynamicAccounts(scale_agent_proto::v1::DynamicAccounts),
 }
 
 /// What the rest of the hub holds of one agent stream.
@@ -127,6 +130,8 @@ pub(crate) struct Hub {
     pub(crate) registrar: Option<Arc<clouddriver::Registrar>>,
     /// The accounts (name, settings) last handed to the registrar.
     registered_accounts: Mutex<Vec<(String, String)>>,
+    /// Accounts added through the dynamic accounts API, and the agents' reports on them.
+    dynamic_accounts: Mutex<dynamic_accounts::DynamicAccounts>,
     pub(crate) operations: operations::Operations,
     pub(crate) shutdown: watch::Receiver<bool>,
     pub(crate) grpc_listening: AtomicBool,
@@ -148,6 +153,13 @@ impl Hub {
     /// The proxy's tokens.
     pub(crate) fn tokens(&self) -> MutexGuard<'_, Tokens> {
         self.tokens.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Dynamic accounts and the agents' reports on them.
+    pub(crate) fn dynamic_accounts(&self) -> MutexGuard<'_, dynamic_accounts::DynamicAccounts> {
+        self.dynamic_accounts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// Agent tokens and enrolled identities.
@@ -573,6 +585,9 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         api_tokens_file,
         registrar,
         registered_accounts: Mutex::new(Vec::new()),
+        dynamic_accounts: Mutex::new(dynamic_accounts::DynamicAccounts::load(std::mem::take(
+            &mut loaded.dynamic_accounts,
+        ))),
         operations: operations::Operations::default(),
         shutdown: shutdown_rx,
         grpc_listening: AtomicBool::new(false),

@@ -292,6 +292,9 @@ async fn run_stream(
     hub.deliver(promotions);
     hub.observe_states();
     hub.announce_replicas(identity);
+    // After Welcome (the stream's loop sends that first): the dynamic accounts, every time.
+    let dynamic = hub.dynamic_accounts().set_for(identity);
+    hub.control(id, Control::DynamicAccounts(dynamic));
     tracing::info!(%identity, %peer, replica = %hello.replica, version = %hello.agent_version, session = id, "agent connected");
 
     let session =
@@ -302,6 +305,17 @@ async fn run_stream(
     hub.sessions().remove(&id);
     hub.operations.session_ended(id);
     hub.tunnels.session_ended(id);
+    // Unless a newer stream of the same replica took this one's place.
+    let replica_left = !hub
+        .state()
+        .registry
+        .replicas_of_identity(identity)
+        .iter()
+        .any(|(_, replica)| *replica == hello.replica);
+    if replica_left {
+        hub.dynamic_accounts()
+            .forget_replica(identity, &hello.replica);
+    }
     hub.deliver(promotions);
     hub.observe_states();
     hub.announce_replicas(identity);
@@ -357,6 +371,9 @@ async fn serve(
                 }
                 Some(Control::AgentReplicas(replicas)) => {
                     send(tx, Out::AgentReplicas(replicas)).await?;
+                }
+                Some(Control::DynamicAccounts(accounts)) => {
+                    send(tx, Out::DynamicAccounts(accounts)).await?;
                 }
                 Some(Control::Promote(account)) => {
                     let assignment = {
@@ -494,6 +511,19 @@ async fn process_batch(
     }
     hub.deliver(std::mem::take(&mut fx.promotions));
     hub.observe_states();
+    if !fx.dynamic_statuses.is_empty() {
+        let replica = hub
+            .state()
+            .registry
+            .replicas_of_identity(&session.identity)
+            .into_iter()
+            .find_map(|(id, replica)| (id == session.id).then_some(replica))
+            .unwrap_or_default();
+        let mut dynamic = hub.dynamic_accounts();
+        for status in std::mem::take(&mut fx.dynamic_statuses) {
+            dynamic.report(&session.identity, &replica, status);
+        }
+    }
     for account in std::mem::take(&mut fx.discovery_changed) {
         tracing::info!(%account, identity = %session.identity, "the cluster's kinds changed; discovery cache dropped");
         hub.discovery

@@ -86,6 +86,8 @@ pub struct Effects {
     pub renewals: Vec<String>,
     /// Accounts this stream registered (accepted or not): it is sent their state.
     pub registered: Vec<String>,
+    /// Reports on dynamic accounts, for [`crate::dynamic_accounts`].
+    pub dynamic_statuses: Vec<pb::DynamicAccountStatus>,
 }
 
 /// Hub settings a stream needs.
@@ -114,6 +116,7 @@ pub fn message_type(msg: &pb::AgentMessage) -> &'static str {
         Some(Msg::Tunnel(_)) => "tunnel",
         Some(Msg::DiscoveryChanged(_)) => "discovery_changed",
         Some(Msg::RenewCertificate(_)) => "renew_certificate",
+        Some(Msg::DynamicAccountStatus(_)) => "dynamic_account_status",
     }
 }
 
@@ -308,6 +311,10 @@ impl Session {
                 Ok(())
             }
             Msg::Bookmark(bm) => self.on_bookmark(st, bm, fx),
+            Msg::DynamicAccountStatus(status) => {
+                fx.dynamic_statuses.push(status);
+                Ok(())
+            }
         }
     }
 

@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     agent_tokens::{AgentTokenRecord, EnrolledIdentity},
     cache::{Cache, CachedObject, KindInfo, KindKey},
+    dynamic_accounts::DynamicAccountRecord,
     error::{HubError, Result},
     registry::{AccountBinding, AccountRecord},
     tokens::TokenRecord,
@@ -48,6 +49,8 @@ const AGENT_IDENTITIES: TableDefinition<&str, &[u8]> = TableDefinition::new("age
 /// account → AccountBinding (JSON): the identity an account is bound to. Kept when the
 /// account's cache is removed after the grace period.
 const ACCOUNT_BINDINGS: TableDefinition<&str, &[u8]> = TableDefinition::new("account_bindings");
+/// account → DynamicAccountRecord (JSON): accounts added through the dynamic accounts API.
+const DYNAMIC_ACCOUNTS: TableDefinition<&str, &[u8]> = TableDefinition::new("dynamic_accounts");
 
 /// Longest time between durable commits while agents stream.
 pub const DURABLE_EVERY: Duration = Duration::from_secs(1);
@@ -119,6 +122,12 @@ pub enum StoreOp {
         account: String,
         binding: AccountBinding,
     },
+    PutDynamicAccount {
+        record: DynamicAccountRecord,
+    },
+    DeleteDynamicAccount {
+        account: String,
+    },
 }
 
 impl StoreOp {
@@ -134,6 +143,8 @@ impl StoreOp {
                 | StoreOp::DeleteAgentToken { .. }
                 | StoreOp::PutEnrolledIdentity { .. }
                 | StoreOp::PutBinding { .. }
+                | StoreOp::PutDynamicAccount { .. }
+                | StoreOp::DeleteDynamicAccount { .. }
         )
     }
 }
@@ -203,6 +214,7 @@ pub struct Loaded {
     pub agent_tokens: Vec<AgentTokenRecord>,
     pub enrolled: Vec<EnrolledIdentity>,
     pub bindings: Vec<(String, AccountBinding)>,
+    pub dynamic_accounts: Vec<(String, DynamicAccountRecord)>,
 }
 
 /// The embedded store.
@@ -246,7 +258,12 @@ impl Store {
                 .map_err(|e| HubError::store("open", e))?;
             txn.open_table(REGISTRATIONS)
                 .map_err(|e| HubError::store("open", e))?;
-            for table in [AGENT_TOKENS, AGENT_IDENTITIES, ACCOUNT_BINDINGS] {
+            for table in [
+                AGENT_TOKENS,
+                AGENT_IDENTITIES,
+                ACCOUNT_BINDINGS,
+                DYNAMIC_ACCOUNTS,
+            ] {
                 txn.open_table(table)
                     .map_err(|e| HubError::store("open", e))?;
             }
@@ -361,6 +378,7 @@ impl Store {
             .map(|(_, v)| v)
             .collect();
         loaded.bindings = load_json(&txn, ACCOUNT_BINDINGS, "account_bindings")?;
+        loaded.dynamic_accounts = load_json(&txn, DYNAMIC_ACCOUNTS, "dynamic_accounts")?;
         // Cached data of accounts without a binding (should not happen) is dropped.
         let known: std::collections::BTreeSet<&String> =
             loaded.accounts.iter().map(|(a, _)| a).collect();
@@ -482,6 +500,7 @@ fn write_batch(db: &Database, ops: Vec<StoreOp>, durable: bool) -> Result<()> {
         let mut agent_tokens = txn.open_table(AGENT_TOKENS).map_err(commit_err)?;
         let mut agent_identities = txn.open_table(AGENT_IDENTITIES).map_err(commit_err)?;
         let mut bindings = txn.open_table(ACCOUNT_BINDINGS).map_err(commit_err)?;
+        let mut dynamic_accounts = txn.open_table(DYNAMIC_ACCOUNTS).map_err(commit_err)?;
         for op in ops {
             match op {
                 StoreOp::PutAccount { account, record } => {
@@ -588,6 +607,17 @@ fn write_batch(db: &Database, ops: Vec<StoreOp>, durable: bool) -> Result<()> {
                     let bytes = serde_json::to_vec(&binding).unwrap_or_default();
                     bindings
                         .insert(account.as_str(), bytes.as_slice())
+                        .map_err(commit_err)?;
+                }
+                StoreOp::PutDynamicAccount { record } => {
+                    let bytes = serde_json::to_vec(&record).unwrap_or_default();
+                    dynamic_accounts
+                        .insert(record.spec.name.as_str(), bytes.as_slice())
+                        .map_err(commit_err)?;
+                }
+                StoreOp::DeleteDynamicAccount { account } => {
+                    dynamic_accounts
+                        .remove(account.as_str())
                         .map_err(commit_err)?;
                 }
             }

@@ -254,6 +254,11 @@ async fn call(api: &Api, method: &str, path: &str, json: Option<&Value>) -> (u16
     (status, String::from_utf8(bytes.to_vec()).unwrap())
 }
 
+/// Any method, with an optional JSON body: (status, body).
+pub async fn request(api: &Api, method: &str, path: &str, json: Option<&Value>) -> (u16, String) {
+    call(api, method, path, json).await
+}
+
 /// GET: (status, body).
 pub async fn get(api: &Api, path: &str) -> (u16, String) {
     call(api, "GET", path, None).await
@@ -570,6 +575,8 @@ pub struct FakeAgent {
     pub states: VecDeque<pb::AccountState>,
     /// The last AgentReplicas message.
     pub replicas: Option<pb::AgentReplicas>,
+    /// The last DynamicAccounts the hub sent.
+    pub dynamic_accounts: Option<pb::DynamicAccounts>,
     pub welcome: Option<pb::Welcome>,
     /// Set once the stream ended: the status, or OK for a clean end.
     ended: Option<Status>,
@@ -659,6 +666,7 @@ fn finish_open(
         renewals: VecDeque::new(),
         states: VecDeque::new(),
         replicas: None,
+        dynamic_accounts: None,
         welcome: None,
         ended: None,
     }
@@ -788,6 +796,7 @@ impl FakeAgent {
             Some(Out::CertificateRenewal(r)) => self.renewals.push_back(r),
             Some(Out::AccountState(s)) => self.states.push_back(s),
             Some(Out::AgentReplicas(r)) => self.replicas = Some(r),
+            Some(Out::DynamicAccounts(d)) => self.dynamic_accounts = Some(d),
             None => panic!("empty hub message"),
         }
         Ok(())

@@ -56,7 +56,7 @@ pub struct AgentMessage {
     pub seq: u64,
     #[prost(
         oneof = "agent_message::Kind",
-        tags = "2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14"
+        tags = "2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 19"
     )]
     pub kind: ::core::option::Option<agent_message::Kind>,
 }
@@ -91,12 +91,16 @@ pub mod agent_message {
         DiscoveryChanged(super::DiscoveryChanged),
         #[prost(message, tag = "14")]
         RenewCertificate(super::RenewCertificate),
+        /// Field 19, the end of the reserved range, so that messages added at its start do not
+        /// collide with this one.
+        #[prost(message, tag = "19")]
+        DynamicAccountStatus(super::DynamicAccountStatus),
     }
 }
 /// Hub to agent.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct HubMessage {
-    #[prost(oneof = "hub_message::Kind", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9")]
+    #[prost(oneof = "hub_message::Kind", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 15")]
     pub kind: ::core::option::Option<hub_message::Kind>,
 }
 /// Nested message and enum types in `HubMessage`.
@@ -121,6 +125,9 @@ pub mod hub_message {
         AccountState(super::AccountState),
         #[prost(message, tag = "9")]
         AgentReplicas(super::AgentReplicas),
+        /// Field 15, the end of the reserved range (see AgentMessage.dynamic_account_status).
+        #[prost(message, tag = "15")]
+        DynamicAccounts(super::DynamicAccounts),
     }
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -1016,6 +1023,103 @@ pub mod tunnel_frame {
 pub struct DiscoveryChanged {
     #[prost(string, tag = "1")]
     pub account: ::prost::alloc::string::String,
+}
+/// A key of a Secret in the agent's cluster.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct SecretKeySelector {
+    /// Empty: the agent's own namespace.
+    #[prost(string, tag = "1")]
+    pub namespace: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub name: ::prost::alloc::string::String,
+    /// Empty: "kubeconfig".
+    #[prost(string, tag = "3")]
+    pub key: ::prost::alloc::string::String,
+}
+/// One account the hub pushes to an agent.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct DynamicAccount {
+    #[prost(string, tag = "1")]
+    pub account: ::prost::alloc::string::String,
+    /// The account's settings in the shape of the agent config's kubernetes.accounts\[\] entries
+    /// (kinds, omitKinds, namespaces, permissions, ...), JSON, without credentials.
+    #[prost(bytes = "vec", tag = "2")]
+    pub settings_json: ::prost::alloc::vec::Vec<u8>,
+    /// The Secret holding the kubeconfig the account uses; the agent reads it with its own
+    /// credentials, so the kubeconfig never leaves the cluster.
+    #[prost(message, optional, tag = "3")]
+    pub kubeconfig_secret: ::core::option::Option<SecretKeySelector>,
+    /// Context of that kubeconfig; empty: its current context.
+    #[prost(string, tag = "4")]
+    pub context: ::prost::alloc::string::String,
+}
+/// Hub to agent: every dynamic account of the stream's identity. Replaces the set sent before.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct DynamicAccounts {
+    #[prost(message, repeated, tag = "1")]
+    pub accounts: ::prost::alloc::vec::Vec<DynamicAccount>,
+}
+/// Agent to hub: how a dynamic account fares on this replica.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct DynamicAccountStatus {
+    #[prost(string, tag = "1")]
+    pub account: ::prost::alloc::string::String,
+    #[prost(enumeration = "dynamic_account_status::State", tag = "2")]
+    pub state: i32,
+    #[prost(string, tag = "3")]
+    pub message: ::prost::alloc::string::String,
+}
+/// Nested message and enum types in `DynamicAccountStatus`.
+pub mod dynamic_account_status {
+    #[derive(
+        Clone,
+        Copy,
+        Debug,
+        PartialEq,
+        Eq,
+        Hash,
+        PartialOrd,
+        Ord,
+        ::prost::Enumeration
+    )]
+    #[repr(i32)]
+    pub enum State {
+        Unspecified = 0,
+        /// Reading its kubeconfig and reaching its API server.
+        Loading = 1,
+        /// Registered with the hub (the hub's AccountAssignment and AccountState follow).
+        Registered = 2,
+        /// Its kubeconfig or API server failed, or the hub rejected it; `message` says why.
+        Failed = 3,
+        /// An account of the same name is in the agent's own config, which wins.
+        Overridden = 4,
+    }
+    impl State {
+        /// String value of the enum field names used in the ProtoBuf definition.
+        ///
+        /// The values are not transformed in any way and thus are considered stable
+        /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+        pub fn as_str_name(&self) -> &'static str {
+            match self {
+                Self::Unspecified => "STATE_UNSPECIFIED",
+                Self::Loading => "LOADING",
+                Self::Registered => "REGISTERED",
+                Self::Failed => "FAILED",
+                Self::Overridden => "OVERRIDDEN",
+            }
+        }
+        /// Creates an enum from field names used in the ProtoBuf definition.
+        pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+            match value {
+                "STATE_UNSPECIFIED" => Some(Self::Unspecified),
+                "LOADING" => Some(Self::Loading),
+                "REGISTERED" => Some(Self::Registered),
+                "FAILED" => Some(Self::Failed),
+                "OVERRIDDEN" => Some(Self::Overridden),
+                _ => None,
+            }
+        }
+    }
 }
 /// Generated client implementations.
 pub mod agent_hub_client {
