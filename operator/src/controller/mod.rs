@@ -395,26 +395,56 @@ fn pair(
         })
         .graceful_shutdown_on(shutdown.clone());
 
-    let agents_done = agent_controller
-        .run(
-            scale_agent::reconcile_guarded,
-            scale_agent::error_policy,
-            ctx.clone(),
-        )
-        .for_each(|result| async move {
+    let agent_store = agent_controller.store();
+    let agents_done = agent_controller.run(
+        scale_agent::reconcile_guarded,
+        scale_agent::error_policy,
+        ctx.clone(),
+    );
+    let agents_done =
+        stop_unfilled(agents_done, agent_store, shutdown.clone()).for_each(|result| async move {
             if let Err(error) = result {
                 log_controller_error("ScaleAgent", &error);
             }
         });
-    let accounts_done = account_controller
-        .run(agent_account::reconcile, agent_account::error_policy, ctx)
-        .for_each(|result| async move {
+    let accounts_done =
+        account_controller.run(agent_account::reconcile, agent_account::error_policy, ctx);
+    let accounts_done =
+        stop_unfilled(accounts_done, account_store, shutdown).for_each(|result| async move {
             if let Err(error) = result {
                 log_controller_error("AgentAccount", &error);
             }
         });
     let running = futures::future::join(agents_done, accounts_done).map(|_| ());
     (filled.boxed(), running.boxed())
+}
+
+/// A controller's results until it ends by itself or, at shutdown, at once when its cache was
+/// never filled.
+///
+/// kube-runtime's graceful shutdown ends the watches and then waits for the runner, which
+/// starts only once the cache holds its first list: a controller stopped before that (a slow
+/// LIST under load, or one that keeps failing) would wait forever. No reconcile has run
+/// then, so there is nothing to wait for.
+pub(crate) fn stop_unfilled<K, S>(
+    results: S,
+    store: Store<K>,
+    shutdown: Shutdown,
+) -> impl futures::Stream<Item = S::Item>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+    S: futures::Stream,
+{
+    let unfilled_at_shutdown = async move {
+        shutdown.await;
+        if matches!(store.wait_until_ready().now_or_never(), Some(Ok(()))) {
+            // Filled: the graceful shutdown finishes the reconciles in flight, then ends.
+            std::future::pending::<()>().await;
+        }
+        tracing::debug!("controller stopped before its cache was filled");
+    };
+    results.take_until(unfilled_at_shutdown)
 }
 
 /// Logs an error of a controller's stream: at `warn` when the controller cannot watch (a

@@ -44,17 +44,21 @@ pub(super) async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         Api::<DeserializeGuard<ScaleAgent>>::all(ctx.client.clone()),
         outside.clone(),
     )
-    .graceful_shutdown_on(shutdown.clone())
-    .run(refuse_readable_agent, retry, ctx.clone())
-    .for_each(|result| async move {
-        if let Err(error) = result {
-            super::log_controller_error("unwatched ScaleAgent", &error);
-        }
-    });
+    .graceful_shutdown_on(shutdown.clone());
+    let agent_store = agents.store();
+    let agents = agents.run(refuse_readable_agent, retry, ctx.clone());
+    let agents =
+        super::stop_unfilled(agents, agent_store, shutdown.clone()).for_each(|result| async move {
+            if let Err(error) = result {
+                super::log_controller_error("unwatched ScaleAgent", &error);
+            }
+        });
     let accounts = Controller::new(Api::<AgentAccount>::all(ctx.client.clone()), outside)
-        .graceful_shutdown_on(shutdown)
-        .run(refuse_account, retry, ctx)
-        .for_each(|result| async move {
+        .graceful_shutdown_on(shutdown.clone());
+    let account_store = accounts.store();
+    let accounts = accounts.run(refuse_account, retry, ctx);
+    let accounts =
+        super::stop_unfilled(accounts, account_store, shutdown).for_each(|result| async move {
             if let Err(error) = result {
                 super::log_controller_error("unwatched AgentAccount", &error);
             }
