@@ -15,7 +15,7 @@ use scale_agent_crds::{
     conditions::{ACCEPTED, READY, is_true},
 };
 
-use super::Context;
+use super::{Context, GuardedAccount};
 use crate::{
     error::{Error, Result, kube_err},
     status, validate,
@@ -23,7 +23,7 @@ use crate::{
 
 const CONTROLLER: &str = "agentaccount";
 
-fn key(account: &AgentAccount) -> String {
+fn key(account: &impl ResourceExt) -> String {
     format!(
         "AgentAccount/{}/{}",
         account.namespace().unwrap_or_default(),
@@ -32,17 +32,26 @@ fn key(account: &AgentAccount) -> String {
 }
 
 /// Logs, counts, and retries the object with its own exponential backoff.
-pub fn error_policy(account: Arc<AgentAccount>, error: &Error, ctx: Arc<Context>) -> Action {
+pub fn error_policy(account: Arc<GuardedAccount>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.failed(CONTROLLER, error);
-    let delay = ctx.next_backoff(&key(&account));
-    tracing::warn!(agentaccount = %key(&account), %error, retry_in = ?delay, "reconcile failed");
+    let delay = ctx.next_backoff(&key(&*account));
+    tracing::warn!(agentaccount = %key(&*account), %error, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }
 
-/// Reconciles one AgentAccount's status.
-pub async fn reconcile(account: Arc<AgentAccount>, ctx: Arc<Context>) -> Result<Action> {
+/// Reconciles one AgentAccount's status; one the operator cannot read (its JSON does not fit
+/// the Rust type although the CRD's schema let it in) gets a Warning Event saying why, and
+/// is looked at again only when it changes.
+pub async fn reconcile(account: Arc<GuardedAccount>, ctx: Arc<Context>) -> Result<Action> {
+    let account = match &account.0 {
+        Ok(account) => account,
+        Err(invalid) => {
+            super::report_unreadable::<AgentAccount>(invalid, &ctx).await;
+            return Ok(Action::await_change());
+        }
+    };
     let started = Instant::now();
-    let result = reconcile_inner(&account, &ctx).await;
+    let result = reconcile_inner(account, &ctx).await;
     ctx.metrics.reconciled(CONTROLLER, started.elapsed());
     result
 }
@@ -62,7 +71,7 @@ async fn reconcile_inner(account: &AgentAccount, ctx: &Context) -> Result<Action
             "get ScaleAgent {namespace}/{}",
             account.spec.agent_ref
         )))?;
-    let all = ctx.list_watched::<AgentAccount>().await?;
+    let all = ctx.watched_accounts();
     let kubeconfig = match &account.spec.credentials.kubeconfig_secret_ref {
         Some(r) => Api::<Secret>::namespaced(client.clone(), &namespace)
             .get_opt(&r.name)

@@ -8,10 +8,10 @@ use std::{
     collections::HashMap,
     pin::Pin,
     sync::{Arc, Mutex},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
-use futures::{FutureExt, StreamExt, future::BoxFuture};
+use futures::{FutureExt, SinkExt, StreamExt, channel::mpsc, future::BoxFuture};
 use k8s_openapi::api::{
     apps::v1::Deployment,
     core::v1::{ConfigMap, ObjectReference, Secret, ServiceAccount},
@@ -20,11 +20,11 @@ use k8s_openapi::api::{
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{ListParams, WatchParams},
-    core::DeserializeGuard,
+    core::{DeserializeGuard, error_boundary::InvalidObject},
     runtime::{
-        Controller, controller,
+        Controller, WatchStreamExt, controller,
         events::{Event, EventType, Recorder, Reporter},
-        reflector::{ObjectRef, Store},
+        reflector::{self, ObjectRef, Store},
         watcher,
     },
 };
@@ -35,8 +35,19 @@ use crate::{
     error::{Result, kube_err},
     metrics::Metrics,
     policy::{self, WatchNamespaces},
-    validate,
+    rbac, validate,
 };
+
+/// An AgentAccount as the controllers read it: one that does not fit the Rust type is kept
+/// (and reported) instead of failing the list of all of them.
+pub type GuardedAccount = DeserializeGuard<AgentAccount>;
+
+/// The cache of the AgentAccounts of one watched namespace (or all).
+pub type AccountStore = Store<GuardedAccount>;
+
+/// How long discovery's answer is reused before the next reconcile that needs it asks again
+/// (an account naming a kind it lacks asks again at once).
+const DISCOVERY_MAX_AGE: Duration = Duration::from_secs(60);
 
 /// Settings of the controllers.
 #[derive(Clone, Debug)]
@@ -91,11 +102,21 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Consecutive failures per object (`Kind/namespace/name`), for exponential backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// The AgentAccounts of each watched namespace, filled by the one watch that also
+    /// triggers the controllers: a reconcile sees at least what triggered it.
+    accounts: Vec<AccountStore>,
+    /// The kinds the cluster serves, and when discovery said so.
+    served: tokio::sync::Mutex<Option<(Instant, Arc<Vec<rbac::ServedKind>>)>>,
 }
 
 impl Context {
-    /// A context for `client`.
-    pub fn new(client: Client, config: Config, metrics: Arc<Metrics>) -> Self {
+    /// A context for `client`, whose reconciles read AgentAccounts from `accounts`.
+    pub fn new(
+        client: Client,
+        config: Config,
+        metrics: Arc<Metrics>,
+        accounts: Vec<AccountStore>,
+    ) -> Self {
         let reporter = Reporter {
             controller: MANAGED_BY.into(),
             instance: config.instance.clone(),
@@ -106,7 +127,35 @@ impl Context {
             config,
             metrics,
             failures: Mutex::default(),
+            accounts,
+            served: tokio::sync::Mutex::default(),
         }
+    }
+
+    /// The readable AgentAccounts in the watched namespaces, from the controllers' cache.
+    pub fn watched_accounts(&self) -> Vec<AgentAccount> {
+        self.accounts
+            .iter()
+            .flat_map(Store::state)
+            .filter_map(|account| account.0.as_ref().ok().cloned())
+            .collect()
+    }
+
+    /// Every kind the cluster serves (preferred versions), from discovery run at most every
+    /// [`DISCOVERY_MAX_AGE`], or now with `refresh` (an account names a kind it lacked: a
+    /// CRD installed since).
+    pub async fn served_kinds(&self, refresh: bool) -> Result<Arc<Vec<rbac::ServedKind>>> {
+        // Held across discovery, so concurrent reconciles run it once.
+        let mut cached = self.served.lock().await;
+        if let Some((at, served)) = cached.as_ref()
+            && !refresh
+            && at.elapsed() < DISCOVERY_MAX_AGE
+        {
+            return Ok(served.clone());
+        }
+        let served = Arc::new(discover_served_kinds(&self.client).await?);
+        *cached = Some((Instant::now(), served.clone()));
+        Ok(served)
     }
 
     /// Counts a failure of `key` and returns how long to wait before the next attempt:
@@ -135,26 +184,6 @@ impl Context {
                 .collect(),
             WatchNamespaces::All => vec![Api::all(self.client.clone())],
         }
-    }
-
-    /// Every `K` in the watched namespaces.
-    pub async fn list_watched<K>(&self) -> Result<Vec<K>>
-    where
-        K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
-            + Clone
-            + serde::de::DeserializeOwned
-            + std::fmt::Debug,
-    {
-        let mut items = Vec::new();
-        for api in self.watched_apis::<K>() {
-            items.extend(
-                api.list(&ListParams::default())
-                    .await
-                    .map_err(kube_err(format!("list {}s", K::kind(&()))))?
-                    .items,
-            );
-        }
-        Ok(items)
     }
 
     /// Forgets the failures of `key` after a success.
@@ -194,6 +223,93 @@ impl Context {
     }
 }
 
+/// Every kind the cluster serves (preferred versions), for resolving account kind names to
+/// their resources.
+async fn discover_served_kinds(client: &Client) -> Result<Vec<rbac::ServedKind>> {
+    let discovery = kube::discovery::Discovery::new(client.clone())
+        .run_aggregated()
+        .await
+        .map_err(kube_err("discover the API resources the cluster serves"))?;
+    Ok(discovery
+        .groups()
+        .flat_map(|group| group.recommended_resources())
+        .map(|(resource, capabilities)| rbac::ServedKind {
+            kind: resource.kind.clone(),
+            resolved: rbac::Resolved {
+                group: resource.group.clone(),
+                resource: resource.plural.clone(),
+                namespaced: capabilities.scope == kube::discovery::Scope::Namespaced,
+                scalable: capabilities
+                    .subresources
+                    .iter()
+                    .any(|(sub, _)| sub.plural == "scale"),
+            },
+        })
+        .collect())
+}
+
+/// Event reason on an object the operator cannot read.
+pub const INVALID_OBJECT: &str = "InvalidObject";
+
+/// A Warning Event `InvalidObject` on a `K` the operator cannot read (its JSON does not fit
+/// the Rust type although the CRD's schema let it in), naming the field to fix.
+pub(crate) async fn report_unreadable<K>(invalid: &InvalidObject, ctx: &Context)
+where
+    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + serde::de::DeserializeOwned,
+{
+    let meta = &invalid.metadata;
+    let kind = K::kind(&());
+    let namespace = meta.namespace.as_deref().unwrap_or_default();
+    let name = meta.name.as_deref().unwrap_or_default();
+    let field = unreadable_field::<K>(&ctx.client, namespace, name).await;
+    let (what, fix) = match &field {
+        Some(field) => (format!("field {field}: "), format!("fix {field}")),
+        None => (String::new(), "fix the value the error names".to_owned()),
+    };
+    tracing::warn!(%kind, namespace, name, field, error = %invalid.error, "cannot read object; skipping it");
+    let regarding = ObjectReference {
+        api_version: Some(K::api_version(&()).into_owned()),
+        kind: Some(kind.clone().into_owned()),
+        name: meta.name.clone(),
+        namespace: meta.namespace.clone(),
+        uid: meta.uid.clone(),
+        resource_version: meta.resource_version.clone(),
+        ..Default::default()
+    };
+    ctx.publish(
+        &regarding,
+        EventType::Warning,
+        INVALID_OBJECT,
+        "Read",
+        format!(
+            "the operator cannot read this {kind} ({what}{}); it is not reconciled until it \
+             changes: {fix} (kubectl edit {} -n {namespace} {name})",
+            invalid.error,
+            kind.to_lowercase()
+        ),
+    )
+    .await;
+}
+
+/// Where the Rust type fails on the stored `K` (e.g. `status.conditions[0].lastTransitionTime`),
+/// found by reading it again untyped; `None` when that read fails or the object reads now.
+async fn unreadable_field<K>(client: &Client, namespace: &str, name: &str) -> Option<String>
+where
+    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + serde::de::DeserializeOwned,
+{
+    let api = Api::<kube::api::DynamicObject>::namespaced_with(
+        client.clone(),
+        namespace,
+        &kube::api::ApiResource::erase::<K>(&()),
+    );
+    let stored = serde_json::to_value(api.get(name).await.ok()?).ok()?;
+    serde_path_to_error::deserialize::<_, K>(stored)
+        .err()
+        .map(|error| error.path().to_string())
+}
+
 /// `base × 2^(failures-1)`, capped at `max`.
 pub fn backoff_delay(base: Duration, max: Duration, failures: u32) -> Duration {
     let exponent = failures.saturating_sub(1).min(20);
@@ -220,7 +336,13 @@ pub async fn run_controllers(
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<()> {
-    let ctx = Arc::new(Context::new(client.clone(), config, metrics));
+    let namespaces = namespaces_of(&config.watch_namespaces);
+    let watches: Vec<AccountWatch> = namespaces
+        .iter()
+        .map(|namespace| AccountWatch::new(&client, namespace.as_deref()))
+        .collect();
+    let stores = watches.iter().map(|watch| watch.store.clone()).collect();
+    let ctx = Arc::new(Context::new(client.clone(), config, metrics, stores));
     check_watch_access(&ctx.client, &ctx.config.watch_namespaces).await?;
     let shutdown: Shutdown =
         (Box::pin(shutdown) as Pin<Box<dyn Future<Output = ()> + Send + Sync>>).shared();
@@ -229,8 +351,8 @@ pub async fn run_controllers(
     // agents' Deployments, ConfigMaps and Secrets only there.
     let mut running = Vec::new();
     let mut caches = Vec::new();
-    for namespace in namespaces_of(&ctx.config.watch_namespaces) {
-        let (filled, run) = pair(ctx.clone(), namespace, shutdown.clone());
+    for (namespace, accounts) in namespaces.into_iter().zip(watches) {
+        let (filled, run) = pair(ctx.clone(), namespace, accounts, shutdown.clone());
         caches.push(filled);
         running.push(run);
     }
@@ -348,22 +470,80 @@ where
     }
 }
 
+/// The one AgentAccount watch of a namespace (or all), not yet running: its cache, and what
+/// fills it.
+struct AccountWatch {
+    store: AccountStore,
+    writer: reflector::store::Writer<GuardedAccount>,
+    api: Api<GuardedAccount>,
+}
+
+impl AccountWatch {
+    fn new(client: &Client, namespace: Option<&str>) -> Self {
+        let (store, writer) = reflector::store();
+        Self {
+            store,
+            writer,
+            api: api_in(client, namespace),
+        }
+    }
+}
+
+/// Room for changed AgentAccounts on their way to a controller; the watch waits when full.
+const ACCOUNT_FAN_OUT: usize = 64;
+
 /// The ScaleAgent and AgentAccount controllers of one namespace (or all): a future that
 /// completes once both caches hold their first list (true) or a cache is gone (false), and
 /// the future that runs them until shutdown.
+///
+/// One AgentAccount watch fills the cache every reconcile reads, then hands each changed
+/// account to both controllers: a reconcile never sees a cache older than its trigger.
 fn pair(
     ctx: Arc<Context>,
     namespace: Option<String>,
+    accounts: AccountWatch,
     shutdown: Shutdown,
 ) -> (BoxFuture<'static, bool>, BoxFuture<'static, ()>) {
     let namespace = namespace.as_deref();
     let agents = api_in::<DeserializeGuard<ScaleAgent>>(&ctx.client, namespace);
-    let accounts = api_in::<AgentAccount>(&ctx.client, namespace);
-    let account_controller =
-        Controller::new(accounts.clone(), watcher::Config::default().any_semantic());
-    let account_store = account_controller.store();
-    let agent_controller =
-        scale_agent_controller(&ctx, namespace, account_store.clone(), shutdown.clone());
+    let AccountWatch {
+        store: account_store,
+        writer,
+        api,
+    } = accounts;
+    let (to_accounts, for_accounts) = mpsc::channel::<GuardedAccount>(ACCOUNT_FAN_OUT);
+    let (to_peers, for_peers) = mpsc::channel::<GuardedAccount>(ACCOUNT_FAN_OUT);
+    let (to_agents, for_agents) = mpsc::channel::<GuardedAccount>(ACCOUNT_FAN_OUT);
+    let feed = reflector::reflector(
+        writer,
+        watcher::watcher(api, watcher::Config::default().any_semantic()),
+    )
+    .default_backoff()
+    .touched_objects()
+    .take_until(shutdown.clone())
+    .for_each(move |touched| {
+        let mut senders = [to_accounts.clone(), to_peers.clone(), to_agents.clone()];
+        async move {
+            match touched {
+                Ok(account) => {
+                    for sender in &mut senders {
+                        // A controller that has stopped takes no more; the others still do.
+                        let _ = sender.send(account.clone()).await;
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "cannot watch AgentAccounts; retrying");
+                }
+            }
+        }
+    });
+    let agent_controller = scale_agent_controller(
+        &ctx,
+        namespace,
+        for_agents,
+        account_store.clone(),
+        shutdown.clone(),
+    );
     let filled = {
         let agent_store = agent_controller.store();
         let account_store = account_store.clone();
@@ -375,25 +555,28 @@ fn pair(
             agents.is_ok() && accounts.is_ok()
         }
     };
-    let account_controller = account_controller
-        .watches(agents, watcher::Config::default(), {
-            let store = account_store.clone();
-            move |agent: DeserializeGuard<ScaleAgent>| match agent.0 {
-                Ok(agent) => store
-                    .state()
-                    .into_iter()
-                    .filter(|a| validate::refers_to(a, &agent))
-                    .map(|a| ObjectRef::from_obj(&*a))
-                    .collect::<Vec<_>>(),
-                // Accounts of an unreadable agent are reconciled on their own changes.
-                Err(_) => Vec::new(),
-            }
-        })
-        .watches(accounts, watcher::Config::default(), {
-            let store = account_store.clone();
-            move |changed: AgentAccount| same_account_name(&store, &changed)
-        })
-        .graceful_shutdown_on(shutdown.clone());
+    let account_controller = Controller::for_stream(
+        for_accounts.map(Ok::<_, watcher::Error>),
+        account_store.clone(),
+    )
+    .watches(agents, watcher::Config::default(), {
+        let store = account_store.clone();
+        move |agent: DeserializeGuard<ScaleAgent>| match agent.0 {
+            Ok(agent) => store
+                .state()
+                .into_iter()
+                .filter(|a| a.0.as_ref().is_ok_and(|a| validate::refers_to(a, &agent)))
+                .map(|a| ObjectRef::from_obj(&*a))
+                .collect::<Vec<_>>(),
+            // Accounts of an unreadable agent are reconciled on their own changes.
+            Err(_) => Vec::new(),
+        }
+    })
+    .watches_stream(for_peers.map(Ok::<_, watcher::Error>), {
+        let store = account_store.clone();
+        move |changed: GuardedAccount| same_account_name(&store, &changed)
+    })
+    .graceful_shutdown_on(shutdown.clone());
 
     let agent_store = agent_controller.store();
     let agents_done = agent_controller.run(
@@ -415,7 +598,7 @@ fn pair(
                 log_controller_error("AgentAccount", &error);
             }
         });
-    let running = futures::future::join(agents_done, accounts_done).map(|_| ());
+    let running = futures::future::join3(feed, agents_done, accounts_done).map(|_| ());
     (filled.boxed(), running.boxed())
 }
 
@@ -467,25 +650,33 @@ pub(crate) fn log_controller_error<Q: std::error::Error>(
 /// Accounts sharing `changed`'s Spinnaker account name: a change to one can change which of
 /// them is the duplicate.
 fn same_account_name(
-    store: &Store<AgentAccount>,
-    changed: &AgentAccount,
-) -> Vec<ObjectRef<AgentAccount>> {
+    store: &AccountStore,
+    changed: &GuardedAccount,
+) -> Vec<ObjectRef<GuardedAccount>> {
+    let Ok(changed) = &changed.0 else {
+        return Vec::new();
+    };
     let Some(name) = changed.account_name() else {
         return Vec::new();
     };
     store
         .state()
         .into_iter()
-        .filter(|a| a.account_name() == Some(name))
-        .filter(|a| a.namespace() != changed.namespace() || a.name_any() != changed.name_any())
-        .map(|a| ObjectRef::from_obj(&*a))
+        .filter(|guarded| {
+            guarded.0.as_ref().is_ok_and(|a| {
+                a.account_name() == Some(name)
+                    && (a.namespace() != changed.namespace() || a.name_any() != changed.name_any())
+            })
+        })
+        .map(|guarded| ObjectRef::from_obj(&*guarded))
         .collect()
 }
 
 fn scale_agent_controller(
     ctx: &Context,
     namespace: Option<&str>,
-    account_store: Store<AgentAccount>,
+    changed_accounts: mpsc::Receiver<GuardedAccount>,
+    account_store: AccountStore,
     shutdown: Shutdown,
 ) -> Controller<DeserializeGuard<ScaleAgent>> {
     let client = &ctx.client;
@@ -518,17 +709,21 @@ fn scale_agent_controller(
     .watches(Api::<RoleBinding>::all(client.clone()), owned, |o| {
         rbac_owner(&o)
     })
-    .watches(
-        api_in::<AgentAccount>(client, namespace),
-        watcher::Config::default(),
-        move |account: AgentAccount| {
+    .watches_stream(
+        changed_accounts.map(Ok::<_, watcher::Error>),
+        move |guarded: GuardedAccount| {
+            // An unreadable account names no agent; it is left out of every agent's config
+            // at the agent's next reconcile.
+            let Ok(account) = &guarded.0 else {
+                return Vec::new();
+            };
             // Its own agent, and the agents of accounts whose duplicate status it may change.
-            let mut refs = vec![agent_of(&account)];
+            let mut refs = vec![agent_of(account)];
             refs.extend(
-                same_account_name(&account_store, &account)
+                same_account_name(&account_store, &guarded)
                     .into_iter()
                     .filter_map(|r| account_store.get(&r))
-                    .map(|a| agent_of(&a)),
+                    .filter_map(|a| a.0.as_ref().ok().map(agent_of)),
             );
             refs.sort_by_key(|r| (r.namespace.clone(), r.name.clone()));
             refs.dedup();

@@ -53,10 +53,13 @@ pub(super) async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
                 super::log_controller_error("unwatched ScaleAgent", &error);
             }
         });
-    let accounts = Controller::new(Api::<AgentAccount>::all(ctx.client.clone()), outside)
-        .graceful_shutdown_on(shutdown.clone());
+    let accounts = Controller::new(
+        Api::<DeserializeGuard<AgentAccount>>::all(ctx.client.clone()),
+        outside,
+    )
+    .graceful_shutdown_on(shutdown.clone());
     let account_store = accounts.store();
-    let accounts = accounts.run(refuse_account, retry, ctx);
+    let accounts = accounts.run(refuse_readable_account, retry, ctx);
     let accounts =
         super::stop_unfilled(accounts, account_store, shutdown).for_each(|result| async move {
             if let Err(error) = result {
@@ -158,6 +161,26 @@ async fn refuse_agent(agent: Arc<ScaleAgent>, ctx: Arc<Context>) -> Result<Actio
         .await;
     }
     Ok(Action::await_change())
+}
+
+/// Refuses an AgentAccount the operator can read; one it cannot is only logged, as for
+/// ScaleAgents.
+async fn refuse_readable_account(
+    account: Arc<DeserializeGuard<AgentAccount>>,
+    ctx: Arc<Context>,
+) -> Result<Action> {
+    match &account.0 {
+        Ok(readable) => refuse_account(Arc::new(readable.clone()), ctx).await,
+        Err(invalid) => {
+            tracing::warn!(
+                namespace = invalid.metadata.namespace.as_deref().unwrap_or_default(),
+                name = invalid.metadata.name.as_deref().unwrap_or_default(),
+                error = %invalid.error,
+                "cannot read an AgentAccount outside the watched namespaces; skipping it"
+            );
+            Ok(Action::await_change())
+        }
+    }
 }
 
 async fn refuse_account(account: Arc<AgentAccount>, ctx: Arc<Context>) -> Result<Action> {
