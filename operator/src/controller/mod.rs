@@ -1,6 +1,8 @@
 //! The two controllers, their shared context, and the per-object retry backoff.
 
 pub mod agent_account;
+#[cfg(test)]
+pub(crate) mod fixtures;
 pub mod scale_agent;
 pub mod unwatched;
 
@@ -32,7 +34,7 @@ use scale_agent_crds::{AgentAccount, LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGED_B
 
 use crate::{
     desired::OWNER_NAMESPACE_LABEL,
-    error::{Result, kube_err},
+    error::{Chain, Result, kube_err},
     metrics::Metrics,
     policy::{self, WatchNamespaces},
     rbac, validate,
@@ -132,13 +134,22 @@ impl Context {
         }
     }
 
-    /// The readable AgentAccounts in the watched namespaces, from the controllers' cache.
-    pub fn watched_accounts(&self) -> Vec<AgentAccount> {
-        self.accounts
+    /// The readable AgentAccounts in the watched namespaces, from the controllers' cache,
+    /// once it holds its first list: a ScaleAgent reconciled before that would lose its
+    /// accounts for a moment (and write that).
+    pub async fn watched_accounts(&self) -> Result<Vec<AgentAccount>> {
+        for store in &self.accounts {
+            store
+                .wait_until_ready()
+                .await
+                .map_err(|_| crate::Error::AccountCacheStopped)?;
+        }
+        Ok(self
+            .accounts
             .iter()
             .flat_map(Store::state)
             .filter_map(|account| account.0.as_ref().ok().cloned())
-            .collect()
+            .collect())
     }
 
     /// Every kind the cluster serves (preferred versions), from discovery run at most every
@@ -218,7 +229,7 @@ impl Context {
             secondary: None,
         };
         if let Err(error) = self.recorder.publish(&event, regarding).await {
-            tracing::warn!(%error, reason, "failed to publish event");
+            tracing::warn!(error = %Chain(&error), reason, "failed to publish event");
         }
     }
 }
@@ -532,7 +543,7 @@ fn pair(
                     }
                 }
                 Err(error) => {
-                    tracing::warn!(%error, "cannot watch AgentAccounts; retrying");
+                    tracing::warn!(error = %Chain(&error), "cannot watch AgentAccounts; retrying");
                 }
             }
         }
@@ -633,16 +644,16 @@ where
 /// Logs an error of a controller's stream: at `warn` when the controller cannot watch (a
 /// watch forbidden, an object that cannot be read) — it retries, but nothing else would say
 /// so; at `debug` a failed reconcile (the error policy logs it) or an object gone meanwhile.
-pub(crate) fn log_controller_error<Q: std::error::Error>(
+pub(crate) fn log_controller_error<Q: std::error::Error + 'static>(
     controller: &str,
     error: &controller::Error<crate::Error, Q>,
 ) {
     match error {
         controller::Error::QueueError(_) | controller::Error::RunnerError(_) => {
-            tracing::warn!(%error, controller, "controller cannot watch; retrying");
+            tracing::warn!(error = %Chain(error), controller, "controller cannot watch; retrying");
         }
         controller::Error::ReconcilerFailed(..) | controller::Error::ObjectNotFound(_) => {
-            tracing::debug!(%error, controller, "controller event");
+            tracing::debug!(error = %Chain(error), controller, "controller event");
         }
     }
 }

@@ -24,7 +24,7 @@ use scale_agent_crds::{AgentAccount, ScaleAgent};
 
 use super::{Context, Shutdown};
 use crate::{
-    error::{Error, Result},
+    error::{Chain, Error, Result},
     policy::WatchNamespaces,
     status::{self, Problem},
     validate::Rejection,
@@ -82,7 +82,7 @@ pub fn outside_selector(watch: &WatchNamespaces) -> String {
 }
 
 fn retry<K>(_: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action {
-    tracing::warn!(%error, "failed to report an object outside the watched namespaces");
+    tracing::warn!(error = %Chain(error), "failed to report an object outside the watched namespaces");
     Action::requeue(ctx.config.retry_max)
 }
 
@@ -125,6 +125,7 @@ async fn refuse_readable_agent(
     }
 }
 
+#[tracing::instrument(name = "refuse_unwatched", skip_all, fields(scaleagent = %format!("{}/{}", agent.namespace().unwrap_or_default(), agent.name_any())))]
 async fn refuse_agent(agent: Arc<ScaleAgent>, ctx: Arc<Context>) -> Result<Action> {
     let namespace = agent
         .namespace()
@@ -150,7 +151,7 @@ async fn refuse_agent(agent: Arc<ScaleAgent>, ctx: Arc<Context>) -> Result<Actio
     let new_status = status::refused_agent_status(&agent, &problem, Time(Timestamp::now()));
     let api = Api::<ScaleAgent>::namespaced(ctx.client.clone(), &namespace);
     if status::patch_status(&api, &*agent, agent.status.as_ref(), &new_status).await? {
-        tracing::info!(scaleagent = %format!("{namespace}/{}", agent.name_any()), "refused: namespace not watched");
+        tracing::info!("refused: namespace not watched");
         ctx.publish(
             &agent.object_ref(&()),
             EventType::Warning,
