@@ -18,7 +18,7 @@ use kube::{
 use scale_agent_crds::AgentAccount;
 use serde_json::{Value, json};
 
-use super::{AccountStore, Config, Context, GuardedAccount};
+use super::{AccountCache, AccountStore, Config, Context, GuardedAccount};
 use crate::metrics::Metrics;
 
 /// One expected request and its answer.
@@ -136,6 +136,9 @@ pub(crate) fn context(server: &ApiServer, accounts: &[AgentAccount]) -> Arc<Cont
         server.client(),
         config,
         Arc::new(Metrics::new()),
-        vec![filled_store(accounts)],
+        vec![AccountCache {
+            store: filled_store(accounts),
+            filled: tokio::sync::watch::channel(true).1,
+        }],
     ))
 }

@@ -47,6 +47,19 @@ pub type GuardedAccount = DeserializeGuard<AgentAccount>;
 /// The cache of the AgentAccounts of one watched namespace (or all).
 pub type AccountStore = Store<GuardedAccount>;
 
+/// An AgentAccount cache and whether it holds its first list yet.
+///
+/// Readiness is our own signal, not `Store::wait_until_ready`: kube-runtime wakes only the
+/// last of several tasks waiting on that at once (it wraps a oneshot receiver), so a
+/// reconcile waiting beside the controller's runner could wait forever.
+#[derive(Clone)]
+pub struct AccountCache {
+    /// The accounts.
+    pub store: AccountStore,
+    /// True once the watch's first list is in.
+    pub filled: tokio::sync::watch::Receiver<bool>,
+}
+
 /// How long discovery's answer is reused before the next reconcile that needs it asks again
 /// (an account naming a kind it lacks asks again at once).
 const DISCOVERY_MAX_AGE: Duration = Duration::from_secs(60);
@@ -106,7 +119,7 @@ pub struct Context {
     failures: Mutex<HashMap<String, u32>>,
     /// The AgentAccounts of each watched namespace, filled by the one watch that also
     /// triggers the controllers: a reconcile sees at least what triggered it.
-    accounts: Vec<AccountStore>,
+    accounts: Vec<AccountCache>,
     /// The kinds the cluster serves, and when discovery said so.
     served: tokio::sync::Mutex<Option<(Instant, Arc<Vec<rbac::ServedKind>>)>>,
 }
@@ -117,7 +130,7 @@ impl Context {
         client: Client,
         config: Config,
         metrics: Arc<Metrics>,
-        accounts: Vec<AccountStore>,
+        accounts: Vec<AccountCache>,
     ) -> Self {
         let reporter = Reporter {
             controller: MANAGED_BY.into(),
@@ -138,16 +151,17 @@ impl Context {
     /// once it holds its first list: a ScaleAgent reconciled before that would lose its
     /// accounts for a moment (and write that).
     pub async fn watched_accounts(&self) -> Result<Vec<AgentAccount>> {
-        for store in &self.accounts {
-            store
-                .wait_until_ready()
-                .await
-                .map_err(|_| crate::Error::AccountCacheStopped)?;
+        for cache in &self.accounts {
+            let mut filled = cache.filled.clone();
+            let filled = filled.wait_for(|filled| *filled).await.is_ok();
+            if !filled {
+                return Err(crate::Error::AccountCacheStopped);
+            }
         }
         Ok(self
             .accounts
             .iter()
-            .flat_map(Store::state)
+            .flat_map(|cache| cache.store.state())
             .filter_map(|account| account.0.as_ref().ok().cloned())
             .collect())
     }
@@ -352,8 +366,8 @@ pub async fn run_controllers(
         .iter()
         .map(|namespace| AccountWatch::new(&client, namespace.as_deref()))
         .collect();
-    let stores = watches.iter().map(|watch| watch.store.clone()).collect();
-    let ctx = Arc::new(Context::new(client.clone(), config, metrics, stores));
+    let caches = watches.iter().map(AccountWatch::cache).collect();
+    let ctx = Arc::new(Context::new(client.clone(), config, metrics, caches));
     check_watch_access(&ctx.client, &ctx.config.watch_namespaces).await?;
     let shutdown: Shutdown =
         (Box::pin(shutdown) as Pin<Box<dyn Future<Output = ()> + Send + Sync>>).shared();
@@ -486,6 +500,7 @@ where
 struct AccountWatch {
     store: AccountStore,
     writer: reflector::store::Writer<GuardedAccount>,
+    filled: tokio::sync::watch::Sender<bool>,
     api: Api<GuardedAccount>,
 }
 
@@ -495,9 +510,32 @@ impl AccountWatch {
         Self {
             store,
             writer,
+            filled: tokio::sync::watch::Sender::new(false),
             api: api_in(client, namespace),
         }
     }
+
+    fn cache(&self) -> AccountCache {
+        AccountCache {
+            store: self.store.clone(),
+            filled: self.filled.subscribe(),
+        }
+    }
+}
+
+/// `events` (a reflector's), saying on `filled` when the first list is in.
+fn signal_filled<K, S>(
+    events: S,
+    filled: tokio::sync::watch::Sender<bool>,
+) -> impl futures::Stream<Item = S::Item>
+where
+    S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+{
+    events.inspect(move |event| {
+        if let Ok(watcher::Event::InitDone) = event {
+            filled.send_replace(true);
+        }
+    })
 }
 
 /// Room for changed AgentAccounts on their way to a controller; the watch waits when full.
@@ -520,16 +558,21 @@ fn pair(
     let AccountWatch {
         store: account_store,
         writer,
+        filled: accounts_filled,
         api,
     } = accounts;
+    let accounts_filled_rx = accounts_filled.subscribe();
     let (to_accounts, for_accounts) = mpsc::channel::<GuardedAccount>(ACCOUNT_FAN_OUT);
     let (to_peers, for_peers) = mpsc::channel::<GuardedAccount>(ACCOUNT_FAN_OUT);
     let (to_agents, for_agents) = mpsc::channel::<GuardedAccount>(ACCOUNT_FAN_OUT);
-    let feed = reflector::reflector(
-        writer,
-        watcher::watcher(api, watcher::Config::default().any_semantic()),
+    let feed = signal_filled(
+        reflector::reflector(
+            writer,
+            watcher::watcher(api, watcher::Config::default().any_semantic()),
+        )
+        .default_backoff(),
+        accounts_filled,
     )
-    .default_backoff()
     .touched_objects()
     .take_until(shutdown.clone())
     .for_each(move |touched| {
@@ -548,22 +591,24 @@ fn pair(
             }
         }
     });
+    let (agents_filled, agents_filled_rx) = tokio::sync::watch::channel(false);
     let agent_controller = scale_agent_controller(
         &ctx,
         namespace,
+        agents_filled,
         for_agents,
         account_store.clone(),
         shutdown.clone(),
     );
     let filled = {
-        let agent_store = agent_controller.store();
-        let account_store = account_store.clone();
+        let mut agents = agents_filled_rx.clone();
+        let mut accounts = accounts_filled_rx.clone();
         async move {
             let (agents, accounts) = futures::join!(
-                agent_store.wait_until_ready(),
-                account_store.wait_until_ready()
+                async { agents.wait_for(|filled| *filled).await.is_ok() },
+                async { accounts.wait_for(|filled| *filled).await.is_ok() }
             );
-            agents.is_ok() && accounts.is_ok()
+            agents && accounts
         }
     };
     let account_controller = Controller::for_stream(
@@ -589,22 +634,21 @@ fn pair(
     })
     .graceful_shutdown_on(shutdown.clone());
 
-    let agent_store = agent_controller.store();
     let agents_done = agent_controller.run(
         scale_agent::reconcile_guarded,
         scale_agent::error_policy,
         ctx.clone(),
     );
-    let agents_done =
-        stop_unfilled(agents_done, agent_store, shutdown.clone()).for_each(|result| async move {
+    let agents_done = stop_unfilled(agents_done, filled_now(agents_filled_rx), shutdown.clone())
+        .for_each(|result| async move {
             if let Err(error) = result {
                 log_controller_error("ScaleAgent", &error);
             }
         });
     let accounts_done =
         account_controller.run(agent_account::reconcile, agent_account::error_policy, ctx);
-    let accounts_done =
-        stop_unfilled(accounts_done, account_store, shutdown).for_each(|result| async move {
+    let accounts_done = stop_unfilled(accounts_done, filled_now(accounts_filled_rx), shutdown)
+        .for_each(|result| async move {
             if let Err(error) = result {
                 log_controller_error("AgentAccount", &error);
             }
@@ -620,25 +664,38 @@ fn pair(
 /// starts only once the cache holds its first list: a controller stopped before that (a slow
 /// LIST under load, or one that keeps failing) would wait forever. No reconcile has run
 /// then, so there is nothing to wait for.
-pub(crate) fn stop_unfilled<K, S>(
+pub(crate) fn stop_unfilled<S>(
     results: S,
-    store: Store<K>,
+    filled: impl FnOnce() -> bool + Send + 'static,
     shutdown: Shutdown,
 ) -> impl futures::Stream<Item = S::Item>
 where
-    K: Resource + Clone + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
     S: futures::Stream,
 {
     let unfilled_at_shutdown = async move {
         shutdown.await;
-        if matches!(store.wait_until_ready().now_or_never(), Some(Ok(()))) {
+        if filled() {
             // Filled: the graceful shutdown finishes the reconciles in flight, then ends.
             std::future::pending::<()>().await;
         }
         tracing::debug!("controller stopped before its cache was filled");
     };
     results.take_until(unfilled_at_shutdown)
+}
+
+/// Whether the cache behind `filled` holds its first list, when asked.
+fn filled_now(filled: tokio::sync::watch::Receiver<bool>) -> impl FnOnce() -> bool + Send {
+    move || *filled.borrow()
+}
+
+/// Whether `store` holds its first list, when asked. Only at shutdown: the poll takes the
+/// runner's place as the one task kube-runtime wakes when the store fills.
+pub(crate) fn store_filled_now<K>(store: Store<K>) -> impl FnOnce() -> bool + Send
+where
+    K: Resource + Clone + Send + Sync + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    move || matches!(store.wait_until_ready().now_or_never(), Some(Ok(())))
 }
 
 /// Logs an error of a controller's stream: at `warn` when the controller cannot watch (a
@@ -683,9 +740,12 @@ fn same_account_name(
         .collect()
 }
 
+/// The ScaleAgent controller of `namespace` (or all), its cache filled by its own watch,
+/// which says on `filled` when the first list is in.
 fn scale_agent_controller(
     ctx: &Context,
     namespace: Option<&str>,
+    filled: tokio::sync::watch::Sender<bool>,
     changed_accounts: mpsc::Receiver<GuardedAccount>,
     account_store: AccountStore,
     shutdown: Shutdown,
@@ -696,52 +756,62 @@ fn scale_agent_controller(
         .any_semantic();
     // Read per object: one ScaleAgent that does not fit the Rust type must not fail the list
     // of all of them.
-    Controller::new(
-        api_in::<DeserializeGuard<ScaleAgent>>(client, namespace),
-        watcher::Config::default().any_semantic(),
+    let (store, writer) = reflector::store();
+    let agents = signal_filled(
+        reflector::reflector(
+            writer,
+            watcher::watcher(
+                api_in::<DeserializeGuard<ScaleAgent>>(client, namespace),
+                watcher::Config::default().any_semantic(),
+            ),
+        )
+        .default_backoff(),
+        filled,
     )
-    .owns(api_in::<Deployment>(client, namespace), owned.clone())
-    .owns(api_in::<ConfigMap>(client, namespace), owned.clone())
-    .owns(api_in::<Secret>(client, namespace), owned.clone())
-    .owns(api_in::<ServiceAccount>(client, namespace), owned.clone())
-    .watches(
-        Api::<ClusterRole>::all(client.clone()),
-        owned.clone(),
-        |o| rbac_owner(&o),
-    )
-    .watches(
-        Api::<ClusterRoleBinding>::all(client.clone()),
-        owned.clone(),
-        |o| rbac_owner(&o),
-    )
-    .watches(Api::<Role>::all(client.clone()), owned.clone(), |o| {
-        rbac_owner(&o)
-    })
-    .watches(Api::<RoleBinding>::all(client.clone()), owned, |o| {
-        rbac_owner(&o)
-    })
-    .watches_stream(
-        changed_accounts.map(Ok::<_, watcher::Error>),
-        move |guarded: GuardedAccount| {
-            // An unreadable account names no agent; it is left out of every agent's config
-            // at the agent's next reconcile.
-            let Ok(account) = &guarded.0 else {
-                return Vec::new();
-            };
-            // Its own agent, and the agents of accounts whose duplicate status it may change.
-            let mut refs = vec![agent_of(account)];
-            refs.extend(
-                same_account_name(&account_store, &guarded)
-                    .into_iter()
-                    .filter_map(|r| account_store.get(&r))
-                    .filter_map(|a| a.0.as_ref().ok().map(agent_of)),
-            );
-            refs.sort_by_key(|r| (r.namespace.clone(), r.name.clone()));
-            refs.dedup();
-            refs
-        },
-    )
-    .graceful_shutdown_on(shutdown)
+    .touched_objects();
+    Controller::for_stream(agents, store)
+        .owns(api_in::<Deployment>(client, namespace), owned.clone())
+        .owns(api_in::<ConfigMap>(client, namespace), owned.clone())
+        .owns(api_in::<Secret>(client, namespace), owned.clone())
+        .owns(api_in::<ServiceAccount>(client, namespace), owned.clone())
+        .watches(
+            Api::<ClusterRole>::all(client.clone()),
+            owned.clone(),
+            |o| rbac_owner(&o),
+        )
+        .watches(
+            Api::<ClusterRoleBinding>::all(client.clone()),
+            owned.clone(),
+            |o| rbac_owner(&o),
+        )
+        .watches(Api::<Role>::all(client.clone()), owned.clone(), |o| {
+            rbac_owner(&o)
+        })
+        .watches(Api::<RoleBinding>::all(client.clone()), owned, |o| {
+            rbac_owner(&o)
+        })
+        .watches_stream(
+            changed_accounts.map(Ok::<_, watcher::Error>),
+            move |guarded: GuardedAccount| {
+                // An unreadable account names no agent; it is left out of every agent's config
+                // at the agent's next reconcile.
+                let Ok(account) = &guarded.0 else {
+                    return Vec::new();
+                };
+                // Its own agent, and the agents of accounts whose duplicate status it may change.
+                let mut refs = vec![agent_of(account)];
+                refs.extend(
+                    same_account_name(&account_store, &guarded)
+                        .into_iter()
+                        .filter_map(|r| account_store.get(&r))
+                        .filter_map(|a| a.0.as_ref().ok().map(agent_of)),
+                );
+                refs.sort_by_key(|r| (r.namespace.clone(), r.name.clone()));
+                refs.dedup();
+                refs
+            },
+        )
+        .graceful_shutdown_on(shutdown)
 }
 
 fn agent_of(account: &AgentAccount) -> ObjectRef<DeserializeGuard<ScaleAgent>> {

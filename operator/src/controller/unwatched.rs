@@ -47,12 +47,16 @@ pub(super) async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     .graceful_shutdown_on(shutdown.clone());
     let agent_store = agents.store();
     let agents = agents.run(refuse_readable_agent, retry, ctx.clone());
-    let agents =
-        super::stop_unfilled(agents, agent_store, shutdown.clone()).for_each(|result| async move {
-            if let Err(error) = result {
-                super::log_controller_error("unwatched ScaleAgent", &error);
-            }
-        });
+    let agents = super::stop_unfilled(
+        agents,
+        super::store_filled_now(agent_store),
+        shutdown.clone(),
+    )
+    .for_each(|result| async move {
+        if let Err(error) = result {
+            super::log_controller_error("unwatched ScaleAgent", &error);
+        }
+    });
     let accounts = Controller::new(
         Api::<DeserializeGuard<AgentAccount>>::all(ctx.client.clone()),
         outside,
@@ -60,8 +64,8 @@ pub(super) async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     .graceful_shutdown_on(shutdown.clone());
     let account_store = accounts.store();
     let accounts = accounts.run(refuse_readable_account, retry, ctx);
-    let accounts =
-        super::stop_unfilled(accounts, account_store, shutdown).for_each(|result| async move {
+    let accounts = super::stop_unfilled(accounts, super::store_filled_now(account_store), shutdown)
+        .for_each(|result| async move {
             if let Err(error) = result {
                 super::log_controller_error("unwatched AgentAccount", &error);
             }
