@@ -151,6 +151,8 @@ async fn every_metric_the_alerts_and_dashboard_use_is_exported() -> anyhow::Resu
     command
         .arg(format!("--metrics-address={operator_addr}"))
         .arg(format!("--watch-namespaces={namespace}"))
+        // So that it signs the certificate of the ScaleAgent "signed" below.
+        .arg("--allow-operator-signed-certificates")
         .env("KUBECONFIG", control_plane.kubeconfig_path());
     let mut operator =
         ManagedProcess::spawn_command("operator", command, dir.join("operator.log"))?;
@@ -170,6 +172,32 @@ async fn every_metric_the_alerts_and_dashboard_use_is_exported() -> anyhow::Resu
     }))?;
     scale_agents
         .create(&kube::api::PostParams::default(), &scale_agent)
+        .await?;
+    // And one whose certificate the operator signs: its expiry is exported.
+    let issuer = scale_agent_e2e::pki::CertificateAuthority::new("monitoring-agents")?;
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(client.clone(), &namespace);
+    secrets
+        .create(
+            &kube::api::PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": { "name": "agent-ca" },
+                "stringData": { "tls.crt": issuer.cert_pem, "tls.key": issuer.key_pem },
+            }))?,
+        )
+        .await?;
+    let signed = serde_json::from_value(json!({
+        "apiVersion": "scaleagent.dev/v1alpha1",
+        "kind": "ScaleAgent",
+        "metadata": { "name": "signed" },
+        "spec": {
+            "hub": { "address": "hub.example.com:9091" },
+            "clientCertificate": { "issuerSecretRef": { "name": "agent-ca" }, "lifetime": "720h" },
+        },
+    }))?;
+    scale_agents
+        .create(&kube::api::PostParams::default(), &signed)
         .await?;
     let hub = start_plaintext_hub(&dir).await?;
     let agent_config = dir.join("agent.yaml");
@@ -217,13 +245,52 @@ async fn every_metric_the_alerts_and_dashboard_use_is_exported() -> anyhow::Resu
         .await?;
 
     let mut exported = BTreeSet::new();
-    let operator_scrape = scrape(
-        || Call::new("GET", format!("http://{operator_addr}/metrics")),
-        "the operator",
-    )
-    .await;
-    operator.ensure_running()?;
-    exported_names(&operator_scrape?, &mut exported);
+    // The signed ScaleAgent's certificate times, once its reconcile has issued it.
+    let expiry_series = format!(
+        "scale_agent_operator_certificate_expiry_timestamp_seconds{{namespace=\"{namespace}\",scaleagent=\"signed\"}} "
+    );
+    let renewal_series = format!(
+        "scale_agent_operator_certificate_renewal_timestamp_seconds{{namespace=\"{namespace}\",scaleagent=\"signed\"}} "
+    );
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let operator_scrape = loop {
+        let scraped = scrape(
+            || Call::new("GET", format!("http://{operator_addr}/metrics")),
+            "the operator",
+        )
+        .await;
+        operator.ensure_running()?;
+        let scraped = scraped?;
+        if scraped.contains(&expiry_series) {
+            break scraped;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "no {expiry_series:?} in the operator's /metrics after 90 s:\n{scraped}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let sample = |series: &str| -> anyhow::Result<i64> {
+        let line = operator_scrape
+            .lines()
+            .find_map(|line| line.strip_prefix(series))
+            .ok_or_else(|| anyhow::anyhow!("no {series:?} in the scrape"))?;
+        Ok(line.trim().parse()?)
+    };
+    let now = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_secs(),
+    )?;
+    let (expiry, renewal) = (sample(&expiry_series)?, sample(&renewal_series)?);
+    let lifetime = 720 * 3600;
+    // Issued at most a few minutes ago for 720h; renewed with a third of that left.
+    assert!(
+        (now + lifetime - 600..=now + lifetime).contains(&expiry),
+        "expiry {expiry}, now {now}"
+    );
+    assert_eq!(expiry - renewal, lifetime / 3, "renewal {renewal}");
+    exported_names(&operator_scrape, &mut exported);
     let hub_scrape = scrape(|| hub_call("GET", hub.http_addr, "/metrics"), "the hub").await?;
     exported_names(&hub_scrape, &mut exported);
     let agent_addr = agent.admin_addr();

@@ -706,12 +706,23 @@ async fn owned_objects_roll_out_and_a_second_reconcile_writes_nothing() -> anyho
     // reconciles everything on start) and compare resourceVersions.
     let accounts = ["web", "api"];
     let mut previous = resource_versions(&client, &ns, "prod", &accounts).await?;
-    for _ in 0..30 {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
         tokio::time::sleep(Duration::from_secs(2)).await;
         let now = resource_versions(&client, &ns, "prod", &accounts).await?;
         if now == previous {
             break;
         }
+        // The comparison below means nothing unless the objects came to rest first.
+        let moving: Vec<&String> = now
+            .iter()
+            .filter(|(kind, version)| previous.get(*kind) != Some(*version))
+            .map(|(kind, _)| kind)
+            .collect();
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the objects never settled within {TIMEOUT:?}; still changing: {moving:?}"
+        );
         previous = now;
     }
     operator.stop().await?;

@@ -477,3 +477,37 @@ async fn the_standby_operator_takes_over_when_the_leader_is_killed() -> anyhow::
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
+
+/// The release-blocking flake: an operator stopped before its controllers' caches hold their
+/// first list (here: stopped before it starts, the extreme of a slow cluster-wide LIST under
+/// load) must still stop. kube-runtime's graceful shutdown alone waits forever for a runner
+/// that starts only once the cache is filled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_stopped_before_its_caches_fill_still_stops() -> anyhow::Result<()> {
+    let (_, client, namespace) = setup("operator-early-stop").await?;
+    let metrics = Arc::new(Metrics::new());
+    let config = Config {
+        // A namespace list: the controllers of the unwatched namespaces run as well.
+        watch_namespaces: WatchNamespaces::Only([namespace.clone()].into()),
+        instance: Some(format!("e2e-{namespace}")),
+        ..Config::default()
+    };
+    // Generous: the start-up checks (a few LISTs) run first, on a loaded machine.
+    let stopped = tokio::time::timeout(
+        Duration::from_secs(120),
+        scale_agent_operator::run_controllers(client, config, metrics.clone(), async {}),
+    )
+    .await;
+    let result = stopped.map_err(|_| {
+        anyhow::anyhow!(
+            "the operator did not stop within 120 s of a shutdown that came before its caches \
+             were filled"
+        )
+    })?;
+    result?;
+    assert!(
+        !metrics.controllers_running(),
+        "stopped controllers must not be reported as running"
+    );
+    Ok(())
+}

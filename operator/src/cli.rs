@@ -185,7 +185,7 @@ async fn run_from_args(args: Args) -> anyhow::Result<()> {
     .await;
     if let Err(error) = &result {
         // Also in the log (JSON in a cluster), not only on stderr as the exit error.
-        tracing::error!(%error, "operator stopped");
+        tracing::error!(error = %crate::error::Chain(error), "operator stopped");
     }
     Ok(result?)
 }

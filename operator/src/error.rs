@@ -4,13 +4,16 @@ use kube::runtime::finalizer;
 
 /// Everything that can make a reconcile (or the operator's start-up) fail.
 ///
+/// `Display` says what failed, never the cause: the `source` chain carries that, and
+/// [`Chain`] (or anyhow's exit message) prints it once.
+///
 /// Problems a user can fix by editing a resource (a missing issuer Secret, an unknown kind)
 /// are not errors: they are reported in status conditions. These are the failures left over:
 /// the API server refusing or failing a request, or internal inconsistencies.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A request to the Kubernetes API failed.
-    #[error("failed to {action}: {source}")]
+    #[error("failed to {action}")]
     Kube {
         /// What the operator was doing, e.g. `apply Deployment ns/prod-agent`.
         action: String,
@@ -24,7 +27,7 @@ pub enum Error {
     Finalizer(#[from] Box<finalizer::Error<Error>>),
 
     /// An object could not be serialised or deserialised.
-    #[error("failed to serialise {what}: {source}")]
+    #[error("failed to serialise {what}")]
     Serialize {
         /// What was being serialised.
         what: String,
@@ -34,22 +37,28 @@ pub enum Error {
     },
 
     /// Rendering the agent config failed.
-    #[error("failed to render the agent config: {0}")]
+    #[error("failed to render the agent config")]
     AgentConfig(#[from] scale_agent_crds::Error),
 
     /// Issuing a certificate failed.
     #[error("failed to issue the agent certificate: {0}")]
     Certificate(String),
 
-    /// An object lacks a field the API server always sets.
+    /// Taking or holding the leader Lease failed.
     #[error("leader election: {0}")]
     LeaderElection(String),
 
+    /// The AgentAccount cache stopped before it held its first list (the operator is
+    /// stopping).
+    #[error("the AgentAccount cache stopped before it was filled")]
+    AccountCacheStopped,
+
+    /// An object lacks a field the API server always sets.
     #[error("object has no {0}")]
     MissingField(&'static str),
 
     /// The metrics listener failed.
-    #[error("metrics server failed: {0}")]
+    #[error("metrics server failed")]
     Metrics(#[source] std::io::Error),
 }
 
@@ -71,9 +80,25 @@ impl Error {
             Self::AgentConfig(_) => "agent_config",
             Self::Certificate(_) => "certificate",
             Self::MissingField(_) => "missing_field",
+            Self::AccountCacheStopped => "cache",
             Self::Metrics(_) => "metrics",
             Self::LeaderElection(_) => "leader_election",
         }
+    }
+}
+
+/// An error and its causes on one line (`failed to get Secret ns/x: ApiError: …`), for logs.
+pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(cause) = source {
+            write!(f, ": {cause}")?;
+            source = cause.source();
+        }
+        Ok(())
     }
 }
 
@@ -90,3 +115,25 @@ pub(crate) fn is_not_found(error: &kube::Error) -> bool {
 
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cause is printed once, by the chain, not also by the error's own message.
+    #[test]
+    fn display_leaves_the_cause_to_the_chain() {
+        let error = Error::Kube {
+            action: "get Secret team/agent-ca".into(),
+            source: kube::Error::LinesCodecMaxLineLengthExceeded,
+        };
+        let cause = kube::Error::LinesCodecMaxLineLengthExceeded.to_string();
+        assert_eq!(error.to_string(), "failed to get Secret team/agent-ca");
+        let chain = Chain(&error).to_string();
+        assert_eq!(
+            chain,
+            format!("failed to get Secret team/agent-ca: {cause}")
+        );
+        assert_eq!(chain.matches(&cause).count(), 1, "{chain}");
+    }
+}

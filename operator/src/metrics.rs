@@ -19,7 +19,7 @@ use axum::{
 };
 use prometheus_client::{
     encoding::{EncodeLabelSet, text::encode},
-    metrics::{counter::Counter, family::Family, histogram::Histogram},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry,
 };
 
@@ -41,6 +41,15 @@ pub struct FailureLabels {
     pub error: &'static str,
 }
 
+/// Labels of one ScaleAgent's client certificate (one series per ScaleAgent).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CertificateLabels {
+    /// The ScaleAgent's namespace.
+    pub namespace: String,
+    /// The ScaleAgent's name.
+    pub scaleagent: String,
+}
+
 /// The operator's metrics.
 #[derive(Debug)]
 pub struct Metrics {
@@ -52,6 +61,11 @@ pub struct Metrics {
     pub writes: Family<ControllerLabels, Counter>,
     /// Reconcile duration in seconds.
     pub duration: Family<ControllerLabels, Histogram>,
+    /// The agent client certificate's notAfter, Unix seconds.
+    pub certificate_expiry: Family<CertificateLabels, Gauge>,
+    /// When the operator renews the agent client certificate (2/3 of its lifetime), Unix
+    /// seconds.
+    pub certificate_renewal: Family<CertificateLabels, Gauge>,
     registry: Registry,
     /// Whether the controllers run with their caches filled: what `/readyz` answers.
     controllers_running: AtomicBool,
@@ -92,11 +106,25 @@ impl Metrics {
             "How long reconciles take",
             duration.clone(),
         );
+        let certificate_expiry = Family::<CertificateLabels, Gauge>::default();
+        let certificate_renewal = Family::<CertificateLabels, Gauge>::default();
+        registry.register(
+            "certificate_expiry_timestamp_seconds",
+            "When the agent client certificate of a ScaleAgent expires (notAfter), Unix time",
+            certificate_expiry.clone(),
+        );
+        registry.register(
+            "certificate_renewal_timestamp_seconds",
+            "When the operator renews the agent client certificate of a ScaleAgent, Unix time",
+            certificate_renewal.clone(),
+        );
         Self {
             reconciles,
             failures,
             writes,
             duration,
+            certificate_expiry,
+            certificate_renewal,
             registry,
             controllers_running: AtomicBool::new(false),
             standby: AtomicBool::new(false),
@@ -140,6 +168,30 @@ impl Metrics {
                 error: error.category(),
             })
             .inc();
+    }
+
+    /// Records the client certificate of ScaleAgent `namespace/name`: its notAfter and
+    /// renewal time (Unix seconds), or `None` to drop its series (no certificate known, or the
+    /// ScaleAgent is gone).
+    pub fn certificate(&self, namespace: &str, name: &str, times: Option<(i64, i64)>) {
+        let labels = CertificateLabels {
+            namespace: namespace.to_owned(),
+            scaleagent: name.to_owned(),
+        };
+        match times {
+            Some((not_after, renew_at)) => {
+                self.certificate_expiry
+                    .get_or_create(&labels)
+                    .set(not_after);
+                self.certificate_renewal
+                    .get_or_create(&labels)
+                    .set(renew_at);
+            }
+            None => {
+                self.certificate_expiry.remove(&labels);
+                self.certificate_renewal.remove(&labels);
+            }
+        }
     }
 
     /// The OpenMetrics text exposition.
@@ -208,6 +260,25 @@ mod tests {
         );
         let text = Metrics::new().render();
         assert!(text.contains(&line), "{line} missing in\n{text}");
+    }
+
+    #[test]
+    fn certificate_times_are_set_and_dropped_per_scale_agent() {
+        let metrics = Metrics::new();
+        metrics.certificate("team", "prod", Some((2_000, 1_600)));
+        metrics.certificate("team", "test", Some((3_000, 2_600)));
+        let text = metrics.render();
+        for series in [
+            "scale_agent_operator_certificate_expiry_timestamp_seconds{namespace=\"team\",scaleagent=\"prod\"} 2000",
+            "scale_agent_operator_certificate_renewal_timestamp_seconds{namespace=\"team\",scaleagent=\"prod\"} 1600",
+            "scale_agent_operator_certificate_expiry_timestamp_seconds{namespace=\"team\",scaleagent=\"test\"} 3000",
+        ] {
+            assert!(text.contains(series), "no {series} in {text}");
+        }
+        metrics.certificate("team", "prod", None);
+        let text = metrics.render();
+        assert!(!text.contains("scaleagent=\"prod\""), "{text}");
+        assert!(text.contains("scaleagent=\"test\""), "{text}");
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! The two controllers, their shared context, and the per-object retry backoff.
 
 pub mod agent_account;
+#[cfg(test)]
+pub(crate) mod fixtures;
 pub mod scale_agent;
 pub mod unwatched;
 
@@ -8,10 +10,10 @@ use std::{
     collections::HashMap,
     pin::Pin,
     sync::{Arc, Mutex},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
-use futures::{FutureExt, StreamExt, future::BoxFuture};
+use futures::{FutureExt, SinkExt, StreamExt, channel::mpsc, future::BoxFuture};
 use k8s_openapi::api::{
     apps::v1::Deployment,
     core::v1::{ConfigMap, ObjectReference, Secret, ServiceAccount},
@@ -20,11 +22,11 @@ use k8s_openapi::api::{
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{ListParams, WatchParams},
-    core::DeserializeGuard,
+    core::{DeserializeGuard, error_boundary::InvalidObject},
     runtime::{
-        Controller, controller,
+        Controller, WatchStreamExt, controller,
         events::{Event, EventType, Recorder, Reporter},
-        reflector::{ObjectRef, Store},
+        reflector::{self, ObjectRef, Store},
         watcher,
     },
 };
@@ -32,11 +34,35 @@ use scale_agent_crds::{AgentAccount, LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGED_B
 
 use crate::{
     desired::OWNER_NAMESPACE_LABEL,
-    error::{Result, kube_err},
+    error::{Chain, Result, kube_err},
     metrics::Metrics,
     policy::{self, WatchNamespaces},
-    validate,
+    rbac, validate,
 };
+
+/// An AgentAccount as the controllers read it: one that does not fit the Rust type is kept
+/// (and reported) instead of failing the list of all of them.
+pub type GuardedAccount = DeserializeGuard<AgentAccount>;
+
+/// The cache of the AgentAccounts of one watched namespace (or all).
+pub type AccountStore = Store<GuardedAccount>;
+
+/// An AgentAccount cache and whether it holds its first list yet.
+///
+/// Readiness is our own signal, not `Store::wait_until_ready`: kube-runtime wakes only the
+/// last of several tasks waiting on that at once (it wraps a oneshot receiver), so a
+/// reconcile waiting beside the controller's runner could wait forever.
+#[derive(Clone)]
+pub struct AccountCache {
+    /// The accounts.
+    pub store: AccountStore,
+    /// True once the watch's first list is in.
+    pub filled: tokio::sync::watch::Receiver<bool>,
+}
+
+/// How long discovery's answer is reused before the next reconcile that needs it asks again
+/// (an account naming a kind it lacks asks again at once).
+const DISCOVERY_MAX_AGE: Duration = Duration::from_secs(60);
 
 /// Settings of the controllers.
 #[derive(Clone, Debug)]
@@ -91,11 +117,21 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Consecutive failures per object (`Kind/namespace/name`), for exponential backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// The AgentAccounts of each watched namespace, filled by the one watch that also
+    /// triggers the controllers: a reconcile sees at least what triggered it.
+    accounts: Vec<AccountCache>,
+    /// The kinds the cluster serves, and when discovery said so.
+    served: tokio::sync::Mutex<Option<(Instant, Arc<Vec<rbac::ServedKind>>)>>,
 }
 
 impl Context {
-    /// A context for `client`.
-    pub fn new(client: Client, config: Config, metrics: Arc<Metrics>) -> Self {
+    /// A context for `client`, whose reconciles read AgentAccounts from `accounts`.
+    pub fn new(
+        client: Client,
+        config: Config,
+        metrics: Arc<Metrics>,
+        accounts: Vec<AccountCache>,
+    ) -> Self {
         let reporter = Reporter {
             controller: MANAGED_BY.into(),
             instance: config.instance.clone(),
@@ -106,7 +142,45 @@ impl Context {
             config,
             metrics,
             failures: Mutex::default(),
+            accounts,
+            served: tokio::sync::Mutex::default(),
         }
+    }
+
+    /// The readable AgentAccounts in the watched namespaces, from the controllers' cache,
+    /// once it holds its first list: a ScaleAgent reconciled before that would lose its
+    /// accounts for a moment (and write that).
+    pub async fn watched_accounts(&self) -> Result<Vec<AgentAccount>> {
+        for cache in &self.accounts {
+            let mut filled = cache.filled.clone();
+            let filled = filled.wait_for(|filled| *filled).await.is_ok();
+            if !filled {
+                return Err(crate::Error::AccountCacheStopped);
+            }
+        }
+        Ok(self
+            .accounts
+            .iter()
+            .flat_map(|cache| cache.store.state())
+            .filter_map(|account| account.0.as_ref().ok().cloned())
+            .collect())
+    }
+
+    /// Every kind the cluster serves (preferred versions), from discovery run at most every
+    /// [`DISCOVERY_MAX_AGE`], or now with `refresh` (an account names a kind it lacked: a
+    /// CRD installed since).
+    pub async fn served_kinds(&self, refresh: bool) -> Result<Arc<Vec<rbac::ServedKind>>> {
+        // Held across discovery, so concurrent reconciles run it once.
+        let mut cached = self.served.lock().await;
+        if let Some((at, served)) = cached.as_ref()
+            && !refresh
+            && at.elapsed() < DISCOVERY_MAX_AGE
+        {
+            return Ok(served.clone());
+        }
+        let served = Arc::new(discover_served_kinds(&self.client).await?);
+        *cached = Some((Instant::now(), served.clone()));
+        Ok(served)
     }
 
     /// Counts a failure of `key` and returns how long to wait before the next attempt:
@@ -135,26 +209,6 @@ impl Context {
                 .collect(),
             WatchNamespaces::All => vec![Api::all(self.client.clone())],
         }
-    }
-
-    /// Every `K` in the watched namespaces.
-    pub async fn list_watched<K>(&self) -> Result<Vec<K>>
-    where
-        K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
-            + Clone
-            + serde::de::DeserializeOwned
-            + std::fmt::Debug,
-    {
-        let mut items = Vec::new();
-        for api in self.watched_apis::<K>() {
-            items.extend(
-                api.list(&ListParams::default())
-                    .await
-                    .map_err(kube_err(format!("list {}s", K::kind(&()))))?
-                    .items,
-            );
-        }
-        Ok(items)
     }
 
     /// Forgets the failures of `key` after a success.
@@ -189,9 +243,96 @@ impl Context {
             secondary: None,
         };
         if let Err(error) = self.recorder.publish(&event, regarding).await {
-            tracing::warn!(%error, reason, "failed to publish event");
+            tracing::warn!(error = %Chain(&error), reason, "failed to publish event");
         }
     }
+}
+
+/// Every kind the cluster serves (preferred versions), for resolving account kind names to
+/// their resources.
+async fn discover_served_kinds(client: &Client) -> Result<Vec<rbac::ServedKind>> {
+    let discovery = kube::discovery::Discovery::new(client.clone())
+        .run_aggregated()
+        .await
+        .map_err(kube_err("discover the API resources the cluster serves"))?;
+    Ok(discovery
+        .groups()
+        .flat_map(|group| group.recommended_resources())
+        .map(|(resource, capabilities)| rbac::ServedKind {
+            kind: resource.kind.clone(),
+            resolved: rbac::Resolved {
+                group: resource.group.clone(),
+                resource: resource.plural.clone(),
+                namespaced: capabilities.scope == kube::discovery::Scope::Namespaced,
+                scalable: capabilities
+                    .subresources
+                    .iter()
+                    .any(|(sub, _)| sub.plural == "scale"),
+            },
+        })
+        .collect())
+}
+
+/// Event reason on an object the operator cannot read.
+pub const INVALID_OBJECT: &str = "InvalidObject";
+
+/// A Warning Event `InvalidObject` on a `K` the operator cannot read (its JSON does not fit
+/// the Rust type although the CRD's schema let it in), naming the field to fix.
+pub(crate) async fn report_unreadable<K>(invalid: &InvalidObject, ctx: &Context)
+where
+    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + serde::de::DeserializeOwned,
+{
+    let meta = &invalid.metadata;
+    let kind = K::kind(&());
+    let namespace = meta.namespace.as_deref().unwrap_or_default();
+    let name = meta.name.as_deref().unwrap_or_default();
+    let field = unreadable_field::<K>(&ctx.client, namespace, name).await;
+    let (what, fix) = match &field {
+        Some(field) => (format!("field {field}: "), format!("fix {field}")),
+        None => (String::new(), "fix the value the error names".to_owned()),
+    };
+    tracing::warn!(%kind, namespace, name, field, error = %invalid.error, "cannot read object; skipping it");
+    let regarding = ObjectReference {
+        api_version: Some(K::api_version(&()).into_owned()),
+        kind: Some(kind.clone().into_owned()),
+        name: meta.name.clone(),
+        namespace: meta.namespace.clone(),
+        uid: meta.uid.clone(),
+        resource_version: meta.resource_version.clone(),
+        ..Default::default()
+    };
+    ctx.publish(
+        &regarding,
+        EventType::Warning,
+        INVALID_OBJECT,
+        "Read",
+        format!(
+            "the operator cannot read this {kind} ({what}{}); it is not reconciled until it \
+             changes: {fix} (kubectl edit {} -n {namespace} {name})",
+            invalid.error,
+            kind.to_lowercase()
+        ),
+    )
+    .await;
+}
+
+/// Where the Rust type fails on the stored `K` (e.g. `status.conditions[0].lastTransitionTime`),
+/// found by reading it again untyped; `None` when that read fails or the object reads now.
+async fn unreadable_field<K>(client: &Client, namespace: &str, name: &str) -> Option<String>
+where
+    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + serde::de::DeserializeOwned,
+{
+    let api = Api::<kube::api::DynamicObject>::namespaced_with(
+        client.clone(),
+        namespace,
+        &kube::api::ApiResource::erase::<K>(&()),
+    );
+    let stored = serde_json::to_value(api.get(name).await.ok()?).ok()?;
+    serde_path_to_error::deserialize::<_, K>(stored)
+        .err()
+        .map(|error| error.path().to_string())
 }
 
 /// `base × 2^(failures-1)`, capped at `max`.
@@ -220,7 +361,13 @@ pub async fn run_controllers(
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<()> {
-    let ctx = Arc::new(Context::new(client.clone(), config, metrics));
+    let namespaces = namespaces_of(&config.watch_namespaces);
+    let watches: Vec<AccountWatch> = namespaces
+        .iter()
+        .map(|namespace| AccountWatch::new(&client, namespace.as_deref()))
+        .collect();
+    let caches = watches.iter().map(AccountWatch::cache).collect();
+    let ctx = Arc::new(Context::new(client.clone(), config, metrics, caches));
     check_watch_access(&ctx.client, &ctx.config.watch_namespaces).await?;
     let shutdown: Shutdown =
         (Box::pin(shutdown) as Pin<Box<dyn Future<Output = ()> + Send + Sync>>).shared();
@@ -229,8 +376,8 @@ pub async fn run_controllers(
     // agents' Deployments, ConfigMaps and Secrets only there.
     let mut running = Vec::new();
     let mut caches = Vec::new();
-    for namespace in namespaces_of(&ctx.config.watch_namespaces) {
-        let (filled, run) = pair(ctx.clone(), namespace, shutdown.clone());
+    for (namespace, accounts) in namespaces.into_iter().zip(watches) {
+        let (filled, run) = pair(ctx.clone(), namespace, accounts, shutdown.clone());
         caches.push(filled);
         running.push(run);
     }
@@ -348,88 +495,222 @@ where
     }
 }
 
+/// The one AgentAccount watch of a namespace (or all), not yet running: its cache, and what
+/// fills it.
+struct AccountWatch {
+    store: AccountStore,
+    writer: reflector::store::Writer<GuardedAccount>,
+    filled: tokio::sync::watch::Sender<bool>,
+    api: Api<GuardedAccount>,
+}
+
+impl AccountWatch {
+    fn new(client: &Client, namespace: Option<&str>) -> Self {
+        let (store, writer) = reflector::store();
+        Self {
+            store,
+            writer,
+            filled: tokio::sync::watch::Sender::new(false),
+            api: api_in(client, namespace),
+        }
+    }
+
+    fn cache(&self) -> AccountCache {
+        AccountCache {
+            store: self.store.clone(),
+            filled: self.filled.subscribe(),
+        }
+    }
+}
+
+/// `events` (a reflector's), saying on `filled` when the first list is in.
+fn signal_filled<K, S>(
+    events: S,
+    filled: tokio::sync::watch::Sender<bool>,
+) -> impl futures::Stream<Item = S::Item>
+where
+    S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+{
+    events.inspect(move |event| {
+        if let Ok(watcher::Event::InitDone) = event {
+            filled.send_replace(true);
+        }
+    })
+}
+
+/// Room for changed AgentAccounts on their way to a controller; the watch waits when full.
+const ACCOUNT_FAN_OUT: usize = 64;
+
 /// The ScaleAgent and AgentAccount controllers of one namespace (or all): a future that
 /// completes once both caches hold their first list (true) or a cache is gone (false), and
 /// the future that runs them until shutdown.
+///
+/// One AgentAccount watch fills the cache every reconcile reads, then hands each changed
+/// account to both controllers: a reconcile never sees a cache older than its trigger.
 fn pair(
     ctx: Arc<Context>,
     namespace: Option<String>,
+    accounts: AccountWatch,
     shutdown: Shutdown,
 ) -> (BoxFuture<'static, bool>, BoxFuture<'static, ()>) {
     let namespace = namespace.as_deref();
     let agents = api_in::<DeserializeGuard<ScaleAgent>>(&ctx.client, namespace);
-    let accounts = api_in::<AgentAccount>(&ctx.client, namespace);
-    let account_controller =
-        Controller::new(accounts.clone(), watcher::Config::default().any_semantic());
-    let account_store = account_controller.store();
-    let agent_controller =
-        scale_agent_controller(&ctx, namespace, account_store.clone(), shutdown.clone());
+    let AccountWatch {
+        store: account_store,
+        writer,
+        filled: accounts_filled,
+        api,
+    } = accounts;
+    let accounts_filled_rx = accounts_filled.subscribe();
+    let (to_accounts, for_accounts) = mpsc::channel::<GuardedAccount>(ACCOUNT_FAN_OUT);
+    let (to_peers, for_peers) = mpsc::channel::<GuardedAccount>(ACCOUNT_FAN_OUT);
+    let (to_agents, for_agents) = mpsc::channel::<GuardedAccount>(ACCOUNT_FAN_OUT);
+    let feed = signal_filled(
+        reflector::reflector(
+            writer,
+            watcher::watcher(api, watcher::Config::default().any_semantic()),
+        )
+        .default_backoff(),
+        accounts_filled,
+    )
+    .touched_objects()
+    .take_until(shutdown.clone())
+    .for_each(move |touched| {
+        let mut senders = [to_accounts.clone(), to_peers.clone(), to_agents.clone()];
+        async move {
+            match touched {
+                Ok(account) => {
+                    for sender in &mut senders {
+                        // A controller that has stopped takes no more; the others still do.
+                        let _ = sender.send(account.clone()).await;
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(error = %Chain(&error), "cannot watch AgentAccounts; retrying");
+                }
+            }
+        }
+    });
+    let (agents_filled, agents_filled_rx) = tokio::sync::watch::channel(false);
+    let agent_controller = scale_agent_controller(
+        &ctx,
+        namespace,
+        agents_filled,
+        for_agents,
+        account_store.clone(),
+        shutdown.clone(),
+    );
     let filled = {
-        let agent_store = agent_controller.store();
-        let account_store = account_store.clone();
+        let mut agents = agents_filled_rx.clone();
+        let mut accounts = accounts_filled_rx.clone();
         async move {
             let (agents, accounts) = futures::join!(
-                agent_store.wait_until_ready(),
-                account_store.wait_until_ready()
+                async { agents.wait_for(|filled| *filled).await.is_ok() },
+                async { accounts.wait_for(|filled| *filled).await.is_ok() }
             );
-            agents.is_ok() && accounts.is_ok()
+            agents && accounts
         }
     };
-    let account_controller = account_controller
-        .watches(agents, watcher::Config::default(), {
-            let store = account_store.clone();
-            move |agent: DeserializeGuard<ScaleAgent>| match agent.0 {
-                Ok(agent) => store
-                    .state()
-                    .into_iter()
-                    .filter(|a| validate::refers_to(a, &agent))
-                    .map(|a| ObjectRef::from_obj(&*a))
-                    .collect::<Vec<_>>(),
-                // Accounts of an unreadable agent are reconciled on their own changes.
-                Err(_) => Vec::new(),
-            }
-        })
-        .watches(accounts, watcher::Config::default(), {
-            let store = account_store.clone();
-            move |changed: AgentAccount| same_account_name(&store, &changed)
-        })
-        .graceful_shutdown_on(shutdown.clone());
+    let account_controller = Controller::for_stream(
+        for_accounts.map(Ok::<_, watcher::Error>),
+        account_store.clone(),
+    )
+    .watches(agents, watcher::Config::default(), {
+        let store = account_store.clone();
+        move |agent: DeserializeGuard<ScaleAgent>| match agent.0 {
+            Ok(agent) => store
+                .state()
+                .into_iter()
+                .filter(|a| a.0.as_ref().is_ok_and(|a| validate::refers_to(a, &agent)))
+                .map(|a| ObjectRef::from_obj(&*a))
+                .collect::<Vec<_>>(),
+            // Accounts of an unreadable agent are reconciled on their own changes.
+            Err(_) => Vec::new(),
+        }
+    })
+    .watches_stream(for_peers.map(Ok::<_, watcher::Error>), {
+        let store = account_store.clone();
+        move |changed: GuardedAccount| same_account_name(&store, &changed)
+    })
+    .graceful_shutdown_on(shutdown.clone());
 
-    let agents_done = agent_controller
-        .run(
-            scale_agent::reconcile_guarded,
-            scale_agent::error_policy,
-            ctx.clone(),
-        )
+    let agents_done = agent_controller.run(
+        scale_agent::reconcile_guarded,
+        scale_agent::error_policy,
+        ctx.clone(),
+    );
+    let agents_done = stop_unfilled(agents_done, filled_now(agents_filled_rx), shutdown.clone())
         .for_each(|result| async move {
             if let Err(error) = result {
                 log_controller_error("ScaleAgent", &error);
             }
         });
-    let accounts_done = account_controller
-        .run(agent_account::reconcile, agent_account::error_policy, ctx)
+    let accounts_done =
+        account_controller.run(agent_account::reconcile, agent_account::error_policy, ctx);
+    let accounts_done = stop_unfilled(accounts_done, filled_now(accounts_filled_rx), shutdown)
         .for_each(|result| async move {
             if let Err(error) = result {
                 log_controller_error("AgentAccount", &error);
             }
         });
-    let running = futures::future::join(agents_done, accounts_done).map(|_| ());
+    let running = futures::future::join3(feed, agents_done, accounts_done).map(|_| ());
     (filled.boxed(), running.boxed())
+}
+
+/// A controller's results until it ends by itself or, at shutdown, at once when its cache was
+/// never filled.
+///
+/// kube-runtime's graceful shutdown ends the watches and then waits for the runner, which
+/// starts only once the cache holds its first list: a controller stopped before that (a slow
+/// LIST under load, or one that keeps failing) would wait forever. No reconcile has run
+/// then, so there is nothing to wait for.
+pub(crate) fn stop_unfilled<S>(
+    results: S,
+    filled: impl FnOnce() -> bool + Send + 'static,
+    shutdown: Shutdown,
+) -> impl futures::Stream<Item = S::Item>
+where
+    S: futures::Stream,
+{
+    let unfilled_at_shutdown = async move {
+        shutdown.await;
+        if filled() {
+            // Filled: the graceful shutdown finishes the reconciles in flight, then ends.
+            std::future::pending::<()>().await;
+        }
+        tracing::debug!("controller stopped before its cache was filled");
+    };
+    results.take_until(unfilled_at_shutdown)
+}
+
+/// Whether the cache behind `filled` holds its first list, when asked.
+fn filled_now(filled: tokio::sync::watch::Receiver<bool>) -> impl FnOnce() -> bool + Send {
+    move || *filled.borrow()
+}
+
+/// Whether `store` holds its first list, when asked. Only at shutdown: the poll takes the
+/// runner's place as the one task kube-runtime wakes when the store fills.
+pub(crate) fn store_filled_now<K>(store: Store<K>) -> impl FnOnce() -> bool + Send
+where
+    K: Resource + Clone + Send + Sync + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    move || matches!(store.wait_until_ready().now_or_never(), Some(Ok(())))
 }
 
 /// Logs an error of a controller's stream: at `warn` when the controller cannot watch (a
 /// watch forbidden, an object that cannot be read) — it retries, but nothing else would say
 /// so; at `debug` a failed reconcile (the error policy logs it) or an object gone meanwhile.
-pub(crate) fn log_controller_error<Q: std::error::Error>(
+pub(crate) fn log_controller_error<Q: std::error::Error + 'static>(
     controller: &str,
     error: &controller::Error<crate::Error, Q>,
 ) {
     match error {
         controller::Error::QueueError(_) | controller::Error::RunnerError(_) => {
-            tracing::warn!(%error, controller, "controller cannot watch; retrying");
+            tracing::warn!(error = %Chain(error), controller, "controller cannot watch; retrying");
         }
         controller::Error::ReconcilerFailed(..) | controller::Error::ObjectNotFound(_) => {
-            tracing::debug!(%error, controller, "controller event");
+            tracing::debug!(error = %Chain(error), controller, "controller event");
         }
     }
 }
@@ -437,25 +718,36 @@ pub(crate) fn log_controller_error<Q: std::error::Error>(
 /// Accounts sharing `changed`'s Spinnaker account name: a change to one can change which of
 /// them is the duplicate.
 fn same_account_name(
-    store: &Store<AgentAccount>,
-    changed: &AgentAccount,
-) -> Vec<ObjectRef<AgentAccount>> {
+    store: &AccountStore,
+    changed: &GuardedAccount,
+) -> Vec<ObjectRef<GuardedAccount>> {
+    let Ok(changed) = &changed.0 else {
+        return Vec::new();
+    };
     let Some(name) = changed.account_name() else {
         return Vec::new();
     };
     store
         .state()
         .into_iter()
-        .filter(|a| a.account_name() == Some(name))
-        .filter(|a| a.namespace() != changed.namespace() || a.name_any() != changed.name_any())
-        .map(|a| ObjectRef::from_obj(&*a))
+        .filter(|guarded| {
+            guarded.0.as_ref().is_ok_and(|a| {
+                a.account_name() == Some(name)
+                    && (a.namespace() != changed.namespace() || a.name_any() != changed.name_any())
+            })
+        })
+        .map(|guarded| ObjectRef::from_obj(&*guarded))
         .collect()
 }
 
+/// The ScaleAgent controller of `namespace` (or all), its cache filled by its own watch,
+/// which says on `filled` when the first list is in.
 fn scale_agent_controller(
     ctx: &Context,
     namespace: Option<&str>,
-    account_store: Store<AgentAccount>,
+    filled: tokio::sync::watch::Sender<bool>,
+    changed_accounts: mpsc::Receiver<GuardedAccount>,
+    account_store: AccountStore,
     shutdown: Shutdown,
 ) -> Controller<DeserializeGuard<ScaleAgent>> {
     let client = &ctx.client;
@@ -464,48 +756,62 @@ fn scale_agent_controller(
         .any_semantic();
     // Read per object: one ScaleAgent that does not fit the Rust type must not fail the list
     // of all of them.
-    Controller::new(
-        api_in::<DeserializeGuard<ScaleAgent>>(client, namespace),
-        watcher::Config::default().any_semantic(),
+    let (store, writer) = reflector::store();
+    let agents = signal_filled(
+        reflector::reflector(
+            writer,
+            watcher::watcher(
+                api_in::<DeserializeGuard<ScaleAgent>>(client, namespace),
+                watcher::Config::default().any_semantic(),
+            ),
+        )
+        .default_backoff(),
+        filled,
     )
-    .owns(api_in::<Deployment>(client, namespace), owned.clone())
-    .owns(api_in::<ConfigMap>(client, namespace), owned.clone())
-    .owns(api_in::<Secret>(client, namespace), owned.clone())
-    .owns(api_in::<ServiceAccount>(client, namespace), owned.clone())
-    .watches(
-        Api::<ClusterRole>::all(client.clone()),
-        owned.clone(),
-        |o| rbac_owner(&o),
-    )
-    .watches(
-        Api::<ClusterRoleBinding>::all(client.clone()),
-        owned.clone(),
-        |o| rbac_owner(&o),
-    )
-    .watches(Api::<Role>::all(client.clone()), owned.clone(), |o| {
-        rbac_owner(&o)
-    })
-    .watches(Api::<RoleBinding>::all(client.clone()), owned, |o| {
-        rbac_owner(&o)
-    })
-    .watches(
-        api_in::<AgentAccount>(client, namespace),
-        watcher::Config::default(),
-        move |account: AgentAccount| {
-            // Its own agent, and the agents of accounts whose duplicate status it may change.
-            let mut refs = vec![agent_of(&account)];
-            refs.extend(
-                same_account_name(&account_store, &account)
-                    .into_iter()
-                    .filter_map(|r| account_store.get(&r))
-                    .map(|a| agent_of(&a)),
-            );
-            refs.sort_by_key(|r| (r.namespace.clone(), r.name.clone()));
-            refs.dedup();
-            refs
-        },
-    )
-    .graceful_shutdown_on(shutdown)
+    .touched_objects();
+    Controller::for_stream(agents, store)
+        .owns(api_in::<Deployment>(client, namespace), owned.clone())
+        .owns(api_in::<ConfigMap>(client, namespace), owned.clone())
+        .owns(api_in::<Secret>(client, namespace), owned.clone())
+        .owns(api_in::<ServiceAccount>(client, namespace), owned.clone())
+        .watches(
+            Api::<ClusterRole>::all(client.clone()),
+            owned.clone(),
+            |o| rbac_owner(&o),
+        )
+        .watches(
+            Api::<ClusterRoleBinding>::all(client.clone()),
+            owned.clone(),
+            |o| rbac_owner(&o),
+        )
+        .watches(Api::<Role>::all(client.clone()), owned.clone(), |o| {
+            rbac_owner(&o)
+        })
+        .watches(Api::<RoleBinding>::all(client.clone()), owned, |o| {
+            rbac_owner(&o)
+        })
+        .watches_stream(
+            changed_accounts.map(Ok::<_, watcher::Error>),
+            move |guarded: GuardedAccount| {
+                // An unreadable account names no agent; it is left out of every agent's config
+                // at the agent's next reconcile.
+                let Ok(account) = &guarded.0 else {
+                    return Vec::new();
+                };
+                // Its own agent, and the agents of accounts whose duplicate status it may change.
+                let mut refs = vec![agent_of(account)];
+                refs.extend(
+                    same_account_name(&account_store, &guarded)
+                        .into_iter()
+                        .filter_map(|r| account_store.get(&r))
+                        .filter_map(|a| a.0.as_ref().ok().map(agent_of)),
+                );
+                refs.sort_by_key(|r| (r.namespace.clone(), r.name.clone()));
+                refs.dedup();
+                refs
+            },
+        )
+        .graceful_shutdown_on(shutdown)
 }
 
 fn agent_of(account: &AgentAccount) -> ObjectRef<DeserializeGuard<ScaleAgent>> {

@@ -10,7 +10,7 @@ use std::{
 use k8s_openapi::{
     api::{
         apps::v1::Deployment,
-        core::v1::{ConfigMap, ObjectReference, Secret, ServiceAccount},
+        core::v1::{ConfigMap, Secret, ServiceAccount},
         rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding},
     },
     apimachinery::pkg::apis::meta::v1::Time,
@@ -18,7 +18,7 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Resource, ResourceExt,
-    core::{DeserializeGuard, error_boundary::InvalidObject},
+    core::DeserializeGuard,
     runtime::{
         controller::Action,
         events::EventType,
@@ -36,7 +36,7 @@ use crate::{
     apply::{Outcome, apply, delete_if_exists, list},
     desired::{self, FINALIZER},
     enrol,
-    error::{Error, Result, is_not_found, kube_err},
+    error::{Chain, Error, Result, is_not_found, kube_err},
     pki::{self, Ca, Decision},
     policy, rbac,
     status::{self, CertificateState, Observed, Problem},
@@ -64,50 +64,15 @@ pub async fn reconcile_guarded(
     match &agent.0 {
         Ok(readable) => reconcile(Arc::new(readable.clone()), ctx).await,
         Err(invalid) => {
-            report_unreadable(invalid, &ctx).await;
+            super::report_unreadable::<ScaleAgent>(invalid, &ctx).await;
             Ok(Action::await_change())
         }
     }
 }
 
-/// A Warning Event `InvalidObject` on a ScaleAgent the operator cannot read.
-async fn report_unreadable(invalid: &InvalidObject, ctx: &Context) {
-    let meta = &invalid.metadata;
-    let name = format!(
-        "{}/{}",
-        meta.namespace.as_deref().unwrap_or_default(),
-        meta.name.as_deref().unwrap_or_default()
-    );
-    tracing::warn!(scaleagent = %name, error = %invalid.error, "cannot read ScaleAgent; skipping it");
-    let regarding = ObjectReference {
-        api_version: Some(ScaleAgent::api_version(&()).into_owned()),
-        kind: Some(ScaleAgent::kind(&()).into_owned()),
-        name: meta.name.clone(),
-        namespace: meta.namespace.clone(),
-        uid: meta.uid.clone(),
-        resource_version: meta.resource_version.clone(),
-        ..Default::default()
-    };
-    ctx.publish(
-        &regarding,
-        EventType::Warning,
-        INVALID_OBJECT,
-        "Read",
-        format!(
-            "the operator cannot read this ScaleAgent ({}); it is not reconciled until it \
-             changes: fix the field named (kubectl edit scaleagent -n {} {})",
-            invalid.error,
-            meta.namespace.as_deref().unwrap_or_default(),
-            meta.name.as_deref().unwrap_or_default()
-        ),
-    )
-    .await;
-}
-
-/// Event reason on a ScaleAgent the operator cannot read.
-pub const INVALID_OBJECT: &str = "InvalidObject";
-
-/// Reconciles one ScaleAgent (the finalizer's apply or cleanup).
+/// Reconciles one ScaleAgent (the finalizer's apply or cleanup). Its span names the object
+/// for every event logged inside.
+#[tracing::instrument(name = "reconcile_scaleagent", skip_all, fields(scaleagent = %key(&*agent)))]
 pub async fn reconcile(agent: Arc<ScaleAgent>, ctx: Arc<Context>) -> Result<Action> {
     let started = Instant::now();
     let namespace = agent
@@ -143,7 +108,7 @@ pub fn error_policy(
     }
     ctx.metrics.failed(CONTROLLER, error);
     let delay = ctx.next_backoff(&key(&*agent));
-    tracing::warn!(scaleagent = %key(&*agent), %error, retry_in = ?delay, "reconcile failed");
+    tracing::warn!(scaleagent = %key(&*agent), error = %Chain(error), retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }
 
@@ -577,15 +542,42 @@ async fn plan_enrolment(
 
 /// The accepted accounts with their watched and deployed kinds resolved (an account naming
 /// a kind the cluster does not serve is reported and left out), and the non-core API groups
-/// the cluster serves (for accounts that watch or deploy everything).
+/// the cluster serves (for accounts that watch or deploy everything). Discovery's cached
+/// answer is asked again once when an account names a kind it lacks.
 async fn resolve_account_kinds<'a>(
     agent: &ScaleAgent,
     ctx: &Context,
     accepted: &[&'a AgentAccount],
     problems: &mut Vec<Problem>,
 ) -> Result<(Vec<(&'a AgentAccount, rbac::AccountKinds)>, Vec<String>)> {
-    let served = served_kinds(ctx).await?;
+    let mut served = ctx.served_kinds(false).await?;
+    let mut resolved = resolve_kinds(agent, accepted, &served);
+    if !resolved.1.is_empty() {
+        // A CRD installed since discovery last ran.
+        served = ctx.served_kinds(true).await?;
+        resolved = resolve_kinds(agent, accepted, &served);
+    }
+    let (resolved, unknown) = resolved;
+    problems.extend(unknown);
+    let mut groups: Vec<String> = served
+        .iter()
+        .map(|s| s.resolved.group.clone())
+        .filter(|g| !g.is_empty())
+        .collect();
+    groups.sort();
+    groups.dedup();
+    Ok((resolved, groups))
+}
+
+/// Each accepted account's watched and deployed kinds among `served`; a problem per account
+/// that names a kind `served` lacks.
+fn resolve_kinds<'a>(
+    agent: &ScaleAgent,
+    accepted: &[&'a AgentAccount],
+    served: &[rbac::ServedKind],
+) -> (Vec<(&'a AgentAccount, rbac::AccountKinds)>, Vec<Problem>) {
     let mut resolved = Vec::new();
+    let mut problems = Vec::new();
     for account in accepted {
         let (kinds, omit_kinds) = desired::effective_kinds(agent, account);
         let custom: Vec<(String, String)> = account
@@ -595,10 +587,10 @@ async fn resolve_account_kinds<'a>(
             .map(|cr| (cr.kind.clone(), cr.group.clone()))
             .collect();
         let account_kinds =
-            rbac::watched(&kinds, &omit_kinds, &custom, &served).and_then(|watched| {
+            rbac::watched(&kinds, &omit_kinds, &custom, served).and_then(|watched| {
                 let deployed = if desired::writes_as_agent(agent, account) {
                     let deploy_kinds = account.spec.deploy_kinds.as_deref();
-                    Some(rbac::deployed(deploy_kinds, &watched, &served)?)
+                    Some(rbac::deployed(deploy_kinds, &watched, served)?)
                 } else {
                     None
                 };
@@ -619,14 +611,7 @@ async fn resolve_account_kinds<'a>(
             }),
         }
     }
-    let mut groups: Vec<String> = served
-        .iter()
-        .map(|s| s.resolved.group.clone())
-        .filter(|g| !g.is_empty())
-        .collect();
-    groups.sort();
-    groups.dedup();
-    Ok((resolved, groups))
+    (resolved, problems)
 }
 
 /// The rules of a Role in `namespace`: what the accounts that read or deploy there need.
@@ -641,31 +626,6 @@ fn namespace_rules(
         .map(|(_, kinds)| kinds.clone())
         .collect();
     rbac::rules(&here, false, groups)
-}
-
-/// Every kind the cluster serves (preferred versions), for resolving account kind names to
-/// their resources. Runs discovery at each reconcile, so CRDs installed later are found.
-async fn served_kinds(ctx: &Context) -> Result<Vec<rbac::ServedKind>> {
-    let discovery = kube::discovery::Discovery::new(ctx.client.clone())
-        .run_aggregated()
-        .await
-        .map_err(kube_err("discover the API resources the cluster serves"))?;
-    Ok(discovery
-        .groups()
-        .flat_map(|group| group.recommended_resources())
-        .map(|(resource, capabilities)| rbac::ServedKind {
-            kind: resource.kind.clone(),
-            resolved: rbac::Resolved {
-                group: resource.group.clone(),
-                resource: resource.plural.clone(),
-                namespaced: capabilities.scope == kube::discovery::Scope::Namespaced,
-                scalable: capabilities
-                    .subresources
-                    .iter()
-                    .any(|(sub, _)| sub.plural == "scale"),
-            },
-        })
-        .collect())
 }
 
 /// Applies the RBAC the scope asks for and removes the RBAC it no longer asks for.
@@ -836,7 +796,7 @@ async fn apply_agent(agent: &ScaleAgent, ctx: &Context) -> Result<Action> {
     let mut applied = Vec::new();
 
     // Dereference: the accounts that name this agent, and which of them are accepted.
-    let all_accounts = ctx.list_watched::<AgentAccount>().await?;
+    let all_accounts = ctx.watched_accounts().await?;
     let secrets = Api::<Secret>::namespaced(client.clone(), &namespace);
     let mut accepted: Vec<&AgentAccount> = Vec::new();
     for account in all_accounts
@@ -905,6 +865,15 @@ async fn apply_agent(agent: &ScaleAgent, ctx: &Context) -> Result<Action> {
     }
     let api = Api::<ScaleAgent>::namespaced(client.clone(), &namespace);
     let wrote = status::patch_status(&api, agent, agent.status.as_ref(), &new_status).await?;
+    let certificate_times = match certificate.state {
+        CertificateState::Valid {
+            not_after,
+            renew_at,
+        } => Some((not_after, renew_at)),
+        _ => None,
+    };
+    ctx.metrics
+        .certificate(&namespace, &agent.name_any(), certificate_times);
     if !applied.is_empty() {
         ctx.metrics
             .writes
@@ -1016,7 +985,7 @@ async fn refuse(agent: &ScaleAgent, ctx: &Context, problem: Problem) -> Result<A
     let new_status = status::refused_agent_status(agent, &problem, Time(Timestamp::now()));
     let api = Api::<ScaleAgent>::namespaced(ctx.client.clone(), &namespace);
     if status::patch_status(&api, agent, agent.status.as_ref(), &new_status).await? {
-        tracing::warn!(scaleagent = %key(agent), reason = problem.reason, "refused");
+        tracing::warn!(reason = problem.reason, "refused");
         ctx.publish(
             &agent.object_ref(&()),
             EventType::Warning,
@@ -1049,6 +1018,44 @@ async fn cleanup(agent: &ScaleAgent, ctx: &Context) -> Result<Action> {
         delete_if_exists(&api, &binding.name_any()).await?;
     }
     ctx.reset_backoff(&key(agent));
-    tracing::info!(scaleagent = %key(agent), "cleaned up");
+    ctx.metrics.certificate(
+        &agent.namespace().unwrap_or_default(),
+        &agent.name_any(),
+        None,
+    );
+    tracing::info!("cleaned up");
     Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::fixtures::{ApiServer, context, status_body};
+
+    /// Adding the finalizer loses a race (409 or 422 from the JSON patch's test): the
+    /// reconcile is retried within a second and not counted as a failure.
+    #[tokio::test]
+    async fn a_conflict_adding_the_finalizer_is_retried_at_once_and_not_counted() {
+        let mut agent = crate::desired::tests::agent("prod");
+        agent.metadata.finalizers = None;
+        let server = ApiServer::default().expect(
+            "PATCH",
+            "/apis/scaleagent.dev/v1alpha1/namespaces/ns/scaleagents/prod",
+            409,
+            status_body(409, "Conflict", "the object has been modified"),
+        );
+        let ctx = context(&server, &[]);
+        let error = reconcile(Arc::new(agent.clone()), ctx.clone())
+            .await
+            .expect_err("the finalizer patch conflicted");
+        server.verify();
+        let guarded: Arc<DeserializeGuard<ScaleAgent>> =
+            Arc::new(serde_json::from_value(serde_json::to_value(&agent).unwrap()).unwrap());
+        assert_eq!(
+            error_policy(guarded, &error, ctx.clone()),
+            Action::requeue(Duration::from_secs(1))
+        );
+        let metrics = ctx.metrics.render();
+        assert!(!metrics.contains("reconcile_failures_total{"), "{metrics}");
+    }
 }

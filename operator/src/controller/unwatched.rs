@@ -24,7 +24,7 @@ use scale_agent_crds::{AgentAccount, ScaleAgent};
 
 use super::{Context, Shutdown};
 use crate::{
-    error::{Error, Result},
+    error::{Chain, Error, Result},
     policy::WatchNamespaces,
     status::{self, Problem},
     validate::Rejection,
@@ -44,16 +44,27 @@ pub(super) async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         Api::<DeserializeGuard<ScaleAgent>>::all(ctx.client.clone()),
         outside.clone(),
     )
-    .graceful_shutdown_on(shutdown.clone())
-    .run(refuse_readable_agent, retry, ctx.clone())
+    .graceful_shutdown_on(shutdown.clone());
+    let agent_store = agents.store();
+    let agents = agents.run(refuse_readable_agent, retry, ctx.clone());
+    let agents = super::stop_unfilled(
+        agents,
+        super::store_filled_now(agent_store),
+        shutdown.clone(),
+    )
     .for_each(|result| async move {
         if let Err(error) = result {
             super::log_controller_error("unwatched ScaleAgent", &error);
         }
     });
-    let accounts = Controller::new(Api::<AgentAccount>::all(ctx.client.clone()), outside)
-        .graceful_shutdown_on(shutdown)
-        .run(refuse_account, retry, ctx)
+    let accounts = Controller::new(
+        Api::<DeserializeGuard<AgentAccount>>::all(ctx.client.clone()),
+        outside,
+    )
+    .graceful_shutdown_on(shutdown.clone());
+    let account_store = accounts.store();
+    let accounts = accounts.run(refuse_readable_account, retry, ctx);
+    let accounts = super::stop_unfilled(accounts, super::store_filled_now(account_store), shutdown)
         .for_each(|result| async move {
             if let Err(error) = result {
                 super::log_controller_error("unwatched AgentAccount", &error);
@@ -75,7 +86,7 @@ pub fn outside_selector(watch: &WatchNamespaces) -> String {
 }
 
 fn retry<K>(_: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action {
-    tracing::warn!(%error, "failed to report an object outside the watched namespaces");
+    tracing::warn!(error = %Chain(error), "failed to report an object outside the watched namespaces");
     Action::requeue(ctx.config.retry_max)
 }
 
@@ -118,6 +129,7 @@ async fn refuse_readable_agent(
     }
 }
 
+#[tracing::instrument(name = "refuse_unwatched", skip_all, fields(scaleagent = %format!("{}/{}", agent.namespace().unwrap_or_default(), agent.name_any())))]
 async fn refuse_agent(agent: Arc<ScaleAgent>, ctx: Arc<Context>) -> Result<Action> {
     let namespace = agent
         .namespace()
@@ -143,7 +155,7 @@ async fn refuse_agent(agent: Arc<ScaleAgent>, ctx: Arc<Context>) -> Result<Actio
     let new_status = status::refused_agent_status(&agent, &problem, Time(Timestamp::now()));
     let api = Api::<ScaleAgent>::namespaced(ctx.client.clone(), &namespace);
     if status::patch_status(&api, &*agent, agent.status.as_ref(), &new_status).await? {
-        tracing::info!(scaleagent = %format!("{namespace}/{}", agent.name_any()), "refused: namespace not watched");
+        tracing::info!("refused: namespace not watched");
         ctx.publish(
             &agent.object_ref(&()),
             EventType::Warning,
@@ -154,6 +166,26 @@ async fn refuse_agent(agent: Arc<ScaleAgent>, ctx: Arc<Context>) -> Result<Actio
         .await;
     }
     Ok(Action::await_change())
+}
+
+/// Refuses an AgentAccount the operator can read; one it cannot is only logged, as for
+/// ScaleAgents.
+async fn refuse_readable_account(
+    account: Arc<DeserializeGuard<AgentAccount>>,
+    ctx: Arc<Context>,
+) -> Result<Action> {
+    match &account.0 {
+        Ok(readable) => refuse_account(Arc::new(readable.clone()), ctx).await,
+        Err(invalid) => {
+            tracing::warn!(
+                namespace = invalid.metadata.namespace.as_deref().unwrap_or_default(),
+                name = invalid.metadata.name.as_deref().unwrap_or_default(),
+                error = %invalid.error,
+                "cannot read an AgentAccount outside the watched namespaces; skipping it"
+            );
+            Ok(Action::await_change())
+        }
+    }
 }
 
 async fn refuse_account(account: Arc<AgentAccount>, ctx: Arc<Context>) -> Result<Action> {
