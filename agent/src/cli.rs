@@ -33,6 +33,7 @@ fn run_migrate(args: &MigrateArgs) -> anyhow::Result<()> {
     let options = migrate::MigrateOptions {
         name: args.name.clone(),
         namespace: args.namespace.clone(),
+        hub_address: args.hub_address.clone(),
     };
     let migration = migrate::migrate(&input, &options)?;
     print!("{}", migrate::render(&migration)?);

@@ -133,6 +133,11 @@ pub struct MigrateArgs {
     /// current namespace when applied).
     #[arg(long, env = "SCALE_AGENT_MIGRATE_NAMESPACE")]
     pub namespace: Option<String>,
+
+    /// The Scale Agent hub's gRPC address (host:port) for spec.hub.address; default:
+    /// Armory's clouddriver.grpc, which names Clouddriver, with a comment to change it.
+    #[arg(long, env = "SCALE_AGENT_MIGRATE_HUB_ADDRESS")]
+    pub hub_address: Option<String>,
 }
 
 impl Options {

@@ -351,7 +351,15 @@ fn lookup<'v>(value: &'v Value, path: &str) -> Vec<(String, &'v Value)> {
 pub fn check(raw: &Value) -> Vec<ArmoryNotice> {
     let mut notices: Vec<ArmoryNotice> = Vec::new();
     for entry in ARMORY_KEYS {
-        for (path, value) in lookup(raw, entry.path) {
+        // `hub` is read as `clouddriver` (its alias), so its keys get the same verdicts.
+        let alias = entry
+            .path
+            .strip_prefix("clouddriver.")
+            .map(|rest| format!("hub.{rest}"));
+        let found = lookup(raw, entry.path)
+            .into_iter()
+            .chain(alias.iter().flat_map(|alias| lookup(raw, alias)));
+        for (path, value) in found {
             let applies = match entry.when {
                 When::Present => true,
                 When::Set => is_set(value),
@@ -375,7 +383,16 @@ pub fn check(raw: &Value) -> Vec<ArmoryNotice> {
 /// Whether an unknown key (as [`scale_agent_crds::agent_config::UnknownKey::path`] shows
 /// it) is one of the table's, so it is reported by [`check`] rather than as unknown.
 pub fn covers(unknown_path: &str) -> bool {
-    let normalized = normalize(unknown_path);
+    let mut normalized = normalize(unknown_path);
+    if let Some(rest) = normalized.strip_prefix("hub.")
+        && !covers_exactly(&normalized)
+    {
+        normalized = format!("clouddriver.{rest}");
+    }
+    covers_exactly(&normalized)
+}
+
+fn covers_exactly(normalized: &str) -> bool {
     ARMORY_KEYS.iter().any(|entry| {
         normalized == entry.path || normalized.starts_with(&format!("{}.", entry.path))
     })
@@ -431,6 +448,12 @@ mod tests {
         assert!(covers("kubernetes.accounts[12].oAuthScopes"));
         assert!(!covers("kubernetes.retriez"));
         assert!(!covers("clouddriver.noProxy"));
+        assert!(covers("hub.auth.tokenCommand.command"));
+        assert!(covers("hub.connection.grpc"));
+        assert_eq!(
+            notices("hub:\n  auth:\n    tokenCommand:\n      command: x\n")[0],
+            "hub.auth.tokenCommand is not supported: commands are not run: have the command (a sidecar or a CronJob) write the token to a file and set clouddriver.auth.tokenFile, which is read again on every connect"
+        );
         assert_eq!(normalize("a[1].b[22].c"), "a[].b[].c");
     }
 }

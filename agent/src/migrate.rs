@@ -36,6 +36,8 @@ pub struct MigrateOptions {
     pub name: String,
     /// Namespace of every resource; else the Armory manifests' namespace; else none (kubectl's).
     pub namespace: Option<String>,
+    /// The hub's gRPC address; else Armory's `clouddriver.grpc`.
+    pub hub_address: Option<String>,
 }
 
 /// What was read from Armory's files.
@@ -235,12 +237,16 @@ pub fn migrate(input: &ArmoryInput, options: &MigrateOptions) -> Result<Migratio
     }
 
     let spec = scale_agent_spec(&config, input, options, &mut agent_notes);
+    let spec_mode = spec.mode;
     let mut scale_agent = ScaleAgent::new(&options.name, spec);
     scale_agent.metadata.namespace = namespace.clone();
 
     let mut accounts = Vec::new();
     for (account, mut notes) in config.kubernetes.accounts.iter().zip(account_notes) {
         let resource = agent_account(account, input, options, &mut notes);
+        if spec_mode == Mode::Infrastructure && account.kubeconfig_file.is_none() {
+            notes.push("serviceAccount: true, but this ScaleAgent serves kubeconfig accounts (mode Infrastructure), for which the operator accepts only kubeconfig credentials: serve this account from a ScaleAgent in mode Agent in the cluster it reads".into());
+        }
         let mut resource = AgentAccount::new(&dns_label(&account.name), resource);
         resource.metadata.namespace = namespace.clone();
         accounts.push((resource, notes));
@@ -265,16 +271,20 @@ fn scale_agent_spec(
     notes: &mut Vec<String>,
 ) -> ScaleAgentSpec {
     let hub = &config.clouddriver;
-    let address = hub
-        .grpc
-        .trim_start_matches("https://")
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .to_owned();
-    notes.push(format!(
-        "clouddriver.grpc: {:?} was Clouddriver's gRPC endpoint; spec.hub.address must point at the Scale Agent hub's gRPC listener",
-        hub.grpc
-    ));
+    let address = match &options.hub_address {
+        Some(address) => address.clone(),
+        None => {
+            notes.push(format!(
+                "clouddriver.grpc: {:?} was Clouddriver's gRPC endpoint; spec.hub.address must point at the Scale Agent hub's gRPC listener (--hub-address)",
+                hub.grpc
+            ));
+            hub.grpc
+                .trim_start_matches("https://")
+                .trim_start_matches("http://")
+                .trim_end_matches('/')
+                .to_owned()
+        }
+    };
     let plaintext = hub.plaintext();
     let mut tls = HubTls {
         server_name: hub.tls.server_name.clone(),
@@ -708,11 +718,12 @@ pub fn differences(armory: &AgentConfig, rendered: &AgentConfig) -> Vec<String> 
             whole_seconds(b.backoff.max_delay)
         ),
     );
+    // Armory's 0 and the ScaleAgent's largest limit both mean no limit.
     let unlimited = |limit: u32| {
-        if limit == 0 {
+        if limit == 0 || limit >= i32::MAX as u32 {
             u32::MAX
         } else {
-            limit.min(i32::MAX as u32)
+            limit
         }
     };
     let (ta, tb) = (&armory.tasks, &rendered.tasks);
@@ -782,6 +793,7 @@ mod tests {
         MigrateOptions {
             name: "armory".into(),
             namespace: Some("spinnaker".into()),
+            hub_address: None,
         }
     }
 

@@ -268,6 +268,7 @@ fn a_migration_renders_back_to_the_same_settings_or_says_what_differs() {
     let options = migrate::MigrateOptions {
         name: "armory".into(),
         namespace: None,
+        hub_address: None,
     };
     let migration = migrate::migrate(&input, &options).unwrap();
     let (armory, _) =
