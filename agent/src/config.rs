@@ -217,11 +217,11 @@ impl Options {
         if let Some(path) = &self.config {
             return path.clone();
         }
-        std::iter::once(DEFAULT_CONFIG_PATH)
+        let candidates: Vec<PathBuf> = std::iter::once(DEFAULT_CONFIG_PATH)
             .chain(ARMORY_CONFIG_PATHS.iter().copied())
             .map(PathBuf::from)
-            .find(|path| path.exists())
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH))
+            .collect();
+        first_existing(&candidates).unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH))
     }
 
     /// Reads the config file and its overlay.
@@ -307,6 +307,11 @@ impl ConfigFiles {
             .map(|(path, _)| path.clone())
             .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH))
     }
+}
+
+/// The first of `candidates` that exists.
+pub fn first_existing(candidates: &[PathBuf]) -> Option<PathBuf> {
+    candidates.iter().find(|path| path.exists()).cloned()
 }
 
 /// The overlays of `main`, in the order tried: `<stem>-local.yml`, then `<stem>-local.yaml`,
@@ -649,6 +654,24 @@ mod tests {
             "a change of the overlay is a change"
         );
         assert_eq!(overlay_paths(&main)[1], dir.join("armory-agent-local.yaml"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_first_existing_path_is_read_in_armorys_order() {
+        let dir = temp_dir("paths");
+        let candidates: Vec<PathBuf> = ["scale-agent.yaml", "armory-agent.yml", "kubesvc.yml"]
+            .iter()
+            .map(|name| dir.join(name))
+            .collect();
+        assert_eq!(first_existing(&candidates), None);
+        std::fs::write(&candidates[2], "").unwrap();
+        assert_eq!(first_existing(&candidates), Some(candidates[2].clone()));
+        std::fs::write(&candidates[1], "").unwrap();
+        assert_eq!(first_existing(&candidates), Some(candidates[1].clone()));
+        std::fs::write(&candidates[0], "").unwrap();
+        assert_eq!(first_existing(&candidates), Some(candidates[0].clone()));
+        assert!(ARMORY_CONFIG_PATHS[0].ends_with("/opt/armory/config/armory-agent.yml"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
