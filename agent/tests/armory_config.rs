@@ -284,3 +284,87 @@ fn a_migration_renders_back_to_the_same_settings_or_says_what_differs() {
     assert!(found[0].starts_with("account agentAccount: "), "{found:?}");
     assert_eq!(migration.accounts.len(), 2);
 }
+
+/// A running agent reads the local overlay beside its config and reloads it when it
+/// changes: a key with no effect is reported on `/accounts`, and a refused one keeps the
+/// previous config and says why. No hub is needed for what the agent reports about its file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_agent_reloads_the_local_overlay_and_reports_its_armory_keys() {
+    let dir = std::env::temp_dir().join(format!("scale-agent-overlay-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let main = dir.join("armory-agent.yml");
+    // No account: nothing needs a cluster; the hub address answers nothing.
+    std::fs::write(
+        &main,
+        "clouddriver:\n  grpc: 127.0.0.1:9\n  insecure: true\n",
+    )
+    .unwrap();
+    let mut options = Options::for_config(&main);
+    options.admin_addr = Some("127.0.0.1:0".parse().unwrap());
+    let agent = scale_agent::start(options).await.unwrap();
+    assert!(agent.view().config.without_effect.is_empty());
+
+    let overlay = dir.join("armory-agent-local.yml");
+    std::fs::write(&overlay, "kubernetes:\n  retries:\n    maxRetries: 5\n").unwrap();
+    eventually("the overlay to be applied", || {
+        agent.metrics().config_reloads.get() == 1
+    })
+    .await;
+    let without_effect = agent.view().config.without_effect;
+    assert_eq!(without_effect.len(), 1, "{without_effect:?}");
+    assert!(
+        without_effect[0].starts_with("kubernetes.retries has no effect: not configurable"),
+        "{without_effect:?}"
+    );
+    let accounts = http_get(agent.admin_addr(), "/accounts").await;
+    assert!(
+        accounts.contains("\"withoutEffect\":[\"kubernetes.retries has no effect"),
+        "{accounts}"
+    );
+
+    std::fs::write(
+        &overlay,
+        "clouddriver:\n  tls:\n    insecureSkipVerify: true\n",
+    )
+    .unwrap();
+    eventually("the refused overlay to be reported", || {
+        agent.view().config.problem.is_some()
+    })
+    .await;
+    let problem = agent.view().config.problem.unwrap_or_default();
+    assert!(
+        problem.contains("clouddriver.tls.insecureSkipVerify is not supported: the hub's certificate is always verified"),
+        "{problem}"
+    );
+    assert!(problem.contains("keeping the previous config"), "{problem}");
+    assert_eq!(agent.metrics().config_reloads.get(), 1);
+
+    agent.stop().await.unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Polls `condition` every 100 ms for up to a minute (generous: CI shares two cores).
+async fn eventually(what: &str, condition: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !condition() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// The body of a plain HTTP GET.
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: agent\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    response
+}
