@@ -622,7 +622,6 @@ fn comment_block(out: &mut String, heading: &str, notes: &[String]) {
 /// The resources as YAML documents, each under a comment listing its settings that have no
 /// equivalent or need a step by hand.
 pub fn render(migration: &Migration) -> Result<String> {
-    let yaml = |value: &dyn erased::Yaml| value.to_yaml();
     let mut out = String::new();
     let sources = if migration.sources.is_empty() {
         "no agent config (defaults)".to_owned()
@@ -640,7 +639,7 @@ pub fn render(migration: &Migration) -> Result<String> {
         ),
         &migration.agent_notes,
     );
-    out.push_str(&yaml(&migration.scale_agent)?);
+    out.push_str(&to_yaml(&migration.scale_agent)?);
     for (account, notes) in &migration.accounts {
         out.push_str("---\n");
         comment_block(
@@ -651,24 +650,13 @@ pub fn render(migration: &Migration) -> Result<String> {
             ),
             notes,
         );
-        out.push_str(&yaml(account)?);
+        out.push_str(&to_yaml(account)?);
     }
     Ok(out)
 }
 
-/// Serializing either resource type through one function.
-mod erased {
-    use super::*;
-
-    pub trait Yaml {
-        fn to_yaml(&self) -> Result<String>;
-    }
-
-    impl<T: serde::Serialize> Yaml for T {
-        fn to_yaml(&self) -> Result<String> {
-            serde_saphyr::to_string(self).map_err(|e| Error::Migrate(e.to_string()))
-        }
-    }
+fn to_yaml<T: serde::Serialize>(value: &T) -> Result<String> {
+    serde_saphyr::to_string(value).map_err(|e| Error::Migrate(e.to_string()))
 }
 
 /// How `rendered` (the config the operator renders from the migrated resources) differs

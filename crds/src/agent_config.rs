@@ -2,10 +2,12 @@
 //! ConfigMap and the agent reads (and re-reads when it changes).
 //!
 //! It keeps the shape of Armory's `armory-agent.yaml` (`clouddriver.*`,
-//! `kubernetes.accounts[]`, `tasks.*`, `server.*`), so a migration is a copy: keys Armory
-//! spells differently are accepted as aliases, and keys this agent does not know are
+//! `kubernetes.accounts[]`, `tasks.*`, `server.*`) with Armory's meanings and defaults: keys
+//! Armory spells differently are accepted as aliases, and keys this agent does not know are
 //! ignored, as Armory's agent ignores them, but reported
-//! ([`AgentConfig::from_yaml_reporting_unknown`]) so a typo does not pass silently.
+//! ([`AgentConfig::from_yaml_reporting_unknown`]) so a typo does not pass silently. Armory
+//! keys that would not be honoured are refused or reported by the agent
+//! (`agent/src/config_armory.rs`).
 
 use std::{collections::BTreeMap, time::Duration};
 
