@@ -317,7 +317,7 @@ async fn a_running_agent_reloads_the_local_overlay_and_reports_its_armory_keys()
         without_effect[0].starts_with("kubernetes.retries has no effect: not configurable"),
         "{without_effect:?}"
     );
-    let accounts = http_get(agent.admin_addr(), "/accounts").await;
+    let accounts = http_get(agent.admin_addr(), "/accounts").await.unwrap();
     assert!(
         accounts.contains("\"withoutEffect\":[\"kubernetes.retries has no effect"),
         "{accounts}"
@@ -357,14 +357,13 @@ async fn eventually(what: &str, condition: impl Fn() -> bool) {
 }
 
 /// The body of a plain HTTP GET.
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<String> {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
     stream
         .write_all(format!("GET {path} HTTP/1.0\r\nHost: agent\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
+        .await?;
     let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    response
+    stream.read_to_string(&mut response).await?;
+    Ok(response)
 }
