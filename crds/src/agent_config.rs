@@ -339,7 +339,7 @@ mod duration_value {
 
 /// A key in a config file that no field of [`AgentConfig`] reads. Ignored (Armory keys this
 /// agent does not support yet must not stop it), but worth a warning: `kindz:` for `kinds:`
-/// silently widens an account to every kind.
+/// silently leaves an account on the default kinds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UnknownKey {
     /// Where the key is, e.g. `kubernetes.accounts[0].kindz`.
