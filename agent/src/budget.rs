@@ -21,17 +21,25 @@ pub struct ListPermit {
     _total: OwnedSemaphorePermit,
 }
 
-/// The agent-wide limit, shared by every account's [`ListBudget`]. At least 1.
+/// Permits for a configured limit: `0` means no limit, as in Armory's agent.
+fn permits(limit: u32) -> usize {
+    match limit {
+        0 => Semaphore::MAX_PERMITS,
+        limit => limit as usize,
+    }
+}
+
+/// The agent-wide limit, shared by every account's [`ListBudget`]; `0` means no limit.
 pub fn total(limit: u32) -> Arc<Semaphore> {
-    Arc::new(Semaphore::new(limit.max(1) as usize))
+    Arc::new(Semaphore::new(permits(limit)))
 }
 
 impl ListBudget {
-    /// An account's budget under the agent-wide `total`; `per_account` is at least 1.
+    /// An account's budget under the agent-wide `total`; `per_account` `0` means no limit.
     pub fn for_account(total: Arc<Semaphore>, per_account: u32) -> Self {
         Self {
             total,
-            account: Arc::new(Semaphore::new(per_account.max(1) as usize)),
+            account: Arc::new(Semaphore::new(permits(per_account))),
         }
     }
 
@@ -99,10 +107,17 @@ mod tests {
         waiting.abort();
     }
 
-    #[test]
-    fn zero_limits_mean_one() {
-        assert_eq!(total(0).available_permits(), 1);
+    #[tokio::test]
+    async fn zero_limits_mean_no_limit_as_in_armory() {
+        assert_eq!(total(0).available_permits(), Semaphore::MAX_PERMITS);
+        let unlimited = ListBudget::for_account(total(0), 0);
+        let mut held = Vec::new();
+        for _ in 0..1000 {
+            held.push(unlimited.acquire().await.unwrap());
+        }
+        assert!(!blocked(&unlimited).await, "no limit at all");
         let budget = ListBudget::for_account(total(5), 0);
-        assert_eq!(budget.account.available_permits(), 1);
+        assert_eq!(budget.account.available_permits(), Semaphore::MAX_PERMITS);
+        assert_eq!(total(3).available_permits(), 3);
     }
 }

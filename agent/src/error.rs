@@ -71,6 +71,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// `scale-agent migrate` could not write its output.
+    #[error("migrate: {0}")]
+    Migrate(String),
     #[error("the agent was shut down")]
     Shutdown,
 }

@@ -78,12 +78,14 @@ pub async fn connect_with(hub: &HubConnection, client_certificate: bool) -> Resu
         hub
     } else {
         let mut without = hub.clone();
+        // Decided on the full config: dropping the certificate must not turn TLS off.
+        without.insecure = Some(hub.plaintext());
         without.tls.client_cert_file = None;
         without.tls.client_key_file = None;
         stripped = without;
         &stripped
     };
-    let url = hub_url(&hub.grpc, hub.insecure);
+    let url = hub_url(&hub.grpc, hub.plaintext());
     let address_error = |message: String| Error::HubAddress {
         address: hub.grpc.clone(),
         message,
@@ -94,7 +96,7 @@ pub async fn connect_with(hub: &HubConnection, client_certificate: bool) -> Resu
         .http2_keep_alive_interval(Duration::from_secs(30))
         .keep_alive_timeout(Duration::from_secs(20))
         .keep_alive_while_idle(true);
-    if !hub.insecure {
+    if !hub.plaintext() {
         let host = endpoint
             .uri()
             .host()

@@ -7,7 +7,12 @@
 //! - the group's preferred version is used, unless a `customResourceDefinitions` entry names
 //!   a version;
 //! - with `kinds` set, only the kinds it (or `customResourceDefinitions`) names; a pattern
-//!   matches the Kind, the plural, `Kind.group` or `plural.group`, case-insensitively;
+//!   matches the Kind, the plural, `Kind.group` or `plural.group`, case-insensitively, and
+//!   `*` names every kind;
+//! - with neither `kinds` nor `omitKinds`, the [`DEFAULT_KINDS`] (and the custom resources
+//!   `customResourceDefinitions` names): Armory's recommended set plus what Clouddriver's
+//!   classic UI reads, not everything listable, which would bound nothing;
+//! - with only `omitKinds`, every kind but those;
 //! - `omitKinds` removes kinds, with the same matching;
 //! - Events (`v1` and `events.k8s.io`) and coordination Leases are omitted by default: they
 //!   churn constantly and Spinnaker does not deploy them. Name them in `kinds` to cache them.
@@ -16,6 +21,31 @@ use std::collections::BTreeSet;
 
 use scale_agent_crds::agent_config::AccountConfig;
 use scale_agent_proto::v1;
+
+/// Kinds an account watches when it sets neither `kinds` nor `omitKinds`, as `(group, Kind)`:
+/// Armory's recommended set (Deployment, ReplicaSet, StatefulSet, DaemonSet, Pod, Service,
+/// Ingress, Job, CronJob) and what Clouddriver's classic UI shows besides: ConfigMaps and
+/// Secrets (versioned artifacts; Secrets as metadata only), NetworkPolicies (firewalls),
+/// HorizontalPodAutoscalers (server group autoscaling) and Namespaces.
+pub const DEFAULT_KINDS: &[(&str, &str)] = &[
+    ("apps", "Deployment"),
+    ("apps", "ReplicaSet"),
+    ("apps", "StatefulSet"),
+    ("apps", "DaemonSet"),
+    ("", "Pod"),
+    ("", "Service"),
+    ("networking.k8s.io", "Ingress"),
+    ("batch", "Job"),
+    ("batch", "CronJob"),
+    ("", "ConfigMap"),
+    ("", "Secret"),
+    ("networking.k8s.io", "NetworkPolicy"),
+    ("autoscaling", "HorizontalPodAutoscaler"),
+    ("", "Namespace"),
+];
+
+/// The `kinds` entry that names every kind.
+pub const ALL_KINDS: &str = "*";
 
 /// Kinds left out unless `kinds` names them: `(group, Kind)`.
 pub const DEFAULT_OMITTED: &[(&str, &str)] = &[
@@ -116,9 +146,17 @@ fn default_omitted(kind: &KindRef) -> bool {
         .any(|(group, name)| kind.group == *group && kind.kind == *name)
 }
 
+fn default_kind(kind: &KindRef) -> bool {
+    DEFAULT_KINDS
+        .iter()
+        .any(|(group, name)| kind.group == *group && kind.kind == *name)
+}
+
 /// The kinds `account` watches among the discovered `candidates`, sorted, one version each.
 pub fn select_kinds(account: &AccountConfig, candidates: &[Candidate]) -> Vec<KindRef> {
     let namespace_limited = account.only_namespaced_resources || !account.namespaces.is_empty();
+    let every_kind = account.kinds.iter().any(|k| k.trim() == ALL_KINDS);
+    let defaults = account.kinds.is_empty() && account.omit_kinds.is_empty();
     let mut chosen: Vec<KindRef> = Vec::new();
     let mut seen = BTreeSet::new();
     for candidate in candidates {
@@ -142,7 +180,14 @@ pub fn select_kinds(account: &AccountConfig, candidates: &[Candidate]) -> Vec<Ki
             continue;
         }
         let named = custom.is_some() || account.kinds.iter().any(|k| matches(k, kind));
-        if !account.kinds.is_empty() && !named {
+        let wanted = if every_kind || (account.kinds.is_empty() && !defaults) {
+            true
+        } else if defaults {
+            named || default_kind(kind)
+        } else {
+            named
+        };
+        if !wanted {
             continue;
         }
         if account.omit_kinds.iter().any(|k| matches(k, kind)) {
@@ -258,9 +303,24 @@ mod tests {
     }
 
     #[test]
-    fn by_default_everything_listable_but_events_and_leases() {
+    fn by_default_the_default_kinds_and_named_custom_resources() {
+        let mut all = discovered();
+        // A same-named kind of another group is not a default kind.
+        all.push(candidate(kind("example.com", "v1", "Job", "jobs", true)));
         let account = AccountConfig::default();
-        let chosen = select_kinds(&account, &discovered());
+        let chosen = select_kinds(&account, &all);
+        assert_eq!(
+            labels(&chosen),
+            ["configmaps", "namespaces", "secrets", "deployments.apps"]
+        );
+        let account = AccountConfig {
+            custom_resource_definitions: vec![CustomResourceConfig {
+                kind: "ServiceMonitor.monitoring.coreos.com".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let chosen = select_kinds(&account, &all);
         assert_eq!(
             labels(&chosen),
             [
@@ -272,6 +332,40 @@ mod tests {
             ]
         );
         assert_eq!(chosen[4].version, "v1", "preferred version");
+    }
+
+    #[test]
+    fn a_star_or_omit_kinds_alone_means_everything_listable_but_events_and_leases() {
+        let everything = [
+            "configmaps",
+            "namespaces",
+            "secrets",
+            "deployments.apps",
+            "servicemonitors.monitoring.coreos.com",
+        ];
+        let star = AccountConfig {
+            kinds: vec!["*".into()],
+            ..Default::default()
+        };
+        assert_eq!(labels(&select_kinds(&star, &discovered())), everything);
+        let star_and_events = AccountConfig {
+            kinds: vec!["*".into(), "Event".into()],
+            ..Default::default()
+        };
+        assert_eq!(select_kinds(&star_and_events, &discovered()).len(), 7);
+        let omit = AccountConfig {
+            omit_kinds: vec!["Secret".into()],
+            ..Default::default()
+        };
+        assert_eq!(
+            labels(&select_kinds(&omit, &discovered())),
+            [
+                "configmaps",
+                "namespaces",
+                "deployments.apps",
+                "servicemonitors.monitoring.coreos.com"
+            ]
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod backoff;
 pub mod budget;
 pub mod cli;
 pub mod config;
+pub mod config_armory;
 pub mod convert;
 pub mod dynamic_accounts;
 pub mod enrolment;
@@ -17,6 +18,7 @@ pub mod error;
 pub mod hub_conn;
 pub mod kinds;
 pub mod metrics;
+pub mod migrate;
 pub mod operations;
 pub mod runtime;
 pub mod secret_watch;
@@ -30,7 +32,7 @@ pub mod wiping_alloc;
 
 use std::{future::Future, net::SocketAddr, path::Path, sync::Arc, time::Duration};
 
-use scale_agent_crds::agent_config::{AgentConfig, UnknownKey};
+use scale_agent_crds::agent_config::AgentConfig;
 use tokio::{sync::watch as signal, task::JoinHandle};
 
 pub use crate::{
@@ -102,7 +104,7 @@ impl AgentHandle {
 /// Loads the config, binds the admin listener and starts the agent in the background.
 pub async fn start(options: Options) -> Result<AgentHandle> {
     let loaded = options.load()?;
-    let config = loaded.parsed.config;
+    let config = loaded.parsed.config.clone();
     let admin_addr = options.admin_addr(&config);
     let listener = tokio::net::TcpListener::bind(admin_addr)
         .await
@@ -121,7 +123,7 @@ pub async fn start(options: Options) -> Result<AgentHandle> {
         view.hub = config.clouddriver.grpc.clone();
         view.config.path = path.display().to_string();
     });
-    report_unknown_keys(path, &loaded.parsed.unknown_keys, &shared);
+    report_ignored_keys(&path, &loaded.parsed, &shared);
     if loaded.missing {
         let problem = format!(
             "no config file at {}: running on the defaults (no accounts) until one appears",
@@ -155,7 +157,7 @@ pub async fn start(options: Options) -> Result<AgentHandle> {
     let poller = tokio::spawn(poll_config(
         options.clone(),
         ConfigPoll {
-            last_text: loaded.text,
+            last_files: loaded.files,
             last_problem: None,
             unreadable: loaded.missing,
         },
@@ -203,8 +205,12 @@ pub async fn run(options: Options, shutdown: impl Future<Output = ()>) -> Result
 }
 
 /// Logs each key the config ignores once (this function runs once per distinct file
-/// content), counts them as config errors, and shows them on `/accounts`.
-fn report_unknown_keys(path: &Path, unknown_keys: &[UnknownKey], shared: &Shared) {
+/// content), counts unknown ones as config errors, and shows them on `/accounts`.
+fn report_ignored_keys(path: &Path, parsed: &config::ParsedConfig, shared: &Shared) {
+    for notice in &parsed.without_effect {
+        tracing::warn!(path = %path.display(), key = %notice.path, "Armory config key {notice}");
+    }
+    let unknown_keys = &parsed.unknown_keys;
     for key in unknown_keys {
         let suggestion = key.suggestion.unwrap_or_default();
         tracing::warn!(
@@ -216,14 +222,22 @@ fn report_unknown_keys(path: &Path, unknown_keys: &[UnknownKey], shared: &Shared
         shared.metrics.config_errors.inc();
     }
     let shown = unknown_keys.iter().map(ToString::to_string).collect();
-    shared.update(|view| view.config.unknown_keys = shown);
+    let without_effect = parsed
+        .without_effect
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    shared.update(|view| {
+        view.config.unknown_keys = shown;
+        view.config.without_effect = without_effect;
+    });
 }
 
 /// What the config poller remembers between reads.
 struct ConfigPoll {
-    /// The text last parsed (applied or refused), to notice changes.
-    last_text: String,
-    /// Why `last_text` was refused, if it was.
+    /// The files last parsed (applied or refused), to notice changes.
+    last_files: config::ConfigFiles,
+    /// Why `last_files` were refused, if they were.
     last_problem: Option<String>,
     /// The file is missing or unreadable now (reported once, when it became so).
     unreadable: bool,
@@ -239,30 +253,31 @@ async fn poll_config(
     tx: signal::Sender<Arc<AgentConfig>>,
     shared: Arc<Shared>,
 ) {
-    let path = options.config_path();
     let mut interval = tokio::time::interval(CONFIG_POLL);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         interval.tick().await;
-        let problem = match config::read_config_text(path) {
-            Ok(Some(text)) => {
+        // Resolved on every read: with no --config, the file may appear at Armory's path.
+        let path = options.config_path();
+        let problem = match options.read_config() {
+            Ok(files) if !files.is_missing() => {
                 if state.unreadable {
                     state.unreadable = false;
                     tracing::info!(path = %path.display(), "the config file is readable again");
                     let problem = state.last_problem.clone();
                     shared.update(|view| view.config.problem = problem);
                 }
-                if text == state.last_text {
+                if files == state.last_files {
                     continue;
                 }
-                state.last_text = text;
-                match options.parse_text(&state.last_text) {
+                state.last_files = files;
+                match options.parse_files(&state.last_files) {
                     Ok(parsed) => {
                         tracing::info!(path = %path.display(), "config file changed; applying it");
                         shared.metrics.config_reloads.inc();
                         state.last_problem = None;
                         shared.update(|view| view.config.problem = None);
-                        report_unknown_keys(path, &parsed.unknown_keys, &shared);
+                        report_ignored_keys(&path, &parsed, &shared);
                         if tx.send(Arc::new(parsed.config)).is_err() {
                             return;
                         }
@@ -277,7 +292,7 @@ async fn poll_config(
                 }
                 continue;
             }
-            Ok(None) => format!(
+            Ok(_) => format!(
                 "the config file {} does not exist (deleted, or its ConfigMap unmounted); keeping the last good config until it is back",
                 path.display()
             ),

@@ -223,7 +223,7 @@ impl Runtime {
                     let mut text = describe_hub_error(&error);
                     // A hub that refuses the client certificate often closes the connection
                     // before its TLS alert is read, leaving only "connection closed".
-                    if !welcomed && !self.config.clouddriver.insecure && !text.contains(" (") {
+                    if !welcomed && !self.config.clouddriver.plaintext() && !text.contains(" (") {
                         text.push_str(" (the hub closed the connection before welcoming this agent: if this repeats, check that the hub trusts the agent's client certificate (its --client-ca) and that the agent trusts the hub's (clouddriver.tls.cacertFile))");
                     }
                     text

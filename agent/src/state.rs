@@ -122,6 +122,9 @@ pub struct ConfigView {
     /// Keys of the config in use that no setting reads, with the closest known key.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unknown_keys: Vec<String>,
+    /// Armory keys of the config in use that have no effect here, with what to use instead.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub without_effect: Vec<String>,
 }
 
 /// The whole admin view.

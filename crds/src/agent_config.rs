@@ -2,10 +2,12 @@
 //! ConfigMap and the agent reads (and re-reads when it changes).
 //!
 //! It keeps the shape of Armory's `armory-agent.yaml` (`clouddriver.*`,
-//! `kubernetes.accounts[]`, `tasks.*`, `server.*`), so a migration is a copy: keys Armory
-//! spells differently are accepted as aliases, and keys this agent does not know are
+//! `kubernetes.accounts[]`, `tasks.*`, `server.*`) with Armory's meanings and defaults: keys
+//! Armory spells differently are accepted as aliases, and keys this agent does not know are
 //! ignored, as Armory's agent ignores them, but reported
-//! ([`AgentConfig::from_yaml_reporting_unknown`]) so a typo does not pass silently.
+//! ([`AgentConfig::from_yaml_reporting_unknown`]) so a typo does not pass silently. Armory
+//! keys that would not be honoured are refused or reported by the agent
+//! (`agent/src/config_armory.rs`).
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -46,9 +48,11 @@ pub struct StatusTarget {
 pub struct HubConnection {
     /// `host:port` of the hub's gRPC listener.
     pub grpc: String,
-    /// Plaintext instead of TLS. For tests only: the hub refuses plaintext unless it is
-    /// started with its own explicit flag. Unlike Armory's agent, the default is TLS.
-    pub insecure: bool,
+    /// Plaintext instead of TLS. The hub refuses plaintext unless it is started with its own
+    /// explicit flag. Unset follows Armory's agent (1.0.47 and later): plaintext, unless a
+    /// `tls` file or an enrolment token is configured (see [`HubConnection::plaintext`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub insecure: Option<bool>,
     pub tls: HubTls,
     /// How the agent authenticates besides (or instead of) its client certificate.
     pub auth: HubAuth,
@@ -62,12 +66,28 @@ impl Default for HubConnection {
     fn default() -> Self {
         Self {
             grpc: "scale-agent-hub:9091".into(),
-            insecure: false,
+            insecure: None,
             tls: HubTls::default(),
             auth: HubAuth::default(),
             keep_alive_heartbeat_seconds: 15,
             backoff: Backoff::default(),
         }
+    }
+}
+
+impl HubConnection {
+    /// Whether the connection is plaintext: `insecure` when set; otherwise plaintext unless
+    /// TLS is evidently meant (a CA, a client certificate or key, a server name, or an
+    /// enrolment token), which is how Armory's agent reads a missing `insecure`.
+    pub fn plaintext(&self) -> bool {
+        self.insecure.unwrap_or_else(|| {
+            let tls = &self.tls;
+            tls.server_name.is_none()
+                && tls.cacert_file.is_none()
+                && tls.client_cert_file.is_none()
+                && tls.client_key_file.is_none()
+                && self.auth.enrolment_token_file.is_none()
+        })
     }
 }
 
@@ -173,8 +193,13 @@ pub struct AccountConfig {
     pub custom_resource_definitions: Vec<CustomResourceConfig>,
     /// Send pod metrics to the hub.
     pub metrics: bool,
-    /// Spinnaker roles: `READ: [..]`, `WRITE: [..]`.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    /// Spinnaker roles: `READ: [..]`, `WRITE: [..]`, as a map or as Armory's documented list
+    /// of one-key maps (`[{READ: [..]}, {WRITE: [..]}]`); a permission listed twice gets the
+    /// roles of both.
+    #[serde(
+        skip_serializing_if = "BTreeMap::is_empty",
+        deserialize_with = "permissions_value::deserialize"
+    )]
     pub permissions: BTreeMap<String, Vec<String>>,
     /// Run operations and proxied writes as this ServiceAccount (`Impersonate-User`);
     /// watches and reads stay the account's own credentials.
@@ -207,7 +232,8 @@ pub enum CustomResourceScope {
 }
 
 /// `tasks.*`: at most `totalBudget` initial LISTs run at once, and at most
-/// `budgetPerAccount` for one account. Watches are free.
+/// `budgetPerAccount` for one account; `0` means no limit (Armory's meaning). Watches are
+/// free. Defaults are Armory's: 1000 and 50.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct Tasks {
@@ -218,8 +244,8 @@ pub struct Tasks {
 impl Default for Tasks {
     fn default() -> Self {
         Self {
-            total_budget: 20,
-            budget_per_account: 5,
+            total_budget: 1000,
+            budget_per_account: 50,
         }
     }
 }
@@ -234,6 +260,39 @@ pub struct AdminServer {
 impl Default for AdminServer {
     fn default() -> Self {
         Self { port: 8082 }
+    }
+}
+
+/// `permissions` as a map (`READ: [a]`) or as Armory's list of one-key maps (`- READ: [a]`).
+mod permissions_value {
+    use super::*;
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Map(BTreeMap<String, Vec<String>>),
+        List(Vec<BTreeMap<String, Vec<String>>>),
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<BTreeMap<String, Vec<String>>, D::Error> {
+        let raw = Raw::deserialize(deserializer).map_err(|_| {
+            serde::de::Error::custom(
+                "permissions must be a map of permission to roles (READ: [role1], WRITE: [role2]) \
+                 or a list of such maps (- READ: [role1])",
+            )
+        })?;
+        Ok(match raw {
+            Raw::Map(map) => map,
+            Raw::List(items) => {
+                let mut merged: BTreeMap<String, Vec<String>> = BTreeMap::new();
+                for (permission, roles) in items.into_iter().flatten() {
+                    merged.entry(permission).or_default().extend(roles);
+                }
+                merged
+            }
+        })
     }
 }
 
@@ -280,7 +339,7 @@ mod duration_value {
 
 /// A key in a config file that no field of [`AgentConfig`] reads. Ignored (Armory keys this
 /// agent does not support yet must not stop it), but worth a warning: `kindz:` for `kinds:`
-/// silently widens an account to every kind.
+/// silently leaves an account on the default kinds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UnknownKey {
     /// Where the key is, e.g. `kubernetes.accounts[0].kindz`.
@@ -501,6 +560,20 @@ impl AgentConfig {
         Ok((config, unknown))
     }
 
+    /// Reads a config already parsed into a value (e.g. a file merged with its overlay) and
+    /// lists the keys it ignored.
+    pub fn from_value_reporting_unknown(
+        value: serde_json::Value,
+    ) -> Result<(Self, Vec<UnknownKey>), crate::Error> {
+        if value.is_null() {
+            return Ok((Self::default(), Vec::new()));
+        }
+        let mut unknown = Vec::new();
+        let config = serde_ignored::deserialize(value, |path| unknown.push(unknown_key(&path)))
+            .map_err(|e| crate::Error::AgentConfig(e.to_string()))?;
+        Ok((config, unknown))
+    }
+
     /// Renders the config as YAML, as the operator writes it into the agent's ConfigMap.
     pub fn to_yaml(&self) -> Result<String, crate::Error> {
         serde_saphyr::to_string(self).map_err(|e| crate::Error::AgentConfig(e.to_string()))
@@ -687,6 +760,7 @@ server:
             }
         }
         let mut config = AgentConfig::default();
+        config.clouddriver.insecure = Some(false);
         config.clouddriver.tls = HubTls {
             server_name: Some("s".into()),
             cacert_file: Some("c".into()),
@@ -731,6 +805,47 @@ server:
         let listed: usize = KNOWN_KEYS.iter().map(|(_, keys)| keys.len()).sum();
         // Every listed key but the aliases (`hub`, `caCertFile`, `kubeConfigFile`) was written.
         assert_eq!(seen, listed - 3);
+    }
+
+    #[test]
+    fn permissions_are_read_as_a_map_or_as_armorys_list_of_maps() {
+        let list = AgentConfig::from_yaml(
+            "kubernetes:\n  accounts:\n    - name: a\n      permissions:\n        - READ: ['role1', 'role2']\n        - WRITE: ['role3', 'role4']\n        - READ: [role5]\n",
+        )
+        .unwrap();
+        let permissions = &list.kubernetes.accounts[0].permissions;
+        assert_eq!(permissions["READ"], ["role1", "role2", "role5"]);
+        assert_eq!(permissions["WRITE"], ["role3", "role4"]);
+        let err = AgentConfig::from_yaml(
+            "kubernetes:\n  accounts:\n    - name: a\n      permissions: everyone\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("READ: [role1]"), "{err}");
+    }
+
+    #[test]
+    fn insecure_unset_is_plaintext_unless_tls_is_configured_as_in_armory() {
+        let plaintext = |yaml: &str| {
+            AgentConfig::from_yaml(yaml)
+                .unwrap()
+                .clouddriver
+                .plaintext()
+        };
+        assert!(plaintext(""));
+        assert!(plaintext(
+            "clouddriver:\n  grpc: spin-clouddriver-grpc:9091\n"
+        ));
+        assert!(!plaintext(
+            "clouddriver:\n  tls:\n    clientCertFile: /c\n    clientKeyFile: /k\n"
+        ));
+        assert!(!plaintext("clouddriver:\n  tls:\n    cacertFile: /ca\n"));
+        assert!(!plaintext("clouddriver:\n  insecure: false\n"));
+        assert!(plaintext(
+            "clouddriver:\n  insecure: true\n  tls:\n    cacertFile: /ca\n"
+        ));
+        let tasks = AgentConfig::default().tasks;
+        assert_eq!((tasks.total_budget, tasks.budget_per_account), (1000, 50));
     }
 
     #[test]

@@ -197,7 +197,7 @@ pub fn agent_config(agent: &ScaleAgent, accounts: &[&AgentAccount]) -> AgentConf
     let secs = |s: i32| std::time::Duration::from_secs(u64::try_from(s).unwrap_or(1));
     let clouddriver = HubConnection {
         grpc: spec.hub.address.clone(),
-        insecure,
+        insecure: Some(insecure),
         tls,
         auth: Default::default(),
         keep_alive_heartbeat_seconds: u32::try_from(spec.heartbeat.period_seconds).unwrap_or(15),

@@ -265,7 +265,11 @@ pub fn watched(
 ) -> Result<Watched, Vec<String>> {
     let mut unknown = Vec::new();
     let mut resolve_all = |names: &[String]| resolve_names(names, served, &mut unknown);
-    let mut watched = if kinds.is_empty() {
+    // `*` is every kind for the agent too (agent/src/kinds.rs), not a kind to resolve. An
+    // account with no kinds is granted everything as before, a superset of the agent's
+    // default kinds.
+    let every_kind = kinds.iter().any(|k| k.trim() == "*");
+    let mut watched = if kinds.is_empty() || every_kind {
         Watched {
             everything: true,
             resources: BTreeSet::new(),
@@ -849,6 +853,13 @@ mod tests {
         assert_eq!(verbs_on(&rules, "batch", "jobs"), all_verbs());
         assert_eq!(verbs_on(&rules, "", "configmaps"), all_verbs());
         assert!(verbs_on(&rules, "", "secrets").is_empty(), "omitted");
+    }
+
+    #[test]
+    fn a_star_watches_everything() {
+        let star = watched(&names(&["*"]), &[], &[], &[]).unwrap();
+        assert!(star.everything);
+        assert_eq!(star, watched(&[], &[], &[], &[]).unwrap());
     }
 
     #[test]

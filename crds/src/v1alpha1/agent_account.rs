@@ -125,8 +125,11 @@ pub struct AgentAccountSpec {
     pub omit_namespaces: Vec<String>,
 
     /// Watch only these kinds, written as a kind (`Deployment`) or as resource.group
-    /// (`deployments.apps`), e.g. `[Deployment, Service, Ingress]`. Default: the ScaleAgent's
-    /// `defaults`, else every kind the credentials may list and watch. Spinnaker can still
+    /// (`deployments.apps`), e.g. `[Deployment, Service, Ingress]`; `["*"]` is every kind the
+    /// credentials may list and watch. Default: the ScaleAgent's `defaults`, else the agent's
+    /// default kinds (Deployment, ReplicaSet, StatefulSet, DaemonSet, Pod, Service, Ingress,
+    /// Job, CronJob, ConfigMap, Secret, NetworkPolicy, HorizontalPodAutoscaler, Namespace,
+    /// and the `customResources`). Spinnaker can still
     /// deploy other kinds only when `deployKinds` names them. Not together with `omitKinds`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(inner(length(min = 1, max = 253)))]

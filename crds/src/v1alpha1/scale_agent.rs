@@ -522,8 +522,11 @@ pub enum Access {
 #[serde(rename_all = "camelCase")]
 pub struct AccountDefaults {
     /// Watch only these kinds, written as a kind (`Deployment`) or as resource.group
-    /// (`deployments.apps`), e.g. `[Deployment, Service, Ingress, ConfigMap]`. Default: every
-    /// kind the agent may list and watch. Not together with `omitKinds`.
+    /// (`deployments.apps`), e.g. `[Deployment, Service, Ingress, ConfigMap]`; `["*"]` is every
+    /// kind the agent may list and watch. Default: the agent's default kinds (Deployment,
+    /// ReplicaSet, StatefulSet, DaemonSet, Pod, Service, Ingress, Job, CronJob, ConfigMap,
+    /// Secret, NetworkPolicy, HorizontalPodAutoscaler, Namespace). Not together with
+    /// `omitKinds`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(inner(length(min = 1, max = 253)))]
     pub kinds: Vec<String>,
