@@ -1979,8 +1979,17 @@ async fn custom_resources_get_rbac_for_what_the_cluster_serves() -> anyhow::Resu
         } else {
             Api::all_with(agent.clone(), &resource)
         };
-        let listed = api.list(&ListParams::default()).await;
-        assert_eq!(api_code(&listed), Some(200), "{plural}: {listed:?}");
+        // The API server's RBAC authorizer learns of the ClusterRole (and its binding)
+        // through its own informers, a moment after they are stored: wait for it.
+        wait_for("the agent's token may list the custom resources", || {
+            let api = api.clone();
+            async move {
+                let listed = api.list(&ListParams::default()).await;
+                Ok((api_code(&listed) == Some(200)).then_some(()))
+            }
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("{plural}: {e}"))?;
     }
 
     // A kind the cluster does not serve is reported, naming it, not guessed.
