@@ -43,9 +43,12 @@ lint: ## Formatting check and clippy only
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
-unit: ## Tests that need no control plane: every library and binary test, and the integration tests of hub, crds and proto
+# The integration tests listed here start no control plane and need no tool it builds: every test
+# file of hub, crds, proto and the agent, and e2e's version check. The rest of e2e and bench start one.
+unit: ## Tests that need no control plane: every library and binary test, and every integration test that starts none
 	$(CARGO) test --workspace --locked --lib --bins
-	$(CARGO) test --locked -p scale-agent-hub -p scale-agent-crds -p scale-agent-proto --test '*'
+	$(CARGO) test --locked -p scale-agent-hub -p scale-agent-crds -p scale-agent-proto -p scale-agent --test '*'
+	$(CARGO) test --locked -p scale-agent-e2e --test version
 
 crds: ## Regenerate manifests/crds from the Rust types in crds/
 	$(CARGO) run --locked -p scale-agent-crds --bin crdgen -- manifests/crds
