@@ -9,8 +9,10 @@
 //! one knows.
 //! - The STREAMING replica of an account writes `Streaming`; every replica writes `Rejected`
 //!   (they all serve the same cluster, so the hub's verdict is the same). A STANDBY replica
-//!   leaves the account to the streaming one, except once, `Standby`, where its own last
-//!   verdict said it streamed (the hub moved the stream to another replica).
+//!   leaves the account to the streaming one, except once, `Standby`, where it wrote the
+//!   last verdict itself: it streamed, or it lost the hub and wrote `HubUnreachable`, and
+//!   the hub moved the stream to another replica meanwhile. Its `False` would otherwise
+//!   stand until the streaming replica's next resync.
 //! - A replica that loses the hub writes `HubUnreachable` once, only for the objects whose
 //!   last verdict it wrote itself; the replica the hub promotes writes `Streaming` again.
 //!   Authoritative verdicts are re-written every [`RESYNC`], which bounds how long a stale
@@ -157,14 +159,20 @@ pub fn account_hub_status(
     }
 }
 
-/// What this replica may write about an account; `owned`: its last write there was an
-/// authoritative verdict.
+/// What this replica may write about an account, given what it last wrote there itself
+/// (`last`, `None` when nothing since it started).
 pub fn account_desired(
     view: &AgentView,
     account: &AccountView,
-    owned: bool,
+    last: Option<&Desired>,
     last_event: Option<&str>,
 ) -> Option<Desired> {
+    // Its last write was an authoritative verdict: it may say it lost the hub.
+    let owned = last.is_some_and(|d| d.authoritative);
+    // It wrote the account's verdict (any but Standby) and may have to take it back: a
+    // replica demoted while it was away from the hub wrote HubUnreachable last, which
+    // would otherwise stand (False) while another replica streams the account.
+    let spoke = last.is_some_and(|d| d.reason != REASON_STANDBY);
     let hub = account_hub_status(account, &view.replica, last_event);
     let fields = |hub: &AccountHubStatus| json!({ "hub": hub });
     if account.role == ROLE_REJECTED {
@@ -188,7 +196,7 @@ pub fn account_desired(
             authoritative: true,
         });
     }
-    if view.hub_connected && account.role == ROLE_STANDBY && owned {
+    if view.hub_connected && account.role == ROLE_STANDBY && spoke {
         return Some(Desired {
             status: STATUS_TRUE,
             reason: REASON_STANDBY,
@@ -451,8 +459,12 @@ impl Writer {
             let last_event = entry.1.clone();
             let object = Object::AgentAccount(cr.clone());
             let last = self.written.get(&object);
-            let owned = last.is_some_and(|w| w.desired.authoritative);
-            let Some(desired) = account_desired(view, account, owned, last_event.as_deref()) else {
+            let Some(desired) = account_desired(
+                view,
+                account,
+                last.map(|w| &w.desired),
+                last_event.as_deref(),
+            ) else {
                 continue;
             };
             if due(&desired, last, interval) {
@@ -568,7 +580,7 @@ mod tests {
 
     #[test]
     fn streaming_replica_speaks_for_the_account() {
-        let d = account_desired(&view(true), &account(ROLE_STREAMING), false, Some("t")).unwrap();
+        let d = account_desired(&view(true), &account(ROLE_STREAMING), None, Some("t")).unwrap();
         assert_eq!((d.status, d.reason), (STATUS_TRUE, REASON_STREAMING));
         assert!(d.authoritative);
         let hub = &d.fields["hub"];
@@ -589,18 +601,19 @@ mod tests {
 
     #[test]
     fn standby_writes_nothing_and_rejection_carries_the_hubs_reason() {
-        assert!(account_desired(&view(true), &account(ROLE_STANDBY), false, None).is_none());
+        assert!(account_desired(&view(true), &account(ROLE_STANDBY), None, None).is_none());
         let mut rejected = account(ROLE_REJECTED);
         rejected.rejection_reason = Some("account \"prod\" is bound to cluster https://a".into());
-        let d = account_desired(&view(true), &rejected, false, None).unwrap();
+        let d = account_desired(&view(true), &rejected, None, None).unwrap();
         assert_eq!((d.status, d.reason), (STATUS_FALSE, REASON_REJECTED));
         assert!(d.message.contains("https://a"), "{}", d.message);
     }
 
     #[test]
     fn a_demoted_replica_says_standby_once_and_then_leaves_it_to_the_streaming_one() {
+        let streamed = account_desired(&view(true), &account(ROLE_STREAMING), None, None).unwrap();
         let standby = account(ROLE_STANDBY);
-        let d = account_desired(&view(true), &standby, true, None).unwrap();
+        let d = account_desired(&view(true), &standby, Some(&streamed), None).unwrap();
         assert_eq!((d.status, d.reason), (STATUS_TRUE, REASON_STANDBY));
         assert!(d.message.contains("pod-a"), "{}", d.message);
         assert!(d.message.contains("another replica"), "{}", d.message);
@@ -608,10 +621,35 @@ mod tests {
             !d.authoritative,
             "written once: the streaming replica speaks after"
         );
-        // Its last write (Standby) is not authoritative: nothing more.
-        assert!(account_desired(&view(true), &standby, false, None).is_none());
+        // Its last write was Standby: nothing more.
+        assert!(account_desired(&view(true), &standby, Some(&d), None).is_none());
         let body = patch_body("AgentAccount", &d, "t");
         assert_eq!(body["status"]["conditions"][0]["reason"], "Standby");
+    }
+
+    #[test]
+    fn a_replica_demoted_while_away_takes_back_its_hub_unreachable() {
+        // It streamed, lost the hub and said so; the hub promoted another replica meanwhile.
+        let streamed = account_desired(&view(true), &account(ROLE_STREAMING), None, None).unwrap();
+        let lost = account_desired(
+            &view(false),
+            &account(ROLE_STREAMING),
+            Some(&streamed),
+            None,
+        )
+        .unwrap();
+        assert_eq!(lost.reason, REASON_HUB_UNREACHABLE);
+        let standby = account(ROLE_STANDBY);
+        let d = account_desired(&view(true), &standby, Some(&lost), None).unwrap();
+        assert_eq!((d.status, d.reason), (STATUS_TRUE, REASON_STANDBY));
+        assert!(account_desired(&view(true), &standby, Some(&d), None).is_none());
+        // The same for a replica whose first connection failed and said so.
+        let mut never = view(false);
+        never.hub_identity.clear();
+        let first = account_desired(&never, &standby, None, None).unwrap();
+        assert_eq!(first.reason, REASON_HUB_UNREACHABLE);
+        let d = account_desired(&view(true), &standby, Some(&first), None).unwrap();
+        assert_eq!(d.reason, REASON_STANDBY);
     }
 
     #[test]
@@ -621,10 +659,10 @@ mod tests {
         never.hub_error = None;
         let a = account(ROLE_STANDBY);
         // Still trying its first connection: nothing to say yet.
-        assert!(account_desired(&never, &a, false, None).is_none());
+        assert!(account_desired(&never, &a, None, None).is_none());
         assert!(scale_agent_desired(&never, None).is_none());
         never.hub_error = Some("tls handshake: unknown issuer".into());
-        let d = account_desired(&never, &a, false, None).unwrap();
+        let d = account_desired(&never, &a, None, None).unwrap();
         assert_eq!((d.status, d.reason), (STATUS_FALSE, REASON_HUB_UNREACHABLE));
         assert!(d.message.contains("unknown issuer"), "{}", d.message);
         assert!(d.message.contains("since it started"), "{}", d.message);
@@ -642,21 +680,23 @@ mod tests {
         };
         assert!(!due(&d, Some(&last), Duration::ZERO));
         never.hub_error = Some("connection refused".into());
-        let newer = account_desired(&never, &a, false, None).unwrap();
+        let newer = account_desired(&never, &a, None, None).unwrap();
         assert!(due(&newer, Some(&last), Duration::from_secs(10)));
         // Once welcomed, the usual rules apply (HubUnreachable only where it spoke last).
         never.hub_identity = "prod-agent".into();
-        assert!(account_desired(&never, &a, false, None).is_none());
+        assert!(account_desired(&never, &a, None, None).is_none());
     }
 
     #[test]
     fn hub_unreachable_only_from_the_replica_that_spoke_last() {
         let a = account(ROLE_STREAMING);
-        assert!(account_desired(&view(false), &a, false, None).is_none());
-        let d = account_desired(&view(false), &a, true, None).unwrap();
+        assert!(account_desired(&view(false), &a, None, None).is_none());
+        let streamed = account_desired(&view(true), &a, None, None).unwrap();
+        let d = account_desired(&view(false), &a, Some(&streamed), None).unwrap();
         assert_eq!((d.status, d.reason), (STATUS_FALSE, REASON_HUB_UNREACHABLE));
         assert!(d.message.contains("connection refused"), "{}", d.message);
         assert!(!d.authoritative, "written once, then left to others");
+        assert!(account_desired(&view(false), &a, Some(&d), None).is_none());
     }
 
     #[test]
@@ -685,7 +725,7 @@ mod tests {
 
     #[test]
     fn writes_are_rate_limited() {
-        let d = account_desired(&view(true), &account(ROLE_STREAMING), false, None).unwrap();
+        let d = account_desired(&view(true), &account(ROLE_STREAMING), None, None).unwrap();
         assert!(due(&d, None, Duration::from_secs(10)));
         let last = Written {
             desired: d.clone(),

@@ -773,10 +773,7 @@ fn runs_root() -> PathBuf {
 fn new_run_dir() -> Result<PathBuf> {
     let root = runs_root();
     sweep_stale_runs(&root);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or_default();
+    let nanos = k8s_openapi::jiff::Timestamp::now().subsec_nanosecond();
     Ok(root.join(format!("{}-{nanos:09}", std::process::id())))
 }
 

@@ -25,8 +25,11 @@ pub mod kwok;
 pub mod local_agent;
 pub mod nginx;
 pub mod oci;
+pub mod operator;
 pub mod pki;
 pub mod process;
+pub mod relay;
+pub mod wait;
 
 pub use binaries::{Binaries, KUBERNETES_VERSION, KWOK_VERSION};
 pub use control_plane::{AuditEvent, ControlPlane, ControlPlaneOptions, StartupTimes};

@@ -1,11 +1,21 @@
-//! The agent's status writer on the real control plane, for an agent that never reaches its
-//! hub (issue 12, item 1): a real agent process, authenticated as a ServiceAccount that may
-//! only patch the status of its ScaleAgent and AgentAccount, writes `Connected=False`
-//! `HubUnreachable` with its last connection error into both, so a wrong hub address shows in
-//! `kubectl get` instead of an empty column.
+//! The agent's status writer on the real control plane (issue 12, item 1), with real agent
+//! processes authenticated as a ServiceAccount that may only patch the status of its
+//! ScaleAgent and AgentAccount:
+//! - an agent that never reaches its hub writes `Connected=False` `HubUnreachable` with its
+//!   last connection error into both, so a wrong hub address shows in `kubectl get` instead
+//!   of an empty column;
+//! - a replica the hub demotes (the streaming one loses the hub for a few seconds, the hub
+//!   promotes the other) writes `Connected=True` `Standby`, and the promoted replica's
+//!   `Streaming` is the account's verdict again within the writer's resync.
 
-use std::{path::Path, time::Duration};
+use std::{
+    net::SocketAddr,
+    path::Path,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
+use anyhow::Context as _;
 use k8s_openapi::api::rbac::v1::PolicyRule;
 use kube::{
     Api, Client,
@@ -15,13 +25,37 @@ use kube::{
 use scale_agent_e2e::{
     ControlPlane, crds,
     fixtures::{self, Scope},
+    local_agent,
     process::{self, ManagedProcess},
+    relay::Relay,
+    wait::{wait_for, wait_for_within},
 };
 use serde_json::{Value, json};
 
 const AGENT: &str = env!("CARGO_BIN_EXE_e2e-agent");
-/// Generous: two cores shared by many tests.
-const WAIT: Duration = Duration::from_secs(90);
+/// The status writer's resync (30 s, `status_writer::RESYNC`) and some ticks to spare.
+const RESYNC_WAIT: Duration = Duration::from_secs(60);
+
+/// As the operator's Role has it: patch on the status subresources of ScaleAgent `prod` and
+/// AgentAccount `one`, nothing else.
+fn status_rules() -> Vec<PolicyRule> {
+    vec![
+        PolicyRule {
+            api_groups: Some(vec!["scaleagent.dev".into()]),
+            resources: Some(vec!["scaleagents/status".into()]),
+            resource_names: Some(vec!["prod".into()]),
+            verbs: vec!["patch".into()],
+            ..Default::default()
+        },
+        PolicyRule {
+            api_groups: Some(vec!["scaleagent.dev".into()]),
+            resources: Some(vec!["agentaccounts/status".into()]),
+            resource_names: Some(vec!["one".into()]),
+            verbs: vec!["patch".into()],
+            ..Default::default()
+        },
+    ]
+}
 
 fn resource(kind: &str, plural: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(
@@ -75,22 +109,17 @@ async fn wait_unreachable(
     name: &str,
     log: &Path,
 ) -> anyhow::Result<(String, Value)> {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let (condition, status) = connected(client, ns, api, name).await?;
-        if let Some((state, reason, message)) = &condition
-            && state == "False"
-            && reason == "HubUnreachable"
-        {
-            return Ok((message.clone(), status));
-        }
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "{name} never became Connected=False/HubUnreachable; status: {status}; agent log:\n{}",
-            process::tail(log, 30)
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    wait_for(
+        &format!("{name} to become Connected=False/HubUnreachable"),
+        || async {
+            let (condition, status) = connected(client, ns, api, name).await?;
+            Ok(condition
+                .filter(|(state, reason, _)| state == "False" && reason == "HubUnreachable")
+                .map(|(_, _, message)| (message, status)))
+        },
+    )
+    .await
+    .with_context(|| format!("agent log:\n{}", process::tail(log, 30)))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -127,29 +156,13 @@ async fn an_agent_that_never_reaches_the_hub_says_so_in_the_status() -> anyhow::
         }),
     )
     .await?;
-    // As the operator's Role has it: patch on these two status subresources, nothing else.
     let kubeconfig = fixtures::service_account_identity(
         control_plane,
         &admin,
         &ns,
         "agent",
         Scope::Namespace,
-        vec![
-            PolicyRule {
-                api_groups: Some(vec!["scaleagent.dev".into()]),
-                resources: Some(vec!["scaleagents/status".into()]),
-                resource_names: Some(vec!["prod".into()]),
-                verbs: vec!["patch".into()],
-                ..Default::default()
-            },
-            PolicyRule {
-                api_groups: Some(vec!["scaleagent.dev".into()]),
-                resources: Some(vec!["agentaccounts/status".into()]),
-                resource_names: Some(vec!["one".into()]),
-                verbs: vec!["patch".into()],
-                ..Default::default()
-            },
-        ],
+        status_rules(),
         dir.join("agent-kubeconfig"),
     )
     .await?;
@@ -201,6 +214,284 @@ async fn an_agent_that_never_reaches_the_hub_says_so_in_the_status() -> anyhow::
     assert_eq!(status["connected"], 0, "{status}");
 
     agent.stop(Duration::from_secs(20));
+    process::remove_at_exit(dir);
+    Ok(())
+}
+
+/// One `Connected` condition as written: (status, reason, message).
+type Verdict = (String, String, String);
+
+/// Every `Connected` condition written to AgentAccount `name`, in order, as a watch of the
+/// API server delivers them (a poll could miss a verdict overwritten within moments).
+fn record_verdicts(
+    client: &Client,
+    ns: &str,
+    api: &ApiResource,
+    name: &str,
+) -> (Arc<Mutex<Vec<Verdict>>>, tokio::task::JoinHandle<()>) {
+    use futures::StreamExt as _;
+    use kube::runtime::{WatchStreamExt as _, watcher};
+    let seen = Arc::new(Mutex::new(Vec::<Verdict>::new()));
+    let objects = Api::<DynamicObject>::namespaced_with(client.clone(), ns, api);
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let task = tokio::spawn({
+        let seen = seen.clone();
+        async move {
+            let mut events = watcher(objects, config)
+                .default_backoff()
+                .applied_objects()
+                .boxed();
+            while let Some(event) = events.next().await {
+                let Ok(object) = event else { continue };
+                let verdict = object.data["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|c| c["type"] == "Connected")
+                    .map(|c| {
+                        let field = |f: &str| c[f].as_str().unwrap_or_default().to_string();
+                        (field("status"), field("reason"), field("message"))
+                    });
+                if let (Some(verdict), Ok(mut seen)) = (verdict, seen.lock())
+                    && seen.last() != Some(&verdict)
+                {
+                    seen.push(verdict);
+                }
+            }
+        }
+    });
+    (seen, task)
+}
+
+/// The agent's config for replica-independent settings: `hub` reached through `grpc`, one
+/// account of ConfigMaps in `ns` that writes its verdict to AgentAccount `one`.
+fn replica_config(path: &Path, grpc: SocketAddr, account: &str, ns: &str, kubeconfig: &Path) {
+    let config = json!({
+        "clouddriver": {
+            "grpc": grpc.to_string(),
+            "insecure": true,
+            "keepAliveHeartbeatSeconds": 2,
+            "backoff": { "baseDelay": "200ms", "maxDelay": "2s" },
+        },
+        "kubernetes": { "accounts": [{
+            "name": account,
+            "kubeconfigFile": kubeconfig.display().to_string(),
+            "namespaces": [ns],
+            "kinds": ["configmaps"],
+            "agentAccount": "one",
+        }] },
+        "status": { "namespace": ns, "scaleAgent": "prod" },
+    });
+    std::fs::write(path, config.to_string()).expect("the test's directory is writable");
+}
+
+/// A real agent process as replica `replica`, with its admin port on `admin`.
+fn spawn_replica(
+    dir: &Path,
+    replica: &str,
+    admin: SocketAddr,
+    kubeconfig: &Path,
+) -> anyhow::Result<ManagedProcess> {
+    let mut command = std::process::Command::new(AGENT);
+    command
+        .arg(format!(
+            "--config={}",
+            dir.join(format!("{replica}.yaml")).display()
+        ))
+        .arg(format!("--replica={replica}"))
+        .arg(format!("--admin-addr={admin}"))
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUST_LOG", "info,scale_agent::status_writer=debug");
+    Ok(ManagedProcess::spawn_command(
+        "e2e-agent",
+        command,
+        dir.join(format!("{replica}.log")),
+    )?)
+}
+
+/// Issue 12: a replica the hub demotes says so. Two real agent processes serve one account
+/// through a real hub; the streaming one (`a-0`) reaches the hub through a relay that the
+/// test cuts for a few seconds. The hub promotes `b-0`; `a-0`, which meanwhile wrote
+/// `HubUnreachable` (its own last verdict), comes back as STANDBY and replaces that with
+/// `Connected=True/Standby`, so the account does not stay `False` while `b-0` streams it;
+/// within the writer's resync `b-0`'s `Streaming` is the account's verdict again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demoted_replica_writes_standby() -> anyhow::Result<()> {
+    let control_plane = ControlPlane::shared()?;
+    let admin = control_plane.client().await?;
+    crds::install(&admin, &crds::read_crds(&crds::manifests_dir())?).await?;
+    let ns = control_plane.namespace(&admin, "demoted").await?;
+    let dir = fixtures::temp_dir("demoted")?;
+    let scale_agents = resource("ScaleAgent", "scaleagents");
+    let agent_accounts = resource("AgentAccount", "agentaccounts");
+    apply(
+        &admin,
+        &ns,
+        &scale_agents,
+        json!({
+            "apiVersion": "scaleagent.dev/v1alpha1", "kind": "ScaleAgent",
+            "metadata": { "name": "prod" },
+            "spec": {
+                "hub": { "address": "hub.spinnaker.example.com:9091" },
+                "clientCertificate": { "issuerSecretRef": { "name": "agent-ca" } },
+            },
+        }),
+    )
+    .await?;
+    apply(
+        &admin,
+        &ns,
+        &agent_accounts,
+        json!({
+            "apiVersion": "scaleagent.dev/v1alpha1", "kind": "AgentAccount",
+            "metadata": { "name": "one" },
+            "spec": { "agentRef": "prod" },
+        }),
+    )
+    .await?;
+    let mut rules = fixtures::read_rules(&["configmaps"]);
+    rules.extend(status_rules());
+    let kubeconfig = fixtures::service_account_identity(
+        control_plane,
+        &admin,
+        &ns,
+        "agent",
+        Scope::Namespace,
+        rules,
+        dir.join("agent-kubeconfig"),
+    )
+    .await?;
+
+    let hub = fixtures::start_plaintext_hub(&dir).await?;
+    let relay = Relay::start(hub.grpc_addr).await?;
+    let account = format!("one-{ns}");
+    replica_config(
+        &dir.join("a-0.yaml"),
+        relay.addr(),
+        &account,
+        &ns,
+        &kubeconfig,
+    );
+    replica_config(
+        &dir.join("b-0.yaml"),
+        hub.grpc_addr,
+        &account,
+        &ns,
+        &kubeconfig,
+    );
+    let a_admin = SocketAddr::from(([127, 0, 0, 1], local_agent::free_port()?));
+    let b_admin = SocketAddr::from(([127, 0, 0, 1], local_agent::free_port()?));
+    let mut a = spawn_replica(&dir, "a-0", a_admin, &kubeconfig)?;
+    let (verdicts, recorder) = record_verdicts(&admin, &ns, &agent_accounts, "one");
+    let written = |status: &'static str, reason: &'static str, replica: &'static str| {
+        let verdicts = verdicts.clone();
+        move || {
+            let verdicts = verdicts.clone();
+            async move {
+                let seen = verdicts
+                    .lock()
+                    .map_err(|_| anyhow::anyhow!("poisoned"))?
+                    .clone();
+                Ok(seen
+                    .iter()
+                    .position(|(s, r, m)| s == status && r == reason && m.contains(replica)))
+            }
+        }
+    };
+    let streaming_a = wait_for(
+        "a-0 to write Streaming",
+        written("True", "Streaming", "a-0"),
+    )
+    .await?;
+    let mut b = spawn_replica(&dir, "b-0", b_admin, &kubeconfig)?;
+    let path = format!("/api/v1/accounts/{account}");
+    let replica_of = |view: &Value, role: &str| -> Vec<String> {
+        let replicas = match role {
+            "streaming" => vec![view["streaming"].clone()],
+            _ => view["standbys"].as_array().cloned().unwrap_or_default(),
+        };
+        replicas
+            .iter()
+            .filter_map(|r| r["replica"].as_str().map(str::to_string))
+            .collect()
+    };
+    wait_for("the hub to hold b-0 on standby", || async {
+        let view = fixtures::hub_get_json(hub.http_addr, &path)
+            .await?
+            .unwrap_or_default();
+        Ok(
+            (replica_of(&view, "streaming") == ["a-0"] && replica_of(&view, "standby") == ["b-0"])
+                .then_some(()),
+        )
+    })
+    .await?;
+
+    // The outage: a-0's connection ends and its reconnections are refused.
+    relay.cut();
+    wait_for("the hub to promote b-0", || async {
+        let view = fixtures::hub_get_json(hub.http_addr, &path)
+            .await?
+            .unwrap_or_default();
+        Ok((replica_of(&view, "streaming") == ["b-0"]).then_some(()))
+    })
+    .await?;
+    // The premise of what follows: a-0 noticed, and said so where its verdict stood.
+    let unreachable_a = wait_for(
+        "a-0 to write HubUnreachable",
+        written("False", "HubUnreachable", "a-0"),
+    )
+    .await?;
+    assert!(unreachable_a > streaming_a);
+    relay.restore();
+    wait_for("the hub to hold a-0 on standby", || async {
+        let view = fixtures::hub_get_json(hub.http_addr, &path)
+            .await?
+            .unwrap_or_default();
+        Ok((replica_of(&view, "standby") == ["a-0"]).then_some(()))
+    })
+    .await?;
+    let standby_a = wait_for(
+        "a-0, demoted, to write Standby over its HubUnreachable",
+        written("True", "Standby", "a-0"),
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "verdicts: {:?}\na-0's log:\n{}",
+            verdicts.lock().map(|v| v.clone()).unwrap_or_default(),
+            process::tail(a.log(), 30)
+        )
+    })?;
+    assert!(standby_a > unreachable_a);
+    // The streaming replica's verdict stands again within the writer's resync, and the
+    // demoted one writes nothing more.
+    let streaming_b = wait_for_within(
+        "b-0's Streaming to be the account's verdict again",
+        RESYNC_WAIT,
+        Duration::from_millis(250),
+        || async {
+            let (condition, _) = connected(&admin, &ns, &agent_accounts, "one").await?;
+            Ok(condition.filter(|(s, r, m)| s == "True" && r == "Streaming" && m.contains("b-0")))
+        },
+    )
+    .await?;
+    let seen = verdicts
+        .lock()
+        .map_err(|_| anyhow::anyhow!("poisoned"))?
+        .clone();
+    assert!(
+        seen[standby_a + 1..]
+            .iter()
+            .all(|(_, _, m)| !m.contains("a-0")),
+        "a-0 wrote again after Standby: {seen:?}"
+    );
+    assert_eq!(seen.last(), Some(&streaming_b), "{seen:?}");
+
+    recorder.abort();
+    a.stop(Duration::from_secs(20));
+    b.stop(Duration::from_secs(20));
+    drop(relay);
+    hub.shutdown().await?;
     process::remove_at_exit(dir);
     Ok(())
 }

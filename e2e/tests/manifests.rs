@@ -157,3 +157,10 @@ fn helm_chart_renders_what_kustomize_renders() {
         "hub.enabled=true vs overlays/spinnaker",
     );
 }
+
+/// The premise check above: two empty renders are not "the same objects".
+#[test]
+#[should_panic(expected = "the chart rendered no Deployment (0 objects)")]
+fn the_comparison_fails_when_both_render_nothing() {
+    assert_same("", "---\n", "empty renders");
+}

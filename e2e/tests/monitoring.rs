@@ -277,11 +277,7 @@ async fn every_metric_the_alerts_and_dashboard_use_is_exported() -> anyhow::Resu
             .ok_or_else(|| anyhow::anyhow!("no {series:?} in the scrape"))?;
         Ok(line.trim().parse()?)
     };
-    let now = i64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)?
-            .as_secs(),
-    )?;
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
     let (expiry, renewal) = (sample(&expiry_series)?, sample(&renewal_series)?);
     let lifetime = 720 * 3600;
     // Issued at most a few minutes ago for 720h; renewed with a third of that left.

@@ -11,8 +11,6 @@
 
 use std::{
     collections::BTreeMap,
-    future::Future,
-    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -28,7 +26,6 @@ use kube::{
     Api, Client, Resource,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchParams},
 };
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
 use scale_agent_crds::{
     AgentAccount, LABEL_COMPONENT, LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_NAME, LABEL_PART_OF,
     ScaleAgent,
@@ -37,10 +34,12 @@ use scale_agent_crds::{
         ACCEPTED, CERTIFICATE_READY, DEGRADED, PROGRESSING, READY, find_condition, is_true,
     },
 };
-use scale_agent_e2e::{ControlPlane, ControlPlaneOptions, crds};
-use scale_agent_operator::{Config, Metrics, pki, policy::WatchNamespaces};
+use scale_agent_e2e::{
+    ControlPlane, ControlPlaneOptions, crds, operator::Operator, pki::CertificateAuthority,
+    wait::wait_for,
+};
+use scale_agent_operator::{Config, pki};
 use serde_json::{Value, json};
-use tokio::{sync::oneshot, task::JoinHandle};
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -64,95 +63,13 @@ async fn setup(prefix: &str) -> anyhow::Result<(&'static ControlPlane, Client, S
     Ok((control_plane, client, namespace))
 }
 
-/// An operator running in this test's runtime, watching one namespace.
-struct Operator {
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<scale_agent_operator::Result<()>>,
-    metrics: Arc<Metrics>,
-}
-
-impl Operator {
-    fn config(namespace: &str) -> Config {
-        Config {
-            watch_namespaces: WatchNamespaces::Only([namespace.to_owned()].into()),
-            retry_base: Duration::from_millis(500),
-            retry_max: Duration::from_secs(4),
-            instance: Some(format!("e2e-{namespace}")),
-            // Most tests here exercise the operator-signed mode (spec.clientCertificate);
-            // the enrolment tests turn it off.
-            allow_operator_signed_certificates: true,
-            ..Config::default()
-        }
+/// The operator's configuration of these tests: most exercise the operator-signed mode
+/// (spec.clientCertificate); the enrolment tests turn it off.
+fn operator_config(namespace: &str) -> Config {
+    Config {
+        allow_operator_signed_certificates: true,
+        ..Operator::config(namespace)
     }
-
-    fn start(client: Client, config: Config) -> Self {
-        let (stop, stopped) = oneshot::channel::<()>();
-        let metrics = Arc::new(Metrics::new());
-        let task = tokio::spawn(scale_agent_operator::run_controllers(
-            client,
-            config,
-            metrics.clone(),
-            async move {
-                let _ = stopped.await;
-            },
-        ));
-        Self {
-            stop: Some(stop),
-            task,
-            metrics,
-        }
-    }
-
-    async fn stop(mut self) -> anyhow::Result<()> {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        tokio::time::timeout(Duration::from_secs(30), &mut self.task).await???;
-        Ok(())
-    }
-
-    /// Reconciles counted for `controller` since start.
-    fn reconciles(&self, controller: &str) -> u64 {
-        let text = self.metrics.render();
-        let prefix =
-            format!("scale_agent_operator_reconciles_total{{controller=\"{controller}\"}} ");
-        text.lines()
-            .find_map(|line| line.strip_prefix(&prefix))
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or(0)
-    }
-}
-
-/// Polls `check` until it returns `Some`, or fails after `TIMEOUT` naming `what`.
-async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = anyhow::Result<Option<T>>>,
-{
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        if let Some(value) = check().await? {
-            return Ok(value);
-        }
-        if Instant::now() > deadline {
-            anyhow::bail!("timed out after {TIMEOUT:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-/// A self-signed CA: (certificate PEM, PKCS#8 key PEM).
-fn make_ca(name: &str) -> anyhow::Result<(String, String)> {
-    let key = KeyPair::generate()?;
-    let mut params = CertificateParams::default();
-    params.distinguished_name.push(DnType::CommonName, name);
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let cert = params.self_signed(&key)?;
-    Ok((cert.pem(), key.serialize_pem()))
 }
 
 async fn create_secret(
@@ -181,7 +98,8 @@ async fn create_secret(
 
 /// Creates the issuer Secret `agent-ca` and returns the CA certificate PEM.
 async fn create_ca_secret(client: &Client, namespace: &str) -> anyhow::Result<(String, String)> {
-    let (cert, key) = make_ca("scale-agent-e2e-agents")?;
+    let ca = CertificateAuthority::new("scale-agent-e2e-agents")?;
+    let (cert, key) = (ca.cert_pem, ca.key_pem);
     create_secret(
         client,
         namespace,
@@ -437,7 +355,7 @@ async fn resource_versions(
 async fn owned_objects_roll_out_and_a_second_reconcile_writes_nothing() -> anyhow::Result<()> {
     let (control_plane, client, ns) = setup("op-objects").await?;
     create_ca_secret(&client, &ns).await?;
-    let operator = Operator::start(client.clone(), Operator::config(&ns));
+    let operator = Operator::start(client.clone(), operator_config(&ns));
 
     apply_json::<ScaleAgent>(
         &client,
@@ -727,7 +645,15 @@ async fn owned_objects_roll_out_and_a_second_reconcile_writes_nothing() -> anyho
     }
     operator.stop().await?;
     let before = resource_versions(&client, &ns, "prod", &accounts).await?;
-    let operator = Operator::start(client.clone(), Operator::config(&ns));
+    // Compared below: it means nothing for objects that do not exist (an empty version on
+    // both sides). Cluster scope: no namespaced Role.
+    let absent: Vec<&String> = before
+        .iter()
+        .filter(|(kind, version)| version.is_empty() && kind.as_str() != "Role")
+        .map(|(kind, _)| kind)
+        .collect();
+    anyhow::ensure!(absent.is_empty(), "the premise: {absent:?} exist");
+    let operator = Operator::start(client.clone(), operator_config(&ns));
     wait_for("the restarted operator to reconcile", || async {
         Ok(
             (operator.reconciles("scaleagent") >= 1 && operator.reconciles("agentaccount") >= 2)
@@ -766,7 +692,7 @@ async fn rbac_is_real_and_minimal() -> anyhow::Result<()> {
     let in_scope = control_plane.namespace(&client, "op-rbac-in").await?;
     let out_of_scope = control_plane.namespace(&client, "op-rbac-out").await?;
     create_ca_secret(&client, &ns).await?;
-    let operator = Operator::start(client.clone(), Operator::config(&ns));
+    let operator = Operator::start(client.clone(), operator_config(&ns));
     apply_json::<ScaleAgent>(
         &client,
         &ns,
@@ -945,7 +871,7 @@ async fn scope_changes_account_removal_and_deletion_clean_up() -> anyhow::Result
     let (control_plane, client, ns) = setup("op-scope").await?;
     let other = control_plane.namespace(&client, "op-scope-other").await?;
     create_ca_secret(&client, &ns).await?;
-    let operator = Operator::start(client.clone(), Operator::config(&ns));
+    let operator = Operator::start(client.clone(), operator_config(&ns));
     let namespaces_scope = json!({ "scope": { "type": "Namespaces", "namespaces": [ns, other] } });
     apply_json::<ScaleAgent>(&client, &ns, scale_agent("prod", namespaces_scope.clone())).await?;
     for name in ["one", "two"] {
@@ -1110,7 +1036,7 @@ async fn certificate_is_issued_by_the_ca_and_renewed_before_expiry() -> anyhow::
     let (_, client, ns) = setup("op-cert").await?;
     let (ca_cert, ca_key) = create_ca_secret(&client, &ns).await?;
     let ca = pki::Ca::from_pem(&ca_cert, &ca_key).map_err(anyhow::Error::msg)?;
-    let mut config = Operator::config(&ns);
+    let mut config = operator_config(&ns);
     config.certificate_lifetime_override = Some(Duration::from_secs(15));
     let operator = Operator::start(client.clone(), config);
     apply_json::<ScaleAgent>(&client, &ns, scale_agent("prod", json!({}))).await?;
@@ -1162,9 +1088,7 @@ async fn certificate_is_issued_by_the_ca_and_renewed_before_expiry() -> anyhow::
         Ok((cert != read(&first, "tls.crt")).then_some(cert))
     })
     .await?;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_secs() as i64;
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
     let renewed_info = pki::parse(&renewed).expect("renewed certificate");
     assert!(
         renewed_info.not_before >= info.renew_at() - 1,
@@ -1193,7 +1117,7 @@ async fn certificate_is_issued_by_the_ca_and_renewed_before_expiry() -> anyhow::
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_objects_are_rejected_or_reported() -> anyhow::Result<()> {
     let (_, client, ns) = setup("op-invalid").await?;
-    let operator = Operator::start(client.clone(), Operator::config(&ns));
+    let operator = Operator::start(client.clone(), operator_config(&ns));
     let accounts = Api::<AgentAccount>::namespaced(client.clone(), &ns);
 
     // CEL: both kinds and omitKinds.
@@ -1535,7 +1459,7 @@ async fn kustomize_manifests_render_and_the_operator_rbac_suffices() -> anyhow::
     assert_eq!(api_code(&forbidden), Some(403), "{forbidden:?}");
 
     create_ca_secret(&client, &ns).await?;
-    let operator = Operator::start(as_operator, Operator::config(&ns));
+    let operator = Operator::start(as_operator, operator_config(&ns));
     apply_json::<ScaleAgent>(
         &client,
         &ns,
@@ -1606,7 +1530,7 @@ async fn kustomize_manifests_render_and_the_operator_rbac_suffices() -> anyhow::
 async fn a_restarted_operator_converges() -> anyhow::Result<()> {
     let (_, client, ns) = setup("op-restart").await?;
     create_ca_secret(&client, &ns).await?;
-    let operator = Operator::start(client.clone(), Operator::config(&ns));
+    let operator = Operator::start(client.clone(), operator_config(&ns));
     apply_json::<ScaleAgent>(&client, &ns, scale_agent("prod", json!({}))).await?;
     apply_json::<AgentAccount>(
         &client,
@@ -1637,7 +1561,7 @@ async fn a_restarted_operator_converges() -> anyhow::Result<()> {
         ),
     )
     .await?;
-    let operator = Operator::start(client.clone(), Operator::config(&ns));
+    let operator = Operator::start(client.clone(), operator_config(&ns));
     wait_for("the changes applied after the restart", || async {
         let names = agent_config(&client, &ns, "prod")
             .await?
@@ -1689,7 +1613,6 @@ async fn full_flow_agent_process_registers_with_the_hub_and_survives_an_operator
     use scale_agent_e2e::{
         fixtures::hub_get_json as get_json,
         local_agent::{LocalAgent, LocalAgentOptions},
-        pki::CertificateAuthority,
     };
     let (control_plane, client, ns) = setup("op-full-flow").await?;
     let dir = std::env::temp_dir().join(format!("op-full-flow-{ns}"));
@@ -1714,7 +1637,7 @@ async fn full_flow_agent_process_registers_with_the_hub_and_survives_an_operator
     hub_config.api_tokens_file = Some(scale_agent_e2e::fixtures::write_api_tokens(&dir)?);
     let hub = scale_agent_hub::start(hub_config).await?;
 
-    let mut operator = Operator::start(client.clone(), Operator::config(&ns));
+    let mut operator = Operator::start(client.clone(), operator_config(&ns));
     apply_json::<ScaleAgent>(
         &client,
         &ns,
@@ -1812,7 +1735,7 @@ async fn full_flow_agent_process_registers_with_the_hub_and_survives_an_operator
         ),
     )
     .await?;
-    operator = Operator::start(client.clone(), Operator::config(&ns));
+    operator = Operator::start(client.clone(), operator_config(&ns));
     let mut expected = vec![one.clone(), two.clone()];
     expected.sort();
     wait_for(
@@ -1910,7 +1833,7 @@ async fn custom_resources_get_rbac_for_what_the_cluster_serves() -> anyhow::Resu
     .collect::<Result<_, _>>()?;
     crds::install(&client, &definitions).await?;
     create_ca_secret(&client, &ns).await?;
-    let operator = Operator::start(client.clone(), Operator::config(&ns));
+    let operator = Operator::start(client.clone(), operator_config(&ns));
     apply_json::<ScaleAgent>(
         &client,
         &ns,
@@ -2070,7 +1993,7 @@ async fn the_operator_is_not_an_escalation_path() -> anyhow::Result<()> {
     let (control_plane, client, ns) = setup("op-policy").await?;
     let elsewhere = control_plane.namespace(&client, "op-policy-out").await?;
     create_ca_secret(&client, &ns).await?;
-    let operator = Operator::start(client.clone(), Operator::config(&ns));
+    let operator = Operator::start(client.clone(), operator_config(&ns));
 
     // Outside the watched namespaces: told so, and nothing made.
     apply_json::<ScaleAgent>(
@@ -2326,7 +2249,7 @@ async fn enrolment_hub(
     ns: &str,
     dir: &std::path::Path,
 ) -> anyhow::Result<scale_agent_e2e::fixtures::TlsHub> {
-    let grpc_ca = scale_agent_e2e::pki::CertificateAuthority::new("scale-agent-e2e-grpc-ca")?;
+    let grpc_ca = CertificateAuthority::new("scale-agent-e2e-grpc-ca")?;
     let serving = grpc_ca.serving("scale-agent-hub", &[])?;
     create_secret(client, ns, "hub-ca", &[("ca.crt", &grpc_ca.cert_pem)]).await?;
     scale_agent_e2e::fixtures::TlsHub::start(dir, |config| {
@@ -2386,7 +2309,7 @@ async fn enrolment_gets_a_hub_issued_certificate_once_per_token() -> anyhow::Res
     let grpc = hub.hub.grpc_addr;
     let token = enrolment_token(&hub, "prod-eu").await?;
     create_secret(&client, &ns, "enrol", &[("token", &token)]).await?;
-    let mut config = Operator::config(&ns);
+    let mut config = operator_config(&ns);
     config.allow_operator_signed_certificates = false;
     let operator = Operator::start(client.clone(), config);
     apply_json::<ScaleAgent>(&client, &ns, enrolling_agent("prod", grpc, "enrol")).await?;
@@ -2535,7 +2458,7 @@ async fn enrolment_gets_a_hub_issued_certificate_once_per_token() -> anyhow::Res
 async fn operator_signed_certificates_need_the_flag() -> anyhow::Result<()> {
     let (_, client, ns) = setup("op-signed").await?;
     create_ca_secret(&client, &ns).await?;
-    let mut config = Operator::config(&ns);
+    let mut config = operator_config(&ns);
     config.allow_operator_signed_certificates = false;
     let operator = Operator::start(client.clone(), config);
     apply_json::<ScaleAgent>(&client, &ns, scale_agent("prod", json!({}))).await?;
@@ -2571,7 +2494,7 @@ async fn operator_signed_certificates_need_the_flag() -> anyhow::Result<()> {
     operator.stop().await?;
 
     // With the flag, the operator signs.
-    let operator = Operator::start(client.clone(), Operator::config(&ns));
+    let operator = Operator::start(client.clone(), operator_config(&ns));
     let secret = wait_for("the operator-signed Secret", || async {
         Ok(secrets.get_opt("prod-agent-tls").await?)
     })
@@ -2598,7 +2521,6 @@ fn connected(
 async fn the_agent_writes_the_hubs_verdict_into_the_status() -> anyhow::Result<()> {
     use scale_agent_e2e::argocd;
     use scale_agent_e2e::local_agent::{LocalAgent, LocalAgentOptions};
-    use scale_agent_e2e::pki::CertificateAuthority;
     use scale_agent_proto::v1::{self as pb, agent_message::Kind as Msg, hub_message::Kind as Out};
     let (control_plane, client, ns) = setup("op-lifecycle").await?;
     let dir = std::env::temp_dir().join(format!("op-lifecycle-{ns}"));
@@ -2627,7 +2549,11 @@ async fn the_agent_writes_the_hubs_verdict_into_the_status() -> anyhow::Result<(
     let other_cluster = "https://other-cluster.example:6443";
     let issued = pki::Ca::from_pem(&issuer_cert, &issuer_key)
         .map_err(anyhow::Error::msg)?
-        .issue(&identity, Duration::from_secs(3600), jiff_now())
+        .issue(
+            &identity,
+            Duration::from_secs(3600),
+            k8s_openapi::jiff::Timestamp::now().as_second(),
+        )
         .map_err(anyhow::Error::msg)?;
     let tls = tonic::transport::ClientTlsConfig::new()
         .ca_certificate(tonic::transport::Certificate::from_pem(&hub_ca.cert_pem))
@@ -2685,7 +2611,7 @@ async fn the_agent_writes_the_hubs_verdict_into_the_status() -> anyhow::Result<(
         }
     }
 
-    let operator = Operator::start(client.clone(), Operator::config(&ns));
+    let operator = Operator::start(client.clone(), operator_config(&ns));
     let hub_address = format!("localhost:{}", hub.grpc_addr.port());
     apply_json::<ScaleAgent>(
         &client,
@@ -2972,11 +2898,4 @@ async fn the_agent_writes_the_hubs_verdict_into_the_status() -> anyhow::Result<(
     operator.stop().await?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
-}
-
-fn jiff_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or_default()
 }

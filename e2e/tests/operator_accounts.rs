@@ -5,11 +5,7 @@
 //! reuse API discovery instead of running it each time. The counts come from the API
 //! server's audit log, not from the operator's own counters.
 
-use std::{
-    future::Future,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::time::Instant;
 
 use k8s_openapi::api::{core::v1::ConfigMap, events::v1::Event};
 use kube::{
@@ -20,12 +16,10 @@ use scale_agent_crds::{
     AgentAccount, ScaleAgent,
     conditions::{ACCEPTED, find_condition},
 };
-use scale_agent_e2e::{ControlPlane, ControlPlaneOptions, crds};
-use scale_agent_operator::{Config, Metrics, policy::WatchNamespaces};
+use scale_agent_e2e::{
+    ControlPlane, ControlPlaneOptions, crds, operator::Operator, wait::wait_for,
+};
 use serde_json::{Value, json};
-use tokio::{sync::oneshot, task::JoinHandle};
-
-const TIMEOUT: Duration = Duration::from_secs(90);
 
 fn control_plane() -> anyhow::Result<&'static ControlPlane> {
     Ok(ControlPlane::shared_with(|| {
@@ -40,77 +34,6 @@ async fn setup(prefix: &str) -> anyhow::Result<(&'static ControlPlane, Client, S
     crds::install(&client, &crds::read_crds(&crds::manifests_dir())?).await?;
     let namespace = control_plane.namespace(&client, prefix).await?;
     Ok((control_plane, client, namespace))
-}
-
-/// An operator running in this test's runtime, watching one namespace.
-struct Operator {
-    stop: oneshot::Sender<()>,
-    task: JoinHandle<scale_agent_operator::Result<()>>,
-    metrics: Arc<Metrics>,
-}
-
-impl Operator {
-    fn start(client: Client, namespace: &str) -> Self {
-        let config = Config {
-            watch_namespaces: WatchNamespaces::Only([namespace.to_owned()].into()),
-            retry_base: Duration::from_millis(500),
-            retry_max: Duration::from_secs(4),
-            instance: Some(format!("e2e-{namespace}")),
-            ..Config::default()
-        };
-        let (stop, stopped) = oneshot::channel::<()>();
-        let metrics = Arc::new(Metrics::new());
-        let task = tokio::spawn(scale_agent_operator::run_controllers(
-            client,
-            config,
-            metrics.clone(),
-            async move {
-                let _ = stopped.await;
-            },
-        ));
-        Self {
-            stop,
-            task,
-            metrics,
-        }
-    }
-
-    async fn stop(self) -> anyhow::Result<()> {
-        let _ = self.stop.send(());
-        tokio::time::timeout(Duration::from_secs(60), self.task).await???;
-        Ok(())
-    }
-
-    /// Reconciles counted for `controller` since start.
-    fn reconciles(&self, controller: &str) -> u64 {
-        let prefix =
-            format!("scale_agent_operator_reconciles_total{{controller=\"{controller}\"}} ");
-        self.metrics
-            .render()
-            .lines()
-            .find_map(|line| line.strip_prefix(&prefix))
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or(0)
-    }
-}
-
-/// Polls `check` until it returns `Some`, or fails after `TIMEOUT` naming `what`.
-async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = anyhow::Result<Option<T>>>,
-{
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        if let Some(value) = check().await? {
-            return Ok(value);
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "timed out after {TIMEOUT:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 fn scale_agent(name: &str) -> Value {
@@ -209,7 +132,7 @@ async fn an_unreadable_agent_account_gets_an_event_and_the_others_are_still_reco
         )
         .await?;
 
-    let operator = Operator::start(client.clone(), &ns);
+    let operator = Operator::watching(client.clone(), &ns);
     // The readable account is reconciled and goes into its agent's config; the unreadable
     // one does not.
     wait_for("the readable AgentAccount accepted", || async {
@@ -294,7 +217,7 @@ async fn reconciles_read_accounts_from_the_cache_and_reuse_discovery() -> anyhow
             )
             .await?;
     }
-    let operator = Operator::start(client.clone(), &ns);
+    let operator = Operator::watching(client.clone(), &ns);
     wait_for("every account in the agent config", || async {
         let config = rendered_config(&client, &ns).await?.unwrap_or_default();
         let all = names

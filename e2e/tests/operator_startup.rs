@@ -25,7 +25,8 @@ use scale_agent_crds::{
     conditions::{DEGRADED, find_condition},
 };
 use scale_agent_e2e::{
-    ControlPlane, crds, fixtures, http::Call, local_agent::free_port, process::ManagedProcess,
+    ControlPlane, crds, fixtures, http::Call, local_agent::free_port, operator::Operator,
+    process::ManagedProcess, wait::wait_for,
 };
 use scale_agent_operator::{Config, Metrics, policy::WatchNamespaces};
 
@@ -221,25 +222,6 @@ async fn readyz_says_ok_only_once_the_controllers_run() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Polls `check` until it returns `Some`, or fails after `TIMEOUT` naming `what`.
-async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
-{
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        if let Some(value) = check().await? {
-            return Ok(value);
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "timed out after {TIMEOUT:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
 fn scale_agent_json(name: &str) -> serde_json::Value {
     serde_json::json!({
         "apiVersion": "scaleagent.dev/v1alpha1",
@@ -286,22 +268,7 @@ async fn an_unreadable_scale_agent_gets_an_event_and_the_others_are_still_reconc
         "the premise: the Rust type must refuse the stored object, got {unreadable:?}"
     );
 
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let config = Config {
-        watch_namespaces: WatchNamespaces::Only([namespace.clone()].into()),
-        retry_base: Duration::from_millis(500),
-        retry_max: Duration::from_secs(4),
-        instance: Some(format!("e2e-{namespace}")),
-        ..Config::default()
-    };
-    let operator = tokio::spawn(scale_agent_operator::run_controllers(
-        client.clone(),
-        config,
-        Arc::new(Metrics::new()),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let operator = Operator::watching(client.clone(), &namespace);
     raw.create(
         &PostParams::default(),
         &serde_json::from_value(scale_agent_json("good"))?,
@@ -347,9 +314,7 @@ async fn an_unreadable_scale_agent_gets_an_event_and_the_others_are_still_reconc
         );
     }
 
-    let _ = stop.send(());
-    tokio::time::timeout(Duration::from_secs(30), operator).await???;
-    Ok(())
+    operator.stop().await
 }
 
 /// The operator binary with leader election on a short Lease, as instance `instance`.

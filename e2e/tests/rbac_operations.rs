@@ -11,7 +11,7 @@
 //! accounts need, and an account naming a namespace outside the scope is refused with what to
 //! change.
 
-use std::{path::Path, sync::Arc, time::Duration};
+use std::{path::Path, time::Duration};
 
 use k8s_openapi::api::{
     apps::v1::{Deployment, ReplicaSet, StatefulSet},
@@ -32,10 +32,10 @@ use scale_agent_e2e::{
     ControlPlane, ControlPlaneOptions, crds,
     fixtures::{self, TlsHub},
     kubectl::Kubectl,
+    operator::Operator,
+    wait::{EVERY, wait_for_within},
 };
-use scale_agent_operator::{Config, Metrics, policy::WatchNamespaces};
 use serde_json::{Value, json};
-use tokio::{sync::oneshot, task::JoinHandle};
 
 /// Generous: two cores are shared by many builds and tests.
 const TIMEOUT: Duration = Duration::from_secs(180);
@@ -49,62 +49,6 @@ fn control_plane() -> anyhow::Result<&'static ControlPlane> {
     Ok(ControlPlane::shared_with(|| {
         ControlPlaneOptions::default().with_controller_manager()
     })?)
-}
-
-/// An operator running in this test's runtime, watching one namespace.
-struct Operator {
-    stop: oneshot::Sender<()>,
-    task: JoinHandle<scale_agent_operator::Result<()>>,
-}
-
-impl Operator {
-    fn start(client: Client, namespace: &str) -> Self {
-        let config = Config {
-            watch_namespaces: WatchNamespaces::Only([namespace.to_owned()].into()),
-            retry_base: Duration::from_millis(500),
-            retry_max: Duration::from_secs(4),
-            instance: Some(format!("e2e-{namespace}")),
-            ..Config::default()
-        };
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(scale_agent_operator::run_controllers(
-            client,
-            config,
-            Arc::new(Metrics::new()),
-            async move {
-                let _ = stopped.await;
-            },
-        ));
-        Self { stop, task }
-    }
-
-    async fn stop(self) -> anyhow::Result<()> {
-        let _ = self.stop.send(());
-        tokio::time::timeout(Duration::from_secs(30), self.task).await???;
-        Ok(())
-    }
-}
-
-/// Polls `check` until it returns `Some`, or fails after `TIMEOUT` naming `what`.
-async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
-{
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    let mut last = None;
-    loop {
-        match check().await {
-            Ok(Some(value)) => return Ok(value),
-            Ok(None) => {}
-            Err(e) => last = Some(e),
-        }
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {TIMEOUT:?} waiting for {what} (last error: {last:?})"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 async fn apply(client: &Client, namespace: &str, value: Value) -> anyhow::Result<()> {
@@ -495,8 +439,10 @@ async fn seed(admin: &Client, ns: &str) -> anyhow::Result<()> {
             "controllerrevisions",
         ),
     );
-    wait_for(
+    wait_for_within(
         "two revisions of the Deployment and the StatefulSet",
+        TIMEOUT,
+        EVERY,
         || {
             let (replica_sets, revisions) = (replica_sets.clone(), revisions.clone());
             async move {
@@ -594,7 +540,7 @@ async fn every_documented_operation_works_or_is_the_documented_403_for_each_acce
     let dir = fixtures::temp_dir("scale-agent-e2e-rbac-ops")?;
     seed(&admin, &ns).await?;
 
-    let operator = Operator::start(admin.clone(), &ns);
+    let operator = Operator::watching(admin.clone(), &ns);
     apply(&admin, &ns, scale_agent("ro", "ReadOnly", &[&ns])).await?;
     apply(&admin, &ns, scale_agent("deploy", "Deploy", &[&ns, &other])).await?;
     let ro_account = format!("{ns}-ro");
@@ -643,15 +589,20 @@ async fn every_documented_operation_works_or_is_the_documented_403_for_each_acce
 
     // The stray account is refused, saying what to change.
     let accounts: Api<AgentAccount> = Api::namespaced(admin.clone(), &ns);
-    let refused = wait_for("the stray account's Accepted condition", || {
-        let accounts = accounts.clone();
-        async move {
-            let account = accounts.get("stray").await?;
-            Ok(account
-                .status
-                .and_then(|s| find_condition(&s.conditions, ACCEPTED).cloned()))
-        }
-    })
+    let refused = wait_for_within(
+        "the stray account's Accepted condition",
+        TIMEOUT,
+        EVERY,
+        || {
+            let accounts = accounts.clone();
+            async move {
+                let account = accounts.get("stray").await?;
+                Ok(account
+                    .status
+                    .and_then(|s| find_condition(&s.conditions, ACCEPTED).cloned()))
+            }
+        },
+    )
     .await?;
     assert_eq!(
         (refused.status.as_str(), refused.reason.as_str()),
@@ -670,29 +621,34 @@ async fn every_documented_operation_works_or_is_the_documented_403_for_each_acce
 
     // Each scope namespace's Role holds what its own accounts need there.
     let rbac_name = format!("scale-agent:{ns}:deploy");
-    wait_for("the Deploy agent's Roles in both namespaces", || {
-        let (admin, ns, other, rbac_name) =
-            (admin.clone(), ns.clone(), other.clone(), rbac_name.clone());
-        async move {
-            let has = |role: Option<Role>, resource: &str| {
-                role.and_then(|r| r.rules)
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|rule| {
-                        rule.resources
-                            .as_ref()
-                            .is_some_and(|r| r.iter().any(|r| r == resource))
-                    })
-            };
-            let here = Api::<Role>::namespaced(admin.clone(), &ns)
-                .get_opt(&rbac_name)
-                .await?;
-            let there = Api::<Role>::namespaced(admin.clone(), &other)
-                .get_opt(&rbac_name)
-                .await?;
-            Ok((has(here, "jobs") && has(there, "services")).then_some(()))
-        }
-    })
+    wait_for_within(
+        "the Deploy agent's Roles in both namespaces",
+        TIMEOUT,
+        EVERY,
+        || {
+            let (admin, ns, other, rbac_name) =
+                (admin.clone(), ns.clone(), other.clone(), rbac_name.clone());
+            async move {
+                let has = |role: Option<Role>, resource: &str| {
+                    role.and_then(|r| r.rules)
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|rule| {
+                            rule.resources
+                                .as_ref()
+                                .is_some_and(|r| r.iter().any(|r| r == resource))
+                        })
+                };
+                let here = Api::<Role>::namespaced(admin.clone(), &ns)
+                    .get_opt(&rbac_name)
+                    .await?;
+                let there = Api::<Role>::namespaced(admin.clone(), &other)
+                    .get_opt(&rbac_name)
+                    .await?;
+                Ok((has(here, "jobs") && has(there, "services")).then_some(()))
+            }
+        },
+    )
     .await?;
     let deploy_token = control_plane
         .service_account_token(&admin, &ns, "deploy-agent")
@@ -739,7 +695,7 @@ async fn every_documented_operation_works_or_is_the_documented_403_for_each_acce
             .await?;
         let kubeconfig = dir.join(format!("{name}.kubeconfig"));
         std::fs::write(&kubeconfig, control_plane.kubeconfig_for_token(&token))?;
-        let accounts = wait_for("the rendered account", || {
+        let accounts = wait_for_within("the rendered account", TIMEOUT, EVERY, || {
             let (admin, ns, kubeconfig) = (admin.clone(), ns.clone(), kubeconfig.clone());
             async move {
                 let accounts = rendered_accounts(&admin, &ns, name, &kubeconfig).await?;

@@ -1,20 +1,23 @@
-//! Upgrading from 0.1.0 (issue 14, item 5), in part: the CRDs of the first release
+//! Upgrading from 0.1.0 (issue 14, item 5): the CRDs of the first release
 //! (`tests/fixtures/v0.1.0/crds/`, copied from commit 22a98d5, the last before CHANGELOG's
 //! `[0.1.0]` section was cut in 7b4ecb0; there are no git tags) are installed, ScaleAgents and
-//! AgentAccounts are stored under them and reconciled, the CRDs are upgraded to this
-//! release's and the operator restarted: it converges without recreating or rolling the
-//! agents (Deployment uid, generation and pod template unchanged) and without dropping an
-//! account (both still accepted and in the agent's config).
+//! AgentAccounts are stored under them and reconciled, and the operator's agent runs (the
+//! Deployment's pod as a real process, `scale_agent_e2e::local_agent`) and streams both
+//! accounts to a real hub. Then the CRDs are upgraded to this release's and the operator
+//! restarted: it converges without recreating or rolling the agents (Deployment uid,
+//! generation and pod template unchanged) and without dropping an account (both still
+//! accepted and in the agent's config); across it the hub keeps both accounts ACTIVE and
+//! streamed by the same replica, and the agent does not list again (counted in the API
+//! server's audit log, not by our own counters).
 //!
 //! What this does not cover: the 0.1.0 operator binary itself (no image can be pulled here
 //! and building an old commit in a test is out of reach), so the same operator code runs
-//! before and after; and the hub's side of the accounts (no agent process runs here).
+//! before and after.
 
 use std::{
-    future::Future,
     path::Path,
-    sync::Arc,
-    time::{Duration, Instant},
+    sync::{Arc, Mutex},
+    time::Duration,
 };
 
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
@@ -26,81 +29,13 @@ use scale_agent_crds::{
     AgentAccount, ScaleAgent,
     conditions::{ACCEPTED, find_condition},
 };
-use scale_agent_e2e::{ControlPlane, crds};
-use scale_agent_operator::{Config, Metrics, policy::WatchNamespaces};
+use scale_agent_e2e::{
+    ControlPlane, ControlPlaneOptions, crds, fixtures,
+    local_agent::{LocalAgent, LocalAgentOptions},
+    operator::Operator,
+    wait::wait_for,
+};
 use serde_json::{Value, json};
-use tokio::{sync::oneshot, task::JoinHandle};
-
-const TIMEOUT: Duration = Duration::from_secs(90);
-
-/// An operator running in this test's runtime, watching one namespace.
-struct Operator {
-    stop: oneshot::Sender<()>,
-    task: JoinHandle<scale_agent_operator::Result<()>>,
-    metrics: Arc<Metrics>,
-}
-
-impl Operator {
-    fn start(client: Client, namespace: &str) -> Self {
-        let config = Config {
-            watch_namespaces: WatchNamespaces::Only([namespace.to_owned()].into()),
-            retry_base: Duration::from_millis(500),
-            retry_max: Duration::from_secs(4),
-            instance: Some(format!("e2e-{namespace}")),
-            ..Config::default()
-        };
-        let (stop, stopped) = oneshot::channel::<()>();
-        let metrics = Arc::new(Metrics::new());
-        let task = tokio::spawn(scale_agent_operator::run_controllers(
-            client,
-            config,
-            metrics.clone(),
-            async move {
-                let _ = stopped.await;
-            },
-        ));
-        Self {
-            stop,
-            task,
-            metrics,
-        }
-    }
-
-    async fn stop(self) -> anyhow::Result<()> {
-        let _ = self.stop.send(());
-        tokio::time::timeout(Duration::from_secs(60), self.task).await???;
-        Ok(())
-    }
-
-    fn reconciles(&self, controller: &str) -> u64 {
-        let prefix =
-            format!("scale_agent_operator_reconciles_total{{controller=\"{controller}\"}} ");
-        self.metrics
-            .render()
-            .lines()
-            .find_map(|line| line.strip_prefix(&prefix))
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or(0)
-    }
-}
-
-async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = anyhow::Result<Option<T>>>,
-{
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        if let Some(value) = check().await? {
-            return Ok(value);
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "timed out after {TIMEOUT:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
 
 /// What must survive the upgrade: the agent Deployment's identity and pod template, and the
 /// accounts in the agent's config.
@@ -153,17 +88,44 @@ async fn converged(client: &Client, namespace: &str) -> anyhow::Result<Option<Ag
     }))
 }
 
+/// LIST requests the agent's ServiceAccount made, per the API server's audit log.
+fn lists_by_the_agent(control_plane: &ControlPlane, namespace: &str) -> anyhow::Result<usize> {
+    let user = format!("system:serviceaccount:{namespace}:prod-agent");
+    Ok(control_plane
+        .audit_events()?
+        .iter()
+        .filter(|e| e.verb == "list" && e.user.username == user)
+        .count())
+}
+
+/// `(accountState, streaming replica)` of an account in the hub's REST API.
+async fn hub_account(
+    hub: &scale_agent_hub::RunningHub,
+    account: &str,
+) -> anyhow::Result<(String, String)> {
+    let view = fixtures::hub_get_json(hub.http_addr, &format!("/api/v1/accounts/{account}"))
+        .await?
+        .unwrap_or_default();
+    let field = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    Ok((
+        field(&view["accountState"]),
+        field(&view["streaming"]["replica"]),
+    ))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upgrading_the_crds_from_0_1_0_keeps_agents_and_accounts() -> anyhow::Result<()> {
-    // This test binary's own control plane: the CRDs are cluster-wide and this test changes
-    // them.
-    let control_plane = ControlPlane::shared()?;
+    // This test binary's own control plane, with an audit log: the CRDs are cluster-wide
+    // and this test changes them.
+    let control_plane = ControlPlane::shared_with(|| ControlPlaneOptions::default().with_audit())?;
     let client = control_plane.client().await?;
     let old = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v0.1.0/crds");
     let old_crds = crds::read_crds(&old)?;
     assert_eq!(old_crds.len(), 2, "the premise: both 0.1.0 CRDs");
     crds::install(&client, &old_crds).await?;
     let namespace = control_plane.namespace(&client, "upgrade").await?;
+    let dir = fixtures::temp_dir("upgrade")?;
+    let hub = fixtures::start_plaintext_hub(&dir).await?;
 
     // Stored under the 0.1.0 schema, untyped: exactly what a 0.1.0 user applied.
     let post = PostParams::default();
@@ -177,14 +139,17 @@ async fn upgrading_the_crds_from_0_1_0_keeps_agents_and_accounts() -> anyhow::Re
                 "apiVersion": "scaleagent.dev/v1alpha1", "kind": "ScaleAgent",
                 "metadata": { "name": "prod" },
                 "spec": {
-                    "hub": { "address": "hub.spinnaker.example.com:9091" },
-                    "enrolment": { "tokenSecretRef": { "name": "enrolment-token" } },
+                    "hub": {
+                        "address": hub.grpc_addr.to_string(),
+                        "tls": { "insecurePlaintext": true },
+                    },
                     "replicas": 2,
                 },
             }))?,
         )
         .await?;
-    for name in ["web", "api"] {
+    let accounts = ["web", "api"].map(|name| format!("{namespace}-{name}"));
+    for (name, account) in ["web", "api"].iter().zip(&accounts) {
         raw(ApiResource::erase::<AgentAccount>(&()))
             .create(
                 &post,
@@ -193,23 +158,86 @@ async fn upgrading_the_crds_from_0_1_0_keeps_agents_and_accounts() -> anyhow::Re
                     "metadata": { "name": name },
                     "spec": {
                         "agentRef": "prod",
-                        "accountName": format!("{namespace}-{name}"),
+                        "accountName": account,
+                        "namespaces": [namespace],
                         "kinds": ["ConfigMap", "Deployment"],
                     },
                 }))?,
             )
             .await?;
     }
-    let operator = Operator::start(client.clone(), &namespace);
+    let operator = Operator::watching(client.clone(), &namespace);
     let before = wait_for("the agent and both accounts under the 0.1.0 CRDs", || {
         converged(&client, &namespace)
     })
     .await?;
+
+    // The agent the operator made streams both accounts to the hub.
+    let mut agent = LocalAgent::start(
+        control_plane,
+        &client,
+        LocalAgentOptions::new(&namespace, "prod-agent", dir.join("prod-agent-0")),
+    )
+    .await?;
+    let replica = agent.pod_name().to_string();
+    for account in &accounts {
+        wait_for(&format!("the hub to have {account} ACTIVE"), || async {
+            let (state, streaming) = hub_account(&hub, account).await?;
+            Ok((state == "ACTIVE" && streaming == replica).then_some(()))
+        })
+        .await?;
+    }
+    agent.wait_ready(Duration::from_secs(90)).await?;
+    // The agent's LISTs at rest: the same count for 3 s.
+    let mut seen = (usize::MAX, tokio::time::Instant::now());
+    let lists_before = wait_for("the agent's LISTs to come to rest", || {
+        let count = lists_by_the_agent(control_plane, &namespace);
+        let now = tokio::time::Instant::now();
+        let result = count.map(|count| {
+            if count != seen.0 {
+                seen = (count, now);
+            }
+            (now - seen.1 >= Duration::from_secs(3)).then_some(count)
+        });
+        async move { result }
+    })
+    .await?;
+    assert!(
+        lists_before > 0,
+        "the premise: the audit log shows the agent's initial LISTs"
+    );
     operator.stop().await?;
+
+    // The hub's view of both accounts, sampled every 200 ms all through the upgrade (an
+    // agent away for 3 s shows as INACTIVE samples; the audit log below catches a relist).
+    let samples = Arc::new(Mutex::new(Vec::<(String, String, String)>::new()));
+    let sampler = tokio::spawn({
+        let (samples, accounts, addr) = (samples.clone(), accounts.clone(), hub.http_addr);
+        async move {
+            loop {
+                for account in &accounts {
+                    let view = fixtures::hub_get_json(addr, &format!("/api/v1/accounts/{account}"))
+                        .await
+                        .ok()
+                        .flatten()
+                        .unwrap_or_default();
+                    let field = |v: &Value| v.as_str().unwrap_or_default().to_string();
+                    if let Ok(mut samples) = samples.lock() {
+                        samples.push((
+                            account.clone(),
+                            field(&view["accountState"]),
+                            field(&view["streaming"]["replica"]),
+                        ));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    });
 
     // The upgrade: this release's CRDs, then the operator again.
     crds::install(&client, &crds::read_crds(&crds::manifests_dir())?).await?;
-    let operator = Operator::start(client.clone(), &namespace);
+    let operator = Operator::watching(client.clone(), &namespace);
     wait_for(
         "the upgraded operator to reconcile the agent and both accounts",
         || async {
@@ -225,10 +253,46 @@ async fn upgrading_the_crds_from_0_1_0_keeps_agents_and_accounts() -> anyhow::Re
         converged(&client, &namespace)
     })
     .await?;
+    // What a kubelet would do with whatever the operator wrote, then time for the agent to
+    // re-read its config (every 2 s) and act on it.
+    agent.sync_volumes(&client).await?;
+    tokio::time::sleep(Duration::from_secs(6)).await;
     operator.stop().await?;
+    sampler.abort();
     assert_eq!(
         before, after,
         "the upgrade recreated or rolled the agent, or changed its accounts"
     );
+    let samples = samples
+        .lock()
+        .map_err(|_| anyhow::anyhow!("poisoned"))?
+        .clone();
+    assert!(
+        samples.len() >= 2 * accounts.len(),
+        "the premise: the hub was sampled through the upgrade ({} samples)",
+        samples.len()
+    );
+    let dropped: Vec<_> = samples
+        .iter()
+        .filter(|(_, state, streaming)| state != "ACTIVE" || *streaming != replica)
+        .collect();
+    assert!(
+        dropped.is_empty(),
+        "the hub saw an account leave ACTIVE or change replica during the upgrade, {} of {} \
+         samples, first: {:?}",
+        dropped.len(),
+        samples.len(),
+        &dropped[..dropped.len().min(4)]
+    );
+    assert_eq!(
+        lists_by_the_agent(control_plane, &namespace)?,
+        lists_before,
+        "the agent listed again across the upgrade (a relist)"
+    );
+    agent.ensure_running()?;
+
+    agent.stop();
+    hub.shutdown().await?;
+    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

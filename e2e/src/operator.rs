@@ -1,0 +1,79 @@
+//! The operator's controllers running inside a test's runtime, watching only the test's
+//! namespace, so tests do not see each other's objects and an operator can be stopped and
+//! started again (a restart, or an upgrade). Tests of the operator *process* (its flags,
+//! `/readyz`, exit codes) start the binary instead.
+
+use std::{sync::Arc, time::Duration};
+
+use kube::Client;
+use scale_agent_operator::{Config, Metrics, policy::WatchNamespaces};
+use tokio::{sync::oneshot, task::JoinHandle};
+
+/// How long [`Operator::stop`] waits for the controllers to end.
+const STOP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Controllers started by [`Operator::start`].
+pub struct Operator {
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<scale_agent_operator::Result<()>>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Operator {
+    /// The tests' configuration: only `namespace` watched, retries from 500 ms to 4 s, and
+    /// an instance label of its own.
+    pub fn config(namespace: &str) -> Config {
+        Config {
+            watch_namespaces: WatchNamespaces::Only([namespace.to_owned()].into()),
+            retry_base: Duration::from_millis(500),
+            retry_max: Duration::from_secs(4),
+            instance: Some(format!("e2e-{namespace}")),
+            ..Config::default()
+        }
+    }
+
+    /// Starts the controllers with `config`.
+    pub fn start(client: Client, config: Config) -> Self {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let metrics = Arc::new(Metrics::new());
+        let task = tokio::spawn(scale_agent_operator::run_controllers(
+            client,
+            config,
+            metrics.clone(),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        Self {
+            stop: Some(stop),
+            task,
+            metrics,
+        }
+    }
+
+    /// Starts the controllers with [`Self::config`] for `namespace`.
+    pub fn watching(client: Client, namespace: &str) -> Self {
+        Self::start(client, Self::config(namespace))
+    }
+
+    /// Stops the controllers and fails if they ended with an error or did not end in time.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(STOP_TIMEOUT, &mut self.task).await???;
+        Ok(())
+    }
+
+    /// Reconciles counted for `controller` (`scaleagent`, `agentaccount`) since start.
+    pub fn reconciles(&self, controller: &str) -> u64 {
+        let prefix =
+            format!("scale_agent_operator_reconciles_total{{controller=\"{controller}\"}} ");
+        self.metrics
+            .render()
+            .lines()
+            .find_map(|line| line.strip_prefix(&prefix))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}

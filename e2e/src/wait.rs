@@ -1,0 +1,111 @@
+//! The one polling helper of the tests, the demo's harness and the bench: ask again every
+//! so often until the answer is there, and fail with what was awaited (and the last error,
+//! if the check kept failing) when it never comes.
+
+use std::{future::Future, time::Duration};
+
+use tokio::time::Instant;
+
+/// How long [`wait_for`] waits: generous, because two cores are shared by many tests.
+pub const WAIT: Duration = Duration::from_secs(90);
+/// How often [`wait_for`] asks.
+pub const EVERY: Duration = Duration::from_millis(250);
+
+/// Polls `check` every [`EVERY`] until it returns `Some`, failing after [`WAIT`] naming
+/// `what` (see [`wait_for_within`]).
+pub async fn wait_for<T, F, Fut>(what: &str, check: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<Option<T>>>,
+{
+    wait_for_within(what, WAIT, EVERY, check).await
+}
+
+/// Polls `check` every `every` until it returns `Some`. An error from `check` is retried
+/// like `None` (a server still starting refuses connections); after `timeout` it fails
+/// naming `what` and the last error seen, so a check that can never succeed says why.
+pub async fn wait_for_within<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    every: Duration,
+    mut check: F,
+) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<Option<T>>>,
+{
+    let deadline = Instant::now() + timeout;
+    let mut last_error = None;
+    loop {
+        match check().await {
+            Ok(Some(value)) => return Ok(value),
+            Ok(None) => {}
+            Err(error) => last_error = Some(error),
+        }
+        if Instant::now() >= deadline {
+            anyhow::bail!(
+                "timed out after {timeout:?} waiting for {what}{}",
+                last_error
+                    .map(|e| format!(" (last error: {e:#})"))
+                    .unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn returns_the_first_answer_and_retries_errors() {
+        let mut calls = 0;
+        let found = wait_for_within(
+            "the third call",
+            Duration::from_secs(5),
+            Duration::from_millis(1),
+            || {
+                calls += 1;
+                let n = calls;
+                async move {
+                    match n {
+                        1 => anyhow::bail!("not up yet"),
+                        2 => Ok(None),
+                        _ => Ok(Some(n)),
+                    }
+                }
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(found, 3);
+    }
+
+    #[tokio::test]
+    async fn a_check_that_never_holds_fails_with_what_and_the_last_error() {
+        let error = wait_for_within(
+            "the impossible",
+            Duration::from_millis(30),
+            Duration::from_millis(5),
+            || async { Err::<Option<()>, _>(anyhow::anyhow!("403 forbidden")) },
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains("waiting for the impossible") && error.contains("403 forbidden"),
+            "{error}"
+        );
+        let error = wait_for_within(
+            "nothing",
+            Duration::from_millis(30),
+            Duration::from_millis(5),
+            || async { Ok::<Option<()>, anyhow::Error>(None) },
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(!error.contains("last error"), "{error}");
+    }
+}
