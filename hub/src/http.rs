@@ -480,7 +480,8 @@ pub enum Requirement {
 }
 
 impl Requirement {
-    fn matches(&self, labels: &serde_json::Map<String, Value>) -> bool {
+    /// Whether an object with these labels is selected.
+    pub fn matches(&self, labels: &serde_json::Map<String, Value>) -> bool {
         let get = |k: &str| labels.get(k).and_then(Value::as_str);
         match self {
             Requirement::Equals(k, v) => get(k) == Some(v.as_str()),

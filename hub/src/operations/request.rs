@@ -108,7 +108,11 @@ impl OperationRequest {
     pub fn timeout(&self) -> Result<Duration, String> {
         match self.timeout_seconds {
             None => Ok(DEFAULT_TIMEOUT),
-            Some(s) if s.is_finite() && s > 0.0 => Ok(Duration::from_secs_f64(s).min(MAX_TIMEOUT)),
+            // try_: a finite number of seconds can still be past what a Duration holds
+            // (1e300), and a client's body must not panic the hub.
+            Some(s) if s.is_finite() && s > 0.0 => {
+                Ok(Duration::try_from_secs_f64(s).map_or(MAX_TIMEOUT, |d| d.min(MAX_TIMEOUT)))
+            }
             Some(s) => Err(format!("timeoutSeconds must be positive, not {s}")),
         }
     }

@@ -206,11 +206,12 @@ impl FieldSelector {
     /// cache cannot evaluate.
     pub fn parse(s: &str, group: &str, kind: &str) -> Option<Self> {
         let mut requirements = Vec::new();
-        if s.trim().is_empty() {
+        if s.is_empty() {
             return Some(FieldSelector(requirements));
         }
+        // Nothing is trimmed: the API server reads spaces as part of the field (then
+        // unknown, a 400) or of the value (`metadata.name=p ` selects nothing).
         for part in s.split(',') {
-            let part = part.trim();
             let (field, value, equal) = if let Some((f, v)) = part.split_once("!=") {
                 (f, v, false)
             } else if let Some((f, v)) = part.split_once("==") {
@@ -225,8 +226,8 @@ impl FieldSelector {
                 return None;
             }
             requirements.push(FieldRequirement {
-                path: field_path(group, kind, field.trim())?,
-                value: value.trim().to_string(),
+                path: field_path(group, kind, field)?,
+                value: value.to_string(),
                 equal,
             });
         }
@@ -353,5 +354,18 @@ mod tests {
         );
         assert_eq!(FieldSelector::parse("metadata.name", "", "Pod"), None);
         assert_eq!(FieldSelector::parse(r"metadata.name=a\,b", "", "Pod"), None);
+    }
+
+    /// Found by `hub/tests/properties.rs`: the API server trims nothing in a field
+    /// selector, so spaces around a field make it unknown (a 400) and spaces in a value
+    /// are part of it; the cache trimmed both and answered differently.
+    #[test]
+    fn spaces_in_field_selectors_mean_what_they_mean_to_the_api_server() {
+        let pod = json!({"metadata": {"name": "p", "namespace": "ns"}});
+        assert_eq!(FieldSelector::parse("metadata.name = p", "", "Pod"), None);
+        assert_eq!(FieldSelector::parse(" metadata.name=p", "", "Pod"), None);
+        assert_eq!(FieldSelector::parse(" ", "", "Pod"), None);
+        let trailing = FieldSelector::parse("metadata.name=p ", "", "Pod").unwrap();
+        assert!(!trailing.matches(&pod), "the value is \"p \", not \"p\"");
     }
 }
