@@ -288,3 +288,140 @@ async fn a_kind_past_the_object_quota_is_left_out_whole_and_the_agent_is_told() 
     drop(a);
     hub.shutdown().await.unwrap();
 }
+
+/// Objects of the large account in the read test.
+const LARGE_ACCOUNT_OBJECTS: usize = 100_000;
+/// Longest an Ack of the other agent may take while the large account is read.
+/// (An old build, which cloned every object under the state lock, took 880 ms here; this
+/// one about 100 ms, mostly waiting for a core the readers use.)
+const ACK_BOUND: Duration = Duration::from_millis(400);
+
+/// Writes an account with `count` ConfigMaps straight into a store, as a hub that cached
+/// them before a restart would have.
+async fn preload_large_account(dir: &std::path::Path, account: &str, count: usize) {
+    use scale_agent_hub::{
+        cache::{CachedObject, KindInfo},
+        registry::{AccountRecord, ClusterRecord},
+        store::Store,
+    };
+    let info = KindInfo {
+        group: String::new(),
+        version: "v1".into(),
+        kind: "ConfigMap".into(),
+        plural: "configmaps".into(),
+        namespaced: true,
+    };
+    let mut ops = vec![
+        StoreOp::PutAccount {
+            account: account.into(),
+            record: AccountRecord {
+                cluster: ClusterRecord {
+                    api_server_host: "https://10.0.0.9:6443".into(),
+                    ca_fingerprint: "0a1b".into(),
+                    kubernetes_version: "v1.37.1".into(),
+                },
+                namespaces: vec![],
+                properties: Value::Null,
+            },
+        },
+        StoreOp::PutKind {
+            account: account.into(),
+            info: info.clone(),
+        },
+    ];
+    for i in 0..count {
+        let name = format!("cm-{i:06}");
+        let json = serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{i}"),
+                         "resourceVersion": "5", "labels": {"app": "big"}},
+            "data": {"k": "v".repeat(200)},
+        });
+        ops.push(StoreOp::PutObject {
+            account: account.into(),
+            kind: info.key(),
+            object: Arc::new(CachedObject {
+                namespace: "default".into(),
+                name,
+                uid: format!("uid-{i}"),
+                resource_version: "5".into(),
+                json: serde_json::to_vec(&json).unwrap(),
+                truncated: false,
+            }),
+        });
+    }
+    let mut store = Store::open(dir).unwrap();
+    store.commit(ops).await.unwrap();
+    store.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reads_of_a_large_account_do_not_hold_back_another_agents_acks() {
+    let pki = Pki::new();
+    let dir = data_dir("large-read");
+    preload_large_account(&dir, "big", LARGE_ACCOUNT_OBJECTS).await;
+    let hub = start_hub(&pki, &dir, |_| {}).await;
+    let api = api(&hub);
+    let mut fast = agent(&hub, &pki, "agent-fast.test", "pod-1").await;
+    fast.register("fast", "https://10.0.0.2:6443").await;
+    fast.snapshot("fast", &[("f0", "5")], "10").await;
+    fast.synced().await;
+
+    // Readers of the whole large account, back to back (the selector matches nothing, so
+    // the answers stay small; every object is still read and parsed).
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (api, stop, reads) = (api.clone(), stop.clone(), reads.clone());
+            tokio::spawn(async move {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let (status, body) = get(
+                        &api,
+                        "/api/v1/accounts/big/objects?kind=configmaps&labelSelector=app%3Dnone",
+                    )
+                    .await;
+                    assert_eq!(status, 200, "{body}");
+                    reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let mut slowest = Duration::ZERO;
+    let mut rv = 100;
+    let started = tokio::time::Instant::now();
+    while reads.load(std::sync::atomic::Ordering::Relaxed) < 2
+        || started.elapsed() < Duration::from_secs(2)
+    {
+        rv += 1;
+        fast.send(cm_event(
+            "fast",
+            EventType::Applied,
+            &format!("f{rv}"),
+            &rv.to_string(),
+            "web",
+        ))
+        .await;
+        let sent = tokio::time::Instant::now();
+        fast.synced().await;
+        slowest = slowest.max(sent.elapsed());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(started.elapsed() < WAIT, "the reads did not finish in time");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for reader in readers {
+        reader.await.unwrap();
+    }
+    eprintln!(
+        "slowest Ack of the other agent during {} reads of {LARGE_ACCOUNT_OBJECTS} objects: {slowest:?}",
+        reads.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    assert!(
+        slowest < ACK_BOUND,
+        "an Ack took {slowest:?} while a large account was read (bound {ACK_BOUND:?})"
+    );
+    drop(fast);
+    hub.shutdown().await.unwrap();
+}
