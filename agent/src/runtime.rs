@@ -520,6 +520,16 @@ impl Runtime {
             }
             Some(hub_message::Kind::CertificateRenewal(renewal)) => self.renewed(renewal),
             Some(hub_message::Kind::AccountState(state)) => self.hub_account_state(state),
+            Some(hub_message::Kind::KindStatus(status)) => {
+                // The hub left the kind out of its cache (its object quota) or took it back;
+                // the watch goes on either way: the hub asks for a relist by withholding
+                // the kind's resume point on the next assignment.
+                let state = v1::kind_status::State::try_from(status.state)
+                    .map(|s| s.as_str_name())
+                    .unwrap_or("STATE_UNSPECIFIED");
+                let kind = status.kind.as_ref().map(|k| k.kind.as_str()).unwrap_or_default();
+                tracing::warn!(account = %status.account, kind, state, message = %status.message, "the hub reports a kind's state");
+            }
             Some(hub_message::Kind::AgentReplicas(replicas)) => {
                 self.shared
                     .update(|view| view.hub_replicas = replicas.replicas);

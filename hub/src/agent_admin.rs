@@ -227,27 +227,30 @@ async fn rebind(
             "identity must name one agent identity (no wildcards)".into(),
         );
     }
-    let mut store = hub.store.lock().await;
-    let (binding, previous, evicted) = {
+    let (binding, previous, evicted, ticket) = {
         let mut st = hub.state();
         let previous = st.registry.bindings.get(&name).map(|b| b.identity.clone());
         let binding = st.registry.bind(&name, &identity, crate::now_unix());
         let evicted = st.registry.sessions_of_others(&name, &identity);
-        (binding, previous, evicted)
-    };
-    if let Err(e) = store
-        .commit(vec![StoreOp::PutBinding {
+        // Queued with the streams' changes (a registration may have bound the account a
+        // moment ago), so the store keeps the order of the changes in memory.
+        let ticket = hub.commits.enqueue(vec![StoreOp::PutBinding {
             account: name.clone(),
             binding: binding.clone(),
-        }])
-        .await
+        }]);
+        (binding, previous, evicted, ticket)
+    };
+    if let Some(ticket) = ticket
+        && let Err(e) = hub.commits.committed_or_failing(ticket).await
     {
         return crate::http::error(
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!("the binding changed in memory but could not be stored: {e}"),
+            format!(
+                "the binding changed in memory but is not stored yet (it is retried until the \
+                 store commits): {e}"
+            ),
         );
     }
-    drop(store);
     for session in &evicted {
         hub.control(
             *session,

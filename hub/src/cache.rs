@@ -1,7 +1,7 @@
 //! The in-memory cache: account → kind → objects, with the resume point of every watch
 //! scope. Pure: every mutation also pushes the [`StoreOp`]s that persist it.
 
-use std::{cmp::Ordering, collections::BTreeMap, fmt};
+use std::{cmp::Ordering, collections::BTreeMap, fmt, sync::Arc};
 
 use scale_agent_proto::v1 as pb;
 use serde::{Deserialize, Serialize};
@@ -136,8 +136,9 @@ pub struct KindState {
 #[derive(Clone, Debug)]
 pub struct KindCache {
     pub info: KindInfo,
-    /// By uid.
-    pub objects: BTreeMap<String, CachedObject>,
+    /// By uid. Shared: a read copies out pointers, not objects, so it holds the state lock
+    /// only briefly, and the store's queue shares the objects it persists.
+    pub objects: BTreeMap<String, Arc<CachedObject>>,
     /// Watch namespace ("" for a cluster-wide watch) → last resourceVersion.
     pub resume: BTreeMap<String, String>,
     /// The last state reported for each scope (the KindStatus's namespaces, sorted; empty for
@@ -148,6 +149,10 @@ pub struct KindCache {
     /// Objects an operation's result wrote before the watch delivered them (uid → whether
     /// the object existed before), so the watch's echo gets its right event type.
     pub written_through: BTreeMap<String, bool>,
+    /// Set (with the reason) while the kind is not cached because it would take the account
+    /// past `--max-objects-per-account`: it holds no objects and no resume points, and its
+    /// events are ignored until a snapshot that fits.
+    pub over_quota: Option<String>,
 }
 
 /// How much a state needs attention, for the summary of several scopes: anything but
@@ -176,6 +181,7 @@ impl KindCache {
             statuses: BTreeMap::new(),
             history: History::default(),
             written_through: BTreeMap::new(),
+            over_quota: None,
         }
     }
 }
@@ -314,12 +320,13 @@ impl Cache {
             }
             Applied::Deleted
         } else {
+            let object = Arc::new(event.object);
             ops.push(StoreOp::PutObject {
                 account: account.to_string(),
                 kind: key.clone(),
-                object: event.object.clone(),
+                object: object.clone(),
             });
-            kind.objects.insert(event.object.uid.clone(), event.object);
+            kind.objects.insert(object.uid.clone(), object);
             Applied::Stored
         };
         advance(kind, account, &key, &event.watch_namespace, &rv, ops);
@@ -372,9 +379,10 @@ impl Cache {
         }
         let stored = snapshot.len();
         for (uid, object) in snapshot {
-            if kind.objects.get(&uid) == Some(&object) {
+            if kind.objects.get(&uid).is_some_and(|o| **o == object) {
                 continue;
             }
+            let object = Arc::new(object);
             ops.push(StoreOp::PutObject {
                 account: account.to_string(),
                 kind: key.clone(),
@@ -462,6 +470,29 @@ impl Cache {
         doomed.len()
     }
 
+    /// Whether the kind is left out of the cache for the account's object quota.
+    pub fn is_over_quota(&self, account: &str, key: &KindKey) -> bool {
+        self.accounts
+            .get(account)
+            .and_then(|a| a.kinds.get(key))
+            .is_some_and(|k| k.over_quota.is_some())
+    }
+
+    /// Leaves a kind out of the cache, whole, for the account's object quota: its objects
+    /// and resume points are dropped (never a part of them), so the proxy sends its reads to
+    /// the cluster and nothing stale or partial is served.
+    pub fn exceed_quota(
+        &mut self,
+        account: &str,
+        info: &KindInfo,
+        reason: String,
+        ops: &mut Vec<StoreOp>,
+    ) -> usize {
+        let dropped = self.drop_scope(account, info, &[], ops);
+        self.kind_mut(account, info, ops).over_quota = Some(reason);
+        dropped
+    }
+
     /// The resume points of every watch of an account, for a STREAMING assignment.
     pub fn resume_points(&self, account: &str) -> Vec<pb::ResumePoint> {
         let Some(acc) = self.accounts.get(account) else {
@@ -502,7 +533,7 @@ impl Cache {
             .and_then(|a| a.kinds.get_mut(kind))
         {
             Some(k) => {
-                k.objects.insert(object.uid.clone(), object);
+                k.objects.insert(object.uid.clone(), Arc::new(object));
                 true
             }
             None => false,

@@ -132,6 +132,8 @@ pub struct Config {
     pub max_object_bytes: u64,
     /// Most bytes of objects one stream may hold in snapshots not yet ended.
     pub max_staged_bytes: u64,
+    /// Most objects cached for one account (0: no limit).
+    pub max_objects_per_account: u64,
     /// Largest body of a REST API request (an operation's manifests).
     pub max_request_bytes: usize,
     /// Empty: only the account patterns of agent tokens and enrolments limit registrations.
@@ -230,6 +232,7 @@ impl Config {
             max_unacked: 1000,
             max_object_bytes: 2 * 1024 * 1024,
             max_staged_bytes: DEFAULT_MAX_STAGED_BYTES,
+            max_objects_per_account: 0,
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             allow: Vec::new(),
             operation_retention: Duration::from_secs(15 * 60),
@@ -488,6 +491,13 @@ pub struct Args {
     #[arg(long, env = "SCALE_AGENT_HUB_MAX_STAGED_BYTES", default_value_t = DEFAULT_MAX_STAGED_BYTES)]
     pub max_staged_bytes: u64,
 
+    /// Most objects the hub caches for one account; 0 (the default) means no limit. A kind
+    /// whose objects would take an account past it is not cached at all (state OVER_QUOTA
+    /// in /api/v1/accounts, sent to the agent; the proxy reads it from the cluster) until a
+    /// relist of it fits. The hub keeps about 4 KB of memory per cached object.
+    #[arg(long, env = "SCALE_AGENT_HUB_MAX_OBJECTS_PER_ACCOUNT", default_value_t = 0)]
+    pub max_objects_per_account: u64,
+
     /// Largest body of a REST API request, in bytes (an operation's manifests); larger
     /// requests get 413.
     #[arg(long, env = "SCALE_AGENT_HUB_MAX_REQUEST_BYTES", default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
@@ -614,6 +624,7 @@ impl Args {
             max_unacked: self.max_unacked,
             max_object_bytes: self.max_object_bytes,
             max_staged_bytes: self.max_staged_bytes,
+            max_objects_per_account: self.max_objects_per_account,
             max_request_bytes: self.max_request_bytes,
             allow: self.allow,
             operation_retention: self.operation_retention,

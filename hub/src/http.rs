@@ -59,6 +59,7 @@ pub(crate) fn router(hub: Arc<Hub>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .route("/readyz/store", get(store_ready))
         .merge(metrics_route)
         .merge(reader)
         .merge(operator)
@@ -163,17 +164,47 @@ async fn clouddriver(
     )
 }
 
+/// Ready while the store is open and gRPC listens. A store that cannot commit (a full
+/// volume) does not make the hub unready: it still serves every read from memory and keeps
+/// the agents' streams (holding their Acks), and taking it out of its Service would stop
+/// those reads too. The body says so, and `/readyz/store` fails.
 async fn readyz(State(hub): State<Arc<Hub>>) -> Response {
     let store = hub.store_open.load(Ordering::SeqCst);
     let grpc = hub.grpc_listening.load(Ordering::SeqCst);
     if store && grpc {
-        (StatusCode::OK, "ready\n").into_response()
+        match store_failure(&hub) {
+            None => (StatusCode::OK, "ready\n").into_response(),
+            Some(why) => (StatusCode::OK, format!("ready (degraded: {why})\n")).into_response(),
+        }
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("not ready: store open {store}, gRPC listening {grpc}\n"),
         )
             .into_response()
+    }
+}
+
+/// Why the store cannot commit, in words for people; `None` while it commits.
+fn store_failure(hub: &Hub) -> Option<String> {
+    let health = hub.commits.health();
+    health.failure.map(|error| {
+        format!(
+            "the store cannot commit in data directory {} ({error}); {} changes are queued and \
+             retried, agents' acknowledgements are held until they are committed: free space \
+             on that volume or grow it",
+            hub.config.data_dir.display(),
+            health.queued
+        )
+    })
+}
+
+/// 200 while the store commits, 503 (with the reason) while it cannot: for alerts and
+/// probes that must see a full volume.
+async fn store_ready(State(hub): State<Arc<Hub>>) -> Response {
+    match store_failure(&hub) {
+        None => (StatusCode::OK, "store commits\n").into_response(),
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),
     }
 }
 
@@ -273,6 +304,8 @@ struct KindView {
     objects: usize,
     /// WATCHING, FORBIDDEN, FAILING, STOPPED; null when the agent has not reported it. With
     /// several scopes, the one that most needs attention (FORBIDDEN/FAILING first).
+    /// OVER_QUOTA (the hub's own) while the kind is left out of the cache for
+    /// `--max-objects-per-account`.
     state: Option<String>,
     message: String,
     namespaces: Vec<String>,
@@ -319,11 +352,17 @@ fn kind_view(k: &KindCache) -> KindView {
         plural: k.info.plural.clone(),
         namespaced: k.info.namespaced,
         objects: k.objects.len(),
-        state: k.summary_status().map(|s| s.state.clone()),
-        message: k
-            .summary_status()
-            .map(|s| s.message.clone())
-            .unwrap_or_default(),
+        state: match &k.over_quota {
+            Some(_) => Some("OVER_QUOTA".to_string()),
+            None => k.summary_status().map(|s| s.state.clone()),
+        },
+        message: match &k.over_quota {
+            Some(reason) => reason.clone(),
+            None => k
+                .summary_status()
+                .map(|s| s.message.clone())
+                .unwrap_or_default(),
+        },
         namespaces: k
             .summary_status()
             .map(|s| s.namespaces.clone())
@@ -452,6 +491,113 @@ pub struct ObjectQuery {
     pub kind: Option<String>,
     pub namespace: Option<String>,
     pub label_selector: Option<String>,
+    /// Most objects to look at for this page (0 or absent: all). The label selector is
+    /// applied to them, so a page may hold fewer items than `limit` and still have a
+    /// `continue` token.
+    pub limit: Option<usize>,
+    /// The `continue` token of the previous page.
+    #[serde(rename = "continue")]
+    pub continue_token: Option<String>,
+}
+
+/// Objects copied out of the state lock per critical section when no `limit` is given: a
+/// read of a large account takes the lock many times, briefly, rather than once for long.
+const OBJECTS_CHUNK: usize = 1000;
+/// Most objects in one page, whatever `limit` asks: the rest comes with `continue`.
+const MAX_OBJECTS_PAGE: usize = 10_000;
+
+/// Where a page of objects ends: the kind and uid of its last object (objects are listed by
+/// kind, then uid).
+type Cursor = (crate::cache::KindKey, String);
+
+fn encode_cursor((kind, uid): &Cursor) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .encode(format!("{}\0{uid}", kind.storage_key()))
+}
+
+fn decode_cursor(token: &str) -> Option<Cursor> {
+    use base64::Engine as _;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(token)
+        .ok()?;
+    let text = String::from_utf8(bytes).ok()?;
+    let (kind, uid) = text.split_once('\0')?;
+    Some((crate::cache::KindKey::from_storage_key(kind)?, uid.to_string()))
+}
+
+/// One page of objects, selected by kind and namespace (labels are left for after the
+/// lock): the kinds, (kind index, object) pairs, and whether objects remain after them.
+struct Page {
+    kinds: Vec<KindInfo>,
+    objects: Vec<(usize, Arc<CachedObject>)>,
+    next: Option<Cursor>,
+}
+
+/// Up to `max` objects after `after`, under the state lock: pointers only, so the lock is
+/// held for a walk of at most `max` objects.
+fn objects_page(
+    hub: &Hub,
+    name: &str,
+    q: &ObjectQuery,
+    after: Option<&Cursor>,
+    max: usize,
+) -> Result<Page, Response> {
+    use std::ops::Bound;
+    let st = hub.state();
+    if !st.registry.accounts.contains_key(name) {
+        return Err(error(StatusCode::NOT_FOUND, format!("no account {name:?}")));
+    }
+    let empty = AccountCache::default();
+    let cache = st.cache.accounts.get(name).unwrap_or(&empty);
+    let matching = |k: &KindCache| q.kind.as_deref().is_none_or(|query| kind_matches(query, k));
+    if let Some(query) = &q.kind
+        && !cache.kinds.values().any(matching)
+    {
+        let known: Vec<String> = cache.kinds.keys().map(ToString::to_string).collect();
+        return Err(error(
+            StatusCode::NOT_FOUND,
+            format!(
+                "account {name:?} has no cached kind matching {query:?}; cached kinds: [{}]",
+                known.join(", ")
+            ),
+        ));
+    }
+    let mut page = Page {
+        kinds: Vec::new(),
+        objects: Vec::new(),
+        next: None,
+    };
+    let start = after.map_or(Bound::Unbounded, |(kind, _)| Bound::Included(kind));
+    for (key, k) in cache.kinds.range((start, Bound::Unbounded)) {
+        if !matching(k) {
+            continue;
+        }
+        let from = match after {
+            Some((kind, uid)) if kind == key => Bound::Excluded(uid.clone()),
+            _ => Bound::Unbounded,
+        };
+        let mut index = None;
+        for (uid, o) in k.objects.range((from, Bound::Unbounded)) {
+            if q.namespace.as_deref().is_some_and(|ns| ns != o.namespace) {
+                continue;
+            }
+            if page.objects.len() == max {
+                page.next = page
+                    .objects
+                    .last()
+                    .map(|(i, o)| (page.kinds[*i].key(), o.uid.clone()));
+                return Ok(page);
+            }
+            let i = *index.get_or_insert_with(|| {
+                page.kinds.push(k.info.clone());
+                page.kinds.len() - 1
+            });
+            debug_assert_eq!(uid, &o.uid);
+            page.objects.push((i, o.clone()));
+        }
+    }
+    Ok(page)
 }
 
 /// Whether a kind matches the `kind` parameter.
@@ -588,52 +734,54 @@ async fn objects(
         Ok(s) => s.unwrap_or_default(),
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
     };
-    // Copy what matches out of the lock; parse JSON after releasing it.
-    let selected: Vec<(KindInfo, CachedObject)> = {
-        let st = hub.state();
-        if !st.registry.accounts.contains_key(&name) {
-            return error(StatusCode::NOT_FOUND, format!("no account {name:?}"));
-        }
-        let empty = AccountCache::default();
-        let cache = st.cache.accounts.get(&name).unwrap_or(&empty);
-        let kinds: Vec<&KindCache> = cache
-            .kinds
-            .values()
-            .filter(|k| q.kind.as_deref().is_none_or(|query| kind_matches(query, k)))
-            .collect();
-        if let (Some(query), true) = (&q.kind, kinds.is_empty()) {
-            let known: Vec<String> = cache.kinds.keys().map(ToString::to_string).collect();
-            return error(
-                StatusCode::NOT_FOUND,
-                format!(
-                    "account {name:?} has no cached kind matching {query:?}; cached kinds: [{}]",
-                    known.join(", ")
-                ),
-            );
-        }
-        kinds
-            .into_iter()
-            .flat_map(|k| {
-                k.objects
-                    .values()
-                    .filter(|o| q.namespace.as_deref().is_none_or(|ns| ns == o.namespace))
-                    .map(|o| (k.info.clone(), o.clone()))
-            })
-            .collect()
+    let mut after = match q.continue_token.as_deref().filter(|t| !t.is_empty()) {
+        None => None,
+        Some(token) => match decode_cursor(token) {
+            Some(cursor) => Some(cursor),
+            None => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "invalid continue token {token:?}: pass the `continue` value of the \
+                         previous page as it was returned, or start again without it"
+                    ),
+                );
+            }
+        },
     };
+    let limit = q.limit.filter(|l| *l > 0);
     let empty_labels = serde_json::Map::new();
-    let items: Vec<Value> = selected
-        .iter()
-        .map(|(info, o)| object_value(info, o))
-        .filter(|value| {
-            let labels = value
-                .pointer("/metadata/labels")
-                .and_then(Value::as_object)
-                .unwrap_or(&empty_labels);
-            selector.iter().all(|r| r.matches(labels))
-        })
-        .collect();
-    Json(json!({ "account": name, "items": items })).into_response()
+    let mut items: Vec<Value> = Vec::new();
+    let next = loop {
+        let max = limit.map_or(OBJECTS_CHUNK, |l| l.min(MAX_OBJECTS_PAGE));
+        let page = match objects_page(&hub, &name, &q, after.as_ref(), max) {
+            Ok(page) => page,
+            Err(response) => return response,
+        };
+        // Parsed and filtered out of the lock.
+        items.extend(
+            page.objects
+                .iter()
+                .map(|(i, o)| object_value(&page.kinds[*i], o))
+                .filter(|value| {
+                    let labels = value
+                        .pointer("/metadata/labels")
+                        .and_then(Value::as_object)
+                        .unwrap_or(&empty_labels);
+                    selector.iter().all(|r| r.matches(labels))
+                }),
+        );
+        match (page.next, limit) {
+            (None, _) => break None,
+            (Some(next), Some(_)) => break Some(next),
+            (Some(next), None) => after = Some(next),
+        }
+    };
+    let mut body = json!({ "account": name, "items": items });
+    if let Some(next) = next {
+        body["continue"] = json!(encode_cursor(&next));
+    }
+    Json(body).into_response()
 }
 
 #[cfg(test)]
@@ -686,6 +834,7 @@ mod tests {
             statuses: Default::default(),
             history: Default::default(),
             written_through: Default::default(),
+            over_quota: None,
         };
         for q in [
             "Deployment",

@@ -18,6 +18,7 @@ pub mod audit;
 pub mod cache;
 pub mod cli;
 pub mod clouddriver;
+pub mod commits;
 pub mod config;
 pub mod dynamic_accounts;
 pub mod error;
@@ -105,9 +106,12 @@ pub(crate) struct Hub {
     pub(crate) config: Config,
     pub(crate) limits: Limits,
     state: Mutex<HubState>,
-    /// Held while a batch is applied and stored, so that store commits happen in the order
-    /// of the in-memory changes. Lock order: store, then state.
+    /// The store. The agents' streams never take this lock: they queue their changes in
+    /// [`Hub::commits`], whose writer commits them. Other writers hold it across their check
+    /// and commit. Lock order: store, then state.
     pub(crate) store: Arc<tokio::sync::Mutex<Store>>,
+    /// The queue of the streams' changes and its writer's progress.
+    pub(crate) commits: commits::Commits,
     sessions: Mutex<HashMap<SessionId, SessionHandle>>,
     pub(crate) metrics: Metrics,
     /// Open exchanges of the Kubernetes API proxy.
@@ -243,7 +247,6 @@ impl Hub {
 
     /// Removes accounts past their grace period, and makes recent commits durable.
     async fn maintain(&self) -> Result<()> {
-        let mut store = self.store.lock().await;
         let expired = {
             let mut st = self.state();
             let names = st
@@ -253,6 +256,15 @@ impl Hub {
                 st.registry.remove_account(name);
                 st.cache.remove_account(name);
             }
+            // Queued like the streams' changes, in the order of the changes in memory.
+            self.commits.enqueue(
+                names
+                    .iter()
+                    .map(|account| StoreOp::DeleteAccount {
+                        account: account.clone(),
+                    })
+                    .collect(),
+            );
             names
         };
         self.observe_states();
@@ -260,12 +272,10 @@ impl Hub {
             self.discovery.forget(name);
             tracing::info!(account = %name, grace_period = ?self.config.grace_period, "account removed: no agent within the grace period");
         }
-        let ops = expired
-            .into_iter()
-            .map(|account| StoreOp::DeleteAccount { account })
-            .collect();
-        store.commit(ops).await?;
-        drop(store);
+        if self.commits.health().failure.is_none() {
+            // Makes recent commits durable (the writer retries on its own while failing).
+            self.store.lock().await.commit(Vec::new()).await?;
+        }
         self.sync_clouddriver().await
     }
 
@@ -400,6 +410,7 @@ pub struct RunningHub {
     grpc: JoinHandle<Result<()>>,
     http: JoinHandle<Result<()>>,
     maintenance: JoinHandle<()>,
+    writer: JoinHandle<()>,
     registrar: Option<JoinHandle<()>>,
     failed: mpsc::Receiver<HubError>,
 }
@@ -413,6 +424,13 @@ impl RunningHub {
     /// The admin token file (created at start when missing): its token has role admin.
     pub fn admin_token_file(&self) -> Option<&std::path::Path> {
         self.hub.config.admin_token_file.as_deref()
+    }
+
+    /// Installs a test seam in the store's commit path ([`store::CommitHook`]): it may
+    /// stall a commit or fail it.
+    #[doc(hidden)]
+    pub async fn set_store_commit_hook(&self, hook: Option<store::CommitHook>) {
+        self.hub.store.lock().await.set_commit_hook(hook);
     }
 
     /// Resolves when a server fails on its own (not after [`RunningHub::shutdown`]).
@@ -444,11 +462,20 @@ impl RunningHub {
         {
             tracing::warn!("the Clouddriver registrar did not stop within {deadline:?}");
         }
+        if tokio::time::timeout(deadline, self.writer).await.is_err() {
+            tracing::warn!("the store writer did not stop within {deadline:?}");
+        }
         self.hub.grpc_listening.store(false, Ordering::SeqCst);
         self.hub.store_open.store(false, Ordering::SeqCst);
-        let closed = self.hub.store.lock().await.close().await;
+        let mut store = self.hub.store.lock().await;
+        let drained = self.hub.commits.drain(&mut store).await;
+        if let Err(e) = &drained {
+            tracing::error!(error = %e, data_dir = %self.hub.config.data_dir.display(), "cannot commit the last queued changes at shutdown; agents will replay them from older resume points");
+        }
+        let closed = store.close().await;
+        drop(store);
         tracing::info!("hub stopped; store flushed");
-        result.and(closed)
+        result.and(drained).and(closed)
     }
 }
 
@@ -568,10 +595,12 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         limits: Limits {
             max_object_bytes: config.max_object_bytes,
             max_staged_bytes: config.max_staged_bytes,
+            max_objects_per_account: config.max_objects_per_account,
             allow: config.allow.clone(),
         },
         state: Mutex::new(state),
         store,
+        commits: commits::Commits::new(config.data_dir.clone()),
         sessions: Mutex::new(HashMap::new()),
         metrics,
         tunnels: tunnel::Tunnels::default(),
@@ -700,6 +729,8 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         }
     });
 
+    let writer = tokio::spawn(commits::Commits::run(hub.clone()));
+
     Ok(RunningHub {
         grpc_addr,
         http_addr,
@@ -708,6 +739,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         grpc,
         http,
         maintenance,
+        writer,
         registrar: registrar_task,
         failed,
     })

@@ -33,6 +33,14 @@ pub struct Metrics {
     pub proxy_bytes: Counter,
     /// Tunnelled exchanges open now.
     pub proxy_exchanges_open: Gauge,
+    /// 1 while the store cannot commit (a full disk): agents' Acks are held.
+    pub store_failing: Gauge,
+    /// Commits that failed (each retry counts).
+    pub store_commit_failures: Counter,
+    /// Changes applied to the cache and queued, not yet committed.
+    pub store_queued_changes: Gauge,
+    /// Acks a stream held because the store was behind or failing.
+    pub acks_held: Counter,
 }
 
 impl Default for Metrics {
@@ -63,6 +71,31 @@ impl Metrics {
         let proxy_requests = Family::default();
         let proxy_bytes = Counter::default();
         let proxy_exchanges_open = Gauge::default();
+        let store_failing = Gauge::default();
+        let store_commit_failures = Counter::default();
+        let store_queued_changes = Gauge::default();
+        let acks_held = Counter::default();
+        registry.register(
+            "store_failing",
+            "1 while the store cannot commit (for example its volume is full): reads are \
+             served from memory, agents' acknowledgements are held, commits are retried",
+            store_failing.clone(),
+        );
+        registry.register(
+            "store_commit_failures",
+            "Store commits that failed (every retry counts)",
+            store_commit_failures.clone(),
+        );
+        registry.register(
+            "store_queued_changes",
+            "Changes applied to the cache and queued for the store, not yet committed",
+            store_queued_changes.clone(),
+        );
+        registry.register(
+            "acks_held",
+            "Times an agent's acknowledgement waited for the store (behind or failing)",
+            acks_held.clone(),
+        );
         registry.register(
             "proxy_requests",
             "Kubernetes API proxy requests, by method, by who answered (tunnel: the cluster \
@@ -153,6 +186,10 @@ impl Metrics {
             proxy_requests,
             proxy_bytes,
             proxy_exchanges_open,
+            store_failing,
+            store_commit_failures,
+            store_queued_changes,
+            acks_held,
         }
     }
 
@@ -241,6 +278,10 @@ mod tests {
             "scale_agent_hub_operations_total{type=\"apply\",state=\"succeeded\"} 1",
             "scale_agent_hub_operations_total{type=\"delete\",state=\"failed\"} 1",
             "scale_agent_hub_operation_retries_total 0",
+            "scale_agent_hub_store_failing 0",
+            "scale_agent_hub_store_commit_failures_total 0",
+            "scale_agent_hub_store_queued_changes 0",
+            "scale_agent_hub_acks_held_total 0",
         ] {
             assert!(text.contains(name), "{name} missing in\n{text}");
         }

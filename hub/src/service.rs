@@ -18,6 +18,7 @@ use crate::{
     Control, GrpcSecurity, Hub, SessionHandle,
     agent_auth::{Authenticated, CertificateOrigin, authenticate},
     agent_tokens::AgentTokenKind,
+    commits::AckGate,
     session::{Effects, Session, check_hello, message_type, streaming_assignment},
 };
 
@@ -344,6 +345,7 @@ async fn serve(
             hub_version: env!("CARGO_PKG_VERSION").to_string(),
             tunnel_window_bytes: crate::tunnel::WINDOW_BYTES,
             session_token,
+            max_objects_per_account: hub.config.max_objects_per_account,
         }),
     )
     .await?;
@@ -354,6 +356,8 @@ async fn serve(
     let shutdown = crate::shutting_down(hub.shutdown.clone());
     tokio::pin!(shutdown);
     let mut last_heard = tokio::time::Instant::now();
+    let mut acks = AckGate::default();
+    let mut store_progress = hub.commits.subscribe();
     loop {
         tokio::select! {
             () = &mut shutdown => {
@@ -390,6 +394,13 @@ async fn serve(
                 }
                 None => return Err(Status::aborted("the hub dropped this stream")),
             },
+            changed = store_progress.changed(), if acks.owes() => {
+                if changed.is_err() {
+                    return Err(Status::unavailable("the hub is shutting down"));
+                }
+                let progress = store_progress.borrow_and_update().clone();
+                acknowledge(hub, &session, &mut acks, &progress, tx).await?;
+            }
             _ = heartbeat.tick() => {
                 // Skipped when the agent is not reading: it has messages to read anyway.
                 let _ = tx.try_send(Ok(pb::HubMessage {
@@ -436,7 +447,9 @@ async fn serve(
                     }
                 }
                 if !batch.is_empty() {
-                    process_batch(hub, auth, &mut session, batch, tx).await?;
+                    process_batch(hub, auth, &mut session, batch, tx, &mut acks).await?;
+                    let progress = store_progress.borrow_and_update().clone();
+                    acknowledge(hub, &session, &mut acks, &progress, tx).await?;
                 }
                 if ended {
                     return Ok(());
@@ -472,19 +485,20 @@ fn deliver_tunnel_frame(
     }
 }
 
-/// Applies a batch under the locks, stores it in one transaction, then answers: assignments
-/// first, then Ack of the last message.
+/// Applies a batch under the state lock and queues its changes for the store, then answers
+/// (assignments first). The Ack of the batch's last message is sent by [`acknowledge`]
+/// once the store allows it.
 async fn process_batch(
     hub: &Arc<Hub>,
     auth: &Authenticated,
     session: &mut Session,
     batch: Vec<pb::AgentMessage>,
     tx: &Outbound,
+    acks: &mut AckGate,
 ) -> Result<(), Status> {
-    let mut store = hub.store.lock().await;
     let mut fx = Effects::default();
     let mut protocol_error = None;
-    {
+    let (ticket, bytes) = {
         let mut st = hub.state();
         let now = now();
         for msg in batch {
@@ -494,14 +508,13 @@ async fn process_batch(
                 break;
             }
         }
-    }
-    if let Err(e) = store.commit(std::mem::take(&mut fx.ops)).await {
-        tracing::error!(identity = %session.identity, error = %e, "cannot store a batch");
-        return Err(Status::internal(format!(
-            "the hub could not store the messages: {e}"
-        )));
-    }
-    drop(store);
+        // Queued in the same critical section as the change to the cache, so that the
+        // store commits changes in the order they were made (see [`crate::commits`]).
+        let ops = std::mem::take(&mut fx.ops);
+        let bytes = ops.iter().map(crate::commits::op_bytes).sum::<u64>();
+        (hub.commits.enqueue(ops), bytes)
+    };
+    acks.batch(session.last_seq(), ticket, bytes);
     // Reads waiting for the cache to reach a resourceVersion look again.
     hub.cached_reads.cache_advanced();
     hub.metrics.resumes.inc_by(fx.resumes);
@@ -544,6 +557,9 @@ async fn process_batch(
     for state in hub.account_states(&fx.registered) {
         send(tx, Out::AccountState(state)).await?;
     }
+    for status in std::mem::take(&mut fx.kind_statuses) {
+        send(tx, Out::KindStatus(status)).await?;
+    }
     for csr_pem in std::mem::take(&mut fx.renewals) {
         send(tx, Out::CertificateRenewal(renew(hub, auth, &csr_pem))).await?;
     }
@@ -551,14 +567,30 @@ async fn process_batch(
         tracing::warn!(identity = %session.identity, error = ?e, "protocol error; ending the stream");
         return Err(e.to_status());
     }
-    send(
-        tx,
-        Out::Ack(pb::Ack {
-            seq: session.last_seq(),
-        }),
-    )
-    .await
+    Ok(())
 }
+
+/// Sends the Ack the stream owes when the store allows it (see [`crate::commits`]).
+async fn acknowledge(
+    hub: &Hub,
+    session: &Session,
+    acks: &mut AckGate,
+    progress: &crate::commits::Progress,
+    tx: &Outbound,
+) -> Result<(), Status> {
+    match acks.ready(progress) {
+        Some(seq) => send(tx, Out::Ack(pb::Ack { seq })).await,
+        None => {
+            if acks.owes() && !acks.held {
+                acks.held = true;
+                hub.metrics.acks_held.inc();
+                tracing::debug!(identity = %session.identity, failing = progress.failing, "Ack held until the store commits this stream's changes");
+            }
+            Ok(())
+        }
+    }
+}
+
 
 /// Keepalive settings of the gRPC server, derived from the heartbeat period.
 pub(crate) fn keepalive(period: Duration) -> (Duration, Duration) {

@@ -21,7 +21,7 @@ use scale_agent_proto::v1::{
 };
 
 use crate::{
-    cache::{Applied, Cache, CachedObject, Event, KindInfo, KindKey, KindState},
+    cache::{AccountCache, Applied, Cache, CachedObject, Event, KindInfo, KindKey, KindState},
     identity::{AllowRule, is_allowed},
     registry::{AccountRecord, ClusterRecord, Promotion, Registration, Registry, Role, SessionId},
     store::StoreOp,
@@ -88,6 +88,8 @@ pub struct Effects {
     pub registered: Vec<String>,
     /// Reports on dynamic accounts, for [`crate::dynamic_accounts`].
     pub dynamic_statuses: Vec<pb::DynamicAccountStatus>,
+    /// The hub's own state of kinds (OVER_QUOTA and back), to send to this agent.
+    pub kind_statuses: Vec<pb::KindStatus>,
 }
 
 /// Hub settings a stream needs.
@@ -96,6 +98,8 @@ pub struct Limits {
     pub max_object_bytes: u64,
     /// Most bytes one stream may hold in open snapshots.
     pub max_staged_bytes: u64,
+    /// Most objects cached per account (0: no limit).
+    pub max_objects_per_account: u64,
     pub allow: Vec<AllowRule>,
 }
 
@@ -305,7 +309,7 @@ impl Session {
                 self.on_operation_result(st, result, fx);
                 Ok(())
             }
-            Msg::SnapshotEnd(end) => self.on_snapshot_end(st, end, fx),
+            Msg::SnapshotEnd(end) => self.on_snapshot_end(st, limits, end, fx),
             Msg::RenewCertificate(renew) => {
                 fx.renewals.push(renew.csr_pem);
                 Ok(())
@@ -454,6 +458,7 @@ impl Session {
     fn on_snapshot_end(
         &mut self,
         st: &mut HubState,
+        limits: &Limits,
         end: pb::SnapshotEnd,
         fx: &mut Effects,
     ) -> Result<(), ProtocolError> {
@@ -487,6 +492,37 @@ impl Session {
                 info.key()
             )));
         }
+        let key = staged.info.key();
+        let replaced = st
+            .cache
+            .accounts
+            .get(&end.account)
+            .and_then(|a| a.kinds.get(&key))
+            .map_or(0, |k| {
+                k.objects
+                    .values()
+                    .filter(|o| end.watch_namespace.is_empty() || o.namespace == end.watch_namespace)
+                    .count()
+            });
+        if !within_quota(
+            st,
+            limits,
+            &end.account,
+            &staged.info,
+            staged.objects.len(),
+            replaced,
+            fx,
+        ) {
+            // Discarded whole: a snapshot is applied entirely or not at all.
+            return Ok(());
+        }
+        let was_over = st
+            .cache
+            .accounts
+            .get_mut(&end.account)
+            .and_then(|a| a.kinds.get_mut(&key))
+            .and_then(|k| k.over_quota.take())
+            .is_some();
         st.cache.replace_scope(
             &end.account,
             &staged.info,
@@ -495,6 +531,18 @@ impl Session {
             &end.resource_version,
             &mut fx.ops,
         );
+        if was_over {
+            tracing::info!(account = %end.account, kind = %key, "kind cached again: its relist fits the account's object quota");
+            fx.kind_statuses.push(pb::KindStatus {
+                account: end.account.clone(),
+                kind: Some(staged.info.to_proto()),
+                state: PbKindState::Watching as i32,
+                message: "cached again: the kind's relist fits the hub's \
+                          --max-objects-per-account"
+                    .into(),
+                namespaces: Vec::new(),
+            });
+        }
         Ok(())
     }
 
@@ -513,6 +561,10 @@ impl Session {
                 bm.account,
                 info.key()
             )));
+        }
+        if st.cache.is_over_quota(&bm.account, &info.key()) {
+            // No resume point for a kind left out of the cache: the agent relists it.
+            return Ok(());
         }
         st.cache.bookmark(
             &bm.account,
@@ -715,6 +767,22 @@ impl Session {
         if self.staging.contains_key(&scope) {
             return self.stage(scope, object, deleted, limits);
         }
+        if st.cache.is_over_quota(&ev.account, &scope.1) {
+            // Left out of the cache whole until a relist fits: deltas are dropped.
+            fx.stale += 1;
+            return Ok(());
+        }
+        if !deleted && limits.max_objects_per_account > 0 {
+            let known = st
+                .cache
+                .accounts
+                .get(&ev.account)
+                .and_then(|a| a.kinds.get(&scope.1))
+                .is_some_and(|k| k.objects.contains_key(&object.uid));
+            if !known && !within_quota(st, limits, &ev.account, &info, 1, 0, fx) {
+                return Ok(());
+            }
+        }
         let applied = st.cache.apply_event(
             &ev.account,
             &info,
@@ -730,6 +798,55 @@ impl Session {
         }
         Ok(())
     }
+}
+
+/// Whether `adding` objects may enter `info`'s cache of `account` in place of `replacing`
+/// of its objects within `--max-objects-per-account`. Past it, the kind is left out of the
+/// cache whole ([`Cache::exceed_quota`]) and the agent is told (KindStatus OVER_QUOTA).
+fn within_quota(
+    st: &mut HubState,
+    limits: &Limits,
+    account: &str,
+    info: &KindInfo,
+    adding: usize,
+    replacing: usize,
+    fx: &mut Effects,
+) -> bool {
+    let max = limits.max_objects_per_account;
+    if max == 0 {
+        return true;
+    }
+    let count = st
+        .cache
+        .accounts
+        .get(account)
+        .map_or(0, AccountCache::object_count);
+    let after = count.saturating_sub(replacing) + adding;
+    if after as u64 <= max {
+        return true;
+    }
+    let reason = format!(
+        "account {account:?} would hold {after} objects with kind {}, more than the hub's \
+         --max-objects-per-account of {max}: the kind is not cached (the proxy reads it from \
+         the cluster) until a relist of it fits; raise the limit on the hub, or narrow the \
+         account's kinds or namespaces",
+        info.key()
+    );
+    let already = st.cache.is_over_quota(account, &info.key());
+    let dropped = st
+        .cache
+        .exceed_quota(account, info, reason.clone(), &mut fx.ops);
+    if !already {
+        tracing::warn!(%account, kind = %info.key(), objects = after, limit = max, dropped, "account over its object quota; kind left out of the cache");
+        fx.kind_statuses.push(pb::KindStatus {
+            account: account.to_string(),
+            kind: Some(info.to_proto()),
+            state: PbKindState::OverQuota as i32,
+            message: reason,
+            namespaces: Vec::new(),
+        });
+    }
+    false
 }
 
 /// Accepts any JSON object without building it: the cache keeps the bytes, so parsing each

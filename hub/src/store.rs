@@ -74,7 +74,8 @@ pub enum StoreOp {
     PutObject {
         account: String,
         kind: KindKey,
-        object: CachedObject,
+        /// Shared with the cache.
+        object: Arc<CachedObject>,
     },
     DeleteObject {
         account: String,
@@ -217,12 +218,27 @@ pub struct Loaded {
     pub dynamic_accounts: Vec<(String, DynamicAccountRecord)>,
 }
 
+/// A test seam: called on the commit's blocking thread with the batch before it is
+/// written. It may block (a slow disk) or fail the commit (`Err(message)`).
+pub type CommitHook = Arc<dyn Fn(&[StoreOp]) -> Result<(), String> + Send + Sync>;
+
 /// The embedded store.
 pub struct Store {
     path: PathBuf,
     db: Option<Arc<Database>>,
     last_durable: Instant,
     dirty: bool,
+    /// The changes committed without fsync since the last durable commit. redb loses them
+    /// when the database must be reopened after an I/O error (a full disk), so they are
+    /// written again after the reopen.
+    unsynced: Vec<StoreOp>,
+    hook: Option<CommitHook>,
+}
+
+/// A commit that failed, with its changes handed back so that they can be tried again.
+pub struct Failed {
+    pub error: HubError,
+    pub ops: Vec<StoreOp>,
 }
 
 /// redb's page cache. The hub reads its store only at start-up (the cache in memory serves
@@ -274,7 +290,15 @@ impl Store {
             db: Some(Arc::new(db)),
             last_durable: Instant::now(),
             dirty: false,
+            unsynced: Vec::new(),
+            hook: None,
         })
+    }
+
+    /// Installs the test seam called before each commit ([`CommitHook`]).
+    #[doc(hidden)]
+    pub fn set_commit_hook(&mut self, hook: Option<CommitHook>) {
+        self.hook = hook;
     }
 
     pub fn path(&self) -> &Path {
@@ -388,7 +412,19 @@ impl Store {
 
     /// Writes a batch in one transaction (on a blocking thread).
     pub async fn commit(&mut self, ops: Vec<StoreOp>) -> Result<()> {
-        let durable = self.last_durable.elapsed() >= DURABLE_EVERY
+        self.try_commit(ops, false).await.map_err(|f| f.error)
+    }
+
+    /// Writes a batch in one transaction, durably when `durable` (or when the last durable
+    /// commit is older than [`DURABLE_EVERY`], or an op needs it); on failure the batch is
+    /// handed back.
+    pub async fn try_commit(
+        &mut self,
+        ops: Vec<StoreOp>,
+        durable: bool,
+    ) -> Result<(), Failed> {
+        let durable = durable
+            || self.last_durable.elapsed() >= DURABLE_EVERY
             || ops.iter().any(StoreOp::needs_durability);
         if ops.is_empty() && !(durable && self.dirty) {
             return Ok(());
@@ -396,17 +432,48 @@ impl Store {
         self.write(ops, durable).await
     }
 
+    /// Whether `error` left redb unusable until the database is opened again (an I/O error
+    /// such as a full disk poisons it).
+    pub fn needs_reopen(error: &HubError) -> bool {
+        matches!(
+            error,
+            HubError::Store { source, .. }
+                if matches!(**source, redb::Error::Io(_) | redb::Error::PreviousIo)
+        )
+    }
+
+    /// Opens the database again after an I/O error. redb rolls back to its last durable
+    /// commit: the changes committed since without fsync are returned, to be written again
+    /// before anything newer.
+    pub async fn reopen(&mut self) -> Result<Vec<StoreOp>> {
+        self.release().await;
+        let db = redb::Builder::new()
+            .set_cache_size(STORE_CACHE_BYTES)
+            .create(&self.path)
+            .map_err(|e| HubError::store("reopen", e))?;
+        self.db = Some(Arc::new(db));
+        self.last_durable = Instant::now();
+        self.dirty = false;
+        Ok(std::mem::take(&mut self.unsynced))
+    }
+
     /// Makes every earlier commit durable.
     pub async fn flush(&mut self) -> Result<()> {
         if !self.dirty {
             return Ok(());
         }
-        self.write(Vec::new(), true).await
+        self.write(Vec::new(), true).await.map_err(|f| f.error)
     }
 
     /// Flushes and closes the database (releasing its file lock).
     pub async fn close(&mut self) -> Result<()> {
         let result = self.flush().await;
+        self.release().await;
+        result
+    }
+
+    /// Drops the database, waiting for a write still running on a blocking thread.
+    async fn release(&mut self) {
         // A write whose caller was cancelled (the maintenance task aborted at shutdown) runs
         // on to its end on a blocking thread, holding the database: wait for it, so that the
         // file lock is released when this returns.
@@ -432,19 +499,46 @@ impl Store {
                 }
             }
         }
-        result
     }
 
-    async fn write(&mut self, ops: Vec<StoreOp>, durable: bool) -> Result<()> {
-        let db = self.db.clone().ok_or(HubError::StoreClosed)?;
-        tokio::task::spawn_blocking(move || write_batch(&db, ops, durable))
-            .await
-            .map_err(|e| HubError::Task(e.to_string()))??;
+    async fn write(&mut self, ops: Vec<StoreOp>, durable: bool) -> Result<(), Failed> {
+        let Some(db) = self.db.clone() else {
+            return Err(Failed {
+                error: HubError::StoreClosed,
+                ops,
+            });
+        };
+        let hook = self.hook.clone();
+        let joined = tokio::task::spawn_blocking(move || {
+            let result = match hook.map(|hook| hook(&ops)) {
+                Some(Err(message)) => Err(HubError::Io {
+                    context: "store commit (test seam)".into(),
+                    source: std::io::Error::other(message),
+                }),
+                _ => write_batch(&db, &ops, durable),
+            };
+            (ops, result)
+        })
+        .await;
+        let (ops, result) = match joined {
+            Ok(done) => done,
+            Err(e) => {
+                return Err(Failed {
+                    error: HubError::Task(e.to_string()),
+                    ops: Vec::new(),
+                });
+            }
+        };
+        if let Err(error) = result {
+            return Err(Failed { error, ops });
+        }
         if durable {
             self.last_durable = Instant::now();
             self.dirty = false;
+            self.unsynced.clear();
         } else {
             self.dirty = true;
+            self.unsynced.extend(ops);
         }
         Ok(())
     }
@@ -481,7 +575,7 @@ fn prefix_range(account: &str) -> (String, String) {
     (format!("{account}\0"), format!("{account}\u{1}"))
 }
 
-fn write_batch(db: &Database, ops: Vec<StoreOp>, durable: bool) -> Result<()> {
+fn write_batch(db: &Database, ops: &[StoreOp], durable: bool) -> Result<()> {
     let mut txn = db.begin_write().map_err(commit_err)?;
     txn.set_durability(if durable {
         Durability::Immediate
@@ -676,7 +770,7 @@ mod tests {
             ops.push(StoreOp::PutObject {
                 account: account.into(),
                 kind: info.key(),
-                object: object.clone(),
+                object: Arc::new(object.clone()),
             });
             ops.push(StoreOp::PutResume {
                 account: account.into(),
@@ -703,7 +797,7 @@ mod tests {
         assert_eq!(loaded.accounts[0].0, "acc");
         assert_eq!(loaded.accounts[0].1, record());
         let kind = &loaded.cache.accounts["acc"].kinds[&info.key()];
-        assert_eq!(kind.objects["u1"], object);
+        assert_eq!(*kind.objects["u1"], object);
         assert_eq!(kind.resume["default"], "9");
         assert!(!loaded.cache.accounts.contains_key("acc2"));
         drop(store);

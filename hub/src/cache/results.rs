@@ -2,6 +2,8 @@
 //! deleted) enter the cache in the same batch as its result, before the waiter hears of it,
 //! so a client that reads right after its write sees it (read-your-writes).
 
+use std::sync::Arc;
+
 use scale_agent_proto::v1 as pb;
 use serde_json::Value;
 
@@ -58,14 +60,14 @@ pub fn apply_result_to_cache(
         }
         let existed = k.objects.contains_key(&uid);
         k.written_through.entry(uid.clone()).or_insert(existed);
-        let object = CachedObject {
+        let object = Arc::new(CachedObject {
             namespace,
             name,
             uid: uid.clone(),
             resource_version: rv,
             json: json.clone(),
             truncated: false,
-        };
+        });
         ops.push(StoreOp::PutObject {
             account: result.account.clone(),
             kind: key,

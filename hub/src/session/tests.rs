@@ -30,6 +30,7 @@ fn limits() -> Limits {
     Limits {
         max_object_bytes: 1024,
         max_staged_bytes: 64 * 1024,
+        max_objects_per_account: 0,
         allow: vec![AllowRule::parse("agent=prod-*").unwrap()],
     }
 }
@@ -388,6 +389,7 @@ fn open_snapshots_are_bounded_in_bytes() {
     let l = Limits {
         max_object_bytes: 1024,
         max_staged_bytes: 2000,
+        max_objects_per_account: 0,
         allow: vec![],
     };
     let mut seq = 1;

@@ -578,6 +578,8 @@ pub struct FakeAgent {
     /// The last DynamicAccounts the hub sent.
     pub dynamic_accounts: Option<pb::DynamicAccounts>,
     pub welcome: Option<pb::Welcome>,
+    /// KindStatus messages from the hub (OVER_QUOTA and back), oldest first.
+    pub kind_statuses: VecDeque<pb::KindStatus>,
     /// Set once the stream ended: the status, or OK for a clean end.
     ended: Option<Status>,
 }
@@ -668,6 +670,7 @@ fn finish_open(
         replicas: None,
         dynamic_accounts: None,
         welcome: None,
+        kind_statuses: VecDeque::new(),
         ended: None,
     }
 }
@@ -797,6 +800,7 @@ impl FakeAgent {
             Some(Out::AccountState(s)) => self.states.push_back(s),
             Some(Out::AgentReplicas(r)) => self.replicas = Some(r),
             Some(Out::DynamicAccounts(d)) => self.dynamic_accounts = Some(d),
+            Some(Out::KindStatus(s)) => self.kind_statuses.push_back(s),
             None => panic!("empty hub message"),
         }
         Ok(())

@@ -100,7 +100,7 @@ pub mod agent_message {
 /// Hub to agent.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct HubMessage {
-    #[prost(oneof = "hub_message::Kind", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 15")]
+    #[prost(oneof = "hub_message::Kind", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 11")]
     pub kind: ::core::option::Option<hub_message::Kind>,
 }
 /// Nested message and enum types in `HubMessage`.
@@ -128,6 +128,11 @@ pub mod hub_message {
         /// Field 15, the end of the reserved range (see AgentMessage.dynamic_account_status).
         #[prost(message, tag = "15")]
         DynamicAccounts(super::DynamicAccounts),
+        /// The hub's own state of a kind: OVER_QUOTA when it leaves the kind out of its cache,
+        /// WATCHING when a relist brought it back (item 4 of the contract). Agents that do not
+        /// know it ignore it.
+        #[prost(message, tag = "11")]
+        KindStatus(super::KindStatus),
     }
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -170,6 +175,9 @@ pub struct Welcome {
     /// 10 of the contract).
     #[prost(string, tag = "7")]
     pub session_token: ::prost::alloc::string::String,
+    /// Most objects the hub caches per account (--max-objects-per-account); 0: no limit.
+    #[prost(uint64, tag = "9")]
+    pub max_objects_per_account: u64,
 }
 /// The cluster an account points at. An account name is bound to one cluster, identified by
 /// api_server_host and ca_fingerprint; another cluster claiming it is rejected.
@@ -406,6 +414,9 @@ pub mod kind_status {
         Failing = 3,
         /// No longer watched (the account's kinds changed).
         Stopped = 4,
+        /// Sent by the hub only: the kind would take the account past the hub's object quota
+        /// and is not cached (item 4 of the contract).
+        OverQuota = 5,
     }
     impl State {
         /// String value of the enum field names used in the ProtoBuf definition.
@@ -419,6 +430,7 @@ pub mod kind_status {
                 Self::Forbidden => "FORBIDDEN",
                 Self::Failing => "FAILING",
                 Self::Stopped => "STOPPED",
+                Self::OverQuota => "OVER_QUOTA",
             }
         }
         /// Creates an enum from field names used in the ProtoBuf definition.
@@ -429,6 +441,7 @@ pub mod kind_status {
                 "FORBIDDEN" => Some(Self::Forbidden),
                 "FAILING" => Some(Self::Failing),
                 "STOPPED" => Some(Self::Stopped),
+                "OVER_QUOTA" => Some(Self::OverQuota),
                 _ => None,
             }
         }

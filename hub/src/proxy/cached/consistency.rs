@@ -270,6 +270,7 @@ mod tests {
                 .collect(),
             history: Default::default(),
             written_through: Default::default(),
+            over_quota: None,
         }
     }
 

@@ -20,7 +20,7 @@ pub mod selector;
 pub mod watch;
 
 use std::{
-    sync::{Mutex, MutexGuard},
+    sync::{Arc, Mutex, MutexGuard},
     time::{Duration, Instant},
 };
 
@@ -89,7 +89,8 @@ struct Held {
     info: KindInfo,
     fields: FieldSelector,
     resource_version: String,
-    objects: Vec<CachedObject>,
+    /// Shared with the cache: copying them out under the state lock is cheap.
+    objects: Vec<Arc<CachedObject>>,
 }
 
 /// What the cache can do for a read right now.
@@ -258,7 +259,7 @@ fn plan(hub: &Hub, account: &str, target: &Target, options: &ReadOptions) -> Pla
         Decision::WaitFor(rv) => Plan::WaitFor(Some(rv)),
         Decision::WaitForDeletion => Plan::WaitFor(None),
         Decision::Serve => {
-            let in_scope = |o: &&CachedObject| scope.is_none_or(|ns| o.namespace == ns);
+            let in_scope = |o: &&Arc<CachedObject>| scope.is_none_or(|ns| o.namespace == ns);
             let objects = match &target.name {
                 Some(name) => kind
                     .objects

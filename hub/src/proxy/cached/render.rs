@@ -27,17 +27,18 @@ pub enum Unrenderable {
 
 /// The objects of a list, filtered by the selectors, in the API server's order (etcd keys:
 /// `<namespace>/<name>`), each rendered as a list item in `form`.
-pub fn list_items(
+pub fn list_items<O: std::borrow::Borrow<CachedObject>>(
     info: &KindInfo,
-    mut objects: Vec<CachedObject>,
+    mut objects: Vec<O>,
     labels: &LabelSelector,
     fields: &FieldSelector,
     form: Form,
 ) -> Result<Vec<Bytes>, Unrenderable> {
-    objects.sort_by_cached_key(etcd_key);
+    objects.sort_by_cached_key(|o| etcd_key(o.borrow()));
     let builtin = is_builtin_group(&info.group);
     let mut items = Vec::with_capacity(objects.len());
-    for object in objects {
+    for object in &objects {
+        let object: &CachedObject = object.borrow();
         if object.truncated {
             return Err(Unrenderable::Truncated);
         }

@@ -246,7 +246,21 @@ pub(crate) async fn watch(
         return None;
     }
     let labels = LabelSelector::parse(&options.label_selector)?;
-    let (info, filter, position, initial, gone) = start(hub, account, &target, &options, labels)?;
+    let (info, filter, position, mut objects, gone) =
+        start(hub, account, &target, &options, labels)?;
+    // Rendered out of the state lock: parsing every object under it would stall the agents'
+    // batches.
+    objects.sort_by_cached_key(|o| format!("{}/{}", o.namespace, o.name));
+    let mut initial = Vec::new();
+    for object in &objects {
+        if object.truncated {
+            return None;
+        }
+        if filter.matches(&object.json) {
+            initial.push(event_line("ADDED", &object.json));
+        }
+    }
+    drop(objects);
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(QUEUE);
     let mut response = Response::new(Body::from_stream(
         tokio_stream::wrappers::ReceiverStream::new(rx),
@@ -285,7 +299,14 @@ pub(crate) async fn watch(
     Some(response)
 }
 
-type Start = (KindInfo, Filter, Position, Vec<Bytes>, Option<String>);
+/// The objects are copied out as pointers; they are filtered and rendered after the lock.
+type Start = (
+    KindInfo,
+    Filter,
+    Position,
+    Vec<Arc<crate::cache::CachedObject>>,
+    Option<String>,
+);
 
 /// Decides under the state lock where the watch starts; `None` tunnels it.
 fn start(
@@ -351,22 +372,13 @@ fn start(
             if floors != Decision::Serve {
                 return None;
             }
-            let mut objects: Vec<_> = kind
+            let objects: Vec<_> = kind
                 .objects
                 .values()
                 .filter(|o| scope.is_none_or(|ns| o.namespace == ns))
+                .cloned()
                 .collect();
-            objects.sort_by_cached_key(|o| format!("{}/{}", o.namespace, o.name));
-            let mut initial = Vec::new();
-            for object in objects {
-                if object.truncated {
-                    return None;
-                }
-                if filter.matches(&object.json) {
-                    initial.push(event_line("ADDED", &object.json));
-                }
-            }
-            Some((kind.info.clone(), filter, at(resume_rv), initial, None))
+            Some((kind.info.clone(), filter, at(resume_rv), objects, None))
         }
         Some(rv) => {
             let wanted: u64 = rv.parse().ok()?;

@@ -1,0 +1,368 @@
+//! The write path from the agents' streams to the store: a queue and one writer task that
+//! commits whatever is queued in one transaction (group commit).
+//!
+//! Why: redb has one writer. With every stream holding one store lock across its own
+//! commit (and its fsync, once a second), the slowest commit set the pace of every agent's
+//! acknowledgements. Now a stream applies its batch to the cache and queues the batch's
+//! changes under the state lock (so commits keep the order of the changes in memory), and
+//! goes on; the writer commits the queue in order. A stream's Ack waits for the store only
+//! while that stream has more than [`MAX_UNCOMMITTED_BYTES`] queued, or while the store
+//! cannot commit at all ([`Progress::failing`]): then every stream's Ack is held until its
+//! changes are committed, so agents stop at `max_unacked` and wait, instead of having their
+//! streams ended and reconnecting in a storm.
+//!
+//! A commit that fails (a full disk) is retried with backoff, the same changes first, so
+//! nothing is lost and nothing is reordered; after an I/O error the database is opened
+//! again and the changes redb rolled back are written again ([`Store::reopen`]).
+
+use std::{
+    collections::VecDeque,
+    path::PathBuf,
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
+
+use tokio::sync::{Notify, watch};
+
+use crate::{
+    metrics::Metrics,
+    store::{Failed, Store, StoreOp},
+};
+
+/// Most bytes of changes one stream may have queued and not yet committed before its Acks
+/// wait for the store.
+pub const MAX_UNCOMMITTED_BYTES: u64 = 32 * 1024 * 1024;
+/// Most changes committed in one transaction: a larger queue is committed in several.
+const MAX_GROUP_OPS: usize = 50_000;
+/// First wait before a failed commit is tried again; doubled up to [`MAX_RETRY_WAIT`].
+const FIRST_RETRY_WAIT: Duration = Duration::from_millis(100);
+const MAX_RETRY_WAIT: Duration = Duration::from_secs(5);
+
+/// Where the writer stands, for the streams waiting to acknowledge.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Every ticket up to this one is committed.
+    pub committed: u64,
+    /// The last commit failed: the store cannot commit now.
+    pub failing: bool,
+}
+
+/// What the store's health looks like from outside (readiness, logs).
+#[derive(Clone, Debug, Default)]
+pub struct Health {
+    /// Why the last commit failed, while commits fail.
+    pub failure: Option<String>,
+    /// Changes queued and not yet committed.
+    pub queued: usize,
+}
+
+#[derive(Default)]
+struct Queue {
+    next_ticket: u64,
+    entries: VecDeque<(u64, Vec<StoreOp>)>,
+    queued_ops: usize,
+    failure: Option<String>,
+}
+
+/// The queue of changes to commit, and the writer's progress.
+pub struct Commits {
+    queue: Mutex<Queue>,
+    wake: Notify,
+    progress: watch::Sender<Progress>,
+    data_dir: PathBuf,
+}
+
+/// The bytes a change holds, for [`MAX_UNCOMMITTED_BYTES`].
+pub fn op_bytes(op: &StoreOp) -> u64 {
+    const OVERHEAD: u64 = 128;
+    match op {
+        StoreOp::PutObject { object, .. } => OVERHEAD + object.json.len() as u64,
+        _ => OVERHEAD,
+    }
+}
+
+impl Commits {
+    pub fn new(data_dir: PathBuf) -> Self {
+        Commits {
+            queue: Mutex::new(Queue::default()),
+            wake: Notify::new(),
+            progress: watch::Sender::new(Progress::default()),
+            data_dir,
+        }
+    }
+
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues changes for the writer; returns their ticket (`None` for no changes). Call it
+    /// in the same critical section as the change to the cache, so that changes are
+    /// committed in the order they were made.
+    pub fn enqueue(&self, ops: Vec<StoreOp>) -> Option<u64> {
+        if ops.is_empty() {
+            return None;
+        }
+        let ticket = {
+            let mut q = self.queue();
+            q.next_ticket += 1;
+            let ticket = q.next_ticket;
+            q.queued_ops += ops.len();
+            q.entries.push_back((ticket, ops));
+            ticket
+        };
+        self.wake.notify_one();
+        Some(ticket)
+    }
+
+    /// Follows the writer's progress.
+    pub fn subscribe(&self) -> watch::Receiver<Progress> {
+        self.progress.subscribe()
+    }
+
+    /// Waits until `ticket` is committed; `Err` (the failure) as soon as a commit fails (the
+    /// changes stay queued and are committed when the store recovers).
+    pub async fn committed_or_failing(&self, ticket: u64) -> Result<(), String> {
+        let mut progress = self.subscribe();
+        let result = progress
+            .wait_for(|p| p.committed >= ticket || p.failing)
+            .await
+            .map(|p| p.committed >= ticket);
+        match result {
+            Ok(true) => Ok(()),
+            _ => Err(self
+                .health()
+                .failure
+                .unwrap_or_else(|| "the hub is shutting down".into())),
+        }
+    }
+
+    pub fn health(&self) -> Health {
+        let q = self.queue();
+        Health {
+            failure: q.failure.clone(),
+            queued: q.queued_ops,
+        }
+    }
+
+    /// The changes queued, oldest first, up to [`MAX_GROUP_OPS`] (at least one entry).
+    fn take_group(&self) -> Option<(u64, Vec<StoreOp>)> {
+        let mut q = self.queue();
+        let mut last = None;
+        let mut ops = Vec::new();
+        while let Some((ticket, _)) = q.entries.front() {
+            if last.is_some() && ops.len() >= MAX_GROUP_OPS {
+                break;
+            }
+            last = Some(*ticket);
+            if let Some((_, mut more)) = q.entries.pop_front() {
+                ops.append(&mut more);
+            }
+        }
+        last.map(|last| (last, ops))
+    }
+
+    /// Puts a group that could not be committed back at the head of the queue.
+    fn put_back(&self, last: u64, ops: Vec<StoreOp>) {
+        self.queue().entries.push_front((last, ops));
+    }
+
+    fn committed(&self, last: u64, count: usize, metrics: &Metrics) {
+        let recovered = {
+            let mut q = self.queue();
+            q.queued_ops = q.queued_ops.saturating_sub(count);
+            metrics.store_queued_changes.set(q.queued_ops as i64);
+            q.failure.take().is_some()
+        };
+        if recovered {
+            tracing::info!(data_dir = %self.data_dir.display(), "the store commits again; agents' acknowledgements resume");
+            metrics.store_failing.set(0);
+        }
+        self.progress.send_replace(Progress {
+            committed: last,
+            failing: false,
+        });
+    }
+
+    fn failed(&self, error: &crate::HubError, metrics: &Metrics) {
+        metrics.store_commit_failures.inc();
+        metrics.store_failing.set(1);
+        let first = {
+            let mut q = self.queue();
+            metrics.store_queued_changes.set(q.queued_ops as i64);
+            q.failure.replace(error.to_string()).is_none()
+        };
+        if first {
+            tracing::error!(data_dir = %self.data_dir.display(), %error, "the store cannot commit (is the data directory's volume full?); reads are served from memory, agents' acknowledgements are held so they slow down, and the commit is retried until it succeeds");
+        } else {
+            tracing::warn!(data_dir = %self.data_dir.display(), %error, "the store still cannot commit; retrying");
+        }
+        self.progress.send_modify(|p| p.failing = true);
+    }
+
+    /// The writer: commits the queue in order until `shutdown`; a failed commit is retried
+    /// (the same changes first) with backoff.
+    pub(crate) async fn run(hub: Arc<crate::Hub>) {
+        let this = &hub.commits;
+        let metrics = &hub.metrics;
+        let mut shutdown = hub.shutdown.clone();
+        let mut wait = FIRST_RETRY_WAIT;
+        let mut reopen = false;
+        loop {
+            let notified = this.wake.notified();
+            if *shutdown.borrow() {
+                // What is still queued is committed by [`Commits::drain`] at shutdown.
+                return;
+            }
+            let Some((last, mut ops)) = this.take_group() else {
+                tokio::select! {
+                    () = notified => {}
+                    _ = shutdown.changed() => {}
+                }
+                continue;
+            };
+            let count = ops.len();
+            let mut store = hub.store.lock().await;
+            let result = if reopen {
+                match store.reopen().await {
+                    Ok(mut rolled_back) => {
+                        reopen = false;
+                        if !rolled_back.is_empty() {
+                            tracing::info!(changes = rolled_back.len(), "writing again the changes the store rolled back when it was reopened");
+                            rolled_back.append(&mut ops);
+                            ops = rolled_back;
+                        }
+                        Ok(ops)
+                    }
+                    Err(error) => Err(Failed { error, ops }),
+                }
+            } else {
+                Ok(ops)
+            };
+            let result = match result {
+                Ok(ops) => {
+                    // While failing, every try is durable: once one succeeds, nothing
+                    // committed before it can be rolled back by a later reopen.
+                    let failing = this.progress.borrow().failing;
+                    store.try_commit(ops, failing).await.map(|()| count)
+                }
+                Err(failed) => Err(failed),
+            };
+            drop(store);
+            match result {
+                Ok(count) => {
+                    wait = FIRST_RETRY_WAIT;
+                    this.committed(last, count, metrics);
+                }
+                Err(Failed { error, ops }) => {
+                    reopen = reopen || Store::needs_reopen(&error);
+                    this.put_back(last, ops);
+                    this.failed(&error, metrics);
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => {}
+                        _ = shutdown.changed() => {}
+                    }
+                    wait = (wait * 2).min(MAX_RETRY_WAIT);
+                }
+            }
+        }
+    }
+
+    /// Commits everything queued (at shutdown, after the streams ended).
+    pub async fn drain(&self, store: &mut Store) -> crate::Result<()> {
+        while let Some((last, ops)) = self.take_group() {
+            let count = ops.len();
+            if let Err(Failed { error, ops }) = store.try_commit(ops, true).await {
+                self.put_back(last, ops);
+                return Err(error);
+            }
+            let mut q = self.queue();
+            q.queued_ops = q.queued_ops.saturating_sub(count);
+            drop(q);
+            self.progress.send_modify(|p| p.committed = last);
+        }
+        Ok(())
+    }
+}
+
+/// One stream's acknowledgements: which of its changes are still queued, and the Ack it
+/// owes. See the module's documentation for when an Ack waits.
+#[derive(Debug, Default)]
+pub struct AckGate {
+    /// (ticket, bytes) of this stream's changes not yet known to be committed.
+    queued: VecDeque<(u64, u64)>,
+    queued_bytes: u64,
+    /// The sequence number to acknowledge once allowed.
+    owed: Option<u64>,
+    /// Whether the Ack was held (for logging once per hold).
+    pub held: bool,
+}
+
+impl AckGate {
+    /// A batch up to `seq` was applied and its changes queued under `ticket`.
+    pub fn batch(&mut self, seq: u64, ticket: Option<u64>, bytes: u64) {
+        if let Some(ticket) = ticket {
+            self.queued.push_back((ticket, bytes));
+            self.queued_bytes += bytes;
+        }
+        self.owed = Some(seq);
+    }
+
+    /// Whether an Ack is owed.
+    pub fn owes(&self) -> bool {
+        self.owed.is_some()
+    }
+
+    /// The sequence number to acknowledge now, if any.
+    pub fn ready(&mut self, progress: &Progress) -> Option<u64> {
+        while let Some((ticket, bytes)) = self.queued.front().copied() {
+            if ticket > progress.committed {
+                break;
+            }
+            self.queued.pop_front();
+            self.queued_bytes -= bytes;
+        }
+        let allowed = self.queued.is_empty()
+            || (!progress.failing && self.queued_bytes <= MAX_UNCOMMITTED_BYTES);
+        if allowed {
+            self.held = false;
+            self.owed.take()
+        } else {
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acks_wait_for_a_failing_store_or_a_large_backlog() {
+        let mut gate = AckGate::default();
+        let healthy = Progress {
+            committed: 0,
+            failing: false,
+        };
+        gate.batch(3, Some(1), 100);
+        assert_eq!(gate.ready(&healthy), Some(3), "a small backlog is acknowledged");
+        gate.batch(5, Some(2), MAX_UNCOMMITTED_BYTES);
+        assert_eq!(gate.ready(&healthy), None, "over the bound: wait for the store");
+        let failing = Progress {
+            committed: 1,
+            failing: true,
+        };
+        assert_eq!(gate.ready(&failing), None);
+        let caught_up = Progress {
+            committed: 2,
+            failing: true,
+        };
+        assert_eq!(
+            gate.ready(&caught_up),
+            Some(5),
+            "committed: acknowledged even while later commits fail"
+        );
+        gate.batch(6, None, 0);
+        assert_eq!(gate.ready(&caught_up), Some(6), "nothing queued");
+        assert!(!gate.owes());
+    }
+}
