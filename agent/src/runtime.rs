@@ -44,6 +44,9 @@ use crate::{
 
 /// A stream that lasted this long resets the reconnect backoff.
 pub const STABLE_STREAM: Duration = Duration::from_secs(30);
+/// Largest message the agent decodes from the hub: well above the largest operation the hub
+/// takes by default (its --max-request-bytes, 8 MiB, of manifests).
+pub const MAX_HUB_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
 /// Completes when `shutdown` turns true (or its sender is gone).
 async fn stopped(shutdown: &mut watch::Receiver<bool>) {
@@ -314,7 +317,11 @@ impl Runtime {
             .hello(self.options.replica_name(), self.session_token.clone())
             .await
             .map_err(failed(false))?;
-        let mut client = AgentHubClient::new(channel);
+        // tonic's default of 4 MiB would refuse an operation carrying the manifests the hub
+        // accepts (--max-request-bytes, 8 MiB by default) and end the stream; the hub bounds
+        // what it sends.
+        let mut client =
+            AgentHubClient::new(channel).max_decoding_message_size(MAX_HUB_MESSAGE_BYTES);
         let mut request = tonic::Request::new(scale_agent_proto::tunnel::outbound(
             receivers.outgoing,
             receivers.tunnel_outgoing,
@@ -450,8 +457,12 @@ impl Runtime {
                     }
                 }
                 Some(result) = results.recv() => {
-                    if let Err(error) = session.send(agent_message::Kind::OperationResult(result)).await {
-                        return failed(error);
+                    // In parts below the hub's message limit: one large list must not end
+                    // the stream (and every account on it).
+                    for part in crate::operations::split(result, session.max_message_bytes) {
+                        if let Err(error) = session.send(agent_message::Kind::OperationResult(part)).await {
+                            return failed(error);
+                        }
                     }
                 }
                 Some(_) = session.operations.join_next(), if !session.operations.is_empty() => {}

@@ -52,6 +52,8 @@ pub(crate) struct Session {
     pub(crate) max_unacked: u64,
     /// Largest object the hub keeps whole (from Welcome).
     pub(crate) max_object_bytes: u64,
+    /// Largest message the hub decodes (from Welcome; 0: an older hub, results go whole).
+    pub(crate) max_message_bytes: u64,
     /// The watches' events for this stream.
     pub(crate) events_tx: mpsc::Sender<Outbound>,
     shared: Arc<Shared>,
@@ -95,6 +97,7 @@ impl Session {
             acked: 0,
             max_unacked: DEFAULT_MAX_UNACKED,
             max_object_bytes: 0,
+            max_message_bytes: 0,
             events_tx,
             tunnel: crate::tunnel::Tunnel::new(
                 tunnel_tx.clone(),
@@ -121,6 +124,7 @@ impl Session {
             self.max_unacked = u64::from(welcome.max_unacked);
         }
         self.max_object_bytes = welcome.max_object_bytes;
+        self.max_message_bytes = welcome.max_message_bytes;
         self.tunnel = crate::tunnel::Tunnel::new(
             self.tunnel_tx.clone(),
             welcome.tunnel_window_bytes,

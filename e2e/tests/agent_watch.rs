@@ -34,8 +34,8 @@ use scale_agent_e2e::{
     http,
 };
 use scale_agent_proto::v1::{
-    AccountAssignment, Ack, AgentMessage, Heartbeat, HubMessage, Kind, ObjectEvent, ResumePoint,
-    Welcome,
+    AccountAssignment, Ack, AgentMessage, GetOp, Heartbeat, HubMessage, Kind, KindSelector,
+    ObjectEvent, ObjectRef, Operation, ResumePoint, Welcome,
     account_assignment::Role as AssignmentRole,
     agent_hub_server::{AgentHub, AgentHubServer},
     agent_message, hub_message, kind_status, object_event,
@@ -86,6 +86,9 @@ struct HubState {
     max_object_bytes: AtomicU64,
     /// After Welcome, send nothing at all (no acks, no heartbeats): a dead hub.
     silent: AtomicBool,
+    /// Operations to send on the current stream when `operate` is notified.
+    operations: Mutex<Vec<Operation>>,
+    operate: Notify,
 }
 
 fn kind_key(kind: Option<&Kind>, namespace: &str) -> (String, String, String) {
@@ -316,6 +319,7 @@ impl AgentHub for FakeHub {
                                 hub_version: "fake".into(),
                                 tunnel_window_bytes: 0,
                                 session_token: String::new(),
+                                max_message_bytes: 0,
                             })),
                             Some(agent_message::Kind::RegisterAccount(register)) => {
                                 Some(hub_message::Kind::Assignment(state.assignment(&register.account)))
@@ -341,6 +345,18 @@ impl AgentHub for FakeHub {
                     _ = state.release.notified() => {
                         if !send(hub_message::Kind::Ack(Ack { seq: received })).await {
                             break;
+                        }
+                    }
+                    _ = state.operate.notified() => {
+                        let operations = state
+                            .operations
+                            .lock()
+                            .map(|mut ops| std::mem::take(&mut *ops))
+                            .unwrap_or_default();
+                        for operation in operations {
+                            if !send(hub_message::Kind::Operation(operation)).await {
+                                break;
+                            }
                         }
                     }
                     _ = state.disconnect.notified() => {
@@ -1386,6 +1402,78 @@ async fn oversized_objects_are_sent_truncated() -> anyhow::Result<()> {
     assert!(small.is_some_and(|o| !o.truncated && !o.object_json.is_empty()));
     agent.stop().await?;
     let _ = std::fs::remove_dir_all(dir);
+    Ok(())
+}
+
+/// An operation whose absolute deadline has already passed by the agent's clock (a hub
+/// whose clock is a minute behind) but whose relative timeout leaves time: it runs. Before
+/// `timeout_millis`, clock skew alone made it a 504.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relative_timeout_makes_operations_immune_to_clock_skew() -> anyhow::Result<()> {
+    let s = setup("skew", &["configmaps"]).await?;
+    let configmaps = Api::<ConfigMap>::namespaced(s.admin.clone(), &s.namespace);
+    create(&configmaps, json!({ "metadata": { "name": "skewed" } })).await?;
+    let hub = Arc::new(HubState::default());
+    let hub_addr = start_hub(hub.clone()).await?;
+    let account = account_name("skew");
+    let config = s.write_config(hub_addr, &account, &["configmaps"])?;
+    let agent = start_agent(&config).await?;
+    eventually("the snapshot", || {
+        hub.snapshot_ends(&account, "configmaps") == 1
+    })
+    .await?;
+    let minute_ago = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis() as i64
+        - 60_000;
+    let get = |id: &str, timeout_millis: u64| Operation {
+        id: id.into(),
+        account: account.clone(),
+        deadline_unix_millis: minute_ago,
+        timeout_millis,
+        op: Some(scale_agent_proto::v1::operation::Op::Get(GetOp {
+            target: Some(ObjectRef {
+                kind: Some(KindSelector {
+                    kind: "ConfigMap".into(),
+                    ..Default::default()
+                }),
+                namespace: s.namespace.clone(),
+                name: "skewed".into(),
+            }),
+        })),
+        ..Default::default()
+    };
+    if let Ok(mut operations) = hub.operations.lock() {
+        operations.push(get("skewed", 30_000));
+        // An older hub's operation (no relative timeout): the absolute deadline still rules,
+        // and an operation with no time left is not started.
+        operations.push(get("late", 0));
+    }
+    hub.operate.notify_one();
+    let result = |id: &'static str| {
+        hub.messages().into_iter().find_map(|m| match m.kind {
+            Some(agent_message::Kind::OperationResult(r)) if r.id == id => Some(r),
+            _ => None,
+        })
+    };
+    eventually("both results", || {
+        result("skewed").is_some() && result("late").is_some()
+    })
+    .await?;
+    let skewed = result("skewed").ok_or_else(|| anyhow::anyhow!("no result"))?;
+    let status = skewed.status.clone().unwrap_or_default();
+    assert!(skewed.ok, "{status:?}");
+    assert_eq!(status.code, 200);
+    assert_eq!(skewed.objects_json.len(), 1);
+    let late = result("late").ok_or_else(|| anyhow::anyhow!("no result"))?;
+    let status = late.status.clone().unwrap_or_default();
+    assert_eq!(status.code, 504, "{status:?}");
+    assert!(
+        !late.executed,
+        "an operation with no time left is not started"
+    );
+    agent.stop().await?;
+    let _ = std::fs::remove_dir_all(&s.dir);
     Ok(())
 }
 

@@ -159,6 +159,8 @@ struct Setup {
     admin: Client,
     namespace: String,
     account: String,
+    /// More accounts of the same agents (same identity and namespace), when asked for.
+    others: Vec<String>,
     dir: PathBuf,
     hub: scale_agent_hub::RunningHub,
     agents: Vec<(String, AgentHandle)>,
@@ -166,6 +168,11 @@ struct Setup {
 
 impl Setup {
     async fn new(name: &str, replicas: usize) -> anyhow::Result<Setup> {
+        Setup::with_accounts(name, replicas, 1).await
+    }
+
+    /// Like [`Setup::new`], the agents serving `accounts` accounts (all alike).
+    async fn with_accounts(name: &str, replicas: usize, accounts: usize) -> anyhow::Result<Setup> {
         init_logs();
         let control_plane = control_plane()?;
         let admin = control_plane.client().await?;
@@ -176,18 +183,22 @@ impl Setup {
         let kubeconfig =
             identity(control_plane, &admin, &namespace, "deployer", &["*"], &dir).await?;
         let hub = start_plaintext_hub(&dir).await?;
-        let account = account_name(name);
+        let names: Vec<String> = (0..accounts.max(1)).map(|_| account_name(name)).collect();
         let config = dir.join("agent.yaml");
-        write_config(
-            &config,
-            hub.grpc_addr,
-            json!([fixtures::account(
-                &account,
-                &kubeconfig,
-                &namespace,
-                &["configmaps", "deployments", "replicasets"]
-            )]),
-        )?;
+        let entries: Vec<Value> = names
+            .iter()
+            .map(|account| {
+                fixtures::account(
+                    account,
+                    &kubeconfig,
+                    &namespace,
+                    &["configmaps", "deployments", "replicasets"],
+                )
+            })
+            .collect();
+        write_config(&config, hub.grpc_addr, Value::Array(entries))?;
+        let account = names[0].clone();
+        let others = names[1..].to_vec();
         let mut agents = Vec::new();
         for i in 0..replicas {
             let replica = format!("{name}-{i}");
@@ -200,6 +211,7 @@ impl Setup {
             admin,
             namespace,
             account,
+            others,
             dir,
             hub,
             agents,
@@ -211,7 +223,14 @@ impl Setup {
     /// Waits until the account streams and `replicas` replicas are connected for it, and
     /// the watched kinds have their first snapshot.
     async fn wait_ready(&self, replicas: usize) -> anyhow::Result<()> {
-        let (hub, account) = (self.hub.http_addr, self.account.clone());
+        for account in std::iter::once(&self.account).chain(&self.others) {
+            self.wait_account_ready(account, replicas).await?;
+        }
+        Ok(())
+    }
+
+    async fn wait_account_ready(&self, account: &str, replicas: usize) -> anyhow::Result<()> {
+        let (hub, account) = (self.hub.http_addr, account.to_string());
         eventually("the account to be served", || {
             let account = account.clone();
             async move {
@@ -1192,17 +1211,23 @@ async fn agent_killed_in_flight_retries_on_the_other_replica_then_no_agent() -> 
     assert_eq!(code, 200);
     assert_eq!(again["attempts"], 2);
 
-    // No replica left: 503 with a clear message.
+    // No replica left: the operation waits for one up to its deadline, then 503 with a
+    // clear message.
     for (_, agent) in s.agents.drain(..) {
         agent.stop().await?;
     }
+    let waited = Instant::now();
     let r = expect(
         hub,
         &account,
         503,
-        json!({"type": "get", "kind": "ConfigMap", "namespace": ns, "name": "x"}),
+        json!({"type": "get", "kind": "ConfigMap", "namespace": ns, "name": "x", "timeoutSeconds": 2}),
     )
     .await?;
+    assert!(
+        waited.elapsed() >= Duration::from_secs(2),
+        "answered before its deadline"
+    );
     assert_eq!(r["state"], "noAgent");
     assert!(
         r["message"]
@@ -1211,5 +1236,152 @@ async fn agent_killed_in_flight_retries_on_the_other_replica_then_no_agent() -> 
             .contains(&format!("no agent connected for account {account}")),
         "{r:#}"
     );
+
+    // Submitted while no agent is connected: it runs once a replica connects within its
+    // deadline (a rolling restart of a one-replica agent), as Armory's retries would.
+    let (h, a, n) = (hub, account.clone(), ns.clone());
+    let pending = tokio::spawn(async move {
+        op(h, &a, json!({"type": "create", "manifest": {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "after-restart", "namespace": n}}, "timeoutSeconds": 60})).await
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!pending.is_finished(), "answered with no agent connected");
+    let replica = "failover-back".to_string();
+    let config = s.dir.join("agent.yaml");
+    s.agents.push((
+        replica.clone(),
+        fixtures::start_agent_replica(&config, &replica).await?,
+    ));
+    let (code, r) = pending.await??;
+    assert_eq!(code, 201, "{r:#}");
+    assert_eq!(r["attempts"], 1, "{r:#}");
+    let created = s.configmaps().get("after-restart").await?;
+    assert_eq!(
+        r["objects"][0]["metadata"]["uid"].as_str(),
+        created.metadata.uid.as_deref()
+    );
+    s.stop().await
+}
+
+/// Concurrent submissions of one client id (Armory retrying a stage, two hub clients): the
+/// operation runs once. Proven from the API server's side with a generateName create, which
+/// makes a new object each time it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_submits_of_one_client_id_execute_once() -> anyhow::Result<()> {
+    let s = Setup::new("once", 2).await?;
+    let (hub, account, ns) = (s.hub(), s.account.clone(), s.namespace.clone());
+    let id = format!("once-{:08x}", rand::random::<u32>());
+    let body = json!({"id": id, "type": "create", "manifest": {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"generateName": "once-", "namespace": ns, "labels": {"test": "once"}},
+    }});
+    let mut submits = Vec::new();
+    for _ in 0..8 {
+        let (a, b) = (account.clone(), body.clone());
+        submits.push(tokio::spawn(async move { op(hub, &a, b).await }));
+    }
+    let mut uids = Vec::new();
+    for submit in submits {
+        let (code, r) = submit.await??;
+        assert_eq!(code, 201, "{r:#}");
+        uids.push(
+            r["objects"][0]["metadata"]["uid"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        );
+    }
+    let made = s
+        .configmaps()
+        .list(&ListParams::default().labels("test=once"))
+        .await?;
+    assert_eq!(
+        made.items.len(),
+        1,
+        "the create ran {} times",
+        made.items.len()
+    );
+    let uid = made.items[0].metadata.uid.clone().unwrap_or_default();
+    assert!(uids.iter().all(|u| *u == uid), "{uids:?} vs {uid}");
+    s.stop().await
+}
+
+/// A list larger than one gRPC message (the hub decodes at most --max-object-bytes + 1 MiB,
+/// 3 MiB by default): the agent sends it in parts, it arrives whole, and the agent's stream,
+/// with its other account, goes on. Before, the result ended the stream, and the hub resent
+/// the list to the next replica, ending that one too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_larger_than_one_message_arrives_whole_and_the_stream_survives() -> anyhow::Result<()>
+{
+    let s = Setup::with_accounts("large", 1, 2).await?;
+    let (hub, account, ns) = (s.hub(), s.account.clone(), s.namespace.clone());
+    let other = s.others[0].clone();
+    let blob = "x".repeat(100_000);
+    for i in 0..45 {
+        s.configmaps()
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": format!("big-{i:02}"), "labels": {"size": "big"}}, "data": {"blob": blob}}))?,
+            )
+            .await?;
+    }
+    let (_, before) = http(hub, "GET", "/api/v1/agents", None).await?;
+    let r = expect(
+        hub,
+        &account,
+        200,
+        json!({"type": "list", "kind": "ConfigMap", "namespace": ns, "labelSelector": "size=big", "timeoutSeconds": 120}),
+    )
+    .await?;
+    let objects = r["objects"].as_array().map(Vec::len).unwrap_or(0);
+    assert_eq!(objects, 45);
+    // A page: the continue token comes back, and takes the next page.
+    let r = expect(
+        hub,
+        &other,
+        200,
+        json!({"type": "list", "kind": "ConfigMap", "namespace": ns, "labelSelector": "size=big", "limit": 40}),
+    )
+    .await?;
+    assert_eq!(r["objects"].as_array().map(Vec::len), Some(40));
+    let token = r["continue"].as_str().unwrap_or_default().to_string();
+    assert!(!token.is_empty(), "no continue token: {}", r["status"]);
+    let r = expect(
+        hub,
+        &other,
+        200,
+        json!({"type": "list", "kind": "ConfigMap", "namespace": ns, "labelSelector": "size=big", "limit": 40, "continue": token}),
+    )
+    .await?;
+    assert_eq!(r["objects"].as_array().map(Vec::len), Some(5));
+    assert!(r.get("continue").is_none(), "{}", r["continue"]);
+    // The other way: an apply whose manifests (5 MB) exceed gRPC's default message size of
+    // 4 MiB, which the agent used to refuse, ending its stream.
+    let manifests: Vec<Value> = (0..5)
+        .map(|i| {
+            configmap(
+                &ns,
+                &format!("wide-{i}"),
+                json!({"blob": "y".repeat(1_000_000)}),
+            )
+        })
+        .collect();
+    // (Not `expect`: its message would quote the 5 MB request.)
+    let (code, r) = op(
+        hub,
+        &other,
+        json!({"type": "apply", "manifests": manifests, "timeoutSeconds": 120}),
+    )
+    .await?;
+    assert_eq!(code, 200, "{} {}", r["status"], r["message"]);
+    assert_eq!(
+        r["objects"].as_array().map(Vec::len),
+        Some(5),
+        "{}",
+        r["status"]
+    );
+    // The same stream all along: neither account reconnected.
+    let (_, after) = http(hub, "GET", "/api/v1/agents", None).await?;
+    assert_eq!(before, after);
+    assert_eq!(before.as_array().map(Vec::len), Some(1), "{before:#}");
     s.stop().await
 }

@@ -140,6 +140,11 @@ pub struct Config {
     pub allow: Vec<AllowRule>,
     /// How long finished operations stay visible at `GET /api/v1/operations/{id}`.
     pub operation_retention: Duration,
+    /// Largest result one operation may return (objects and text of all its parts); a
+    /// larger one ends that operation with 413.
+    pub max_operation_result_bytes: usize,
+    /// Most bytes (JSON) of operation bodies kept for lookups; the oldest finished go first.
+    pub max_operation_records_bytes: usize,
     pub http_security: HttpSecurity,
     /// The HTTP listener's URL as clients reach it (`https://hub.example:8443`), for the
     /// kubeconfigs the hub hands out; unset: taken from each request's `Host`.
@@ -194,6 +199,13 @@ impl Config {
                 self.max_staged_bytes, self.max_object_bytes
             )));
         }
+        if self.max_operation_result_bytes < 1024 || self.max_operation_records_bytes < 1024 {
+            return Err(HubError::Config(format!(
+                "--max-operation-result-bytes ({}) and --max-operation-records-bytes ({}) must \
+                 be at least 1024",
+                self.max_operation_result_bytes, self.max_operation_records_bytes
+            )));
+        }
         if self.max_request_bytes < 1024 {
             return Err(HubError::Config(format!(
                 "--max-request-bytes ({}) must be at least 1024",
@@ -236,6 +248,8 @@ impl Config {
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             allow: Vec::new(),
             operation_retention: Duration::from_secs(15 * 60),
+            max_operation_result_bytes: crate::operations::DEFAULT_MAX_RESULT_BYTES,
+            max_operation_records_bytes: crate::operations::DEFAULT_MAX_RECORDS_BYTES,
             http_security: HttpSecurity::Plaintext,
             public_url: None,
             serving_ca_pem: None,
@@ -515,6 +529,18 @@ pub struct Args {
     #[arg(long, env = "SCALE_AGENT_HUB_OPERATION_RETENTION", default_value = "15m", value_parser = parse_duration)]
     pub operation_retention: Duration,
 
+    /// Largest result one operation may return, in bytes (the objects and text of a list,
+    /// logs, ...; agents send large results in parts below the gRPC message limit). A larger
+    /// result ends that operation with 413, naming this flag; the stream is unaffected.
+    #[arg(long, env = "SCALE_AGENT_HUB_MAX_OPERATION_RESULT_BYTES", default_value_t = crate::operations::DEFAULT_MAX_RESULT_BYTES)]
+    pub max_operation_result_bytes: usize,
+
+    /// Most bytes of operation bodies (their JSON) kept for GET /api/v1/operations/{id};
+    /// the oldest finished ones go first. One body keeps at most an eighth of it; a larger
+    /// one is kept without its objects and text.
+    #[arg(long, env = "SCALE_AGENT_HUB_MAX_OPERATION_RECORDS_BYTES", default_value_t = crate::operations::DEFAULT_MAX_RECORDS_BYTES)]
+    pub max_operation_records_bytes: usize,
+
     /// Log format.
     #[arg(
         long,
@@ -628,6 +654,8 @@ impl Args {
             max_request_bytes: self.max_request_bytes,
             allow: self.allow,
             operation_retention: self.operation_retention,
+            max_operation_result_bytes: self.max_operation_result_bytes,
+            max_operation_records_bytes: self.max_operation_records_bytes,
             http_security,
             public_url: self.public_url,
             serving_ca_pem,

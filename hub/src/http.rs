@@ -52,6 +52,10 @@ pub(crate) fn router(hub: Arc<Hub>) -> Router {
             post(submit_operation).layer(DefaultBodyLimit::max(max_request_bytes)),
         )
         .route("/api/v1/operations/{id}", get(operation))
+        .route(
+            "/api/v1/accounts/{name}/operations/{id}",
+            get(account_operation),
+        )
         .route_layer(role(Role::Operator));
     let admin = crate::admin_api::router()
         .merge(crate::agent_admin::router())
@@ -139,17 +143,50 @@ async fn submit_operation(
     (status, Json(body)).into_response()
 }
 
+/// An operation by id alone: a hub-made id, or a client id that one account has.
 async fn operation(State(hub): State<Arc<Hub>>, Path(id): Path<String>) -> Response {
-    match hub.operations.lookup(&id, hub.config.operation_retention) {
-        Some(body) => Json(body).into_response(),
-        None => error(
-            StatusCode::NOT_FOUND,
-            format!(
-                "no operation {id:?} (unknown, or finished longer ago than the retention of {:?})",
-                hub.config.operation_retention
-            ),
-        ),
+    let mut found = hub
+        .operations
+        .lookup(None, &id, hub.config.operation_retention);
+    match found.len() {
+        0 => operation_not_found(&hub, &id),
+        1 => Json(found.remove(0)).into_response(),
+        _ => {
+            let accounts: Vec<String> = found.into_iter().filter_map(|b| b.account).collect();
+            error(
+                StatusCode::CONFLICT,
+                format!(
+                    "operation id {id:?} is used by several accounts ({}): ids are per account, \
+                     so ask GET /api/v1/accounts/{{account}}/operations/{id}",
+                    accounts.join(", ")
+                ),
+            )
+        }
     }
+}
+
+/// An operation of one account (client ids are per account).
+async fn account_operation(
+    State(hub): State<Arc<Hub>>,
+    Path((name, id)): Path<(String, String)>,
+) -> Response {
+    let mut found = hub
+        .operations
+        .lookup(Some(&name), &id, hub.config.operation_retention);
+    if found.is_empty() {
+        return operation_not_found(&hub, &id);
+    }
+    Json(found.remove(0)).into_response()
+}
+
+fn operation_not_found(hub: &Hub, id: &str) -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        format!(
+            "no operation {id:?} (unknown, or finished longer ago than the retention of {:?})",
+            hub.config.operation_retention
+        ),
+    )
 }
 
 /// Where each account's registration in Clouddriver stands (empty when registration is off).

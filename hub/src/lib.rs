@@ -81,8 +81,9 @@ pub(crate) enum Control {
     Promote(String),
     /// End the stream with this status.
     Close(tonic::Status),
-    /// Send this operation to the agent.
-    Operation(Box<scale_agent_proto::v1::Operation>),
+    /// Send this operation to the agent, unless its deadline (the submitter's) has passed
+    /// by the time it is written: it then carries the time left (see `service`).
+    Operation(Box<scale_agent_proto::v1::Operation>, Instant),
     /// Tell the agent an account's state.
     AccountState(scale_agent_proto::v1::AccountState),
     /// Tell the agent which replicas of its identity are connected.
@@ -192,6 +193,8 @@ impl Hub {
     /// Brings the accounts' states up to date: logs and counts each transition and tells the
     /// streams concerned. Called after anything that changes the registry.
     pub(crate) fn observe_states(&self) {
+        // Operations waiting for an agent of an account look again.
+        self.operations.replicas_changed();
         let told = {
             let mut st = self.state();
             let transitions = st.registry.observe(SystemTime::now());
@@ -617,7 +620,10 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         dynamic_accounts: Mutex::new(dynamic_accounts::DynamicAccounts::load(std::mem::take(
             &mut loaded.dynamic_accounts,
         ))),
-        operations: operations::Operations::default(),
+        operations: operations::Operations::new(operations::Bounds {
+            max_result_bytes: config.max_operation_result_bytes,
+            max_records_bytes: config.max_operation_records_bytes,
+        }),
         shutdown: shutdown_rx,
         grpc_listening: AtomicBool::new(false),
         store_open: AtomicBool::new(true),
@@ -654,9 +660,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
             None
         }
     };
-    let max_message = usize::try_from(hub.config.max_object_bytes)
-        .unwrap_or(usize::MAX)
-        .saturating_add(1024 * 1024);
+    let max_message = service::max_message_bytes(&hub.config);
     let service = AgentHubServer::new(AgentHubService { hub: hub.clone() })
         .max_decoding_message_size(max_message);
     let (failed_tx, failed) = mpsc::channel(2);

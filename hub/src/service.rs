@@ -300,11 +300,22 @@ async fn run_stream(
 
     let session =
         Session::new(id, identity.to_string()).with_account_patterns(auth.account_patterns.clone());
-    let result = serve(hub, auth, session, token, &mut inbound, &mut ctrl_rx, out).await;
+    let mut too_large = None;
+    let result = serve(
+        hub,
+        auth,
+        session,
+        token,
+        &mut inbound,
+        &mut ctrl_rx,
+        out,
+        &mut too_large,
+    )
+    .await;
 
     let promotions = hub.state().registry.disconnect(id, now());
     hub.sessions().remove(&id);
-    hub.operations.session_ended(id);
+    hub.operations.session_ended(id, too_large.as_deref());
     hub.tunnels.session_ended(id);
     // Unless a newer stream of the same replica took this one's place.
     let replica_left = !hub
@@ -323,6 +334,31 @@ async fn run_stream(
     result
 }
 
+/// The largest AgentMessage the hub decodes: an object of `--max-object-bytes` with room for
+/// its envelope. Agents that know it (Welcome.max_message_bytes) split operation results
+/// into parts below it.
+pub(crate) fn max_message_bytes(config: &crate::Config) -> usize {
+    usize::try_from(config.max_object_bytes)
+        .unwrap_or(usize::MAX)
+        .saturating_add(1024 * 1024)
+}
+
+/// Why operations in flight on a stream that broke on a message past the decode limit end
+/// (an agent too old to split its results): not resent, the next replica would break too.
+fn too_large_message(status: &Status) -> Option<String> {
+    (status.code() == tonic::Code::OutOfRange && status.message().contains("too large")).then(
+        || {
+            format!(
+                "the agent sent a message larger than the hub decodes ({}), which ended its \
+             stream; upgrade the agent (newer agents send large results in parts), narrow \
+             the question, or raise the hub's --max-object-bytes (the limit is that plus 1 MiB)",
+                status.message()
+            )
+        },
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn serve(
     hub: &Arc<Hub>,
     auth: &Authenticated,
@@ -331,6 +367,7 @@ async fn serve(
     inbound: &mut Streaming<pb::AgentMessage>,
     ctrl_rx: &mut mpsc::Receiver<Control>,
     out: &StreamOut,
+    too_large: &mut Option<String>,
 ) -> Result<(), Status> {
     let tx = &out.control;
     let period = hub.config.heartbeat_period;
@@ -346,6 +383,7 @@ async fn serve(
             tunnel_window_bytes: crate::tunnel::WINDOW_BYTES,
             session_token,
             max_objects_per_account: hub.config.max_objects_per_account,
+            max_message_bytes: u64::try_from(max_message_bytes(&hub.config)).unwrap_or(u64::MAX),
         }),
     )
     .await?;
@@ -365,7 +403,17 @@ async fn serve(
             }
             ctrl = ctrl_rx.recv() => match ctrl {
                 Some(Control::Close(status)) => return Err(status),
-                Some(Control::Operation(op)) => {
+                Some(Control::Operation(mut op, deadline)) => {
+                    // The time left now, not when it was submitted: an operation that waited
+                    // in a full control queue must not run past its submitter's deadline. One
+                    // with no time left is not sent; its submitter answers 504 not executed.
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        tracing::debug!(id = %op.id, "operation not sent: its deadline passed while queued");
+                        continue;
+                    }
+                    op.timeout_millis = u64::try_from(left.as_millis()).unwrap_or(u64::MAX).max(1);
+                    op.deadline_unix_millis = crate::operations::deadline_millis(left);
                     let id = op.id.clone();
                     send(tx, Out::Operation(*op)).await?;
                     hub.operations.mark_sent(&id);
@@ -418,6 +466,10 @@ async fn serve(
                     Ok(None) => return Ok(()),
                     Err(status) => {
                         tracing::debug!(identity = %session.identity, %status, "agent stream broke");
+                        *too_large = too_large_message(&status);
+                        if let Some(message) = too_large.as_deref() {
+                            tracing::warn!(identity = %session.identity, %message, "agent stream ended by an oversized message");
+                        }
                         return Ok(());
                     }
                 };
@@ -442,7 +494,11 @@ async fn serve(
                     }
                     match inbound.message().now_or_never() {
                         Some(Ok(Some(m))) => next = Some(m),
-                        Some(_) => ended = true,
+                        Some(Ok(None)) => ended = true,
+                        Some(Err(status)) => {
+                            *too_large = too_large_message(&status);
+                            ended = true;
+                        }
                         None => {}
                     }
                 }

@@ -844,6 +844,12 @@ async fn operations_are_routed_answered_and_resent_only_when_safe() {
     let op = a.operation().await;
     assert_eq!(op.account, "prod");
     assert!(op.deadline_unix_millis > 0);
+    // The relative timeout: what is left of the default 30 s when it was written.
+    assert!(
+        (25_000..=30_000).contains(&op.timeout_millis),
+        "{}",
+        op.timeout_millis
+    );
     assert!(matches!(op.op, Some(pb::operation::Op::Apply(_))));
     let Msg::Object(two) = cm_event("prod", EventType::Applied, "two", "120", "web") else {
         unreachable!()
@@ -968,10 +974,11 @@ async fn operations_are_routed_answered_and_resent_only_when_safe() {
         acc["state"] == "disconnected"
     })
     .await;
+    // With nobody left the operation waits for an agent up to its deadline, then 503.
     let (code, body) = post_json(
         &http,
         "/api/v1/accounts/prod/operations",
-        &serde_json::json!({"type": "get", "kind": "ConfigMap", "name": "two"}),
+        &serde_json::json!({"type": "get", "kind": "ConfigMap", "name": "two", "timeoutSeconds": 0.5}),
     )
     .await;
     assert_eq!(code, 503, "{body}");
@@ -1020,6 +1027,303 @@ async fn operation_requests_past_the_body_limit_get_413() {
     assert_eq!(body["reason"], "RequestEntityTooLarge", "{body}");
     assert_eq!(body["code"], 413, "{body}");
     assert_eq!(body["message"], body["error"], "{body}");
+    hub.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A result sent as one message. The helper for the tests below.
+fn list_result(id: &str, objects: usize, object_bytes: usize, more: bool) -> pb::OperationResult {
+    pb::OperationResult {
+        id: id.into(),
+        ok: !more,
+        status: Some(pb::OperationStatus {
+            code: 200,
+            ..Default::default()
+        }),
+        objects_json: (0..objects)
+            .map(|i| {
+                serde_json::to_vec(&serde_json::json!({
+                    "apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": format!("cm-{i}"), "namespace": "default"},
+                    "data": {"pad": "x".repeat(object_bytes)},
+                }))
+                .unwrap()
+            })
+            .collect(),
+        executed: true,
+        replica: "pod-1".into(),
+        more,
+        ..Default::default()
+    }
+}
+
+async fn submit_in_background(
+    http: &Api,
+    account: &str,
+    body: serde_json::Value,
+) -> tokio::task::JoinHandle<(u16, serde_json::Value)> {
+    let http = http.clone();
+    let path = format!("/api/v1/accounts/{account}/operations");
+    tokio::spawn(async move { post_json(&http, &path, &body).await })
+}
+
+/// Client ids are per account and claimed before dispatch: concurrent submissions of one id
+/// reach the agent once and all get its answer; the same id in another account is another
+/// operation; a later resubmission answers the recorded outcome without running again.
+#[tokio::test]
+async fn client_ids_run_once_per_account_under_concurrent_submits() {
+    let pki = Pki::new();
+    let dir = data_dir("ops-ids");
+    let hub = start_hub(&pki, &dir, |_| {}).await;
+    let http = api(&hub);
+    let mut a = agent(&hub, &pki, "agent-a.test", "pod-1").await;
+    a.register("prod", "https://h:6443").await;
+    a.register("dev", "https://h:6443").await;
+    a.synced().await;
+
+    let create = |account: &str| serde_json::json!({"id": "release-42", "type": "create", "manifest": {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": format!("{account}-x")}}});
+    let mut submits = Vec::new();
+    for _ in 0..5 {
+        submits.push(submit_in_background(&http, "prod", create("prod")).await);
+    }
+    let op = a.operation().await;
+    assert_eq!(op.account, "prod");
+    assert_ne!(
+        op.id, "release-42",
+        "the wire id is the hub's, unique across accounts"
+    );
+    // The same client id in another account is its own operation.
+    let dev = submit_in_background(&http, "dev", create("dev")).await;
+    let dev_op = a.operation().await;
+    assert_eq!(dev_op.account, "dev");
+    assert_ne!(dev_op.id, op.id);
+    // No second dispatch of prod's id, however long the submitters wait.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    a.pump_ready().unwrap();
+    assert!(
+        a.operations.is_empty(),
+        "dispatched again: {:?}",
+        a.operations
+    );
+    for (id, account) in [(&op.id, "prod"), (&dev_op.id, "dev")] {
+        a.send(Msg::OperationResult(pb::OperationResult {
+            id: id.clone(),
+            ok: true,
+            status: Some(pb::OperationStatus {
+                code: 201,
+                ..Default::default()
+            }),
+            executed: true,
+            replica: "pod-1".into(),
+            account: account.into(),
+            ..Default::default()
+        }))
+        .await;
+    }
+    for submit in submits {
+        let (code, body) = submit.await.unwrap();
+        assert_eq!(code, 201, "{body}");
+        assert_eq!(body["id"], "release-42", "{body}");
+        assert_eq!(body["account"], "prod", "{body}");
+    }
+    let (code, body) = dev.await.unwrap();
+    assert_eq!(
+        (code, body["account"].as_str()),
+        (201, Some("dev")),
+        "{body}"
+    );
+    // Resubmitted later: the recorded answer, no dispatch.
+    let (code, body) = post_json(&http, "/api/v1/accounts/prod/operations", &create("prod")).await;
+    assert_eq!(code, 201, "{body}");
+    a.pump_ready().unwrap();
+    assert!(a.operations.is_empty());
+    // Lookups: per account, and by id alone only when one account has it.
+    let (code, body) = get_json(&http, "/api/v1/accounts/dev/operations/release-42").await;
+    assert_eq!(
+        (code, body["account"].as_str()),
+        (200, Some("dev")),
+        "{body}"
+    );
+    let (code, body) = get_json(&http, "/api/v1/operations/release-42").await;
+    assert_eq!(code, 409, "{body}");
+    hub.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// With no agent connected, an operation waits for one up to its deadline (a rolling
+/// restart, the hub's own restart) instead of failing at once.
+#[tokio::test]
+async fn an_operation_waits_for_an_agent_until_its_deadline() {
+    let pki = Pki::new();
+    let dir = data_dir("ops-wait");
+    let hub = start_hub(&pki, &dir, |_| {}).await;
+    let http = api(&hub);
+    let mut a = agent(&hub, &pki, "agent-a.test", "pod-1").await;
+    a.register("prod", "https://h:6443").await;
+    a.synced().await;
+    drop(a);
+    wait_for("the account to be disconnected", async || {
+        let (_, acc) = get_json(&http, "/api/v1/accounts/prod").await;
+        acc["state"] == "disconnected"
+    })
+    .await;
+    let submit = submit_in_background(
+        &http,
+        "prod",
+        serde_json::json!({"type": "get", "kind": "ConfigMap", "name": "two", "timeoutSeconds": 20}),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!submit.is_finished(), "answered before an agent came");
+    let mut b = agent(&hub, &pki, "agent-a.test", "pod-2").await;
+    b.register("prod", "https://h:6443").await;
+    let op = b.operation().await;
+    assert!(
+        op.timeout_millis > 0 && op.timeout_millis < 20_000,
+        "the time left, not the whole timeout: {}",
+        op.timeout_millis
+    );
+    b.send(Msg::OperationResult(pb::OperationResult {
+        id: op.id.clone(),
+        ok: true,
+        status: Some(pb::OperationStatus {
+            code: 200,
+            ..Default::default()
+        }),
+        executed: true,
+        replica: "pod-2".into(),
+        account: "prod".into(),
+        ..Default::default()
+    }))
+    .await;
+    let (code, body) = submit.await.unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["attempts"], 1, "{body}");
+    hub.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Large results: parts are joined (and a list's continue token returned); a result past
+/// --max-operation-result-bytes ends only its operation with 413 while the stream goes on;
+/// a message past the decode limit (an agent that does not split) ends its stream, and the
+/// operation is answered 413 instead of being resent to break the next replica too.
+#[tokio::test]
+async fn large_results_come_in_parts_and_one_too_large_ends_only_its_operation() {
+    let pki = Pki::new();
+    let dir = data_dir("ops-large");
+    let hub = start_hub(&pki, &dir, |c| {
+        c.max_object_bytes = 64 * 1024;
+        c.max_staged_bytes = 64 * 1024;
+        c.max_operation_result_bytes = 3 * 1024 * 1024;
+    })
+    .await;
+    let http = api(&hub);
+    let mut a = agent(&hub, &pki, "agent-a.test", "pod-1").await;
+    let limit = a.welcome.as_ref().unwrap().max_message_bytes;
+    assert_eq!(
+        limit,
+        64 * 1024 + 1024 * 1024,
+        "Welcome names the decode limit"
+    );
+    a.register("prod", "https://h:6443").await;
+    a.synced().await;
+
+    // 2.4 MB in three parts, each under the limit.
+    let submit = submit_in_background(
+        &http,
+        "prod",
+        serde_json::json!({"type": "list", "kind": "ConfigMap", "limit": 30}),
+    )
+    .await;
+    let op = a.operation().await;
+    for i in 0..3 {
+        let mut part = list_result(&op.id, 10, 80_000, i < 2);
+        part.account = "prod".into();
+        if i == 2 {
+            part.continue_token = "next-page".into();
+        }
+        a.send(Msg::OperationResult(part)).await;
+    }
+    let (code, body) = submit.await.unwrap();
+    assert_eq!(
+        code,
+        200,
+        "{}",
+        body.to_string().chars().take(300).collect::<String>()
+    );
+    assert_eq!(body["objects"].as_array().unwrap().len(), 30);
+    assert_eq!(body["continue"], "next-page");
+
+    // Past --max-operation-result-bytes: 413 naming it; the stream serves the next one.
+    let submit = submit_in_background(
+        &http,
+        "prod",
+        serde_json::json!({"type": "list", "kind": "ConfigMap"}),
+    )
+    .await;
+    let op = a.operation().await;
+    for i in 0..5 {
+        a.send(Msg::OperationResult(list_result(&op.id, 10, 80_000, i < 4)))
+            .await;
+    }
+    let (code, body) = submit.await.unwrap();
+    assert_eq!(code, 413, "{body}");
+    assert_eq!(body["status"]["reason"], "RequestEntityTooLarge");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("--max-operation-result-bytes"),
+        "{body}"
+    );
+    a.synced().await;
+    let submit = submit_in_background(
+        &http,
+        "prod",
+        serde_json::json!({"type": "get", "kind": "ConfigMap", "name": "cm-1"}),
+    )
+    .await;
+    let op = a.operation().await;
+    a.send(Msg::OperationResult(list_result(&op.id, 1, 10, false)))
+        .await;
+    assert_eq!(submit.await.unwrap().0, 200);
+
+    // An agent that sends the whole result in one message past the decode limit.
+    let mut b = agent(&hub, &pki, "agent-a.test", "pod-2").await;
+    b.register("prod", "https://h:6443").await;
+    b.synced().await;
+    let submit = submit_in_background(
+        &http,
+        "prod",
+        serde_json::json!({"type": "list", "kind": "ConfigMap"}),
+    )
+    .await;
+    let (first, op) = tokio::select! {
+        op = a.operation() => ("a", op),
+        op = b.operation() => ("b", op),
+    };
+    let (sender, other) = if first == "a" {
+        (&mut a, &mut b)
+    } else {
+        (&mut b, &mut a)
+    };
+    sender
+        .send(Msg::OperationResult(list_result(&op.id, 20, 80_000, false)))
+        .await;
+    let (code, body) = submit.await.unwrap();
+    assert_eq!(code, 413, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("--max-object-bytes"),
+        "{body}"
+    );
+    // Not resent to the other replica, whose stream it would end as well.
+    other.pump_ready().unwrap();
+    assert!(other.operations.is_empty(), "{:?}", other.operations);
+    other.send(Msg::Heartbeat(pb::Heartbeat::default())).await;
+    other.synced().await;
     hub.shutdown().await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }

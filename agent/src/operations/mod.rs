@@ -29,6 +29,7 @@ use kube::{
     api::DynamicObject,
     core::{Status, response::StatusCause},
 };
+use prost::Message as _;
 use scale_agent_proto::v1::{self, operation::Op};
 use serde_json::Value;
 use tokio::sync::{Mutex, Semaphore};
@@ -127,6 +128,8 @@ pub struct Output {
     pub text: String,
     /// HTTP code of a success; 200 when unset.
     pub code: i32,
+    /// A list with a limit that has more items: the API server's continue token.
+    pub continue_token: String,
 }
 
 impl Output {
@@ -374,13 +377,9 @@ impl Executor {
     pub async fn execute(&self, operation: v1::Operation) -> v1::OperationResult {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as i64)
+            .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
             .unwrap_or_default();
-        let budget = if operation.deadline_unix_millis > 0 {
-            Duration::from_millis(u64::try_from(operation.deadline_unix_millis - now).unwrap_or(0))
-        } else {
-            DEFAULT_DEADLINE
-        };
+        let budget = budget(&operation, now);
         let ctx = Ctx {
             exec: self,
             executed: AtomicBool::new(false),
@@ -388,14 +387,23 @@ impl Executor {
         let mut out = Output::default();
         let started = std::time::Instant::now();
         let kind = operation.op.as_ref().map(Op::name).unwrap_or("none");
-        let outcome = tokio::time::timeout(budget, async {
+        let list_continue = operation.list_continue;
+        let work = async {
             let _permit =
                 self.semaphore.acquire().await.map_err(|_| {
                     Failure::new(503, "ServiceUnavailable", "the agent is stopping")
                 })?;
-            run(&ctx, operation.op, &mut out).await
-        })
-        .await;
+            run(&ctx, operation.op, list_continue, &mut out).await
+        };
+        // No time left: not started at all (a timeout of zero would still poll it once,
+        // which may send a request, and then "it never reached the API server" would be
+        // wrong).
+        let outcome = if budget.is_zero() {
+            drop(work);
+            Err(())
+        } else {
+            tokio::time::timeout(budget, work).await.map_err(|_| ())
+        };
         let executed = ctx.executed.load(Ordering::SeqCst);
         let (ok, status) = match outcome {
             Ok(Ok(())) => (
@@ -445,11 +453,138 @@ impl Executor {
             executed,
             replica: self.replica.clone(),
             account: self.account.clone(),
+            continue_token: out.continue_token,
+            more: false,
         }
     }
 }
 
-async fn run(ctx: &Ctx<'_>, op: Option<Op>, out: &mut Output) -> OpResult<()> {
+/// The time an operation may take: `timeout_millis` from now when the hub sent it (relative,
+/// so the two clocks need not agree), else until the absolute deadline by this agent's clock
+/// (`now_millis`; an older hub), else the default.
+pub fn budget(operation: &v1::Operation, now_millis: i64) -> Duration {
+    if operation.timeout_millis > 0 {
+        Duration::from_millis(operation.timeout_millis)
+    } else if operation.deadline_unix_millis > 0 {
+        Duration::from_millis(
+            u64::try_from(operation.deadline_unix_millis.saturating_sub(now_millis)).unwrap_or(0),
+        )
+    } else {
+        DEFAULT_DEADLINE
+    }
+}
+
+/// Room kept in each message for everything but objects and text (status, names, kinds,
+/// the envelope).
+const PART_OVERHEAD: usize = 64 * 1024;
+
+/// Splits a result into parts that each fit in a message of `max_message_bytes` (the hub's
+/// Welcome.max_message_bytes; 0: an older hub, which gets the result whole). Every part has
+/// the result's id, status and names; objects, deleted names and text are spread over the
+/// parts in order; all parts but the last have `more` set. A single object that cannot fit
+/// turns the result into a 413 naming the limit (the hub would otherwise end the stream).
+pub fn split(result: v1::OperationResult, max_message_bytes: u64) -> Vec<v1::OperationResult> {
+    let Ok(max) = usize::try_from(max_message_bytes) else {
+        return vec![result];
+    };
+    if max == 0 || result.encoded_len() <= max.saturating_sub(1024) {
+        return vec![result];
+    }
+    let room = max.saturating_sub(PART_OVERHEAD).max(1024);
+    if let Some(big) = result.objects_json.iter().map(Vec::len).find(|l| *l > room) {
+        let message = format!(
+            "an object of the result is {big} bytes, more than fits in a message to the hub \
+             ({max} bytes): raise the hub's --max-object-bytes (its message limit is that \
+             plus 1 MiB)"
+        );
+        return vec![v1::OperationResult {
+            id: result.id,
+            ok: false,
+            status: Some(Failure::new(413, "RequestEntityTooLarge", message).status),
+            executed: result.executed,
+            replica: result.replica,
+            account: result.account,
+            ..Default::default()
+        }];
+    }
+    let empty = v1::OperationResult {
+        id: result.id.clone(),
+        ok: result.ok,
+        status: result.status.clone(),
+        executed: result.executed,
+        replica: result.replica.clone(),
+        account: result.account.clone(),
+        more: true,
+        ..Default::default()
+    };
+    let mut parts = Vec::new();
+    let mut part = empty.clone();
+    let mut used = 0;
+    let mut flush = |part: &mut v1::OperationResult, used: &mut usize| {
+        parts.push(std::mem::replace(part, empty.clone()));
+        *used = 0;
+    };
+    let kinds = result
+        .object_kinds
+        .into_iter()
+        .map(Some)
+        .chain(std::iter::repeat(None));
+    for (object, kind) in result.objects_json.into_iter().zip(kinds) {
+        if used + object.len() > room {
+            flush(&mut part, &mut used);
+        }
+        used += object.len();
+        part.objects_json.push(object);
+        part.object_kinds.extend(kind);
+    }
+    let uids = result
+        .deleted_uids
+        .into_iter()
+        .map(Some)
+        .chain(std::iter::repeat(None));
+    let deleted_kinds = result
+        .deleted_kinds
+        .into_iter()
+        .map(Some)
+        .chain(std::iter::repeat(None));
+    for ((name, kind), uid) in result.deleted.into_iter().zip(deleted_kinds).zip(uids) {
+        if used + name.len() + 256 > room {
+            flush(&mut part, &mut used);
+        }
+        used += name.len() + 256;
+        part.deleted.push(name);
+        part.deleted_kinds.extend(kind);
+        part.deleted_uids.extend(uid);
+    }
+    let mut text = result.text.as_str();
+    while !text.is_empty() {
+        if used >= room {
+            flush(&mut part, &mut used);
+        }
+        let mut end = text.len().min(room - used);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        if end == 0 {
+            flush(&mut part, &mut used);
+            continue;
+        }
+        part.text.push_str(&text[..end]);
+        used += end;
+        text = &text[end..];
+    }
+    part.more = false;
+    part.continue_token = result.continue_token;
+    parts.push(part);
+    parts
+}
+
+async fn run(
+    ctx: &Ctx<'_>,
+    op: Option<Op>,
+    list_continue: String,
+    out: &mut Output,
+) -> OpResult<()> {
     let op = op.ok_or_else(|| Failure::bad_request("the operation has no content"))?;
     match op {
         Op::Apply(a) => write::apply(ctx, a, out).await,
@@ -460,7 +595,7 @@ async fn run(ctx: &Ctx<'_>, op: Option<Op>, out: &mut Output) -> OpResult<()> {
         Op::Delete(d) => delete::delete(ctx, d, out).await,
         Op::Rollout(r) => rollout::rollout(ctx, r, out).await,
         Op::Get(g) => read::get(ctx, g, out).await,
-        Op::List(l) => read::list(ctx, l, out).await,
+        Op::List(l) => read::list(ctx, l, list_continue, out).await,
         Op::Events(e) => read::events(ctx, e, out).await,
         Op::Logs(l) => read::logs(ctx, l, out).await,
     }
@@ -550,6 +685,113 @@ mod tests {
             kind: "Widget".into(),
         };
         assert_eq!(pick_kind(&explicit, &c).unwrap().version, "v1");
+    }
+
+    #[test]
+    fn the_relative_timeout_wins_over_the_absolute_deadline() {
+        let now = 1_000_000;
+        // The hub's clock is behind this agent's: its absolute deadline has passed here.
+        let skewed = v1::Operation {
+            deadline_unix_millis: now - 60_000,
+            timeout_millis: 30_000,
+            ..Default::default()
+        };
+        assert_eq!(budget(&skewed, now), Duration::from_secs(30));
+        // An older hub sends only the absolute deadline.
+        let old = v1::Operation {
+            deadline_unix_millis: now + 5_000,
+            ..Default::default()
+        };
+        assert_eq!(budget(&old, now), Duration::from_secs(5));
+        let past = v1::Operation {
+            deadline_unix_millis: now - 1,
+            ..Default::default()
+        };
+        assert_eq!(budget(&past, now), Duration::ZERO);
+        assert_eq!(budget(&v1::Operation::default(), now), DEFAULT_DEADLINE);
+    }
+
+    #[test]
+    fn large_results_are_split_below_the_message_limit() {
+        let max = 200 * 1024;
+        let result = v1::OperationResult {
+            id: "op".into(),
+            ok: true,
+            status: Some(v1::OperationStatus {
+                code: 200,
+                ..Default::default()
+            }),
+            objects_json: (0..100)
+                .map(|i| vec![b'a' + (i % 26) as u8; 10_000])
+                .collect(),
+            object_kinds: (0..100).map(|_| v1::Kind::default()).collect(),
+            deleted: vec!["ConfigMap/ns/a".into()],
+            deleted_kinds: vec![v1::Kind::default()],
+            deleted_uids: vec!["uid".into()],
+            text: "é".repeat(150_000),
+            continue_token: "next".into(),
+            executed: true,
+            account: "a".into(),
+            ..Default::default()
+        };
+        // An older hub (0) gets it whole; a small result is never split.
+        assert_eq!(split(result.clone(), 0).len(), 1);
+        let small = v1::OperationResult {
+            id: "s".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            split(small, max),
+            [v1::OperationResult {
+                id: "s".into(),
+                ..Default::default()
+            }]
+        );
+        let parts = split(result.clone(), max);
+        assert!(parts.len() > 3, "{} parts", parts.len());
+        for (i, part) in parts.iter().enumerate() {
+            assert!(
+                part.encoded_len() <= max as usize,
+                "part {i}: {}",
+                part.encoded_len()
+            );
+            assert_eq!(part.more, i + 1 < parts.len());
+            assert_eq!(part.id, "op");
+            assert_eq!(part.account, "a");
+            assert_eq!(part.object_kinds.len(), part.objects_json.len());
+        }
+        let objects: Vec<Vec<u8>> = parts.iter().flat_map(|p| p.objects_json.clone()).collect();
+        assert_eq!(objects, result.objects_json);
+        let text: String = parts.iter().map(|p| p.text.as_str()).collect();
+        assert_eq!(text, result.text);
+        let deleted: Vec<String> = parts.iter().flat_map(|p| p.deleted.clone()).collect();
+        assert_eq!(deleted, result.deleted);
+        let last = parts.last().unwrap();
+        assert_eq!(last.continue_token, "next");
+        assert!(
+            parts[..parts.len() - 1]
+                .iter()
+                .all(|p| p.continue_token.is_empty())
+        );
+
+        // One object that cannot fit: a 413 instead of a message the hub would refuse.
+        let huge = v1::OperationResult {
+            id: "h".into(),
+            ok: true,
+            objects_json: vec![vec![b'x'; max as usize]],
+            executed: true,
+            ..Default::default()
+        };
+        let parts = split(huge, max);
+        assert_eq!(parts.len(), 1);
+        assert!(!parts[0].ok);
+        let status = parts[0].status.as_ref().unwrap();
+        assert_eq!(status.code, 413);
+        assert!(
+            status.message.contains("--max-object-bytes"),
+            "{}",
+            status.message
+        );
     }
 
     #[test]

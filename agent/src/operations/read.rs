@@ -30,22 +30,47 @@ fn params(label: &str, field: &str, limit: u32) -> ListParams {
     lp
 }
 
-pub async fn list(ctx: &Ctx<'_>, op: v1::ListOp, out: &mut Output) -> OpResult<()> {
+/// Items per request when a list names no limit: the API server sends the list in pages
+/// (continue tokens) instead of building one response of every item.
+const PAGE: u32 = 500;
+
+/// A list: every item (fetched in pages), or with a limit one page and the continue token
+/// of the next (`list_continue` starts from a previous page's token).
+pub async fn list(
+    ctx: &Ctx<'_>,
+    op: v1::ListOp,
+    list_continue: String,
+    out: &mut Output,
+) -> OpResult<()> {
     let kind = ctx.resolve(op.kind.as_ref()).await?;
     let ns = if kind.namespaced {
         op.namespace.clone()
     } else {
         String::new()
     };
-    ctx.hit();
-    let list = ctx
-        .api(&kind, &ns)
-        .list(&params(&op.label_selector, &op.field_selector, op.limit))
-        .await?;
-    for item in list.items {
-        out.object(&kind, serde_json::to_value(&item).unwrap_or_default());
+    let api = ctx.api(&kind, &ns);
+    let limit = if op.limit > 0 { op.limit } else { PAGE };
+    let mut token = list_continue;
+    loop {
+        let mut lp = params(&op.label_selector, &op.field_selector, limit);
+        if !token.is_empty() {
+            lp = lp.continue_token(&token);
+        }
+        ctx.hit();
+        let list = api.list(&lp).await?;
+        for item in list.items {
+            out.object(&kind, serde_json::to_value(&item).unwrap_or_default());
+        }
+        let next = list.metadata.continue_.unwrap_or_default();
+        if op.limit > 0 {
+            out.continue_token = next;
+            return Ok(());
+        }
+        if next.is_empty() {
+            return Ok(());
+        }
+        token = next;
     }
-    Ok(())
 }
 
 fn event_kind() -> KindRef {

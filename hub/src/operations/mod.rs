@@ -24,7 +24,7 @@ mod render;
 mod request;
 mod submit;
 
-pub use registry::{Operations, Outcome};
+pub use registry::{Bounds, Claim, Operations, Outcome};
 pub use render::{Cause, OperationResponse, State, Status, Subject};
 pub use request::{OperationRequest, idempotent};
 pub use submit::deadline_millis;
@@ -40,6 +40,12 @@ pub const DEADLINE_GRACE: Duration = Duration::from_secs(2);
 pub const MAX_ATTEMPTS: usize = 3;
 /// Finished operations kept at most (the oldest go first).
 pub const MAX_RETAINED: usize = 10_000;
+/// Default of `--max-operation-result-bytes`: the largest result (objects and text, all its
+/// parts) one operation may return.
+pub const DEFAULT_MAX_RESULT_BYTES: usize = 64 * 1024 * 1024;
+/// Default of `--max-operation-records-bytes`: the most JSON of operation bodies kept for
+/// lookups.
+pub const DEFAULT_MAX_RECORDS_BYTES: usize = 256 * 1024 * 1024;
 
 /// The next replica to send a request for `account` to, round-robin over its STREAMING and
 /// STANDBY sessions that are not in `tried`: the session and its `identity/replica` label.

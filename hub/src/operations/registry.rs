@@ -1,9 +1,15 @@
 //! The in-memory registry of operations: attempts in flight (each waiting for its replica's
-//! answer) and the bodies of running and finished operations, kept for lookups for the
-//! retention period and bounded in number.
+//! answer, joining the parts of a result the agent split) and the bodies of running and
+//! finished operations, kept for lookups for the retention period and bounded in number and
+//! in bytes.
+//!
+//! Records are keyed by account and id: a client-given id is the client's, per account. An id
+//! is claimed (recorded as running) before anything is sent, under the same lock as the
+//! lookup, so concurrent submissions of one id run it once.
 
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
+    io,
     sync::{
         Mutex, MutexGuard,
         atomic::{AtomicU64, Ordering},
@@ -12,9 +18,9 @@ use std::{
 };
 
 use scale_agent_proto::v1 as pb;
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 
-use super::{MAX_RETAINED, OperationResponse};
+use super::{MAX_RETAINED, OperationResponse, State};
 use crate::registry::SessionId;
 
 /// How an attempt ended.
@@ -26,40 +32,145 @@ pub enum Outcome {
     Dropped {
         sent: bool,
     },
+    /// The result is larger than the hub takes: `message` names the limit and the flag.
+    TooLarge {
+        message: String,
+    },
 }
 
 struct Pending {
     session: SessionId,
     sent: bool,
     tx: oneshot::Sender<Outcome>,
+    /// The parts received so far of a result the agent split, and their size.
+    partial: Option<pb::OperationResult>,
+    partial_bytes: usize,
 }
 
 struct Record {
     finished: Option<Instant>,
+    /// The HTTP code of a finished operation.
+    code: u16,
     body: OperationResponse,
+    /// The body's JSON size, counted against the byte bound.
+    bytes: usize,
 }
+
+/// (id, account): the ids of all accounts are next to each other, for lookups by id alone.
+type Key = (String, String);
 
 #[derive(Default)]
 struct Inner {
     pending: HashMap<String, Pending>,
-    records: BTreeMap<String, Record>,
-    order: VecDeque<String>,
+    records: BTreeMap<Key, Record>,
+    order: VecDeque<Key>,
+    /// Sum of the records' `bytes`.
+    bytes: usize,
+}
+
+/// What [`Operations::claim`] found.
+#[derive(Debug)]
+pub enum Claim {
+    /// The id was free and is now recorded as running: run the operation.
+    New,
+    /// Another submission of the id is running; its current body.
+    Running(OperationResponse),
+    /// The id finished within the retention period: its code and body.
+    Finished(u16, OperationResponse),
+}
+
+/// The byte limits of the registry.
+#[derive(Clone, Copy, Debug)]
+pub struct Bounds {
+    /// Largest result (all its parts) one operation may return.
+    pub max_result_bytes: usize,
+    /// Most bytes of bodies kept for lookups.
+    pub max_records_bytes: usize,
 }
 
 /// Operations in flight and finished.
-#[derive(Default)]
 pub struct Operations {
     inner: Mutex<Inner>,
+    bounds: Bounds,
     next: AtomicU64,
     round_robin: AtomicU64,
+    /// Woken when an operation finishes (submissions of a running id wait on it).
+    finished: Notify,
+    /// Woken when replicas connect or register (operations waiting for an agent).
+    replicas: Notify,
+}
+
+impl Default for Operations {
+    fn default() -> Self {
+        Operations::new(Bounds {
+            max_result_bytes: usize::MAX,
+            max_records_bytes: usize::MAX,
+        })
+    }
+}
+
+/// Counts the bytes written to it.
+struct Counter(usize);
+
+impl io::Write for Counter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The size of a body's JSON, without building it.
+fn json_size(body: &OperationResponse) -> usize {
+    let mut counter = Counter(0);
+    let _ = serde_json::to_writer(&mut counter, body);
+    counter.0
+}
+
+/// The bytes a result part adds to a joined result.
+fn part_bytes(part: &pb::OperationResult) -> usize {
+    part.objects_json.iter().map(Vec::len).sum::<usize>()
+        + part.text.len()
+        + part.deleted.iter().map(String::len).sum::<usize>()
+}
+
+/// Appends a later part to the parts joined so far: lists in order; everything else (status,
+/// ok, executed, continue token) from the later part.
+fn join(mut joined: pb::OperationResult, part: pb::OperationResult) -> pb::OperationResult {
+    joined.objects_json.extend(part.objects_json);
+    joined.object_kinds.extend(part.object_kinds);
+    joined.deleted.extend(part.deleted);
+    joined.deleted_kinds.extend(part.deleted_kinds);
+    joined.deleted_uids.extend(part.deleted_uids);
+    joined.text.push_str(&part.text);
+    joined.ok = part.ok;
+    joined.status = part.status;
+    joined.executed = joined.executed || part.executed;
+    joined.continue_token = part.continue_token;
+    joined.more = part.more;
+    joined
 }
 
 impl Operations {
+    pub fn new(bounds: Bounds) -> Self {
+        Operations {
+            inner: Mutex::new(Inner::default()),
+            bounds,
+            next: AtomicU64::new(0),
+            round_robin: AtomicU64::new(0),
+            finished: Notify::new(),
+            replicas: Notify::new(),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A new operation id.
+    /// A new operation id, unique in this hub.
     pub fn new_id(&self) -> String {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let millis = SystemTime::now()
@@ -77,48 +188,99 @@ impl Operations {
         (self.round_robin.fetch_add(1, Ordering::Relaxed) as usize) % n
     }
 
-    /// Registers an attempt on a session; the receiver hears its outcome.
-    pub fn register(&self, id: &str, session: SessionId) -> oneshot::Receiver<Outcome> {
+    /// Replicas connected, registered or left: operations waiting for one look again.
+    pub fn replicas_changed(&self) {
+        self.replicas.notify_waiters();
+    }
+
+    /// Waits for [`Self::replicas_changed`] or `until`, whichever is first; false at `until`.
+    /// `check` is called once the wait is armed, so no change between it and the wait is
+    /// missed: true ends the wait at once.
+    pub async fn wait_for_replicas(&self, until: Instant, check: impl FnOnce() -> bool) -> bool {
+        let changed = self.replicas.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        if check() {
+            return true;
+        }
+        tokio::time::timeout_at(until.into(), changed).await.is_ok()
+    }
+
+    /// Registers an attempt on a session under its wire id; the receiver hears its outcome.
+    pub fn register(&self, wire_id: &str, session: SessionId) -> oneshot::Receiver<Outcome> {
         let (tx, rx) = oneshot::channel();
         self.lock().pending.insert(
-            id.to_string(),
+            wire_id.to_string(),
             Pending {
                 session,
                 sent: false,
                 tx,
+                partial: None,
+                partial_bytes: 0,
             },
         );
         rx
     }
 
     /// Forgets an attempt (timed out or given up); true when it had been sent.
-    pub fn forget(&self, id: &str) -> bool {
-        self.lock().pending.remove(id).is_some_and(|p| p.sent)
+    pub fn forget(&self, wire_id: &str) -> bool {
+        self.lock().pending.remove(wire_id).is_some_and(|p| p.sent)
     }
 
     /// The operation was written to its replica's stream.
-    pub fn mark_sent(&self, id: &str) {
-        if let Some(p) = self.lock().pending.get_mut(id) {
+    pub fn mark_sent(&self, wire_id: &str) {
+        if let Some(p) = self.lock().pending.get_mut(wire_id) {
             p.sent = true;
         }
     }
 
-    /// A result arrived from `session`; false when nobody waits for it.
+    /// A result (or a part of one) arrived from `session`; false when nobody waits for it.
+    /// Parts are joined until the last; a joined result past the largest the hub takes ends
+    /// the attempt with [`Outcome::TooLarge`], and its later parts find nobody waiting.
     pub fn complete(&self, session: SessionId, result: pb::OperationResult) -> bool {
         let mut inner = self.lock();
-        match inner.pending.get(&result.id) {
-            Some(p) if p.session == session => {}
-            _ => return false,
+        let Some(p) = inner.pending.get_mut(&result.id) else {
+            return false;
+        };
+        if p.session != session {
+            return false;
         }
-        let Some(p) = inner.pending.remove(&result.id) else {
+        p.partial_bytes += part_bytes(&result);
+        if p.partial_bytes > self.bounds.max_result_bytes {
+            let bytes = p.partial_bytes;
+            let Some(p) = inner.pending.remove(&result.id) else {
+                return false;
+            };
+            drop(inner);
+            let message = format!(
+                "the result is larger than the hub's limit of {} bytes (--max-operation-result-bytes; \
+                 {bytes} bytes so far): narrow the question (a namespace, a label or field \
+                 selector, a list limit with continue, logs with tailLines or limitBytes) or \
+                 raise the limit",
+                self.bounds.max_result_bytes
+            );
+            return p.tx.send(Outcome::TooLarge { message }).is_ok();
+        }
+        let joined = match p.partial.take() {
+            Some(before) => join(before, result),
+            None => result,
+        };
+        if joined.more {
+            p.partial = Some(joined);
+            return true;
+        }
+        let Some(p) = inner.pending.remove(&joined.id) else {
             return false;
         };
         drop(inner);
-        p.tx.send(Outcome::Result(Box::new(result))).is_ok()
+        p.tx.send(Outcome::Result(Box::new(joined))).is_ok()
     }
 
-    /// A stream ended: its attempts in flight are dropped.
-    pub fn session_ended(&self, session: SessionId) {
+    /// A stream ended: its attempts in flight are dropped. `too_large` is set when the
+    /// stream broke on a message past the hub's decode limit (an agent that does not split
+    /// results): its attempts end with that instead, so the hub does not resend them to the
+    /// next replica, whose stream the same result would break.
+    pub fn session_ended(&self, session: SessionId, too_large: Option<&str>) {
         let mut inner = self.lock();
         let ids: Vec<String> = inner
             .pending
@@ -128,48 +290,204 @@ impl Operations {
             .collect();
         for id in ids {
             if let Some(p) = inner.pending.remove(&id) {
-                let _ = p.tx.send(Outcome::Dropped { sent: p.sent });
+                let outcome = match too_large {
+                    Some(message) if p.sent => Outcome::TooLarge {
+                        message: message.to_string(),
+                    },
+                    _ => Outcome::Dropped { sent: p.sent },
+                };
+                let _ = p.tx.send(outcome);
             }
         }
     }
 
-    /// Records the operation's state (running or finished).
-    pub fn record(&self, id: &str, body: OperationResponse, finished: bool, retention: Duration) {
-        let mut inner = self.lock();
+    /// Removes records past the retention period, then the oldest finished ones while the
+    /// count or the bytes (with `room` more) are past the bounds. Running records stay: they
+    /// are the claims that keep an id from running twice, and are small.
+    fn evict(&self, inner: &mut Inner, retention: Duration, room: usize) {
         let now = Instant::now();
-        // Expire old finished records, and bound the count.
-        while let Some(oldest) = inner.order.front().cloned() {
-            let expired = inner.records.get(&oldest).is_none_or(|r| {
-                r.finished
-                    .is_some_and(|f| now.duration_since(f) > retention)
-            });
-            if expired || inner.order.len() >= MAX_RETAINED {
-                inner.order.pop_front();
-                inner.records.remove(&oldest);
-            } else {
+        let mut kept = VecDeque::with_capacity(inner.order.len());
+        while let Some(key) = inner.order.pop_front() {
+            let Some(record) = inner.records.get(&key) else {
+                continue;
+            };
+            let expired = record
+                .finished
+                .is_some_and(|f| now.duration_since(f) > retention);
+            let crowded = inner.records.len() >= MAX_RETAINED
+                || inner.bytes.saturating_add(room) > self.bounds.max_records_bytes;
+            if expired || (crowded && record.finished.is_some()) {
+                if let Some(r) = inner.records.remove(&key) {
+                    inner.bytes = inner.bytes.saturating_sub(r.bytes);
+                }
+                continue;
+            }
+            kept.push_back(key);
+            if !crowded {
+                // Records are in the order they were made: the rest are younger.
                 break;
             }
         }
-        if !inner.records.contains_key(id) {
-            inner.order.push_back(id.to_string());
+        kept.append(&mut inner.order);
+        inner.order = kept;
+    }
+
+    fn insert(
+        &self,
+        inner: &mut Inner,
+        key: Key,
+        code: u16,
+        body: OperationResponse,
+        finished: bool,
+    ) {
+        let mut body = body;
+        let mut bytes = json_size(&body);
+        // One body may take at most an eighth of the bound, so a few large results do not
+        // push every other record out; past that, the outcome is kept without its payload
+        // (the claim on the id stays, and says why the rest is gone).
+        let most = self.bounds.max_records_bytes / 8;
+        if finished && bytes > most {
+            body.objects = body.objects.as_ref().map(|_| Vec::new());
+            body.text = body.text.as_ref().map(|_| String::new());
+            let note = format!(
+                "the result ({bytes} bytes) was returned to the submitter but is too large to \
+                 keep for lookups (--max-operation-records-bytes {}): its objects and text are \
+                 left out",
+                self.bounds.max_records_bytes
+            );
+            body.message = Some(match body.message.take() {
+                Some(m) if !m.is_empty() => format!("{m}; {note}"),
+                _ => note,
+            });
+            bytes = json_size(&body);
         }
+        if let Some(old) = inner.records.remove(&key) {
+            inner.bytes = inner.bytes.saturating_sub(old.bytes);
+        } else {
+            inner.order.push_back(key.clone());
+        }
+        inner.bytes += bytes;
         inner.records.insert(
-            id.to_string(),
+            key,
             Record {
-                finished: finished.then_some(now),
+                finished: finished.then(Instant::now),
+                code,
                 body,
+                bytes,
             },
         );
     }
 
-    /// The recorded state of an operation.
-    pub fn lookup(&self, id: &str, retention: Duration) -> Option<OperationResponse> {
-        let inner = self.lock();
-        let r = inner.records.get(id)?;
-        if r.finished.is_some_and(|f| f.elapsed() > retention) {
-            return None;
+    /// Claims `id` for `account`: records `running` unless the id is known (running, or
+    /// finished within `retention`). The lookup and the claim are one step, so of concurrent
+    /// submissions of one id exactly one gets [`Claim::New`].
+    pub fn claim(
+        &self,
+        account: &str,
+        id: &str,
+        running: OperationResponse,
+        retention: Duration,
+    ) -> Claim {
+        let mut inner = self.lock();
+        let key = (id.to_string(), account.to_string());
+        if let Some(r) = inner.records.get(&key) {
+            match r.finished {
+                None => return Claim::Running(r.body.clone()),
+                Some(f) if f.elapsed() <= retention => {
+                    return Claim::Finished(r.code, r.body.clone());
+                }
+                Some(_) => {}
+            }
         }
-        Some(r.body.clone())
+        let room = json_size(&running);
+        self.evict(&mut inner, retention, room);
+        self.insert(&mut inner, key, 0, running, false);
+        Claim::New
+    }
+
+    /// Records an operation's state: running (an attempt started) or finished with `code`.
+    pub fn record(
+        &self,
+        account: &str,
+        id: &str,
+        body: OperationResponse,
+        finished: Option<u16>,
+        retention: Duration,
+    ) {
+        {
+            let mut inner = self.lock();
+            let room = json_size(&body).min(self.bounds.max_records_bytes / 8);
+            self.evict(&mut inner, retention, room);
+            let key = (id.to_string(), account.to_string());
+            self.insert(
+                &mut inner,
+                key,
+                finished.unwrap_or(0),
+                body,
+                finished.is_some(),
+            );
+        }
+        if finished.is_some() {
+            self.finished.notify_waiters();
+        }
+    }
+
+    /// The recorded states of operation `id`: of `account`, or of every account that has
+    /// one when `account` is `None`.
+    pub fn lookup(
+        &self,
+        account: Option<&str>,
+        id: &str,
+        retention: Duration,
+    ) -> Vec<OperationResponse> {
+        let inner = self.lock();
+        let from = (id.to_string(), account.unwrap_or_default().to_string());
+        inner
+            .records
+            .range(from..)
+            .take_while(|((i, a), _)| i == id && account.is_none_or(|want| want == a))
+            .filter(|(_, r)| r.finished.is_none_or(|f| f.elapsed() <= retention))
+            .map(|(_, r)| r.body.clone())
+            .collect()
+    }
+
+    /// Waits until `id` of `account` finishes, or `until`: its code and body, or `None` when
+    /// it is still running (or no longer known) then.
+    pub async fn wait_finished(
+        &self,
+        account: &str,
+        id: &str,
+        until: Instant,
+    ) -> Option<(u16, OperationResponse)> {
+        let key = (id.to_string(), account.to_string());
+        loop {
+            let woken = self.finished.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            {
+                let inner = self.lock();
+                let r = inner.records.get(&key)?;
+                if r.finished.is_some() {
+                    return Some((r.code, r.body.clone()));
+                }
+            }
+            if tokio::time::timeout_at(until.into(), woken).await.is_err() {
+                return None;
+            }
+        }
+    }
+
+    /// Bytes of the bodies kept (for tests and metrics).
+    pub fn retained_bytes(&self) -> usize {
+        self.lock().bytes
+    }
+
+    /// The state of a running or finished record (for tests).
+    pub fn state_of(&self, account: &str, id: &str) -> Option<State> {
+        self.lock()
+            .records
+            .get(&(id.to_string(), account.to_string()))
+            .map(|r| r.body.state)
     }
 }
 
@@ -177,6 +495,14 @@ impl Operations {
 mod tests {
     use super::*;
     use crate::operations::{State, Subject};
+
+    fn subject(id: &'static str) -> Subject<'static> {
+        Subject {
+            id,
+            account: "a",
+            op_type: "list",
+        }
+    }
 
     #[test]
     fn waiters_hear_results_and_drops() {
@@ -191,7 +517,7 @@ mod tests {
                 ..Default::default()
             }
         ));
-        ops.session_ended(1);
+        ops.session_ended(1, None);
         assert!(matches!(rx.try_recv(), Ok(Outcome::Dropped { sent: true })));
         let mut rx = ops.register("y", 1);
         assert!(ops.complete(
@@ -203,19 +529,18 @@ mod tests {
             }
         ));
         assert!(matches!(rx.try_recv(), Ok(Outcome::Result(r)) if r.ok));
-        let subject = Subject {
-            id: "y",
-            account: "a",
-            op_type: "get",
-        };
+        let retention = Duration::from_secs(60);
         ops.record(
+            "a",
             "y",
-            OperationResponse::running(subject, "agent/r", 1),
-            false,
-            Duration::from_secs(60),
+            OperationResponse::running(subject("y"), "agent/r", 1),
+            None,
+            retention,
         );
         assert_eq!(
-            ops.lookup("y", Duration::ZERO).map(|b| b.state),
+            ops.lookup(Some("a"), "y", Duration::ZERO)
+                .first()
+                .map(|b| b.state),
             Some(State::Running),
             "a running operation does not expire"
         );
@@ -225,18 +550,149 @@ mod tests {
             ..Default::default()
         };
         ops.record(
+            "a",
             "y",
-            OperationResponse::finished(subject, &done, 1),
-            true,
-            Duration::from_secs(60),
+            OperationResponse::finished(subject("y"), &done, 1),
+            Some(200),
+            retention,
         );
         assert_eq!(
-            ops.lookup("y", Duration::from_secs(60)).map(|b| b.state),
+            ops.lookup(None, "y", retention).first().map(|b| b.state),
             Some(State::Succeeded)
         );
-        assert!(
-            ops.lookup("y", Duration::ZERO).is_none() || ops.lookup("y", Duration::ZERO).is_some()
+        assert!(ops.lookup(Some("b"), "y", retention).is_empty());
+        assert!(ops.lookup(None, "z", retention).is_empty());
+    }
+
+    #[test]
+    fn ids_are_claimed_once_per_account() {
+        let ops = Operations::default();
+        let retention = Duration::from_secs(60);
+        let running = || OperationResponse::running(subject("same"), "", 0);
+        assert!(matches!(
+            ops.claim("a", "same", running(), retention),
+            Claim::New
+        ));
+        assert!(matches!(
+            ops.claim("a", "same", running(), retention),
+            Claim::Running(_)
+        ));
+        // Another account's id of the same name is another operation.
+        assert!(matches!(
+            ops.claim("b", "same", running(), retention),
+            Claim::New
+        ));
+        assert_eq!(ops.lookup(None, "same", retention).len(), 2);
+        ops.record(
+            "a",
+            "same",
+            OperationResponse::finished(subject("same"), &pb::OperationResult::default(), 1),
+            Some(201),
+            retention,
         );
-        assert!(ops.lookup("z", Duration::from_secs(60)).is_none());
+        assert!(matches!(
+            ops.claim("a", "same", running(), retention),
+            Claim::Finished(201, _)
+        ));
+    }
+
+    #[test]
+    fn parts_are_joined_and_a_result_past_the_limit_ends_only_its_attempt() {
+        let ops = Operations::new(Bounds {
+            max_result_bytes: 10,
+            max_records_bytes: usize::MAX,
+        });
+        let part = |id: &str, object: &str, more: bool| pb::OperationResult {
+            id: id.into(),
+            ok: !more,
+            objects_json: vec![object.as_bytes().to_vec()],
+            object_kinds: vec![pb::Kind::default()],
+            more,
+            ..Default::default()
+        };
+        let mut rx = ops.register("x", 1);
+        assert!(ops.complete(1, part("x", "1234", true)));
+        assert!(rx.try_recv().is_err(), "not before the last part");
+        assert!(ops.complete(1, part("x", "5678", false)));
+        let Ok(Outcome::Result(joined)) = rx.try_recv() else {
+            panic!("no joined result")
+        };
+        assert!(joined.ok && !joined.more);
+        assert_eq!(joined.objects_json, [b"1234".to_vec(), b"5678".to_vec()]);
+        assert_eq!(joined.object_kinds.len(), 2);
+
+        let mut rx = ops.register("y", 1);
+        let mut other = ops.register("z", 1);
+        assert!(ops.complete(1, part("y", "123456", true)));
+        assert!(ops.complete(1, part("y", "123456", true)));
+        assert!(
+            matches!(rx.try_recv(), Ok(Outcome::TooLarge { message }) if message.contains("--max-operation-result-bytes"))
+        );
+        // Later parts find nobody; the other operation of the stream is untouched.
+        assert!(!ops.complete(1, part("y", "1", false)));
+        assert!(ops.complete(1, part("z", "1", false)));
+        assert!(matches!(other.try_recv(), Ok(Outcome::Result(_))));
+    }
+
+    #[test]
+    fn records_are_bounded_by_bytes() {
+        let ops = Operations::new(Bounds {
+            max_result_bytes: usize::MAX,
+            max_records_bytes: 64 * 1024,
+        });
+        let retention = Duration::from_secs(60);
+        let result = pb::OperationResult {
+            ok: true,
+            text: "x".repeat(4000),
+            ..Default::default()
+        };
+        for i in 0..100 {
+            let id = format!("op-{i}");
+            ops.record(
+                "a",
+                &id,
+                OperationResponse::finished(
+                    Subject {
+                        id: &id,
+                        account: "a",
+                        op_type: "logs",
+                    },
+                    &result,
+                    1,
+                ),
+                Some(200),
+                retention,
+            );
+            assert!(
+                ops.retained_bytes() <= 64 * 1024,
+                "{}",
+                ops.retained_bytes()
+            );
+        }
+        // The newest are kept, the oldest went.
+        assert_eq!(ops.lookup(None, "op-99", retention).len(), 1);
+        assert!(ops.lookup(None, "op-0", retention).is_empty());
+        // A body past an eighth of the bound is kept without its payload.
+        let big = pb::OperationResult {
+            ok: true,
+            text: "x".repeat(20_000),
+            ..Default::default()
+        };
+        ops.record(
+            "a",
+            "big",
+            OperationResponse::finished(subject("big"), &big, 1),
+            Some(200),
+            retention,
+        );
+        let kept = ops.lookup(None, "big", retention);
+        assert_eq!(kept[0].text.as_deref(), Some(""));
+        assert!(
+            kept[0]
+                .message
+                .as_deref()
+                .is_some_and(|m| m.contains("--max-operation-records-bytes"))
+        );
+        assert_eq!(kept[0].state, State::Succeeded);
     }
 }

@@ -9,7 +9,7 @@
 //! | [`OperationResponse::bad_request`] | state, executed, status, message |
 //! | [`OperationResponse::task_failed`] | state, message |
 //! | [`OperationResponse::running`] | id, account, type, state, replica, attempts |
-//! | [`OperationResponse::finished`] | id, account, type, state, executed, replica, attempts, status, objects, deleted, text |
+//! | [`OperationResponse::finished`] | id, account, type, state, executed, replica, attempts, status, objects, deleted, text, and continue when a list has more |
 //! | [`OperationResponse::hub_made`] | all of `finished`'s, plus message |
 
 use scale_agent_proto::v1 as pb;
@@ -133,6 +133,10 @@ pub struct OperationResponse {
     /// Replicas tried so far.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempts: Option<usize>,
+    /// A list with a limit: the token that continues it (`"continue"` in the next request),
+    /// when more items remain.
+    #[serde(rename = "continue", default, skip_serializing_if = "Option::is_none")]
+    pub continue_token: Option<String>,
     /// `Kind/namespace/name` of the objects deleted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deleted: Option<Vec<String>>,
@@ -169,6 +173,7 @@ impl OperationResponse {
         OperationResponse {
             account: None,
             attempts: None,
+            continue_token: None,
             deleted: None,
             executed: None,
             id: None,
@@ -212,14 +217,15 @@ impl OperationResponse {
         }
     }
 
-    /// An agent's answer. The id is the result's (the agent echoes the operation's).
+    /// An agent's answer. The id is the submission's (a client-given id travels to the agent
+    /// under a hub-made wire id, since client ids are per account).
     pub fn finished(
         subject: Subject<'_>,
         result: &pb::OperationResult,
         attempts: usize,
     ) -> OperationResponse {
         OperationResponse {
-            id: Some(result.id.clone()),
+            id: Some(subject.id.to_string()),
             account: Some(subject.account.to_string()),
             op_type: Some(subject.op_type.to_string()),
             executed: Some(result.executed),
@@ -235,6 +241,8 @@ impl OperationResponse {
             ),
             deleted: Some(result.deleted.clone()),
             text: Some(result.text.clone()),
+            continue_token: (!result.continue_token.is_empty())
+                .then(|| result.continue_token.clone()),
             ..OperationResponse::bare(State::of(result))
         }
     }
@@ -359,7 +367,7 @@ mod tests {
         same(
             &OperationResponse::finished(SUBJECT, &pb::OperationResult::default(), 1),
             json!({
-                "id": "", "account": "prod", "type": "apply", "state": "failed",
+                "id": "op-1", "account": "prod", "type": "apply", "state": "failed",
                 "executed": false, "replica": "", "attempts": 1,
                 "status": { "code": 0, "reason": "", "message": "", "causes": [] },
                 "objects": [], "deleted": [], "text": "",

@@ -38,6 +38,9 @@ pub struct OperationRequest {
     pub label_selector: Option<String>,
     pub field_selector: Option<String>,
     pub limit: Option<u32>,
+    /// list: the `continue` of the previous page's answer.
+    #[serde(rename = "continue")]
+    pub continue_token: Option<String>,
     // delete
     pub propagation_policy: Option<String>,
     pub grace_period_seconds: Option<i64>,
@@ -174,6 +177,12 @@ impl OperationRequest {
             ));
         }
         let ns = self.namespace.clone().unwrap_or_default();
+        if self.continue_token.is_some() && !self.op_type.eq_ignore_ascii_case("list") {
+            return Err(format!(
+                "\"continue\" is for list only (the token of the previous page), not {}",
+                self.op_type
+            ));
+        }
         let op = match self.op_type.to_ascii_lowercase().as_str() {
             "apply" => Op::Apply(pb::ApplyOp {
                 manifests_json: self.manifests()?,

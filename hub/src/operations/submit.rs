@@ -12,7 +12,7 @@ use tokio::{sync::oneshot, time::error::Elapsed};
 
 use super::{
     DEADLINE_GRACE, MAX_ATTEMPTS, OperationRequest, OperationResponse, Outcome, State, Status,
-    Subject, idempotent, pick_replica,
+    Subject, idempotent, pick_replica, registry::Claim,
 };
 use crate::{Control, Hub, registry::SessionId};
 
@@ -41,11 +41,15 @@ enum Step {
 /// One submission: what every attempt and body of it shares.
 struct Submission<'a> {
     hub: &'a Hub,
+    /// The id the client gave (per account), or one the hub made.
     id: String,
+    /// The id on the wire: unique in the hub, since client ids are only unique per account.
+    wire_id: String,
     account: &'a str,
     kind: &'static str,
     idempotent: bool,
     timeout: Duration,
+    deadline: Instant,
 }
 
 impl Submission<'_> {
@@ -68,21 +72,46 @@ impl Submission<'_> {
         OperationResponse::hub_made(self.subject(), state, executed, status, attempts)
     }
 
-    /// No replica (left) to try: why, from what each attempt ran into.
+    /// No replica (left) to try until the deadline: why, from what each attempt ran into.
     fn no_agent(&self, notes: &[String], attempts: usize) -> (u16, OperationResponse) {
         let account = self.account;
+        let waited = self.timeout.as_secs_f64();
         let message = if notes.is_empty() {
             format!(
-                "no agent connected for account {account}: wait for an agent replica to connect, or check the agents with GET /api/v1/agents"
+                "no agent connected for account {account} within the operation's {waited:.0} s: \
+                 wait for an agent replica to connect, or check the agents with GET /api/v1/agents"
             )
         } else {
             format!(
-                "no agent connected for account {account}: {}",
+                "no agent connected for account {account} within the operation's {waited:.0} s: {}",
                 notes.join("; ")
             )
         };
         let status = Status::new(503, "ServiceUnavailable", message);
         (503, self.hub_made(State::NoAgent, false, status, attempts))
+    }
+
+    /// The replica left (or the attempt was dropped) before answering: resend when safe.
+    fn dropped(&self, sent: bool, replica: &str, attempts: usize) -> Step {
+        let (id, account, kind) = (&self.id, self.account, self.kind);
+        self.hub.metrics.operation_retries.inc();
+        if sent && !self.idempotent {
+            let message = format!(
+                "replica {replica} of account {account} disconnected before answering a \
+                 {kind} operation it had been sent; it is not safe to resend, so whether \
+                 it ran is unknown: check the cluster (e.g. with a get) before retrying"
+            );
+            let status = Status::new(503, "ServiceUnavailable", message);
+            return Step::Done(503, self.hub_made(State::Failed, true, status, attempts));
+        }
+        tracing::info!(%id, %account, %replica, sent, "replica left before answering; trying another");
+        Step::TryNext {
+            note: format!(
+                "replica {replica} disconnected before answering{}",
+                if sent { "" } else { " (operation not sent)" }
+            ),
+            fallback: None,
+        }
     }
 
     /// Turns what waiting on `replica` (the `attempts`th try) produced into the next step.
@@ -92,7 +121,7 @@ impl Submission<'_> {
         replica: &str,
         attempts: usize,
     ) -> Step {
-        let (id, account, kind) = (&self.id, self.account, self.kind);
+        let account = self.account;
         match heard {
             Ok(Ok(Outcome::Result(result))) => {
                 let code = result
@@ -117,32 +146,18 @@ impl Submission<'_> {
                 }
                 Step::Done(code, body)
             }
-            Ok(Ok(Outcome::Dropped { sent })) => {
-                self.hub.metrics.operation_retries.inc();
-                if sent && !self.idempotent {
-                    let message = format!(
-                        "replica {replica} of account {account} disconnected before answering a \
-                         {kind} operation it had been sent; it is not safe to resend, so whether \
-                         it ran is unknown: check the cluster (e.g. with a get) before retrying"
-                    );
-                    let status = Status::new(503, "ServiceUnavailable", message);
-                    return Step::Done(503, self.hub_made(State::Failed, true, status, attempts));
-                }
-                tracing::info!(%id, %account, %replica, sent, "replica left before answering; trying another");
-                Step::TryNext {
-                    note: format!(
-                        "replica {replica} disconnected before answering{}",
-                        if sent { "" } else { " (operation not sent)" }
-                    ),
-                    fallback: None,
-                }
+            Ok(Ok(Outcome::TooLarge { message })) => {
+                // Not resent: the same result would be as large from any replica.
+                let message = format!("account {account}, replica {replica}: {message}");
+                let status = Status::new(413, "RequestEntityTooLarge", message);
+                Step::Done(413, self.hub_made(State::Failed, true, status, attempts))
             }
-            Ok(Err(_)) => Step::TryNext {
-                note: format!("replica {replica} was dropped"),
-                fallback: None,
-            },
+            Ok(Ok(Outcome::Dropped { sent })) => self.dropped(sent, replica, attempts),
+            // The attempt was dropped without a word: whether it was sent is unknown, so
+            // it counts as sent (resent only when that is safe).
+            Ok(Err(_)) => self.dropped(true, replica, attempts),
             Err(_) => {
-                let sent = self.hub.operations.forget(id);
+                let sent = self.hub.operations.forget(&self.wire_id);
                 let message = format!(
                     "account {account}: no result from replica {replica} within {:.0} s{}",
                     self.timeout.as_secs_f64(),
@@ -158,9 +173,21 @@ impl Submission<'_> {
         }
     }
 
+    /// Whether the account has a replica not in `tried` (without advancing the rotation).
+    fn has_untried_replica(&self, tried: &[SessionId]) -> bool {
+        self.hub
+            .state()
+            .registry
+            .replicas(self.account)
+            .iter()
+            .any(|s| !tried.contains(s))
+    }
+
     /// Sends the operation to one replica after another until one answers (or none is
-    /// left, or sending again is not safe), recording each attempt as running.
-    async fn run(&self, operation: &pb::Operation, deadline: Instant) -> (u16, OperationResponse) {
+    /// left, or sending again is not safe), recording each attempt as running. With no
+    /// replica to try, waits for one to connect until the deadline (Armory retries the
+    /// same way), so a rolling restart or the hub's own restart does not fail the operation.
+    async fn run(&self, operation: &pb::Operation) -> (u16, OperationResponse) {
         let retention = self.hub.config.operation_retention;
         let mut tried: Vec<SessionId> = Vec::new();
         let mut notes: Vec<String> = Vec::new();
@@ -168,29 +195,43 @@ impl Submission<'_> {
         let mut fallback: Option<(u16, OperationResponse)> = None;
         loop {
             let attempts = tried.len();
-            let candidate =
-                pick_replica(self.hub, self.account, &tried).filter(|_| attempts < MAX_ATTEMPTS);
-            let Some((session, replica)) = candidate else {
+            if attempts >= MAX_ATTEMPTS {
                 break fallback
                     .take()
                     .unwrap_or_else(|| self.no_agent(&notes, attempts));
+            }
+            let Some((session, replica)) = pick_replica(self.hub, self.account, &tried) else {
+                if let Some(answer) = fallback.take() {
+                    break answer;
+                }
+                let came = self
+                    .hub
+                    .operations
+                    .wait_for_replicas(self.deadline, || self.has_untried_replica(&tried))
+                    .await;
+                if came {
+                    continue;
+                }
+                break self.no_agent(&notes, attempts);
             };
             tried.push(session);
             let running = OperationResponse::running(self.subject(), &replica, tried.len());
             self.hub
                 .operations
-                .record(&self.id, running, false, retention);
-            let rx = self.hub.operations.register(&self.id, session);
+                .record(self.account, &self.id, running, None, retention);
+            let rx = self.hub.operations.register(&self.wire_id, session);
             if !self.hub.sessions().contains_key(&session) {
-                self.hub.operations.forget(&self.id);
+                self.hub.operations.forget(&self.wire_id);
                 notes.push(format!(
                     "replica {replica} left before the operation was sent"
                 ));
                 continue;
             }
-            self.hub
-                .control(session, Control::Operation(Box::new(operation.clone())));
-            let wait = deadline.saturating_duration_since(Instant::now()) + DEADLINE_GRACE;
+            self.hub.control(
+                session,
+                Control::Operation(Box::new(operation.clone()), self.deadline),
+            );
+            let wait = self.deadline.saturating_duration_since(Instant::now()) + DEADLINE_GRACE;
             let heard = tokio::time::timeout(wait, rx).await;
             match self.interpret(heard, &replica, tried.len()) {
                 Step::Done(code, body) => break (code, body),
@@ -205,8 +246,11 @@ impl Submission<'_> {
     }
 }
 
-/// Runs a submitted operation to its end: picks a replica, waits, retries when safe.
-/// Returns the HTTP status and the response body (also recorded for lookups).
+/// Runs a submitted operation to its end: claims its id, picks a replica (waiting for one
+/// up to the deadline), waits, retries when safe. Returns the HTTP status and the response
+/// body (also recorded for lookups). A resubmitted id is not run again: a finished one
+/// answers what it answered, a running one waits for that answer up to this submission's
+/// deadline (202 with its running state when it has none by then).
 pub(crate) async fn submit(
     hub: &Arc<Hub>,
     account: &str,
@@ -218,26 +262,17 @@ pub(crate) async fn submit(
         Ok(checked) => checked,
         Err(message) => return (400, OperationResponse::bad_request(message)),
     };
-    let id = match &request.id {
-        Some(id) => {
-            if let Some(known) = hub.operations.lookup(id, retention) {
-                if known.state == State::Running {
-                    // Still running: not started twice; look it up later.
-                    return (202, known);
-                }
-                return (known.recorded_code(), known);
-            }
-            id.clone()
-        }
-        None => hub.operations.new_id(),
-    };
+    let started = Instant::now();
+    let wire_id = hub.operations.new_id();
     let submission = Submission {
         hub,
-        id,
+        id: request.id.clone().unwrap_or_else(|| wire_id.clone()),
+        wire_id,
         account,
         kind: op.name(),
         idempotent: idempotent(&op),
         timeout,
+        deadline: started + timeout,
     };
     let id = submission.id.as_str();
     if !hub.state().registry.accounts.contains_key(account) {
@@ -248,18 +283,33 @@ pub(crate) async fn submit(
         let status = Status::new(404, "NotFound", message);
         return (404, submission.hub_made(State::NoAgent, false, status, 0));
     }
-    let started = Instant::now();
-    let deadline = started + timeout;
+    let waiting = OperationResponse::running(submission.subject(), "", 0);
+    match hub.operations.claim(account, id, waiting, retention) {
+        Claim::New => {}
+        Claim::Finished(code, body) => return (code, body),
+        Claim::Running(body) => {
+            // Another submission runs this id: its answer is this one's too.
+            let until = submission.deadline + DEADLINE_GRACE;
+            return match hub.operations.wait_finished(account, id, until).await {
+                Some(answer) => answer,
+                None => (202, body),
+            };
+        }
+    }
     let operation = pb::Operation {
-        id: id.to_string(),
+        id: submission.wire_id.clone(),
         account: account.to_string(),
+        // Both set again when the operation is written to the stream (see `service`).
         deadline_unix_millis: deadline_millis(timeout),
+        timeout_millis: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        list_continue: request.continue_token.clone().unwrap_or_default(),
         op: Some(op),
     };
-    let (code, body) = submission.run(&operation, deadline).await;
+    let (code, body) = submission.run(&operation).await;
     let (kind, state) = (submission.kind, body.state.as_str());
     hub.metrics.operation(kind, state);
-    tracing::info!(%id, %account, r#type = kind, state, code, elapsed_ms = started.elapsed().as_millis() as u64, "operation finished");
-    hub.operations.record(id, body.clone(), true, retention);
+    tracing::info!(%id, wire_id = %submission.wire_id, %account, r#type = kind, state, code, elapsed_ms = started.elapsed().as_millis() as u64, "operation finished");
+    hub.operations
+        .record(account, id, body.clone(), Some(code), retention);
     (code, body)
 }

@@ -175,6 +175,11 @@ pub struct Welcome {
     /// 10 of the contract).
     #[prost(string, tag = "7")]
     pub session_token: ::prost::alloc::string::String,
+    /// Largest AgentMessage the hub decodes, in bytes: operation results are split into parts
+    /// below it (OperationResult.more; item 6 of the contract). 0: an older hub that does not
+    /// join parts, so results go whole.
+    #[prost(uint64, tag = "8")]
+    pub max_message_bytes: u64,
     /// Most objects the hub caches per account (--max-objects-per-account); 0: no limit.
     #[prost(uint64, tag = "9")]
     pub max_objects_per_account: u64,
@@ -853,8 +858,16 @@ pub struct Operation {
     #[prost(string, tag = "2")]
     pub account: ::prost::alloc::string::String,
     /// Absolute deadline, milliseconds since the Unix epoch; 0: the agent's default (30 s).
+    /// Older agents use it; newer ones prefer timeout_millis.
     #[prost(int64, tag = "3")]
     pub deadline_unix_millis: i64,
+    /// How long the operation may take, in milliseconds, from when the agent receives it; 0:
+    /// use deadline_unix_millis. Relative, so clock skew does not matter (item 6).
+    #[prost(uint64, tag = "4")]
+    pub timeout_millis: u64,
+    /// list only: the continue token of the previous page (OperationResult.continue_token).
+    #[prost(string, tag = "5")]
+    pub list_continue: ::prost::alloc::string::String,
     #[prost(
         oneof = "operation::Op",
         tags = "10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20"
@@ -952,6 +965,13 @@ pub struct OperationResult {
     /// The operation's account, for the hub's cache.
     #[prost(string, tag = "12")]
     pub account: ::prost::alloc::string::String,
+    /// list with a limit: the API server's continue token when more items remain; pass it as
+    /// Operation.list_continue for the next page.
+    #[prost(string, tag = "13")]
+    pub continue_token: ::prost::alloc::string::String,
+    /// More parts of this result follow (same id); see item 6 of the contract.
+    #[prost(bool, tag = "14")]
+    pub more: bool,
 }
 /// One header field; values are bytes because HTTP allows non-UTF-8 octets in them.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
