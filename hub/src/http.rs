@@ -683,7 +683,7 @@ mod tests {
             objects: Default::default(),
             resume: Default::default(),
             statuses: Default::default(),
-            history: Default::default(),
+            histories: Default::default(),
             written_through: Default::default(),
         };
         for q in [
