@@ -93,8 +93,9 @@ async fn client_for(kubeconfig: &Path) -> anyhow::Result<Client> {
     Ok(Client::try_from(config)?)
 }
 
-/// A hub, one agent streaming [`KINDS`] and the widget kind cluster-wide with the
-/// credentials of a ServiceAccount of its own, and clients of both sides.
+/// A hub, one agent streaming [`KINDS`] and the widget kind cluster-wide (or, with
+/// [`Setup::per_namespace`], ConfigMaps and Deployments in two namespaces, one watch each)
+/// with the credentials of a ServiceAccount of its own, and clients of both sides.
 struct Setup {
     dir: PathBuf,
     hub: TlsHub,
@@ -109,12 +110,28 @@ struct Setup {
     /// `system:serviceaccount:<ns>:agent`, as the audit log names the agent.
     user: String,
     agent: Option<scale_agent::AgentHandle>,
+    /// The collection paths of every streamed kind the cache answers.
+    collections: Vec<String>,
 }
 
 impl Setup {
     /// Seeds the namespace with `seed` before the agent starts, so its first snapshot holds
     /// every object.
     async fn new<F, Fut>(name: &str, seed: F) -> anyhow::Result<Setup>
+    where
+        F: FnOnce(Client, String, String) -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<()>>,
+    {
+        Self::start(name, seed, false).await
+    }
+
+    /// An account with `namespaces:` (the test namespace and one more, empty), streaming
+    /// ConfigMaps and Deployments: the agent watches each kind once per namespace.
+    async fn per_namespace(name: &str) -> anyhow::Result<Setup> {
+        Self::start(name, |_, _, _| async { Ok(()) }, true).await
+    }
+
+    async fn start<F, Fut>(name: &str, seed: F, per_namespace: bool) -> anyhow::Result<Setup>
     where
         F: FnOnce(Client, String, String) -> Fut,
         Fut: std::future::Future<Output = anyhow::Result<()>>,
@@ -150,15 +167,30 @@ impl Setup {
         );
         let mut kinds: Vec<String> = KINDS.iter().map(|k| k.to_string()).collect();
         kinds.push(format!("widgets.{widget_group}"));
+        let mut account_config = json!({
+            "name": account,
+            "kubeconfigFile": direct.display().to_string(),
+            "kinds": kinds,
+        });
+        let collections = if per_namespace {
+            let second = control_plane
+                .namespace(&admin, &format!("cache-{name}-second"))
+                .await?;
+            account_config["kinds"] = json!(["configmaps", "deployments"]);
+            account_config["namespaces"] = json!([namespace, second]);
+            vec![
+                format!("/api/v1/namespaces/{namespace}/configmaps"),
+                format!("/apis/apps/v1/namespaces/{namespace}/deployments"),
+                format!("/api/v1/namespaces/{second}/configmaps"),
+            ]
+        } else {
+            Self::cluster_wide_collections(&namespace, &widget_group)
+        };
         let config = dir.join("agent.yaml");
         fixtures::write_plaintext_agent_config(
             &config,
             hub.hub.grpc_addr,
-            json!([{
-                "name": account,
-                "kubeconfigFile": direct.display().to_string(),
-                "kinds": kinds,
-            }]),
+            json!([account_config]),
             2,
         )?;
         let agent = fixtures::start_agent_replica(&config, &format!("{name}-0")).await?;
@@ -178,21 +210,21 @@ impl Setup {
             token,
             user: format!("system:serviceaccount:{home}:agent"),
             agent: Some(agent),
+            collections,
         };
         setup.wait_synced().await?;
         Ok(setup)
     }
 
     /// The collection paths of every streamed kind in the test namespace.
-    fn collections(&self) -> Vec<String> {
-        let ns = &self.namespace;
+    fn cluster_wide_collections(ns: &str, widget_group: &str) -> Vec<String> {
         vec![
             format!("/apis/apps/v1/namespaces/{ns}/deployments"),
             format!("/apis/apps/v1/namespaces/{ns}/replicasets"),
             format!("/api/v1/namespaces/{ns}/pods"),
             format!("/api/v1/namespaces/{ns}/services"),
             format!("/api/v1/namespaces/{ns}/configmaps"),
-            format!("/apis/{}/v1/namespaces/{ns}/widgets", self.widget_group),
+            format!("/apis/{widget_group}/v1/namespaces/{ns}/widgets"),
             "/api/v1/namespaces".to_string(),
             "/apis/apiextensions.k8s.io/v1/customresourcedefinitions".to_string(),
         ]
@@ -202,7 +234,7 @@ impl Setup {
     /// are in).
     async fn wait_synced(&self) -> anyhow::Result<()> {
         let deadline = tokio::time::Instant::now() + WAIT;
-        for path in self.collections() {
+        for path in &self.collections {
             loop {
                 let reply = self.get(&path, None).await?;
                 if reply.status == 200 && reply.header("x-scale-agent-cache") == Some("hit") {
@@ -957,6 +989,30 @@ fn watch_events(body: &str) -> anyhow::Result<Vec<(String, String, String)>> {
 #[tokio::test]
 async fn watches_replay_the_same_events_as_the_api_server() -> anyhow::Result<()> {
     let setup = Setup::new("watch", |_, _, _| async { Ok(()) }).await?;
+    replay_watches(&setup).await?;
+    setup.stop().await
+}
+
+/// Marks the query of the proxy's watches in [`replay_watches`], so that the API server's
+/// audit log tells them from the same identity's direct watches (`timeout` is a general
+/// request timeout, longer than the watches' `timeoutSeconds`; the cache ignores it).
+const PROXIED_WATCH_MARK: &str = "timeout=41s";
+const DIRECT_WATCH_MARK: &str = "timeout=42s";
+
+/// WATCH requests as the agent's identity the API server received with `mark` in the query.
+fn watches_seen_by_the_api_server(user: &str, mark: &str) -> anyhow::Result<Vec<String>> {
+    Ok(control_plane()?
+        .audit_events()?
+        .into_iter()
+        .filter(|e| e.user.username == user && e.verb == "watch")
+        .filter(|e| e.request_uri.contains(mark))
+        .map(|e| e.request_uri)
+        .collect())
+}
+
+/// The body of [`watches_replay_the_same_events_as_the_api_server`], for any account
+/// whose agent watches the test namespace's ConfigMaps (cluster-wide or per namespace).
+async fn replay_watches(setup: &Setup) -> anyhow::Result<()> {
     let ns = setup.namespace.clone();
     let path = format!("/api/v1/namespaces/{ns}/configmaps");
     let listed = setup.get(&path, None).await?;
@@ -1010,14 +1066,17 @@ async fn watches_replay_the_same_events_as_the_api_server() -> anyhow::Result<()
     let direct = client_for(&setup.direct).await?;
     for selector in ["", "&labelSelector=app%3Dweb"] {
         let query = format!("?watch=true&resourceVersion={from}&timeoutSeconds=3{selector}");
-        let proxied = setup.get(&format!("{path}{query}"), None).await?;
+        let proxied = setup
+            .get(&format!("{path}{query}&{PROXIED_WATCH_MARK}"), None)
+            .await?;
         assert_eq!(proxied.status, 200, "{}", proxied.body);
         assert_eq!(
             proxied.header("x-scale-agent-cache"),
             Some("hit"),
             "the watch {query} was not served by the cache"
         );
-        let request = http::Request::get(format!("{path}{query}")).body(Vec::new())?;
+        let request =
+            http::Request::get(format!("{path}{query}&{DIRECT_WATCH_MARK}")).body(Vec::new())?;
         let expected = watch_events(&direct.request_text(request).await?)?;
         let got = watch_events(&proxied.body)?;
         anyhow::ensure!(
@@ -1028,8 +1087,12 @@ async fn watches_replay_the_same_events_as_the_api_server() -> anyhow::Result<()
     }
     // No version: the current objects as ADDED, like the API server.
     let query = "?watch=true&timeoutSeconds=2";
-    let proxied = setup.get(&format!("{path}{query}"), None).await?;
-    let request = http::Request::get(format!("{path}{query}")).body(Vec::new())?;
+    let proxied = setup
+        .get(&format!("{path}{query}&{PROXIED_WATCH_MARK}"), None)
+        .await?;
+    assert_eq!(proxied.header("x-scale-agent-cache"), Some("hit"));
+    let request =
+        http::Request::get(format!("{path}{query}&{DIRECT_WATCH_MARK}")).body(Vec::new())?;
     let expected = watch_events(&direct.request_text(request).await?)?;
     assert_eq!(
         watch_events(&proxied.body)?,
@@ -1040,7 +1103,7 @@ async fn watches_replay_the_same_events_as_the_api_server() -> anyhow::Result<()
     // Older than the history: 410 Expired as an ERROR event, and a message saying what to do.
     let gone = setup
         .get(
-            &format!("{path}?watch=true&resourceVersion=1&timeoutSeconds=5"),
+            &format!("{path}?watch=true&resourceVersion=1&timeoutSeconds=5&{PROXIED_WATCH_MARK}"),
             None,
         )
         .await?;
@@ -1056,6 +1119,68 @@ async fn watches_replay_the_same_events_as_the_api_server() -> anyhow::Result<()
             .contains("list again"),
         "{line}"
     );
+    // The API server's own word: it saw the direct watches, and none of the proxy's.
+    let direct_watches = watches_seen_by_the_api_server(&setup.user, DIRECT_WATCH_MARK)?;
+    // (A watch is logged when its response starts and when it completes.)
+    anyhow::ensure!(
+        direct_watches.len() >= 3,
+        "the audit log shows {direct_watches:#?} of the 3 direct watches: it would not see the \
+         proxy's either"
+    );
+    let proxied_watches = watches_seen_by_the_api_server(&setup.user, PROXIED_WATCH_MARK)?;
+    anyhow::ensure!(
+        proxied_watches.is_empty(),
+        "the proxy's watches reached the API server: {proxied_watches:#?}"
+    );
+    Ok(())
+}
+
+/// An account whose agent watches each namespace on its own (`namespaces:`): a watch of one
+/// of them is served from that namespace's watch in the cache, with the API server's
+/// events (with a selector too), its 410, and no WATCH reaching the API server (its audit
+/// log says so); a watch of all namespaces, which no one of the agent's watches covers, is
+/// tunnelled.
+#[tokio::test]
+async fn watches_of_namespaces_watched_one_by_one_come_from_the_cache() -> anyhow::Result<()> {
+    let setup = Setup::per_namespace("nswatch").await?;
+    replay_watches(&setup).await?;
+    // The other namespace's watch has its own resume point and history: a watch of it from
+    // its list's resourceVersion is served, and sees a change made there.
+    let second = setup.collections[2].clone();
+    let listed = setup.get(&second, None).await?;
+    assert_eq!(listed.header("x-scale-agent-cache"), Some("hit"));
+    let from = listed.json_or_null()["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let second_ns = second.split('/').nth(4).unwrap_or_default().to_string();
+    let admin = control_plane()?.client().await?;
+    let created = Api::<ConfigMap>::namespaced(admin, &second_ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({ "metadata": { "name": "in-second" } }))?,
+        )
+        .await?;
+    let rv = created.metadata.resource_version.unwrap_or_default();
+    let watched = setup
+        .get(
+            &format!("{second}?watch=true&resourceVersion={from}&timeoutSeconds=2"),
+            None,
+        )
+        .await?;
+    assert_eq!(watched.header("x-scale-agent-cache"), Some("hit"));
+    assert_eq!(
+        watch_events(&watched.body)?,
+        [("ADDED".to_string(), "in-second".to_string(), rv)],
+        "{}",
+        watched.body
+    );
+    // All namespaces: not one of the agent's watches; the API server answers.
+    let all = setup
+        .get("/api/v1/configmaps?watch=true&timeoutSeconds=1", None)
+        .await?;
+    assert_eq!(all.status, 200, "{}", all.body);
+    assert_eq!(all.header("x-scale-agent-cache"), Some("tunnel"));
     setup.stop().await
 }
 

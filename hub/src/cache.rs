@@ -144,8 +144,11 @@ pub struct KindCache {
     /// The last state reported for each scope (the KindStatus's namespaces, sorted; empty for
     /// cluster-wide): a kind may be WATCHING in one namespace and FORBIDDEN in another.
     pub statuses: BTreeMap<Vec<String>, KindState>,
-    /// The cluster-wide watch's recent events, for the proxy's watches.
-    pub history: History,
+    /// Each watch scope's recent events, for the proxy's watches: "" for the agent's
+    /// cluster-wide watch, the namespace for a per-namespace one (an account with
+    /// `namespaces:`). A scope's history is reset, never removed, so its generation only
+    /// grows.
+    pub histories: BTreeMap<String, History>,
     /// Objects an operation's result wrote before the watch delivered them (uid → whether
     /// the object existed before), so the watch's echo gets its right event type.
     pub written_through: BTreeMap<String, bool>,
@@ -173,13 +176,38 @@ impl KindCache {
         self.statuses.values().max_by_key(|s| severity(&s.state))
     }
 
+    /// The history of a watch scope ("" for the cluster-wide watch).
+    pub fn history(&self, scope: &str) -> Option<&History> {
+        self.histories.get(scope)
+    }
+
+    /// Starts the history of `scope` over from `start` (created when new).
+    fn reset_history(&mut self, scope: &str, start: Option<u64>) {
+        self.histories
+            .entry(scope.to_string())
+            .or_default()
+            .reset(start);
+    }
+
+    /// Breaks the histories whose watch covers objects of `namespace` (the cluster-wide one,
+    /// and the namespace's own), other than `except`: objects there changed without an event
+    /// of theirs, so their watchers must list again.
+    fn break_histories(&mut self, namespace: &str, except: &str) {
+        for (scope, history) in &mut self.histories {
+            let covers = scope.is_empty() || scope == namespace;
+            if covers && scope != except && history.start.is_some() {
+                history.reset(None);
+            }
+        }
+    }
+
     fn new(info: KindInfo) -> Self {
         KindCache {
             info,
             objects: BTreeMap::new(),
             resume: BTreeMap::new(),
             statuses: BTreeMap::new(),
-            history: History::default(),
+            histories: BTreeMap::new(),
             written_through: BTreeMap::new(),
             over_quota: None,
         }
@@ -302,9 +330,7 @@ impl Cache {
             return Applied::Stale;
         }
         let key = info.key();
-        if event.watch_namespace.is_empty() {
-            record_history(kind, &event);
-        }
+        record_history(kind, &event);
         if behind_object {
             // The echo of a write an operation's result already brought in.
             advance(kind, account, &key, &event.watch_namespace, &rv, ops);
@@ -390,13 +416,17 @@ impl Cache {
             });
             kind.objects.insert(uid, object);
         }
-        // The proxy's watches of the old state end; a cluster-wide snapshot starts the
-        // history anew.
-        kind.history.reset(if watch_namespace.is_empty() {
-            list_rv.parse().ok()
+        // The proxy's watches of the old state end; the snapshot starts its scope's history
+        // anew. A namespace's snapshot changed objects the cluster-wide watch (if any) did
+        // not announce; a cluster-wide snapshot supersedes every per-namespace watch.
+        if watch_namespace.is_empty() {
+            for history in kind.histories.values_mut() {
+                history.reset(None);
+            }
         } else {
-            None
-        });
+            kind.break_histories(watch_namespace, watch_namespace);
+        }
+        kind.reset_history(watch_namespace, list_rv.parse().ok());
         kind.written_through.clear();
         if watch_namespace.is_empty() {
             // A cluster-wide watch supersedes any per-namespace ones.
@@ -437,8 +467,12 @@ impl Cache {
     ) -> usize {
         let key = info.key();
         let kind = self.kind_mut(account, info, ops);
-        kind.history.reset(None);
         let in_scope = |ns: &String| namespaces.is_empty() || namespaces.contains(ns);
+        for (scope, history) in &mut kind.histories {
+            if scope.is_empty() || in_scope(scope) {
+                history.reset(None);
+            }
+        }
         let doomed: Vec<String> = kind
             .objects
             .values()
@@ -549,10 +583,8 @@ impl Cache {
         {
             Some(k) => {
                 // After a restart the agent resumes the watch from here: the history of
-                // the cluster-wide watch starts at its resume point.
-                if ns.is_empty() {
-                    k.history.reset(rv.parse().ok());
-                }
+                // the watch's scope starts at its resume point.
+                k.reset_history(&ns, rv.parse().ok());
                 k.resume.insert(ns, rv);
                 true
             }
@@ -561,16 +593,20 @@ impl Cache {
     }
 }
 
-/// Appends a cluster-wide watch's event to the kind's history (before the object map
-/// changes: whether the object was there decides ADDED or MODIFIED).
+/// Appends a watch's event to the history of its scope (before the object map changes:
+/// whether the object was there decides ADDED or MODIFIED).
 fn record_history(kind: &mut KindCache, event: &Event) {
+    let scope = event.watch_namespace.as_str();
+    // Another watch covering the object (the cluster-wide one during a move to
+    // per-namespace watches, or back) does not see this event.
+    kind.break_histories(&event.object.namespace, scope);
     let Ok(resource_version) = event.object.resource_version.parse::<u64>() else {
-        kind.history.reset(None);
+        kind.reset_history(scope, None);
         return;
     };
     if event.object.truncated {
         // A watcher cannot be sent what the hub does not hold.
-        kind.history.reset(None);
+        kind.reset_history(scope, None);
         return;
     }
     let uid = &event.object.uid;
@@ -590,13 +626,16 @@ fn record_history(kind: &mut KindCache, event: &Event) {
     } else {
         EventType::Added
     };
-    kind.history.push(HistoryEvent {
-        resource_version,
-        event_type,
-        namespace: event.object.namespace.clone(),
-        json: Bytes::from(event.object.json.clone()),
-        previous: previous.filter(|_| existed),
-    });
+    kind.histories
+        .entry(scope.to_string())
+        .or_default()
+        .push(HistoryEvent {
+            resource_version,
+            event_type,
+            namespace: event.object.namespace.clone(),
+            json: Bytes::from(event.object.json.clone()),
+            previous: previous.filter(|_| existed),
+        });
 }
 
 fn advance(
@@ -824,6 +863,77 @@ mod tests {
         assert_eq!(c.drop_scope("a", &info(), &[], &mut ops), 1);
         assert!(c.resume_points("a").is_empty());
         assert_eq!(c.object_count(), 0);
+    }
+
+    #[test]
+    fn each_namespace_watch_has_its_own_history() {
+        let mut c = Cache::default();
+        let mut ops = Vec::new();
+        let rvs = |c: &Cache, scope: &str, from: u64| {
+            c.accounts["a"].kinds[&info().key()]
+                .history(scope)
+                .and_then(|h| h.since(from))
+                .map(|events| events.map(|e| e.resource_version).collect::<Vec<_>>())
+        };
+        c.replace_scope(
+            "a",
+            &info(),
+            "x",
+            snapshot(&[obj("x", "one", "5")]),
+            "10",
+            &mut ops,
+        );
+        c.replace_scope("a", &info(), "y", snapshot(&[]), "11", &mut ops);
+        c.apply_event(
+            "a",
+            &info(),
+            ev(false, obj("x", "one", "12"), "x"),
+            &mut ops,
+        );
+        c.apply_event(
+            "a",
+            &info(),
+            ev(false, obj("y", "two", "13"), "y"),
+            &mut ops,
+        );
+        c.apply_event(
+            "a",
+            &info(),
+            ev(false, obj("x", "three", "14"), "x"),
+            &mut ops,
+        );
+        assert_eq!(rvs(&c, "x", 10), Some(vec![12, 14]));
+        assert_eq!(rvs(&c, "y", 11), Some(vec![13]));
+        assert_eq!(
+            rvs(&c, "x", 9),
+            None,
+            "older than the namespace's snapshot: 410"
+        );
+        assert_eq!(rvs(&c, "", 0), None, "no cluster-wide watch");
+        let k = &c.accounts["a"].kinds[&info().key()];
+        let x = k.history("x").unwrap();
+        assert_eq!(x.events[0].event_type, EventType::Modified);
+        assert_eq!(x.events[1].event_type, EventType::Added);
+        let generation = x.generation;
+        // Another namespace's relist or stop leaves this one's watchers alone.
+        c.replace_scope("a", &info(), "y", snapshot(&[]), "15", &mut ops);
+        c.drop_scope("a", &info(), &["y".to_string()], &mut ops);
+        let x = c.accounts["a"].kinds[&info().key()].history("x").unwrap();
+        assert_eq!(x.generation, generation);
+        assert_eq!(rvs(&c, "x", 12), Some(vec![14]));
+        // Its own relist starts it anew; a cluster-wide snapshot supersedes it.
+        c.replace_scope("a", &info(), "x", snapshot(&[]), "16", &mut ops);
+        assert_eq!(rvs(&c, "x", 14), None);
+        assert_eq!(rvs(&c, "x", 16), Some(vec![]));
+        c.replace_scope("a", &info(), "", snapshot(&[]), "17", &mut ops);
+        assert_eq!(rvs(&c, "x", 16), None);
+        assert_eq!(rvs(&c, "", 17), Some(vec![]));
+        // After a restart each scope's history starts at its persisted resume point.
+        let mut restarted = Cache::default();
+        restarted.load_kind("a", info());
+        restarted.load_resume("a", &info().key(), "x".into(), "30".into());
+        assert_eq!(rvs(&restarted, "x", 30), Some(vec![]));
+        assert_eq!(rvs(&restarted, "x", 29), None);
     }
 
     #[test]

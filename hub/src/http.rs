@@ -869,7 +869,7 @@ mod tests {
             objects: Default::default(),
             resume: Default::default(),
             statuses: Default::default(),
-            history: Default::default(),
+            histories: Default::default(),
             written_through: Default::default(),
             over_quota: None,
         };

@@ -19,29 +19,46 @@ pub fn synced_resume_point<'a>(
     namespace: Option<&str>,
     omit_namespaces: &[String],
 ) -> Option<&'a str> {
+    synced_scope(kind, namespace, omit_namespaces).map(|(_, rv)| rv)
+}
+
+/// Like [`synced_resume_point`], with the watch scope whose resume point it is: the
+/// namespace when the agent watches the kind in that namespace (an account with
+/// `namespaces:`), "" for its cluster-wide watch. A read of one namespace maps to exactly
+/// one scope, whose events (and only those) move that resume point.
+pub fn synced_scope<'a>(
+    kind: &'a KindCache,
+    namespace: Option<&str>,
+    omit_namespaces: &[String],
+) -> Option<(&'a str, &'a str)> {
     let watching = |scope: &[String]| {
         kind.statuses
             .get(scope)
             .is_some_and(|s| s.state == "WATCHING")
+    };
+    let cluster_wide = || {
+        kind.resume
+            .get_key_value("")
+            .map(|(k, v)| (k.as_str(), v.as_str()))
     };
     match namespace {
         None => {
             if !omit_namespaces.is_empty() || !watching(&[]) {
                 return None;
             }
-            kind.resume.get("").map(String::as_str)
+            cluster_wide()
         }
         Some(ns) => {
             let own = [ns.to_string()];
-            if let Some(rv) = kind.resume.get(ns)
+            if let Some((scope, rv)) = kind.resume.get_key_value(ns)
                 && watching(&own)
             {
-                return Some(rv);
+                return Some((scope.as_str(), rv.as_str()));
             }
             if omit_namespaces.iter().any(|o| o == ns) || !watching(&[]) {
                 return None;
             }
-            kind.resume.get("").map(String::as_str)
+            cluster_wide()
         }
     }
 }
@@ -268,7 +285,7 @@ mod tests {
                     )
                 })
                 .collect(),
-            history: Default::default(),
+            histories: Default::default(),
             written_through: Default::default(),
             over_quota: None,
         }
@@ -299,6 +316,8 @@ mod tests {
         assert_eq!(synced_resume_point(&per_ns, Some("b"), &[]), None);
         assert_eq!(synced_resume_point(&per_ns, Some("c"), &[]), None);
         assert_eq!(synced_resume_point(&per_ns, None, &[]), None);
+        assert_eq!(synced_scope(&per_ns, Some("a"), &[]), Some(("a", "5")));
+        assert_eq!(synced_scope(&cluster, Some("a"), &[]), Some(("", "10")));
     }
 
     fn opts(rv: Option<&str>, m: Option<RvMatch>, limit: Option<usize>) -> ReadOptions {

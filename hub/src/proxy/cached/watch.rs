@@ -1,9 +1,13 @@
-//! WATCH answered from the cache's history of the kind's cluster-wide watch
+//! WATCH answered from the cache's history of the agent's watch of the kind
 //! ([`crate::cache::History`]): every watcher of an account's kind reads the one agent
 //! stream's events; none opens a watch on the target cluster.
 //!
 //! Served only for a collection (`watch=true`, or a `metadata.name` field selector for one
-//! object) of a kind the agent watches cluster-wide and has synced, as JSON. Start: with no
+//! object) of a kind the agent has synced for the watch's scope, as JSON. The scope is one
+//! of the agent's watches ([`consistency::synced_scope`]): its cluster-wide watch, or, for
+//! a watch of one namespace of an account with `namespaces:`, its watch of that namespace,
+//! whose own resume point is the watch's resourceVersion. A watch no single scope covers
+//! (all namespaces of an account watched per namespace) is tunnelled. Start: with no
 //! resourceVersion (or "0"), ADDED for every object, then the changes; from a version the
 //! history still holds, the changes after it; from an older one, an ERROR event with a `410
 //! Expired` Status (the API server's answer), after which clients list again. The watch
@@ -156,6 +160,8 @@ impl Filter {
 /// Where a watcher is.
 struct Position {
     key: KindKey,
+    /// The agent's watch it follows: "" for the cluster-wide one, or a namespace.
+    scope: String,
     generation: u64,
     resource_version: u64,
 }
@@ -198,14 +204,17 @@ fn read_history(hub: &Hub, account: &str, position: &Position) -> Step {
     else {
         return Step::End;
     };
-    if kind.history.generation != position.generation {
+    let Some(history) = kind.history(&position.scope) else {
+        return Step::End;
+    };
+    if history.generation != position.generation {
         return Step::Gone(format!(
             "the Scale Agent hub relisted {} for this account: list again and watch from the \
              list's resourceVersion",
             position.key
         ));
     }
-    let Some(events) = kind.history.since(position.resource_version) else {
+    let Some(events) = history.since(position.resource_version) else {
         return Step::Gone(format!(
             "too old resource version: {} (the Scale Agent hub keeps the last {} events of a \
              kind, and this watch fell behind them): list again and watch from the list's \
@@ -217,7 +226,7 @@ fn read_history(hub: &Hub, account: &str, position: &Position) -> Step {
     let events: Vec<HistoryEvent> = events.cloned().collect();
     let resume = kind
         .resume
-        .get("")
+        .get(&position.scope)
         .and_then(|r| r.parse::<u64>().ok())
         .unwrap_or(position.resource_version);
     let last = events
@@ -342,12 +351,20 @@ fn start(
         return None;
     }
     let fields = FieldSelector::parse(&options.field_selector, &kind.info.group, &kind.info.kind)?;
-    let scope = target.namespace.as_deref();
-    // The history is the cluster-wide watch's.
-    kind.resume.get("")?;
-    let resume = consistency::synced_resume_point(kind, scope, &omit)?;
+    // A `metadata.namespace=` selector narrows a cluster-wide watch to one namespace, as
+    // for a list.
+    let scope: Option<String> = target.namespace.clone().or_else(|| {
+        fields
+            .namespace()
+            .filter(|ns| kind.info.namespaced && !ns.is_empty())
+            .map(str::to_string)
+    });
+    let scope = scope.as_deref();
+    // The one watch of the agent whose events (and resume point) the watcher follows.
+    let (watch_scope, resume) = consistency::synced_scope(kind, scope, &omit)?;
     let resume_rv: u64 = resume.parse().ok()?;
-    kind.history.start?;
+    let history = kind.history(watch_scope)?;
+    history.start?;
     let filter = Filter {
         namespace: target.namespace.clone(),
         labels,
@@ -355,7 +372,8 @@ fn start(
     };
     let at = |rv| Position {
         key: kind.info.key(),
-        generation: kind.history.generation,
+        scope: watch_scope.to_string(),
+        generation: history.generation,
         resource_version: rv,
     };
     match options.resource_version.as_deref() {
@@ -386,12 +404,12 @@ fn start(
                 // The cache is not there yet; the API server is.
                 return None;
             }
-            let gone = kind.history.since(wanted).is_none().then(|| {
+            let gone = history.since(wanted).is_none().then(|| {
                 format!(
                     "too old resource version: {wanted} ({}): the Scale Agent hub keeps the \
                      last {} events of a kind; list again and watch from the list's \
                      resourceVersion",
-                    kind.history.start.unwrap_or_default(),
+                    history.start.unwrap_or_default(),
                     crate::cache::history::MAX_EVENTS
                 )
             });
