@@ -319,7 +319,8 @@ impl AgentHub for FakeHub {
                                 hub_version: "fake".into(),
                                 tunnel_window_bytes: 0,
                                 session_token: String::new(),
-                                max_message_bytes: 0,
+                                // Fields a newer hub adds (message and object limits, ...): a hub that does not send them.
+                                ..Welcome::default()
                             })),
                             Some(agent_message::Kind::RegisterAccount(register)) => {
                                 Some(hub_message::Kind::Assignment(state.assignment(&register.account)))

@@ -50,6 +50,8 @@ fn limits() -> Limits {
     Limits {
         max_object_bytes: 512,
         max_staged_bytes: 4 * 1024,
+        // Small, so that generated snapshots also reach the quota's paths.
+        max_objects_per_account: 64,
         allow: vec![AllowRule::parse("agent=prod-*").unwrap()],
     }
 }
