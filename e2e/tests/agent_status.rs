@@ -289,7 +289,13 @@ fn record_verdicts(
 
 /// The agent's config for replica-independent settings: `hub` reached through `grpc`, one
 /// account of ConfigMaps in `ns` that writes its verdict to AgentAccount `one`.
-fn replica_config(path: &Path, grpc: SocketAddr, account: &str, ns: &str, kubeconfig: &Path) {
+fn replica_config(
+    path: &Path,
+    grpc: SocketAddr,
+    account: &str,
+    ns: &str,
+    kubeconfig: &Path,
+) -> anyhow::Result<()> {
     let config = json!({
         "clouddriver": {
             "grpc": grpc.to_string(),
@@ -306,7 +312,7 @@ fn replica_config(path: &Path, grpc: SocketAddr, account: &str, ns: &str, kubeco
         }] },
         "status": { "namespace": ns, "scaleAgent": "prod" },
     });
-    std::fs::write(path, config.to_string()).expect("the test's directory is writable");
+    Ok(std::fs::write(path, config.to_string())?)
 }
 
 /// A real agent process as replica `replica`, with its admin port on `admin`.
@@ -398,14 +404,14 @@ async fn a_demoted_replica_writes_standby() -> anyhow::Result<()> {
         &account,
         &ns,
         &kubeconfig,
-    );
+    )?;
     replica_config(
         &dir.join("b-0.yaml"),
         hub.grpc_addr,
         &account,
         &ns,
         &kubeconfig,
-    );
+    )?;
     let a_admin = SocketAddr::from(([127, 0, 0, 1], local_agent::free_port()?));
     let b_admin = SocketAddr::from(([127, 0, 0, 1], local_agent::free_port()?));
     let mut a = spawn_replica(&dir, "a-0", a_admin, &kubeconfig)?;
