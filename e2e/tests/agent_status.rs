@@ -416,24 +416,30 @@ async fn a_demoted_replica_writes_standby() -> anyhow::Result<()> {
     let b_admin = SocketAddr::from(([127, 0, 0, 1], local_agent::free_port()?));
     let mut a = spawn_replica(&dir, "a-0", a_admin, &kubeconfig)?;
     let (verdicts, recorder) = record_verdicts(&admin, &ns, &agent_accounts, "one");
-    let written = |status: &'static str, reason: &'static str, replica: &'static str| {
-        let verdicts = verdicts.clone();
-        move || {
+    // The first verdict at or after index `from` with this status and reason, written by
+    // `replica`: its index.
+    let written =
+        |status: &'static str, reason: &'static str, replica: &'static str, from: usize| {
             let verdicts = verdicts.clone();
-            async move {
-                let seen = verdicts
-                    .lock()
-                    .map_err(|_| anyhow::anyhow!("poisoned"))?
-                    .clone();
-                Ok(seen
-                    .iter()
-                    .position(|(s, r, m)| s == status && r == reason && m.contains(replica)))
+            move || {
+                let verdicts = verdicts.clone();
+                async move {
+                    let seen = verdicts
+                        .lock()
+                        .map_err(|_| anyhow::anyhow!("poisoned"))?
+                        .clone();
+                    Ok(seen
+                        .iter()
+                        .enumerate()
+                        .skip(from)
+                        .find(|(_, (s, r, m))| s == status && r == reason && m.contains(replica))
+                        .map(|(i, _)| i))
+                }
             }
-        }
-    };
+        };
     let streaming_a = wait_for(
         "a-0 to write Streaming",
-        written("True", "Streaming", "a-0"),
+        written("True", "Streaming", "a-0", 0),
     )
     .await?;
     let mut b = spawn_replica(&dir, "b-0", b_admin, &kubeconfig)?;
@@ -445,15 +451,14 @@ async fn a_demoted_replica_writes_standby() -> anyhow::Result<()> {
     // The premise of what follows: a-0 noticed, and said so where its verdict stood.
     let unreachable_a = wait_for(
         "a-0 to write HubUnreachable",
-        written("False", "HubUnreachable", "a-0"),
+        written("False", "HubUnreachable", "a-0", streaming_a + 1),
     )
     .await?;
-    assert!(unreachable_a > streaming_a);
     relay.restore();
     wait_hub_roles(hub.http_addr, &account, &["b-0"], &["a-0"]).await?;
     let standby_a = wait_for(
         "a-0, demoted, to write Standby over its HubUnreachable",
-        written("True", "Standby", "a-0"),
+        written("True", "Standby", "a-0", unreachable_a + 1),
     )
     .await
     .with_context(|| {
@@ -463,17 +468,13 @@ async fn a_demoted_replica_writes_standby() -> anyhow::Result<()> {
             process::tail(a.log(), 30)
         )
     })?;
-    assert!(standby_a > unreachable_a);
     // The streaming replica's verdict stands again within the writer's resync, and the
     // demoted one writes nothing more.
     let streaming_b = wait_for_within(
         "b-0's Streaming to be the account's verdict again",
         RESYNC_WAIT,
         Duration::from_millis(250),
-        || async {
-            let (condition, _) = connected(&admin, &ns, &agent_accounts, "one").await?;
-            Ok(condition.filter(|(s, r, m)| s == "True" && r == "Streaming" && m.contains("b-0")))
-        },
+        written("True", "Streaming", "b-0", standby_a + 1),
     )
     .await?;
     let seen = verdicts
@@ -486,7 +487,8 @@ async fn a_demoted_replica_writes_standby() -> anyhow::Result<()> {
             .all(|(_, _, m)| !m.contains("a-0")),
         "a-0 wrote again after Standby: {seen:?}"
     );
-    assert_eq!(seen.last(), Some(&streaming_b), "{seen:?}");
+    let (now, _) = connected(&admin, &ns, &agent_accounts, "one").await?;
+    assert_eq!(now.as_ref(), seen.get(streaming_b), "{seen:?}");
 
     recorder.abort();
     a.stop(Duration::from_secs(20));
