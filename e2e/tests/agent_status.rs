@@ -145,31 +145,30 @@ impl Setup {
         let dir = fixtures::temp_dir(prefix)?;
         let scale_agents = resource("ScaleAgent", "scaleagents");
         let agent_accounts = resource("AgentAccount", "agentaccounts");
-        apply(
-            &admin,
-            &ns,
-            &scale_agents,
-            json!({
-                "apiVersion": "scaleagent.dev/v1alpha1", "kind": "ScaleAgent",
-                "metadata": { "name": "prod" },
-                "spec": {
-                    "hub": { "address": "hub.spinnaker.example.com:9091" },
-                    "clientCertificate": { "issuerSecretRef": { "name": "agent-ca" } },
-                },
-            }),
-        )
-        .await?;
-        apply(
-            &admin,
-            &ns,
-            &agent_accounts,
-            json!({
-                "apiVersion": "scaleagent.dev/v1alpha1", "kind": "AgentAccount",
-                "metadata": { "name": "one" },
-                "spec": { "agentRef": "prod" },
-            }),
-        )
-        .await?;
+        let objects = [
+            (
+                &scale_agents,
+                json!({
+                    "apiVersion": "scaleagent.dev/v1alpha1", "kind": "ScaleAgent",
+                    "metadata": { "name": "prod" },
+                    "spec": {
+                        "hub": { "address": "hub.spinnaker.example.com:9091" },
+                        "clientCertificate": { "issuerSecretRef": { "name": "agent-ca" } },
+                    },
+                }),
+            ),
+            (
+                &agent_accounts,
+                json!({
+                    "apiVersion": "scaleagent.dev/v1alpha1", "kind": "AgentAccount",
+                    "metadata": { "name": "one" },
+                    "spec": { "agentRef": "prod" },
+                }),
+            ),
+        ];
+        for (api, object) in objects {
+            apply(&admin, &ns, api, object).await?;
+        }
         let kubeconfig = fixtures::service_account_identity(
             control_plane,
             &admin,
@@ -193,19 +192,12 @@ impl Setup {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_that_never_reaches_the_hub_says_so_in_the_status() -> anyhow::Result<()> {
-    let Setup {
-        admin,
-        ns,
-        dir,
-        kubeconfig,
-        scale_agents,
-        agent_accounts,
-    } = Setup::new("never-connected", status_rules()).await?;
+    let s = Setup::new("never-connected", status_rules()).await?;
 
     // A hub address where nothing listens: every connection is refused.
     let port = scale_agent_e2e::local_agent::free_port()?;
     let hub = format!("127.0.0.1:{port}");
-    let config = dir.join("agent.yaml");
+    let config = s.dir.join("agent.yaml");
     std::fs::write(
         &config,
         serde_json::to_string_pretty(&json!({
@@ -215,11 +207,11 @@ async fn an_agent_that_never_reaches_the_hub_says_so_in_the_status() -> anyhow::
                 "backoff": { "baseDelay": "200ms", "maxDelay": "2s" },
             },
             "kubernetes": { "accounts": [{
-                "name": format!("one-{ns}"),
-                "kubeconfigFile": kubeconfig.display().to_string(),
+                "name": format!("one-{}", s.ns),
+                "kubeconfigFile": s.kubeconfig.display().to_string(),
                 "agentAccount": "one",
             }] },
-            "status": { "namespace": ns, "scaleAgent": "prod" },
+            "status": { "namespace": s.ns, "scaleAgent": "prod" },
         }))?,
     )?;
     let admin_port = scale_agent_e2e::local_agent::free_port()?;
@@ -228,12 +220,13 @@ async fn an_agent_that_never_reaches_the_hub_says_so_in_the_status() -> anyhow::
         .arg(format!("--config={}", config.display()))
         .arg("--replica=never-0")
         .arg(format!("--admin-addr=127.0.0.1:{admin_port}"))
-        .env("KUBECONFIG", &kubeconfig)
+        .env("KUBECONFIG", &s.kubeconfig)
         .env("RUST_LOG", "info");
-    let log = dir.join("agent.log");
+    let log = s.dir.join("agent.log");
     let mut agent = ManagedProcess::spawn_command("e2e-agent", command, log.clone())?;
 
-    let (message, status) = wait_unreachable(&admin, &ns, &agent_accounts, "one", &log).await?;
+    let (message, status) =
+        wait_unreachable(&s.admin, &s.ns, &s.agent_accounts, "one", &log).await?;
     assert!(
         message.contains("never-0")
             && message.contains("has not reached the hub")
@@ -241,7 +234,8 @@ async fn an_agent_that_never_reaches_the_hub_says_so_in_the_status() -> anyhow::
         "{message}"
     );
     assert!(status["hub"]["replica"] == "never-0", "{status}");
-    let (message, status) = wait_unreachable(&admin, &ns, &scale_agents, "prod", &log).await?;
+    let (message, status) =
+        wait_unreachable(&s.admin, &s.ns, &s.scale_agents, "prod", &log).await?;
     assert!(
         message.contains("has not reached the hub") && message.contains(&hub),
         "{message}"
@@ -249,7 +243,7 @@ async fn an_agent_that_never_reaches_the_hub_says_so_in_the_status() -> anyhow::
     assert_eq!(status["connected"], 0, "{status}");
 
     agent.stop(Duration::from_secs(20));
-    process::remove_at_exit(dir);
+    process::remove_at_exit(s.dir);
     Ok(())
 }
 
