@@ -17,9 +17,7 @@ use kube::{
 use scale_agent_e2e::{ControlPlane, ControlPlaneOptions, pki::CertificateAuthority};
 use serde_json::json;
 
-use crate::procs::{
-    self, API_TOKEN, Proc, free_port, get_json, http, http_with_token, metric_sum, wait_for,
-};
+use crate::procs::{self, API_TOKEN, Proc, free_port, get_json, http, metric_sum, wait_for};
 
 const READY: Duration = Duration::from_secs(120);
 
@@ -372,32 +370,17 @@ impl HubProc {
         body: Option<&[u8]>,
         bearer: Option<&str>,
     ) -> Result<(u16, Vec<u8>)> {
-        match &self.listener {
+        let call = match &self.listener {
             HttpListener::Plaintext => {
-                http_with_token(
-                    self.http_addr,
-                    method,
-                    path,
-                    body,
-                    Some(bearer.unwrap_or(API_TOKEN)),
-                )
-                .await
+                scale_agent_e2e::http::Call::new(method, format!("http://{}{path}", self.http_addr))
             }
-            HttpListener::Tls { ca_pem, .. } => {
-                let mut call = scale_agent_e2e::http::Call::new(
-                    method,
-                    format!("https://{}{path}", self.http_addr),
-                )
-                .ca(ca_pem.as_str());
-                if let Some(body) = body {
-                    call = call.header("content-type", "application/json");
-                    call.body = Some(body.to_vec());
-                }
-                call = call.bearer(bearer.unwrap_or(API_TOKEN));
-                let response = call.send().await?;
-                Ok((response.status, response.body.into_bytes()))
-            }
-        }
+            HttpListener::Tls { ca_pem, .. } => scale_agent_e2e::http::Call::new(
+                method,
+                format!("https://{}{path}", self.http_addr),
+            )
+            .ca(ca_pem.as_str()),
+        };
+        procs::send(call, body, Some(bearer.unwrap_or(API_TOKEN))).await
     }
 
     /// A kubeconfig for the Kubernetes API proxy of `account` (a new token named

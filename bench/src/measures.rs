@@ -235,10 +235,7 @@ pub async fn latency(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<()> 
         let name = format!("lat-{}", i % k);
         tasks.push(tokio::spawn(async move {
             let issued = Instant::now();
-            let unix_nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0);
+            let unix_nanos = k8s_openapi::jiff::Timestamp::now().as_nanosecond();
             let patch = json!({ "data": { "seq": i.to_string(), "updatedAtUnixNanos": unix_nanos.to_string() } });
             let cm = api
                 .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))

@@ -9,7 +9,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, anyhow, bail};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use scale_agent_e2e::http::Call;
 
 /// Environment variable that makes the bench executable act as another program.
 pub const ROLE_ENV: &str = "SCALE_AGENT_BENCH_ROLE";
@@ -194,7 +194,12 @@ impl Drop for Proc {
 /// [`scale_agent_e2e::fixtures::write_api_tokens`] writes.
 pub use scale_agent_e2e::fixtures::API_TOKEN;
 
-/// One HTTP/1.0 request (the server closes the connection): (status, body).
+/// How long the bench's own HTTP calls wait for an answer (an operation through the hub
+/// may take a while on a loaded machine).
+pub const HTTP_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// One plain-HTTP request with the tests' client ([`scale_agent_e2e::http::Call`]), a new
+/// connection each time: (status, body).
 pub async fn http(
     addr: SocketAddr,
     method: &str,
@@ -212,73 +217,37 @@ pub async fn http_with_token(
     body: Option<&[u8]>,
     token: Option<&str>,
 ) -> Result<(u16, Vec<u8>)> {
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    stream.set_nodelay(true)?;
-    let mut request = format!("{method} {path} HTTP/1.0\r\nHost: localhost\r\n");
-    if let Some(token) = token {
-        request.push_str(&format!("Authorization: Bearer {token}\r\n"));
-    }
-    if let Some(body) = body {
-        request.push_str(&format!(
-            "Content-Type: application/json\r\nContent-Length: {}\r\n",
-            body.len()
-        ));
-    }
-    request.push_str("\r\n");
-    let mut bytes = request.into_bytes();
-    if let Some(body) = body {
-        bytes.extend_from_slice(body);
-    }
-    stream.write_all(&bytes).await?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await?;
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| anyhow!("malformed HTTP response from {addr}{path}"))?;
-    let head = String::from_utf8_lossy(&raw[..split]).to_string();
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| anyhow!("no status in {head:?}"))?;
-    let mut body = raw[split + 4..].to_vec();
-    if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        body = dechunk(&body);
-    }
-    Ok((status, body))
+    send(
+        Call::new(method, format!("http://{addr}{path}")),
+        body,
+        token,
+    )
+    .await
 }
 
-fn dechunk(mut body: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    while let Some(line_end) = body.windows(2).position(|w| w == b"\r\n") {
-        let size = std::str::from_utf8(&body[..line_end])
-            .ok()
-            .and_then(|s| usize::from_str_radix(s.trim(), 16).ok())
-            .unwrap_or(0);
-        if size == 0 || body.len() < line_end + 2 + size {
-            break;
-        }
-        out.extend_from_slice(&body[line_end + 2..line_end + 2 + size]);
-        body = &body[(line_end + 4 + size).min(body.len())..];
+/// Sends `call` with a JSON `body` and a bearer `token` when given: (status, body).
+pub async fn send(
+    mut call: Call,
+    body: Option<&[u8]>,
+    token: Option<&str>,
+) -> Result<(u16, Vec<u8>)> {
+    if let Some(token) = token {
+        call = call.bearer(token);
     }
-    out
+    if let Some(body) = body {
+        call = call.header("content-type", "application/json");
+        call.body = Some(body.to_vec());
+    }
+    let response = call.timeout(HTTP_TIMEOUT).send().await?;
+    Ok((response.status, response.body.into_bytes()))
 }
 
 /// GET on the hub's REST API (with the bench's API token) returning the body as JSON;
 /// fails on a status other than 200.
 pub async fn get_json(addr: SocketAddr, path: &str) -> Result<serde_json::Value> {
-    let (status, body) = http_with_token(addr, "GET", path, None, Some(API_TOKEN)).await?;
-    if status != 200 {
-        bail!(
-            "GET {path}: HTTP {status}: {}",
-            String::from_utf8_lossy(&body)
-        );
-    }
-    Ok(serde_json::from_slice(&body)?)
+    scale_agent_e2e::fixtures::hub_get_json(addr, path)
+        .await?
+        .ok_or_else(|| anyhow!("GET {path}: HTTP 404"))
 }
 
 /// The sum of every sample of metric `name` in a Prometheus/OpenMetrics text.
@@ -294,35 +263,7 @@ pub fn metric_sum(text: &str, name: &str) -> f64 {
 }
 
 /// Polls `check` every `every` until it returns `Some`, or fails after `timeout`.
-pub async fn wait_for<T, F, Fut>(
-    what: &str,
-    timeout: Duration,
-    every: Duration,
-    mut check: F,
-) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<Option<T>>>,
-{
-    let deadline = Instant::now() + timeout;
-    let mut last_error = None;
-    loop {
-        match check().await {
-            Ok(Some(v)) => return Ok(v),
-            Ok(None) => {}
-            Err(e) => last_error = Some(e),
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "timed out after {timeout:?} waiting for {what}{}",
-                last_error
-                    .map(|e| format!(" (last error: {e:#})"))
-                    .unwrap_or_default()
-            );
-        }
-        tokio::time::sleep(every).await;
-    }
-}
+pub use scale_agent_e2e::wait::wait_for_within as wait_for;
 
 #[cfg(test)]
 mod tests {
@@ -341,10 +282,5 @@ mod tests {
     fn reads_own_stats() {
         let s = proc_stats(std::process::id()).unwrap();
         assert!(s.rss_kib > 0);
-    }
-
-    #[test]
-    fn dechunks() {
-        assert_eq!(dechunk(b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"), b"abcde");
     }
 }

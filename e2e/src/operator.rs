@@ -5,7 +5,8 @@
 
 use std::{sync::Arc, time::Duration};
 
-use kube::Client;
+use k8s_openapi::api::events::v1::Event;
+use kube::{Api, Client, api::ListParams};
 use scale_agent_operator::{Config, Metrics, policy::WatchNamespaces};
 use tokio::{sync::oneshot, task::JoinHandle};
 
@@ -76,4 +77,33 @@ impl Operator {
             .and_then(|n| n.trim().parse().ok())
             .unwrap_or(0)
     }
+}
+
+/// Waits for the Event with `reason` about the `kind` object `name` in `namespace` (the
+/// operator's Events on the objects it reads), and returns it.
+pub async fn wait_for_event(
+    client: &Client,
+    namespace: &str,
+    reason: &str,
+    kind: &str,
+    name: &str,
+) -> anyhow::Result<Event> {
+    let events = Api::<Event>::namespaced(client.clone(), namespace);
+    crate::wait::wait_for(
+        &format!("the {reason} Event on {kind} {namespace}/{name}"),
+        || async {
+            Ok(events
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .find(|e| {
+                    let regarding = e.regarding.as_ref();
+                    e.reason.as_deref() == Some(reason)
+                        && regarding.and_then(|r| r.kind.as_deref()) == Some(kind)
+                        && regarding.and_then(|r| r.name.as_deref()) == Some(name)
+                }))
+        },
+    )
+    .await
 }

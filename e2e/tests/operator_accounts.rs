@@ -7,17 +7,19 @@
 
 use std::time::Instant;
 
-use k8s_openapi::api::{core::v1::ConfigMap, events::v1::Event};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
     Api, Client,
-    api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams},
+    api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams},
 };
 use scale_agent_crds::{
     AgentAccount, ScaleAgent,
     conditions::{ACCEPTED, find_condition},
 };
 use scale_agent_e2e::{
-    ControlPlane, ControlPlaneOptions, crds, operator::Operator, wait::wait_for,
+    ControlPlane, ControlPlaneOptions, crds,
+    operator::{Operator, wait_for_event},
+    wait::wait_for,
 };
 use serde_json::{Value, json};
 
@@ -148,24 +150,7 @@ async fn an_unreadable_agent_account_gets_an_event_and_the_others_are_still_reco
     assert!(!config.contains(&broken_name), "{config}");
 
     // The unreadable one gets a Warning Event saying why and what to do.
-    let events = Api::<Event>::namespaced(client.clone(), &ns);
-    let event = wait_for(
-        "the InvalidObject Event on the unreadable AgentAccount",
-        || async {
-            Ok(events
-                .list(&ListParams::default())
-                .await?
-                .items
-                .into_iter()
-                .find(|e| {
-                    e.reason.as_deref() == Some("InvalidObject")
-                        && e.regarding.as_ref().and_then(|r| r.kind.as_deref())
-                            == Some("AgentAccount")
-                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("broken")
-                }))
-        },
-    )
-    .await?;
+    let event = wait_for_event(&client, &ns, "InvalidObject", "AgentAccount", "broken").await?;
     assert_eq!(event.type_.as_deref(), Some("Warning"));
     let note = event.note.unwrap_or_default();
     for part in [

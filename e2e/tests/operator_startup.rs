@@ -13,20 +13,23 @@ use std::{
 
 use k8s_openapi::api::{
     core::v1::ServiceAccount,
-    events::v1::Event,
     rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject},
 };
 use kube::{
     Api, Client,
-    api::{ApiResource, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams, PostParams},
+    api::{ApiResource, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams},
 };
 use scale_agent_crds::{
     ScaleAgent,
     conditions::{DEGRADED, find_condition},
 };
 use scale_agent_e2e::{
-    ControlPlane, crds, fixtures, http::Call, local_agent::free_port, operator::Operator,
-    process::ManagedProcess, wait::wait_for,
+    ControlPlane, crds, fixtures,
+    http::Call,
+    local_agent::free_port,
+    operator::{Operator, wait_for_event},
+    process::ManagedProcess,
+    wait::wait_for,
 };
 use scale_agent_operator::{Config, Metrics, policy::WatchNamespaces};
 
@@ -289,22 +292,8 @@ async fn an_unreadable_scale_agent_gets_an_event_and_the_others_are_still_reconc
     assert_eq!(reason, "OperatorSignedCertificatesNotAllowed");
 
     // The unreadable one gets a Warning Event saying why and what to do.
-    let events = Api::<Event>::namespaced(client.clone(), &namespace);
-    let event = wait_for(
-        "the InvalidObject Event on the unreadable ScaleAgent",
-        || async {
-            Ok(events
-                .list(&ListParams::default())
-                .await?
-                .items
-                .into_iter()
-                .find(|e| {
-                    e.reason.as_deref() == Some("InvalidObject")
-                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("broken")
-                }))
-        },
-    )
-    .await?;
+    let event =
+        wait_for_event(&client, &namespace, "InvalidObject", "ScaleAgent", "broken").await?;
     assert_eq!(event.type_.as_deref(), Some("Warning"));
     let note = event.note.unwrap_or_default();
     for part in ["cannot read this ScaleAgent", "kubectl edit scaleagent -n"] {

@@ -216,11 +216,14 @@ async fn upgrading_the_crds_from_0_1_0_keeps_agents_and_accounts() -> anyhow::Re
         async move {
             loop {
                 for account in &accounts {
-                    let view = fixtures::hub_get_json(addr, &format!("/api/v1/accounts/{account}"))
-                        .await
-                        .ok()
-                        .flatten()
-                        .unwrap_or_default();
+                    // A request that failed (a loaded machine) says nothing either way;
+                    // a 404 (the account gone) is a sample.
+                    let Ok(view) =
+                        fixtures::hub_get_json(addr, &format!("/api/v1/accounts/{account}")).await
+                    else {
+                        continue;
+                    };
+                    let view = view.unwrap_or_default();
                     let field = |v: &Value| v.as_str().unwrap_or_default().to_string();
                     if let Ok(mut samples) = samples.lock() {
                         samples.push((

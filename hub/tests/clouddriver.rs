@@ -24,7 +24,10 @@ use axum::{
     body::Bytes,
     http::{StatusCode, header},
 };
-use common::contract::{HUB, Seen, start_contract, start_tls_contract};
+use common::{
+    contract::{HUB, Seen, start_contract, start_tls_contract},
+    wait_for,
+};
 use http_body_util::{BodyExt, Full};
 use hyper_util::{client::legacy::Client as HyperClient, rt::TokioExecutor};
 use scale_agent_hub::clouddriver::{
@@ -130,21 +133,13 @@ impl Running {
 
     /// Waits until every account is in sync on every configured target.
     async fn in_sync(&self) {
-        wait_for("all accounts in sync", || {
+        wait_for("all accounts in sync", async || {
             self.registrar.status().iter().all(|s| {
                 s.api.as_ref().is_none_or(|t| t.in_sync)
                     && s.file.as_ref().is_none_or(|t| t.in_sync)
             })
         })
         .await;
-    }
-}
-
-async fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !ok() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -211,7 +206,7 @@ async fn an_account_set_registers_with_one_put_each() {
     assert!(api.last_attempt.is_some() && api.last_success.is_some() && api.last_error.is_none());
     assert_eq!(status.file, None);
     assert_eq!(run.registrar.metrics().accounts_registered.get(), 2);
-    wait_for("no account pending", || {
+    wait_for("no account pending", async || {
         run.registrar.metrics().accounts_pending.get() == 0
     })
     .await;
@@ -243,7 +238,7 @@ async fn a_changed_account_is_put_again() {
     let mut accounts = two_accounts();
     accounts[0].kubeconfig = kubeconfig("prod-eu", "tok-prod-eu-2");
     run.registrar.set_desired(accounts.clone());
-    wait_for("the second PUT", || contract.seen().len() == 3).await;
+    wait_for("the second PUT", async || contract.seen().len() == 3).await;
     run.in_sync().await;
     let stored = contract.accounts()["prod-eu"]["kubeconfigContents"].clone();
     assert!(stored.as_str().unwrap().contains("tok-prod-eu-2"));
@@ -251,7 +246,7 @@ async fn a_changed_account_is_put_again() {
     // New permissions on the agent.
     accounts[1].properties = json!({"permissions": {"READ": ["qa"]}});
     run.registrar.set_desired(accounts);
-    wait_for("the third PUT", || contract.seen().len() == 4).await;
+    wait_for("the third PUT", async || contract.seen().len() == 4).await;
     run.in_sync().await;
     assert_eq!(
         contract.accounts()["staging"]["permissions"],
@@ -274,7 +269,7 @@ async fn a_removed_account_is_deleted_and_forgotten() {
     run.registrar.set_desired(two_accounts());
     run.in_sync().await;
     run.registrar.set_desired(two_accounts().split_off(1));
-    wait_for("the DELETE", || contract.seen().len() == 3).await;
+    wait_for("the DELETE", async || contract.seen().len() == 3).await;
     run.in_sync().await;
 
     let last = contract.seen().pop().unwrap();
@@ -388,11 +383,11 @@ async fn a_refused_account_is_reported_retried_slowly_and_at_once_when_changed()
         account("fine", "tok-f", json!({})),
     ];
     run.registrar.set_desired(accounts.clone());
-    wait_for("the refusal", || {
+    wait_for("the refusal", async || {
         run.status("locked").api.unwrap().last_error.is_some()
     })
     .await;
-    wait_for("fine", || run.status("fine").api.unwrap().in_sync).await;
+    wait_for("fine", async || run.status("fine").api.unwrap().in_sync).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let api = run.status("locked").api.unwrap();
@@ -451,7 +446,7 @@ async fn https_with_a_ca_file() {
         Arc::new(MemoryLedger::default()),
     );
     run.registrar.set_desired(two_accounts());
-    wait_for("a TLS failure", || {
+    wait_for("a TLS failure", async || {
         run.status("staging").api.unwrap().last_error.is_some()
     })
     .await;
@@ -711,7 +706,7 @@ async fn the_file_holds_the_same_accounts_and_is_rewritten_only_on_change() {
 
     // A removal: a new file (a new inode) without the account.
     run.registrar.set_desired(two_accounts().split_off(1));
-    wait_for("the rewrite", || read_accounts(&path).len() == 1).await;
+    wait_for("the rewrite", async || read_accounts(&path).len() == 1).await;
     run.in_sync().await;
     assert_ne!(std::fs::metadata(&path).unwrap().ino(), meta.ino());
     assert!(
@@ -796,7 +791,7 @@ async fn a_reader_never_sees_a_partial_file() {
     for round in 1..=100 {
         run.registrar.set_desired(set(round));
         let marker = format!("tok-{round}-19-");
-        wait_for("the rewrite", || {
+        wait_for("the rewrite", async || {
             std::fs::read_to_string(&path).is_ok_and(|t| t.contains(&marker))
         })
         .await;
@@ -835,7 +830,7 @@ async fn the_two_targets_are_independent() {
     );
     run.registrar.set_desired(two_accounts());
     // The file is written while Clouddriver's API keeps failing...
-    wait_for("the file", || {
+    wait_for("the file", async || {
         run.registrar
             .status()
             .iter()

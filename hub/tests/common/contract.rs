@@ -69,10 +69,8 @@ use axum::{
     response::{IntoResponse, Response},
     routing::{delete, put},
 };
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
-};
+use rcgen::ExtendedKeyUsagePurpose;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
@@ -516,30 +514,17 @@ impl axum::serve::Listener for TlsListener {
 
 /// An HTTPS contract; returns its URL and the CA's PEM.
 pub async fn start_tls_contract() -> (Arc<Contract>, String, String) {
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "clouddriver-test-ca");
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
-    let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
-    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    let key = KeyPair::generate().unwrap();
-    let cert = params.signed_by(&key, &ca).unwrap();
+    let ca = super::ca("clouddriver-test-ca");
+    let (cert_pem, key_pem) = super::leaf(&ca, &["localhost"], ExtendedKeyUsagePurpose::ServerAuth);
+    let cert = CertificateDer::from_pem_slice(cert_pem.as_bytes()).unwrap();
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).unwrap();
     let server = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
     .unwrap()
     .with_no_client_auth()
-    .with_single_cert(
-        vec![cert.der().clone()],
-        rustls::pki_types::PrivatePkcs8KeyDer::from(key.serialize_der()).into(),
-    )
+    .with_single_cert(vec![cert], key)
     .unwrap();
     let contract = Arc::new(Contract::new(HUB));
     let inner = TcpListener::bind("127.0.0.1:0").await.unwrap();
