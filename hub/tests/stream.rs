@@ -1327,3 +1327,58 @@ async fn large_results_come_in_parts_and_one_too_large_ends_only_its_operation()
     hub.shutdown().await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Client ids survive a hub restart for the retention period: a resubmitted id answers its
+/// recorded outcome and is not sent to an agent again.
+#[tokio::test]
+async fn client_ids_survive_a_hub_restart() {
+    let pki = Pki::new();
+    let dir = data_dir("ops-restart");
+    let hub = start_hub(&pki, &dir, |_| {}).await;
+    let http = api(&hub);
+    let mut a = agent(&hub, &pki, "agent-a.test", "pod-1").await;
+    a.register("prod", "https://h:6443").await;
+    a.synced().await;
+    let create = serde_json::json!({"id": "release-7", "type": "create", "manifest": {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}});
+    let submit = submit_in_background(&http, "prod", create.clone()).await;
+    let op = a.operation().await;
+    a.send(Msg::OperationResult(pb::OperationResult {
+        id: op.id.clone(),
+        ok: true,
+        status: Some(pb::OperationStatus {
+            code: 201,
+            ..Default::default()
+        }),
+        executed: true,
+        replica: "pod-1".into(),
+        account: "prod".into(),
+        ..Default::default()
+    }))
+    .await;
+    assert_eq!(submit.await.unwrap().0, 201);
+    hub.shutdown().await.unwrap();
+    drop(a);
+
+    let hub = start_hub(&pki, &dir, |_| {}).await;
+    let http = api(&hub);
+    let mut a = agent(&hub, &pki, "agent-a.test", "pod-1").await;
+    a.register("prod", "https://h:6443").await;
+    a.synced().await;
+    let (code, body) = post_json(&http, "/api/v1/accounts/prod/operations", &create).await;
+    assert_eq!(code, 201, "{body}");
+    assert_eq!(body["state"], "succeeded", "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("before the hub restarted"),
+        "{body}"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    a.pump_ready().unwrap();
+    assert!(a.operations.is_empty(), "sent again: {:?}", a.operations);
+    let (code, _) = get_json(&http, "/api/v1/accounts/prod/operations/release-7").await;
+    assert_eq!(code, 200);
+    hub.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
