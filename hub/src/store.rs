@@ -635,6 +635,9 @@ fn write_batch(db: &Database, ops: Vec<StoreOp>, durable: bool) -> Result<()> {
 
 const OPERATION_RECORDS: TableDefinition<&str, &[u8]> = TableDefinition::new("operation_records");
 
+/// Says whether a stored operation record is past its retention.
+pub type Expired<'a> = dyn Fn(&[u8]) -> bool + 'a;
+
 impl Store {
     /// The database, for a write outside the batches (operation records). Hold it for one
     /// write only: [`Store::close`] waits until every holder has let go.
@@ -649,7 +652,7 @@ pub fn write_operation_record(
     db: &Database,
     key: &str,
     value: Option<&[u8]>,
-    expired: Option<&dyn Fn(&[u8]) -> bool>,
+    expired: Option<&Expired<'_>>,
 ) -> Result<()> {
     let txn = db.begin_write().map_err(commit_err)?;
     {

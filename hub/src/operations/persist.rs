@@ -77,7 +77,7 @@ pub(crate) async fn save(
     };
     let key = key(account, id);
     let retention = hub.config.operation_retention;
-    let sweep = hub.operations.count_write() % SWEEP_EVERY == 0;
+    let sweep = hub.operations.count_write().is_multiple_of(SWEEP_EVERY);
     let written = tokio::task::spawn_blocking(move || {
         let now = now_millis();
         let past = |bytes: &[u8]| expired(bytes, retention, now);
@@ -85,7 +85,7 @@ pub(crate) async fn save(
             &db,
             &key,
             Some(&bytes),
-            sweep.then_some(&past as &dyn Fn(&[u8]) -> bool),
+            sweep.then_some(&past as &store::Expired<'_>),
         )
     })
     .await;
