@@ -1162,8 +1162,10 @@ async fn agent_killed_in_flight_retries_on_the_other_replica_then_no_agent() -> 
     let deadline = Instant::now() + WAIT;
     while Instant::now() < deadline {
         let (code, state) = http(hub, "GET", &format!("/api/v1/operations/{id}"), None).await?;
-        if code == 200 && state["state"] == "running" {
-            first = state["replica"].as_str().unwrap_or_default().to_string();
+        // (`replica` is empty until one is chosen.)
+        let replica = state["replica"].as_str().unwrap_or_default();
+        if code == 200 && state["state"] == "running" && !replica.is_empty() {
+            first = replica.to_string();
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

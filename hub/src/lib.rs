@@ -488,6 +488,10 @@ pub async fn start(config: Config) -> Result<RunningHub> {
     let store = Store::open(&config.data_dir)?;
     let store_path = store.path().to_path_buf();
     let mut loaded = store.load()?;
+    let operation_records = match store.database() {
+        Some(db) => store::load_operation_records(&db)?,
+        None => Vec::new(),
+    };
     let mut state = HubState {
         cache: loaded.cache,
         ..HubState::default()
@@ -594,6 +598,11 @@ pub async fn start(config: Config) -> Result<RunningHub> {
     if let Some(registrar) = &registrar {
         metrics.add_clouddriver(registrar.metrics());
     }
+    let operations = operations::Operations::new(operations::Bounds {
+        max_result_bytes: config.max_operation_result_bytes,
+        max_records_bytes: config.max_operation_records_bytes,
+    });
+    operations::persist::restore(&operations, operation_records, config.operation_retention);
     let hub = Arc::new(Hub {
         limits: Limits {
             max_object_bytes: config.max_object_bytes,
@@ -620,10 +629,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         dynamic_accounts: Mutex::new(dynamic_accounts::DynamicAccounts::load(std::mem::take(
             &mut loaded.dynamic_accounts,
         ))),
-        operations: operations::Operations::new(operations::Bounds {
-            max_result_bytes: config.max_operation_result_bytes,
-            max_records_bytes: config.max_operation_records_bytes,
-        }),
+        operations,
         shutdown: shutdown_rx,
         grpc_listening: AtomicBool::new(false),
         store_open: AtomicBool::new(true),

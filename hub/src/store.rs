@@ -721,6 +721,67 @@ fn write_batch(db: &Database, ops: &[StoreOp], durable: bool) -> Result<()> {
     Ok(())
 }
 
+// ---------------------------------------------------------------------------------------
+// Operation records: operations submitted with a client id, kept across restarts for the
+// retention period so that a resubmitted id does not run again. A block of its own, outside
+// the stream batches above: the operations API writes it (see `operations::persist`), which
+// also owns the rows' format; here they are bytes under `account\0id`.
+
+const OPERATION_RECORDS: TableDefinition<&str, &[u8]> = TableDefinition::new("operation_records");
+
+/// Says whether a stored operation record is past its retention.
+pub type Expired<'a> = dyn Fn(&[u8]) -> bool + 'a;
+
+impl Store {
+    /// The database, for a write outside the batches (operation records). Hold it for one
+    /// write only: [`Store::close`] waits until every holder has let go.
+    pub fn database(&self) -> Option<Arc<Database>> {
+        self.db.clone()
+    }
+}
+
+/// Writes one operation record (`None` removes it) durably, in a transaction of its own.
+/// With `expired`, also removes every row it says is past its retention.
+pub fn write_operation_record(
+    db: &Database,
+    key: &str,
+    value: Option<&[u8]>,
+    expired: Option<&Expired<'_>>,
+) -> Result<()> {
+    let txn = db.begin_write().map_err(commit_err)?;
+    {
+        let mut table = txn.open_table(OPERATION_RECORDS).map_err(commit_err)?;
+        match value {
+            Some(bytes) => {
+                table.insert(key, bytes).map_err(commit_err)?;
+            }
+            None => {
+                table.remove(key).map_err(commit_err)?;
+            }
+        }
+        if let Some(expired) = expired {
+            table.retain(|_, v| !expired(v)).map_err(commit_err)?;
+        }
+    }
+    txn.commit().map_err(commit_err)
+}
+
+/// Every operation record, `(account\0id, bytes)`; none when the table was never written.
+pub fn load_operation_records(db: &Database) -> Result<Vec<(String, Vec<u8>)>> {
+    let txn = db.begin_read().map_err(load_err)?;
+    let table = match txn.open_table(OPERATION_RECORDS) {
+        Ok(table) => table,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        Err(e) => return Err(load_err(e)),
+    };
+    let mut rows = Vec::new();
+    for row in table.iter().map_err(load_err)? {
+        let (k, v) = row.map_err(load_err)?;
+        rows.push((k.value().to_string(), v.value().to_vec()));
+    }
+    Ok(rows)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

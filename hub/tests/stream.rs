@@ -1031,7 +1031,23 @@ async fn operation_requests_past_the_body_limit_get_413() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A result sent as one message. The helper for the tests below.
+/// A successful result with `code` from `replica`, without objects.
+fn succeeded(id: &str, account: &str, replica: &str, code: i32) -> pb::OperationResult {
+    pb::OperationResult {
+        id: id.into(),
+        ok: true,
+        status: Some(pb::OperationStatus {
+            code,
+            ..Default::default()
+        }),
+        executed: true,
+        replica: replica.into(),
+        account: account.into(),
+        ..Default::default()
+    }
+}
+
+/// A list result of `objects` ConfigMaps of `object_bytes` each, whole or a part (`more`).
 fn list_result(id: &str, objects: usize, object_bytes: usize, more: bool) -> pb::OperationResult {
     pb::OperationResult {
         id: id.into(),
@@ -1106,19 +1122,8 @@ async fn client_ids_run_once_per_account_under_concurrent_submits() {
         a.operations
     );
     for (id, account) in [(&op.id, "prod"), (&dev_op.id, "dev")] {
-        a.send(Msg::OperationResult(pb::OperationResult {
-            id: id.clone(),
-            ok: true,
-            status: Some(pb::OperationStatus {
-                code: 201,
-                ..Default::default()
-            }),
-            executed: true,
-            replica: "pod-1".into(),
-            account: account.into(),
-            ..Default::default()
-        }))
-        .await;
+        a.send(Msg::OperationResult(succeeded(id, account, "pod-1", 201)))
+            .await;
     }
     for submit in submits {
         let (code, body) = submit.await.unwrap();
@@ -1183,18 +1188,9 @@ async fn an_operation_waits_for_an_agent_until_its_deadline() {
         "the time left, not the whole timeout: {}",
         op.timeout_millis
     );
-    b.send(Msg::OperationResult(pb::OperationResult {
-        id: op.id.clone(),
-        ok: true,
-        status: Some(pb::OperationStatus {
-            code: 200,
-            ..Default::default()
-        }),
-        executed: true,
-        replica: "pod-2".into(),
-        account: "prod".into(),
-        ..Default::default()
-    }))
+    b.send(Msg::OperationResult(succeeded(
+        &op.id, "prod", "pod-2", 200,
+    )))
     .await;
     let (code, body) = submit.await.unwrap();
     assert_eq!(code, 200, "{body}");
@@ -1324,6 +1320,52 @@ async fn large_results_come_in_parts_and_one_too_large_ends_only_its_operation()
     assert!(other.operations.is_empty(), "{:?}", other.operations);
     other.send(Msg::Heartbeat(pb::Heartbeat::default())).await;
     other.synced().await;
+    hub.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Client ids survive a hub restart for the retention period: a resubmitted id answers its
+/// recorded outcome and is not sent to an agent again.
+#[tokio::test]
+async fn client_ids_survive_a_hub_restart() {
+    let pki = Pki::new();
+    let dir = data_dir("ops-restart");
+    let hub = start_hub(&pki, &dir, |_| {}).await;
+    let http = api(&hub);
+    let mut a = agent(&hub, &pki, "agent-a.test", "pod-1").await;
+    a.register("prod", "https://h:6443").await;
+    a.synced().await;
+    let create = serde_json::json!({"id": "release-7", "type": "create", "manifest": {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}});
+    let submit = submit_in_background(&http, "prod", create.clone()).await;
+    let op = a.operation().await;
+    a.send(Msg::OperationResult(succeeded(
+        &op.id, "prod", "pod-1", 201,
+    )))
+    .await;
+    assert_eq!(submit.await.unwrap().0, 201);
+    hub.shutdown().await.unwrap();
+    drop(a);
+
+    let hub = start_hub(&pki, &dir, |_| {}).await;
+    let http = api(&hub);
+    let mut a = agent(&hub, &pki, "agent-a.test", "pod-1").await;
+    a.register("prod", "https://h:6443").await;
+    a.synced().await;
+    let (code, body) = post_json(&http, "/api/v1/accounts/prod/operations", &create).await;
+    assert_eq!(code, 201, "{body}");
+    assert_eq!(body["state"], "succeeded", "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("before the hub restarted"),
+        "{body}"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    a.pump_ready().unwrap();
+    assert!(a.operations.is_empty(), "sent again: {:?}", a.operations);
+    let (code, _) = get_json(&http, "/api/v1/accounts/prod/operations/release-7").await;
+    assert_eq!(code, 200);
     hub.shutdown().await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use crate::{Hub, registry::SessionId};
 
+pub(crate) mod persist;
 mod registry;
 mod render;
 mod request;

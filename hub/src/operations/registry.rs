@@ -98,6 +98,8 @@ pub struct Operations {
     finished: Notify,
     /// Woken when replicas connect or register (operations waiting for an agent).
     replicas: Notify,
+    /// Records written to the store (see `persist`).
+    writes: AtomicU64,
 }
 
 impl Default for Operations {
@@ -163,6 +165,7 @@ impl Operations {
             round_robin: AtomicU64::new(0),
             finished: Notify::new(),
             replicas: Notify::new(),
+            writes: AtomicU64::new(0),
         }
     }
 
@@ -474,6 +477,31 @@ impl Operations {
             if tokio::time::timeout_at(until.into(), woken).await.is_err() {
                 return None;
             }
+        }
+    }
+
+    /// Counts a write of a record to the store; the count before it.
+    pub(crate) fn count_write(&self) -> u64 {
+        self.writes.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Puts back a record of a previous run of the hub, finished at `at`.
+    pub(crate) fn restore(
+        &self,
+        account: &str,
+        id: &str,
+        code: u16,
+        body: OperationResponse,
+        at: Instant,
+        retention: Duration,
+    ) {
+        let mut inner = self.lock();
+        let room = json_size(&body).min(self.bounds.max_records_bytes / 8);
+        self.evict(&mut inner, retention, room);
+        let key = (id.to_string(), account.to_string());
+        self.insert(&mut inner, key.clone(), code, body, true);
+        if let Some(r) = inner.records.get_mut(&key) {
+            r.finished = Some(at);
         }
     }
 

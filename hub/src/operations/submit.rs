@@ -264,6 +264,7 @@ pub(crate) async fn submit(
     };
     let started = Instant::now();
     let wire_id = hub.operations.new_id();
+    let client_id = request.id.is_some();
     let submission = Submission {
         hub,
         id: request.id.clone().unwrap_or_else(|| wire_id.clone()),
@@ -284,8 +285,17 @@ pub(crate) async fn submit(
         return (404, submission.hub_made(State::NoAgent, false, status, 0));
     }
     let waiting = OperationResponse::running(submission.subject(), "", 0);
-    match hub.operations.claim(account, id, waiting, retention) {
-        Claim::New => {}
+    match hub
+        .operations
+        .claim(account, id, waiting.clone(), retention)
+    {
+        Claim::New => {
+            // A client id is stored before anything is sent, so that after a hub restart
+            // the id is known (and, if it was still running, not run again blindly).
+            if client_id {
+                super::persist::save(hub, account, id, None, &waiting).await;
+            }
+        }
         Claim::Finished(code, body) => return (code, body),
         Claim::Running(body) => {
             // Another submission runs this id: its answer is this one's too.
@@ -311,5 +321,8 @@ pub(crate) async fn submit(
     tracing::info!(%id, wire_id = %submission.wire_id, %account, r#type = kind, state, code, elapsed_ms = started.elapsed().as_millis() as u64, "operation finished");
     hub.operations
         .record(account, id, body.clone(), Some(code), retention);
+    if client_id {
+        super::persist::save(hub, account, id, Some(code), &body).await;
+    }
     (code, body)
 }

@@ -1,0 +1,222 @@
+//! Operations submitted with a client id, kept in the store for the retention period, so a
+//! hub restart does not forget which ids ran: a resubmitted id answers its recorded outcome
+//! instead of running again. The outcome is kept without its objects and text (they can be
+//! read again from the cluster; the status says what happened). An id that was running when
+//! the hub stopped answers that whether it ran is unknown.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use super::{OperationResponse, Operations, State, Status};
+use crate::{Hub, store};
+
+/// Writes between two sweeps of expired rows from the store.
+const SWEEP_EVERY: u64 = 128;
+
+/// One stored record.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Row {
+    /// When it was recorded, milliseconds since the Unix epoch.
+    at_unix_millis: i64,
+    /// The HTTP code when finished; absent while running.
+    code: Option<u16>,
+    body: OperationResponse,
+}
+
+fn now_millis() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or_default()
+}
+
+fn key(account: &str, id: &str) -> String {
+    format!("{account}\0{id}")
+}
+
+/// Whether a stored row is past `retention` (a running row is kept as long as a finished one,
+/// counting from when it started: nothing runs longer than the longest timeout).
+fn expired(bytes: &[u8], retention: Duration, now: i64) -> bool {
+    let Ok(row) = serde_json::from_slice::<Row>(bytes) else {
+        return true;
+    };
+    let longest = retention + super::MAX_TIMEOUT + super::DEADLINE_GRACE;
+    let limit = if row.code.is_some() {
+        retention
+    } else {
+        longest
+    };
+    now.saturating_sub(row.at_unix_millis) > i64::try_from(limit.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Stores the state of a client-id operation: running (`code` `None`, before it is sent) or
+/// finished. A store that fails is logged, not fatal: the record in memory still keeps the
+/// id from running twice while this hub runs.
+pub(crate) async fn save(
+    hub: &Hub,
+    account: &str,
+    id: &str,
+    code: Option<u16>,
+    body: &OperationResponse,
+) {
+    let mut body = body.clone();
+    body.objects = body.objects.map(|_| Vec::new());
+    body.text = body.text.map(|_| String::new());
+    let row = Row {
+        at_unix_millis: now_millis(),
+        code,
+        body,
+    };
+    let Ok(bytes) = serde_json::to_vec(&row) else {
+        return;
+    };
+    let Some(db) = hub.store.lock().await.database() else {
+        return;
+    };
+    let key = key(account, id);
+    let retention = hub.config.operation_retention;
+    let sweep = hub.operations.count_write().is_multiple_of(SWEEP_EVERY);
+    let written = tokio::task::spawn_blocking(move || {
+        let now = now_millis();
+        let past = |bytes: &[u8]| expired(bytes, retention, now);
+        store::write_operation_record(
+            &db,
+            &key,
+            Some(&bytes),
+            sweep.then_some(&past as &store::Expired<'_>),
+        )
+    })
+    .await;
+    match written {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => {
+            tracing::warn!(%account, %id, %error, "cannot store the operation's record; a hub restart will forget the id")
+        }
+        Err(error) => {
+            tracing::warn!(%account, %id, %error, "the task storing the operation's record failed")
+        }
+    }
+}
+
+/// Puts the stored records of a previous run, still within `retention`, into `operations`.
+pub(crate) fn restore(operations: &Operations, rows: Vec<(String, Vec<u8>)>, retention: Duration) {
+    let now = now_millis();
+    let mut rows: Vec<(String, Row)> = rows
+        .into_iter()
+        .filter(|(_, bytes)| !expired(bytes, retention, now))
+        .filter_map(|(key, bytes)| Some((key, serde_json::from_slice::<Row>(&bytes).ok()?)))
+        .collect();
+    // Oldest first, as the registry keeps them.
+    rows.sort_by_key(|(_, row)| row.at_unix_millis);
+    let mut restored = 0;
+    for (key, row) in rows {
+        let Some((account, id)) = key.split_once('\0') else {
+            continue;
+        };
+        let age = Duration::from_millis(u64::try_from(now - row.at_unix_millis).unwrap_or(0));
+        let at = Instant::now().checked_sub(age).unwrap_or_else(Instant::now);
+        let (code, body) = match row.code {
+            Some(code) => {
+                let mut body = row.body;
+                let note = "recorded before the hub restarted; its objects and text were not kept";
+                body.message = Some(match body.message.take() {
+                    Some(m) if !m.is_empty() => format!("{m}; {note}"),
+                    _ => note.to_string(),
+                });
+                (code, body)
+            }
+            None => {
+                let message = format!(
+                    "the hub restarted while operation {id:?} of account {account} ran: whether \
+                     it ran is unknown; check the cluster (e.g. with a get) before submitting it \
+                     again under a new id"
+                );
+                let mut body = row.body;
+                body.state = State::Failed;
+                body.executed = Some(true);
+                body.status = Some(Status::new(503, "ServiceUnavailable", message.clone()));
+                body.message = Some(message);
+                (503, body)
+            }
+        };
+        operations.restore(account, id, code, body, at, retention);
+        restored += 1;
+    }
+    if restored > 0 {
+        tracing::info!(restored, "operation records of client ids restored");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operations::Subject;
+
+    #[test]
+    fn rows_expire_after_the_retention() {
+        let retention = Duration::from_secs(60);
+        let row = |age_ms: i64, code: Option<u16>| {
+            serde_json::to_vec(&Row {
+                at_unix_millis: 1_000_000_000 - age_ms,
+                code,
+                body: OperationResponse::running(
+                    Subject {
+                        id: "x",
+                        account: "a",
+                        op_type: "create",
+                    },
+                    "",
+                    0,
+                ),
+            })
+            .unwrap()
+        };
+        let now = 1_000_000_000;
+        assert!(!expired(&row(59_000, Some(201)), retention, now));
+        assert!(expired(&row(61_000, Some(201)), retention, now));
+        // A running row outlives the longest operation.
+        assert!(!expired(&row(61_000, None), retention, now));
+        assert!(expired(&row(61_000 + 700_000, None), retention, now));
+        assert!(expired(b"not json", retention, now));
+    }
+
+    #[test]
+    fn an_id_running_when_the_hub_stopped_is_restored_as_unknown() {
+        let running = OperationResponse::running(
+            Subject {
+                id: "deploy-1",
+                account: "prod",
+                op_type: "create",
+            },
+            "agent/pod-1",
+            1,
+        );
+        let row = Row {
+            at_unix_millis: now_millis() - 1_000,
+            code: None,
+            body: running,
+        };
+        let ops = Operations::default();
+        let rows = vec![(
+            "prod\0deploy-1".to_string(),
+            serde_json::to_vec(&row).unwrap(),
+        )];
+        restore(&ops, rows, Duration::from_secs(60));
+        let retention = Duration::from_secs(60);
+        let claimed = ops.claim(
+            "prod",
+            "deploy-1",
+            OperationResponse::bad_request(String::new()),
+            retention,
+        );
+        let super::super::Claim::Finished(code, body) = claimed else {
+            panic!("not restored as finished: {claimed:?}")
+        };
+        assert_eq!(code, 503);
+        assert_eq!(body.state, State::Failed);
+        assert_eq!(body.executed, Some(true));
+        assert!(body.message.unwrap().contains("whether it ran is unknown"));
+    }
+}
