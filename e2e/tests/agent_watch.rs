@@ -316,6 +316,7 @@ impl AgentHub for FakeHub {
                                 hub_version: "fake".into(),
                                 tunnel_window_bytes: 0,
                                 session_token: String::new(),
+                                max_objects_per_account: 0,
                             })),
                             Some(agent_message::Kind::RegisterAccount(register)) => {
                                 Some(hub_message::Kind::Assignment(state.assignment(&register.account)))

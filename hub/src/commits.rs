@@ -227,7 +227,10 @@ impl Commits {
                     Ok(mut rolled_back) => {
                         reopen = false;
                         if !rolled_back.is_empty() {
-                            tracing::info!(changes = rolled_back.len(), "writing again the changes the store rolled back when it was reopened");
+                            tracing::info!(
+                                changes = rolled_back.len(),
+                                "writing again the changes the store rolled back when it was reopened"
+                            );
                             rolled_back.append(&mut ops);
                             ops = rolled_back;
                         }
@@ -344,9 +347,17 @@ mod tests {
             failing: false,
         };
         gate.batch(3, Some(1), 100);
-        assert_eq!(gate.ready(&healthy), Some(3), "a small backlog is acknowledged");
+        assert_eq!(
+            gate.ready(&healthy),
+            Some(3),
+            "a small backlog is acknowledged"
+        );
         gate.batch(5, Some(2), MAX_UNCOMMITTED_BYTES);
-        assert_eq!(gate.ready(&healthy), None, "over the bound: wait for the store");
+        assert_eq!(
+            gate.ready(&healthy),
+            None,
+            "over the bound: wait for the store"
+        );
         let failing = Progress {
             committed: 1,
             failing: true,

@@ -591,7 +591,6 @@ async fn acknowledge(
     }
 }
 
-
 /// Keepalive settings of the gRPC server, derived from the heartbeat period.
 pub(crate) fn keepalive(period: Duration) -> (Duration, Duration) {
     (period, period * 2)

@@ -501,7 +501,9 @@ impl Session {
             .map_or(0, |k| {
                 k.objects
                     .values()
-                    .filter(|o| end.watch_namespace.is_empty() || o.namespace == end.watch_namespace)
+                    .filter(|o| {
+                        end.watch_namespace.is_empty() || o.namespace == end.watch_namespace
+                    })
                     .count()
             });
         if !within_quota(

@@ -418,11 +418,7 @@ impl Store {
     /// Writes a batch in one transaction, durably when `durable` (or when the last durable
     /// commit is older than [`DURABLE_EVERY`], or an op needs it); on failure the batch is
     /// handed back.
-    pub async fn try_commit(
-        &mut self,
-        ops: Vec<StoreOp>,
-        durable: bool,
-    ) -> Result<(), Failed> {
+    pub async fn try_commit(&mut self, ops: Vec<StoreOp>, durable: bool) -> Result<(), Failed> {
         let durable = durable
             || self.last_durable.elapsed() >= DURABLE_EVERY
             || ops.iter().any(StoreOp::needs_durability);
@@ -605,7 +601,7 @@ fn write_batch(db: &Database, ops: &[StoreOp], durable: bool) -> Result<()> {
                 }
                 StoreOp::DeleteAccount { account } => {
                     accounts.remove(account.as_str()).map_err(commit_err)?;
-                    let (start, end) = prefix_range(&account);
+                    let (start, end) = prefix_range(account);
                     let range = start.as_str()..end.as_str();
                     kinds
                         .retain_in(range.clone(), |_, _| false)
@@ -618,7 +614,7 @@ fn write_batch(db: &Database, ops: &[StoreOp], durable: bool) -> Result<()> {
                 StoreOp::PutKind { account, info } => {
                     let bytes = serde_json::to_vec(&info).unwrap_or_default();
                     kinds
-                        .insert(key2(&account, &info.key()).as_str(), bytes.as_slice())
+                        .insert(key2(account, &info.key()).as_str(), bytes.as_slice())
                         .map_err(commit_err)?;
                 }
                 StoreOp::PutObject {
@@ -626,17 +622,14 @@ fn write_batch(db: &Database, ops: &[StoreOp], durable: bool) -> Result<()> {
                     kind,
                     object,
                 } => {
-                    let bytes = encode_object(&object);
+                    let bytes = encode_object(object);
                     objects
-                        .insert(
-                            key3(&account, &kind, &object.uid).as_str(),
-                            bytes.as_slice(),
-                        )
+                        .insert(key3(account, kind, &object.uid).as_str(), bytes.as_slice())
                         .map_err(commit_err)?;
                 }
                 StoreOp::DeleteObject { account, kind, uid } => {
                     objects
-                        .remove(key3(&account, &kind, &uid).as_str())
+                        .remove(key3(account, kind, uid).as_str())
                         .map_err(commit_err)?;
                 }
                 StoreOp::PutResume {
@@ -647,7 +640,7 @@ fn write_batch(db: &Database, ops: &[StoreOp], durable: bool) -> Result<()> {
                 } => {
                     resume
                         .insert(
-                            key3(&account, &kind, &watch_namespace).as_str(),
+                            key3(account, kind, watch_namespace).as_str(),
                             resource_version.as_str(),
                         )
                         .map_err(commit_err)?;
@@ -658,7 +651,7 @@ fn write_batch(db: &Database, ops: &[StoreOp], durable: bool) -> Result<()> {
                     watch_namespace,
                 } => {
                     resume
-                        .remove(key3(&account, &kind, &watch_namespace).as_str())
+                        .remove(key3(account, kind, watch_namespace).as_str())
                         .map_err(commit_err)?;
                 }
                 StoreOp::PutToken { record } => {

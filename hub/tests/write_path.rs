@@ -278,7 +278,8 @@ async fn a_kind_past_the_object_quota_is_left_out_whole_and_the_agent_is_told() 
     assert_eq!(kind_of(&account, "ConfigMap")["state"], "OVER_QUOTA");
 
     // A relist that fits brings the kind back.
-    a.snapshot("prod", &[("one", "20"), ("two", "21")], "22").await;
+    a.snapshot("prod", &[("one", "20"), ("two", "21")], "22")
+        .await;
     a.synced().await;
     let status = a.kind_statuses.pop_front().expect("told it is back");
     assert_eq!(status.state, KindState::Watching as i32);
