@@ -32,6 +32,9 @@ use crate::{
 /// Most bytes of changes one stream may have queued and not yet committed before its Acks
 /// wait for the store.
 pub const MAX_UNCOMMITTED_BYTES: u64 = 32 * 1024 * 1024;
+/// Most bytes of changes queued for all streams together before every stream's Acks wait
+/// for its own changes: bounds the queue's memory with many agents on a slow store.
+pub const MAX_QUEUED_BYTES: u64 = 1024 * 1024 * 1024;
 /// Most changes committed in one transaction: a larger queue is committed in several.
 const MAX_GROUP_OPS: usize = 50_000;
 /// First wait before a failed commit is tried again; doubled up to [`MAX_RETRY_WAIT`].
@@ -56,11 +59,21 @@ pub struct Health {
     pub queued: usize,
 }
 
+/// Changes queued by [`Commits::enqueue`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Queued {
+    pub ticket: u64,
+    /// Their size, as [`op_bytes`] counts it.
+    pub bytes: u64,
+}
+
 #[derive(Default)]
 struct Queue {
     next_ticket: u64,
-    entries: VecDeque<(u64, Vec<StoreOp>)>,
+    /// (ticket, changes, bytes).
+    entries: VecDeque<(u64, Vec<StoreOp>, u64)>,
     queued_ops: usize,
+    queued_bytes: u64,
     failure: Option<String>,
 }
 
@@ -98,20 +111,27 @@ impl Commits {
     /// Queues changes for the writer; returns their ticket (`None` for no changes). Call it
     /// in the same critical section as the change to the cache, so that changes are
     /// committed in the order they were made.
-    pub fn enqueue(&self, ops: Vec<StoreOp>) -> Option<u64> {
+    pub fn enqueue(&self, ops: Vec<StoreOp>) -> Option<Queued> {
         if ops.is_empty() {
             return None;
         }
+        let bytes = ops.iter().map(op_bytes).sum();
         let ticket = {
             let mut q = self.queue();
             q.next_ticket += 1;
             let ticket = q.next_ticket;
             q.queued_ops += ops.len();
-            q.entries.push_back((ticket, ops));
+            q.queued_bytes += bytes;
+            q.entries.push_back((ticket, ops, bytes));
             ticket
         };
         self.wake.notify_one();
-        Some(ticket)
+        Some(Queued { ticket, bytes })
+    }
+
+    /// Bytes of changes queued and not yet committed, all streams together.
+    pub fn queued_bytes(&self) -> u64 {
+        self.queue().queued_bytes
     }
 
     /// Follows the writer's progress.
@@ -145,31 +165,34 @@ impl Commits {
     }
 
     /// The changes queued, oldest first, up to [`MAX_GROUP_OPS`] (at least one entry).
-    fn take_group(&self) -> Option<(u64, Vec<StoreOp>)> {
+    fn take_group(&self) -> Option<(u64, Vec<StoreOp>, u64)> {
         let mut q = self.queue();
         let mut last = None;
         let mut ops = Vec::new();
-        while let Some((ticket, _)) = q.entries.front() {
+        let mut bytes = 0;
+        while let Some((ticket, _, _)) = q.entries.front() {
             if last.is_some() && ops.len() >= MAX_GROUP_OPS {
                 break;
             }
             last = Some(*ticket);
-            if let Some((_, mut more)) = q.entries.pop_front() {
+            if let Some((_, mut more, size)) = q.entries.pop_front() {
                 ops.append(&mut more);
+                bytes += size;
             }
         }
-        last.map(|last| (last, ops))
+        last.map(|last| (last, ops, bytes))
     }
 
     /// Puts a group that could not be committed back at the head of the queue.
-    fn put_back(&self, last: u64, ops: Vec<StoreOp>) {
-        self.queue().entries.push_front((last, ops));
+    fn put_back(&self, last: u64, ops: Vec<StoreOp>, bytes: u64) {
+        self.queue().entries.push_front((last, ops, bytes));
     }
 
-    fn committed(&self, last: u64, count: usize, metrics: &Metrics) {
+    fn committed(&self, last: u64, count: usize, bytes: u64, metrics: &Metrics) {
         let recovered = {
             let mut q = self.queue();
             q.queued_ops = q.queued_ops.saturating_sub(count);
+            q.queued_bytes = q.queued_bytes.saturating_sub(bytes);
             metrics.store_queued_changes.set(q.queued_ops as i64);
             q.failure.take().is_some()
         };
@@ -213,7 +236,7 @@ impl Commits {
                 // What is still queued is committed by [`Commits::drain`] at shutdown.
                 return;
             }
-            let Some((last, mut ops)) = this.take_group() else {
+            let Some((last, mut ops, bytes)) = this.take_group() else {
                 tokio::select! {
                     () = notified => {}
                     _ = shutdown.changed() => {}
@@ -254,11 +277,11 @@ impl Commits {
             match result {
                 Ok(count) => {
                     wait = FIRST_RETRY_WAIT;
-                    this.committed(last, count, metrics);
+                    this.committed(last, count, bytes, metrics);
                 }
                 Err(Failed { error, ops }) => {
                     reopen = reopen || Store::needs_reopen(&error);
-                    this.put_back(last, ops);
+                    this.put_back(last, ops, bytes);
                     this.failed(&error, metrics);
                     tokio::select! {
                         () = tokio::time::sleep(wait) => {}
@@ -272,14 +295,15 @@ impl Commits {
 
     /// Commits everything queued (at shutdown, after the streams ended).
     pub async fn drain(&self, store: &mut Store) -> crate::Result<()> {
-        while let Some((last, ops)) = self.take_group() {
+        while let Some((last, ops, bytes)) = self.take_group() {
             let count = ops.len();
             if let Err(Failed { error, ops }) = store.try_commit(ops, true).await {
-                self.put_back(last, ops);
+                self.put_back(last, ops, bytes);
                 return Err(error);
             }
             let mut q = self.queue();
             q.queued_ops = q.queued_ops.saturating_sub(count);
+            q.queued_bytes = q.queued_bytes.saturating_sub(bytes);
             drop(q);
             self.progress.send_modify(|p| p.committed = last);
         }
@@ -301,9 +325,9 @@ pub struct AckGate {
 }
 
 impl AckGate {
-    /// A batch up to `seq` was applied and its changes queued under `ticket`.
-    pub fn batch(&mut self, seq: u64, ticket: Option<u64>, bytes: u64) {
-        if let Some(ticket) = ticket {
+    /// A batch up to `seq` was applied and its changes (if any) queued.
+    pub fn batch(&mut self, seq: u64, queued: Option<Queued>) {
+        if let Some(Queued { ticket, bytes }) = queued {
             self.queued.push_back((ticket, bytes));
             self.queued_bytes += bytes;
         }
@@ -315,8 +339,9 @@ impl AckGate {
         self.owed.is_some()
     }
 
-    /// The sequence number to acknowledge now, if any.
-    pub fn ready(&mut self, progress: &Progress) -> Option<u64> {
+    /// The sequence number to acknowledge now, if any, with `total` bytes queued for all
+    /// streams.
+    pub fn ready(&mut self, progress: &Progress, total: u64) -> Option<u64> {
         while let Some((ticket, bytes)) = self.queued.front().copied() {
             if ticket > progress.committed {
                 break;
@@ -325,7 +350,9 @@ impl AckGate {
             self.queued_bytes -= bytes;
         }
         let allowed = self.queued.is_empty()
-            || (!progress.failing && self.queued_bytes <= MAX_UNCOMMITTED_BYTES);
+            || (!progress.failing
+                && self.queued_bytes <= MAX_UNCOMMITTED_BYTES
+                && total <= MAX_QUEUED_BYTES);
         if allowed {
             self.held = false;
             self.owed.take()
@@ -346,34 +373,41 @@ mod tests {
             committed: 0,
             failing: false,
         };
-        gate.batch(3, Some(1), 100);
+        let queued = |ticket, bytes| Some(Queued { ticket, bytes });
+        gate.batch(3, queued(1, 100));
         assert_eq!(
-            gate.ready(&healthy),
+            gate.ready(&healthy, 100),
             Some(3),
             "a small backlog is acknowledged"
         );
-        gate.batch(5, Some(2), MAX_UNCOMMITTED_BYTES);
+        gate.batch(4, queued(2, 100));
         assert_eq!(
-            gate.ready(&healthy),
+            gate.ready(&healthy, MAX_QUEUED_BYTES + 1),
+            None,
+            "all streams together over the bound: wait for the store"
+        );
+        gate.batch(5, queued(3, MAX_UNCOMMITTED_BYTES));
+        assert_eq!(
+            gate.ready(&healthy, 0),
             None,
             "over the bound: wait for the store"
         );
         let failing = Progress {
-            committed: 1,
-            failing: true,
-        };
-        assert_eq!(gate.ready(&failing), None);
-        let caught_up = Progress {
             committed: 2,
             failing: true,
         };
+        assert_eq!(gate.ready(&failing, 0), None);
+        let caught_up = Progress {
+            committed: 3,
+            failing: true,
+        };
         assert_eq!(
-            gate.ready(&caught_up),
+            gate.ready(&caught_up, 0),
             Some(5),
             "committed: acknowledged even while later commits fail"
         );
-        gate.batch(6, None, 0);
-        assert_eq!(gate.ready(&caught_up), Some(6), "nothing queued");
+        gate.batch(6, None);
+        assert_eq!(gate.ready(&caught_up, 0), Some(6), "nothing queued");
         assert!(!gate.owes());
     }
 }
