@@ -12,8 +12,8 @@
 //! streams ended and reconnecting in a storm.
 //!
 //! A commit that fails (a full disk) is retried with backoff, the same changes first, so
-//! nothing is lost and nothing is reordered; after an I/O error the database is opened
-//! again and the changes redb rolled back are written again ([`Store::reopen`]).
+//! nothing is lost and nothing is reordered; after an I/O error the store opens redb again
+//! and writes again the changes redb rolled back (see [`Store::try_commit`]).
 
 use std::{
     collections::VecDeque,
@@ -229,14 +229,13 @@ impl Commits {
         let metrics = &hub.metrics;
         let mut shutdown = hub.shutdown.clone();
         let mut wait = FIRST_RETRY_WAIT;
-        let mut reopen = false;
         loop {
             let notified = this.wake.notified();
             if *shutdown.borrow() {
                 // What is still queued is committed by [`Commits::drain`] at shutdown.
                 return;
             }
-            let Some((last, mut ops, bytes)) = this.take_group() else {
+            let Some((last, ops, bytes)) = this.take_group() else {
                 tokio::select! {
                     () = notified => {}
                     _ = shutdown.changed() => {}
@@ -244,43 +243,16 @@ impl Commits {
                 continue;
             };
             let count = ops.len();
-            let mut store = hub.store.lock().await;
-            let result = if reopen {
-                match store.reopen().await {
-                    Ok(mut rolled_back) => {
-                        reopen = false;
-                        if !rolled_back.is_empty() {
-                            tracing::info!(
-                                changes = rolled_back.len(),
-                                "writing again the changes the store rolled back when it was reopened"
-                            );
-                            rolled_back.append(&mut ops);
-                            ops = rolled_back;
-                        }
-                        Ok(ops)
-                    }
-                    Err(error) => Err(Failed { error, ops }),
-                }
-            } else {
-                Ok(ops)
-            };
-            let result = match result {
-                Ok(ops) => {
-                    // While failing, every try is durable: once one succeeds, nothing
-                    // committed before it can be rolled back by a later reopen.
-                    let failing = this.progress.borrow().failing;
-                    store.try_commit(ops, failing).await.map(|()| count)
-                }
-                Err(failed) => Err(failed),
-            };
-            drop(store);
+            // While failing, every try is durable: once one succeeds, nothing committed
+            // before it can be rolled back by a later reopen of the store.
+            let failing = this.progress.borrow().failing;
+            let result = hub.store.lock().await.try_commit(ops, failing).await;
             match result {
-                Ok(count) => {
+                Ok(()) => {
                     wait = FIRST_RETRY_WAIT;
                     this.committed(last, count, bytes, metrics);
                 }
                 Err(Failed { error, ops }) => {
-                    reopen = reopen || Store::needs_reopen(&error);
                     this.put_back(last, ops, bytes);
                     this.failed(&error, metrics);
                     tokio::select! {

@@ -232,6 +232,10 @@ pub struct Store {
     /// when the database must be reopened after an I/O error (a full disk), so they are
     /// written again after the reopen.
     unsynced: Vec<StoreOp>,
+    /// An I/O error left redb unusable: the next commit opens the database again first.
+    poisoned: bool,
+    /// What redb rolled back at a reopen, written (durably) before anything newer.
+    replay: Vec<StoreOp>,
     hook: Option<CommitHook>,
 }
 
@@ -291,6 +295,8 @@ impl Store {
             last_durable: Instant::now(),
             dirty: false,
             unsynced: Vec::new(),
+            poisoned: false,
+            replay: Vec::new(),
             hook: None,
         })
     }
@@ -430,7 +436,7 @@ impl Store {
 
     /// Whether `error` left redb unusable until the database is opened again (an I/O error
     /// such as a full disk poisons it).
-    pub fn needs_reopen(error: &HubError) -> bool {
+    fn needs_reopen(error: &HubError) -> bool {
         matches!(
             error,
             HubError::Store { source, .. }
@@ -439,18 +445,21 @@ impl Store {
     }
 
     /// Opens the database again after an I/O error. redb rolls back to its last durable
-    /// commit: the changes committed since without fsync are returned, to be written again
+    /// commit: the changes committed since without fsync are kept to be written again
     /// before anything newer.
-    pub async fn reopen(&mut self) -> Result<Vec<StoreOp>> {
+    async fn reopen(&mut self) -> Result<()> {
         self.release().await;
         let db = redb::Builder::new()
             .set_cache_size(STORE_CACHE_BYTES)
             .create(&self.path)
             .map_err(|e| HubError::store("reopen", e))?;
         self.db = Some(Arc::new(db));
-        self.last_durable = Instant::now();
+        self.poisoned = false;
         self.dirty = false;
-        Ok(std::mem::take(&mut self.unsynced))
+        let mut rolled_back = std::mem::take(&mut self.unsynced);
+        tracing::info!(path = %self.path.display(), rolled_back = rolled_back.len(), "store opened again after an I/O error; the changes it rolled back are written again");
+        self.replay.append(&mut rolled_back);
+        Ok(())
     }
 
     /// Makes every earlier commit durable.
@@ -498,25 +507,40 @@ impl Store {
     }
 
     async fn write(&mut self, ops: Vec<StoreOp>, durable: bool) -> Result<(), Failed> {
+        if self.poisoned
+            && let Err(error) = self.reopen().await
+        {
+            return Err(Failed { error, ops });
+        }
         let Some(db) = self.db.clone() else {
             return Err(Failed {
                 error: HubError::StoreClosed,
                 ops,
             });
         };
+        // After a reopen, what redb rolled back goes first, in a durable commit.
+        let replayed = self.replay.len();
+        let durable = durable || replayed > 0;
+        let batch = if replayed > 0 {
+            let mut batch = self.replay.clone();
+            batch.extend(ops);
+            batch
+        } else {
+            ops
+        };
         let hook = self.hook.clone();
         let joined = tokio::task::spawn_blocking(move || {
-            let result = match hook.map(|hook| hook(&ops)) {
+            let result = match hook.map(|hook| hook(&batch)) {
                 Some(Err(message)) => Err(HubError::Io {
                     context: "store commit (test seam)".into(),
                     source: std::io::Error::other(message),
                 }),
-                _ => write_batch(&db, &ops, durable),
+                _ => write_batch(&db, &batch, durable),
             };
-            (ops, result)
+            (batch, result)
         })
         .await;
-        let (ops, result) = match joined {
+        let (mut batch, result) = match joined {
             Ok(done) => done,
             Err(e) => {
                 return Err(Failed {
@@ -525,13 +549,16 @@ impl Store {
                 });
             }
         };
+        let ops = batch.split_off(replayed);
         if let Err(error) = result {
+            self.poisoned = Self::needs_reopen(&error);
             return Err(Failed { error, ops });
         }
         if durable {
             self.last_durable = Instant::now();
             self.dirty = false;
             self.unsynced.clear();
+            self.replay.clear();
         } else {
             self.dirty = true;
             self.unsynced.extend(ops);
