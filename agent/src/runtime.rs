@@ -538,7 +538,11 @@ impl Runtime {
                 let state = v1::kind_status::State::try_from(status.state)
                     .map(|s| s.as_str_name())
                     .unwrap_or("STATE_UNSPECIFIED");
-                let kind = status.kind.as_ref().map(|k| k.kind.as_str()).unwrap_or_default();
+                let kind = status
+                    .kind
+                    .as_ref()
+                    .map(|k| k.kind.as_str())
+                    .unwrap_or_default();
                 tracing::warn!(account = %status.account, kind, state, message = %status.message, "the hub reports a kind's state");
             }
             Some(hub_message::Kind::AgentReplicas(replicas)) => {

@@ -240,8 +240,8 @@ async fn rebind(
         }]);
         (binding, previous, evicted, ticket)
     };
-    if let Some(ticket) = ticket
-        && let Err(e) = hub.commits.committed_or_failing(ticket).await
+    if let Some(queued) = ticket
+        && let Err(e) = hub.commits.committed_or_failing(queued.ticket).await
     {
         return crate::http::error(
             StatusCode::INTERNAL_SERVER_ERROR,

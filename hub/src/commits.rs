@@ -12,8 +12,8 @@
 //! streams ended and reconnecting in a storm.
 //!
 //! A commit that fails (a full disk) is retried with backoff, the same changes first, so
-//! nothing is lost and nothing is reordered; after an I/O error the database is opened
-//! again and the changes redb rolled back are written again ([`Store::reopen`]).
+//! nothing is lost and nothing is reordered; after an I/O error the store opens redb again
+//! and writes again the changes redb rolled back (see [`Store::try_commit`]).
 
 use std::{
     collections::VecDeque,
@@ -32,6 +32,9 @@ use crate::{
 /// Most bytes of changes one stream may have queued and not yet committed before its Acks
 /// wait for the store.
 pub const MAX_UNCOMMITTED_BYTES: u64 = 32 * 1024 * 1024;
+/// Most bytes of changes queued for all streams together before every stream's Acks wait
+/// for its own changes: bounds the queue's memory with many agents on a slow store.
+pub const MAX_QUEUED_BYTES: u64 = 1024 * 1024 * 1024;
 /// Most changes committed in one transaction: a larger queue is committed in several.
 const MAX_GROUP_OPS: usize = 50_000;
 /// First wait before a failed commit is tried again; doubled up to [`MAX_RETRY_WAIT`].
@@ -56,11 +59,21 @@ pub struct Health {
     pub queued: usize,
 }
 
+/// Changes queued by [`Commits::enqueue`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Queued {
+    pub ticket: u64,
+    /// Their size, as [`op_bytes`] counts it.
+    pub bytes: u64,
+}
+
 #[derive(Default)]
 struct Queue {
     next_ticket: u64,
-    entries: VecDeque<(u64, Vec<StoreOp>)>,
+    /// (ticket, changes, bytes).
+    entries: VecDeque<(u64, Vec<StoreOp>, u64)>,
     queued_ops: usize,
+    queued_bytes: u64,
     failure: Option<String>,
 }
 
@@ -98,20 +111,27 @@ impl Commits {
     /// Queues changes for the writer; returns their ticket (`None` for no changes). Call it
     /// in the same critical section as the change to the cache, so that changes are
     /// committed in the order they were made.
-    pub fn enqueue(&self, ops: Vec<StoreOp>) -> Option<u64> {
+    pub fn enqueue(&self, ops: Vec<StoreOp>) -> Option<Queued> {
         if ops.is_empty() {
             return None;
         }
+        let bytes = ops.iter().map(op_bytes).sum();
         let ticket = {
             let mut q = self.queue();
             q.next_ticket += 1;
             let ticket = q.next_ticket;
             q.queued_ops += ops.len();
-            q.entries.push_back((ticket, ops));
+            q.queued_bytes += bytes;
+            q.entries.push_back((ticket, ops, bytes));
             ticket
         };
         self.wake.notify_one();
-        Some(ticket)
+        Some(Queued { ticket, bytes })
+    }
+
+    /// Bytes of changes queued and not yet committed, all streams together.
+    pub fn queued_bytes(&self) -> u64 {
+        self.queue().queued_bytes
     }
 
     /// Follows the writer's progress.
@@ -145,31 +165,34 @@ impl Commits {
     }
 
     /// The changes queued, oldest first, up to [`MAX_GROUP_OPS`] (at least one entry).
-    fn take_group(&self) -> Option<(u64, Vec<StoreOp>)> {
+    fn take_group(&self) -> Option<(u64, Vec<StoreOp>, u64)> {
         let mut q = self.queue();
         let mut last = None;
         let mut ops = Vec::new();
-        while let Some((ticket, _)) = q.entries.front() {
+        let mut bytes = 0;
+        while let Some((ticket, _, _)) = q.entries.front() {
             if last.is_some() && ops.len() >= MAX_GROUP_OPS {
                 break;
             }
             last = Some(*ticket);
-            if let Some((_, mut more)) = q.entries.pop_front() {
+            if let Some((_, mut more, size)) = q.entries.pop_front() {
                 ops.append(&mut more);
+                bytes += size;
             }
         }
-        last.map(|last| (last, ops))
+        last.map(|last| (last, ops, bytes))
     }
 
     /// Puts a group that could not be committed back at the head of the queue.
-    fn put_back(&self, last: u64, ops: Vec<StoreOp>) {
-        self.queue().entries.push_front((last, ops));
+    fn put_back(&self, last: u64, ops: Vec<StoreOp>, bytes: u64) {
+        self.queue().entries.push_front((last, ops, bytes));
     }
 
-    fn committed(&self, last: u64, count: usize, metrics: &Metrics) {
+    fn committed(&self, last: u64, count: usize, bytes: u64, metrics: &Metrics) {
         let recovered = {
             let mut q = self.queue();
             q.queued_ops = q.queued_ops.saturating_sub(count);
+            q.queued_bytes = q.queued_bytes.saturating_sub(bytes);
             metrics.store_queued_changes.set(q.queued_ops as i64);
             q.failure.take().is_some()
         };
@@ -206,14 +229,13 @@ impl Commits {
         let metrics = &hub.metrics;
         let mut shutdown = hub.shutdown.clone();
         let mut wait = FIRST_RETRY_WAIT;
-        let mut reopen = false;
         loop {
             let notified = this.wake.notified();
             if *shutdown.borrow() {
                 // What is still queued is committed by [`Commits::drain`] at shutdown.
                 return;
             }
-            let Some((last, mut ops)) = this.take_group() else {
+            let Some((last, ops, bytes)) = this.take_group() else {
                 tokio::select! {
                     () = notified => {}
                     _ = shutdown.changed() => {}
@@ -221,41 +243,17 @@ impl Commits {
                 continue;
             };
             let count = ops.len();
-            let mut store = hub.store.lock().await;
-            let result = if reopen {
-                match store.reopen().await {
-                    Ok(mut rolled_back) => {
-                        reopen = false;
-                        if !rolled_back.is_empty() {
-                            tracing::info!(changes = rolled_back.len(), "writing again the changes the store rolled back when it was reopened");
-                            rolled_back.append(&mut ops);
-                            ops = rolled_back;
-                        }
-                        Ok(ops)
-                    }
-                    Err(error) => Err(Failed { error, ops }),
-                }
-            } else {
-                Ok(ops)
-            };
-            let result = match result {
-                Ok(ops) => {
-                    // While failing, every try is durable: once one succeeds, nothing
-                    // committed before it can be rolled back by a later reopen.
-                    let failing = this.progress.borrow().failing;
-                    store.try_commit(ops, failing).await.map(|()| count)
-                }
-                Err(failed) => Err(failed),
-            };
-            drop(store);
+            // While failing, every try is durable: once one succeeds, nothing committed
+            // before it can be rolled back by a later reopen of the store.
+            let failing = this.progress.borrow().failing;
+            let result = hub.store.lock().await.try_commit(ops, failing).await;
             match result {
-                Ok(count) => {
+                Ok(()) => {
                     wait = FIRST_RETRY_WAIT;
-                    this.committed(last, count, metrics);
+                    this.committed(last, count, bytes, metrics);
                 }
                 Err(Failed { error, ops }) => {
-                    reopen = reopen || Store::needs_reopen(&error);
-                    this.put_back(last, ops);
+                    this.put_back(last, ops, bytes);
                     this.failed(&error, metrics);
                     tokio::select! {
                         () = tokio::time::sleep(wait) => {}
@@ -269,14 +267,15 @@ impl Commits {
 
     /// Commits everything queued (at shutdown, after the streams ended).
     pub async fn drain(&self, store: &mut Store) -> crate::Result<()> {
-        while let Some((last, ops)) = self.take_group() {
+        while let Some((last, ops, bytes)) = self.take_group() {
             let count = ops.len();
             if let Err(Failed { error, ops }) = store.try_commit(ops, true).await {
-                self.put_back(last, ops);
+                self.put_back(last, ops, bytes);
                 return Err(error);
             }
             let mut q = self.queue();
             q.queued_ops = q.queued_ops.saturating_sub(count);
+            q.queued_bytes = q.queued_bytes.saturating_sub(bytes);
             drop(q);
             self.progress.send_modify(|p| p.committed = last);
         }
@@ -298,9 +297,9 @@ pub struct AckGate {
 }
 
 impl AckGate {
-    /// A batch up to `seq` was applied and its changes queued under `ticket`.
-    pub fn batch(&mut self, seq: u64, ticket: Option<u64>, bytes: u64) {
-        if let Some(ticket) = ticket {
+    /// A batch up to `seq` was applied and its changes (if any) queued.
+    pub fn batch(&mut self, seq: u64, queued: Option<Queued>) {
+        if let Some(Queued { ticket, bytes }) = queued {
             self.queued.push_back((ticket, bytes));
             self.queued_bytes += bytes;
         }
@@ -312,8 +311,9 @@ impl AckGate {
         self.owed.is_some()
     }
 
-    /// The sequence number to acknowledge now, if any.
-    pub fn ready(&mut self, progress: &Progress) -> Option<u64> {
+    /// The sequence number to acknowledge now, if any, with `total` bytes queued for all
+    /// streams.
+    pub fn ready(&mut self, progress: &Progress, total: u64) -> Option<u64> {
         while let Some((ticket, bytes)) = self.queued.front().copied() {
             if ticket > progress.committed {
                 break;
@@ -322,7 +322,9 @@ impl AckGate {
             self.queued_bytes -= bytes;
         }
         let allowed = self.queued.is_empty()
-            || (!progress.failing && self.queued_bytes <= MAX_UNCOMMITTED_BYTES);
+            || (!progress.failing
+                && self.queued_bytes <= MAX_UNCOMMITTED_BYTES
+                && total <= MAX_QUEUED_BYTES);
         if allowed {
             self.held = false;
             self.owed.take()
@@ -343,26 +345,41 @@ mod tests {
             committed: 0,
             failing: false,
         };
-        gate.batch(3, Some(1), 100);
-        assert_eq!(gate.ready(&healthy), Some(3), "a small backlog is acknowledged");
-        gate.batch(5, Some(2), MAX_UNCOMMITTED_BYTES);
-        assert_eq!(gate.ready(&healthy), None, "over the bound: wait for the store");
+        let queued = |ticket, bytes| Some(Queued { ticket, bytes });
+        gate.batch(3, queued(1, 100));
+        assert_eq!(
+            gate.ready(&healthy, 100),
+            Some(3),
+            "a small backlog is acknowledged"
+        );
+        gate.batch(4, queued(2, 100));
+        assert_eq!(
+            gate.ready(&healthy, MAX_QUEUED_BYTES + 1),
+            None,
+            "all streams together over the bound: wait for the store"
+        );
+        gate.batch(5, queued(3, MAX_UNCOMMITTED_BYTES));
+        assert_eq!(
+            gate.ready(&healthy, 0),
+            None,
+            "over the bound: wait for the store"
+        );
         let failing = Progress {
-            committed: 1,
-            failing: true,
-        };
-        assert_eq!(gate.ready(&failing), None);
-        let caught_up = Progress {
             committed: 2,
             failing: true,
         };
+        assert_eq!(gate.ready(&failing, 0), None);
+        let caught_up = Progress {
+            committed: 3,
+            failing: true,
+        };
         assert_eq!(
-            gate.ready(&caught_up),
+            gate.ready(&caught_up, 0),
             Some(5),
             "committed: acknowledged even while later commits fail"
         );
-        gate.batch(6, None, 0);
-        assert_eq!(gate.ready(&caught_up), Some(6), "nothing queued");
+        gate.batch(6, None);
+        assert_eq!(gate.ready(&caught_up, 0), Some(6), "nothing queued");
         assert!(!gate.owes());
     }
 }

@@ -509,7 +509,11 @@ pub struct Args {
     /// whose objects would take an account past it is not cached at all (state OVER_QUOTA
     /// in /api/v1/accounts, sent to the agent; the proxy reads it from the cluster) until a
     /// relist of it fits. The hub keeps about 4 KB of memory per cached object.
-    #[arg(long, env = "SCALE_AGENT_HUB_MAX_OBJECTS_PER_ACCOUNT", default_value_t = 0)]
+    #[arg(
+        long,
+        env = "SCALE_AGENT_HUB_MAX_OBJECTS_PER_ACCOUNT",
+        default_value_t = 0
+    )]
     pub max_objects_per_account: u64,
 
     /// Largest body of a REST API request, in bytes (an operation's manifests); larger

@@ -560,7 +560,10 @@ fn decode_cursor(token: &str) -> Option<Cursor> {
         .ok()?;
     let text = String::from_utf8(bytes).ok()?;
     let (kind, uid) = text.split_once('\0')?;
-    Some((crate::cache::KindKey::from_storage_key(kind)?, uid.to_string()))
+    Some((
+        crate::cache::KindKey::from_storage_key(kind)?,
+        uid.to_string(),
+    ))
 }
 
 /// One page of objects, selected by kind and namespace (labels are left for after the
@@ -579,11 +582,14 @@ fn objects_page(
     q: &ObjectQuery,
     after: Option<&Cursor>,
     max: usize,
-) -> Result<Page, Response> {
+) -> Result<Page, Box<Response>> {
     use std::ops::Bound;
     let st = hub.state();
     if !st.registry.accounts.contains_key(name) {
-        return Err(error(StatusCode::NOT_FOUND, format!("no account {name:?}")));
+        return Err(Box::new(error(
+            StatusCode::NOT_FOUND,
+            format!("no account {name:?}"),
+        )));
     }
     let empty = AccountCache::default();
     let cache = st.cache.accounts.get(name).unwrap_or(&empty);
@@ -592,13 +598,13 @@ fn objects_page(
         && !cache.kinds.values().any(matching)
     {
         let known: Vec<String> = cache.kinds.keys().map(ToString::to_string).collect();
-        return Err(error(
+        return Err(Box::new(error(
             StatusCode::NOT_FOUND,
             format!(
                 "account {name:?} has no cached kind matching {query:?}; cached kinds: [{}]",
                 known.join(", ")
             ),
-        ));
+        )));
     }
     let mut page = Page {
         kinds: Vec::new(),
@@ -793,7 +799,7 @@ async fn objects(
         let max = limit.map_or(OBJECTS_CHUNK, |l| l.min(MAX_OBJECTS_PAGE));
         let page = match objects_page(&hub, &name, &q, after.as_ref(), max) {
             Ok(page) => page,
-            Err(response) => return response,
+            Err(response) => return *response,
         };
         // Parsed and filtered out of the lock.
         items.extend(

@@ -554,7 +554,7 @@ async fn process_batch(
 ) -> Result<(), Status> {
     let mut fx = Effects::default();
     let mut protocol_error = None;
-    let (ticket, bytes) = {
+    let queued = {
         let mut st = hub.state();
         let now = now();
         for msg in batch {
@@ -566,11 +566,9 @@ async fn process_batch(
         }
         // Queued in the same critical section as the change to the cache, so that the
         // store commits changes in the order they were made (see [`crate::commits`]).
-        let ops = std::mem::take(&mut fx.ops);
-        let bytes = ops.iter().map(crate::commits::op_bytes).sum::<u64>();
-        (hub.commits.enqueue(ops), bytes)
+        hub.commits.enqueue(std::mem::take(&mut fx.ops))
     };
-    acks.batch(session.last_seq(), ticket, bytes);
+    acks.batch(session.last_seq(), queued);
     // Reads waiting for the cache to reach a resourceVersion look again.
     hub.cached_reads.cache_advanced();
     hub.metrics.resumes.inc_by(fx.resumes);
@@ -634,7 +632,7 @@ async fn acknowledge(
     progress: &crate::commits::Progress,
     tx: &Outbound,
 ) -> Result<(), Status> {
-    match acks.ready(progress) {
+    match acks.ready(progress, hub.commits.queued_bytes()) {
         Some(seq) => send(tx, Out::Ack(pb::Ack { seq })).await,
         None => {
             if acks.owes() && !acks.held {
@@ -646,7 +644,6 @@ async fn acknowledge(
         }
     }
 }
-
 
 /// Keepalive settings of the gRPC server, derived from the heartbeat period.
 pub(crate) fn keepalive(period: Duration) -> (Duration, Duration) {

@@ -403,6 +403,16 @@ impl Session {
             });
             st.cache
                 .drop_scope(&ks.account, &info, &ks.namespaces, &mut fx.ops);
+            if ks.namespaces.is_empty()
+                && let Some(kind) = st
+                    .cache
+                    .accounts
+                    .get_mut(&ks.account)
+                    .and_then(|a| a.kinds.get_mut(&key))
+            {
+                // No longer watched at all: nothing is left out of the cache any more.
+                kind.over_quota = None;
+            }
         }
         st.cache.set_status(
             &ks.account,
@@ -501,7 +511,9 @@ impl Session {
             .map_or(0, |k| {
                 k.objects
                     .values()
-                    .filter(|o| end.watch_namespace.is_empty() || o.namespace == end.watch_namespace)
+                    .filter(|o| {
+                        end.watch_namespace.is_empty() || o.namespace == end.watch_namespace
+                    })
                     .count()
             });
         if !within_quota(

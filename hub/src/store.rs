@@ -232,6 +232,10 @@ pub struct Store {
     /// when the database must be reopened after an I/O error (a full disk), so they are
     /// written again after the reopen.
     unsynced: Vec<StoreOp>,
+    /// An I/O error left redb unusable: the next commit opens the database again first.
+    poisoned: bool,
+    /// What redb rolled back at a reopen, written (durably) before anything newer.
+    replay: Vec<StoreOp>,
     hook: Option<CommitHook>,
 }
 
@@ -291,6 +295,8 @@ impl Store {
             last_durable: Instant::now(),
             dirty: false,
             unsynced: Vec::new(),
+            poisoned: false,
+            replay: Vec::new(),
             hook: None,
         })
     }
@@ -418,11 +424,7 @@ impl Store {
     /// Writes a batch in one transaction, durably when `durable` (or when the last durable
     /// commit is older than [`DURABLE_EVERY`], or an op needs it); on failure the batch is
     /// handed back.
-    pub async fn try_commit(
-        &mut self,
-        ops: Vec<StoreOp>,
-        durable: bool,
-    ) -> Result<(), Failed> {
+    pub async fn try_commit(&mut self, ops: Vec<StoreOp>, durable: bool) -> Result<(), Failed> {
         let durable = durable
             || self.last_durable.elapsed() >= DURABLE_EVERY
             || ops.iter().any(StoreOp::needs_durability);
@@ -434,7 +436,7 @@ impl Store {
 
     /// Whether `error` left redb unusable until the database is opened again (an I/O error
     /// such as a full disk poisons it).
-    pub fn needs_reopen(error: &HubError) -> bool {
+    fn needs_reopen(error: &HubError) -> bool {
         matches!(
             error,
             HubError::Store { source, .. }
@@ -443,18 +445,21 @@ impl Store {
     }
 
     /// Opens the database again after an I/O error. redb rolls back to its last durable
-    /// commit: the changes committed since without fsync are returned, to be written again
+    /// commit: the changes committed since without fsync are kept to be written again
     /// before anything newer.
-    pub async fn reopen(&mut self) -> Result<Vec<StoreOp>> {
+    async fn reopen(&mut self) -> Result<()> {
         self.release().await;
         let db = redb::Builder::new()
             .set_cache_size(STORE_CACHE_BYTES)
             .create(&self.path)
             .map_err(|e| HubError::store("reopen", e))?;
         self.db = Some(Arc::new(db));
-        self.last_durable = Instant::now();
+        self.poisoned = false;
         self.dirty = false;
-        Ok(std::mem::take(&mut self.unsynced))
+        let mut rolled_back = std::mem::take(&mut self.unsynced);
+        tracing::info!(path = %self.path.display(), rolled_back = rolled_back.len(), "store opened again after an I/O error; the changes it rolled back are written again");
+        self.replay.append(&mut rolled_back);
+        Ok(())
     }
 
     /// Makes every earlier commit durable.
@@ -502,25 +507,40 @@ impl Store {
     }
 
     async fn write(&mut self, ops: Vec<StoreOp>, durable: bool) -> Result<(), Failed> {
+        if self.poisoned
+            && let Err(error) = self.reopen().await
+        {
+            return Err(Failed { error, ops });
+        }
         let Some(db) = self.db.clone() else {
             return Err(Failed {
                 error: HubError::StoreClosed,
                 ops,
             });
         };
+        // After a reopen, what redb rolled back goes first, in a durable commit.
+        let replayed = self.replay.len();
+        let durable = durable || replayed > 0;
+        let batch = if replayed > 0 {
+            let mut batch = self.replay.clone();
+            batch.extend(ops);
+            batch
+        } else {
+            ops
+        };
         let hook = self.hook.clone();
         let joined = tokio::task::spawn_blocking(move || {
-            let result = match hook.map(|hook| hook(&ops)) {
+            let result = match hook.map(|hook| hook(&batch)) {
                 Some(Err(message)) => Err(HubError::Io {
                     context: "store commit (test seam)".into(),
                     source: std::io::Error::other(message),
                 }),
-                _ => write_batch(&db, &ops, durable),
+                _ => write_batch(&db, &batch, durable),
             };
-            (ops, result)
+            (batch, result)
         })
         .await;
-        let (ops, result) = match joined {
+        let (mut batch, result) = match joined {
             Ok(done) => done,
             Err(e) => {
                 return Err(Failed {
@@ -529,13 +549,16 @@ impl Store {
                 });
             }
         };
+        let ops = batch.split_off(replayed);
         if let Err(error) = result {
+            self.poisoned = Self::needs_reopen(&error);
             return Err(Failed { error, ops });
         }
         if durable {
             self.last_durable = Instant::now();
             self.dirty = false;
             self.unsynced.clear();
+            self.replay.clear();
         } else {
             self.dirty = true;
             self.unsynced.extend(ops);
@@ -605,7 +628,7 @@ fn write_batch(db: &Database, ops: &[StoreOp], durable: bool) -> Result<()> {
                 }
                 StoreOp::DeleteAccount { account } => {
                     accounts.remove(account.as_str()).map_err(commit_err)?;
-                    let (start, end) = prefix_range(&account);
+                    let (start, end) = prefix_range(account);
                     let range = start.as_str()..end.as_str();
                     kinds
                         .retain_in(range.clone(), |_, _| false)
@@ -618,7 +641,7 @@ fn write_batch(db: &Database, ops: &[StoreOp], durable: bool) -> Result<()> {
                 StoreOp::PutKind { account, info } => {
                     let bytes = serde_json::to_vec(&info).unwrap_or_default();
                     kinds
-                        .insert(key2(&account, &info.key()).as_str(), bytes.as_slice())
+                        .insert(key2(account, &info.key()).as_str(), bytes.as_slice())
                         .map_err(commit_err)?;
                 }
                 StoreOp::PutObject {
@@ -626,17 +649,14 @@ fn write_batch(db: &Database, ops: &[StoreOp], durable: bool) -> Result<()> {
                     kind,
                     object,
                 } => {
-                    let bytes = encode_object(&object);
+                    let bytes = encode_object(object);
                     objects
-                        .insert(
-                            key3(&account, &kind, &object.uid).as_str(),
-                            bytes.as_slice(),
-                        )
+                        .insert(key3(account, kind, &object.uid).as_str(), bytes.as_slice())
                         .map_err(commit_err)?;
                 }
                 StoreOp::DeleteObject { account, kind, uid } => {
                     objects
-                        .remove(key3(&account, &kind, &uid).as_str())
+                        .remove(key3(account, kind, uid).as_str())
                         .map_err(commit_err)?;
                 }
                 StoreOp::PutResume {
@@ -647,7 +667,7 @@ fn write_batch(db: &Database, ops: &[StoreOp], durable: bool) -> Result<()> {
                 } => {
                     resume
                         .insert(
-                            key3(&account, &kind, &watch_namespace).as_str(),
+                            key3(account, kind, watch_namespace).as_str(),
                             resource_version.as_str(),
                         )
                         .map_err(commit_err)?;
@@ -658,7 +678,7 @@ fn write_batch(db: &Database, ops: &[StoreOp], durable: bool) -> Result<()> {
                     watch_namespace,
                 } => {
                     resume
-                        .remove(key3(&account, &kind, &watch_namespace).as_str())
+                        .remove(key3(account, kind, watch_namespace).as_str())
                         .map_err(commit_err)?;
                 }
                 StoreOp::PutToken { record } => {

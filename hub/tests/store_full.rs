@@ -62,13 +62,9 @@ fn fill(dir: &Path) -> PathBuf {
 
 /// A ConfigMap event with about 4 KB of data.
 fn big_event(account: &str, name: &str, rv: u64) -> Msg {
-    let Msg::Object(mut event) = cm_event(
-        account,
-        EventType::Applied,
-        name,
-        &rv.to_string(),
-        "web",
-    ) else {
+    let Msg::Object(mut event) =
+        cm_event(account, EventType::Applied, name, &rv.to_string(), "web")
+    else {
         unreachable!()
     };
     let mut json: serde_json::Value = serde_json::from_slice(&event.object_json).unwrap();
@@ -138,7 +134,8 @@ async fn a_full_volume_holds_acks_keeps_reads_and_recovers_with_nothing_lost() {
     }))
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    a.pump_ready().expect("the stream is kept while the store fails");
+    a.pump_ready()
+        .expect("the stream is kept while the store fails");
     assert!(
         a.acked < a.seq,
         "Acks are held while the store cannot commit (acked {}, sent {})",

@@ -278,13 +278,27 @@ async fn a_kind_past_the_object_quota_is_left_out_whole_and_the_agent_is_told() 
     assert_eq!(kind_of(&account, "ConfigMap")["state"], "OVER_QUOTA");
 
     // A relist that fits brings the kind back.
-    a.snapshot("prod", &[("one", "20"), ("two", "21")], "22").await;
+    a.snapshot("prod", &[("one", "20"), ("two", "21")], "22")
+        .await;
     a.synced().await;
     let status = a.kind_statuses.pop_front().expect("told it is back");
     assert_eq!(status.state, KindState::Watching as i32);
     let account = account_json(&hub, "prod").await;
     assert_eq!(account["objects"], 2);
     assert_ne!(kind_of(&account, "ConfigMap")["state"], "OVER_QUOTA");
+    assert_eq!(kind_of(&account, "Secret")["state"], "OVER_QUOTA");
+    // A kind the agent stops watching is no longer over the quota.
+    a.send(Msg::KindStatus(pb::KindStatus {
+        account: "prod".into(),
+        kind: Some(secrets()),
+        state: KindState::Stopped as i32,
+        message: String::new(),
+        namespaces: vec![],
+    }))
+    .await;
+    a.synced().await;
+    let account = account_json(&hub, "prod").await;
+    assert_eq!(kind_of(&account, "Secret")["state"], "STOPPED", "{account}");
     drop(a);
     hub.shutdown().await.unwrap();
 }
