@@ -111,6 +111,26 @@ impl std::fmt::Debug for HttpSecurity {
     }
 }
 
+/// The files the TLS material of [`Config`] was read from. The hub reads them again every
+/// [`Config::tls_reload_interval`] and, when their content changed, serves new connections
+/// with the new certificate or trusts the new client CA, without a restart (a cert-manager
+/// renewal of the Secret they are mounted from). `None`: not reloaded.
+#[derive(Clone, Debug, Default)]
+pub struct TlsFiles {
+    /// The gRPC listener's certificate chain and key (`--tls-cert`, `--tls-key`), in the
+    /// mutual-TLS mode.
+    pub grpc: Option<(PathBuf, PathBuf)>,
+    /// The external CA of agents' client certificates (`--client-ca`), in the mutual-TLS
+    /// mode.
+    pub client_ca: Option<PathBuf>,
+    /// The HTTP listener's certificate chain and key.
+    pub http: Option<(PathBuf, PathBuf)>,
+}
+
+/// How often the TLS files are checked for changes by default (a Secret's mounted files
+/// change within about a minute of the Secret itself).
+pub const TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(10);
+
 /// Default lifetime of the certificates the hub issues to agents.
 pub const DEFAULT_AGENT_CERT_LIFETIME: Duration = Duration::from_secs(30 * 24 * 3600);
 
@@ -158,6 +178,10 @@ pub struct Config {
     pub agent_ca: AgentCaSource,
     /// Lifetime of the certificates the hub issues to agents.
     pub agent_cert_lifetime: Duration,
+    /// Where the TLS material came from, to reload it when it changes.
+    pub tls_files: TlsFiles,
+    /// How often `tls_files` are checked for changes.
+    pub tls_reload_interval: Duration,
 }
 
 impl Config {
@@ -241,6 +265,8 @@ impl Config {
             clouddriver: ClouddriverSettings::default(),
             agent_ca: AgentCaSource::DataDir,
             agent_cert_lifetime: DEFAULT_AGENT_CERT_LIFETIME,
+            tls_files: TlsFiles::default(),
+            tls_reload_interval: TLS_RELOAD_INTERVAL,
         }
     }
 }
@@ -548,6 +574,13 @@ impl Args {
                 }
             }
         };
+        let mut tls_files = TlsFiles::default();
+        if let (GrpcSecurity::MutualTls(_), Some(cert), Some(key)) =
+            (&security, &self.tls_cert, &self.tls_key)
+        {
+            tls_files.grpc = Some((cert.clone(), key.clone()));
+            tls_files.client_ca = self.client_ca.clone();
+        }
         let http_security = if self.http_plaintext {
             HttpSecurity::Plaintext
         } else {
@@ -556,10 +589,13 @@ impl Args {
             let key = (self.http_tls_key.as_ref().map(|k| ("--http-tls-key", k)))
                 .or(self.tls_key.as_ref().map(|k| ("--tls-key", k)));
             match (cert, key) {
-                (Some((cert_flag, cert)), Some((key_flag, key))) => HttpSecurity::Tls {
-                    cert_pem: read_certs(cert_flag, cert)?,
-                    key_pem: read_key(key_flag, key)?,
-                },
+                (Some((cert_flag, cert)), Some((key_flag, key))) => {
+                    tls_files.http = Some((cert.clone(), key.clone()));
+                    HttpSecurity::Tls {
+                        cert_pem: read_certs(cert_flag, cert)?,
+                        key_pem: read_key(key_flag, key)?,
+                    }
+                }
                 _ => {
                     return Err(HubError::Config(
                         "the HTTP listener serves TLS: give it a certificate and key \
@@ -629,6 +665,8 @@ impl Args {
                 _ => AgentCaSource::DataDir,
             },
             agent_cert_lifetime: self.agent_cert_lifetime,
+            tls_files,
+            tls_reload_interval: TLS_RELOAD_INTERVAL,
         };
         config.validate()?;
         Ok(config)

@@ -112,7 +112,7 @@ impl AgentHub for AgentHubService {
         // An empty token with a client certificate is a renewal (item 9 of the contract).
         let result = match peer_certs.as_deref().filter(|chain| !chain.is_empty()) {
             Some(chain) if request.token.is_empty() => crate::agent_renewal::renew_by_certificate(
-                self.hub.client_certificates.as_ref(),
+                self.hub.client_certificates().as_deref(),
                 &self.hub.agent_ca,
                 self.hub.config.agent_cert_lifetime,
                 chain,
