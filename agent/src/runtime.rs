@@ -791,6 +791,7 @@ impl Runtime {
                             version = %prepared.cluster.kubernetes_version, "account credentials loaded");
                         shared.update_account(&name, |view| {
                             view.error = None;
+                            view.prepared = true;
                             view.cluster = Some(ClusterView {
                                 api_server_host: prepared.cluster.api_server_host.clone(),
                                 ca_fingerprint: prepared.cluster.ca_fingerprint.clone(),
@@ -871,6 +872,7 @@ impl Runtime {
             self.shared.update_account(&name, |view| {
                 view.role = state::ROLE_PENDING.into();
                 view.rejection_reason = None;
+                view.prepared = false;
                 view.kinds.clear();
                 view.kinds_started = false;
             });
