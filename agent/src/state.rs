@@ -143,6 +143,9 @@ pub struct AgentView {
     /// started ([`AgentView::synced`], filled in by [`Shared::view`]): what a script waits
     /// for before it reads the hub. Unlike `/readyz` this depends on the hub.
     pub synced: bool,
+    /// The heartbeat period of the current (or last) stream, as the hub granted it in
+    /// Welcome; 0 before the first.
+    pub heartbeat_period_seconds: u32,
     /// The identity the hub read from the client certificate (Welcome).
     pub hub_identity: String,
     /// Why the last stream to the hub ended or could not start; kept while connected.

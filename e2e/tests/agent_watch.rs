@@ -1423,6 +1423,9 @@ async fn a_silent_hub_is_dropped_after_two_heartbeat_periods() -> anyhow::Result
     });
     let hello = hello.ok_or_else(|| anyhow::anyhow!("no Hello"))?;
     assert_eq!(hello.replica, "e2e-0");
+    // It asked for its keepAliveHeartbeatSeconds (5), and used the 1 s the hub granted.
+    assert_eq!(hello.heartbeat_period_seconds, 5);
+    assert_eq!(agent.view().heartbeat_period_seconds, 1);
     assert!(!hello.agent_version.is_empty());
     agent.stop().await?;
     let _ = std::fs::remove_dir_all(&dir);
@@ -1576,6 +1579,9 @@ async fn streams_to_the_real_hub_and_resumes_after_an_agent_restart() -> anyhow:
     let listed = hub_lists(hub.http_addr, &account, "first").await?;
     assert!(listed.contains("\"first\""), "{listed}");
     assert_eq!(agent.metrics().lists_total(&account, "configmaps"), 1);
+    // The agent asked for its keepAliveHeartbeatSeconds (5); the hub's own period is 2 s
+    // and its bounds 1..300 s, so it granted the 5 s asked for.
+    assert_eq!(agent.view().heartbeat_period_seconds, 5);
     agent.stop().await?;
 
     // Restart the agent: the hub holds resume points, so nothing is listed again.

@@ -299,7 +299,20 @@ async fn run_stream(
 
     let session =
         Session::new(id, identity.to_string()).with_account_patterns(auth.account_patterns.clone());
-    let result = serve(hub, auth, session, token, &mut inbound, &mut ctrl_rx, out).await;
+    let period = hub
+        .config
+        .granted_heartbeat_period(hello.heartbeat_period_seconds);
+    if hello.heartbeat_period_seconds > 0
+        && period.as_secs() != u64::from(hello.heartbeat_period_seconds)
+    {
+        tracing::info!(%identity, replica = %hello.replica, requested_seconds = hello.heartbeat_period_seconds,
+            granted_seconds = period.as_secs(), "heartbeat period asked for is outside --min-heartbeat-period..--max-heartbeat-period; granted the nearest bound");
+    }
+    let terms = Terms {
+        session_token: token,
+        period,
+    };
+    let result = serve(hub, auth, session, terms, &mut inbound, &mut ctrl_rx, out).await;
 
     let promotions = hub.state().registry.disconnect(id, now());
     hub.sessions().remove(&id);
@@ -322,17 +335,27 @@ async fn run_stream(
     result
 }
 
+/// What a stream's Welcome tells the agent that is particular to the stream.
+struct Terms {
+    session_token: String,
+    /// The heartbeat period granted.
+    period: Duration,
+}
+
 async fn serve(
     hub: &Arc<Hub>,
     auth: &Authenticated,
     mut session: Session,
-    session_token: String,
+    terms: Terms,
     inbound: &mut Streaming<pb::AgentMessage>,
     ctrl_rx: &mut mpsc::Receiver<Control>,
     out: &StreamOut,
 ) -> Result<(), Status> {
     let tx = &out.control;
-    let period = hub.config.heartbeat_period;
+    let Terms {
+        session_token,
+        period,
+    } = terms;
     let silence = period * 2;
     send(
         tx,
