@@ -851,7 +851,14 @@ impl Runtime {
         mut session: Option<&mut Session>,
     ) -> bool {
         self.file_config = new.clone();
-        let new = self.dynamic.merged(&new);
+        let mut new = self.dynamic.merged(&new);
+        if new.kubernetes.no_proxy {
+            // Armory's kubernetes.noProxy is every account's noProxy (a change re-prepares
+            // the accounts, as any change of theirs does).
+            for account in &mut Arc::make_mut(&mut new).kubernetes.accounts {
+                account.no_proxy = true;
+            }
+        }
         let hub_changed = new.clouddriver != self.config.clouddriver;
         let diff = diff_accounts(&self.config.kubernetes.accounts, &new.kubernetes.accounts);
         self.config = new;

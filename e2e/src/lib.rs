@@ -27,6 +27,7 @@ pub mod nginx;
 pub mod oci;
 pub mod pki;
 pub mod process;
+pub mod tinyproxy;
 
 pub use binaries::{Binaries, KUBERNETES_VERSION, KWOK_VERSION};
 pub use control_plane::{AuditEvent, ControlPlane, ControlPlaneOptions, StartupTimes};
