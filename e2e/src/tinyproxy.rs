@@ -7,7 +7,7 @@ use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
     process::Command,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use crate::{
@@ -70,22 +70,7 @@ impl Tinyproxy {
         command.arg("-d").arg("-c").arg(&conf_file);
         let mut process =
             ManagedProcess::spawn_command("tinyproxy", command, dir.join("tinyproxy.out"))?;
-        let started = Instant::now();
-        loop {
-            process.ensure_running()?;
-            if tokio::net::TcpStream::connect(addr).await.is_ok() {
-                break;
-            }
-            if started.elapsed() > READY {
-                return Err(Error::NotReady {
-                    component: "tinyproxy",
-                    waited_secs: READY.as_secs(),
-                    log: log.clone(),
-                    log_tail: crate::process::tail(&log, 20),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        crate::process::wait_listening(&mut process, addr, "tinyproxy", &log, READY).await?;
         Ok(Tinyproxy { process, log, addr })
     }
 

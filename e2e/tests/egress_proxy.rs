@@ -170,109 +170,67 @@ async fn hub_and_api_server_connections_go_through_https_proxy_unless_excluded()
         )
     };
 
-    // HTTPS_PROXY: both connections are tunnelled through the proxy.
-    let name = format!("proxied-{ns}");
-    let config = write_config(
-        &dir,
-        "proxied",
-        hub.grpc_addr,
-        account(&name),
-        json!({}),
-        json!({}),
-    )?;
-    let mut agent = start_agent(&dir, "proxied", &config, &[("HTTPS_PROXY", &proxy_url)])?;
-    wait_streamed(hub.http_addr, &name, &marker, &mut agent).await?;
-    let (hub_connects, api_connects) = counts(&proxy);
-    assert!(
-        hub_connects >= 1 && api_connects >= 1,
-        "the proxy saw {hub_connects} CONNECT to the hub ({hub_target}) and {api_connects} to the \
-         API server ({api_target}); its log:\n{}",
-        proxy.log()
-    );
-    agent.stop(Duration::from_secs(20));
-
-    // NO_PROXY naming the loopback address: neither goes through it.
-    let before = counts(&proxy);
-    let name = format!("no-proxy-{ns}");
-    let config = write_config(
-        &dir,
-        "no-proxy",
-        hub.grpc_addr,
-        account(&name),
-        json!({}),
-        json!({}),
-    )?;
-    let mut agent = start_agent(
-        &dir,
-        "no-proxy",
-        &config,
-        &[
-            ("HTTPS_PROXY", &proxy_url),
-            ("NO_PROXY", "localhost,127.0.0.1"),
-        ],
-    )?;
-    wait_streamed(hub.http_addr, &name, &marker, &mut agent).await?;
-    assert_eq!(
-        counts(&proxy),
-        before,
-        "NO_PROXY bypasses the proxy:\n{}",
-        proxy.log()
-    );
-    agent.stop(Duration::from_secs(20));
-
-    // Armory's clouddriver.noProxy: the hub directly, the API server still through it.
-    let before = counts(&proxy);
-    let name = format!("hub-direct-{ns}");
-    let config = write_config(
-        &dir,
-        "hub-direct",
-        hub.grpc_addr,
-        account(&name),
-        json!({ "noProxy": true }),
-        json!({}),
-    )?;
-    let mut agent = start_agent(&dir, "hub-direct", &config, &[("HTTPS_PROXY", &proxy_url)])?;
-    wait_streamed(hub.http_addr, &name, &marker, &mut agent).await?;
-    let after = counts(&proxy);
-    assert_eq!(
-        after.0,
-        before.0,
-        "clouddriver.noProxy: the hub directly\n{}",
-        proxy.log()
-    );
-    assert!(
-        after.1 > before.1,
-        "the API server still through the proxy\n{}",
-        proxy.log()
-    );
-    agent.stop(Duration::from_secs(20));
-
-    // Armory's kubernetes.noProxy: the API server directly, the hub still through it.
-    let before = counts(&proxy);
-    let name = format!("api-direct-{ns}");
-    let config = write_config(
-        &dir,
-        "api-direct",
-        hub.grpc_addr,
-        account(&name),
-        json!({}),
-        json!({ "noProxy": true }),
-    )?;
-    let mut agent = start_agent(&dir, "api-direct", &config, &[("HTTPS_PROXY", &proxy_url)])?;
-    wait_streamed(hub.http_addr, &name, &marker, &mut agent).await?;
-    let after = counts(&proxy);
-    assert!(
-        after.0 > before.0,
-        "the hub still through the proxy\n{}",
-        proxy.log()
-    );
-    assert_eq!(
-        after.1,
-        before.1,
-        "kubernetes.noProxy: the API server directly\n{}",
-        proxy.log()
-    );
-    agent.stop(Duration::from_secs(20));
+    // (name, proxy variables, clouddriver keys, kubernetes keys, whether the hub and the
+    // API server are reached through the proxy).
+    let no_proxy = "localhost,127.0.0.1";
+    let scenarios = [
+        // HTTPS_PROXY: both connections are tunnelled through the proxy.
+        ("proxied", vec![], json!({}), json!({}), (true, true)),
+        // NO_PROXY naming the loopback address: neither goes through it.
+        (
+            "no-proxy",
+            vec![("NO_PROXY", no_proxy)],
+            json!({}),
+            json!({}),
+            (false, false),
+        ),
+        // Armory's clouddriver.noProxy: the hub directly, the API server through it.
+        (
+            "hub-direct",
+            vec![],
+            json!({ "noProxy": true }),
+            json!({}),
+            (false, true),
+        ),
+        // Armory's kubernetes.noProxy: the API server directly, the hub through it.
+        (
+            "api-direct",
+            vec![],
+            json!({}),
+            json!({ "noProxy": true }),
+            (true, false),
+        ),
+    ];
+    for (scenario, extra_env, clouddriver, kubernetes, (via_hub, via_api)) in scenarios {
+        let before = counts(&proxy);
+        let name = format!("{scenario}-{ns}");
+        let config = write_config(
+            &dir,
+            scenario,
+            hub.grpc_addr,
+            account(&name),
+            clouddriver,
+            kubernetes,
+        )?;
+        let mut env = vec![("HTTPS_PROXY", proxy_url.as_str())];
+        env.extend(extra_env);
+        let mut agent = start_agent(&dir, scenario, &config, &env)?;
+        wait_streamed(hub.http_addr, &name, &marker, &mut agent).await?;
+        let after = counts(&proxy);
+        assert_eq!(
+            (after.0 > before.0, after.1 > before.1),
+            (via_hub, via_api),
+            "{scenario}: CONNECT to the hub ({hub_target}) {} -> {}, to the API server \
+             ({api_target}) {} -> {}; expected through the proxy: hub {via_hub}, API server \
+             {via_api}; its log:\n{}",
+            before.0,
+            after.0,
+            before.1,
+            after.1,
+            proxy.log()
+        );
+        agent.stop(Duration::from_secs(20));
+    }
 
     proxy.stop();
     hub.shutdown().await?;
