@@ -5,7 +5,7 @@ SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
 
-.PHONY: help test demo bench control-plane nginx toxiproxy fmt lint unit crds proto
+.PHONY: help test demo bench control-plane nginx tinyproxy toxiproxy fmt lint unit crds proto
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -16,11 +16,14 @@ control-plane: ## Build etcd, kube-apiserver, controller manager, scheduler, kub
 nginx: ## Unpack nginx from Debian's packages for the gRPC proxy tests (cached, no system-wide install)
 	@e2e/nginx/install.sh
 
+tinyproxy: ## Unpack tinyproxy from Debian's packages for the egress proxy tests (cached, no system-wide install)
+	@e2e/tinyproxy/install.sh
+
 .PHONY: lua
 lua: ## Unpack Lua 5.1 from Debian's packages for the Argo CD health check tests (cached, no system-wide install)
 	@e2e/lua/install.sh
 
-test: control-plane nginx lua ## Formatting, lints, and every test including the end-to-end ones
+test: control-plane nginx tinyproxy lua ## Formatting, lints, and every test including the end-to-end ones
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 	$(CARGO) test --workspace --locked --no-fail-fast

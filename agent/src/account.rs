@@ -96,6 +96,29 @@ pub async fn kube_config(account: &AccountConfig) -> Result<Config> {
     })
 }
 
+/// The client config for the agent's own cluster: the pod's ServiceAccount, or `$KUBECONFIG`
+/// outside a pod, through the environment's proxy unless `no_proxy` (`kubernetes.noProxy`)
+/// or `NO_PROXY` says otherwise. The error says what is missing.
+pub async fn own_cluster_config(no_proxy: bool) -> std::result::Result<Config, String> {
+    let mut config = match Config::incluster() {
+        Ok(config) => config,
+        Err(incluster) => Config::infer()
+            .await
+            .map_err(|e| format!("no in-cluster config ({incluster}) and no kubeconfig ({e})"))?,
+    };
+    crate::egress::apply_to_kube(&mut config, no_proxy, &crate::egress::from_env());
+    Ok(config)
+}
+
+/// A proxy URL without its credentials, for logs.
+fn redacted(proxy: &http::Uri) -> String {
+    match (proxy.scheme_str(), proxy.host(), proxy.port_u16()) {
+        (Some(scheme), Some(host), Some(port)) => format!("{scheme}://{host}:{port}"),
+        (Some(scheme), Some(host), None) => format!("{scheme}://{host}"),
+        _ => "(a proxy)".into(),
+    }
+}
+
 /// Lowercase hex SHA-256 of `der`.
 pub fn fingerprint(der: &[u8]) -> String {
     ring::digest::digest(&ring::digest::SHA256, der)
@@ -116,7 +139,11 @@ pub fn api_server_host(config: &Config) -> String {
 
 /// Loads credentials, builds a client and asks the API server its version.
 pub async fn prepare(account: &AccountConfig) -> Result<Prepared> {
-    let config = kube_config(account).await?;
+    let mut config = kube_config(account).await?;
+    crate::egress::apply_to_kube(&mut config, account.no_proxy, &crate::egress::from_env());
+    if let Some(proxy) = &config.proxy_url {
+        tracing::debug!(account = %account.name, api_server = %config.cluster_url, proxy = %redacted(proxy), "the account's API server is reached through a proxy");
+    }
     let ca_fingerprint = config
         .root_cert
         .as_ref()

@@ -22,30 +22,38 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .with_state(shared)
 }
 
+/// 200 when the agent itself works (every account's credentials loaded and its API server
+/// answered), whether or not the hub is reachable: the hub's state is in the body, on
+/// `/accounts` and in `scale_agent_agent_hub_connected`, not in the pod's readiness.
 async fn readyz(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
     let view = shared.view();
     if view.ready() {
-        (StatusCode::OK, "ready".to_string())
-    } else if !view.hub_connected {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not connected to the hub".to_string(),
-        )
-    } else {
-        let waiting: Vec<String> = view
-            .accounts
-            .iter()
-            .filter(|a| {
-                a.role == crate::state::ROLE_PENDING
-                    || (a.role == crate::state::ROLE_STREAMING && !a.kinds_started)
-            })
-            .map(|a| a.name.clone())
-            .collect();
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("accounts not started yet: {}", waiting.join(", ")),
-        )
+        let body = if view.hub_connected {
+            "ready".to_string()
+        } else {
+            format!(
+                "ready (not connected to the hub at {}: see /accounts and scale_agent_agent_hub_connected)",
+                view.hub
+            )
+        };
+        return (StatusCode::OK, body);
     }
+    let waiting: Vec<String> = view
+        .accounts
+        .iter()
+        .filter(|a| !a.prepared)
+        .map(|a| match &a.error {
+            Some(error) => format!("{} ({error})", a.name),
+            None => a.name.clone(),
+        })
+        .collect();
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!(
+            "accounts whose credentials are not loaded yet: {}",
+            waiting.join(", ")
+        ),
+    )
 }
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {

@@ -60,8 +60,9 @@ const fn no_effect(path: &'static str, when: When, message: &'static str) -> Arm
 const ACCOUNT_KUBECONFIG_REF: &str = "secret-engine references (encryptedFile:vault!…, encryptedFile:k8s!…) are not resolved: mount the kubeconfig as a file (a Secret volume, or Vault Agent Injector rendering it) and set kubeconfigFile to its path, or use an AgentAccount with credentials.kubeconfigSecretRef";
 
 /// Every Armory key (AO, section 1 of the reference) that is not honoured as Armory honours
-/// it. Proxy keys (`*.noProxy`) and `clouddriver.keepAlive{TimeOut,Operation}Seconds` are
-/// not listed: they are reported as unknown keys until they are wired.
+/// it. The proxy keys (`*.noProxy`, see `egress.rs`) and `keepAliveHeartbeatSeconds` are
+/// honoured, so not listed; `clouddriver.keepAlive{TimeOut,Operation}Seconds` are not listed
+/// either: they are reported as unknown keys until they are wired.
 const ARMORY_KEYS: &[ArmoryKey] = &[
     no_effect(
         "timeoutSeconds",

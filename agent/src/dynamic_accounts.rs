@@ -16,7 +16,7 @@
 use std::{collections::BTreeMap, sync::Arc};
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::{Api, Client, Config, config::Kubeconfig};
+use kube::{Api, Client, config::Kubeconfig};
 use scale_agent_crds::agent_config::{AccountConfig, AgentConfig};
 use scale_agent_proto::v1::{self, dynamic_account_status::State};
 
@@ -79,15 +79,9 @@ impl SecretRef {
     /// Reads the kubeconfig with the agent's own credentials (the pod's ServiceAccount, or
     /// `$KUBECONFIG` outside a pod). The error says what to change.
     pub async fn read_kubeconfig(&self) -> Result<Kubeconfig, String> {
-        let config = match Config::incluster() {
-            Ok(config) => config,
-            Err(incluster) => Config::infer().await.map_err(|e| {
-                format!(
-                    "no credentials of the agent's own to read Secrets with (no in-cluster \
-                     config: {incluster}; no kubeconfig: {e})"
-                )
-            })?,
-        };
+        let config = crate::account::own_cluster_config(false)
+            .await
+            .map_err(|e| format!("no credentials of the agent's own to read Secrets with: {e}"))?;
         let client = Client::try_from(config).map_err(|e| e.to_string())?;
         let namespace = if self.namespace.is_empty() {
             client.default_namespace().to_string()

@@ -109,7 +109,21 @@ pub async fn connect_with(hub: &HubConnection, client_certificate: bool) -> Resu
                 source,
             })?;
     }
-    endpoint.connect().await.map_err(|source| Error::Connect {
+    let proxy = if hub.no_proxy {
+        None
+    } else {
+        crate::egress::for_hub(&crate::egress::from_env(), endpoint.uri())
+    };
+    let connected = match proxy {
+        Some(proxy) => {
+            tracing::debug!(proxy = %proxy.uri(), hub = %url, "connecting to the hub through the proxy of HTTPS_PROXY (CONNECT)");
+            endpoint
+                .connect_with_connector(crate::egress::tunnel(&proxy)?)
+                .await
+        }
+        None => endpoint.connect().await,
+    };
+    connected.map_err(|source| Error::Connect {
         address: url,
         source,
     })

@@ -13,6 +13,7 @@ pub mod config;
 pub mod config_armory;
 pub mod convert;
 pub mod dynamic_accounts;
+pub mod egress;
 pub mod enrolment;
 pub mod error;
 pub mod hub_conn;

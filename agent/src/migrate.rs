@@ -324,7 +324,9 @@ fn scale_agent_spec(
     if hub.auth.token.is_some() || hub.auth.token_file.is_some() {
         notes.push("clouddriver.auth.token/tokenFile: not carried over; the agent authenticates with the certificate it gets at enrolment".into());
     }
-    let period = hub.keep_alive_heartbeat_seconds;
+    let period = hub
+        .keep_alive_heartbeat_seconds
+        .unwrap_or(Heartbeat::default().period_seconds.unsigned_abs());
     if !(1..=300).contains(&period) {
         notes.push(format!(
             "clouddriver.keepAliveHeartbeatSeconds: {period} is outside 1..300 (0 disabled Armory's pings); the default period is used"

@@ -48,6 +48,21 @@ pub const STABLE_STREAM: Duration = Duration::from_secs(30);
 /// takes by default (its --max-request-bytes, 8 MiB, of manifests).
 pub const MAX_HUB_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
+/// Used when the hub's Welcome gives no heartbeat period (a hub that never does so is
+/// broken; this keeps the stream alive anyway).
+const FALLBACK_HEARTBEAT_SECONDS: u32 = 15;
+
+/// The heartbeat period of a stream: the one the hub granted in Welcome (which it chose
+/// within its bounds from `requested`, the agent's `keepAliveHeartbeatSeconds`), else what
+/// the agent asked for, else 15 s.
+fn granted_period(requested: u32, granted: u32) -> u32 {
+    match (granted, requested) {
+        (0, 0) => FALLBACK_HEARTBEAT_SECONDS,
+        (0, requested) => requested,
+        (granted, _) => granted,
+    }
+}
+
 /// Completes when `shutdown` turns true (or its sender is gone).
 async fn stopped(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
@@ -313,8 +328,13 @@ impl Runtime {
             _ = stopped(&mut inputs.shutdown) => return Err(End::Shutdown),
         };
         let (mut session, receivers) = Session::new(self.shared.clone());
+        let requested = hub.keep_alive_heartbeat_seconds.unwrap_or(0);
         session
-            .hello(self.options.replica_name(), self.session_token.clone())
+            .hello(
+                self.options.replica_name(),
+                self.session_token.clone(),
+                requested,
+            )
             .await
             .map_err(failed(false))?;
         // tonic's default of 4 MiB would refuse an operation carrying the manifests the hub
@@ -371,10 +391,15 @@ impl Runtime {
             let wait = u64::try_from(renew_at - now).unwrap_or(0);
             Some((files, Instant::now() + Duration::from_secs(wait)))
         });
-        let period_secs = match welcome.heartbeat_period_seconds {
-            0 => self.config.clouddriver.keep_alive_heartbeat_seconds.max(1),
-            secs => secs,
-        };
+        let period_secs = granted_period(requested, welcome.heartbeat_period_seconds);
+        if requested > 0 && period_secs != requested {
+            // The hub clamped the request to its bounds (or is older and does not read it).
+            tracing::info!(
+                requested_seconds = requested,
+                granted_seconds = period_secs,
+                "the hub set another heartbeat period than clouddriver.keepAliveHeartbeatSeconds asks for; using the hub's"
+            );
+        }
         let period = Duration::from_secs(u64::from(period_secs));
         tracing::info!(hub = %hub.grpc, identity = %welcome.identity, hub_version = %welcome.hub_version,
             max_unacked = session.max_unacked, heartbeat_seconds = period_secs, "connected to the hub");
@@ -382,6 +407,7 @@ impl Runtime {
         self.shared.update(|view| {
             view.hub_connected = true;
             view.hub_identity = welcome.identity.clone();
+            view.heartbeat_period_seconds = period_secs;
         });
 
         // Accounts removed from the config while disconnected.
@@ -816,6 +842,7 @@ impl Runtime {
                             version = %prepared.cluster.kubernetes_version, "account credentials loaded");
                         shared.update_account(&name, |view| {
                             view.error = None;
+                            view.prepared = true;
                             view.cluster = Some(ClusterView {
                                 api_server_host: prepared.cluster.api_server_host.clone(),
                                 ca_fingerprint: prepared.cluster.ca_fingerprint.clone(),
@@ -849,7 +876,14 @@ impl Runtime {
         mut session: Option<&mut Session>,
     ) -> bool {
         self.file_config = new.clone();
-        let new = self.dynamic.merged(&new);
+        let mut new = self.dynamic.merged(&new);
+        if new.kubernetes.no_proxy {
+            // Armory's kubernetes.noProxy is every account's noProxy (a change re-prepares
+            // the accounts, as any change of theirs does).
+            for account in &mut Arc::make_mut(&mut new).kubernetes.accounts {
+                account.no_proxy = true;
+            }
+        }
         let hub_changed = new.clouddriver != self.config.clouddriver;
         let diff = diff_accounts(&self.config.kubernetes.accounts, &new.kubernetes.accounts);
         self.config = new;
@@ -896,6 +930,7 @@ impl Runtime {
             self.shared.update_account(&name, |view| {
                 view.role = state::ROLE_PENDING.into();
                 view.rejection_reason = None;
+                view.prepared = false;
                 view.kinds.clear();
                 view.kinds_started = false;
             });
@@ -914,5 +949,18 @@ impl Runtime {
             );
         }
         hub_changed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hubs_grant_wins_then_the_request_then_the_fallback() {
+        assert_eq!(granted_period(20, 30), 30, "the hub clamped the request");
+        assert_eq!(granted_period(0, 7), 7, "no request: the hub's period");
+        assert_eq!(granted_period(20, 0), 20, "a Welcome without a period");
+        assert_eq!(granted_period(0, 0), FALLBACK_HEARTBEAT_SECONDS);
     }
 }

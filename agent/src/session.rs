@@ -161,13 +161,20 @@ impl Session {
             .map_err(|_| Error::Protocol("the stream to the hub closed".into()))
     }
 
-    /// Sends Hello, the first message of a stream.
-    pub(crate) async fn hello(&mut self, replica: String, session_token: String) -> Result<()> {
+    /// Sends Hello, the first message of a stream, asking for a heartbeat period of
+    /// `heartbeat_seconds` (0: the hub's).
+    pub(crate) async fn hello(
+        &mut self,
+        replica: String,
+        session_token: String,
+        heartbeat_seconds: u32,
+    ) -> Result<()> {
         let hello = agent_message::Kind::Hello(v1::Hello {
             replica,
             agent_version: env!("CARGO_PKG_VERSION").to_string(),
             capabilities: CAPABILITIES.iter().map(|c| c.to_string()).collect(),
             session_token,
+            heartbeat_period_seconds: heartbeat_seconds,
         });
         self.send(hello).await
     }
@@ -203,7 +210,7 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(session.max_object_bytes, 7);
-        session.hello("r".into(), String::new()).await.unwrap();
+        session.hello("r".into(), String::new(), 0).await.unwrap();
         assert!(session.has_room());
         session.heartbeat().await.unwrap();
         assert!(!session.has_room(), "two messages await an ack");

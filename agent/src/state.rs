@@ -63,6 +63,9 @@ pub struct AccountView {
     pub error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cluster: Option<ClusterView>,
+    /// Its credentials are loaded and its API server answered (the agent's own part, which
+    /// `/readyz` reports; retried with backoff until it holds, the reason in `error`).
+    pub prepared: bool,
     /// Discovery is done and the kinds' watches are started.
     pub kinds_started: bool,
     pub kinds: Vec<KindView>,
@@ -88,13 +91,15 @@ impl AccountView {
             rejection_reason: None,
             error: None,
             cluster: None,
+            prepared: false,
             kinds_started: false,
             kinds: Vec::new(),
             hub_state: None,
         }
     }
 
-    fn ready(&self) -> bool {
+    /// Registered and answered, with a streaming account's kinds all started.
+    fn synced(&self) -> bool {
         match self.role.as_str() {
             ROLE_STREAMING => {
                 self.kinds_started && self.kinds.iter().all(|k| k.state != KindState::Starting)
@@ -134,6 +139,13 @@ pub struct AgentView {
     pub replica: String,
     pub hub: String,
     pub hub_connected: bool,
+    /// Connected to the hub, every account answered and a streaming account's kinds all
+    /// started ([`AgentView::synced`], filled in by [`Shared::view`]): what a script waits
+    /// for before it reads the hub. Unlike `/readyz` this depends on the hub.
+    pub synced: bool,
+    /// The heartbeat period of the current (or last) stream, as the hub granted it in
+    /// Welcome; 0 before the first.
+    pub heartbeat_period_seconds: u32,
     /// The identity the hub read from the client certificate (Welcome).
     pub hub_identity: String,
     /// Why the last stream to the hub ended or could not start; kept while connected.
@@ -147,10 +159,19 @@ pub struct AgentView {
 }
 
 impl AgentView {
+    /// What `/readyz` answers: the agent itself works, that is every account's credentials
+    /// are loaded and its API server answered. The hub is not part of it: a hub outage must
+    /// not turn every agent pod in the fleet NotReady (and stall their rollouts); the hub
+    /// connection shows in `hub_connected`, the `scale_agent_agent_hub_connected` metric and
+    /// the `Connected` condition the status writer keeps.
+    pub fn ready(&self) -> bool {
+        self.accounts.iter().all(|a| a.prepared)
+    }
+
     /// Connected to the hub and every account answered, with a streaming account's kinds
     /// all started (watching, forbidden or failing, not still starting).
-    pub fn ready(&self) -> bool {
-        self.hub_connected && self.accounts.iter().all(AccountView::ready)
+    pub fn synced(&self) -> bool {
+        self.hub_connected && self.accounts.iter().all(AccountView::synced)
     }
 
     pub fn account(&self, name: &str) -> Option<&AccountView> {
@@ -194,9 +215,11 @@ impl Shared {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// A copy of the admin view.
+    /// A copy of the admin view, with `synced` computed now.
     pub fn view(&self) -> AgentView {
-        self.lock().clone()
+        let mut view = self.lock().clone();
+        view.synced = view.synced();
+        view
     }
 
     /// The metrics in Prometheus text format, with the watches-by-state gauge refreshed
@@ -322,23 +345,24 @@ mod tests {
     }
 
     #[test]
-    fn ready_needs_the_hub_and_every_account_started() {
+    fn synced_needs_the_hub_and_every_account_started() {
         let shared = Shared::new();
-        assert!(!shared.view().ready());
+        assert!(!shared.view().synced());
         shared.update(|v| v.hub_connected = true);
-        assert!(shared.view().ready(), "no accounts: ready once connected");
-        shared.update_account("prod", |_| {});
-        assert!(!shared.view().ready(), "pending account");
+        assert!(shared.view().synced(), "no accounts: synced once connected");
+        shared.update_account("prod", |a| a.prepared = true);
+        assert!(!shared.view().synced(), "pending account");
         shared.update_account("prod", |a| {
             a.role = ROLE_STREAMING.into();
             a.kinds_started = true;
         });
         shared.update_kind("prod", &configmaps(), "", |_| {});
-        assert!(!shared.view().ready(), "kind still starting");
+        assert!(!shared.view().synced(), "kind still starting");
         shared.update_kind("prod", &configmaps(), "", |k| {
             k.state = KindState::Forbidden
         });
-        assert!(shared.view().ready());
+        assert!(shared.view().synced());
+        assert_eq!(serde_json::to_value(shared.view()).unwrap()["synced"], true);
         let metrics = shared.encode_metrics();
         assert!(
             metrics.contains(r#"scale_agent_agent_watches{account="prod",state="forbidden"} 1"#),
@@ -348,5 +372,26 @@ mod tests {
         assert_eq!(json["accounts"][0]["kinds"][0]["state"], "forbidden");
         assert_eq!(json["accounts"][0]["role"], "streaming");
         assert!(shared.view().kind("prod", "configmaps", "").is_some());
+    }
+
+    /// A hub outage must not make every agent pod NotReady: readiness is the agent's own
+    /// part (credentials loaded, API server answered), whatever the hub does.
+    #[test]
+    fn readiness_is_the_agents_own_and_not_the_hubs() {
+        let shared = Shared::new();
+        assert!(shared.view().ready(), "no accounts: nothing to wait for");
+        shared.update_account("prod", |_| {});
+        assert!(!shared.view().ready(), "credentials not loaded yet");
+        shared.update_account("prod", |a| a.prepared = true);
+        assert!(
+            shared.view().ready(),
+            "never connected to the hub, the account pending: still ready"
+        );
+        assert!(!shared.view().synced());
+        shared.update(|v| v.hub_connected = true);
+        shared.update_account("prod", |a| a.role = ROLE_STREAMING.into());
+        assert!(shared.view().ready(), "kinds starting is the hub's stream");
+        shared.update(|v| v.hub_connected = false);
+        assert!(shared.view().ready(), "hub gone: still ready");
     }
 }

@@ -32,7 +32,7 @@ use std::{
 };
 
 use kube::{
-    Api, Client, Config,
+    Api, Client,
     api::{Patch, PatchParams},
 };
 use scale_agent_crds::{
@@ -357,13 +357,8 @@ fn rfc3339(t: SystemTime) -> String {
 
 /// A client for the agent's own cluster: the pod's ServiceAccount, or `$KUBECONFIG` outside
 /// a pod (as the accounts' `serviceAccount: true` does).
-async fn own_cluster_client() -> Result<Client, String> {
-    let config = match Config::incluster() {
-        Ok(config) => config,
-        Err(incluster) => Config::infer()
-            .await
-            .map_err(|e| format!("no in-cluster config ({incluster}) and no kubeconfig ({e})"))?,
-    };
+async fn own_cluster_client(no_proxy: bool) -> Result<Client, String> {
+    let config = crate::account::own_cluster_config(no_proxy).await?;
     Client::try_from(config).map_err(|e| e.to_string())
 }
 
@@ -504,7 +499,7 @@ pub async fn run(
             continue;
         }
         if client.is_none() {
-            match own_cluster_client().await {
+            match own_cluster_client(config.kubernetes.no_proxy).await {
                 Ok(c) => client = Some(c),
                 Err(e) => {
                     if client_error.as_ref() != Some(&e) {

@@ -76,6 +76,7 @@ impl FakeAgent {
                 agent_version: "bench".into(),
                 capabilities: vec![],
                 session_token: String::new(),
+                heartbeat_period_seconds: 0,
             })),
         })
         .await

@@ -56,8 +56,17 @@ pub struct HubConnection {
     pub tls: HubTls,
     /// How the agent authenticates besides (or instead of) its client certificate.
     pub auth: HubAuth,
-    /// Period of the application heartbeat both ways; a silent peer is dead after two.
-    pub keep_alive_heartbeat_seconds: u32,
+    /// The application heartbeat period (both ways; a silent peer is dead after two) that
+    /// the agent asks the hub for in Hello. The hub grants it within its bounds
+    /// (`--min-heartbeat-period`, `--max-heartbeat-period`) and the agent uses what it
+    /// grants. Unset or `0`: the hub's `--heartbeat-period` (heartbeats cannot be turned
+    /// off: they are how both ends notice a dead stream).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keep_alive_heartbeat_seconds: Option<u32>,
+    /// Ignore `HTTPS_PROXY`/`HTTP_PROXY`/`NO_PROXY` for the hub connection (Armory's key):
+    /// connect directly.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub no_proxy: bool,
     /// Reconnect backoff, with grpc-go's semantics (as Armory's agent).
     pub backoff: Backoff,
 }
@@ -69,7 +78,8 @@ impl Default for HubConnection {
             insecure: None,
             tls: HubTls::default(),
             auth: HubAuth::default(),
-            keep_alive_heartbeat_seconds: 15,
+            keep_alive_heartbeat_seconds: None,
+            no_proxy: false,
             backoff: Backoff::default(),
         }
     }
@@ -156,6 +166,10 @@ impl Default for Backoff {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct KubernetesConfig {
+    /// Ignore `HTTPS_PROXY`/`HTTP_PROXY`/`NO_PROXY` for every account's API server (Armory's
+    /// key; typical with `HTTPS_PROXY` set for the hub only).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub no_proxy: bool,
     pub accounts: Vec<AccountConfig>,
 }
 
@@ -193,6 +207,10 @@ pub struct AccountConfig {
     pub custom_resource_definitions: Vec<CustomResourceConfig>,
     /// Send pod metrics to the hub.
     pub metrics: bool,
+    /// Ignore `HTTPS_PROXY`/`HTTP_PROXY`/`NO_PROXY` for this account's API server (Armory's
+    /// key).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub no_proxy: bool,
     /// Spinnaker roles: `READ: [..]`, `WRITE: [..]`, as a map or as Armory's documented list
     /// of one-key maps (`[{READ: [..]}, {WRITE: [..]}]`); a permission listed twice gets the
     /// roles of both.
@@ -381,6 +399,7 @@ const KNOWN_KEYS: &[(&str, &[&str])] = &[
             "tls",
             "auth",
             "keepAliveHeartbeatSeconds",
+            "noProxy",
             "backoff",
         ],
     ),
@@ -402,7 +421,7 @@ const KNOWN_KEYS: &[(&str, &[&str])] = &[
         "clouddriver.backoff",
         &["baseDelay", "multiplier", "jitter", "maxDelay"],
     ),
-    ("kubernetes", &["accounts"]),
+    ("kubernetes", &["noProxy", "accounts"]),
     (
         "kubernetes.accounts[]",
         &[
@@ -418,6 +437,7 @@ const KNOWN_KEYS: &[(&str, &[&str])] = &[
             "onlyNamespacedResources",
             "customResourceDefinitions",
             "metrics",
+            "noProxy",
             "permissions",
             "impersonateServiceAccount",
             "agentAccount",
@@ -772,6 +792,9 @@ server:
             token_file: Some("t".into()),
             enrolment_token_file: Some("e".into()),
         };
+        config.clouddriver.keep_alive_heartbeat_seconds = Some(20);
+        config.clouddriver.no_proxy = true;
+        config.kubernetes.no_proxy = true;
         config.kubernetes.accounts.push(AccountConfig {
             name: "a".into(),
             service_account: true,
@@ -788,6 +811,7 @@ server:
                 scope: CustomResourceScope::Cluster,
             }],
             metrics: true,
+            no_proxy: true,
             permissions: BTreeMap::from([("READ".into(), vec!["r".into()])]),
             impersonate_service_account: Some(crate::v1alpha1::ServiceAccountRef {
                 namespace: "n".into(),

@@ -108,6 +108,13 @@ pub enum Error {
     )]
     NginxMissing { path: PathBuf },
 
+    /// tinyproxy (Debian's package, unpacked into the cache) is not there.
+    #[error(
+        "tinyproxy is not installed at {path}: run `make tinyproxy` (e2e/tinyproxy/install.sh) \
+         once; make test does"
+    )]
+    TinyproxyMissing { path: PathBuf },
+
     /// Lua 5.1 (Debian's package, unpacked into the cache) is not there.
     #[error(
         "lua5.1 is not installed at {path}: run `make lua` (e2e/lua/install.sh) once; make \

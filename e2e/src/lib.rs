@@ -30,6 +30,7 @@ pub mod pki;
 pub mod process;
 pub mod relay;
 pub mod wait;
+pub mod tinyproxy;
 
 pub use binaries::{Binaries, KUBERNETES_VERSION, KWOK_VERSION};
 pub use control_plane::{AuditEvent, ControlPlane, ControlPlaneOptions, StartupTimes};

@@ -302,16 +302,17 @@ impl LocalAgent {
         self.pod.refresh_token(control_plane, client).await
     }
 
-    /// Waits until the agent's `/readyz` answers 200: connected to the hub and every
-    /// account answered. Fails early with the agent's log when it exits.
+    /// Waits until the agent's `/readyz` answers 200 (its accounts' credentials loaded) and
+    /// `/accounts` says `synced` (connected to the hub and every account answered). Fails
+    /// early with the agent's log when it exits.
     pub async fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
             self.process.ensure_running()?;
-            if crate::http::get(self.admin_addr, "/readyz")
+            let ready = crate::http::get(self.admin_addr, "/readyz")
                 .await
-                .is_ok_and(|r| r.status == 200)
-            {
+                .is_ok_and(|r| r.status == 200);
+            if ready && self.synced().await {
                 return Ok(());
             }
             if Instant::now() > deadline {
@@ -324,6 +325,14 @@ impl LocalAgent {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// Whether `/accounts` says `synced`: connected to the hub, every account answered and
+    /// a streaming account's watches started.
+    pub async fn synced(&self) -> bool {
+        crate::http::get(self.admin_addr, "/accounts")
+            .await
+            .is_ok_and(|r| r.status == 200 && r.json_or_null()["synced"] == true)
     }
 
     /// The local pod's name (`POD_NAME`, and the agent's replica name).

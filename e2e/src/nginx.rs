@@ -7,7 +7,7 @@ use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
     process::Command,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use crate::{
@@ -101,22 +101,14 @@ impl Nginx {
             .arg("-e")
             .arg(dir.join("error.log"));
         let mut process = ManagedProcess::spawn_command("nginx", command, dir.join("nginx.log"))?;
-        let started = Instant::now();
-        loop {
-            process.ensure_running()?;
-            if tokio::net::TcpStream::connect(listen).await.is_ok() {
-                break;
-            }
-            if started.elapsed() > READY {
-                return Err(Error::NotReady {
-                    component: "nginx",
-                    waited_secs: READY.as_secs(),
-                    log: dir.join("error.log"),
-                    log_tail: crate::process::tail(&dir.join("error.log"), 20),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        crate::process::wait_listening(
+            &mut process,
+            listen,
+            "nginx",
+            &dir.join("error.log"),
+            READY,
+        )
+        .await?;
         Ok(Nginx {
             process,
             dir: dir.to_path_buf(),

@@ -115,6 +115,33 @@ pub fn still_alive_after(
     }
 }
 
+/// Waits until `addr` accepts TCP connections, at most `within`; fails early when `process`
+/// exits, and with the tail of `log` (where `component` says why) when it never listens.
+pub async fn wait_listening(
+    process: &mut ManagedProcess,
+    addr: std::net::SocketAddr,
+    component: &'static str,
+    log: &Path,
+    within: Duration,
+) -> Result<()> {
+    let started = Instant::now();
+    loop {
+        process.ensure_running()?;
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            return Ok(());
+        }
+        if started.elapsed() > within {
+            return Err(Error::NotReady {
+                component,
+                waited_secs: within.as_secs(),
+                log: log.to_path_buf(),
+                log_tail: tail(log, 20),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A child process with its log file, stopped (SIGTERM, then SIGKILL) when dropped.
 #[derive(Debug)]
 pub struct ManagedProcess {

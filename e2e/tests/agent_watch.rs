@@ -677,7 +677,7 @@ async fn snapshot_then_deltas_and_secret_data_never_leaves() -> anyhow::Result<(
     ));
 
     // Admin port: ready, metrics and the accounts view.
-    eventually("readiness", || agent.view().ready()).await?;
+    eventually("readiness", || agent.view().synced()).await?;
     let ready = http_get(agent.admin_addr(), "/readyz").await?;
     assert_eq!(ready.status, 200, "{ready:?}");
     let metrics = http_get(agent.admin_addr(), "/metrics").await?.body;
@@ -1005,7 +1005,7 @@ async fn namespace_role_streams_its_namespace_reports_forbidden_and_reloads() ->
         .map(|k| format!("{:?}", k.state))
         .unwrap_or_default();
     assert_eq!(forbidden, "Forbidden");
-    eventually("readiness with forbidden kinds", || agent.view().ready()).await?;
+    eventually("synced with forbidden kinds", || agent.view().synced()).await?;
 
     // Forbidden kinds are not retried in a hot loop.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -1243,7 +1243,7 @@ async fn rejected_and_standby_accounts_are_not_streamed() -> anyhow::Result<()> 
         Some("bound to another cluster")
     );
     assert!(
-        view.ready(),
+        view.ready() && view.synced(),
         "rejected and standby accounts do not block readiness"
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -1327,6 +1327,85 @@ async fn mutual_tls_with_certificates_reloaded_on_reconnect() -> anyhow::Result<
     Ok(())
 }
 
+/// A hub outage must not turn every agent in the fleet NotReady: `/readyz` says whether the
+/// agent itself works (its account's credentials load and its API server answers), and the
+/// hub connection shows on `/accounts` and in `scale_agent_agent_hub_connected`, before the
+/// first connection and after the hub went away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_does_not_depend_on_the_hub() -> anyhow::Result<()> {
+    let s = setup("readyz-no-hub", &["configmaps"]).await?;
+    // Nothing listens here.
+    let nobody = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let account = account_name("no-hub");
+    let config = s.write_config(nobody, &account, &["configmaps"])?;
+    let agent = start_agent(&config).await?;
+    eventually("the account's credentials loaded", || {
+        agent.view().account(&account).is_some_and(|a| a.prepared)
+    })
+    .await?;
+    let ready = http_get(agent.admin_addr(), "/readyz").await?;
+    assert_eq!(ready.status, 200, "never reached the hub: {ready:?}");
+    assert!(ready.body.contains("not connected to the hub"), "{ready:?}");
+    let view = http_get(agent.admin_addr(), "/accounts")
+        .await?
+        .json_or_null();
+    assert_eq!(view["hubConnected"], false, "{view}");
+    assert_eq!(view["synced"], false, "{view}");
+    assert!(
+        agent
+            .metrics_text()
+            .contains("scale_agent_agent_hub_connected 0"),
+        "{}",
+        agent.metrics_text()
+    );
+
+    // The hub appears: synced, still ready.
+    let hub = Arc::new(HubState::default());
+    let hub_addr = start_hub(hub.clone()).await?;
+    s.write_config(hub_addr, &account, &["configmaps"])?;
+    eventually("synced with the hub", || agent.view().synced()).await?;
+    assert_eq!(http_get(agent.admin_addr(), "/readyz").await?.body, "ready");
+    assert!(
+        agent
+            .metrics_text()
+            .contains("scale_agent_agent_hub_connected 1")
+    );
+
+    // The hub goes away (the config points elsewhere): disconnected, still ready.
+    s.write_config(nobody, &account, &["configmaps"])?;
+    eventually("disconnected", || !agent.view().hub_connected).await?;
+    let ready = http_get(agent.admin_addr(), "/readyz").await?;
+    assert_eq!(ready.status, 200, "the hub went away: {ready:?}");
+    assert!(!agent.view().synced());
+
+    // What does make it unready: an account whose credentials cannot load.
+    let broken = s.dir.join("broken.yaml");
+    write_config(
+        &broken,
+        nobody,
+        json!([fixtures::account(
+            &account,
+            &s.dir.join("no-such-kubeconfig"),
+            &s.namespace,
+            &["configmaps"]
+        )]),
+    )?;
+    std::fs::rename(&broken, &config)?;
+    eventually("the broken account's error", || {
+        agent
+            .view()
+            .account(&account)
+            .is_some_and(|a| !a.prepared && a.error.is_some())
+    })
+    .await?;
+    let ready = http_get(agent.admin_addr(), "/readyz").await?;
+    assert_eq!(ready.status, 503, "{ready:?}");
+    assert!(ready.body.contains(&account), "{ready:?}");
+    agent.stop().await?;
+    let _ = std::fs::remove_dir_all(&s.dir);
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_hub_is_dropped_after_two_heartbeat_periods() -> anyhow::Result<()> {
     init_logs();
@@ -1361,6 +1440,9 @@ async fn a_silent_hub_is_dropped_after_two_heartbeat_periods() -> anyhow::Result
     });
     let hello = hello.ok_or_else(|| anyhow::anyhow!("no Hello"))?;
     assert_eq!(hello.replica, "e2e-0");
+    // It asked for its keepAliveHeartbeatSeconds (5), and used the 1 s the hub granted.
+    assert_eq!(hello.heartbeat_period_seconds, 5);
+    assert_eq!(agent.view().heartbeat_period_seconds, 1);
     assert!(!hello.agent_version.is_empty());
     agent.stop().await?;
     let _ = std::fs::remove_dir_all(&dir);
@@ -1582,16 +1664,19 @@ async fn streams_to_the_real_hub_and_resumes_after_an_agent_restart() -> anyhow:
     let account = account_name("real");
     let config = s.write_config(hub.grpc_addr, &account, &["configmaps", "secrets"])?;
     let agent = start_agent(&config).await?;
-    eventually("readiness against the real hub", || agent.view().ready()).await?;
+    eventually("synced with the real hub", || agent.view().synced()).await?;
     let listed = hub_lists(hub.http_addr, &account, "first").await?;
     assert!(listed.contains("\"first\""), "{listed}");
     assert_eq!(agent.metrics().lists_total(&account, "configmaps"), 1);
+    // The agent asked for its keepAliveHeartbeatSeconds (5); the hub's own period is 2 s
+    // and its bounds 1..300 s, so it granted the 5 s asked for.
+    assert_eq!(agent.view().heartbeat_period_seconds, 5);
     agent.stop().await?;
 
     // Restart the agent: the hub holds resume points, so nothing is listed again.
     create(&configmaps, json!({ "metadata": { "name": "second" } })).await?;
     let agent = start_agent(&config).await?;
-    eventually("readiness after the restart", || agent.view().ready()).await?;
+    eventually("synced after the restart", || agent.view().synced()).await?;
     let listed = hub_lists(hub.http_addr, &account, "second").await?;
     assert!(listed.contains("\"second\""), "{listed}");
     assert_eq!(agent.metrics().lists_total(&account, "configmaps"), 0);
@@ -1627,7 +1712,7 @@ async fn standby_replica_takes_over_without_relisting() -> anyhow::Result<()> {
     let config = s.write_config(hub.grpc_addr, &account, &["configmaps"])?;
     let first = fixtures::start_agent_replica(&config, "replica-a").await?;
     eventually("the first replica streaming", || {
-        first.view().ready()
+        first.view().synced()
             && first
                 .view()
                 .account(&account)

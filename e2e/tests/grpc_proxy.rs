@@ -82,6 +82,7 @@ async fn hello(endpoint: Endpoint, header: Option<&str>) -> Result<String, Statu
             agent_version: "test".into(),
             capabilities: Vec::new(),
             session_token: String::new(),
+            heartbeat_period_seconds: 0,
         })),
     })
     .await

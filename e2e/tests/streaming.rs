@@ -516,8 +516,10 @@ impl Agent {
             .and_then(|a| a.iter().find(|a| a["name"] == name).cloned()))
     }
 
+    /// `/readyz` answers 200 and `/accounts` says `synced` (connected, every account
+    /// answered, watches started).
     async fn ready(&self) -> anyhow::Result<bool> {
-        Ok(http_get(self.admin, "/readyz").await?.0 == 200)
+        Ok(http_get(self.admin, "/readyz").await?.0 == 200 && self.view().await?["synced"] == true)
     }
 }
 

@@ -218,12 +218,13 @@ pub fn server_tls_config(
 
 /// Accepts TCP connections and completes their TLS handshakes concurrently; yields the
 /// connections that made it. A failed handshake is logged with the peer and the reason.
+/// Each connection is handshaken with the configuration `config` holds when it arrives, so a
+/// reloaded certificate or client CA applies to new connections.
 pub fn tls_incoming(
     listener: TcpListener,
-    config: Arc<rustls::ServerConfig>,
+    config: tokio::sync::watch::Receiver<Arc<rustls::ServerConfig>>,
 ) -> impl Stream<Item = std::io::Result<TlsStream<TcpStream>>> {
     let (tx, rx) = tokio::sync::mpsc::channel(ACCEPTED_QUEUE);
-    let acceptor = TlsAcceptor::from(config);
     tokio::spawn(async move {
         loop {
             let (tcp, peer) = tokio::select! {
@@ -239,7 +240,7 @@ pub fn tls_incoming(
                 },
             };
             let _ = tcp.set_nodelay(true);
-            let acceptor = acceptor.clone();
+            let acceptor = TlsAcceptor::from(config.borrow().clone());
             let tx = tx.clone();
             tokio::spawn(async move {
                 match tokio::time::timeout(crate::serve::HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
@@ -287,7 +288,8 @@ pub(crate) fn authenticate(
     metadata: &MetadataMap,
 ) -> Result<Authenticated, Status> {
     let chain = chain.filter(|c| !c.is_empty());
-    let from_certificate = match (chain, &hub.client_certificates) {
+    let clients = hub.client_certificates();
+    let from_certificate = match (chain, &clients) {
         (Some(chain), Some(clients)) => {
             Some(clients.verify(chain).map_err(Status::unauthenticated)?)
         }
@@ -323,7 +325,7 @@ pub(crate) fn authenticate(
             (identity, Some(origin), via)
         }
         (None, Some(token)) => (token.identity.clone(), None, "token"),
-        (None, None) => match hub.client_certificates {
+        (None, None) => match clients {
             None => (ANONYMOUS.to_string(), None, "none (--insecure-plaintext)"),
             Some(_) => {
                 return Err(Status::unauthenticated(

@@ -111,8 +111,34 @@ impl std::fmt::Debug for HttpSecurity {
     }
 }
 
+/// The files the TLS material of [`Config`] was read from. The hub reads them again every
+/// [`Config::tls_reload_interval`] and, when their content changed, serves new connections
+/// with the new certificate or trusts the new client CA, without a restart (a cert-manager
+/// renewal of the Secret they are mounted from). `None`: not reloaded.
+#[derive(Clone, Debug, Default)]
+pub struct TlsFiles {
+    /// The gRPC listener's certificate chain and key (`--tls-cert`, `--tls-key`), in the
+    /// mutual-TLS mode.
+    pub grpc: Option<(PathBuf, PathBuf)>,
+    /// The external CA of agents' client certificates (`--client-ca`), in the mutual-TLS
+    /// mode.
+    pub client_ca: Option<PathBuf>,
+    /// The HTTP listener's certificate chain and key.
+    pub http: Option<(PathBuf, PathBuf)>,
+}
+
+/// How often the TLS files are checked for changes by default (a Secret's mounted files
+/// change within about a minute of the Secret itself).
+pub const TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(10);
+
 /// Default lifetime of the certificates the hub issues to agents.
 pub const DEFAULT_AGENT_CERT_LIFETIME: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// Default of `--min-heartbeat-period`.
+pub const DEFAULT_MIN_HEARTBEAT_PERIOD: Duration = Duration::from_secs(1);
+/// Default of `--max-heartbeat-period` (the ScaleAgent's `heartbeat.periodSeconds` goes up
+/// to 300).
+pub const DEFAULT_MAX_HEARTBEAT_PERIOD: Duration = Duration::from_secs(300);
 
 /// Longest heartbeat period accepted.
 pub const MAX_HEARTBEAT_PERIOD: Duration = Duration::from_secs(3600);
@@ -127,7 +153,13 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// How long an account with no connected agent is kept.
     pub grace_period: Duration,
+    /// The heartbeat period of agents that ask for none (older agents, or
+    /// `keepAliveHeartbeatSeconds` unset).
     pub heartbeat_period: Duration,
+    /// The shortest heartbeat period an agent is granted (`--min-heartbeat-period`).
+    pub min_heartbeat_period: Duration,
+    /// The longest heartbeat period an agent is granted (`--max-heartbeat-period`).
+    pub max_heartbeat_period: Duration,
     pub max_unacked: u32,
     pub max_object_bytes: u64,
     /// Most bytes of objects one stream may hold in snapshots not yet ended.
@@ -165,17 +197,33 @@ pub struct Config {
     pub agent_ca: AgentCaSource,
     /// Lifetime of the certificates the hub issues to agents.
     pub agent_cert_lifetime: Duration,
+    /// Where the TLS material came from, to reload it when it changes.
+    pub tls_files: TlsFiles,
+    /// How often `tls_files` are checked for changes.
+    pub tls_reload_interval: Duration,
 }
 
 impl Config {
     /// Checks the values [`crate::start`] relies on.
     pub fn validate(&self) -> Result<()> {
-        if self.heartbeat_period < Duration::from_secs(1)
-            || self.heartbeat_period > MAX_HEARTBEAT_PERIOD
+        for (flag, period) in [
+            ("--heartbeat-period", self.heartbeat_period),
+            ("--min-heartbeat-period", self.min_heartbeat_period),
+            ("--max-heartbeat-period", self.max_heartbeat_period),
+        ] {
+            if period < Duration::from_secs(1) || period > MAX_HEARTBEAT_PERIOD {
+                return Err(HubError::Config(format!(
+                    "{flag} must be between 1s and 1h, not {period:?}"
+                )));
+            }
+        }
+        if !(self.min_heartbeat_period <= self.heartbeat_period
+            && self.heartbeat_period <= self.max_heartbeat_period)
         {
             return Err(HubError::Config(format!(
-                "the heartbeat period must be between 1s and 1h, not {:?}",
-                self.heartbeat_period
+                "--heartbeat-period ({:?}) must lie within --min-heartbeat-period ({:?}) and \
+                 --max-heartbeat-period ({:?})",
+                self.heartbeat_period, self.min_heartbeat_period, self.max_heartbeat_period
             )));
         }
         if self.max_unacked == 0 {
@@ -241,6 +289,8 @@ impl Config {
             data_dir,
             grace_period: Duration::from_secs(600),
             heartbeat_period: Duration::from_secs(15),
+            min_heartbeat_period: DEFAULT_MIN_HEARTBEAT_PERIOD,
+            max_heartbeat_period: DEFAULT_MAX_HEARTBEAT_PERIOD,
             max_unacked: 1000,
             max_object_bytes: 2 * 1024 * 1024,
             max_staged_bytes: DEFAULT_MAX_STAGED_BYTES,
@@ -258,6 +308,21 @@ impl Config {
             clouddriver: ClouddriverSettings::default(),
             agent_ca: AgentCaSource::DataDir,
             agent_cert_lifetime: DEFAULT_AGENT_CERT_LIFETIME,
+            tls_files: TlsFiles::default(),
+            tls_reload_interval: TLS_RELOAD_INTERVAL,
+        }
+    }
+}
+
+impl Config {
+    /// The heartbeat period of a stream whose agent asked for `requested_seconds` in Hello:
+    /// the request within `--min-heartbeat-period` and `--max-heartbeat-period`, or
+    /// `--heartbeat-period` when it asked for none (0, or an agent from before the field).
+    pub fn granted_heartbeat_period(&self, requested_seconds: u32) -> Duration {
+        match requested_seconds {
+            0 => self.heartbeat_period,
+            secs => Duration::from_secs(u64::from(secs))
+                .clamp(self.min_heartbeat_period, self.max_heartbeat_period),
         }
     }
 }
@@ -485,10 +550,21 @@ pub struct Args {
     #[arg(long, env = "SCALE_AGENT_HUB_GRACE_PERIOD", default_value = "600s", value_parser = parse_duration)]
     pub grace_period: Duration,
 
-    /// Period of application heartbeats, sent to agents in Welcome; a stream silent for two
-    /// periods is ended. Seconds, or a number with ms, s, m or h.
+    /// Period of application heartbeats for agents that ask for none (sent in Welcome); a
+    /// stream silent for two periods is ended. Seconds, or a number with ms, s, m or h.
     #[arg(long, env = "SCALE_AGENT_HUB_HEARTBEAT_PERIOD", default_value = "15s", value_parser = parse_duration)]
     pub heartbeat_period: Duration,
+
+    /// Shortest heartbeat period granted to an agent that asks for one
+    /// (`clouddriver.keepAliveHeartbeatSeconds`, the ScaleAgent's `heartbeat.periodSeconds`):
+    /// a shorter request gets this.
+    #[arg(long, env = "SCALE_AGENT_HUB_MIN_HEARTBEAT_PERIOD", default_value = "1s", value_parser = parse_duration)]
+    pub min_heartbeat_period: Duration,
+
+    /// Longest heartbeat period granted to an agent that asks for one: a longer request gets
+    /// this (a dead stream is noticed after two periods).
+    #[arg(long, env = "SCALE_AGENT_HUB_MAX_HEARTBEAT_PERIOD", default_value = "300s", value_parser = parse_duration)]
+    pub max_heartbeat_period: Duration,
 
     /// Most messages an agent may send without an acknowledgement.
     #[arg(long, env = "SCALE_AGENT_HUB_MAX_UNACKED", default_value_t = 1000)]
@@ -588,6 +664,13 @@ impl Args {
                 }
             }
         };
+        let mut tls_files = TlsFiles::default();
+        if let (GrpcSecurity::MutualTls(_), Some(cert), Some(key)) =
+            (&security, &self.tls_cert, &self.tls_key)
+        {
+            tls_files.grpc = Some((cert.clone(), key.clone()));
+            tls_files.client_ca = self.client_ca.clone();
+        }
         let http_security = if self.http_plaintext {
             HttpSecurity::Plaintext
         } else {
@@ -596,10 +679,13 @@ impl Args {
             let key = (self.http_tls_key.as_ref().map(|k| ("--http-tls-key", k)))
                 .or(self.tls_key.as_ref().map(|k| ("--tls-key", k)));
             match (cert, key) {
-                (Some((cert_flag, cert)), Some((key_flag, key))) => HttpSecurity::Tls {
-                    cert_pem: read_certs(cert_flag, cert)?,
-                    key_pem: read_key(key_flag, key)?,
-                },
+                (Some((cert_flag, cert)), Some((key_flag, key))) => {
+                    tls_files.http = Some((cert.clone(), key.clone()));
+                    HttpSecurity::Tls {
+                        cert_pem: read_certs(cert_flag, cert)?,
+                        key_pem: read_key(key_flag, key)?,
+                    }
+                }
                 _ => {
                     return Err(HubError::Config(
                         "the HTTP listener serves TLS: give it a certificate and key \
@@ -651,6 +737,8 @@ impl Args {
             data_dir: self.data_dir,
             grace_period: self.grace_period,
             heartbeat_period: self.heartbeat_period,
+            min_heartbeat_period: self.min_heartbeat_period,
+            max_heartbeat_period: self.max_heartbeat_period,
             max_unacked: self.max_unacked,
             max_object_bytes: self.max_object_bytes,
             max_staged_bytes: self.max_staged_bytes,
@@ -672,6 +760,8 @@ impl Args {
                 _ => AgentCaSource::DataDir,
             },
             agent_cert_lifetime: self.agent_cert_lifetime,
+            tls_files,
+            tls_reload_interval: TLS_RELOAD_INTERVAL,
         };
         config.validate()?;
         Ok(config)
@@ -850,7 +940,41 @@ mod tests {
         ])
         .unwrap();
         let err = args.into_config().unwrap_err().to_string();
-        assert!(err.contains("heartbeat period"), "{err}");
+        assert!(err.contains("--heartbeat-period"), "{err}");
+    }
+
+    /// An agent's requested heartbeat period is granted within the hub's bounds; no request
+    /// gets the hub's period; bounds that exclude the default period are refused.
+    #[test]
+    fn heartbeat_requests_are_clamped_to_the_bounds() {
+        let args = Args::try_parse_from([
+            "scale-agent-hub",
+            "--insecure-plaintext",
+            "--http-plaintext",
+            "--heartbeat-period=10s",
+            "--min-heartbeat-period=5s",
+            "--max-heartbeat-period=60s",
+        ])
+        .unwrap();
+        let config = args.into_config().unwrap();
+        let secs = Duration::from_secs;
+        assert_eq!(config.granted_heartbeat_period(0), secs(10));
+        assert_eq!(config.granted_heartbeat_period(1), secs(5));
+        assert_eq!(config.granted_heartbeat_period(20), secs(20));
+        assert_eq!(config.granted_heartbeat_period(3600), secs(60));
+        let args = Args::try_parse_from([
+            "scale-agent-hub",
+            "--insecure-plaintext",
+            "--http-plaintext",
+            "--heartbeat-period=15s",
+            "--max-heartbeat-period=10s",
+        ])
+        .unwrap();
+        let err = args.into_config().unwrap_err().to_string();
+        assert!(err.contains("--max-heartbeat-period"), "{err}");
+        let defaults = Args::try_parse_from(["scale-agent-hub"]).unwrap();
+        assert_eq!(defaults.min_heartbeat_period, DEFAULT_MIN_HEARTBEAT_PERIOD);
+        assert_eq!(defaults.max_heartbeat_period, DEFAULT_MAX_HEARTBEAT_PERIOD);
     }
 
     /// Every TLS file flag is checked when the flags are read, before the store is opened,

@@ -34,6 +34,7 @@ pub mod serve;
 pub mod service;
 pub mod session;
 pub mod store;
+pub mod tls_reload;
 pub mod tokens;
 pub mod tunnel;
 
@@ -69,7 +70,8 @@ use crate::{
 };
 pub use crate::{
     config::{
-        Args, Config, GrpcSecurity, HttpSecurity, LogFormat, ProxyHopTls, ProxyMode, TlsMaterial,
+        Args, Config, GrpcSecurity, HttpSecurity, LogFormat, ProxyHopTls, ProxyMode, TlsFiles,
+        TlsMaterial,
     },
     error::{HubError, Result},
 };
@@ -126,7 +128,8 @@ pub(crate) struct Hub {
     /// The CA that issues agents' certificates (enrolment, renewal).
     pub(crate) agent_ca: AgentCa,
     /// The issuers trusted for client certificates; `None` with `--insecure-plaintext`.
-    pub(crate) client_certificates: Option<ClientCertificates>,
+    /// Replaced when `--client-ca` changes on disk ([`tls_reload`]).
+    pub(crate) client_certificates: Option<std::sync::RwLock<Arc<ClientCertificates>>>,
     /// Enrolment and bearer tokens of agents, and the enrolled identities.
     agent_tokens: Mutex<AgentTokens>,
     /// The API tokens file (`--api-tokens-file`), re-read in the background.
@@ -165,6 +168,14 @@ impl Hub {
         self.dynamic_accounts
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The issuers trusted for client certificates now (`None` with
+    /// `--insecure-plaintext`).
+    pub(crate) fn client_certificates(&self) -> Option<Arc<ClientCertificates>> {
+        self.client_certificates
+            .as_ref()
+            .map(|lock| lock.read().unwrap_or_else(|e| e.into_inner()).clone())
     }
 
     /// Agent tokens and enrolled identities.
@@ -555,7 +566,8 @@ pub async fn start(config: Config) -> Result<RunningHub> {
             Some(&proxy.client_ca_pem),
         )?),
         GrpcSecurity::InsecurePlaintext => None,
-    };
+    }
+    .map(|clients| std::sync::RwLock::new(Arc::new(clients)));
     tracing::info!(path = %store_path.display(), accounts = loaded_accounts, objects = state.cache.object_count(), "store loaded");
 
     let grpc_listener = tokio::net::TcpListener::bind(config.grpc_addr)
@@ -651,11 +663,11 @@ pub async fn start(config: Config) -> Result<RunningHub> {
     }
     // TLS is terminated here rather than by tonic: client certificates are optional at the
     // TLS layer (enrolling and token-authenticated agents have none) and checked per stream.
-    let grpc_tls = match (&hub.config.security, &hub.client_certificates) {
+    let grpc_tls = match (&hub.config.security, hub.client_certificates()) {
         (GrpcSecurity::MutualTls(tls), Some(clients)) => Some(agent_auth::server_tls_config(
             &tls.cert_pem,
             &tls.key_pem,
-            clients,
+            &clients,
         )?),
         (GrpcSecurity::TrustedProxy(_), _) => None,
         _ => {
@@ -674,6 +686,19 @@ pub async fn start(config: Config) -> Result<RunningHub> {
     let shutdown = hub.shutdown.clone();
     let router = builder.add_service(service);
     let failed_grpc = failed_tx.clone();
+    // Both listeners take their TLS configuration from a watch channel that the reloader
+    // replaces when the certificate files change: new connections get the new one.
+    let grpc_tls = grpc_tls.map(watch::channel);
+    let http_tls = http_tls.map(watch::channel);
+    if let Some(reloader) = tls_reload::Reloader::new(
+        hub.clone(),
+        grpc_tls.as_ref().map(|(tx, _)| tx.clone()),
+        http_tls.as_ref().map(|(tx, _)| tx.clone()),
+    ) {
+        tokio::spawn(reloader.run(hub.shutdown.clone()));
+    }
+    let grpc_tls = grpc_tls.map(|(_, rx)| rx);
+    let http_tls = http_tls.map(|(_, rx)| rx);
     let grpc = tokio::spawn(async move {
         let result = match grpc_tls {
             Some(tls) => {

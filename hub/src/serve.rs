@@ -78,14 +78,15 @@ pub(crate) fn log_handshake_timeout(listener: &'static str, peer: std::net::Sock
     tracing::warn!(listener, %peer, %reason, "{listener} TLS handshake failed");
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves.
+/// Serves `router` on `listener` until `shutdown` resolves. With TLS, each connection is
+/// handshaken with the configuration `tls` holds when it arrives (a reloaded certificate
+/// applies to new connections).
 pub async fn serve(
     listener: TcpListener,
     router: Router,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Option<tokio::sync::watch::Receiver<Arc<rustls::ServerConfig>>>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
-    let acceptor = tls.map(TlsAcceptor::from);
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
@@ -104,7 +105,9 @@ pub async fn serve(
         let _ = tcp.set_nodelay(true);
         let service = TowerToHyperService::new(router.clone());
         let watcher = graceful.watcher();
-        let acceptor = acceptor.clone();
+        let acceptor = tls
+            .as_ref()
+            .map(|tls| TlsAcceptor::from(tls.borrow().clone()));
         tokio::spawn(async move {
             let builder = auto::Builder::new(TokioExecutor::new());
             let result = match acceptor {

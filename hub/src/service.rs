@@ -113,7 +113,7 @@ impl AgentHub for AgentHubService {
         // An empty token with a client certificate is a renewal (item 9 of the contract).
         let result = match peer_certs.as_deref().filter(|chain| !chain.is_empty()) {
             Some(chain) if request.token.is_empty() => crate::agent_renewal::renew_by_certificate(
-                self.hub.client_certificates.as_ref(),
+                self.hub.client_certificates().as_deref(),
                 &self.hub.agent_ca,
                 self.hub.config.agent_cert_lifetime,
                 chain,
@@ -300,12 +300,25 @@ async fn run_stream(
 
     let session =
         Session::new(id, identity.to_string()).with_account_patterns(auth.account_patterns.clone());
+    let period = hub
+        .config
+        .granted_heartbeat_period(hello.heartbeat_period_seconds);
+    if hello.heartbeat_period_seconds > 0
+        && period.as_secs() != u64::from(hello.heartbeat_period_seconds)
+    {
+        tracing::info!(%identity, replica = %hello.replica, requested_seconds = hello.heartbeat_period_seconds,
+            granted_seconds = period.as_secs(), "heartbeat period asked for is outside --min-heartbeat-period..--max-heartbeat-period; granted the nearest bound");
+    }
+    let terms = Terms {
+        session_token: token,
+        period,
+    };
     let mut too_large = None;
     let result = serve(
         hub,
         auth,
         session,
-        token,
+        terms,
         &mut inbound,
         &mut ctrl_rx,
         out,
@@ -358,19 +371,29 @@ fn too_large_message(status: &Status) -> Option<String> {
     )
 }
 
+/// What a stream's Welcome tells the agent that is particular to the stream.
+struct Terms {
+    session_token: String,
+    /// The heartbeat period granted.
+    period: Duration,
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn serve(
     hub: &Arc<Hub>,
     auth: &Authenticated,
     mut session: Session,
-    session_token: String,
+    terms: Terms,
     inbound: &mut Streaming<pb::AgentMessage>,
     ctrl_rx: &mut mpsc::Receiver<Control>,
     out: &StreamOut,
     too_large: &mut Option<String>,
 ) -> Result<(), Status> {
     let tx = &out.control;
-    let period = hub.config.heartbeat_period;
+    let Terms {
+        session_token,
+        period,
+    } = terms;
     let silence = period * 2;
     send(
         tx,

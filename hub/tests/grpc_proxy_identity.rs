@@ -58,6 +58,7 @@ async fn hello(
             agent_version: "test".into(),
             capabilities: Vec::new(),
             session_token: String::new(),
+            heartbeat_period_seconds: 0,
         })),
     })
     .await

@@ -777,6 +777,49 @@ async fn silent_streams_are_ended_after_two_heartbeat_periods() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The agent asks for a heartbeat period in Hello; the hub grants it within
+/// --min/--max-heartbeat-period, gives its own --heartbeat-period to an agent that asks for
+/// none, and ends a silent stream after two *granted* periods.
+#[tokio::test]
+async fn a_requested_heartbeat_period_is_granted_within_the_bounds_and_enforced() {
+    let pki = Pki::new();
+    let dir = data_dir("heartbeat-grant");
+    let hub = start_hub(&pki, &dir, |c| {
+        c.heartbeat_period = Duration::from_secs(20);
+        c.min_heartbeat_period = Duration::from_secs(1);
+        c.max_heartbeat_period = Duration::from_secs(30);
+    })
+    .await;
+    let granted = async |replica: &str, asked: u32| {
+        let mut a = open_stream(&hub, &pki.ca_pem, Some(pki.client("agent-hb.test")))
+            .await
+            .unwrap();
+        a.hello_asking(replica, &[], "", asked).await.unwrap();
+        let period = a.welcome.as_ref().unwrap().heartbeat_period_seconds;
+        (a, period)
+    };
+    assert_eq!(
+        granted("none", 0).await.1,
+        20,
+        "no request: the hub's period"
+    );
+    assert_eq!(granted("long", 3600).await.1, 30, "clamped to the maximum");
+    assert_eq!(granted("within", 25).await.1, 25);
+    // Asked for 1 s where the hub's own period is 20 s: silent, it is ended after ~2 s.
+    let (mut quick, period) = granted("quick", 1).await;
+    assert_eq!(period, 1);
+    let started = std::time::Instant::now();
+    let status = quick.error().await;
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    let ended = started.elapsed();
+    assert!(
+        ended >= Duration::from_millis(1500) && ended < Duration::from_secs(15),
+        "ended after {ended:?}: two granted periods, not two of the hub's"
+    );
+    hub.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test]
 async fn insecure_plaintext_mode_serves_anonymous_agents() {
     let dir = data_dir("plaintext");

@@ -200,7 +200,9 @@ pub fn agent_config(agent: &ScaleAgent, accounts: &[&AgentAccount]) -> AgentConf
         insecure: Some(insecure),
         tls,
         auth: Default::default(),
-        keep_alive_heartbeat_seconds: u32::try_from(spec.heartbeat.period_seconds).unwrap_or(15),
+        // The agent asks the hub for this period; the hub grants it within its bounds.
+        keep_alive_heartbeat_seconds: u32::try_from(spec.heartbeat.period_seconds).ok(),
+        no_proxy: false,
         backoff: Backoff {
             base_delay: secs(spec.backoff.base_seconds),
             multiplier: spec.backoff.factor,
@@ -217,7 +219,10 @@ pub fn agent_config(agent: &ScaleAgent, accounts: &[&AgentAccount]) -> AgentConf
     accounts.sort_by(|a, b| a.name.cmp(&b.name));
     AgentConfig {
         clouddriver,
-        kubernetes: KubernetesConfig { accounts },
+        kubernetes: KubernetesConfig {
+            no_proxy: false,
+            accounts,
+        },
         tasks: Tasks {
             total_budget: u32::try_from(spec.list_budget.total).unwrap_or(1),
             budget_per_account: u32::try_from(spec.list_budget.per_account).unwrap_or(1),
@@ -282,6 +287,7 @@ fn account_config(
             })
             .collect(),
         metrics: spec.pod_metrics,
+        no_proxy: false,
         permissions,
         impersonate_service_account: spec.impersonate_service_account.clone(),
     }

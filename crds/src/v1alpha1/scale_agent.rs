@@ -577,8 +577,11 @@ impl Default for ListBudget {
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct Heartbeat {
-    /// Seconds between heartbeats; the hub treats a connection as dead after a few missed
-    /// ones. Default: 15. Between 1 and 300.
+    /// Seconds between heartbeats, both ways; a side that hears nothing for two periods
+    /// ends the connection. The agent asks the hub for this period, and the hub grants it
+    /// within its --min-heartbeat-period and --max-heartbeat-period (default 1 to 300 s);
+    /// the granted period is the agent's /accounts heartbeatPeriodSeconds. Default: 15.
+    /// Between 1 and 300.
     #[serde(default = "default_heartbeat_period")]
     #[schemars(range(min = 1, max = 300))]
     pub period_seconds: i32,

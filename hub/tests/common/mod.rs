@@ -721,11 +721,25 @@ impl FakeAgent {
         capabilities: &[&str],
         session_token: &str,
     ) -> Result<(), Status> {
+        self.hello_asking(replica, capabilities, session_token, 0)
+            .await
+    }
+
+    /// Says Hello asking for a heartbeat period of `heartbeat_seconds` (0: none) and waits
+    /// for Welcome.
+    pub async fn hello_asking(
+        &mut self,
+        replica: &str,
+        capabilities: &[&str],
+        session_token: &str,
+        heartbeat_seconds: u32,
+    ) -> Result<(), Status> {
         self.send(Msg::Hello(pb::Hello {
             replica: replica.into(),
             agent_version: "test".into(),
             capabilities: capabilities.iter().map(|c| c.to_string()).collect(),
             session_token: session_token.into(),
+            heartbeat_period_seconds: heartbeat_seconds,
         }))
         .await;
         while self.welcome.is_none() {

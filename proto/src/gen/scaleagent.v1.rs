@@ -151,6 +151,11 @@ pub struct Hello {
     /// resumes or replaces that stream; empty on a first connection (item 10 of the contract).
     #[prost(string, tag = "4")]
     pub session_token: ::prost::alloc::string::String,
+    /// The heartbeat period the agent asks for, in seconds (its
+    /// clouddriver.keepAliveHeartbeatSeconds); 0: no preference, the hub's default. The hub
+    /// answers with the period granted in Welcome.heartbeat_period_seconds (item 5).
+    #[prost(uint32, tag = "5")]
+    pub heartbeat_period_seconds: u32,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct Welcome {
@@ -158,6 +163,8 @@ pub struct Welcome {
     /// token.
     #[prost(string, tag = "1")]
     pub identity: ::prost::alloc::string::String,
+    /// The heartbeat period of this stream, in seconds (item 5): Hello.heartbeat_period_seconds
+    /// clamped to the hub's bounds, or the hub's default when the agent asked for none.
     #[prost(uint32, tag = "2")]
     pub heartbeat_period_seconds: u32,
     #[prost(uint32, tag = "3")]
