@@ -25,6 +25,12 @@ test: control-plane nginx lua ## Formatting, lints, and every test including the
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 	$(CARGO) test --workspace --locked --no-fail-fast
 
+ROUNDS ?= 20
+.PHONY: chaos
+chaos: control-plane ## Long chaos runs: make chaos ROUNDS=100 (a random seed, printed; SCALE_AGENT_CHAOS_SEED=<seed> replays one)
+	ROUNDS=$(ROUNDS) SCALE_AGENT_CHAOS_SEED=$${SCALE_AGENT_CHAOS_SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')} \
+		$(CARGO) test --locked -p scale-agent-e2e --test chaos -- --nocapture
+
 demo: control-plane ## Run Scale Agent locally on a real control plane (Ctrl-C stops it)
 	@# The demo starts the hub, operator and agent binaries built beside it.
 	$(CARGO) build --locked -p scale-agent-e2e --bins
