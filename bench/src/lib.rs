@@ -171,7 +171,9 @@ impl Options {
             reads_account_objects: 16,
             reads_watch_updates: 10,
             soak_agents: 10,
-            soak_seconds: 3,
+            // Past the hub's 15 s heartbeat period, so heartbeats and their acks interleave
+            // with the churn (where the first full-size soak found a bug).
+            soak_seconds: 17,
             soak_events_per_second: 50.0,
             soak_reconnects_per_minute: 120.0,
             ..Self::new(exe)

@@ -1,4 +1,5 @@
-//! Measure 10, the soak, with tiny sizes (10 agents for 3 s, a reconnect every half second):
+//! Measure 10, the soak, with tiny sizes (10 agents for 17 s, past the hub's heartbeat period,
+//! a reconnect every half second):
 //! its row has both figures, every agent is connected at the end, the reconnects were made,
 //! and the hub ended no stream on its own. No timing or memory figure is asserted.
 

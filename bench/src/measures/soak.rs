@@ -48,8 +48,15 @@ impl Sim {
     /// Connects (again), registers its account and sends a snapshot at a new
     /// resourceVersion.
     async fn connect(&mut self, hub: SocketAddr, ca: &str, objects: usize) -> Result<()> {
-        self.fake = None;
-        let mut fake = FakeAgent::connect(hub, ca, &self.cert.0, &self.cert.1, "soak-0").await?;
+        // The old stream may still look live to the hub: present its token, as an agent
+        // reconnecting does.
+        let token = self
+            .fake
+            .take()
+            .map(|old| old.session_token.clone())
+            .unwrap_or_default();
+        let (cert, key) = (&self.cert.0, &self.cert.1);
+        let mut fake = FakeAgent::reconnect(hub, ca, cert, key, "soak-0", token).await?;
         fake.register(
             &self.account,
             &format!("https://{}.bench:443", self.account),
