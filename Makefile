@@ -28,6 +28,12 @@ test: control-plane nginx tinyproxy lua ## Formatting, lints, and every test inc
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 	$(CARGO) test --workspace --locked --no-fail-fast
 
+ROUNDS ?= 20
+.PHONY: chaos
+chaos: control-plane ## Long chaos runs: make chaos ROUNDS=100 (a random seed, printed; SCALE_AGENT_CHAOS_SEED=<seed> replays one)
+	ROUNDS=$(ROUNDS) SCALE_AGENT_CHAOS_SEED=$${SCALE_AGENT_CHAOS_SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')} \
+		$(CARGO) test --locked -p scale-agent-e2e --test chaos -- --nocapture
+
 demo: control-plane ## Run Scale Agent locally on a real control plane (Ctrl-C stops it)
 	@# The demo starts the hub, operator and agent binaries built beside it.
 	$(CARGO) build --locked -p scale-agent-e2e --bins
@@ -36,8 +42,8 @@ demo: control-plane ## Run Scale Agent locally on a real control plane (Ctrl-C s
 toxiproxy: ## Build Toxiproxy, the latency proxy of the benchmark's far rows (cached; not needed by `make test`)
 	@bench/toxiproxy/build.sh
 
-bench: control-plane toxiproxy ## Benchmarks side by side with their baselines (release build; table + target/bench/latest.json)
-	$(CARGO) run --locked --release -p scale-agent-bench
+bench: control-plane toxiproxy ## Benchmarks side by side with their baselines (release build; table + target/bench/latest.json); BENCH_ARGS="--measures 10" is the 10-minute soak
+	$(CARGO) run --locked --release -p scale-agent-bench -- $(BENCH_ARGS)
 
 fmt: ## Format the code
 	$(CARGO) fmt --all

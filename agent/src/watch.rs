@@ -134,6 +134,24 @@ struct Watch {
     url_path: String,
     /// What the hub was last told about this watch's state.
     reported: Option<(kind_status::State, String)>,
+    /// Whether this kind was listed or watched before (here, or by the replica whose resume
+    /// point this watch started from): a 403 then is likelier passing than a revoked grant.
+    allowed_before: bool,
+    /// Delays between attempts while such a kind answers 403.
+    forbidden_backoff: Backoff,
+}
+
+/// How long to wait after a 403 before trying again. A kind that was allowed before is
+/// tried again soon, then less and less often up to `retry`: a kube-apiserver that has just
+/// restarted answers 403 until its RBAC authorizer has loaded the roles, for a second or
+/// two after it reports ready, and waiting the full `retry` then would leave the hub's
+/// cache of the kind stale for minutes. A kind never allowed waits `retry` at once.
+fn forbidden_delay(allowed_before: bool, backoff: &mut Backoff, retry: Duration) -> Duration {
+    if allowed_before {
+        backoff.next_delay().min(retry)
+    } else {
+        retry
+    }
 }
 
 /// Runs the watch until its session or assignment ends (the task is aborted, or the channel
@@ -150,6 +168,7 @@ pub async fn run(
         None => Api::<DynamicObject>::all_with(ctx.client.clone(), &resource),
     };
     let url_path = DynamicObject::url_path(&resource, namespace.as_deref());
+    let forbidden_backoff = Backoff::new(Duration::from_secs(1), 2.0, 0.2, ctx.forbidden_retry);
     let mut watch = Watch {
         url_path,
         label: kind.label(),
@@ -158,6 +177,8 @@ pub async fn run(
         api,
         ctx,
         reported: None,
+        allowed_before: resume.as_deref().is_some_and(|rv| !rv.is_empty()),
+        forbidden_backoff,
     };
     watch.update_view(|_| {});
     watch.run(resume.filter(|rv| !rv.is_empty())).await;
@@ -182,6 +203,8 @@ impl Watch {
                 None => match self.snapshot().await {
                     Ok(rv) => {
                         backoff.reset();
+                        self.allowed_before = true;
+                        self.forbidden_backoff.reset();
                         rv
                     }
                     Err(failure) => {
@@ -200,6 +223,7 @@ impl Watch {
                 Ok(events) => {
                     if events > 0 || started.elapsed() > Duration::from_secs(10) {
                         backoff.reset();
+                        self.forbidden_backoff.reset();
                     } else {
                         // A watch closed at once with nothing in it: do not spin.
                         tokio::time::sleep(backoff.next_delay()).await;
@@ -249,10 +273,15 @@ impl Watch {
                 {
                     return true;
                 }
+                let delay = forbidden_delay(
+                    self.allowed_before,
+                    &mut self.forbidden_backoff,
+                    self.ctx.forbidden_retry,
+                );
                 tracing::warn!(account = %self.ctx.account, kind = %self.label, namespace = %self.namespace, %message,
-                    "RBAC forbids listing or watching this kind; skipped (grant list and watch, or omit it with omitKinds); retrying in {} s",
-                    self.ctx.forbidden_retry.as_secs());
-                tokio::time::sleep(self.ctx.forbidden_retry).await;
+                    "RBAC forbids listing or watching this kind; skipped (grant list and watch, or omit it with omitKinds); retrying in {:.1} s",
+                    delay.as_secs_f64());
+                tokio::time::sleep(delay).await;
                 false
             }
             Failure::Gone => {
@@ -528,5 +557,27 @@ mod tests {
             classify(&kube::Error::Api(Box::new(status(410)))),
             Failure::Gone
         ));
+    }
+
+    /// Found by `e2e/tests/chaos.rs` (round RestartApiServer): a restarted kube-apiserver
+    /// answered 403 for a second after it was ready, and the agent then left every kind
+    /// unwatched for 300 s while the hub served what it had before the restart.
+    #[test]
+    fn a_403_for_a_kind_allowed_before_is_retried_soon_then_less_often() {
+        let retry = FORBIDDEN_RETRY;
+        let mut backoff = Backoff::new(Duration::from_secs(1), 2.0, 0.2, retry);
+        let first = forbidden_delay(true, &mut backoff, retry);
+        assert!(first <= Duration::from_millis(1200), "{first:?}");
+        let delays: Vec<Duration> = (0..12)
+            .map(|_| forbidden_delay(true, &mut backoff, retry))
+            .collect();
+        assert!(delays.windows(2).all(|w| w[1] >= w[0] / 2), "{delays:?}");
+        let last = delays.last().copied().unwrap_or_default();
+        assert!(
+            last >= retry.mul_f64(0.8) && last <= retry,
+            "a revoked grant settles at {retry:?} (±20 %): {delays:?}"
+        );
+        let mut fresh = Backoff::new(Duration::from_secs(1), 2.0, 0.2, retry);
+        assert_eq!(forbidden_delay(false, &mut fresh, retry), retry);
     }
 }

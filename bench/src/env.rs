@@ -468,6 +468,16 @@ impl HubProc {
         Ok(metric_sum(&self.metrics().await?, name))
     }
 
+    /// Agent streams connected (`GET /api/v1/agents`).
+    pub async fn agents_connected(&self) -> Result<usize> {
+        Ok(self
+            .get_json("/api/v1/agents")
+            .await?
+            .as_array()
+            .map(Vec::len)
+            .unwrap_or(0))
+    }
+
     pub async fn get_json(&self, path: &str) -> Result<serde_json::Value> {
         match self.listener {
             HttpListener::Plaintext => get_json(self.http_addr, path).await,

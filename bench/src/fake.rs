@@ -28,6 +28,9 @@ pub struct FakeAgent {
     progress: Arc<Notify>,
     assignments: mpsc::Receiver<pb::AccountAssignment>,
     pub max_unacked: u64,
+    /// The Welcome's session token: presented on a reconnect ([`Self::reconnect`]) so the
+    /// hub takes the new stream over from this one while it still looks live.
+    pub session_token: String,
     reader: tokio::task::JoinHandle<()>,
 }
 
@@ -56,6 +59,19 @@ impl FakeAgent {
         key_pem: &str,
         replica: &str,
     ) -> Result<Self> {
+        Self::reconnect(hub, ca_pem, cert_pem, key_pem, replica, String::new()).await
+    }
+
+    /// [`Self::connect`] as the same replica again, presenting the previous stream's
+    /// `session_token`, as a real agent does when it reconnects.
+    pub async fn reconnect(
+        hub: SocketAddr,
+        ca_pem: &str,
+        cert_pem: &str,
+        key_pem: &str,
+        replica: &str,
+        session_token: String,
+    ) -> Result<Self> {
         let tls = ClientTlsConfig::new()
             .ca_certificate(Certificate::from_pem(ca_pem))
             .identity(Identity::from_pem(cert_pem, key_pem))
@@ -75,7 +91,7 @@ impl FakeAgent {
                 replica: replica.into(),
                 agent_version: "bench".into(),
                 capabilities: vec![],
-                session_token: String::new(),
+                session_token,
                 heartbeat_period_seconds: 0,
             })),
         })
@@ -145,15 +161,18 @@ impl FakeAgent {
             progress,
             assignments,
             max_unacked: u64::from(welcome.max_unacked.max(1)),
+            session_token: welcome.session_token.clone(),
             reader,
         })
     }
 
     /// Sends one message, waiting while `max_unacked` messages are unacknowledged.
     pub async fn send(&mut self, kind: Msg) -> Result<u64> {
-        while self.seq - self.acked.load(Ordering::SeqCst) >= self.max_unacked {
+        // Saturating: the reader's heartbeats take sequence numbers too, so the hub's ack can
+        // pass the last number this side sent (a soak longer than a heartbeat period).
+        while self.seq.saturating_sub(self.acked.load(Ordering::SeqCst)) >= self.max_unacked {
             let notified = self.progress.notified();
-            if self.seq - self.acked.load(Ordering::SeqCst) < self.max_unacked {
+            if self.seq.saturating_sub(self.acked.load(Ordering::SeqCst)) < self.max_unacked {
                 break;
             }
             if self.reader.is_finished() {

@@ -82,7 +82,15 @@ pub struct Options {
     /// Measure 9: round trip added by Toxiproxy for the far rows, milliseconds; 0 skips
     /// them (and Toxiproxy).
     pub reads_round_trip_ms: u64,
-    /// Which of the nine measures to run (all by default).
+    /// Measure 10 (the soak): simulated agents connected throughout.
+    pub soak_agents: usize,
+    /// Measure 10: how long the soak lasts, seconds.
+    pub soak_seconds: u64,
+    /// Measure 10: object updates per second over all agents.
+    pub soak_events_per_second: f64,
+    /// Measure 10: agents that drop their stream and connect again, per minute.
+    pub soak_reconnects_per_minute: f64,
+    /// Which of the ten measures to run (1 to 9 by default; 10 is the ten-minute soak).
     pub measures: Vec<u8>,
     /// Hub stores on /dev/shm instead of the work directory (default: the work directory,
     /// a disk like a real hub's).
@@ -126,6 +134,10 @@ impl Options {
             reads_watch_updates: 300,
             reads_watch_rate: 50.0,
             reads_round_trip_ms: 50,
+            soak_agents: 1000,
+            soak_seconds: 600,
+            soak_events_per_second: 200.0,
+            soak_reconnects_per_minute: 60.0,
             measures: (1..=9).collect(),
             hub_store_on_tmpfs: false,
         }
@@ -158,6 +170,12 @@ impl Options {
             reads_accounts: 3,
             reads_account_objects: 16,
             reads_watch_updates: 10,
+            soak_agents: 10,
+            // Past the hub's 15 s heartbeat period, so heartbeats and their acks interleave
+            // with the churn (where the first full-size soak found a bug).
+            soak_seconds: 17,
+            soak_events_per_second: 50.0,
+            soak_reconnects_per_minute: 120.0,
             ..Self::new(exe)
         }
     }
@@ -225,6 +243,10 @@ pub async fn run(options: &Options) -> Result<Report> {
             sentence
         };
     }
+    if on(10) {
+        step("10. soak");
+        measures::soak::soak(&env, options, &mut rows).await?;
+    }
     if on(9) {
         step("9. reads through the proxy as Clouddriver makes them");
         let sentence = measures::reads::reads(&env, options, &mut rows).await?;
@@ -253,6 +275,10 @@ pub async fn run(options: &Options) -> Result<Report> {
             "resume_changes": options.resume_changes,
             "idle_seconds": options.idle_seconds,
             "agents": options.agents,
+            "soak_agents": options.soak_agents,
+            "soak_seconds": options.soak_seconds,
+            "soak_events_per_second": options.soak_events_per_second,
+            "soak_reconnects_per_minute": options.soak_reconnects_per_minute,
             "agent_objects": options.agent_objects,
             "operations": options.operations,
             "proxy_requests": options.proxy_requests,

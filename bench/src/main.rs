@@ -165,9 +165,30 @@ struct Args {
         default_value_t = 50
     )]
     reads_round_trip_ms: u64,
-    /// Which measures to run (comma-separated numbers 1 to 9; 3, 4 and 5 share one setup;
+    /// Measure 10 (the soak): simulated agents connected for the whole soak.
+    #[arg(long, env = "SCALE_AGENT_BENCH_SOAK_AGENTS", default_value_t = 1000)]
+    soak_agents: usize,
+    /// Measure 10: seconds the soak lasts.
+    #[arg(long, env = "SCALE_AGENT_BENCH_SOAK_SECONDS", default_value_t = 600)]
+    soak_seconds: u64,
+    /// Measure 10: object updates per second over all agents.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_BENCH_SOAK_EVENTS_PER_SECOND",
+        default_value_t = 200.0
+    )]
+    soak_events_per_second: f64,
+    /// Measure 10: agents that drop their stream and connect again, per minute.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_BENCH_SOAK_RECONNECTS_PER_MINUTE",
+        default_value_t = 60.0
+    )]
+    soak_reconnects_per_minute: f64,
+    /// Which measures to run (comma-separated numbers 1 to 10; 3, 4 and 5 share one setup;
     /// 8 is the Kubernetes API proxy, 9 reads through it as Clouddriver makes them:
-    /// `--measures 8,9` runs only the proxy rows).
+    /// `--measures 8,9` runs only the proxy rows; 10, the ten-minute soak, is not in the
+    /// default run).
     #[arg(
         long,
         env = "SCALE_AGENT_BENCH_MEASURES",
@@ -226,6 +247,10 @@ fn main() -> anyhow::Result<()> {
         reads_watch_updates: args.reads_watch_updates,
         reads_watch_rate: args.reads_watch_rate,
         reads_round_trip_ms: args.reads_round_trip_ms,
+        soak_agents: args.soak_agents,
+        soak_seconds: args.soak_seconds,
+        soak_events_per_second: args.soak_events_per_second,
+        soak_reconnects_per_minute: args.soak_reconnects_per_minute,
         measures: args.measures,
         hub_store_on_tmpfs: args.hub_store_on_tmpfs,
         ..Options::new(std::env::current_exe()?)

@@ -5,6 +5,7 @@
 
 pub mod proxy;
 pub mod reads;
+pub mod soak;
 
 use std::{
     collections::HashMap,
@@ -1086,12 +1087,7 @@ pub async fn many_agents(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<
         }
         let secs = started.elapsed().as_secs_f64();
         let registered = hub.stats()?;
-        let connected = hub
-            .get_json("/api/v1/agents")
-            .await?
-            .as_array()
-            .map(Vec::len)
-            .unwrap_or(0);
+        let connected = hub.agents_connected().await?;
         let window = Duration::from_secs(o.idle_seconds.max(1));
         let (rss, idle_cpu) = idle(hub.pid(), window).await?;
         figures.push(json!({

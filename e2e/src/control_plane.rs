@@ -169,6 +169,9 @@ pub struct ControlPlane {
     kwok: Option<KwokRun>,
     audit_log: Option<PathBuf>,
     startup: StartupTimes,
+    /// What kube-apiserver was started with, for [`Self::restart_apiserver`].
+    apiserver_args: Vec<String>,
+    ready_timeout: Duration,
 }
 
 /// One request as the API server's audit log recorded it.
@@ -569,6 +572,8 @@ impl ControlPlane {
             kubeconfig_yaml,
             kwok: kwok_run,
             audit_log,
+            apiserver_args,
+            ready_timeout: options.ready_timeout,
             startup: StartupTimes {
                 etcd: etcd_ready,
                 kube_apiserver: apiserver_ready,
@@ -731,6 +736,74 @@ impl ControlPlane {
     /// gone. Returns the revision compacted to.
     pub async fn compact_etcd(&self) -> Result<i64> {
         Etcd::new(&self.etcd_endpoint).compact_to_current().await
+    }
+
+    /// Stops kube-apiserver (SIGTERM, as a rolling update of the control plane does) and
+    /// starts it again with the same flags, port, certificates and etcd, then waits until it
+    /// is ready. Clients' connections and watches break and must be made again; etcd keeps
+    /// the data and the ServiceAccount signing key stays, so tokens stay valid. Returns how
+    /// long the API server did not answer.
+    pub async fn restart_apiserver(&self) -> Result<Duration> {
+        let position = |processes: &Vec<ManagedProcess>| {
+            processes.iter().position(|p| p.name() == "kube-apiserver")
+        };
+        let mut old = {
+            // A panic elsewhere while the lock was held does not matter to this list.
+            let mut processes = self.processes.lock().unwrap_or_else(|e| e.into_inner());
+            let index = position(&processes).ok_or(Error::NotRunning {
+                component: "kube-apiserver",
+            })?;
+            processes.remove(index)
+        };
+        let down = Instant::now();
+        old.stop(Duration::from_secs(10));
+        let log = self.run_dir.join(format!(
+            "kube-apiserver-{}.log",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis())
+                .unwrap_or_default()
+        ));
+        let new = ManagedProcess::spawn(
+            "kube-apiserver",
+            &self.binaries.kube_apiserver(),
+            &self.apiserver_args,
+            log.clone(),
+        )?;
+        let pid = new.pid();
+        // Back where it was, so `pids`, `ensure_running` and `stop` see it.
+        {
+            let mut processes = self.processes.lock().unwrap_or_else(|e| e.into_inner());
+            let index = processes.len().min(1);
+            processes.insert(index, new);
+        }
+        let client = self.client().await?;
+        loop {
+            if !process::is_alive(pid) {
+                return Err(Error::NotReady {
+                    component: "kube-apiserver",
+                    waited_secs: down.elapsed().as_secs(),
+                    log: log.clone(),
+                    log_tail: process::tail(&log, 20),
+                });
+            }
+            let ready = match http_get("/readyz") {
+                Ok(request) => matches!(client.request_text(request).await.as_deref(), Ok("ok")),
+                Err(()) => false,
+            };
+            if ready {
+                return Ok(down.elapsed());
+            }
+            if down.elapsed() > self.ready_timeout {
+                return Err(Error::NotReady {
+                    component: "kube-apiserver",
+                    waited_secs: self.ready_timeout.as_secs(),
+                    log: log.clone(),
+                    log_tail: process::tail(&log, 20),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Stops the components in reverse start order; a component still running after its

@@ -59,6 +59,10 @@ pub enum Error {
         log_tail: String,
     },
 
+    /// A component was asked for (to restart it) on a control plane that no longer runs it.
+    #[error("{component} is not running in this control plane (stopped already?)")]
+    NotRunning { component: &'static str },
+
     #[error("kubeconfig: {0}")]
     Kubeconfig(#[from] kube::config::KubeconfigError),
 

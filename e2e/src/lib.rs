@@ -19,6 +19,7 @@ pub mod crds;
 pub mod demo;
 pub mod error;
 pub mod fixtures;
+pub mod fleet;
 pub mod http;
 pub mod kubectl;
 pub mod kwok;
