@@ -9,10 +9,12 @@ use serde::{Deserialize, Serialize};
 use crate::store::StoreOp;
 
 pub mod history;
+pub mod packed;
 mod results;
 
 use bytes::Bytes;
 pub use history::{EventType, History, HistoryEvent};
+pub use packed::PackedJson;
 pub use results::apply_result_to_cache;
 
 /// A kind as the cache keys it: group and kind (the version may change between agents).
@@ -118,8 +120,8 @@ pub struct CachedObject {
     pub name: String,
     pub uid: String,
     pub resource_version: String,
-    /// The object's JSON; empty when truncated.
-    pub json: Vec<u8>,
+    /// The object's JSON, packed ([`PackedJson::unpack`] gives it); empty when truncated.
+    pub json: PackedJson,
     pub truncated: bool,
 }
 
@@ -397,6 +399,10 @@ impl Cache {
             });
         }
         let stored = snapshot.len();
+        // A first sync builds the map at once: built from sorted entries, its nodes are
+        // full; inserted one by one in order, about half full (memory per cached object).
+        let first = kind.objects.is_empty();
+        let mut built = Vec::with_capacity(if first { snapshot.len() } else { 0 });
         for (uid, object) in snapshot {
             if kind.objects.get(&uid) == Some(&object) {
                 continue;
@@ -406,7 +412,14 @@ impl Cache {
                 kind: key.clone(),
                 object: object.clone(),
             });
-            kind.objects.insert(uid, object);
+            if first {
+                built.push((uid, object));
+            } else {
+                kind.objects.insert(uid, object);
+            }
+        }
+        if first {
+            kind.objects = built.into_iter().collect();
         }
         // The proxy's watches of the old state end; the snapshot starts its scope's history
         // anew. A namespace's snapshot changed objects the cluster-wide watch (if any) did
@@ -583,7 +596,8 @@ fn record_history(kind: &mut KindCache, event: &Event) {
         .objects
         .get(uid)
         .filter(|o| !o.truncated)
-        .map(|o| Bytes::from(o.json.clone()));
+        .and_then(|o| o.json.unpack().ok())
+        .map(Bytes::from);
     let existed = kind
         .written_through
         .remove(uid)
@@ -595,6 +609,10 @@ fn record_history(kind: &mut KindCache, event: &Event) {
     } else {
         EventType::Added
     };
+    let Ok(json) = event.object.json.unpack() else {
+        kind.reset_history(scope, None);
+        return;
+    };
     kind.histories
         .entry(scope.to_string())
         .or_default()
@@ -602,7 +620,7 @@ fn record_history(kind: &mut KindCache, event: &Event) {
             resource_version,
             event_type,
             namespace: event.object.namespace.clone(),
-            json: Bytes::from(event.object.json.clone()),
+            json: Bytes::from(json),
             previous: previous.filter(|_| existed),
         });
 }
@@ -655,7 +673,8 @@ mod tests {
             uid: format!("uid-{ns}-{name}"),
             resource_version: rv.into(),
             json: format!(r#"{{"metadata":{{"name":"{name}","resourceVersion":"{rv}"}}}}"#)
-                .into_bytes(),
+                .into_bytes()
+                .into(),
             truncated: false,
         }
     }

@@ -21,7 +21,7 @@ use scale_agent_proto::v1::{
 };
 
 use crate::{
-    cache::{Applied, Cache, CachedObject, Event, KindInfo, KindKey, KindState},
+    cache::{Applied, Cache, CachedObject, Event, KindInfo, KindKey, KindState, PackedJson},
     identity::{AllowRule, is_allowed},
     registry::{AccountRecord, ClusterRecord, Promotion, Registration, Registry, Role, SessionId},
     store::StoreOp,
@@ -183,9 +183,9 @@ struct Staged {
     bytes: u64,
 }
 
-/// The bytes a staged object holds (its JSON and identifying strings).
+/// The bytes a staged object holds (its packed JSON and identifying strings).
 fn staged_size(object: &CachedObject) -> u64 {
-    (object.json.len()
+    (object.json.packed_len()
         + object.namespace.len()
         + object.name.len()
         + object.uid.len()
@@ -708,7 +708,7 @@ impl Session {
             name: ev.name,
             uid: ev.uid,
             resource_version: ev.resource_version,
-            json,
+            json: PackedJson::pack(&json),
             truncated,
         };
         let scope = (ev.account.clone(), info.key(), ev.watch_namespace.clone());

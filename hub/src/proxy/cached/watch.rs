@@ -380,8 +380,9 @@ fn start(
                 if object.truncated {
                     return None;
                 }
-                if filter.matches(&object.json) {
-                    initial.push(event_line("ADDED", &object.json));
+                let json = object.json.unpack().ok()?;
+                if filter.matches(&json) {
+                    initial.push(event_line("ADDED", &json));
                 }
             }
             Some((kind.info.clone(), filter, at(resume_rv), initial, None))
