@@ -235,7 +235,7 @@ fn main() -> anyhow::Result<()> {
         let mut counts = (0, 0);
         for run in 0..runs + 1 {
             // Alternate which goes first; the first round warms up and is not counted.
-            let mut one = |packed_side: bool| -> anyhow::Result<(Duration, usize)> {
+            let one = |packed_side: bool| -> anyhow::Result<(Duration, usize)> {
                 let started = Instant::now();
                 let count = if packed_side {
                     render::list_items(&info, packed.clone(), &labels, &fields, Form::Full)

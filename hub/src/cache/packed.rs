@@ -180,6 +180,32 @@ mod tests {
     }
 
     #[test]
+    fn a_kubernetes_object_is_held_in_less_than_half_its_json() {
+        let spec = r#"{"replicas":3,"selector":{"matchLabels":{"app":"web"}},"template":{"metadata":{"labels":{"app":"web","tier":"frontend"}},"spec":{"containers":[{"name":"web","image":"registry.example.com/shop/web:1.42.3","ports":[{"containerPort":8080,"name":"http","protocol":"TCP"}],"resources":{"limits":{"cpu":"1","memory":"1Gi"},"requests":{"cpu":"250m","memory":"768Mi"}}}]}}}"#;
+        let json = format!(
+            r#"{{"apiVersion":"apps/v1","kind":"Deployment","metadata":{{"name":"web","namespace":"shop","uid":"0b6f8c2e-58b2-4c0e-9d7e-2b8f4e1a7c90","resourceVersion":"5000123","generation":7,"creationTimestamp":"2026-11-20T08:14:02Z","labels":{{"app":"web"}},"annotations":{{"deployment.kubernetes.io/revision":"7","kubectl.kubernetes.io/last-applied-configuration":{}}}}},"spec":{spec},"status":{{"observedGeneration":7,"replicas":3,"updatedReplicas":3,"readyReplicas":3,"availableReplicas":3,"conditions":[{{"type":"Available","status":"True","lastUpdateTime":"2026-11-20T08:14:19Z","lastTransitionTime":"2026-11-20T08:14:19Z","reason":"MinimumReplicasAvailable","message":"Deployment has minimum availability."}},{{"type":"Progressing","status":"True","lastUpdateTime":"2026-11-20T08:14:19Z","lastTransitionTime":"2026-11-20T08:14:02Z","reason":"NewReplicaSetAvailable","message":"ReplicaSet \"web-7d4b9c8f5\" has successfully progressed."}}]}}}}"#,
+            serde_json::to_string(&format!(
+                r#"{{"apiVersion":"apps/v1","kind":"Deployment","metadata":{{"name":"web","namespace":"shop"}},"spec":{spec}}}"#
+            ))
+            .unwrap()
+        );
+        serde_json::from_str::<serde_json::Value>(&json).unwrap();
+        let packed = PackedJson::pack(json.as_bytes());
+        assert!(
+            packed.packed_len() * 2 < json.len(),
+            "{} of {} bytes",
+            packed.packed_len(),
+            json.len()
+        );
+        // Copies share the bytes.
+        let copy = packed.clone();
+        assert!(std::ptr::eq(
+            copy.packed().as_ptr(),
+            packed.packed().as_ptr()
+        ));
+    }
+
+    #[test]
     fn corrupt_bytes_are_refused() {
         assert!(PackedJson::from_packed(b"{\"not\":\"packed\"}").is_err());
         let packed = PackedJson::pack(&[b'x'; 4000]);

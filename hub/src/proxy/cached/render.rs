@@ -80,7 +80,13 @@ impl<'de> Deserialize<'de> for Members<'de> {
     }
 }
 
-/// What a label selector reads of an object's metadata.
+/// What a label selector reads of an object: its labels, the rest skipped unparsed.
+#[derive(Deserialize)]
+struct Labelled {
+    #[serde(default)]
+    metadata: Option<Labels>,
+}
+
 #[derive(Deserialize)]
 struct Labels {
     #[serde(default)]
@@ -95,18 +101,10 @@ fn list_item(
     fields: &FieldSelector,
     form: Form,
 ) -> Result<Option<Vec<u8>>, Unrenderable> {
-    let members: Members = serde_json::from_slice(json).map_err(|_| Unrenderable::Corrupt)?;
-    let metadata = members
-        .0
-        .iter()
-        .find(|(k, _)| k == "metadata")
-        .map(|(_, v)| *v);
     if !labels.is_empty() {
-        let of: Option<Labels> = metadata
-            .map(|m| serde_json::from_str(m.get()))
-            .transpose()
-            .map_err(|_| Unrenderable::Corrupt)?;
-        if !labels.matches(of.and_then(|l| l.labels).as_ref()) {
+        // Most objects of a selective list are left out: read only their labels first.
+        let of: Labelled = serde_json::from_slice(json).map_err(|_| Unrenderable::Corrupt)?;
+        if !labels.matches(of.metadata.and_then(|m| m.labels).as_ref()) {
             return Ok(None);
         }
     }
@@ -116,6 +114,12 @@ fn list_item(
             return Ok(None);
         }
     }
+    let members: Members = serde_json::from_slice(json).map_err(|_| Unrenderable::Corrupt)?;
+    let metadata = members
+        .0
+        .iter()
+        .find(|(k, _)| k == "metadata")
+        .map(|(_, v)| *v);
     let mut item = Vec::with_capacity(json.len() + 64);
     let member = |item: &mut Vec<u8>, key: &str, value: &[u8]| {
         item.push(if item.is_empty() { b'{' } else { b',' });
