@@ -190,9 +190,13 @@ impl KindCache {
     /// and the namespace's own), other than `except`: objects there changed without an event
     /// of theirs, so their watchers must list again.
     fn break_histories(&mut self, namespace: &str, except: &str) {
-        for (scope, history) in &mut self.histories {
-            let covers = scope.is_empty() || scope == namespace;
-            if covers && scope != except && history.start.is_some() {
+        for scope in ["", namespace] {
+            if scope == except {
+                continue;
+            }
+            if let Some(history) = self.histories.get_mut(scope)
+                && history.start.is_some()
+            {
                 history.reset(None);
             }
         }
@@ -916,6 +920,14 @@ mod tests {
         c.replace_scope("a", &info(), "", snapshot(&[]), "17", &mut ops);
         assert_eq!(rvs(&c, "x", 16), None);
         assert_eq!(rvs(&c, "", 17), Some(vec![]));
+        // An event of a namespace's own watch is not in the cluster-wide history: it breaks.
+        c.apply_event(
+            "a",
+            &info(),
+            ev(false, obj("x", "four", "18"), "x"),
+            &mut ops,
+        );
+        assert_eq!(rvs(&c, "", 17), None);
         // After a restart each scope's history starts at its persisted resume point.
         let mut restarted = Cache::default();
         restarted.load_kind("a", info());
