@@ -236,7 +236,7 @@ impl Setup {
         let deadline = tokio::time::Instant::now() + WAIT;
         for path in &self.collections {
             loop {
-                let reply = self.get(&path, None).await?;
+                let reply = self.get(path, None).await?;
                 if reply.status == 200 && reply.header("x-scale-agent-cache") == Some("hit") {
                     break;
                 }

@@ -9,10 +9,12 @@ use serde::{Deserialize, Serialize};
 use crate::store::StoreOp;
 
 pub mod history;
+pub mod packed;
 mod results;
 
 use bytes::Bytes;
 pub use history::{EventType, History, HistoryEvent};
+pub use packed::PackedJson;
 pub use results::apply_result_to_cache;
 
 /// A kind as the cache keys it: group and kind (the version may change between agents).
@@ -118,8 +120,8 @@ pub struct CachedObject {
     pub name: String,
     pub uid: String,
     pub resource_version: String,
-    /// The object's JSON; empty when truncated.
-    pub json: Vec<u8>,
+    /// The object's JSON, packed ([`PackedJson::unpack`] gives it); empty when truncated.
+    pub json: PackedJson,
     pub truncated: bool,
 }
 
@@ -193,9 +195,13 @@ impl KindCache {
     /// and the namespace's own), other than `except`: objects there changed without an event
     /// of theirs, so their watchers must list again.
     fn break_histories(&mut self, namespace: &str, except: &str) {
-        for (scope, history) in &mut self.histories {
-            let covers = scope.is_empty() || scope == namespace;
-            if covers && scope != except && history.start.is_some() {
+        for scope in ["", namespace] {
+            if scope == except {
+                continue;
+            }
+            if let Some(history) = self.histories.get_mut(scope)
+                && history.start.is_some()
+            {
                 history.reset(None);
             }
         }
@@ -404,6 +410,10 @@ impl Cache {
             });
         }
         let stored = snapshot.len();
+        // A first sync builds the map at once: built from sorted entries, its nodes are
+        // full; inserted one by one in order, about half full (memory per cached object).
+        let first = kind.objects.is_empty();
+        let mut built = Vec::with_capacity(if first { snapshot.len() } else { 0 });
         for (uid, object) in snapshot {
             if kind.objects.get(&uid).is_some_and(|o| **o == object) {
                 continue;
@@ -414,7 +424,14 @@ impl Cache {
                 kind: key.clone(),
                 object: object.clone(),
             });
-            kind.objects.insert(uid, object);
+            if first {
+                built.push((uid, object));
+            } else {
+                kind.objects.insert(uid, object);
+            }
+        }
+        if first {
+            kind.objects = built.into_iter().collect();
         }
         // The proxy's watches of the old state end; the snapshot starts its scope's history
         // anew. A namespace's snapshot changed objects the cluster-wide watch (if any) did
@@ -614,7 +631,8 @@ fn record_history(kind: &mut KindCache, event: &Event) {
         .objects
         .get(uid)
         .filter(|o| !o.truncated)
-        .map(|o| Bytes::from(o.json.clone()));
+        .and_then(|o| o.json.unpack().ok())
+        .map(Bytes::from);
     let existed = kind
         .written_through
         .remove(uid)
@@ -626,6 +644,10 @@ fn record_history(kind: &mut KindCache, event: &Event) {
     } else {
         EventType::Added
     };
+    let Ok(json) = event.object.json.unpack() else {
+        kind.reset_history(scope, None);
+        return;
+    };
     kind.histories
         .entry(scope.to_string())
         .or_default()
@@ -633,7 +655,7 @@ fn record_history(kind: &mut KindCache, event: &Event) {
             resource_version,
             event_type,
             namespace: event.object.namespace.clone(),
-            json: Bytes::from(event.object.json.clone()),
+            json: Bytes::from(json),
             previous: previous.filter(|_| existed),
         });
 }
@@ -686,7 +708,8 @@ mod tests {
             uid: format!("uid-{ns}-{name}"),
             resource_version: rv.into(),
             json: format!(r#"{{"metadata":{{"name":"{name}","resourceVersion":"{rv}"}}}}"#)
-                .into_bytes(),
+                .into_bytes()
+                .into(),
             truncated: false,
         }
     }
@@ -928,6 +951,14 @@ mod tests {
         c.replace_scope("a", &info(), "", snapshot(&[]), "17", &mut ops);
         assert_eq!(rvs(&c, "x", 16), None);
         assert_eq!(rvs(&c, "", 17), Some(vec![]));
+        // An event of a namespace's own watch is not in the cluster-wide history: it breaks.
+        c.apply_event(
+            "a",
+            &info(),
+            ev(false, obj("x", "four", "18"), "x"),
+            &mut ops,
+        );
+        assert_eq!(rvs(&c, "", 17), None);
         // After a restart each scope's history starts at its persisted resume point.
         let mut restarted = Cache::default();
         restarted.load_kind("a", info());

@@ -760,7 +760,11 @@ fn object_value(kind: &KindInfo, o: &CachedObject) -> Value {
             },
         });
     }
-    serde_json::from_slice(&o.json).unwrap_or(Value::Null)
+    o.json
+        .unpack()
+        .ok()
+        .and_then(|json| serde_json::from_slice(&json).ok())
+        .unwrap_or(Value::Null)
 }
 
 async fn objects(

@@ -21,7 +21,9 @@ use scale_agent_proto::v1::{
 };
 
 use crate::{
-    cache::{AccountCache, Applied, Cache, CachedObject, Event, KindInfo, KindKey, KindState},
+    cache::{
+        AccountCache, Applied, Cache, CachedObject, Event, KindInfo, KindKey, KindState, PackedJson,
+    },
     identity::{AllowRule, is_allowed},
     registry::{AccountRecord, ClusterRecord, Promotion, Registration, Registry, Role, SessionId},
     store::StoreOp,
@@ -187,9 +189,9 @@ struct Staged {
     bytes: u64,
 }
 
-/// The bytes a staged object holds (its JSON and identifying strings).
+/// The bytes a staged object holds (its packed JSON and identifying strings).
 fn staged_size(object: &CachedObject) -> u64 {
-    (object.json.len()
+    (object.json.packed_len()
         + object.namespace.len()
         + object.name.len()
         + object.uid.len()
@@ -772,7 +774,7 @@ impl Session {
             name: ev.name,
             uid: ev.uid,
             resource_version: ev.resource_version,
-            json,
+            json: PackedJson::pack(&json),
             truncated,
         };
         let scope = (ev.account.clone(), info.key(), ev.watch_namespace.clone());

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     agent_tokens::{AgentTokenRecord, EnrolledIdentity},
-    cache::{Cache, CachedObject, KindInfo, KindKey},
+    cache::{Cache, CachedObject, KindInfo, KindKey, PackedJson},
     dynamic_accounts::DynamicAccountRecord,
     error::{HubError, Result},
     registry::{AccountBinding, AccountRecord},
@@ -157,6 +157,10 @@ struct ObjectHeader {
     uid: String,
     rv: String,
     truncated: bool,
+    /// The JSON after the header is packed ([`PackedJson`]); stores written before the hub
+    /// packed objects hold it as it is, and are packed as they load.
+    #[serde(default)]
+    packed: bool,
 }
 
 fn key2(account: &str, kind: &KindKey) -> String {
@@ -174,11 +178,12 @@ fn encode_object(o: &CachedObject) -> Vec<u8> {
         uid: o.uid.clone(),
         rv: o.resource_version.clone(),
         truncated: o.truncated,
+        packed: true,
     };
     // serde_json escapes newlines, so the first b'\n' ends the header.
     let mut bytes = serde_json::to_vec(&header).unwrap_or_default();
     bytes.push(b'\n');
-    bytes.extend_from_slice(&o.json);
+    bytes.extend_from_slice(o.json.packed());
     bytes
 }
 
@@ -193,12 +198,18 @@ fn decode_object(key: &str, bytes: &[u8]) -> Result<CachedObject> {
         .ok_or_else(|| corrupt("no header".into()))?;
     let header: ObjectHeader =
         serde_json::from_slice(&bytes[..split]).map_err(|e| corrupt(e.to_string()))?;
+    let json = &bytes[split + 1..];
+    let json = if header.packed {
+        PackedJson::from_packed(json).map_err(|e| corrupt(e.to_string()))?
+    } else {
+        PackedJson::pack(json)
+    };
     Ok(CachedObject {
         namespace: header.namespace,
         name: header.name,
         uid: header.uid,
         resource_version: header.rv,
-        json: bytes[split + 1..].to_vec(),
+        json,
         truncated: header.truncated,
     })
 }
@@ -835,7 +846,7 @@ mod tests {
             name: "cm".into(),
             uid: "u1".into(),
             resource_version: "7".into(),
-            json: br#"{"a":"b\nc"}"#.to_vec(),
+            json: br#"{"a":"b\nc"}"#.to_vec().into(),
             truncated: false,
         };
         let mut ops = vec![];
@@ -883,6 +894,19 @@ mod tests {
         assert!(!loaded.cache.accounts.contains_key("acc2"));
         drop(store);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn objects_of_a_store_written_before_packing_load() {
+        let old = b"{\"namespace\":\"ns\",\"name\":\"cm\",\"uid\":\"u1\",\"rv\":\"7\",\"truncated\":false}\n{\"a\":\"b\\nc\"}";
+        let object = decode_object("k", old).unwrap();
+        assert_eq!(object.json.unpack().unwrap(), br#"{"a":"b\nc"}"#);
+        assert_eq!(object.resource_version, "7");
+        let again = decode_object("k", &encode_object(&object)).unwrap();
+        assert_eq!(again, object);
+        let mut corrupt = encode_object(&object);
+        corrupt.pop();
+        assert!(decode_object("k", &corrupt).is_err());
     }
 
     #[tokio::test]

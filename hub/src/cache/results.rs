@@ -7,7 +7,7 @@ use std::sync::Arc;
 use scale_agent_proto::v1 as pb;
 use serde_json::Value;
 
-use super::{Cache, CachedObject, KindKey, is_newer};
+use super::{Cache, CachedObject, KindKey, PackedJson, is_newer};
 use crate::store::StoreOp;
 
 /// Applies a result's objects and deletions to the cache, for kinds (and watch scopes) the
@@ -65,7 +65,7 @@ pub fn apply_result_to_cache(
             name,
             uid: uid.clone(),
             resource_version: rv,
-            json: json.clone(),
+            json: PackedJson::pack(json),
             truncated: false,
         });
         ops.push(StoreOp::PutObject {
@@ -121,7 +121,7 @@ mod tests {
                     name: "old".into(),
                     uid: "u1".into(),
                     resource_version: "5".into(),
-                    json: b"{}".to_vec(),
+                    json: b"{}".to_vec().into(),
                     truncated: false,
                 },
                 watch_namespace: String::new(),

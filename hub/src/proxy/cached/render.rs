@@ -1,8 +1,14 @@
 //! The API server's JSON for cached objects (sans-IO): list items in etcd key order, the
 //! list envelope, one object, metadata-only forms and NotFound.
 
+use std::fmt;
+
 use bytes::Bytes;
-use serde_json::{Map, Value, json};
+use serde::{
+    Deserialize, Deserializer,
+    de::{MapAccess, Visitor},
+};
+use serde_json::{Map, Value, json, value::RawValue};
 
 use super::{
     request::Form,
@@ -42,27 +48,111 @@ pub fn list_items<O: std::borrow::Borrow<CachedObject>>(
         if object.truncated {
             return Err(Unrenderable::Truncated);
         }
-        let mut value: Value =
-            serde_json::from_slice(&object.json).map_err(|_| Unrenderable::Corrupt)?;
-        let labels_of = value.pointer("/metadata/labels").and_then(Value::as_object);
-        if !labels.matches(labels_of) || !fields.matches(&value) {
-            continue;
+        let json = object.json.unpack().map_err(|_| Unrenderable::Corrupt)?;
+        if let Some(item) = list_item(&json, builtin, labels, fields, form)? {
+            items.push(Bytes::from(item));
         }
-        let item = match form {
-            Form::Metadata => metadata_only(&value),
-            Form::Full if builtin => {
-                let map = value.as_object_mut().ok_or(Unrenderable::Corrupt)?;
-                map.remove("apiVersion");
-                map.remove("kind");
-                value
-            }
-            Form::Full => value,
-        };
-        items.push(Bytes::from(
-            serde_json::to_vec(&item).map_err(|_| Unrenderable::Corrupt)?,
-        ));
     }
     Ok(items)
+}
+
+/// An object's top-level members, their values as they are in its JSON: a list item is
+/// the object less two members (or its metadata alone), so nothing below the top level is
+/// parsed into values and written again unless a selector needs it.
+struct Members<'a>(Vec<(String, &'a RawValue)>);
+
+impl<'de> Deserialize<'de> for Members<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct MembersVisitor;
+        impl<'de> Visitor<'de> for MembersVisitor {
+            type Value = Members<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Members<'de>, A::Error> {
+                let mut members = Vec::with_capacity(map.size_hint().unwrap_or(6));
+                while let Some(key) = map.next_key::<String>()? {
+                    members.push((key, map.next_value::<&'de RawValue>()?));
+                }
+                Ok(Members(members))
+            }
+        }
+        deserializer.deserialize_map(MembersVisitor)
+    }
+}
+
+/// What a label selector reads of an object: its labels, the rest skipped unparsed.
+#[derive(Deserialize)]
+struct Labelled {
+    #[serde(default)]
+    metadata: Option<Labels>,
+}
+
+#[derive(Deserialize)]
+struct Labels {
+    #[serde(default)]
+    labels: Option<Map<String, Value>>,
+}
+
+/// One object as a list item in `form`, or `None` when the selectors leave it out.
+fn list_item(
+    json: &[u8],
+    builtin: bool,
+    labels: &LabelSelector,
+    fields: &FieldSelector,
+    form: Form,
+) -> Result<Option<Vec<u8>>, Unrenderable> {
+    if !labels.is_empty() {
+        // Most objects of a selective list are left out: read only their labels first.
+        let of: Labelled = serde_json::from_slice(json).map_err(|_| Unrenderable::Corrupt)?;
+        if !labels.matches(of.metadata.and_then(|m| m.labels).as_ref()) {
+            return Ok(None);
+        }
+    }
+    if !fields.is_empty() {
+        let value: Value = serde_json::from_slice(json).map_err(|_| Unrenderable::Corrupt)?;
+        if !fields.matches(&value) {
+            return Ok(None);
+        }
+    }
+    let members: Members = serde_json::from_slice(json).map_err(|_| Unrenderable::Corrupt)?;
+    let metadata = members
+        .0
+        .iter()
+        .find(|(k, _)| k == "metadata")
+        .map(|(_, v)| *v);
+    let mut item = Vec::with_capacity(json.len() + 64);
+    let member = |item: &mut Vec<u8>, key: &str, value: &[u8]| {
+        item.push(if item.is_empty() { b'{' } else { b',' });
+        // A key is a JSON string; writing one cannot fail.
+        let _ = serde_json::to_writer(&mut *item, key);
+        item.push(b':');
+        item.extend_from_slice(value);
+    };
+    match form {
+        Form::Metadata => {
+            member(&mut item, "kind", br#""PartialObjectMetadata""#);
+            member(&mut item, "apiVersion", br#""meta.k8s.io/v1""#);
+            member(
+                &mut item,
+                "metadata",
+                metadata.map_or(&b"{}"[..], |m| m.get().as_bytes()),
+            );
+        }
+        Form::Full => {
+            for (key, value) in &members.0 {
+                if builtin && (key == "apiVersion" || key == "kind") {
+                    continue;
+                }
+                member(&mut item, key, value.get().as_bytes());
+            }
+        }
+    }
+    if item.is_empty() {
+        item.push(b'{');
+    }
+    item.push(b'}');
+    Ok(Some(item))
 }
 
 fn etcd_key(o: &CachedObject) -> String {
@@ -128,11 +218,11 @@ pub fn object_body(object: &CachedObject, form: Form) -> Result<Vec<u8>, Unrende
     if object.truncated {
         return Err(Unrenderable::Truncated);
     }
+    let json = object.json.unpack().map_err(|_| Unrenderable::Corrupt)?;
     match form {
-        Form::Full => Ok(object.json.clone()),
+        Form::Full => Ok(json),
         Form::Metadata => {
-            let value: Value =
-                serde_json::from_slice(&object.json).map_err(|_| Unrenderable::Corrupt)?;
+            let value: Value = serde_json::from_slice(&json).map_err(|_| Unrenderable::Corrupt)?;
             serde_json::to_vec(&metadata_only(&value)).map_err(|_| Unrenderable::Corrupt)
         }
     }
@@ -189,7 +279,8 @@ mod tests {
                 "metadata": {"name": name, "namespace": ns, "labels": labels},
                 "data": {"k": "v"},
             }))
-            .unwrap(),
+            .unwrap()
+            .into(),
             truncated: false,
         }
     }
@@ -260,10 +351,54 @@ mod tests {
     }
 
     #[test]
+    fn items_are_the_cached_json_less_the_type_with_field_selectors_too() {
+        let mut o = obj("a", "b", json!({"app": "web"}));
+        // Member order and nested JSON are kept as the agent sent them.
+        o.json = br#"{"kind":"ConfigMap","metadata":{"namespace":"a","name":"b","labels":{"app":"web"}},"apiVersion":"v1","data":{"z":"1","a":"\u00e9"}}"#
+            .to_vec()
+            .into();
+        let cm = info("", "ConfigMap", "configmaps");
+        let render = |fields: &str, form| {
+            list_items(
+                &cm,
+                vec![o.clone()],
+                &LabelSelector::parse("app").unwrap(),
+                &FieldSelector::parse(fields, "", "ConfigMap").unwrap(),
+                form,
+            )
+            .unwrap()
+        };
+        assert_eq!(
+            render("metadata.name=b", Form::Full),
+            [Bytes::from_static(
+                br#"{"metadata":{"namespace":"a","name":"b","labels":{"app":"web"}},"data":{"z":"1","a":"\u00e9"}}"#
+            )]
+        );
+        assert!(render("metadata.name=c", Form::Full).is_empty());
+        assert_eq!(
+            render("", Form::Metadata),
+            [Bytes::from_static(
+                br#"{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":{"namespace":"a","name":"b","labels":{"app":"web"}}}"#
+            )]
+        );
+        o.json = b"[1]".to_vec().into();
+        assert_eq!(
+            list_items(
+                &cm,
+                vec![o],
+                &LabelSelector::default(),
+                &FieldSelector::default(),
+                Form::Full
+            ),
+            Err(Unrenderable::Corrupt)
+        );
+    }
+
+    #[test]
     fn truncated_objects_cannot_be_served() {
         let mut o = obj("a", "b", json!({}));
         o.truncated = true;
-        o.json.clear();
+        o.json = Default::default();
         assert_eq!(
             list_items(
                 &info("", "ConfigMap", "configmaps"),

@@ -265,8 +265,9 @@ pub(crate) async fn watch(
         if object.truncated {
             return None;
         }
-        if filter.matches(&object.json) {
-            initial.push(event_line("ADDED", &object.json));
+        let json = object.json.unpack().ok()?;
+        if filter.matches(&json) {
+            initial.push(event_line("ADDED", &json));
         }
     }
     drop(objects);
