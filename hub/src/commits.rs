@@ -85,11 +85,11 @@ pub struct Commits {
     data_dir: PathBuf,
 }
 
-/// The bytes a change holds, for [`MAX_UNCOMMITTED_BYTES`].
+/// The bytes a change holds (an object as kept: compressed), for [`MAX_UNCOMMITTED_BYTES`].
 pub fn op_bytes(op: &StoreOp) -> u64 {
     const OVERHEAD: u64 = 128;
     match op {
-        StoreOp::PutObject { object, .. } => OVERHEAD + object.json.len() as u64,
+        StoreOp::PutObject { object, .. } => OVERHEAD + object.json.packed_len() as u64,
         _ => OVERHEAD,
     }
 }

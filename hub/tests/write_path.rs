@@ -359,7 +359,7 @@ async fn preload_large_account(dir: &std::path::Path, account: &str, count: usiz
                 name,
                 uid: format!("uid-{i}"),
                 resource_version: "5".into(),
-                json: serde_json::to_vec(&json).unwrap(),
+                json: serde_json::to_vec(&json).unwrap().into(),
                 truncated: false,
             }),
         });

@@ -109,8 +109,7 @@ pub async fn soak(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<()> {
                 attempt += 1;
                 match sim.connect(grpc, ca_ref, objects).await {
                     Ok(()) => break,
-                    Err(e) if attempt < 5 => {
-                        tracing::debug!("soak: {} connect failed ({e}); again", sim.account);
+                    Err(_) if attempt < 5 => {
                         tokio::time::sleep(Duration::from_millis(500 * attempt)).await;
                     }
                     Err(e) => return Err(e),
