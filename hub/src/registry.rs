@@ -532,14 +532,13 @@ impl Registry {
                 self.credential_failures
                     .insert(name.to_string(), (session, message.to_string()));
             }
-            KindStatusState::Watching => {
+            KindStatusState::Watching
                 if self
                     .credential_failures
                     .get(name)
-                    .is_some_and(|(s, _)| *s == session)
-                {
-                    self.credential_failures.remove(name);
-                }
+                    .is_some_and(|(s, _)| *s == session) =>
+            {
+                self.credential_failures.remove(name);
             }
             _ => {}
         }
