@@ -29,8 +29,8 @@ pub mod operator;
 pub mod pki;
 pub mod process;
 pub mod relay;
-pub mod wait;
 pub mod tinyproxy;
+pub mod wait;
 
 pub use binaries::{Binaries, KUBERNETES_VERSION, KWOK_VERSION};
 pub use control_plane::{AuditEvent, ControlPlane, ControlPlaneOptions, StartupTimes};

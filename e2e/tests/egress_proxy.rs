@@ -12,10 +12,7 @@ use std::{
 };
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::{
-    Api,
-    api::{PostParams, ResourceExt as _},
-};
+use kube::{Api, api::PostParams};
 use scale_agent_e2e::{
     ControlPlane,
     fixtures::{self, Scope},
@@ -130,13 +127,17 @@ async fn wait_streamed(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hub_and_api_server_connections_go_through_https_proxy_unless_excluded()
--> anyhow::Result<()> {
-    let control_plane = ControlPlane::shared()?;
+/// A namespace `prefix-…` with a ServiceAccount that may read its ConfigMaps (its kubeconfig
+/// in the returned directory) and a ConfigMap `marker` to wait for: (namespace, directory,
+/// kubeconfig).
+async fn namespace_with_marker(
+    control_plane: &ControlPlane,
+    prefix: &str,
+    marker: &str,
+) -> anyhow::Result<(String, PathBuf, PathBuf)> {
     let admin = control_plane.client().await?;
-    let ns = control_plane.namespace(&admin, "egress").await?;
-    let dir = fixtures::temp_dir("egress-proxy")?;
+    let ns = control_plane.namespace(&admin, prefix).await?;
+    let dir = fixtures::temp_dir(&format!("{prefix}-proxy"))?;
     let kubeconfig = fixtures::service_account_identity(
         control_plane,
         &admin,
@@ -147,20 +148,27 @@ async fn hub_and_api_server_connections_go_through_https_proxy_unless_excluded()
         dir.join("kubeconfig"),
     )
     .await?;
+    Api::<ConfigMap>::namespaced(admin, &ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({ "metadata": { "name": marker } }))?,
+        )
+        .await?;
+    Ok((ns, dir, kubeconfig))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hub_and_api_server_connections_go_through_https_proxy_unless_excluded()
+-> anyhow::Result<()> {
+    let control_plane = ControlPlane::shared()?;
+    let marker = "through-the-proxy";
+    let (ns, dir, kubeconfig) = namespace_with_marker(control_plane, "egress", marker).await?;
     let api_server: http::Uri = control_plane.server().parse()?;
     let api_target = format!(
         "{}:{}",
         api_server.host().unwrap_or_default(),
         api_server.port_u16().unwrap_or(443)
     );
-    let configmaps: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
-    let marker = configmaps
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({ "metadata": { "name": "through-the-proxy" } }))?,
-        )
-        .await?
-        .name_any();
     let hub = fixtures::start_plaintext_hub(&dir).await?;
     let hub_target = hub.grpc_addr.to_string();
     let mut proxy = Tinyproxy::start(&dir.join("tinyproxy")).await?;
@@ -218,7 +226,7 @@ async fn hub_and_api_server_connections_go_through_https_proxy_unless_excluded()
         let mut env = vec![("HTTPS_PROXY", proxy_url.as_str())];
         env.extend(extra_env);
         let mut agent = start_agent(&dir, scenario, &config, &env)?;
-        wait_streamed(hub.http_addr, &name, &marker, &mut agent).await?;
+        wait_streamed(hub.http_addr, &name, marker, &mut agent).await?;
         let after = counts(&proxy);
         assert_eq!(
             (after.0 > before.0, after.1 > before.1),
@@ -246,27 +254,8 @@ async fn hub_and_api_server_connections_go_through_https_proxy_unless_excluded()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_tls_hub_is_reached_through_https_proxy() -> anyhow::Result<()> {
     let control_plane = ControlPlane::shared()?;
-    let admin = control_plane.client().await?;
-    let ns = control_plane.namespace(&admin, "egress-tls").await?;
-    let dir = fixtures::temp_dir("egress-proxy-tls")?;
-    let kubeconfig = fixtures::service_account_identity(
-        control_plane,
-        &admin,
-        &ns,
-        "agent",
-        Scope::Namespace,
-        fixtures::read_rules(&["configmaps"]),
-        dir.join("kubeconfig"),
-    )
-    .await?;
-    let configmaps: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
-    let marker = configmaps
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({ "metadata": { "name": "through-the-tunnel" } }))?,
-        )
-        .await?
-        .name_any();
+    let marker = "through-the-tunnel";
+    let (ns, dir, kubeconfig) = namespace_with_marker(control_plane, "egress-tls", marker).await?;
 
     let ca = CertificateAuthority::new("egress-agents-ca")?;
     let serving = ca.serving("scale-agent-hub", &[])?;
@@ -309,7 +298,7 @@ async fn mutual_tls_hub_is_reached_through_https_proxy() -> anyhow::Result<()> {
         json!({ "noProxy": true }),
     )?;
     let mut agent = start_agent(&dir, "tls", &config, &[("HTTPS_PROXY", proxy_url.as_str())])?;
-    wait_streamed(hub.http_addr, &name, &marker, &mut agent).await?;
+    wait_streamed(hub.http_addr, &name, marker, &mut agent).await?;
     assert!(
         proxy.connects_to(&hub_target) > 0,
         "the agent streamed without a CONNECT to the hub ({hub_target}) through the proxy; \
