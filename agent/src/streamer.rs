@@ -196,11 +196,28 @@ pub fn wanted_watches(
 }
 
 async fn send_stopped(ctx: &StreamerContext, kind: v1::Kind, watch_namespace: &str) {
+    send_kind_status(
+        ctx,
+        kind,
+        v1::kind_status::State::Stopped,
+        "no longer watched: the account's kinds or namespaces changed".into(),
+        watch_namespace,
+    )
+    .await;
+}
+
+async fn send_kind_status(
+    ctx: &StreamerContext,
+    kind: v1::Kind,
+    state: v1::kind_status::State,
+    message: String,
+    watch_namespace: &str,
+) {
     let status = v1::KindStatus {
         account: ctx.account.name.clone(),
         kind: Some(kind),
-        state: v1::kind_status::State::Stopped as i32,
-        message: "no longer watched: the account's kinds or namespaces changed".into(),
+        state: state as i32,
+        message,
         namespaces: if watch_namespace.is_empty() {
             Vec::new()
         } else {
@@ -217,13 +234,48 @@ async fn send_stopped(ctx: &StreamerContext, kind: v1::Kind, watch_namespace: &s
         .await;
 }
 
-async fn discover(ctx: &StreamerContext) -> Vec<kinds::Candidate> {
+/// The API server refused the account's credentials (401): the message of KindStatus
+/// FAILING that the hub reads as such (stream contract, item 11: it starts with "401 ").
+fn credentials_refused(error: &crate::error::Error) -> Option<String> {
+    match error {
+        crate::error::Error::Kube {
+            source: kube::Error::Api(status),
+            ..
+        } if status.code == 401 => Some(format!(
+            "401 {}: {} (discovering the API server's kinds)",
+            status.reason, status.message
+        )),
+        _ => None,
+    }
+}
+
+/// Discovery, retried until it succeeds. When the first one of a stream finds the
+/// credentials refused, the kinds the hub gave resume points for (the ones this stream was
+/// to watch) are reported FAILING with the 401, once: before any watch runs, that is the
+/// only way the hub learns that the account's credentials fail.
+async fn discover(ctx: &StreamerContext, first: bool) -> Vec<kinds::Candidate> {
     let name = &ctx.account.name;
     let mut backoff = Backoff::for_retries();
+    let mut reported = !first;
     loop {
         match account::discover(name, &ctx.prepared.client).await {
             Ok(candidates) => return candidates,
             Err(error) => {
+                if let Some(message) = credentials_refused(&error).filter(|_| !reported) {
+                    reported = true;
+                    for point in &ctx.resume_points {
+                        if let Some(kind) = point.kind.clone() {
+                            send_kind_status(
+                                ctx,
+                                kind,
+                                v1::kind_status::State::Failing,
+                                message.clone(),
+                                &point.watch_namespace,
+                            )
+                            .await;
+                        }
+                    }
+                }
                 let delay = backoff.next_delay();
                 tracing::warn!(account = %name, %error, "discovery failed; retrying in {:.1} s", delay.as_secs_f64());
                 ctx.shared
@@ -267,7 +319,7 @@ pub async fn run(ctx: StreamerContext) {
     // Records the current versions, so the first poll has something to compare with.
     discovery_changed(&ctx.prepared.client, &mut versions).await;
     loop {
-        let candidates = discover(&ctx).await;
+        let candidates = discover(&ctx, first).await;
         let kinds_now = kind_set(&candidates);
         if known_kinds
             .as_ref()
@@ -352,6 +404,26 @@ pub async fn run(ctx: StreamerContext) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_401_is_reported_as_credentials_refused() {
+        let error = |code: u16| crate::error::Error::Kube {
+            account: "a".into(),
+            context: "discover".into(),
+            source: kube::Error::Api(Box::new(kube::core::Status {
+                code,
+                reason: "Unauthorized".into(),
+                message: "m".into(),
+                ..Default::default()
+            })),
+        };
+        assert_eq!(
+            credentials_refused(&error(401)).as_deref(),
+            Some("401 Unauthorized: m (discovering the API server's kinds)")
+        );
+        assert!(credentials_refused(&error(403)).is_none());
+        assert!(credentials_refused(&error(500)).is_none());
+    }
 
     #[test]
     fn discovery_versions_change_only_after_a_first_answer() {

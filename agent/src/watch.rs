@@ -94,6 +94,8 @@ fn classify(error: &kube::Error) -> Failure {
     }
 }
 
+/// Everything but 410 and 403 is reported FAILING as `<code> <reason>: <message>`; the hub
+/// reads a leading `401 ` as the account's credentials refused (stream contract, item 11).
 fn classify_status(status: &Status) -> Failure {
     match status.code {
         410 => Failure::Gone,
@@ -553,6 +555,15 @@ mod tests {
         assert!(matches!(classify_status(&status(410)), Failure::Gone));
         assert!(matches!(classify_status(&status(403)), Failure::Forbidden(m) if m == "m403"));
         assert!(matches!(classify_status(&status(500)), Failure::Other(_)));
+        // The hub reads "401 " at the start of a FAILING message as credentials refused
+        // (stream contract, item 11): keep the code first.
+        let refused = Status {
+            reason: "Unauthorized".into(),
+            ..status(401)
+        };
+        assert!(
+            matches!(classify(&kube::Error::Api(Box::new(refused))), Failure::Other(m) if m == "401 Unauthorized: m401")
+        );
         assert!(matches!(
             classify(&kube::Error::Api(Box::new(status(410)))),
             Failure::Gone

@@ -16,10 +16,10 @@ use std::{
 };
 
 use anyhow::Context as _;
-use k8s_openapi::api::rbac::v1::PolicyRule;
+use k8s_openapi::api::{core::v1::ServiceAccount, rbac::v1::PolicyRule};
 use kube::{
     Api, Client,
-    api::{DynamicObject, Patch, PatchParams},
+    api::{DeleteParams, DynamicObject, Patch, PatchParams},
     core::{ApiResource, GroupVersionKind},
 };
 use scale_agent_e2e::{
@@ -489,6 +489,107 @@ async fn a_demoted_replica_writes_standby() -> anyhow::Result<()> {
     b.stop(Duration::from_secs(20));
     drop(relay);
     hub.shutdown().await?;
+    process::remove_at_exit(dir);
+    Ok(())
+}
+
+/// `(accountState, stateReason)` of `account` in the hub's REST API, once it lists it.
+async fn hub_account_state(
+    hub: &fixtures::TlsHub,
+    account: &str,
+) -> anyhow::Result<Option<(String, String)>> {
+    let response = hub
+        .api("GET", &format!("/api/v1/accounts/{account}"))
+        .send()
+        .await?;
+    if response.status != 200 {
+        return Ok(None);
+    }
+    let view: Value = serde_json::from_str(&response.body)?;
+    let field = |name: &str| view[name].as_str().unwrap_or_default().to_string();
+    Ok(Some((field("accountState"), field("stateReason"))))
+}
+
+/// Issue 12 item 2: the account's ServiceAccount is deleted while the agent streams, which
+/// revokes its token. When the agent streams again (here after the hub restarts, as after
+/// any reconnect) the API server answers its discovery with 401, and the hub shows the
+/// account FAILED with the API server's words.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoked_credentials_make_the_account_failed_in_the_hub() -> anyhow::Result<()> {
+    let control_plane = ControlPlane::shared()?;
+    let admin = control_plane.client().await?;
+    let ns = control_plane.namespace(&admin, "revoked").await?;
+    let dir = fixtures::temp_dir("revoked-credentials")?;
+    let kubeconfig = fixtures::service_account_identity(
+        control_plane,
+        &admin,
+        &ns,
+        "agent",
+        Scope::Namespace,
+        fixtures::read_rules(&["configmaps"]),
+        dir.join("kubeconfig"),
+    )
+    .await?;
+    let hub = fixtures::TlsHub::start(&dir, |_| {}).await?;
+    let account = format!("revoked-{ns}");
+    let config = dir.join("agent.yaml");
+    fixtures::write_plaintext_agent_config(
+        &config,
+        hub.hub.grpc_addr,
+        json!([fixtures::account(
+            &account,
+            &kubeconfig,
+            &ns,
+            &["configmaps"]
+        )]),
+        2,
+    )?;
+    let agent = fixtures::start_agent_replica(&config, "agent-0").await?;
+    wait_for("the account ACTIVE", || async {
+        Ok(hub_account_state(&hub, &account)
+            .await?
+            .filter(|(state, _)| state == "ACTIVE"))
+    })
+    .await?;
+
+    Api::<ServiceAccount>::namespaced(admin.clone(), &ns)
+        .delete("agent", &DeleteParams::default())
+        .await?;
+    // The API server caches token verdicts for a few seconds: wait until it refuses it.
+    let revoked = Client::try_from(
+        kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::read_from(&kubeconfig)?,
+            &Default::default(),
+        )
+        .await?,
+    )?;
+    wait_for("the token to be refused", || async {
+        let answer = Api::<ServiceAccount>::namespaced(revoked.clone(), &ns)
+            .list(&Default::default())
+            .await;
+        Ok(matches!(answer, Err(kube::Error::Api(status)) if status.code == 401).then_some(()))
+    })
+    .await?;
+    let (hub, ()) = hub.restart(async { Ok(()) }).await?;
+    let failed = wait_for("the account FAILED", || async {
+        Ok(hub_account_state(&hub, &account)
+            .await?
+            .filter(|(state, _)| state == "FAILED"))
+    })
+    .await;
+    let (_, reason) = failed.with_context(|| {
+        format!(
+            "the agent's view: {}",
+            serde_json::to_string(&agent.view()).unwrap_or_default()
+        )
+    })?;
+    assert!(
+        reason.contains("refuses the account's credentials") && reason.contains("401"),
+        "{reason}"
+    );
+
+    agent.shutdown();
+    hub.hub.shutdown().await?;
     process::remove_at_exit(dir);
     Ok(())
 }

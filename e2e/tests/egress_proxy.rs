@@ -1,7 +1,8 @@
 //! Agents behind an egress proxy (issue 15, item 3): a real agent process with
 //! `HTTPS_PROXY` pointing at a real forward proxy on loopback (Debian's tinyproxy, unpacked
 //! by `make tinyproxy`) reaches the hub (gRPC tunnelled with HTTP CONNECT) and its account's
-//! API server through it, and streams. The proxy's own log proves which connections went
+//! API server through it, and streams, to a plaintext hub and to a hub serving mutual TLS
+//! (TLS end to end inside the tunnel). The proxy's own log proves which connections went
 //! through it; `NO_PROXY`, `clouddriver.noProxy` and `kubernetes.noProxy` bypass it for what
 //! they name.
 
@@ -11,14 +12,12 @@ use std::{
 };
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::{
-    Api,
-    api::{PostParams, ResourceExt as _},
-};
+use kube::{Api, api::PostParams};
 use scale_agent_e2e::{
     ControlPlane,
     fixtures::{self, Scope},
     local_agent::free_port,
+    pki::CertificateAuthority,
     process::{self, ManagedProcess},
     tinyproxy::Tinyproxy,
 };
@@ -68,7 +67,8 @@ fn start_agent(
 }
 
 /// Writes an agent config for the plaintext hub at `hub` with one account, `extra` merged
-/// into its `clouddriver` and `kubernetes` sections.
+/// into its `clouddriver` and `kubernetes` sections (`insecure: false` and a `tls` block
+/// there make it a TLS hub).
 fn write_config(
     dir: &Path,
     name: &str,
@@ -127,13 +127,17 @@ async fn wait_streamed(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hub_and_api_server_connections_go_through_https_proxy_unless_excluded()
--> anyhow::Result<()> {
-    let control_plane = ControlPlane::shared()?;
+/// A namespace `prefix-…` with a ServiceAccount that may read its ConfigMaps (its kubeconfig
+/// in the returned directory) and a ConfigMap `marker` to wait for: (namespace, directory,
+/// kubeconfig).
+async fn namespace_with_marker(
+    control_plane: &ControlPlane,
+    prefix: &str,
+    marker: &str,
+) -> anyhow::Result<(String, PathBuf, PathBuf)> {
     let admin = control_plane.client().await?;
-    let ns = control_plane.namespace(&admin, "egress").await?;
-    let dir = fixtures::temp_dir("egress-proxy")?;
+    let ns = control_plane.namespace(&admin, prefix).await?;
+    let dir = fixtures::temp_dir(&format!("{prefix}-proxy"))?;
     let kubeconfig = fixtures::service_account_identity(
         control_plane,
         &admin,
@@ -144,20 +148,27 @@ async fn hub_and_api_server_connections_go_through_https_proxy_unless_excluded()
         dir.join("kubeconfig"),
     )
     .await?;
+    Api::<ConfigMap>::namespaced(admin, &ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({ "metadata": { "name": marker } }))?,
+        )
+        .await?;
+    Ok((ns, dir, kubeconfig))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hub_and_api_server_connections_go_through_https_proxy_unless_excluded()
+-> anyhow::Result<()> {
+    let control_plane = ControlPlane::shared()?;
+    let marker = "through-the-proxy";
+    let (ns, dir, kubeconfig) = namespace_with_marker(control_plane, "egress", marker).await?;
     let api_server: http::Uri = control_plane.server().parse()?;
     let api_target = format!(
         "{}:{}",
         api_server.host().unwrap_or_default(),
         api_server.port_u16().unwrap_or(443)
     );
-    let configmaps: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
-    let marker = configmaps
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({ "metadata": { "name": "through-the-proxy" } }))?,
-        )
-        .await?
-        .name_any();
     let hub = fixtures::start_plaintext_hub(&dir).await?;
     let hub_target = hub.grpc_addr.to_string();
     let mut proxy = Tinyproxy::start(&dir.join("tinyproxy")).await?;
@@ -215,7 +226,7 @@ async fn hub_and_api_server_connections_go_through_https_proxy_unless_excluded()
         let mut env = vec![("HTTPS_PROXY", proxy_url.as_str())];
         env.extend(extra_env);
         let mut agent = start_agent(&dir, scenario, &config, &env)?;
-        wait_streamed(hub.http_addr, &name, &marker, &mut agent).await?;
+        wait_streamed(hub.http_addr, &name, marker, &mut agent).await?;
         let after = counts(&proxy);
         assert_eq!(
             (after.0 > before.0, after.1 > before.1),
@@ -232,6 +243,79 @@ async fn hub_and_api_server_connections_go_through_https_proxy_unless_excluded()
         agent.stop(Duration::from_secs(20));
     }
 
+    proxy.stop();
+    hub.shutdown().await?;
+    process::remove_at_exit(dir);
+    Ok(())
+}
+
+/// The hub serves mutual TLS (client certificates required, signed by a CA it trusts): the
+/// agent's TLS runs inside the proxy's CONNECT tunnel, end to end, and the account streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_hub_is_reached_through_https_proxy() -> anyhow::Result<()> {
+    let control_plane = ControlPlane::shared()?;
+    let marker = "through-the-tunnel";
+    let (ns, dir, kubeconfig) = namespace_with_marker(control_plane, "egress-tls", marker).await?;
+
+    let ca = CertificateAuthority::new("egress-agents-ca")?;
+    let serving = ca.serving("scale-agent-hub", &[])?;
+    let client = ca.client("agent-egress", &[])?;
+    let (ca_file, cert_file, key_file) = (
+        dir.join("ca.pem"),
+        dir.join("agent.pem"),
+        dir.join("agent-key.pem"),
+    );
+    std::fs::write(&ca_file, &ca.cert_pem)?;
+    std::fs::write(&cert_file, &client.cert_pem)?;
+    std::fs::write(&key_file, &client.key_pem)?;
+    let mut hub_config = fixtures::test_hub_config(&dir)?;
+    hub_config.security = scale_agent_hub::GrpcSecurity::MutualTls(scale_agent_hub::TlsMaterial {
+        cert_pem: serving.cert_pem.into_bytes(),
+        key_pem: serving.key_pem.into_bytes(),
+        client_ca_pem: Some(ca.cert_pem.clone().into_bytes()),
+    });
+    let hub = scale_agent_hub::start(hub_config).await?;
+    let hub_target = hub.grpc_addr.to_string();
+    let mut proxy = Tinyproxy::start(&dir.join("tinyproxy")).await?;
+    let proxy_url = proxy.url();
+
+    let name = format!("tls-{ns}");
+    let config = write_config(
+        &dir,
+        "tls",
+        hub.grpc_addr,
+        fixtures::account(&name, &kubeconfig, &ns, &["configmaps"]),
+        json!({
+            "insecure": false,
+            "tls": {
+                "serverName": "localhost",
+                "cacertFile": ca_file.display().to_string(),
+                "clientCertFile": cert_file.display().to_string(),
+                "clientKeyFile": key_file.display().to_string(),
+            },
+        }),
+        // The API server directly: this case is about the hub's connection.
+        json!({ "noProxy": true }),
+    )?;
+    let mut agent = start_agent(&dir, "tls", &config, &[("HTTPS_PROXY", proxy_url.as_str())])?;
+    wait_streamed(hub.http_addr, &name, marker, &mut agent).await?;
+    assert!(
+        proxy.connects_to(&hub_target) > 0,
+        "the agent streamed without a CONNECT to the hub ({hub_target}) through the proxy; \
+         its log:\n{}",
+        proxy.log()
+    );
+    // The hub saw the agent's client certificate, not the proxy: TLS ran end to end.
+    let accounts = fixtures::hub_call("GET", hub.http_addr, "/api/v1/accounts")
+        .send()
+        .await?
+        .body;
+    assert!(
+        accounts.contains("agent-egress"),
+        "the hub does not name the agent's certificate identity: {accounts}"
+    );
+
+    agent.stop(Duration::from_secs(20));
     proxy.stop();
     hub.shutdown().await?;
     process::remove_at_exit(dir);

@@ -8,6 +8,7 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
+use scale_agent_proto::v1::kind_status::State as KindStatusState;
 use serde::{Deserialize, Serialize};
 
 /// Identifies one gRPC stream for the hub's lifetime.
@@ -132,7 +133,8 @@ pub enum AccountState {
     Active,
     /// No agent serves it; its cache is kept until the grace period ends.
     Inactive,
-    /// No agent serves it and its last registration was rejected.
+    /// Its last registration was rejected (and no agent serves it), or the API server
+    /// refuses the credentials of the replica streaming it (401 Unauthorized).
     Failed,
     /// Its agent left and none took over within the grace period: the cache is gone, the
     /// binding to its identity is kept.
@@ -177,6 +179,12 @@ pub struct Transition {
     pub to: StateRecord,
 }
 
+/// Whether a KindStatus FAILING message says the API server refused the credentials: the
+/// agent reports API errors as `<code> <reason>: <message>` (stream contract, item 11).
+pub fn credentials_refused(message: &str) -> bool {
+    message.starts_with("401 ")
+}
+
 /// At most this many refused registrations are remembered (for FAILED), so an agent sending
 /// many names it may not serve cannot grow the hub's memory.
 pub const MAX_REJECTIONS: usize = 1024;
@@ -193,6 +201,11 @@ pub struct Registry {
     /// account → the stream whose registration of it was refused last, and why. Dropped when
     /// that stream ends or registers the account successfully.
     rejections: BTreeMap<String, (SessionId, String)>,
+    /// account → its streaming stream, whose API server refused the account's credentials
+    /// (a kind FAILING with 401), and the API server's words. Dropped when that stream
+    /// reports a kind WATCHING again, stops serving the account or ends. At most one entry
+    /// per account a stream streams, so bounded by the accounts.
+    credential_failures: BTreeMap<String, (SessionId, String)>,
     next_id: SessionId,
 }
 
@@ -449,6 +462,13 @@ impl Registry {
         if account.streaming.is_none() && account.disconnected_since.is_none() {
             account.disconnected_since = Some(now);
         }
+        if self
+            .credential_failures
+            .get(name)
+            .is_some_and(|(s, _)| *s == session)
+        {
+            self.credential_failures.remove(name);
+        }
         promotions
     }
 
@@ -458,6 +478,7 @@ impl Registry {
             return Vec::new();
         }
         self.rejections.retain(|_, (s, _)| *s != session);
+        self.credential_failures.retain(|_, (s, _)| *s != session);
         let names: Vec<String> = self
             .accounts
             .iter()
@@ -496,11 +517,53 @@ impl Registry {
             .insert(name.to_string(), (session, reason.to_string()));
     }
 
+    /// A kind's status from `session`, which streams `name` (checked by the caller): FAILING
+    /// with a 401 means the API server refuses the account's credentials (FAILED); WATCHING
+    /// means they work again. Other states say nothing about the credentials.
+    pub fn note_kind_status(
+        &mut self,
+        session: SessionId,
+        name: &str,
+        state: KindStatusState,
+        message: &str,
+    ) {
+        match state {
+            KindStatusState::Failing if credentials_refused(message) => {
+                self.credential_failures
+                    .insert(name.to_string(), (session, message.to_string()));
+            }
+            KindStatusState::Watching
+                if self
+                    .credential_failures
+                    .get(name)
+                    .is_some_and(|(s, _)| *s == session) =>
+            {
+                self.credential_failures.remove(name);
+            }
+            _ => {}
+        }
+    }
+
     /// The state an account is in now, with its reason; `None` for a name the hub knows
     /// nothing of.
     fn derive_state(&self, name: &str) -> Option<(AccountState, String)> {
         let account = self.accounts.get(name);
         if let Some(session) = account.and_then(|a| a.streaming) {
+            if let Some((_, message)) = self
+                .credential_failures
+                .get(name)
+                .filter(|(s, _)| *s == session)
+            {
+                return Some((
+                    AccountState::Failed,
+                    format!(
+                        "the API server refuses the account's credentials on replica {} ({message}): \
+                         renew the token or client certificate in its kubeconfig; the agent \
+                         retries and the account is ACTIVE again once a kind is watched",
+                        self.replica_label(session)
+                    ),
+                ));
+            }
             return Some((
                 AccountState::Active,
                 format!("streamed by replica {}", self.replica_label(session)),
@@ -525,7 +588,9 @@ impl Registry {
             (
                 AccountState::Orphaned,
                 format!(
-                    "no agent took it over within the grace period, so its cache was removed;                      it stays bound to identity {:?}, whose agent makes it ACTIVE again by                      registering it",
+                    "no agent took it over within the grace period, so its cache was removed; \
+                     it stays bound to identity {:?}, whose agent makes it ACTIVE again by \
+                     registering it",
                     b.identity
                 ),
             )
@@ -684,6 +749,34 @@ mod tests {
             Registration::Assigned(Role::Streaming)
         );
         assert!(r.expired(Instant::now(), Duration::ZERO).is_empty());
+    }
+
+    /// Credentials refused are the streaming replica's: a standby promoted in its place
+    /// streams, so the account is ACTIVE again; a standby's report changes nothing.
+    #[test]
+    fn refused_credentials_fail_the_account_only_while_their_replica_streams_it() {
+        let mut r = Registry::default();
+        let (a, _, _) = r.connect("agent", "pod-a", "v", now());
+        let (b, _, _) = r.connect("agent", "pod-b", "v", now());
+        r.register(a, "prod", rec("h1"));
+        r.register(b, "prod", rec("h1"));
+        let state = |r: &mut Registry| {
+            r.observe(SystemTime::now());
+            r.states["prod"].state
+        };
+        assert_eq!(state(&mut r), AccountState::Active);
+        r.note_kind_status(a, "prod", KindStatusState::Forbidden, "401 looks alike");
+        r.note_kind_status(a, "prod", KindStatusState::Failing, "500 InternalError: x");
+        assert_eq!(state(&mut r), AccountState::Active);
+        r.note_kind_status(a, "prod", KindStatusState::Failing, "401 Unauthorized: y");
+        assert_eq!(state(&mut r), AccountState::Failed);
+        assert!(r.states["prod"].reason.contains("agent/pod-a"));
+        // Another replica watching says nothing about pod-a's credentials.
+        r.note_kind_status(b, "prod", KindStatusState::Watching, "");
+        assert_eq!(state(&mut r), AccountState::Failed);
+        r.disconnect(a, now());
+        assert_eq!(state(&mut r), AccountState::Active);
+        assert!(r.credential_failures.is_empty());
     }
 
     #[test]

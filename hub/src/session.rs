@@ -393,6 +393,10 @@ impl Session {
         let info = KindInfo::from_proto(ks.kind.as_ref())
             .map_err(|e| invalid(format!("KindStatus for account {:?}: {e}", ks.account)))?;
         let parsed = PbKindState::try_from(ks.state);
+        if let Ok(state) = parsed {
+            st.registry
+                .note_kind_status(self.id, &ks.account, state, &ks.message);
+        }
         let state = parsed
             .map(|s| s.as_str_name().to_string())
             .unwrap_or_else(|_| format!("UNKNOWN({})", ks.state));

@@ -482,6 +482,18 @@ async fn restart_keeps_objects_resume_points_and_bindings() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `(accountState, stateReason, stateSince)` of the account `prod` in the REST API.
+async fn prod_state(addr: &Api) -> (String, String, String) {
+    let (code, acc) = get_json(addr, "/api/v1/accounts/prod").await;
+    assert_eq!(code, 200, "{acc}");
+    let field = |name: &str| acc[name].as_str().unwrap_or_default().to_string();
+    (
+        field("accountState"),
+        field("stateReason"),
+        field("stateSince"),
+    )
+}
+
 /// The hub's account states: ACTIVE while streamed, INACTIVE within the grace period,
 /// ORPHANED after it, FAILED while only a rejected claimant is around, and ACTIVE again when
 /// the agent returns; in the API, in metrics and on the agents' streams.
@@ -491,15 +503,6 @@ async fn account_states_follow_the_agents() {
     let dir = data_dir("states");
     let hub = start_hub(&pki, &dir, |c| c.grace_period = Duration::from_millis(1500)).await;
     let addr = api(&hub);
-    let state_of = async |addr: &Api| {
-        let (code, acc) = get_json(addr, "/api/v1/accounts/prod").await;
-        assert_eq!(code, 200, "{acc}");
-        (
-            acc["accountState"].as_str().unwrap_or_default().to_string(),
-            acc["stateReason"].as_str().unwrap_or_default().to_string(),
-            acc["stateSince"].as_str().unwrap_or_default().to_string(),
-        )
-    };
 
     let mut a = agent(&hub, &pki, "agent-a.test", "pod-1").await;
     assert_eq!(
@@ -516,7 +519,7 @@ async fn account_states_follow_the_agents() {
         })
     })
     .await;
-    let (state, reason, since) = state_of(&addr).await;
+    let (state, reason, since) = prod_state(&addr).await;
     assert_eq!(state, "ACTIVE");
     assert!(reason.contains("agent-a.test/pod-1"), "{reason}");
     assert!(since.ends_with('Z'), "{since}");
@@ -538,10 +541,10 @@ async fn account_states_follow_the_agents() {
     .await;
 
     drop(a);
-    wait_for("INACTIVE", async || state_of(&addr).await.0 == "INACTIVE").await;
-    assert!(state_of(&addr).await.1.contains("grace period"));
-    wait_for("ORPHANED", async || state_of(&addr).await.0 == "ORPHANED").await;
-    let (_, reason, _) = state_of(&addr).await;
+    wait_for("INACTIVE", async || prod_state(&addr).await.0 == "INACTIVE").await;
+    assert!(prod_state(&addr).await.1.contains("grace period"));
+    wait_for("ORPHANED", async || prod_state(&addr).await.0 == "ORPHANED").await;
+    let (_, reason, _) = prod_state(&addr).await;
     assert!(reason.contains("agent-a.test"), "{reason}");
     let (_, metrics) = get(&addr, "/metrics").await;
     assert!(
@@ -564,8 +567,8 @@ async fn account_states_follow_the_agents() {
         role(&b.register("prod", "https://two:6443").await),
         Role::Rejected
     );
-    wait_for("FAILED", async || state_of(&addr).await.0 == "FAILED").await;
-    assert!(state_of(&addr).await.1.contains("agent-b.test/pod-1"));
+    wait_for("FAILED", async || prod_state(&addr).await.0 == "FAILED").await;
+    assert!(prod_state(&addr).await.1.contains("agent-b.test/pod-1"));
     wait_for("the claimant to hear FAILED", async || {
         let _ = b.pump_ready();
         b.states.iter().any(|s| {
@@ -577,7 +580,7 @@ async fn account_states_follow_the_agents() {
     .await;
     drop(b);
     wait_for("ORPHANED again", async || {
-        state_of(&addr).await.0 == "ORPHANED"
+        prod_state(&addr).await.0 == "ORPHANED"
     })
     .await;
 
@@ -587,8 +590,11 @@ async fn account_states_follow_the_agents() {
         role(&a.register("prod", "https://one:6443").await),
         Role::Streaming
     );
-    wait_for("ACTIVE again", async || state_of(&addr).await.0 == "ACTIVE").await;
-    assert!(state_of(&addr).await.1.contains("agent-a.test/pod-2"));
+    wait_for("ACTIVE again", async || {
+        prod_state(&addr).await.0 == "ACTIVE"
+    })
+    .await;
+    assert!(prod_state(&addr).await.1.contains("agent-a.test/pod-2"));
     wait_for("the agent to hear ACTIVE again", async || {
         let _ = a.pump_ready();
         a.states
@@ -596,6 +602,92 @@ async fn account_states_follow_the_agents() {
             .any(|s| s.state == pb::account_state::State::Active as i32)
     })
     .await;
+    hub.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// An account whose API server refuses its credentials (a kind FAILING with 401, as the agent
+/// reports it) is FAILED with the API server's words while its agent stays connected, and
+/// ACTIVE again once a kind is watched; in the API, in metrics and on the agent's stream.
+/// Other failures (a kind forbidden, a 500) leave it ACTIVE.
+#[tokio::test]
+async fn an_account_whose_credentials_are_refused_is_failed_until_it_streams_again() {
+    let pki = Pki::new();
+    let dir = data_dir("credentials");
+    let hub = start_hub(&pki, &dir, |_| {}).await;
+    let addr = api(&hub);
+    let status = |state: KindState, message: &str| {
+        Msg::KindStatus(pb::KindStatus {
+            account: "prod".into(),
+            kind: Some(configmaps()),
+            state: state as i32,
+            message: message.into(),
+            namespaces: vec![],
+        })
+    };
+    let mut a = agent(&hub, &pki, "agent-a.test", "pod-1").await;
+    assert_eq!(
+        role(&a.register("prod", "https://one:6443").await),
+        Role::Streaming
+    );
+    a.send(status(KindState::Watching, "")).await;
+    a.send(status(
+        KindState::Failing,
+        "500 InternalError: etcd timeout",
+    ))
+    .await;
+    a.send(status(KindState::Forbidden, "configmaps is forbidden"))
+        .await;
+    a.synced().await;
+    assert_eq!(prod_state(&addr).await.0, "ACTIVE");
+
+    a.send(status(KindState::Failing, "401 Unauthorized: Unauthorized"))
+        .await;
+    wait_for("FAILED", async || prod_state(&addr).await.0 == "FAILED").await;
+    let (_, reason, _) = prod_state(&addr).await;
+    assert!(
+        reason.contains("refuses the account's credentials")
+            && reason.contains("agent-a.test/pod-1")
+            && reason.contains("401 Unauthorized"),
+        "{reason}"
+    );
+    let (_, metrics) = get(&addr, "/metrics").await;
+    assert!(
+        metrics.contains("scale_agent_hub_accounts_by_state{state=\"FAILED\"} 1"),
+        "{metrics}"
+    );
+    wait_for("the agent to hear FAILED", async || {
+        let _ = a.pump_ready();
+        a.states.iter().any(|s| {
+            s.state == pb::account_state::State::Failed as i32
+                && s.reason.contains("refuses the account's credentials")
+        })
+    })
+    .await;
+
+    // The credentials work again: a kind is watched.
+    a.send(status(KindState::Watching, "")).await;
+    wait_for("ACTIVE again", async || {
+        prod_state(&addr).await.0 == "ACTIVE"
+    })
+    .await;
+    wait_for("the agent to hear ACTIVE again", async || {
+        let _ = a.pump_ready();
+        a.states
+            .back()
+            .is_some_and(|s| s.state == pb::account_state::State::Active as i32)
+    })
+    .await;
+
+    // Refused again, then the stream ends: INACTIVE (no agent), not FAILED.
+    a.send(status(KindState::Failing, "401 Unauthorized: Unauthorized"))
+        .await;
+    wait_for("FAILED again", async || {
+        prod_state(&addr).await.0 == "FAILED"
+    })
+    .await;
+    drop(a);
+    wait_for("INACTIVE", async || prod_state(&addr).await.0 == "INACTIVE").await;
     hub.shutdown().await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -268,7 +268,8 @@ pub mod account_state {
         Active = 1,
         /// No agent serves it; the hub keeps its cache until the grace period ends.
         Inactive = 2,
-        /// No agent serves it and its last registration was rejected.
+        /// No agent serves it and its last registration was rejected, or the API server refuses
+        /// the credentials of the replica streaming it (a kind FAILING with 401).
         Failed = 3,
         /// No agent took it over within the grace period; its cache is gone, its binding kept.
         Orphaned = 4,
