@@ -632,6 +632,29 @@ fn file_contains(path: &Path, needle: &str) -> anyhow::Result<bool> {
     }
 }
 
+/// Writes the objects a hub's store holds to `into` as JSON, one per line, and counts them:
+/// the store keeps each object compressed, so its file's bytes alone show nothing of their
+/// contents.
+async fn unpack_store_objects(data_dir: &Path, into: &Path) -> anyhow::Result<usize> {
+    let mut store = scale_agent_hub::store::Store::open(data_dir)?;
+    let loaded = store.load()?;
+    store.close().await?;
+    let mut text = Vec::new();
+    let mut count = 0;
+    for account in loaded.cache.accounts.values() {
+        for kind in account.kinds.values() {
+            for object in kind.objects.values() {
+                let json = object.json.unpack().map_err(|e| anyhow::anyhow!("{e}"))?;
+                text.extend_from_slice(&json);
+                text.push(b'\n');
+                count += 1;
+            }
+        }
+    }
+    std::fs::write(into, text)?;
+    Ok(count)
+}
+
 /// Which of `needles` (what, text) occur in the file at `path`: the `what`s, in one pass.
 fn found_in(path: &Path, needles: &[(String, String)]) -> anyhow::Result<BTreeSet<String>> {
     let mut grep = std::process::Command::new("grep");
@@ -1134,19 +1157,26 @@ async fn secret_data_never_reaches_the_hub_nor_the_agent_memory() -> anyhow::Res
         store_size > 16 * 1024,
         "the store is almost empty: {store_size} bytes"
     );
+    // The file as it is, and the objects in it unpacked (they are kept compressed).
+    let unpacked = s.hub.data_dir.join("store-objects-unpacked.json");
+    let objects = unpack_store_objects(&s.hub.data_dir, &unpacked).await?;
+    assert!(objects > 0, "the store holds no objects");
     assert!(
-        file_contains(&store, "credentials")?,
+        file_contains(&unpacked, "credentials")?,
         "control: the Secret's metadata is stored"
     );
     assert!(
-        file_contains(&store, &control_marker)?,
+        file_contains(&unpacked, &control_marker)?,
         "control: the ConfigMap's data is stored"
     );
-    let in_store = found_in(&store, &needles)?;
-    assert!(
-        in_store.is_empty(),
-        "Secret data in the hub's store: {in_store:?}"
-    );
+    for file in [&store, &unpacked] {
+        let in_store = found_in(file, &needles)?;
+        assert!(
+            in_store.is_empty(),
+            "Secret data in the hub's store ({}): {in_store:?}",
+            file.display()
+        );
+    }
     // Nor do their logs.
     drop(agent);
     let mut logs = 0;
