@@ -179,10 +179,12 @@ async fn enroll(hub: &Hub, request: pb::EnrollRequest) -> Result<pb::IssuedCerti
         )
         .map_err(Status::invalid_argument)?;
     let ops = hub.agent_tokens().consume(&record.id, now);
-    store
-        .commit(ops)
-        .await
-        .map_err(|e| Status::internal(format!("the hub could not store the enrolment: {e}")))?;
+    store.commit(ops).await.map_err(|e| {
+        Status::internal(format!(
+            "the hub could not store the enrolment: {}",
+            crate::error::Chain(&e)
+        ))
+    })?;
     Ok(issued_certificate(hub, issued))
 }
 

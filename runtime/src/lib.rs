@@ -1,5 +1,6 @@
 //! What every Scale Agent binary (agent, hub, operator, demo) shares: the `--log-format`
-//! flag and log set-up, the shutdown signal, and the version with its build-info metric.
+//! flag and log set-up, the shutdown signal, the version with its build-info metric, and
+//! [`Chain`], which prints an error with its causes.
 
 use clap::ValueEnum;
 use prometheus_client::metrics::info::Info;
@@ -55,5 +56,60 @@ pub async fn shutdown_signal() {
             tracing::warn!(%error, "cannot listen for SIGTERM; only Ctrl-C stops this process");
             let _ = tokio::signal::ctrl_c().await;
         }
+    }
+}
+
+/// An error and its causes on one line (`cannot read /etc/agent.yaml: No such file or
+/// directory (os error 2)`), for log fields, status messages and HTTP answers.
+///
+/// The crates' error types never repeat their `#[source]` in their own message, so each cause
+/// appears once: the error's message, then every `source()` after a `: `.
+pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(cause) = source {
+            write!(f, ": {cause}")?;
+            source = cause.source();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Layer(&'static str, Option<Box<Layer>>);
+
+    impl std::fmt::Display for Layer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Layer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|l| l as _)
+        }
+    }
+
+    #[test]
+    fn chain_prints_each_cause_once_in_order() {
+        let error = Layer(
+            "cannot connect to the hub",
+            Some(Box::new(Layer(
+                "transport error",
+                Some(Box::new(Layer("connection refused", None))),
+            ))),
+        );
+        assert_eq!(
+            Chain(&error).to_string(),
+            "cannot connect to the hub: transport error: connection refused"
+        );
+        assert_eq!(Chain(&Layer("alone", None)).to_string(), "alone");
     }
 }
