@@ -632,7 +632,9 @@ impl Runtime {
                     Ok(()) => {
                         tracing::info!(identity = %certificate.identity, not_after = certificate.not_after_unix, "client certificate renewed; the next connection uses it")
                     }
-                    Err(error) => tracing::warn!(%error, "cannot keep the renewed certificate"),
+                    Err(error) => {
+                        tracing::warn!(error = %crate::error::Chain(&error), "cannot keep the renewed certificate")
+                    }
                 }
             }
             None => {
@@ -858,8 +860,9 @@ impl Runtime {
                     }
                     Err(error) => {
                         let delay = backoff.next_delay();
+                        let error = crate::error::Chain(&error).to_string();
                         tracing::warn!(account = %name, %error, "account not usable; retrying in {:.1} s", delay.as_secs_f64());
-                        shared.update_account(&name, |view| view.error = Some(error.to_string()));
+                        shared.update_account(&name, |view| view.error = Some(error));
                         tokio::time::sleep(delay).await;
                     }
                 }

@@ -277,9 +277,9 @@ async fn discover(ctx: &StreamerContext, first: bool) -> Vec<kinds::Candidate> {
                     }
                 }
                 let delay = backoff.next_delay();
+                let error = crate::error::Chain(&error).to_string();
                 tracing::warn!(account = %name, %error, "discovery failed; retrying in {:.1} s", delay.as_secs_f64());
-                ctx.shared
-                    .update_account(name, |a| a.error = Some(error.to_string()));
+                ctx.shared.update_account(name, |a| a.error = Some(error));
                 tokio::time::sleep(delay).await;
             }
         }

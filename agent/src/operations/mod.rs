@@ -350,7 +350,13 @@ impl Executor {
         ctx.hit();
         let found = account::discover(&self.account, &self.client)
             .await
-            .map_err(|e| Failure::new(503, "ServiceUnavailable", e.to_string()))?;
+            .map_err(|e| {
+                Failure::new(
+                    503,
+                    "ServiceUnavailable",
+                    crate::error::Chain(&e).to_string(),
+                )
+            })?;
         let found = Arc::new(found);
         *kinds = Some(found.clone());
         Ok(found)
