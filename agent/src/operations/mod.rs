@@ -440,8 +440,13 @@ impl Executor {
                 .status,
             ),
         };
-        tracing::info!(account = %self.account, id = %operation.id, r#type = kind, ok, code = status.code,
-            elapsed_ms = started.elapsed().as_millis() as u64, "operation done");
+        tracing::info!(
+            r#type = kind,
+            ok,
+            code = status.code,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "operation done"
+        );
         v1::OperationResult {
             id: operation.id,
             ok,
