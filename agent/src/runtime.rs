@@ -409,7 +409,7 @@ impl Runtime {
             );
         }
         let period = Duration::from_secs(u64::from(period_secs));
-        tracing::Span::current().record("identity", welcome.identity.as_str());
+        tracing::Span::current().record("identity", tracing::field::display(&welcome.identity));
         tracing::info!(hub_version = %welcome.hub_version,
             max_unacked = session.max_unacked, heartbeat_seconds = period_secs, "connected to the hub");
         self.shared.metrics.hub_connected.set(1);
@@ -783,18 +783,23 @@ impl Runtime {
                 };
                 tracing::info!(account = %name, resume_points = assignment.resume_points.len(), "streaming this account");
                 entry.stream_generation = generation;
-                entry.streamer = Some(tokio::spawn(streamer::run(StreamerContext {
-                    account: entry.config.clone(),
-                    prepared,
-                    generation,
-                    tx: session.events_tx.clone(),
-                    shared: self.shared.clone(),
-                    total_budget: self.total_budget.clone(),
-                    budget_per_account: self.config.tasks.budget_per_account,
-                    max_object_bytes: session.max_object_bytes,
-                    resume_points: assignment.resume_points,
-                    rediscover: Duration::from_secs(self.options.rediscover_seconds.max(1)),
-                })));
+                // Created here, inside the stream's span, so the account's events carry both.
+                let span = tracing::info_span!("account", account = %name);
+                entry.streamer = Some(tokio::spawn(
+                    streamer::run(StreamerContext {
+                        account: entry.config.clone(),
+                        prepared,
+                        generation,
+                        tx: session.events_tx.clone(),
+                        shared: self.shared.clone(),
+                        total_budget: self.total_budget.clone(),
+                        budget_per_account: self.config.tasks.budget_per_account,
+                        max_object_bytes: session.max_object_bytes,
+                        resume_points: assignment.resume_points,
+                        rediscover: Duration::from_secs(self.options.rediscover_seconds.max(1)),
+                    })
+                    .instrument(span),
+                ));
             }
             Role::Standby => {
                 tracing::info!(account = %name, "standby: another replica streams this account");

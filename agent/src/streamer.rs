@@ -13,6 +13,7 @@ use tokio::{
     sync::{Semaphore, mpsc},
     task::{AbortHandle, JoinSet},
 };
+use tracing::Instrument as _;
 
 use crate::{
     account::{self, Prepared},
@@ -288,9 +289,8 @@ async fn discover(ctx: &StreamerContext, first: bool) -> Vec<kinds::Candidate> {
 
 /// Runs until aborted (or until the session's channel closes). Discovery is repeated every
 /// `rediscover`: kinds that appeared (a CRD installed) start with a snapshot, kinds that
-/// went away stop (KindStatus STOPPED). Its span names the account; each watch's span,
-/// inside it, the kind and namespace.
-#[tracing::instrument(name = "account", skip_all, fields(account = %ctx.account.name))]
+/// went away stop (KindStatus STOPPED). Run it in a span naming the account (the runtime
+/// does); each watch runs in a span inside it naming the kind and namespace.
 pub async fn run(ctx: StreamerContext) {
     let name = ctx.account.name.clone();
     let watch_ctx = WatchContext {
@@ -363,12 +363,11 @@ pub async fn run(ctx: StreamerContext) {
             } else {
                 None
             };
-            let handle = tasks.spawn(watch::run(
-                watch_ctx.clone(),
-                kind.clone(),
-                namespace,
-                resume,
-            ));
+            // Created here, so that it sits inside the account's span.
+            let span = tracing::info_span!("watch", kind = %kind.label(), namespace = %key.2);
+            let handle = tasks.spawn(
+                watch::run(watch_ctx.clone(), kind.clone(), namespace, resume).instrument(span),
+            );
             running.insert(key, (kind, handle));
             started += 1;
         }

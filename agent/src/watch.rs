@@ -158,11 +158,6 @@ fn forbidden_delay(allowed_before: bool, backoff: &mut Backoff, retry: Duration)
 
 /// Runs the watch until its session or assignment ends (the task is aborted, or the channel
 /// closes). `resume` is the hub's resume point, if any.
-#[tracing::instrument(
-    name = "watch",
-    skip_all,
-    fields(kind = %kind.label(), namespace = namespace.as_deref().unwrap_or(""))
-)]
 pub async fn run(
     ctx: WatchContext,
     kind: KindRef,

@@ -12,8 +12,8 @@ use scale_agent_proto::v1::{
     self as pb, agent_hub_server::AgentHub, agent_message::Kind as Msg, hub_message::Kind as Out,
 };
 use tokio::sync::mpsc;
-use tracing::Instrument as _;
 use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument as _;
 
 use crate::{
     Control, GrpcSecurity, Hub, SessionHandle,
@@ -288,7 +288,7 @@ async fn run_stream(
         connected
     };
     let span = tracing::Span::current();
-    span.record("replica", hello.replica.as_str());
+    span.record("replica", tracing::field::display(&hello.replica));
     span.record("session", id);
     hub.sessions().insert(
         id,
@@ -323,8 +323,11 @@ async fn run_stream(
     if hello.heartbeat_period_seconds > 0
         && period.as_secs() != u64::from(hello.heartbeat_period_seconds)
     {
-        tracing::info!(requested_seconds = hello.heartbeat_period_seconds,
-            granted_seconds = period.as_secs(), "heartbeat period asked for is outside --min-heartbeat-period..--max-heartbeat-period; granted the nearest bound");
+        tracing::info!(
+            requested_seconds = hello.heartbeat_period_seconds,
+            granted_seconds = period.as_secs(),
+            "heartbeat period asked for is outside --min-heartbeat-period..--max-heartbeat-period; granted the nearest bound"
+        );
     }
     let terms = Terms {
         session_token: token,
@@ -677,7 +680,10 @@ async fn acknowledge(
             if acks.owes() && !acks.held {
                 acks.held = true;
                 hub.metrics.acks_held.inc();
-                tracing::debug!(failing = progress.failing, "Ack held until the store commits this stream's changes");
+                tracing::debug!(
+                    failing = progress.failing,
+                    "Ack held until the store commits this stream's changes"
+                );
             }
             Ok(())
         }

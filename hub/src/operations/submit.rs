@@ -281,8 +281,8 @@ pub(crate) async fn submit(
     };
     let id = submission.id.as_str();
     let span = tracing::Span::current();
-    span.record("id", id);
-    span.record("wire_id", submission.wire_id.as_str());
+    span.record("id", tracing::field::display(id));
+    span.record("wire_id", tracing::field::display(&submission.wire_id));
     if !hub.state().registry.accounts.contains_key(account) {
         let message = format!(
             "no account {account:?}: no agent has registered it (or it was removed after \
@@ -325,7 +325,13 @@ pub(crate) async fn submit(
     let (code, body) = submission.run(&operation).await;
     let (kind, state) = (submission.kind, body.state.as_str());
     hub.metrics.operation(kind, state);
-    tracing::info!(r#type = kind, state, code, elapsed_ms = started.elapsed().as_millis() as u64, "operation finished");
+    tracing::info!(
+        r#type = kind,
+        state,
+        code,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "operation finished"
+    );
     hub.operations
         .record(account, id, body.clone(), Some(code), retention);
     if client_id {

@@ -33,9 +33,9 @@ use axum::{
 };
 use bytes::Bytes;
 use futures::{Stream, StreamExt as _};
-use tracing::Instrument as _;
 use http_body_util::BodyExt as _;
 use scale_agent_proto::v1::{self as pb, tunnel_frame::Frame};
+use tracing::Instrument as _;
 
 use crate::{
     Hub,
@@ -395,7 +395,10 @@ async fn forward(
                 // Only a request without a body can go to another replica: a body was
                 // streamed into the tunnel and is gone.
                 if tried.len() < MAX_ATTEMPTS && !once && !headers_carry_body(method) {
-                    tracing::info!(exchange = id, "agent left before answering; trying another replica");
+                    tracing::info!(
+                        exchange = id,
+                        "agent left before answering; trying another replica"
+                    );
                     last_error = Some(Status::unavailable(message));
                     continue;
                 }
