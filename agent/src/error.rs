@@ -97,11 +97,9 @@ mod tests {
     fn display_leaves_the_cause_to_the_chain() {
         let dir = std::env::temp_dir();
         let error = crate::config::read_config_text(&dir)
-            .err()
-            .expect("a directory is not a readable config file");
+            .expect_err("a directory is not a readable config file");
         let cause = std::fs::read_to_string(&dir)
-            .err()
-            .expect("reading a directory fails")
+            .expect_err("reading a directory fails")
             .to_string();
         let what = format!("cannot read the config file {}", dir.display());
         assert_eq!(error.to_string(), what);
