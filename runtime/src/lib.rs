@@ -82,34 +82,39 @@ impl std::fmt::Display for Chain<'_> {
 mod tests {
     use super::*;
 
+    /// A cause wrapped with what failed, its message leaving the cause out.
     #[derive(Debug)]
-    struct Layer(&'static str, Option<Box<Layer>>);
+    struct Wrapped {
+        what: &'static str,
+        cause: Box<dyn std::error::Error + 'static>,
+    }
 
-    impl std::fmt::Display for Layer {
+    impl std::fmt::Display for Wrapped {
         fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str(self.0)
+            f.write_str(self.what)
         }
     }
 
-    impl std::error::Error for Layer {
+    impl std::error::Error for Wrapped {
         fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-            self.1.as_deref().map(|l| l as _)
+            Some(self.cause.as_ref())
         }
     }
 
     #[test]
     fn chain_prints_each_cause_once_in_order() {
-        let error = Layer(
-            "cannot connect to the hub",
-            Some(Box::new(Layer(
-                "transport error",
-                Some(Box::new(Layer("connection refused", None))),
-            ))),
-        );
+        let refused = || std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let error = Wrapped {
+            what: "cannot connect to the hub",
+            cause: Box::new(Wrapped {
+                what: "transport error",
+                cause: Box::new(refused()),
+            }),
+        };
         assert_eq!(
             Chain(&error).to_string(),
-            "cannot connect to the hub: transport error: connection refused"
+            "cannot connect to the hub: transport error: refused"
         );
-        assert_eq!(Chain(&Layer("alone", None)).to_string(), "alone");
+        assert_eq!(Chain(&refused()).to_string(), "refused");
     }
 }
