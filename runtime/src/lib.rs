@@ -63,15 +63,23 @@ pub async fn shutdown_signal() {
 /// directory (os error 2)`), for log fields, status messages and HTTP answers.
 ///
 /// The crates' error types never repeat their `#[source]` in their own message, so each cause
-/// appears once: the error's message, then every `source()` after a `: `.
+/// appears once: the error's message, then every `source()` after a `: `. A layer whose
+/// message is exactly the one before it is left out: some libraries wrap an error in another
+/// with the same text (hyper-util's `tcp connect error: tcp connect error: Connection
+/// refused`), which says nothing twice.
 pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
 
 impl std::fmt::Display for Chain<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)?;
+        let mut last = self.0.to_string();
+        f.write_str(&last)?;
         let mut source = self.0.source();
         while let Some(cause) = source {
-            write!(f, ": {cause}")?;
+            let text = cause.to_string();
+            if text != last {
+                write!(f, ": {text}")?;
+                last = text;
+            }
             source = cause.source();
         }
         Ok(())
@@ -116,5 +124,22 @@ mod tests {
             "cannot connect to the hub: transport error: refused"
         );
         assert_eq!(Chain(&refused()).to_string(), "refused");
+    }
+
+    /// A library layer that only repeats its cause's message is printed once; a cause that
+    /// merely contains the message before it is still printed.
+    #[test]
+    fn chain_leaves_out_a_layer_that_repeats_the_one_before() {
+        let error = Wrapped {
+            what: "tcp connect error",
+            cause: Box::new(Wrapped {
+                what: "tcp connect error",
+                cause: Box::new(std::io::Error::other("tcp connect error: reset")),
+            }),
+        };
+        assert_eq!(
+            Chain(&error).to_string(),
+            "tcp connect error: tcp connect error: reset"
+        );
     }
 }
