@@ -212,7 +212,7 @@ pub async fn discover(account: &str, client: &Client) -> Result<Vec<Candidate>> 
     let discovery = match Discovery::new(client.clone()).run_aggregated().await {
         Ok(discovery) => discovery,
         Err(aggregated) => {
-            tracing::debug!(account, error = %aggregated, "aggregated discovery failed; using per-group discovery");
+            tracing::debug!(error = %aggregated, "aggregated discovery failed; using per-group discovery");
             Discovery::new(client.clone())
                 .run()
                 .await

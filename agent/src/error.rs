@@ -2,11 +2,16 @@
 
 use std::path::PathBuf;
 
+pub use scale_agent_runtime::Chain;
+
 /// Everything that can go wrong in the agent. Messages say what to change where a user can
 /// fix the cause.
+///
+/// `Display` says what failed, never the cause: the `source` chain carries that, and
+/// [`Chain`] (or anyhow's exit message) prints it once.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("cannot read the config file {path}: {source}")]
+    #[error("cannot read the config file {path}")]
     ReadConfig {
         path: PathBuf,
         #[source]
@@ -34,14 +39,14 @@ pub enum Error {
         "account {account}: no in-cluster credentials and no kubeconfig to fall back on: {message}"
     )]
     InCluster { account: String, message: String },
-    #[error("account {account}: {context}: {source}")]
+    #[error("account {account}: cannot {context}")]
     Kube {
         account: String,
         context: String,
         #[source]
         source: kube::Error,
     },
-    #[error("cannot read {what} {path}: {source}")]
+    #[error("cannot read {what} {path}")]
     ReadFile {
         what: &'static str,
         path: PathBuf,
@@ -52,7 +57,7 @@ pub enum Error {
         "invalid hub address {address:?}: {message}; write it as host:port (or https://host:port)"
     )]
     HubAddress { address: String, message: String },
-    #[error("cannot connect to the hub at {address}: {source}")]
+    #[error("cannot connect to the hub at {address}")]
     Connect {
         address: String,
         #[source]
@@ -61,11 +66,11 @@ pub enum Error {
     /// Enrolment or renewal of the client certificate; the text says what to change.
     #[error("enrolment: {0}")]
     Enrolment(String),
-    #[error("hub stream failed: {0}")]
+    #[error("hub stream failed")]
     Stream(#[from] tonic::Status),
     #[error("hub protocol error: {0}")]
     Protocol(String),
-    #[error("admin listener on {addr}: {source}")]
+    #[error("cannot serve the admin listener on {addr}")]
     Admin {
         addr: String,
         #[source]
@@ -80,3 +85,27 @@ pub enum Error {
 
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cause is printed once, by the chain, not also by the error's own message; the
+    /// exit message for a config file that cannot be read (anyhow's, from `main`) still
+    /// names the cause.
+    #[test]
+    fn display_leaves_the_cause_to_the_chain() {
+        let dir = std::env::temp_dir();
+        let error = crate::config::read_config_text(&dir)
+            .expect_err("a directory is not a readable config file");
+        let cause = std::fs::read_to_string(&dir)
+            .expect_err("reading a directory fails")
+            .to_string();
+        let what = format!("cannot read the config file {}", dir.display());
+        assert_eq!(error.to_string(), what);
+        assert_eq!(Chain(&error).to_string(), format!("{what}: {cause}"));
+        let exit = format!("{:?}", anyhow::Error::from(error));
+        assert!(exit.starts_with(&what), "{exit}");
+        assert_eq!(exit.matches(&cause).count(), 1, "{exit}");
+    }
+}

@@ -134,16 +134,7 @@ pub async fn connect_with(hub: &HubConnection, client_certificate: bool) -> Resu
 /// With TLS 1.3 a client certificate the hub refuses surfaces on the first read of the
 /// stream, not at connect, so this describes every way a stream ends.
 pub fn describe_hub_error(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut causes = vec![error.to_string()];
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !causes.iter().any(|known| known.contains(&text)) {
-            causes.push(text);
-        }
-        source = cause.source();
-    }
-    let chain = causes.join(": ");
+    let chain = crate::error::Chain(error).to_string();
     let lower = chain.to_ascii_lowercase();
     let hint = if lower.contains("unknownissuer") || lower.contains("unknown issuer") {
         Some(

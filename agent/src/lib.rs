@@ -285,6 +285,7 @@ async fn poll_config(
                     }
                     Err(error) => {
                         shared.metrics.config_errors.inc();
+                        let error = crate::error::Chain(&error).to_string();
                         tracing::error!(%error, "config file changed but is invalid; keeping the current config until it is fixed");
                         let problem = format!("{error}; keeping the previous config");
                         state.last_problem = Some(problem.clone());
@@ -297,7 +298,10 @@ async fn poll_config(
                 "the config file {} does not exist (deleted, or its ConfigMap unmounted); keeping the last good config until it is back",
                 path.display()
             ),
-            Err(error) => format!("{error}; keeping the last good config until it can be read"),
+            Err(error) => format!(
+                "{}; keeping the last good config until it can be read",
+                crate::error::Chain(&error)
+            ),
         };
         if !state.unreadable {
             state.unreadable = true;

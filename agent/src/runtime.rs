@@ -27,6 +27,7 @@ use tokio::{
     time::Instant,
 };
 use tokio_stream::wrappers::WatchStream;
+use tracing::Instrument as _;
 
 use crate::{
     account::{self, Prepared},
@@ -301,7 +302,14 @@ impl Runtime {
         });
     }
 
-    /// One stream, from connecting to its end.
+    /// One stream, from connecting to its end. Its span names the hub and this replica, and
+    /// the identity the hub knows it by once welcomed; the accounts' streamers and the
+    /// operations started on the stream log inside it.
+    #[tracing::instrument(
+        name = "hub_stream",
+        skip_all,
+        fields(hub = %self.config.clouddriver.grpc, replica = %self.options.replica_name(), identity = tracing::field::Empty)
+    )]
     async fn session(&mut self, inputs: &mut Inputs) -> End {
         match self.open(inputs).await {
             Ok(open) => self.stream(open, inputs).await,
@@ -401,7 +409,8 @@ impl Runtime {
             );
         }
         let period = Duration::from_secs(u64::from(period_secs));
-        tracing::info!(hub = %hub.grpc, identity = %welcome.identity, hub_version = %welcome.hub_version,
+        tracing::Span::current().record("identity", tracing::field::display(&welcome.identity));
+        tracing::info!(hub_version = %welcome.hub_version,
             max_unacked = session.max_unacked, heartbeat_seconds = period_secs, "connected to the hub");
         self.shared.metrics.hub_connected.set(1);
         self.shared.update(|view| {
@@ -632,7 +641,9 @@ impl Runtime {
                     Ok(()) => {
                         tracing::info!(identity = %certificate.identity, not_after = certificate.not_after_unix, "client certificate renewed; the next connection uses it")
                     }
-                    Err(error) => tracing::warn!(%error, "cannot keep the renewed certificate"),
+                    Err(error) => {
+                        tracing::warn!(error = %crate::error::Chain(&error), "cannot keep the renewed certificate")
+                    }
                 }
             }
             None => {
@@ -679,43 +690,56 @@ impl Runtime {
                 return;
             }
         };
-        tracing::info!(account = %operation.account, id = %operation.id,
-            r#type = operation.op.as_ref().map(scale_agent_proto::v1::operation::Op::name).unwrap_or("none"), "operation received");
-        let shared = self.shared.clone();
-        session.operations.spawn(async move {
-            let metrics = &shared.metrics;
-            let kind = operation
-                .op
-                .as_ref()
-                .map(scale_agent_proto::v1::operation::Op::name)
-                .unwrap_or("none");
-            let account = operation.account.clone();
-            // Decremented on drop too: the task is aborted when the stream ends.
-            struct Running<'a>(&'a prometheus_client::metrics::gauge::Gauge);
-            impl Drop for Running<'_> {
-                fn drop(&mut self) {
-                    self.0.dec();
-                }
-            }
-            metrics.operations_running.inc();
-            let running = Running(&metrics.operations_running);
-            let result = executor.execute(operation).await;
-            drop(running);
-            let outcome = match result.status.as_ref().map(|s| s.code) {
-                _ if result.ok => "succeeded",
-                Some(504) => "timedOut",
-                _ => "failed",
-            };
-            metrics
-                .operations
-                .get_or_create(&crate::metrics::OperationLabels {
-                    account,
-                    r#type: kind.into(),
-                    outcome: outcome.into(),
-                })
-                .inc();
-            let _ = tx.send(result).await;
+        let span =
+            tracing::info_span!("operation", account = %operation.account, id = %operation.id);
+        span.in_scope(|| {
+            tracing::info!(
+                r#type = operation
+                    .op
+                    .as_ref()
+                    .map(scale_agent_proto::v1::operation::Op::name)
+                    .unwrap_or("none"),
+                "operation received"
+            );
         });
+        let shared = self.shared.clone();
+        session.operations.spawn(
+            async move {
+                let metrics = &shared.metrics;
+                let kind = operation
+                    .op
+                    .as_ref()
+                    .map(scale_agent_proto::v1::operation::Op::name)
+                    .unwrap_or("none");
+                let account = operation.account.clone();
+                // Decremented on drop too: the task is aborted when the stream ends.
+                struct Running<'a>(&'a prometheus_client::metrics::gauge::Gauge);
+                impl Drop for Running<'_> {
+                    fn drop(&mut self) {
+                        self.0.dec();
+                    }
+                }
+                metrics.operations_running.inc();
+                let running = Running(&metrics.operations_running);
+                let result = executor.execute(operation).await;
+                drop(running);
+                let outcome = match result.status.as_ref().map(|s| s.code) {
+                    _ if result.ok => "succeeded",
+                    Some(504) => "timedOut",
+                    _ => "failed",
+                };
+                metrics
+                    .operations
+                    .get_or_create(&crate::metrics::OperationLabels {
+                        account,
+                        r#type: kind.into(),
+                        outcome: outcome.into(),
+                    })
+                    .inc();
+                let _ = tx.send(result).await;
+            }
+            .instrument(span),
+        );
     }
 
     fn assign(&mut self, assignment: v1::AccountAssignment, session: &Session) {
@@ -759,18 +783,23 @@ impl Runtime {
                 };
                 tracing::info!(account = %name, resume_points = assignment.resume_points.len(), "streaming this account");
                 entry.stream_generation = generation;
-                entry.streamer = Some(tokio::spawn(streamer::run(StreamerContext {
-                    account: entry.config.clone(),
-                    prepared,
-                    generation,
-                    tx: session.events_tx.clone(),
-                    shared: self.shared.clone(),
-                    total_budget: self.total_budget.clone(),
-                    budget_per_account: self.config.tasks.budget_per_account,
-                    max_object_bytes: session.max_object_bytes,
-                    resume_points: assignment.resume_points,
-                    rediscover: Duration::from_secs(self.options.rediscover_seconds.max(1)),
-                })));
+                // Created here, inside the stream's span, so the account's events carry both.
+                let span = tracing::info_span!("account", account = %name);
+                entry.streamer = Some(tokio::spawn(
+                    streamer::run(StreamerContext {
+                        account: entry.config.clone(),
+                        prepared,
+                        generation,
+                        tx: session.events_tx.clone(),
+                        shared: self.shared.clone(),
+                        total_budget: self.total_budget.clone(),
+                        budget_per_account: self.config.tasks.budget_per_account,
+                        max_object_bytes: session.max_object_bytes,
+                        resume_points: assignment.resume_points,
+                        rediscover: Duration::from_secs(self.options.rediscover_seconds.max(1)),
+                    })
+                    .instrument(span),
+                ));
             }
             Role::Standby => {
                 tracing::info!(account = %name, "standby: another replica streams this account");
@@ -832,13 +861,14 @@ impl Runtime {
     fn spawn_prepare(&self, config: AccountConfig, generation: u64) -> JoinHandle<()> {
         let tx = self.prep_tx.clone();
         let shared = self.shared.clone();
+        let span = tracing::info_span!("account", account = %config.name);
         tokio::spawn(async move {
             let name = config.name.clone();
             let mut backoff = Backoff::for_retries();
             loop {
                 match account::prepare(&config).await {
                     Ok(prepared) => {
-                        tracing::info!(account = %name, api_server = %prepared.cluster.api_server_host,
+                        tracing::info!(api_server = %prepared.cluster.api_server_host,
                             version = %prepared.cluster.kubernetes_version, "account credentials loaded");
                         shared.update_account(&name, |view| {
                             view.error = None;
@@ -858,13 +888,14 @@ impl Runtime {
                     }
                     Err(error) => {
                         let delay = backoff.next_delay();
-                        tracing::warn!(account = %name, %error, "account not usable; retrying in {:.1} s", delay.as_secs_f64());
-                        shared.update_account(&name, |view| view.error = Some(error.to_string()));
+                        let error = crate::error::Chain(&error).to_string();
+                        tracing::warn!(%error, "account not usable; retrying in {:.1} s", delay.as_secs_f64());
+                        shared.update_account(&name, |view| view.error = Some(error));
                         tokio::time::sleep(delay).await;
                     }
                 }
             }
-        })
+        }.instrument(span))
     }
 
     /// Applies the latest config: accounts added, changed (re-prepared and re-registered)

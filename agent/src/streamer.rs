@@ -13,6 +13,7 @@ use tokio::{
     sync::{Semaphore, mpsc},
     task::{AbortHandle, JoinSet},
 };
+use tracing::Instrument as _;
 
 use crate::{
     account::{self, Prepared},
@@ -277,9 +278,9 @@ async fn discover(ctx: &StreamerContext, first: bool) -> Vec<kinds::Candidate> {
                     }
                 }
                 let delay = backoff.next_delay();
-                tracing::warn!(account = %name, %error, "discovery failed; retrying in {:.1} s", delay.as_secs_f64());
-                ctx.shared
-                    .update_account(name, |a| a.error = Some(error.to_string()));
+                let error = crate::error::Chain(&error).to_string();
+                tracing::warn!(%error, "discovery failed; retrying in {:.1} s", delay.as_secs_f64());
+                ctx.shared.update_account(name, |a| a.error = Some(error));
                 tokio::time::sleep(delay).await;
             }
         }
@@ -288,7 +289,8 @@ async fn discover(ctx: &StreamerContext, first: bool) -> Vec<kinds::Candidate> {
 
 /// Runs until aborted (or until the session's channel closes). Discovery is repeated every
 /// `rediscover`: kinds that appeared (a CRD installed) start with a snapshot, kinds that
-/// went away stop (KindStatus STOPPED).
+/// went away stop (KindStatus STOPPED). Run it in a span naming the account (the runtime
+/// does); each watch runs in a span inside it naming the kind and namespace.
 pub async fn run(ctx: StreamerContext) {
     let name = ctx.account.name.clone();
     let watch_ctx = WatchContext {
@@ -325,7 +327,7 @@ pub async fn run(ctx: StreamerContext) {
             .as_ref()
             .is_some_and(|known| *known != kinds_now)
         {
-            tracing::info!(account = %name, "the cluster's kinds changed");
+            tracing::info!("the cluster's kinds changed");
             send_discovery_changed(&ctx).await;
         }
         known_kinds = Some(kinds_now);
@@ -344,7 +346,7 @@ pub async fn run(ctx: StreamerContext) {
             .collect();
         for key in gone {
             if let Some((kind, handle)) = running.remove(&key) {
-                tracing::info!(account = %name, kind = %kind.label(), namespace = %key.2, "kind no longer served; stopping its watch");
+                tracing::info!(kind = %kind.label(), namespace = %key.2, "kind no longer served; stopping its watch");
                 handle.abort();
                 ctx.shared.remove_kind(&name, &kind, &key.2);
                 send_stopped(&ctx, kind.to_proto(), &key.2).await;
@@ -361,17 +363,20 @@ pub async fn run(ctx: StreamerContext) {
             } else {
                 None
             };
-            let handle = tasks.spawn(watch::run(
-                watch_ctx.clone(),
-                kind.clone(),
-                namespace,
-                resume,
-            ));
+            // Created here, so that it sits inside the account's span.
+            let span = tracing::info_span!("watch", kind = %kind.label(), namespace = %key.2);
+            let handle = tasks.spawn(
+                watch::run(watch_ctx.clone(), kind.clone(), namespace, resume).instrument(span),
+            );
             running.insert(key, (kind, handle));
             started += 1;
         }
         if first || started > 0 {
-            tracing::info!(account = %name, watches = running.len(), started, "kinds selected; watches running");
+            tracing::info!(
+                watches = running.len(),
+                started,
+                "kinds selected; watches running"
+            );
         }
         ctx.shared.update_account(&name, |a| {
             a.kinds_started = true;
@@ -390,7 +395,7 @@ pub async fn run(ctx: StreamerContext) {
                     if discovery_changed(&ctx.prepared.client, &mut versions).await {
                         // The hub drops its cached discovery now; the kinds are compared
                         // (and reported again if need be) by the rediscovery that follows.
-                        tracing::info!(account = %name, "the API server's discovery changed; rediscovering");
+                        tracing::info!("the API server's discovery changed; rediscovering");
                         send_discovery_changed(&ctx).await;
                         known_kinds = None;
                         break;

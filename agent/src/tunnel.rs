@@ -26,6 +26,8 @@ use tokio::{
     task::{AbortHandle, JoinSet},
 };
 
+use tracing::Instrument as _;
+
 use crate::state::Shared;
 
 pub use scale_agent_proto::tunnel::{DEFAULT_WINDOW_BYTES, MAX_FRAME_BYTES};
@@ -299,34 +301,40 @@ impl Tunnel {
         let response_credit = credit.clone();
         let client = client(&head.account, is_write(&head));
         let shared = self.shared.clone();
-        let abort = self.tasks.spawn(async move {
-            let account = head.account.clone();
-            let method = head.method.clone();
-            let result = match client {
-                Some(client) => exchange(&frames, head, client, body_rx, credit).await,
-                None => frames
-                    .answer(
-                        503,
-                        "ServiceUnavailable",
-                        &format!(
-                            "account {account:?} is not ready on this agent (it does not serve \
+        // The proxy's per-request span on this side: the account and the exchange.
+        let span =
+            tracing::debug_span!("tunnelled_request", account = %head.account, exchange = id);
+        let abort = self.tasks.spawn(
+            async move {
+                let account = head.account.clone();
+                let method = head.method.clone();
+                let result = match client {
+                    Some(client) => exchange(&frames, head, client, body_rx, credit).await,
+                    None => frames
+                        .answer(
+                            503,
+                            "ServiceUnavailable",
+                            &format!(
+                                "account {account:?} is not ready on this agent (it does not serve \
                              it, or its credentials are still loading)"
-                        ),
-                    )
-                    .await
-                    .map(|()| 503),
-            };
-            match result {
-                Ok(code) => {
-                    shared.metrics.proxy_request(&account, code);
-                    tracing::debug!(%account, %method, exchange = id, code, "tunnelled request answered");
+                            ),
+                        )
+                        .await
+                        .map(|()| 503),
+                };
+                match result {
+                    Ok(code) => {
+                        shared.metrics.proxy_request(&account, code);
+                        tracing::debug!(%method, code, "tunnelled request answered");
+                    }
+                    Err(Gone) => {
+                        tracing::debug!("stream gone during a tunnelled request");
+                    }
                 }
-                Err(Gone) => {
-                    tracing::debug!(%account, exchange = id, "stream gone during a tunnelled request");
-                }
+                id
             }
-            id
-        });
+            .instrument(span),
+        );
         self.exchanges.insert(
             id,
             ExchangeHandle {

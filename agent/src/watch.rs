@@ -196,7 +196,7 @@ impl Watch {
                 .watch_resumes
                 .get_or_create(&self.labels())
                 .inc();
-            tracing::info!(account = %self.ctx.account, kind = %self.label, namespace = %self.namespace, resource_version = %rv, "resuming from the hub's resume point, no LIST");
+            tracing::info!(resource_version = %rv, "resuming from the hub's resume point, no LIST");
         }
         let mut backoff = Backoff::for_retries();
         loop {
@@ -238,7 +238,7 @@ impl Watch {
                         .watch_gone
                         .get_or_create(&self.labels())
                         .inc();
-                    tracing::info!(account = %self.ctx.account, kind = %self.label, namespace = %self.namespace, "resourceVersion is gone (410); relisting");
+                    tracing::info!("resourceVersion is gone (410); relisting");
                     resource_version = None;
                 }
                 Err(failure) => {
@@ -280,7 +280,7 @@ impl Watch {
                     &mut self.forbidden_backoff,
                     self.ctx.forbidden_retry,
                 );
-                tracing::warn!(account = %self.ctx.account, kind = %self.label, namespace = %self.namespace, %message,
+                tracing::warn!(%message,
                     "RBAC forbids listing or watching this kind; skipped (grant list and watch, or omit it with omitKinds); retrying in {:.1} s",
                     delay.as_secs_f64());
                 tokio::time::sleep(delay).await;
@@ -300,7 +300,7 @@ impl Watch {
                     return true;
                 }
                 let delay = backoff.next_delay();
-                tracing::warn!(account = %self.ctx.account, kind = %self.label, namespace = %self.namespace, %message, "list or watch failed; retrying in {:.1} s", delay.as_secs_f64());
+                tracing::warn!(%message, "list or watch failed; retrying in {:.1} s", delay.as_secs_f64());
                 tokio::time::sleep(delay).await;
                 false
             }
@@ -462,7 +462,7 @@ impl Watch {
                     .await?;
                     let rv = resource_version.clone();
                     self.update_view(|view| view.resource_version = rv);
-                    tracing::debug!(account = %self.ctx.account, kind = %self.label, namespace = %self.namespace, objects = count, %resource_version, "snapshot sent");
+                    tracing::debug!(objects = count, %resource_version, "snapshot sent");
                     return Ok(resource_version);
                 }
             }
@@ -501,7 +501,7 @@ impl Watch {
         loop {
             let next = match tokio::time::timeout(WATCH_IDLE, stream.next()).await {
                 Err(_) => {
-                    tracing::debug!(account = %self.ctx.account, kind = %self.label, "watch idle for too long; re-opening");
+                    tracing::debug!("watch idle for too long; re-opening");
                     return Ok(seen);
                 }
                 Ok(None) => return Ok(seen),

@@ -145,7 +145,7 @@ async fn issue_kubeconfig(
         }
         Err(e) => crate::http::error(
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!("cannot issue a token: {e}"),
+            format!("cannot issue a token: {}", crate::error::Chain(&e)),
         ),
     }
 }
@@ -282,7 +282,7 @@ async fn create_token(State(hub): State<Arc<Hub>>, body: axum::body::Bytes) -> R
     if let Err(e) = store.commit(ops).await {
         return crate::http::error(
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!("cannot store the token: {e}"),
+            format!("cannot store the token: {}", crate::error::Chain(&e)),
         );
     }
     drop(store);
@@ -303,7 +303,10 @@ async fn revoke_token(State(hub): State<Arc<Hub>>, Path(id): Path<String>) -> Re
     if let Err(e) = store.commit(ops).await {
         return crate::http::error(
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!("the token is revoked in memory but could not be stored: {e}"),
+            format!(
+                "the token is revoked in memory but could not be stored: {}",
+                crate::error::Chain(&e)
+            ),
         );
     }
     tracing::info!(account = %record.account, token = %record.name, kind = record.kind(), %id, "revoked a token");

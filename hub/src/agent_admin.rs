@@ -152,7 +152,7 @@ async fn create_token(State(hub): State<Arc<Hub>>, Query(query): Query<CreateQue
         hub.agent_tokens().revoke(&record.id);
         return crate::http::error(
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!("cannot store the token: {e}"),
+            format!("cannot store the token: {}", crate::error::Chain(&e)),
         );
     }
     drop(store);
@@ -186,7 +186,10 @@ async fn revoke_token(State(hub): State<Arc<Hub>>, Path(id): Path<String>) -> Re
     if let Err(e) = store.commit(ops).await {
         return crate::http::error(
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!("the token is revoked in memory but could not be stored: {e}"),
+            format!(
+                "the token is revoked in memory but could not be stored: {}",
+                crate::error::Chain(&e)
+            ),
         );
     }
     tracing::info!(%id, identity = %record.identity, "revoked an agent token");

@@ -212,12 +212,14 @@ impl Commits {
         let first = {
             let mut q = self.queue();
             metrics.store_queued_changes.set(q.queued_ops as i64);
-            q.failure.replace(error.to_string()).is_none()
+            q.failure
+                .replace(crate::error::Chain(error).to_string())
+                .is_none()
         };
         if first {
-            tracing::error!(data_dir = %self.data_dir.display(), %error, "the store cannot commit (is the data directory's volume full?); reads are served from memory, agents' acknowledgements are held so they slow down, and the commit is retried until it succeeds");
+            tracing::error!(data_dir = %self.data_dir.display(), error = %crate::error::Chain(error), "the store cannot commit (is the data directory's volume full?); reads are served from memory, agents' acknowledgements are held so they slow down, and the commit is retried until it succeeds");
         } else {
-            tracing::warn!(data_dir = %self.data_dir.display(), %error, "the store still cannot commit; retrying");
+            tracing::warn!(data_dir = %self.data_dir.display(), error = %crate::error::Chain(error), "the store still cannot commit; retrying");
         }
         self.progress.send_modify(|p| p.failing = true);
     }

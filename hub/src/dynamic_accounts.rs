@@ -471,7 +471,10 @@ async fn save(hub: &Arc<Hub>, spec: DynamicAccountSpec, status: StatusCode) -> R
     if let Err(e) = stored {
         return crate::http::error(
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!("the dynamic account could not be stored: {e}"),
+            format!(
+                "the dynamic account could not be stored: {}",
+                crate::error::Chain(&e)
+            ),
         );
     }
     tracing::info!(account = %record.spec.name, agent = %record.spec.agent, mode = ?record.spec.mode, "dynamic account saved");
@@ -494,7 +497,10 @@ async fn delete_account(State(hub): State<Arc<Hub>>, Path(name): Path<String>) -
     if let Err(e) = stored {
         return crate::http::error(
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!("the dynamic account is removed in memory but could not be stored: {e}"),
+            format!(
+                "the dynamic account is removed in memory but could not be stored: {}",
+                crate::error::Chain(&e)
+            ),
         );
     }
     tracing::info!(account = %name, agent = %record.spec.agent, "dynamic account removed");

@@ -2,15 +2,20 @@
 
 use std::{net::SocketAddr, path::PathBuf};
 
+pub use scale_agent_runtime::Chain;
+
 /// Everything that can go wrong in the hub outside a single agent stream (a stream's
 /// protocol errors become gRPC statuses, see [`crate::session`]).
+///
+/// `Display` says what failed, never the cause: the `source` chain carries that, and
+/// [`Chain`] (or anyhow's exit message) prints it once.
 #[derive(Debug, thiserror::Error)]
 pub enum HubError {
     /// A command-line flag or environment variable has a value the hub cannot use.
     #[error("invalid configuration: {0}")]
     Config(String),
     /// A file named by the configuration could not be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     ReadFile {
         path: PathBuf,
         #[source]
@@ -24,21 +29,21 @@ pub enum HubError {
         problem: String,
     },
     /// A listener could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Bind {
         addr: SocketAddr,
         #[source]
         source: std::io::Error,
     },
     /// Other I/O (data directory, sockets).
-    #[error("{context}: {source}")]
+    #[error("{context}")]
     Io {
         context: String,
         #[source]
         source: std::io::Error,
     },
     /// The embedded store (redb) failed.
-    #[error("store {context}: {source}")]
+    #[error("store {context}")]
     Store {
         context: &'static str,
         #[source]
@@ -51,7 +56,7 @@ pub enum HubError {
     #[error("the store is closed (the hub is shutting down)")]
     StoreClosed,
     /// The gRPC server (tonic) failed.
-    #[error("gRPC server: {0}")]
+    #[error("gRPC server failed")]
     Grpc(#[from] tonic::transport::Error),
     /// The operating system's random number generator failed (tokens cannot be made).
     #[error("the operating system's random number generator failed")]
@@ -73,3 +78,25 @@ impl HubError {
 
 /// Shorthand for this crate's results.
 pub type Result<T, E = HubError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cause is printed once, by the chain, not also by the error's own message; the
+    /// start-up failure a user sees (anyhow's exit message) still names it.
+    #[test]
+    fn display_leaves_the_cause_to_the_chain() {
+        let cause = std::io::Error::new(std::io::ErrorKind::AddrInUse, "address in use");
+        let error = HubError::Bind {
+            addr: "127.0.0.1:9091".parse().expect("an address"),
+            source: cause,
+        };
+        assert_eq!(error.to_string(), "cannot listen on 127.0.0.1:9091");
+        let chain = Chain(&error).to_string();
+        assert_eq!(chain, "cannot listen on 127.0.0.1:9091: address in use");
+        let exit = format!("{:?}", anyhow::Error::from(error));
+        assert_eq!(exit.matches("address in use").count(), 1, "{exit}");
+        assert!(exit.contains("cannot listen on 127.0.0.1:9091"), "{exit}");
+    }
+}

@@ -484,7 +484,7 @@ impl RunningHub {
         let mut store = self.hub.store.lock().await;
         let drained = self.hub.commits.drain(&mut store).await;
         if let Err(e) = &drained {
-            tracing::error!(error = %e, data_dir = %self.hub.config.data_dir.display(), "cannot commit the last queued changes at shutdown; agents will replay them from older resume points");
+            tracing::error!(error = %crate::error::Chain(e), data_dir = %self.hub.config.data_dir.display(), "cannot commit the last queued changes at shutdown; agents will replay them from older resume points");
         }
         let closed = store.close().await;
         drop(store);
@@ -718,7 +718,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         }
         .map_err(HubError::from);
         if let Err(e) = &result {
-            let _ = failed_grpc.try_send(HubError::Task(format!("gRPC server: {e}")));
+            let _ = failed_grpc.try_send(HubError::Task(crate::error::Chain(e).to_string()));
         }
         result
     });
@@ -737,7 +737,10 @@ pub async fn start(config: Config) -> Result<RunningHub> {
     let http = tokio::spawn(async move {
         let result = serve::serve(http_listener, app, http_tls, shutting_down(shutdown)).await;
         if let Err(e) = &result {
-            let _ = failed_tx.try_send(HubError::Task(format!("HTTP server: {e}")));
+            let _ = failed_tx.try_send(HubError::Task(format!(
+                "HTTP server: {}",
+                crate::error::Chain(e)
+            )));
         }
         result
     });
@@ -759,7 +762,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         loop {
             interval.tick().await;
             if let Err(e) = maintained.maintain().await {
-                tracing::error!(error = %e, "store maintenance failed");
+                tracing::error!(error = %crate::error::Chain(&e), "store maintenance failed");
             }
         }
     });

@@ -13,6 +13,7 @@ use scale_agent_proto::v1::{
 };
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument as _;
 
 use crate::{
     Control, GrpcSecurity, Hub, SessionHandle,
@@ -86,15 +87,27 @@ impl AgentHub for AgentHubService {
             control: tx,
             tunnel: tunnel_tx,
         };
-        tokio::spawn(async move {
-            let identity = auth.identity.clone();
-            if let Err(status) = run_stream(&hub, &auth, &peer, inbound, &out).await {
-                tracing::info!(%identity, %peer, code = ?status.code(), message = status.message(), "agent stream ended");
-                let _ = out.control.send(Err(status)).await;
-            } else {
-                tracing::info!(%identity, %peer, "agent stream closed by the agent");
+        // Every event of the stream (its accounts, batches, operations' results, tunnel
+        // frames) is logged inside this span; the replica and session are filled in once
+        // Hello is read.
+        let span = tracing::info_span!(
+            "agent_stream",
+            identity = %auth.identity,
+            %peer,
+            replica = tracing::field::Empty,
+            session = tracing::field::Empty,
+        );
+        tokio::spawn(
+            async move {
+                if let Err(status) = run_stream(&hub, &auth, inbound, &out).await {
+                    tracing::info!(code = ?status.code(), message = status.message(), "agent stream ended");
+                    let _ = out.control.send(Err(status)).await;
+                } else {
+                    tracing::info!("agent stream closed by the agent");
+                }
             }
-        });
+            .instrument(span),
+        );
         Ok(Response::new(Box::pin(
             scale_agent_proto::tunnel::outbound(rx, tunnel_rx),
         )))
@@ -179,10 +192,12 @@ async fn enroll(hub: &Hub, request: pb::EnrollRequest) -> Result<pb::IssuedCerti
         )
         .map_err(Status::invalid_argument)?;
     let ops = hub.agent_tokens().consume(&record.id, now);
-    store
-        .commit(ops)
-        .await
-        .map_err(|e| Status::internal(format!("the hub could not store the enrolment: {e}")))?;
+    store.commit(ops).await.map_err(|e| {
+        Status::internal(format!(
+            "the hub could not store the enrolment: {}",
+            crate::error::Chain(&e)
+        ))
+    })?;
     Ok(issued_certificate(hub, issued))
 }
 
@@ -241,7 +256,6 @@ fn session_token() -> Result<String, Status> {
 async fn run_stream(
     hub: &Arc<Hub>,
     auth: &Authenticated,
-    peer: &str,
     mut inbound: Streaming<pb::AgentMessage>,
     out: &StreamOut,
 ) -> Result<(), Status> {
@@ -273,6 +287,9 @@ async fn run_stream(
         st.registry.set_session_token(connected.0, token.clone());
         connected
     };
+    let span = tracing::Span::current();
+    span.record("replica", tracing::field::display(&hello.replica));
+    span.record("session", id);
     hub.sessions().insert(
         id,
         SessionHandle {
@@ -282,7 +299,7 @@ async fn run_stream(
         },
     );
     if let Some(old) = replaced {
-        tracing::info!(%identity, replica = %hello.replica, "a newer stream replaces the older one");
+        tracing::info!("a newer stream replaces the older one");
         hub.control(
             old,
             Control::Close(Status::aborted(
@@ -296,7 +313,7 @@ async fn run_stream(
     // After Welcome (the stream's loop sends that first): the dynamic accounts, every time.
     let dynamic = hub.dynamic_accounts().set_for(identity);
     hub.control(id, Control::DynamicAccounts(dynamic));
-    tracing::info!(%identity, %peer, replica = %hello.replica, version = %hello.agent_version, session = id, "agent connected");
+    tracing::info!(version = %hello.agent_version, "agent connected");
 
     let session =
         Session::new(id, identity.to_string()).with_account_patterns(auth.account_patterns.clone());
@@ -306,8 +323,11 @@ async fn run_stream(
     if hello.heartbeat_period_seconds > 0
         && period.as_secs() != u64::from(hello.heartbeat_period_seconds)
     {
-        tracing::info!(%identity, replica = %hello.replica, requested_seconds = hello.heartbeat_period_seconds,
-            granted_seconds = period.as_secs(), "heartbeat period asked for is outside --min-heartbeat-period..--max-heartbeat-period; granted the nearest bound");
+        tracing::info!(
+            requested_seconds = hello.heartbeat_period_seconds,
+            granted_seconds = period.as_secs(),
+            "heartbeat period asked for is outside --min-heartbeat-period..--max-heartbeat-period; granted the nearest bound"
+        );
     }
     let terms = Terms {
         session_token: token,
@@ -458,7 +478,7 @@ async fn serve(
                             .then(|| streaming_assignment(&st.cache, &account))
                     };
                     if let Some(a) = assignment {
-                        tracing::info!(account = %a.account, identity = %session.identity, resume_points = a.resume_points.len(), "standby promoted: STREAMING");
+                        tracing::info!(account = %a.account, resume_points = a.resume_points.len(), "standby promoted: STREAMING");
                         hub.metrics.resumes.inc_by(a.resume_points.len() as u64);
                         send(tx, Out::Assignment(a)).await?;
                     }
@@ -470,7 +490,7 @@ async fn serve(
                     return Err(Status::unavailable("the hub is shutting down"));
                 }
                 let progress = store_progress.borrow_and_update().clone();
-                acknowledge(hub, &session, &mut acks, &progress, tx).await?;
+                acknowledge(hub, &mut acks, &progress, tx).await?;
             }
             _ = heartbeat.tick() => {
                 // Skipped when the agent is not reading: it has messages to read anyway.
@@ -488,10 +508,10 @@ async fn serve(
                     Ok(Some(m)) => m,
                     Ok(None) => return Ok(()),
                     Err(status) => {
-                        tracing::debug!(identity = %session.identity, %status, "agent stream broke");
+                        tracing::debug!(%status, "agent stream broke");
                         *too_large = too_large_message(&status);
                         if let Some(message) = too_large.as_deref() {
-                            tracing::warn!(identity = %session.identity, %message, "agent stream ended by an oversized message");
+                            tracing::warn!(%message, "agent stream ended by an oversized message");
                         }
                         return Ok(());
                     }
@@ -528,7 +548,7 @@ async fn serve(
                 if !batch.is_empty() {
                     process_batch(hub, auth, &mut session, batch, tx, &mut acks).await?;
                     let progress = store_progress.borrow_and_update().clone();
-                    acknowledge(hub, &session, &mut acks, &progress, tx).await?;
+                    acknowledge(hub, &mut acks, &progress, tx).await?;
                 }
                 if ended {
                     return Ok(());
@@ -553,12 +573,12 @@ fn deliver_tunnel_frame(
     match hub.tunnels.deliver(session, frame) {
         Ok(None) => Ok(()),
         Ok(Some(reset)) => {
-            tracing::warn!(session, exchange, reset = ?reset, "tunnel exchange broke the protocol; reset");
+            tracing::warn!(exchange, reset = ?reset, "tunnel exchange broke the protocol; reset");
             crate::tunnel::send_frame_soon(tx, exchange, reset);
             Ok(())
         }
         Err(crate::tunnel::WindowViolation(reason)) => {
-            tracing::warn!(session, exchange, %reason, "agent sent past the tunnel window; ending its stream");
+            tracing::warn!(exchange, %reason, "agent sent past the tunnel window; ending its stream");
             Err(Status::resource_exhausted(reason))
         }
     }
@@ -597,7 +617,7 @@ async fn process_batch(
     hub.metrics.resumes.inc_by(fx.resumes);
     hub.metrics.relists.inc_by(fx.relists);
     if fx.stale > 0 {
-        tracing::debug!(identity = %session.identity, stale = fx.stale, "ignored replayed events");
+        tracing::debug!(stale = fx.stale, "ignored replayed events");
     }
     hub.deliver(std::mem::take(&mut fx.promotions));
     hub.observe_states();
@@ -615,14 +635,14 @@ async fn process_batch(
         }
     }
     for account in std::mem::take(&mut fx.discovery_changed) {
-        tracing::info!(%account, identity = %session.identity, "the cluster's kinds changed; discovery cache dropped");
+        tracing::info!(%account, "the cluster's kinds changed; discovery cache dropped");
         hub.discovery
             .invalidate(&account, std::time::Instant::now());
     }
     for result in std::mem::take(&mut fx.results) {
         let id = result.id.clone();
         if !hub.operations.complete(session.id, result) {
-            tracing::debug!(identity = %session.identity, %id, "result of an operation nobody waits for (timed out or unknown)");
+            tracing::debug!(%id, "result of an operation nobody waits for (timed out or unknown)");
         }
     }
     for reply in fx.replies {
@@ -641,7 +661,7 @@ async fn process_batch(
         send(tx, Out::CertificateRenewal(renew(hub, auth, &csr_pem))).await?;
     }
     if let Some(e) = protocol_error {
-        tracing::warn!(identity = %session.identity, error = ?e, "protocol error; ending the stream");
+        tracing::warn!(error = ?e, "protocol error; ending the stream");
         return Err(e.to_status());
     }
     Ok(())
@@ -650,7 +670,6 @@ async fn process_batch(
 /// Sends the Ack the stream owes when the store allows it (see [`crate::commits`]).
 async fn acknowledge(
     hub: &Hub,
-    session: &Session,
     acks: &mut AckGate,
     progress: &crate::commits::Progress,
     tx: &Outbound,
@@ -661,7 +680,10 @@ async fn acknowledge(
             if acks.owes() && !acks.held {
                 acks.held = true;
                 hub.metrics.acks_held.inc();
-                tracing::debug!(identity = %session.identity, failing = progress.failing, "Ack held until the store commits this stream's changes");
+                tracing::debug!(
+                    failing = progress.failing,
+                    "Ack held until the store commits this stream's changes"
+                );
             }
             Ok(())
         }

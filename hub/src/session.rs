@@ -604,7 +604,7 @@ impl Session {
     ) {
         let name = reg.account.clone();
         if let Err(reason) = validate_account_name(&name) {
-            tracing::warn!(account = %name, identity = %self.identity, %reason, "account rejected");
+            tracing::warn!(account = %name, %reason, "account rejected");
             fx.replies.push(assignment(&name, PbRole::Rejected, reason));
             return;
         }
@@ -612,7 +612,7 @@ impl Session {
         // A refusal of a valid name is remembered: the account shows FAILED while nobody
         // streams it.
         let reject = |st: &mut HubState, reason: String, fx: &mut Effects| {
-            tracing::warn!(account = %name, identity = %self.identity, %reason, "account rejected");
+            tracing::warn!(account = %name, %reason, "account rejected");
             st.registry.note_rejection(self.id, &name, &reason);
             fx.replies.push(assignment(&name, PbRole::Rejected, reason));
         };
@@ -697,7 +697,7 @@ impl Session {
             .map(|d| d.as_secs() as i64)
             .unwrap_or_default();
         let binding = st.registry.bind(name, &self.identity, since);
-        tracing::info!(account = %name, identity = %self.identity, "account bound to the identity that first registered it");
+        tracing::info!(account = %name, "account bound to the identity that first registered it");
         fx.ops.push(StoreOp::PutBinding {
             account: name.to_string(),
             binding,
@@ -710,13 +710,13 @@ impl Session {
             Role::Streaming => {
                 let a = streaming_assignment(&st.cache, &name);
                 fx.resumes += a.resume_points.len() as u64;
-                tracing::info!(account = %name, identity = %self.identity, resume_points = a.resume_points.len(), "account assigned: STREAMING");
+                tracing::info!(account = %name, resume_points = a.resume_points.len(), "account assigned: STREAMING");
                 fx.replies.push(pb::HubMessage {
                     kind: Some(Out::Assignment(a)),
                 });
             }
             Role::Standby => {
-                tracing::info!(account = %name, identity = %self.identity, "account assigned: STANDBY");
+                tracing::info!(account = %name, "account assigned: STANDBY");
                 fx.replies
                     .push(assignment(&name, PbRole::Standby, String::new()));
             }

@@ -104,7 +104,7 @@ impl Reloader {
             Ok(material) => material,
             Err(error) => {
                 // A file missing for a moment during a rotation: try again next tick.
-                tracing::debug!(%error, "TLS files not readable; keeping the certificates in use");
+                tracing::debug!(error = %crate::error::Chain(&error), "TLS files not readable; keeping the certificates in use");
                 return;
             }
         };
@@ -117,7 +117,7 @@ impl Reloader {
                 Ok(()) => tracing::info!(
                     "gRPC listener: certificate or client CA changed on disk; new connections use the new files"
                 ),
-                Err(error) => tracing::error!(%error,
+                Err(error) => tracing::error!(error = %crate::error::Chain(&error),
                     "gRPC listener: the changed certificate files do not load; still serving the previous ones until they do"),
             }
         }

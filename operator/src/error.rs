@@ -87,20 +87,7 @@ impl Error {
     }
 }
 
-/// An error and its causes on one line (`failed to get Secret ns/x: ApiError: …`), for logs.
-pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
-
-impl std::fmt::Display for Chain<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut source = self.0.source();
-        while let Some(cause) = source {
-            write!(f, ": {cause}")?;
-            source = cause.source();
-        }
-        Ok(())
-    }
-}
+pub use scale_agent_runtime::Chain;
 
 /// Maps a [`kube::Error`] to [`Error::Kube`] with a description of the action.
 pub(crate) fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {

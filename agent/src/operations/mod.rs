@@ -350,7 +350,13 @@ impl Executor {
         ctx.hit();
         let found = account::discover(&self.account, &self.client)
             .await
-            .map_err(|e| Failure::new(503, "ServiceUnavailable", e.to_string()))?;
+            .map_err(|e| {
+                Failure::new(
+                    503,
+                    "ServiceUnavailable",
+                    crate::error::Chain(&e).to_string(),
+                )
+            })?;
         let found = Arc::new(found);
         *kinds = Some(found.clone());
         Ok(found)
@@ -434,8 +440,13 @@ impl Executor {
                 .status,
             ),
         };
-        tracing::info!(account = %self.account, id = %operation.id, r#type = kind, ok, code = status.code,
-            elapsed_ms = started.elapsed().as_millis() as u64, "operation done");
+        tracing::info!(
+            r#type = kind,
+            ok,
+            code = status.code,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "operation done"
+        );
         v1::OperationResult {
             id: operation.id,
             ok,

@@ -524,10 +524,7 @@ impl HubAccess {
                     .await
             }
             .map_err(|e| {
-                let cause = std::error::Error::source(&e)
-                    .map(|s| format!(": {s}"))
-                    .unwrap_or_default();
-                anyhow::anyhow!("cannot reach the hub at {url}: {e}{cause}")
+                anyhow::anyhow!("cannot reach the hub at {url}: {}", crate::error::Chain(&e))
             })?;
             let status = response.status();
             let body = response.into_body().collect().await?.to_bytes();

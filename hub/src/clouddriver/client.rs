@@ -50,19 +50,6 @@ pub(crate) struct Client {
     timeout: Duration,
 }
 
-/// The full error chain of a transport error, on one line (hyper's top-level message alone is
-/// "client error (Connect)").
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
-
 fn tls_config(ca_file: Option<&Path>) -> Result<ClientConfig, String> {
     let mut roots = RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
@@ -180,7 +167,7 @@ impl Client {
                 .http
                 .request(request)
                 .await
-                .map_err(|e| SendError::Transport(chain(&e)))?;
+                .map_err(|e| SendError::Transport(crate::error::Chain(&e).to_string()))?;
             let status = response.status().as_u16();
             let body = Limited::new(response.into_body(), MAX_BODY)
                 .collect()

@@ -582,8 +582,9 @@ impl Registrar {
             Err(e) => {
                 let mut st = self.state();
                 let delay = self.backoff(st.ledger_track.failures + 1);
-                st.ledger_track.failed("load", e.to_string(), delay);
-                tracing::error!(error = %e, retry_in = ?delay, "cannot read the Clouddriver ledger; nothing is sent to the API until it can be read");
+                st.ledger_track
+                    .failed("load", crate::error::Chain(&e).to_string(), delay);
+                tracing::error!(error = %crate::error::Chain(&e), retry_in = ?delay, "cannot read the Clouddriver ledger; nothing is sent to the API until it can be read");
             }
         }
     }
@@ -676,7 +677,7 @@ impl Registrar {
                 };
                 if let Err(e) = &recorded {
                     // Registered all the same; after a restart it is sent again (harmless).
-                    tracing::error!(error = %e, "registered, but the ledger could not record it");
+                    tracing::error!(error = %crate::error::Chain(e), "registered, but the ledger could not record it");
                 }
                 let count = {
                     let mut st = self.state();
@@ -699,7 +700,7 @@ impl Registrar {
                 };
                 if let Err(e) = &forgotten {
                     // Removed all the same; after a restart the DELETE is sent again (harmless).
-                    tracing::error!(error = %e, "removed, but the ledger could not forget it");
+                    tracing::error!(error = %crate::error::Chain(e), "removed, but the ledger could not forget it");
                 }
                 let count = {
                     let mut st = self.state();

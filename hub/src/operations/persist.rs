@@ -92,10 +92,10 @@ pub(crate) async fn save(
     match written {
         Ok(Ok(())) => {}
         Ok(Err(error)) => {
-            tracing::warn!(%account, %id, %error, "cannot store the operation's record; a hub restart will forget the id")
+            tracing::warn!(error = %crate::error::Chain(&error), "cannot store the operation's record; a hub restart will forget the id")
         }
         Err(error) => {
-            tracing::warn!(%account, %id, %error, "the task storing the operation's record failed")
+            tracing::warn!(%error, "the task storing the operation's record failed")
         }
     }
 }

@@ -93,7 +93,7 @@ impl Submission<'_> {
 
     /// The replica left (or the attempt was dropped) before answering: resend when safe.
     fn dropped(&self, sent: bool, replica: &str, attempts: usize) -> Step {
-        let (id, account, kind) = (&self.id, self.account, self.kind);
+        let (account, kind) = (self.account, self.kind);
         self.hub.metrics.operation_retries.inc();
         if sent && !self.idempotent {
             let message = format!(
@@ -104,7 +104,7 @@ impl Submission<'_> {
             let status = Status::new(503, "ServiceUnavailable", message);
             return Step::Done(503, self.hub_made(State::Failed, true, status, attempts));
         }
-        tracing::info!(%id, %account, %replica, sent, "replica left before answering; trying another");
+        tracing::info!(%replica, sent, "replica left before answering; trying another");
         Step::TryNext {
             note: format!(
                 "replica {replica} disconnected before answering{}",
@@ -251,6 +251,10 @@ impl Submission<'_> {
 /// body (also recorded for lookups). A resubmitted id is not run again: a finished one
 /// answers what it answered, a running one waits for that answer up to this submission's
 /// deadline (202 with its running state when it has none by then).
+///
+/// Its span names the account and, once known, the operation's id (the client's, or the
+/// hub's) and the id on the wire.
+#[tracing::instrument(name = "operation", skip_all, fields(%account, id = tracing::field::Empty, wire_id = tracing::field::Empty))]
 pub(crate) async fn submit(
     hub: &Arc<Hub>,
     account: &str,
@@ -276,6 +280,9 @@ pub(crate) async fn submit(
         deadline: started + timeout,
     };
     let id = submission.id.as_str();
+    let span = tracing::Span::current();
+    span.record("id", tracing::field::display(id));
+    span.record("wire_id", tracing::field::display(&submission.wire_id));
     if !hub.state().registry.accounts.contains_key(account) {
         let message = format!(
             "no account {account:?}: no agent has registered it (or it was removed after \
@@ -318,7 +325,13 @@ pub(crate) async fn submit(
     let (code, body) = submission.run(&operation).await;
     let (kind, state) = (submission.kind, body.state.as_str());
     hub.metrics.operation(kind, state);
-    tracing::info!(%id, wire_id = %submission.wire_id, %account, r#type = kind, state, code, elapsed_ms = started.elapsed().as_millis() as u64, "operation finished");
+    tracing::info!(
+        r#type = kind,
+        state,
+        code,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "operation finished"
+    );
     hub.operations
         .record(account, id, body.clone(), Some(code), retention);
     if client_id {

@@ -35,6 +35,7 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt as _};
 use http_body_util::BodyExt as _;
 use scale_agent_proto::v1::{self as pb, tunnel_frame::Frame};
+use tracing::Instrument as _;
 
 use crate::{
     Hub,
@@ -82,6 +83,9 @@ impl Served {
     }
 }
 
+/// One proxied request; its span names the account of the URL (empty when the path has
+/// none), so every event of the request, its body pump and its upgraded connection carry it.
+#[tracing::instrument(name = "proxy", skip_all, fields(account = split_path(request.uri().path()).map_or("", |(account, _)| account)))]
 async fn handle(State(hub): State<Arc<Hub>>, request: Request) -> Response {
     let started = Instant::now();
     let method = request.method().clone();
@@ -238,7 +242,7 @@ async fn proxy(hub: &Arc<Hub>, request: Request) -> Result<(Response, Served), S
     let response = cached::after_write(hub, &account, &parts.method, api_path, response).await;
     if changes_kinds && response.status().is_success() {
         hub.discovery.invalidate(&account, Instant::now());
-        tracing::info!(%account, path = %api_path, "kinds changed through the proxy; discovery cache dropped");
+        tracing::info!(path = %api_path, "kinds changed through the proxy; discovery cache dropped");
     }
     Ok((response, Served::Tunnel))
 }
@@ -366,12 +370,15 @@ async fn forward(
             )));
         }
         if let Some(body) = body.take() {
-            tokio::spawn(pump_request_body(
-                body,
-                exchange.id,
-                exchange.request_credit.clone(),
-                tx.clone(),
-            ));
+            tokio::spawn(
+                pump_request_body(
+                    body,
+                    exchange.id,
+                    exchange.request_credit.clone(),
+                    tx.clone(),
+                )
+                .in_current_span(),
+            );
         }
         let OpenExchange {
             id,
@@ -388,7 +395,10 @@ async fn forward(
                 // Only a request without a body can go to another replica: a body was
                 // streamed into the tunnel and is gone.
                 if tried.len() < MAX_ATTEMPTS && !once && !headers_carry_body(method) {
-                    tracing::info!(%account, exchange = id, "agent left before answering; trying another replica");
+                    tracing::info!(
+                        exchange = id,
+                        "agent left before answering; trying another replica"
+                    );
                     last_error = Some(Status::unavailable(message));
                     continue;
                 }
@@ -422,7 +432,7 @@ async fn forward(
                 window: u64::from(window),
                 guard,
             };
-            tokio::spawn(pump.run(on_upgrade));
+            tokio::spawn(pump.run(on_upgrade).in_current_span());
             return Ok(response);
         }
         let mut response = if head.end_of_body {

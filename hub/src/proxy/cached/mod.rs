@@ -136,13 +136,13 @@ pub(crate) async fn read(
         match plan(hub, account, &target, &options) {
             Plan::Ready(held) => break held,
             Plan::Tunnel(why) => {
-                tracing::debug!(%account, path = %api_path, why, "read tunnelled");
+                tracing::debug!(path = %api_path, why, "read tunnelled");
                 return None;
             }
             Plan::WaitFor(rv) => {
                 let changed = tokio::time::timeout_at(deadline, advanced.changed()).await;
                 if !matches!(changed, Ok(Ok(()))) {
-                    tracing::info!(%account, path = %api_path, resource_version = ?rv, "the cache did not reach the resourceVersion in time; read tunnelled");
+                    tracing::info!(path = %api_path, resource_version = ?rv, "the cache did not reach the resourceVersion in time; read tunnelled");
                     return None;
                 }
             }
@@ -153,7 +153,7 @@ pub(crate) async fn read(
         {
             Ok(items) => items,
             Err(why) => {
-                tracing::debug!(%account, path = %api_path, ?why, "list not renderable from the cache; tunnelled");
+                tracing::debug!(path = %api_path, ?why, "list not renderable from the cache; tunnelled");
                 return None;
             }
         };
@@ -391,7 +391,7 @@ pub(crate) async fn after_write(
         }
         Err(error) => {
             // Too large or cut: the client gets the error; reads wait out the barrier.
-            tracing::debug!(%account, path = %api_path, %error, "write answer not readable");
+            tracing::debug!(path = %api_path, %error, "write answer not readable");
             (
                 None,
                 Body::from_stream(futures::stream::once(async move {
@@ -414,7 +414,7 @@ fn record_write(
     floor: Floor,
     now: Instant,
 ) {
-    tracing::debug!(%account, kind = %key, %namespace, ?floor, "write through the proxy: cached reads wait for it");
+    tracing::debug!(kind = %key, %namespace, ?floor, "write through the proxy: cached reads wait for it");
     hub.cached_reads
         .floors()
         .record(account, key, namespace, floor, now);
