@@ -208,10 +208,11 @@ async fn the_chart_installs_with_hub_and_monitoring_on() -> anyhow::Result<()> {
         if deployment == "scale-agent-operator" {
             // Two operators, one leading through a Lease, the other standing by.
             assert_eq!(object["spec"]["replicas"], 2, "{deployment}");
-            let env = container["env"].as_array().into_iter().flatten();
+            let mut env = container["env"].as_array().into_iter().flatten();
             assert!(
-                env.into_iter().any(|e| e["name"] == "SCALE_AGENT_OPERATOR_LEADER_ELECTION"
-                    && e["value"] == "true"),
+                env.any(
+                    |e| e["name"] == "SCALE_AGENT_OPERATOR_LEADER_ELECTION" && e["value"] == "true"
+                ),
                 "the operator runs without leader election: {container}"
             );
         }

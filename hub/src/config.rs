@@ -859,24 +859,17 @@ fn tls_file_error(flag: &'static str, path: &Path, problem: String) -> HubError 
     }
 }
 
-/// Parses `600`, `600s`, `10m`, `1h` or `250ms`.
+/// Parses a duration as the agent's config file takes one (`600s`, `10m`, `1h30m`, `250ms`,
+/// the form Go and Kubernetes write), or a bare number of seconds (`600`).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (number, unit) = s.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration: expected e.g. 600, 600s, 10m, 1h, 250ms"))?;
-    let d = match unit.trim() {
-        "" | "s" => Duration::from_secs(n),
-        "ms" => Duration::from_millis(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        "h" => Duration::from_secs(n.saturating_mul(3600)),
-        other => {
-            return Err(format!("{s:?}: unknown unit {other:?} (use ms, s, m or h)"));
-        }
-    };
-    Ok(d)
+    if let Ok(seconds) = s.parse::<u64>() {
+        return Ok(Duration::from_secs(seconds));
+    }
+    let parsed: jiff::SignedDuration = s.parse().map_err(|e| {
+        format!("{s:?} is not a duration ({e}): write it like 600s, 10m, 1h30m or 250ms")
+    })?;
+    Duration::try_from(parsed).map_err(|_| format!("{s:?}: a duration cannot be negative"))
 }
 
 #[cfg(test)]
@@ -890,8 +883,12 @@ mod tests {
         assert_eq!(parse_duration("10m").unwrap(), Duration::from_secs(600));
         assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        // As the agent's config file (Go's form) writes them.
+        assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("1.5h").unwrap(), Duration::from_secs(5400));
         assert!(parse_duration("ten").is_err());
-        assert!(parse_duration("5d").is_err());
+        assert!(parse_duration("-5s").is_err());
     }
 
     #[test]
