@@ -14,7 +14,10 @@ use scale_agent_proto::v1::{EnrollRequest, IssuedCertificate, agent_hub_client::
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 use x509_parser::pem::parse_x509_pem;
 
-use crate::pki::{self, CertificateInfo};
+use crate::{
+    error::Chain,
+    pki::{self, CertificateInfo},
+};
 
 /// Annotation on the agent's TLS Secret when the hub issued its certificate; a certificate
 /// without it (operator-signed, from before a switch to enrolment) is replaced by enrolling.
@@ -182,11 +185,11 @@ pub async fn enroll(
     }
     let endpoint = endpoint
         .tls_config(tls)
-        .map_err(|e| unreachable("TLS settings for", &describe(&e)))?;
+        .map_err(|e| unreachable("TLS settings for", &Chain(&e).to_string()))?;
     let channel = endpoint
         .connect()
         .await
-        .map_err(|e| unreachable("cannot connect to the hub at", &describe(&e)))?;
+        .map_err(|e| unreachable("cannot connect to the hub at", &Chain(&e).to_string()))?;
     let response = AgentHubClient::new(channel)
         .enroll(EnrollRequest {
             token: token.to_owned(),
@@ -196,7 +199,7 @@ pub async fn enroll(
         .map_err(|status| match status.code() {
             // A transport failure surfaces as Unavailable or Unknown with a source chain.
             tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled => {
-                unreachable("the call failed at", &describe(&status))
+                unreachable("the call failed at", &describe_status(&status))
             }
             code => Failure::Refused {
                 code,
@@ -209,19 +212,16 @@ pub async fn enroll(
         .ok_or_else(|| Failure::Unreachable("the hub answered without a certificate".into()))
 }
 
-/// An error and its causes on one line (tonic's own message is only "transport error").
-fn describe(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
+/// A failed call on one line: the status's message, then its causes. (`Status`'s Display
+/// also prints its cause in Debug form, so [`Chain`] over the status would say it twice.)
+fn describe_status(status: &tonic::Status) -> String {
+    let cause = std::error::Error::source(status).map(|cause| Chain(cause).to_string());
+    match (status.message(), cause) {
+        ("", None) => status.code().to_string(),
+        ("", Some(cause)) => cause,
+        (message, None) => message.to_owned(),
+        (message, Some(cause)) => format!("{message}: {cause}"),
     }
-    text
 }
 
 /// The commands that give the ScaleAgent a new token, for messages.
@@ -260,6 +260,22 @@ mod tests {
     use rcgen::{BasicConstraints, IsCa, Issuer, KeyUsagePurpose, PublicKeyData, SanType};
 
     use super::*;
+
+    #[test]
+    fn a_failed_call_names_its_cause_once() {
+        let cause =
+            std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+        let mut status = tonic::Status::unavailable("transport error");
+        status.set_source(std::sync::Arc::new(cause));
+        assert_eq!(
+            describe_status(&status),
+            "transport error: connection refused"
+        );
+        assert_eq!(
+            describe_status(&tonic::Status::unavailable("")),
+            tonic::Code::Unavailable.to_string()
+        );
+    }
 
     /// A CA and a certificate it signed for `identity` valid over [not_before, not_after]
     /// (Unix seconds): (ca PEM, cert PEM, key PEM).
