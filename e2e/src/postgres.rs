@@ -74,6 +74,8 @@ struct Install {
     library_path: String,
     /// The uid (and gid) to run as, when the tests run as root.
     run_as: Option<u32>,
+    /// The uid PostgreSQL runs as.
+    owner: u32,
     /// Where the servers' directories go.
     runs: PathBuf,
 }
@@ -160,7 +162,9 @@ fn find_install() -> Result<Install> {
     };
     let runs = runs_root().join(&name);
     create_dir_for_all(&runs)?;
-    crate::control_plane::sweep_stale_runs(&runs);
+    // Servers of test processes killed outright died with them; their shared memory did not.
+    let owner = run_as.unwrap_or(euid);
+    process::sweep_stale_runs(&runs, |dir| remove_shared_memory(&dir.join("data"), owner));
     let library_path = library_dirs
         .lines()
         .filter(|line| !line.is_empty())
@@ -171,6 +175,7 @@ fn find_install() -> Result<Install> {
         bin: tree.join(bin),
         library_path,
         run_as,
+        owner,
         runs,
     })
 }
@@ -561,44 +566,40 @@ impl PostgresServer {
 impl Drop for PostgresServer {
     fn drop(&mut self) {
         self.kill();
-        self.remove_shared_memory();
+        remove_shared_memory(&self.data, self.install.owner);
         let _ = fs::remove_dir_all(&self.dir);
     }
 }
 
-impl PostgresServer {
-    /// Removes the System V segment a killed postmaster leaves. PostgreSQL removes it itself
-    /// on a clean stop and on its next start, which a dropped server never has. (Its other
-    /// shared memory is anonymous, or files in the data directory: see `launch`.)
-    fn remove_shared_memory(&self) {
-        // Line 7 of postmaster.pid holds the segment's key and id; a clean stop removes
-        // the file.
-        let Ok(pid_file) = fs::read_to_string(self.data.join("postmaster.pid")) else {
-            return;
-        };
-        let Some(id) = pid_file
-            .lines()
-            .nth(6)
-            .and_then(|line| line.split_whitespace().nth(1))
-            .and_then(|id| id.parse::<libc::c_int>().ok())
-        else {
-            return;
-        };
-        // SAFETY: shmid_ds is plain data, for which all zeroes is a valid value.
-        #[allow(unsafe_code)]
-        let mut segment: libc::shmid_ds = unsafe { std::mem::zeroed() };
-        // SAFETY: IPC_STAT fills `segment`, a valid place for it; IPC_RMID takes no buffer.
-        // Only a segment nobody uses, owned by the user that ran this server, is removed,
-        // so a reused id cannot take another server's memory away.
-        #[allow(unsafe_code)]
-        unsafe {
-            let owner = self.install.run_as.unwrap_or_else(|| libc::geteuid());
-            if libc::shmctl(id, libc::IPC_STAT, &mut segment) == 0
-                && segment.shm_nattch == 0
-                && segment.shm_perm.uid == owner
-            {
-                libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut());
-            }
+/// Removes the System V segment a killed postmaster of the cluster in `data` left, when
+/// nobody uses it and `owner` owns it (so that a reused id cannot take another server's
+/// memory away). PostgreSQL removes it itself on a clean stop and on its next start, which
+/// a dropped server never has. Its other shared memory is anonymous, or files in the data
+/// directory (see `launch`).
+fn remove_shared_memory(data: &Path, owner: u32) {
+    // Line 7 of postmaster.pid holds the segment's key and id; a clean stop removes the file.
+    let Ok(pid_file) = fs::read_to_string(data.join("postmaster.pid")) else {
+        return;
+    };
+    let Some(id) = pid_file
+        .lines()
+        .nth(6)
+        .and_then(|line| line.split_whitespace().nth(1))
+        .and_then(|id| id.parse::<libc::c_int>().ok())
+    else {
+        return;
+    };
+    // SAFETY: shmid_ds is plain data, for which all zeroes is a valid value.
+    #[allow(unsafe_code)]
+    let mut segment: libc::shmid_ds = unsafe { std::mem::zeroed() };
+    // SAFETY: IPC_STAT fills `segment`, a valid place for it; IPC_RMID takes no buffer.
+    #[allow(unsafe_code)]
+    unsafe {
+        if libc::shmctl(id, libc::IPC_STAT, &mut segment) == 0
+            && segment.shm_nattch == 0
+            && segment.shm_perm.uid == owner
+        {
+            libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut());
         }
     }
 }

@@ -305,6 +305,25 @@ pub fn remove_at_exit(dir: PathBuf) {
     }
 }
 
+/// Removes run directories under `root` whose owning process (the pid in their `owner.pid`)
+/// has died without cleaning up (killed outright); their components died with it.
+/// `before_removing` gets each such directory first, for what outlives its processes
+/// elsewhere (PostgreSQL's shared memory).
+pub fn sweep_stale_runs(root: &Path, before_removing: impl Fn(&Path)) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let owner = std::fs::read_to_string(entry.path().join("owner.pid"))
+            .ok()
+            .and_then(|pid| pid.trim().parse::<u32>().ok());
+        if owner.is_some_and(|pid| !is_alive(pid)) {
+            before_removing(&entry.path());
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -344,6 +363,64 @@ mod tests {
         let message = err.to_string();
         assert!(message.contains("failing exited"), "{message}");
         assert!(message.contains("some reason"), "{message}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn stale_runs_are_swept_and_live_ones_kept() {
+        let root = std::env::temp_dir().join(format!("sweep-test-{}", std::process::id()));
+        let live = root.join("live");
+        let stale = root.join("stale");
+        std::fs::create_dir_all(&live).unwrap();
+        std::fs::create_dir_all(&stale).unwrap();
+        std::fs::write(live.join("owner.pid"), std::process::id().to_string()).unwrap();
+        // Pid numbers are bounded by pid_max (at most 2^22), so this one cannot be alive.
+        std::fs::write(stale.join("owner.pid"), "99999999").unwrap();
+        let swept = Mutex::new(Vec::new());
+        sweep_stale_runs(&root, |dir| swept.lock().unwrap().push(dir.to_path_buf()));
+        assert_eq!(*swept.lock().unwrap(), vec![stale.clone()]);
+        assert!(live.exists());
+        assert!(!stale.exists());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn children_are_listed_until_they_die() {
+        let dir = std::env::temp_dir().join(format!("children-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut shell = ManagedProcess::spawn(
+            "shell",
+            Path::new("/bin/sh"),
+            &["-c".into(), "sleep 30 & sleep 30 & wait".into()],
+            dir.join("shell.log"),
+        )
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let children = loop {
+            let children = children_of(shell.pid());
+            if children.len() == 2 {
+                break children;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "children of the shell: {children:?}"
+            );
+            thread::sleep(Duration::from_millis(10));
+        };
+        assert!(children.iter().all(|child| is_alive(*child)));
+        for child in &children {
+            send_signal(*child, libc::SIGKILL);
+        }
+        // The shell reaps them, so they are neither alive nor listed.
+        assert!(
+            still_alive_after(
+                &[("sleep".into(), children[0]), ("sleep".into(), children[1])],
+                Duration::from_secs(5)
+            )
+            .is_empty()
+        );
+        assert!(children_of(shell.pid()).is_empty());
+        shell.stop(Duration::from_secs(5));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
