@@ -2,7 +2,7 @@
 //! survives a SIGKILL and a restart, a stopped server restarts, servers run side by side,
 //! and a dropped one leaves no process and no data behind.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use scale_agent_e2e::postgres::{self, PostgresServer};
 
@@ -65,10 +65,31 @@ async fn committed_rows_survive_a_kill_and_a_restart() {
         .unwrap();
     let port = server.port();
 
+    // A session busy with a query that never looks up (a backend notices its postmaster's
+    // death only when it waits) must end at once too.
+    let busy = server.connect().await.unwrap();
+    const ENDLESS: &str = "SELECT count(*) FROM generate_series(1, 10000000000000)";
+    let busy = tokio::spawn(async move { busy.simple_query(ENDLESS).await.map(|_| ()) });
+    let running = format!("SELECT count(*) FROM pg_stat_activity WHERE query = '{ENDLESS}'");
+    while count(&client, &running).await == 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let killing = Instant::now();
     server.kill();
+    assert!(
+        killing.elapsed() < Duration::from_secs(5),
+        "kill() took {:?}",
+        killing.elapsed()
+    );
     assert!(server.pid().is_none());
     assert!(!scale_agent_e2e::process::is_alive(postmaster));
     // The sessions died with it, as in a crash of the database server.
+    let ended = tokio::time::timeout(Duration::from_secs(2), busy).await;
+    assert!(
+        matches!(ended, Ok(Ok(Err(_)))),
+        "the busy session did not end: {ended:?}"
+    );
     assert!(client.simple_query("SELECT 1").await.is_err());
     assert!(admin.simple_query("SELECT 1").await.is_err());
 
