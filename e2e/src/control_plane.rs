@@ -845,25 +845,9 @@ fn runs_root() -> PathBuf {
 
 fn new_run_dir() -> Result<PathBuf> {
     let root = runs_root();
-    sweep_stale_runs(&root);
+    process::sweep_stale_runs(&root, |_| {});
     let nanos = k8s_openapi::jiff::Timestamp::now().subsec_nanosecond();
     Ok(root.join(format!("{}-{nanos:09}", std::process::id())))
-}
-
-/// Removes run directories whose owning process has died without cleaning up (killed
-/// outright); their components died with it.
-fn sweep_stale_runs(root: &Path) {
-    let Ok(entries) = fs::read_dir(root) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let owner = fs::read_to_string(entry.path().join("owner.pid"))
-            .ok()
-            .and_then(|pid| pid.trim().parse::<u32>().ok());
-        if owner.is_some_and(|pid| !process::is_alive(pid)) {
-            let _ = fs::remove_dir_all(entry.path());
-        }
-    }
 }
 
 fn kubeconfig_yaml(server: &str, ca_file: &Path, user: &str) -> String {
@@ -1070,21 +1054,5 @@ mod tests {
             swapped.contains("server: https://127.0.0.1:1\n"),
             "{swapped}"
         );
-    }
-
-    #[test]
-    fn stale_runs_are_swept_and_live_ones_kept() {
-        let root = std::env::temp_dir().join(format!("sweep-test-{}", std::process::id()));
-        let live = root.join("live");
-        let stale = root.join("stale");
-        fs::create_dir_all(&live).unwrap();
-        fs::create_dir_all(&stale).unwrap();
-        fs::write(live.join("owner.pid"), std::process::id().to_string()).unwrap();
-        // Pid numbers are bounded by pid_max (at most 2^22), so this one cannot be alive.
-        fs::write(stale.join("owner.pid"), "99999999").unwrap();
-        sweep_stale_runs(&root);
-        assert!(live.exists());
-        assert!(!stale.exists());
-        fs::remove_dir_all(&root).unwrap();
     }
 }

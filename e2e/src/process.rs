@@ -84,16 +84,40 @@ pub fn send_signal(pid: u32, signal: i32) {
     }
 }
 
+/// The state letter and parent pid of `pid`, from /proc.
+fn state_and_parent(pid: &str) -> Option<(String, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The state follows the command name in parentheses, which may itself hold spaces;
+    // the parent's pid comes next.
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+    let state = fields.next()?.to_string();
+    let parent = fields.next()?.parse().ok()?;
+    Some((state, parent))
+}
+
+fn is_live_state(state: &str) -> bool {
+    state != "Z" && state != "X"
+}
+
 /// Whether a process with this pid exists (and is not a zombie).
 pub fn is_alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the command name in parentheses, which may itself hold spaces.
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X"),
-        Err(_) => false,
-    }
+    state_and_parent(&pid.to_string()).is_some_and(|(state, _)| is_live_state(&state))
+}
+
+/// The live children of `pid` (for servers whose workers leave its process group, such as
+/// PostgreSQL's, which call setsid).
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|child| {
+            state_and_parent(&child.to_string())
+                .is_some_and(|(state, parent)| parent == pid && is_live_state(&state))
+        })
+        .collect()
 }
 
 /// Waits up to `within` for every named process to be gone; returns those still alive.
@@ -210,6 +234,11 @@ impl ManagedProcess {
         }
     }
 
+    /// Whether the process has exited (and been reaped).
+    pub fn has_exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)) | Err(_))
+    }
+
     /// Asks the process to stop, and kills it when it has not stopped after `grace`.
     pub fn stop(&mut self, grace: Duration) {
         if matches!(self.child.try_wait(), Ok(Some(_))) {
@@ -276,6 +305,25 @@ pub fn remove_at_exit(dir: PathBuf) {
     }
 }
 
+/// Removes run directories under `root` whose owning process (the pid in their `owner.pid`)
+/// has died without cleaning up (killed outright); their components died with it.
+/// `before_removing` gets each such directory first, for what outlives its processes
+/// elsewhere (PostgreSQL's shared memory).
+pub fn sweep_stale_runs(root: &Path, before_removing: impl Fn(&Path)) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let owner = std::fs::read_to_string(entry.path().join("owner.pid"))
+            .ok()
+            .and_then(|pid| pid.trim().parse::<u32>().ok());
+        if owner.is_some_and(|pid| !is_alive(pid)) {
+            before_removing(&entry.path());
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -315,6 +363,64 @@ mod tests {
         let message = err.to_string();
         assert!(message.contains("failing exited"), "{message}");
         assert!(message.contains("some reason"), "{message}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn stale_runs_are_swept_and_live_ones_kept() {
+        let root = std::env::temp_dir().join(format!("sweep-test-{}", std::process::id()));
+        let live = root.join("live");
+        let stale = root.join("stale");
+        std::fs::create_dir_all(&live).unwrap();
+        std::fs::create_dir_all(&stale).unwrap();
+        std::fs::write(live.join("owner.pid"), std::process::id().to_string()).unwrap();
+        // Pid numbers are bounded by pid_max (at most 2^22), so this one cannot be alive.
+        std::fs::write(stale.join("owner.pid"), "99999999").unwrap();
+        let swept = Mutex::new(Vec::new());
+        sweep_stale_runs(&root, |dir| swept.lock().unwrap().push(dir.to_path_buf()));
+        assert_eq!(*swept.lock().unwrap(), vec![stale.clone()]);
+        assert!(live.exists());
+        assert!(!stale.exists());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn children_are_listed_until_they_die() {
+        let dir = std::env::temp_dir().join(format!("children-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut shell = ManagedProcess::spawn(
+            "shell",
+            Path::new("/bin/sh"),
+            &["-c".into(), "sleep 30 & sleep 30 & wait".into()],
+            dir.join("shell.log"),
+        )
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let children = loop {
+            let children = children_of(shell.pid());
+            if children.len() == 2 {
+                break children;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "children of the shell: {children:?}"
+            );
+            thread::sleep(Duration::from_millis(10));
+        };
+        assert!(children.iter().all(|child| is_alive(*child)));
+        for child in &children {
+            send_signal(*child, libc::SIGKILL);
+        }
+        // The shell reaps them, so they are neither alive nor listed.
+        assert!(
+            still_alive_after(
+                &[("sleep".into(), children[0]), ("sleep".into(), children[1])],
+                Duration::from_secs(5)
+            )
+            .is_empty()
+        );
+        assert!(children_of(shell.pid()).is_empty());
+        shell.stop(Duration::from_secs(5));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
