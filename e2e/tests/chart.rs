@@ -65,6 +65,14 @@ fn the_chart_lints_clean_with_default_and_non_default_values() -> anyhow::Result
             "--set=monitoring.enabled=true",
             "--set=operator.watchNamespaces={a,b}",
         ][..],
+        &[
+            "--set=hub.enabled=true",
+            "--set=hub.store=postgres",
+            "--set=hub.replicas=3",
+            "--set=hub.postgres.urlSecret=pg",
+            "--set=hub.replicaSecret.name=replica",
+            "--set=hub.agentCaSecret=agent-ca",
+        ][..],
     ] {
         let mut args = vec!["lint", "--strict", chart.as_ref()];
         args.extend_from_slice(extra);
@@ -85,6 +93,8 @@ fn the_values_schema_refuses_wrong_values_and_names_them() -> anyhow::Result<()>
         ("--set=hub.grpcPort=0", "/hub/grpcPort"),
         ("--set=hub.publicUrl=http://hub:8443", "/hub/publicUrl"),
         ("--set=monitoring.intervall=30s", "intervall"),
+        ("--set=hub.store=sqlite", "/hub/store"),
+        ("--set=hub.replicas=0", "/hub/replicas"),
     ] {
         let output = run(
             &helm,
@@ -97,6 +107,43 @@ fn the_values_schema_refuses_wrong_values_and_names_them() -> anyhow::Result<()>
                 && said.contains(names),
             "{set}: {said}"
         );
+    }
+    Ok(())
+}
+
+#[test]
+fn the_chart_refuses_replicas_without_a_shared_store_and_says_what_to_set() -> anyhow::Result<()> {
+    let helm = Binaries::locate()?.helm();
+    let chart = chart();
+    for (sets, says) in [
+        (
+            &["--set=hub.enabled=true", "--set=hub.replicas=3"][..],
+            "hub.replicas > 1 needs hub.store=postgres",
+        ),
+        (
+            &["--set=hub.enabled=true", "--set=hub.store=postgres"][..],
+            "needs hub.postgres.urlSecret",
+        ),
+        (
+            &[
+                "--set=hub.enabled=true",
+                "--set=hub.store=postgres",
+                "--set=hub.postgres.urlSecret=pg",
+                "--set=hub.replicaSecret.name=replica",
+            ][..],
+            "needs hub.agentCaSecret",
+        ),
+    ] {
+        let mut args = vec![
+            "template",
+            "scale-agent",
+            chart.to_str().unwrap_or_default(),
+        ];
+        args.extend_from_slice(sets);
+        let output = run(&helm, &args)?;
+        let said = text(&output);
+        assert!(!output.status.success(), "{sets:?} was accepted");
+        assert!(said.contains(says), "{sets:?}: {said}");
     }
     Ok(())
 }

@@ -156,6 +156,38 @@ fn helm_chart_renders_what_kustomize_renders() {
         &spinnaker,
         "hub.enabled=true vs overlays/spinnaker",
     );
+
+    // The highly available hub: replicas on PostgreSQL, the PDB, no volume claim.
+    let with_ha_hub = run(
+        &binaries.helm(),
+        &[
+            "template",
+            "scale-agent",
+            chart,
+            namespace,
+            "--include-crds",
+            "--set=hub.enabled=true",
+            "--set=hub.store=postgres",
+            "--set=hub.replicas=3",
+            "--set=hub.postgres.urlSecret=scale-agent-hub-postgres",
+            "--set=hub.replicaSecret.name=scale-agent-hub-replica",
+            "--set=hub.agentCaSecret=scale-agent-hub-agent-ca",
+        ],
+    );
+    let spinnaker_postgres = run(
+        &binaries.kubectl(),
+        &["kustomize", "manifests/overlays/spinnaker-postgres"],
+    );
+    assert!(
+        spinnaker_postgres.contains("kind: PodDisruptionBudget")
+            && !spinnaker_postgres.contains("kind: PersistentVolumeClaim"),
+        "overlays/spinnaker-postgres has a PDB and no volume claim"
+    );
+    assert_same(
+        &with_ha_hub,
+        &spinnaker_postgres,
+        "hub.store=postgres vs overlays/spinnaker-postgres",
+    );
 }
 
 /// The premise check above: two empty renders are not "the same objects".
