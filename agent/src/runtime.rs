@@ -134,8 +134,9 @@ pub struct Runtime {
     dynamic: DynamicAccounts,
     accounts: BTreeMap<String, Entry>,
     total_budget: Arc<Semaphore>,
-    /// Bounds the operations running at once.
-    operation_budget: Arc<Semaphore>,
+    /// The agent-wide ceiling of operations running at once; each account has its own
+    /// limit under it.
+    operations_total: Arc<Semaphore>,
     next_generation: u64,
     prep_tx: mpsc::UnboundedSender<Prep>,
     inputs: Option<Inputs>,
@@ -183,7 +184,7 @@ impl Runtime {
             options,
             shared,
             total_budget: crate::budget::total(config.tasks.total_budget),
-            operation_budget: Arc::new(Semaphore::new(crate::operations::CONCURRENCY)),
+            operations_total: crate::budget::total(config.tasks.operations_total),
             inputs: Some(Inputs {
                 shutdown,
                 configs: WatchStream::from_changes(config_rx.clone()),
@@ -848,7 +849,10 @@ impl Runtime {
             prep.account.clone(),
             self.options.replica_name(),
             prep.prepared.operations_client.clone(),
-            self.operation_budget.clone(),
+            crate::budget::Budget::for_account(
+                self.operations_total.clone(),
+                self.config.tasks.operations_per_account,
+            ),
         )));
         entry.prepared = Some(prep.prepared);
         entry.preparing = None;

@@ -90,7 +90,7 @@ impl Session {
             mpsc::channel::<AgentMessage>(scale_agent_proto::tunnel::QUEUE);
         let (events_tx, events) = mpsc::channel::<Outbound>(EVENT_CHANNEL);
         let (results_tx, results) =
-            mpsc::channel::<v1::OperationResult>(crate::operations::CONCURRENCY);
+            mpsc::channel::<v1::OperationResult>(crate::operations::RESULT_QUEUE);
         let session = Session {
             tx,
             seq: 0,
