@@ -136,7 +136,9 @@ impl Metrics {
         registry.register(
             "accounts_by_state",
             "Accounts by lifecycle state: ACTIVE (streamed), INACTIVE (no agent, within the grace \
-             period), FAILED (no agent, last registration rejected), ORPHANED (no agent took \
+             period), FAILED (no agent, and its last registration rejected or a replica \
+             reported it cannot serve it; or the API server refuses the streaming replica's \
+             credentials), ORPHANED (no agent took \
              over within the grace period)",
             accounts_by_state.clone(),
         );

@@ -1504,3 +1504,82 @@ async fn client_ids_survive_a_hub_restart() {
     hub.shutdown().await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An account an agent cannot serve at all (AccountUnavailable: its kubeconfig does not load,
+/// its API server refuses the first request) is FAILED with the agent's words while nobody
+/// streams it, in the API, in metrics and on the agent's stream; ACTIVE once the agent
+/// registers it. The hub says it reads the message (HubCapabilities after Welcome), and
+/// ignores reports on accounts bound to another identity.
+#[tokio::test]
+async fn an_account_an_agent_cannot_serve_is_failed_with_its_reason() {
+    let pki = Pki::new();
+    let dir = data_dir("unavailable");
+    let hub = start_hub(&pki, &dir, |_| {}).await;
+    let addr = api(&hub);
+    let unavailable = |account: &str, reason: &str| {
+        Msg::AccountUnavailable(pb::AccountUnavailable {
+            account: account.into(),
+            reason: reason.into(),
+        })
+    };
+    let mut a = agent(&hub, &pki, "agent-a.test", "pod-1").await;
+    wait_for("HubCapabilities", async || {
+        let _ = a.pump_ready();
+        a.capabilities
+            .iter()
+            .any(|c| c == scale_agent_proto::ACCOUNT_UNAVAILABLE_CAPABILITY)
+    })
+    .await;
+    a.send(unavailable(
+        "prod",
+        "cannot read the kubeconfig /k: No such file or directory",
+    ))
+    .await;
+    a.synced().await;
+    let (state, reason, _) = prod_state(&addr).await;
+    assert_eq!(state, "FAILED");
+    assert!(
+        reason.contains("agent-a.test/pod-1") && reason.contains("/k: No such file"),
+        "{reason}"
+    );
+    let (_, list) = get_json(&addr, "/api/v1/accounts").await;
+    assert_eq!(list[0]["name"], "prod", "{list}");
+    assert_eq!(list[0]["accountState"], "FAILED", "{list}");
+    let (_, metrics) = get(&addr, "/metrics").await;
+    assert!(
+        metrics.contains("scale_agent_hub_accounts_by_state{state=\"FAILED\"} 1"),
+        "{metrics}"
+    );
+    wait_for("the agent to hear FAILED", async || {
+        let _ = a.pump_ready();
+        a.states
+            .iter()
+            .any(|s| s.account == "prod" && s.state == pb::account_state::State::Failed as i32)
+    })
+    .await;
+
+    // The agent can serve it now: it registers, ACTIVE.
+    assert_eq!(
+        role(&a.register("prod", "https://one:6443").await),
+        Role::Streaming
+    );
+    wait_for("ACTIVE", async || prod_state(&addr).await.0 == "ACTIVE").await;
+
+    // Another identity cannot mark an account bound to agent-a FAILED.
+    let mut b = agent(&hub, &pki, "agent-b.test", "pod-1").await;
+    b.send(unavailable("prod", "401 Unauthorized")).await;
+    b.synced().await;
+    assert_eq!(prod_state(&addr).await.0, "ACTIVE");
+    // ...nor does agent-a's own stream ending keep it FAILED: INACTIVE, as before.
+    a.send(unavailable("prod", "401 Unauthorized: Unauthorized"))
+        .await;
+    wait_for("FAILED again", async || {
+        prod_state(&addr).await.0 == "FAILED"
+    })
+    .await;
+    drop(a);
+    wait_for("INACTIVE", async || prod_state(&addr).await.0 == "INACTIVE").await;
+    drop(b);
+    hub.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
