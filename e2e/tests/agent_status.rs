@@ -510,17 +510,23 @@ async fn hub_account_state(
     Ok(Some((field("accountState"), field("stateReason"))))
 }
 
-/// An account the agent cannot serve at all is reported to the hub (AccountUnavailable) and
-/// shows FAILED there with the agent's reason, beside the agent's good account, ACTIVE: one
-/// account's kubeconfig file does not exist, another's token is refused by the API server
-/// (401 on the account's first request). Before, the hub knew nothing of either.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn accounts_the_agent_cannot_serve_are_failed_in_the_hub_with_the_reason()
--> anyhow::Result<()> {
+/// The shared control plane, an admin client, a fresh namespace `<prefix>-…`, a temporary
+/// directory `<dir>` and in it the kubeconfig of ServiceAccount `agent`, which may read
+/// configmaps in the namespace.
+async fn configmap_reader(
+    prefix: &str,
+    dir: &str,
+) -> anyhow::Result<(
+    &'static ControlPlane,
+    Client,
+    String,
+    std::path::PathBuf,
+    std::path::PathBuf,
+)> {
     let control_plane = ControlPlane::shared()?;
     let admin = control_plane.client().await?;
-    let ns = control_plane.namespace(&admin, "unservable").await?;
-    let dir = fixtures::temp_dir("unservable-accounts")?;
+    let ns = control_plane.namespace(&admin, prefix).await?;
+    let dir = fixtures::temp_dir(dir)?;
     let kubeconfig = fixtures::service_account_identity(
         control_plane,
         &admin,
@@ -531,6 +537,18 @@ async fn accounts_the_agent_cannot_serve_are_failed_in_the_hub_with_the_reason()
         dir.join("kubeconfig"),
     )
     .await?;
+    Ok((control_plane, admin, ns, dir, kubeconfig))
+}
+
+/// An account the agent cannot serve at all is reported to the hub (AccountUnavailable) and
+/// shows FAILED there with the agent's reason, beside the agent's good account, ACTIVE: one
+/// account's kubeconfig file does not exist, another's token is refused by the API server
+/// (401 on the account's first request). Before, the hub knew nothing of either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accounts_the_agent_cannot_serve_are_failed_in_the_hub_with_the_reason()
+-> anyhow::Result<()> {
+    let (control_plane, _, ns, dir, kubeconfig) =
+        configmap_reader("unservable", "unservable-accounts").await?;
     let refused = dir.join("kubeconfig-refused");
     std::fs::write(
         &refused,
@@ -625,20 +643,8 @@ async fn accounts_the_agent_cannot_serve_are_failed_in_the_hub_with_the_reason()
 /// account FAILED with the API server's words.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revoked_credentials_make_the_account_failed_in_the_hub() -> anyhow::Result<()> {
-    let control_plane = ControlPlane::shared()?;
-    let admin = control_plane.client().await?;
-    let ns = control_plane.namespace(&admin, "revoked").await?;
-    let dir = fixtures::temp_dir("revoked-credentials")?;
-    let kubeconfig = fixtures::service_account_identity(
-        control_plane,
-        &admin,
-        &ns,
-        "agent",
-        Scope::Namespace,
-        fixtures::read_rules(&["configmaps"]),
-        dir.join("kubeconfig"),
-    )
-    .await?;
+    let (_, admin, ns, dir, kubeconfig) =
+        configmap_reader("revoked", "revoked-credentials").await?;
     let hub = fixtures::TlsHub::start(&dir, |_| {}).await?;
     let account = format!("revoked-{ns}");
     let config = dir.join("agent.yaml");

@@ -494,6 +494,36 @@ async fn prod_state(addr: &Api) -> (String, String, String) {
     )
 }
 
+/// `agent` sends `failure`, which makes account prod FAILED, then its stream ends: prod is
+/// INACTIVE (no agent), not FAILED.
+async fn failed_then_inactive(addr: &Api, mut agent: FakeAgent, failure: Msg) {
+    agent.send(failure).await;
+    wait_for("FAILED again", async || {
+        prod_state(addr).await.0 == "FAILED"
+    })
+    .await;
+    drop(agent);
+    wait_for("INACTIVE", async || prod_state(addr).await.0 == "INACTIVE").await;
+}
+
+/// The hub's metrics count one account FAILED, and `agent` hears it FAILED with `words` in
+/// the reason.
+async fn failed_in_metrics_and_on_the_stream(addr: &Api, agent: &mut FakeAgent, words: &str) {
+    let (_, metrics) = get(addr, "/metrics").await;
+    assert!(
+        metrics.contains("scale_agent_hub_accounts_by_state{state=\"FAILED\"} 1"),
+        "{metrics}"
+    );
+    wait_for("the agent to hear FAILED", async || {
+        let _ = agent.pump_ready();
+        agent
+            .states
+            .iter()
+            .any(|s| s.state == pb::account_state::State::Failed as i32 && s.reason.contains(words))
+    })
+    .await;
+}
+
 /// The hub's account states: ACTIVE while streamed, INACTIVE within the grace period,
 /// ORPHANED after it, FAILED while only a rejected claimant is around, and ACTIVE again when
 /// the agent returns; in the API, in metrics and on the agents' streams.
@@ -651,19 +681,7 @@ async fn an_account_whose_credentials_are_refused_is_failed_until_it_streams_aga
             && reason.contains("401 Unauthorized"),
         "{reason}"
     );
-    let (_, metrics) = get(&addr, "/metrics").await;
-    assert!(
-        metrics.contains("scale_agent_hub_accounts_by_state{state=\"FAILED\"} 1"),
-        "{metrics}"
-    );
-    wait_for("the agent to hear FAILED", async || {
-        let _ = a.pump_ready();
-        a.states.iter().any(|s| {
-            s.state == pb::account_state::State::Failed as i32
-                && s.reason.contains("refuses the account's credentials")
-        })
-    })
-    .await;
+    failed_in_metrics_and_on_the_stream(&addr, &mut a, "refuses the account's credentials").await;
 
     // The credentials work again: a kind is watched.
     a.send(status(KindState::Watching, "")).await;
@@ -680,14 +698,12 @@ async fn an_account_whose_credentials_are_refused_is_failed_until_it_streams_aga
     .await;
 
     // Refused again, then the stream ends: INACTIVE (no agent), not FAILED.
-    a.send(status(KindState::Failing, "401 Unauthorized: Unauthorized"))
-        .await;
-    wait_for("FAILED again", async || {
-        prod_state(&addr).await.0 == "FAILED"
-    })
+    failed_then_inactive(
+        &addr,
+        a,
+        status(KindState::Failing, "401 Unauthorized: Unauthorized"),
+    )
     .await;
-    drop(a);
-    wait_for("INACTIVE", async || prod_state(&addr).await.0 == "INACTIVE").await;
     hub.shutdown().await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -1545,18 +1561,7 @@ async fn an_account_an_agent_cannot_serve_is_failed_with_its_reason() {
     let (_, list) = get_json(&addr, "/api/v1/accounts").await;
     assert_eq!(list[0]["name"], "prod", "{list}");
     assert_eq!(list[0]["accountState"], "FAILED", "{list}");
-    let (_, metrics) = get(&addr, "/metrics").await;
-    assert!(
-        metrics.contains("scale_agent_hub_accounts_by_state{state=\"FAILED\"} 1"),
-        "{metrics}"
-    );
-    wait_for("the agent to hear FAILED", async || {
-        let _ = a.pump_ready();
-        a.states
-            .iter()
-            .any(|s| s.account == "prod" && s.state == pb::account_state::State::Failed as i32)
-    })
-    .await;
+    failed_in_metrics_and_on_the_stream(&addr, &mut a, "cannot serve it").await;
 
     // The agent can serve it now: it registers, ACTIVE.
     assert_eq!(
@@ -1571,14 +1576,12 @@ async fn an_account_an_agent_cannot_serve_is_failed_with_its_reason() {
     b.synced().await;
     assert_eq!(prod_state(&addr).await.0, "ACTIVE");
     // ...nor does agent-a's own stream ending keep it FAILED: INACTIVE, as before.
-    a.send(unavailable("prod", "401 Unauthorized: Unauthorized"))
-        .await;
-    wait_for("FAILED again", async || {
-        prod_state(&addr).await.0 == "FAILED"
-    })
+    failed_then_inactive(
+        &addr,
+        a,
+        unavailable("prod", "401 Unauthorized: Unauthorized"),
+    )
     .await;
-    drop(a);
-    wait_for("INACTIVE", async || prod_state(&addr).await.0 == "INACTIVE").await;
     drop(b);
     hub.shutdown().await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
