@@ -849,6 +849,9 @@ impl Runtime {
             view.rejection_reason = None;
         });
         tracing::info!(account = %name, "registering account");
+        // The registration ends at the hub what this stream reported of the account: a
+        // later failure is reported again, whatever its reason.
+        session.reported_unavailable.remove(name);
         session
             .send(agent_message::Kind::RegisterAccount(register))
             .await
