@@ -1,22 +1,26 @@
-//! The list budget (`tasks.totalBudget`, `tasks.budgetPerAccount`): how many initial LISTs
-//! may run at once across the agent and within one account. A LIST holds its permits until
-//! its snapshot is sent, so the budget bounds the memory of lists in flight; watches are
-//! free.
+//! Budgets of work that runs at once, per account under an agent-wide ceiling:
+//! - the list budget (`tasks.totalBudget`, `tasks.budgetPerAccount`): initial LISTs. A LIST
+//!   holds its permits until its snapshot is sent, so the budget bounds the memory of lists
+//!   in flight; watches are free;
+//! - the operation budget (`tasks.operationsTotal`, `tasks.operationsPerAccount`): the hub's
+//!   operations. Per account, so one account's slow operations (sixteen `delete wait:true`
+//!   waiting on finalizers) never hold the slots another account's operations need; the
+//!   agent-wide ceiling bounds what a burst over many accounts costs.
 
 use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// One account's view of the budget: its own limit plus the agent-wide one.
+/// One account's view of a budget: its own limit plus the agent-wide one.
 #[derive(Clone, Debug)]
-pub struct ListBudget {
+pub struct Budget {
     total: Arc<Semaphore>,
     account: Arc<Semaphore>,
 }
 
-/// Both permits of one LIST; dropping it returns them.
+/// Both permits of one LIST or operation; dropping it returns them.
 #[derive(Debug)]
-pub struct ListPermit {
+pub struct Permit {
     _account: OwnedSemaphorePermit,
     _total: OwnedSemaphorePermit,
 }
@@ -29,12 +33,12 @@ fn permits(limit: u32) -> usize {
     }
 }
 
-/// The agent-wide limit, shared by every account's [`ListBudget`]; `0` means no limit.
+/// The agent-wide limit, shared by every account's [`Budget`]; `0` means no limit.
 pub fn total(limit: u32) -> Arc<Semaphore> {
     Arc::new(Semaphore::new(permits(limit)))
 }
 
-impl ListBudget {
+impl Budget {
     /// An account's budget under the agent-wide `total`; `per_account` `0` means no limit.
     pub fn for_account(total: Arc<Semaphore>, per_account: u32) -> Self {
         Self {
@@ -46,10 +50,10 @@ impl ListBudget {
     /// Waits for a permit of both limits; `None` once the budget is closed. The account's
     /// permit is taken first, so an account at its own limit holds no agent-wide permit
     /// while it waits.
-    pub async fn acquire(&self) -> Option<ListPermit> {
+    pub async fn acquire(&self) -> Option<Permit> {
         let account = self.account.clone().acquire_owned().await.ok()?;
         let total = self.total.clone().acquire_owned().await.ok()?;
-        Some(ListPermit {
+        Some(Permit {
             _account: account,
             _total: total,
         })
@@ -62,7 +66,7 @@ mod tests {
 
     use super::*;
 
-    async fn blocked(budget: &ListBudget) -> bool {
+    async fn blocked(budget: &Budget) -> bool {
         tokio::time::timeout(Duration::from_millis(50), budget.acquire())
             .await
             .is_err()
@@ -71,8 +75,8 @@ mod tests {
     #[tokio::test]
     async fn each_account_and_the_whole_agent_are_limited() {
         let total = total(3);
-        let a = ListBudget::for_account(total.clone(), 2);
-        let b = ListBudget::for_account(total.clone(), 2);
+        let a = Budget::for_account(total.clone(), 2);
+        let b = Budget::for_account(total.clone(), 2);
 
         let a1 = a.acquire().await.unwrap();
         let _a2 = a.acquire().await.unwrap();
@@ -93,8 +97,8 @@ mod tests {
     #[tokio::test]
     async fn an_account_at_its_limit_does_not_starve_the_others() {
         let total = total(2);
-        let a = ListBudget::for_account(total.clone(), 1);
-        let b = ListBudget::for_account(total.clone(), 1);
+        let a = Budget::for_account(total.clone(), 1);
+        let b = Budget::for_account(total.clone(), 1);
         let _a1 = a.acquire().await.unwrap();
         // A second LIST of a waits on a's own limit without taking a total permit...
         let waiting = tokio::spawn({
@@ -110,13 +114,13 @@ mod tests {
     #[tokio::test]
     async fn zero_limits_mean_no_limit_as_in_armory() {
         assert_eq!(total(0).available_permits(), Semaphore::MAX_PERMITS);
-        let unlimited = ListBudget::for_account(total(0), 0);
+        let unlimited = Budget::for_account(total(0), 0);
         let mut held = Vec::new();
         for _ in 0..1000 {
             held.push(unlimited.acquire().await.unwrap());
         }
         assert!(!blocked(&unlimited).await, "no limit at all");
-        let budget = ListBudget::for_account(total(5), 0);
+        let budget = Budget::for_account(total(5), 0);
         assert_eq!(budget.account.available_permits(), Semaphore::MAX_PERMITS);
         assert_eq!(total(3).available_permits(), 3);
     }

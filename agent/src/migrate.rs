@@ -11,7 +11,8 @@ use scale_agent_crds::{
     agent_config::{AccountConfig, AgentConfig, CustomResourceScope},
     v1alpha1::{
         Access, Backoff, CaSecretRef, Credentials, CustomResourceKind, Enrolment, Heartbeat, Hub,
-        HubTls, KubeconfigSecretRef, ListBudget, Mode, Permissions, Scope, TokenSecretRef,
+        HubTls, KubeconfigSecretRef, ListBudget, Mode, OperationBudget, Permissions, Scope,
+        TokenSecretRef,
     },
 };
 use serde_json::Value;
@@ -347,13 +348,25 @@ fn scale_agent_spec(
             .max(whole_seconds(hub.backoff.base_delay)),
     };
     let tasks = &config.tasks;
-    if tasks.total_budget == 0 || tasks.budget_per_account == 0 {
+    if [
+        tasks.total_budget,
+        tasks.budget_per_account,
+        tasks.operations_total,
+        tasks.operations_per_account,
+    ]
+    .contains(&0)
+    {
         notes.push("tasks: 0 (no limit) is written as the largest limit".into());
     }
     let total = budget(tasks.total_budget);
     let list_budget = ListBudget {
         total,
         per_account: budget(tasks.budget_per_account).min(total),
+    };
+    let operations_total = budget(tasks.operations_total);
+    let operation_budget = OperationBudget {
+        total: operations_total,
+        per_account: budget(tasks.operations_per_account).min(operations_total),
     };
     if config.server.port != 8082 {
         notes.push(format!(
@@ -387,6 +400,7 @@ fn scale_agent_spec(
         access,
         defaults: Default::default(),
         list_budget,
+        operation_budget,
         heartbeat,
         backoff,
     }

@@ -69,11 +69,12 @@ async fn stopped(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
 }
 
-/// A prepared account (client and cluster identity), for the config generation it was made.
+/// How preparing an account (client and cluster identity) went, for the config generation
+/// it was made: prepared, or why not (it is tried again).
 struct Prep {
     account: String,
     generation: u64,
-    prepared: Arc<Prepared>,
+    outcome: std::result::Result<Arc<Prepared>, String>,
 }
 
 struct Entry {
@@ -86,6 +87,9 @@ struct Entry {
     executor: Option<Arc<crate::operations::Executor>>,
     /// Generation of the running streamer; 0 when none, so stale messages are dropped.
     stream_generation: u64,
+    /// Why the account could not be prepared last (cleared once it is): the hub is told
+    /// (AccountUnavailable), so the account shows FAILED there.
+    failure: Option<String>,
 }
 
 impl Entry {
@@ -134,8 +138,9 @@ pub struct Runtime {
     dynamic: DynamicAccounts,
     accounts: BTreeMap<String, Entry>,
     total_budget: Arc<Semaphore>,
-    /// Bounds the operations running at once.
-    operation_budget: Arc<Semaphore>,
+    /// The agent-wide ceiling of operations running at once; each account has its own
+    /// limit under it.
+    operations_total: Arc<Semaphore>,
     next_generation: u64,
     prep_tx: mpsc::UnboundedSender<Prep>,
     inputs: Option<Inputs>,
@@ -183,7 +188,7 @@ impl Runtime {
             options,
             shared,
             total_budget: crate::budget::total(config.tasks.total_budget),
-            operation_budget: Arc::new(Semaphore::new(crate::operations::CONCURRENCY)),
+            operations_total: crate::budget::total(config.tasks.operations_total),
             inputs: Some(Inputs {
                 shutdown,
                 configs: WatchStream::from_changes(config_rx.clone()),
@@ -580,6 +585,18 @@ impl Runtime {
                     .unwrap_or_default();
                 tracing::warn!(account = %status.account, kind, state, message = %status.message, "the hub reports a kind's state");
             }
+            Some(hub_message::Kind::Capabilities(capabilities)) => {
+                session.hub_reads_unavailable = capabilities
+                    .capabilities
+                    .iter()
+                    .any(|c| c == scale_agent_proto::ACCOUNT_UNAVAILABLE_CAPABILITY);
+                // The accounts that failed before this stream (or before the hub said it
+                // reads the report).
+                let names: Vec<String> = self.accounts.keys().cloned().collect();
+                for name in names {
+                    self.report_unavailable(&name, session).await?;
+                }
+            }
             Some(hub_message::Kind::AgentReplicas(replicas)) => {
                 self.shared
                     .update(|view| view.hub_replicas = replicas.replicas);
@@ -832,6 +849,9 @@ impl Runtime {
             view.rejection_reason = None;
         });
         tracing::info!(account = %name, "registering account");
+        // The registration ends at the hub what this stream reported of the account: a
+        // later failure is reported again, whatever its reason.
+        session.reported_unavailable.remove(name);
         session
             .send(agent_message::Kind::RegisterAccount(register))
             .await
@@ -844,18 +864,61 @@ impl Runtime {
         if entry.generation != prep.generation {
             return Ok(());
         }
+        let prepared = match prep.outcome {
+            Ok(prepared) => prepared,
+            Err(reason) => {
+                entry.failure = Some(reason);
+                return match session {
+                    Some(session) => self.report_unavailable(&prep.account, session).await,
+                    None => Ok(()),
+                };
+            }
+        };
+        entry.failure = None;
         entry.executor = Some(Arc::new(crate::operations::Executor::new(
             prep.account.clone(),
             self.options.replica_name(),
-            prep.prepared.operations_client.clone(),
-            self.operation_budget.clone(),
+            prepared.operations_client.clone(),
+            crate::budget::Budget::for_account(
+                self.operations_total.clone(),
+                self.config.tasks.operations_per_account,
+            ),
         )));
-        entry.prepared = Some(prep.prepared);
+        entry.prepared = Some(prepared);
         entry.preparing = None;
         match session {
             Some(session) => self.register(&prep.account, session).await,
             None => Ok(()),
         }
+    }
+
+    /// Tells the hub the account cannot be served (AccountUnavailable), if its preparation
+    /// failed, the hub reads the message, and this stream has not been told this reason yet.
+    async fn report_unavailable(&mut self, name: &str, session: &mut Session) -> Result<()> {
+        let Some(reason) = self
+            .accounts
+            .get(name)
+            .filter(|entry| entry.prepared.is_none())
+            .and_then(|entry| entry.failure.clone())
+        else {
+            return Ok(());
+        };
+        if !session.hub_reads_unavailable || session.reported_unavailable.get(name) == Some(&reason)
+        {
+            return Ok(());
+        }
+        tracing::info!(account = %name, %reason, "telling the hub the account cannot be served");
+        session
+            .reported_unavailable
+            .insert(name.to_string(), reason.clone());
+        session
+            .send(agent_message::Kind::AccountUnavailable(
+                v1::AccountUnavailable {
+                    account: name.to_string(),
+                    reason,
+                },
+            ))
+            .await
     }
 
     fn spawn_prepare(&self, config: AccountConfig, generation: u64) -> JoinHandle<()> {
@@ -882,7 +945,7 @@ impl Runtime {
                         let _ = tx.send(Prep {
                             account: name,
                             generation,
-                            prepared: Arc::new(prepared),
+                            outcome: Ok(Arc::new(prepared)),
                         });
                         return;
                     }
@@ -890,7 +953,12 @@ impl Runtime {
                         let delay = backoff.next_delay();
                         let error = crate::error::Chain(&error).to_string();
                         tracing::warn!(%error, "account not usable; retrying in {:.1} s", delay.as_secs_f64());
-                        shared.update_account(&name, |view| view.error = Some(error));
+                        shared.update_account(&name, |view| view.error = Some(error.clone()));
+                        let _ = tx.send(Prep {
+                            account: name.clone(),
+                            generation,
+                            outcome: Err(error),
+                        });
                         tokio::time::sleep(delay).await;
                     }
                 }
@@ -937,6 +1005,8 @@ impl Runtime {
                 .set(0);
             match session.as_deref_mut() {
                 Some(session) => {
+                    // The hub forgets what this stream reported of it, too.
+                    session.reported_unavailable.remove(&name);
                     let unregister =
                         agent_message::Kind::UnregisterAccount(v1::UnregisterAccount {
                             account: name.clone(),
@@ -976,6 +1046,7 @@ impl Runtime {
                     streamer: None,
                     executor: None,
                     stream_generation: 0,
+                    failure: None,
                 },
             );
         }

@@ -67,6 +67,11 @@ pub(crate) struct Session {
     /// Where the tunnel's frames go: a queue of their own, so the control loop never waits
     /// behind a large response.
     tunnel_tx: mpsc::Sender<AgentMessage>,
+    /// The hub reads AccountUnavailable (its HubCapabilities said so); an older hub would
+    /// end the stream on it.
+    pub(crate) hub_reads_unavailable: bool,
+    /// account → the reason last sent in AccountUnavailable on this stream.
+    pub(crate) reported_unavailable: std::collections::BTreeMap<String, String>,
 }
 
 /// The receiving ends of a new [`Session`]'s channels.
@@ -90,7 +95,7 @@ impl Session {
             mpsc::channel::<AgentMessage>(scale_agent_proto::tunnel::QUEUE);
         let (events_tx, events) = mpsc::channel::<Outbound>(EVENT_CHANNEL);
         let (results_tx, results) =
-            mpsc::channel::<v1::OperationResult>(crate::operations::CONCURRENCY);
+            mpsc::channel::<v1::OperationResult>(crate::operations::RESULT_QUEUE);
         let session = Session {
             tx,
             seq: 0,
@@ -108,6 +113,8 @@ impl Session {
             shared,
             results_tx,
             operations: tokio::task::JoinSet::new(),
+            hub_reads_unavailable: false,
+            reported_unavailable: Default::default(),
         };
         let receivers = Receivers {
             outgoing,

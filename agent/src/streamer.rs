@@ -299,7 +299,7 @@ pub async fn run(ctx: StreamerContext) {
         client: ctx.prepared.client.clone(),
         tx: ctx.tx.clone(),
         shared: ctx.shared.clone(),
-        list_budget: crate::budget::ListBudget::for_account(
+        list_budget: crate::budget::Budget::for_account(
             ctx.total_budget.clone(),
             ctx.budget_per_account,
         ),

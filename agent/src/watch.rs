@@ -51,7 +51,7 @@ pub struct WatchContext {
     pub client: Client,
     pub tx: mpsc::Sender<Outbound>,
     pub shared: Arc<Shared>,
-    pub list_budget: crate::budget::ListBudget,
+    pub list_budget: crate::budget::Budget,
     pub max_object_bytes: u64,
     pub omit_namespaces: Arc<BTreeSet<String>>,
     pub forbidden_retry: Duration,

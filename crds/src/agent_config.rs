@@ -22,7 +22,7 @@ pub struct AgentConfig {
     #[serde(alias = "hub")]
     pub clouddriver: HubConnection,
     pub kubernetes: KubernetesConfig,
-    /// Concurrency budget for initial LISTs.
+    /// Concurrency budgets: initial LISTs, and the hub's operations.
     pub tasks: Tasks,
     /// The agent's admin listener (health, readiness, metrics, JSON views).
     pub server: AdminServer,
@@ -252,18 +252,34 @@ pub enum CustomResourceScope {
 /// `tasks.*`: at most `totalBudget` initial LISTs run at once, and at most
 /// `budgetPerAccount` for one account; `0` means no limit (Armory's meaning). Watches are
 /// free. Defaults are Armory's: 1000 and 50.
+///
+/// The hub's operations likewise: at most `operationsPerAccount` run at once for one account
+/// (default [`OPERATIONS_PER_ACCOUNT`]) and `operationsTotal` across the agent (default
+/// [`OPERATIONS_TOTAL`]); `0` means no limit. The limit is per account so that one account's
+/// slow operations (`delete` with `wait` on an object a finalizer holds) never starve another
+/// account of the same agent; an operation waiting for a slot waits within its deadline.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct Tasks {
     pub total_budget: u32,
     pub budget_per_account: u32,
+    pub operations_per_account: u32,
+    pub operations_total: u32,
 }
+
+/// Default of `tasks.operationsPerAccount`: what one agent process ran for all its accounts
+/// together before the limit was per account.
+pub const OPERATIONS_PER_ACCOUNT: u32 = 16;
+/// Default of `tasks.operationsTotal`: room for sixteen accounts at their limit at once.
+pub const OPERATIONS_TOTAL: u32 = 256;
 
 impl Default for Tasks {
     fn default() -> Self {
         Self {
             total_budget: 1000,
             budget_per_account: 50,
+            operations_per_account: OPERATIONS_PER_ACCOUNT,
+            operations_total: OPERATIONS_TOTAL,
         }
     }
 }
@@ -451,7 +467,15 @@ const KNOWN_KEYS: &[(&str, &[&str])] = &[
         "kubernetes.accounts[].impersonateServiceAccount",
         &["namespace", "name"],
     ),
-    ("tasks", &["totalBudget", "budgetPerAccount"]),
+    (
+        "tasks",
+        &[
+            "totalBudget",
+            "budgetPerAccount",
+            "operationsPerAccount",
+            "operationsTotal",
+        ],
+    ),
     ("server", &["port"]),
 ];
 
@@ -870,6 +894,18 @@ server:
         ));
         let tasks = AgentConfig::default().tasks;
         assert_eq!((tasks.total_budget, tasks.budget_per_account), (1000, 50));
+        assert_eq!(
+            (tasks.operations_per_account, tasks.operations_total),
+            (16, 256)
+        );
+        let tasks =
+            AgentConfig::from_yaml("tasks:\n  operationsPerAccount: 4\n  operationsTotal: 0\n")
+                .unwrap()
+                .tasks;
+        assert_eq!(
+            (tasks.operations_per_account, tasks.operations_total),
+            (4, 0)
+        );
     }
 
     #[test]

@@ -510,16 +510,23 @@ async fn hub_account_state(
     Ok(Some((field("accountState"), field("stateReason"))))
 }
 
-/// Issue 12 item 2: the account's ServiceAccount is deleted while the agent streams, which
-/// revokes its token. When the agent streams again (here after the hub restarts, as after
-/// any reconnect) the API server answers its discovery with 401, and the hub shows the
-/// account FAILED with the API server's words.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn revoked_credentials_make_the_account_failed_in_the_hub() -> anyhow::Result<()> {
+/// The shared control plane, an admin client, a fresh namespace `<prefix>-…`, a temporary
+/// directory `<dir>` and in it the kubeconfig of ServiceAccount `agent`, which may read
+/// configmaps in the namespace.
+async fn configmap_reader(
+    prefix: &str,
+    dir: &str,
+) -> anyhow::Result<(
+    &'static ControlPlane,
+    Client,
+    String,
+    std::path::PathBuf,
+    std::path::PathBuf,
+)> {
     let control_plane = ControlPlane::shared()?;
     let admin = control_plane.client().await?;
-    let ns = control_plane.namespace(&admin, "revoked").await?;
-    let dir = fixtures::temp_dir("revoked-credentials")?;
+    let ns = control_plane.namespace(&admin, prefix).await?;
+    let dir = fixtures::temp_dir(dir)?;
     let kubeconfig = fixtures::service_account_identity(
         control_plane,
         &admin,
@@ -530,6 +537,114 @@ async fn revoked_credentials_make_the_account_failed_in_the_hub() -> anyhow::Res
         dir.join("kubeconfig"),
     )
     .await?;
+    Ok((control_plane, admin, ns, dir, kubeconfig))
+}
+
+/// An account the agent cannot serve at all is reported to the hub (AccountUnavailable) and
+/// shows FAILED there with the agent's reason, beside the agent's good account, ACTIVE: one
+/// account's kubeconfig file does not exist, another's token is refused by the API server
+/// (401 on the account's first request). Before, the hub knew nothing of either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accounts_the_agent_cannot_serve_are_failed_in_the_hub_with_the_reason()
+-> anyhow::Result<()> {
+    let (control_plane, _, ns, dir, kubeconfig) =
+        configmap_reader("unservable", "unservable-accounts").await?;
+    let refused = dir.join("kubeconfig-refused");
+    std::fs::write(
+        &refused,
+        control_plane.kubeconfig_for_token("not-a-token-this-api-server-issued"),
+    )?;
+    let missing = dir.join("no-such-kubeconfig");
+    let hub = fixtures::TlsHub::start(&dir, |_| {}).await?;
+    let (good, unloadable, unauthorized) = (
+        format!("good-{ns}"),
+        format!("unloadable-{ns}"),
+        format!("unauthorized-{ns}"),
+    );
+    let config = dir.join("agent.yaml");
+    fixtures::write_plaintext_agent_config(
+        &config,
+        hub.hub.grpc_addr,
+        json!([
+            fixtures::account(&good, &kubeconfig, &ns, &["configmaps"]),
+            fixtures::account(&unloadable, &missing, &ns, &["configmaps"]),
+            fixtures::account(&unauthorized, &refused, &ns, &["configmaps"]),
+        ]),
+        2,
+    )?;
+    let agent = fixtures::start_agent_replica(&config, "agent-0").await?;
+    let states = wait_for("the hub's verdict on all three accounts", || async {
+        let response = hub.api("GET", "/api/v1/accounts").send().await?;
+        anyhow::ensure!(response.status == 200, "{}", response.body);
+        let list: Vec<Value> = serde_json::from_str(&response.body)?;
+        let state = |name: &str| {
+            list.iter().find(|a| a["name"] == name).map(|a| {
+                (
+                    a["accountState"].as_str().unwrap_or_default().to_string(),
+                    a["stateReason"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+        };
+        let all = (state(&good), state(&unloadable), state(&unauthorized));
+        Ok(match all {
+            (Some(g), Some(l), Some(u))
+                if g.0 == "ACTIVE" && l.0 == "FAILED" && u.0 == "FAILED" =>
+            {
+                Some((l.1, u.1))
+            }
+            _ => None,
+        })
+    })
+    .await
+    .with_context(|| {
+        format!(
+            "the agent's view: {}",
+            serde_json::to_string(&agent.view()).unwrap_or_default()
+        )
+    })?;
+    let (unloadable_reason, unauthorized_reason) = states;
+    assert!(
+        unloadable_reason.contains("cannot serve it")
+            && unloadable_reason.contains(&missing.display().to_string()),
+        "{unloadable_reason}"
+    );
+    assert!(
+        unauthorized_reason.contains("cannot serve it") && unauthorized_reason.contains("401"),
+        "{unauthorized_reason}"
+    );
+    let metrics = hub.api("GET", "/metrics").send().await?.body;
+    assert!(
+        metrics.contains("scale_agent_hub_accounts_by_state{state=\"FAILED\"} 2")
+            && metrics.contains("scale_agent_hub_accounts_by_state{state=\"ACTIVE\"} 1"),
+        "{metrics}"
+    );
+    // The agent shows the hub's verdict on the account too.
+    wait_for("the agent to hear FAILED", || async {
+        let view = serde_json::to_value(agent.view())?;
+        Ok(view["accounts"].as_array().and_then(|accounts| {
+            accounts
+                .iter()
+                .find(|a| a["name"] == unloadable.as_str())
+                .filter(|a| a["hubState"]["state"] == "FAILED")
+                .map(|_| ())
+        }))
+    })
+    .await?;
+
+    agent.shutdown();
+    hub.hub.shutdown().await?;
+    process::remove_at_exit(dir);
+    Ok(())
+}
+
+/// Issue 12 item 2: the account's ServiceAccount is deleted while the agent streams, which
+/// revokes its token. When the agent streams again (here after the hub restarts, as after
+/// any reconnect) the API server answers its discovery with 401, and the hub shows the
+/// account FAILED with the API server's words.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoked_credentials_make_the_account_failed_in_the_hub() -> anyhow::Result<()> {
+    let (_, admin, ns, dir, kubeconfig) =
+        configmap_reader("revoked", "revoked-credentials").await?;
     let hub = fixtures::TlsHub::start(&dir, |_| {}).await?;
     let account = format!("revoked-{ns}");
     let config = dir.join("agent.yaml");

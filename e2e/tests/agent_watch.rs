@@ -1262,6 +1262,56 @@ async fn rejected_and_standby_accounts_are_not_streamed() -> anyhow::Result<()> 
     Ok(())
 }
 
+/// A hub that does not announce the "account-unavailable" capability (an older hub, which
+/// would end the stream on a message it cannot read) is never sent AccountUnavailable: an
+/// account whose kubeconfig cannot be loaded stays in the agent's view only, and the stream,
+/// with the good account on it, goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_hub_is_not_sent_account_unavailable() -> anyhow::Result<()> {
+    let s = setup("older-hub", &["configmaps"]).await?;
+    let hub = Arc::new(HubState::default());
+    let hub_addr = start_hub(hub.clone()).await?;
+    let (good, broken) = (account_name("good"), account_name("broken"));
+    let config = s.dir.join("scale-agent.yaml");
+    write_config(
+        &config,
+        hub_addr,
+        json!([
+            fixtures::account(&good, &s.kubeconfig, &s.namespace, &["configmaps"]),
+            fixtures::account(
+                &broken,
+                &s.dir.join("no-such-kubeconfig"),
+                &s.namespace,
+                &["configmaps"]
+            ),
+        ]),
+    )?;
+    let agent = start_agent(&config).await?;
+    eventually("the good account streaming, the broken one failing", || {
+        let view = agent.view();
+        view.account(&good).is_some_and(|a| a.role == "streaming")
+            && view.account(&broken).is_some_and(|a| a.error.is_some())
+    })
+    .await?;
+    // A retry or two of the broken account.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let kinds = hub.kinds();
+    assert!(
+        !kinds
+            .iter()
+            .any(|k| matches!(k, agent_message::Kind::AccountUnavailable(_))),
+        "AccountUnavailable sent to a hub that does not read it"
+    );
+    let hellos = kinds
+        .iter()
+        .filter(|k| matches!(k, agent_message::Kind::Hello(_)))
+        .count();
+    assert_eq!(hellos, 1, "the stream was not replaced");
+    agent.stop().await?;
+    let _ = std::fs::remove_dir_all(&s.dir);
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_tls_with_certificates_reloaded_on_reconnect() -> anyhow::Result<()> {
     init_logs();

@@ -1387,3 +1387,97 @@ async fn a_list_larger_than_one_message_arrives_whole_and_the_stream_survives() 
     assert_eq!(before.as_array().map(Vec::len), Some(1), "{before:#}");
     s.stop().await
 }
+
+/// Review R16: the operations an agent runs at once are limited per account
+/// (`tasks.operationsPerAccount`, 16 by default), not per agent process. Sixteen `delete`
+/// with `wait` on objects a finalizer holds fill one account's slots; an operation of the
+/// agent's other account still completes at once, while a seventeenth of the first account
+/// waits for a slot (and, its deadline passing there, never reaches the API server). Before,
+/// the sixteen held every slot of the process, and the other account's operation timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_accounts_slow_operations_do_not_starve_another_account() -> anyhow::Result<()> {
+    const SLOTS: usize = scale_agent_crds::agent_config::OPERATIONS_PER_ACCOUNT as usize;
+    let s = Setup::with_accounts("starve", 1, 2).await?;
+    let (hub, account, ns) = (s.hub(), s.account.clone(), s.namespace.clone());
+    let other = s.others[0].clone();
+    let held = |i: usize| format!("held-{i:02}");
+    for i in 0..=SLOTS {
+        s.configmaps()
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(
+                    json!({"metadata": {"name": held(i), "finalizers": ["example.com/hold"]}}),
+                )?,
+            )
+            .await?;
+    }
+    let mut pending = Vec::new();
+    for i in 0..SLOTS {
+        let (a, n, name) = (account.clone(), ns.clone(), held(i));
+        pending.push(tokio::spawn(async move {
+            op(hub, &a, json!({"type": "delete", "kind": "ConfigMap", "namespace": n, "name": name, "wait": true, "timeoutSeconds": 120})).await
+        }));
+    }
+    // Every slot of the account is held: each delete reached the API server and waits.
+    let cms = s.configmaps();
+    eventually("a deletionTimestamp on every held configmap", || {
+        let cms = cms.clone();
+        async move {
+            let items = cms.list(&ListParams::default()).await?.items;
+            Ok(items
+                .iter()
+                .filter(|cm| cm.metadata.deletion_timestamp.is_some())
+                .count()
+                == SLOTS)
+        }
+    })
+    .await?;
+
+    // The other account's operation runs at once (before: 504 after its 20 s).
+    let started = Instant::now();
+    let (code, r) = op(
+        hub,
+        &other,
+        json!({"type": "get", "kind": "ConfigMap", "namespace": ns, "name": held(SLOTS), "timeoutSeconds": 20}),
+    )
+    .await?;
+    assert_eq!(code, 200, "{r:#}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
+    // The first account is at its limit: one more waits for a slot until its deadline.
+    let r = expect(
+        hub,
+        &account,
+        504,
+        json!({"type": "delete", "kind": "ConfigMap", "namespace": ns, "name": held(SLOTS), "wait": true, "timeoutSeconds": 3}),
+    )
+    .await?;
+    assert_eq!(r["executed"], false, "{r:#}");
+    assert!(
+        s.configmaps()
+            .get(&held(SLOTS))
+            .await?
+            .metadata
+            .deletion_timestamp
+            .is_none(),
+        "the seventeenth delete never reached the API server"
+    );
+
+    for i in 0..=SLOTS {
+        s.configmaps()
+            .patch(
+                &held(i),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+            )
+            .await?;
+    }
+    for pending in pending {
+        let (code, r) = pending.await??;
+        assert_eq!(code, 200, "{r:#}");
+    }
+    s.stop().await
+}

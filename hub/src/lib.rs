@@ -381,6 +381,11 @@ impl Hub {
         self.metrics
             .proxy_exchanges_open
             .set(self.tunnels.len() as i64);
+        let now = SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or_default();
+        self.metrics.refresh_certificate_expiry(now);
     }
 }
 

@@ -41,6 +41,13 @@ pub struct Metrics {
     pub store_queued_changes: Gauge,
     /// Acks a stream held because the store was behind or failing.
     pub acks_held: Counter,
+    /// Seconds until the notAfter of each serving certificate file, by listener (grpc,
+    /// http) and file; negative once expired. Set at each scrape from
+    /// [`Metrics::certificate_not_after`].
+    tls_certificate_expiry: Family<[(&'static str, String); 2], Gauge>,
+    /// (listener, file) → notAfter (Unix seconds) of the certificate in use, as last loaded.
+    certificate_not_after:
+        std::sync::Mutex<std::collections::BTreeMap<(&'static str, String), i64>>,
 }
 
 impl Default for Metrics {
@@ -75,6 +82,7 @@ impl Metrics {
         let store_commit_failures = Counter::default();
         let store_queued_changes = Gauge::default();
         let acks_held = Counter::default();
+        let tls_certificate_expiry = Family::default();
         registry.register(
             "store_failing",
             "1 while the store cannot commit (for example its volume is full): reads are \
@@ -95,6 +103,13 @@ impl Metrics {
             "acks_held",
             "Times an agent's acknowledgement waited for the store (behind or failing)",
             acks_held.clone(),
+        );
+        registry.register(
+            "tls_certificate_expiry_seconds",
+            "Seconds until the notAfter of the serving certificate in use, by listener (grpc, \
+             http) and certificate file; negative once expired. Updated when the files are \
+             reloaded",
+            tls_certificate_expiry.clone(),
         );
         registry.register(
             "proxy_requests",
@@ -136,7 +151,9 @@ impl Metrics {
         registry.register(
             "accounts_by_state",
             "Accounts by lifecycle state: ACTIVE (streamed), INACTIVE (no agent, within the grace \
-             period), FAILED (no agent, last registration rejected), ORPHANED (no agent took \
+             period), FAILED (no agent, and its last registration rejected or a replica \
+             reported it cannot serve it; or the API server refuses the streaming replica's \
+             credentials), ORPHANED (no agent took \
              over within the grace period)",
             accounts_by_state.clone(),
         );
@@ -190,6 +207,30 @@ impl Metrics {
             store_commit_failures,
             store_queued_changes,
             acks_held,
+            tls_certificate_expiry,
+            certificate_not_after: Default::default(),
+        }
+    }
+
+    /// Records the notAfter (Unix seconds) of the certificate `listener` serves from `file`.
+    pub fn certificate_not_after(&self, listener: &'static str, file: String, not_after: i64) {
+        self.certificate_not_after
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((listener, file), not_after);
+    }
+
+    /// Sets each certificate's seconds until notAfter as of `now` (Unix seconds).
+    pub fn refresh_certificate_expiry(&self, now: i64) {
+        let not_after = self
+            .certificate_not_after
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        for ((listener, file), not_after) in not_after {
+            self.tls_certificate_expiry
+                .get_or_create(&[("listener", listener.to_string()), ("file", file)])
+                .set(not_after - now);
         }
     }
 

@@ -133,8 +133,9 @@ pub enum AccountState {
     Active,
     /// No agent serves it; its cache is kept until the grace period ends.
     Inactive,
-    /// Its last registration was rejected (and no agent serves it), or the API server
-    /// refuses the credentials of the replica streaming it (401 Unauthorized).
+    /// Its last registration was rejected (and no agent serves it), a replica reported it
+    /// cannot serve it at all (and no agent serves it: AccountUnavailable), or the API
+    /// server refuses the credentials of the replica streaming it (401 Unauthorized).
     Failed,
     /// Its agent left and none took over within the grace period: the cache is gone, the
     /// binding to its identity is kept.
@@ -206,6 +207,10 @@ pub struct Registry {
     /// reports a kind WATCHING again, stops serving the account or ends. At most one entry
     /// per account a stream streams, so bounded by the accounts.
     credential_failures: BTreeMap<String, (SessionId, String)>,
+    /// account → the stream that last reported it cannot serve it (its kubeconfig does not
+    /// load, its API server refuses it), and why. Dropped when that stream registers or
+    /// unregisters the account, or ends. At most [`MAX_REJECTIONS`] names.
+    unavailable: BTreeMap<String, (SessionId, String)>,
     next_id: SessionId,
 }
 
@@ -355,6 +360,13 @@ impl Registry {
         {
             self.rejections.remove(name);
         }
+        if self
+            .unavailable
+            .get(name)
+            .is_some_and(|(s, _)| *s == session)
+        {
+            self.unavailable.remove(name);
+        }
         match self.accounts.get_mut(name) {
             Some(account) => {
                 if !account.record.cluster.same_cluster(&record.cluster) {
@@ -443,6 +455,24 @@ impl Registry {
         name: &str,
         now: (Instant, SystemTime),
     ) -> Vec<Promotion> {
+        if self
+            .unavailable
+            .get(name)
+            .is_some_and(|(s, _)| *s == session)
+        {
+            self.unavailable.remove(name);
+        }
+        self.stop_serving(session, name, now)
+    }
+
+    /// `session` no longer serves `name` (a standby takes over, or the grace period starts);
+    /// what it reported of the account stays.
+    fn stop_serving(
+        &mut self,
+        session: SessionId,
+        name: &str,
+        now: (Instant, SystemTime),
+    ) -> Vec<Promotion> {
         let Some(account) = self.accounts.get_mut(name) else {
             return Vec::new();
         };
@@ -479,6 +509,7 @@ impl Registry {
         }
         self.rejections.retain(|_, (s, _)| *s != session);
         self.credential_failures.retain(|_, (s, _)| *s != session);
+        self.unavailable.retain(|_, (s, _)| *s != session);
         let names: Vec<String> = self
             .accounts
             .iter()
@@ -515,6 +546,25 @@ impl Registry {
         }
         self.rejections
             .insert(name.to_string(), (session, reason.to_string()));
+    }
+
+    /// `session` cannot serve `name` at all (AccountUnavailable, checked against the allow
+    /// rules and bindings by the caller): it stops serving it if it did, and the account is
+    /// FAILED with `reason` while no replica streams it. Returns the promotions. Not
+    /// remembered past [`MAX_REJECTIONS`] names.
+    pub fn note_unavailable(
+        &mut self,
+        session: SessionId,
+        name: &str,
+        reason: &str,
+        now: (Instant, SystemTime),
+    ) -> Vec<Promotion> {
+        let promotions = self.stop_serving(session, name, now);
+        if self.unavailable.len() < MAX_REJECTIONS || self.unavailable.contains_key(name) {
+            self.unavailable
+                .insert(name.to_string(), (session, reason.to_string()));
+        }
+        promotions
     }
 
     /// A kind's status from `session`, which streams `name` (checked by the caller): FAILING
@@ -569,6 +619,17 @@ impl Registry {
                 format!("streamed by replica {}", self.replica_label(session)),
             ));
         }
+        if let Some((session, reason)) = self.unavailable.get(name) {
+            return Some((
+                AccountState::Failed,
+                format!(
+                    "replica {} cannot serve it: {reason}. Fix the account's kubeconfig or \
+                     credentials in the agent's config; the agent keeps trying, and the \
+                     account is ACTIVE once it registers",
+                    self.replica_label(*session)
+                ),
+            ));
+        }
         if let Some((session, reason)) = self.rejections.get(name) {
             return Some((
                 AccountState::Failed,
@@ -605,6 +666,7 @@ impl Registry {
             .keys()
             .chain(self.bindings.keys())
             .chain(self.rejections.keys())
+            .chain(self.unavailable.keys())
             .chain(self.states.keys())
             .cloned()
             .collect();
@@ -645,14 +707,19 @@ impl Registry {
         transitions
     }
 
-    /// The streams to tell about an account's state: those serving it and the one whose
-    /// registration of it was refused.
+    /// The streams to tell about an account's state: those serving it, the one whose
+    /// registration of it was refused and the one that reported it cannot serve it.
     pub fn interested_in(&self, name: &str) -> Vec<SessionId> {
         let mut sessions = self.replicas(name);
-        if let Some((session, _)) = self.rejections.get(name)
-            && !sessions.contains(session)
+        for (session, _) in self
+            .rejections
+            .get(name)
+            .into_iter()
+            .chain(self.unavailable.get(name))
         {
-            sessions.push(*session);
+            if !sessions.contains(session) {
+                sessions.push(*session);
+            }
         }
         sessions
     }
@@ -777,6 +844,54 @@ mod tests {
         r.disconnect(a, now());
         assert_eq!(state(&mut r), AccountState::Active);
         assert!(r.credential_failures.is_empty());
+    }
+
+    /// An account a replica cannot serve (AccountUnavailable) is FAILED with its reason
+    /// while nobody streams it; the replica stops serving it (its standby takes over); the
+    /// report ends when the replica registers the account or its stream ends.
+    #[test]
+    fn an_account_a_replica_cannot_serve_is_failed_until_someone_streams_it() {
+        use AccountState::*;
+        let mut r = Registry::default();
+        let (a, _, _) = r.connect("agent", "pod-a", "v", now());
+        let (b, _, _) = r.connect("agent", "pod-b", "v", now());
+        // Never registered: FAILED with the agent's words, and the reporter is told.
+        assert!(
+            r.note_unavailable(a, "new", "kubeconfig /k: no such file", now())
+                .is_empty()
+        );
+        assert_eq!(states(&mut r), vec![("new".into(), None, Failed)]);
+        let reason = &r.states["new"].reason;
+        assert!(
+            reason.contains("agent/pod-a") && reason.contains("/k: no such file"),
+            "{reason}"
+        );
+        assert_eq!(r.interested_in("new"), vec![a]);
+        // Once it can, it registers: ACTIVE.
+        r.register(a, "new", rec("h"));
+        assert_eq!(states(&mut r), vec![("new".into(), Some(Failed), Active)]);
+
+        // The streaming replica's kubeconfig breaks: the standby streams, ACTIVE stays.
+        r.register(b, "new", rec("h"));
+        let promotions = r.note_unavailable(a, "new", "401 Unauthorized", now());
+        assert_eq!(
+            promotions,
+            vec![Promotion {
+                session: b,
+                account: "new".into()
+            }]
+        );
+        assert!(states(&mut r).is_empty());
+        assert!(r.is_streaming(b, "new"));
+        assert_eq!(r.role(a, "new"), None);
+        // The standby's stream ends too: nobody serves it, FAILED with pod-a's reason.
+        r.disconnect(b, now());
+        assert_eq!(states(&mut r), vec![("new".into(), Some(Active), Failed)]);
+        assert!(r.states["new"].reason.contains("401 Unauthorized"));
+        // pod-a's stream ends: its report goes with it, INACTIVE (cache kept for the grace).
+        r.disconnect(a, now());
+        assert_eq!(states(&mut r), vec![("new".into(), Some(Failed), Inactive)]);
+        assert!(r.unavailable.is_empty());
     }
 
     #[test]

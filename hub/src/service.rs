@@ -431,6 +431,14 @@ async fn serve(
     )
     .await?;
     send(tx, Out::Ack(pb::Ack { seq: 1 })).await?;
+    // After Welcome: what this hub reads beyond it (agents that do not know it ignore it).
+    send(
+        tx,
+        Out::Capabilities(pb::HubCapabilities {
+            capabilities: vec![scale_agent_proto::ACCOUNT_UNAVAILABLE_CAPABILITY.to_string()],
+        }),
+    )
+    .await?;
 
     let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -123,6 +123,27 @@ pub fn message_type(msg: &pb::AgentMessage) -> &'static str {
         Some(Msg::DiscoveryChanged(_)) => "discovery_changed",
         Some(Msg::RenewCertificate(_)) => "renew_certificate",
         Some(Msg::DynamicAccountStatus(_)) => "dynamic_account_status",
+        Some(Msg::AccountUnavailable(_)) => "account_unavailable",
+    }
+}
+
+/// Most bytes of an AccountUnavailable reason the hub keeps.
+const MAX_REASON_BYTES: usize = 4096;
+
+/// `reason` cut to [`MAX_REASON_BYTES`] at a character boundary; "no reason given" when empty.
+fn bounded_reason(reason: &str) -> String {
+    let reason = reason.trim();
+    if reason.is_empty() {
+        return "no reason given".into();
+    }
+    let mut end = reason.len().min(MAX_REASON_BYTES);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    if end < reason.len() {
+        format!("{}…", &reason[..end])
+    } else {
+        reason.to_string()
     }
 }
 
@@ -321,7 +342,40 @@ impl Session {
                 fx.dynamic_statuses.push(status);
                 Ok(())
             }
+            Msg::AccountUnavailable(unavailable) => {
+                self.on_unavailable(st, limits, unavailable, now, fx);
+                Ok(())
+            }
         }
+    }
+
+    /// The agent cannot serve an account at all: FAILED with its reason while no replica
+    /// streams it. Only for a name this stream could register, so a stream cannot mark
+    /// accounts of others FAILED.
+    fn on_unavailable(
+        &mut self,
+        st: &mut HubState,
+        limits: &Limits,
+        unavailable: pb::AccountUnavailable,
+        now: (Instant, SystemTime),
+        fx: &mut Effects,
+    ) {
+        let name = unavailable.account;
+        let may_register = validate_account_name(&name).is_ok()
+            && is_allowed(&limits.allow, &self.identity, &name)
+            && crate::agent_tokens::accounts_allow(&self.account_patterns, &name)
+            && st.registry.check_binding(&self.identity, &name).is_ok();
+        if !may_register {
+            tracing::debug!(account = %name, "AccountUnavailable for an account this stream may not register; ignored");
+            return;
+        }
+        let reason = bounded_reason(&unavailable.reason);
+        tracing::warn!(account = %name, %reason, "the agent cannot serve the account");
+        self.staging.retain(|(a, _, _), _| *a != name);
+        fx.promotions
+            .extend(st.registry.note_unavailable(self.id, &name, &reason, now));
+        // Told the account's state like a registration (the agent shows the hub's view).
+        fx.registered.push(name);
     }
 
     /// Adds an object event to an open snapshot, within the stream's staging limit.

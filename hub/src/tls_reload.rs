@@ -9,6 +9,9 @@
 //! the old key) fails to build, is logged once, and the material in use stays until the
 //! files fit together again.
 //!
+//! The notAfter of each serving certificate in use is kept for the metric
+//! `scale_agent_hub_tls_certificate_expiry_seconds`, set at start and on every reload.
+//!
 //! [`Config::tls_reload_interval`]: crate::config::Config::tls_reload_interval
 
 use std::{path::Path, sync::Arc};
@@ -22,6 +25,10 @@ use crate::{
     error::{HubError, Result},
     serve,
 };
+
+/// The listeners, as the expiry metric labels them.
+const GRPC: &str = "grpc";
+const HTTP: &str = "http";
 
 /// The content of the TLS files, as last read.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -44,6 +51,13 @@ fn read_pair(
     pair.as_ref()
         .map(|(cert, key)| Ok((read(cert)?, read(key)?)))
         .transpose()
+}
+
+/// notAfter (Unix seconds) of the first certificate of a PEM chain: the one served.
+pub(crate) fn not_after(chain_pem: &[u8]) -> Option<i64> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(chain_pem).ok()?;
+    let cert = pem.parse_x509().ok()?;
+    Some(cert.validity().not_after.timestamp())
 }
 
 impl Material {
@@ -77,12 +91,38 @@ impl Reloader {
         }
         // What start() served: read again now, so only a later change counts.
         let last = Material::read(files).unwrap_or_default();
-        Some(Reloader {
+        let reloader = Reloader {
             hub,
             grpc,
             http,
             last,
-        })
+        };
+        reloader.record_expiry(GRPC, reloader.last.grpc.as_ref());
+        reloader.record_expiry(HTTP, reloader.last.http.as_ref());
+        Some(reloader)
+    }
+
+    /// Keeps the notAfter of the certificate `listener` now serves (`pair`: its chain and
+    /// key as read) for the expiry metric.
+    fn record_expiry(&self, listener: &'static str, pair: Option<&(Vec<u8>, Vec<u8>)>) {
+        let files = &self.hub.config.tls_files;
+        let file = match listener {
+            GRPC => files.grpc.as_ref(),
+            _ => files.http.as_ref(),
+        };
+        let (Some((chain, _)), Some((path, _))) = (pair, file) else {
+            return;
+        };
+        match not_after(chain) {
+            Some(not_after) => self.hub.metrics.certificate_not_after(
+                listener,
+                path.display().to_string(),
+                not_after,
+            ),
+            None => {
+                tracing::warn!(file = %path.display(), "cannot read the notAfter of the certificate; its expiry metric is not updated")
+            }
+        }
     }
 
     /// Checks the files every interval until shutdown.
@@ -114,9 +154,12 @@ impl Reloader {
         let previous = std::mem::replace(&mut self.last, material.clone());
         if material.grpc != previous.grpc || material.client_ca != previous.client_ca {
             match self.apply_grpc(&material) {
-                Ok(()) => tracing::info!(
-                    "gRPC listener: certificate or client CA changed on disk; new connections use the new files"
-                ),
+                Ok(()) => {
+                    self.record_expiry(GRPC, material.grpc.as_ref());
+                    tracing::info!(
+                        "gRPC listener: certificate or client CA changed on disk; new connections use the new files"
+                    )
+                }
                 Err(error) => tracing::error!(error = %crate::error::Chain(&error),
                     "gRPC listener: the changed certificate files do not load; still serving the previous ones until they do"),
             }
@@ -129,6 +172,7 @@ impl Reloader {
                     if let Some(tx) = &self.http {
                         tx.send_replace(config);
                     }
+                    self.record_expiry(HTTP, material.http.as_ref());
                     tracing::info!(
                         "HTTP listener: certificate changed on disk; new connections use it"
                     );

@@ -494,6 +494,36 @@ async fn prod_state(addr: &Api) -> (String, String, String) {
     )
 }
 
+/// `agent` sends `failure`, which makes account prod FAILED, then its stream ends: prod is
+/// INACTIVE (no agent), not FAILED.
+async fn failed_then_inactive(addr: &Api, mut agent: FakeAgent, failure: Msg) {
+    agent.send(failure).await;
+    wait_for("FAILED again", async || {
+        prod_state(addr).await.0 == "FAILED"
+    })
+    .await;
+    drop(agent);
+    wait_for("INACTIVE", async || prod_state(addr).await.0 == "INACTIVE").await;
+}
+
+/// The hub's metrics count one account FAILED, and `agent` hears it FAILED with `words` in
+/// the reason.
+async fn failed_in_metrics_and_on_the_stream(addr: &Api, agent: &mut FakeAgent, words: &str) {
+    let (_, metrics) = get(addr, "/metrics").await;
+    assert!(
+        metrics.contains("scale_agent_hub_accounts_by_state{state=\"FAILED\"} 1"),
+        "{metrics}"
+    );
+    wait_for("the agent to hear FAILED", async || {
+        let _ = agent.pump_ready();
+        agent
+            .states
+            .iter()
+            .any(|s| s.state == pb::account_state::State::Failed as i32 && s.reason.contains(words))
+    })
+    .await;
+}
+
 /// The hub's account states: ACTIVE while streamed, INACTIVE within the grace period,
 /// ORPHANED after it, FAILED while only a rejected claimant is around, and ACTIVE again when
 /// the agent returns; in the API, in metrics and on the agents' streams.
@@ -651,19 +681,7 @@ async fn an_account_whose_credentials_are_refused_is_failed_until_it_streams_aga
             && reason.contains("401 Unauthorized"),
         "{reason}"
     );
-    let (_, metrics) = get(&addr, "/metrics").await;
-    assert!(
-        metrics.contains("scale_agent_hub_accounts_by_state{state=\"FAILED\"} 1"),
-        "{metrics}"
-    );
-    wait_for("the agent to hear FAILED", async || {
-        let _ = a.pump_ready();
-        a.states.iter().any(|s| {
-            s.state == pb::account_state::State::Failed as i32
-                && s.reason.contains("refuses the account's credentials")
-        })
-    })
-    .await;
+    failed_in_metrics_and_on_the_stream(&addr, &mut a, "refuses the account's credentials").await;
 
     // The credentials work again: a kind is watched.
     a.send(status(KindState::Watching, "")).await;
@@ -680,14 +698,12 @@ async fn an_account_whose_credentials_are_refused_is_failed_until_it_streams_aga
     .await;
 
     // Refused again, then the stream ends: INACTIVE (no agent), not FAILED.
-    a.send(status(KindState::Failing, "401 Unauthorized: Unauthorized"))
-        .await;
-    wait_for("FAILED again", async || {
-        prod_state(&addr).await.0 == "FAILED"
-    })
+    failed_then_inactive(
+        &addr,
+        a,
+        status(KindState::Failing, "401 Unauthorized: Unauthorized"),
+    )
     .await;
-    drop(a);
-    wait_for("INACTIVE", async || prod_state(&addr).await.0 == "INACTIVE").await;
     hub.shutdown().await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -1501,6 +1517,72 @@ async fn client_ids_survive_a_hub_restart() {
     assert!(a.operations.is_empty(), "sent again: {:?}", a.operations);
     let (code, _) = get_json(&http, "/api/v1/accounts/prod/operations/release-7").await;
     assert_eq!(code, 200);
+    hub.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// An account an agent cannot serve at all (AccountUnavailable: its kubeconfig does not load,
+/// its API server refuses the first request) is FAILED with the agent's words while nobody
+/// streams it, in the API, in metrics and on the agent's stream; ACTIVE once the agent
+/// registers it. The hub says it reads the message (HubCapabilities after Welcome), and
+/// ignores reports on accounts bound to another identity.
+#[tokio::test]
+async fn an_account_an_agent_cannot_serve_is_failed_with_its_reason() {
+    let pki = Pki::new();
+    let dir = data_dir("unavailable");
+    let hub = start_hub(&pki, &dir, |_| {}).await;
+    let addr = api(&hub);
+    let unavailable = |account: &str, reason: &str| {
+        Msg::AccountUnavailable(pb::AccountUnavailable {
+            account: account.into(),
+            reason: reason.into(),
+        })
+    };
+    let mut a = agent(&hub, &pki, "agent-a.test", "pod-1").await;
+    wait_for("HubCapabilities", async || {
+        let _ = a.pump_ready();
+        a.capabilities
+            .iter()
+            .any(|c| c == scale_agent_proto::ACCOUNT_UNAVAILABLE_CAPABILITY)
+    })
+    .await;
+    a.send(unavailable(
+        "prod",
+        "cannot read the kubeconfig /k: No such file or directory",
+    ))
+    .await;
+    a.synced().await;
+    let (state, reason, _) = prod_state(&addr).await;
+    assert_eq!(state, "FAILED");
+    assert!(
+        reason.contains("agent-a.test/pod-1") && reason.contains("/k: No such file"),
+        "{reason}"
+    );
+    let (_, list) = get_json(&addr, "/api/v1/accounts").await;
+    assert_eq!(list[0]["name"], "prod", "{list}");
+    assert_eq!(list[0]["accountState"], "FAILED", "{list}");
+    failed_in_metrics_and_on_the_stream(&addr, &mut a, "cannot serve it").await;
+
+    // The agent can serve it now: it registers, ACTIVE.
+    assert_eq!(
+        role(&a.register("prod", "https://one:6443").await),
+        Role::Streaming
+    );
+    wait_for("ACTIVE", async || prod_state(&addr).await.0 == "ACTIVE").await;
+
+    // Another identity cannot mark an account bound to agent-a FAILED.
+    let mut b = agent(&hub, &pki, "agent-b.test", "pod-1").await;
+    b.send(unavailable("prod", "401 Unauthorized")).await;
+    b.synced().await;
+    assert_eq!(prod_state(&addr).await.0, "ACTIVE");
+    // ...nor does agent-a's own stream ending keep it FAILED: INACTIVE, as before.
+    failed_then_inactive(
+        &addr,
+        a,
+        unavailable("prod", "401 Unauthorized: Unauthorized"),
+    )
+    .await;
+    drop(b);
     hub.shutdown().await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }

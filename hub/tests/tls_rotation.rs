@@ -167,3 +167,114 @@ async fn rotated_certificates_and_client_ca_apply_to_new_connections_without_a_r
     hub.shutdown().await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `scale_agent_hub_tls_certificate_expiry_seconds` of `listener` and `file`, from /metrics
+/// over HTTPS trusting `ca_pem`; `None` when absent or the hub's certificate is not trusted.
+async fn expiry_seconds(
+    hub: &scale_agent_hub::RunningHub,
+    ca_pem: &str,
+    listener: &str,
+    file: &Path,
+) -> Option<i64> {
+    let client = Https::new(
+        ca_pem,
+        format!("https://127.0.0.1:{}", hub.http_addr.port()),
+        Proto::H1,
+    );
+    let token = std::fs::read_to_string(hub.admin_token_file()?).ok()?;
+    let request = client
+        .request("GET", "/metrics")
+        .header("authorization", format!("Bearer {}", token.trim()))
+        .body(empty())
+        .ok()?;
+    // A connection refused while the listener's certificate is not the one trusted yet: None.
+    let response = tokio::time::timeout(WAIT, client.raw().request(request))
+        .await
+        .ok()?
+        .ok()?;
+    let metrics = read_all(response).await.text();
+    let series = format!(
+        "scale_agent_hub_tls_certificate_expiry_seconds{{listener=\"{listener}\",file=\"{}\"}} ",
+        file.display()
+    );
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(&series))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+/// Seconds from now to `not_after` (Unix seconds).
+fn seconds_until(not_after: i64) -> i64 {
+    not_after
+        - std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64
+}
+
+/// The expiry metric of each serving certificate file: from the files at start, and from the
+/// new files once a rotation is loaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_serving_certificates_expiry_is_a_metric_refreshed_on_reload() {
+    let pki = Pki::new();
+    let dir = data_dir("tls-expiry");
+    let files = dir.join("tls");
+    std::fs::create_dir_all(&files).unwrap();
+    let path = |name: &str| -> PathBuf { files.join(name) };
+    write(&path("grpc.crt"), &pki.server_cert_pem);
+    write(&path("grpc.key"), &pki.server_key_pem);
+    write(&path("http.crt"), &pki.serving_cert_pem);
+    write(&path("http.key"), &pki.serving_key_pem);
+    let hub = start_hub(&pki, &dir, |c| {
+        serve_https(&pki, c);
+        c.tls_files = TlsFiles {
+            grpc: Some((path("grpc.crt"), path("grpc.key"))),
+            client_ca: None,
+            http: Some((path("http.crt"), path("http.key"))),
+        };
+        c.tls_reload_interval = Duration::from_millis(100);
+    })
+    .await;
+    // rcgen's default notAfter: 4096-01-01.
+    let far = seconds_until(67_090_118_400);
+    for (listener, file) in [("grpc", path("grpc.crt")), ("http", path("http.crt"))] {
+        let seconds = expiry_seconds(&hub, &pki.serving_ca_pem, listener, &file)
+            .await
+            .unwrap_or_else(|| panic!("no expiry metric for {listener}"));
+        assert!(
+            (seconds - far).abs() < 120,
+            "{listener}: {seconds} vs {far}"
+        );
+    }
+
+    // Renewed with certificates that expire on 2031-01-01.
+    let renewed = |issuer: &rcgen::CertifiedIssuer<'static, rcgen::KeyPair>| {
+        let mut params =
+            rcgen::CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.not_after = rcgen::date_time_ymd(2031, 1, 1);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    };
+    let http_ca = ca("renewed-http-ca");
+    let (grpc_cert, grpc_key) = renewed(&ca("renewed-grpc-ca"));
+    let (http_cert, http_key) = renewed(&http_ca);
+    write(&path("grpc.key"), &grpc_key);
+    write(&path("grpc.crt"), &grpc_cert);
+    write(&path("http.key"), &http_key);
+    write(&path("http.crt"), &http_cert);
+    let soon = seconds_until(1_924_992_000);
+    let http_ca_pem = http_ca.pem();
+    for (listener, file) in [("grpc", path("grpc.crt")), ("http", path("http.crt"))] {
+        wait_for("the renewed certificate's expiry", async || {
+            expiry_seconds(&hub, &http_ca_pem, listener, &file)
+                .await
+                .is_some_and(|seconds| (seconds - soon).abs() < 120)
+        })
+        .await;
+    }
+
+    hub.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -226,6 +226,8 @@ pub fn agent_config(agent: &ScaleAgent, accounts: &[&AgentAccount]) -> AgentConf
         tasks: Tasks {
             total_budget: u32::try_from(spec.list_budget.total).unwrap_or(1),
             budget_per_account: u32::try_from(spec.list_budget.per_account).unwrap_or(1),
+            operations_per_account: u32::try_from(spec.operation_budget.per_account).unwrap_or(1),
+            operations_total: u32::try_from(spec.operation_budget.total).unwrap_or(1),
         },
         server: AdminServer {
             port: ADMIN_PORT as u16,

@@ -15,6 +15,10 @@ pub mod v1 {
     include!("gen/scaleagent.v1.rs");
 }
 
+/// The HubCapabilities entry of a hub that reads AccountUnavailable (item 11 of the stream
+/// contract): agents send it to such hubs only.
+pub const ACCOUNT_UNAVAILABLE_CAPABILITY: &str = "account-unavailable";
+
 impl v1::operation::Op {
     /// The operation's type as the hub's HTTP API and both sides' metrics name it; a bounded
     /// set, fit for a metrics label.

@@ -1,6 +1,7 @@
 //! Operations the hub sends (apply, delete, patch, scale, rollout, get, list, events, logs),
-//! executed as the account's own credentials, with bounded concurrency and within each
-//! operation's deadline. Every outcome is an [`v1::OperationResult`] carrying the
+//! executed as the account's own credentials, with concurrency bounded per account (and
+//! under an agent-wide ceiling: `tasks.operationsPerAccount`, `tasks.operationsTotal`) and
+//! within each operation's deadline. Every outcome is an [`v1::OperationResult`] carrying the
 //! Kubernetes status as the API server gave it (see the contract in the .proto).
 //!
 //! - kinds are resolved through discovery (cached per account, refreshed once when a kind
@@ -32,16 +33,17 @@ use kube::{
 use prost::Message as _;
 use scale_agent_proto::v1::{self, operation::Op};
 use serde_json::Value;
-use tokio::sync::{Mutex, Semaphore};
+use tokio::sync::Mutex;
 
 use crate::{
     account,
+    budget::Budget,
     convert::scrub,
     kinds::{Candidate, KindRef},
 };
 
-/// Operations running at once per agent process.
-pub const CONCURRENCY: usize = 16;
+/// Results queued for the stream before an operation's task waits to hand its own over.
+pub const RESULT_QUEUE: usize = 16;
 /// Deadline of an operation that names none.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
 /// Field manager when the operation names none.
@@ -322,22 +324,18 @@ pub struct Executor {
     pub account: String,
     pub replica: String,
     client: Client,
-    semaphore: Arc<Semaphore>,
+    /// This account's slots, under the agent-wide ceiling.
+    budget: Budget,
     kinds: Mutex<Option<Arc<Vec<Candidate>>>>,
 }
 
 impl Executor {
-    pub fn new(
-        account: String,
-        replica: String,
-        client: Client,
-        semaphore: Arc<Semaphore>,
-    ) -> Self {
+    pub fn new(account: String, replica: String, client: Client, budget: Budget) -> Self {
         Executor {
             account,
             replica,
             client,
-            semaphore,
+            budget,
             kinds: Mutex::new(None),
         }
     }
@@ -395,8 +393,10 @@ impl Executor {
         let kind = operation.op.as_ref().map(Op::name).unwrap_or("none");
         let list_continue = operation.list_continue;
         let work = async {
+            // Waited for within the deadline: an account at its limit times out here,
+            // "never reached the API server", without holding an agent-wide slot.
             let _permit =
-                self.semaphore.acquire().await.map_err(|_| {
+                self.budget.acquire().await.ok_or_else(|| {
                     Failure::new(503, "ServiceUnavailable", "the agent is stopping")
                 })?;
             run(&ctx, operation.op, list_continue, &mut out).await

@@ -13,6 +13,6 @@ pub use common::{ACCOUNT_NAME_MAX_LENGTH, DNS1123_LABEL_PATTERN, is_dns1123_labe
 pub use scale_agent::{
     Access, AccountDefaults, Backoff, CaSecretRef, ClientCertificate, DEFAULT_AGENT_IMAGE,
     DEFAULT_AGENT_REPOSITORY, DEFAULT_CERTIFICATE_LIFETIME, Enrolment, Heartbeat, Hub, HubTls,
-    ImagePullPolicy, IssuerSecretRef, ListBudget, Mode, ScaleAgent, ScaleAgentSpec,
-    ScaleAgentStatus, Scope, ScopeType, TokenSecretRef,
+    ImagePullPolicy, IssuerSecretRef, ListBudget, Mode, OperationBudget, ScaleAgent,
+    ScaleAgentSpec, ScaleAgentStatus, Scope, ScopeType, TokenSecretRef,
 };

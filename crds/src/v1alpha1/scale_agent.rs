@@ -183,6 +183,12 @@ pub struct ScaleAgentSpec {
     #[serde(default)]
     pub list_budget: ListBudget,
 
+    /// Caps on the hub's operations (apply, delete, scale, ...) running at once in one agent
+    /// pod: per account, so one account's slow operations (a `delete` waiting on a
+    /// finalizer) never hold the slots of another account, under a ceiling for the pod.
+    #[serde(default)]
+    pub operation_budget: OperationBudget,
+
     /// Application heartbeats on the hub connection.
     #[serde(default)]
     pub heartbeat: Heartbeat,
@@ -569,6 +575,43 @@ impl Default for ListBudget {
         Self {
             total: default_list_total(),
             per_account: default_list_per_account(),
+        }
+    }
+}
+
+/// Caps on the hub's operations running at once.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[x_kube(validation = Rule::new("self.perAccount <= self.total")
+    .message("operationBudget.perAccount must not exceed operationBudget.total: lower perAccount or raise total")
+    .field_path(".perAccount"))]
+#[serde(rename_all = "camelCase")]
+pub struct OperationBudget {
+    /// Most operations running at once for one account; more wait for a slot within their
+    /// deadline. Default: 16. Minimum: 1.
+    #[serde(default = "default_operations_per_account")]
+    #[schemars(range(min = 1))]
+    pub per_account: i32,
+
+    /// Most operations running at once across all accounts of one agent pod. Default: 256.
+    /// Minimum: 1.
+    #[serde(default = "default_operations_total")]
+    #[schemars(range(min = 1))]
+    pub total: i32,
+}
+
+fn default_operations_per_account() -> i32 {
+    crate::agent_config::OPERATIONS_PER_ACCOUNT as i32
+}
+
+fn default_operations_total() -> i32 {
+    crate::agent_config::OPERATIONS_TOTAL as i32
+}
+
+impl Default for OperationBudget {
+    fn default() -> Self {
+        Self {
+            per_account: default_operations_per_account(),
+            total: default_operations_total(),
         }
     }
 }

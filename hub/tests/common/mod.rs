@@ -580,6 +580,8 @@ pub struct FakeAgent {
     pub welcome: Option<pb::Welcome>,
     /// KindStatus messages from the hub (OVER_QUOTA and back), oldest first.
     pub kind_statuses: VecDeque<pb::KindStatus>,
+    /// HubCapabilities, sent right after Welcome.
+    pub capabilities: Vec<String>,
     /// Set once the stream ended: the status, or OK for a clean end.
     ended: Option<Status>,
 }
@@ -671,6 +673,7 @@ fn finish_open(
         dynamic_accounts: None,
         welcome: None,
         kind_statuses: VecDeque::new(),
+        capabilities: Vec::new(),
         ended: None,
     }
 }
@@ -815,6 +818,7 @@ impl FakeAgent {
             Some(Out::AgentReplicas(r)) => self.replicas = Some(r),
             Some(Out::DynamicAccounts(d)) => self.dynamic_accounts = Some(d),
             Some(Out::KindStatus(s)) => self.kind_statuses.push_back(s),
+            Some(Out::Capabilities(c)) => self.capabilities = c.capabilities,
             None => panic!("empty hub message"),
         }
         Ok(())

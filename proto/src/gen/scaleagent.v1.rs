@@ -56,7 +56,7 @@ pub struct AgentMessage {
     pub seq: u64,
     #[prost(
         oneof = "agent_message::Kind",
-        tags = "2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 19"
+        tags = "2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 19, 15"
     )]
     pub kind: ::core::option::Option<agent_message::Kind>,
 }
@@ -95,12 +95,17 @@ pub mod agent_message {
         /// collide with this one.
         #[prost(message, tag = "19")]
         DynamicAccountStatus(super::DynamicAccountStatus),
+        /// An account this agent cannot serve at all (item 11 of the contract). Sent only to a
+        /// hub that announced the "account-unavailable" capability (HubCapabilities): an older
+        /// hub ends a stream on a message it cannot read.
+        #[prost(message, tag = "15")]
+        AccountUnavailable(super::AccountUnavailable),
     }
 }
 /// Hub to agent.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct HubMessage {
-    #[prost(oneof = "hub_message::Kind", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 11")]
+    #[prost(oneof = "hub_message::Kind", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 11, 13")]
     pub kind: ::core::option::Option<hub_message::Kind>,
 }
 /// Nested message and enum types in `HubMessage`.
@@ -133,6 +138,10 @@ pub mod hub_message {
         /// know it ignore it.
         #[prost(message, tag = "11")]
         KindStatus(super::KindStatus),
+        /// What this hub understands beyond what Welcome says, sent right after Welcome (item 11
+        /// of the contract). Agents that do not know it ignore it.
+        #[prost(message, tag = "13")]
+        Capabilities(super::HubCapabilities),
     }
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -1161,6 +1170,25 @@ pub mod dynamic_account_status {
             }
         }
     }
+}
+/// Hub to agent, right after Welcome: the protocol features this hub understands, so an agent
+/// sends newer messages only to hubs that read them. "account-unavailable": AccountUnavailable.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct HubCapabilities {
+    #[prost(string, repeated, tag = "1")]
+    pub capabilities: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+}
+/// Agent to hub: this replica cannot serve the account at all (item 11 of the contract): its
+/// kubeconfig cannot be loaded, or its API server refuses the account's first request (401,
+/// 403) or cannot be reached. The agent keeps trying; a RegisterAccount of the account, once
+/// it can, supersedes this.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct AccountUnavailable {
+    #[prost(string, tag = "1")]
+    pub account: ::prost::alloc::string::String,
+    /// Why, in words for people: the agent's error, the API server's status in it.
+    #[prost(string, tag = "2")]
+    pub reason: ::prost::alloc::string::String,
 }
 /// Generated client implementations.
 pub mod agent_hub_client {
