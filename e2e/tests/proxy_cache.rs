@@ -1949,4 +1949,3 @@ async fn a_watch_across_a_hub_restart_ends_cleanly_and_resumes() -> anyhow::Resu
     reflector.abort();
     setup.stop().await
 }
-
