@@ -26,6 +26,9 @@ pub struct ProcStats {
     pub rss_anon_kib: u64,
     /// User plus system CPU time, seconds.
     pub cpu_secs: f64,
+    /// User plus system CPU time of its children that have ended and been waited for
+    /// (`getrusage(RUSAGE_CHILDREN)`), seconds.
+    pub children_cpu_secs: f64,
 }
 
 /// Reads `/proc/<pid>/status` and `/proc/<pid>/stat`.
@@ -58,6 +61,8 @@ pub fn proc_stats(pid: u32) -> Result<ProcStats> {
         rss_anon_kib: field("RssAnon:"),
         // utime and stime: fields 14 and 15 of stat, 11 and 12 after the command name.
         cpu_secs: (ticks(11) + ticks(12)) / USER_HZ,
+        // cutime and cstime: fields 16 and 17.
+        children_cpu_secs: (ticks(13) + ticks(14)) / USER_HZ,
     })
 }
 
@@ -95,6 +100,15 @@ impl CpuWindow {
             .collect();
         (used, self.started.elapsed().as_secs_f64())
     }
+}
+
+/// CPU seconds of this process's children that have ended and been waited for: around one
+/// child run alone (the long-lived hub, agent and control plane have not ended), the
+/// difference is that child's own user and system CPU time.
+pub fn ended_children_cpu() -> f64 {
+    proc_stats(std::process::id())
+        .map(|s| s.children_cpu_secs)
+        .unwrap_or(0.0)
 }
 
 /// A loopback port free right now.

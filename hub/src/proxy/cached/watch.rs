@@ -9,8 +9,9 @@
 //! whose own resume point is the watch's resourceVersion. A watch no single scope covers
 //! (all namespaces of an account watched per namespace) is tunnelled. Start: with no
 //! resourceVersion (or "0"), ADDED for every object, then the changes; from a version the
-//! history still holds, the changes after it; from an older one, an ERROR event with a `410
-//! Expired` Status (the API server's answer), after which clients list again. The watch
+//! history still holds, or one ahead of the scope's resume point, the changes after it;
+//! from an older one, an ERROR event with a `410 Expired` Status (the API server's answer),
+//! after which clients list again. The watch
 //! ends cleanly at `timeoutSeconds`, when the account's agent goes away (as the tunnelled
 //! watch did) or the hub shuts down (a watch that allows bookmarks first gets one at its
 //! position, where a restarted hub's history starts), and with a 410 ERROR when the kind is relisted or the watcher fell out of
@@ -400,11 +401,14 @@ fn start(
             Some((kind.info.clone(), filter, at(resume_rv), objects, None))
         }
         Some(rv) => {
+            // A version ahead of the scope's resume point (the client took it from the API
+            // server, or from a list of another scope) is served too: the watch shows the
+            // events after it, and the agent's watch of the scope delivers every event
+            // after the resume point, in order, so each event after `wanted` reaches this
+            // history (those between the two are before the watch's start, and never
+            // shown). A quiet scope's resume point moves only with the API server's
+            // bookmarks, about once a minute, so waiting for it would not do.
             let wanted: u64 = rv.parse().ok()?;
-            if wanted > resume_rv {
-                // The cache is not there yet; the API server is.
-                return None;
-            }
             let gone = history.since(wanted).is_none().then(|| {
                 format!(
                     "too old resource version: {wanted} ({}): the Scale Agent hub keeps the \
