@@ -637,7 +637,7 @@ fn file_contains(path: &Path, needle: &str) -> anyhow::Result<bool> {
 /// contents.
 async fn unpack_store_objects(data_dir: &Path, into: &Path) -> anyhow::Result<usize> {
     let mut store = scale_agent_hub::store::Store::open(data_dir)?;
-    let loaded = store.load()?;
+    let loaded = store.load().await?;
     store.close().await?;
     let mut text = Vec::new();
     let mut count = 0;
