@@ -496,12 +496,24 @@ impl RunningHub {
 /// Opens the store, loads the cache, binds both listeners and starts serving.
 pub async fn start(config: Config) -> Result<RunningHub> {
     config.validate()?;
-    let store = Store::open(&config.data_dir)?;
+    let store = Store::open_backend(&config.store, &config.data_dir).await?;
     let store_path = store
         .path()
         .map_or_else(|| config.data_dir.clone(), std::path::Path::to_path_buf);
     let store_location = store.location();
     let mut loaded = store.load().await?;
+    if store.loads_accounts_separately() {
+        // One replica owns every account: it reads each one's cache at start-up.
+        for (account, _) in &loaded.accounts {
+            let snapshot = store.load_account(account).await?;
+            if !snapshot.cache.kinds.is_empty() {
+                loaded
+                    .cache
+                    .accounts
+                    .insert(account.clone(), snapshot.cache);
+            }
+        }
+    }
     let operation_records = store.load_operation_records().await?;
     let mut state = HubState {
         cache: loaded.cache,

@@ -3,10 +3,12 @@
 //! Clouddriver, and the operation records of client ids. Writers hand a batch of
 //! [`StoreOp`]s to [`Store::commit`]: one transaction per batch.
 //!
-//! Backends behind one [`Store`]: `embedded` ([`redb`]), a redb file in the data directory,
-//! `<data-dir>/hub.redb`, for one replica.
+//! Two backends behind one [`Store`]:
+//! - `embedded` ([`redb`]): a redb file in the data directory, `<data-dir>/hub.redb`, for one
+//!   replica (the default).
+//! - `postgres` ([`postgres`]): a PostgreSQL database shared by several replicas.
 //!
-//! Why an enum over the backends rather than a trait object: they are few, all known here;
+//! Why an enum over the backends rather than a trait object: there are two, both known here;
 //! the store's methods are async (a trait would need boxed futures on every commit), and the
 //! hub keeps one concrete `Store` behind its lock, so the callers never see which backend
 //! they talk to. Backend-only needs (redb's reopen after an I/O error, PostgreSQL's fencing)
@@ -20,12 +22,14 @@
 //! older resume points: agents replay a few events, which is harmless (events are
 //! idempotent).
 
+mod postgres;
 mod redb;
 
 use std::{path::Path, sync::Arc, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
+pub use self::postgres::{Fencing, HeldEpoch, PostgresOptions};
 use crate::{
     agent_tokens::{AgentTokenRecord, EnrolledIdentity},
     cache::{AccountCache, Cache, CachedObject, KindInfo, KindKey, PackedJson},
@@ -115,7 +119,7 @@ pub enum StoreOp {
 impl StoreOp {
     /// Ops that must be on disk before the hub answers (a token it showed to someone, the
     /// key that derives tokens): their batch is committed durably.
-    fn needs_durability(&self) -> bool {
+    pub(crate) fn needs_durability(&self) -> bool {
         matches!(
             self,
             StoreOp::PutToken { .. }
@@ -223,12 +227,24 @@ pub struct AccountSnapshot {
 }
 
 /// Says whether a stored operation record is past its retention.
-pub type Expired = dyn Fn(&[u8]) -> bool + Send;
+pub type Expired = dyn Fn(&[u8]) -> bool + Send + Sync;
+
+/// Which backend keeps the hub's state (`--store`).
+#[derive(Clone, Debug, Default)]
+pub enum Backend {
+    /// redb in the data directory: one replica.
+    #[default]
+    Embedded,
+    /// A PostgreSQL database: one or several replicas.
+    Postgres(PostgresOptions),
+}
 
 /// The store, on one of its backends.
 pub enum Store {
     /// redb in the data directory.
     Embedded(redb::RedbStore),
+    /// A PostgreSQL database (boxed: it is the larger by far, and the store is one value).
+    Postgres(Box<postgres::PostgresStore>),
 }
 
 impl Store {
@@ -237,11 +253,44 @@ impl Store {
         redb::RedbStore::open(data_dir).map(Store::Embedded)
     }
 
+    /// Connects to PostgreSQL and brings its schema up to date (see
+    /// [`postgres::PostgresStore::open`]).
+    pub async fn open_postgres(options: &PostgresOptions) -> Result<Self> {
+        postgres::PostgresStore::open(options)
+            .await
+            .map(|store| Store::Postgres(Box::new(store)))
+    }
+
+    /// Opens the store `backend` names (the embedded one in `data_dir`).
+    pub async fn open_backend(backend: &Backend, data_dir: &Path) -> Result<Self> {
+        match backend {
+            Backend::Embedded => Self::open(data_dir),
+            Backend::Postgres(options) => Self::open_postgres(options).await,
+        }
+    }
+
+    /// Whether [`Store::load`] leaves out the accounts' cached data (kinds, objects, resume
+    /// points), to be read per account with [`Store::load_account`]: PostgreSQL, where a
+    /// replica reads only the accounts it owns.
+    pub fn loads_accounts_separately(&self) -> bool {
+        matches!(self, Store::Postgres(_))
+    }
+
+    /// Installs the fencing check of every later commit (PostgreSQL; the embedded store has
+    /// one replica and nothing to fence).
+    pub fn set_fencing(&mut self, fencing: Option<Fencing>) {
+        match self {
+            Store::Embedded(_) => {}
+            Store::Postgres(s) => s.set_fencing(fencing),
+        }
+    }
+
     /// Installs the test seam called before each commit ([`CommitHook`]).
     #[doc(hidden)]
     pub fn set_commit_hook(&mut self, hook: Option<CommitHook>) {
         match self {
             Store::Embedded(s) => s.set_commit_hook(hook),
+            Store::Postgres(s) => s.set_commit_hook(hook),
         }
     }
 
@@ -249,6 +298,7 @@ impl Store {
     pub fn path(&self) -> Option<&Path> {
         match self {
             Store::Embedded(s) => Some(s.path()),
+            Store::Postgres(_) => None,
         }
     }
 
@@ -256,12 +306,14 @@ impl Store {
     pub fn location(&self) -> String {
         match self {
             Store::Embedded(s) => s.path().display().to_string(),
+            Store::Postgres(s) => format!("postgres://{}", s.location()),
         }
     }
 
     pub fn is_open(&self) -> bool {
         match self {
             Store::Embedded(s) => s.is_open(),
+            Store::Postgres(s) => s.is_open(),
         }
     }
 
@@ -269,6 +321,7 @@ impl Store {
     pub async fn load(&self) -> Result<Loaded> {
         match self {
             Store::Embedded(s) => s.load(),
+            Store::Postgres(s) => s.load().await,
         }
     }
 
@@ -276,6 +329,7 @@ impl Store {
     pub async fn load_account(&self, account: &str) -> Result<AccountSnapshot> {
         match self {
             Store::Embedded(s) => s.load_account(account),
+            Store::Postgres(s) => s.load_account(account).await,
         }
     }
 
@@ -290,6 +344,7 @@ impl Store {
     pub async fn try_commit(&mut self, ops: Vec<StoreOp>, durable: bool) -> Result<(), Failed> {
         match self {
             Store::Embedded(s) => s.try_commit(ops, durable).await,
+            Store::Postgres(s) => s.try_commit(ops, durable).await,
         }
     }
 
@@ -297,6 +352,7 @@ impl Store {
     pub async fn flush(&mut self) -> Result<()> {
         match self {
             Store::Embedded(s) => s.flush().await,
+            Store::Postgres(s) => s.flush().await,
         }
     }
 
@@ -304,6 +360,7 @@ impl Store {
     pub async fn close(&mut self) -> Result<()> {
         match self {
             Store::Embedded(s) => s.close().await,
+            Store::Postgres(s) => s.close().await,
         }
     }
 
@@ -312,6 +369,7 @@ impl Store {
     pub fn operation_records(&self) -> Option<OperationRecords> {
         match self {
             Store::Embedded(s) => s.database().map(OperationRecords::Embedded),
+            Store::Postgres(s) => s.operation_records().map(OperationRecords::Postgres),
         }
     }
 
@@ -322,6 +380,7 @@ impl Store {
                 Some(db) => redb::load_operation_records(&db),
                 None => Ok(Vec::new()),
             },
+            Store::Postgres(s) => s.load_operation_records().await,
         }
     }
 }
@@ -334,6 +393,8 @@ impl Store {
 pub enum OperationRecords {
     /// Hold it for one write only: [`Store::close`] waits until every holder has let go.
     Embedded(Arc<::redb::Database>),
+    /// A connection of its own.
+    Postgres(postgres::PostgresRecords),
 }
 
 impl OperationRecords {
@@ -351,6 +412,11 @@ impl OperationRecords {
             })
             .await
             .map_err(|e| HubError::Task(e.to_string()))?,
+            OperationRecords::Postgres(records) => {
+                records
+                    .write(&key, value.as_deref(), expired.as_deref())
+                    .await
+            }
         }
     }
 }

@@ -250,15 +250,16 @@ impl RedbStore {
         let db = self.db.as_ref().ok_or(HubError::StoreClosed)?;
         let txn = db.begin_read().map_err(load_err)?;
         let accounts = txn.open_table(ACCOUNTS).map_err(load_err)?;
-        let record = match accounts.get(account).map_err(load_err)? {
-            Some(v) => Some(serde_json::from_slice::<AccountRecord>(v.value()).map_err(
-                |err| HubError::Corrupt {
-                    key: account.to_string(),
-                    message: err.to_string(),
-                },
-            )?),
-            None => None,
-        };
+        let record =
+            match accounts.get(account).map_err(load_err)? {
+                Some(v) => Some(serde_json::from_slice::<AccountRecord>(v.value()).map_err(
+                    |err| HubError::Corrupt {
+                        key: account.to_string(),
+                        message: err.to_string(),
+                    },
+                )?),
+                None => None,
+            };
         let mut cache = Cache::default();
         let (start, end) = prefix_range(account);
         let range = start.as_str()..end.as_str();
@@ -276,11 +277,7 @@ impl RedbStore {
         for row in objects.range(range.clone()).map_err(load_err)? {
             let (k, v) = row.map_err(load_err)?;
             let key = k.value();
-            let Some(kind) = key
-                .split('\0')
-                .nth(1)
-                .and_then(KindKey::from_storage_key)
-            else {
+            let Some(kind) = key.split('\0').nth(1).and_then(KindKey::from_storage_key) else {
                 continue;
             };
             let object = decode_object(&key.replace('\0', "/"), v.value())?;
