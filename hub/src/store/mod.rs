@@ -216,6 +216,21 @@ pub struct Failed {
     pub ops: Vec<StoreOp>,
 }
 
+/// Whether a commit of `ops` asked with `durable` is made durable: when asked, when the last
+/// durable commit (at `last_durable`) is older than [`DURABLE_EVERY`], or when an op needs it.
+/// `None`: there is nothing to write (no ops, and no non-durable commit to make durable).
+fn durable_commit(
+    ops: &[StoreOp],
+    durable: bool,
+    last_durable: std::time::Instant,
+    dirty: bool,
+) -> Option<bool> {
+    let durable = durable
+        || last_durable.elapsed() >= DURABLE_EVERY
+        || ops.iter().any(StoreOp::needs_durability);
+    (!ops.is_empty() || (durable && dirty)).then_some(durable)
+}
+
 /// One account as the store holds it, for a replica that takes the account over (see
 /// [`Store::load_account`]).
 #[derive(Debug, Default)]

@@ -30,8 +30,7 @@ use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
 use tokio_postgres::{Client, NoTls, Statement, types::ToSql};
 
 use super::{
-    AccountSnapshot, CommitHook, DURABLE_EVERY, Expired, Failed, Loaded, StoreOp, decode_object,
-    encode_object,
+    AccountSnapshot, CommitHook, Expired, Failed, Loaded, StoreOp, decode_object, encode_object,
 };
 use crate::{
     cache::{Cache, KindKey},
@@ -399,12 +398,10 @@ impl PostgresStore {
 
     /// See [`super::Store::try_commit`].
     pub async fn try_commit(&mut self, ops: Vec<StoreOp>, durable: bool) -> Result<(), Failed> {
-        let durable = durable
-            || self.last_durable.elapsed() >= DURABLE_EVERY
-            || ops.iter().any(StoreOp::needs_durability);
-        if ops.is_empty() && !(durable && self.dirty) {
+        let Some(durable) = super::durable_commit(&ops, durable, self.last_durable, self.dirty)
+        else {
             return Ok(());
-        }
+        };
         if let Err(error) = self.check_open() {
             return Err(Failed { error, ops });
         }

@@ -12,8 +12,7 @@ use std::{
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 
 use super::{
-    AccountSnapshot, CommitHook, DURABLE_EVERY, Expired, Failed, Loaded, StoreOp, decode_object,
-    encode_object,
+    AccountSnapshot, CommitHook, Expired, Failed, Loaded, StoreOp, decode_object, encode_object,
 };
 use crate::{
     cache::{Cache, KindInfo, KindKey},
@@ -307,16 +306,13 @@ impl RedbStore {
     }
 
     /// Writes a batch in one transaction, durably when `durable` (or when the last durable
-    /// commit is older than [`DURABLE_EVERY`], or an op needs it); on failure the batch is
+    /// commit is older than [`super::DURABLE_EVERY`], or an op needs it); on failure the batch is
     /// handed back.
     pub async fn try_commit(&mut self, ops: Vec<StoreOp>, durable: bool) -> Result<(), Failed> {
-        let durable = durable
-            || self.last_durable.elapsed() >= DURABLE_EVERY
-            || ops.iter().any(StoreOp::needs_durability);
-        if ops.is_empty() && !(durable && self.dirty) {
-            return Ok(());
+        match super::durable_commit(&ops, durable, self.last_durable, self.dirty) {
+            Some(durable) => self.write(ops, durable).await,
+            None => Ok(()),
         }
-        self.write(ops, durable).await
     }
 
     /// Whether `error` left redb unusable until the database is opened again (an I/O error
