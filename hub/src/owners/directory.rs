@@ -30,6 +30,8 @@ struct Table {
     history: Vec<Tenure>,
     /// The losses of each replica that joined.
     losses: BTreeMap<String, watch::Sender<u64>>,
+    /// Replicas killed: they acquire nothing any more (a dead process does not).
+    dead: std::collections::BTreeSet<String>,
 }
 
 /// The shared table; each hub gets a [`Member`] of it through
@@ -71,10 +73,12 @@ impl Directory {
         self.table().history.clone()
     }
 
-    /// What a replica's death (or the loss of its lock connection) does: everything it owns
-    /// is free at once, and it is told it lost it all.
+    /// What a replica's death does to its ownership: everything it owns is free at once,
+    /// it is told it lost it all (as when its lock connection breaks), and it acquires
+    /// nothing any more.
     pub fn kill(&self, replica: &str) {
         let mut table = self.table();
+        table.dead.insert(replica.to_string());
         release_all(&mut table, replica);
         if let Some(losses) = table.losses.get(replica) {
             losses.send_modify(|n| *n += 1);
@@ -127,6 +131,12 @@ impl Ownership for Member {
 
     async fn try_acquire(&self, account: &str) -> Result<Claim> {
         let mut table = self.directory.table();
+        if table.dead.contains(&self.replica.id) {
+            return Err(crate::error::HubError::Ownership(format!(
+                "replica {} was killed",
+                self.replica.id
+            )));
+        }
         if let Some(owner) = table.owners.get(account) {
             return Ok(if owner.replica == self.replica.id {
                 Claim::Acquired { epoch: owner.epoch }

@@ -270,6 +270,10 @@ pub(crate) async fn internal_auth(
     };
     let from = header(request.headers(), FORWARDED_BY);
     let caller = header(request.headers(), FORWARDED_FOR);
+    // The channel's own headers stop here: the agent replays what the client sent.
+    for name in [FORWARDED_BY, FORWARDED_FOR] {
+        request.headers_mut().remove(name);
+    }
     request.extensions_mut().insert(Caller {
         name: if caller.is_empty() {
             format!("replica {from}")
