@@ -5,7 +5,7 @@ SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
 
-.PHONY: help test demo bench control-plane nginx tinyproxy toxiproxy fmt lint unit crds proto
+.PHONY: help test demo bench control-plane nginx tinyproxy postgres toxiproxy fmt lint unit crds proto
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -19,11 +19,14 @@ nginx: ## Unpack nginx from Debian's packages for the gRPC proxy tests (cached, 
 tinyproxy: ## Unpack tinyproxy from Debian's packages for the egress proxy tests (cached, no system-wide install)
 	@e2e/tinyproxy/install.sh
 
+postgres: ## Unpack the PostgreSQL 15 server from Debian's packages for the hub's PostgreSQL tests (cached, no system-wide install)
+	@e2e/postgres/install.sh
+
 .PHONY: lua
 lua: ## Unpack Lua 5.1 from Debian's packages for the Argo CD health check tests (cached, no system-wide install)
 	@e2e/lua/install.sh
 
-test: control-plane nginx tinyproxy lua ## Formatting, lints, and every test including the end-to-end ones
+test: control-plane nginx tinyproxy lua postgres ## Formatting, lints, and every test including the end-to-end ones
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 	$(CARGO) test --workspace --locked --no-fail-fast

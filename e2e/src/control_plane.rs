@@ -852,7 +852,7 @@ fn new_run_dir() -> Result<PathBuf> {
 
 /// Removes run directories whose owning process has died without cleaning up (killed
 /// outright); their components died with it.
-fn sweep_stale_runs(root: &Path) {
+pub(crate) fn sweep_stale_runs(root: &Path) {
     let Ok(entries) = fs::read_dir(root) else {
         return;
     };

@@ -119,6 +119,24 @@ pub enum Error {
     )]
     TinyproxyMissing { path: PathBuf },
 
+    /// PostgreSQL (Debian's packages, unpacked into the cache) is not there.
+    #[error(
+        "PostgreSQL is not installed at {path}: run `make postgres` (e2e/postgres/install.sh) \
+         once; make test does"
+    )]
+    PostgresMissing { path: PathBuf },
+
+    /// Making a PostgreSQL cluster for the tests failed (initdb, its user and database).
+    #[error("PostgreSQL set-up: {what} failed:\n{output}")]
+    PostgresSetup { what: String, output: String },
+
+    #[error("failed to {action}: {}", postgres_text(source))]
+    Postgres {
+        action: String,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+
     /// Lua 5.1 (Debian's package, unpacked into the cache) is not there.
     #[error(
         "lua5.1 is not installed at {path}: run `make lua` (e2e/lua/install.sh) once; make \
@@ -136,6 +154,14 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A tokio-postgres error with its cause: its own text is only the kind ("db error").
+pub fn postgres_text(error: &tokio_postgres::Error) -> String {
+    match std::error::Error::source(error) {
+        Some(cause) => format!("{error}: {cause}"),
+        None => error.to_string(),
+    }
+}
 
 /// Wraps an `io::Error` with what was being done, so the message says what to look at.
 pub(crate) fn io_err(action: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {

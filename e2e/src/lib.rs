@@ -28,6 +28,7 @@ pub mod nginx;
 pub mod oci;
 pub mod operator;
 pub mod pki;
+pub mod postgres;
 pub mod process;
 pub mod relay;
 pub mod tinyproxy;

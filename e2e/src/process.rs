@@ -84,16 +84,40 @@ pub fn send_signal(pid: u32, signal: i32) {
     }
 }
 
+/// The state letter and parent pid of `pid`, from /proc.
+fn state_and_parent(pid: &str) -> Option<(String, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The state follows the command name in parentheses, which may itself hold spaces;
+    // the parent's pid comes next.
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+    let state = fields.next()?.to_string();
+    let parent = fields.next()?.parse().ok()?;
+    Some((state, parent))
+}
+
+fn is_live_state(state: &str) -> bool {
+    state != "Z" && state != "X"
+}
+
 /// Whether a process with this pid exists (and is not a zombie).
 pub fn is_alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the command name in parentheses, which may itself hold spaces.
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X"),
-        Err(_) => false,
-    }
+    state_and_parent(&pid.to_string()).is_some_and(|(state, _)| is_live_state(&state))
+}
+
+/// The live children of `pid` (for servers whose workers leave its process group, such as
+/// PostgreSQL's, which call setsid).
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|child| {
+            state_and_parent(&child.to_string())
+                .is_some_and(|(state, parent)| parent == pid && is_live_state(&state))
+        })
+        .collect()
 }
 
 /// Waits up to `within` for every named process to be gone; returns those still alive.
@@ -208,6 +232,11 @@ impl ManagedProcess {
             log: self.log.clone(),
             log_tail: tail(&self.log, 20),
         }
+    }
+
+    /// Whether the process has exited (and been reaped).
+    pub fn has_exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)) | Err(_))
     }
 
     /// Asks the process to stop, and kills it when it has not stopped after `grace`.

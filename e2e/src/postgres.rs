@@ -1,0 +1,561 @@
+//! A real PostgreSQL server for the tests of the hub's PostgreSQL store and of several hub
+//! replicas: Debian's postgresql-15, unpacked by `e2e/postgres/install.sh` (`make postgres`)
+//! into the cache and run from its own binaries (no pg_ctl, no postgresql-common).
+//!
+//! ```no_run
+//! # async fn example() -> scale_agent_e2e::Result<()> {
+//! use scale_agent_e2e::postgres::PostgresServer;
+//! let mut server = PostgresServer::start().await?;
+//! let client = server.connect().await?;
+//! client.batch_execute("CREATE TABLE t (v text)").await.unwrap();
+//! server.kill(); // SIGKILL, as a crash
+//! server.restart().await?; // same port, same data
+//! # Ok(()) }
+//! ```
+//!
+//! Each server gets its own directory, a free loopback port, a database and a password user
+//! who owns it (`url()`), and a superuser for what a test may need beyond that
+//! (`superuser_url()`). Start-up is fast: `initdb` runs once per test process into a template
+//! cluster that each server copies, and the servers run with `fsync=off`. That loses nothing
+//! a test can observe: a killed server's writes are in the kernel's page cache, which its
+//! restart reads; only a machine crash would lose them.
+//!
+//! PostgreSQL refuses to run as root. When the tests run as root, initdb and postgres run as
+//! uid and gid 65534 (nobody) without supplementary groups, on directories chowned to it,
+//! from a copy (hard links when it can) of the unpacked packages in a place it can read:
+//! the cache is under root's home, which others cannot enter.
+
+use std::{
+    fs,
+    io::Write,
+    os::unix::{fs::PermissionsExt, process::CommandExt},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::{
+        OnceLock,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use tokio_postgres::{Client, NoTls};
+
+use crate::{
+    binaries::cache_root,
+    error::{Error, Result, io_err, postgres_text},
+    process::{self, ManagedProcess},
+};
+
+/// The PostgreSQL major version `e2e/postgres/install.sh` unpacks.
+pub const MAJOR: &str = "15";
+/// The database of `url()`, owned by [`USER`].
+pub const DATABASE: &str = "scale_agent";
+/// The password user of `url()`: not a superuser, as a hub would be given.
+pub const USER: &str = "scale_agent";
+/// The superuser initdb creates, for `superuser_url()`.
+pub const SUPERUSER: &str = "postgres";
+
+/// Who runs PostgreSQL when the tests run as root: nobody.
+const UNPRIVILEGED: u32 = 65534;
+/// How long a server may take to accept connections (crash recovery included).
+const READY: Duration = Duration::from_secs(60);
+/// How long a fast shutdown may take before the server is killed.
+const SHUTDOWN: Duration = Duration::from_secs(30);
+/// How long killed processes may take to be gone.
+const KILLED: Duration = Duration::from_secs(10);
+
+/// The unpacked packages, where the user that runs PostgreSQL can read them.
+struct Install {
+    /// `usr/lib/postgresql/15/bin`.
+    bin: PathBuf,
+    /// The unpacked libraries' directories, for `LD_LIBRARY_PATH`.
+    library_path: String,
+    /// The uid (and gid) to run as, when the tests run as root.
+    run_as: Option<u32>,
+    /// Where the servers' directories go.
+    runs: PathBuf,
+}
+
+impl Install {
+    /// A command running `program` from the install as the right user, in `dir`.
+    fn command(&self, program: &str, dir: &Path) -> Command {
+        let mut command = Command::new(self.bin.join(program));
+        command
+            .current_dir(dir)
+            .env("LD_LIBRARY_PATH", &self.library_path)
+            // GMT needs no zoneinfo files (PostgreSQL knows it), and the tests need no other.
+            .env("TZ", "GMT");
+        if let Some(id) = self.run_as {
+            // std sets the gid, drops the supplementary groups and then sets the uid, as
+            // `setpriv --reuid --regid --clear-groups` would.
+            command.uid(id).gid(id);
+        }
+        command
+    }
+
+    /// Hands `path` to the user that runs PostgreSQL.
+    fn chown(&self, path: &Path) -> Result<()> {
+        match self.run_as {
+            Some(id) => std::os::unix::fs::lchown(path, Some(id), Some(id))
+                .map_err(io_err(format!("chown {} to uid {id}", path.display()))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// `init` once per process; a failure is kept (as text) for later callers, the first
+/// caller gets the error itself.
+fn once<T>(
+    cell: &'static OnceLock<Result<T, String>>,
+    init: impl FnOnce() -> Result<T>,
+) -> Result<&'static T> {
+    let mut first = None;
+    let value = cell.get_or_init(|| {
+        init().map_err(|error| {
+            let text = error.to_string();
+            first = Some(error);
+            text
+        })
+    });
+    match value {
+        Ok(value) => Ok(value),
+        Err(text) => Err(first.unwrap_or_else(|| Error::PostgresSetup {
+            what: "an earlier start in this process".into(),
+            output: text.clone(),
+        })),
+    }
+}
+
+fn install() -> Result<&'static Install> {
+    static INSTALL: OnceLock<Result<Install, String>> = OnceLock::new();
+    once(&INSTALL, find_install)
+}
+
+fn find_install() -> Result<Install> {
+    let current = cache_root().join("postgres").join("current");
+    let bin = format!("usr/lib/postgresql/{MAJOR}/bin");
+    let missing = || Error::PostgresMissing {
+        path: current.join(&bin).join("postgres"),
+    };
+    let tree = fs::canonicalize(&current).map_err(|_| missing())?;
+    if !tree.join(&bin).join("postgres").is_file() {
+        return Err(missing());
+    }
+    let library_dirs = fs::read_to_string(tree.join(".library-dirs")).map_err(|_| missing())?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    #[allow(unsafe_code)]
+    let euid = unsafe { libc::geteuid() };
+    let run_as = (euid == 0).then_some(UNPRIVILEGED);
+    let runs = std::env::temp_dir().join(format!("scale-agent-postgres-{euid}"));
+    create_dir_for_all(&runs)?;
+    crate::control_plane::sweep_stale_runs(&runs);
+    let tree = match run_as {
+        Some(_) => stage(&tree, &runs)?,
+        None => tree,
+    };
+    let library_path = library_dirs
+        .lines()
+        .filter(|line| !line.is_empty())
+        .map(|dir| tree.join(dir).display().to_string())
+        .collect::<Vec<_>>()
+        .join(":");
+    Ok(Install {
+        bin: tree.join(bin),
+        library_path,
+        run_as,
+        runs,
+    })
+}
+
+/// Creates `dir` (and its parents) readable by everyone, whatever the umask.
+fn create_dir_for_all(dir: &Path) -> Result<()> {
+    fs::create_dir_all(dir).map_err(io_err(format!("create {}", dir.display())))?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o755))
+        .map_err(io_err(format!("chmod {}", dir.display())))
+}
+
+/// A copy of the unpacked packages in `runs`, shared by the test processes (made once per
+/// version: a copy in progress has another name until it is complete).
+fn stage(tree: &Path, runs: &Path) -> Result<PathBuf> {
+    let version = tree
+        .file_name()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let staged = runs.join(format!("install-{version}"));
+    if staged.is_dir() {
+        return Ok(staged);
+    }
+    let partial = runs.join(format!("install-{version}.{}", std::process::id()));
+    let _ = fs::remove_dir_all(&partial);
+    copy_tree(tree, &partial, true, &|_| Ok(()))?;
+    if fs::rename(&partial, &staged).is_err() {
+        // Another test process staged it first.
+        let _ = fs::remove_dir_all(&partial);
+    }
+    Ok(staged)
+}
+
+/// Copies the tree `from` to `to` with its modes, hard-linking files when `link` (copying
+/// when the link fails, e.g. across file systems), and calls `own` on everything made.
+fn copy_tree(from: &Path, to: &Path, link: bool, own: &dyn Fn(&Path) -> Result<()>) -> Result<()> {
+    let mode = fs::metadata(from)
+        .map_err(io_err(format!("read {}", from.display())))?
+        .permissions();
+    fs::create_dir(to).map_err(io_err(format!("create {}", to.display())))?;
+    fs::set_permissions(to, mode).map_err(io_err(format!("chmod {}", to.display())))?;
+    for entry in fs::read_dir(from).map_err(io_err(format!("read {}", from.display())))? {
+        let entry = entry.map_err(io_err(format!("read {}", from.display())))?;
+        let (source, target) = (entry.path(), to.join(entry.file_name()));
+        let kind = entry
+            .file_type()
+            .map_err(io_err(format!("read {}", source.display())))?;
+        if kind.is_dir() {
+            copy_tree(&source, &target, link, own)?;
+            continue;
+        }
+        if kind.is_symlink() {
+            let points_to =
+                fs::read_link(&source).map_err(io_err(format!("read {}", source.display())))?;
+            std::os::unix::fs::symlink(points_to, &target)
+                .map_err(io_err(format!("create {}", target.display())))?;
+        } else if !(link && fs::hard_link(&source, &target).is_ok()) {
+            fs::copy(&source, &target).map_err(io_err(format!(
+                "copy {} to {}",
+                source.display(),
+                target.display()
+            )))?;
+        }
+        own(&target)?;
+    }
+    own(to)
+}
+
+/// A cluster initdb made once per test process, which each server copies.
+struct Template {
+    data: PathBuf,
+    password: String,
+}
+
+fn template() -> Result<&'static Template> {
+    static TEMPLATE: OnceLock<Result<Template, String>> = OnceLock::new();
+    once(&TEMPLATE, || make_template(install()?))
+}
+
+/// A directory in `runs` for this process, removed when it exits (or by the next run's
+/// sweep when it is killed), handed to the user that runs PostgreSQL.
+fn run_dir(install: &Install, name: &str) -> Result<PathBuf> {
+    let dir = install.runs.join(format!("{}-{name}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    create_dir_for_all(&dir)?;
+    fs::write(dir.join("owner.pid"), std::process::id().to_string())
+        .map_err(io_err("write owner.pid"))?;
+    process::remove_at_exit(dir.clone());
+    install.chown(&dir)?;
+    Ok(dir)
+}
+
+fn make_template(install: &Install) -> Result<Template> {
+    let dir = run_dir(install, "template")?;
+    let data = dir.join("data");
+    let password = format!("{:032x}", rand::random::<u128>());
+    let password_file = dir.join("password");
+    fs::write(&password_file, &password).map_err(io_err("write the superuser's password"))?;
+    install.chown(&password_file)?;
+    // The C locale and UTF-8 need no locales package; --no-sync because nothing here
+    // must survive a machine crash.
+    let mut initdb = install.command("initdb", &dir);
+    initdb
+        .arg("--pgdata")
+        .arg(&data)
+        .args([
+            "--no-sync",
+            "--no-locale",
+            "--encoding=UTF8",
+            "--no-instructions",
+        ])
+        .args(["--username", SUPERUSER, "--auth=scram-sha-256"])
+        .arg(format!("--pwfile={}", password_file.display()));
+    let output = initdb.output().map_err(io_err(format!(
+        "run {}",
+        install.bin.join("initdb").display()
+    )))?;
+    let _ = fs::remove_file(&password_file);
+    if !output.status.success() {
+        return Err(Error::PostgresSetup {
+            what: format!("initdb ({})", output.status),
+            output: output_text(&output.stdout, &output.stderr),
+        });
+    }
+    // The user and database, in single-user mode: no server, no client needed. Its
+    // statements end at a newline; it reports errors on stderr but still exits 0.
+    let sql = format!(
+        "CREATE ROLE {USER} LOGIN PASSWORD '{password}';\n\
+         CREATE DATABASE {DATABASE} OWNER {USER};\n"
+    );
+    let mut single = install.command("postgres", &dir);
+    single
+        .arg("--single")
+        .arg("-D")
+        .arg(&data)
+        .args(["-c", "fsync=off", "-c", "jit=off", "postgres"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = single
+        .spawn()
+        .map_err(io_err("start postgres in single-user mode"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(sql.as_bytes())
+            .map_err(io_err("write to postgres in single-user mode"))?;
+    }
+    let output = child
+        .wait_with_output()
+        .map_err(io_err("wait for postgres in single-user mode"))?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() || stderr.contains("ERROR:") || stderr.contains("FATAL:") {
+        return Err(Error::PostgresSetup {
+            what: format!("creating the user and database ({})", output.status),
+            output: output_text(&output.stdout, &output.stderr),
+        });
+    }
+    Ok(Template { data, password })
+}
+
+fn output_text(stdout: &[u8], stderr: &[u8]) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(stdout),
+        String::from_utf8_lossy(stderr)
+    )
+}
+
+/// A running (or killed, or stopped) PostgreSQL server with its own data.
+pub struct PostgresServer {
+    install: &'static Install,
+    dir: PathBuf,
+    data: PathBuf,
+    port: u16,
+    password: String,
+    process: Option<ManagedProcess>,
+    /// How many times it was started: each start logs to its own file.
+    starts: u32,
+}
+
+impl PostgresServer {
+    /// Starts a server with a fresh cluster (a copy of the template) on a free loopback
+    /// port, and waits until its user can connect.
+    pub async fn start() -> Result<PostgresServer> {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let number = NEXT.fetch_add(1, Ordering::Relaxed);
+        let (install, template, dir) = blocking(move || {
+            let install = install()?;
+            let template = template()?;
+            let dir = run_dir(install, &number.to_string())?;
+            copy_tree(&template.data, &dir.join("data"), false, &|path| {
+                install.chown(path)
+            })?;
+            Ok((install, template, dir))
+        })
+        .await?;
+        let mut server = PostgresServer {
+            install,
+            data: dir.join("data"),
+            dir,
+            port: crate::local_agent::free_port()?,
+            password: template.password.clone(),
+            process: None,
+            starts: 0,
+        };
+        server.launch().await?;
+        Ok(server)
+    }
+
+    /// `postgres://scale_agent:<password>@127.0.0.1:<port>/scale_agent`.
+    pub fn url(&self) -> String {
+        self.url_for(USER)
+    }
+
+    /// The same database as the superuser.
+    pub fn superuser_url(&self) -> String {
+        self.url_for(SUPERUSER)
+    }
+
+    fn url_for(&self, user: &str) -> String {
+        format!(
+            "postgres://{user}:{}@127.0.0.1:{}/{DATABASE}",
+            self.password, self.port
+        )
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The data directory.
+    pub fn data_dir(&self) -> &Path {
+        &self.data
+    }
+
+    /// The log of the latest start (each start has its own file beside it).
+    pub fn log(&self) -> PathBuf {
+        self.dir.join(format!("postgres-{}.log", self.starts))
+    }
+
+    /// The postmaster's pid while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.as_ref().map(ManagedProcess::pid)
+    }
+
+    /// A client connected as `url()`'s user (its connection runs on a spawned task).
+    pub async fn connect(&self) -> Result<Client> {
+        connect(&self.url()).await
+    }
+
+    /// SIGKILLs the server and every process it started, as a crash of the database
+    /// server: every session ends at once, and the next start recovers from the WAL.
+    pub fn kill(&mut self) {
+        let Some(mut postmaster) = self.process.take() else {
+            return;
+        };
+        let pid = postmaster.pid();
+        // Frozen, it cannot start new workers while its children are listed. Its children
+        // call setsid, so a signal to its process group would not reach them.
+        process::send_signal(pid, libc::SIGSTOP);
+        let children = process::children_of(pid);
+        process::send_signal(pid, libc::SIGKILL);
+        for child in &children {
+            process::send_signal(*child, libc::SIGKILL);
+        }
+        // A restart must not find the old processes still attached to the shared memory.
+        let deadline = Instant::now() + KILLED;
+        while Instant::now() < deadline
+            && (!postmaster.has_exited() || children.iter().any(|c| process::is_alive(*c)))
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Stops the server with a fast shutdown (sessions are ended, their open transactions
+    /// rolled back, a checkpoint written), killing it when that takes longer than 30 s.
+    /// SIGTERM would be a smart shutdown, which waits for every client to disconnect.
+    pub async fn stop(&mut self) {
+        let Some(postmaster) = self.process.as_ref() else {
+            return;
+        };
+        process::send_signal(postmaster.pid(), libc::SIGINT);
+        let deadline = Instant::now() + SHUTDOWN;
+        while let Some(postmaster) = self.process.as_mut() {
+            if postmaster.has_exited() {
+                self.process = None;
+            } else if Instant::now() > deadline {
+                tracing::warn!(log = %self.log().display(), "postgres did not stop in time; killing it");
+                self.kill();
+            } else {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+
+    /// Starts the server again on the same port and data (stopping it first if it runs),
+    /// and waits until its user can connect.
+    pub async fn restart(&mut self) -> Result<()> {
+        self.stop().await;
+        self.launch().await
+    }
+
+    async fn launch(&mut self) -> Result<()> {
+        self.starts += 1;
+        let mut command = self.install.command("postgres", &self.dir);
+        command.arg("-D").arg(&self.data);
+        for setting in [
+            "listen_addresses=127.0.0.1".to_string(),
+            format!("port={}", self.port),
+            // No Unix socket: its default directory (/var/run/postgresql) may not exist.
+            "unix_socket_directories=".into(),
+            // See the module's comment. full_page_writes guards against torn pages in a
+            // machine crash only.
+            "fsync=off".into(),
+            "full_page_writes=off".into(),
+            // The JIT's LLVM is not unpacked.
+            "jit=off".into(),
+            // Tests hold little data, and several servers run at once.
+            "shared_buffers=16MB".into(),
+        ] {
+            command.arg("-c").arg(setting);
+        }
+        let process = ManagedProcess::spawn_command("postgres", command, self.log())?;
+        self.process = Some(process);
+        self.wait_ready().await
+    }
+
+    async fn wait_ready(&mut self) -> Result<()> {
+        let started = Instant::now();
+        let url = self.url();
+        loop {
+            if let Some(process) = self.process.as_mut() {
+                process.ensure_running()?;
+            }
+            let last_error = match connect(&url).await {
+                Ok(client) => match client.simple_query("SELECT 1").await {
+                    Ok(_) => return Ok(()),
+                    Err(error) => postgres_text(&error),
+                },
+                Err(error) => error.to_string(),
+            };
+            if started.elapsed() > READY {
+                return Err(Error::NotReady {
+                    component: "postgres",
+                    waited_secs: READY.as_secs(),
+                    log: self.log(),
+                    log_tail: format!(
+                        "{}\n(last connection attempt: {last_error})",
+                        process::tail(&self.log(), 20)
+                    ),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for PostgresServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A client connected to `url`, its connection running on a spawned task.
+pub async fn connect(url: &str) -> Result<Client> {
+    let mut config: tokio_postgres::Config = url.parse().map_err(|source| Error::Postgres {
+        action: "parse a PostgreSQL URL".into(),
+        source,
+    })?;
+    config.connect_timeout(Duration::from_secs(5));
+    let (client, connection) = config
+        .connect(NoTls)
+        .await
+        .map_err(|source| Error::Postgres {
+            action: "connect to PostgreSQL".into(),
+            source,
+        })?;
+    tokio::spawn(async move {
+        if let Err(error) = connection.await {
+            tracing::debug!(%error, "PostgreSQL connection ended");
+        }
+    });
+    Ok(client)
+}
+
+/// Runs blocking set-up work (initdb, copies) off the async threads.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|error| Error::PostgresSetup {
+            what: "the set-up task".into(),
+            output: error.to_string(),
+        })?
+}
