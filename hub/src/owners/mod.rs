@@ -26,6 +26,7 @@
 pub mod directory;
 pub(crate) mod duty;
 pub mod forward;
+pub mod postgres;
 
 use std::sync::Arc;
 
@@ -125,6 +126,8 @@ pub enum OwnershipSource {
     Embedded,
     /// Replicas in one process share this directory (tests, embedding).
     Directory(Arc<directory::Directory>),
+    /// PostgreSQL advisory locks; the URL (with its password) is never logged.
+    Postgres { url: String },
 }
 
 impl std::fmt::Debug for OwnershipSource {
@@ -132,6 +135,7 @@ impl std::fmt::Debug for OwnershipSource {
         match self {
             OwnershipSource::Embedded => f.write_str("Embedded"),
             OwnershipSource::Directory(_) => f.write_str("Directory"),
+            OwnershipSource::Postgres { .. } => f.write_str("Postgres(<url redacted>)"),
         }
     }
 }
@@ -161,6 +165,9 @@ pub async fn open(
     Ok(match source {
         OwnershipSource::Embedded => Arc::new(Embedded::default()),
         OwnershipSource::Directory(directory) => Arc::new(directory.member(replica.clone())),
+        OwnershipSource::Postgres { url } => {
+            Arc::new(postgres::PostgresOwnership::connect(url, replica.clone()).await?)
+        }
     })
 }
 
