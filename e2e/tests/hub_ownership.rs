@@ -7,6 +7,9 @@
 //! other replica reaches the owner's agent, a PostgreSQL restart ends the owned streams and
 //! ownership is taken again, and a stopped owner's account moves to the other replica.
 
+// Test code: a failed set-up should panic.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{path::PathBuf, time::Duration};
 
 use scale_agent_e2e::postgres::{self, PostgresServer};

@@ -4,6 +4,9 @@
 //! channel (never further); when the owner dies, a replica with a standby agent takes the
 //! account and promotes it, and the history of owners shows no overlap.
 
+// Test code: a failed set-up should panic.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::{path::PathBuf, sync::Arc, time::Duration};

@@ -115,7 +115,7 @@ impl PostgresOwnership {
             ))
         })?;
         config.connect_timeout(CONNECT_TIMEOUT);
-        config.application_name(&format!("scale-agent-hub {} ownership", self.replica.id));
+        config.application_name(format!("scale-agent-hub {} ownership", self.replica.id));
         let (client, connection) = config
             .connect(NoTls)
             .await
