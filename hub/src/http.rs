@@ -120,7 +120,7 @@ async fn submit_operation(
         && let Some(forwarder) = &hub.forwarder
     {
         let answer = forwarder
-            .send(&hub, &owner, Some(&caller.name), request)
+            .send(&hub, &owner, Some(&caller.name), request, false)
             .await
             .unwrap_or_else(IntoResponse::into_response);
         let subject = crate::audit::OperationSubject::of(None);

@@ -223,3 +223,81 @@ async fn requests_reach_the_owner_and_a_standby_replica_takes_over_when_it_dies(
     drop(y);
     b.stop().await;
 }
+
+/// An owner that dies in the middle of a forwarded watch (its connection cut, as at a kill
+/// -9): the watch ends cleanly on the replica the client reached, so the client watches
+/// again; any other body cut short stays an error.
+#[tokio::test]
+async fn a_forwarded_watch_ends_cleanly_when_its_owner_dies() {
+    use scale_agent_hub::owners::{Claim, Ownership as _, ReplicaIdentity};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let pki = Pki::new();
+    let directory = Directory::new();
+    let b = replica(&pki, &directory, "hub-b").await;
+    // The owner: answers the head and a first event, then its connection is cut.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let ghost = directory.member(ReplicaIdentity {
+        id: "hub-ghost".into(),
+        address: format!("http://{}", listener.local_addr().unwrap()),
+    });
+    assert_eq!(
+        ghost.try_acquire("prod").await.unwrap(),
+        Claim::Acquired { epoch: 1 }
+    );
+    let server = tokio::spawn(async move {
+        for _ in 0..2 {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = socket.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the forwarded request ended early");
+                head.extend_from_slice(&buf[..n]);
+            }
+            let head = String::from_utf8_lossy(&head).to_string();
+            assert!(head.contains(&format!("Bearer {SECRET}")), "{head}");
+            socket
+                .write_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                      transfer-encoding: chunked\r\n\r\n7\r\n{\"a\":1}\r\n",
+                )
+                .await
+                .unwrap();
+            socket.flush().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            drop(socket);
+        }
+    });
+    // hub-b knows the account (a standby of it) and forwards to its owner.
+    let mut y = tunnel_agent(&b.hub, &pki, "agent.test", "pod-y").await;
+    assert_eq!(
+        role(&y.register("prod", "https://10.0.0.1:6443").await),
+        Role::Standby
+    );
+    let token = token_for(&b.http, &b.admin, "prod").await;
+    let watch = b
+        .http
+        .request("GET", "/clusters/prod/api/v1/configmaps?watch=true")
+        .header("authorization", format!("Bearer {token}"))
+        .body(empty())
+        .unwrap();
+    let response = b.http.send(watch).await;
+    assert_eq!(response.status(), 200);
+    let (body, error) = read_to_end(response.into_body()).await;
+    assert_eq!(body, br#"{"a":1}"#);
+    assert!(error.is_none(), "the watch broke: {error:?}");
+    // A list cut short is not complete: its client sees the error.
+    let list = b
+        .http
+        .request("GET", "/clusters/prod/api/v1/configmaps")
+        .header("authorization", format!("Bearer {token}"))
+        .body(empty())
+        .unwrap();
+    let response = b.http.send(list).await;
+    let (_, error) = read_to_end(response.into_body()).await;
+    assert!(error.is_some(), "a cut list must not look complete");
+    server.await.unwrap();
+    drop(y);
+    b.stop().await;
+}

@@ -118,13 +118,16 @@ impl Forwarder {
     }
 
     /// Sends `request` to `owner` and hands back its answer, its body streamed.
-    /// `caller` names who the client was here, for the owner's audit.
+    /// `caller` names who the client was here, for the owner's audit. A watch (or a log
+    /// follow: `ends_cleanly`) whose owner goes away in the middle ends cleanly, as a watch
+    /// the API server ends, so that its client watches again (through the next owner).
     pub(crate) async fn send(
         &self,
         hub: &Hub,
         owner: &OwnerInfo,
         caller: Option<&str>,
         mut request: Request,
+        ends_cleanly: bool,
     ) -> Result<Response, Status> {
         let path_and_query = request
             .uri()
@@ -184,7 +187,23 @@ impl Forwarder {
         }
         let (mut parts, body) = response.into_parts();
         strip_hop_by_hop(&mut parts.headers, parts.status);
-        Ok(Response::from_parts(parts, Body::new(body)))
+        let body = if ends_cleanly {
+            use futures::StreamExt as _;
+            use http_body_util::BodyExt as _;
+            let replica = owner.replica.clone();
+            Body::from_stream(body.into_data_stream().scan((), move |(), chunk| {
+                std::future::ready(match chunk {
+                    Ok(bytes) => Some(Ok::<_, std::io::Error>(bytes)),
+                    Err(error) => {
+                        tracing::info!(owner = %replica, %error, "the owner of a forwarded watch went away; the watch ends");
+                        None
+                    }
+                })
+            }))
+        } else {
+            Body::new(body)
+        };
+        Ok(Response::from_parts(parts, body))
     }
 }
 

@@ -215,7 +215,10 @@ async fn proxy(hub: &Arc<Hub>, request: Request) -> Result<(Response, Served), S
         crate::owners::forward::owner_elsewhere(hub, &account, request.extensions()).await
         && let Some(forwarder) = &hub.forwarder
     {
-        let response = forwarder.send(hub, &owner, None, request).await?;
+        let ends_cleanly = is_long_running(request.method(), api_path, request.uri().query());
+        let response = forwarder
+            .send(hub, &owner, None, request, ends_cleanly)
+            .await?;
         return Ok((response, Served::Owner));
     }
     if !hub.state().registry.accounts.contains_key(&account) {
@@ -278,7 +281,7 @@ async fn proxy(hub: &Arc<Hub>, request: Request) -> Result<(Response, Served), S
 
 /// A watch or a followed log: its response ends cleanly when the agent goes away, the way
 /// the API server ends a watch, and clients start a new one.
-fn is_long_running(method: &Method, path: &str, query: Option<&str>) -> bool {
+pub(crate) fn is_long_running(method: &Method, path: &str, query: Option<&str>) -> bool {
     if method != Method::GET {
         return false;
     }
