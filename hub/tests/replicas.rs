@@ -28,7 +28,10 @@ struct Replica {
 }
 
 async fn replica(pki: &Pki, directory: &Arc<Directory>, name: &str) -> Replica {
-    let dir = data_dir(&format!("replicas-{name}"));
+    // Tests run side by side in one process: each replica has a directory of its own.
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = data_dir(&format!("replicas-{name}-{n}"));
     let port = free_port();
     let hub = start_hub(pki, &dir, |c| {
         serve_https(pki, c);
@@ -117,6 +120,26 @@ async fn requests_reach_the_owner_and_a_standby_replica_takes_over_when_it_dies(
     assert_eq!(
         reply.header("x-scale-agent-replica").as_deref(),
         Some("hub-a")
+    );
+    // The account's cached objects are the owner's, asked on either replica.
+    x.snapshot("prod", &[("one", "5"), ("two", "6")], "100")
+        .await;
+    x.synced().await;
+    assert_eq!(
+        object_names_https(&b.http, &b.dir, "prod/objects?kind=ConfigMap").await,
+        ["one", "two"]
+    );
+    let account = b.http.get("/api/v1/accounts/prod", Some(&b.admin)).await;
+    assert_eq!(account.status, 200, "{}", account.text());
+    let account = account.json();
+    assert_eq!(account["accountState"], "ACTIVE", "{account}");
+    assert_eq!(account["streaming"]["replica"], "pod-x", "{account}");
+    assert!(
+        account["stateReason"]
+            .as_str()
+            .unwrap()
+            .contains("streamed by replica agent.test/pod-x"),
+        "{account}"
     );
     // A token hub-b does not know is refused there, never forwarded.
     let refused = b.http.get(path, Some("not-a-token")).await;
