@@ -15,6 +15,7 @@ use common::*;
 use scale_agent_hub::{
     RunningHub,
     owners::{OwnershipSource, directory::Directory, forward::ReplicaSecret},
+    store::StoreOp,
 };
 use scale_agent_proto::v1::account_assignment::Role;
 
@@ -65,6 +66,23 @@ async fn requests_reach_the_owner_and_a_standby_replica_takes_over_when_it_dies(
     let directory = Directory::new();
     let a = replica(&pki, &directory, "hub-a").await;
     let b = replica(&pki, &directory, "hub-b").await;
+    // What hub-b writes about the account: nothing until it owns it.
+    let b_writes = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen = b_writes.clone();
+    b.hub
+        .set_store_commit_hook(Some(Arc::new(move |ops: &[StoreOp]| {
+            let mut seen = seen.lock().unwrap();
+            for op in ops {
+                match op {
+                    StoreOp::PutAccount { account, .. } => seen.push(format!("account {account}")),
+                    StoreOp::PutBinding { account, .. } => seen.push(format!("binding {account}")),
+                    StoreOp::DeleteAccount { account } => seen.push(format!("delete {account}")),
+                    _ => {}
+                }
+            }
+            Ok(())
+        })))
+        .await;
 
     // The first agent replica reaches hub-a: it stands by until hub-a owns the account,
     // then streams.
@@ -197,6 +215,15 @@ async fn requests_reach_the_owner_and_a_standby_replica_takes_over_when_it_dies(
         Some("hub-b")
     );
 
+    // hub-b, which does not own the account, wrote nothing of it (the shared store would
+    // refuse a non-owner's write).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        b_writes.lock().unwrap().is_empty(),
+        "{:?}",
+        b_writes.lock().unwrap()
+    );
+
     // hub-a dies: its locks free at once, and its streams end.
     directory.kill("hub-a");
     let status = x.error().await;
@@ -215,6 +242,11 @@ async fn requests_reach_the_owner_and_a_standby_replica_takes_over_when_it_dies(
         directory.owner_of("prod").map(|o| o.replica).as_deref(),
         Some("hub-b")
     );
+    // Owning it, hub-b writes what its standby registered.
+    wait_for("hub-b to write the account it took over", async || {
+        *b_writes.lock().unwrap() == ["account prod", "binding prod"]
+    })
+    .await;
     // Requests on hub-b now reach its own agent.
     let call = {
         let (http, token) = (b.http.clone(), token.clone());
