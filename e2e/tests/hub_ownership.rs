@@ -248,6 +248,10 @@ async fn start_replica(url: &str, name: &str) -> Replica {
     config.replica_address = Some(format!("http://127.0.0.1:{port}"));
     config.replica_secret = Some(ReplicaSecret::new(SECRET).unwrap());
     config.ownership = OwnershipSource::Postgres { url: url.into() };
+    config.store =
+        scale_agent_hub::store::Backend::Postgres(scale_agent_hub::store::PostgresOptions {
+            url: url.into(),
+        });
     let hub = scale_agent_hub::start(config).await.unwrap();
     let admin = std::fs::read_to_string(hub.admin_token_file().unwrap())
         .unwrap()
@@ -268,6 +272,7 @@ struct MiniAgent {
     tx: mpsc::Sender<pb::AgentMessage>,
     inbound: tonic::Streaming<pb::HubMessage>,
     seq: u64,
+    acked: u64,
 }
 
 impl MiniAgent {
@@ -285,6 +290,7 @@ impl MiniAgent {
             tx,
             inbound,
             seq: 0,
+            acked: 0,
         };
         agent
             .send(Msg::Hello(pb::Hello {
@@ -326,21 +332,69 @@ impl MiniAgent {
                 .await
                 .map_err(|_| tonic::Status::deadline_exceeded("test: nothing in time"))??
                 .ok_or_else(|| tonic::Status::ok("the stream ended"))?;
+            if let Some(Out::Ack(ack)) = &message.kind {
+                self.acked = self.acked.max(ack.seq);
+            }
             if let Some(found) = message.kind.and_then(&pick) {
                 return Ok(found);
             }
         }
     }
 
+    async fn assignment(&mut self) -> pb::AccountAssignment {
+        self.next(|kind| match kind {
+            Out::Assignment(a) => Some(a),
+            _ => None,
+        })
+        .await
+        .unwrap()
+    }
+
     async fn role(&mut self) -> Role {
-        let assignment = self
-            .next(|kind| match kind {
-                Out::Assignment(a) => Some(a),
-                _ => None,
-            })
-            .await
-            .unwrap();
-        Role::try_from(assignment.role).unwrap()
+        Role::try_from(self.assignment().await.role).unwrap()
+    }
+
+    /// A snapshot of one ConfigMap, then waits until the hub stored it (its Ack).
+    async fn snapshot(&mut self, account: &str, resource_version: &str) {
+        let kind = pb::Kind {
+            group: String::new(),
+            version: "v1".into(),
+            kind: "ConfigMap".into(),
+            plural: "configmaps".into(),
+            namespaced: true,
+        };
+        self.send(Msg::SnapshotBegin(pb::SnapshotBegin {
+            account: account.into(),
+            kind: Some(kind.clone()),
+            watch_namespace: String::new(),
+        }))
+        .await;
+        self.send(Msg::Object(pb::ObjectEvent {
+            account: account.into(),
+            kind: Some(kind.clone()),
+            r#type: pb::object_event::Type::Applied as i32,
+            namespace: "default".into(),
+            name: "one".into(),
+            uid: "uid-one".into(),
+            resource_version: "5".into(),
+            object_json: br#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"one","namespace":"default","uid":"uid-one","resourceVersion":"5"}}"#.to_vec(),
+            truncated: false,
+            watch_namespace: String::new(),
+        }))
+        .await;
+        self.send(Msg::SnapshotEnd(pb::SnapshotEnd {
+            account: account.into(),
+            kind: Some(kind),
+            resource_version: resource_version.into(),
+            object_count: 1,
+            watch_namespace: String::new(),
+        }))
+        .await;
+        while self.acked < self.seq {
+            self.next(|kind| matches!(kind, Out::Ack(_)).then_some(()))
+                .await
+                .unwrap();
+        }
     }
 
     /// Registers and waits until it streams (it stands by until its hub owns the account).
@@ -388,6 +442,17 @@ async fn hub_replicas_on_postgres_stream_forward_and_fail_over() {
     assert_eq!(y.role().await, Role::Standby);
     let sql = postgres::connect(&server.superuser_url()).await.unwrap();
     assert_eq!(owner_row(&sql, "prod").await, Some(("hub-a".into(), 1)));
+    // hub-a stores what its agent streams (fenced by its epoch) in the shared store.
+    x.snapshot("prod", "100").await;
+    let stored: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM account_owners WHERE account = 'prod'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(stored, 1);
 
     // An operation submitted to hub-b runs on hub-a's agent.
     let submit = tokio::spawn({
@@ -452,7 +517,18 @@ async fn hub_replicas_on_postgres_stream_forward_and_fail_over() {
         (b, a, x)
     };
     owner.stop().await;
-    assert_eq!(standby.role().await, Role::Streaming);
+    // The next owner resumes from what the last one stored: no relist.
+    let promoted = standby.assignment().await;
+    assert_eq!(Role::try_from(promoted.role).unwrap(), Role::Streaming);
+    assert_eq!(
+        promoted
+            .resume_points
+            .iter()
+            .map(|r| r.resource_version.as_str())
+            .collect::<Vec<_>>(),
+        ["100"],
+        "{promoted:?}"
+    );
     let tenures = history(&sql, "prod").await;
     assert!(tenures.len() >= 3, "{tenures:?}");
     assert_no_overlap(&tenures);

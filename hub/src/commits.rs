@@ -189,6 +189,12 @@ impl Commits {
         last.map(|last| (last, ops, bytes))
     }
 
+    /// Changes dropped from the queue without being committed.
+    fn forget(&self, count: usize) {
+        let mut q = self.queue();
+        q.queued_ops = q.queued_ops.saturating_sub(count);
+    }
+
     /// Puts a group that could not be committed back at the head of the queue.
     fn put_back(&self, last: u64, ops: Vec<StoreOp>, bytes: u64) {
         self.queue().entries.push_front((last, ops, bytes));
@@ -223,7 +229,7 @@ impl Commits {
                 .is_none()
         };
         if first {
-            tracing::error!(data_dir = %self.data_dir.display(), error = %crate::error::Chain(error), "the store cannot commit (is the data directory's volume full?); reads are served from memory, agents' acknowledgements are held so they slow down, and the commit is retried until it succeeds");
+            tracing::error!(data_dir = %self.data_dir.display(), error = %crate::error::Chain(error), "the store cannot commit (is the data directory's volume full, or PostgreSQL unreachable?); reads are served from memory, agents' acknowledgements are held so they slow down, and the commit is retried until it succeeds");
         } else {
             tracing::warn!(data_dir = %self.data_dir.display(), error = %crate::error::Chain(error), "the store still cannot commit; retrying");
         }
@@ -259,6 +265,27 @@ impl Commits {
                 Ok(()) => {
                     wait = FIRST_RETRY_WAIT;
                     this.committed(last, count, bytes, metrics);
+                }
+                Err(Failed {
+                    error: crate::HubError::Fenced { accounts, .. },
+                    ops,
+                }) => {
+                    // Changes of accounts another replica took over: that replica's state is
+                    // the account's now, and its agent resumes from it. They are dropped;
+                    // the rest of the group is committed.
+                    let (dropped, kept): (Vec<StoreOp>, Vec<StoreOp>) =
+                        ops.into_iter().partition(|op| {
+                            crate::store::fenced_accounts(std::slice::from_ref(op))
+                                .iter()
+                                .any(|a| accounts.iter().any(|f| f == a))
+                        });
+                    tracing::warn!(
+                        ?accounts,
+                        dropped = dropped.len(),
+                        "changes of accounts another hub replica took over are dropped (the store's fencing refused them)"
+                    );
+                    this.forget(dropped.len());
+                    this.put_back(last, kept, bytes);
                 }
                 Err(Failed { error, ops }) => {
                     this.put_back(last, ops, bytes);

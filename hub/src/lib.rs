@@ -516,13 +516,26 @@ impl RunningHub {
 /// Opens the store, loads the cache, binds both listeners and starts serving.
 pub async fn start(config: Config) -> Result<RunningHub> {
     config.validate()?;
-    let store = Store::open(&config.data_dir)?;
-    let store_path = store.path().to_path_buf();
-    let mut loaded = store.load()?;
-    let operation_records = match store.database() {
-        Some(db) => store::load_operation_records(&db)?,
-        None => Vec::new(),
-    };
+    let store = Store::open_backend(&config.store, &config.data_dir).await?;
+    let store_path = store
+        .path()
+        .map_or_else(|| config.data_dir.clone(), std::path::Path::to_path_buf);
+    let store_location = store.location();
+    let mut loaded = store.load().await?;
+    if store.loads_accounts_separately() && !config.ownership.is_shared() {
+        // One replica owns every account: it reads each one's cache at start-up. Replicas
+        // sharing the store read an account's cache when they take it over.
+        for (account, _) in &loaded.accounts {
+            let snapshot = store.load_account(account).await?;
+            if !snapshot.cache.kinds.is_empty() {
+                loaded
+                    .cache
+                    .accounts
+                    .insert(account.clone(), snapshot.cache);
+            }
+        }
+    }
+    let operation_records = store.load_operation_records().await?;
     let replica = owners::ReplicaIdentity {
         id: config.replica_id.clone(),
         address: config.replica_address.clone().unwrap_or_default(),
@@ -535,6 +548,15 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         )?),
         _ => None,
     };
+    let mut store = store;
+    if !ownership.owns_everything() {
+        // Every write of an account's data commits only while this replica owns it.
+        let held = ownership.clone();
+        store.set_fencing(Some(store::Fencing {
+            replica: replica.id.clone(),
+            epoch: Arc::new(move |account| held.held_epoch(account)),
+        }));
+    }
     let mut state = HubState {
         cache: loaded.cache,
         registry: if ownership.owns_everything() {
@@ -604,7 +626,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         GrpcSecurity::InsecurePlaintext => None,
     }
     .map(|clients| std::sync::RwLock::new(Arc::new(clients)));
-    tracing::info!(path = %store_path.display(), accounts = loaded_accounts, objects = state.cache.object_count(), "store loaded");
+    tracing::info!(store = %store_location, accounts = loaded_accounts, objects = state.cache.object_count(), "store loaded");
 
     let grpc_listener = tokio::net::TcpListener::bind(config.grpc_addr)
         .await
@@ -809,10 +831,13 @@ pub async fn start(config: Config) -> Result<RunningHub> {
 
     let writer = tokio::spawn(commits::Commits::run(hub.clone()));
     if !hub.ownership.owns_everything() {
-        tokio::spawn(owners::duty::run(
-            hub.clone(),
-            Arc::new(owners::MemoryIsCurrent),
-        ));
+        let shared_store = hub.store.lock().await.loads_accounts_separately();
+        let source: Arc<dyn owners::AccountSource> = if shared_store {
+            Arc::new(owners::StoreAccounts(hub.store.clone()))
+        } else {
+            Arc::new(owners::MemoryIsCurrent)
+        };
+        tokio::spawn(owners::duty::run(hub.clone(), source));
     }
 
     Ok(RunningHub {

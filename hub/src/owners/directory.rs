@@ -179,6 +179,13 @@ impl Ownership for Member {
         Ok(self.directory.owner_of(account))
     }
 
+    fn held_epoch(&self, account: &str) -> Option<i64> {
+        self.directory
+            .owner_of(account)
+            .filter(|o| o.replica == self.replica.id)
+            .map(|o| o.epoch)
+    }
+
     fn losses(&self) -> watch::Receiver<u64> {
         self.losses.subscribe()
     }

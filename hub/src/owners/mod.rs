@@ -71,6 +71,10 @@ pub trait Ownership: Send + Sync {
     /// The replica that owns `account` now, `None` when nobody does.
     async fn owner(&self, account: &str) -> Result<Option<OwnerInfo>>;
 
+    /// The epoch this replica holds `account` at, `None` when it does not own it: what the
+    /// shared store's fencing checks every write against.
+    fn held_epoch(&self, account: &str) -> Option<i64>;
+
     /// Changes each time every ownership of this replica was lost at once (the connection
     /// that holds the locks broke): the accounts must be treated as not owned.
     fn losses(&self) -> watch::Receiver<u64>;
@@ -109,6 +113,10 @@ impl Ownership for Embedded {
 
     async fn owner(&self, _account: &str) -> Result<Option<OwnerInfo>> {
         Ok(None)
+    }
+
+    fn held_epoch(&self, _account: &str) -> Option<i64> {
+        Some(0)
     }
 
     fn losses(&self) -> watch::Receiver<u64> {
@@ -182,15 +190,7 @@ pub fn hostname() -> String {
         .unwrap_or_else(|| "scale-agent-hub".to_string())
 }
 
-/// An account's state as the store holds it, loaded when a replica takes ownership.
-///
-/// A stand-in for the store's `load_account` (issue 16's store slice): the hub calls it
-/// through [`AccountSource`], so wiring the shared store's loader is one implementation.
-#[derive(Debug, Default)]
-pub struct AccountSnapshot {
-    /// The kinds, objects and resume points of the account.
-    pub cache: crate::cache::AccountCache,
-}
+pub use crate::store::AccountSnapshot;
 
 /// Loads one account from the store when this replica takes ownership of it.
 #[tonic::async_trait]
@@ -201,7 +201,7 @@ pub trait AccountSource: Send + Sync {
 }
 
 /// The embedded (redb) store's behaviour: this replica is the only writer, so its cache is
-/// always current. Replace with the store's own `load_account` when the store is shared.
+/// always current (and in-process directories of tests share no store).
 #[derive(Debug, Default)]
 pub struct MemoryIsCurrent;
 
@@ -209,5 +209,16 @@ pub struct MemoryIsCurrent;
 impl AccountSource for MemoryIsCurrent {
     async fn load_account(&self, _account: &str) -> Result<Option<AccountSnapshot>> {
         Ok(None)
+    }
+}
+
+/// The shared store: an account taken over is read from it (what its last owner wrote).
+pub struct StoreAccounts(pub Arc<tokio::sync::Mutex<crate::store::Store>>);
+
+#[tonic::async_trait]
+impl AccountSource for StoreAccounts {
+    async fn load_account(&self, account: &str) -> Result<Option<AccountSnapshot>> {
+        let store = self.0.lock().await;
+        store.load_account(account).await.map(Some)
     }
 }

@@ -287,6 +287,10 @@ impl Ownership for PostgresOwnership {
         Self::owner_on(client, account).await
     }
 
+    fn held_epoch(&self, account: &str) -> Option<i64> {
+        self.owned().get(account).copied()
+    }
+
     fn losses(&self) -> watch::Receiver<u64> {
         self.losses.subscribe()
     }
