@@ -539,3 +539,82 @@ async fn hub_replicas_on_postgres_stream_forward_and_fail_over() {
     drop(standby);
     other.stop().await;
 }
+
+/// A replica whose account was taken over behind its back (its lock connection not yet
+/// broken, say) has its writes of that account refused by the store's fencing: they are
+/// dropped, the rest of the queue is committed, and its agents' acknowledgements go on
+/// instead of waiting for a store that would refuse forever.
+#[tokio::test]
+async fn writes_of_an_account_taken_over_are_dropped_not_retried_forever() {
+    let server = PostgresServer::start().await.unwrap();
+    let url = server.url();
+    let a = start_replica(&url, "hub-a").await;
+    let mut x = MiniAgent::connect(&a.hub, "pod-x").await;
+    x.register_streaming("prod").await;
+    x.snapshot("prod", "100").await;
+    let sql = postgres::connect(&server.superuser_url()).await.unwrap();
+    let objects = async |sql: &tokio_postgres::Client| -> i64 {
+        sql.query_one("SELECT count(*) FROM objects WHERE account = 'prod'", &[])
+            .await
+            .unwrap()
+            .get(0)
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while objects(&sql).await != 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the snapshot was never stored"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Another replica's tenure, as the store sees it.
+    sql.execute(
+        "UPDATE account_owners SET replica = 'hub-z', epoch = epoch + 1 WHERE account = 'prod'",
+        &[],
+    )
+    .await
+    .unwrap();
+    // hub-a's next writes of the account are refused and dropped; the agent is acknowledged.
+    x.send(Msg::Object(pb::ObjectEvent {
+        account: "prod".into(),
+        kind: Some(pb::Kind {
+            group: String::new(),
+            version: "v1".into(),
+            kind: "ConfigMap".into(),
+            plural: "configmaps".into(),
+            namespaced: true,
+        }),
+        r#type: pb::object_event::Type::Applied as i32,
+        namespace: "default".into(),
+        name: "two".into(),
+        uid: "uid-two".into(),
+        resource_version: "101".into(),
+        object_json: br#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"two","namespace":"default","uid":"uid-two","resourceVersion":"101"}}"#.to_vec(),
+        truncated: false,
+        watch_namespace: String::new(),
+    }))
+    .await;
+    while x.acked < x.seq {
+        x.next(|kind| matches!(kind, Out::Ack(_)).then_some(()))
+            .await
+            .expect("the agent was acknowledged");
+    }
+    // The store never turns failing over it (which would hold every agent's
+    // acknowledgements), and the write is not stored.
+    for _ in 0..20 {
+        assert_eq!(get_status(a.hub.http_addr, "/readyz/store").await, 200);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(objects(&sql).await, 1, "the fenced write was stored");
+    drop(x);
+    a.stop().await;
+}
+
+/// The status of an unauthenticated GET on a plaintext hub.
+async fn get_status(addr: std::net::SocketAddr, path: &str) -> u16 {
+    let client: hyper_util::client::legacy::Client<_, http_body_util::Empty<hyper::body::Bytes>> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http();
+    let uri: http::Uri = format!("http://{addr}{path}").parse().unwrap();
+    client.get(uri).await.unwrap().status().as_u16()
+}
