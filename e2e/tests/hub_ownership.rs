@@ -277,7 +277,11 @@ struct MiniAgent {
 
 impl MiniAgent {
     async fn connect(hub: &RunningHub, replica: &str) -> MiniAgent {
-        let mut client = AgentHubClient::connect(format!("http://{}", hub.grpc_addr))
+        Self::connect_to(hub.grpc_addr, replica).await
+    }
+
+    async fn connect_to(grpc: std::net::SocketAddr, replica: &str) -> MiniAgent {
+        let mut client = AgentHubClient::connect(format!("http://{grpc}"))
             .await
             .unwrap();
         let (tx, rx) = mpsc::channel(16);
@@ -617,4 +621,130 @@ async fn get_status(addr: std::net::SocketAddr, path: &str) -> u16 {
             .build_http();
     let uri: http::Uri = format!("http://{addr}{path}").parse().unwrap();
     client.get(uri).await.unwrap().status().as_u16()
+}
+
+/// Issue 16's failover, as processes: three hub replicas on one PostgreSQL, three accounts
+/// each streamed through one replica with a standby on the next; one replica is killed
+/// (SIGKILL) while its agent streams; its account streams again on the next replica, resumed
+/// from the stored resume point (no relist); an operation submitted to any replica reaches
+/// the account's streaming agent; the ownership history never overlaps.
+#[tokio::test]
+async fn three_replicas_one_killed_every_account_streams_again_without_relisting() {
+    use scale_agent_e2e::fleet::HubProcess;
+    let server = PostgresServer::start().await.unwrap();
+    let root = std::env::temp_dir().join(format!("scale-agent-e2e-three-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    let url_file = root.join("postgres-url");
+    std::fs::write(&url_file, server.url()).unwrap();
+    let secret_file = root.join("replica-secret");
+    std::fs::write(&secret_file, SECRET).unwrap();
+    let mut hubs = Vec::new();
+    for i in 0..3 {
+        let dir = root.join(format!("hub-{i}"));
+        let flags = [
+            "--store=postgres".to_string(),
+            format!("--postgres-url-file={}", url_file.display()),
+            format!("--replica-id=hub-{i}"),
+            "--replica-address=http://{http}".to_string(),
+            format!("--replica-secret-file={}", secret_file.display()),
+        ];
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        hubs.push(HubProcess::start(&dir, &flags).await.unwrap());
+    }
+    // Account a<i> streams through hub i, with a standby agent on hub i+1.
+    let mut streaming = Vec::new();
+    let mut standbys = Vec::new();
+    for i in 0..3 {
+        let account = format!("a{i}");
+        let mut agent = MiniAgent::connect_to(hubs[i].grpc, &format!("pod-{i}-0")).await;
+        agent.register_streaming(&account).await;
+        agent.snapshot(&account, "100").await;
+        let mut standby =
+            MiniAgent::connect_to(hubs[(i + 1) % 3].grpc, &format!("pod-{i}-1")).await;
+        standby.register(&account).await;
+        assert_eq!(standby.role().await, Role::Standby);
+        streaming.push(agent);
+        standbys.push(standby);
+    }
+    let sql = postgres::connect(&server.superuser_url()).await.unwrap();
+    for i in 0..3 {
+        assert_eq!(
+            owner_row(&sql, &format!("a{i}")).await.map(|o| o.0),
+            Some(format!("hub-{i}"))
+        );
+    }
+
+    // hub-0 is killed while its agent streams.
+    hubs[0].kill();
+    let killed_at = std::time::Instant::now();
+    // a0's standby on hub-1 streams, from the stored resume point.
+    let promoted = tokio::time::timeout(WAIT, standbys[0].assignment())
+        .await
+        .expect("a0 streams again");
+    assert_eq!(Role::try_from(promoted.role).unwrap(), Role::Streaming);
+    assert_eq!(
+        promoted
+            .resume_points
+            .iter()
+            .map(|r| r.resource_version.as_str())
+            .collect::<Vec<_>>(),
+        ["100"],
+        "{promoted:?}"
+    );
+    eprintln!("a0 streamed again {:?} after the kill", killed_at.elapsed());
+    assert_eq!(
+        owner_row(&sql, "a0").await.map(|o| o.0).as_deref(),
+        Some("hub-1")
+    );
+    // The other accounts kept their owners.
+    assert_eq!(
+        owner_row(&sql, "a1").await.map(|o| o.0).as_deref(),
+        Some("hub-1")
+    );
+    assert_eq!(
+        owner_row(&sql, "a2").await.map(|o| o.0).as_deref(),
+        Some("hub-2")
+    );
+
+    // An operation on a0 submitted to hub-2 runs on its agent now streaming on hub-1.
+    let submit = tokio::spawn({
+        let addr = hubs[2].http;
+        async move { post_to(addr, scale_agent_e2e::fixtures::API_TOKEN, "a0").await }
+    });
+    let op = standbys[0]
+        .next(|kind| match kind {
+            Out::Operation(op) => Some(op),
+            _ => None,
+        })
+        .await
+        .unwrap();
+    standbys[0]
+        .send(Msg::OperationResult(pb::OperationResult {
+            id: op.id.clone(),
+            ok: true,
+            status: Some(pb::OperationStatus {
+                code: 200,
+                ..Default::default()
+            }),
+            executed: true,
+            replica: "pod-0-1".into(),
+            account: "a0".into(),
+            ..Default::default()
+        }))
+        .await;
+    let (code, body) = submit.await.unwrap();
+    assert_eq!(code, 200, "{body}");
+
+    for i in 0..3 {
+        assert_no_overlap(&history(&sql, &format!("a{i}")).await);
+    }
+    let a0 = history(&sql, "a0").await;
+    assert_eq!(
+        a0.iter().map(|t| t.0.as_str()).collect::<Vec<_>>(),
+        ["hub-0", "hub-1"]
+    );
+    drop((streaming, standbys));
+    drop(hubs);
+    let _ = std::fs::remove_dir_all(&root);
 }
