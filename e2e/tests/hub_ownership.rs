@@ -358,6 +358,30 @@ impl MiniAgent {
         Role::try_from(self.assignment().await.role).unwrap()
     }
 
+    /// Waits for an operation and answers it: done (200).
+    async fn run_operation(&mut self, replica: &str) {
+        let op = self
+            .next(|kind| match kind {
+                Out::Operation(op) => Some(op),
+                _ => None,
+            })
+            .await
+            .unwrap();
+        self.send(Msg::OperationResult(pb::OperationResult {
+            id: op.id.clone(),
+            ok: true,
+            status: Some(pb::OperationStatus {
+                code: 200,
+                ..Default::default()
+            }),
+            executed: true,
+            replica: replica.into(),
+            account: op.account.clone(),
+            ..Default::default()
+        }))
+        .await;
+    }
+
     /// A snapshot of one ConfigMap, then waits until the hub stored it (its Ack).
     async fn snapshot(&mut self, account: &str, resource_version: &str) {
         let kind = pb::Kind {
@@ -464,29 +488,30 @@ async fn hub_replicas_on_postgres_stream_forward_and_fail_over() {
         let admin = b.admin.clone();
         async move { post_to(b_addr, &admin, "prod").await }
     });
-    let op = x
-        .next(|kind| match kind {
-            Out::Operation(op) => Some(op),
-            _ => None,
-        })
-        .await
-        .unwrap();
-    x.send(Msg::OperationResult(pb::OperationResult {
-        id: op.id.clone(),
-        ok: true,
-        status: Some(pb::OperationStatus {
-            code: 200,
-            ..Default::default()
-        }),
-        executed: true,
-        replica: "pod-x".into(),
-        account: "prod".into(),
-        ..Default::default()
-    }))
-    .await;
+    x.run_operation("pod-x").await;
     let (code, body) = submit.await.unwrap();
     assert_eq!(code, 200, "{body}");
 
+    // The stream's batches commit with synchronous_commit off (the store's design: a crash
+    // of PostgreSQL may lose the last ones, like an fsync-less commit of the embedded
+    // store); once visible, a checkpoint makes them survive the kill below.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let stored: i64 = sql
+            .query_one(
+                "SELECT count(*) FROM resume_points WHERE account = 'prod'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if stored == 1 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never stored");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    sql.batch_execute("CHECKPOINT").await.unwrap();
     // PostgreSQL restarts: hub-a's locks are gone, so it ends the stream it owned.
     server.kill();
     let ended = x.next(|_| None::<()>).await.unwrap_err();
@@ -712,27 +737,7 @@ async fn three_replicas_one_killed_every_account_streams_again_without_relisting
         let addr = hubs[2].http;
         async move { post_to(addr, scale_agent_e2e::fixtures::API_TOKEN, "a0").await }
     });
-    let op = standbys[0]
-        .next(|kind| match kind {
-            Out::Operation(op) => Some(op),
-            _ => None,
-        })
-        .await
-        .unwrap();
-    standbys[0]
-        .send(Msg::OperationResult(pb::OperationResult {
-            id: op.id.clone(),
-            ok: true,
-            status: Some(pb::OperationStatus {
-                code: 200,
-                ..Default::default()
-            }),
-            executed: true,
-            replica: "pod-0-1".into(),
-            account: "a0".into(),
-            ..Default::default()
-        }))
-        .await;
+    standbys[0].run_operation("pod-0-1").await;
     let (code, body) = submit.await.unwrap();
     assert_eq!(code, 200, "{body}");
 
