@@ -169,7 +169,8 @@ pub struct HubProcess {
 }
 
 impl HubProcess {
-    /// Starts it with `extra` flags and waits for `/readyz`.
+    /// Starts it with `extra` flags (`{http}` in them stands for its HTTP listener's
+    /// address, e.g. for `--replica-address=http://{http}`) and waits for `/readyz`.
     pub async fn start(dir: &Path, extra: &[&str]) -> anyhow::Result<Self> {
         let (grpc, http) = (free_addr()?, free_addr()?);
         let data_dir = dir.join("hub-data");
@@ -185,7 +186,7 @@ impl HubProcess {
                 fixtures::write_api_tokens(dir)?.display()
             ),
         ];
-        args.extend(extra.iter().map(|a| a.to_string()));
+        args.extend(extra.iter().map(|a| a.replace("{http}", &http.to_string())));
         let mut hub = Self {
             grpc,
             http,

@@ -129,6 +129,12 @@ impl Commits {
         Some(Queued { ticket, bytes })
     }
 
+    /// The ticket of the changes queued last (0: none yet): once it is committed, so is
+    /// everything queued before.
+    pub fn last_ticket(&self) -> u64 {
+        self.queue().next_ticket
+    }
+
     /// Bytes of changes queued and not yet committed, all streams together.
     pub fn queued_bytes(&self) -> u64 {
         self.queue().queued_bytes
@@ -181,6 +187,12 @@ impl Commits {
             }
         }
         last.map(|last| (last, ops, bytes))
+    }
+
+    /// Changes dropped from the queue without being committed.
+    fn forget(&self, count: usize) {
+        let mut q = self.queue();
+        q.queued_ops = q.queued_ops.saturating_sub(count);
     }
 
     /// Puts a group that could not be committed back at the head of the queue.
@@ -253,6 +265,27 @@ impl Commits {
                 Ok(()) => {
                     wait = FIRST_RETRY_WAIT;
                     this.committed(last, count, bytes, metrics);
+                }
+                Err(Failed {
+                    error: crate::HubError::Fenced { accounts, .. },
+                    ops,
+                }) => {
+                    // Changes of accounts another replica took over: that replica's state is
+                    // the account's now, and its agent resumes from it. They are dropped;
+                    // the rest of the group is committed.
+                    let (dropped, kept): (Vec<StoreOp>, Vec<StoreOp>) =
+                        ops.into_iter().partition(|op| {
+                            crate::store::fenced_accounts(std::slice::from_ref(op))
+                                .iter()
+                                .any(|a| accounts.iter().any(|f| f == a))
+                        });
+                    tracing::warn!(
+                        ?accounts,
+                        dropped = dropped.len(),
+                        "changes of accounts another hub replica took over are dropped (the store's fencing refused them)"
+                    );
+                    this.forget(dropped.len());
+                    this.put_back(last, kept, bytes);
                 }
                 Err(Failed { error, ops }) => {
                     this.put_back(last, ops, bytes);

@@ -10,7 +10,7 @@ use std::{
 
 use axum::{
     Json, Router,
-    extract::{DefaultBodyLimit, Path, Query, State, rejection::BytesRejection},
+    extract::{DefaultBodyLimit, FromRequest as _, Path, Query, State},
     http::{StatusCode, header},
     response::{IntoResponse, Response},
     routing::{get, post},
@@ -42,9 +42,8 @@ pub(crate) fn router(hub: Arc<Hub>) -> Router {
         .route("/api/v1/agents", get(agents))
         .route("/api/v1/version", get(version))
         .route("/api/v1/accounts", get(accounts))
-        .route("/api/v1/accounts/{name}", get(account))
-        .route("/api/v1/accounts/{name}/objects", get(objects))
         .route("/api/v1/clouddriver", get(clouddriver))
+        .merge(account_reads(hub.clone()))
         .route_layer(role(Role::Reader));
     let operator = Router::new()
         .route(
@@ -52,10 +51,7 @@ pub(crate) fn router(hub: Arc<Hub>) -> Router {
             post(submit_operation).layer(DefaultBodyLimit::max(max_request_bytes)),
         )
         .route("/api/v1/operations/{id}", get(operation))
-        .route(
-            "/api/v1/accounts/{name}/operations/{id}",
-            get(account_operation),
-        )
+        .merge(account_operations(hub.clone()))
         .route_layer(role(Role::Operator));
     let admin = crate::admin_api::router()
         .merge(crate::agent_admin::router())
@@ -69,7 +65,55 @@ pub(crate) fn router(hub: Arc<Hub>) -> Router {
         .merge(operator)
         .merge(admin)
         .merge(crate::proxy::router())
+        .nest(
+            crate::owners::forward::INTERNAL_PREFIX,
+            internal(hub.clone()),
+        )
         .with_state(hub)
+}
+
+/// What other replicas forward to this one, the owner of the account
+/// ([`crate::owners::forward`]): the Kubernetes API proxy and operations, behind the
+/// replicas' secret. A request here is never forwarded again.
+fn internal(hub: Arc<Hub>) -> Router<Arc<Hub>> {
+    let max_request_bytes = hub.config.max_request_bytes;
+    Router::new()
+        .route(
+            "/api/v1/accounts/{name}/operations",
+            post(submit_operation).layer(DefaultBodyLimit::max(max_request_bytes)),
+        )
+        .merge(crate::proxy::router())
+        .merge(account_reads(hub.clone()))
+        .merge(account_operations(hub.clone()))
+        .route_layer(axum::middleware::from_fn_with_state(
+            hub,
+            crate::owners::forward::internal_auth,
+        ))
+}
+
+/// An account and its cached objects: kept by its owner, so asked there when another
+/// replica owns it.
+fn account_reads(hub: Arc<Hub>) -> Router<Arc<Hub>> {
+    Router::new()
+        .route("/api/v1/accounts/{name}", get(account))
+        .route("/api/v1/accounts/{name}/objects", get(objects))
+        .route_layer(axum::middleware::from_fn_with_state(
+            hub,
+            crate::owners::forward::to_owner,
+        ))
+}
+
+/// An account's operations: kept by the replica that ran them, its owner.
+fn account_operations(hub: Arc<Hub>) -> Router<Arc<Hub>> {
+    Router::new()
+        .route(
+            "/api/v1/accounts/{name}/operations/{id}",
+            get(account_operation),
+        )
+        .route_layer(axum::middleware::from_fn_with_state(
+            hub,
+            crate::owners::forward::to_owner,
+        ))
 }
 
 /// The API's error body: `{"error": message}`.
@@ -90,9 +134,29 @@ async fn submit_operation(
     State(hub): State<Arc<Hub>>,
     Path(name): Path<String>,
     axum::Extension(caller): axum::Extension<Caller>,
-    body: Result<axum::body::Bytes, BytesRejection>,
+    request: axum::extract::Request,
 ) -> Response {
     let started = std::time::Instant::now();
+    // Operations run where the account's agents stream: on its owner.
+    if let Some(owner) =
+        crate::owners::forward::owner_elsewhere(&hub, &name, request.extensions()).await
+        && let Some(forwarder) = &hub.forwarder
+    {
+        let answer = forwarder
+            .send(&hub, &owner, Some(&caller.name), request, false)
+            .await
+            .unwrap_or_else(IntoResponse::into_response);
+        let subject = crate::audit::OperationSubject::of(None);
+        crate::audit::operation(
+            &caller,
+            &name,
+            &subject,
+            answer.status().as_u16(),
+            started.elapsed(),
+        );
+        return answer;
+    }
+    let body = axum::body::Bytes::from_request(request, &()).await;
     let body = match body {
         Ok(body) => body,
         Err(rejection) => {

@@ -29,6 +29,7 @@ use std::{path::Path, sync::Arc, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
+pub(crate) use self::postgres::fenced_accounts;
 pub use self::postgres::{Fencing, HeldEpoch, PostgresOptions};
 use crate::{
     agent_tokens::{AgentTokenRecord, EnrolledIdentity},

@@ -595,7 +595,7 @@ impl PostgresRecords {
 }
 
 /// The accounts whose cached data a batch changes: the ones fencing guards.
-fn fenced_accounts(ops: &[StoreOp]) -> BTreeSet<&str> {
+pub(crate) fn fenced_accounts(ops: &[StoreOp]) -> BTreeSet<&str> {
     ops.iter()
         .filter_map(|op| match op {
             StoreOp::PutAccount { account, .. }
