@@ -496,7 +496,7 @@ impl RunningHub {
 /// Opens the store, loads the cache, binds both listeners and starts serving.
 pub async fn start(config: Config) -> Result<RunningHub> {
     config.validate()?;
-    let store = Store::open(&config.data_dir)?;
+    let store = Store::open_with_cache(&config.data_dir, config.store_cache_bytes)?;
     let store_path = store.path().to_path_buf();
     let mut loaded = store.load()?;
     let operation_records = match store.database() {
