@@ -842,6 +842,16 @@ mod tests {
         }
     }
 
+    fn config_maps() -> KindInfo {
+        KindInfo {
+            group: String::new(),
+            version: "v1".into(),
+            kind: "ConfigMap".into(),
+            plural: "configmaps".into(),
+            namespaced: true,
+        }
+    }
+
     /// A store much larger than its page cache: commits read and write the pages the cache
     /// let go of, and a reopen loads every object (the packed JSON with what selectors read).
     #[tokio::test]
@@ -849,13 +859,7 @@ mod tests {
         let dir =
             std::env::temp_dir().join(format!("hub-store-small-cache-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let info = KindInfo {
-            group: String::new(),
-            version: "v1".into(),
-            kind: "ConfigMap".into(),
-            plural: "configmaps".into(),
-            namespaced: true,
-        };
+        let info = config_maps();
         let object = |i: usize, rv: usize| CachedObject {
             namespace: "default".into(),
             name: format!("cm-{i}"),
@@ -922,13 +926,7 @@ mod tests {
     async fn round_trip_and_delete_account() {
         let dir = std::env::temp_dir().join(format!("hub-store-test-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let info = KindInfo {
-            group: String::new(),
-            version: "v1".into(),
-            kind: "ConfigMap".into(),
-            plural: "configmaps".into(),
-            namespaced: true,
-        };
+        let info = config_maps();
         let object = CachedObject {
             namespace: "default".into(),
             name: "cm".into(),
