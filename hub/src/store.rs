@@ -262,9 +262,9 @@ pub struct Failed {
 /// start-up (the cache in memory serves every read); a commit reads the B-tree pages it
 /// changes, from this cache or else from the file (the kernel's page cache, not the hub's
 /// memory). redb keeps every page it writes in this cache while it fits, so the cache grew
-/// the hub's RSS with the store's size: with 16 MiB, about 500 B per cached object (of
-/// 1,825 B in all) at 10,000 objects in bench measure 5. 2 MiB keeps the pages a commit
-/// reads most (the upper levels of the trees).
+/// the hub's RSS with the store's size: with 16 MiB, about 400 B per cached object (of
+/// 1,802 B in all) at 10,000 objects in bench measure 5. 2 MiB keeps room for the pages a
+/// commit reads most (the upper levels of the trees).
 pub const DEFAULT_STORE_CACHE_BYTES: usize = 2 * 1024 * 1024;
 
 impl Store {
