@@ -41,6 +41,36 @@ const MAX_GROUP_OPS: usize = 50_000;
 const FIRST_RETRY_WAIT: Duration = Duration::from_millis(100);
 const MAX_RETRY_WAIT: Duration = Duration::from_secs(5);
 
+/// A commit of at least this many bytes of changes (as [`op_bytes`] counts them: a
+/// snapshot's objects) is followed by [`release_free_memory`].
+const TRIM_AFTER_BYTES: u64 = 1024 * 1024;
+/// At most one [`release_free_memory`] per this period: it walks the allocator's arenas,
+/// holding each one's lock meanwhile.
+const TRIM_PERIOD: Duration = Duration::from_secs(10);
+
+/// Whether a commit of `bytes`, `since` the last trim (`None`: never), is followed by one.
+fn should_trim(bytes: u64, since: Option<Duration>) -> bool {
+    bytes >= TRIM_AFTER_BYTES && since.is_none_or(|s| s >= TRIM_PERIOD)
+}
+
+/// Gives the allocator's free pages back to the system. A snapshot is staged whole (its
+/// objects, the agent's messages, the commit's encoded values and redb's dirty pages) before
+/// it replaces the cache; glibc keeps most of what that frees in its arenas, as RSS, for
+/// the next allocations of the same thread. Bench measure 5 measured about 90 B per cached
+/// object of it after a sync of 10,000 objects.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)] // A call into glibc.
+fn release_free_memory() {
+    // SAFETY: malloc_trim takes no pointer and only walks glibc's own arenas, under their
+    // locks; it is safe to call from any thread at any time.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn release_free_memory() {}
+
 /// Where the writer stands, for the streams waiting to acknowledge.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Progress {
@@ -243,6 +273,7 @@ impl Commits {
         let metrics = &hub.metrics;
         let mut shutdown = hub.shutdown.clone();
         let mut wait = FIRST_RETRY_WAIT;
+        let mut last_trim: Option<std::time::Instant> = None;
         loop {
             let notified = this.wake.notified();
             if *shutdown.borrow() {
@@ -265,6 +296,11 @@ impl Commits {
                 Ok(()) => {
                     wait = FIRST_RETRY_WAIT;
                     this.committed(last, count, bytes, metrics);
+                    if should_trim(bytes, last_trim.map(|t| t.elapsed())) {
+                        last_trim = Some(std::time::Instant::now());
+                        // Off the runtime's threads: it takes a few milliseconds per GiB.
+                        tokio::task::spawn_blocking(release_free_memory);
+                    }
                 }
                 Err(Failed {
                     error: crate::HubError::Fenced { accounts, .. },
@@ -372,6 +408,16 @@ impl AckGate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn large_commits_are_followed_by_a_trim_at_most_every_period() {
+        assert!(should_trim(TRIM_AFTER_BYTES, None));
+        assert!(!should_trim(TRIM_AFTER_BYTES - 1, None), "small commits");
+        assert!(!should_trim(u64::MAX, Some(TRIM_PERIOD / 2)), "too soon");
+        assert!(should_trim(u64::MAX, Some(TRIM_PERIOD)));
+        // Callable from any thread (the writer runs it on a blocking thread).
+        std::thread::spawn(release_free_memory).join().unwrap();
+    }
 
     #[test]
     fn acks_wait_for_a_failing_store_or_a_large_backlog() {

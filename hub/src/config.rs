@@ -168,6 +168,8 @@ pub struct Config {
     pub max_staged_bytes: u64,
     /// Most objects cached for one account (0: no limit).
     pub max_objects_per_account: u64,
+    /// redb's page cache (`--store-cache-mib`).
+    pub store_cache_bytes: usize,
     /// Largest body of a REST API request (an operation's manifests).
     pub max_request_bytes: usize,
     /// Empty: only the account patterns of agent tokens and enrolments limit registrations.
@@ -309,6 +311,7 @@ impl Config {
             max_object_bytes: 2 * 1024 * 1024,
             max_staged_bytes: DEFAULT_MAX_STAGED_BYTES,
             max_objects_per_account: 0,
+            store_cache_bytes: crate::store::DEFAULT_STORE_CACHE_BYTES,
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             allow: Vec::new(),
             operation_retention: Duration::from_secs(15 * 60),
@@ -651,6 +654,13 @@ pub struct Args {
     #[arg(long, env = "SCALE_AGENT_HUB_MAX_OBJECT_BYTES", default_value_t = 2 * 1024 * 1024)]
     pub max_object_bytes: u64,
 
+    /// redb's page cache of the store, in MiB. The hub reads its store only at start-up;
+    /// commits read the pages they change from this cache or else from the file (the
+    /// kernel's page cache). A larger cache makes commits of very large stores read less
+    /// from the file, at the cost of the hub's memory (up to the store's size).
+    #[arg(long, env = "SCALE_AGENT_HUB_STORE_CACHE_MIB", default_value_t = crate::store::DEFAULT_STORE_CACHE_BYTES / (1024 * 1024))]
+    pub store_cache_mib: usize,
+
     /// Most bytes of objects one agent stream may hold in snapshots it has begun and not
     /// ended (a relist is staged whole before it replaces the cache). A stream past it is
     /// ended with RESOURCE_EXHAUSTED naming the account and kind.
@@ -660,7 +670,8 @@ pub struct Args {
     /// Most objects the hub caches for one account; 0 (the default) means no limit. A kind
     /// whose objects would take an account past it is not cached at all (state OVER_QUOTA
     /// in /api/v1/accounts, sent to the agent; the proxy reads it from the cluster) until a
-    /// relist of it fits. The hub keeps about 4 KB of memory per cached object.
+    /// relist of it fits. The hub keeps about as much memory per cached object as its
+    /// JSON takes (bench measure 5).
     #[arg(
         long,
         env = "SCALE_AGENT_HUB_MAX_OBJECTS_PER_ACCOUNT",
@@ -890,6 +901,7 @@ impl Args {
             max_object_bytes: self.max_object_bytes,
             max_staged_bytes: self.max_staged_bytes,
             max_objects_per_account: self.max_objects_per_account,
+            store_cache_bytes: self.store_cache_mib.saturating_mul(1024 * 1024),
             max_request_bytes: self.max_request_bytes,
             allow: self.allow,
             operation_retention: self.operation_retention,
@@ -1101,6 +1113,7 @@ mod tests {
         assert_eq!(args.heartbeat_period, Duration::from_secs(15));
         assert_eq!(args.max_unacked, 1000);
         assert_eq!(args.max_object_bytes, 2 * 1024 * 1024);
+        assert_eq!(args.store_cache_mib, 2);
         assert_eq!(args.agent_cert_lifetime, DEFAULT_AGENT_CERT_LIFETIME);
         let err = args.into_config().unwrap_err().to_string();
         assert!(err.contains("--tls-cert, --tls-key"), "{err}");

@@ -521,7 +521,8 @@ impl RunningHub {
 /// Opens the store, loads the cache, binds both listeners and starts serving.
 pub async fn start(config: Config) -> Result<RunningHub> {
     config.validate()?;
-    let store = Store::open_backend(&config.store, &config.data_dir).await?;
+    let store =
+        Store::open_backend(&config.store, &config.data_dir, config.store_cache_bytes).await?;
     let store_path = store
         .path()
         .map_or_else(|| config.data_dir.clone(), std::path::Path::to_path_buf);

@@ -263,6 +263,8 @@ pub enum Store {
     Postgres(Box<postgres::PostgresStore>),
 }
 
+pub use redb::DEFAULT_STORE_CACHE_BYTES;
+
 impl Store {
     /// Opens (or creates) the embedded store, `<data_dir>/hub.redb`.
     pub fn open(data_dir: &Path) -> Result<Self> {
@@ -277,10 +279,20 @@ impl Store {
             .map(|store| Store::Postgres(Box::new(store)))
     }
 
-    /// Opens the store `backend` names (the embedded one in `data_dir`).
-    pub async fn open_backend(backend: &Backend, data_dir: &Path) -> Result<Self> {
+    /// Opens (or creates) the embedded store with a page cache of `cache_bytes`.
+    pub fn open_with_cache(data_dir: &Path, cache_bytes: usize) -> Result<Self> {
+        redb::RedbStore::open_with_cache(data_dir, cache_bytes).map(Store::Embedded)
+    }
+
+    /// Opens the store `backend` names (the embedded one in `data_dir`, with a page cache of
+    /// `cache_bytes`).
+    pub async fn open_backend(
+        backend: &Backend,
+        data_dir: &Path,
+        cache_bytes: usize,
+    ) -> Result<Self> {
         match backend {
-            Backend::Embedded => Self::open(data_dir),
+            Backend::Embedded => Self::open_with_cache(data_dir, cache_bytes),
             Backend::Postgres(options) => Self::open_postgres(options).await,
         }
     }

@@ -42,18 +42,48 @@ pub fn list_items<O: std::borrow::Borrow<CachedObject>>(
 ) -> Result<Vec<Bytes>, Unrenderable> {
     objects.sort_by_cached_key(|o| etcd_key(o.borrow()));
     let builtin = is_builtin_group(&info.group);
+    let (no_labels, no_fields) = (LabelSelector::default(), FieldSelector::default());
     let mut items = Vec::with_capacity(objects.len());
     for object in &objects {
         let object: &CachedObject = object.borrow();
         if object.truncated {
             return Err(Unrenderable::Truncated);
         }
+        let (labels, fields) = match preselect(object, labels, fields) {
+            Some(false) => continue,
+            // Selected without its JSON: rendered without reading its selectors again.
+            Some(true) => (&no_labels, &no_fields),
+            None => (labels, fields),
+        };
         let json = object.json.unpack().map_err(|_| Unrenderable::Corrupt)?;
         if let Some(item) = list_item(&json, builtin, labels, fields, form)? {
             items.push(Bytes::from(item));
         }
     }
     Ok(items)
+}
+
+/// Whether the selectors select `object`, from what the cache keeps beside its packed JSON
+/// (its name, namespace, labels and [`crate::cache::packed::FIELDS`]); `None` when that
+/// is not enough and the JSON must be read. Most objects of a selective LIST are left out,
+/// and so are never unpacked.
+pub fn preselect(
+    object: &CachedObject,
+    labels: &LabelSelector,
+    fields: &FieldSelector,
+) -> Option<bool> {
+    if labels.is_empty() && fields.is_empty() {
+        return Some(true);
+    }
+    let kept = object.json.selectable()?;
+    if !labels.matches_by(|k| kept.label(k)) {
+        return Some(false);
+    }
+    fields.matches_by(|path| match path {
+        ["metadata", "name"] => Ok(Some(object.name.as_str())),
+        ["metadata", "namespace"] => Ok(Some(object.namespace.as_str())),
+        _ => kept.field(&path.join(".")).ok_or(()),
+    })
 }
 
 /// An object's top-level members, their values as they are in its JSON: a list item is
@@ -392,6 +422,109 @@ mod tests {
             ),
             Err(Unrenderable::Corrupt)
         );
+    }
+
+    #[test]
+    fn a_selective_list_unpacks_only_the_objects_it_returns() {
+        let objects: Vec<CachedObject> = (0..50)
+            .map(|i| {
+                obj(
+                    "a",
+                    &format!("o{i}"),
+                    json!({"shard": (i % 10).to_string()}),
+                )
+            })
+            .collect();
+        let cm = info("", "ConfigMap", "configmaps");
+        let before = crate::cache::packed::frames_unpacked();
+        let items = list_items(
+            &cm,
+            objects.clone(),
+            &LabelSelector::parse("shard=3").unwrap(),
+            &FieldSelector::default(),
+            Form::Full,
+        )
+        .unwrap();
+        assert_eq!(items.len(), 5);
+        assert_eq!(crate::cache::packed::frames_unpacked() - before, 5);
+        let before = crate::cache::packed::frames_unpacked();
+        let items = list_items(
+            &cm,
+            objects,
+            &LabelSelector::parse("shard in (3,4)").unwrap(),
+            &FieldSelector::parse("metadata.name=o13", "", "ConfigMap").unwrap(),
+            Form::Full,
+        )
+        .unwrap();
+        assert_eq!(parse(&items)[0]["metadata"]["name"], "o13");
+        assert_eq!(crate::cache::packed::frames_unpacked() - before, 1);
+    }
+
+    /// What is kept beside the packed JSON selects exactly what the JSON does.
+    #[test]
+    fn selecting_without_the_json_agrees_with_the_json() {
+        let pod = |name: &str, labels: Value, node: Value, phase: &str| CachedObject {
+            namespace: "ns".into(),
+            name: name.into(),
+            uid: name.into(),
+            resource_version: "1".into(),
+            json: serde_json::to_vec(&json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": "ns", "labels": labels},
+                "spec": {"nodeName": node}, "status": {"phase": phase},
+            }))
+            .unwrap()
+            .into(),
+            truncated: false,
+        };
+        let objects = vec![
+            pod("a", json!({"app": "web", "v": "2"}), json!("n1"), "Running"),
+            pod("b", json!({"app": "db"}), json!(null), "Pending"),
+            pod("c", json!(null), json!(5), "Running"),
+            pod("d", json!({"app": "web", "v": 7}), json!("n2"), "Failed"),
+        ];
+        let labels = [
+            "",
+            "app",
+            "!app",
+            "app=web",
+            "app!=web",
+            "app in (web,db)",
+            "app notin (web)",
+            "v",
+            "v>1",
+            "v<3",
+            "app=web,v",
+        ];
+        let fields = [
+            "",
+            "metadata.name=a",
+            "metadata.name!=a",
+            "metadata.namespace=ns",
+            "spec.nodeName=n1",
+            "spec.nodeName=",
+            "spec.nodeName!=n1",
+            "status.phase=Running",
+        ];
+        for l in labels {
+            for f in fields {
+                let labels = LabelSelector::parse(l).unwrap();
+                let fields = FieldSelector::parse(f, "", "Pod").unwrap();
+                for o in &objects {
+                    let json = o.json.unpack().unwrap();
+                    let value: Value = serde_json::from_slice(&json).unwrap();
+                    let by_json = labels
+                        .matches(value.pointer("/metadata/labels").and_then(Value::as_object))
+                        && fields.matches(&value);
+                    assert_eq!(
+                        preselect(o, &labels, &fields),
+                        Some(by_json),
+                        "{} with {l:?} and {f:?}",
+                        o.name
+                    );
+                }
+            }
+        }
     }
 
     #[test]

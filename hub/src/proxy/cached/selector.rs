@@ -148,7 +148,11 @@ impl LabelSelector {
 
     /// Whether an object with these labels is selected.
     pub fn matches(&self, labels: Option<&serde_json::Map<String, Value>>) -> bool {
-        let get = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
+        self.matches_by(|k| labels.and_then(|l| l.get(k)).and_then(Value::as_str))
+    }
+
+    /// Whether the labels `get` reads (a label's value, `None` when absent) are selected.
+    pub fn matches_by<'a>(&self, get: impl Fn(&str) -> Option<&'a str>) -> bool {
         self.0.iter().all(|r| match r {
             LabelRequirement::Exists(k, want) => get(k).is_some() == *want,
             LabelRequirement::Equals(k, v, true) => get(k) == Some(v.as_str()),
@@ -249,6 +253,21 @@ impl FieldSelector {
             let actual = v.as_str().unwrap_or_default();
             (actual == r.value) == r.equal
         })
+    }
+
+    /// Whether the object whose fields `get` reads (a field's value by its path, `None`
+    /// when absent) is selected; `None` when `get` cannot read a field (`Err`).
+    pub fn matches_by<'a>(
+        &self,
+        get: impl Fn(&[&'static str]) -> Result<Option<&'a str>, ()>,
+    ) -> Option<bool> {
+        for r in &self.0 {
+            let actual = get(&r.path).ok()?.unwrap_or_default();
+            if (actual == r.value) != r.equal {
+                return Some(false);
+            }
+        }
+        Some(true)
     }
 
     /// The one namespace an exact `metadata.namespace=` requirement limits the list to.

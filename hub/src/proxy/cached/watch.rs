@@ -30,6 +30,7 @@ use tokio::sync::mpsc;
 
 use super::{
     consistency::{self, Decision},
+    render,
     request::{self, Form, Target},
     selector::{FieldSelector, LabelSelector},
 };
@@ -266,8 +267,13 @@ pub(crate) async fn watch(
         if object.truncated {
             return None;
         }
+        // Objects left out by what is kept beside their packed JSON are not unpacked.
+        let selected = render::preselect(object, &filter.labels, &filter.fields);
+        if selected == Some(false) {
+            continue;
+        }
         let json = object.json.unpack().ok()?;
-        if filter.matches(&json) {
+        if selected == Some(true) || filter.matches(&json) {
             initial.push(event_line("ADDED", &json));
         }
     }
