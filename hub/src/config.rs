@@ -210,6 +210,9 @@ pub struct Config {
     /// The base URL other replicas reach this one's HTTP listener at (`--replica-address`);
     /// needed when replicas share the store, to forward requests to an account's owner.
     pub replica_address: Option<String>,
+    /// The name other replicas verify this one's serving certificate for
+    /// (`--replica-server-name`); `None`: the host of its address.
+    pub replica_server_name: Option<String>,
     /// Where account ownership comes from ([`crate::owners`]).
     pub ownership: crate::owners::OwnershipSource,
     /// The secret replicas present to each other's internal routes
@@ -329,6 +332,7 @@ impl Config {
             tls_reload_interval: TLS_RELOAD_INTERVAL,
             replica_id: crate::owners::hostname(),
             replica_address: None,
+            replica_server_name: None,
             ownership: crate::owners::OwnershipSource::Embedded,
             replica_secret: None,
         }
@@ -363,6 +367,14 @@ impl Config {
                      listener, like https://10.1.2.3:8443 (no path)"
                 )));
             }
+        }
+        if let Some(name) = &self.replica_server_name
+            && rustls::pki_types::ServerName::try_from(name.as_str()).is_err()
+        {
+            return Err(HubError::Config(format!(
+                "--replica-server-name {name:?} is not a DNS name or an IP address: give a \
+                 name the replicas' serving certificate covers, like scale-agent-hub"
+            )));
         }
         // One replica on the shared store needs neither; several need both, to forward.
         if self.replica_address.is_some() != self.replica_secret.is_some() {
@@ -721,6 +733,13 @@ pub struct Args {
     #[arg(long, env = "SCALE_AGENT_HUB_REPLICA_ADDRESS")]
     pub replica_address: Option<String>,
 
+    /// The name a replica verifies the other replicas' serving certificates for when it
+    /// forwards a request to them, instead of the host of their --replica-address: a pod IP
+    /// is rarely in a certificate, the Service's name (e.g. scale-agent-hub) usually is.
+    /// The same on every replica.
+    #[arg(long, env = "SCALE_AGENT_HUB_REPLICA_SERVER_NAME")]
+    pub replica_server_name: Option<String>,
+
     /// File with the secret the hub's replicas present to each other when one forwards a
     /// request to the owner of its account (one word of at least 32 characters, e.g. from
     /// `openssl rand -hex 32`, mounted from a Secret). Needed when replicas share a store.
@@ -923,6 +942,7 @@ impl Args {
             tls_reload_interval: TLS_RELOAD_INTERVAL,
             replica_id: self.replica_id.unwrap_or_else(crate::owners::hostname),
             replica_address: self.replica_address,
+            replica_server_name: self.replica_server_name,
             // Replicas sharing the PostgreSQL store own accounts through its advisory locks.
             ownership,
             replica_secret: self

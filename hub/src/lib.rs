@@ -551,6 +551,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         (Some(secret), false) => Some(owners::forward::Forwarder::new(
             secret.clone(),
             config.serving_ca_pem.as_deref(),
+            config.replica_server_name.as_deref(),
         )?),
         _ => None,
     };

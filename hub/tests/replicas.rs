@@ -29,6 +29,19 @@ struct Replica {
 }
 
 async fn replica(pki: &Pki, directory: &Arc<Directory>, name: &str) -> Replica {
+    replica_reached_at(pki, directory, name, "127.0.0.1", "localhost", None).await
+}
+
+/// A replica listening on `bind`, which the others reach at `https://<host>:<port>`,
+/// verifying the other replicas' certificates for `server_name` (`--replica-server-name`).
+async fn replica_reached_at(
+    pki: &Pki,
+    directory: &Arc<Directory>,
+    name: &str,
+    bind: &str,
+    host: &str,
+    server_name: Option<&str>,
+) -> Replica {
     // Tests run side by side in one process: each replica has a directory of its own.
     static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -36,9 +49,10 @@ async fn replica(pki: &Pki, directory: &Arc<Directory>, name: &str) -> Replica {
     let port = free_port();
     let hub = start_hub(pki, &dir, |c| {
         serve_https(pki, c);
-        c.http_addr = format!("127.0.0.1:{port}").parse().unwrap();
+        c.http_addr = format!("{bind}:{port}").parse().unwrap();
         c.replica_id = name.to_string();
-        c.replica_address = Some(format!("https://localhost:{port}"));
+        c.replica_address = Some(format!("https://{host}:{port}"));
+        c.replica_server_name = server_name.map(str::to_string);
         c.replica_secret = Some(ReplicaSecret::new(SECRET).unwrap());
         c.ownership = OwnershipSource::Directory(directory.clone());
     })
@@ -355,4 +369,78 @@ async fn a_forwarded_watch_ends_cleanly_when_its_owner_dies() {
     server.await.unwrap();
     drop(y);
     b.stop().await;
+}
+
+/// Replicas reach each other at their pod IPs, which their serving certificate does not
+/// name: with `--replica-server-name` they verify it for the name it does (the Service's),
+/// and without it the forwarded request is refused by TLS, never sent unverified.
+#[tokio::test]
+async fn replicas_verify_each_other_for_the_replica_server_name() {
+    let pki = Pki::new();
+    let directory = Directory::new();
+    // The test certificate names localhost and 127.0.0.1; 127.0.0.2 stands for a pod IP.
+    let a = replica_reached_at(
+        &pki,
+        &directory,
+        "hub-a",
+        "0.0.0.0",
+        "127.0.0.2",
+        Some("localhost"),
+    )
+    .await;
+    let b = replica_reached_at(
+        &pki,
+        &directory,
+        "hub-b",
+        "0.0.0.0",
+        "127.0.0.2",
+        Some("localhost"),
+    )
+    .await;
+    let c = replica_reached_at(&pki, &directory, "hub-c", "0.0.0.0", "127.0.0.2", None).await;
+    let mut x = tunnel_agent(&a.hub, &pki, "agent.test", "pod-x").await;
+    let first = x.register("prod", "https://10.0.0.1:6443").await;
+    if role(&first) == Role::Standby {
+        assert_eq!(role(&x.assignment().await), Role::Streaming);
+    }
+    let path = "/clusters/prod/api/v1/namespaces/default/configmaps/web";
+
+    // hub-c verifies hub-a for 127.0.0.2, which its certificate does not name.
+    let token = token_for(&c.http, &c.admin, "prod").await;
+    let refused = c.http.get(path, Some(&token)).await;
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert!(
+        refused.text().contains("cannot be reached"),
+        "{}",
+        refused.text()
+    );
+
+    // hub-b verifies it for localhost: the request reaches the owner's agent.
+    let token = token_for(&b.http, &b.admin, "prod").await;
+    let call = {
+        let (http, token) = (b.http.clone(), token.clone());
+        tokio::spawn(async move { http.get(path, Some(&token)).await })
+    };
+    let (id, head) = x.request().await;
+    assert_eq!(
+        head.path_and_query,
+        "/api/v1/namespaces/default/configmaps/web"
+    );
+    x.respond(
+        id,
+        200,
+        &[("content-type", "application/json")],
+        br#"{"from":"x"}"#,
+    )
+    .await;
+    let reply = call.await.unwrap();
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(
+        reply.header("x-scale-agent-replica").as_deref(),
+        Some("hub-a")
+    );
+
+    for replica in [a, b, c] {
+        replica.stop().await;
+    }
 }

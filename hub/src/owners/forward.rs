@@ -14,11 +14,12 @@ use axum::{
     middleware::Next,
     response::{IntoResponse, Response},
 };
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_rustls::{FixedServerNameResolver, HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::{
     client::legacy::{Client as HyperClient, connect::HttpConnector},
     rt::{TokioExecutor, TokioIo},
 };
+use rustls::pki_types::ServerName;
 
 use super::OwnerInfo;
 use crate::{
@@ -94,8 +95,13 @@ pub(crate) struct Forwarder {
 
 impl Forwarder {
     /// A client trusting the public roots and `--serving-ca` (the replicas' serving
-    /// certificates are the hub's own).
-    pub(crate) fn new(secret: ReplicaSecret, serving_ca_pem: Option<&[u8]>) -> Result<Self> {
+    /// certificates are the hub's own), verifying them for `server_name`
+    /// (`--replica-server-name`) or else for the host of each owner's address.
+    pub(crate) fn new(
+        secret: ReplicaSecret,
+        serving_ca_pem: Option<&[u8]>,
+        server_name: Option<&str>,
+    ) -> Result<Self> {
         let tls = crate::clouddriver::client::client_tls_config(
             serving_ca_pem.map(|pem| ("--serving-ca".to_string(), pem)),
         )
@@ -106,11 +112,15 @@ impl Forwarder {
         http.set_nodelay(true);
         // HTTP/1.1 only: upgraded connections (exec, port-forward) cross it as on the
         // client's side.
-        let connector = HttpsConnectorBuilder::new()
+        let mut builder = HttpsConnectorBuilder::new()
             .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
+            .https_or_http();
+        if let Some(name) = server_name {
+            let name = ServerName::try_from(name.to_string())
+                .map_err(|e| HubError::Config(format!("--replica-server-name {name:?}: {e}")))?;
+            builder = builder.with_server_name_resolver(FixedServerNameResolver::new(name));
+        }
+        let connector = builder.enable_http1().wrap_connector(http);
         let client = HyperClient::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .build(connector);
