@@ -45,7 +45,7 @@ demo: control-plane ## Run Scale Agent locally on a real control plane (Ctrl-C s
 toxiproxy: ## Build Toxiproxy, the latency proxy of the benchmark's far rows (cached; not needed by `make test`)
 	@bench/toxiproxy/build.sh
 
-bench: control-plane toxiproxy ## Benchmarks side by side with their baselines (release build; table + target/bench/latest.json); BENCH_ARGS="--measures 10" is the 10-minute soak
+bench: control-plane toxiproxy postgres ## Benchmarks side by side with their baselines (release build; table + target/bench/latest.json); BENCH_ARGS="--measures 10" is the 10-minute soak
 	$(CARGO) run --locked --release -p scale-agent-bench -- $(BENCH_ARGS)
 
 fmt: ## Format the code

@@ -130,7 +130,20 @@ impl Env {
     /// Starts a hub process with a fresh data directory under `name`, its HTTP listener in
     /// plaintext (the REST API the measures poll).
     pub async fn hub(&self, name: &str) -> Result<HubProc> {
-        self.hub_with(name, HttpListener::Plaintext).await
+        self.hub_with(name, HttpListener::Plaintext, Vec::new())
+            .await
+    }
+
+    /// [`Self::hub`] with its store in PostgreSQL at `url` (`--store postgres`, the URL in a
+    /// file of the work directory).
+    pub async fn hub_on_postgres(&self, name: &str, url: &str) -> Result<HubProc> {
+        let url_file = self.dir.join(format!("{name}-postgres-url"));
+        std::fs::write(&url_file, url)?;
+        let args = vec![
+            "--store=postgres".into(),
+            format!("--postgres-url-file={}", url_file.display()),
+        ];
+        self.hub_with(name, HttpListener::Plaintext, args).await
     }
 
     /// Starts a hub process whose HTTP listener serves TLS, as in production: the serving
@@ -141,10 +154,15 @@ impl Env {
             ca_pem: self.pki.ca.cert_pem.clone(),
             ca_file: self.pki.ca_file.clone(),
         };
-        self.hub_with(name, listener).await
+        self.hub_with(name, listener, Vec::new()).await
     }
 
-    async fn hub_with(&self, name: &str, listener: HttpListener) -> Result<HubProc> {
+    async fn hub_with(
+        &self,
+        name: &str,
+        listener: HttpListener,
+        extra_args: Vec<String>,
+    ) -> Result<HubProc> {
         let data_dir = self.store_dir.join(format!("{name}-data"));
         let _ = std::fs::remove_dir_all(&data_dir);
         let mut hub = HubProc {
@@ -161,6 +179,7 @@ impl Env {
                 format!("--client-ca={}", self.pki.ca_file.display()),
             ],
             listener,
+            extra_args,
             starts: 0,
         };
         hub.start().await?;
@@ -311,6 +330,8 @@ pub struct HubProc {
     log_dir: PathBuf,
     args_tls: Vec<String>,
     listener: HttpListener,
+    /// More flags (the store's).
+    extra_args: Vec<String>,
     starts: usize,
 }
 
@@ -336,6 +357,7 @@ impl HubProc {
                 args.push(format!("--serving-ca={}", ca_file.display()));
             }
         }
+        args.extend(self.extra_args.iter().cloned());
         let proc = Proc::spawn(
             "scale-agent-hub",
             &self.exe,

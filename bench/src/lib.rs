@@ -90,7 +90,7 @@ pub struct Options {
     pub soak_events_per_second: f64,
     /// Measure 10: agents that drop their stream and connect again, per minute.
     pub soak_reconnects_per_minute: f64,
-    /// Which of the ten measures to run (1 to 9 by default; 10 is the ten-minute soak).
+    /// Which of the measures to run (1 to 9 and 11 by default; 10 is the ten-minute soak).
     pub measures: Vec<u8>,
     /// Hub stores on /dev/shm instead of the work directory (default: the work directory,
     /// a disk like a real hub's).
@@ -138,7 +138,7 @@ impl Options {
             soak_seconds: 600,
             soak_events_per_second: 200.0,
             soak_reconnects_per_minute: 60.0,
-            measures: (1..=9).collect(),
+            measures: (1..=9).chain([11]).collect(),
             hub_store_on_tmpfs: false,
         }
     }
@@ -217,6 +217,10 @@ pub async fn run(options: &Options) -> Result<Report> {
         step("2. stream alone (synthetic source)");
         let ceiling = measures::synthetic(&env, options, &mut rows).await?;
         bottleneck = format!("{bottleneck}. {}", ceiling.sentence());
+    }
+    if on(11) {
+        step("11. events into the hub on PostgreSQL and on the embedded store");
+        measures::store_backends(&env, options, &mut rows).await?;
     }
     if on(3) || on(4) || on(5) {
         step("3-5. initial sync, resume, footprint with objects");

@@ -478,11 +478,58 @@ impl StreamCeiling {
     }
 }
 
-/// The stream alone: a fake agent sending ObjectEvents as fast as acks allow.
-pub async fn synthetic(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<StreamCeiling> {
-    let hub = env.hub("synthetic-hub").await?;
-    let cert = env.pki.ca.client("bench-synthetic", &[])?;
-    let account = "bench-synthetic";
+/// One run of the synthetic source against `hub`: events/s acknowledged, and the CPU of the
+/// hub and of the bench (the fake agent) over it.
+struct SyntheticRun {
+    events_per_sec: f64,
+    max_unacked: u64,
+    /// (process, CPU seconds) over `wall` seconds.
+    cpu_used: Vec<(String, f64)>,
+    wall: f64,
+}
+
+impl SyntheticRun {
+    fn cores(&self, prefix: &str) -> f64 {
+        self.cpu_used
+            .iter()
+            .filter(|(n, _)| n.starts_with(prefix))
+            .map(|(_, s)| s / self.wall)
+            .sum::<f64>()
+    }
+
+    fn cpu_text(&self) -> String {
+        self.cpu_used
+            .iter()
+            .map(|(name, s)| format!("{name} {:.2} cores", s / self.wall))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+fn synthetic_events(o: &Options, account: &str) -> Vec<pb::ObjectEvent> {
+    let names = 1000.min(o.synthetic_events.max(1));
+    (0..o.synthetic_events)
+        .map(|i| {
+            object_event(
+                account,
+                &format!("cm-{}", i % names),
+                i as u64 + 1,
+                o.object_bytes,
+            )
+        })
+        .collect()
+}
+
+/// A fake agent (certificate `identity`) registers `account` on `hub` and sends `events`
+/// as fast as acks allow.
+async fn synthetic_run(
+    env: &Env,
+    hub: &HubProc,
+    identity: &str,
+    account: &str,
+    events: Vec<pb::ObjectEvent>,
+) -> Result<SyntheticRun> {
+    let cert = env.pki.ca.client(identity, &[])?;
     let mut fake = FakeAgent::connect(
         hub.grpc_addr,
         &env.pki.ca.cert_pem,
@@ -494,17 +541,31 @@ pub async fn synthetic(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<St
     fake.register(account, "https://synthetic.bench:443")
         .await?;
     fake.synced(LONG).await?;
-    let names = 1000.min(o.synthetic_events.max(1));
-    let events: Vec<pb::ObjectEvent> = (0..o.synthetic_events)
-        .map(|i| {
-            object_event(
-                account,
-                &format!("cm-{}", i % names),
-                i as u64 + 1,
-                o.object_bytes,
-            )
-        })
-        .collect();
+    let count = events.len();
+    let cpu = CpuWindow::start(vec![
+        ("hub".into(), hub.pid()),
+        ("bench (fake agent)".into(), std::process::id()),
+    ]);
+    let started = Instant::now();
+    for ev in events {
+        fake.send(Msg::Object(ev)).await?;
+    }
+    fake.synced(LONG).await?;
+    let secs = started.elapsed().as_secs_f64();
+    let (cpu_used, wall) = cpu.finish();
+    Ok(SyntheticRun {
+        events_per_sec: count as f64 / secs,
+        max_unacked: fake.max_unacked,
+        cpu_used,
+        wall,
+    })
+}
+
+/// The stream alone: a fake agent sending ObjectEvents as fast as acks allow.
+pub async fn synthetic(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<StreamCeiling> {
+    let hub = env.hub("synthetic-hub").await?;
+    let account = "bench-synthetic";
+    let events = synthetic_events(o, account);
     // Baseline: protobuf encoding and decoding of the same messages, in memory.
     let sample = &events[..events.len().min(20_000)];
     let enc_started = Instant::now();
@@ -519,51 +580,81 @@ pub async fn synthetic(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<St
         let _ = pb::AgentMessage::decode(buf.as_slice())?;
     }
     let codec_rate = sample.len() as f64 / enc_started.elapsed().as_secs_f64();
-    let cpu = CpuWindow::start(vec![
-        ("hub".into(), hub.pid()),
-        ("bench (fake agent)".into(), std::process::id()),
-    ]);
-    let started = Instant::now();
-    for ev in events {
-        fake.send(Msg::Object(ev)).await?;
-    }
-    fake.synced(LONG).await?;
-    let secs = started.elapsed().as_secs_f64();
-    let (cpu_used, wall) = cpu.finish();
-    let rate = o.synthetic_events as f64 / secs;
-    let cpu_text = cpu_used
-        .iter()
-        .map(|(name, s)| format!("{name} {:.2} cores", s / wall))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let run = synthetic_run(env, &hub, "bench-synthetic", account, events).await?;
+    let rate = run.events_per_sec;
     rows.push(Row {
         id: "throughput-synthetic".into(),
         measure: 2,
         title: format!(
             "Stream alone: synthetic source → hub ({} ObjectEvents of ~{} B, max_unacked {})",
-            o.synthetic_events, o.object_bytes, fake.max_unacked
+            o.synthetic_events, o.object_bytes, run.max_unacked
         ),
         system: format!("{rate:.0} events/s acknowledged"),
         baseline_name: "protobuf encode + decode of the same messages, one thread, in memory".into(),
         baseline: format!("{codec_rate:.0} messages/s"),
-        note: format!("fake agent on the generated client over mTLS, hub as a process (cache + redb store in the work directory); CPU: {cpu_text}"),
+        note: format!("fake agent on the generated client over mTLS, hub as a process (cache + redb store in the work directory); CPU: {}", run.cpu_text()),
         values: json!({ "events": o.synthetic_events, "events_per_sec": rate, "codec_per_sec": codec_rate,
-            "cpu_cores": cpu_used.iter().map(|(n, s)| (n.clone(), s / wall)).collect::<HashMap<_, _>>() }),
+            "cpu_cores": run.cpu_used.iter().map(|(n, s)| (n.clone(), s / run.wall)).collect::<HashMap<_, _>>() }),
     });
-    drop(fake);
     drop(hub);
-    let cores = |prefix: &str| {
-        cpu_used
-            .iter()
-            .filter(|(n, _)| n.starts_with(prefix))
-            .map(|(_, s)| s / wall)
-            .sum::<f64>()
-    };
     Ok(StreamCeiling {
         events_per_sec: rate,
-        hub_cores: cores("hub"),
-        source_cores: cores("bench"),
+        hub_cores: run.cores("hub"),
+        source_cores: run.cores("bench"),
     })
+}
+
+/// Measure 11: events per second into a hub on PostgreSQL (`--store postgres`, a
+/// PostgreSQL from the e2e harness on loopback) beside the same hub on its embedded store,
+/// the synthetic source of measure 2 sending the same events to each.
+pub async fn store_backends(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<()> {
+    let account = "bench-store";
+    let embedded = {
+        let hub = env.hub("store-embedded-hub").await?;
+        synthetic_run(
+            env,
+            &hub,
+            "bench-store-embedded",
+            account,
+            synthetic_events(o, account),
+        )
+        .await?
+    };
+    let postgres = scale_agent_e2e::postgres::PostgresServer::start().await?;
+    let on_postgres = {
+        let hub = env
+            .hub_on_postgres("store-postgres-hub", &postgres.url())
+            .await?;
+        synthetic_run(
+            env,
+            &hub,
+            "bench-store-postgres",
+            account,
+            synthetic_events(o, account),
+        )
+        .await?
+    };
+    drop(postgres);
+    rows.push(Row {
+        id: "store-postgres-events".into(),
+        measure: 11,
+        title: format!(
+            "Events into the hub on PostgreSQL (synthetic source, {} ObjectEvents of ~{} B, max_unacked {})",
+            o.synthetic_events, o.object_bytes, on_postgres.max_unacked
+        ),
+        system: format!("{:.0} events/s acknowledged", on_postgres.events_per_sec),
+        baseline_name: "the same hub on its embedded store (redb in the work directory)".into(),
+        baseline: format!("{:.0} events/s acknowledged", embedded.events_per_sec),
+        note: format!(
+            "PostgreSQL 15 from the e2e harness on loopback (which runs it with fsync=off: the hub's durable commits do not wait for a disk there, while redb's do), one transaction per group of queued changes; CPU on PostgreSQL (PostgreSQL's own processes not counted): {}; CPU embedded: {}",
+            on_postgres.cpu_text(),
+            embedded.cpu_text()
+        ),
+        values: json!({ "events": o.synthetic_events,
+            "postgres_events_per_sec": on_postgres.events_per_sec,
+            "embedded_events_per_sec": embedded.events_per_sec }),
+    });
+    Ok(())
 }
 
 // ------------------------------------------------------------------ 3, 4, 5: sync, resume, footprint

@@ -32,6 +32,7 @@ use scale_agent_e2e::{
     http,
     kubectl::Kubectl,
     pki::CertificateAuthority,
+    postgres::PostgresServer,
     process::{self, ManagedProcess},
 };
 use serde_json::{Value, json};
@@ -637,7 +638,7 @@ fn file_contains(path: &Path, needle: &str) -> anyhow::Result<bool> {
 /// contents.
 async fn unpack_store_objects(data_dir: &Path, into: &Path) -> anyhow::Result<usize> {
     let mut store = scale_agent_hub::store::Store::open(data_dir)?;
-    let loaded = store.load()?;
+    let loaded = store.load().await?;
     store.close().await?;
     let mut text = Vec::new();
     let mut count = 0;
@@ -1197,8 +1198,37 @@ async fn secret_data_never_reaches_the_hub_nor_the_agent_memory() -> anyhow::Res
 /// its restart the hub is pruned and updated to the API server's state, again without a LIST.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hub_and_agent_restarts_resume_without_relisting() -> anyhow::Result<()> {
-    let (control_plane, admin, ns) = cluster("restart").await?;
-    let mut s = setup("restart", &["--grace-period=60s"]).await?;
+    restarts_resume_without_relisting("restart", &[], None).await
+}
+
+/// Test 3 on PostgreSQL (`--store postgres`, the URL in a file): the hub's state lives in the
+/// database, not in its data directory, and both restarts resume without a LIST.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hub_on_postgres_restarts_and_resumes_without_relisting() -> anyhow::Result<()> {
+    let postgres = PostgresServer::start().await?;
+    let secrets = TempDir::new("pg-url")?;
+    let url_file = secrets.path().join("postgres-url");
+    std::fs::write(&url_file, format!("{}\n", postgres.url()))?;
+    let flags = [
+        "--store=postgres".to_string(),
+        format!("--postgres-url-file={}", url_file.display()),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    restarts_resume_without_relisting("pg-restart", &flags, Some(&postgres)).await
+}
+
+/// The body of test 3, with `hub_flags`; with `postgres`, also checks the hub keeps its
+/// objects there and nothing in its data directory's store file.
+async fn restarts_resume_without_relisting(
+    name: &str,
+    hub_flags: &[&str],
+    postgres: Option<&PostgresServer>,
+) -> anyhow::Result<()> {
+    let (control_plane, admin, ns) = cluster(name).await?;
+    let flags: Vec<&str> = std::iter::once("--grace-period=60s")
+        .chain(hub_flags.iter().copied())
+        .collect();
+    let mut s = setup(name, &flags).await?;
     let kubeconfig = agent_identity(
         control_plane,
         &admin,
@@ -1211,7 +1241,7 @@ async fn hub_and_agent_restarts_resume_without_relisting() -> anyhow::Result<()>
     for name in ["alpha", "beta", "gamma"] {
         create_configmap(&admin, &ns, name, json!({ "v": "1" })).await?;
     }
-    let account = unique("restart");
+    let account = unique(name);
     let config = s.dir.path().join("agent.yaml");
     write_agent_config(
         &config,
@@ -1223,7 +1253,7 @@ async fn hub_and_agent_restarts_resume_without_relisting() -> anyhow::Result<()>
             &["configmaps", "deployments.apps"]
         )]),
     )?;
-    let mut agent = Agent::start(s.dir.path(), &config, "restart-0", &s.tls).await?;
+    let mut agent = Agent::start(s.dir.path(), &config, &format!("{name}-0"), &s.tls).await?;
     let acc = account.as_str();
     let hub = &s.hub;
     hub_equals_api(hub, &admin, acc, &ns).await?;
@@ -1268,6 +1298,30 @@ async fn hub_and_agent_restarts_resume_without_relisting() -> anyhow::Result<()>
     s.hub.start_again().await?;
     let log = s.hub.log();
     assert!(log.contains("store loaded"), "{log}");
+    if let Some(postgres) = postgres {
+        assert!(
+            !s.hub.data_dir.join("hub.redb").exists(),
+            "the hub on PostgreSQL made an embedded store"
+        );
+        let sql = postgres.connect().await?;
+        let stored: i64 = sql
+            .query_one(
+                "SELECT count(*) FROM objects WHERE account = $1 AND kind = '/ConfigMap'",
+                &[&acc],
+            )
+            .await?
+            .get(0);
+        // At least alpha, beta and gamma (or delta, once the agent resumed).
+        assert!(stored >= 3, "{stored} ConfigMaps in PostgreSQL");
+        let resume_points: i64 = sql
+            .query_one(
+                "SELECT count(*) FROM resume_points WHERE account = $1",
+                &[&acc],
+            )
+            .await?
+            .get(0);
+        assert!(resume_points >= 2, "{resume_points} resume points");
+    }
     let a = &agent;
     eventually(
         "the agent to reconnect and resume both kinds",

@@ -217,7 +217,7 @@ impl Commits {
                 .is_none()
         };
         if first {
-            tracing::error!(data_dir = %self.data_dir.display(), error = %crate::error::Chain(error), "the store cannot commit (is the data directory's volume full?); reads are served from memory, agents' acknowledgements are held so they slow down, and the commit is retried until it succeeds");
+            tracing::error!(data_dir = %self.data_dir.display(), error = %crate::error::Chain(error), "the store cannot commit (is the data directory's volume full, or PostgreSQL unreachable?); reads are served from memory, agents' acknowledgements are held so they slow down, and the commit is retried until it succeeds");
         } else {
             tracing::warn!(data_dir = %self.data_dir.display(), error = %crate::error::Chain(error), "the store still cannot commit; retrying");
         }

@@ -149,8 +149,10 @@ pub struct Config {
     pub grpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
     pub security: GrpcSecurity,
-    /// Holds `hub.redb`.
+    /// Holds `hub.redb` (the embedded store), the admin token and the agent CA.
     pub data_dir: PathBuf,
+    /// Where the hub keeps its state (`--store`).
+    pub store: crate::store::Backend,
     /// How long an account with no connected agent is kept.
     pub grace_period: Duration,
     /// The heartbeat period of agents that ask for none (older agents, or
@@ -287,6 +289,7 @@ impl Config {
             security,
             admin_token_file: Some(data_dir.join("admin-token")),
             data_dir,
+            store: crate::store::Backend::Embedded,
             grace_period: Duration::from_secs(600),
             heartbeat_period: Duration::from_secs(15),
             min_heartbeat_period: DEFAULT_MIN_HEARTBEAT_PERIOD,
@@ -545,6 +548,23 @@ pub struct Args {
     #[arg(long, env = "SCALE_AGENT_HUB_DATA_DIR", default_value = "data")]
     pub data_dir: PathBuf,
 
+    /// Where the hub keeps its state: `embedded` (a redb file in --data-dir; one replica) or
+    /// `postgres` (a PostgreSQL database, reached at the URL in --postgres-url-file or in
+    /// SCALE_AGENT_HUB_POSTGRES_URL).
+    #[arg(
+        long,
+        env = "SCALE_AGENT_HUB_STORE",
+        value_enum,
+        default_value = "embedded"
+    )]
+    pub store: StoreKind,
+
+    /// A file holding the PostgreSQL URL, `postgres://user:password@host:port/database`
+    /// (e.g. a key of a mounted Secret), for `--store postgres`. The URL is never taken
+    /// from the command line and never logged.
+    #[arg(long, env = "SCALE_AGENT_HUB_POSTGRES_URL_FILE")]
+    pub postgres_url_file: Option<PathBuf>,
+
     /// How long an account with no connected agent is kept (cache and resume points
     /// included) before it is removed: seconds, or a number with ms, s, m or h.
     #[arg(long, env = "SCALE_AGENT_HUB_GRACE_PERIOD", default_value = "600s", value_parser = parse_duration)]
@@ -631,9 +651,53 @@ pub struct Args {
     pub log_format: LogFormat,
 }
 
+/// `--store`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum StoreKind {
+    Embedded,
+    Postgres,
+}
+
+/// The environment variable that may hold the PostgreSQL URL instead of
+/// `--postgres-url-file`.
+pub const POSTGRES_URL_ENV: &str = "SCALE_AGENT_HUB_POSTGRES_URL";
+
 impl Args {
+    /// The store the flags choose; `url_env` is the value of [`POSTGRES_URL_ENV`].
+    fn store_backend(&self, url_env: Option<String>) -> Result<crate::store::Backend> {
+        use crate::store::{Backend, PostgresOptions};
+        let url = match (&self.postgres_url_file, url_env) {
+            (Some(path), _) => Some(
+                std::fs::read_to_string(path)
+                    .map_err(|source| HubError::ReadFile {
+                        path: path.clone(),
+                        source,
+                    })?
+                    .trim()
+                    .to_string(),
+            ),
+            (None, env) => env.map(|url| url.trim().to_string()),
+        };
+        match (self.store, url) {
+            (StoreKind::Embedded, None) => Ok(Backend::Embedded),
+            (StoreKind::Embedded, Some(_)) => Err(HubError::Config(format!(
+                "a PostgreSQL URL is set (--postgres-url-file or {POSTGRES_URL_ENV}) but the \
+                 store is embedded: add --store postgres, or unset it"
+            ))),
+            (StoreKind::Postgres, Some(url)) if !url.is_empty() => {
+                Ok(Backend::Postgres(PostgresOptions { url }))
+            }
+            (StoreKind::Postgres, _) => Err(HubError::Config(format!(
+                "--store postgres needs the database's URL: put \
+                 postgres://user:password@host:port/database in a file named by \
+                 --postgres-url-file, or in {POSTGRES_URL_ENV}"
+            ))),
+        }
+    }
+
     /// Reads the files the flags name and builds the [`Config`].
     pub fn into_config(self) -> Result<Config> {
+        let store = self.store_backend(std::env::var(POSTGRES_URL_ENV).ok())?;
         let security = if self.insecure_plaintext {
             GrpcSecurity::InsecurePlaintext
         } else if let Some(format) = self.forwarded_client_cert {
@@ -735,6 +799,7 @@ impl Args {
             http_addr: self.http_addr,
             security,
             data_dir: self.data_dir,
+            store,
             grace_period: self.grace_period,
             heartbeat_period: self.heartbeat_period,
             min_heartbeat_period: self.min_heartbeat_period,
@@ -889,6 +954,51 @@ mod tests {
         assert_eq!(parse_duration("1.5h").unwrap(), Duration::from_secs(5400));
         assert!(parse_duration("ten").is_err());
         assert!(parse_duration("-5s").is_err());
+    }
+
+    #[test]
+    fn store_flags() {
+        use crate::store::Backend;
+        let args = Args::try_parse_from(["scale-agent-hub"]).unwrap();
+        assert!(matches!(
+            args.store_backend(None).unwrap(),
+            Backend::Embedded
+        ));
+        let err = args
+            .store_backend(Some("postgres://u:p@h/d".into()))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--store postgres"), "{err}");
+
+        let args = Args::try_parse_from(["scale-agent-hub", "--store", "postgres"]).unwrap();
+        let err = args.store_backend(None).unwrap_err().to_string();
+        assert!(err.contains("--postgres-url-file"), "{err}");
+        let Backend::Postgres(options) = args
+            .store_backend(Some(" postgres://u:p@h/d\n".into()))
+            .unwrap()
+        else {
+            panic!("not postgres");
+        };
+        assert_eq!(options.url, "postgres://u:p@h/d");
+
+        // The file wins over the environment, trimmed like a Secret's key with a newline.
+        let file = std::env::temp_dir().join(format!("hub-pg-url-{}", std::process::id()));
+        std::fs::write(&file, "postgres://f:s3cret@db:5433/hub\n").unwrap();
+        let args = Args::try_parse_from([
+            "scale-agent-hub",
+            "--store",
+            "postgres",
+            "--postgres-url-file",
+            file.to_str().unwrap(),
+        ])
+        .unwrap();
+        let backend = args.store_backend(Some("postgres://env/x".into())).unwrap();
+        std::fs::remove_file(&file).unwrap();
+        let Backend::Postgres(options) = &backend else {
+            panic!("not postgres");
+        };
+        assert_eq!(options.url, "postgres://f:s3cret@db:5433/hub");
+        assert!(!format!("{backend:?}").contains("s3cret"));
     }
 
     #[test]

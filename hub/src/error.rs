@@ -49,6 +49,28 @@ pub enum HubError {
         #[source]
         source: Box<redb::Error>,
     },
+    /// The PostgreSQL store failed.
+    #[error("{context}")]
+    Postgres {
+        context: String,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// A commit touched accounts this replica no longer owns (another replica took them
+    /// over): nothing of the batch was written.
+    #[error(
+        "replica {replica} no longer owns accounts {accounts:?}; their changes were not written"
+    )]
+    Fenced {
+        replica: String,
+        accounts: Vec<String>,
+    },
+    /// The PostgreSQL database was migrated by a newer hub.
+    #[error(
+        "the PostgreSQL schema is at version {current}, newer than this hub knows ({known}): \
+         run a hub at least as new as the one that migrated it"
+    )]
+    SchemaTooNew { current: i64, known: i64 },
     /// A record in the store could not be decoded.
     #[error("store record {key:?} is corrupt: {message}")]
     Corrupt { key: String, message: String },

@@ -225,14 +225,20 @@ async fn readyz(State(hub): State<Arc<Hub>>) -> Response {
 /// Why the store cannot commit, in words for people; `None` while it commits.
 fn store_failure(hub: &Hub) -> Option<String> {
     let health = hub.commits.health();
-    health.failure.map(|error| {
-        format!(
+    health.failure.map(|error| match &hub.config.store {
+        crate::store::Backend::Embedded => format!(
             "the store cannot commit in data directory {} ({error}); {} changes are queued and \
              retried, agents' acknowledgements are held until they are committed: free space \
              on that volume or grow it",
             hub.config.data_dir.display(),
             health.queued
-        )
+        ),
+        crate::store::Backend::Postgres(_) => format!(
+            "the store cannot commit to PostgreSQL ({error}); {} changes are queued and \
+             retried, agents' acknowledgements are held until they are committed: check that \
+             PostgreSQL is up, reachable and has space",
+            health.queued
+        ),
     })
 }
 

@@ -496,13 +496,25 @@ impl RunningHub {
 /// Opens the store, loads the cache, binds both listeners and starts serving.
 pub async fn start(config: Config) -> Result<RunningHub> {
     config.validate()?;
-    let store = Store::open(&config.data_dir)?;
-    let store_path = store.path().to_path_buf();
-    let mut loaded = store.load()?;
-    let operation_records = match store.database() {
-        Some(db) => store::load_operation_records(&db)?,
-        None => Vec::new(),
-    };
+    let store = Store::open_backend(&config.store, &config.data_dir).await?;
+    let store_path = store
+        .path()
+        .map_or_else(|| config.data_dir.clone(), std::path::Path::to_path_buf);
+    let store_location = store.location();
+    let mut loaded = store.load().await?;
+    if store.loads_accounts_separately() {
+        // One replica owns every account: it reads each one's cache at start-up.
+        for (account, _) in &loaded.accounts {
+            let snapshot = store.load_account(account).await?;
+            if !snapshot.cache.kinds.is_empty() {
+                loaded
+                    .cache
+                    .accounts
+                    .insert(account.clone(), snapshot.cache);
+            }
+        }
+    }
+    let operation_records = store.load_operation_records().await?;
     let mut state = HubState {
         cache: loaded.cache,
         ..HubState::default()
@@ -568,7 +580,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         GrpcSecurity::InsecurePlaintext => None,
     }
     .map(|clients| std::sync::RwLock::new(Arc::new(clients)));
-    tracing::info!(path = %store_path.display(), accounts = loaded_accounts, objects = state.cache.object_count(), "store loaded");
+    tracing::info!(store = %store_location, accounts = loaded_accounts, objects = state.cache.object_count(), "store loaded");
 
     let grpc_listener = tokio::net::TcpListener::bind(config.grpc_addr)
         .await

@@ -72,31 +72,17 @@ pub(crate) async fn save(
     let Ok(bytes) = serde_json::to_vec(&row) else {
         return;
     };
-    let Some(db) = hub.store.lock().await.database() else {
+    let Some(records) = hub.store.lock().await.operation_records() else {
         return;
     };
     let key = key(account, id);
     let retention = hub.config.operation_retention;
     let sweep = hub.operations.count_write().is_multiple_of(SWEEP_EVERY);
-    let written = tokio::task::spawn_blocking(move || {
-        let now = now_millis();
-        let past = |bytes: &[u8]| expired(bytes, retention, now);
-        store::write_operation_record(
-            &db,
-            &key,
-            Some(&bytes),
-            sweep.then_some(&past as &store::Expired<'_>),
-        )
-    })
-    .await;
-    match written {
-        Ok(Ok(())) => {}
-        Ok(Err(error)) => {
-            tracing::warn!(error = %crate::error::Chain(&error), "cannot store the operation's record; a hub restart will forget the id")
-        }
-        Err(error) => {
-            tracing::warn!(%error, "the task storing the operation's record failed")
-        }
+    let now = now_millis();
+    let past: Option<Box<store::Expired>> =
+        sweep.then(|| Box::new(move |bytes: &[u8]| expired(bytes, retention, now)) as _);
+    if let Err(error) = records.write(key, Some(bytes), past).await {
+        tracing::warn!(error = %crate::error::Chain(&error), "cannot store the operation's record; a hub restart will forget the id")
     }
 }
 

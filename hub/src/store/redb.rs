@@ -1,14 +1,7 @@
-//! Persistence in an embedded redb database (`<data-dir>/hub.redb`): account bindings, kinds,
-//! cached objects and resume points, the proxy's tokens (hashed), and the accounts registered
-//! in Clouddriver. Writers hand a batch of [`StoreOp`]s to
-//! [`Store::commit`]: one write transaction per batch.
-//!
-//! Durability: most commits are non-durable (no fsync); a commit is made durable when the
-//! last durable one is older than [`DURABLE_EVERY`], [`Store::flush`] (called periodically
-//! and at shutdown) makes everything durable. Cache and resume points are always written in
-//! the same transaction, so after a crash the hub holds a consistent, slightly older state
-//! and hands out slightly older resume points: agents replay a few events, which is
-//! harmless (events are idempotent).
+//! The embedded backend: a redb database in the data directory (`<data-dir>/hub.redb`).
+//! Non-durable commits skip the fsync; redb rolls them back when it must be reopened after an
+//! I/O error (a full disk), so they are kept and written again then (see
+//! [`RedbStore::try_commit`]).
 
 use std::{
     path::{Path, PathBuf},
@@ -17,14 +10,15 @@ use std::{
 };
 
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
-use serde::{Deserialize, Serialize};
 
+use super::{
+    AccountSnapshot, CommitHook, DURABLE_EVERY, Expired, Failed, Loaded, StoreOp, decode_object,
+    encode_object,
+};
 use crate::{
-    agent_tokens::{AgentTokenRecord, EnrolledIdentity},
-    cache::{Cache, CachedObject, KindInfo, KindKey, PackedJson},
-    dynamic_accounts::DynamicAccountRecord,
+    cache::{Cache, KindInfo, KindKey},
     error::{HubError, Result},
-    registry::{AccountBinding, AccountRecord},
+    registry::AccountRecord,
     tokens::TokenRecord,
 };
 
@@ -52,116 +46,8 @@ const ACCOUNT_BINDINGS: TableDefinition<&str, &[u8]> = TableDefinition::new("acc
 /// account → DynamicAccountRecord (JSON): accounts added through the dynamic accounts API.
 const DYNAMIC_ACCOUNTS: TableDefinition<&str, &[u8]> = TableDefinition::new("dynamic_accounts");
 
-/// Longest time between durable commits while agents stream.
-pub const DURABLE_EVERY: Duration = Duration::from_secs(1);
-/// Longest wait in [`Store::close`] for a write still running.
+/// Longest wait in [`RedbStore::close`] for a write still running.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// One change to persist.
-#[derive(Clone, Debug)]
-pub enum StoreOp {
-    PutAccount {
-        account: String,
-        record: AccountRecord,
-    },
-    DeleteAccount {
-        account: String,
-    },
-    PutKind {
-        account: String,
-        info: KindInfo,
-    },
-    PutObject {
-        account: String,
-        kind: KindKey,
-        /// Shared with the cache.
-        object: Arc<CachedObject>,
-    },
-    DeleteObject {
-        account: String,
-        kind: KindKey,
-        uid: String,
-    },
-    PutResume {
-        account: String,
-        kind: KindKey,
-        watch_namespace: String,
-        resource_version: String,
-    },
-    DeleteResume {
-        account: String,
-        kind: KindKey,
-        watch_namespace: String,
-    },
-    PutToken {
-        record: TokenRecord,
-    },
-    DeleteToken {
-        id: String,
-    },
-    PutMeta {
-        key: String,
-        value: String,
-    },
-    PutRegistration {
-        account: String,
-        body_hash: String,
-    },
-    DeleteRegistration {
-        account: String,
-    },
-    PutAgentToken {
-        record: AgentTokenRecord,
-    },
-    DeleteAgentToken {
-        id: String,
-    },
-    PutEnrolledIdentity {
-        record: EnrolledIdentity,
-    },
-    PutBinding {
-        account: String,
-        binding: AccountBinding,
-    },
-    PutDynamicAccount {
-        record: DynamicAccountRecord,
-    },
-    DeleteDynamicAccount {
-        account: String,
-    },
-}
-
-impl StoreOp {
-    /// Ops that must be on disk before the hub answers (a token it showed to someone, the
-    /// key that derives tokens): their batch is committed durably.
-    fn needs_durability(&self) -> bool {
-        matches!(
-            self,
-            StoreOp::PutToken { .. }
-                | StoreOp::DeleteToken { .. }
-                | StoreOp::PutMeta { .. }
-                | StoreOp::PutAgentToken { .. }
-                | StoreOp::DeleteAgentToken { .. }
-                | StoreOp::PutEnrolledIdentity { .. }
-                | StoreOp::PutBinding { .. }
-                | StoreOp::PutDynamicAccount { .. }
-                | StoreOp::DeleteDynamicAccount { .. }
-        )
-    }
-}
-
-#[derive(Serialize, Deserialize)]
-struct ObjectHeader {
-    namespace: String,
-    name: String,
-    uid: String,
-    rv: String,
-    truncated: bool,
-    /// The JSON after the header is packed ([`PackedJson`]); stores written before the hub
-    /// packed objects hold it as it is, and are packed as they load.
-    #[serde(default)]
-    packed: bool,
-}
 
 fn key2(account: &str, kind: &KindKey) -> String {
     format!("{account}\0{}", kind.storage_key())
@@ -171,70 +57,8 @@ fn key3(account: &str, kind: &KindKey, last: &str) -> String {
     format!("{account}\0{}\0{last}", kind.storage_key())
 }
 
-fn encode_object(o: &CachedObject) -> Vec<u8> {
-    let header = ObjectHeader {
-        namespace: o.namespace.clone(),
-        name: o.name.clone(),
-        uid: o.uid.clone(),
-        rv: o.resource_version.clone(),
-        truncated: o.truncated,
-        packed: true,
-    };
-    // serde_json escapes newlines, so the first b'\n' ends the header.
-    let mut bytes = serde_json::to_vec(&header).unwrap_or_default();
-    bytes.push(b'\n');
-    bytes.extend_from_slice(o.json.packed());
-    bytes
-}
-
-fn decode_object(key: &str, bytes: &[u8]) -> Result<CachedObject> {
-    let corrupt = |message: String| HubError::Corrupt {
-        key: key.to_string(),
-        message,
-    };
-    let split = bytes
-        .iter()
-        .position(|b| *b == b'\n')
-        .ok_or_else(|| corrupt("no header".into()))?;
-    let header: ObjectHeader =
-        serde_json::from_slice(&bytes[..split]).map_err(|e| corrupt(e.to_string()))?;
-    let json = &bytes[split + 1..];
-    let json = if header.packed {
-        PackedJson::from_packed(json).map_err(|e| corrupt(e.to_string()))?
-    } else {
-        PackedJson::pack(json)
-    };
-    Ok(CachedObject {
-        namespace: header.namespace,
-        name: header.name,
-        uid: header.uid,
-        resource_version: header.rv,
-        json,
-        truncated: header.truncated,
-    })
-}
-
-/// What the store held at start-up.
-#[derive(Debug, Default)]
-pub struct Loaded {
-    pub accounts: Vec<(String, AccountRecord)>,
-    pub cache: Cache,
-    pub tokens: Vec<TokenRecord>,
-    pub meta: std::collections::BTreeMap<String, String>,
-    /// Accounts registered in Clouddriver, with the hash of their last body.
-    pub registrations: std::collections::BTreeMap<String, String>,
-    pub agent_tokens: Vec<AgentTokenRecord>,
-    pub enrolled: Vec<EnrolledIdentity>,
-    pub bindings: Vec<(String, AccountBinding)>,
-    pub dynamic_accounts: Vec<(String, DynamicAccountRecord)>,
-}
-
-/// A test seam: called on the commit's blocking thread with the batch before it is
-/// written. It may block (a slow disk) or fail the commit (`Err(message)`).
-pub type CommitHook = Arc<dyn Fn(&[StoreOp]) -> Result<(), String> + Send + Sync>;
-
 /// The embedded store.
-pub struct Store {
+pub struct RedbStore {
     path: PathBuf,
     db: Option<Arc<Database>>,
     last_durable: Instant,
@@ -250,18 +74,12 @@ pub struct Store {
     hook: Option<CommitHook>,
 }
 
-/// A commit that failed, with its changes handed back so that they can be tried again.
-pub struct Failed {
-    pub error: HubError,
-    pub ops: Vec<StoreOp>,
-}
-
 /// redb's page cache. The hub reads its store only at start-up (the cache in memory serves
 /// every read), so redb's 1 GiB default only grows RSS with the store's size: the benchmark
 /// measured about 1.2 KB of it per cached object.
 const STORE_CACHE_BYTES: usize = 16 * 1024 * 1024;
 
-impl Store {
+impl RedbStore {
     /// Opens (or creates) `<data_dir>/hub.redb`.
     pub fn open(data_dir: &Path) -> Result<Self> {
         std::fs::create_dir_all(data_dir).map_err(|source| HubError::Io {
@@ -300,7 +118,7 @@ impl Store {
             }
         }
         txn.commit().map_err(|e| HubError::store("open", e))?;
-        Ok(Store {
+        Ok(RedbStore {
             path,
             db: Some(Arc::new(db)),
             last_durable: Instant::now(),
@@ -425,6 +243,62 @@ impl Store {
             loaded.accounts.iter().map(|(a, _)| a).collect();
         loaded.cache.accounts.retain(|a, _| known.contains(a));
         Ok(loaded)
+    }
+
+    /// Reads one account back (one replica: what it holds in memory is as current).
+    pub fn load_account(&self, account: &str) -> Result<AccountSnapshot> {
+        let db = self.db.as_ref().ok_or(HubError::StoreClosed)?;
+        let txn = db.begin_read().map_err(load_err)?;
+        let accounts = txn.open_table(ACCOUNTS).map_err(load_err)?;
+        let record =
+            match accounts.get(account).map_err(load_err)? {
+                Some(v) => Some(serde_json::from_slice::<AccountRecord>(v.value()).map_err(
+                    |err| HubError::Corrupt {
+                        key: account.to_string(),
+                        message: err.to_string(),
+                    },
+                )?),
+                None => None,
+            };
+        let mut cache = Cache::default();
+        let (start, end) = prefix_range(account);
+        let range = start.as_str()..end.as_str();
+        let kinds = txn.open_table(KINDS).map_err(load_err)?;
+        for row in kinds.range(range.clone()).map_err(load_err)? {
+            let (k, v) = row.map_err(load_err)?;
+            let info: KindInfo =
+                serde_json::from_slice(v.value()).map_err(|err| HubError::Corrupt {
+                    key: k.value().replace('\0', "/"),
+                    message: err.to_string(),
+                })?;
+            cache.load_kind(account, info);
+        }
+        let objects = txn.open_table(OBJECTS).map_err(load_err)?;
+        for row in objects.range(range.clone()).map_err(load_err)? {
+            let (k, v) = row.map_err(load_err)?;
+            let key = k.value();
+            let Some(kind) = key.split('\0').nth(1).and_then(KindKey::from_storage_key) else {
+                continue;
+            };
+            let object = decode_object(&key.replace('\0', "/"), v.value())?;
+            cache.load_object(account, &kind, object);
+        }
+        let resume = txn.open_table(RESUME).map_err(load_err)?;
+        for row in resume.range(range).map_err(load_err)? {
+            let (k, v) = row.map_err(load_err)?;
+            let mut parts = k.value().splitn(3, '\0').skip(1);
+            let (Some(kind), Some(ns)) = (parts.next(), parts.next()) else {
+                continue;
+            };
+            let Some(kind) = KindKey::from_storage_key(kind) else {
+                continue;
+            };
+            cache.load_resume(account, &kind, ns.to_string(), v.value().to_string());
+        }
+        Ok(AccountSnapshot {
+            record,
+            cache: cache.accounts.remove(account).unwrap_or_default(),
+        })
     }
 
     /// Writes a batch in one transaction (on a blocking thread).
@@ -752,20 +626,12 @@ fn write_batch(db: &Database, ops: &[StoreOp], durable: bool) -> Result<()> {
     Ok(())
 }
 
-// ---------------------------------------------------------------------------------------
-// Operation records: operations submitted with a client id, kept across restarts for the
-// retention period so that a resubmitted id does not run again. A block of its own, outside
-// the stream batches above: the operations API writes it (see `operations::persist`), which
-// also owns the rows' format; here they are bytes under `account\0id`.
-
+/// Operation records (see [`super::OperationRecords`]): bytes under `account\0id`.
 const OPERATION_RECORDS: TableDefinition<&str, &[u8]> = TableDefinition::new("operation_records");
 
-/// Says whether a stored operation record is past its retention.
-pub type Expired<'a> = dyn Fn(&[u8]) -> bool + 'a;
-
-impl Store {
+impl RedbStore {
     /// The database, for a write outside the batches (operation records). Hold it for one
-    /// write only: [`Store::close`] waits until every holder has let go.
+    /// write only: [`RedbStore::close`] waits until every holder has let go.
     pub fn database(&self) -> Option<Arc<Database>> {
         self.db.clone()
     }
@@ -777,7 +643,7 @@ pub fn write_operation_record(
     db: &Database,
     key: &str,
     value: Option<&[u8]>,
-    expired: Option<&Expired<'_>>,
+    expired: Option<&Expired>,
 ) -> Result<()> {
     let txn = db.begin_write().map_err(commit_err)?;
     {
@@ -816,7 +682,7 @@ pub fn load_operation_records(db: &Database) -> Result<Vec<(String, Vec<u8>)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::ClusterRecord;
+    use crate::{cache::CachedObject, registry::ClusterRecord};
 
     fn record() -> AccountRecord {
         AccountRecord {
@@ -872,7 +738,7 @@ mod tests {
             });
         }
         {
-            let mut store = Store::open(&dir).unwrap();
+            let mut store = RedbStore::open(&dir).unwrap();
             store.commit(ops).await.unwrap();
             store
                 .commit(vec![StoreOp::DeleteAccount {
@@ -883,7 +749,7 @@ mod tests {
             store.close().await.unwrap();
             assert!(!store.is_open());
         }
-        let store = Store::open(&dir).unwrap();
+        let store = RedbStore::open(&dir).unwrap();
         let loaded = store.load().unwrap();
         assert_eq!(loaded.accounts.len(), 1);
         assert_eq!(loaded.accounts[0].0, "acc");
@@ -923,7 +789,7 @@ mod tests {
             role: None,
         };
         {
-            let mut store = Store::open(&dir).unwrap();
+            let mut store = RedbStore::open(&dir).unwrap();
             store
                 .commit(vec![
                     StoreOp::PutToken {
@@ -955,7 +821,7 @@ mod tests {
             assert!(!store.dirty);
             store.close().await.unwrap();
         }
-        let loaded = Store::open(&dir).unwrap().load().unwrap();
+        let loaded = RedbStore::open(&dir).unwrap().load().unwrap();
         assert_eq!(loaded.tokens, vec![token("t2")]);
         assert_eq!(loaded.meta.get("k").map(String::as_str), Some("v"));
         assert_eq!(
