@@ -129,6 +129,12 @@ impl Commits {
         Some(Queued { ticket, bytes })
     }
 
+    /// The ticket of the changes queued last (0: none yet): once it is committed, so is
+    /// everything queued before.
+    pub fn last_ticket(&self) -> u64 {
+        self.queue().next_ticket
+    }
+
     /// Bytes of changes queued and not yet committed, all streams together.
     pub fn queued_bytes(&self) -> u64 {
         self.queue().queued_bytes

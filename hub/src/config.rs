@@ -203,6 +203,16 @@ pub struct Config {
     pub tls_files: TlsFiles,
     /// How often `tls_files` are checked for changes.
     pub tls_reload_interval: Duration,
+    /// This replica's name among the hub's replicas (`--replica-id`; default: the hostname).
+    pub replica_id: String,
+    /// The base URL other replicas reach this one's HTTP listener at (`--replica-address`);
+    /// needed when replicas share the store, to forward requests to an account's owner.
+    pub replica_address: Option<String>,
+    /// Where account ownership comes from ([`crate::owners`]).
+    pub ownership: crate::owners::OwnershipSource,
+    /// The secret replicas present to each other's internal routes
+    /// (`--replica-secret-file`); needed when replicas share a store.
+    pub replica_secret: Option<crate::owners::forward::ReplicaSecret>,
 }
 
 impl Config {
@@ -263,6 +273,7 @@ impl Config {
             )));
         }
         self.clouddriver.validate()?;
+        self.validate_replica()?;
         if let GrpcSecurity::TrustedProxy(proxy) = &self.security {
             proxy.validate()?;
         }
@@ -313,11 +324,61 @@ impl Config {
             agent_cert_lifetime: DEFAULT_AGENT_CERT_LIFETIME,
             tls_files: TlsFiles::default(),
             tls_reload_interval: TLS_RELOAD_INTERVAL,
+            replica_id: crate::owners::hostname(),
+            replica_address: None,
+            ownership: crate::owners::OwnershipSource::Embedded,
+            replica_secret: None,
         }
     }
 }
 
 impl Config {
+    /// Checks `--replica-id` and `--replica-address`.
+    fn validate_replica(&self) -> Result<()> {
+        let id = &self.replica_id;
+        if id.is_empty()
+            || id.len() > 253
+            || !id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        {
+            return Err(HubError::Config(format!(
+                "--replica-id {id:?} must have 1 to 253 letters, digits, '-', '_' or '.' (the \
+                 pod's name, which is the default, is)"
+            )));
+        }
+        if let Some(address) = &self.replica_address {
+            let uri: Option<http::Uri> = address.parse().ok();
+            let valid = uri.as_ref().is_some_and(|u| {
+                matches!(u.scheme_str(), Some("http" | "https"))
+                    && u.host().is_some_and(|h| !h.is_empty())
+                    && u.path_and_query().is_none_or(|p| p.as_str() == "/")
+            });
+            if !valid {
+                return Err(HubError::Config(format!(
+                    "--replica-address {address:?} must be the base URL of this replica's HTTP \
+                     listener, like https://10.1.2.3:8443 (no path)"
+                )));
+            }
+        }
+        if self.ownership.is_shared() && self.replica_address.is_none() {
+            return Err(HubError::Config(
+                "replicas sharing a store need --replica-address: the URL other replicas \
+                 reach this one's HTTP listener at, e.g. https://$(POD_IP):8443"
+                    .into(),
+            ));
+        }
+        if self.ownership.is_shared() && self.replica_secret.is_none() {
+            return Err(HubError::Config(
+                "replicas sharing a store need --replica-secret-file: the secret they present \
+                 to each other when forwarding requests to an account's owner (the same file, \
+                 from one Secret, on every replica)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// The heartbeat period of a stream whose agent asked for `requested_seconds` in Hello:
     /// the request within `--min-heartbeat-period` and `--max-heartbeat-period`, or
     /// `--heartbeat-period` when it asked for none (0, or an agent from before the field).
@@ -641,6 +702,25 @@ pub struct Args {
     #[arg(long, env = "SCALE_AGENT_HUB_MAX_OPERATION_RECORDS_BYTES", default_value_t = crate::operations::DEFAULT_MAX_RECORDS_BYTES)]
     pub max_operation_records_bytes: usize,
 
+    /// This replica's name among the hub's replicas: in the ownership table, in logs and in
+    /// the x-scale-agent-replica header of proxied answers. Unique per replica. Default:
+    /// the hostname (the pod's name in Kubernetes).
+    #[arg(long, env = "SCALE_AGENT_HUB_REPLICA_ID")]
+    pub replica_id: Option<String>,
+
+    /// The base URL other replicas reach this replica's HTTP listener at, e.g.
+    /// https://10.1.2.3:8443 from the pod's IP (its serving certificate must cover that
+    /// name). Needed when replicas share a store: requests for an account owned by another
+    /// replica are forwarded there.
+    #[arg(long, env = "SCALE_AGENT_HUB_REPLICA_ADDRESS")]
+    pub replica_address: Option<String>,
+
+    /// File with the secret the hub's replicas present to each other when one forwards a
+    /// request to the owner of its account (one word of at least 32 characters, e.g. from
+    /// `openssl rand -hex 32`, mounted from a Secret). Needed when replicas share a store.
+    #[arg(long, env = "SCALE_AGENT_HUB_REPLICA_SECRET_FILE")]
+    pub replica_secret_file: Option<PathBuf>,
+
     /// Log format.
     #[arg(
         long,
@@ -827,6 +907,14 @@ impl Args {
             agent_cert_lifetime: self.agent_cert_lifetime,
             tls_files,
             tls_reload_interval: TLS_RELOAD_INTERVAL,
+            replica_id: self.replica_id.unwrap_or_else(crate::owners::hostname),
+            replica_address: self.replica_address,
+            ownership: crate::owners::OwnershipSource::Embedded,
+            replica_secret: self
+                .replica_secret_file
+                .as_deref()
+                .map(crate::owners::forward::ReplicaSecret::read)
+                .transpose()?,
         };
         config.validate()?;
         Ok(config)

@@ -77,6 +77,10 @@ pub enum HubError {
     /// The store was closed (the hub is shutting down).
     #[error("the store is closed (the hub is shutting down)")]
     StoreClosed,
+    /// The source of account ownership (PostgreSQL advisory locks) failed; the message says
+    /// what to check.
+    #[error("account ownership: {0}")]
+    Ownership(String),
     /// The gRPC server (tonic) failed.
     #[error("gRPC server failed")]
     Grpc(#[from] tonic::transport::Error),

@@ -10,7 +10,7 @@ use std::{
 
 use axum::{
     Json, Router,
-    extract::{DefaultBodyLimit, Path, Query, State, rejection::BytesRejection},
+    extract::{DefaultBodyLimit, FromRequest as _, Path, Query, State},
     http::{StatusCode, header},
     response::{IntoResponse, Response},
     routing::{get, post},
@@ -69,7 +69,28 @@ pub(crate) fn router(hub: Arc<Hub>) -> Router {
         .merge(operator)
         .merge(admin)
         .merge(crate::proxy::router())
+        .nest(
+            crate::owners::forward::INTERNAL_PREFIX,
+            internal(hub.clone()),
+        )
         .with_state(hub)
+}
+
+/// What other replicas forward to this one, the owner of the account
+/// ([`crate::owners::forward`]): the Kubernetes API proxy and operations, behind the
+/// replicas' secret. A request here is never forwarded again.
+fn internal(hub: Arc<Hub>) -> Router<Arc<Hub>> {
+    let max_request_bytes = hub.config.max_request_bytes;
+    Router::new()
+        .route(
+            "/api/v1/accounts/{name}/operations",
+            post(submit_operation).layer(DefaultBodyLimit::max(max_request_bytes)),
+        )
+        .merge(crate::proxy::router())
+        .route_layer(axum::middleware::from_fn_with_state(
+            hub,
+            crate::owners::forward::internal_auth,
+        ))
 }
 
 /// The API's error body: `{"error": message}`.
@@ -90,9 +111,29 @@ async fn submit_operation(
     State(hub): State<Arc<Hub>>,
     Path(name): Path<String>,
     axum::Extension(caller): axum::Extension<Caller>,
-    body: Result<axum::body::Bytes, BytesRejection>,
+    request: axum::extract::Request,
 ) -> Response {
     let started = std::time::Instant::now();
+    // Operations run where the account's agents stream: on its owner.
+    if let Some(owner) =
+        crate::owners::forward::owner_elsewhere(&hub, &name, request.extensions()).await
+        && let Some(forwarder) = &hub.forwarder
+    {
+        let answer = forwarder
+            .send(&hub, &owner, Some(&caller.name), request, false)
+            .await
+            .unwrap_or_else(IntoResponse::into_response);
+        let subject = crate::audit::OperationSubject::of(None);
+        crate::audit::operation(
+            &caller,
+            &name,
+            &subject,
+            answer.status().as_u16(),
+            started.elapsed(),
+        );
+        return answer;
+    }
+    let body = axum::body::Bytes::from_request(request, &()).await;
     let body = match body {
         Ok(body) => body,
         Err(rejection) => {

@@ -28,6 +28,7 @@ pub mod identity;
 pub mod kubeconfig;
 pub mod metrics;
 pub mod operations;
+pub mod owners;
 pub mod proxy;
 pub mod registry;
 pub mod serve;
@@ -141,6 +142,14 @@ pub(crate) struct Hub {
     /// Accounts added through the dynamic accounts API, and the agents' reports on them.
     dynamic_accounts: Mutex<dynamic_accounts::DynamicAccounts>,
     pub(crate) operations: operations::Operations,
+    /// Which accounts this replica owns ([`owners`]).
+    pub(crate) ownership: Arc<dyn owners::Ownership>,
+    /// Who this replica is to the others.
+    pub(crate) replica: owners::ReplicaIdentity,
+    /// Sends requests to the owners of accounts; `None` with one replica.
+    pub(crate) forwarder: Option<owners::forward::Forwarder>,
+    /// Wakes the ownership task ([`owners::duty`]) when agents come or go.
+    pub(crate) owners_wake: tokio::sync::Notify,
     pub(crate) shutdown: watch::Receiver<bool>,
     pub(crate) grpc_listening: AtomicBool,
     pub(crate) store_open: AtomicBool,
@@ -181,6 +190,13 @@ impl Hub {
     /// Agent tokens and enrolled identities.
     pub(crate) fn agent_tokens(&self) -> MutexGuard<'_, AgentTokens> {
         self.agent_tokens.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Agents came or went: the ownership task looks at what to acquire or release.
+    pub(crate) fn agents_changed(&self) {
+        if !self.ownership.owns_everything() {
+            self.owners_wake.notify_one();
+        }
     }
 
     /// Sends a control message to a stream without waiting.
@@ -266,19 +282,21 @@ impl Hub {
             let names = st
                 .registry
                 .expired(Instant::now(), self.config.grace_period);
+            // An account owned by another replica is only forgotten here: its owner keeps
+            // it in the shared store.
+            let owned: Vec<&String> = names.iter().filter(|n| st.registry.owns(n)).collect();
+            let ops = owned
+                .into_iter()
+                .map(|account| StoreOp::DeleteAccount {
+                    account: account.clone(),
+                })
+                .collect();
             for name in &names {
                 st.registry.remove_account(name);
                 st.cache.remove_account(name);
             }
             // Queued like the streams' changes, in the order of the changes in memory.
-            self.commits.enqueue(
-                names
-                    .iter()
-                    .map(|account| StoreOp::DeleteAccount {
-                        account: account.clone(),
-                    })
-                    .collect(),
-            );
+            self.commits.enqueue(ops);
             names
         };
         self.observe_states();
@@ -488,6 +506,8 @@ impl RunningHub {
         }
         let closed = store.close().await;
         drop(store);
+        // After the last changes are stored: the next owners load them.
+        self.hub.ownership.close().await;
         tracing::info!("hub stopped; store flushed");
         result.and(drained).and(closed)
     }
@@ -515,9 +535,25 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         }
     }
     let operation_records = store.load_operation_records().await?;
+    let replica = owners::ReplicaIdentity {
+        id: config.replica_id.clone(),
+        address: config.replica_address.clone().unwrap_or_default(),
+    };
+    let ownership = owners::open(&config.ownership, &replica).await?;
+    let forwarder = match (&config.replica_secret, ownership.owns_everything()) {
+        (Some(secret), false) => Some(owners::forward::Forwarder::new(
+            secret.clone(),
+            config.serving_ca_pem.as_deref(),
+        )?),
+        _ => None,
+    };
     let mut state = HubState {
         cache: loaded.cache,
-        ..HubState::default()
+        registry: if ownership.owns_everything() {
+            registry::Registry::default()
+        } else {
+            registry::Registry::shared()
+        },
     };
     let registrations = std::mem::take(&mut loaded.registrations);
     let (tokens, token_ops) = Tokens::load(
@@ -654,6 +690,10 @@ pub async fn start(config: Config) -> Result<RunningHub> {
             &mut loaded.dynamic_accounts,
         ))),
         operations,
+        ownership,
+        replica,
+        owners_wake: tokio::sync::Notify::new(),
+        forwarder,
         shutdown: shutdown_rx,
         grpc_listening: AtomicBool::new(false),
         store_open: AtomicBool::new(true),
@@ -780,6 +820,12 @@ pub async fn start(config: Config) -> Result<RunningHub> {
     });
 
     let writer = tokio::spawn(commits::Commits::run(hub.clone()));
+    if !hub.ownership.owns_everything() {
+        tokio::spawn(owners::duty::run(
+            hub.clone(),
+            Arc::new(owners::MemoryIsCurrent),
+        ));
+    }
 
     Ok(RunningHub {
         grpc_addr,

@@ -206,10 +206,101 @@ pub struct Registry {
     /// reports a kind WATCHING again, stops serving the account or ends. At most one entry
     /// per account a stream streams, so bounded by the accounts.
     credential_failures: BTreeMap<String, (SessionId, String)>,
+    /// The accounts this hub replica owns (see [`crate::owners`]); `None`: every account
+    /// (one replica, the embedded store). Only an owned account has a STREAMING session;
+    /// the sessions of an account owned elsewhere all stand by.
+    owned: Option<std::collections::BTreeSet<String>>,
     next_id: SessionId,
 }
 
 impl Registry {
+    /// A registry of a replica that shares its accounts with other replicas: it owns none
+    /// until [`Registry::acquired`].
+    pub fn shared() -> Self {
+        Registry {
+            owned: Some(Default::default()),
+            ..Registry::default()
+        }
+    }
+
+    /// Whether this replica owns `account` (always, with one replica).
+    pub fn owns(&self, account: &str) -> bool {
+        self.owned
+            .as_ref()
+            .is_none_or(|owned| owned.contains(account))
+    }
+
+    /// The accounts this replica serves agents of but does not own: the ones to acquire.
+    pub fn to_acquire(&self) -> Vec<String> {
+        let Some(owned) = &self.owned else {
+            return Vec::new();
+        };
+        self.accounts
+            .iter()
+            .filter(|(name, a)| !a.standbys.is_empty() && !owned.contains(*name))
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    /// The accounts this replica owns but no agent of which is connected here: the ones to
+    /// release, so that the replica their agent reaches next can take them.
+    pub fn to_release(&self) -> Vec<String> {
+        let Some(owned) = &self.owned else {
+            return Vec::new();
+        };
+        owned
+            .iter()
+            .filter(|name| {
+                self.accounts
+                    .get(*name)
+                    .is_none_or(|a| a.streaming.is_none() && a.standbys.is_empty())
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// This replica took ownership of `account`: its first standby streams it.
+    pub fn acquired(&mut self, name: &str) -> Option<Promotion> {
+        self.owned.as_mut()?.insert(name.to_string());
+        let account = self.accounts.get_mut(name)?;
+        if account.streaming.is_some() || account.standbys.is_empty() {
+            return None;
+        }
+        let next = account.standbys.remove(0);
+        account.streaming = Some(next);
+        account.disconnected_since = None;
+        Some(Promotion {
+            session: next,
+            account: name.to_string(),
+        })
+    }
+
+    /// This replica gave up or lost ownership of `account`: the session that streamed it
+    /// (returned, to be ended so its agent reconnects) stands by.
+    pub fn released(&mut self, name: &str) -> Option<SessionId> {
+        self.owned.as_mut()?.remove(name);
+        let account = self.accounts.get_mut(name)?;
+        let streaming = account.streaming.take()?;
+        account.standbys.insert(0, streaming);
+        self.credential_failures.remove(name);
+        Some(streaming)
+    }
+
+    /// Every account this replica owned was lost at once: the sessions that streamed them.
+    pub fn lost_all(&mut self) -> Vec<SessionId> {
+        let owned: Vec<String> = match &self.owned {
+            Some(owned) => owned.iter().cloned().collect(),
+            None => return Vec::new(),
+        };
+        let mut sessions: Vec<SessionId> = owned
+            .iter()
+            .filter_map(|name| self.released(name))
+            .collect();
+        sessions.sort_unstable();
+        sessions.dedup();
+        sessions
+    }
+
     /// An account loaded from the store at start-up: no agent yet, so its grace period
     /// starts now.
     pub fn load(&mut self, name: String, record: AccountRecord, now: (Instant, SystemTime)) {
@@ -369,9 +460,10 @@ impl Registry {
                 }
                 account.record = record.clone();
                 account.disconnected_since = None;
+                let owned = self.owned.as_ref().is_none_or(|owned| owned.contains(name));
                 let role = match account.role_of(session) {
                     Some(role) => role,
-                    None if account.streaming.is_none() => {
+                    None if account.streaming.is_none() && owned => {
                         account.streaming = Some(session);
                         Role::Streaming
                     }
@@ -383,16 +475,25 @@ impl Registry {
                 (Registration::Assigned(role), Some(record))
             }
             None => {
+                let role = if self.owns(name) {
+                    Role::Streaming
+                } else {
+                    Role::Standby
+                };
+                let (streaming, standbys) = match role {
+                    Role::Streaming => (Some(session), Vec::new()),
+                    Role::Standby => (None, vec![session]),
+                };
                 self.accounts.insert(
                     name.to_string(),
                     Account {
                         record: record.clone(),
-                        streaming: Some(session),
-                        standbys: Vec::new(),
+                        streaming,
+                        standbys,
                         disconnected_since: None,
                     },
                 );
-                (Registration::Assigned(Role::Streaming), Some(record))
+                (Registration::Assigned(role), Some(record))
             }
         }
     }
@@ -450,6 +551,7 @@ impl Registry {
         let mut promotions = Vec::new();
         if account.streaming == Some(session) {
             account.streaming = None;
+            // Only an owned account was streamed: the standby takes its place here.
             if !account.standbys.is_empty() {
                 let next = account.standbys.remove(0);
                 account.streaming = Some(next);
@@ -459,7 +561,11 @@ impl Registry {
                 });
             }
         }
-        if account.streaming.is_none() && account.disconnected_since.is_none() {
+        // With another replica owning the account, the standbys here serve it still.
+        if account.streaming.is_none()
+            && account.standbys.is_empty()
+            && account.disconnected_since.is_none()
+        {
             account.disconnected_since = Some(now);
         }
         if self
@@ -567,6 +673,19 @@ impl Registry {
             return Some((
                 AccountState::Active,
                 format!("streamed by replica {}", self.replica_label(session)),
+            ));
+        }
+        if let Some(standby) = account
+            .filter(|_| !self.owns(name))
+            .and_then(|a| a.standbys.first())
+        {
+            return Some((
+                AccountState::Active,
+                format!(
+                    "streamed through another hub replica, which owns it; replica {} stands \
+                     by on this one",
+                    self.replica_label(*standby)
+                ),
             ));
         }
         if let Some((session, reason)) = self.rejections.get(name) {
@@ -921,6 +1040,70 @@ mod tests {
         }
         states(&mut r);
         assert_eq!(r.state_counts()[&Failed], MAX_REJECTIONS);
+    }
+
+    /// A replica sharing its accounts streams only those it owns: the agents of others stand
+    /// by, the first is promoted when it acquires, and streams stand by again when it loses
+    /// the account; it releases what no agent of its own serves.
+    #[test]
+    fn shared_replicas_stream_only_what_they_own() {
+        use AccountState::*;
+        let mut r = Registry::shared();
+        let (a, _, _) = r.connect("agent", "a", "v", now());
+        let (b, _, _) = r.connect("agent", "b", "v", now());
+        assert_eq!(
+            r.register(a, "prod", rec("h")).0,
+            Registration::Assigned(Role::Standby)
+        );
+        assert_eq!(
+            r.register(b, "prod", rec("h")).0,
+            Registration::Assigned(Role::Standby)
+        );
+        assert!(!r.owns("prod"));
+        assert_eq!(r.to_acquire(), vec!["prod".to_string()]);
+        assert!(r.to_release().is_empty());
+        // Served elsewhere: ACTIVE, and no grace period while its agents stand by here.
+        assert_eq!(states(&mut r), vec![("prod".into(), None, Active)]);
+        assert!(r.states["prod"].reason.contains("another hub replica"));
+        assert!(r.unregister(b, "prod", now()).is_empty());
+        assert!(r.expired(Instant::now(), Duration::ZERO).is_empty());
+        r.register(b, "prod", rec("h"));
+
+        assert_eq!(
+            r.acquired("prod"),
+            Some(Promotion {
+                session: a,
+                account: "prod".into()
+            })
+        );
+        assert!(r.owns("prod") && r.is_streaming(a, "prod"));
+        assert!(r.to_acquire().is_empty());
+
+        // Lost: the streaming session stands by first, to be ended.
+        assert_eq!(r.lost_all(), vec![a]);
+        assert!(!r.owns("prod"));
+        assert_eq!(r.accounts["prod"].standbys, vec![a, b]);
+        assert_eq!(r.acquired("prod").map(|p| p.session), Some(a));
+
+        // The agents leave: the account is released and its grace period starts.
+        r.disconnect(a, now());
+        assert!(r.is_streaming(b, "prod"));
+        r.disconnect(b, now());
+        assert_eq!(r.to_release(), vec!["prod".to_string()]);
+        assert_eq!(r.released("prod"), None);
+        assert!(r.to_release().is_empty());
+        assert_eq!(
+            r.expired(Instant::now(), Duration::ZERO),
+            vec!["prod".to_string()]
+        );
+
+        // One replica owns everything and never acquires or releases.
+        let mut one = Registry::default();
+        let (c, _, _) = one.connect("agent", "c", "v", now());
+        one.register(c, "prod", rec("h"));
+        assert!(one.owns("prod") && one.is_streaming(c, "prod"));
+        assert!(one.to_acquire().is_empty() && one.to_release().is_empty());
+        assert!(one.lost_all().is_empty());
     }
 
     #[test]

@@ -364,6 +364,7 @@ async fn run_stream(
     hub.deliver(promotions);
     hub.observe_states();
     hub.announce_replicas(identity);
+    hub.agents_changed();
     result
 }
 
@@ -621,6 +622,9 @@ async fn process_batch(
     }
     hub.deliver(std::mem::take(&mut fx.promotions));
     hub.observe_states();
+    if !fx.registered.is_empty() {
+        hub.agents_changed();
+    }
     if !fx.dynamic_statuses.is_empty() {
         let replica = hub
             .state()

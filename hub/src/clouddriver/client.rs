@@ -51,21 +51,33 @@ pub(crate) struct Client {
 }
 
 fn tls_config(ca_file: Option<&Path>) -> Result<ClientConfig, String> {
+    let pem = ca_file
+        .map(|path| {
+            std::fs::read(path)
+                .map(|pem| (path, pem))
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))
+        })
+        .transpose()?;
+    client_tls_config(
+        pem.as_ref()
+            .map(|(path, pem)| (path.display().to_string(), pem.as_slice())),
+    )
+}
+
+/// A TLS client configuration trusting webpki's public roots and, when given, the
+/// certificates of a PEM bundle (named by its origin in errors).
+pub(crate) fn client_tls_config(extra: Option<(String, &[u8])>) -> Result<ClientConfig, String> {
     let mut roots = RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-    if let Some(path) = ca_file {
-        let pem =
-            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if let Some((origin, pem)) = extra {
         let mut added = 0;
-        for cert in CertificateDer::pem_slice_iter(&pem) {
-            let cert = cert.map_err(|e| format!("{}: {e}", path.display()))?;
-            roots
-                .add(cert)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
+        for cert in CertificateDer::pem_slice_iter(pem) {
+            let cert = cert.map_err(|e| format!("{origin}: {e}"))?;
+            roots.add(cert).map_err(|e| format!("{origin}: {e}"))?;
             added += 1;
         }
         if added == 0 {
-            return Err(format!("{}: no PEM certificate in it", path.display()));
+            return Err(format!("{origin}: no PEM certificate in it"));
         }
     }
     // The provider is named, not taken from the process default, so that the choice never

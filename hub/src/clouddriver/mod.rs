@@ -30,7 +30,7 @@
 //! scrubbed of the account's tokens before they are logged or shown.
 
 pub mod body;
-mod client;
+pub(crate) mod client;
 mod file;
 pub mod ledger;
 pub mod metrics;

@@ -71,6 +71,8 @@ pub enum Served {
     Cache,
     /// The hub itself (an error: no token, no agent, ...).
     Hub,
+    /// Another replica of the hub, which owns the account ([`crate::owners::forward`]).
+    Owner,
 }
 
 impl Served {
@@ -79,6 +81,7 @@ impl Served {
             Served::Tunnel => "tunnel",
             Served::Cache => "cache",
             Served::Hub => "hub",
+            Served::Owner => "owner",
         }
     }
 }
@@ -123,12 +126,22 @@ async fn handle(State(hub): State<Arc<Hub>>, request: Request) -> Response {
     if !response.headers().contains_key(CACHE_HEADER) {
         let who = match served {
             Served::Cache => "hit",
-            Served::Tunnel => "tunnel",
+            Served::Tunnel | Served::Owner => "tunnel",
             Served::Hub => "hub",
         };
         response
             .headers_mut()
             .insert(CACHE_HEADER, HeaderValue::from_static(who));
+    }
+    if hub.forwarder.is_some()
+        && !response
+            .headers()
+            .contains_key(crate::owners::forward::REPLICA_HEADER)
+        && let Ok(replica) = HeaderValue::from_str(&hub.replica.id)
+    {
+        response
+            .headers_mut()
+            .insert(crate::owners::forward::REPLICA_HEADER, replica);
     }
     hub.metrics
         .proxy_request(&method, served.as_str(), response.status().as_u16());
@@ -188,7 +201,26 @@ async fn proxy(hub: &Arc<Hub>, request: Request) -> Result<(Response, Served), S
         .ok_or_else(|| Status::not_found("not a proxy path: use /clusters/<account>/..."))?;
     let api_path = api_path.as_str();
     crate::session::validate_account_name(&account).map_err(Status::not_found)?;
-    authenticate(hub, request.headers(), &account)?;
+    // A request another replica forwarded was authenticated there.
+    if request
+        .extensions()
+        .get::<crate::owners::forward::Forwarded>()
+        .is_none()
+    {
+        authenticate(hub, request.headers(), &account)?;
+    }
+    // The account's agents stream to its owner, which also keeps its cache: everything,
+    // cached reads included, is served there.
+    if let Some(owner) =
+        crate::owners::forward::owner_elsewhere(hub, &account, request.extensions()).await
+        && let Some(forwarder) = &hub.forwarder
+    {
+        let ends_cleanly = is_long_running(request.method(), api_path, request.uri().query());
+        let response = forwarder
+            .send(hub, &owner, None, request, ends_cleanly)
+            .await?;
+        return Ok((response, Served::Owner));
+    }
     if !hub.state().registry.accounts.contains_key(&account) {
         return Err(Status::not_found(format!(
             "account {account:?} is not known to this hub: no agent has registered it (or it \
@@ -249,7 +281,7 @@ async fn proxy(hub: &Arc<Hub>, request: Request) -> Result<(Response, Served), S
 
 /// A watch or a followed log: its response ends cleanly when the agent goes away, the way
 /// the API server ends a watch, and clients start a new one.
-fn is_long_running(method: &Method, path: &str, query: Option<&str>) -> bool {
+pub(crate) fn is_long_running(method: &Method, path: &str, query: Option<&str>) -> bool {
     if method != Method::GET {
         return false;
     }

@@ -1,0 +1,307 @@
+//! The internal channel between replicas: a request for an account owned by another replica
+//! is authenticated where it arrived, as always, then sent to the owner under
+//! `/internal/...` with the replicas' shared secret (`--replica-secret-file`) as its bearer
+//! token. The owner serves it as if it had arrived there, without authenticating the client
+//! again, and never forwards it further: a request carries the [`Forwarded`] mark on the
+//! owner, so two replicas that disagree about the owner cannot bounce it between them.
+
+use std::{path::Path, sync::Arc, time::Duration};
+
+use axum::{
+    body::Body,
+    extract::{Request, State},
+    http::{HeaderMap, HeaderValue, header},
+    middleware::Next,
+    response::{IntoResponse, Response},
+};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::{
+    client::legacy::{Client as HyperClient, connect::HttpConnector},
+    rt::{TokioExecutor, TokioIo},
+};
+
+use super::OwnerInfo;
+use crate::{
+    Hub,
+    api_auth::{Caller, Role, Source},
+    error::{HubError, Result},
+    proxy::status::Status,
+};
+
+/// The prefix of the routes other replicas forward to.
+pub const INTERNAL_PREFIX: &str = "/internal";
+/// The replica that forwarded a request (its `--replica-id`).
+pub const FORWARDED_BY: &str = "x-scale-agent-forwarded-by";
+/// The name of the caller the forwarding replica authenticated (for the owner's audit).
+pub const FORWARDED_FOR: &str = "x-scale-agent-forwarded-for";
+/// On answers of the Kubernetes API proxy: the replica that served the request.
+pub const REPLICA_HEADER: &str = "x-scale-agent-replica";
+/// How long connecting to the owner may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The secret the replicas share (`--replica-secret-file`); never printed.
+#[derive(Clone)]
+pub struct ReplicaSecret(String);
+
+impl std::fmt::Debug for ReplicaSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReplicaSecret(<redacted>)")
+    }
+}
+
+impl ReplicaSecret {
+    /// At least 32 characters (e.g. `openssl rand -hex 32`), so it cannot be guessed.
+    pub fn new(secret: &str) -> Result<Self> {
+        let secret = secret.trim();
+        if secret.len() < 32 || secret.contains(char::is_whitespace) {
+            return Err(HubError::Config(
+                "the replica secret (--replica-secret-file) must be one word of at least 32 \
+                 characters, e.g. from `openssl rand -hex 32`"
+                    .into(),
+            ));
+        }
+        Ok(ReplicaSecret(secret.to_string()))
+    }
+
+    /// Reads `--replica-secret-file`.
+    pub fn read(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| HubError::ReadFile {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::new(&text)
+    }
+
+    /// Compares in constant time (of digests: the time says nothing about the secret).
+    fn matches(&self, presented: &str) -> bool {
+        let digest = |t: &str| ring::digest::digest(&ring::digest::SHA256, t.as_bytes());
+        digest(&self.0).as_ref() == digest(presented).as_ref()
+    }
+}
+
+/// Marks a request that another replica forwarded: it is served here, never forwarded.
+#[derive(Clone, Debug)]
+pub struct Forwarded {
+    /// The replica it came from.
+    pub from: String,
+}
+
+/// Sends requests to the replicas that own their accounts.
+pub(crate) struct Forwarder {
+    client: HyperClient<HttpsConnector<HttpConnector>, Body>,
+    secret: ReplicaSecret,
+}
+
+impl Forwarder {
+    /// A client trusting the public roots and `--serving-ca` (the replicas' serving
+    /// certificates are the hub's own).
+    pub(crate) fn new(secret: ReplicaSecret, serving_ca_pem: Option<&[u8]>) -> Result<Self> {
+        let tls = crate::clouddriver::client::client_tls_config(
+            serving_ca_pem.map(|pem| ("--serving-ca".to_string(), pem)),
+        )
+        .map_err(HubError::Config)?;
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        http.set_nodelay(true);
+        // HTTP/1.1 only: upgraded connections (exec, port-forward) cross it as on the
+        // client's side.
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        let client = HyperClient::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        Ok(Forwarder { client, secret })
+    }
+
+    /// Sends `request` to `owner` and hands back its answer, its body streamed.
+    /// `caller` names who the client was here, for the owner's audit. A watch (or a log
+    /// follow: `ends_cleanly`) whose owner goes away in the middle ends cleanly, as a watch
+    /// the API server ends, so that its client watches again (through the next owner).
+    pub(crate) async fn send(
+        &self,
+        hub: &Hub,
+        owner: &OwnerInfo,
+        caller: Option<&str>,
+        mut request: Request,
+        ends_cleanly: bool,
+    ) -> Result<Response, Status> {
+        let path_and_query = request
+            .uri()
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_string();
+        let uri = format!(
+            "{}{INTERNAL_PREFIX}{path_and_query}",
+            owner.address.trim_end_matches('/')
+        );
+        let unreachable = |why: String| {
+            Status::unavailable(format!(
+                "hub replica {} owns this account but cannot be reached at {} ({why}); \
+                 retry: when a replica dies another takes its accounts within seconds",
+                owner.replica, owner.address
+            ))
+        };
+        let uri: http::Uri = uri
+            .parse()
+            .map_err(|e| unreachable(format!("not a URL: {e}")))?;
+        let upgrade = crate::proxy::headers::is_upgrade(request.headers())
+            .then(|| hyper::upgrade::on(&mut request));
+        let (parts, body) = request.into_parts();
+        let mut headers = forwarded_headers(&parts.headers, upgrade.is_some());
+        let bearer = HeaderValue::from_str(&format!("Bearer {}", self.secret.0))
+            .map_err(|_| unreachable("the replica secret is not a header value".into()))?;
+        headers.insert(header::AUTHORIZATION, bearer);
+        if let Ok(replica) = HeaderValue::from_str(&hub.replica.id) {
+            headers.insert(FORWARDED_BY, replica);
+        }
+        if let Some(caller) = caller.and_then(|c| HeaderValue::from_str(c).ok()) {
+            headers.insert(FORWARDED_FOR, caller);
+        }
+        let mut outbound = http::Request::new(body);
+        *outbound.method_mut() = parts.method;
+        *outbound.uri_mut() = uri;
+        *outbound.headers_mut() = headers;
+        let mut response = self
+            .client
+            .request(outbound)
+            .await
+            .map_err(|e| unreachable(crate::error::Chain(&e).to_string()))?;
+        tracing::debug!(owner = %owner.replica, status = response.status().as_u16(), "request forwarded to the account's owner");
+        if let Some(on_client) = upgrade
+            && response.status() == http::StatusCode::SWITCHING_PROTOCOLS
+        {
+            let on_owner = hyper::upgrade::on(&mut response);
+            tokio::spawn(async move {
+                let (Ok(client), Ok(owner)) = tokio::join!(on_client, on_owner) else {
+                    tracing::debug!("a forwarded upgrade did not complete");
+                    return;
+                };
+                let mut client = TokioIo::new(client);
+                let mut owner = TokioIo::new(owner);
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut owner).await;
+            });
+        }
+        let (mut parts, body) = response.into_parts();
+        strip_hop_by_hop(&mut parts.headers, parts.status);
+        let body = if ends_cleanly {
+            use futures::StreamExt as _;
+            use http_body_util::BodyExt as _;
+            let replica = owner.replica.clone();
+            Body::from_stream(body.into_data_stream().scan((), move |(), chunk| {
+                std::future::ready(match chunk {
+                    Ok(bytes) => Some(Ok::<_, std::io::Error>(bytes)),
+                    Err(error) => {
+                        tracing::info!(owner = %replica, %error, "the owner of a forwarded watch went away; the watch ends");
+                        None
+                    }
+                })
+            }))
+        } else {
+            Body::new(body)
+        };
+        Ok(Response::from_parts(parts, body))
+    }
+}
+
+/// The client's headers as the owner gets them: its credentials stay here (the owner
+/// trusts this replica's check), and hop-by-hop headers belong to one connection (except
+/// the upgrade asked for).
+fn forwarded_headers(headers: &HeaderMap, upgrade: bool) -> HeaderMap {
+    let mut out = headers.clone();
+    for name in [header::AUTHORIZATION, header::COOKIE, header::HOST] {
+        out.remove(name);
+    }
+    out.remove(FORWARDED_BY);
+    out.remove(FORWARDED_FOR);
+    strip_hop_by_hop(&mut out, http::StatusCode::OK);
+    if upgrade {
+        out.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+        for value in headers.get_all(header::UPGRADE) {
+            out.append(header::UPGRADE, value.clone());
+        }
+    }
+    out
+}
+
+/// Removes hop-by-hop headers, keeping those of a 101 answer (the upgrade's).
+fn strip_hop_by_hop(headers: &mut HeaderMap, status: http::StatusCode) {
+    if status == http::StatusCode::SWITCHING_PROTOCOLS {
+        return;
+    }
+    for name in scale_agent_proto::tunnel::HOP_BY_HOP {
+        headers.remove(*name);
+    }
+}
+
+/// The owner of `account` when it is another replica and `request` may go there: not a
+/// request forwarded already, and not an account this replica owns. `None`: serve it here.
+pub(crate) async fn owner_elsewhere(
+    hub: &Hub,
+    account: &str,
+    headers_of: &http::Extensions,
+) -> Option<OwnerInfo> {
+    hub.forwarder.as_ref()?;
+    if headers_of.get::<Forwarded>().is_some() || hub.state().registry.owns(account) {
+        return None;
+    }
+    match hub.ownership.owner(account).await {
+        Ok(Some(owner)) if owner.replica != hub.replica.id => Some(owner),
+        Ok(_) => None,
+        Err(e) => {
+            tracing::warn!(error = %crate::error::Chain(&e), %account, "cannot look up the account's owner; serving the request here");
+            None
+        }
+    }
+}
+
+/// Admits requests to the internal routes: only with the replicas' secret.
+pub(crate) async fn internal_auth(
+    State(hub): State<Arc<Hub>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(crate::tokens::bearer);
+    let admitted = match (&hub.forwarder, presented) {
+        (Some(forwarder), Some(token)) => forwarder.secret.matches(token),
+        _ => false,
+    };
+    if !admitted {
+        return Status::unauthorized(
+            "the internal routes of the hub are for its other replicas, with the secret of \
+             --replica-secret-file",
+        )
+        .into_response();
+    }
+    let header = |headers: &HeaderMap, name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let from = header(request.headers(), FORWARDED_BY);
+    let caller = header(request.headers(), FORWARDED_FOR);
+    // The channel's own headers stop here: the agent replays what the client sent.
+    for name in [FORWARDED_BY, FORWARDED_FOR] {
+        request.headers_mut().remove(name);
+    }
+    request.extensions_mut().insert(Caller {
+        name: if caller.is_empty() {
+            format!("replica {from}")
+        } else {
+            format!("{caller} (through replica {from})")
+        },
+        role: Role::Operator,
+        source: Source::Hub,
+    });
+    request.extensions_mut().insert(Forwarded { from });
+    next.run(request).await
+}

@@ -1,0 +1,213 @@
+//! Which hub replica owns each account: streams it from an agent, keeps its cache and writes
+//! it to the store. Several replicas share one store; exactly one owns an account at a time.
+//!
+//! The source of ownership is an interface, [`Ownership`], with these implementations:
+//! - [`Embedded`]: one replica owns everything (the embedded store, `make demo`, and every
+//!   hub before issue 16). The registry then never asks about ownership: nothing changes.
+//! - [`directory::Directory`]: replicas in one process share a table of owners (tests, and
+//!   programs that embed several hubs). Ownership ends when the replica stops or is
+//!   killed ([`directory::Directory::kill`]).
+//! - [`postgres::PostgresOwnership`]: a session-level PostgreSQL advisory lock per account,
+//!   held on one dedicated connection per replica, with the owner's address and epoch in
+//!   `account_owners` and every tenure in `ownership_history`.
+//!
+//! How the hub uses it ([`duty`]): an agent's registration is answered
+//! STREAMING only for an account this replica owns; otherwise STANDBY, and the ownership
+//! task tries to acquire the account (at once, then about every second). On acquiring it
+//! reloads the account from the store ([`AccountSource`]) and promotes the first standby
+//! with the resume points just loaded. When the last agent of an account leaves this
+//! replica, the replica releases it, so a replica its agent reconnected to can take it.
+//! When every ownership is lost at once (the lock connection broke), the streams of the
+//! accounts owned are ended, so their agents reconnect, and ownership is acquired again.
+//!
+//! Requests that need an account's agent (and reads of its cache) arriving at a replica
+//! that does not own it are forwarded to the owner ([`forward`]).
+
+pub mod directory;
+pub(crate) mod duty;
+pub mod forward;
+pub mod postgres;
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use crate::error::Result;
+
+/// The replica that owns an account, as other replicas reach it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnerInfo {
+    /// `--replica-id` of the owner.
+    pub replica: String,
+    /// `--replica-address` of the owner: the base URL of its HTTP listener.
+    pub address: String,
+    /// Bumped at every change of owner: writes of an older epoch are refused (fencing).
+    pub epoch: i64,
+}
+
+/// The answer to [`Ownership::try_acquire`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// This replica owns the account now, at this epoch.
+    Acquired { epoch: i64 },
+    /// Another replica owns it (`None`: its owner is not known yet, e.g. it is acquiring).
+    HeldElsewhere(Option<OwnerInfo>),
+}
+
+/// Where ownership comes from. Every method may be called concurrently.
+#[tonic::async_trait]
+pub trait Ownership: Send + Sync {
+    /// One replica owns everything: the registry skips ownership altogether.
+    fn owns_everything(&self) -> bool;
+
+    /// Takes ownership of `account` unless another replica holds it. Only called for
+    /// accounts this replica does not own.
+    async fn try_acquire(&self, account: &str) -> Result<Claim>;
+
+    /// Gives up ownership of `account` (owned by this replica), so another replica can take
+    /// it.
+    async fn release(&self, account: &str) -> Result<()>;
+
+    /// The replica that owns `account` now, `None` when nobody does.
+    async fn owner(&self, account: &str) -> Result<Option<OwnerInfo>>;
+
+    /// Changes each time every ownership of this replica was lost at once (the connection
+    /// that holds the locks broke): the accounts must be treated as not owned.
+    fn losses(&self) -> watch::Receiver<u64>;
+
+    /// Releases everything (the hub is stopping).
+    async fn close(&self);
+}
+
+/// One replica owns every account.
+#[derive(Debug)]
+pub struct Embedded {
+    losses: watch::Sender<u64>,
+}
+
+impl Default for Embedded {
+    fn default() -> Self {
+        Embedded {
+            losses: watch::Sender::new(0),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Ownership for Embedded {
+    fn owns_everything(&self) -> bool {
+        true
+    }
+
+    async fn try_acquire(&self, _account: &str) -> Result<Claim> {
+        Ok(Claim::Acquired { epoch: 0 })
+    }
+
+    async fn release(&self, _account: &str) -> Result<()> {
+        Ok(())
+    }
+
+    async fn owner(&self, _account: &str) -> Result<Option<OwnerInfo>> {
+        Ok(None)
+    }
+
+    fn losses(&self) -> watch::Receiver<u64> {
+        self.losses.subscribe()
+    }
+
+    async fn close(&self) {}
+}
+
+/// Which ownership a hub uses (a [`crate::Config`] field).
+#[derive(Clone, Default)]
+pub enum OwnershipSource {
+    /// One replica owns everything (the embedded store).
+    #[default]
+    Embedded,
+    /// Replicas in one process share this directory (tests, embedding).
+    Directory(Arc<directory::Directory>),
+    /// PostgreSQL advisory locks; the URL (with its password) is never logged.
+    Postgres { url: String },
+}
+
+impl std::fmt::Debug for OwnershipSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OwnershipSource::Embedded => f.write_str("Embedded"),
+            OwnershipSource::Directory(_) => f.write_str("Directory"),
+            OwnershipSource::Postgres { .. } => f.write_str("Postgres(<url redacted>)"),
+        }
+    }
+}
+
+impl OwnershipSource {
+    /// Whether replicas share the accounts (anything but the embedded store).
+    pub fn is_shared(&self) -> bool {
+        !matches!(self, OwnershipSource::Embedded)
+    }
+}
+
+/// Who this replica is to the others.
+#[derive(Clone, Debug)]
+pub struct ReplicaIdentity {
+    /// `--replica-id`.
+    pub id: String,
+    /// `--replica-address` (the base URL of this replica's HTTP listener); empty with the
+    /// embedded store, where nobody forwards.
+    pub address: String,
+}
+
+/// Opens the ownership `source` names for `replica`.
+pub async fn open(
+    source: &OwnershipSource,
+    replica: &ReplicaIdentity,
+) -> Result<Arc<dyn Ownership>> {
+    Ok(match source {
+        OwnershipSource::Embedded => Arc::new(Embedded::default()),
+        OwnershipSource::Directory(directory) => Arc::new(directory.member(replica.clone())),
+        OwnershipSource::Postgres { url } => {
+            Arc::new(postgres::PostgresOwnership::connect(url, replica.clone()).await?)
+        }
+    })
+}
+
+/// The hostname, the default of `--replica-id` (a pod's name in Kubernetes).
+pub fn hostname() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.trim().is_empty())
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "scale-agent-hub".to_string())
+}
+
+/// An account's state as the store holds it, loaded when a replica takes ownership.
+///
+/// A stand-in for the store's `load_account` (issue 16's store slice): the hub calls it
+/// through [`AccountSource`], so wiring the shared store's loader is one implementation.
+#[derive(Debug, Default)]
+pub struct AccountSnapshot {
+    /// The kinds, objects and resume points of the account.
+    pub cache: crate::cache::AccountCache,
+}
+
+/// Loads one account from the store when this replica takes ownership of it.
+#[tonic::async_trait]
+pub trait AccountSource: Send + Sync {
+    /// `None`: the cache in memory is what the store holds (one replica writes it: the
+    /// embedded store), keep it.
+    async fn load_account(&self, account: &str) -> Result<Option<AccountSnapshot>>;
+}
+
+/// The embedded (redb) store's behaviour: this replica is the only writer, so its cache is
+/// always current. Replace with the store's own `load_account` when the store is shared.
+#[derive(Debug, Default)]
+pub struct MemoryIsCurrent;
+
+#[tonic::async_trait]
+impl AccountSource for MemoryIsCurrent {
+    async fn load_account(&self, _account: &str) -> Result<Option<AccountSnapshot>> {
+        Ok(None)
+    }
+}

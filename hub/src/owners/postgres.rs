@@ -1,0 +1,319 @@
+//! Ownership through PostgreSQL: a session-level advisory lock per account
+//! (`pg_try_advisory_lock` of a 64-bit hash of `scale-agent/account/<name>`), held on one
+//! dedicated connection per replica.
+//!
+//! Why advisory locks: the lock dies with the replica's database session (a kill -9 closes
+//! its socket and PostgreSQL frees the lock at once: no lease to wait out); it lives in the
+//! same database as the data, so the store can fence writes in their own transaction
+//! against `account_owners`; and the hub needs no Kubernetes API access (it may run outside
+//! the cluster).
+//!
+//! On acquiring, the replica writes itself into `account_owners` with the next epoch and
+//! opens its tenure in `ownership_history` (closing a tenure its predecessor could not
+//! close: it died). On releasing, it closes its tenure, deletes its row (so writes of its
+//! epoch fail the store's fencing), then unlocks. When the connection breaks, every lock is
+//! gone at once: [`Ownership::losses`] says so and the next acquisition reconnects.
+
+use std::{
+    collections::BTreeMap,
+    sync::{Mutex, MutexGuard},
+    time::Duration,
+};
+
+use tokio::sync::watch;
+use tokio_postgres::{Client, NoTls};
+
+use super::{Claim, OwnerInfo, Ownership, ReplicaIdentity};
+use crate::error::{HubError, Result};
+
+/// The tables ownership uses, as the store's migrations create them (issue 16's store
+/// slice). Created here too when missing, so that ownership works on a database whose
+/// store migrations have not created them; harmless once they have.
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS account_owners (
+    account text PRIMARY KEY,
+    replica text NOT NULL,
+    address text NOT NULL,
+    epoch bigint NOT NULL,
+    since timestamptz NOT NULL
+);
+CREATE TABLE IF NOT EXISTS ownership_history (
+    account text,
+    replica text,
+    epoch bigint,
+    acquired_at timestamptz,
+    released_at timestamptz NULL
+);
+";
+
+/// How long connecting to PostgreSQL may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The advisory lock key of an account: the first 8 bytes of the SHA-256 of
+/// `scale-agent/account/<name>`, so that other users of advisory locks in the same database
+/// are unlikely to collide with it.
+pub fn lock_key(account: &str) -> i64 {
+    let digest = ring::digest::digest(
+        &ring::digest::SHA256,
+        format!("scale-agent/account/{account}").as_bytes(),
+    );
+    let mut bytes = [0u8; 8];
+    bytes.copy_from_slice(&digest.as_ref()[..8]);
+    i64::from_be_bytes(bytes)
+}
+
+fn pg_error(action: &str, error: &tokio_postgres::Error) -> HubError {
+    HubError::Ownership(format!(
+        "cannot {action} in PostgreSQL: {}; check that the database is reachable and that \
+         the hub's user may use its tables",
+        crate::error::Chain(error)
+    ))
+}
+
+/// One replica's ownership through PostgreSQL.
+pub struct PostgresOwnership {
+    url: String,
+    replica: ReplicaIdentity,
+    /// The connection that holds the locks; `None` after it broke, until the next use.
+    lock_connection: tokio::sync::Mutex<Option<Client>>,
+    /// The accounts owned, with their epochs.
+    owned: std::sync::Arc<Mutex<BTreeMap<String, i64>>>,
+    losses: watch::Sender<u64>,
+}
+
+impl PostgresOwnership {
+    /// Connects (so that a wrong URL fails at start-up) and creates the tables if missing.
+    pub async fn connect(url: &str, replica: ReplicaIdentity) -> Result<Self> {
+        let ownership = PostgresOwnership {
+            url: url.to_string(),
+            replica,
+            lock_connection: tokio::sync::Mutex::new(None),
+            owned: Default::default(),
+            losses: watch::Sender::new(0),
+        };
+        let mut connection = ownership.lock_connection.lock().await;
+        let client = ownership.open().await?;
+        client
+            .batch_execute(SCHEMA)
+            .await
+            .map_err(|e| pg_error("create the ownership tables", &e))?;
+        *connection = Some(client);
+        drop(connection);
+        Ok(ownership)
+    }
+
+    fn owned(&self) -> MutexGuard<'_, BTreeMap<String, i64>> {
+        self.owned.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new lock connection; when it ends, every lock it held is gone.
+    async fn open(&self) -> Result<Client> {
+        let mut config: tokio_postgres::Config = self.url.parse().map_err(|e| {
+            HubError::Config(format!(
+                "the PostgreSQL URL is not valid ({e}); write it like \
+                 postgres://user:password@host:5432/database"
+            ))
+        })?;
+        config.connect_timeout(CONNECT_TIMEOUT);
+        config.application_name(format!("scale-agent-hub {} ownership", self.replica.id));
+        let (client, connection) = config
+            .connect(NoTls)
+            .await
+            .map_err(|e| pg_error("connect", &e))?;
+        let owned = self.owned.clone();
+        let losses = self.losses.clone();
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::warn!(error = %crate::error::Chain(&error), "the ownership connection to PostgreSQL broke");
+            }
+            let lost = std::mem::take(&mut *owned.lock().unwrap_or_else(|e| e.into_inner()));
+            if !lost.is_empty() {
+                tracing::warn!(
+                    accounts = lost.len(),
+                    "every account this replica owned is lost (its locks ended with the connection)"
+                );
+            }
+            losses.send_modify(|n| *n += 1);
+        });
+        Ok(client)
+    }
+
+    /// The lock connection, opened again after it broke.
+    async fn client<'a>(
+        &self,
+        slot: &'a mut tokio::sync::MutexGuard<'_, Option<Client>>,
+    ) -> Result<&'a mut Client> {
+        if slot.as_ref().is_none_or(Client::is_closed) {
+            **slot = Some(self.open().await?);
+            tracing::info!("connected to PostgreSQL for account ownership");
+        }
+        slot.as_mut()
+            .ok_or_else(|| HubError::Ownership("no connection to PostgreSQL".into()))
+    }
+
+    async fn record_acquired(&self, client: &mut Client, account: &str) -> Result<i64> {
+        let tx = client
+            .transaction()
+            .await
+            .map_err(|e| pg_error("begin", &e))?;
+        let row = tx
+            .query_one(
+                "INSERT INTO account_owners (account, replica, address, epoch, since)
+                 VALUES ($1, $2, $3,
+                         COALESCE((SELECT max(epoch) FROM ownership_history WHERE account = $1), 0) + 1,
+                         now())
+                 ON CONFLICT (account) DO UPDATE SET
+                     replica = EXCLUDED.replica,
+                     address = EXCLUDED.address,
+                     epoch = GREATEST(EXCLUDED.epoch, account_owners.epoch + 1),
+                     since = EXCLUDED.since
+                 RETURNING epoch",
+                &[&account, &self.replica.id, &self.replica.address],
+            )
+            .await
+            .map_err(|e| pg_error("record the account's owner", &e))?;
+        let epoch: i64 = row.get(0);
+        // A tenure still open is a dead owner's: it ended no later than now.
+        tx.execute(
+            "UPDATE ownership_history SET released_at = now()
+             WHERE account = $1 AND released_at IS NULL",
+            &[&account],
+        )
+        .await
+        .map_err(|e| pg_error("close the previous owner's tenure", &e))?;
+        tx.execute(
+            "INSERT INTO ownership_history (account, replica, epoch, acquired_at)
+             VALUES ($1, $2, $3, now())",
+            &[&account, &self.replica.id, &epoch],
+        )
+        .await
+        .map_err(|e| pg_error("open this replica's tenure", &e))?;
+        tx.commit().await.map_err(|e| pg_error("commit", &e))?;
+        Ok(epoch)
+    }
+
+    async fn owner_on(client: &Client, account: &str) -> Result<Option<OwnerInfo>> {
+        let row = client
+            .query_opt(
+                "SELECT replica, address, epoch FROM account_owners WHERE account = $1",
+                &[&account],
+            )
+            .await
+            .map_err(|e| pg_error("read the account's owner", &e))?;
+        Ok(row.map(|row| OwnerInfo {
+            replica: row.get(0),
+            address: row.get(1),
+            epoch: row.get(2),
+        }))
+    }
+
+    async fn release_on(&self, client: &mut Client, account: &str, epoch: i64) -> Result<()> {
+        let tx = client
+            .transaction()
+            .await
+            .map_err(|e| pg_error("begin", &e))?;
+        tx.execute(
+            "UPDATE ownership_history SET released_at = now()
+             WHERE account = $1 AND replica = $2 AND epoch = $3 AND released_at IS NULL",
+            &[&account, &self.replica.id, &epoch],
+        )
+        .await
+        .map_err(|e| pg_error("close this replica's tenure", &e))?;
+        tx.execute(
+            "DELETE FROM account_owners WHERE account = $1 AND replica = $2 AND epoch = $3",
+            &[&account, &self.replica.id, &epoch],
+        )
+        .await
+        .map_err(|e| pg_error("remove this replica as the account's owner", &e))?;
+        tx.commit().await.map_err(|e| pg_error("commit", &e))?;
+        client
+            .query_one("SELECT pg_advisory_unlock($1)", &[&lock_key(account)])
+            .await
+            .map_err(|e| pg_error("unlock the account", &e))?;
+        Ok(())
+    }
+}
+
+#[tonic::async_trait]
+impl Ownership for PostgresOwnership {
+    fn owns_everything(&self) -> bool {
+        false
+    }
+
+    async fn try_acquire(&self, account: &str) -> Result<Claim> {
+        let mut slot = self.lock_connection.lock().await;
+        let client = self.client(&mut slot).await?;
+        if let Some(epoch) = self.owned().get(account) {
+            return Ok(Claim::Acquired { epoch: *epoch });
+        }
+        let key = lock_key(account);
+        let locked: bool = client
+            .query_one("SELECT pg_try_advisory_lock($1)", &[&key])
+            .await
+            .map_err(|e| pg_error("try the account's lock", &e))?
+            .get(0);
+        if !locked {
+            return Ok(Claim::HeldElsewhere(Self::owner_on(client, account).await?));
+        }
+        match self.record_acquired(client, account).await {
+            Ok(epoch) => {
+                self.owned().insert(account.to_string(), epoch);
+                Ok(Claim::Acquired { epoch })
+            }
+            Err(e) => {
+                // Not recorded: not owned. The lock goes, so another replica may try.
+                let _ = client
+                    .query_one("SELECT pg_advisory_unlock($1)", &[&key])
+                    .await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn release(&self, account: &str) -> Result<()> {
+        let mut slot = self.lock_connection.lock().await;
+        let Some(epoch) = self.owned().get(account).copied() else {
+            return Ok(());
+        };
+        let client = self.client(&mut slot).await?;
+        self.release_on(client, account, epoch).await?;
+        self.owned().remove(account);
+        Ok(())
+    }
+
+    async fn owner(&self, account: &str) -> Result<Option<OwnerInfo>> {
+        let mut slot = self.lock_connection.lock().await;
+        let client = self.client(&mut slot).await?;
+        Self::owner_on(client, account).await
+    }
+
+    fn losses(&self) -> watch::Receiver<u64> {
+        self.losses.subscribe()
+    }
+
+    async fn close(&self) {
+        let mut slot = self.lock_connection.lock().await;
+        let owned: Vec<(String, i64)> = self.owned().iter().map(|(a, e)| (a.clone(), *e)).collect();
+        if let Some(client) = slot.as_mut().filter(|c| !c.is_closed()) {
+            for (account, epoch) in owned {
+                if let Err(e) = self.release_on(client, &account, epoch).await {
+                    tracing::warn!(error = %crate::error::Chain(&e), %account, "cannot release the account at shutdown; it is freed when the connection closes");
+                }
+            }
+        }
+        self.owned().clear();
+        // Closing the connection frees any lock left.
+        *slot = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_keys_are_stable_and_distinct() {
+        assert_eq!(lock_key("prod"), lock_key("prod"));
+        assert_ne!(lock_key("prod"), lock_key("prod2"));
+    }
+}

@@ -1,0 +1,303 @@
+//! Several hub replicas sharing their accounts (issue 16), in-process, with ownership from
+//! a shared in-process directory: only the owner streams an account; a proxy request or an
+//! operation arriving at another replica is forwarded to the owner over the internal
+//! channel (never further); when the owner dies, a replica with a standby agent takes the
+//! account and promotes it, and the history of owners shows no overlap.
+
+// Test code: a failed set-up should panic.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use common::*;
+use scale_agent_hub::{
+    RunningHub,
+    owners::{OwnershipSource, directory::Directory, forward::ReplicaSecret},
+};
+use scale_agent_proto::v1::account_assignment::Role;
+
+const SECRET: &str = "0123456789abcdef0123456789abcdef-test";
+
+struct Replica {
+    hub: RunningHub,
+    dir: PathBuf,
+    http: Https,
+    admin: String,
+}
+
+async fn replica(pki: &Pki, directory: &Arc<Directory>, name: &str) -> Replica {
+    let dir = data_dir(&format!("replicas-{name}"));
+    let port = free_port();
+    let hub = start_hub(pki, &dir, |c| {
+        serve_https(pki, c);
+        c.http_addr = format!("127.0.0.1:{port}").parse().unwrap();
+        c.replica_id = name.to_string();
+        c.replica_address = Some(format!("https://localhost:{port}"));
+        c.replica_secret = Some(ReplicaSecret::new(SECRET).unwrap());
+        c.ownership = OwnershipSource::Directory(directory.clone());
+    })
+    .await;
+    let http = Https::for_hub(pki, &hub, Proto::H2);
+    let admin = admin_token(&dir);
+    Replica {
+        hub,
+        dir,
+        http,
+        admin,
+    }
+}
+
+impl Replica {
+    async fn stop(self) {
+        let _ = self.hub.shutdown().await;
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[tokio::test]
+async fn requests_reach_the_owner_and_a_standby_replica_takes_over_when_it_dies() {
+    let pki = Pki::new();
+    let directory = Directory::new();
+    let a = replica(&pki, &directory, "hub-a").await;
+    let b = replica(&pki, &directory, "hub-b").await;
+
+    // The first agent replica reaches hub-a: it stands by until hub-a owns the account,
+    // then streams.
+    let mut x = tunnel_agent(&a.hub, &pki, "agent.test", "pod-x").await;
+    let first = x.register("prod", "https://10.0.0.1:6443").await;
+    let first = match role(&first) {
+        Role::Streaming => first,
+        Role::Standby => x.assignment().await,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(role(&first), Role::Streaming);
+    assert_eq!(
+        directory.owner_of("prod").map(|o| o.replica).as_deref(),
+        Some("hub-a")
+    );
+    // The second reaches hub-b, which does not own the account: it stands by.
+    let mut y = tunnel_agent(&b.hub, &pki, "agent.test", "pod-y").await;
+    assert_eq!(
+        role(&y.register("prod", "https://10.0.0.1:6443").await),
+        Role::Standby
+    );
+
+    // A proxy request on hub-b (authenticated there) is served by the owner's agent.
+    let token = token_for(&b.http, &b.admin, "prod").await;
+    let path = "/clusters/prod/api/v1/namespaces/default/configmaps/web";
+    let call = {
+        let (http, token) = (b.http.clone(), token.clone());
+        tokio::spawn(async move { http.get(path, Some(&token)).await })
+    };
+    let (id, head) = x.request().await;
+    assert_eq!(
+        head.path_and_query,
+        "/api/v1/namespaces/default/configmaps/web"
+    );
+    assert!(
+        !head
+            .headers
+            .iter()
+            .any(|h| h.name == "authorization" || h.name.starts_with("x-scale-agent")),
+        "{:?}",
+        head.headers
+    );
+    x.respond(
+        id,
+        200,
+        &[("content-type", "application/json")],
+        br#"{"from":"x"}"#,
+    )
+    .await;
+    let reply = call.await.unwrap();
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.json()["from"], "x");
+    assert_eq!(
+        reply.header("x-scale-agent-replica").as_deref(),
+        Some("hub-a")
+    );
+    // A token hub-b does not know is refused there, never forwarded.
+    let refused = b.http.get(path, Some("not-a-token")).await;
+    assert_eq!(refused.status, 401, "{}", refused.text());
+
+    // An operation submitted on hub-b runs on the owner's agent.
+    let submit = {
+        let http = b.http.clone();
+        let admin = b.admin.clone();
+        tokio::spawn(async move {
+            http.with_token(
+                "POST",
+                "/api/v1/accounts/prod/operations",
+                &admin,
+                r#"{"type":"apply","manifest":{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"two"}}}"#,
+            )
+            .await
+        })
+    };
+    let op = x.operation().await;
+    assert_eq!(op.account, "prod");
+    x.send(scale_agent_proto::v1::agent_message::Kind::OperationResult(
+        scale_agent_proto::v1::OperationResult {
+            id: op.id.clone(),
+            ok: true,
+            status: Some(scale_agent_proto::v1::OperationStatus {
+                code: 200,
+                ..Default::default()
+            }),
+            executed: true,
+            replica: "pod-x".into(),
+            account: "prod".into(),
+            ..Default::default()
+        },
+    ))
+    .await;
+    let answer = submit.await.unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.text());
+
+    // The internal routes want the replicas' secret...
+    let internal = b.http.get(&format!("/internal{path}"), Some(&token)).await;
+    assert_eq!(internal.status, 401, "{}", internal.text());
+    // ...and a request forwarded to a replica that does not own the account is served
+    // there (by its standby), never forwarded again.
+    let call = {
+        let http = b.http.clone();
+        tokio::spawn(async move { http.get(&format!("/internal{path}"), Some(SECRET)).await })
+    };
+    let (id, _) = y.request().await;
+    y.respond(id, 200, &[], b"{}").await;
+    let reply = call.await.unwrap();
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(
+        reply.header("x-scale-agent-replica").as_deref(),
+        Some("hub-b")
+    );
+
+    // hub-a dies: its locks free at once, and its streams end.
+    directory.kill("hub-a");
+    let status = x.error().await;
+    assert!(
+        status.message().contains("lost the ownership"),
+        "{status:?}"
+    );
+    drop(x);
+    a.stop().await;
+    // hub-b takes the account within its poll and promotes its standby.
+    let promoted = tokio::time::timeout(Duration::from_secs(10), y.assignment())
+        .await
+        .expect("the standby was promoted");
+    assert_eq!(role(&promoted), Role::Streaming);
+    assert_eq!(
+        directory.owner_of("prod").map(|o| o.replica).as_deref(),
+        Some("hub-b")
+    );
+    // Requests on hub-b now reach its own agent.
+    let call = {
+        let (http, token) = (b.http.clone(), token.clone());
+        tokio::spawn(async move { http.get(path, Some(&token)).await })
+    };
+    let (id, _) = y.request().await;
+    y.respond(id, 200, &[], br#"{"from":"y"}"#).await;
+    let reply = call.await.unwrap();
+    assert_eq!(reply.json()["from"], "y");
+    assert_eq!(
+        reply.header("x-scale-agent-replica").as_deref(),
+        Some("hub-b")
+    );
+
+    // Two replicas never owned the account at once.
+    let history = directory.history();
+    let tenures: Vec<_> = history.iter().filter(|t| t.account == "prod").collect();
+    assert_eq!(
+        tenures
+            .iter()
+            .map(|t| t.replica.as_str())
+            .collect::<Vec<_>>(),
+        ["hub-a", "hub-b"]
+    );
+    assert!(tenures[1].epoch > tenures[0].epoch);
+    let released = tenures[0].released.expect("hub-a's tenure ended");
+    assert!(released <= tenures[1].acquired);
+
+    drop(y);
+    b.stop().await;
+}
+
+/// An owner that dies in the middle of a forwarded watch (its connection cut, as at a kill
+/// -9): the watch ends cleanly on the replica the client reached, so the client watches
+/// again; any other body cut short stays an error.
+#[tokio::test]
+async fn a_forwarded_watch_ends_cleanly_when_its_owner_dies() {
+    use scale_agent_hub::owners::{Claim, Ownership as _, ReplicaIdentity};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let pki = Pki::new();
+    let directory = Directory::new();
+    let b = replica(&pki, &directory, "hub-b").await;
+    // The owner: answers the head and a first event, then its connection is cut.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let ghost = directory.member(ReplicaIdentity {
+        id: "hub-ghost".into(),
+        address: format!("http://{}", listener.local_addr().unwrap()),
+    });
+    assert_eq!(
+        ghost.try_acquire("prod").await.unwrap(),
+        Claim::Acquired { epoch: 1 }
+    );
+    let server = tokio::spawn(async move {
+        for _ in 0..2 {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = socket.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the forwarded request ended early");
+                head.extend_from_slice(&buf[..n]);
+            }
+            let head = String::from_utf8_lossy(&head).to_string();
+            assert!(head.contains(&format!("Bearer {SECRET}")), "{head}");
+            socket
+                .write_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                      transfer-encoding: chunked\r\n\r\n7\r\n{\"a\":1}\r\n",
+                )
+                .await
+                .unwrap();
+            socket.flush().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            drop(socket);
+        }
+    });
+    // hub-b knows the account (a standby of it) and forwards to its owner.
+    let mut y = tunnel_agent(&b.hub, &pki, "agent.test", "pod-y").await;
+    assert_eq!(
+        role(&y.register("prod", "https://10.0.0.1:6443").await),
+        Role::Standby
+    );
+    let token = token_for(&b.http, &b.admin, "prod").await;
+    let watch = b
+        .http
+        .request("GET", "/clusters/prod/api/v1/configmaps?watch=true")
+        .header("authorization", format!("Bearer {token}"))
+        .body(empty())
+        .unwrap();
+    let response = b.http.send(watch).await;
+    assert_eq!(response.status(), 200);
+    let (body, error) = read_to_end(response.into_body()).await;
+    assert_eq!(body, br#"{"a":1}"#);
+    assert!(error.is_none(), "the watch broke: {error:?}");
+    // A list cut short is not complete: its client sees the error.
+    let list = b
+        .http
+        .request("GET", "/clusters/prod/api/v1/configmaps")
+        .header("authorization", format!("Bearer {token}"))
+        .body(empty())
+        .unwrap();
+    let response = b.http.send(list).await;
+    let (_, error) = read_to_end(response.into_body()).await;
+    assert!(error.is_some(), "a cut list must not look complete");
+    server.await.unwrap();
+    drop(y);
+    b.stop().await;
+}
