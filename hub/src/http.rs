@@ -42,9 +42,8 @@ pub(crate) fn router(hub: Arc<Hub>) -> Router {
         .route("/api/v1/agents", get(agents))
         .route("/api/v1/version", get(version))
         .route("/api/v1/accounts", get(accounts))
-        .route("/api/v1/accounts/{name}", get(account))
-        .route("/api/v1/accounts/{name}/objects", get(objects))
         .route("/api/v1/clouddriver", get(clouddriver))
+        .merge(account_reads(hub.clone()))
         .route_layer(role(Role::Reader));
     let operator = Router::new()
         .route(
@@ -52,10 +51,7 @@ pub(crate) fn router(hub: Arc<Hub>) -> Router {
             post(submit_operation).layer(DefaultBodyLimit::max(max_request_bytes)),
         )
         .route("/api/v1/operations/{id}", get(operation))
-        .route(
-            "/api/v1/accounts/{name}/operations/{id}",
-            get(account_operation),
-        )
+        .merge(account_operations(hub.clone()))
         .route_layer(role(Role::Operator));
     let admin = crate::admin_api::router()
         .merge(crate::agent_admin::router())
@@ -87,9 +83,36 @@ fn internal(hub: Arc<Hub>) -> Router<Arc<Hub>> {
             post(submit_operation).layer(DefaultBodyLimit::max(max_request_bytes)),
         )
         .merge(crate::proxy::router())
+        .merge(account_reads(hub.clone()))
+        .merge(account_operations(hub.clone()))
         .route_layer(axum::middleware::from_fn_with_state(
             hub,
             crate::owners::forward::internal_auth,
+        ))
+}
+
+/// An account and its cached objects: kept by its owner, so asked there when another
+/// replica owns it.
+fn account_reads(hub: Arc<Hub>) -> Router<Arc<Hub>> {
+    Router::new()
+        .route("/api/v1/accounts/{name}", get(account))
+        .route("/api/v1/accounts/{name}/objects", get(objects))
+        .route_layer(axum::middleware::from_fn_with_state(
+            hub,
+            crate::owners::forward::to_owner,
+        ))
+}
+
+/// An account's operations: kept by the replica that ran them, its owner.
+fn account_operations(hub: Arc<Hub>) -> Router<Arc<Hub>> {
+    Router::new()
+        .route(
+            "/api/v1/accounts/{name}/operations/{id}",
+            get(account_operation),
+        )
+        .route_layer(axum::middleware::from_fn_with_state(
+            hub,
+            crate::owners::forward::to_owner,
         ))
 }
 

@@ -743,6 +743,9 @@ impl Registry {
                     previous.cluster = cluster.clone();
                 }
                 if previous.state == state {
+                    // The same state for another reason (another replica streams it, or
+                    // another hub replica took it): the words follow, the time stays.
+                    previous.reason = reason;
                     continue;
                 }
             }

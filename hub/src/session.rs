@@ -665,7 +665,11 @@ impl Session {
             properties,
         };
         let (registration, persist) = st.registry.register(self.id, &name, record);
-        if let Some(record) = persist {
+        // Only an account's owner writes it (the shared store fences the others' writes);
+        // a replica that takes the account over writes its record then
+        // ([`crate::owners::duty`]).
+        let owned = st.registry.owns(&name);
+        if let Some(record) = persist.filter(|_| owned) {
             fx.ops.push(StoreOp::PutAccount {
                 account: name.clone(),
                 record,
@@ -698,10 +702,12 @@ impl Session {
             .unwrap_or_default();
         let binding = st.registry.bind(name, &self.identity, since);
         tracing::info!(account = %name, "account bound to the identity that first registered it");
-        fx.ops.push(StoreOp::PutBinding {
-            account: name.to_string(),
-            binding,
-        });
+        if st.registry.owns(name) {
+            fx.ops.push(StoreOp::PutBinding {
+                account: name.to_string(),
+                binding,
+            });
+        }
     }
 
     fn answer_assignment(&self, st: &HubState, name: &str, role: Role, fx: &mut Effects) {

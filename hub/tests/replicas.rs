@@ -15,6 +15,7 @@ use common::*;
 use scale_agent_hub::{
     RunningHub,
     owners::{OwnershipSource, directory::Directory, forward::ReplicaSecret},
+    store::StoreOp,
 };
 use scale_agent_proto::v1::account_assignment::Role;
 
@@ -28,7 +29,10 @@ struct Replica {
 }
 
 async fn replica(pki: &Pki, directory: &Arc<Directory>, name: &str) -> Replica {
-    let dir = data_dir(&format!("replicas-{name}"));
+    // Tests run side by side in one process: each replica has a directory of its own.
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = data_dir(&format!("replicas-{name}-{n}"));
     let port = free_port();
     let hub = start_hub(pki, &dir, |c| {
         serve_https(pki, c);
@@ -62,6 +66,23 @@ async fn requests_reach_the_owner_and_a_standby_replica_takes_over_when_it_dies(
     let directory = Directory::new();
     let a = replica(&pki, &directory, "hub-a").await;
     let b = replica(&pki, &directory, "hub-b").await;
+    // What hub-b writes about the account: nothing until it owns it.
+    let b_writes = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen = b_writes.clone();
+    b.hub
+        .set_store_commit_hook(Some(Arc::new(move |ops: &[StoreOp]| {
+            let mut seen = seen.lock().unwrap();
+            for op in ops {
+                match op {
+                    StoreOp::PutAccount { account, .. } => seen.push(format!("account {account}")),
+                    StoreOp::PutBinding { account, .. } => seen.push(format!("binding {account}")),
+                    StoreOp::DeleteAccount { account } => seen.push(format!("delete {account}")),
+                    _ => {}
+                }
+            }
+            Ok(())
+        })))
+        .await;
 
     // The first agent replica reaches hub-a: it stands by until hub-a owns the account,
     // then streams.
@@ -117,6 +138,26 @@ async fn requests_reach_the_owner_and_a_standby_replica_takes_over_when_it_dies(
     assert_eq!(
         reply.header("x-scale-agent-replica").as_deref(),
         Some("hub-a")
+    );
+    // The account's cached objects are the owner's, asked on either replica.
+    x.snapshot("prod", &[("one", "5"), ("two", "6")], "100")
+        .await;
+    x.synced().await;
+    assert_eq!(
+        object_names_https(&b.http, &b.dir, "prod/objects?kind=ConfigMap").await,
+        ["one", "two"]
+    );
+    let account = b.http.get("/api/v1/accounts/prod", Some(&b.admin)).await;
+    assert_eq!(account.status, 200, "{}", account.text());
+    let account = account.json();
+    assert_eq!(account["accountState"], "ACTIVE", "{account}");
+    assert_eq!(account["streaming"]["replica"], "pod-x", "{account}");
+    assert!(
+        account["stateReason"]
+            .as_str()
+            .unwrap()
+            .contains("streamed by replica agent.test/pod-x"),
+        "{account}"
     );
     // A token hub-b does not know is refused there, never forwarded.
     let refused = b.http.get(path, Some("not-a-token")).await;
@@ -174,6 +215,15 @@ async fn requests_reach_the_owner_and_a_standby_replica_takes_over_when_it_dies(
         Some("hub-b")
     );
 
+    // hub-b, which does not own the account, wrote nothing of it (the shared store would
+    // refuse a non-owner's write).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        b_writes.lock().unwrap().is_empty(),
+        "{:?}",
+        b_writes.lock().unwrap()
+    );
+
     // hub-a dies: its locks free at once, and its streams end.
     directory.kill("hub-a");
     let status = x.error().await;
@@ -192,6 +242,11 @@ async fn requests_reach_the_owner_and_a_standby_replica_takes_over_when_it_dies(
         directory.owner_of("prod").map(|o| o.replica).as_deref(),
         Some("hub-b")
     );
+    // Owning it, hub-b writes what its standby registered.
+    wait_for("hub-b to write the account it took over", async || {
+        *b_writes.lock().unwrap() == ["account prod", "binding prod"]
+    })
+    .await;
     // Requests on hub-b now reach its own agent.
     let call = {
         let (http, token) = (b.http.clone(), token.clone());

@@ -6,7 +6,7 @@
 use std::{sync::Arc, time::Duration};
 
 use super::{AccountSource, Claim};
-use crate::{Control, Hub};
+use crate::{Control, Hub, store::StoreOp};
 
 /// How often accounts owned elsewhere are tried again: the time a standby waits, at most,
 /// after its owner died (the lock frees when the owner's database session ends).
@@ -74,7 +74,24 @@ async fn acquire(hub: &Hub, source: &dyn AccountSource, account: &str) {
                 .accounts
                 .insert(account.to_string(), snapshot.cache);
         }
-        st.registry.acquired(account)
+        let promotion = st.registry.acquired(account);
+        // What the standbys' registrations here said, written now that this replica may
+        // write the account (queued in this critical section, in order with the streams').
+        let mut ops = Vec::new();
+        if let Some(a) = st.registry.accounts.get(account) {
+            ops.push(StoreOp::PutAccount {
+                account: account.to_string(),
+                record: a.record.clone(),
+            });
+        }
+        if let Some(binding) = st.registry.bindings.get(account) {
+            ops.push(StoreOp::PutBinding {
+                account: account.to_string(),
+                binding: binding.clone(),
+            });
+        }
+        hub.commits.enqueue(ops);
+        promotion
     };
     hub.discovery.forget(account);
     hub.cached_reads.cache_advanced();

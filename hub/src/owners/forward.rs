@@ -305,3 +305,27 @@ pub(crate) async fn internal_auth(
     request.extensions_mut().insert(Forwarded { from });
     next.run(request).await
 }
+
+/// Serves a route of one account (its `{name}`) on the account's owner: forwarded there
+/// when another replica owns it, after this replica authenticated the caller.
+pub(crate) async fn to_owner(
+    State(hub): State<Arc<Hub>>,
+    axum::extract::Path(params): axum::extract::Path<std::collections::HashMap<String, String>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let owner = match params.get("name") {
+        Some(account) => owner_elsewhere(&hub, account, request.extensions()).await,
+        None => None,
+    };
+    match (owner, &hub.forwarder) {
+        (Some(owner), Some(forwarder)) => {
+            let caller = request.extensions().get::<Caller>().map(|c| c.name.clone());
+            forwarder
+                .send(&hub, &owner, caller.as_deref(), request, false)
+                .await
+                .unwrap_or_else(IntoResponse::into_response)
+        }
+        _ => next.run(request).await,
+    }
+}
