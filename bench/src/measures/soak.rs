@@ -105,7 +105,7 @@ impl Sim {
 /// Connects a fleet, agent `i` to `hub_of(i)`: [`CONNECTING`] streams at a time (all at
 /// once is measure 7's row; a debug build's handshakes would time out), each connect tried
 /// again on a transport error, as an agent's backoff would; returns once every agent's
-/// snapshot is acknowledged.
+/// snapshot is acknowledged, in the order given (agent `i` is still at index `i`).
 pub(crate) async fn connect_fleet(
     sims: Vec<Sim>,
     hub_of: impl Fn(usize) -> SocketAddr,
@@ -133,7 +133,8 @@ pub(crate) async fn connect_fleet(
                 Ok(sim)
             }
         })
-        .buffer_unordered(CONNECTING)
+        // In order, so the caller knows which hub each returned agent is on.
+        .buffered(CONNECTING)
         .collect()
         .await;
     connected.into_iter().collect()
