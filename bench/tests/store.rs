@@ -56,7 +56,5 @@ async fn tiny_run_reports_the_hub_on_postgres_beside_embedded() -> anyhow::Resul
             "{side}"
         );
     }
-    // The embedded hub restarted on its own data hands out resume points.
-    assert_eq!(failover["embedded"]["relists"], 0, "{table}");
     Ok(())
 }

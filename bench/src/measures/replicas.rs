@@ -40,6 +40,10 @@ const REPLICAS: usize = 3;
 const RELISTS: &str = "scale_agent_hub_relists_total";
 /// Pause between an agent's attempts to reach a hub (the bench's agents' `baseDelay`).
 const RETRY: Duration = Duration::from_millis(200);
+/// Wait between the last snapshot acknowledged and the kill: past the embedded store's
+/// durable commit (at least every second while data changes), so the kill finds steady
+/// state, not the last second's non-durable commits (which a crash loses by design).
+const SETTLE: Duration = Duration::from_secs(2);
 
 /// Hub replicas sharing one PostgreSQL. The hubs are dropped (stopped) before the server.
 struct Replicas {
@@ -67,6 +71,25 @@ impl Replicas {
             );
         }
         Ok(Self { hubs, postgres })
+    }
+
+    /// `n` agents `<prefix>-<i>` connected, agent `i` to replica `i % 3`.
+    async fn connect(
+        &self,
+        env: &Env,
+        prefix: &str,
+        n: usize,
+        ca: &str,
+        objects: usize,
+    ) -> Result<Vec<Sim>> {
+        let addrs = self.grpc_addrs();
+        connect_fleet(
+            Sim::fleet(env, prefix, n)?,
+            |i| addrs[i % addrs.len()],
+            ca,
+            objects,
+        )
+        .await
     }
 
     fn grpc_addrs(&self) -> Vec<SocketAddr> {
@@ -118,15 +141,8 @@ pub async fn fleet(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<()> {
     let ca = env.pki.ca.cert_pem.clone();
     let (replicated, owned) = {
         let replicas = Replicas::start(env, "ha-fleet").await?;
-        let addrs = replicas.grpc_addrs();
         let started = Instant::now();
-        let sims = connect_fleet(
-            Sim::fleet(env, "ha-fleet", n)?,
-            |i| addrs[i % addrs.len()],
-            &ca,
-            objects,
-        )
-        .await?;
+        let sims = replicas.connect(env, "ha-fleet", n, &ca, objects).await?;
         let seconds = started.elapsed().as_secs_f64();
         tokio::time::sleep(Duration::from_secs(1)).await;
         let side = FleetSide {
@@ -402,14 +418,10 @@ pub async fn failover(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<()>
 
     let (replicated, owned) = {
         let mut replicas = Replicas::start(env, "ha-failover").await?;
+        let sims = replicas
+            .connect(env, "ha-failover", n, &ca, objects)
+            .await?;
         let addrs = replicas.grpc_addrs();
-        let sims = connect_fleet(
-            Sim::fleet(env, "ha-failover", n)?,
-            |i| addrs[i % addrs.len()],
-            &ca,
-            objects,
-        )
-        .await?;
         let (mut victims, others): (Vec<_>, Vec<_>) = sims
             .into_iter()
             .enumerate()
@@ -417,6 +429,7 @@ pub async fn failover(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<()>
         let survivors: Vec<SocketAddr> = addrs[1..].to_vec();
         let owned = replicas.owned_accounts().await?;
         let before = relists(&replicas.hubs[1..].iter().collect::<Vec<_>>()).await?;
+        tokio::time::sleep(SETTLE).await;
         replicas.hubs[0].kill();
         let killed_at = Instant::now();
         let deadline = tokio::time::Instant::now() + timeout;
@@ -447,6 +460,7 @@ pub async fn failover(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<()>
         let grpc = hub.grpc_addr;
         let mut sims =
             connect_fleet(Sim::fleet(env, "ha-failover", n)?, |_| grpc, &ca, objects).await?;
+        tokio::time::sleep(SETTLE).await;
         hub.kill();
         let killed_at = Instant::now();
         let deadline = tokio::time::Instant::now() + timeout;
@@ -479,7 +493,8 @@ pub async fn failover(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<()>
         ),
         baseline: embedded.text(timeout),
         note: format!(
-            "{owned} accounts in account_owners before the kill{}; times from the kill to the STREAMING assignment on the agent's side; streams ended p50 {} after the kill (replicas) and {} (embedded); an agent whose stream ended tries a surviving replica's address, the next one every {} ms while it gets no STREAMING; a STANDBY answer is waited out (the replica promotes it when the killed replica's lock frees); an agent given no resume point sends a new snapshot (a relist); the baseline's time includes the hub process's start",
+            "killed {} s after the last snapshot was acknowledged; {owned} accounts in account_owners before the kill{}; times from the kill to the STREAMING assignment on the agent's side; streams ended p50 {} after the kill (replicas) and {} (embedded); an agent whose stream ended tries a surviving replica's address, the next one every {} ms while it gets no STREAMING; a STANDBY answer is waited out (the replica promotes it when the killed replica's lock frees); an agent given no resume point sends a new snapshot (a relist); the baseline's time includes the hub process's start",
+            SETTLE.as_secs(),
             if owned == 0 {
                 " (the replicas took no ownership: a survivor streams a reconnected agent at once, from what it loaded at its start)"
             } else {
