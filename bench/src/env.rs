@@ -146,6 +146,24 @@ impl Env {
         self.hub_with(name, HttpListener::Plaintext, args).await
     }
 
+    /// One of several hub replicas sharing the PostgreSQL at `url` (`--store postgres`):
+    /// `--replica-id` is `name`, `--replica-address` its plaintext HTTP listener on
+    /// loopback, and `secret_file` the replicas' shared `--replica-secret-file`.
+    pub async fn hub_replica(&self, name: &str, url: &str, secret_file: &Path) -> Result<HubProc> {
+        let url_file = self.dir.join(format!("{name}-postgres-url"));
+        std::fs::write(&url_file, url)?;
+        let http_addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        let args = vec![
+            "--store=postgres".into(),
+            format!("--postgres-url-file={}", url_file.display()),
+            format!("--replica-id={name}"),
+            format!("--replica-address=http://{http_addr}"),
+            format!("--replica-secret-file={}", secret_file.display()),
+        ];
+        self.hub_at(name, HttpListener::Plaintext, args, http_addr)
+            .await
+    }
+
     /// Starts a hub process whose HTTP listener serves TLS, as in production: the serving
     /// certificate is the gRPC one (loopback names, signed by the bench CA), and the CA goes
     /// into the kubeconfigs it issues (`--serving-ca`). For the Kubernetes API proxy.
@@ -163,6 +181,17 @@ impl Env {
         listener: HttpListener,
         extra_args: Vec<String>,
     ) -> Result<HubProc> {
+        let http_addr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        self.hub_at(name, listener, extra_args, http_addr).await
+    }
+
+    async fn hub_at(
+        &self,
+        name: &str,
+        listener: HttpListener,
+        extra_args: Vec<String>,
+        http_addr: SocketAddr,
+    ) -> Result<HubProc> {
         let data_dir = self.store_dir.join(format!("{name}-data"));
         let _ = std::fs::remove_dir_all(&data_dir);
         let mut hub = HubProc {
@@ -170,7 +199,7 @@ impl Env {
             name: name.to_string(),
             exe: self.exe.clone(),
             grpc_addr: format!("127.0.0.1:{}", free_port()?).parse()?,
-            http_addr: format!("127.0.0.1:{}", free_port()?).parse()?,
+            http_addr,
             data_dir,
             log_dir: self.dir.clone(),
             args_tls: vec![
@@ -425,6 +454,13 @@ impl HubProc {
             "the hub refused a kubeconfig for {account}: HTTP {status}: {text}"
         );
         Ok(text)
+    }
+
+    /// SIGKILL (`kill -9`) and wait: no flush, no goodbye to agents or to PostgreSQL.
+    pub fn kill(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            p.kill();
+        }
     }
 
     /// SIGTERM and wait (the hub flushes its store).

@@ -215,6 +215,21 @@ impl FakeAgent {
 
     /// Registers `account` (its own cluster) and waits for a STREAMING assignment.
     pub async fn register(&mut self, account: &str, cluster_host: &str) -> Result<()> {
+        self.register_streaming(account, cluster_host, Duration::from_secs(120))
+            .await
+            .map(drop)
+    }
+
+    /// Registers `account` and waits up to `timeout` for a STREAMING assignment, as an
+    /// agent does: a STANDBY answer (another replica of the hub owns the account) keeps the
+    /// stream open until this one is promoted. Reports the kind WATCHING and returns the
+    /// assignment (its resume points say whether the agent may resume or must relist).
+    pub async fn register_streaming(
+        &mut self,
+        account: &str,
+        cluster_host: &str,
+        timeout: Duration,
+    ) -> Result<pb::AccountAssignment> {
         self.send(Msg::RegisterAccount(pb::RegisterAccount {
             account: account.into(),
             cluster: Some(pb::ClusterInfo {
@@ -226,17 +241,22 @@ impl FakeAgent {
             properties_json: br#"{"kinds":["ConfigMap"]}"#.to_vec(),
         }))
         .await?;
-        let assignment = tokio::time::timeout(Duration::from_secs(120), self.assignments.recv())
-            .await
-            .map_err(|_| anyhow!("no assignment for {account} within 120 s"))?
-            .ok_or_else(|| anyhow!("the hub ended the stream before assigning {account}"))?;
-        if assignment.role != pb::account_assignment::Role::Streaming as i32 {
-            bail!(
-                "{account}: assigned role {} ({})",
-                assignment.role,
-                assignment.reason
-            );
-        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        let assignment = loop {
+            let assignment = tokio::time::timeout_at(deadline, self.assignments.recv())
+                .await
+                .map_err(|_| anyhow!("{account} not streaming within {timeout:?}"))?
+                .ok_or_else(|| anyhow!("the hub ended the stream before assigning {account}"))?;
+            match pb::account_assignment::Role::try_from(assignment.role) {
+                Ok(pb::account_assignment::Role::Streaming) => break assignment,
+                Ok(pb::account_assignment::Role::Standby) => continue,
+                _ => bail!(
+                    "{account}: assigned role {} ({})",
+                    assignment.role,
+                    assignment.reason
+                ),
+            }
+        };
         self.send(Msg::KindStatus(pb::KindStatus {
             account: account.into(),
             kind: Some(configmaps()),
@@ -245,7 +265,20 @@ impl FakeAgent {
             namespaces: vec![],
         }))
         .await?;
-        Ok(())
+        Ok(assignment)
+    }
+
+    /// Waits until the stream has ended (the hub went away or ended it).
+    pub async fn ended(&self) {
+        while !self.reader.is_finished() {
+            let notified = self.progress.notified();
+            if self.reader.is_finished() {
+                break;
+            }
+            // The reader notifies when it ends; the timeout covers a notification missed
+            // between the check and the wait.
+            let _ = tokio::time::timeout(Duration::from_millis(50), notified).await;
+        }
     }
 
     /// A snapshot of `objects` small ConfigMaps.

@@ -90,7 +90,16 @@ pub struct Options {
     pub soak_events_per_second: f64,
     /// Measure 10: agents that drop their stream and connect again, per minute.
     pub soak_reconnects_per_minute: f64,
-    /// Which of the measures to run (1 to 9 and 11 by default; 10 is the ten-minute soak).
+    /// Measure 11: simulated agents over three hub replicas on PostgreSQL (and on one
+    /// embedded hub, the baseline): time to all streaming, RSS.
+    pub ha_fleet_agents: usize,
+    /// Measure 11: simulated agents over three replicas when one is killed.
+    pub ha_failover_agents: usize,
+    /// Measure 11: seconds after the kill an account may take to stream again before the
+    /// failover row reports it as not streaming.
+    pub ha_failover_timeout_secs: u64,
+    /// Which of the measures to run (1 to 9 by default; 10 is the ten-minute soak, 11 the
+    /// hub on PostgreSQL and its replicas, a few minutes).
     pub measures: Vec<u8>,
     /// Hub stores on /dev/shm instead of the work directory (default: the work directory,
     /// a disk like a real hub's).
@@ -138,7 +147,10 @@ impl Options {
             soak_seconds: 600,
             soak_events_per_second: 200.0,
             soak_reconnects_per_minute: 60.0,
-            measures: (1..=9).chain([11]).collect(),
+            ha_fleet_agents: 1000,
+            ha_failover_agents: 200,
+            ha_failover_timeout_secs: 120,
+            measures: (1..=9).collect(),
             hub_store_on_tmpfs: false,
         }
     }
@@ -176,6 +188,9 @@ impl Options {
             soak_seconds: 17,
             soak_events_per_second: 50.0,
             soak_reconnects_per_minute: 120.0,
+            ha_fleet_agents: 9,
+            ha_failover_agents: 6,
+            ha_failover_timeout_secs: 60,
             ..Self::new(exe)
         }
     }
@@ -221,6 +236,10 @@ pub async fn run(options: &Options) -> Result<Report> {
     if on(11) {
         step("11. events into the hub on PostgreSQL and on the embedded store");
         measures::store_backends(&env, options, &mut rows).await?;
+        step("11. simulated agents over three hub replicas on PostgreSQL and on one embedded hub");
+        measures::replicas::fleet(&env, options, &mut rows).await?;
+        step("11. failover: one of three replicas killed");
+        measures::replicas::failover(&env, options, &mut rows).await?;
     }
     if on(3) || on(4) || on(5) {
         step("3-5. initial sync, resume, footprint with objects");
@@ -283,6 +302,9 @@ pub async fn run(options: &Options) -> Result<Report> {
             "soak_seconds": options.soak_seconds,
             "soak_events_per_second": options.soak_events_per_second,
             "soak_reconnects_per_minute": options.soak_reconnects_per_minute,
+            "ha_fleet_agents": options.ha_fleet_agents,
+            "ha_failover_agents": options.ha_failover_agents,
+            "ha_failover_timeout_secs": options.ha_failover_timeout_secs,
             "agent_objects": options.agent_objects,
             "operations": options.operations,
             "proxy_requests": options.proxy_requests,

@@ -5,6 +5,7 @@
 
 pub mod proxy;
 pub mod reads;
+pub mod replicas;
 pub mod soak;
 
 use std::{

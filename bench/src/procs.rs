@@ -180,6 +180,12 @@ impl Proc {
         Ok(())
     }
 
+    /// SIGKILL (`kill -9`: no shutdown of any kind) and wait for the exit.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// SIGTERM, then SIGKILL after `grace`; waits for the exit.
     pub fn stop(&mut self, grace: Duration) {
         if matches!(self.child.try_wait(), Ok(Some(_))) {

@@ -34,20 +34,41 @@ const SAMPLE_EVERY: Duration = Duration::from_secs(10);
 /// How often churn is sent (the rate is spread over these ticks).
 const TICK: Duration = Duration::from_millis(100);
 /// Streams being opened at once while the fleet connects.
-const CONNECTING: usize = 64;
+pub(crate) const CONNECTING: usize = 64;
 
 /// One simulated agent: its certificate, account, stream and the resourceVersion it is at.
-struct Sim {
-    cert: Arc<(String, String)>,
-    account: String,
-    fake: Option<FakeAgent>,
-    rv: u64,
+pub(crate) struct Sim {
+    pub(crate) cert: Arc<(String, String)>,
+    pub(crate) account: String,
+    pub(crate) fake: Option<FakeAgent>,
+    pub(crate) rv: u64,
 }
 
 impl Sim {
+    /// `n` simulated agents `<prefix>-<i>`, each its own client certificate (identity
+    /// `bench-<prefix>-<i>`) and account, not connected yet.
+    pub(crate) fn fleet(env: &Env, prefix: &str, n: usize) -> Result<Vec<Sim>> {
+        (0..n)
+            .map(|i| {
+                let issued = env.pki.ca.client(&format!("bench-{prefix}-{i}"), &[])?;
+                Ok(Sim {
+                    cert: Arc::new((issued.cert_pem, issued.key_pem)),
+                    account: format!("{prefix}-{i}"),
+                    fake: None,
+                    rv: 1,
+                })
+            })
+            .collect()
+    }
+
     /// Connects (again), registers its account and sends a snapshot at a new
     /// resourceVersion.
-    async fn connect(&mut self, hub: SocketAddr, ca: &str, objects: usize) -> Result<()> {
+    pub(crate) async fn connect(
+        &mut self,
+        hub: SocketAddr,
+        ca: &str,
+        objects: usize,
+    ) -> Result<()> {
         // The old stream may still look live to the hub: present its token, as an agent
         // reconnecting does.
         let token = self
@@ -81,49 +102,53 @@ impl Sim {
     }
 }
 
+/// Connects a fleet, agent `i` to `hub_of(i)`: [`CONNECTING`] streams at a time (all at
+/// once is measure 7's row; a debug build's handshakes would time out), each connect tried
+/// again on a transport error, as an agent's backoff would; returns once every agent's
+/// snapshot is acknowledged, in the order given (agent `i` is still at index `i`).
+pub(crate) async fn connect_fleet(
+    sims: Vec<Sim>,
+    hub_of: impl Fn(usize) -> SocketAddr,
+    ca: &str,
+    objects: usize,
+) -> Result<Vec<Sim>> {
+    let connected: Vec<Result<Sim>> = futures::stream::iter(sims.into_iter().enumerate())
+        .map(|(i, mut sim)| {
+            let hub = hub_of(i);
+            async move {
+                let mut attempt = 0;
+                loop {
+                    attempt += 1;
+                    match sim.connect(hub, ca, objects).await {
+                        Ok(()) => break,
+                        Err(_) if attempt < 5 => {
+                            tokio::time::sleep(Duration::from_millis(500 * attempt)).await;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                if let Some(fake) = &sim.fake {
+                    fake.synced(LONG).await?;
+                }
+                Ok(sim)
+            }
+        })
+        // In order, so the caller knows which hub each returned agent is on.
+        .buffered(CONNECTING)
+        .collect()
+        .await;
+    connected.into_iter().collect()
+}
+
 pub async fn soak(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<()> {
     let n = o.soak_agents.max(1);
     let objects = o.agent_objects.max(1);
     let hub = env.hub("soak-hub").await?;
     let ca = env.pki.ca.cert_pem.clone();
-    let mut sims = Vec::with_capacity(n);
-    for i in 0..n {
-        let issued = env.pki.ca.client(&format!("bench-soak-{i}"), &[])?;
-        sims.push(Sim {
-            cert: Arc::new((issued.cert_pem, issued.key_pem)),
-            account: format!("soak-{i}"),
-            fake: None,
-            rv: 1,
-        });
-    }
-    // A fleet connecting: CONNECTING streams at a time (all at once is measure 7's row; here
-    // the soak is what matters, and a debug build's handshakes would time out), each
-    // connect tried again on a transport error, as an agent's backoff would.
+    let sims = Sim::fleet(env, "soak", n)?;
     let started = Instant::now();
     let grpc = hub.grpc_addr;
-    let ca_ref = ca.as_str();
-    let connected: Vec<Result<Sim>> = futures::stream::iter(sims)
-        .map(|mut sim| async move {
-            let mut attempt = 0;
-            loop {
-                attempt += 1;
-                match sim.connect(grpc, ca_ref, objects).await {
-                    Ok(()) => break,
-                    Err(_) if attempt < 5 => {
-                        tokio::time::sleep(Duration::from_millis(500 * attempt)).await;
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-            if let Some(fake) = &sim.fake {
-                fake.synced(LONG).await?;
-            }
-            Ok(sim)
-        })
-        .buffer_unordered(CONNECTING)
-        .collect()
-        .await;
-    let mut sims: Vec<Sim> = connected.into_iter().collect::<Result<_>>()?;
+    let mut sims = connect_fleet(sims, |_| grpc, &ca, objects).await?;
     let connect_secs = started.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_secs(1)).await;
     let baseline = hub.stats()?;
