@@ -133,6 +133,18 @@ fn the_chart_refuses_replicas_without_a_shared_store_and_says_what_to_set() -> a
             ][..],
             "needs hub.agentCaSecret",
         ),
+        (
+            &[
+                "--set=hub.enabled=true",
+                "--set=hub.store=postgres",
+                "--set=hub.replicas=2",
+                "--set=hub.postgres.urlSecret=pg",
+                "--set=hub.replicaSecret.name=replica",
+                "--set=hub.agentCaSecret=agent-ca",
+                "--set=hub.clouddriver.url=http://spin-clouddriver:7002",
+            ][..],
+            "hub.clouddriver registration with hub.replicas > 1 is not built yet",
+        ),
     ] {
         let mut args = vec![
             "template",
