@@ -26,26 +26,6 @@ use tokio_postgres::{Client, NoTls};
 use super::{Claim, OwnerInfo, Ownership, ReplicaIdentity};
 use crate::error::{HubError, Result};
 
-/// The tables ownership uses, as the store's migrations create them (issue 16's store
-/// slice). Created here too when missing, so that ownership works on a database whose
-/// store migrations have not created them; harmless once they have.
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS account_owners (
-    account text PRIMARY KEY,
-    replica text NOT NULL,
-    address text NOT NULL,
-    epoch bigint NOT NULL,
-    since timestamptz NOT NULL
-);
-CREATE TABLE IF NOT EXISTS ownership_history (
-    account text,
-    replica text,
-    epoch bigint,
-    acquired_at timestamptz,
-    released_at timestamptz NULL
-);
-";
-
 /// How long connecting to PostgreSQL may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -82,7 +62,9 @@ pub struct PostgresOwnership {
 }
 
 impl PostgresOwnership {
-    /// Connects (so that a wrong URL fails at start-up) and creates the tables if missing.
+    /// Connects (so that a wrong URL fails at start-up) and brings the schema up to date
+    /// with the store's migrations (the ownership tables are part of it), so that ownership
+    /// works whichever of the two reaches an empty database first.
     pub async fn connect(url: &str, replica: ReplicaIdentity) -> Result<Self> {
         let ownership = PostgresOwnership {
             url: url.to_string(),
@@ -92,11 +74,8 @@ impl PostgresOwnership {
             losses: watch::Sender::new(0),
         };
         let mut connection = ownership.lock_connection.lock().await;
-        let client = ownership.open().await?;
-        client
-            .batch_execute(SCHEMA)
-            .await
-            .map_err(|e| pg_error("create the ownership tables", &e))?;
+        let mut client = ownership.open().await?;
+        crate::store::postgres::migrate(&mut client).await?;
         *connection = Some(client);
         drop(connection);
         Ok(ownership)

@@ -22,7 +22,7 @@
 //! older resume points: agents replay a few events, which is harmless (events are
 //! idempotent).
 
-mod postgres;
+pub(crate) mod postgres;
 mod redb;
 
 use std::{path::Path, sync::Arc, time::Duration};

@@ -654,8 +654,9 @@ async fn check_fencing(
 }
 
 /// Runs the migrations the database lacks, each in its own transaction under an advisory
-/// lock (replicas starting together migrate once); returns the versions applied.
-async fn migrate(client: &mut Client) -> Result<Vec<i64>> {
+/// lock (replicas starting together migrate once); returns the versions applied. The one
+/// definition of the schema: account ownership ([`crate::owners::postgres`]) runs it too.
+pub(crate) async fn migrate(client: &mut Client) -> Result<Vec<i64>> {
     let known = MIGRATIONS.last().map_or(0, |m| m.version);
     let mut applied = Vec::new();
     for migration in MIGRATIONS {
