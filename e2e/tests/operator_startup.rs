@@ -359,8 +359,11 @@ async fn the_standby_operator_takes_over_when_the_leader_is_killed() -> anyhow::
     .await?;
     let (mut standby, standby_health) =
         start_electing_operator(control_plane, &namespace, "op-b", &dir)?;
-    let (code, body) = wait_for("the standby's /readyz", || async {
-        Ok(readyz(standby_health).await)
+    // Until it has first tried the Lease the standby answers 503 "starting"; then 200.
+    let (code, body) = wait_for("the standby's /readyz to leave \"starting\"", || async {
+        Ok(readyz(standby_health)
+            .await
+            .filter(|(code, body)| !(*code == 503 && body.contains("starting"))))
     })
     .await?;
     assert_eq!(code, 200, "{body}");
