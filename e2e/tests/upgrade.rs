@@ -248,17 +248,21 @@ async fn upgrading_the_chart_from_0_1_0_keeps_agents_and_accounts() -> anyhow::R
         installed.hub_data.is_some(),
         "the premise: the 0.1.0 hub has a volume claim: {installed:?}"
     );
-    let old_crd = run(
-        &kubectl,
-        &[
-            "--kubeconfig",
-            &kubeconfig,
-            "get",
-            "crd/scaleagents.scaleagent.dev",
-            "-o",
-            "json",
-        ],
-    )?;
+    // The ScaleAgent CRD as the API server has it.
+    let scale_agent_crd = || {
+        run(
+            &kubectl,
+            &[
+                "--kubeconfig",
+                &kubeconfig,
+                "get",
+                "crd/scaleagents.scaleagent.dev",
+                "-o",
+                "json",
+            ],
+        )
+    };
+    let old_crd = scale_agent_crd()?;
     let old_crds =
         crds::read_crds(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v0.1.0/crds"))?;
     assert_eq!(old_crds.len(), 2, "the premise: both 0.1.0 CRDs");
@@ -409,17 +413,7 @@ async fn upgrading_the_chart_from_0_1_0_keeps_agents_and_accounts() -> anyhow::R
             format!("ghcr.io/scale-agent/hub:v{VERSION}").as_str()
         ),
     );
-    let new_crd = run(
-        &kubectl,
-        &[
-            "--kubeconfig",
-            &kubeconfig,
-            "get",
-            "crd/scaleagents.scaleagent.dev",
-            "-o",
-            "json",
-        ],
-    )?;
+    let new_crd = scale_agent_crd()?;
     assert!(
         new_crd.contains("operationBudget"),
         "kubectl apply --server-side left the 0.1.0 CRD in place"
