@@ -1,13 +1,14 @@
 //! A TCP relay on loopback that a test can cut, to stage a network outage between one agent
 //! and its hub while both processes keep running: [`Relay::cut`] closes every relayed
 //! connection and refuses new ones (accepted, then closed at once, as a failing load
-//! balancer does) until [`Relay::restore`].
+//! balancer does) until [`Relay::restore`]. [`Balancer`] stands in front of several
+//! targets, as a Kubernetes Service in front of a Deployment's pods.
 
 use std::{
     net::SocketAddr,
     sync::{
         Arc,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     },
 };
 
@@ -92,6 +93,75 @@ async fn accept(
     }
 }
 
+/// Spreads connections over several targets, as a Kubernetes Service spreads them over the
+/// ready pods of a Deployment: each new connection goes to the next target in turn, and a
+/// target that refuses it (its process is dead) is passed over for the next, so that clients
+/// reconnecting after a target died land on the live ones. Relays until dropped.
+pub struct Balancer {
+    addr: SocketAddr,
+    targets: Vec<SocketAddr>,
+    /// Connections relayed to each target (by index in `targets`).
+    relayed: Arc<Vec<AtomicUsize>>,
+    task: JoinHandle<()>,
+}
+
+impl Balancer {
+    /// Listens on a free loopback port and spreads each connection over `targets`.
+    pub async fn start(targets: Vec<SocketAddr>) -> std::io::Result<Balancer> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let relayed: Arc<Vec<AtomicUsize>> =
+            Arc::new(targets.iter().map(|_| AtomicUsize::new(0)).collect());
+        let task = tokio::spawn(spread(listener, targets.clone(), relayed.clone()));
+        Ok(Balancer {
+            addr,
+            targets,
+            relayed,
+            task,
+        })
+    }
+
+    /// Where clients connect.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// How many connections went to `target` so far.
+    pub fn relayed_to(&self, target: SocketAddr) -> usize {
+        self.targets
+            .iter()
+            .position(|t| *t == target)
+            .map_or(0, |i| self.relayed[i].load(Ordering::SeqCst))
+    }
+}
+
+impl Drop for Balancer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn spread(listener: TcpListener, targets: Vec<SocketAddr>, relayed: Arc<Vec<AtomicUsize>>) {
+    let mut next = 0;
+    while let Ok((mut client, _)) = listener.accept().await {
+        let first = next;
+        next = (next + 1) % targets.len().max(1);
+        let targets = targets.clone();
+        let relayed = relayed.clone();
+        tokio::spawn(async move {
+            for i in (0..targets.len()).map(|k| (first + k) % targets.len()) {
+                let Ok(mut server) = TcpStream::connect(targets[i]).await else {
+                    continue;
+                };
+                relayed[i].fetch_add(1, Ordering::SeqCst);
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                return;
+            }
+            // No target is up: the client's connection closes at once.
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -143,5 +213,23 @@ mod tests {
 
         relay.restore();
         assert_eq!(round_trip(relay.addr()).await.unwrap(), b"ping");
+    }
+
+    #[tokio::test]
+    async fn a_balancer_takes_turns_and_passes_over_a_dead_target() {
+        let (one, two) = (echo().await, echo().await);
+        // A port nothing listens on: a target whose process died.
+        let dead = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let balancer = Balancer::start(vec![one, dead, two]).await.unwrap();
+        for _ in 0..6 {
+            assert_eq!(round_trip(balancer.addr()).await.unwrap(), b"ping");
+        }
+        assert_eq!(balancer.relayed_to(dead), 0);
+        assert_eq!(balancer.relayed_to(one) + balancer.relayed_to(two), 6);
+        assert!(balancer.relayed_to(one) >= 2 && balancer.relayed_to(two) >= 2);
     }
 }
