@@ -45,6 +45,9 @@ use serde_json::{Value, json};
 const REPLICAS: usize = 3;
 /// Accounts of each control plane, each with its own namespace, ServiceAccount and agent.
 const ACCOUNTS_PER_CLUSTER: usize = 2;
+/// Replicas of each account's agent (as its Deployment would run them): one streams, the
+/// others stand by, each connected to the replica the balancer gave it.
+const AGENT_REPLICAS: usize = 2;
 /// How long an account may take to stream again after its owner died or PostgreSQL
 /// restarted.
 const STREAMS_AGAIN: Duration = Duration::from_secs(30);
@@ -65,7 +68,8 @@ struct Account {
     user: String,
     /// A proxy token of this account.
     token: String,
-    agent: Option<AgentProcess>,
+    /// Its agent's replicas: one streams, the other stands by.
+    agents: Vec<AgentProcess>,
 }
 
 /// `(uid, resourceVersion)` by name.
@@ -120,10 +124,35 @@ async fn latest_tenures(
         .collect())
 }
 
-/// No account had two owners at once.
-fn assert_never_two_owners(history: &BTreeMap<String, Vec<Tenure>>) {
+/// When database sessions died: a replica killed (`Some`), or every one (`None`, PostgreSQL
+/// restarted).
+type Deaths = [(SystemTime, Option<String>)];
+
+/// No account had two owners at once. Tenures never overlap in `ownership_history`, but that
+/// alone proves little: a replica taking an account closes whatever tenure is still open, at
+/// the same instant it opens its own. So a tenure closed that way (its end is its
+/// successor's start) must be one whose replica had lost its session before: killed, or
+/// PostgreSQL restarted, as `deaths` says. Any other change of owner is a release by the
+/// owner itself, which ends before the next tenure begins.
+fn assert_never_two_owners(history: &BTreeMap<String, Vec<Tenure>>, deaths: &Deaths) {
     for (account, tenures) in history {
         postgres::assert_no_overlap(account, tenures);
+        for pair in tenures.windows(2) {
+            let (before, after) = (&pair[0], &pair[1]);
+            if before.released != Some(after.acquired) {
+                continue;
+            }
+            let lost_its_session = deaths.iter().any(|(at, replica)| {
+                before.acquired < *at
+                    && *at <= after.acquired
+                    && replica.as_ref().is_none_or(|r| *r == before.replica)
+            });
+            assert!(
+                lost_its_session,
+                "{account}: {after:?} took the account from {before:?}, whose replica still \
+                 held it (deaths: {deaths:?})"
+            );
+        }
     }
 }
 
@@ -223,7 +252,7 @@ struct World {
 impl Drop for World {
     fn drop(&mut self) {
         // The agents and hubs stop (their own Drop) before the directory goes.
-        self.accounts.iter_mut().for_each(|a| drop(a.agent.take()));
+        self.accounts.iter_mut().for_each(|a| a.agents.clear());
         self.hubs.iter_mut().for_each(|h| drop(h.take()));
         if self.passed && std::env::var_os("SCALE_AGENT_E2E_KEEP").is_none() {
             let _ = std::fs::remove_dir_all(&self.dir);
@@ -312,7 +341,8 @@ impl World {
                     {
                         Ok(items) => {
                             let cached = state_of(&items);
-                            if cached != api {
+                            // Two objects of one name would be one in `cached`.
+                            if cached != api || items.len() != cached.len() {
                                 differences.push(format!(
                                     "{} on {name}:\n  API server {api:?}\n  hub        {cached:?}",
                                     account.name
@@ -429,10 +459,10 @@ impl World {
         let hubs = self
             .live()
             .map(|(name, hub)| format!("{name}:\n{}", hub.log_tail(15)));
-        let agents = self.accounts.iter().filter_map(|a| {
-            a.agent
-                .as_ref()
-                .map(|agent| format!("agent of {}:\n{}", a.name, agent.log_tail(15)))
+        let agents = self.accounts.iter().flat_map(|a| {
+            a.agents
+                .iter()
+                .map(|agent| format!("agent {}:\n{}", agent.replica, agent.log_tail(15)))
         });
         hubs.chain(agents).collect::<Vec<_>>().join("\n")
     }
@@ -543,14 +573,17 @@ async fn start(dir: &Path) -> anyhow::Result<World> {
             )]),
             1,
         )?;
-        let agent = AgentProcess::start(dir, &config, &format!("{name}-agent")).await?;
+        let mut agents = Vec::new();
+        for replica in 0..AGENT_REPLICAS {
+            agents.push(AgentProcess::start(dir, &config, &format!("{name}-r{replica}")).await?);
+        }
         accounts.push(Account {
             token: tokens.remove(&name).unwrap_or_default(),
             user: format!("system:serviceaccount:{namespace}:agent"),
             name,
             cluster,
             namespace,
-            agent: Some(agent),
+            agents,
         });
     }
     Ok(World {
@@ -615,6 +648,7 @@ async fn a_replica_killed_and_postgres_restarted_under_churn_lose_nothing_and_re
     }
     world.hubs[victim_index] = None;
     let killed = Instant::now();
+    let mut deaths = vec![(SystemTime::now(), Some(victim.clone()))];
     let orphaned: Vec<String> = before
         .iter()
         .filter(|(_, owner)| **owner == victim)
@@ -643,12 +677,13 @@ async fn a_replica_killed_and_postgres_restarted_under_churn_lose_nothing_and_re
         "the agents LISTed again after {victim} was killed"
     );
     world.proxy_reaches_the_right_cluster(&sql).await?;
-    assert_never_two_owners(&postgres::ownership_history(&sql).await?);
+    assert_never_two_owners(&postgres::ownership_history(&sql).await?, &deaths);
 
     // PostgreSQL restarts while the agents stream and the churn goes on.
     let churn = Churn::start(&world, 61);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let restarting = Instant::now();
+    deaths.push((SystemTime::now(), None));
     world.postgres.restart().await?;
     let restarted = restarting.elapsed();
     let sql = postgres::connect(&world.postgres.superuser_url()).await?;
@@ -670,7 +705,7 @@ async fn a_replica_killed_and_postgres_restarted_under_churn_lose_nothing_and_re
     );
     world.proxy_reaches_the_right_cluster(&sql).await?;
     let history = postgres::ownership_history(&sql).await?;
-    assert_never_two_owners(&history);
+    assert_never_two_owners(&history, &deaths);
     for account in &world.accounts {
         let tenures = history.get(&account.name).map_or(0, Vec::len);
         assert!(
