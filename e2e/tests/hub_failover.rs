@@ -629,6 +629,7 @@ async fn a_replica_killed_and_postgres_restarted_under_churn_lose_nothing_and_re
         .map(|(name, hub)| format!("{name}: {}", world.balancer.relayed_to(hub.grpc)))
         .collect();
     eprintln!("[failover] owners {before:?}; connections {spread:?}");
+    assert_never_two_owners(&postgres::ownership_history(&sql).await?, &[]);
     let lists_before = world.lists()?;
     for (account, lists) in &lists_before {
         assert_eq!(*lists, 1, "{account}: one LIST for its first snapshot");
