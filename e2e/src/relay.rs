@@ -2,7 +2,8 @@
 //! and its hub while both processes keep running: [`Relay::cut`] closes every relayed
 //! connection and refuses new ones (accepted, then closed at once, as a failing load
 //! balancer does) until [`Relay::restore`]. [`Balancer`] stands in front of several
-//! targets, as a Kubernetes Service in front of a Deployment's pods.
+//! targets, as a Kubernetes Service in front of a Deployment's pods; [`TlsFront`] terminates
+//! TLS in front of a plaintext listener.
 
 use std::{
     net::SocketAddr,
@@ -159,6 +160,72 @@ async fn spread(listener: TcpListener, targets: Vec<SocketAddr>, relayed: Arc<Ve
             }
             // No target is up: the client's connection closes at once.
         });
+    }
+}
+
+/// Terminates TLS in front of a plaintext target, as an ingress or a TLS sidecar does, for
+/// clients that send credentials only over TLS (kubectl drops a kubeconfig's token on an
+/// `http://` server). Bytes are relayed as they are after the handshake, so upgraded
+/// connections (exec, port-forward) cross. Offers HTTP/1.1 only. Relays until dropped.
+pub struct TlsFront {
+    addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl TlsFront {
+    /// Listens on a free loopback port with the certificate chain and key (PEM) given, and
+    /// relays each connection to `target` in plaintext.
+    pub async fn start(
+        target: SocketAddr,
+        cert_pem: &str,
+        key_pem: &str,
+    ) -> std::io::Result<TlsFront> {
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
+        let invalid = |what: &str, e: &dyn std::fmt::Display| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{what}: {e}"))
+        };
+        let certs = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| invalid("the certificate PEM", &e))?;
+        let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
+            .map_err(|e| invalid("the key PEM", &e))?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| invalid("TLS versions", &e))?
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .map_err(|e| invalid("the certificate and key", &e))?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(mut client) = acceptor.accept(client).await else {
+                        return;
+                    };
+                    let Ok(mut server) = TcpStream::connect(target).await else {
+                        return;
+                    };
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                });
+            }
+        });
+        Ok(TlsFront { addr, task })
+    }
+
+    /// Where clients connect (with TLS).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for TlsFront {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 

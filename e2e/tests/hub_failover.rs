@@ -17,6 +17,7 @@
 
 use std::{
     collections::BTreeMap,
+    net::SocketAddr,
     path::{Path, PathBuf},
     sync::{
         Arc,
@@ -25,7 +26,10 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use k8s_openapi::api::{
+    core::v1::{ConfigMap, Pod, ServiceAccount},
+    rbac::v1::PolicyRule,
+};
 use kube::{
     Api, Client,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
@@ -36,8 +40,10 @@ use scale_agent_e2e::{
     fixtures::{self, Scope},
     fleet::{AgentProcess, HubProcess},
     http::Call,
+    kubectl::Kubectl,
+    pki::CertificateAuthority,
     postgres::{self, PostgresServer, Tenure},
-    relay::Balancer,
+    relay::{Balancer, TlsFront},
 };
 use serde_json::{Value, json};
 
@@ -454,6 +460,126 @@ impl World {
         Ok(())
     }
 
+    /// kubectl exec (with stdin) and port-forward into a pod of the first account, through a
+    /// live replica that does not own it: the request is forwarded to the owner, an upgraded
+    /// connection both ways.
+    async fn exec_and_port_forward_through_a_replica_not_owning(
+        &self,
+        sql: &tokio_postgres::Client,
+    ) -> anyhow::Result<()> {
+        use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
+        let account = &self.accounts[0];
+        let owner = owners(sql).await?.remove(&account.name).unwrap_or_default();
+        let Some((name, hub)) = self.live().find(|(name, _)| *name != owner) else {
+            anyhow::bail!("no live replica but the owner {owner}");
+        };
+        let control_plane = &self.control_planes[account.cluster];
+        let pods = Api::<Pod>::namespaced(self.admins[account.cluster].clone(), &account.namespace);
+        if pods.get_opt("logger").await?.is_none() {
+            let pod: Pod = serde_json::from_value(json!({
+                "metadata": { "name": "logger" },
+                "spec": { "containers": [{ "name": "main", "image": "registry.example/logger:1" }] },
+            }))?;
+            pods.create(&PostParams::default(), &pod).await?;
+        }
+        let running = kube::runtime::wait::await_condition(
+            pods,
+            "logger",
+            kube::runtime::wait::conditions::is_pod_running(),
+        );
+        tokio::time::timeout(CONVERGE, running)
+            .await
+            .map_err(|_| anyhow::anyhow!("pod logger never ran"))??;
+        // kubectl sends a token over TLS only; the replica's listener is plaintext.
+        let ca = CertificateAuthority::new("failover-front")?;
+        let serving = ca.serving("localhost", &[])?;
+        let front = TlsFront::start(hub.http, &serving.cert_pem, &serving.key_pem).await?;
+        let kubeconfig = self
+            .dir
+            .join(format!("{}-through-{name}.kubeconfig", account.name));
+        std::fs::write(
+            &kubeconfig,
+            proxy_kubeconfig(
+                front.addr(),
+                &ca.cert_pem,
+                &account.name,
+                &account.token,
+                &account.namespace,
+            ),
+        )?;
+        let kubectl = Kubectl::new(
+            control_plane.binaries().kubectl(),
+            self.dir.join("kubectl-home"),
+        );
+        let args = |args: &[&str]| args.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+        let started = Instant::now();
+        let exec = kubectl
+            .run(
+                &kubeconfig,
+                &args(&[
+                    "exec", "-i", "logger", "-c", "main", "--", "head", "-n", "1",
+                ]),
+                Some("typed into stdin\n"),
+                CONVERGE,
+            )
+            .await?;
+        assert!(
+            exec.success(),
+            "kubectl exec through {name} (the owner is {owner}): {}",
+            exec.messages()
+        );
+        assert_eq!(exec.stdout, "typed into stdin\n", "through {name}");
+        let exec_took = started.elapsed();
+
+        // port-forward: kwok echoes what is sent to a forwarded port.
+        let mut forward = tokio::process::Command::new(control_plane.binaries().kubectl())
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .args(["port-forward", "pod/logger", ":8080"])
+            .env("HOME", self.dir.join("kubectl-home"))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()?;
+        let stdout = forward
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        // "Forwarding from 127.0.0.1:43211 -> 8080"
+        let port: u16 = loop {
+            let line = tokio::time::timeout(CONVERGE, lines.next_line())
+                .await??
+                .ok_or_else(|| anyhow::anyhow!("kubectl port-forward through {name} ended"))?;
+            if let Some(rest) = line.strip_prefix("Forwarding from 127.0.0.1:") {
+                break rest.split_whitespace().next().unwrap_or("").parse()?;
+            }
+        };
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        stream.write_all(b"ping through a replica\n").await?;
+        let mut echoed = vec![0u8; "ping through a replica\n".len()];
+        tokio::time::timeout(CONVERGE, stream.read_exact(&mut echoed)).await??;
+        assert_eq!(echoed, b"ping through a replica\n", "through {name}");
+        drop(stream);
+        let _ = forward.kill().await;
+
+        // The API server saw both from the agent's ServiceAccount.
+        let events = control_plane.audit_events()?;
+        for sub in ["/exec", "/portforward"] {
+            assert!(
+                events.iter().any(|e| e.user.username == account.user
+                    && e.request_uri.contains(&format!("/pods/logger{sub}"))),
+                "no {sub} by {} in the audit log",
+                account.user
+            );
+        }
+        eprintln!(
+            "[failover] kubectl exec -i ({exec_took:?}) and port-forward of {} through {name}, \
+             forwarded to its owner {owner}",
+            account.name
+        );
+        Ok(())
+    }
+
     /// The ends of the hubs' and agents' logs, for a failure message.
     fn logs(&self) -> String {
         let hubs = self
@@ -466,6 +592,42 @@ impl World {
         });
         hubs.chain(agents).collect::<Vec<_>>().join("\n")
     }
+}
+
+/// What the agents may do: read ConfigMaps (streamed) and ServiceAccounts (proxied), and
+/// exec and port-forward into pods.
+fn agent_rules() -> Vec<PolicyRule> {
+    let mut rules = fixtures::read_rules(&["configmaps", "serviceaccounts", "pods"]);
+    rules.push(PolicyRule {
+        api_groups: Some(vec![String::new()]),
+        resources: Some(vec!["pods/exec".into(), "pods/portforward".into()]),
+        verbs: vec!["create".into(), "get".into()],
+        ..Default::default()
+    });
+    rules
+}
+
+/// A kubeconfig for `account`'s proxy at `https://<front>` (trusting `ca_pem`), with
+/// `token`.
+fn proxy_kubeconfig(
+    front: SocketAddr,
+    ca_pem: &str,
+    account: &str,
+    token: &str,
+    namespace: &str,
+) -> String {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{ "name": "hub", "cluster": {
+            "server": format!("https://{front}/clusters/{account}"),
+            "certificate-authority-data": fixtures::base64(ca_pem.as_bytes()),
+        } }],
+        "users": [{ "name": "proxy", "user": { "token": token } }],
+        "contexts": [{ "name": "hub", "context": { "cluster": "hub", "user": "proxy", "namespace": namespace } }],
+        "current-context": "hub",
+    })
+    .to_string()
 }
 
 /// Issues a kubeconfig of `account` on `hub` with its admin token; returns its token.
@@ -494,7 +656,11 @@ async fn start(dir: &Path) -> anyhow::Result<World> {
     let started = Instant::now();
     let (postgres, one, two) = tokio::try_join!(
         async { Ok::<_, anyhow::Error>(PostgresServer::start().await?) },
-        async { Ok(ControlPlane::start(ControlPlaneOptions::default().with_audit()).await?) },
+        // The first runs pods (kwok), for exec and port-forward.
+        async {
+            let options = ControlPlaneOptions::default().with_audit().with_kwok();
+            Ok(ControlPlane::start(options).await?)
+        },
         async { Ok(ControlPlane::start(ControlPlaneOptions::default().with_audit()).await?) },
     )?;
     let control_planes = vec![one, two];
@@ -548,7 +714,7 @@ async fn start(dir: &Path) -> anyhow::Result<World> {
             &namespace,
             "agent",
             Scope::Namespace,
-            fixtures::read_rules(&["configmaps", "serviceaccounts"]),
+            agent_rules(),
             dir.join(format!("{name}.kubeconfig")),
         )
         .await?;
@@ -678,6 +844,9 @@ async fn a_replica_killed_and_postgres_restarted_under_churn_lose_nothing_and_re
         "the agents LISTed again after {victim} was killed"
     );
     world.proxy_reaches_the_right_cluster(&sql).await?;
+    world
+        .exec_and_port_forward_through_a_replica_not_owning(&sql)
+        .await?;
     assert_never_two_owners(&postgres::ownership_history(&sql).await?, &deaths);
 
     // PostgreSQL restarts while the agents stream and the churn goes on.
