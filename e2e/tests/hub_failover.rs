@@ -27,7 +27,7 @@ use std::{
 };
 
 use k8s_openapi::api::{
-    core::v1::{ConfigMap, Pod, ServiceAccount},
+    core::v1::{ConfigMap, ServiceAccount},
     rbac::v1::PolicyRule,
 };
 use kube::{
@@ -41,6 +41,7 @@ use scale_agent_e2e::{
     fleet::{AgentProcess, HubProcess},
     http::Call,
     kubectl::Kubectl,
+    kwok,
     pki::CertificateAuthority,
     postgres::{self, PostgresServer, Tenure},
     relay::{Balancer, TlsFront},
@@ -474,22 +475,7 @@ impl World {
             anyhow::bail!("no live replica but the owner {owner}");
         };
         let control_plane = &self.control_planes[account.cluster];
-        let pods = Api::<Pod>::namespaced(self.admins[account.cluster].clone(), &account.namespace);
-        if pods.get_opt("logger").await?.is_none() {
-            let pod: Pod = serde_json::from_value(json!({
-                "metadata": { "name": "logger" },
-                "spec": { "containers": [{ "name": "main", "image": "registry.example/logger:1" }] },
-            }))?;
-            pods.create(&PostParams::default(), &pod).await?;
-        }
-        let running = kube::runtime::wait::await_condition(
-            pods,
-            "logger",
-            kube::runtime::wait::conditions::is_pod_running(),
-        );
-        tokio::time::timeout(CONVERGE, running)
-            .await
-            .map_err(|_| anyhow::anyhow!("pod logger never ran"))??;
+        kwok::run_logger(&self.admins[account.cluster], &account.namespace, CONVERGE).await?;
         // kubectl sends a token over TLS only; the replica's listener is plaintext.
         let ca = CertificateAuthority::new("failover-front")?;
         let serving = ca.serving("localhost", &[])?;
