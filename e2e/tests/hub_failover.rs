@@ -1,7 +1,7 @@
 //! Issue 16's failover with real parts: a real PostgreSQL, three hub processes on it
 //! (`--store postgres`, one `--replica-id` each), two real control planes with their own
-//! accounts, and a real agent process per account reaching "the Service" through a load
-//! balancer ([`Balancer`]) that spreads connections over the replicas and sends
+//! accounts, and two real agent processes per account reaching "the Service" through a
+//! load balancer ([`Balancer`]) that spreads connections over the replicas and sends
 //! reconnections to the live ones.
 //!
 //! While ConfigMaps churn in every account's namespace, the replica owning the most accounts
@@ -9,11 +9,12 @@
 //! [`STREAMS_AGAIN`]; the agents' ServiceAccounts made no LIST of ConfigMaps since the kill,
 //! as each API server's audit log shows; every live replica's cache (its objects API) equals
 //! each API server's ConfigMaps by uid and resourceVersion; a tunnelled proxy request sent to
-//! each live replica reaches the account's own cluster, and a proxied LIST is answered from
-//! the owner's cache; `ownership_history` has no overlapping tenures. Then PostgreSQL is
-//! restarted while the agents stream and the churn goes on: the replicas take their accounts
-//! again, the churn made before, during and after the restart reaches the cache, and still
-//! no LIST.
+//! each live replica reaches the account's own cluster through its owner, and a proxied LIST
+//! is answered from the owner's cache; `kubectl exec -i` and `port-forward` work through a
+//! replica that does not own the account; no tenure in `ownership_history` was taken from a
+//! replica that still held it. Then PostgreSQL is restarted while the agents stream and the
+//! churn goes on: the replicas take their accounts again, the churn made before, during and
+//! after the restart reaches the cache, and still no LIST.
 
 use std::{
     collections::BTreeMap,
