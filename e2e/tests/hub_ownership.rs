@@ -20,6 +20,7 @@ use scale_agent_hub::{
         forward::ReplicaSecret,
         postgres::{PostgresOwnership, lock_key},
     },
+    store::PostgresOptions,
 };
 use scale_agent_proto::v1::{
     self as pb, account_assignment::Role, agent_hub_client::AgentHubClient,
@@ -101,10 +102,10 @@ async fn one_owner_at_a_time_and_a_dead_owners_lock_frees_at_once() {
     let mut server = PostgresServer::start().await.unwrap();
     let url = server.url();
     let sql = postgres::connect(&server.superuser_url()).await.unwrap();
-    let a = PostgresOwnership::connect(&url, replica("hub-a"))
+    let a = PostgresOwnership::connect(&PostgresOptions::new(&url), replica("hub-a"))
         .await
         .unwrap();
-    let b = PostgresOwnership::connect(&url, replica("hub-b"))
+    let b = PostgresOwnership::connect(&PostgresOptions::new(&url), replica("hub-b"))
         .await
         .unwrap();
 
@@ -247,11 +248,11 @@ async fn start_replica(url: &str, name: &str) -> Replica {
     config.replica_id = name.into();
     config.replica_address = Some(format!("http://127.0.0.1:{port}"));
     config.replica_secret = Some(ReplicaSecret::new(SECRET).unwrap());
-    config.ownership = OwnershipSource::Postgres { url: url.into() };
-    config.store =
-        scale_agent_hub::store::Backend::Postgres(scale_agent_hub::store::PostgresOptions {
-            url: url.into(),
-        });
+    let options = scale_agent_hub::store::PostgresOptions::new(url);
+    config.ownership = OwnershipSource::Postgres {
+        options: options.clone(),
+    };
+    config.store = scale_agent_hub::store::Backend::Postgres(options);
     let hub = scale_agent_hub::start(config).await.unwrap();
     let admin = std::fs::read_to_string(hub.admin_token_file().unwrap())
         .unwrap()
@@ -281,6 +282,16 @@ impl MiniAgent {
     }
 
     async fn connect_to(grpc: std::net::SocketAddr, replica: &str) -> MiniAgent {
+        Self::connect_asking(grpc, replica, 0).await
+    }
+
+    /// Asks for heartbeats every `heartbeat_seconds` (0: the hub's period): an agent that
+    /// sends none stays connected for two periods.
+    async fn connect_asking(
+        grpc: std::net::SocketAddr,
+        replica: &str,
+        heartbeat_seconds: u32,
+    ) -> MiniAgent {
         let mut client = AgentHubClient::connect(format!("http://{grpc}"))
             .await
             .unwrap();
@@ -301,6 +312,7 @@ impl MiniAgent {
                 replica: replica.into(),
                 agent_version: "e2e".into(),
                 capabilities: vec!["http-tunnel".into()],
+                heartbeat_period_seconds: heartbeat_seconds,
                 ..Default::default()
             }))
             .await;
@@ -750,6 +762,157 @@ async fn three_replicas_one_killed_every_account_streams_again_without_relisting
         ["hub-0", "hub-1"]
     );
     drop((streaming, standbys));
+    drop(hubs);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+// ------------------------------------------------ Clouddriver registration with replicas
+
+/// The Clouddriver contract server of the hub's tests (written from Clouddriver's source; see
+/// its module), with the helpers it uses.
+#[path = "../../hub/tests/common/mod.rs"]
+#[allow(dead_code, unused_imports)]
+mod hub_common;
+
+/// The replica holding the Clouddriver registrar's lock, as PostgreSQL sees it.
+async fn registrar(sql: &tokio_postgres::Client) -> Option<String> {
+    let rows = sql
+        .query(
+            "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+             WHERE l.locktype = 'advisory' AND l.granted \
+             AND a.application_name LIKE '% clouddriver-registrar'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(rows.len() <= 1, "two registrars");
+    rows.first().map(|row| {
+        let name: String = row.get(0);
+        name.split(' ').nth(1).unwrap_or_default().to_string()
+    })
+}
+
+/// What the contract saw: (PUTs, DELETEs).
+fn puts_and_deletes(contract: &hub_common::contract::Contract) -> (usize, Vec<String>) {
+    let seen = contract.seen();
+    let puts = seen.iter().filter(|s| s.method == "PUT").count();
+    let deletes = seen
+        .iter()
+        .filter(|s| s.method == "DELETE")
+        .map(|s| s.path.clone())
+        .collect();
+    (puts, deletes)
+}
+
+/// Three hub processes on one PostgreSQL register their accounts in Clouddriver (the
+/// contract server): exactly one replica (the holder of the registrar's lock) registers
+/// every account of the store, whichever replica streams it, each once; a replica restarted
+/// (which loads every account and forgets those it does not stream after the grace period)
+/// deletes nothing; killing the registrar moves the duty to another replica within seconds,
+/// with no DELETE and no account sent again, and the new registrar registers new accounts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_replica_registers_every_account_in_clouddriver_and_the_duty_survives_its_death() {
+    use scale_agent_e2e::fleet::HubProcess;
+    const PUBLIC_URL: &str = "https://hub.example:8443";
+    let server = PostgresServer::start().await.unwrap();
+    let (contract, contract_url) = hub_common::contract::start_contract_for(PUBLIC_URL).await;
+    let root =
+        std::env::temp_dir().join(format!("scale-agent-e2e-registrar-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    let url_file = root.join("postgres-url");
+    std::fs::write(&url_file, server.url()).unwrap();
+    let secret_file = root.join("replica-secret");
+    std::fs::write(&secret_file, SECRET).unwrap();
+    let mut hubs = Vec::new();
+    for i in 0..3 {
+        let dir = root.join(format!("hub-{i}"));
+        let flags = [
+            "--store=postgres".to_string(),
+            format!("--postgres-url-file={}", url_file.display()),
+            format!("--replica-id=hub-{i}"),
+            "--replica-address=http://{http}".to_string(),
+            format!("--replica-secret-file={}", secret_file.display()),
+            format!("--public-url={PUBLIC_URL}"),
+            format!("--clouddriver-url={contract_url}"),
+            // Replicas forget accounts they do not stream quickly.
+            "--grace-period=2s".to_string(),
+        ];
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        hubs.push(HubProcess::start(&dir, &flags).await.unwrap());
+    }
+    // Account c<i> streams through hub i; its agent asks for rare heartbeats, so that it
+    // stays connected without sending any.
+    let mut agents = Vec::new();
+    for (i, hub) in hubs.iter().enumerate() {
+        let mut agent = MiniAgent::connect_asking(hub.grpc, &format!("pod-{i}"), 300).await;
+        agent.register_streaming(&format!("c{i}")).await;
+        agents.push(agent);
+    }
+    let sql = postgres::connect(&server.superuser_url()).await.unwrap();
+    let wanted = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    hub_common::wait_for("c0, c1 and c2 registered", async || {
+        contract.accounts().into_keys().collect::<Vec<_>>() == wanted(&["c0", "c1", "c2"])
+    })
+    .await;
+    let first = registrar(&sql)
+        .await
+        .expect("a replica holds the registrar's lock");
+    let index = |id: &str| (0..3).find(|i| format!("hub-{i}") == id).unwrap();
+    let first = index(&first);
+    assert_eq!(puts_and_deletes(&contract), (3, vec![]));
+
+    // A replica that is not the registrar restarts: it loads every account from the store
+    // and forgets those it does not stream after the grace period, and removes nothing.
+    let other = (first + 1) % 3;
+    hubs[other].kill();
+    hubs[other].start_again().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        puts_and_deletes(&contract),
+        (3, vec![]),
+        "the restarted hub-{other} changed the registrations"
+    );
+    assert_eq!(
+        contract.accounts().into_keys().collect::<Vec<_>>(),
+        wanted(&["c0", "c1", "c2"])
+    );
+
+    // The registrar dies: another replica takes the duty within seconds.
+    hubs[first].kill();
+    let killed = std::time::Instant::now();
+    let mut second = None;
+    while second.is_none() && killed.elapsed() < WAIT {
+        second = registrar(&sql)
+            .await
+            .filter(|r| *r != format!("hub-{first}"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let second = index(&second.expect("another replica takes the registrar's lock"));
+    eprintln!(
+        "hub-{second} took the registrar's duty {:?} after hub-{first} was killed",
+        killed.elapsed()
+    );
+    // The new registrar registers an account streamed by another replica.
+    let third = (0..3).find(|i| *i != first && *i != second).unwrap();
+    let mut late = MiniAgent::connect_asking(hubs[third].grpc, "pod-late", 300).await;
+    late.register_streaming("c3").await;
+    hub_common::wait_for("c3 registered by the new registrar", async || {
+        contract.accounts().contains_key("c3")
+    })
+    .await;
+    // Its first pass is over (c3 was sent after it): nothing else was sent.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        puts_and_deletes(&contract),
+        (4, vec![]),
+        "the takeover sent unchanged accounts again or removed some"
+    );
+    assert_eq!(
+        contract.accounts().into_keys().collect::<Vec<_>>(),
+        wanted(&["c0", "c1", "c2", "c3"])
+    );
+    drop((agents, late));
     drop(hubs);
     let _ = std::fs::remove_dir_all(&root);
 }
