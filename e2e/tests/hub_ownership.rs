@@ -771,7 +771,6 @@ async fn three_replicas_one_killed_every_account_streams_again_without_relisting
 /// The Clouddriver contract server of the hub's tests (written from Clouddriver's source; see
 /// its module), with the helpers it uses.
 #[path = "../../hub/tests/common/mod.rs"]
-#[allow(dead_code, unused_imports)]
 mod hub_common;
 
 /// The replica holding the Clouddriver registrar's lock, as PostgreSQL sees it.

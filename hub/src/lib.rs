@@ -706,11 +706,13 @@ pub async fn start(config: Config) -> Result<RunningHub> {
     let registrar_duty = match (&registrar, &config.ownership) {
         (Some(registrar), owners::OwnershipSource::Postgres { options }) => {
             registrar.set_active(false);
-            owners::singleton::Singleton::Postgres(owners::singleton::PostgresSingleton::new(
-                options,
-                &replica.id,
-                clouddriver::duty::NAME,
-            )?)
+            owners::singleton::Singleton::Postgres(Box::new(
+                owners::singleton::PostgresSingleton::new(
+                    options,
+                    &replica.id,
+                    clouddriver::duty::NAME,
+                )?,
+            ))
         }
         _ => owners::singleton::Singleton::Always,
     };

@@ -33,8 +33,8 @@ const DEADLINE: Duration = Duration::from_secs(5);
 pub enum Singleton {
     /// One replica: it always holds the duty.
     Always,
-    /// An advisory lock in PostgreSQL.
-    Postgres(PostgresSingleton),
+    /// An advisory lock in PostgreSQL (boxed: it is the larger by far).
+    Postgres(Box<PostgresSingleton>),
 }
 
 impl Singleton {
