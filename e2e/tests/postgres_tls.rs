@@ -126,6 +126,7 @@ async fn a_wrong_ca_is_refused_with_what_to_change() {
         };
         let error = Store::open_postgres(&options).await.err().unwrap();
         let text = scale_agent_hub::error::Chain(&error).to_string();
+        eprintln!("sslmode={mode}, wrong CA: {text}");
         assert!(text.contains("invalid peer certificate"), "{mode}: {text}");
         assert!(
             text.contains("set sslrootcert (or --postgres-ca) to the CA that signed"),
@@ -173,6 +174,7 @@ async fn plaintext_is_refused_by_a_tls_only_server_with_postgres_own_message() {
     .err()
     .unwrap();
     let text = scale_agent_hub::error::Chain(&error).to_string();
+    eprintln!("sslmode=disable against hostssl only: {text}");
     // PostgreSQL's own words, then what to change.
     assert!(text.contains("no pg_hba.conf entry"), "{text}");
     assert!(text.contains("no encryption"), "{text}");
