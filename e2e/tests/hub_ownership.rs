@@ -840,20 +840,30 @@ async fn one_replica_registers_every_account_in_clouddriver_and_the_duty_survive
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
         hubs.push(HubProcess::start(&dir, &flags).await.unwrap());
     }
-    // Account c<i> streams through hub i; its agent asks for rare heartbeats, so that it
+    // Account prod-<i> streams through hub i; its agent asks for rare heartbeats, so that it
     // stays connected without sending any.
     let mut agents = Vec::new();
     for (i, hub) in hubs.iter().enumerate() {
         let mut agent = MiniAgent::connect_asking(hub.grpc, &format!("pod-{i}"), 300).await;
-        agent.register_streaming(&format!("c{i}")).await;
+        agent.register_streaming(&format!("prod-{i}")).await;
         agents.push(agent);
     }
     let sql = postgres::connect(&server.superuser_url()).await.unwrap();
     let wanted = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
-    hub_common::wait_for("c0, c1 and c2 registered", async || {
-        contract.accounts().into_keys().collect::<Vec<_>>() == wanted(&["c0", "c1", "c2"])
-    })
-    .await;
+    let deadline = std::time::Instant::now() + WAIT;
+    while contract.accounts().into_keys().collect::<Vec<_>>() != wanted(&["prod-0", "prod-1", "prod-2"]) {
+        if std::time::Instant::now() > deadline {
+            for hub in &hubs {
+                eprintln!("---\n{}", hub.log_tail(40));
+            }
+            panic!(
+                "prod-0, prod-1 and prod-2 not registered: {:?}, registrar {:?}",
+                contract.seen(),
+                registrar(&sql).await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let first = registrar(&sql)
         .await
         .expect("a replica holds the registrar's lock");
@@ -874,7 +884,7 @@ async fn one_replica_registers_every_account_in_clouddriver_and_the_duty_survive
     );
     assert_eq!(
         contract.accounts().into_keys().collect::<Vec<_>>(),
-        wanted(&["c0", "c1", "c2"])
+        wanted(&["prod-0", "prod-1", "prod-2"])
     );
 
     // The registrar dies: another replica takes the duty within seconds.
@@ -895,12 +905,12 @@ async fn one_replica_registers_every_account_in_clouddriver_and_the_duty_survive
     // The new registrar registers an account streamed by another replica.
     let third = (0..3).find(|i| *i != first && *i != second).unwrap();
     let mut late = MiniAgent::connect_asking(hubs[third].grpc, "pod-late", 300).await;
-    late.register_streaming("c3").await;
-    hub_common::wait_for("c3 registered by the new registrar", async || {
-        contract.accounts().contains_key("c3")
+    late.register_streaming("prod-3").await;
+    hub_common::wait_for("prod-3 registered by the new registrar", async || {
+        contract.accounts().contains_key("prod-3")
     })
     .await;
-    // Its first pass is over (c3 was sent after it): nothing else was sent.
+    // Its first pass is over (prod-3 was sent after it): nothing else was sent.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
         puts_and_deletes(&contract),
@@ -909,7 +919,7 @@ async fn one_replica_registers_every_account_in_clouddriver_and_the_duty_survive
     );
     assert_eq!(
         contract.accounts().into_keys().collect::<Vec<_>>(),
-        wanted(&["c0", "c1", "c2", "c3"])
+        wanted(&["prod-0", "prod-1", "prod-2", "prod-3"])
     );
     drop((agents, late));
     drop(hubs);
