@@ -851,7 +851,9 @@ async fn one_replica_registers_every_account_in_clouddriver_and_the_duty_survive
     let sql = postgres::connect(&server.superuser_url()).await.unwrap();
     let wanted = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
     let deadline = std::time::Instant::now() + WAIT;
-    while contract.accounts().into_keys().collect::<Vec<_>>() != wanted(&["prod-0", "prod-1", "prod-2"]) {
+    while contract.accounts().into_keys().collect::<Vec<_>>()
+        != wanted(&["prod-0", "prod-1", "prod-2"])
+    {
         if std::time::Instant::now() > deadline {
             for hub in &hubs {
                 eprintln!("---\n{}", hub.log_tail(40));
