@@ -393,6 +393,18 @@ impl ServerTls {
             tls_only,
         })
     }
+
+    /// Like [`ServerTls::new`], with a certificate naming `127.0.0.1` only (what `url()`
+    /// and the harness connect to), not `localhost` (for `sslmode=verify-ca` against
+    /// `verify-full`).
+    pub fn ip_only(tls_only: bool) -> Result<Self> {
+        let ca = crate::pki::CertificateAuthority::new("postgres-test-ca")?;
+        Ok(ServerTls {
+            serving: ca.serving_ip_only("postgres")?,
+            ca_pem: ca.cert_pem,
+            tls_only,
+        })
+    }
 }
 
 /// A running (or killed, or stopped) PostgreSQL server with its own data.

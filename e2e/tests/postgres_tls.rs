@@ -216,3 +216,44 @@ async fn require_against_a_server_without_tls_says_so() {
         .unwrap();
     store.close().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_ca_checks_the_ca_and_verify_full_the_host_name_too() {
+    let server = PostgresServer::start_with_tls(ServerTls::ip_only(true).unwrap())
+        .await
+        .unwrap();
+    let ca = server.ca_file().unwrap();
+    // The certificate names 127.0.0.1, not localhost.
+    let by_name = server.url().replace("@127.0.0.1:", "@localhost:");
+    let error = Store::open_postgres(&PostgresOptions {
+        url: with(&by_name, "sslmode=verify-full"),
+        ca_file: Some(ca.clone()),
+    })
+    .await
+    .err()
+    .unwrap();
+    let text = scale_agent_hub::error::Chain(&error).to_string();
+    eprintln!("verify-full, another name: {text}");
+    assert!(text.contains("not valid for name"), "{text}");
+    assert!(
+        text.contains("does not name the host of the URL") && text.contains("verify-ca"),
+        "{text}"
+    );
+    assert!(!text.contains(&password_of(&server.url())), "{text}");
+    // verify-ca: the CA is checked, the name is not (libpq's meaning).
+    let mut store = Store::open_postgres(&PostgresOptions {
+        url: with(&by_name, "sslmode=verify-ca"),
+        ca_file: Some(ca.clone()),
+    })
+    .await
+    .unwrap();
+    store.close().await.unwrap();
+    // verify-full by the name it holds.
+    let mut store = Store::open_postgres(&PostgresOptions {
+        url: with(&server.url(), "sslmode=verify-full"),
+        ca_file: Some(ca),
+    })
+    .await
+    .unwrap();
+    store.close().await.unwrap();
+}

@@ -215,7 +215,8 @@ impl Target {
             Roots::System => "the public web roots (sslrootcert=system)".into(),
             Roots::None => "no CA".into(),
         };
-        if cause.contains("NotValidForName") {
+        // rustls says "certificate not valid for name ..." (older: NotValidForName).
+        if cause.contains("not valid for name") || cause.contains("NotValidForName") {
             format!(
                 "the server's certificate does not name the host of the URL (sslmode={}): \
                  connect by a name its certificate holds, or use sslmode=verify-ca, which \
