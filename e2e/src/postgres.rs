@@ -706,35 +706,44 @@ fn remove_shared_memory(data: &Path, owner: u32) {
 
 /// A client connected to `url`, its connection running on a spawned task.
 pub async fn connect(url: &str) -> Result<Client> {
+    let (client, connection) =
+        client_config(url)?
+            .connect(NoTls)
+            .await
+            .map_err(|source| Error::Postgres {
+                action: "connect to PostgreSQL".into(),
+                source,
+            })?;
+    run_connection(connection);
+    Ok(client)
+}
+
+/// `url` parsed, with a 5 s connection timeout.
+fn client_config(url: &str) -> Result<tokio_postgres::Config> {
     let mut config: tokio_postgres::Config = url.parse().map_err(|source| Error::Postgres {
         action: "parse a PostgreSQL URL".into(),
         source,
     })?;
     config.connect_timeout(Duration::from_secs(5));
-    let (client, connection) = config
-        .connect(NoTls)
-        .await
-        .map_err(|source| Error::Postgres {
-            action: "connect to PostgreSQL".into(),
-            source,
-        })?;
+    Ok(config)
+}
+
+/// Runs a client's connection on a task of its own until it ends.
+fn run_connection(
+    connection: impl Future<Output = std::result::Result<(), tokio_postgres::Error>> + Send + 'static,
+) {
     tokio::spawn(async move {
         if let Err(error) = connection.await {
             tracing::debug!(%error, "PostgreSQL connection ended");
         }
     });
-    Ok(client)
 }
 
 /// A client connected to `url` over TLS (`sslmode=require` semantics: TLS or nothing),
 /// checking the server's certificate against `ca_pem` and its name.
 pub async fn connect_tls(url: &str, ca_pem: &str) -> Result<Client> {
     use rustls::pki_types::{CertificateDer, pem::PemObject as _};
-    let mut config: tokio_postgres::Config = url.parse().map_err(|source| Error::Postgres {
-        action: "parse a PostgreSQL URL".into(),
-        source,
-    })?;
-    config.connect_timeout(Duration::from_secs(5));
+    let mut config = client_config(url)?;
     config.ssl_mode(tokio_postgres::config::SslMode::Require);
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()).flatten() {
@@ -760,11 +769,7 @@ pub async fn connect_tls(url: &str, ca_pem: &str) -> Result<Client> {
             action: "connect to PostgreSQL over TLS".into(),
             source,
         })?;
-    tokio::spawn(async move {
-        if let Err(error) = connection.await {
-            tracing::debug!(%error, "PostgreSQL connection ended");
-        }
-    });
+    run_connection(connection);
     Ok(client)
 }
 

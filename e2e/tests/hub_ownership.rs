@@ -448,6 +448,41 @@ impl MiniAgent {
     }
 }
 
+/// Three hub processes (hub-0, hub-1, hub-2) on `server`'s database, with `extra` flags, in
+/// a directory of their own (returned, for the caller to remove).
+async fn hub_processes(
+    server: &PostgresServer,
+    name: &str,
+    extra: &[String],
+) -> (PathBuf, Vec<scale_agent_e2e::fleet::HubProcess>) {
+    let root = std::env::temp_dir().join(format!("scale-agent-e2e-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    let url_file = root.join("postgres-url");
+    std::fs::write(&url_file, server.url()).unwrap();
+    let secret_file = root.join("replica-secret");
+    std::fs::write(&secret_file, SECRET).unwrap();
+    let mut hubs = Vec::new();
+    for i in 0..3 {
+        let dir = root.join(format!("hub-{i}"));
+        let mut flags = vec![
+            "--store=postgres".to_string(),
+            format!("--postgres-url-file={}", url_file.display()),
+            format!("--replica-id=hub-{i}"),
+            "--replica-address=http://{http}".to_string(),
+            format!("--replica-secret-file={}", secret_file.display()),
+        ];
+        flags.extend_from_slice(extra);
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        hubs.push(
+            scale_agent_e2e::fleet::HubProcess::start(&dir, &flags)
+                .await
+                .unwrap(),
+        );
+    }
+    (root, hubs)
+}
+
 /// Submits an apply with `admin`'s token to the hub at `addr`: (status, body).
 async fn post_to(addr: std::net::SocketAddr, admin: &str, account: &str) -> (u16, String) {
     use http_body_util::BodyExt as _;
@@ -667,28 +702,8 @@ async fn get_status(addr: std::net::SocketAddr, path: &str) -> u16 {
 /// the account's streaming agent; the ownership history never overlaps.
 #[tokio::test]
 async fn three_replicas_one_killed_every_account_streams_again_without_relisting() {
-    use scale_agent_e2e::fleet::HubProcess;
     let server = PostgresServer::start().await.unwrap();
-    let root = std::env::temp_dir().join(format!("scale-agent-e2e-three-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
-    std::fs::create_dir_all(&root).unwrap();
-    let url_file = root.join("postgres-url");
-    std::fs::write(&url_file, server.url()).unwrap();
-    let secret_file = root.join("replica-secret");
-    std::fs::write(&secret_file, SECRET).unwrap();
-    let mut hubs = Vec::new();
-    for i in 0..3 {
-        let dir = root.join(format!("hub-{i}"));
-        let flags = [
-            "--store=postgres".to_string(),
-            format!("--postgres-url-file={}", url_file.display()),
-            format!("--replica-id=hub-{i}"),
-            "--replica-address=http://{http}".to_string(),
-            format!("--replica-secret-file={}", secret_file.display()),
-        ];
-        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-        hubs.push(HubProcess::start(&dir, &flags).await.unwrap());
-    }
+    let (root, mut hubs) = hub_processes(&server, "three", &[]).await;
     // Account a<i> streams through hub i, with a standby agent on hub i+1.
     let mut streaming = Vec::new();
     let mut standbys = Vec::new();
@@ -811,35 +826,16 @@ fn puts_and_deletes(contract: &hub_common::contract::Contract) -> (usize, Vec<St
 /// with no DELETE and no account sent again, and the new registrar registers new accounts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_replica_registers_every_account_in_clouddriver_and_the_duty_survives_its_death() {
-    use scale_agent_e2e::fleet::HubProcess;
     const PUBLIC_URL: &str = "https://hub.example:8443";
     let server = PostgresServer::start().await.unwrap();
     let (contract, contract_url) = hub_common::contract::start_contract_for(PUBLIC_URL).await;
-    let root =
-        std::env::temp_dir().join(format!("scale-agent-e2e-registrar-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
-    std::fs::create_dir_all(&root).unwrap();
-    let url_file = root.join("postgres-url");
-    std::fs::write(&url_file, server.url()).unwrap();
-    let secret_file = root.join("replica-secret");
-    std::fs::write(&secret_file, SECRET).unwrap();
-    let mut hubs = Vec::new();
-    for i in 0..3 {
-        let dir = root.join(format!("hub-{i}"));
-        let flags = [
-            "--store=postgres".to_string(),
-            format!("--postgres-url-file={}", url_file.display()),
-            format!("--replica-id=hub-{i}"),
-            "--replica-address=http://{http}".to_string(),
-            format!("--replica-secret-file={}", secret_file.display()),
-            format!("--public-url={PUBLIC_URL}"),
-            format!("--clouddriver-url={contract_url}"),
-            // Replicas forget accounts they do not stream quickly.
-            "--grace-period=2s".to_string(),
-        ];
-        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-        hubs.push(HubProcess::start(&dir, &flags).await.unwrap());
-    }
+    let extra = [
+        format!("--public-url={PUBLIC_URL}"),
+        format!("--clouddriver-url={contract_url}"),
+        // Replicas forget accounts they do not stream quickly.
+        "--grace-period=2s".to_string(),
+    ];
+    let (root, mut hubs) = hub_processes(&server, "registrar", &extra).await;
     // Account prod-<i> streams through hub i; its agent asks for rare heartbeats, so that it
     // stays connected without sending any.
     let mut agents = Vec::new();
