@@ -257,3 +257,55 @@ async fn verify_ca_checks_the_ca_and_verify_full_the_host_name_too() {
     .unwrap();
     store.close().await.unwrap();
 }
+
+/// The hub as a process, on PostgreSQL with `verify-full` and `--postgres-ca`, registering in
+/// Clouddriver: every session it opens (store, operation records, account ownership, the
+/// registrar's lock) is encrypted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_session_of_a_hub_process_is_encrypted() {
+    use scale_agent_e2e::fleet::HubProcess;
+    let server = PostgresServer::start_with_tls(ServerTls::new(true).unwrap())
+        .await
+        .unwrap();
+    let dir = scale_agent_e2e::fixtures::temp_dir("pg-tls-hub").unwrap();
+    let url_file = dir.join("postgres-url");
+    std::fs::write(&url_file, with(&server.url(), "sslmode=verify-full")).unwrap();
+    let secret_file = dir.join("replica-secret");
+    std::fs::write(&secret_file, "0123456789abcdef0123456789abcdef-tls").unwrap();
+    let flags = [
+        "--store=postgres".to_string(),
+        format!("--postgres-url-file={}", url_file.display()),
+        format!("--postgres-ca={}", server.ca_file().unwrap().display()),
+        "--replica-id=hub-t".into(),
+        "--replica-address=http://{http}".into(),
+        format!("--replica-secret-file={}", secret_file.display()),
+        "--public-url=https://hub.example:8443".into(),
+        // Nobody answers there: the registrar takes its lock all the same.
+        "--clouddriver-url=http://127.0.0.1:9".into(),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let hub = HubProcess::start(&dir.join("hub"), &flags).await.unwrap();
+    let wanted = [
+        "scale-agent-hub",
+        "scale-agent-hub hub-t clouddriver-registrar",
+        "scale-agent-hub hub-t ownership",
+    ];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let sessions = loop {
+        let sessions = hub_sessions(&server).await;
+        let mut names: Vec<&str> = sessions.iter().map(|(n, _, _)| n.as_str()).collect();
+        names.dedup();
+        if names == wanted {
+            break sessions;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{sessions:?}\n{}",
+            hub.log_tail(30)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert!(sessions.iter().all(|(_, ssl, _)| *ssl), "{sessions:?}");
+    drop(hub);
+    let _ = std::fs::remove_dir_all(&dir);
+}
