@@ -823,7 +823,8 @@ fn puts_and_deletes(contract: &hub_common::contract::Contract) -> (usize, Vec<St
 /// every account of the store, whichever replica streams it, each once; a replica restarted
 /// (which loads every account and forgets those it does not stream after the grace period)
 /// deletes nothing; killing the registrar moves the duty to another replica within seconds,
-/// with no DELETE and no account sent again, and the new registrar registers new accounts.
+/// with no DELETE and no account sent again, and the new registrar registers new accounts;
+/// so does a break of the registrar's lock connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_replica_registers_every_account_in_clouddriver_and_the_duty_survives_its_death() {
     const PUBLIC_URL: &str = "https://hub.example:8443";
@@ -919,7 +920,35 @@ async fn one_replica_registers_every_account_in_clouddriver_and_the_duty_survive
         contract.accounts().into_keys().collect::<Vec<_>>(),
         wanted(&["prod-0", "prod-1", "prod-2", "prod-3"])
     );
-    drop((agents, late));
+
+    // The registrar's lock connection breaks (its process lives on): it stops registering,
+    // and a replica (maybe itself, connected again) takes the duty over as after a death.
+    let terminated: i64 = sql
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE application_name LIKE '% clouddriver-registrar' \
+             AND pid IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(terminated, 1);
+    let mut last = MiniAgent::connect_asking(hubs[third].grpc, "pod-last", 300).await;
+    last.register_streaming("prod-4").await;
+    hub_common::wait_for(
+        "prod-4 registered after the lock connection broke",
+        async || contract.accounts().contains_key("prod-4"),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(registrar(&sql).await.is_some());
+    assert_eq!(
+        puts_and_deletes(&contract),
+        (5, vec![]),
+        "the broken lock connection led to a removal or a repeated registration"
+    );
+    drop((agents, late, last));
     drop(hubs);
     let _ = std::fs::remove_dir_all(&root);
 }
