@@ -423,31 +423,40 @@ fn client_config(mode: SslMode, roots: &Roots) -> Result<ClientConfig> {
         .map_err(|e| HubError::Config(format!("TLS to PostgreSQL: {e}")))?;
     let store = load_roots(roots)?;
     let checks_chain = !store.is_empty() && mode != SslMode::Disable;
-    let verifier: Arc<dyn ServerCertVerifier> = if checks_chain {
-        let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(store), provider)
-            .build()
-            .map_err(|e| HubError::Config(format!("TLS to PostgreSQL: {e}")))?;
-        if mode == SslMode::VerifyFull {
-            webpki
-        } else {
-            // libpq checks the chain in verify-ca, and in prefer and require when a CA is
-            // given; the name only in verify-full.
-            Arc::new(ChainOnly(webpki))
-        }
+    let chain = if checks_chain {
+        Some(
+            WebPkiServerVerifier::builder_with_provider(Arc::new(store), provider.clone())
+                .build()
+                .map_err(|e| HubError::Config(format!("TLS to PostgreSQL: {e}")))?,
+        )
     } else {
-        Arc::new(Unchecked(provider))
+        None
     };
+    let verifier = Arc::new(LibpqVerifier {
+        chain,
+        // libpq checks the chain in verify-ca, and in prefer and require when a CA is
+        // given; the name only in verify-full.
+        name: mode == SslMode::VerifyFull,
+        provider,
+    });
     Ok(builder
         .dangerous()
         .with_custom_certificate_verifier(verifier)
         .with_no_client_auth())
 }
 
-/// Checks the chain, not the name (`verify-ca`).
+/// The server's certificate as libpq checks it: its chain when a CA is given (`chain`), its
+/// name too in verify-full (`name`), nothing otherwise (`prefer` and `require` without a CA:
+/// encryption against a passive eavesdropper, not against an impostor). The handshake's
+/// signatures are always checked.
 #[derive(Debug)]
-struct ChainOnly(Arc<WebPkiServerVerifier>);
+struct LibpqVerifier {
+    chain: Option<Arc<WebPkiServerVerifier>>,
+    name: bool,
+    provider: Arc<CryptoProvider>,
+}
 
-impl ServerCertVerifier for ChainOnly {
+impl ServerCertVerifier for LibpqVerifier {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -456,58 +465,17 @@ impl ServerCertVerifier for ChainOnly {
         ocsp: &[u8],
         now: UnixTime,
     ) -> std::result::Result<ServerCertVerified, rustls::Error> {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
         // webpki checks the chain first and the name last: a name error means the chain is
         // good.
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
-        {
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-            )) => Ok(ServerCertVerified::assertion()),
+            )) if !self.name => Ok(ServerCertVerified::assertion()),
             other => other,
         }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
-    }
-}
-
-/// Takes any certificate (`prefer` and `require` without a CA, as libpq does: encryption
-/// against a passive eavesdropper, not against an impostor). The handshake's signatures are
-/// still checked.
-#[derive(Debug)]
-struct Unchecked(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for Unchecked {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp: &[u8],
-        _now: UnixTime,
-    ) -> std::result::Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
     }
 
     fn verify_tls12_signature(
@@ -520,7 +488,7 @@ impl ServerCertVerifier for Unchecked {
             message,
             cert,
             dss,
-            &self.0.signature_verification_algorithms,
+            &self.provider.signature_verification_algorithms,
         )
     }
 
@@ -534,12 +502,14 @@ impl ServerCertVerifier for Unchecked {
             message,
             cert,
             dss,
-            &self.0.signature_verification_algorithms,
+            &self.provider.signature_verification_algorithms,
         )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 
