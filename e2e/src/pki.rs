@@ -57,13 +57,29 @@ impl CertificateAuthority {
 
     /// A serving certificate for loopback (`127.0.0.1`, `localhost`) plus `dns_names`.
     pub fn serving(&self, common_name: &str, dns_names: &[&str]) -> Result<CertifiedKey> {
+        self.serving_names(common_name, dns_names, true)
+    }
+
+    /// A serving certificate for `127.0.0.1` only: a client connecting to `localhost` finds
+    /// that it does not name the host.
+    pub fn serving_ip_only(&self, common_name: &str) -> Result<CertifiedKey> {
+        self.serving_names(common_name, &[], false)
+    }
+
+    fn serving_names(
+        &self,
+        common_name: &str,
+        dns_names: &[&str],
+        localhost: bool,
+    ) -> Result<CertifiedKey> {
         let mut params = CertificateParams::default();
         params
             .distinguished_name
             .push(DnType::CommonName, common_name);
+        let local: &[&str] = if localhost { &["localhost"] } else { &[] };
         params.subject_alt_names = dns_names
             .iter()
-            .chain(&["localhost"])
+            .chain(local)
             .map(|name| {
                 (*name)
                     .try_into()

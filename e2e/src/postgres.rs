@@ -372,8 +372,46 @@ fn output_text(stdout: &[u8], stderr: &[u8]) -> String {
     )
 }
 
+/// TLS for a server ([`PostgresServer::start_with_tls`]): `ssl=on` with a serving
+/// certificate for 127.0.0.1 and localhost made by [`crate::pki`].
+#[derive(Clone, Debug)]
+pub struct ServerTls {
+    /// The CA that signed the server's certificate (PEM).
+    pub ca_pem: String,
+    pub serving: crate::pki::CertifiedKey,
+    /// Only TLS connections are accepted (pg_hba `hostssl` lines only): a plaintext one is
+    /// refused with "no pg_hba.conf entry ... no encryption".
+    pub tls_only: bool,
+}
+
+impl ServerTls {
+    /// A fresh CA and a serving certificate for loopback signed by it.
+    pub fn new(tls_only: bool) -> Result<Self> {
+        let ca = crate::pki::CertificateAuthority::new("postgres-test-ca")?;
+        Ok(ServerTls {
+            serving: ca.serving("postgres", &[])?,
+            ca_pem: ca.cert_pem,
+            tls_only,
+        })
+    }
+
+    /// Like [`ServerTls::new`], with a certificate naming `127.0.0.1` only (what `url()`
+    /// and the harness connect to), not `localhost` (for `sslmode=verify-ca` against
+    /// `verify-full`).
+    pub fn ip_only(tls_only: bool) -> Result<Self> {
+        let ca = crate::pki::CertificateAuthority::new("postgres-test-ca")?;
+        Ok(ServerTls {
+            serving: ca.serving_ip_only("postgres")?,
+            ca_pem: ca.cert_pem,
+            tls_only,
+        })
+    }
+}
+
 /// A running (or killed, or stopped) PostgreSQL server with its own data.
 pub struct PostgresServer {
+    /// Set: the server speaks TLS (and the harness's own connections use it).
+    tls: Option<ServerTls>,
     install: &'static Install,
     dir: PathBuf,
     data: PathBuf,
@@ -388,6 +426,16 @@ impl PostgresServer {
     /// Starts a server with a fresh cluster (a copy of the template) on a free loopback
     /// port, and waits until its user can connect.
     pub async fn start() -> Result<PostgresServer> {
+        Self::start_inner(None).await
+    }
+
+    /// Like [`PostgresServer::start`], with `ssl=on` and `tls`'s certificate; the CA's PEM
+    /// is written to [`PostgresServer::ca_file`].
+    pub async fn start_with_tls(tls: ServerTls) -> Result<PostgresServer> {
+        Self::start_inner(Some(tls)).await
+    }
+
+    async fn start_inner(tls: Option<ServerTls>) -> Result<PostgresServer> {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let number = NEXT.fetch_add(1, Ordering::Relaxed);
         let (install, template, dir) = blocking(move || {
@@ -401,6 +449,7 @@ impl PostgresServer {
         })
         .await?;
         let mut server = PostgresServer {
+            tls,
             install,
             data: dir.join("data"),
             dir,
@@ -409,8 +458,38 @@ impl PostgresServer {
             process: None,
             starts: 0,
         };
+        server.write_tls_files()?;
         server.launch().await?;
         Ok(server)
+    }
+
+    /// The server's certificate and key (the key readable by the server's user only, as
+    /// PostgreSQL demands), its CA, and the TLS-only pg_hba.conf.
+    fn write_tls_files(&self) -> Result<()> {
+        let Some(tls) = &self.tls else {
+            return Ok(());
+        };
+        let write = |name: &str, text: &str, mode: u32| -> Result<()> {
+            let path = self.dir.join(name);
+            fs::write(&path, text).map_err(io_err(format!("write {}", path.display())))?;
+            fs::set_permissions(&path, fs::Permissions::from_mode(mode))
+                .map_err(io_err(format!("chmod {}", path.display())))?;
+            self.install.chown(&path)
+        };
+        write("server.crt", &tls.serving.cert_pem, 0o644)?;
+        write("server.key", &tls.serving.key_pem, 0o600)?;
+        write("ca.pem", &tls.ca_pem, 0o644)?;
+        let host = if tls.tls_only { "hostssl" } else { "host" };
+        write(
+            "pg_hba.conf",
+            &format!("{host} all all 127.0.0.1/32 scram-sha-256\n"),
+            0o644,
+        )
+    }
+
+    /// The PEM file of the CA that signed the server's certificate (TLS servers only).
+    pub fn ca_file(&self) -> Option<PathBuf> {
+        self.tls.as_ref().map(|_| self.dir.join("ca.pem"))
     }
 
     /// `postgres://scale_agent:<password>@127.0.0.1:<port>/scale_agent`.
@@ -451,7 +530,16 @@ impl PostgresServer {
 
     /// A client connected as `url()`'s user (its connection runs on a spawned task).
     pub async fn connect(&self) -> Result<Client> {
-        connect(&self.url()).await
+        self.connect_to(&self.url()).await
+    }
+
+    /// A client connected to `url` (one of this server's), over TLS checked against the
+    /// server's CA when it has TLS.
+    pub async fn connect_to(&self, url: &str) -> Result<Client> {
+        match &self.tls {
+            Some(tls) => connect_tls(url, &tls.ca_pem).await,
+            None => connect(url).await,
+        }
     }
 
     /// SIGKILLs the server and every process it started, as a crash of the database
@@ -529,6 +617,18 @@ impl PostgresServer {
         ] {
             command.arg("-c").arg(setting);
         }
+        if self.tls.is_some() {
+            for (setting, file) in [
+                ("ssl_cert_file", "server.crt"),
+                ("ssl_key_file", "server.key"),
+                ("hba_file", "pg_hba.conf"),
+            ] {
+                command
+                    .arg("-c")
+                    .arg(format!("{setting}={}", self.dir.join(file).display()));
+            }
+            command.arg("-c").arg("ssl=on");
+        }
         let process = ManagedProcess::spawn_command("postgres", command, self.log())?;
         self.process = Some(process);
         self.wait_ready().await
@@ -541,7 +641,7 @@ impl PostgresServer {
             if let Some(process) = self.process.as_mut() {
                 process.ensure_running()?;
             }
-            let last_error = match connect(&url).await {
+            let last_error = match self.connect_to(&url).await {
                 Ok(client) => match client.simple_query("SELECT 1").await {
                     Ok(_) => return Ok(()),
                     Err(error) => postgres_text(&error),
@@ -607,23 +707,70 @@ fn remove_shared_memory(data: &Path, owner: u32) {
 
 /// A client connected to `url`, its connection running on a spawned task.
 pub async fn connect(url: &str) -> Result<Client> {
+    let (client, connection) =
+        client_config(url)?
+            .connect(NoTls)
+            .await
+            .map_err(|source| Error::Postgres {
+                action: "connect to PostgreSQL".into(),
+                source,
+            })?;
+    run_connection(connection);
+    Ok(client)
+}
+
+/// `url` parsed, with a 5 s connection timeout.
+fn client_config(url: &str) -> Result<tokio_postgres::Config> {
     let mut config: tokio_postgres::Config = url.parse().map_err(|source| Error::Postgres {
         action: "parse a PostgreSQL URL".into(),
         source,
     })?;
     config.connect_timeout(Duration::from_secs(5));
-    let (client, connection) = config
-        .connect(NoTls)
-        .await
-        .map_err(|source| Error::Postgres {
-            action: "connect to PostgreSQL".into(),
-            source,
-        })?;
+    Ok(config)
+}
+
+/// Runs a client's connection on a task of its own until it ends.
+fn run_connection(
+    connection: impl Future<Output = std::result::Result<(), tokio_postgres::Error>> + Send + 'static,
+) {
     tokio::spawn(async move {
         if let Err(error) = connection.await {
             tracing::debug!(%error, "PostgreSQL connection ended");
         }
     });
+}
+
+/// A client connected to `url` over TLS (`sslmode=require` semantics: TLS or nothing),
+/// checking the server's certificate against `ca_pem` and its name.
+pub async fn connect_tls(url: &str, ca_pem: &str) -> Result<Client> {
+    use rustls::pki_types::{CertificateDer, pem::PemObject as _};
+    let mut config = client_config(url)?;
+    config.ssl_mode(tokio_postgres::config::SslMode::Require);
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()).flatten() {
+        roots.add(cert).map_err(|error| Error::PostgresSetup {
+            what: "the test CA".into(),
+            output: error.to_string(),
+        })?;
+    }
+    let tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|error| Error::PostgresSetup {
+        what: "a TLS client configuration".into(),
+        output: error.to_string(),
+    })?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let (client, connection) = config
+        .connect(tokio_postgres_rustls::MakeRustlsConnect::new(tls))
+        .await
+        .map_err(|source| Error::Postgres {
+            action: "connect to PostgreSQL over TLS".into(),
+            source,
+        })?;
+    run_connection(connection);
     Ok(client)
 }
 

@@ -53,6 +53,19 @@ fn get(kubectl: &Path, kubeconfig: &str, namespace: &str, what: &str) -> anyhow:
     Ok(serde_json::from_slice(&output.stdout)?)
 }
 
+/// Several replicas registering in Clouddriver through its API (one at a time), over TLS to
+/// PostgreSQL with its CA from a Secret.
+const REPLICAS_REGISTERING_OVER_TLS: &[&str] = &[
+    "--set=hub.enabled=true",
+    "--set=hub.store=postgres",
+    "--set=hub.replicas=3",
+    "--set=hub.postgres.urlSecret=pg",
+    "--set=hub.postgres.caSecret=pg-ca",
+    "--set=hub.replicaSecret.name=replica",
+    "--set=hub.agentCaSecret=agent-ca",
+    "--set=hub.clouddriver.url=http://spin-clouddriver:7002",
+];
+
 #[test]
 fn the_chart_lints_clean_with_default_and_non_default_values() -> anyhow::Result<()> {
     let helm = Binaries::locate()?.helm();
@@ -73,6 +86,7 @@ fn the_chart_lints_clean_with_default_and_non_default_values() -> anyhow::Result
             "--set=hub.replicaSecret.name=replica",
             "--set=hub.agentCaSecret=agent-ca",
         ][..],
+        REPLICAS_REGISTERING_OVER_TLS,
     ] {
         let mut args = vec!["lint", "--strict", chart.as_ref()];
         args.extend_from_slice(extra);
@@ -141,9 +155,9 @@ fn the_chart_refuses_replicas_without_a_shared_store_and_says_what_to_set() -> a
                 "--set=hub.postgres.urlSecret=pg",
                 "--set=hub.replicaSecret.name=replica",
                 "--set=hub.agentCaSecret=agent-ca",
-                "--set=hub.clouddriver.url=http://spin-clouddriver:7002",
+                "--set=hub.clouddriver.accountsFile=/clouddriver/accounts.yml",
             ][..],
-            "hub.clouddriver registration with hub.replicas > 1 is not built yet",
+            "hub.clouddriver.accountsFile with hub.replicas > 1",
         ),
     ] {
         let mut args = vec![
@@ -156,6 +170,32 @@ fn the_chart_refuses_replicas_without_a_shared_store_and_says_what_to_set() -> a
         let said = text(&output);
         assert!(!output.status.success(), "{sets:?} was accepted");
         assert!(said.contains(says), "{sets:?}: {said}");
+    }
+    Ok(())
+}
+
+#[test]
+fn several_replicas_register_in_clouddriver_and_reach_postgres_over_tls() -> anyhow::Result<()> {
+    let helm = Binaries::locate()?.helm();
+    let chart = chart();
+    let mut args = vec![
+        "template",
+        "scale-agent",
+        chart.to_str().unwrap_or_default(),
+    ];
+    args.extend_from_slice(REPLICAS_REGISTERING_OVER_TLS);
+    let output = run(&helm, &args)?;
+    let rendered = text(&output);
+    assert!(output.status.success(), "{rendered}");
+    for wanted in [
+        "replicas: 3",
+        "- --clouddriver-url=http://spin-clouddriver:7002",
+        "- --postgres-ca=/var/run/scale-agent-hub/postgres-ca/ca.pem",
+        "mountPath: /var/run/scale-agent-hub/postgres-ca",
+        "secretName: pg-ca",
+        "- key: ca.crt",
+    ] {
+        assert!(rendered.contains(wanted), "no {wanted:?} in:\n{rendered}");
     }
     Ok(())
 }

@@ -20,6 +20,7 @@ use scale_agent_hub::{
         forward::ReplicaSecret,
         postgres::{PostgresOwnership, lock_key},
     },
+    store::PostgresOptions,
 };
 use scale_agent_proto::v1::{
     self as pb, account_assignment::Role, agent_hub_client::AgentHubClient,
@@ -68,10 +69,10 @@ async fn one_owner_at_a_time_and_a_dead_owners_lock_frees_at_once() {
     let mut server = PostgresServer::start().await.unwrap();
     let url = server.url();
     let sql = postgres::connect(&server.superuser_url()).await.unwrap();
-    let a = PostgresOwnership::connect(&url, replica("hub-a"))
+    let a = PostgresOwnership::connect(&PostgresOptions::new(&url), replica("hub-a"))
         .await
         .unwrap();
-    let b = PostgresOwnership::connect(&url, replica("hub-b"))
+    let b = PostgresOwnership::connect(&PostgresOptions::new(&url), replica("hub-b"))
         .await
         .unwrap();
 
@@ -214,11 +215,11 @@ async fn start_replica(url: &str, name: &str) -> Replica {
     config.replica_id = name.into();
     config.replica_address = Some(format!("http://127.0.0.1:{port}"));
     config.replica_secret = Some(ReplicaSecret::new(SECRET).unwrap());
-    config.ownership = OwnershipSource::Postgres { url: url.into() };
-    config.store =
-        scale_agent_hub::store::Backend::Postgres(scale_agent_hub::store::PostgresOptions {
-            url: url.into(),
-        });
+    let options = scale_agent_hub::store::PostgresOptions::new(url);
+    config.ownership = OwnershipSource::Postgres {
+        options: options.clone(),
+    };
+    config.store = scale_agent_hub::store::Backend::Postgres(options);
     let hub = scale_agent_hub::start(config).await.unwrap();
     let admin = std::fs::read_to_string(hub.admin_token_file().unwrap())
         .unwrap()
@@ -248,6 +249,16 @@ impl MiniAgent {
     }
 
     async fn connect_to(grpc: std::net::SocketAddr, replica: &str) -> MiniAgent {
+        Self::connect_asking(grpc, replica, 0).await
+    }
+
+    /// Asks for heartbeats every `heartbeat_seconds` (0: the hub's period): an agent that
+    /// sends none stays connected for two periods.
+    async fn connect_asking(
+        grpc: std::net::SocketAddr,
+        replica: &str,
+        heartbeat_seconds: u32,
+    ) -> MiniAgent {
         let mut client = AgentHubClient::connect(format!("http://{grpc}"))
             .await
             .unwrap();
@@ -268,6 +279,7 @@ impl MiniAgent {
                 replica: replica.into(),
                 agent_version: "e2e".into(),
                 capabilities: vec!["http-tunnel".into()],
+                heartbeat_period_seconds: heartbeat_seconds,
                 ..Default::default()
             }))
             .await;
@@ -401,6 +413,41 @@ impl MiniAgent {
         }
         assert_eq!(role, Role::Streaming);
     }
+}
+
+/// Three hub processes (hub-0, hub-1, hub-2) on `server`'s database, with `extra` flags, in
+/// a directory of their own (returned, for the caller to remove).
+async fn hub_processes(
+    server: &PostgresServer,
+    name: &str,
+    extra: &[String],
+) -> (PathBuf, Vec<scale_agent_e2e::fleet::HubProcess>) {
+    let root = std::env::temp_dir().join(format!("scale-agent-e2e-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    let url_file = root.join("postgres-url");
+    std::fs::write(&url_file, server.url()).unwrap();
+    let secret_file = root.join("replica-secret");
+    std::fs::write(&secret_file, SECRET).unwrap();
+    let mut hubs = Vec::new();
+    for i in 0..3 {
+        let dir = root.join(format!("hub-{i}"));
+        let mut flags = vec![
+            "--store=postgres".to_string(),
+            format!("--postgres-url-file={}", url_file.display()),
+            format!("--replica-id=hub-{i}"),
+            "--replica-address=http://{http}".to_string(),
+            format!("--replica-secret-file={}", secret_file.display()),
+        ];
+        flags.extend_from_slice(extra);
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        hubs.push(
+            scale_agent_e2e::fleet::HubProcess::start(&dir, &flags)
+                .await
+                .unwrap(),
+        );
+    }
+    (root, hubs)
 }
 
 /// Submits an apply with `admin`'s token to the hub at `addr`: (status, body).
@@ -622,28 +669,8 @@ async fn get_status(addr: std::net::SocketAddr, path: &str) -> u16 {
 /// the account's streaming agent; the ownership history never overlaps.
 #[tokio::test]
 async fn three_replicas_one_killed_every_account_streams_again_without_relisting() {
-    use scale_agent_e2e::fleet::HubProcess;
     let server = PostgresServer::start().await.unwrap();
-    let root = std::env::temp_dir().join(format!("scale-agent-e2e-three-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
-    std::fs::create_dir_all(&root).unwrap();
-    let url_file = root.join("postgres-url");
-    std::fs::write(&url_file, server.url()).unwrap();
-    let secret_file = root.join("replica-secret");
-    std::fs::write(&secret_file, SECRET).unwrap();
-    let mut hubs = Vec::new();
-    for i in 0..3 {
-        let dir = root.join(format!("hub-{i}"));
-        let flags = [
-            "--store=postgres".to_string(),
-            format!("--postgres-url-file={}", url_file.display()),
-            format!("--replica-id=hub-{i}"),
-            "--replica-address=http://{http}".to_string(),
-            format!("--replica-secret-file={}", secret_file.display()),
-        ];
-        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-        hubs.push(HubProcess::start(&dir, &flags).await.unwrap());
-    }
+    let (root, mut hubs) = hub_processes(&server, "three", &[]).await;
     // Account a<i> streams through hub i, with a standby agent on hub i+1.
     let mut streaming = Vec::new();
     let mut standbys = Vec::new();
@@ -718,6 +745,178 @@ async fn three_replicas_one_killed_every_account_streams_again_without_relisting
         ["hub-0", "hub-1"]
     );
     drop((streaming, standbys));
+    drop(hubs);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+// ------------------------------------------------ Clouddriver registration with replicas
+
+/// The Clouddriver contract server of the hub's tests (written from Clouddriver's source; see
+/// its module), with the helpers it uses.
+#[path = "../../hub/tests/common/mod.rs"]
+mod hub_common;
+
+/// The replica holding the Clouddriver registrar's lock, as PostgreSQL sees it.
+async fn registrar(sql: &tokio_postgres::Client) -> Option<String> {
+    let rows = sql
+        .query(
+            "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+             WHERE l.locktype = 'advisory' AND l.granted \
+             AND a.application_name LIKE '% clouddriver-registrar'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(rows.len() <= 1, "two registrars");
+    rows.first().map(|row| {
+        let name: String = row.get(0);
+        name.split(' ').nth(1).unwrap_or_default().to_string()
+    })
+}
+
+/// What the contract saw: (PUTs, DELETEs).
+fn puts_and_deletes(contract: &hub_common::contract::Contract) -> (usize, Vec<String>) {
+    let seen = contract.seen();
+    let puts = seen.iter().filter(|s| s.method == "PUT").count();
+    let deletes = seen
+        .iter()
+        .filter(|s| s.method == "DELETE")
+        .map(|s| s.path.clone())
+        .collect();
+    (puts, deletes)
+}
+
+/// Three hub processes on one PostgreSQL register their accounts in Clouddriver (the
+/// contract server): exactly one replica (the holder of the registrar's lock) registers
+/// every account of the store, whichever replica streams it, each once; a replica restarted
+/// (which loads every account and forgets those it does not stream after the grace period)
+/// deletes nothing; killing the registrar moves the duty to another replica within seconds,
+/// with no DELETE and no account sent again, and the new registrar registers new accounts;
+/// so does a break of the registrar's lock connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_replica_registers_every_account_in_clouddriver_and_the_duty_survives_its_death() {
+    const PUBLIC_URL: &str = "https://hub.example:8443";
+    let server = PostgresServer::start().await.unwrap();
+    let (contract, contract_url) = hub_common::contract::start_contract_for(PUBLIC_URL).await;
+    let extra = [
+        format!("--public-url={PUBLIC_URL}"),
+        format!("--clouddriver-url={contract_url}"),
+        // Replicas forget accounts they do not stream quickly.
+        "--grace-period=2s".to_string(),
+    ];
+    let (root, mut hubs) = hub_processes(&server, "registrar", &extra).await;
+    // Account prod-<i> streams through hub i; its agent asks for rare heartbeats, so that it
+    // stays connected without sending any.
+    let mut agents = Vec::new();
+    for (i, hub) in hubs.iter().enumerate() {
+        let mut agent = MiniAgent::connect_asking(hub.grpc, &format!("pod-{i}"), 300).await;
+        agent.register_streaming(&format!("prod-{i}")).await;
+        agents.push(agent);
+    }
+    let sql = postgres::connect(&server.superuser_url()).await.unwrap();
+    let wanted = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    let deadline = std::time::Instant::now() + WAIT;
+    while contract.accounts().into_keys().collect::<Vec<_>>()
+        != wanted(&["prod-0", "prod-1", "prod-2"])
+    {
+        if std::time::Instant::now() > deadline {
+            for hub in &hubs {
+                eprintln!("---\n{}", hub.log_tail(40));
+            }
+            panic!(
+                "prod-0, prod-1 and prod-2 not registered: {:?}, registrar {:?}",
+                contract.seen(),
+                registrar(&sql).await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let first = registrar(&sql)
+        .await
+        .expect("a replica holds the registrar's lock");
+    let index = |id: &str| (0..3).find(|i| format!("hub-{i}") == id).unwrap();
+    let first = index(&first);
+    assert_eq!(puts_and_deletes(&contract), (3, vec![]));
+
+    // A replica that is not the registrar restarts: it loads every account from the store
+    // and forgets those it does not stream after the grace period, and removes nothing.
+    let other = (first + 1) % 3;
+    hubs[other].kill();
+    hubs[other].start_again().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        puts_and_deletes(&contract),
+        (3, vec![]),
+        "the restarted hub-{other} changed the registrations"
+    );
+    assert_eq!(
+        contract.accounts().into_keys().collect::<Vec<_>>(),
+        wanted(&["prod-0", "prod-1", "prod-2"])
+    );
+
+    // The registrar dies: another replica takes the duty within seconds.
+    hubs[first].kill();
+    let killed = std::time::Instant::now();
+    let mut second = None;
+    while second.is_none() && killed.elapsed() < WAIT {
+        second = registrar(&sql)
+            .await
+            .filter(|r| *r != format!("hub-{first}"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let second = index(&second.expect("another replica takes the registrar's lock"));
+    eprintln!(
+        "hub-{second} took the registrar's duty {:?} after hub-{first} was killed",
+        killed.elapsed()
+    );
+    // The new registrar registers an account streamed by another replica.
+    let third = (0..3).find(|i| *i != first && *i != second).unwrap();
+    let mut late = MiniAgent::connect_asking(hubs[third].grpc, "pod-late", 300).await;
+    late.register_streaming("prod-3").await;
+    hub_common::wait_for("prod-3 registered by the new registrar", async || {
+        contract.accounts().contains_key("prod-3")
+    })
+    .await;
+    // Its first pass is over (prod-3 was sent after it): nothing else was sent.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        puts_and_deletes(&contract),
+        (4, vec![]),
+        "the takeover sent unchanged accounts again or removed some"
+    );
+    assert_eq!(
+        contract.accounts().into_keys().collect::<Vec<_>>(),
+        wanted(&["prod-0", "prod-1", "prod-2", "prod-3"])
+    );
+
+    // The registrar's lock connection breaks (its process lives on): it stops registering,
+    // and a replica (maybe itself, connected again) takes the duty over as after a death.
+    let terminated: i64 = sql
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE application_name LIKE '% clouddriver-registrar' \
+             AND pid IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(terminated, 1);
+    let mut last = MiniAgent::connect_asking(hubs[third].grpc, "pod-last", 300).await;
+    last.register_streaming("prod-4").await;
+    hub_common::wait_for(
+        "prod-4 registered after the lock connection broke",
+        async || contract.accounts().contains_key("prod-4"),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(registrar(&sql).await.is_some());
+    assert_eq!(
+        puts_and_deletes(&contract),
+        (5, vec![]),
+        "the broken lock connection led to a removal or a repeated registration"
+    );
+    drop((agents, late, last));
     drop(hubs);
     let _ = std::fs::remove_dir_all(&root);
 }

@@ -63,7 +63,7 @@ impl Postgres {
     }
 
     fn options(&self) -> PostgresOptions {
-        PostgresOptions { url: self.0.url() }
+        PostgresOptions::new(self.0.url())
     }
 
     /// A client for assertions in SQL.

@@ -636,6 +636,13 @@ pub struct Args {
     #[arg(long, env = "SCALE_AGENT_HUB_POSTGRES_URL_FILE")]
     pub postgres_url_file: Option<PathBuf>,
 
+    /// PEM file with the CA that signed PostgreSQL's server certificate, for `--store
+    /// postgres` when the URL has no `sslrootcert` (give it in one place only). With it,
+    /// `sslmode` prefer and require check the certificate's chain as verify-ca does
+    /// (libpq's behaviour); verify-full also checks that it names the URL's host.
+    #[arg(long, env = "SCALE_AGENT_HUB_POSTGRES_CA")]
+    pub postgres_ca: Option<PathBuf>,
+
     /// How long an account with no connected agent is kept (cache and resume points
     /// included) before it is removed: seconds, or a number with ms, s, m or h.
     #[arg(long, env = "SCALE_AGENT_HUB_GRACE_PERIOD", default_value = "600s", value_parser = parse_duration)]
@@ -784,13 +791,19 @@ impl Args {
             (None, env) => env.map(|url| url.trim().to_string()),
         };
         match (self.store, url) {
+            (StoreKind::Embedded, None) if self.postgres_ca.is_some() => Err(HubError::Config(
+                "--postgres-ca is for --store postgres: add --store postgres, or remove it".into(),
+            )),
             (StoreKind::Embedded, None) => Ok(Backend::Embedded),
             (StoreKind::Embedded, Some(_)) => Err(HubError::Config(format!(
                 "a PostgreSQL URL is set (--postgres-url-file or {POSTGRES_URL_ENV}) but the \
                  store is embedded: add --store postgres, or unset it"
             ))),
             (StoreKind::Postgres, Some(url)) if !url.is_empty() => {
-                Ok(Backend::Postgres(PostgresOptions { url }))
+                Ok(Backend::Postgres(PostgresOptions {
+                    url,
+                    ca_file: self.postgres_ca.clone(),
+                }))
             }
             (StoreKind::Postgres, _) => Err(HubError::Config(format!(
                 "--store postgres needs the database's URL: put \
@@ -806,7 +819,7 @@ impl Args {
         // Replicas sharing the PostgreSQL store own accounts through its advisory locks.
         let ownership = match &store {
             crate::store::Backend::Postgres(options) => crate::owners::OwnershipSource::Postgres {
-                url: options.url.clone(),
+                options: options.clone(),
             },
             crate::store::Backend::Embedded => crate::owners::OwnershipSource::Embedded,
         };

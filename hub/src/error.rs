@@ -56,6 +56,14 @@ pub enum HubError {
         #[source]
         source: tokio_postgres::Error,
     },
+    /// Connecting to PostgreSQL failed; `hint` says what to change. Neither holds the
+    /// URL's password.
+    #[error("cannot connect to PostgreSQL at {location}: {cause}; {hint}")]
+    PostgresConnect {
+        location: String,
+        cause: String,
+        hint: String,
+    },
     /// A commit touched accounts this replica no longer owns (another replica took them
     /// over): nothing of the batch was written.
     #[error(

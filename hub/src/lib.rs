@@ -137,6 +137,8 @@ pub(crate) struct Hub {
     pub(crate) api_tokens_file: Option<Arc<api_auth::TokensFile>>,
     /// Registers accounts in Clouddriver; `None` when no target is configured.
     pub(crate) registrar: Option<Arc<clouddriver::Registrar>>,
+    /// Whether this replica is the one that registers ([`clouddriver::duty`]).
+    pub(crate) registrar_duty: owners::singleton::Singleton,
     /// The accounts (name, settings) last handed to the registrar.
     registered_accounts: Mutex<Vec<(String, String)>>,
     /// Accounts added through the dynamic accounts API, and the agents' reports on them.
@@ -311,19 +313,37 @@ impl Hub {
         self.sync_clouddriver().await
     }
 
+    /// Hands the registrar the accounts, when this replica registers them (see
+    /// [`Hub::hand_accounts_to_registrar`]).
+    async fn sync_clouddriver(&self) -> Result<()> {
+        match &self.registrar {
+            Some(registrar) if registrar.is_active() => self.hand_accounts_to_registrar().await,
+            _ => Ok(()),
+        }
+    }
+
     /// Hands the registrar the accounts the hub serves, each with a kubeconfig carrying the
     /// account's derived Clouddriver token, when the set or an account's settings changed.
-    async fn sync_clouddriver(&self) -> Result<()> {
+    /// The accounts are every account of a shared store (whichever replica streams it), or
+    /// those of the registry with the embedded store.
+    pub(crate) async fn hand_accounts_to_registrar(&self) -> Result<()> {
         let (Some(registrar), Some(public_url)) = (&self.registrar, &self.config.public_url) else {
             return Ok(());
         };
-        let accounts: Vec<(String, serde_json::Value)> = self
-            .state()
-            .registry
-            .accounts
-            .iter()
-            .map(|(name, a)| (name.clone(), a.record.properties.clone()))
-            .collect();
+        let shared = self.store.lock().await.shared_accounts().await?;
+        let accounts: Vec<(String, serde_json::Value)> = match shared {
+            Some(all) => all
+                .into_iter()
+                .map(|(name, record)| (name, record.properties))
+                .collect(),
+            None => self
+                .state()
+                .registry
+                .accounts
+                .iter()
+                .map(|(name, a)| (name.clone(), a.record.properties.clone()))
+                .collect(),
+        };
         // Cheap to compare every tick: the account, its settings and its token's hash (a
         // rotated token changes the kubeconfig, which must be registered again).
         let fingerprint = |tokens: &Tokens| -> Vec<(String, String)> {
@@ -377,6 +397,15 @@ impl Hub {
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = fingerprint(&self.tokens());
         Ok(())
+    }
+
+    /// Forgets what was last handed to the registrar, so the next hand-over happens even if
+    /// nothing changed (a replica that just became the registrar).
+    pub(crate) fn forget_registered_accounts(&self) {
+        self.registered_accounts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 
     /// Refreshes the gauges from the state.
@@ -499,6 +528,8 @@ impl RunningHub {
         {
             tracing::warn!("the Clouddriver registrar did not stop within {deadline:?}");
         }
+        // Another replica takes the registrar's duty at once.
+        self.hub.registrar_duty.release().await;
         if tokio::time::timeout(deadline, self.writer).await.is_err() {
             tracing::warn!("the store writer did not stop within {deadline:?}");
         }
@@ -671,6 +702,20 @@ pub async fn start(config: Config) -> Result<RunningHub> {
     } else {
         None
     };
+    // With replicas sharing PostgreSQL, one registers (a lock of its own); the others wait.
+    let registrar_duty = match (&registrar, &config.ownership) {
+        (Some(registrar), owners::OwnershipSource::Postgres { options }) => {
+            registrar.set_active(false);
+            owners::singleton::Singleton::Postgres(Box::new(
+                owners::singleton::PostgresSingleton::new(
+                    options,
+                    &replica.id,
+                    clouddriver::duty::NAME,
+                )?,
+            ))
+        }
+        _ => owners::singleton::Singleton::Always,
+    };
     let metrics = Metrics::new();
     if let Some(registrar) = &registrar {
         metrics.add_clouddriver(registrar.metrics());
@@ -702,6 +747,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         agent_tokens: Mutex::new(agent_tokens),
         api_tokens_file,
         registrar,
+        registrar_duty,
         registered_accounts: Mutex::new(Vec::new()),
         dynamic_accounts: Mutex::new(dynamic_accounts::DynamicAccounts::load(std::mem::take(
             &mut loaded.dynamic_accounts,
@@ -820,6 +866,12 @@ pub async fn start(config: Config) -> Result<RunningHub> {
     }
     let registrar_task = hub.registrar.clone().map(|registrar| {
         let shutdown = hub.shutdown.clone();
+        if matches!(
+            hub.registrar_duty,
+            owners::singleton::Singleton::Postgres(_)
+        ) {
+            tokio::spawn(clouddriver::duty::run(hub.clone(), registrar.clone()));
+        }
         tokio::spawn(registrar.run(shutdown))
     });
     let tick =

@@ -846,3 +846,41 @@ async fn the_two_targets_are_independent() {
     run.stop().await;
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Replicas sharing a store: a registrar that is not the active one sends nothing, even with
+/// no accounts and a ledger full of another replica's registrations (it would DELETE them
+/// all); activated, it reads the ledger again and sends nothing unchanged.
+#[tokio::test]
+async fn an_inactive_registrar_sends_nothing_and_taking_over_resends_nothing_unchanged() {
+    let (contract, url) = start_contract().await;
+    let ledger = Arc::new(MemoryLedger::default());
+    let first = Running::start(settings(Some(url.clone()), None), ledger.clone());
+    first.registrar.set_desired(two_accounts());
+    first.in_sync().await;
+    first.stop().await;
+    assert_eq!(contract.seen().len(), 2);
+
+    // The second replica's registrar starts inactive: it knows no accounts yet.
+    let registrar = Arc::new(Registrar::new(settings(Some(url), None), ledger.clone()).unwrap());
+    registrar.set_active(false);
+    let (stop, stopped) = watch::channel(false);
+    let task = tokio::spawn(registrar.clone().run(stopped));
+    registrar.set_desired(Vec::new());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(contract.seen().len(), 2, "{:?}", contract.seen());
+    assert!(!registrar.is_active());
+
+    // It takes over: the accounts first, then active.
+    registrar.set_desired(two_accounts());
+    registrar.set_active(true);
+    let second = Running {
+        registrar,
+        stop,
+        task,
+    };
+    second.in_sync().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(contract.seen().len(), 2, "{:?}", contract.seen());
+    assert_eq!(contract.accounts().len(), 2);
+    second.stop().await;
+}

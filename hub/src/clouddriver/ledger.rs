@@ -1,5 +1,7 @@
 //! The [`Ledger`] in the hub's store: what was registered through the Account Management
 //! API survives restarts, so an account removed while the hub was down is still removed.
+//! With replicas sharing PostgreSQL it is read again each time a replica becomes the
+//! registrar, so what its predecessor sent is not sent again.
 
 use std::{
     collections::BTreeMap,
@@ -47,8 +49,17 @@ impl StoreLedger {
 }
 
 impl Ledger for StoreLedger {
+    /// What the store holds now when it is shared (the registrar replica before this one
+    /// wrote it: what it sent is not sent again); the entries in memory otherwise.
     fn load(&self) -> Result<BTreeMap<String, String>> {
-        Ok(self.entries().clone())
+        let stored = self
+            .runtime
+            .block_on(async { self.store.lock().await.shared_registrations().await })?;
+        let mut entries = self.entries();
+        if let Some(stored) = stored {
+            *entries = stored;
+        }
+        Ok(entries.clone())
     }
 
     fn record(&self, name: &str, body_hash: &str) -> Result<()> {

@@ -31,6 +31,7 @@
 
 pub mod body;
 pub(crate) mod client;
+pub(crate) mod duty;
 mod file;
 pub mod ledger;
 pub mod metrics;

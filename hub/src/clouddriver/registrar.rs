@@ -124,6 +124,9 @@ enum Target {
 
 #[derive(Default)]
 struct State {
+    /// This replica registers accounts now ([`Registrar::set_active`]); otherwise the loops
+    /// send nothing and write no file.
+    active: bool,
     desired: BTreeMap<String, DesiredAccount>,
     /// What the ledger holds; `None` until loaded (nothing is sent to the API before).
     ledger: Option<BTreeMap<String, String>>,
@@ -230,7 +233,10 @@ impl Registrar {
             ledger,
             client,
             metrics: ClouddriverMetrics::default(),
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                active: true,
+                ..State::default()
+            }),
             wake_api: Notify::new(),
             wake_file: Notify::new(),
         })
@@ -246,6 +252,38 @@ impl Registrar {
         // Every critical section leaves the state consistent; a panic elsewhere must not stop
         // registration.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes this replica the one that registers accounts (`true`), or stops it (`false`):
+    /// with replicas sharing a store, only one may, or each would remove the accounts the
+    /// others registered. A registrar starts active; becoming active again reads the ledger
+    /// and the file anew (another replica registered meanwhile), so nothing unchanged is
+    /// sent again. Set the accounts ([`Registrar::set_desired`]) before activating: an
+    /// active registrar with no accounts removes every account in the ledger.
+    pub fn set_active(&self, active: bool) {
+        let mut st = self.state();
+        if st.active == active {
+            return;
+        }
+        st.active = active;
+        if active {
+            st.ledger = None;
+            st.ledger_track = Track::default();
+            st.file.checked = false;
+            st.file.written = None;
+        } else {
+            st.pending_api.clear();
+            st.pending_file.clear();
+            self.metrics.accounts_pending.set(0);
+        }
+        drop(st);
+        self.wake_api.notify_one();
+        self.wake_file.notify_one();
+    }
+
+    /// Whether this replica registers accounts now ([`Registrar::set_active`]).
+    pub fn is_active(&self) -> bool {
+        self.state().active
     }
 
     /// Replaces the whole set of accounts the hub wants registered and wakes the loop.
@@ -417,6 +455,10 @@ impl Registrar {
     /// What to do now on `target`, and when to look again.
     fn plan(&self, target: Target, st: &mut State, now: Instant) -> Plan {
         let mut plan = Plan::default();
+        if !st.active {
+            // Another replica registers; set_active wakes the loops.
+            return plan;
+        }
         let defaults = &self.settings.account_defaults;
         let mut file_entries = Vec::new();
         let mut file_hashes = BTreeMap::new();

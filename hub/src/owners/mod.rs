@@ -27,6 +27,7 @@ pub mod directory;
 pub(crate) mod duty;
 pub mod forward;
 pub mod postgres;
+pub mod singleton;
 
 use std::sync::Arc;
 
@@ -135,7 +136,9 @@ pub enum OwnershipSource {
     /// Replicas in one process share this directory (tests, embedding).
     Directory(Arc<directory::Directory>),
     /// PostgreSQL advisory locks; the URL (with its password) is never logged.
-    Postgres { url: String },
+    Postgres {
+        options: crate::store::PostgresOptions,
+    },
 }
 
 impl std::fmt::Debug for OwnershipSource {
@@ -173,8 +176,8 @@ pub async fn open(
     Ok(match source {
         OwnershipSource::Embedded => Arc::new(Embedded::default()),
         OwnershipSource::Directory(directory) => Arc::new(directory.member(replica.clone())),
-        OwnershipSource::Postgres { url } => {
-            Arc::new(postgres::PostgresOwnership::connect(url, replica.clone()).await?)
+        OwnershipSource::Postgres { options } => {
+            Arc::new(postgres::PostgresOwnership::connect(options, replica.clone()).await?)
         }
     })
 }

@@ -21,10 +21,13 @@ use std::{
 };
 
 use tokio::sync::watch;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 use super::{Claim, OwnerInfo, Ownership, ReplicaIdentity};
-use crate::error::{HubError, Result};
+use crate::{
+    error::{HubError, Result},
+    store::{PostgresOptions, postgres_tls::Target},
+};
 
 /// How long connecting to PostgreSQL may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -33,10 +36,12 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// `scale-agent/account/<name>`, so that other users of advisory locks in the same database
 /// are unlikely to collide with it.
 pub fn lock_key(account: &str) -> i64 {
-    let digest = ring::digest::digest(
-        &ring::digest::SHA256,
-        format!("scale-agent/account/{account}").as_bytes(),
-    );
+    advisory_key(&format!("scale-agent/account/{account}"))
+}
+
+/// An advisory lock key: the first 8 bytes of the SHA-256 of `name`.
+pub fn advisory_key(name: &str) -> i64 {
+    let digest = ring::digest::digest(&ring::digest::SHA256, name.as_bytes());
     let mut bytes = [0u8; 8];
     bytes.copy_from_slice(&digest.as_ref()[..8]);
     i64::from_be_bytes(bytes)
@@ -52,7 +57,9 @@ fn pg_error(action: &str, error: &tokio_postgres::Error) -> HubError {
 
 /// One replica's ownership through PostgreSQL.
 pub struct PostgresOwnership {
-    url: String,
+    /// Where PostgreSQL is, with its TLS (the URL's password stays inside).
+    target: Target,
+    location: String,
     replica: ReplicaIdentity,
     /// The connection that holds the locks; `None` after it broke, until the next use.
     lock_connection: tokio::sync::Mutex<Option<Client>>,
@@ -65,9 +72,15 @@ impl PostgresOwnership {
     /// Connects (so that a wrong URL fails at start-up) and brings the schema up to date
     /// with the store's migrations (the ownership tables are part of it), so that ownership
     /// works whichever of the two reaches an empty database first.
-    pub async fn connect(url: &str, replica: ReplicaIdentity) -> Result<Self> {
+    pub async fn connect(options: &PostgresOptions, replica: ReplicaIdentity) -> Result<Self> {
+        let mut target = options.target()?;
+        target.config.connect_timeout(CONNECT_TIMEOUT);
+        target
+            .config
+            .application_name(format!("scale-agent-hub {} ownership", replica.id));
         let ownership = PostgresOwnership {
-            url: url.to_string(),
+            location: crate::store::postgres::location(&target.config),
+            target,
             replica,
             lock_connection: tokio::sync::Mutex::new(None),
             owned: Default::default(),
@@ -87,18 +100,7 @@ impl PostgresOwnership {
 
     /// A new lock connection; when it ends, every lock it held is gone.
     async fn open(&self) -> Result<Client> {
-        let mut config: tokio_postgres::Config = self.url.parse().map_err(|e| {
-            HubError::Config(format!(
-                "the PostgreSQL URL is not valid ({e}); write it like \
-                 postgres://user:password@host:5432/database"
-            ))
-        })?;
-        config.connect_timeout(CONNECT_TIMEOUT);
-        config.application_name(format!("scale-agent-hub {} ownership", self.replica.id));
-        let (client, connection) = config
-            .connect(NoTls)
-            .await
-            .map_err(|e| pg_error("connect", &e))?;
+        let (client, connection) = self.target.connect_raw(&self.location).await?;
         let owned = self.owned.clone();
         let losses = self.losses.clone();
         tokio::spawn(async move {

@@ -23,6 +23,7 @@
 //! idempotent).
 
 pub(crate) mod postgres;
+pub mod postgres_tls;
 mod redb;
 
 use std::{path::Path, sync::Arc, time::Duration};
@@ -409,6 +410,28 @@ impl Store {
                 None => Ok(Vec::new()),
             },
             Store::Postgres(s) => s.load_operation_records().await,
+        }
+    }
+
+    /// Every account the shared store holds (whichever replica owns it), for the replica
+    /// that registers accounts in Clouddriver; `None` for the embedded store, whose one
+    /// replica knows every account already.
+    pub async fn shared_accounts(&self) -> Result<Option<Vec<(String, AccountRecord)>>> {
+        match self {
+            Store::Embedded(_) => Ok(None),
+            Store::Postgres(s) => s.all_accounts().await.map(Some),
+        }
+    }
+
+    /// The Clouddriver ledger as the shared store holds it now (another replica may have
+    /// written it since start-up); `None` for the embedded store, where the ledger in memory
+    /// is current.
+    pub async fn shared_registrations(
+        &self,
+    ) -> Result<Option<std::collections::BTreeMap<String, String>>> {
+        match self {
+            Store::Embedded(_) => Ok(None),
+            Store::Postgres(s) => s.registrations().await.map(Some),
         }
     }
 }

@@ -17,8 +17,8 @@
 //! in the batch's own transaction (the row is locked `FOR SHARE`, so a takeover waits for
 //! the batch, or the batch sees the takeover).
 //!
-//! Limitation: the connection is plaintext (no TLS to PostgreSQL yet): run PostgreSQL next
-//! to the hub or on a network you trust.
+//! TLS: every connection honours the URL's `sslmode` and `sslrootcert` (or `--postgres-ca`)
+//! as libpq does ([`super::postgres_tls`]).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -27,10 +27,11 @@ use std::{
 };
 
 use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
-use tokio_postgres::{Client, NoTls, Statement, types::ToSql};
+use tokio_postgres::{Client, Statement, types::ToSql};
 
 use super::{
     AccountSnapshot, CommitHook, Expired, Failed, Loaded, StoreOp, decode_object, encode_object,
+    postgres_tls::Target,
 };
 use crate::{
     cache::{Cache, KindKey},
@@ -39,16 +40,36 @@ use crate::{
 
 /// How the hub reaches PostgreSQL. The URL carries the password: it is never logged, and
 /// `Debug` leaves it out.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct PostgresOptions {
-    /// `postgres://user:password@host:port/database` (or a key=value connection string).
+    /// `postgres://user:password@host:port/database` (or a key=value connection string),
+    /// with libpq's `sslmode` and `sslrootcert` if wanted.
     pub url: String,
+    /// `--postgres-ca`: the PEM CA that signed PostgreSQL's certificate, when the URL has no
+    /// `sslrootcert`.
+    pub ca_file: Option<std::path::PathBuf>,
+}
+
+impl PostgresOptions {
+    /// Options for `url`, with no CA file besides what the URL names.
+    pub fn new(url: impl Into<String>) -> Self {
+        PostgresOptions {
+            url: url.into(),
+            ca_file: None,
+        }
+    }
+
+    /// The connection settings and TLS the options describe (the CA file is read now).
+    pub fn target(&self) -> Result<Target> {
+        Target::new(&self.url, self.ca_file.as_deref())
+    }
 }
 
 impl std::fmt::Debug for PostgresOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PostgresOptions")
             .field("url", &"<redacted>")
+            .field("ca_file", &self.ca_file)
             .finish()
     }
 }
@@ -123,7 +144,7 @@ const PIPELINE: usize = 1024;
 /// One connection, made again when PostgreSQL closed it (a restart of PostgreSQL, a
 /// network failure), so a failed commit that is retried finds a fresh one.
 struct Connection {
-    config: tokio_postgres::Config,
+    target: Target,
     location: String,
     client: Mutex<Option<Conn>>,
 }
@@ -135,9 +156,9 @@ struct Conn {
 }
 
 impl Connection {
-    fn new(config: tokio_postgres::Config, location: String) -> Self {
+    fn new(target: Target, location: String) -> Self {
         Connection {
-            config,
+            target,
             location,
             client: Mutex::new(None),
         }
@@ -157,21 +178,8 @@ impl Connection {
     }
 
     async fn open(&self) -> Result<Client> {
-        let (client, connection) =
-            self.config
-                .connect(NoTls)
-                .await
-                .map_err(|source| HubError::Postgres {
-                    context: format!("cannot connect to PostgreSQL at {}", self.location),
-                    source,
-                })?;
-        let location = self.location.clone();
-        tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::warn!(%location, error = %crate::error::Chain(&error), "the connection to PostgreSQL ended; the next write opens another");
-            }
-        });
-        Ok(client)
+        // When it ends, the next write opens another.
+        self.target.connect(&self.location, "store's").await
     }
 
     async fn close(&self) {
@@ -212,21 +220,18 @@ impl PostgresStore {
     /// Connects, runs the migrations the database lacks, and refuses a database whose schema
     /// is newer than this hub knows.
     pub async fn open(options: &PostgresOptions) -> Result<Self> {
-        let mut config: tokio_postgres::Config = options.url.parse().map_err(|e| {
-            HubError::Config(format!(
-                "the PostgreSQL URL is not a valid connection string ({e}); expected \
-                 postgres://user:password@host:port/database"
-            ))
-        })?;
+        let mut target = options.target()?;
+        let config = &mut target.config;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
         if config.get_application_name().is_none() {
             config.application_name("scale-agent-hub");
         }
-        let location = location(&config);
-        let writer = Connection::new(config.clone(), location.clone());
-        let records = Arc::new(Connection::new(config, location.clone()));
+        let location = location(&target.config);
+        tracing::debug!(%location, sslmode = target.mode().as_str(), "connecting to PostgreSQL");
+        let writer = Connection::new(target.clone(), location.clone());
+        let records = Arc::new(Connection::new(target, location.clone()));
         let applied = migrate(&mut writer.get().await?.client).await?;
         if !applied.is_empty() {
             tracing::info!(%location, ?applied, "PostgreSQL schema migrated");
@@ -319,6 +324,37 @@ impl PostgresStore {
             loaded.dynamic_accounts.push((account, record));
         }
         Ok(loaded)
+    }
+
+    /// Every account's record (not their cached data).
+    pub async fn all_accounts(&self) -> Result<Vec<(String, crate::registry::AccountRecord)>> {
+        self.check_open()?;
+        let conn = self.writer.get().await?;
+        let rows = conn
+            .client
+            .query("SELECT account, record FROM accounts", &[])
+            .await
+            .map_err(pg("read the accounts"))?;
+        rows.iter()
+            .map(|row| {
+                let account: String = row.get(0);
+                let record =
+                    serde_json::from_slice(row.get(1)).map_err(corrupt(account.clone()))?;
+                Ok((account, record))
+            })
+            .collect()
+    }
+
+    /// The Clouddriver ledger: each account registered, with its body's hash.
+    pub async fn registrations(&self) -> Result<BTreeMap<String, String>> {
+        self.check_open()?;
+        let conn = self.writer.get().await?;
+        let rows = conn
+            .client
+            .query("SELECT account, body_hash FROM clouddriver_accounts", &[])
+            .await
+            .map_err(pg("read the Clouddriver ledger"))?;
+        Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
     }
 
     /// One account's record, kinds, objects and resume points, read in one snapshot.
@@ -699,7 +735,7 @@ pub(crate) async fn migrate(client: &mut Client) -> Result<Vec<i64>> {
 }
 
 /// `host:port/database`: where the store is, for logs (no user, no password).
-fn location(config: &tokio_postgres::Config) -> String {
+pub(crate) fn location(config: &tokio_postgres::Config) -> String {
     let host = match config.get_hosts().first() {
         Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
         #[cfg(unix)]
@@ -977,9 +1013,7 @@ mod tests {
             .parse()
             .unwrap();
         assert_eq!(location(&config), "db.example:5433/scale");
-        let options = PostgresOptions {
-            url: "postgres://hub:s3cret@db/x".into(),
-        };
+        let options = PostgresOptions::new("postgres://hub:s3cret@db/x");
         assert!(!format!("{options:?}").contains("s3cret"));
     }
 
