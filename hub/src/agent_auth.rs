@@ -298,7 +298,7 @@ pub(crate) fn authenticate(
     let from_token = match bearer(metadata) {
         None => None,
         Some(token) => {
-            let now = crate::now_unix();
+            let now = jiff::Timestamp::now().as_second();
             let record = hub
                 .agent_tokens()
                 .check(token, AgentTokenKind::Bearer, now)
