@@ -759,10 +759,7 @@ impl ControlPlane {
         old.stop(Duration::from_secs(10));
         let log = self.run_dir.join(format!(
             "kube-apiserver-{}.log",
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_millis())
-                .unwrap_or_default()
+            k8s_openapi::jiff::Timestamp::now().as_millisecond()
         ));
         let new = ManagedProcess::spawn(
             "kube-apiserver",
@@ -935,8 +932,7 @@ async fn kwok_healthy(port: u16) -> std::result::Result<(), ()> {
     }
 }
 
-/// Polls `probe` every 100 ms until it succeeds, failing early with the component's log
-/// when the process exits, and after `timeout` with the end of its log.
+/// [`process::wait_ready`] with the process's own log and a probe that answers `Ok(())`.
 async fn wait_until<F, Fut>(
     component: &'static str,
     timeout: Duration,
@@ -947,22 +943,12 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = std::result::Result<(), ()>>,
 {
-    let started = Instant::now();
-    loop {
-        process.ensure_running()?;
-        if probe().await.is_ok() {
-            return Ok(());
-        }
-        if started.elapsed() > timeout {
-            return Err(Error::NotReady {
-                component,
-                waited_secs: timeout.as_secs(),
-                log: process.log().to_path_buf(),
-                log_tail: process::tail(process.log(), 20),
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let log = process.log().to_path_buf();
+    process::wait_ready(process, component, &log, timeout, || {
+        let answer = probe();
+        async move { answer.await.is_ok() }
+    })
+    .await
 }
 
 /// How long one call to etcd may take.
