@@ -657,23 +657,7 @@ impl ControlPlane {
         namespace: &str,
         name: &str,
     ) -> Result<String> {
-        let request = TokenRequest {
-            // No audiences: the token is for the apiserver's own audience.
-            spec: Some(TokenRequestSpec {
-                expiration_seconds: Some(3600),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let response = Api::<ServiceAccount>::namespaced(client.clone(), namespace)
-            .create_token_request(name, &PostParams::default(), &request)
-            .await?;
-        response
-            .status
-            .and_then(|status| status.token)
-            .ok_or_else(|| Error::NoToken {
-                service_account: format!("{namespace}/{name}"),
-            })
+        token_request(client, namespace, name, Duration::from_secs(3600)).await
     }
 
     /// Creates a fresh namespace `<prefix>-<random>` for one test.
@@ -949,6 +933,32 @@ where
         async move { answer.await.is_ok() }
     })
     .await
+}
+
+/// A real token of ServiceAccount `namespace/name`, valid for `lifetime`, from the
+/// TokenRequest API (no audiences: the token is for the apiserver's own audience).
+pub async fn token_request(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    lifetime: Duration,
+) -> Result<String> {
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(i64::try_from(lifetime.as_secs()).unwrap_or(3600)),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let response = Api::<ServiceAccount>::namespaced(client.clone(), namespace)
+        .create_token_request(name, &PostParams::default(), &request)
+        .await?;
+    response
+        .status
+        .and_then(|status| status.token)
+        .ok_or_else(|| Error::NoToken {
+            service_account: format!("{namespace}/{name}"),
+        })
 }
 
 /// How long one call to etcd may take.
