@@ -1,6 +1,7 @@
 //! Pieces of the agent's world that several test files set up the same way.
 
 use std::{
+    collections::BTreeMap,
     net::SocketAddr,
     path::{Path, PathBuf},
     time::Duration,
@@ -266,6 +267,22 @@ pub async fn start_agent_replica(
     options.admin_addr = Some("127.0.0.1:0".parse()?);
     options.replica = Some(replica.into());
     Ok(scale_agent::start(options).await?)
+}
+
+/// `(uid, resourceVersion)` of objects by name: what a cache must agree on with the API
+/// server.
+pub type UidVersions = BTreeMap<String, (String, String)>;
+
+/// The [`UidVersions`] of `objects` (JSON objects with `metadata`).
+pub fn uid_versions<'a>(objects: impl IntoIterator<Item = &'a Value>) -> UidVersions {
+    objects
+        .into_iter()
+        .map(|o| {
+            let m = &o["metadata"];
+            let field = |k: &str| m[k].as_str().unwrap_or_default().to_string();
+            (field("name"), (field("uid"), field("resourceVersion")))
+        })
+        .collect()
 }
 
 /// `bytes` in base64 (standard alphabet, padded) as the API server serves Secret data: the

@@ -32,7 +32,7 @@ use std::{
 };
 
 use k8s_openapi::{
-    api::core::v1::Node,
+    api::core::v1::{Container, Node, Pod, PodSpec},
     apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
 };
 use kube::{
@@ -344,6 +344,43 @@ pub(crate) async fn pod_log(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Creates the bare pod `logger` (container `main`, an image that need not exist: kwok runs
+/// it, and answers exec and port-forward into it) in `namespace`, and waits up to `timeout`
+/// until it runs.
+pub async fn run_logger(client: &Client, namespace: &str, timeout: Duration) -> Result<()> {
+    let pod = Pod {
+        metadata: ObjectMeta {
+            name: Some("logger".into()),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![Container {
+                name: "main".into(),
+                image: Some("registry.example/logger:1".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    api.create(&PostParams::default(), &pod).await?;
+    let running = kube::runtime::wait::await_condition(
+        api,
+        "logger",
+        kube::runtime::wait::conditions::is_pod_running(),
+    );
+    let timed_out = || Error::Timeout {
+        what: format!("pod {namespace}/logger to run"),
+        secs: timeout.as_secs(),
+    };
+    tokio::time::timeout(timeout, running)
+        .await
+        .map_err(|_| timed_out())?
+        .map_err(|_| timed_out())?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -28,6 +28,7 @@
 //! the cache is under root's home, which others cannot enter.
 
 use std::{
+    collections::BTreeMap,
     fs,
     io::Write,
     os::unix::{fs::PermissionsExt, process::CommandExt},
@@ -37,7 +38,7 @@ use std::{
         OnceLock,
         atomic::{AtomicU32, Ordering},
     },
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use tokio_postgres::{Client, NoTls};
@@ -624,6 +625,60 @@ pub async fn connect(url: &str) -> Result<Client> {
         }
     });
     Ok(client)
+}
+
+/// One replica's tenure of an account, as the hub's `ownership_history` table records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tenure {
+    pub replica: String,
+    pub epoch: i64,
+    pub acquired: SystemTime,
+    /// `None` while it lasts.
+    pub released: Option<SystemTime>,
+}
+
+/// The tenures of every account in the hub's `ownership_history`, in the order they began.
+pub async fn ownership_history(client: &Client) -> Result<BTreeMap<String, Vec<Tenure>>> {
+    let rows = client
+        .query(
+            "SELECT account, replica, epoch, acquired_at, released_at FROM ownership_history
+             ORDER BY account, acquired_at, epoch",
+            &[],
+        )
+        .await
+        .map_err(|source| Error::Postgres {
+            action: "read ownership_history".into(),
+            source,
+        })?;
+    let mut by_account: BTreeMap<String, Vec<Tenure>> = BTreeMap::new();
+    for row in rows {
+        by_account.entry(row.get(0)).or_default().push(Tenure {
+            replica: row.get(1),
+            epoch: row.get(2),
+            acquired: row.get(3),
+            released: row.get(4),
+        });
+    }
+    Ok(by_account)
+}
+
+/// Panics unless each of `account`'s tenures ended before the next began (two replicas
+/// never owned it at once) and their epochs grow.
+pub fn assert_no_overlap(account: &str, tenures: &[Tenure]) {
+    for pair in tenures.windows(2) {
+        let (before, after) = (&pair[0], &pair[1]);
+        let ended = before
+            .released
+            .unwrap_or_else(|| panic!("{account}: {before:?} never ended, yet {after:?} began"));
+        assert!(
+            ended <= after.acquired,
+            "{account}: {before:?} overlaps {after:?}"
+        );
+        assert!(
+            after.epoch > before.epoch,
+            "{account}: epochs must grow: {tenures:?}"
+        );
+    }
 }
 
 /// Runs blocking set-up work (initdb, copies) off the async threads.

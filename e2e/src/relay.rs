@@ -1,13 +1,15 @@
 //! A TCP relay on loopback that a test can cut, to stage a network outage between one agent
 //! and its hub while both processes keep running: [`Relay::cut`] closes every relayed
 //! connection and refuses new ones (accepted, then closed at once, as a failing load
-//! balancer does) until [`Relay::restore`].
+//! balancer does) until [`Relay::restore`]. [`Balancer`] stands in front of several
+//! targets, as a Kubernetes Service in front of a Deployment's pods; [`TlsFront`] terminates
+//! TLS in front of a plaintext listener.
 
 use std::{
     net::SocketAddr,
     sync::{
         Arc,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     },
 };
 
@@ -92,6 +94,141 @@ async fn accept(
     }
 }
 
+/// Spreads connections over several targets, as a Kubernetes Service spreads them over the
+/// ready pods of a Deployment: each new connection goes to the next target in turn, and a
+/// target that refuses it (its process is dead) is passed over for the next, so that clients
+/// reconnecting after a target died land on the live ones. Relays until dropped.
+pub struct Balancer {
+    addr: SocketAddr,
+    targets: Vec<SocketAddr>,
+    /// Connections relayed to each target (by index in `targets`).
+    relayed: Arc<Vec<AtomicUsize>>,
+    task: JoinHandle<()>,
+}
+
+impl Balancer {
+    /// Listens on a free loopback port and spreads each connection over `targets`.
+    pub async fn start(targets: Vec<SocketAddr>) -> std::io::Result<Balancer> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let relayed: Arc<Vec<AtomicUsize>> =
+            Arc::new(targets.iter().map(|_| AtomicUsize::new(0)).collect());
+        let task = tokio::spawn(spread(listener, targets.clone(), relayed.clone()));
+        Ok(Balancer {
+            addr,
+            targets,
+            relayed,
+            task,
+        })
+    }
+
+    /// Where clients connect.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// How many connections went to `target` so far.
+    pub fn relayed_to(&self, target: SocketAddr) -> usize {
+        self.targets
+            .iter()
+            .position(|t| *t == target)
+            .map_or(0, |i| self.relayed[i].load(Ordering::SeqCst))
+    }
+}
+
+impl Drop for Balancer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn spread(listener: TcpListener, targets: Vec<SocketAddr>, relayed: Arc<Vec<AtomicUsize>>) {
+    let mut next = 0;
+    while let Ok((mut client, _)) = listener.accept().await {
+        let first = next;
+        next = (next + 1) % targets.len().max(1);
+        let targets = targets.clone();
+        let relayed = relayed.clone();
+        tokio::spawn(async move {
+            for i in (0..targets.len()).map(|k| (first + k) % targets.len()) {
+                let Ok(mut server) = TcpStream::connect(targets[i]).await else {
+                    continue;
+                };
+                relayed[i].fetch_add(1, Ordering::SeqCst);
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                return;
+            }
+            // No target is up: the client's connection closes at once.
+        });
+    }
+}
+
+/// Terminates TLS in front of a plaintext target, as an ingress or a TLS sidecar does, for
+/// clients that send credentials only over TLS (kubectl drops a kubeconfig's token on an
+/// `http://` server). Bytes are relayed as they are after the handshake, so upgraded
+/// connections (exec, port-forward) cross. Offers HTTP/1.1 only. Relays until dropped.
+pub struct TlsFront {
+    addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl TlsFront {
+    /// Listens on a free loopback port with the certificate chain and key (PEM) given, and
+    /// relays each connection to `target` in plaintext.
+    pub async fn start(
+        target: SocketAddr,
+        cert_pem: &str,
+        key_pem: &str,
+    ) -> std::io::Result<TlsFront> {
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
+        let invalid = |what: &str, e: &dyn std::fmt::Display| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{what}: {e}"))
+        };
+        let certs = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| invalid("the certificate PEM", &e))?;
+        let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
+            .map_err(|e| invalid("the key PEM", &e))?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| invalid("TLS versions", &e))?
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .map_err(|e| invalid("the certificate and key", &e))?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(mut client) = acceptor.accept(client).await else {
+                        return;
+                    };
+                    let Ok(mut server) = TcpStream::connect(target).await else {
+                        return;
+                    };
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                });
+            }
+        });
+        Ok(TlsFront { addr, task })
+    }
+
+    /// Where clients connect (with TLS).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for TlsFront {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -143,5 +280,23 @@ mod tests {
 
         relay.restore();
         assert_eq!(round_trip(relay.addr()).await.unwrap(), b"ping");
+    }
+
+    #[tokio::test]
+    async fn a_balancer_takes_turns_and_passes_over_a_dead_target() {
+        let (one, two) = (echo().await, echo().await);
+        // A port nothing listens on: a target whose process died.
+        let dead = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let balancer = Balancer::start(vec![one, dead, two]).await.unwrap();
+        for _ in 0..6 {
+            assert_eq!(round_trip(balancer.addr()).await.unwrap(), b"ping");
+        }
+        assert_eq!(balancer.relayed_to(dead), 0);
+        assert_eq!(balancer.relayed_to(one) + balancer.relayed_to(two), 6);
+        assert!(balancer.relayed_to(one) >= 2 && balancer.relayed_to(two) >= 2);
     }
 }

@@ -12,7 +12,6 @@
 //! schedule take each disruption once, in a seeded order.
 
 use std::{
-    collections::BTreeMap,
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
@@ -102,18 +101,9 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 }
 
 /// `(uid, resourceVersion)` by name.
-type State = BTreeMap<String, (String, String)>;
+type State = fixtures::UidVersions;
 
-fn state_of<'a>(objects: impl IntoIterator<Item = &'a Value>) -> State {
-    objects
-        .into_iter()
-        .map(|o| {
-            let m = &o["metadata"];
-            let field = |k: &str| m[k].as_str().unwrap_or_default().to_string();
-            (field("name"), (field("uid"), field("resourceVersion")))
-        })
-        .collect()
-}
+use fixtures::uid_versions as state_of;
 
 /// Lost, ghosted and stale objects of the hub against the API server, or `None` when equal.
 fn difference(api: &State, hub: &State) -> Option<String> {

@@ -234,7 +234,7 @@ async fn the_chart_installs_with_hub_and_monitoring_on() -> anyhow::Result<()> {
         format!("kubectl -n {namespace} rollout status deploy/scale-agent-operator"),
         "scale-agent-hub agent-token create".to_string(),
         "Secret scale-agent-hub-metrics-token (key token)".to_string(),
-        "kubectl apply --server-side -f <chart>/crds/".to_string(),
+        "kubectl apply --server-side --force-conflicts -f <chart>/crds/".to_string(),
     ] {
         assert!(said.contains(&line), "NOTES lack {line:?}:\n{said}");
     }

@@ -12,7 +12,7 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use scale_agent_e2e::postgres::{self, PostgresServer};
+use scale_agent_e2e::postgres::{self, PostgresServer, Tenure, assert_no_overlap};
 use scale_agent_hub::{
     Config, GrpcSecurity, RunningHub,
     owners::{
@@ -47,46 +47,13 @@ async fn owner_row(client: &tokio_postgres::Client, account: &str) -> Option<(St
         .map(|row| (row.get(0), row.get(1)))
 }
 
-/// Tenures of `account` in the order they began: (replica, epoch, began, ended).
-async fn history(
-    client: &tokio_postgres::Client,
-    account: &str,
-) -> Vec<(
-    String,
-    i64,
-    std::time::SystemTime,
-    Option<std::time::SystemTime>,
-)> {
-    client
-        .query(
-            "SELECT replica, epoch, acquired_at, released_at FROM ownership_history
-             WHERE account = $1 ORDER BY acquired_at, epoch",
-            &[&account],
-        )
+/// Tenures of `account` in the order they began.
+async fn history(client: &tokio_postgres::Client, account: &str) -> Vec<Tenure> {
+    postgres::ownership_history(client)
         .await
         .unwrap()
-        .into_iter()
-        .map(|row| (row.get(0), row.get(1), row.get(2), row.get(3)))
-        .collect()
-}
-
-/// No two tenures overlap, and epochs grow.
-fn assert_no_overlap(
-    tenures: &[(
-        String,
-        i64,
-        std::time::SystemTime,
-        Option<std::time::SystemTime>,
-    )],
-) {
-    for pair in tenures.windows(2) {
-        let (before, after) = (&pair[0], &pair[1]);
-        let ended = before
-            .3
-            .unwrap_or_else(|| panic!("{before:?} never ended, yet {after:?} began"));
-        assert!(ended <= after.2, "{before:?} overlaps {after:?}");
-        assert!(after.1 > before.1, "epochs must grow: {tenures:?}");
-    }
+        .remove(account)
+        .unwrap_or_default()
 }
 
 async fn wait_changed(losses: &mut tokio::sync::watch::Receiver<u64>) {
@@ -177,12 +144,12 @@ async fn one_owner_at_a_time_and_a_dead_owners_lock_frees_at_once() {
     assert_eq!(
         tenures
             .iter()
-            .map(|t| (t.0.as_str(), t.1))
+            .map(|t| (t.replica.as_str(), t.epoch))
             .collect::<Vec<_>>(),
         [("hub-a", 1), ("hub-b", 2), ("hub-a", 3)]
     );
-    assert_no_overlap(&tenures);
-    assert!(tenures[2].3.is_none(), "hub-a owns it now");
+    assert_no_overlap("prod", &tenures);
+    assert!(tenures[2].released.is_none(), "hub-a owns it now");
 
     // PostgreSQL restarts: every lock is gone, both replicas are told, and they acquire
     // again once it is back.
@@ -204,8 +171,8 @@ async fn one_owner_at_a_time_and_a_dead_owners_lock_frees_at_once() {
         b.try_acquire("prod").await.unwrap(),
         Claim::HeldElsewhere(Some(ref o)) if o.replica == "hub-a" && o.epoch == 4
     ));
-    assert_no_overlap(&history(&sql, "prod").await);
-    assert_no_overlap(&history(&sql, "staging").await);
+    assert_no_overlap("prod", &history(&sql, "prod").await);
+    assert_no_overlap("staging", &history(&sql, "staging").await);
 
     // Closing releases everything.
     a.close().await;
@@ -560,10 +527,10 @@ async fn hub_replicas_on_postgres_stream_forward_and_fail_over() {
     );
     let tenures = history(&sql, "prod").await;
     assert!(tenures.len() >= 3, "{tenures:?}");
-    assert_no_overlap(&tenures);
+    assert_no_overlap("prod", &tenures);
     assert_eq!(
         owner_row(&sql, "prod").await.map(|(replica, _)| replica),
-        tenures.last().map(|t| t.0.clone())
+        tenures.last().map(|t| t.replica.clone())
     );
     drop(standby);
     other.stop().await;
@@ -742,11 +709,12 @@ async fn three_replicas_one_killed_every_account_streams_again_without_relisting
     assert_eq!(code, 200, "{body}");
 
     for i in 0..3 {
-        assert_no_overlap(&history(&sql, &format!("a{i}")).await);
+        let account = format!("a{i}");
+        assert_no_overlap(&account, &history(&sql, &account).await);
     }
     let a0 = history(&sql, "a0").await;
     assert_eq!(
-        a0.iter().map(|t| t.0.as_str()).collect::<Vec<_>>(),
+        a0.iter().map(|t| t.replica.as_str()).collect::<Vec<_>>(),
         ["hub-0", "hub-1"]
     );
     drop((streaming, standbys));

@@ -18,7 +18,7 @@ use std::{
 
 use k8s_openapi::api::{
     apps::v1::Deployment,
-    core::v1::{ConfigMap, Pod, Secret},
+    core::v1::{ConfigMap, Secret},
 };
 use kube::{
     Api, Client,
@@ -503,22 +503,7 @@ async fn logger_pod(admin: &Client, namespace: &str) -> anyhow::Result<()> {
 /// Creates the bare pod `logger` and waits until kwok runs it (its log file, if any, was
 /// made already).
 async fn run_logger(admin: &Client, namespace: &str) -> anyhow::Result<()> {
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": { "name": "logger" },
-        "spec": { "containers": [{ "name": "main", "image": "registry.example/logger:1" }] },
-    }))?;
-    let api: Api<Pod> = Api::namespaced(admin.clone(), namespace);
-    api.create(&PostParams::default(), &pod).await?;
-    let running = kube::runtime::wait::await_condition(
-        api,
-        "logger",
-        kube::runtime::wait::conditions::is_pod_running(),
-    );
-    tokio::time::timeout(WAIT, running)
-        .await
-        .map_err(|_| anyhow::anyhow!("pod logger never ran"))??;
-    Ok(())
+    Ok(scale_agent_e2e::kwok::run_logger(admin, namespace, WAIT).await?)
 }
 
 /// Runs the forms with `binary` directly and through the proxy and compares them; writes

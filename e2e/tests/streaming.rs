@@ -1752,7 +1752,8 @@ async fn namespace_role_streams_its_namespace_and_reports_forbidden_kinds() -> a
 }
 
 /// Test 7: an account removed from the config file stops being watched at once, and the hub
-/// forgets it when the (shortened) grace period ends.
+/// forgets it when the (shortened) grace period ends (ACTIVE, INACTIVE, ORPHANED); put back
+/// in the config, it is ACTIVE again with its cache.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removed_account_stops_and_the_hub_drops_it_after_the_grace_period() -> anyhow::Result<()> {
     const GRACE: Duration = Duration::from_secs(3);
@@ -1853,6 +1854,17 @@ async fn removed_account_stops_and_the_hub_drops_it_after_the_grace_period() -> 
     hub_equals_api(hub, &admin, &keep, &ns).await?;
     assert_eq!(events(&agent.metrics().await?), events_at_removal);
     assert!(hub.log().contains("no agent within the grace period"));
+
+    // And back: the account in the agent's config again is ACTIVE, its cache filled again.
+    write_agent_config(&config, &s.hub, json!([account(&keep), account(&remove)]))?;
+    eventually("the account to be ACTIVE again", || async move {
+        Ok(hub
+            .account(remove_)
+            .await?
+            .is_some_and(|a| a["accountState"] == "ACTIVE"))
+    })
+    .await?;
+    hub_equals_api(hub, &admin, &remove, &ns).await?;
     Ok(())
 }
 

@@ -1,26 +1,39 @@
-//! Upgrading from 0.1.0 (issue 14, item 5): the CRDs of the first release
-//! (`tests/fixtures/v0.1.0/crds/`, copied from commit 22a98d5, the last before CHANGELOG's
-//! `[0.1.0]` section was cut in 7b4ecb0; there are no git tags) are installed, ScaleAgents and
-//! AgentAccounts are stored under them and reconciled, and the operator's agent runs (the
+//! Upgrading from 0.1.0 (issue 14, item 5): the Helm chart of the first release
+//! (`tests/fixtures/v0.1.0/chart/`, with its CRDs in `tests/fixtures/v0.1.0/crds/`, copied
+//! from commit 22a98d5, the last before CHANGELOG's `[0.1.0]` section was cut in 7b4ecb0;
+//! there are no git tags) is installed with the real `helm`, with the hub on. ScaleAgents and
+//! AgentAccounts are stored under its CRDs and reconciled, and the operator's agent runs (the
 //! Deployment's pod as a real process, `scale_agent_e2e::local_agent`) and streams both
-//! accounts to a real hub. Then the CRDs are upgraded to this release's and the operator
-//! restarted: it converges without recreating or rolling the agents (Deployment uid,
-//! generation and pod template unchanged) and without dropping an account (both still
-//! accepted and in the agent's config); across it the hub keeps both accounts ACTIVE and
-//! streamed by the same replica, and the agent does not list again (counted in the API
-//! server's audit log, not by our own counters).
+//! accounts to a real hub. Then the upgrade runs exactly as the chart's NOTES and README say:
+//! this release's CRDs with `kubectl apply --server-side --force-conflicts -f
+//! <chart>/crds/` (without `--force-conflicts` the apply fails: Helm created the CRDs and
+//! owns `.spec.versions`), then `helm upgrade` to this release's chart, and the operator
+//! restarted. Checked:
+//! - Helm upgrades the release in place: the chart's Deployments keep their uid (a changed
+//!   selector would make Helm fail or recreate them), now run this release's images, and the
+//!   hub's volume claim (the embedded store's data) is the same object;
+//! - the operator converges without recreating or rolling the agents (Deployment uid,
+//!   generation and pod template unchanged) and without dropping an account (both still
+//!   accepted and in the agent's config);
+//! - across it the hub keeps both accounts ACTIVE and streamed by the same replica, and the
+//!   agent does not list again (counted in the API server's audit log, not by our own
+//!   counters).
 //!
-//! What this does not cover: the 0.1.0 operator binary itself (no image can be pulled here
-//! and building an old commit in a test is out of reach), so the same operator code runs
-//! before and after.
+//! What this does not cover: the 0.1.0 operator binary itself (no image can be pulled here,
+//! no kubelet runs the chart's pods, and building an old commit in a test is out of reach),
+//! so the same operator code runs, as a process, before and after.
 
 use std::{
-    path::Path,
+    path::{Path, PathBuf},
+    process::Command,
     sync::{Arc, Mutex},
     time::Duration,
 };
 
-use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
+use k8s_openapi::api::{
+    apps::v1::Deployment,
+    core::v1::{ConfigMap, PersistentVolumeClaim},
+};
 use kube::{
     Api, Client,
     api::{ApiResource, DynamicObject, PostParams},
@@ -30,12 +43,84 @@ use scale_agent_crds::{
     conditions::{ACCEPTED, find_condition},
 };
 use scale_agent_e2e::{
-    ControlPlane, ControlPlaneOptions, crds, fixtures,
+    Binaries, ControlPlane, ControlPlaneOptions, crds, fixtures,
     local_agent::{LocalAgent, LocalAgentOptions},
     operator::Operator,
     wait::wait_for,
 };
 use serde_json::{Value, json};
+
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Runs `program` with `args`; its output when it succeeded, else an error with its output.
+fn run(program: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let output = Command::new(program).args(args).output()?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    anyhow::ensure!(
+        output.status.success(),
+        "{} {}: {text}",
+        program.display(),
+        args.join(" ")
+    );
+    Ok(text)
+}
+
+/// The chart of this release, and of 0.1.0 (the fixture).
+fn charts() -> (PathBuf, PathBuf) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    (
+        dir.join("../manifests/helm/scale-agent"),
+        dir.join("tests/fixtures/v0.1.0/chart/scale-agent"),
+    )
+}
+
+/// What the chart's upgrade must keep: the uids of its Deployments and of the hub's volume
+/// claim, and the images the Deployments run.
+#[derive(Debug)]
+struct Release {
+    operator: (Option<String>, String),
+    hub: (Option<String>, String),
+    hub_data: Option<String>,
+}
+
+async fn release(client: &Client, namespace: &str) -> anyhow::Result<Release> {
+    let deployments = Api::<Deployment>::namespaced(client.clone(), namespace);
+    let deployment = |name: &'static str| {
+        let deployments = deployments.clone();
+        async move {
+            let object = deployments.get(name).await?;
+            let image = object
+                .spec
+                .template
+                .spec
+                .and_then(|s| s.containers.into_iter().next())
+                .and_then(|c| c.image)
+                .unwrap_or_default();
+            anyhow::Ok((object.metadata.uid, image))
+        }
+    };
+    let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace);
+    Ok(Release {
+        operator: deployment("scale-agent-operator").await?,
+        hub: deployment("scale-agent-hub").await?,
+        hub_data: claims
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .find(|c| {
+                c.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.contains("hub"))
+            })
+            .and_then(|c| c.metadata.uid),
+    })
+}
 
 /// What must survive the upgrade: the agent Deployment's identity and pod template, and the
 /// accounts in the agent's config.
@@ -114,16 +199,77 @@ async fn hub_account(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn upgrading_the_crds_from_0_1_0_keeps_agents_and_accounts() -> anyhow::Result<()> {
+async fn upgrading_the_chart_from_0_1_0_keeps_agents_and_accounts() -> anyhow::Result<()> {
     // This test binary's own control plane, with an audit log: the CRDs are cluster-wide
     // and this test changes them.
     let control_plane = ControlPlane::shared_with(|| ControlPlaneOptions::default().with_audit())?;
     let client = control_plane.client().await?;
-    let old = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v0.1.0/crds");
-    let old_crds = crds::read_crds(&old)?;
-    assert_eq!(old_crds.len(), 2, "the premise: both 0.1.0 CRDs");
-    crds::install(&client, &old_crds).await?;
+    let binaries = Binaries::locate()?;
+    let (helm, kubectl) = (binaries.helm(), binaries.kubectl());
+    let kubeconfig = control_plane
+        .kubeconfig_path()
+        .to_string_lossy()
+        .into_owned();
+    let (chart, old_chart) = charts();
     let namespace = control_plane.namespace(&client, "upgrade").await?;
+    let system = control_plane.namespace(&client, "system").await?;
+    let values = fixtures::temp_dir("upgrade-values")?.join("values.yaml");
+    std::fs::write(
+        &values,
+        format!("hub:\n  enabled: true\noperator:\n  watchNamespaces: [{namespace}]\n"),
+    )?;
+    let helm_release = |action: &'static str, chart: &Path| {
+        let (chart, values) = (chart.to_string_lossy(), values.to_string_lossy());
+        run(
+            &helm,
+            &[
+                action,
+                "scale-agent",
+                &chart,
+                "--kubeconfig",
+                &kubeconfig,
+                "--namespace",
+                &system,
+                "--values",
+                &values,
+                "--timeout",
+                "2m",
+            ],
+        )
+    };
+    // 0.1.0 as its users installed it: the chart, which creates its CRDs.
+    helm_release("install", &old_chart)?;
+    let installed = release(&client, &system).await?;
+    assert_eq!(
+        installed.operator.1, "ghcr.io/scale-agent/operator:v0.1.0",
+        "the premise: the 0.1.0 chart is installed"
+    );
+    assert!(
+        installed.hub_data.is_some(),
+        "the premise: the 0.1.0 hub has a volume claim: {installed:?}"
+    );
+    // The ScaleAgent CRD as the API server has it.
+    let scale_agent_crd = || {
+        run(
+            &kubectl,
+            &[
+                "--kubeconfig",
+                &kubeconfig,
+                "get",
+                "crd/scaleagents.scaleagent.dev",
+                "-o",
+                "json",
+            ],
+        )
+    };
+    let old_crd = scale_agent_crd()?;
+    let old_crds =
+        crds::read_crds(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v0.1.0/crds"))?;
+    assert_eq!(old_crds.len(), 2, "the premise: both 0.1.0 CRDs");
+    assert!(
+        !old_crd.contains("operationBudget"),
+        "the premise: Helm installed the 0.1.0 CRDs, which lack this release's fields"
+    );
     let dir = fixtures::temp_dir("upgrade")?;
     let hub = fixtures::start_plaintext_hub(&dir).await?;
 
@@ -238,8 +384,40 @@ async fn upgrading_the_crds_from_0_1_0_keeps_agents_and_accounts() -> anyhow::Re
         }
     });
 
-    // The upgrade: this release's CRDs, then the operator again.
-    crds::install(&client, &crds::read_crds(&crds::manifests_dir())?).await?;
+    // The upgrade, as the chart's NOTES say: this release's CRDs (Helm never upgrades
+    // them), then the chart; then the operator again.
+    run(
+        &kubectl,
+        &[
+            "--kubeconfig",
+            &kubeconfig,
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            &chart.join("crds").to_string_lossy(),
+        ],
+    )?;
+    helm_release("upgrade", &chart)?;
+    let upgraded = release(&client, &system).await?;
+    assert_eq!(
+        (&upgraded.operator.0, &upgraded.hub.0, &upgraded.hub_data),
+        (&installed.operator.0, &installed.hub.0, &installed.hub_data),
+        "helm upgrade recreated a Deployment or the hub's volume claim: before {installed:?}, \
+         after {upgraded:?}"
+    );
+    assert_eq!(
+        (upgraded.operator.1.as_str(), upgraded.hub.1.as_str()),
+        (
+            format!("ghcr.io/scale-agent/operator:v{VERSION}").as_str(),
+            format!("ghcr.io/scale-agent/hub:v{VERSION}").as_str()
+        ),
+    );
+    let new_crd = scale_agent_crd()?;
+    assert!(
+        new_crd.contains("operationBudget"),
+        "kubectl apply --server-side left the 0.1.0 CRD in place"
+    );
     let operator = Operator::watching(client.clone(), &namespace);
     wait_for(
         "the upgraded operator to reconcile the agent and both accounts",
