@@ -160,7 +160,8 @@ impl Options {
         }
     }
 
-    /// The replica name: the flag, else `$POD_NAME`, else the host name, else `scale-agent`.
+    /// The replica name: the flag, else `$POD_NAME`, else the host name
+    /// ([`scale_agent_runtime::hostname`]), else `scale-agent`.
     pub fn replica_name(&self) -> String {
         if let Some(replica) = self.replica.as_ref().filter(|r| !r.is_empty()) {
             return replica.clone();
@@ -170,16 +171,7 @@ impl Options {
         {
             return pod;
         }
-        if let Ok(host) = std::env::var("HOSTNAME")
-            && !host.is_empty()
-        {
-            return host;
-        }
-        std::fs::read_to_string("/etc/hostname")
-            .ok()
-            .map(|h| h.trim().to_string())
-            .filter(|h| !h.is_empty())
-            .unwrap_or_else(|| "scale-agent".to_string())
+        scale_agent_runtime::hostname().unwrap_or_else(|| "scale-agent".to_string())
     }
 
     /// The admin listener's address.

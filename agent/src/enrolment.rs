@@ -9,12 +9,9 @@
 //! restarted with its certificate in memory only could not get back in. Every connection
 //! reads them from disk, so a renewed certificate is used from the next connection on.
 
-use std::{
-    io::Write as _,
-    os::unix::fs::OpenOptionsExt as _,
-    path::{Path, PathBuf},
-};
+use std::path::{Path, PathBuf};
 
+use k8s_openapi::jiff::Timestamp;
 use rcgen::{CertificateParams, KeyPair};
 use scale_agent_crds::agent_config::HubConnection;
 use scale_agent_proto::v1::{self as pb, agent_hub_client::AgentHubClient};
@@ -70,19 +67,12 @@ pub fn renew_at(cert_pem: &[u8]) -> Option<i64> {
     Some(not_before + (not_after - not_before) * 2 / 3)
 }
 
-fn now_unix() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or_default()
-}
-
 /// Whether the files hold a key and a certificate that has not expired.
 pub fn has_valid_certificate(files: &CertificateFiles) -> bool {
     let (Ok(cert), true) = (std::fs::read(&files.cert), files.key.exists()) else {
         return false;
     };
-    validity(&cert).is_some_and(|(_, not_after)| not_after > now_unix())
+    validity(&cert).is_some_and(|(_, not_after)| not_after > Timestamp::now().as_second())
 }
 
 /// A new key (PKCS#8 PEM) and a CSR for it. The CSR names nothing: the hub chooses the
@@ -98,29 +88,13 @@ pub fn key_and_csr() -> Result<(String, String)> {
     Ok((key.serialize_pem(), csr))
 }
 
-/// Writes `bytes` to `path` atomically, readable by the owner only.
+/// Writes `bytes` to `path` atomically, readable by the owner only, making its directory
+/// if needed (an emptyDir's subdirectory on the first enrolment).
 fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(
-        ".{}.tmp",
-        path.file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default()
-    ));
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    drop(file);
-    std::fs::rename(&tmp, path)
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    scale_agent_runtime::write_private(path, bytes)
 }
 
 /// Keeps a key and its certificate: the key first, so a certificate on disk always has its
@@ -217,7 +191,7 @@ mod tests {
         assert!(csr.contains("CERTIFICATE REQUEST"));
         let key = KeyPair::from_pem(&key_pem).unwrap();
         let mut params = CertificateParams::new(vec!["a".to_string()]).unwrap();
-        let now = now_unix();
+        let now = Timestamp::now().as_second();
         let epoch = rcgen::date_time_ymd(1970, 1, 1);
         params.not_before = epoch + std::time::Duration::from_secs(now as u64);
         params.not_after = epoch + std::time::Duration::from_secs(now as u64 + 300);

@@ -397,10 +397,7 @@ impl Runtime {
         self.renewal = None;
         let renew = certificate_files.and_then(|files| {
             let renew_at = enrolment::renew_at(&std::fs::read(&files.cert).ok()?)?;
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs() as i64)
-                .unwrap_or_default();
+            let now = k8s_openapi::jiff::Timestamp::now().as_second();
             let wait = u64::try_from(renew_at - now).unwrap_or(0);
             Some((files, Instant::now() + Duration::from_secs(wait)))
         });

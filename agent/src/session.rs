@@ -3,10 +3,7 @@
 //! that limit the runtime does not read the watches' bounded channel, so a slow hub slows
 //! the watches.
 
-use std::{
-    sync::Arc,
-    time::{SystemTime, UNIX_EPOCH},
-};
+use std::sync::Arc;
 
 use prost::Message as _;
 use scale_agent_proto::v1::{self, AgentMessage, agent_message};
@@ -34,13 +31,6 @@ pub const EVENT_CHANNEL: usize = 256;
 
 /// Capacity of the channel of messages waiting to be written to the gRPC stream.
 const OUTGOING_CHANNEL: usize = 64;
-
-fn now_millis() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or_default()
-}
 
 /// The sending half of one stream: sequence numbers and acknowledgements, and the senders
 /// that the watches and the operations of this stream write to.
@@ -189,7 +179,7 @@ impl Session {
     /// Sends a heartbeat stamped with the current time.
     pub(crate) async fn heartbeat(&mut self) -> Result<()> {
         let beat = agent_message::Kind::Heartbeat(v1::Heartbeat {
-            sent_at_unix_millis: now_millis(),
+            sent_at_unix_millis: k8s_openapi::jiff::Timestamp::now().as_millisecond(),
         });
         self.send(beat).await
     }

@@ -28,7 +28,7 @@
 use std::{
     collections::BTreeMap,
     sync::Arc,
-    time::{Duration, Instant, SystemTime},
+    time::{Duration, Instant},
 };
 
 use kube::{
@@ -343,18 +343,6 @@ fn patch_body(kind: &str, desired: &Desired, transition: &str) -> Value {
     json!({ "apiVersion": API_VERSION, "kind": kind, "status": status })
 }
 
-fn rfc3339(t: SystemTime) -> String {
-    let secs = t
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or_default();
-    i64::try_from(secs)
-        .ok()
-        .and_then(|s| k8s_openapi::jiff::Timestamp::from_second(s).ok())
-        .map(|t| t.to_string())
-        .unwrap_or_default()
-}
-
 /// A client for the agent's own cluster: the pod's ServiceAccount, or `$KUBECONFIG` outside
 /// a pod (as the accounts' `serviceAccount: true` does).
 async fn own_cluster_client(no_proxy: bool) -> Result<Client, String> {
@@ -377,7 +365,7 @@ impl Writer {
         let last = self.written.get(&object);
         let transition = match last {
             Some(w) if w.desired.status == desired.status => w.transition.clone(),
-            _ => rfc3339(SystemTime::now()),
+            _ => scale_agent_runtime::now_rfc3339(),
         };
         let params = PatchParams::apply(AGENT_FIELD_MANAGER).force();
         let result = match &object {
@@ -430,7 +418,7 @@ impl Writer {
         let Some(target) = &config.status else {
             return;
         };
-        let now = rfc3339(SystemTime::now());
+        let now = scale_agent_runtime::now_rfc3339();
         for account_config in &config.kubernetes.accounts {
             let Some(cr) = &account_config.agent_account else {
                 continue;

@@ -356,14 +356,15 @@ async fn eventually(what: &str, condition: impl Fn() -> bool) {
     }
 }
 
-/// The body of a plain HTTP GET.
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<String> {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: agent\r\n\r\n").as_bytes())
-        .await?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await?;
-    Ok(response)
+/// The body of a plain HTTP GET, with hyper's client.
+async fn http_get(
+    addr: std::net::SocketAddr,
+    path: &str,
+) -> Result<String, Box<dyn std::error::Error>> {
+    use http_body_util::{BodyExt as _, Empty};
+    use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<bytes::Bytes>>();
+    let response = client.get(format!("http://{addr}{path}").parse()?).await?;
+    let body = response.into_body().collect().await?.to_bytes();
+    Ok(String::from_utf8(body.to_vec())?)
 }

@@ -523,7 +523,7 @@ impl HubProc {
     }
 
     pub async fn metric(&self, name: &str) -> Result<f64> {
-        Ok(metric_sum(&self.metrics().await?, name))
+        Ok(metric_sum(&self.metrics().await?, name, &[]))
     }
 
     /// Agent streams connected (`GET /api/v1/agents`).
@@ -567,7 +567,7 @@ impl AgentProc {
     }
 
     pub async fn metric(&self, name: &str) -> Result<f64> {
-        Ok(metric_sum(&self.metrics().await?, name))
+        Ok(metric_sum(&self.metrics().await?, name, &[]))
     }
 
     /// Waits for `/readyz` (connected, every kind past starting).

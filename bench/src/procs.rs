@@ -270,17 +270,7 @@ pub async fn get_json(addr: SocketAddr, path: &str) -> Result<serde_json::Value>
         .ok_or_else(|| anyhow!("GET {path}: HTTP 404"))
 }
 
-/// The sum of every sample of metric `name` in a Prometheus/OpenMetrics text.
-pub fn metric_sum(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            let metric = series.split('{').next()?;
-            (metric == name).then(|| value.parse::<f64>().ok())?
-        })
-        .sum()
-}
+pub use scale_agent_e2e::metrics::metric_sum;
 
 /// Polls `check` every `every` until it returns `Some`, or fails after `timeout`.
 pub use scale_agent_e2e::wait::wait_for_within as wait_for;
@@ -289,14 +279,6 @@ pub use scale_agent_e2e::wait::wait_for_within as wait_for;
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-
-    #[test]
-    fn sums_metric_samples() {
-        let text = "# TYPE a counter\na_total{x=\"1\"} 2\na_total{x=\"2\"} 3.5\nab_total 7\n";
-        assert_eq!(metric_sum(text, "a_total"), 5.5);
-        assert_eq!(metric_sum(text, "ab_total"), 7.0);
-        assert_eq!(metric_sum(text, "c"), 0.0);
-    }
 
     #[test]
     fn reads_own_stats() {

@@ -56,6 +56,17 @@ pub fn cache_root() -> PathBuf {
         .unwrap_or_else(|| std::env::temp_dir().join("scale-agent-cache"))
 }
 
+/// The program at `relative` under [`cache_root`], or `missing` (an error that says which
+/// `make` target provides it) when it is not there.
+pub fn cached_program(relative: &str, missing: fn(PathBuf) -> Error) -> Result<PathBuf> {
+    let path = cache_root().join(relative);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(missing(path))
+    }
+}
+
 /// Paths of the binaries of one control plane.
 #[derive(Clone, Debug)]
 pub struct Binaries {

@@ -657,23 +657,7 @@ impl ControlPlane {
         namespace: &str,
         name: &str,
     ) -> Result<String> {
-        let request = TokenRequest {
-            // No audiences: the token is for the apiserver's own audience.
-            spec: Some(TokenRequestSpec {
-                expiration_seconds: Some(3600),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let response = Api::<ServiceAccount>::namespaced(client.clone(), namespace)
-            .create_token_request(name, &PostParams::default(), &request)
-            .await?;
-        response
-            .status
-            .and_then(|status| status.token)
-            .ok_or_else(|| Error::NoToken {
-                service_account: format!("{namespace}/{name}"),
-            })
+        token_request(client, namespace, name, Duration::from_secs(3600)).await
     }
 
     /// Creates a fresh namespace `<prefix>-<random>` for one test.
@@ -759,10 +743,7 @@ impl ControlPlane {
         old.stop(Duration::from_secs(10));
         let log = self.run_dir.join(format!(
             "kube-apiserver-{}.log",
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_millis())
-                .unwrap_or_default()
+            k8s_openapi::jiff::Timestamp::now().as_millisecond()
         ));
         let new = ManagedProcess::spawn(
             "kube-apiserver",
@@ -935,8 +916,7 @@ async fn kwok_healthy(port: u16) -> std::result::Result<(), ()> {
     }
 }
 
-/// Polls `probe` every 100 ms until it succeeds, failing early with the component's log
-/// when the process exits, and after `timeout` with the end of its log.
+/// [`process::wait_ready`] with the process's own log and a probe that answers `Ok(())`.
 async fn wait_until<F, Fut>(
     component: &'static str,
     timeout: Duration,
@@ -947,22 +927,38 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = std::result::Result<(), ()>>,
 {
-    let started = Instant::now();
-    loop {
-        process.ensure_running()?;
-        if probe().await.is_ok() {
-            return Ok(());
-        }
-        if started.elapsed() > timeout {
-            return Err(Error::NotReady {
-                component,
-                waited_secs: timeout.as_secs(),
-                log: process.log().to_path_buf(),
-                log_tail: process::tail(process.log(), 20),
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let log = process.log().to_path_buf();
+    process::wait_ready(process, component, &log, timeout, || {
+        let answer = probe();
+        async move { answer.await.is_ok() }
+    })
+    .await
+}
+
+/// A real token of ServiceAccount `namespace/name`, valid for `lifetime`, from the
+/// TokenRequest API (no audiences: the token is for the apiserver's own audience).
+pub async fn token_request(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    lifetime: Duration,
+) -> Result<String> {
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(i64::try_from(lifetime.as_secs()).unwrap_or(3600)),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let response = Api::<ServiceAccount>::namespaced(client.clone(), namespace)
+        .create_token_request(name, &PostParams::default(), &request)
+        .await?;
+    response
+        .status
+        .and_then(|status| status.token)
+        .ok_or_else(|| Error::NoToken {
+            service_account: format!("{namespace}/{name}"),
+        })
 }
 
 /// How long one call to etcd may take.

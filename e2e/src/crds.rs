@@ -47,6 +47,50 @@ pub fn read_crds(dir: &Path) -> Result<Vec<CustomResourceDefinition>> {
         .collect()
 }
 
+/// A namespaced custom resource `plural.group`, version `v1`, with no schema (every field
+/// kept): a kind of a test's own (list kind `<kind>List`, singular the lower-case kind).
+pub fn schemaless_crd(group: &str, kind: &str, plural: &str) -> CustomResourceDefinition {
+    use k8s_openapi::{
+        apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+            CustomResourceDefinitionNames, CustomResourceDefinitionSpec,
+            CustomResourceDefinitionVersion, CustomResourceValidation, JSONSchemaProps,
+        },
+        apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    };
+    CustomResourceDefinition {
+        metadata: ObjectMeta {
+            name: Some(format!("{plural}.{group}")),
+            ..Default::default()
+        },
+        spec: CustomResourceDefinitionSpec {
+            group: group.to_string(),
+            names: CustomResourceDefinitionNames {
+                kind: kind.to_string(),
+                list_kind: Some(format!("{kind}List")),
+                plural: plural.to_string(),
+                singular: Some(kind.to_ascii_lowercase()),
+                ..Default::default()
+            },
+            scope: "Namespaced".to_string(),
+            versions: vec![CustomResourceDefinitionVersion {
+                name: "v1".to_string(),
+                served: true,
+                storage: true,
+                schema: Some(CustomResourceValidation {
+                    open_api_v3_schema: Some(JSONSchemaProps {
+                        type_: Some("object".to_string()),
+                        x_kubernetes_preserve_unknown_fields: Some(true),
+                        ..Default::default()
+                    }),
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        },
+        status: None,
+    }
+}
+
 /// Applies `crds` (server-side apply) and waits until the apiserver serves each of them.
 /// Returns their names.
 pub async fn install(client: &Client, crds: &[CustomResourceDefinition]) -> Result<Vec<String>> {

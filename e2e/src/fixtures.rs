@@ -294,6 +294,19 @@ pub fn base64(bytes: &[u8]) -> String {
     }
 }
 
+/// The test binary's log output, set up once (later calls do nothing): `RUST_LOG`, else
+/// `default_filter`, into the test harness's captured output (printed for a failed test, or
+/// with `--nocapture`).
+pub fn init_logs(default_filter: &str) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default_filter.into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
 /// A new directory `<prefix>-<pid>-<random>` under the system's temporary directory.
 pub fn temp_dir(prefix: &str) -> std::io::Result<PathBuf> {
     let dir = std::env::temp_dir().join(format!(
@@ -311,6 +324,24 @@ pub enum Scope {
     Cluster,
     /// A Role and RoleBinding in the ServiceAccount's namespace, named as it.
     Namespace,
+}
+
+/// Everything in the cluster: the agent's rights in the proxy tests (Clouddriver's accounts
+/// are usually this broad), with GET on every non-resource URL (discovery, `/version`).
+pub fn admin_rules() -> Vec<PolicyRule> {
+    vec![
+        PolicyRule {
+            api_groups: Some(vec!["*".into()]),
+            resources: Some(vec!["*".into()]),
+            verbs: vec!["*".into()],
+            ..Default::default()
+        },
+        PolicyRule {
+            non_resource_urls: Some(vec!["*".into()]),
+            verbs: vec!["get".into()],
+            ..Default::default()
+        },
+    ]
 }
 
 /// get, list and watch on `resources`: `plural` for the core group, else `plural.group`.

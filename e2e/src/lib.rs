@@ -24,6 +24,7 @@ pub mod http;
 pub mod kubectl;
 pub mod kwok;
 pub mod local_agent;
+pub mod metrics;
 pub mod nginx;
 pub mod oci;
 pub mod operator;

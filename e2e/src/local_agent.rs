@@ -420,7 +420,7 @@ impl LocalPod {
         let Some(service_account) = &self.service_account else {
             return Ok(());
         };
-        let token = token_request(
+        let token = crate::control_plane::token_request(
             client,
             &self.namespace,
             service_account,
@@ -649,34 +649,6 @@ current-context: local
         ca = ca_file.display(),
         token = token_file.display(),
     )
-}
-
-async fn token_request(
-    client: &Client,
-    namespace: &str,
-    service_account: &str,
-    lifetime: Duration,
-) -> Result<String> {
-    use k8s_openapi::api::{
-        authentication::v1::{TokenRequest, TokenRequestSpec},
-        core::v1::ServiceAccount,
-    };
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            expiration_seconds: Some(i64::try_from(lifetime.as_secs()).unwrap_or(3600)),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let response = Api::<ServiceAccount>::namespaced(client.clone(), namespace)
-        .create_token_request(service_account, &Default::default(), &request)
-        .await?;
-    response
-        .status
-        .and_then(|s| s.token)
-        .ok_or_else(|| Error::NoToken {
-            service_account: format!("{namespace}/{service_account}"),
-        })
 }
 
 /// Writes `data` to `path` through a temporary file and a rename, so a reader never sees a

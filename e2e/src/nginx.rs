@@ -11,7 +11,7 @@ use std::{
 };
 
 use crate::{
-    binaries::cache_root,
+    binaries::cached_program,
     error::{Error, Result, io_err},
     process::ManagedProcess,
 };
@@ -21,12 +21,9 @@ const READY: Duration = Duration::from_secs(20);
 
 /// The nginx binary `make nginx` unpacks.
 pub fn binary() -> Result<PathBuf> {
-    let path = cache_root().join("nginx/current/usr/sbin/nginx");
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(Error::NginxMissing { path })
-    }
+    cached_program("nginx/current/usr/sbin/nginx", |path| Error::NginxMissing {
+        path,
+    })
 }
 
 /// `template` with each `${NAME}` of `vars` replaced; fails when a variable does not occur

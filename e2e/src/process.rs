@@ -148,10 +148,29 @@ pub async fn wait_listening(
     log: &Path,
     within: Duration,
 ) -> Result<()> {
+    wait_ready(process, component, log, within, || async move {
+        tokio::net::TcpStream::connect(addr).await.is_ok()
+    })
+    .await
+}
+
+/// Polls `probe` every 50 ms until it holds, at most `within`; fails early when `process`
+/// exits, and with the tail of `log` (where `component` says why) when it never does.
+pub async fn wait_ready<F, Fut>(
+    process: &mut ManagedProcess,
+    component: &'static str,
+    log: &Path,
+    within: Duration,
+    mut probe: F,
+) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
     let started = Instant::now();
     loop {
         process.ensure_running()?;
-        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+        if probe().await {
             return Ok(());
         }
         if started.elapsed() > within {

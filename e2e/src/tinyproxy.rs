@@ -11,7 +11,7 @@ use std::{
 };
 
 use crate::{
-    binaries::cache_root,
+    binaries::cached_program,
     error::{Error, Result, io_err},
     process::ManagedProcess,
 };
@@ -21,12 +21,9 @@ const READY: Duration = Duration::from_secs(20);
 
 /// The tinyproxy binary `make tinyproxy` unpacks.
 pub fn binary() -> Result<PathBuf> {
-    let path = cache_root().join("tinyproxy/current/usr/bin/tinyproxy");
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(Error::TinyproxyMissing { path })
-    }
+    cached_program("tinyproxy/current/usr/bin/tinyproxy", |path| {
+        Error::TinyproxyMissing { path }
+    })
 }
 
 /// A running tinyproxy.

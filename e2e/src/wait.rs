@@ -54,6 +54,34 @@ where
     }
 }
 
+/// [`wait_for`] with a yes/no check: polls `check` every [`EVERY`] until it returns `true`,
+/// failing after [`WAIT`] naming `what` and the last error.
+pub async fn until<F, Fut>(what: &str, check: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<bool>>,
+{
+    until_within(what, WAIT, EVERY, check).await
+}
+
+/// [`until`] every `every`, failing after `timeout`.
+pub async fn until_within<F, Fut>(
+    what: &str,
+    timeout: Duration,
+    every: Duration,
+    mut check: F,
+) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<bool>>,
+{
+    wait_for_within(what, timeout, every, || {
+        let answer = check();
+        async move { Ok(answer.await?.then_some(())) }
+    })
+    .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,5 +135,33 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(!error.contains("last error"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn until_waits_for_true_and_names_what_it_waited_for() {
+        let mut calls = 0;
+        until_within(
+            "the second call",
+            Duration::from_secs(5),
+            Duration::from_millis(1),
+            || {
+                calls += 1;
+                let n = calls;
+                async move { Ok(n >= 2) }
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(calls, 2);
+        let error = until_within(
+            "never",
+            Duration::from_millis(30),
+            Duration::from_millis(5),
+            || async { Ok(false) },
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("waiting for never"), "{error}");
     }
 }

@@ -18,10 +18,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use k8s_openapi::{
-    api::core::v1::{ConfigMap, PodTemplate, Secret},
-    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
-};
+use k8s_openapi::api::core::v1::{ConfigMap, PodTemplate, Secret};
 use kube::{
     Api, Client,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
@@ -31,7 +28,7 @@ use scale_agent::{AgentHandle, Options};
 use scale_agent_e2e::{
     ControlPlane,
     fixtures::{self, start_plaintext_hub},
-    http,
+    http, wait,
 };
 use scale_agent_proto::v1::{
     AccountAssignment, Ack, AgentMessage, GetOp, Heartbeat, HubMessage, Kind, KindSelector,
@@ -51,13 +48,7 @@ use tonic::{
 const WAIT: Duration = Duration::from_secs(60);
 
 fn init_logs() {
-    let _ = tracing_subscriber::fmt()
-        .with_test_writer()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "scale_agent=debug".into()),
-        )
-        .try_init();
+    scale_agent_e2e::fixtures::init_logs("scale_agent=debug");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -514,15 +505,11 @@ async fn start_agent(config: &Path) -> anyhow::Result<AgentHandle> {
     fixtures::start_agent_replica(config, "e2e-0").await
 }
 
+/// [`wait::until_within`] for a check of what the fake hub has seen (no I/O): every 100 ms,
+/// for [`WAIT`].
 async fn eventually(what: &str, mut check: impl FnMut() -> bool) -> anyhow::Result<()> {
-    let deadline = Instant::now() + WAIT;
-    while Instant::now() < deadline {
-        if check() {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    anyhow::bail!("timed out after {WAIT:?} waiting for {what}")
+    let every = Duration::from_millis(100);
+    wait::until_within(what, WAIT, every, || std::future::ready(Ok(check()))).await
 }
 
 /// GET `path` on the agent's admin port.
@@ -1555,10 +1542,7 @@ async fn a_relative_timeout_makes_operations_immune_to_clock_skew() -> anyhow::R
         hub.snapshot_ends(&account, "configmaps") == 1
     })
     .await?;
-    let minute_ago = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_millis() as i64
-        - 60_000;
+    let minute_ago = k8s_openapi::jiff::Timestamp::now().as_millisecond() - 60_000;
     let get = |id: &str, timeout_millis: u64| Operation {
         id: id.into(),
         account: account.clone(),
@@ -1645,18 +1629,8 @@ async fn a_custom_resource_installed_later_is_discovered() -> anyhow::Result<()>
     .await?;
     assert_eq!(hub.snapshot_ends(&account, "widgets"), 0);
 
-    let crd: CustomResourceDefinition = serde_json::from_value(json!({
-        "metadata": { "name": "widgets.agenttest.scaleagent.dev" },
-        "spec": {
-            "group": "agenttest.scaleagent.dev",
-            "names": { "kind": "Widget", "plural": "widgets", "singular": "widget", "listKind": "WidgetList" },
-            "scope": "Namespaced",
-            "versions": [{
-                "name": "v1", "served": true, "storage": true,
-                "schema": { "openAPIV3Schema": { "type": "object", "x-kubernetes-preserve-unknown-fields": true } },
-            }],
-        },
-    }))?;
+    let crd =
+        scale_agent_e2e::crds::schemaless_crd("agenttest.scaleagent.dev", "Widget", "widgets");
     scale_agent_e2e::crds::install(admin, &[crd]).await?;
     let widgets = Api::<kube::api::DynamicObject>::namespaced_with(
         admin.clone(),

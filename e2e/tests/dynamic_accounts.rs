@@ -31,6 +31,7 @@ use scale_agent_e2e::{
     fixtures::{self, Scope, TlsHub},
     http,
     process::{self, ManagedProcess},
+    wait::wait_for,
 };
 use serde_json::{Value, json};
 
@@ -42,26 +43,6 @@ const IDENTITY: &str = "anonymous";
 const SECRET: &str = "dyn-kubeconfig";
 /// A Secret the agent's RBAC does not let it read.
 const FORBIDDEN_SECRET: &str = "other-kubeconfig";
-
-/// Polls `check` until it gives a value, failing after [`WAIT`] with the last value seen.
-async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<(Option<T>, String)>>,
-{
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let (found, last) = check().await?;
-        if let Some(found) = found {
-            return Ok(found);
-        }
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {WAIT:?} waiting for {what}; last seen: {last}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
 
 /// The agent process, restartable with the same flags and environment.
 struct Agent {
@@ -99,26 +80,15 @@ impl Agent {
             .env("KUBECONFIG", &self.kubeconfig)
             .env("RUST_LOG", "info");
         let log = self.dir.join(format!("agent-{}.log", self.starts));
-        let process = ManagedProcess::spawn_command("e2e-agent", command, log.clone())?;
-        let pid = process.pid();
-        self.process = Some(process);
+        let mut process = ManagedProcess::spawn_command("e2e-agent", command, log.clone())?;
         let url = format!("http://{}/healthz", self.admin);
-        wait_for("the agent's admin port", || {
-            let (url, log) = (url.clone(), log.clone());
-            async move {
-                anyhow::ensure!(
-                    process::is_alive(pid),
-                    "the agent exited: {}",
-                    process::tail(&log, 20)
-                );
-                let up = http::Call::new("GET", url)
-                    .send()
-                    .await
-                    .is_ok_and(|r| r.status == 200);
-                Ok((up.then_some(()), "no answer".into()))
-            }
+        process::wait_ready(&mut process, "the agent's admin port", &log, WAIT, || {
+            let call = http::Call::new("GET", url.clone());
+            async move { call.send().await.is_ok_and(|r| r.status == 200) }
         })
-        .await
+        .await?;
+        self.process = Some(process);
+        Ok(())
     }
 
     /// SIGTERM, and wait until it has exited.
@@ -208,8 +178,9 @@ async fn wait_cached(
         &format!("ConfigMap {configmap} of account {account} in the hub's cache"),
         || async {
             let names = cached_configmaps(hub, account, namespace).await?;
-            let found = names.iter().any(|n| n == configmap).then_some(());
-            Ok((found, format!("{names:?}; agent log:\n{}", agent.log())))
+            let found = names.iter().any(|n| n == configmap);
+            anyhow::ensure!(found, "{names:?}; agent log:\n{}", agent.log());
+            Ok(Some(()))
         },
     )
     .await
@@ -230,10 +201,9 @@ async fn wait_reported(hub: &TlsHub, account: &str, state: &str) -> anyhow::Resu
             let report = view["agentStatus"]
                 .as_array()
                 .and_then(|r| r.iter().find(|r| r["state"] == state).cloned());
-            Ok((
-                report.map(|r| r["message"].as_str().unwrap_or_default().to_string()),
-                format!("{status} {view}"),
-            ))
+            let message = report.map(|r| r["message"].as_str().unwrap_or_default().to_string());
+            anyhow::ensure!(message.is_some(), "{status} {view}");
+            Ok(message)
         },
     )
     .await
@@ -497,12 +467,14 @@ async fn a_dynamic_account_streams_survives_restarts_and_is_removed() -> anyhow:
     assert_eq!(status, 404, "{answer}");
     wait_for("the agent to stop serving the removed account", || async {
         let served = agent.account(&name).await?;
-        Ok((served.is_none().then_some(()), format!("{served:?}")))
+        anyhow::ensure!(served.is_none(), "{served:?}");
+        Ok(Some(()))
     })
     .await?;
     wait_for("the hub to drop the removed account's objects", || async {
         let names = cached_configmaps(&hub, &name, &ns).await?;
-        Ok((names.is_empty().then_some(()), format!("{names:?}")))
+        anyhow::ensure!(names.is_empty(), "{names:?}");
+        Ok(Some(()))
     })
     .await?;
     // The static account is untouched.

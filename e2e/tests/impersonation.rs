@@ -117,12 +117,7 @@ async fn kubectl_apply(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_impersonating_account_writes_only_what_its_service_account_may() -> anyhow::Result<()> {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_test_writer()
-        .try_init();
+    scale_agent_e2e::fixtures::init_logs("warn");
     let control_plane = control_plane()?;
     let admin: Client = control_plane.client().await?;
     let namespace = control_plane.namespace(&admin, "impersonate").await?;

@@ -22,7 +22,7 @@ use kube::{
 };
 use scale_agent_e2e::{
     ControlPlane, ControlPlaneOptions, KUBERNETES_VERSION, binaries::kubectl_client_versions, kwok,
-    process,
+    process, wait::wait_for,
 };
 use serde_json::json;
 
@@ -67,26 +67,6 @@ fn deployment(name: &str, image: &str, replicas: i32) -> anyhow::Result<Deployme
     }))?)
 }
 
-/// Polls `check` every 200 ms until it returns `Some`, failing after [`TIMEOUT`] with the
-/// last state it described.
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = anyhow::Result<Result<T, String>>>,
-{
-    let started = Instant::now();
-    loop {
-        let last = match check().await? {
-            Ok(value) => return Ok(value),
-            Err(state) => state,
-        };
-        if started.elapsed() > TIMEOUT {
-            anyhow::bail!("{what}: not after {} s; last: {last}", TIMEOUT.as_secs());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 fn is_running_and_ready(pod: &Pod) -> bool {
     let status = pod.status.as_ref();
     let running = status.and_then(|s| s.phase.as_deref()) == Some("Running");
@@ -127,13 +107,10 @@ async fn deployment_becomes_available_with_running_ready_pods() -> anyhow::Resul
         )
         .await?;
 
-    let available = eventually("web to have 2 available replicas", || async {
+    let available = wait_for("web to have 2 available replicas", || async {
         let status = deployments.get("web").await?.status.unwrap_or_default();
-        Ok(if status.available_replicas == Some(2) {
-            Ok(status)
-        } else {
-            Err(format!("{status:?}"))
-        })
+        anyhow::ensure!(status.available_replicas == Some(2), "{status:?}");
+        Ok(Some(status))
     })
     .await?;
     assert_eq!(available.ready_replicas, Some(2), "{available:?}");
@@ -273,23 +250,20 @@ async fn rolling_update_to_a_new_image_completes() -> anyhow::Result<()> {
     }
 
     // kwok finishes deleting the old pods (a kubelet's job): only new ones remain.
-    let pods = eventually("only the new pods to remain", || async {
+    let pods = wait_for("only the new pods to remain", || async {
         let pods = pods_of(&client, &namespace, "api").await?;
         let images: Vec<_> = pods
             .iter()
             .map(|p| image_of(p).map(str::to_owned))
             .collect();
-        Ok(
-            if pods.len() == 2
+        anyhow::ensure!(
+            pods.len() == 2
                 && pods.iter().all(|p| {
                     image_of(p) == Some("registry.invalid/api:2") && is_running_and_ready(p)
-                })
-            {
-                Ok(pods)
-            } else {
-                Err(format!("{images:?}"))
-            },
-        )
+                }),
+            "{images:?}"
+        );
+        Ok(Some(pods))
     })
     .await?;
     assert_eq!(pods.len(), 2);
@@ -325,13 +299,10 @@ async fn kubectl_logs_follow_streams_lines_appended_later() -> anyhow::Result<()
         pods.create(&PostParams::default(), &pod).await?;
     }
     for name in ["talker", "quiet"] {
-        eventually("the pod to run", || async {
+        wait_for("the pod to run", || async {
             let pod = pods.get(name).await?;
-            Ok(if is_running_and_ready(&pod) {
-                Ok(())
-            } else {
-                Err(format!("{:?}", pod.status))
-            })
+            anyhow::ensure!(is_running_and_ready(&pod), "{:?}", pod.status);
+            Ok(Some(()))
         })
         .await?;
     }

@@ -27,6 +27,7 @@ use scale_agent::AgentHandle;
 use scale_agent_e2e::{
     ControlPlane, ControlPlaneOptions,
     fixtures::{self, start_plaintext_hub},
+    wait::{until, wait_for_within},
 };
 use serde_json::{Value, json};
 
@@ -35,13 +36,7 @@ const WAIT: Duration = Duration::from_secs(60);
 const HTTP_TIMEOUT: Duration = Duration::from_secs(300);
 
 fn init_logs() {
-    let _ = tracing_subscriber::fmt()
-        .with_test_writer()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "scale_agent=info,scale_agent_hub=info".into()),
-        )
-        .try_init();
+    scale_agent_e2e::fixtures::init_logs("scale_agent=info,scale_agent_hub=info");
 }
 
 fn control_plane() -> anyhow::Result<&'static ControlPlane> {
@@ -136,24 +131,6 @@ async fn expect(hub: SocketAddr, account: &str, code: u16, body: Value) -> anyho
     Ok(response)
 }
 
-async fn eventually<F, Fut>(what: &str, mut check: F) -> anyhow::Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<bool>>,
-{
-    let deadline = Instant::now() + WAIT;
-    let mut last = None;
-    while Instant::now() < deadline {
-        match check().await {
-            Ok(true) => return Ok(()),
-            Ok(false) => {}
-            Err(e) => last = Some(e),
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    anyhow::bail!("timed out after {WAIT:?} waiting for {what} (last error: {last:?})")
-}
-
 /// A hub, one or more agent replicas for one account with full rights in a fresh namespace.
 struct Setup {
     admin: Client,
@@ -231,7 +208,7 @@ impl Setup {
 
     async fn wait_account_ready(&self, account: &str, replicas: usize) -> anyhow::Result<()> {
         let (hub, account) = (self.hub.http_addr, account.to_string());
-        eventually("the account to be served", || {
+        until("the account to be served", || {
             let account = account.clone();
             async move {
                 let (code, a) =
@@ -467,7 +444,7 @@ async fn apply_create_replace_patch_get_list_and_read_your_writes() -> anyhow::R
             plural: "configmaps".into(),
         },
     );
-    eventually("the custom ConfigMap kind to be served", || {
+    until("the custom ConfigMap kind to be served", || {
         let api = custom_api.clone();
         async move { Ok(api.list(&ListParams::default()).await.is_ok()) }
     })
@@ -624,7 +601,7 @@ async fn delete_with_propagation_policies_and_finalizers() -> anyhow::Result<()>
         }
     };
     for name in ["orphan", "background", "foreground"] {
-        eventually("the deployment's ReplicaSet", || async move {
+        until("the deployment's ReplicaSet", || async move {
             Ok(!owned(name).await?.is_empty())
         })
         .await?;
@@ -634,7 +611,7 @@ async fn delete_with_propagation_policies_and_finalizers() -> anyhow::Result<()>
     let r = expect(hub, &account, 200, json!({"type": "delete", "kind": "deployment", "namespace": ns, "name": "orphan", "propagationPolicy": "Orphan", "wait": true})).await?;
     assert_eq!(r["deleted"][0], format!("Deployment.apps/{ns}/orphan"));
     assert!(s.deployments().get_opt("orphan").await?.is_none());
-    eventually("the orphaned ReplicaSet to lose its owner", || async move {
+    until("the orphaned ReplicaSet to lose its owner", || async move {
         let items = owned("orphan").await?;
         Ok(!items.is_empty()
             && items.iter().all(|rs| {
@@ -649,7 +626,7 @@ async fn delete_with_propagation_policies_and_finalizers() -> anyhow::Result<()>
     // Background: the Deployment goes at once, the garbage collector takes the ReplicaSet.
     expect(hub, &account, 200, json!({"type": "delete", "kind": "Deployment", "namespace": ns, "name": "background", "propagationPolicy": "Background"})).await?;
     assert!(s.deployments().get_opt("background").await?.is_none());
-    eventually("the background ReplicaSet to be collected", || async move {
+    until("the background ReplicaSet to be collected", || async move {
         Ok(owned("background").await?.is_empty())
     })
     .await?;
@@ -675,7 +652,7 @@ async fn delete_with_propagation_policies_and_finalizers() -> anyhow::Result<()>
         op(h, &a, json!({"type": "delete", "kind": "ConfigMap", "namespace": n, "name": "held", "gracePeriodSeconds": 0, "wait": true})).await
     });
     let cms = s.configmaps();
-    eventually("deletionTimestamp on the held configmap", || {
+    until("deletionTimestamp on the held configmap", || {
         let cms = cms.clone();
         async move { Ok(cms.get("held").await?.metadata.deletion_timestamp.is_some()) }
     })
@@ -775,7 +752,7 @@ async fn scale_and_rollouts() -> anyhow::Result<()> {
     assert_eq!(r["objects"][0]["spec"]["replicas"], 3);
     assert_eq!(s.deployments().get("web").await?.spec.replicas, Some(3));
     let rs = rs_api.clone();
-    eventually("the ReplicaSet to follow the scale", || {
+    until("the ReplicaSet to follow the scale", || {
         let rs = rs.clone();
         async move {
             Ok(rs
@@ -821,7 +798,7 @@ async fn scale_and_rollouts() -> anyhow::Result<()> {
             .map(|p| p.containers[0].image.clone().unwrap_or_default())
             .unwrap_or_default()
     };
-    eventually("revision 2", || {
+    until("revision 2", || {
         let (hub, account, ns) = (hub, account.clone(), ns.clone());
         async move {
             let h = expect(hub, &account, 200, json!({"type": "rollout", "action": "history", "kind": "deployment", "namespace": ns, "name": "web"})).await?;
@@ -847,7 +824,7 @@ async fn scale_and_rollouts() -> anyhow::Result<()> {
     );
     assert_eq!(image(&s.deployments().get("web").await?), "nginx:1");
     let d = s.deployments().clone();
-    eventually("revision 3", || {
+    until("revision 3", || {
         let d = d.clone();
         async move {
             Ok(d.get("web")
@@ -929,7 +906,7 @@ async fn scale_and_rollouts() -> anyhow::Result<()> {
         let h = expect(hub, &account, 200, json!({"type": "rollout", "action": "history", "kind": "statefulset", "namespace": ns, "name": "db"})).await?;
         Ok::<_, anyhow::Error>(h["text"].as_str().unwrap_or_default().to_string())
     };
-    eventually("statefulset revision 1", || {
+    until("statefulset revision 1", || {
         let f = history(hub, account.clone(), ns.clone());
         async move { Ok(f.await?.contains("\n1 ")) }
     })
@@ -943,7 +920,7 @@ async fn scale_and_rollouts() -> anyhow::Result<()> {
         json!({"type": "apply", "manifest": applied}),
     )
     .await?;
-    eventually("statefulset revision 2", || {
+    until("statefulset revision 2", || {
         let f = history(hub, account.clone(), ns.clone());
         async move { Ok(f.await?.contains("\n2 ")) }
     })
@@ -1080,7 +1057,7 @@ async fn logs_events_and_rbac_forbidden() -> anyhow::Result<()> {
     )?;
     let reader_agent = fixtures::start_agent_replica(&config, "reader-0").await?;
     let ra = read_account.clone();
-    eventually("the read-only account", || {
+    until("the read-only account", || {
         let ra = ra.clone();
         async move {
             Ok(http(hub, "GET", &format!("/api/v1/accounts/{ra}"), None)
@@ -1158,22 +1135,18 @@ async fn agent_killed_in_flight_retries_on_the_other_replica_then_no_agent() -> 
         op(h, &a, json!({"id": i, "type": "delete", "kind": "ConfigMap", "namespace": n, "name": "slow", "wait": true, "timeoutSeconds": 50})).await
     });
     // Which replica runs it?
-    let mut first = String::new();
-    let deadline = Instant::now() + WAIT;
-    while Instant::now() < deadline {
+    let every = Duration::from_millis(50);
+    let first = wait_for_within("the operation to show as running", WAIT, every, || async {
         let (code, state) = http(hub, "GET", &format!("/api/v1/operations/{id}"), None).await?;
         // (`replica` is empty until one is chosen.)
         let replica = state["replica"].as_str().unwrap_or_default();
-        if code == 200 && state["state"] == "running" && !replica.is_empty() {
-            first = replica.to_string();
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(!first.is_empty(), "the operation never showed as running");
+        let running = code == 200 && state["state"] == "running" && !replica.is_empty();
+        Ok(running.then(|| replica.to_string()))
+    })
+    .await?;
     // Let it reach the API server, then stop that replica.
     let cms = s.configmaps();
-    eventually("the delete to be under way", || {
+    until("the delete to be under way", || {
         let cms = cms.clone();
         async move { Ok(cms.get("slow").await?.metadata.deletion_timestamp.is_some()) }
     })
@@ -1420,7 +1393,7 @@ async fn one_accounts_slow_operations_do_not_starve_another_account() -> anyhow:
     }
     // Every slot of the account is held: each delete reached the API server and waits.
     let cms = s.configmaps();
-    eventually("a deletionTimestamp on every held configmap", || {
+    until("a deletionTimestamp on every held configmap", || {
         let cms = cms.clone();
         async move {
             let items = cms.list(&ListParams::default()).await?.items;

@@ -52,10 +52,7 @@ fn control_plane() -> anyhow::Result<&'static ControlPlane> {
 /// An admin client, the CRDs installed, and a fresh namespace.
 async fn setup(prefix: &str) -> anyhow::Result<(&'static ControlPlane, Client, String)> {
     // Operator logs with RUST_LOG=scale_agent_operator=debug and --nocapture.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
+    scale_agent_e2e::fixtures::init_logs("error");
     let control_plane = control_plane()?;
     let client = control_plane.client().await?;
     crds::install(&client, &crds::read_crds(&crds::manifests_dir())?).await?;

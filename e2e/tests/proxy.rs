@@ -19,7 +19,6 @@ use std::{
 use k8s_openapi::api::{
     apps::v1::Deployment,
     core::v1::{ConfigMap, Secret},
-    rbac::v1::PolicyRule,
 };
 use kube::{
     Api, Client,
@@ -45,38 +44,14 @@ fn control_plane() -> anyhow::Result<&'static ControlPlane> {
 }
 
 fn init_logs() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn,scale_agent_hub::proxy=info".into()),
-        )
-        .with_test_writer()
-        .try_init();
+    scale_agent_e2e::fixtures::init_logs("warn,scale_agent_hub::proxy=info");
 }
 
 fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
 
-/// Everything in the cluster: the agent's rights in the tests (Clouddriver's accounts are
-/// usually this broad).
-fn admin_rules() -> Vec<PolicyRule> {
-    vec![
-        PolicyRule {
-            api_groups: Some(vec!["*".into()]),
-            resources: Some(vec!["*".into()]),
-            verbs: vec!["*".into()],
-            ..Default::default()
-        },
-        PolicyRule {
-            non_resource_urls: Some(vec!["*".into()]),
-            verbs: vec!["get".into()],
-            ..Default::default()
-        },
-    ]
-}
-
-/// A ServiceAccount with [`admin_rules`], and a kubeconfig of it in `dir`.
+/// A ServiceAccount with [`fixtures::admin_rules`], and a kubeconfig of it in `dir`.
 async fn agent_identity(
     admin: &Client,
     namespace: &str,
@@ -89,7 +64,7 @@ async fn agent_identity(
         namespace,
         name,
         fixtures::Scope::Cluster,
-        admin_rules(),
+        fixtures::admin_rules(),
         dir.join(format!("{name}.kubeconfig")),
     )
     .await
@@ -512,19 +487,7 @@ fn view(step: &Step, outcome: &Outcome, namespace: &str) -> String {
 
 /// A CRD of a group of its own (cluster-scoped, shared by the test's namespaces).
 async fn install_widget_crd(admin: &Client, group: &str) -> anyhow::Result<()> {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let crd: CustomResourceDefinition = serde_json::from_value(json!({
-        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-        "metadata": { "name": format!("widgets.{group}") },
-        "spec": {
-            "group": group, "scope": "Namespaced",
-            "names": { "plural": "widgets", "singular": "widget", "kind": "Widget" },
-            "versions": [{
-                "name": "v1", "served": true, "storage": true,
-                "schema": { "openAPIV3Schema": { "type": "object", "x-kubernetes-preserve-unknown-fields": true } },
-            }],
-        },
-    }))?;
+    let crd = scale_agent_e2e::crds::schemaless_crd(group, "Widget", "widgets");
     scale_agent_e2e::crds::install(admin, &[crd]).await?;
     Ok(())
 }

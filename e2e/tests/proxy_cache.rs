@@ -16,7 +16,6 @@ use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::{
     apps::v1::{Deployment, ReplicaSet},
     core::v1::{ConfigMap, Pod, Secret, Service},
-    rbac::v1::PolicyRule,
 };
 use kube::{
     Api, Client, Config,
@@ -55,33 +54,11 @@ fn control_plane() -> anyhow::Result<&'static ControlPlane> {
 }
 
 fn init_logs() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn,scale_agent_hub::proxy=info".into()),
-        )
-        .with_test_writer()
-        .try_init();
+    scale_agent_e2e::fixtures::init_logs("warn,scale_agent_hub::proxy=info");
 }
 
 fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
-}
-
-fn admin_rules() -> Vec<PolicyRule> {
-    vec![
-        PolicyRule {
-            api_groups: Some(vec!["*".into()]),
-            resources: Some(vec!["*".into()]),
-            verbs: vec!["*".into()],
-            ..Default::default()
-        },
-        PolicyRule {
-            non_resource_urls: Some(vec!["*".into()]),
-            verbs: vec!["get".into()],
-            ..Default::default()
-        },
-    ]
 }
 
 async fn client_for(kubeconfig: &Path) -> anyhow::Result<Client> {
@@ -155,7 +132,7 @@ impl Setup {
             &home,
             "agent",
             fixtures::Scope::Cluster,
-            admin_rules(),
+            fixtures::admin_rules(),
             dir.join("agent.kubeconfig"),
         )
         .await?;
@@ -296,22 +273,10 @@ fn proxy_token(kubeconfig: &Path) -> anyhow::Result<String> {
 }
 
 async fn install_widget_crd(admin: &Client, group: &str) -> anyhow::Result<()> {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let crd: CustomResourceDefinition = serde_json::from_value(json!({
-        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-        "metadata": { "name": format!("widgets.{group}") },
-        "spec": {
-            "group": group, "scope": "Namespaced",
-            "names": { "plural": "widgets", "singular": "widget", "kind": "Widget" },
-            "versions": [{
-                "name": "v1", "served": true, "storage": true,
-                "schema": { "openAPIV3Schema": { "type": "object", "x-kubernetes-preserve-unknown-fields": true } },
-                "additionalPrinterColumns": [
-                    { "name": "Size", "type": "string", "jsonPath": ".spec.size" },
-                ],
-            }],
-        },
-    }))?;
+    let mut crd = scale_agent_e2e::crds::schemaless_crd(group, "Widget", "widgets");
+    crd.spec.versions[0].additional_printer_columns = Some(serde_json::from_value(json!([
+        { "name": "Size", "type": "string", "jsonPath": ".spec.size" },
+    ]))?);
     scale_agent_e2e::crds::install(admin, &[crd]).await?;
     Ok(())
 }

@@ -526,12 +526,7 @@ async fn allowed(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_documented_operation_works_or_is_the_documented_403_for_each_access_level()
 -> anyhow::Result<()> {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_test_writer()
-        .try_init();
+    scale_agent_e2e::fixtures::init_logs("warn");
     let control_plane = control_plane()?;
     let admin = control_plane.client().await?;
     crds::install(&admin, &crds::read_crds(&crds::manifests_dir())?).await?;

@@ -14,12 +14,9 @@ use std::{
 };
 
 use futures::{StreamExt as _, TryStreamExt as _};
-use k8s_openapi::{
-    api::{
-        apps::v1::Deployment,
-        core::v1::{ConfigMap, Secret},
-    },
-    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+use k8s_openapi::api::{
+    apps::v1::Deployment,
+    core::v1::{ConfigMap, Secret},
 };
 use kube::{
     Api, Client,
@@ -31,9 +28,11 @@ use scale_agent_e2e::{
     fixtures::{self, Scope},
     http,
     kubectl::Kubectl,
+    metrics::metric_sum as metric,
     pki::CertificateAuthority,
     postgres::PostgresServer,
     process::{self, ManagedProcess},
+    wait,
 };
 use serde_json::{Value, json};
 
@@ -147,44 +146,17 @@ async fn hub_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> 
     Ok((response.status, response.body))
 }
 
-/// The value of the sample `name{labels…}` in Prometheus/OpenMetrics text (0 when absent,
-/// as a counter or gauge never touched).
-fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    text.lines()
-        .filter(|line| !line.starts_with('#'))
-        .filter_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
-            let rest = series.strip_prefix(name)?;
-            if !(rest.is_empty() || rest.starts_with('{')) {
-                return None;
-            }
-            labels
-                .iter()
-                .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")))
-                .then(|| value.parse::<f64>().ok())
-                .flatten()
-        })
-        .sum()
-}
-
-/// Polls `check` every 100 ms until it returns true. After [`WAIT`] it panics (so the test's
-/// directory and its logs are kept) with `what` and the last error.
-async fn eventually<F, Fut>(what: &str, mut check: F) -> anyhow::Result<()>
+/// [`wait::until_within`] every 100 ms for [`WAIT`], which panics when it times out (so the
+/// test's directory and its logs are kept) with `what` and the last error.
+async fn eventually<F, Fut>(what: &str, check: F) -> anyhow::Result<()>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = anyhow::Result<bool>>,
 {
-    let deadline = Instant::now() + WAIT;
-    let mut last = String::new();
-    while Instant::now() < deadline {
-        match check().await {
-            Ok(true) => return Ok(()),
-            Ok(false) => {}
-            Err(e) => last = format!(" (last error: {e:#})"),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    if let Err(timeout) = wait::until_within(what, WAIT, Duration::from_millis(100), check).await {
+        panic!("{timeout:#}");
     }
-    panic!("timed out after {WAIT:?} waiting for {what}{last}")
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -383,21 +355,14 @@ async fn hub_equals_api(
     account: &str,
     namespace: &str,
 ) -> anyhow::Result<()> {
-    let deadline = Instant::now() + WAIT;
-    loop {
+    let what = format!("the hub's ConfigMaps of {account} to equal the API server's");
+    eventually(&what, || async {
         let api = api_configmaps(admin, namespace).await?;
         let cached = hub.keys(account, "configmaps", namespace).await?;
-        if api == cached {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            panic!(
-                "after {WAIT:?} the hub's ConfigMaps of {account} differ from the API server's:\n\
-                 API server: {api:?}\nhub: {cached:?}"
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        anyhow::ensure!(api == cached, "API server: {api:?}\nhub: {cached:?}");
+        Ok(true)
+    })
+    .await
 }
 
 // ---------------------------------------------------------------------------------------
@@ -718,18 +683,7 @@ const GADGET_GROUP: &str = "streamtest.scaleagent.dev";
 
 /// A small namespaced custom resource of this test file's own, installed once.
 async fn install_gadget_crd(admin: &Client) -> anyhow::Result<ApiResource> {
-    let crd: CustomResourceDefinition = serde_json::from_value(json!({
-        "metadata": { "name": format!("gadgets.{GADGET_GROUP}") },
-        "spec": {
-            "group": GADGET_GROUP,
-            "names": { "kind": "Gadget", "plural": "gadgets", "singular": "gadget", "listKind": "GadgetList" },
-            "scope": "Namespaced",
-            "versions": [{
-                "name": "v1", "served": true, "storage": true,
-                "schema": { "openAPIV3Schema": { "type": "object", "x-kubernetes-preserve-unknown-fields": true } },
-            }],
-        },
-    }))?;
+    let crd = scale_agent_e2e::crds::schemaless_crd(GADGET_GROUP, "Gadget", "gadgets");
     scale_agent_e2e::crds::install(admin, &[crd]).await?;
     Ok(ApiResource {
         group: GADGET_GROUP.into(),

@@ -75,7 +75,7 @@ pub(crate) async fn kubeconfig_for(
     rotate: bool,
     public_url: &str,
 ) -> crate::Result<(String, TokenRecord)> {
-    let now = crate::now_unix();
+    let now = jiff::Timestamp::now().as_second();
     let mut store = hub.store.lock().await;
     let (token, record, ops) = {
         let mut tokens = hub.tokens();
@@ -269,7 +269,7 @@ async fn create_token(State(hub): State<Arc<Hub>>, body: axum::body::Bytes) -> R
     let mut store = hub.store.lock().await;
     let issued = hub
         .tokens()
-        .issue_api(name, request.role, crate::now_unix());
+        .issue_api(name, request.role, jiff::Timestamp::now().as_second());
     let (token, record, ops) = match issued {
         Ok(issued) => issued,
         Err(e) => {

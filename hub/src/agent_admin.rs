@@ -137,7 +137,7 @@ async fn create_token(State(hub): State<Arc<Hub>>, Query(query): Query<CreateQue
         query.identity.trim(),
         query.accounts.trim(),
         ttl,
-        crate::now_unix(),
+        jiff::Timestamp::now().as_second(),
     );
     let (token, record, ops) = match issued {
         Ok(issued) => issued,
@@ -233,7 +233,9 @@ async fn rebind(
     let (binding, previous, evicted, ticket) = {
         let mut st = hub.state();
         let previous = st.registry.bindings.get(&name).map(|b| b.identity.clone());
-        let binding = st.registry.bind(&name, &identity, crate::now_unix());
+        let binding = st
+            .registry
+            .bind(&name, &identity, jiff::Timestamp::now().as_second());
         let evicted = st.registry.sessions_of_others(&name, &identity);
         // Queued with the streams' changes (a registration may have bound the account a
         // moment ago), so the store keeps the order of the changes in memory.

@@ -15,7 +15,7 @@ use futures::Stream;
 use rustls::{
     DistinguishedName, RootCertStore, SignatureScheme,
     client::danger::HandshakeSignatureValid,
-    pki_types::{CertificateDer, PrivateKeyDer, UnixTime, pem::PemObject as _},
+    pki_types::{CertificateDer, UnixTime, pem::PemObject as _},
     server::{
         WebPkiClientVerifier,
         danger::{ClientCertVerified, ClientCertVerifier},
@@ -191,29 +191,12 @@ pub fn server_tls_config(
     key_pem: &[u8],
     clients: &ClientCertificates,
 ) -> Result<Arc<rustls::ServerConfig>> {
-    let certs = CertificateDer::pem_slice_iter(cert_pem)
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| HubError::Config(format!("the gRPC server certificate: {e}")))?;
-    if certs.is_empty() {
-        return Err(HubError::Config(
-            "the gRPC server certificate file (--tls-cert) holds no PEM certificate".into(),
-        ));
-    }
-    let key = PrivateKeyDer::from_pem_slice(key_pem)
-        .map_err(|e| HubError::Config(format!("the gRPC server key (--tls-key): {e}")))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| HubError::Config(format!("TLS: {e}")))?
-        .with_client_cert_verifier(Arc::new(ChainCheckedLater(clients.any.clone())))
-        .with_single_cert(certs, key)
-        .map_err(|e| {
-            HubError::Config(format!(
-                "the gRPC server certificate and key do not fit together: {e}"
-            ))
-        })?;
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(Arc::new(config))
+    let names = (
+        "the gRPC server certificate (--tls-cert)",
+        "the gRPC server key (--tls-key)",
+    );
+    let verifier = Arc::new(ChainCheckedLater(clients.any.clone()));
+    crate::serve::server_config(cert_pem, key_pem, names, Some(verifier), &[b"h2"])
 }
 
 /// Accepts TCP connections and completes their TLS handshakes concurrently; yields the
@@ -298,7 +281,7 @@ pub(crate) fn authenticate(
     let from_token = match bearer(metadata) {
         None => None,
         Some(token) => {
-            let now = crate::now_unix();
+            let now = jiff::Timestamp::now().as_second();
             let record = hub
                 .agent_tokens()
                 .check(token, AgentTokenKind::Bearer, now)

@@ -108,7 +108,7 @@ impl AgentCa {
                 .push(DnType::CommonName, "scale-agent-hub agent CA");
             params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
             params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-            let now = crate::now_unix();
+            let now = jiff::Timestamp::now().as_second();
             let epoch = rcgen::date_time_ymd(1970, 1, 1);
             params.not_before = epoch + since_epoch(now - 300);
             params.not_after = epoch + since_epoch(now + secs(CA_LIFETIME));
@@ -117,7 +117,7 @@ impl AgentCa {
         })()
         .map_err(|e| HubError::Config(format!("cannot make the agent CA: {e}")))?;
         let write = |path: &Path, bytes: &[u8]| {
-            crate::tokens::write_private(path, bytes).map_err(|source| HubError::Io {
+            scale_agent_runtime::write_private(path, bytes).map_err(|source| HubError::Io {
                 context: format!("cannot write {}", path.display()),
                 source,
             })
@@ -182,7 +182,7 @@ impl AgentCa {
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.use_authority_key_identifier_extension = true;
-        let now = crate::now_unix();
+        let now = jiff::Timestamp::now().as_second();
         // Only hubs verify these certificates, with their own clocks: a few seconds of
         // back-dating absorb the skew between hub replicas, and keep not_before close to the
         // issue time, which agents count their renewal (at 2/3 of the lifetime) from.
@@ -247,7 +247,7 @@ mod tests {
         let (_, ca_cert) = x509_parser::parse_x509_certificate(ca.cert_der()).unwrap();
         assert!(cert.verify_signature(Some(ca_cert.public_key())).is_ok());
         assert!(!format!("{:?}", cert.subject_alternative_name()).contains("evil"));
-        assert!((issued.not_after - crate::now_unix() - 3600).abs() < 5);
+        assert!((issued.not_after - jiff::Timestamp::now().as_second() - 3600).abs() < 5);
 
         let err = ca
             .issue("not a csr", "prod-agent", Duration::from_secs(60))

@@ -558,7 +558,7 @@ pub struct Args {
     pub agent_ca_key: Option<PathBuf>,
 
     /// Lifetime of the certificates the hub issues to agents (agents renew at 2/3 of it).
-    /// Seconds, or a number with ms, s, m or h.
+    /// Seconds, or a duration as the agent's config writes it (1m30s, 1h30m, 250ms).
     #[arg(long, env = "SCALE_AGENT_HUB_AGENT_CERT_LIFETIME", default_value = "720h", value_parser = parse_duration)]
     pub agent_cert_lifetime: Duration,
 
@@ -644,12 +644,14 @@ pub struct Args {
     pub postgres_ca: Option<PathBuf>,
 
     /// How long an account with no connected agent is kept (cache and resume points
-    /// included) before it is removed: seconds, or a number with ms, s, m or h.
+    /// included) before it is removed: seconds, or a duration as the agent's config writes it
+    /// (1m30s, 1h30m, 250ms).
     #[arg(long, env = "SCALE_AGENT_HUB_GRACE_PERIOD", default_value = "600s", value_parser = parse_duration)]
     pub grace_period: Duration,
 
     /// Period of application heartbeats for agents that ask for none (sent in Welcome); a
-    /// stream silent for two periods is ended. Seconds, or a number with ms, s, m or h.
+    /// stream silent for two periods is ended. Seconds, or a duration as the agent's config
+    /// writes it (1m30s, 1h30m, 250ms).
     #[arg(long, env = "SCALE_AGENT_HUB_HEARTBEAT_PERIOD", default_value = "15s", value_parser = parse_duration)]
     pub heartbeat_period: Duration,
 
@@ -711,7 +713,8 @@ pub struct Args {
     pub allow: Vec<AllowRule>,
 
     /// How long finished operations stay visible at GET /api/v1/operations/{id} (at most
-    /// 10000 are kept). Seconds, or a number with ms, s, m or h.
+    /// 10000 are kept). Seconds, or a duration as the agent's config writes it (1m30s, 1h30m,
+    /// 250ms).
     #[arg(long, env = "SCALE_AGENT_HUB_OPERATION_RETENTION", default_value = "15m", value_parser = parse_duration)]
     pub operation_retention: Duration,
 
@@ -1088,8 +1091,13 @@ mod tests {
         assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
         assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
         assert_eq!(parse_duration("1.5h").unwrap(), Duration::from_secs(5400));
-        assert!(parse_duration("ten").is_err());
-        assert!(parse_duration("-5s").is_err());
+        let refused = parse_duration("ten").unwrap_err();
+        assert!(
+            refused.contains("\"ten\" is not a duration") && refused.contains("1h30m"),
+            "{refused}"
+        );
+        let negative = parse_duration("-5s").unwrap_err();
+        assert!(negative.contains("cannot be negative"), "{negative}");
     }
 
     #[test]

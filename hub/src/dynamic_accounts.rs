@@ -288,7 +288,7 @@ impl DynamicAccounts {
                 replica: replica.to_string(),
                 state,
                 message: status.message,
-                time: crate::http::rfc3339(std::time::SystemTime::now()),
+                time: scale_agent_runtime::now_rfc3339(),
             },
         );
     }
@@ -461,7 +461,9 @@ async fn save(hub: &Arc<Hub>, spec: DynamicAccountSpec, status: StatusCode) -> R
         );
     }
     let mut store = hub.store.lock().await;
-    let record = hub.dynamic_accounts().put(spec, crate::now_unix());
+    let record = hub
+        .dynamic_accounts()
+        .put(spec, jiff::Timestamp::now().as_second());
     let stored = store
         .commit(vec![StoreOp::PutDynamicAccount {
             record: record.clone(),

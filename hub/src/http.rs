@@ -5,7 +5,7 @@
 use std::{
     collections::BTreeMap,
     sync::{Arc, atomic::Ordering},
-    time::{SystemTime, UNIX_EPOCH},
+    time::SystemTime,
 };
 
 use axum::{
@@ -329,14 +329,8 @@ async fn metrics(State(hub): State<Arc<Hub>>) -> Response {
 
 /// RFC 3339 in UTC, seconds precision.
 pub fn rfc3339(t: SystemTime) -> String {
-    let secs = t
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or_default();
-    i64::try_from(secs)
-        .ok()
-        .and_then(|secs| jiff::Timestamp::from_second(secs).ok())
-        .map(|ts| ts.to_string())
+    jiff::Timestamp::try_from(t)
+        .map(|t| format!("{t:.0}"))
         .unwrap_or_default()
 }
 
@@ -907,8 +901,10 @@ mod tests {
 
     #[test]
     fn timestamps() {
+        use std::time::UNIX_EPOCH;
         assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00Z");
-        let t = UNIX_EPOCH + std::time::Duration::from_secs(1_795_000_000);
+        // To the second: the fraction is cut, not rounded up.
+        let t = UNIX_EPOCH + std::time::Duration::from_millis(1_795_000_000_999);
         assert_eq!(rfc3339(t), "2026-11-18T11:06:40Z");
         let leap = UNIX_EPOCH + std::time::Duration::from_secs(951_782_400);
         assert_eq!(rfc3339(leap), "2000-02-29T00:00:00Z");

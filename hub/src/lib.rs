@@ -373,8 +373,11 @@ impl Hub {
         {
             let mut tokens = self.tokens();
             for (name, properties) in accounts.clone() {
-                let (token, _, more) =
-                    tokens.derived(&name, tokens::CLOUDDRIVER_TOKEN, now_unix())?;
+                let (token, _, more) = tokens.derived(
+                    &name,
+                    tokens::CLOUDDRIVER_TOKEN,
+                    jiff::Timestamp::now().as_second(),
+                )?;
                 ops.extend(more);
                 let kubeconfig = kubeconfig::render(&kubeconfig::KubeconfigFor {
                     account: &name,
@@ -428,11 +431,8 @@ impl Hub {
         self.metrics
             .proxy_exchanges_open
             .set(self.tunnels.len() as i64);
-        let now = SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs() as i64)
-            .unwrap_or_default();
-        self.metrics.refresh_certificate_expiry(now);
+        self.metrics
+            .refresh_certificate_expiry(jiff::Timestamp::now().as_second());
     }
 }
 
@@ -452,10 +452,8 @@ fn account_state_message(
         account: account.to_string(),
         state: state as i32,
         reason: record.reason.clone(),
-        since_unix_millis: record
-            .since
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as i64)
+        since_unix_millis: jiff::Timestamp::try_from(record.since)
+            .map(|t| t.as_millisecond())
             .unwrap_or_default(),
     }
 }
@@ -932,11 +930,6 @@ fn proxy_listener(builder: Server, proxy: &ProxyMode) -> Result<Server> {
     }
     tracing::info!(%header, proxy_certificates = hop.proxy_ca_pem.is_some(), "gRPC behind a TLS-terminating proxy: TLS hop");
     Ok(builder.tls_config(tls)?)
-}
-
-/// Unix seconds now (token and certificate times).
-pub(crate) fn now_unix() -> i64 {
-    jiff::Timestamp::now().as_second()
 }
 
 /// Runs the hub until `shutdown` resolves (or a server fails), then stops it cleanly.

@@ -23,30 +23,48 @@ pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long open connections may run on after shutdown begins.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A rustls server configuration from PEM: the certificate chain and its private key.
+/// The HTTP listener's rustls configuration from PEM: the certificate chain and its private
+/// key, no client certificates, HTTP/2 and HTTP/1.1.
 pub fn tls_config(cert_pem: &[u8], key_pem: &[u8]) -> Result<Arc<rustls::ServerConfig>> {
+    let names = ("the HTTP serving certificate", "the HTTP serving key");
+    server_config(cert_pem, key_pem, names, None, &[b"h2", b"http/1.1"])
+}
+
+/// A listener's rustls configuration from PEM (both listeners build theirs here): the
+/// certificate chain and its key, `clients` to check client certificates (`None`: no
+/// client authentication), `alpn` the protocols offered. `names` (certificate, key) say
+/// which files an error is about.
+pub(crate) fn server_config(
+    cert_pem: &[u8],
+    key_pem: &[u8],
+    (certificate, key_name): (&str, &str),
+    clients: Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>,
+    alpn: &[&[u8]],
+) -> Result<Arc<rustls::ServerConfig>> {
     let certs = CertificateDer::pem_slice_iter(cert_pem)
         .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| HubError::Config(format!("the HTTP serving certificate: {e}")))?;
+        .map_err(|e| HubError::Config(format!("{certificate}: {e}")))?;
     if certs.is_empty() {
-        return Err(HubError::Config(
-            "the HTTP serving certificate file holds no PEM certificate".into(),
-        ));
+        return Err(HubError::Config(format!(
+            "{certificate} holds no PEM certificate"
+        )));
     }
     let key = PrivateKeyDer::from_pem_slice(key_pem)
-        .map_err(|e| HubError::Config(format!("the HTTP serving key: {e}")))?;
+        .map_err(|e| HubError::Config(format!("{key_name}: {e}")))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+    let builder = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| HubError::Config(format!("TLS: {e}")))?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(|e| {
-            HubError::Config(format!(
-                "the HTTP serving certificate and key do not fit together: {e}"
-            ))
-        })?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        .map_err(|e| HubError::Config(format!("TLS: {e}")))?;
+    let builder = match clients {
+        Some(verifier) => builder.with_client_cert_verifier(verifier),
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_single_cert(certs, key).map_err(|e| {
+        HubError::Config(format!(
+            "{certificate} and {key_name} do not fit together: {e}"
+        ))
+    })?;
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Ok(Arc::new(config))
 }
 

@@ -3,7 +3,7 @@
 
 use std::{
     sync::Arc,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant, SystemTime},
 };
 
 use futures::FutureExt as _;
@@ -35,13 +35,6 @@ pub const TUNNEL_CAPABILITY: &str = "http-tunnel";
 
 pub(crate) fn now() -> (Instant, SystemTime) {
     (Instant::now(), SystemTime::now())
-}
-
-fn unix_millis() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or_default()
 }
 
 /// The tonic service.
@@ -177,7 +170,7 @@ async fn enroll(hub: &Hub, request: pb::EnrollRequest) -> Result<pb::IssuedCerti
     // The store lock is held from the check to the durable commit, so two enrolments with
     // one token cannot both succeed.
     let mut store = hub.store.lock().await;
-    let now = crate::now_unix();
+    let now = jiff::Timestamp::now().as_second();
     let record = hub
         .agent_tokens()
         .check(&request.token, AgentTokenKind::Enrolment, now)
@@ -504,7 +497,7 @@ async fn serve(
             _ = heartbeat.tick() => {
                 // Skipped when the agent is not reading: it has messages to read anyway.
                 let _ = tx.try_send(Ok(pb::HubMessage {
-                    kind: Some(Out::Heartbeat(pb::Heartbeat { sent_at_unix_millis: unix_millis() })),
+                    kind: Some(Out::Heartbeat(pb::Heartbeat { sent_at_unix_millis: jiff::Timestamp::now().as_millisecond() })),
                 }));
             }
             _ = tokio::time::sleep_until(last_heard + silence) => {

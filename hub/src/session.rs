@@ -749,10 +749,8 @@ impl Session {
 
     /// Binds an account to this stream's identity (its first registration).
     fn bind(&self, st: &mut HubState, name: &str, now: (Instant, SystemTime), fx: &mut Effects) {
-        let since = now
-            .1
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs() as i64)
+        let since = jiff::Timestamp::try_from(now.1)
+            .map(|t| t.as_second())
             .unwrap_or_default();
         let binding = st.registry.bind(name, &self.identity, since);
         tracing::info!(account = %name, "account bound to the identity that first registered it");

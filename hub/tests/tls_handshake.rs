@@ -122,11 +122,14 @@ fn a_client_ca_without_a_certificate_stops_the_hub_before_the_store_is_opened() 
     std::fs::create_dir_all(&dir).unwrap();
     let empty = dir.join("ca.pem");
     std::fs::write(&empty, "# no certificate here\n").unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let params = rcgen::CertificateParams::new(vec!["hub.test".to_string()]).unwrap();
+    let (cert, key) = leaf(
+        &ca("hub-test-ca"),
+        &["hub.test"],
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+    );
     let (cert_file, key_file) = (dir.join("tls.crt"), dir.join("tls.key"));
-    std::fs::write(&cert_file, params.self_signed(&key).unwrap().pem()).unwrap();
-    std::fs::write(&key_file, key.serialize_pem()).unwrap();
+    std::fs::write(&cert_file, cert).unwrap();
+    std::fs::write(&key_file, key).unwrap();
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_scale-agent-hub"))
         .arg("--tls-cert")
         .arg(&cert_file)

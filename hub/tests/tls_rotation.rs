@@ -205,11 +205,7 @@ async fn expiry_seconds(
 
 /// Seconds from now to `not_after` (Unix seconds).
 fn seconds_until(not_after: i64) -> i64 {
-    not_after
-        - std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs() as i64
+    not_after - jiff::Timestamp::now().as_second()
 }
 
 /// The expiry metric of each serving certificate file: from the files at start, and from the
@@ -249,13 +245,10 @@ async fn the_serving_certificates_expiry_is_a_metric_refreshed_on_reload() {
 
     // Renewed with certificates that expire on 2031-01-01.
     let renewed = |issuer: &rcgen::CertifiedIssuer<'static, rcgen::KeyPair>| {
-        let mut params =
-            rcgen::CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        params.not_after = rcgen::date_time_ymd(2031, 1, 1);
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, issuer).unwrap();
-        (cert.pem(), key.serialize_pem())
+        let sans = ["localhost", "127.0.0.1"];
+        leaf_with(issuer, &sans, ExtendedKeyUsagePurpose::ServerAuth, |p| {
+            p.not_after = rcgen::date_time_ymd(2031, 1, 1);
+        })
     };
     let http_ca = ca("renewed-http-ca");
     let (grpc_cert, grpc_key) = renewed(&ca("renewed-grpc-ca"));

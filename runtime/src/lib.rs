@@ -1,6 +1,8 @@
 //! What every Scale Agent binary (agent, hub, operator, demo) shares: the `--log-format`
-//! flag and log set-up, the shutdown signal, the version with its build-info metric, and
-//! [`Chain`], which prints an error with its causes.
+//! flag and log set-up, the shutdown signal, the version with its build-info metric,
+//! [`Chain`], which prints an error with its causes, the host name that names a replica, the
+//! time stamps written into Kubernetes objects, and [`write_private`] for files that hold
+//! keys and tokens.
 
 use clap::ValueEnum;
 use prometheus_client::metrics::info::Info;
@@ -86,6 +88,81 @@ impl std::fmt::Display for Chain<'_> {
     }
 }
 
+/// Replaces `path` with `contents` atomically, readable by its owner only (mode 0600): for
+/// keys, tokens and kubeconfigs.
+///
+/// The contents go to a temporary file in the same directory, which is flushed to disk and
+/// renamed over `path`: a reader (Clouddriver watching its dynamic-config file, an agent
+/// restarting) sees the old file or the new one, never half of one. The directory is then
+/// flushed so the rename survives a crash. The directory must exist; on an error the
+/// temporary file is removed.
+pub fn write_private(path: &std::path::Path, contents: &[u8]) -> std::io::Result<()> {
+    use std::{
+        io::Write as _,
+        os::unix::fs::OpenOptionsExt as _,
+        sync::atomic::{AtomicU64, Ordering},
+    };
+    static SEQUENCE: AtomicU64 = AtomicU64::new(0);
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file path"))?;
+    let tmp = dir.join(format!(
+        ".{}.{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id(),
+        SEQUENCE.fetch_add(1, Ordering::Relaxed)
+    ));
+    let written = (|| {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        file.write_all(contents)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Where [`hostname`] reads the host name when `$HOSTNAME` is unset: the kernel's (what
+/// `hostname` prints, a pod's name in Kubernetes), then the file most images carry.
+const HOSTNAME_FILES: [&str; 2] = ["/proc/sys/kernel/hostname", "/etc/hostname"];
+
+/// The host name, the default name of a replica (a pod's name in Kubernetes): `$HOSTNAME`,
+/// else `/proc/sys/kernel/hostname`, else `/etc/hostname`, each trimmed; `None` when none of
+/// them holds one.
+pub fn hostname() -> Option<String> {
+    hostname_from(std::env::var("HOSTNAME").ok(), &HOSTNAME_FILES)
+}
+
+fn hostname_from(env: Option<String>, files: &[impl AsRef<std::path::Path>]) -> Option<String> {
+    let non_blank = |s: String| Some(s.trim().to_string()).filter(|s| !s.is_empty());
+    env.and_then(non_blank).or_else(|| {
+        files
+            .iter()
+            .find_map(|file| std::fs::read_to_string(file).ok().and_then(non_blank))
+    })
+}
+
+/// Now in RFC 3339, UTC, to the second (`2026-11-18T11:06:40Z`), as Kubernetes writes the
+/// times of conditions and annotations.
+pub fn now_rfc3339() -> String {
+    rfc3339_seconds(jiff::Timestamp::now())
+}
+
+fn rfc3339_seconds(t: jiff::Timestamp) -> String {
+    format!("{t:.0}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,5 +218,66 @@ mod tests {
             Chain(&error).to_string(),
             "tcp connect error: tcp connect error: reset"
         );
+    }
+
+    #[test]
+    fn private_files_are_replaced_whole_with_mode_0600_and_no_temporary_file_left() {
+        use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+        let dir = std::env::temp_dir().join(format!("scale-agent-private-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("accounts.yml");
+        write_private(&path, b"one\n").unwrap();
+        let first = std::fs::metadata(&path).unwrap();
+        assert_eq!(first.permissions().mode() & 0o777, 0o600);
+        write_private(&path, b"two\n").unwrap();
+        let second = std::fs::metadata(&path).unwrap();
+        assert_ne!(
+            first.ino(),
+            second.ino(),
+            "replaced by a rename, not written in place"
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), b"two\n");
+        let names: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+        assert_eq!(names.len(), 1);
+        assert!(write_private(&dir.join("missing/accounts.yml"), b"x").is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn hostname_takes_the_environment_then_the_first_file_that_names_one() {
+        let dir = std::env::temp_dir().join(format!("scale-agent-hostname-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (kernel, etc, blank) = (dir.join("kernel"), dir.join("etc"), dir.join("blank"));
+        std::fs::write(&kernel, "pod-from-kernel\n").unwrap();
+        std::fs::write(&etc, "pod-from-etc\n").unwrap();
+        std::fs::write(&blank, " \n").unwrap();
+        let missing = dir.join("missing");
+
+        let env = || Some(" agent-0 ".to_string());
+        assert_eq!(
+            hostname_from(env(), &[&kernel, &etc]).as_deref(),
+            Some("agent-0")
+        );
+        assert_eq!(
+            hostname_from(Some(" ".into()), &[&kernel, &etc]).as_deref(),
+            Some("pod-from-kernel")
+        );
+        assert_eq!(
+            hostname_from(None, &[&missing, &blank, &etc]).as_deref(),
+            Some("pod-from-etc")
+        );
+        assert_eq!(hostname_from(None, &[&missing, &blank]), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+        // This machine has a kernel host name.
+        assert!(hostname().is_some_and(|h| !h.is_empty() && h.trim() == h));
+    }
+
+    #[test]
+    fn rfc3339_is_utc_to_the_second() {
+        let t = jiff::Timestamp::new(1_795_000_000, 999_999_999).unwrap();
+        assert_eq!(rfc3339_seconds(t), "2026-11-18T11:06:40Z");
+        let leap_day = jiff::Timestamp::from_second(951_782_400).unwrap();
+        assert_eq!(rfc3339_seconds(leap_day), "2000-02-29T00:00:00Z");
+        assert_eq!(now_rfc3339().len(), "2026-11-18T11:06:40Z".len());
     }
 }

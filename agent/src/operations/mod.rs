@@ -22,7 +22,7 @@ use std::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::Duration,
 };
 
 use kube::{
@@ -379,10 +379,7 @@ impl Executor {
 
     /// Runs one operation to its result.
     pub async fn execute(&self, operation: v1::Operation) -> v1::OperationResult {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-            .unwrap_or_default();
+        let now = k8s_openapi::jiff::Timestamp::now().as_millisecond();
         let budget = budget(&operation, now);
         let ctx = Ctx {
             exec: self,

@@ -89,14 +89,6 @@ pub fn history_text(
     text
 }
 
-fn now_rfc3339() -> String {
-    // Seconds precision, UTC, like kubectl's restart marker.
-    let now = k8s_openapi::jiff::Timestamp::now();
-    k8s_openapi::jiff::Timestamp::from_second(now.as_second())
-        .unwrap_or(now)
-        .to_string()
-}
-
 pub async fn rollout(ctx: &Ctx<'_>, op: v1::RolloutOp, out: &mut Output) -> OpResult<()> {
     let (kind, ns, name) = ctx.target(op.target.as_ref()).await?;
     let api = ctx.api(&kind, &ns);
@@ -154,7 +146,7 @@ pub async fn rollout(ctx: &Ctx<'_>, op: v1::RolloutOp, out: &mut Output) -> OpRe
                     "can't restart paused deployment (run rollout resume first): {label}"
                 )));
             }
-            let patch = json!({ "spec": { "template": { "metadata": { "annotations": { RESTARTED_AT: now_rfc3339() } } } } });
+            let patch = json!({ "spec": { "template": { "metadata": { "annotations": { RESTARTED_AT: scale_agent_runtime::now_rfc3339() } } } } });
             ctx.hit();
             let result = api
                 .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -427,6 +419,5 @@ mod tests {
             text.contains("REVISION  CHANGE-CAUSE\n1         c1\n2         c2\n"),
             "{text}"
         );
-        assert_eq!(now_rfc3339().len(), 20);
     }
 }

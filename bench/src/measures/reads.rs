@@ -319,7 +319,7 @@ async fn apiserver_lists(env: &Env) -> Result<f64> {
         .filter(|l| l.starts_with("apiserver_request_total{") && l.contains("verb=\"LIST\""))
         .collect::<Vec<_>>()
         .join("\n");
-    Ok(metric_sum(&lists, "apiserver_request_total"))
+    Ok(metric_sum(&lists, "apiserver_request_total", &[]))
 }
 
 /// What the API server (and the hub) did during one side's timed work.

@@ -110,6 +110,29 @@ impl Hub {
             self.admin_token_file.display().to_string(),
         ]
     }
+
+    /// Runs the hub's own command with `args` (which end with [`Hub::admin_flags`]): its
+    /// stdout and stderr, or an error naming `command` (how it was shown) with both when it
+    /// fails.
+    pub async fn run_admin(&self, args: &[String], command: &str) -> Result<(String, String)> {
+        let output = tokio::process::Command::new(&self.binary)
+            .args(args)
+            .kill_on_drop(true)
+            .output()
+            .await
+            .map_err(io_err(format!("run {}", self.binary.display())))?;
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        if !output.status.success() {
+            return Err(command_failed(
+                command,
+                output.status.code(),
+                &stdout,
+                &stderr,
+            ));
+        }
+        Ok((stdout, stderr))
+    }
 }
 
 /// Starts the hub with `files` on free loopback ports and waits until it is ready.
@@ -177,7 +200,7 @@ pub(super) async fn start(
         ),
     );
     hub.api_token = create_api_token(&hub, out).await?;
-    scale_agent_hub::tokens::write_private(&hub.api_token_file, hub.api_token.as_bytes())
+    scale_agent_runtime::write_private(&hub.api_token_file, hub.api_token.as_bytes())
         .map_err(io_err(format!("write {}", hub.api_token_file.display())))?;
     line(
         out,
@@ -203,22 +226,10 @@ async fn create_api_token(hub: &Hub, out: &mut dyn Write) -> Result<String> {
     args.extend(hub.admin_flags());
     let command = format!("scale-agent-hub {}", args.join(" "));
     line(out, format!("    $ {command}"));
-    let output = tokio::process::Command::new(&hub.binary)
-        .args(&args)
-        .kill_on_drop(true)
-        .output()
-        .await
-        .map_err(io_err(format!("run {}", hub.binary.display())))?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let (stdout, stderr) = hub.run_admin(&args, &command).await?;
     let token = stdout.trim();
-    if !output.status.success() || token.is_empty() {
-        return Err(command_failed(
-            &command,
-            output.status.code(),
-            &stdout,
-            &stderr,
-        ));
+    if token.is_empty() {
+        return Err(command_failed(&command, Some(0), &stdout, &stderr));
     }
     line(out, format!("      {}", stderr.trim()));
     Ok(token.to_string())

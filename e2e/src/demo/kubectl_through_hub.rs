@@ -139,23 +139,8 @@ async fn issue_kubeconfig(run_dir: &Path, hub: &Hub, out: &mut dyn Write) -> Res
             hub.binary.display()
         ),
     );
-    let output = tokio::process::Command::new(&hub.binary)
-        .args(&args)
-        .kill_on_drop(true)
-        .output()
-        .await
-        .map_err(io_err(format!("run {}", hub.binary.display())))?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let (_, stderr) = hub.run_admin(&args, &command).await?;
     lines(out, "      ", stderr.trim_end(), MAX_LINES);
-    if !output.status.success() {
-        return Err(command_failed(
-            &command,
-            output.status.code(),
-            &stdout,
-            &stderr,
-        ));
-    }
     Ok(path)
 }
 

@@ -165,25 +165,15 @@ pub(super) async fn apply_object(client: &Client, object: &Value) -> Result<()> 
     Ok(())
 }
 
-/// Sends `call` every 100 ms until it answers 200, failing early when `process` exits and
+/// Sends `call` until it answers 200 ([`crate::process::wait_ready`]), failing early when `process` exits and
 /// after [`WAIT`] with the end of its log.
 pub(super) async fn wait_ready(process: &mut ManagedProcess, call: Call) -> Result<()> {
-    let started = Instant::now();
-    loop {
-        process.ensure_running()?;
-        if call.clone().send().await.is_ok_and(|r| r.status == 200) {
-            return Ok(());
-        }
-        if started.elapsed() > WAIT {
-            return Err(Error::NotReady {
-                component: process.name(),
-                waited_secs: WAIT.as_secs(),
-                log: process.log().to_path_buf(),
-                log_tail: crate::process::tail(process.log(), 20),
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let (component, log) = (process.name(), process.log().to_path_buf());
+    crate::process::wait_ready(process, component, &log, WAIT, || {
+        let call = call.clone();
+        async move { call.send().await.is_ok_and(|r| r.status == 200) }
+    })
+    .await
 }
 
 /// Polls `check` until it returns `Some`, or fails after [`WAIT`] naming `what`.

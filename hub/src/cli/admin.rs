@@ -216,7 +216,7 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
             let yaml = hub.call("POST", &path).await?;
             match output {
                 Some(file) => {
-                    crate::tokens::write_private(&file, yaml.as_bytes())
+                    scale_agent_runtime::write_private(&file, yaml.as_bytes())
                         .with_context(|| format!("cannot write {}", file.display()))?;
                     eprintln!(
                         "wrote {} (account {account}, token {token_name:?}); use it with \

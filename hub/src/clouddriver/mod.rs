@@ -23,7 +23,7 @@
 //!   Clouddriver must run as the same user to read it.
 //!
 //! Files: [`body`] builds bodies, the file, hashes and classifies answers (pure); `client`
-//! speaks HTTP; `file` writes atomically; [`registrar`] is the loop; [`metrics`].
+//! speaks HTTP; [`scale_agent_runtime::write_private`] writes the file atomically; [`registrar`] is the loop; [`metrics`].
 //!
 //! Secrets: kubeconfigs carry bearer tokens. Bodies and the file are never logged;
 //! [`DesiredAccount`]'s `Debug` hides the kubeconfig; Clouddriver's error messages are
@@ -32,7 +32,6 @@
 pub mod body;
 pub(crate) mod client;
 pub(crate) mod duty;
-mod file;
 pub mod ledger;
 pub mod metrics;
 pub mod registrar;

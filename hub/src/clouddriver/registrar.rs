@@ -24,7 +24,6 @@ use super::{
     TargetStatus,
     body::{self, Method, Outcome},
     client::{Client, SendError},
-    file,
 };
 use crate::error::{HubError, Result};
 
@@ -782,10 +781,12 @@ impl Registrar {
         self.state().file.track.started();
         let written = {
             let (path, contents) = (path.to_path_buf(), job.contents);
-            tokio::task::spawn_blocking(move || file::write_atomically(&path, contents.as_bytes()))
-                .await
-                .map_err(std::io::Error::other)
-                .and_then(|r| r)
+            tokio::task::spawn_blocking(move || {
+                scale_agent_runtime::write_private(&path, contents.as_bytes())
+            })
+            .await
+            .map_err(std::io::Error::other)
+            .and_then(|r| r)
         };
         self.metrics.file_write(written.is_ok());
         let mut st = self.state();

@@ -4,7 +4,7 @@
 //! read again from the cluster; the status says what happened). An id that was running when
 //! the hub stopped answers that whether it ran is unknown.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -23,13 +23,6 @@ struct Row {
     /// The HTTP code when finished; absent while running.
     code: Option<u16>,
     body: OperationResponse,
-}
-
-fn now_millis() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or_default()
 }
 
 fn key(account: &str, id: &str) -> String {
@@ -65,7 +58,7 @@ pub(crate) async fn save(
     body.objects = body.objects.map(|_| Vec::new());
     body.text = body.text.map(|_| String::new());
     let row = Row {
-        at_unix_millis: now_millis(),
+        at_unix_millis: jiff::Timestamp::now().as_millisecond(),
         code,
         body,
     };
@@ -78,7 +71,7 @@ pub(crate) async fn save(
     let key = key(account, id);
     let retention = hub.config.operation_retention;
     let sweep = hub.operations.count_write().is_multiple_of(SWEEP_EVERY);
-    let now = now_millis();
+    let now = jiff::Timestamp::now().as_millisecond();
     let past: Option<Box<store::Expired>> =
         sweep.then(|| Box::new(move |bytes: &[u8]| expired(bytes, retention, now)) as _);
     if let Err(error) = records.write(key, Some(bytes), past).await {
@@ -88,7 +81,7 @@ pub(crate) async fn save(
 
 /// Puts the stored records of a previous run, still within `retention`, into `operations`.
 pub(crate) fn restore(operations: &Operations, rows: Vec<(String, Vec<u8>)>, retention: Duration) {
-    let now = now_millis();
+    let now = jiff::Timestamp::now().as_millisecond();
     let mut rows: Vec<(String, Row)> = rows
         .into_iter()
         .filter(|(_, bytes)| !expired(bytes, retention, now))
@@ -180,7 +173,7 @@ mod tests {
             1,
         );
         let row = Row {
-            at_unix_millis: now_millis() - 1_000,
+            at_unix_millis: jiff::Timestamp::now().as_millisecond() - 1_000,
             code: None,
             body: running,
         };

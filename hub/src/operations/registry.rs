@@ -14,7 +14,7 @@ use std::{
         Mutex, MutexGuard,
         atomic::{AtomicU64, Ordering},
     },
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
 use scale_agent_proto::v1 as pb;
@@ -176,10 +176,7 @@ impl Operations {
     /// A new operation id, unique in this hub.
     pub fn new_id(&self) -> String {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let millis = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis())
-            .unwrap_or_default();
+        let millis = jiff::Timestamp::now().as_millisecond();
         format!("op-{millis:x}-{n}")
     }
 

@@ -4,7 +4,7 @@
 
 use std::{
     sync::Arc,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
 use scale_agent_proto::v1 as pb;
@@ -18,12 +18,12 @@ use crate::{Control, Hub, registry::SessionId};
 
 /// Milliseconds since the Unix epoch of `now + d`.
 pub fn deadline_millis(d: Duration) -> i64 {
-    SystemTime::now()
-        .checked_add(d)
-        .unwrap_or_else(SystemTime::now)
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or_default()
+    let now = jiff::Timestamp::now();
+    jiff::SignedDuration::try_from(d)
+        .ok()
+        .and_then(|d| now.checked_add(d).ok())
+        .unwrap_or(jiff::Timestamp::MAX)
+        .as_millisecond()
 }
 
 /// What to do after one attempt.

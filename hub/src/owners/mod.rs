@@ -182,15 +182,10 @@ pub async fn open(
     })
 }
 
-/// The hostname, the default of `--replica-id` (a pod's name in Kubernetes).
+/// The host name, the default of `--replica-id` (a pod's name in Kubernetes), else
+/// `scale-agent-hub`.
 pub fn hostname() -> String {
-    std::env::var("HOSTNAME")
-        .ok()
-        .filter(|h| !h.trim().is_empty())
-        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
-        .map(|h| h.trim().to_string())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "scale-agent-hub".to_string())
+    scale_agent_runtime::hostname().unwrap_or_else(|| "scale-agent-hub".to_string())
 }
 
 pub use crate::store::AccountSnapshot;

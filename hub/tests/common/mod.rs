@@ -80,10 +80,21 @@ pub fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
     CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
 }
 
+/// A certificate for `sans` signed by `issuer`, for `usage`: (certificate PEM, key PEM).
 pub fn leaf(
     issuer: &CertifiedIssuer<'static, KeyPair>,
     sans: &[&str],
     usage: ExtendedKeyUsagePurpose,
+) -> (String, String) {
+    leaf_with(issuer, sans, usage, |_| {})
+}
+
+/// [`leaf`] with its parameters changed by `tweak` (a validity period, say).
+pub fn leaf_with(
+    issuer: &CertifiedIssuer<'static, KeyPair>,
+    sans: &[&str],
+    usage: ExtendedKeyUsagePurpose,
+    tweak: impl FnOnce(&mut CertificateParams),
 ) -> (String, String) {
     let mut params =
         CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
@@ -91,6 +102,7 @@ pub fn leaf(
     params
         .distinguished_name
         .push(DnType::CommonName, sans.first().copied().unwrap_or("cn"));
+    tweak(&mut params);
     let key = KeyPair::generate().unwrap();
     let cert = params.signed_by(&key, issuer).unwrap();
     (cert.pem(), key.serialize_pem())

@@ -64,6 +64,9 @@ pub struct AccountCache {
 /// (an account naming a kind it lacks asks again at once).
 const DISCOVERY_MAX_AGE: Duration = Duration::from_secs(60);
 
+/// Longest Event note, in bytes: the API server refuses a longer `note`.
+const MAX_NOTE_BYTES: usize = 1000;
+
 /// Settings of the controllers.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -218,23 +221,17 @@ impl Context {
         }
     }
 
-    /// Publishes an Event about `regarding`; a failure is logged, never returned.
+    /// Publishes an Event about `regarding`, its note cut to [`MAX_NOTE_BYTES`] (on a character
+    /// boundary); a failure is logged, never returned.
     pub async fn publish(
         &self,
         regarding: &ObjectReference,
         type_: EventType,
         reason: &str,
         action: &str,
-        note: String,
+        mut note: String,
     ) {
-        let mut note = note;
-        if note.len() > 1000 {
-            let mut cut = 1000;
-            while !note.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            note.truncate(cut);
-        }
+        note.truncate(note.floor_char_boundary(MAX_NOTE_BYTES));
         let event = Event {
             type_,
             reason: reason.into(),

@@ -4,7 +4,7 @@
 use std::{
     collections::BTreeSet,
     sync::Arc,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
 use k8s_openapi::{
@@ -17,7 +17,7 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 use kube::{
-    Api, Resource, ResourceExt,
+    Api, Client, Resource, ResourceExt,
     core::DeserializeGuard,
     runtime::{
         controller::Action,
@@ -110,13 +110,6 @@ pub fn error_policy(
     let delay = ctx.next_backoff(&key(&*agent));
     tracing::warn!(scaleagent = %key(&*agent), error = %Chain(error), retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
-}
-
-fn unix_now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }
 
 /// The certificate outcome of one reconcile.
@@ -670,24 +663,16 @@ async fn reconcile_rbac(
         let (accounts, groups) = resolve_account_kinds(agent, ctx, accepted, problems).await?;
         for namespace in &want_namespaces {
             let rules = namespace_rules(&accounts, namespace, &groups);
-            let (role, binding) = desired::namespaced_rbac(agent, namespace, rules)?;
-            let roles = Api::<Role>::namespaced(client.clone(), namespace);
-            let bindings = Api::<RoleBinding>::namespaced(client.clone(), namespace);
-            match apply(&roles, &role).await {
-                Ok((_, outcome)) => note(applied, outcome, "Role"),
-                Err(Error::Kube { source, .. }) if is_not_found(&source) => {
-                    problems.push(Problem {
-                        reason: "NamespaceNotFound",
-                        message: format!(
-                            "namespace {namespace} in spec.scope.namespaces does not exist: \
-                             create it, or remove it from spec.scope.namespaces"
-                        ),
-                    });
-                    continue;
-                }
-                Err(e) => return Err(e),
+            let rbac = desired::namespaced_rbac(agent, namespace, rules)?;
+            if !apply_in_namespace(client, namespace, rbac, applied).await? {
+                problems.push(Problem {
+                    reason: "NamespaceNotFound",
+                    message: format!(
+                        "namespace {namespace} in spec.scope.namespaces does not exist: \
+                         create it, or remove it from spec.scope.namespaces"
+                    ),
+                });
             }
-            note(applied, apply(&bindings, &binding).await?.1, "RoleBinding");
         }
     }
     // The right to impersonate exactly the ServiceAccounts the accounts name, per namespace.
@@ -714,25 +699,18 @@ async fn reconcile_rbac(
         Default::default()
     };
     for (namespace, service_accounts) in &impersonated {
-        let (role, binding) = desired::impersonation_rbac(agent, namespace, service_accounts)?;
-        let roles = Api::<Role>::namespaced(client.clone(), namespace);
-        let bindings = Api::<RoleBinding>::namespaced(client.clone(), namespace);
-        match apply(&roles, &role).await {
-            Ok((_, outcome)) => note(applied, outcome, "Role"),
-            Err(Error::Kube { source, .. }) if is_not_found(&source) => {
-                problems.push(Problem {
-                    reason: "NamespaceNotFound",
-                    message: format!(
-                        "namespace {namespace} of an AgentAccount's \
-                         spec.impersonateServiceAccount does not exist: create it (and the \
-                         ServiceAccount), or fix impersonateServiceAccount.namespace"
-                    ),
-                });
-                continue;
-            }
-            Err(e) => return Err(e),
+        let rbac = desired::impersonation_rbac(agent, namespace, service_accounts)?;
+        if !apply_in_namespace(client, namespace, rbac, applied).await? {
+            problems.push(Problem {
+                reason: "NamespaceNotFound",
+                message: format!(
+                    "namespace {namespace} of an AgentAccount's \
+                     spec.impersonateServiceAccount does not exist: create it (and the \
+                     ServiceAccount), or fix impersonateServiceAccount.namespace"
+                ),
+            });
+            continue;
         }
-        note(applied, apply(&bindings, &binding).await?.1, "RoleBinding");
         keep.insert((namespace.clone(), impersonation_name.clone()));
     }
     // Roles no longer wanted: namespaces the scope no longer lists (or all of them for
@@ -754,6 +732,25 @@ async fn reconcile_rbac(
         }
     }
     Ok(())
+}
+
+/// Applies a Role and then its RoleBinding in `namespace`; `false` (nothing applied) when the
+/// namespace does not exist.
+async fn apply_in_namespace(
+    client: &Client,
+    namespace: &str,
+    (role, binding): (Role, RoleBinding),
+    applied: &mut Vec<String>,
+) -> Result<bool> {
+    let roles = Api::<Role>::namespaced(client.clone(), namespace);
+    match apply(&roles, &role).await {
+        Ok((_, outcome)) => note(applied, outcome, "Role"),
+        Err(Error::Kube { source, .. }) if is_not_found(&source) => return Ok(false),
+        Err(e) => return Err(e),
+    }
+    let bindings = Api::<RoleBinding>::namespaced(client.clone(), namespace);
+    note(applied, apply(&bindings, &binding).await?.1, "RoleBinding");
+    Ok(true)
 }
 
 /// Deletes a cluster-scoped object only when it exists (a read, not a write, otherwise).
@@ -782,7 +779,7 @@ async fn apply_agent(agent: &ScaleAgent, ctx: &Context) -> Result<Action> {
     let client = &ctx.client;
     let namespace = agent.namespace().unwrap_or_default();
     let key = key(agent);
-    let now = unix_now();
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
 
     // An image outside the allowed prefixes gets nothing: not even the ServiceAccount and
     // RBAC, which another pod could use.
