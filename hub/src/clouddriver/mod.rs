@@ -23,7 +23,9 @@
 //!   Clouddriver must run as the same user to read it.
 //!
 //! Files: [`body`] builds bodies, the file, hashes and classifies answers (pure); `client`
-//! speaks HTTP; [`scale_agent_runtime::write_private`] writes the file atomically; [`registrar`] is the loop; [`metrics`].
+//! speaks HTTP; [`scale_agent_runtime::write_private`] writes the file atomically;
+//! [`registrar`] is the loop; [`duty`] makes one replica of several the registrar;
+//! [`metrics`].
 //!
 //! Secrets: kubeconfigs carry bearer tokens. Bodies and the file are never logged;
 //! [`DesiredAccount`]'s `Debug` hides the kubeconfig; Clouddriver's error messages are
