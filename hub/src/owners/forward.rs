@@ -217,6 +217,56 @@ impl Forwarder {
     }
 }
 
+impl Forwarder {
+    /// GETs `path` of this replica's own view from `replica` at `address` (under
+    /// `/internal`), as JSON, within `timeout`. The error says why it cannot be reached.
+    pub(crate) async fn get_json(
+        &self,
+        hub: &Hub,
+        replica: &str,
+        address: &str,
+        path: &str,
+        timeout: Duration,
+    ) -> std::result::Result<serde_json::Value, String> {
+        use http_body_util::BodyExt as _;
+        let owner = OwnerInfo {
+            replica: replica.to_string(),
+            address: address.to_string(),
+            epoch: 0,
+        };
+        let request = http::Request::get(path)
+            .body(Body::empty())
+            .map_err(|e| e.to_string())?;
+        let ask = async {
+            let response = self
+                .send(hub, &owner, None, request, false)
+                .await
+                .map_err(|status| status.message().to_string())?;
+            let code = response.status();
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| format!("its answer broke off: {e}"))?
+                .to_bytes();
+            if !code.is_success() {
+                return Err(format!(
+                    "it answered {code}: {}",
+                    String::from_utf8_lossy(&body).trim()
+                ));
+            }
+            serde_json::from_slice(&body).map_err(|e| format!("its answer is not JSON: {e}"))
+        };
+        tokio::time::timeout(timeout, ask)
+            .await
+            .unwrap_or_else(|_| {
+                Err(format!(
+                    "hub replica {replica} at {address} did not answer within {timeout:?}"
+                ))
+            })
+    }
+}
+
 /// The client's headers as the owner gets them: its credentials stay here (the owner
 /// trusts this replica's check), and hop-by-hop headers belong to one connection (except
 /// the upgrade asked for).

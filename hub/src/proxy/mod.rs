@@ -207,6 +207,14 @@ async fn proxy(hub: &Arc<Hub>, request: Request) -> Result<(Response, Served), S
         .get::<crate::owners::forward::Forwarded>()
         .is_none()
     {
+        if let Some(token) = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(crate::tokens::bearer)
+        {
+            crate::shared::learn_token(hub, token).await;
+        }
         authenticate(hub, request.headers(), &account)?;
     }
     // The account's agents stream to its owner, which also keeps its cache: everything,
