@@ -281,6 +281,16 @@ impl MiniAgent {
     }
 
     async fn connect_to(grpc: std::net::SocketAddr, replica: &str) -> MiniAgent {
+        Self::connect_asking(grpc, replica, 0).await
+    }
+
+    /// Asks for heartbeats every `heartbeat_seconds` (0: the hub's period): an agent that
+    /// sends none stays connected that long and twice more.
+    async fn connect_asking(
+        grpc: std::net::SocketAddr,
+        replica: &str,
+        heartbeat_seconds: u32,
+    ) -> MiniAgent {
         let mut client = AgentHubClient::connect(format!("http://{grpc}"))
             .await
             .unwrap();
@@ -301,6 +311,7 @@ impl MiniAgent {
                 replica: replica.into(),
                 agent_version: "e2e".into(),
                 capabilities: vec!["http-tunnel".into()],
+                heartbeat_period_seconds: heartbeat_seconds,
                 ..Default::default()
             }))
             .await;
@@ -1025,7 +1036,8 @@ async fn every_replica_lists_every_account_and_an_orphaned_account_is_swept_once
     let mut agents = Vec::new();
     for i in 0..2 {
         let account = format!("a{i}");
-        let mut agent = MiniAgent::connect_to(hubs[i].grpc, &format!("pod-{i}")).await;
+        // Silent for longer than the hub's heartbeat period (1 s), the agents stay.
+        let mut agent = MiniAgent::connect_asking(hubs[i].grpc, &format!("pod-{i}"), 30).await;
         agent.register_streaming(&account).await;
         agent.snapshot(&account, "100").await;
         agents.push(agent);
