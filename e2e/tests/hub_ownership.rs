@@ -1034,10 +1034,10 @@ async fn every_replica_lists_every_account_and_an_orphaned_account_is_swept_once
     )
     .await;
     let mut agents = Vec::new();
-    for i in 0..2 {
+    for (i, hub) in hubs.iter().take(2).enumerate() {
         let account = format!("a{i}");
         // Silent for longer than the hub's heartbeat period (1 s), the agents stay.
-        let mut agent = MiniAgent::connect_asking(hubs[i].grpc, &format!("pod-{i}"), 30).await;
+        let mut agent = MiniAgent::connect_asking(hub.grpc, &format!("pod-{i}"), 30).await;
         agent.register_streaming(&account).await;
         agent.snapshot(&account, "100").await;
         agents.push(agent);
