@@ -856,6 +856,22 @@ async fn enroll_at(grpc: std::net::SocketAddr, token: &str) -> Result<String, to
         .map(|r| r.into_inner().certificate.unwrap().identity)
 }
 
+/// Issues an agent token for `edge-agent` on the hub at `addr` (`once`: an enrolment
+/// token): (token, id).
+async fn issue_agent_token(
+    addr: std::net::SocketAddr,
+    admin: &str,
+    once: bool,
+) -> (String, String) {
+    let path =
+        format!("/api/v1/agent-tokens?identity=edge-agent&accounts=edge-*&ttl=1h&once={once}");
+    let issued = call("POST", addr, &path, admin).await;
+    assert_eq!(issued.status, 201, "{}", issued.body);
+    let issued = issued.json_or_null();
+    let field = |name: &str| issued[name].as_str().unwrap().to_string();
+    (field("token"), field("id"))
+}
+
 /// Polls `refused` until it says yes; how long that took. Fails past `limit`.
 async fn refused_within<F, Fut>(limit: Duration, what: &str, mut refused: F) -> Duration
 where
@@ -923,33 +939,12 @@ async fn credentials_issued_on_one_replica_work_on_another_at_once_and_revocatio
     assert_eq!(agents.status, 200, "{}", agents.body);
 
     // An agent bearer token issued on hub-0 opens a stream on hub-1 at once.
-    let bearer = call(
-        "POST",
-        a.http,
-        "/api/v1/agent-tokens?identity=edge-agent&accounts=edge-*&ttl=1h",
-        &admin,
-    )
-    .await;
-    assert_eq!(bearer.status, 201, "{}", bearer.body);
-    let bearer = bearer.json_or_null();
-    let bearer_token = bearer["token"].as_str().unwrap().to_string();
-    let bearer_id = bearer["id"].as_str().unwrap().to_string();
+    let (bearer_token, bearer_id) = issue_agent_token(a.http, &admin, false).await;
     stream_with_token(b.grpc, &bearer_token).await.unwrap();
 
     // An enrolment token issued on hub-0 enrols on hub-1 at once, and only once: hub-0
     // refuses it afterwards.
-    let enrolment = call(
-        "POST",
-        a.http,
-        "/api/v1/agent-tokens?identity=edge-agent&accounts=edge-*&ttl=1h&once=true",
-        &admin,
-    )
-    .await;
-    assert_eq!(enrolment.status, 201, "{}", enrolment.body);
-    let enrolment_token = enrolment.json_or_null()["token"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let (enrolment_token, _) = issue_agent_token(a.http, &admin, true).await;
     assert_eq!(
         enroll_at(b.grpc, &enrolment_token).await.unwrap(),
         "edge-agent"
