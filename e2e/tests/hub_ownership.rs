@@ -328,10 +328,16 @@ impl MiniAgent {
     }
 
     async fn register(&mut self, account: &str) {
+        self.register_cluster(account, "https://10.0.0.1:6443")
+            .await;
+    }
+
+    /// Registers `account` for the cluster at `api_server_host`.
+    async fn register_cluster(&mut self, account: &str, api_server_host: &str) {
         self.send(Msg::RegisterAccount(pb::RegisterAccount {
             account: account.into(),
             cluster: Some(pb::ClusterInfo {
-                api_server_host: "https://10.0.0.1:6443".into(),
+                api_server_host: api_server_host.into(),
                 ca_fingerprint: "0a1b".into(),
                 kubernetes_version: "v1.37.1".into(),
             }),
@@ -1015,7 +1021,9 @@ fn log_lines(hub: &scale_agent_e2e::fleet::HubProcess, needles: &[&str]) -> usiz
 
 /// `GET /api/v1/accounts` and `/api/v1/agents` on any replica answer for every replica
 /// (accounts with their owner, agents with the replica they reach; a replica that cannot
-/// be asked is listed as unreachable); an account no replica owns past the grace period
+/// be asked is listed as unreachable); a replica holds an account registered through
+/// another to its cluster; a dynamic account added through one replica reaches the agent
+/// streaming to another; an account no replica owns past the grace period
 /// (its owner released it, or died) is cleaned out of the shared store once, its binding
 /// kept.
 #[tokio::test]
@@ -1075,6 +1083,18 @@ async fn every_replica_lists_every_account_and_an_orphaned_account_is_swept_once
             "{agents_seen}"
         );
     }
+
+    // hub-2, which started before a0 was registered, holds a0 to its cluster too.
+    let mut rival = MiniAgent::connect_asking(hubs[2].grpc, "pod-rival", 30).await;
+    rival.register_cluster("a0", "https://10.9.9.9:6443").await;
+    let refused = rival.assignment().await;
+    assert_eq!(Role::try_from(refused.role).unwrap(), Role::Rejected);
+    assert!(
+        refused.reason.contains("bound to cluster"),
+        "{}",
+        refused.reason
+    );
+    drop(rival);
 
     // A dynamic account added through hub-0 reaches the agent streaming to hub-1 within
     // the sync period.
