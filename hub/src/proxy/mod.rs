@@ -95,6 +95,16 @@ async fn handle(State(hub): State<Arc<Hub>>, request: Request) -> Response {
     let discovery_path = split_path(request.uri().path())
         .is_some_and(|(_, path)| discovery::is_discovery(&method, path));
     let upgrade = headers::is_upgrade(request.headers());
+    // Replicas sharing a store: a token issued through another replica is looked up there
+    // before it is judged (and named in the audit).
+    if let Some(token) = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(crate::tokens::bearer)
+    {
+        crate::shared::learn_token(&hub, token).await;
+    }
     // Writes are audited: who (the token's name), what, and how it ended.
     let audit = crate::audit::is_proxy_write(&method, upgrade).then(|| {
         let (account, api_path) = split_path(request.uri().path()).unwrap_or_default();
@@ -207,14 +217,6 @@ async fn proxy(hub: &Arc<Hub>, request: Request) -> Result<(Response, Served), S
         .get::<crate::owners::forward::Forwarded>()
         .is_none()
     {
-        if let Some(token) = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(crate::tokens::bearer)
-        {
-            crate::shared::learn_token(hub, token).await;
-        }
         authenticate(hub, request.headers(), &account)?;
     }
     // The account's agents stream to its owner, which also keeps its cache: everything,
