@@ -229,14 +229,7 @@ pub(crate) async fn require(
     next: Next,
 ) -> Response {
     let what = format!("{} {}", request.method(), request.uri().path());
-    if let Some(token) = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(crate::tokens::bearer)
-    {
-        crate::shared::learn_token(&hub, token).await;
-    }
+    crate::shared::learn_bearer(&hub, request.headers()).await;
     match authorize(&hub, request.headers(), needed, &what) {
         Ok(caller) => {
             request.extensions_mut().insert(caller);

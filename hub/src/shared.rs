@@ -132,6 +132,17 @@ pub(crate) async fn learn_token(hub: &Hub, token: &str) {
     }
 }
 
+/// [`learn_token`] of the bearer token in `headers`, if any.
+pub(crate) async fn learn_bearer(hub: &Hub, headers: &axum::http::HeaderMap) {
+    if let Some(token) = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(crate::tokens::bearer)
+    {
+        learn_token(hub, token).await;
+    }
+}
+
 /// An agent token (`saa_…`) this replica does not know, or (`fresh`) every agent token
 /// presented, is looked up in the shared store and kept when found. `fresh`: enrolment,
 /// whose token another replica may have used a moment ago.

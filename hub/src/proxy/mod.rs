@@ -97,14 +97,7 @@ async fn handle(State(hub): State<Arc<Hub>>, request: Request) -> Response {
     let upgrade = headers::is_upgrade(request.headers());
     // Replicas sharing a store: a token issued through another replica is looked up there
     // before it is judged (and named in the audit).
-    if let Some(token) = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(crate::tokens::bearer)
-    {
-        crate::shared::learn_token(&hub, token).await;
-    }
+    crate::shared::learn_bearer(&hub, request.headers()).await;
     // Writes are audited: who (the token's name), what, and how it ended.
     let audit = crate::audit::is_proxy_write(&method, upgrade).then(|| {
         let (account, api_path) = split_path(request.uri().path()).unwrap_or_default();
