@@ -253,7 +253,7 @@ impl MiniAgent {
     }
 
     /// Asks for heartbeats every `heartbeat_seconds` (0: the hub's period): an agent that
-    /// sends none stays connected for two periods.
+    /// sends none stays connected that long and twice more.
     async fn connect_asking(
         grpc: std::net::SocketAddr,
         replica: &str,
@@ -296,10 +296,16 @@ impl MiniAgent {
     }
 
     async fn register(&mut self, account: &str) {
+        self.register_cluster(account, "https://10.0.0.1:6443")
+            .await;
+    }
+
+    /// Registers `account` for the cluster at `api_server_host`.
+    async fn register_cluster(&mut self, account: &str, api_server_host: &str) {
         self.send(Msg::RegisterAccount(pb::RegisterAccount {
             account: account.into(),
             cluster: Some(pb::ClusterInfo {
-                api_server_host: "https://10.0.0.1:6443".into(),
+                api_server_host: api_server_host.into(),
                 ca_fingerprint: "0a1b".into(),
                 kubernetes_version: "v1.37.1".into(),
             }),
@@ -413,41 +419,6 @@ impl MiniAgent {
         }
         assert_eq!(role, Role::Streaming);
     }
-}
-
-/// Three hub processes (hub-0, hub-1, hub-2) on `server`'s database, with `extra` flags, in
-/// a directory of their own (returned, for the caller to remove).
-async fn hub_processes(
-    server: &PostgresServer,
-    name: &str,
-    extra: &[String],
-) -> (PathBuf, Vec<scale_agent_e2e::fleet::HubProcess>) {
-    let root = std::env::temp_dir().join(format!("scale-agent-e2e-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
-    std::fs::create_dir_all(&root).unwrap();
-    let url_file = root.join("postgres-url");
-    std::fs::write(&url_file, server.url()).unwrap();
-    let secret_file = root.join("replica-secret");
-    std::fs::write(&secret_file, SECRET).unwrap();
-    let mut hubs = Vec::new();
-    for i in 0..3 {
-        let dir = root.join(format!("hub-{i}"));
-        let mut flags = vec![
-            "--store=postgres".to_string(),
-            format!("--postgres-url-file={}", url_file.display()),
-            format!("--replica-id=hub-{i}"),
-            "--replica-address=http://{http}".to_string(),
-            format!("--replica-secret-file={}", secret_file.display()),
-        ];
-        flags.extend_from_slice(extra);
-        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-        hubs.push(
-            scale_agent_e2e::fleet::HubProcess::start(&dir, &flags)
-                .await
-                .unwrap(),
-        );
-    }
-    (root, hubs)
 }
 
 /// Submits an apply with `admin`'s token to the hub at `addr`: (status, body).
@@ -670,7 +641,7 @@ async fn get_status(addr: std::net::SocketAddr, path: &str) -> u16 {
 #[tokio::test]
 async fn three_replicas_one_killed_every_account_streams_again_without_relisting() {
     let server = PostgresServer::start().await.unwrap();
-    let (root, mut hubs) = hub_processes(&server, "three", &[]).await;
+    let (root, mut hubs) = hub_processes(&server, "three", 3, &[]).await;
     // Account a<i> streams through hub i, with a standby agent on hub i+1.
     let mut streaming = Vec::new();
     let mut standbys = Vec::new();
@@ -804,7 +775,8 @@ async fn one_replica_registers_every_account_in_clouddriver_and_the_duty_survive
         // Replicas forget accounts they do not stream quickly.
         "--grace-period=2s".to_string(),
     ];
-    let (root, mut hubs) = hub_processes(&server, "registrar", &extra).await;
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let (root, mut hubs) = hub_processes(&server, "registrar", 3, &extra).await;
     // Account prod-<i> streams through hub i; its agent asks for rare heartbeats, so that it
     // stays connected without sending any.
     let mut agents = Vec::new();
@@ -917,6 +889,442 @@ async fn one_replica_registers_every_account_in_clouddriver_and_the_duty_survive
         "the broken lock connection led to a removal or a repeated registration"
     );
     drop((agents, late, last));
+    drop(hubs);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+// ------------------------------------------------ what replicas keep in step (issue 16)
+
+/// `--replica-sync-period` of the replicas below.
+const SYNC: Duration = Duration::from_secs(1);
+
+/// Hub processes on one PostgreSQL, `hub-0`, `hub-1`, … (each with its own data directory,
+/// admin token and agent CA), with `extra` flags.
+async fn hub_processes(
+    server: &PostgresServer,
+    name: &str,
+    count: usize,
+    extra: &[&str],
+) -> (PathBuf, Vec<scale_agent_e2e::fleet::HubProcess>) {
+    let root = std::env::temp_dir().join(format!("scale-agent-e2e-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    let url_file = root.join("postgres-url");
+    std::fs::write(&url_file, server.url()).unwrap();
+    let secret_file = root.join("replica-secret");
+    std::fs::write(&secret_file, SECRET).unwrap();
+    let mut hubs = Vec::new();
+    for i in 0..count {
+        let mut flags = vec![
+            "--store=postgres".to_string(),
+            format!("--postgres-url-file={}", url_file.display()),
+            format!("--replica-id=hub-{i}"),
+            "--replica-address=http://{http}".to_string(),
+            format!("--replica-secret-file={}", secret_file.display()),
+            format!("--replica-sync-period={}ms", SYNC.as_millis()),
+        ];
+        flags.extend(extra.iter().map(|f| f.to_string()));
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let dir = root.join(format!("hub-{i}"));
+        hubs.push(
+            scale_agent_e2e::fleet::HubProcess::start(&dir, &flags)
+                .await
+                .unwrap(),
+        );
+    }
+    (root, hubs)
+}
+
+/// The admin token a hub process created in its data directory.
+fn admin_token(hub: &scale_agent_e2e::fleet::HubProcess) -> String {
+    std::fs::read_to_string(hub.data_dir.join("admin-token"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+async fn call(
+    method: &str,
+    addr: std::net::SocketAddr,
+    path: &str,
+    token: &str,
+) -> scale_agent_e2e::http::Response {
+    scale_agent_e2e::http::Call::new(method, format!("http://{addr}{path}"))
+        .bearer(token)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// Opens a stream presenting an agent bearer token and says Hello; the hub's refusal.
+async fn stream_with_token(grpc: std::net::SocketAddr, token: &str) -> Result<(), tonic::Status> {
+    let mut client = AgentHubClient::connect(format!("http://{grpc}"))
+        .await
+        .unwrap();
+    let (tx, rx) = mpsc::channel(4);
+    tx.send(pb::AgentMessage {
+        seq: 1,
+        kind: Some(Msg::Hello(pb::Hello {
+            replica: "pod-t".into(),
+            agent_version: "e2e".into(),
+            ..Default::default()
+        })),
+    })
+    .await
+    .unwrap();
+    let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    request
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    let mut inbound = client.session(request).await?.into_inner();
+    // The Welcome: the stream was accepted.
+    tokio::time::timeout(WAIT, inbound.message())
+        .await
+        .map_err(|_| tonic::Status::deadline_exceeded("test: no Welcome"))??;
+    Ok(())
+}
+
+async fn enroll_at(grpc: std::net::SocketAddr, token: &str) -> Result<String, tonic::Status> {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let csr_pem = rcgen::CertificateParams::new(vec!["edge-agent".to_string()])
+        .unwrap()
+        .serialize_request(&key)
+        .unwrap()
+        .pem()
+        .unwrap();
+    let mut client = AgentHubClient::connect(format!("http://{grpc}"))
+        .await
+        .unwrap();
+    client
+        .enroll(pb::EnrollRequest {
+            token: token.into(),
+            csr_pem,
+        })
+        .await
+        .map(|r| r.into_inner().certificate.unwrap().identity)
+}
+
+/// Issues an agent token for `edge-agent` on the hub at `addr` (`once`: an enrolment
+/// token): (token, id).
+async fn issue_agent_token(
+    addr: std::net::SocketAddr,
+    admin: &str,
+    once: bool,
+) -> (String, String) {
+    let path =
+        format!("/api/v1/agent-tokens?identity=edge-agent&accounts=edge-*&ttl=1h&once={once}");
+    let issued = call("POST", addr, &path, admin).await;
+    assert_eq!(issued.status, 201, "{}", issued.body);
+    let issued = issued.json_or_null();
+    let field = |name: &str| issued[name].as_str().unwrap().to_string();
+    (field("token"), field("id"))
+}
+
+/// Polls `refused` until it says yes; how long that took. Fails past `limit`.
+async fn refused_within<F, Fut>(limit: Duration, what: &str, mut refused: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = std::time::Instant::now();
+    loop {
+        if refused().await {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < limit,
+            "{what} still accepted {:?} after its revocation",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A proxy token, an API token, an agent bearer token and an enrolment token issued on one
+/// replica work on another at once (looked up in the store on a miss); an enrolment token
+/// works once across replicas; revoked on the first, each is refused on the other within
+/// the sync period.
+#[tokio::test]
+async fn credentials_issued_on_one_replica_work_on_another_at_once_and_revocations_reach_it() {
+    let server = PostgresServer::start().await.unwrap();
+    let (root, hubs) = hub_processes(&server, "credentials", 2, &[]).await;
+    let (a, b) = (&hubs[0], &hubs[1]);
+    let admin = admin_token(a);
+
+    // A kubeconfig (proxy token) issued on hub-0 opens hub-1's proxy at once.
+    let kubeconfig = call("POST", a.http, "/api/v1/accounts/prod/kubeconfig", &admin).await;
+    assert_eq!(kubeconfig.status, 200, "{}", kubeconfig.body);
+    let proxy_token = kubeconfig
+        .body
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("token: "))
+        .unwrap()
+        .trim_matches('"')
+        .to_string();
+    let through_b = call("GET", b.http, "/clusters/prod/api", &proxy_token).await;
+    assert_ne!(
+        through_b.status, 401,
+        "hub-1 refused a token hub-0 issued: {}",
+        through_b.body
+    );
+    // (An unknown token is refused there: the status above tells them apart.)
+    let unknown = call("GET", b.http, "/clusters/prod/api", "sat_unknown-token").await;
+    assert_eq!(unknown.status, 401, "{}", unknown.body);
+
+    // An API token issued on hub-0 opens hub-1's API at once.
+    let created =
+        scale_agent_e2e::http::Call::new("POST", format!("http://{}/api/v1/tokens", a.http))
+            .bearer(&admin)
+            .json(&serde_json::json!({"name": "ci", "role": "reader"}))
+            .send()
+            .await
+            .unwrap();
+    assert_eq!(created.status, 200, "{}", created.body);
+    let created = created.json_or_null();
+    let api_token = created["token"].as_str().unwrap().to_string();
+    let api_id = created["id"].as_str().unwrap().to_string();
+    let agents = call("GET", b.http, "/api/v1/agents", &api_token).await;
+    assert_eq!(agents.status, 200, "{}", agents.body);
+
+    // An agent bearer token issued on hub-0 opens a stream on hub-1 at once.
+    let (bearer_token, bearer_id) = issue_agent_token(a.http, &admin, false).await;
+    stream_with_token(b.grpc, &bearer_token).await.unwrap();
+
+    // An enrolment token issued on hub-0 enrols on hub-1 at once, and only once: hub-0
+    // refuses it afterwards.
+    let (enrolment_token, _) = issue_agent_token(a.http, &admin, true).await;
+    assert_eq!(
+        enroll_at(b.grpc, &enrolment_token).await.unwrap(),
+        "edge-agent"
+    );
+    let again = enroll_at(a.grpc, &enrolment_token).await.unwrap_err();
+    assert_eq!(again.code(), tonic::Code::PermissionDenied, "{again:?}");
+    assert!(again.message().contains("already used"), "{again:?}");
+
+    // Revoked on hub-0, each is refused on hub-1 within the sync period (and a little).
+    let limit = SYNC * 2 + Duration::from_secs(2);
+    let tokens = call("GET", a.http, "/api/v1/tokens", &admin)
+        .await
+        .json_or_null();
+    let proxy_id = tokens
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["kind"] == "proxy" && t["account"] == "prod")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for id in [&proxy_id, &api_id] {
+        let revoked = call("DELETE", a.http, &format!("/api/v1/tokens/{id}"), &admin).await;
+        assert_eq!(revoked.status, 200, "{}", revoked.body);
+    }
+    let revoked = call(
+        "DELETE",
+        a.http,
+        &format!("/api/v1/agent-tokens/{bearer_id}"),
+        &admin,
+    )
+    .await;
+    assert_eq!(revoked.status, 200, "{}", revoked.body);
+    let took = refused_within(limit, "the proxy token", || async {
+        call("GET", b.http, "/clusters/prod/api", &proxy_token)
+            .await
+            .status
+            == 401
+    })
+    .await;
+    eprintln!("proxy token refused on hub-1 {took:?} after its revocation on hub-0");
+    refused_within(limit, "the API token", || async {
+        call("GET", b.http, "/api/v1/agents", &api_token)
+            .await
+            .status
+            == 401
+    })
+    .await;
+    refused_within(limit, "the agent bearer token", || async {
+        matches!(
+            stream_with_token(b.grpc, &bearer_token).await,
+            Err(status) if status.code() == tonic::Code::Unauthenticated
+        )
+    })
+    .await;
+    drop(hubs);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// Lines of a hub process's log holding every one of `needles`.
+fn log_lines(hub: &scale_agent_e2e::fleet::HubProcess, needles: &[&str]) -> usize {
+    hub.log_tail(100_000)
+        .lines()
+        .filter(|line| needles.iter().all(|n| line.contains(n)))
+        .count()
+}
+
+/// `GET /api/v1/accounts` and `/api/v1/agents` on any replica answer for every replica
+/// (accounts with their owner, agents with the replica they reach; a replica that cannot
+/// be asked is listed as unreachable); a replica holds an account registered through
+/// another to its cluster; a dynamic account added through one replica reaches the agent
+/// streaming to another; an account no replica owns past the grace period
+/// (its owner released it, or died) is cleaned out of the shared store once, its binding
+/// kept.
+#[tokio::test]
+async fn every_replica_lists_every_account_and_an_orphaned_account_is_swept_once() {
+    let server = PostgresServer::start().await.unwrap();
+    let (root, mut hubs) = hub_processes(
+        &server,
+        "fleet",
+        3,
+        &["--grace-period=3s", "--log-format=json"],
+    )
+    .await;
+    let mut agents = Vec::new();
+    for (i, hub) in hubs.iter().take(2).enumerate() {
+        let account = format!("a{i}");
+        // Silent for longer than the hub's heartbeat period (1 s), the agents stay.
+        let mut agent = MiniAgent::connect_asking(hub.grpc, &format!("pod-{i}"), 30).await;
+        agent.register_streaming(&account).await;
+        agent.snapshot(&account, "100").await;
+        agents.push(agent);
+    }
+
+    // hub-2 serves no agent, yet lists both accounts as their owners see them.
+    let token = scale_agent_e2e::fixtures::API_TOKEN;
+    let started = std::time::Instant::now();
+    let accounts = loop {
+        let list = call("GET", hubs[2].http, "/api/v1/accounts", token).await;
+        assert_eq!(list.status, 200, "{}", list.body);
+        let list = list.json_or_null();
+        let complete = (0..2).all(|i| {
+            list.as_array().unwrap().iter().any(|a| {
+                a["name"] == format!("a{i}")
+                    && a["owner"]["replica"] == format!("hub-{i}")
+                    && a["objects"] == 1
+                    && a["accountState"] == "ACTIVE"
+            })
+        });
+        if complete {
+            break list;
+        }
+        assert!(started.elapsed() < WAIT, "hub-2 lists {list}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    eprintln!("hub-2 lists {accounts}");
+    let agents_seen = call("GET", hubs[2].http, "/api/v1/agents", token)
+        .await
+        .json_or_null();
+    for i in 0..2 {
+        assert!(
+            agents_seen
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|a| a["replica"] == format!("pod-{i}")
+                    && a["hubReplica"] == format!("hub-{i}")
+                    && a["accounts"][0]["role"] == "STREAMING"),
+            "{agents_seen}"
+        );
+    }
+
+    // hub-2, which started before a0 was registered, holds a0 to its cluster too.
+    let mut rival = MiniAgent::connect_asking(hubs[2].grpc, "pod-rival", 30).await;
+    rival.register_cluster("a0", "https://10.9.9.9:6443").await;
+    let refused = rival.assignment().await;
+    assert_eq!(Role::try_from(refused.role).unwrap(), Role::Rejected);
+    assert!(
+        refused.reason.contains("bound to cluster"),
+        "{}",
+        refused.reason
+    );
+    drop(rival);
+
+    // A dynamic account added through hub-0 reaches the agent streaming to hub-1 within
+    // the sync period.
+    let admin = admin_token(&hubs[0]);
+    let added = scale_agent_e2e::http::Call::new(
+        "POST",
+        format!("http://{}/api/v1/dynamic-accounts", hubs[0].http),
+    )
+    .bearer(&admin)
+    .json(&serde_json::json!({
+        "name": "dyn-a", "agent": "anonymous",
+        "kubeconfigSecret": {"namespace": "spinnaker", "name": "dyn-a-kubeconfig"},
+    }))
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(added.status, 201, "{}", added.body);
+    let sent = tokio::time::timeout(
+        SYNC * 2 + Duration::from_secs(2),
+        agents[1].next(|kind| match kind {
+            Out::DynamicAccounts(set) if set.accounts.iter().any(|a| a.account == "dyn-a") => {
+                Some(set)
+            }
+            _ => None,
+        }),
+    )
+    .await
+    .expect("the dynamic account reached the agent on hub-1 within the sync period")
+    .unwrap();
+    assert_eq!(sent.accounts.len(), 1);
+
+    // hub-1 dies: until the others forget it, it is listed as unreachable, not left out.
+    hubs[1].kill();
+    let agents_seen = call("GET", hubs[0].http, "/api/v1/agents", token)
+        .await
+        .json_or_null();
+    assert!(
+        agents_seen
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["hubReplica"] == "hub-1" && a["unreachable"].is_string()),
+        "{agents_seen}"
+    );
+
+    // a1's owner died, a0's agent leaves hub-0 (which releases it): past the grace period
+    // both are cleaned out of the store, bindings kept.
+    drop(agents);
+    let sql = postgres::connect(&server.superuser_url()).await.unwrap();
+    let count = |table: &'static str| {
+        let sql = &sql;
+        async move {
+            let row = sql
+                .query_one(
+                    &format!("SELECT count(*) FROM {table} WHERE account IN ('a0', 'a1')"),
+                    &[],
+                )
+                .await
+                .unwrap();
+            row.get::<_, i64>(0)
+        }
+    };
+    let started = std::time::Instant::now();
+    while count("accounts").await > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the orphaned accounts are still stored"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "orphans swept {:?} after their agents left",
+        started.elapsed()
+    );
+    for table in ["kinds", "objects", "resume_points"] {
+        assert_eq!(count(table).await, 0, "{table}");
+    }
+    assert_eq!(count("account_bindings").await, 2);
+    // Swept once: by one replica, one log line per account, even a few syncs later.
+    tokio::time::sleep(SYNC * 3).await;
+    for account in ["a0", "a1"] {
+        let needle = format!("\"account\":\"{account}\"");
+        let lines: usize = [&hubs[0], &hubs[2]]
+            .iter()
+            .map(|hub| log_lines(hub, &["removed from the shared store", &needle]))
+            .sum();
+        assert_eq!(lines, 1, "{account} was swept {lines} times");
+    }
     drop(hubs);
     let _ = std::fs::remove_dir_all(&root);
 }

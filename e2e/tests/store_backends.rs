@@ -522,7 +522,7 @@ async fn postgres_migrations_from_empty_are_idempotent_and_refuse_a_newer_schema
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
-    assert_eq!(first.iter().map(|v| v.0).collect::<Vec<_>>(), [1]);
+    assert_eq!(first.iter().map(|v| v.0).collect::<Vec<_>>(), [1, 2]);
     let count: i64 = sql.query_one(tables, &[]).await?.get(0);
     assert!(count >= 15, "{count} tables");
     for table in [
@@ -530,6 +530,7 @@ async fn postgres_migrations_from_empty_are_idempotent_and_refuse_a_newer_schema
         "ownership_history",
         "objects",
         "resume_points",
+        "hub_replicas",
     ] {
         let found: i64 = sql
             .query_one(
@@ -724,6 +725,147 @@ async fn postgres_restart_fails_commits_until_it_is_back() -> anyhow::Result<()>
     let cms = &prod.cache.kinds[&configmaps().key()];
     assert_eq!(cms.objects.len(), 4);
     assert!(cms.objects.contains_key("uid-after-restart"));
+    store.close().await?;
+    Ok(())
+}
+
+/// What replicas sharing the store read of each other's writes ([`SharedStore`]): the small
+/// tables whole, a token, agent token, enrolment or account looked up alone, an enrolment
+/// token claimed once, the replicas alive, the owners, and the sweep of the accounts no
+/// replica owns past the grace period (a dead owner's tenure closed first; an account whose
+/// lock is held is left alone; bindings kept).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_shared_reads_lookups_claims_and_the_orphan_sweep() -> anyhow::Result<()> {
+    let pg = Postgres::new().await?;
+    let mut store = pg.open().await?;
+    store.commit(one_of_everything()).await?;
+    let shared = store.shared().expect("PostgreSQL has shared reads");
+    assert!(
+        Store::open(&fixtures::temp_dir("scale-agent-store-shared")?)?
+            .shared()
+            .is_none()
+    );
+
+    let tables = shared.tables().await?;
+    assert_eq!(tables.tokens, [token("t1")]);
+    assert_eq!(tables.agent_tokens, [agent_token("at1")]);
+    assert_eq!(tables.enrolled.len(), 1);
+    assert_eq!(tables.bindings.len(), 2);
+    assert_eq!(tables.dynamic_accounts.len(), 1);
+    assert_eq!(shared.find_token("00ff").await?, Some(token("t1")));
+    assert_eq!(shared.find_token("0000").await?, None);
+    assert_eq!(
+        shared.find_agent_token("aa").await?,
+        Some(agent_token("at1"))
+    );
+    assert_eq!(shared.find_agent_token("bb").await?, None);
+    assert_eq!(
+        shared.find_enrolled("agent-a").await?.map(|e| e.token_id),
+        Some("at1".to_string())
+    );
+    let (found, binding) = shared.find_account("prod").await?;
+    assert_eq!(found, Some(record("https://prod:6443")));
+    assert_eq!(binding.map(|b| b.identity), Some("agent-a".to_string()));
+    assert_eq!(shared.find_account("nope").await?, (None, None));
+    assert_eq!(shared.accounts().await?.len(), 2);
+
+    // An unused enrolment token is claimed once.
+    let mut fresh = agent_token("at2");
+    fresh.sha256 = "cc".into();
+    fresh.used = None;
+    store
+        .commit(vec![StoreOp::PutAgentToken {
+            record: fresh.clone(),
+        }])
+        .await?;
+    fresh.used = Some(50);
+    assert!(shared.claim_enrolment(&fresh).await?);
+    assert!(!shared.claim_enrolment(&fresh).await?);
+    assert_eq!(
+        shared.find_agent_token("cc").await?.and_then(|r| r.used),
+        Some(50)
+    );
+
+    // Replicas alive.
+    shared
+        .heartbeat("hub-a", "http://a:1", Duration::from_secs(3600))
+        .await?;
+    shared
+        .heartbeat("hub-b", "http://b:1", Duration::from_secs(3600))
+        .await?;
+    let sql = pg.sql().await?;
+    sql.execute(
+        "UPDATE hub_replicas SET seen_at = now() - interval '1 minute' WHERE replica = 'hub-b'",
+        &[],
+    )
+    .await?;
+    let alive: Vec<String> = shared
+        .replicas(Duration::from_secs(10))
+        .await?
+        .into_iter()
+        .map(|r| r.replica)
+        .collect();
+    assert_eq!(alive, ["hub-a"]);
+    // Silent past forget_after: forgotten.
+    shared
+        .heartbeat("hub-a", "http://a:1", Duration::from_secs(30))
+        .await?;
+    assert_eq!(shared.replicas(Duration::from_secs(3600)).await?.len(), 1);
+
+    // prod: owned by a dead replica (its row and open tenure left, its lock free). dev:
+    // released long ago, but its lock is held by a live session (being acquired).
+    sql.batch_execute(
+        "INSERT INTO account_owners VALUES ('prod', 'hub-dead', 'http://d:1', 4, now());
+         INSERT INTO ownership_history VALUES ('prod', 'hub-dead', 4, now() - interval '1 hour', NULL);
+         INSERT INTO ownership_history VALUES ('dev', 'hub-a', 1, now() - interval '2 hours', now() - interval '1 hour');",
+    )
+    .await?;
+    let owners = shared.owners().await?;
+    assert_eq!(owners["prod"].replica, "hub-dead");
+    assert_eq!(owners["prod"].epoch, 4);
+    let holder = pg.sql().await?;
+    let dev_key = scale_agent_hub::owners::postgres::lock_key("dev");
+    holder
+        .query_one("SELECT pg_advisory_lock($1)", &[&dev_key])
+        .await?;
+    let grace = Duration::from_secs(2);
+    // prod's dead owner is closed out now (its grace starts); dev is locked: nothing goes.
+    assert!(shared.sweep_orphans(grace).await?.is_empty());
+    assert!(shared.owners().await?.is_empty());
+    let open: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM ownership_history WHERE released_at IS NULL",
+            &[],
+        )
+        .await?
+        .get(0);
+    assert_eq!(open, 0);
+    holder
+        .query_one("SELECT pg_advisory_unlock($1)", &[&dev_key])
+        .await?;
+    // dev's lock is free and its grace long over: swept; prod's grace is not over yet.
+    assert_eq!(shared.sweep_orphans(grace).await?, ["dev"]);
+    tokio::time::sleep(grace).await;
+    // Two sweeps at once remove prod once.
+    let (one, two) = tokio::join!(shared.sweep_orphans(grace), {
+        let other = pg.open().await?.shared().unwrap();
+        async move { other.sweep_orphans(grace).await }
+    });
+    let mut swept = one?;
+    swept.extend(two?);
+    assert_eq!(swept, ["prod"]);
+    for table in ["accounts", "kinds", "objects", "resume_points"] {
+        let left: i64 = sql
+            .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+            .await?
+            .get(0);
+        assert_eq!(left, 0, "{table}");
+    }
+    let bindings: i64 = sql
+        .query_one("SELECT count(*) FROM account_bindings", &[])
+        .await?
+        .get(0);
+    assert_eq!(bindings, 2);
     store.close().await?;
     Ok(())
 }

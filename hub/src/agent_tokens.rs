@@ -159,6 +159,32 @@ impl AgentTokens {
         tokens
     }
 
+    /// Replaces every token and enrolment with the store's (replicas sharing a store: what
+    /// the others issued, used and revoked).
+    pub fn replace(&mut self, records: Vec<AgentTokenRecord>, enrolled: Vec<EnrolledIdentity>) {
+        *self = AgentTokens::load(records, enrolled);
+    }
+
+    /// Adds (or brings up to date) a token looked up in the shared store.
+    pub fn learn(&mut self, record: AgentTokenRecord) {
+        if let Some(old) = self.records.remove(&record.id) {
+            self.by_hash.remove(&old.sha256);
+        }
+        self.insert(record);
+    }
+
+    /// Adds (or brings up to date) an enrolment looked up in the shared store.
+    pub fn learn_enrolled(&mut self, enrolled: EnrolledIdentity) {
+        self.enrolled.insert(enrolled.identity.clone(), enrolled);
+    }
+
+    /// The record of a presented token, whatever its state.
+    pub fn find(&self, token: &str) -> Option<&AgentTokenRecord> {
+        self.by_hash
+            .get(&hex(&hash(token)))
+            .and_then(|id| self.records.get(id))
+    }
+
     fn insert(&mut self, record: AgentTokenRecord) {
         self.by_hash
             .insert(record.sha256.clone(), record.id.clone());
@@ -202,17 +228,13 @@ impl AgentTokens {
         kind: AgentTokenKind,
         now_unix: i64,
     ) -> Result<&AgentTokenRecord, TokenRefusal> {
-        let record = self
-            .by_hash
-            .get(&hex(&hash(token)))
-            .and_then(|id| self.records.get(id))
-            .ok_or_else(|| {
-                TokenRefusal::Unknown(format!(
-                    "the {} token is not one this hub issued (or it was revoked); ask the hub's \
+        let record = self.find(token).ok_or_else(|| {
+            TokenRefusal::Unknown(format!(
+                "the {} token is not one this hub issued (or it was revoked); ask the hub's \
                      admin for a new one (`scale-agent-hub agent-token create`)",
-                    kind.as_str()
-                ))
-            })?;
+                kind.as_str()
+            ))
+        })?;
         if record.kind != kind {
             return Err(TokenRefusal::Unusable(format!(
                 "token {} is {}, not {}; {}",

@@ -229,6 +229,7 @@ pub(crate) async fn require(
     next: Next,
 ) -> Response {
     let what = format!("{} {}", request.method(), request.uri().path());
+    crate::shared::learn_bearer(&hub, request.headers()).await;
     match authorize(&hub, request.headers(), needed, &what) {
         Ok(caller) => {
             request.extensions_mut().insert(caller);

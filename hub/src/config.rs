@@ -213,6 +213,10 @@ pub struct Config {
     /// The name other replicas verify this one's serving certificate for
     /// (`--replica-server-name`); `None`: the host of its address.
     pub replica_server_name: Option<String>,
+    /// How often replicas sharing a PostgreSQL store read each other's small tables again,
+    /// say they are alive and sweep accounts nobody owns (`--replica-sync-period`;
+    /// [`crate::shared`]).
+    pub replica_sync_period: Duration,
     /// Where account ownership comes from ([`crate::owners`]).
     pub ownership: crate::owners::OwnershipSource,
     /// The secret replicas present to each other's internal routes
@@ -333,6 +337,7 @@ impl Config {
             replica_id: crate::owners::hostname(),
             replica_address: None,
             replica_server_name: None,
+            replica_sync_period: Duration::from_secs(2),
             ownership: crate::owners::OwnershipSource::Embedded,
             replica_secret: None,
         }
@@ -375,6 +380,12 @@ impl Config {
                 "--replica-server-name {name:?} is not a DNS name or an IP address: give a \
                  name the replicas' serving certificate covers, like scale-agent-hub"
             )));
+        }
+        if self.replica_sync_period.is_zero() {
+            return Err(HubError::Config(
+                "--replica-sync-period must be more than 0 (e.g. 2s): it is how often a                  replica reads tokens, bindings and dynamic accounts the others wrote"
+                    .into(),
+            ));
         }
         // One replica on the shared store needs neither; several need both, to forward.
         if self.replica_address.is_some() != self.replica_secret.is_some() {
@@ -750,6 +761,14 @@ pub struct Args {
     #[arg(long, env = "SCALE_AGENT_HUB_REPLICA_SERVER_NAME")]
     pub replica_server_name: Option<String>,
 
+    /// With replicas sharing a PostgreSQL store: how often each replica reads the tokens,
+    /// agent tokens and enrolments, account bindings and dynamic accounts again (a credential
+    /// it does not know is looked up in the store at once; a revocation elsewhere takes
+    /// effect here within this period), says it is alive, and sweeps the accounts no
+    /// replica owns past the grace period. Seconds, or a number with ms, s, m or h.
+    #[arg(long, env = "SCALE_AGENT_HUB_REPLICA_SYNC_PERIOD", default_value = "2s", value_parser = parse_duration)]
+    pub replica_sync_period: Duration,
+
     /// File with the secret the hub's replicas present to each other when one forwards a
     /// request to the owner of its account (one word of at least 32 characters, e.g. from
     /// `openssl rand -hex 32`, mounted from a Secret). Needed when replicas share a store.
@@ -959,6 +978,7 @@ impl Args {
             replica_id: self.replica_id.unwrap_or_else(crate::owners::hostname),
             replica_address: self.replica_address,
             replica_server_name: self.replica_server_name,
+            replica_sync_period: self.replica_sync_period,
             // Replicas sharing the PostgreSQL store own accounts through its advisory locks.
             ownership,
             replica_secret: self

@@ -230,6 +230,30 @@ impl DynamicAccounts {
         }
     }
 
+    /// Replaces every record with the store's (replicas sharing a store: what was added,
+    /// changed and removed through the others), keeping the reports of the accounts that
+    /// remain. Returns the identities whose set changed (to be sent it again).
+    pub fn replace(&mut self, records: Vec<(String, DynamicAccountRecord)>) -> Vec<String> {
+        let records: BTreeMap<String, DynamicAccountRecord> = records.into_iter().collect();
+        let mut changed: Vec<String> = Vec::new();
+        for name in self.records.keys().chain(records.keys()) {
+            let (before, after) = (self.records.get(name), records.get(name));
+            if before != after {
+                changed.extend(
+                    before
+                        .into_iter()
+                        .chain(after)
+                        .map(|r| r.spec.agent.clone()),
+                );
+            }
+        }
+        changed.sort();
+        changed.dedup();
+        self.reports.retain(|name, _| records.contains_key(name));
+        self.records = records;
+        changed
+    }
+
     pub fn get(&self, name: &str) -> Option<&DynamicAccountRecord> {
         self.records.get(name)
     }

@@ -82,6 +82,8 @@ fn internal(hub: Arc<Hub>) -> Router<Arc<Hub>> {
             "/api/v1/accounts/{name}/operations",
             post(submit_operation).layer(DefaultBodyLimit::max(max_request_bytes)),
         )
+        .route("/api/v1/agents", get(replica_agents))
+        .route("/api/v1/accounts", get(replica_accounts))
         .merge(crate::proxy::router())
         .merge(account_reads(hub.clone()))
         .merge(account_operations(hub.clone()))
@@ -336,7 +338,7 @@ pub fn rfc3339(t: SystemTime) -> String {
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct AgentView {
+pub(crate) struct AgentView {
     identity: String,
     replica: String,
     agent_version: String,
@@ -355,29 +357,42 @@ async fn version() -> Json<serde_json::Value> {
     Json(json!({ "version": scale_agent_runtime::VERSION }))
 }
 
-async fn agents(State(hub): State<Arc<Hub>>) -> Json<Vec<AgentView>> {
+/// Every agent stream: of every replica when replicas share the store ([`crate::fleet`]),
+/// else of this hub.
+async fn agents(State(hub): State<Arc<Hub>>) -> Response {
+    if hub.shared.is_some() && hub.forwarder.is_some() {
+        return Json(crate::fleet::agents(&hub).await).into_response();
+    }
+    Json(local_agents(&hub)).into_response()
+}
+
+/// This replica's agent streams (what the others ask for [`crate::fleet`]).
+async fn replica_agents(State(hub): State<Arc<Hub>>) -> Json<Vec<AgentView>> {
+    Json(local_agents(&hub))
+}
+
+/// The agent streams connected to this replica.
+pub(crate) fn local_agents(hub: &Hub) -> Vec<AgentView> {
     let st = hub.state();
-    Json(
-        st.registry
-            .sessions
-            .values()
-            .map(|s| AgentView {
-                identity: s.identity.clone(),
-                replica: s.replica.clone(),
-                agent_version: s.agent_version.clone(),
-                connected_since: rfc3339(s.connected_since),
-                accounts: st
-                    .registry
-                    .accounts_of(s.id)
-                    .into_iter()
-                    .map(|(name, role)| AgentAccountView {
-                        name,
-                        role: role.as_str(),
-                    })
-                    .collect(),
-            })
-            .collect(),
-    )
+    st.registry
+        .sessions
+        .values()
+        .map(|s| AgentView {
+            identity: s.identity.clone(),
+            replica: s.replica.clone(),
+            agent_version: s.agent_version.clone(),
+            connected_since: rfc3339(s.connected_since),
+            accounts: st
+                .registry
+                .accounts_of(s.id)
+                .into_iter()
+                .map(|(name, role)| AgentAccountView {
+                    name,
+                    role: role.as_str(),
+                })
+                .collect(),
+        })
+        .collect()
 }
 
 #[derive(Serialize)]
@@ -417,7 +432,7 @@ struct KindView {
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct AccountView {
+pub(crate) struct AccountView {
     name: String,
     cluster: ClusterRecord,
     namespaces: Vec<String>,
@@ -523,19 +538,32 @@ fn account_view(
 /// An account the hub keeps a state for but no record (ORPHANED, or FAILED for a name it
 /// never accepted): the last cluster known, no replicas, no objects.
 fn stateless_view(name: &str, lifecycle: &StateRecord) -> AccountView {
+    let cluster = lifecycle.cluster.clone().unwrap_or(ClusterRecord {
+        api_server_host: String::new(),
+        ca_fingerprint: String::new(),
+        kubernetes_version: String::new(),
+    });
+    let mut view = agentless_view(name, cluster, lifecycle.state, lifecycle.reason.clone());
+    view.state_since = Some(rfc3339(lifecycle.since));
+    view
+}
+
+/// An account no agent serves here: `cluster`, `state` for `reason`, nothing else.
+fn agentless_view(
+    name: &str,
+    cluster: ClusterRecord,
+    state: crate::registry::AccountState,
+    reason: String,
+) -> AccountView {
     AccountView {
         name: name.to_string(),
-        cluster: lifecycle.cluster.clone().unwrap_or(ClusterRecord {
-            api_server_host: String::new(),
-            ca_fingerprint: String::new(),
-            kubernetes_version: String::new(),
-        }),
+        cluster,
         namespaces: Vec::new(),
         properties: Value::Null,
         state: "disconnected",
-        account_state: Some(lifecycle.state.as_str()),
-        state_reason: lifecycle.reason.clone(),
-        state_since: Some(rfc3339(lifecycle.since)),
+        account_state: Some(state.as_str()),
+        state_reason: reason,
+        state_since: None,
         disconnected_since: None,
         streaming: None,
         standbys: Vec::new(),
@@ -561,8 +589,31 @@ fn view_of(st: &HubState, name: &str) -> Option<AccountView> {
     }
 }
 
-/// Every account the hub has a record or a state for (ORPHANED and FAILED ones included).
-async fn accounts(State(hub): State<Arc<Hub>>) -> Json<Vec<AccountView>> {
+/// Every account the hub has a record or a state for (ORPHANED and FAILED ones included):
+/// of every replica, with its owner, when replicas share the store ([`crate::fleet`]).
+async fn accounts(State(hub): State<Arc<Hub>>) -> Response {
+    if hub.shared.is_some() && hub.forwarder.is_some() {
+        return match crate::fleet::accounts(&hub).await {
+            Ok(list) => Json(list).into_response(),
+            Err(e) => error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "cannot read the accounts from the shared store: {}",
+                    crate::error::Chain(&e)
+                ),
+            ),
+        };
+    }
+    Json(local_accounts(&hub)).into_response()
+}
+
+/// This replica's view of the accounts (what the others ask for [`crate::fleet`]).
+async fn replica_accounts(State(hub): State<Arc<Hub>>) -> Json<Vec<AccountView>> {
+    Json(local_accounts(&hub))
+}
+
+/// The accounts this replica has a record or a state for.
+pub(crate) fn local_accounts(hub: &Hub) -> Vec<AccountView> {
     let st = hub.state();
     let mut names: Vec<&String> = st
         .registry
@@ -572,7 +623,22 @@ async fn accounts(State(hub): State<Arc<Hub>>) -> Json<Vec<AccountView>> {
         .collect();
     names.sort();
     names.dedup();
-    Json(names.into_iter().filter_map(|n| view_of(&st, n)).collect())
+    names.into_iter().filter_map(|n| view_of(&st, n)).collect()
+}
+
+/// An account the shared store holds and no replica serves: its stored record, no agent.
+pub(crate) fn stored_view(name: &str, record: &crate::registry::AccountRecord) -> AccountView {
+    let mut view = agentless_view(
+        name,
+        record.cluster.clone(),
+        crate::registry::AccountState::Inactive,
+        "no agent serves it on any replica; its cache is kept in the shared store until the \
+         grace period ends"
+            .into(),
+    );
+    view.namespaces = record.namespaces.clone();
+    view.properties = record.properties.clone();
+    view
 }
 
 async fn account(State(hub): State<Arc<Hub>>, Path(name): Path<String>) -> Response {

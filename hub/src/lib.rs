@@ -22,6 +22,7 @@ pub mod commits;
 pub mod config;
 pub mod dynamic_accounts;
 pub mod error;
+pub mod fleet;
 pub mod forwarded;
 pub mod http;
 pub mod identity;
@@ -34,6 +35,7 @@ pub mod registry;
 pub mod serve;
 pub mod service;
 pub mod session;
+pub mod shared;
 pub mod store;
 pub mod tls_reload;
 pub mod tokens;
@@ -150,6 +152,9 @@ pub(crate) struct Hub {
     pub(crate) replica: owners::ReplicaIdentity,
     /// Sends requests to the owners of accounts; `None` with one replica.
     pub(crate) forwarder: Option<owners::forward::Forwarder>,
+    /// The shared store's reads ([`shared`]); `None` with one replica (the embedded store),
+    /// which reads its store at start-up only.
+    pub(crate) shared: Option<store::SharedStore>,
     /// Wakes the ownership task ([`owners::duty`]) when agents come or go.
     pub(crate) owners_wake: tokio::sync::Notify,
     pub(crate) shutdown: watch::Receiver<bool>,
@@ -593,6 +598,12 @@ pub async fn start(config: Config) -> Result<RunningHub> {
             epoch: Arc::new(move |account| held.held_epoch(account)),
         }));
     }
+    // Replicas sharing the store read each other's writes ([`shared`]).
+    let shared = if ownership.owns_everything() {
+        None
+    } else {
+        store.shared()
+    };
     let mut state = HubState {
         cache: loaded.cache,
         registry: if ownership.owns_everything() {
@@ -755,6 +766,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         replica,
         owners_wake: tokio::sync::Notify::new(),
         forwarder,
+        shared,
         shutdown: shutdown_rx,
         grpc_listening: AtomicBool::new(false),
         store_open: AtomicBool::new(true),
@@ -895,6 +907,9 @@ pub async fn start(config: Config) -> Result<RunningHub> {
             Arc::new(owners::MemoryIsCurrent)
         };
         tokio::spawn(owners::duty::run(hub.clone(), source));
+    }
+    if let Some(store) = hub.shared.clone() {
+        tokio::spawn(shared::run(hub.clone(), store));
     }
 
     Ok(RunningHub {

@@ -65,10 +65,30 @@ impl AgentHub for AgentHubService {
             }
             _ => request.peer_certs(),
         };
-        let auth = authenticate(&self.hub, peer_certs.as_deref().map(Vec::as_slice), request.metadata())
+        // Replicas sharing a store: a bearer token or an enrolment made through another
+        // replica is looked up there before the stream is judged.
+        if let Some(token) = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split_once(' '))
+            .map(|(_, token)| token.trim().to_string())
+        {
+            crate::shared::learn_agent_token(&self.hub, &token, false).await;
+        }
+        let mut auth = authenticate(&self.hub, peer_certs.as_deref().map(Vec::as_slice), request.metadata())
             .inspect_err(|status| {
                 tracing::warn!(%peer, code = ?status.code(), reason = status.message(), "agent stream refused");
             })?;
+        if auth.certificate == Some(crate::agent_auth::CertificateOrigin::Hub)
+            && crate::shared::learn_enrolled(&self.hub, &auth.identity).await
+        {
+            auth = authenticate(
+                &self.hub,
+                peer_certs.as_deref().map(Vec::as_slice),
+                request.metadata(),
+            )?;
+        }
         tracing::debug!(%peer, identity = %auth.identity, via = %auth.via, "agent authenticated");
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(OUTBOUND_BUFFER);
@@ -170,6 +190,9 @@ async fn enroll(hub: &Hub, request: pb::EnrollRequest) -> Result<pb::IssuedCerti
     // The store lock is held from the check to the durable commit, so two enrolments with
     // one token cannot both succeed.
     let mut store = hub.store.lock().await;
+    // Replicas sharing a store: the token as the store holds it now (issued, used or
+    // revoked through another replica).
+    crate::shared::learn_agent_token(hub, &request.token, true).await;
     let now = jiff::Timestamp::now().as_second();
     let record = hub
         .agent_tokens()
@@ -185,6 +208,28 @@ async fn enroll(hub: &Hub, request: pb::EnrollRequest) -> Result<pb::IssuedCerti
         )
         .map_err(Status::invalid_argument)?;
     let ops = hub.agent_tokens().consume(&record.id, now);
+    // Once across replicas: the token is marked used in the store only if no replica did
+    // first (the store's lock above serializes this replica's enrolments only).
+    if let Some(shared) = &hub.shared {
+        let used = ops.iter().find_map(|op| match op {
+            crate::store::StoreOp::PutAgentToken { record } => Some(record.clone()),
+            _ => None,
+        });
+        if let Some(used) = used {
+            let claimed = shared.claim_enrolment(&used).await.map_err(|e| {
+                Status::unavailable(format!(
+                    "the hub could not store the enrolment: {}",
+                    crate::error::Chain(&e)
+                ))
+            })?;
+            if !claimed {
+                return Err(Status::permission_denied(format!(
+                    "enrolment token {} was already used through another hub replica (an                      enrolment token works once); ask the hub's admin for a new one                      (`scale-agent-hub agent-token create --once`)",
+                    record.id
+                )));
+            }
+        }
+    }
     store.commit(ops).await.map_err(|e| {
         Status::internal(format!(
             "the hub could not store the enrolment: {}",
@@ -599,6 +644,18 @@ async fn process_batch(
 ) -> Result<(), Status> {
     let mut fx = Effects::default();
     let mut protocol_error = None;
+    // Replicas sharing a store: the cluster and binding of each account registered here,
+    // as another replica may have stored them.
+    if hub.shared.is_some() {
+        let registered: Vec<String> = batch
+            .iter()
+            .filter_map(|m| match &m.kind {
+                Some(pb::agent_message::Kind::RegisterAccount(r)) => Some(r.account.clone()),
+                _ => None,
+            })
+            .collect();
+        crate::shared::learn_accounts(hub, &registered).await;
+    }
     let queued = {
         let mut st = hub.state();
         let now = now();

@@ -199,6 +199,34 @@ impl Tokens {
         Some(record)
     }
 
+    /// Replaces every record with the store's (replicas sharing a store: what the others
+    /// issued and revoked); the derivation key stays.
+    pub fn replace_records(&mut self, records: Vec<TokenRecord>) {
+        self.records.clear();
+        self.by_hash.clear();
+        self.by_name.clear();
+        for record in records {
+            self.insert(record);
+        }
+    }
+
+    /// Adds a record another replica issued (looked up in the shared store), replacing the
+    /// one of the same account and name.
+    pub fn learn(&mut self, record: TokenRecord) {
+        if let Some(id) = self
+            .find(&record.account, &record.name)
+            .map(|r| r.id.clone())
+        {
+            self.remove(&id);
+        }
+        self.insert(record);
+    }
+
+    /// Whether `token` is one of the records held (proxy or API).
+    pub fn knows(&self, token: &str) -> bool {
+        self.verify_any(token).is_some()
+    }
+
     /// The record of a presented proxy token, if it is one the hub issued and did not revoke.
     pub fn verify(&self, token: &str) -> Option<&TokenRecord> {
         self.verify_any(token).filter(|r| r.role.is_none())

@@ -215,6 +215,58 @@ impl Forwarder {
         };
         Ok(Response::from_parts(parts, body))
     }
+
+    /// GETs `path` of this replica's own view from `replica` at `address` (under
+    /// `/internal`), as JSON, within `timeout`. The error says why it cannot be reached.
+    pub(crate) async fn get_json(
+        &self,
+        hub: &Hub,
+        replica: &str,
+        address: &str,
+        path: &str,
+        timeout: Duration,
+    ) -> std::result::Result<serde_json::Value, String> {
+        use http_body_util::BodyExt as _;
+        let unreachable =
+            |why: String| format!("hub replica {replica} cannot be asked at {address}: {why}");
+        let uri: http::Uri = format!("{}{INTERNAL_PREFIX}{path}", address.trim_end_matches('/'))
+            .parse()
+            .map_err(|e| unreachable(format!("not a URL: {e}")))?;
+        let mut request = http::Request::get(uri)
+            .body(Body::empty())
+            .map_err(|e| unreachable(e.to_string()))?;
+        let bearer = HeaderValue::from_str(&format!("Bearer {}", self.secret.0))
+            .map_err(|_| unreachable("the replica secret is not a header value".into()))?;
+        request.headers_mut().insert(header::AUTHORIZATION, bearer);
+        if let Ok(id) = HeaderValue::from_str(&hub.replica.id) {
+            request.headers_mut().insert(FORWARDED_BY, id);
+        }
+        let ask = async {
+            let response = self
+                .client
+                .request(request)
+                .await
+                .map_err(|e| unreachable(crate::error::Chain(&e).to_string()))?;
+            let code = response.status();
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| unreachable(format!("its answer broke off: {e}")))?
+                .to_bytes();
+            if !code.is_success() {
+                return Err(unreachable(format!(
+                    "it answered {code}: {}",
+                    String::from_utf8_lossy(&body).trim()
+                )));
+            }
+            serde_json::from_slice(&body)
+                .map_err(|e| unreachable(format!("its answer is not JSON: {e}")))
+        };
+        tokio::time::timeout(timeout, ask)
+            .await
+            .unwrap_or_else(|_| Err(unreachable(format!("no answer within {timeout:?}"))))
+    }
 }
 
 /// The client's headers as the owner gets them: its credentials stay here (the owner

@@ -95,6 +95,9 @@ async fn handle(State(hub): State<Arc<Hub>>, request: Request) -> Response {
     let discovery_path = split_path(request.uri().path())
         .is_some_and(|(_, path)| discovery::is_discovery(&method, path));
     let upgrade = headers::is_upgrade(request.headers());
+    // Replicas sharing a store: a token issued through another replica is looked up there
+    // before it is judged (and named in the audit).
+    crate::shared::learn_bearer(&hub, request.headers()).await;
     // Writes are audited: who (the token's name), what, and how it ended.
     let audit = crate::audit::is_proxy_write(&method, upgrade).then(|| {
         let (account, api_path) = split_path(request.uri().path()).unwrap_or_default();

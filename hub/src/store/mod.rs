@@ -31,7 +31,7 @@ use std::{path::Path, sync::Arc, time::Duration};
 use serde::{Deserialize, Serialize};
 
 pub(crate) use self::postgres::fenced_accounts;
-pub use self::postgres::{Fencing, HeldEpoch, PostgresOptions};
+pub use self::postgres::{Fencing, HeldEpoch, OwnerRow, PostgresOptions, ReplicaRow, SharedStore};
 use crate::{
     agent_tokens::{AgentTokenRecord, EnrolledIdentity},
     cache::{AccountCache, Cache, CachedObject, KindInfo, KindKey, PackedJson},
@@ -208,6 +208,17 @@ pub struct Loaded {
     pub dynamic_accounts: Vec<(String, DynamicAccountRecord)>,
 }
 
+/// The small tables replicas sharing a store keep in memory and read again periodically
+/// ([`SharedStore::tables`]).
+#[derive(Debug, Default)]
+pub struct SharedTables {
+    pub tokens: Vec<TokenRecord>,
+    pub agent_tokens: Vec<AgentTokenRecord>,
+    pub enrolled: Vec<EnrolledIdentity>,
+    pub bindings: Vec<(String, AccountBinding)>,
+    pub dynamic_accounts: Vec<(String, DynamicAccountRecord)>,
+}
+
 /// A test seam: called on the commit's blocking thread with the batch before it is
 /// written. It may block (a slow disk) or fail the commit (`Err(message)`).
 pub type CommitHook = Arc<dyn Fn(&[StoreOp]) -> Result<(), String> + Send + Sync>;
@@ -303,6 +314,16 @@ impl Store {
     /// replica reads only the accounts it owns.
     pub fn loads_accounts_separately(&self) -> bool {
         matches!(self, Store::Postgres(_))
+    }
+
+    /// What replicas sharing the store read of each other's writes ([`SharedStore`]):
+    /// PostgreSQL only (the embedded store has one replica, which reads nothing back);
+    /// `None` once closed.
+    pub fn shared(&self) -> Option<SharedStore> {
+        match self {
+            Store::Embedded(_) => None,
+            Store::Postgres(s) => s.shared(),
+        }
     }
 
     /// Installs the fencing check of every later commit (PostgreSQL; the embedded store has
