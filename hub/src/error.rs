@@ -49,8 +49,9 @@ pub enum HubError {
         #[source]
         source: Box<redb::Error>,
     },
-    /// The PostgreSQL store failed.
-    #[error("{context}")]
+    /// The PostgreSQL store failed. Its message names PostgreSQL whichever way the failure
+    /// shows (a statement refused, or the connection found closed only by the statement).
+    #[error("PostgreSQL {context}")]
     Postgres {
         context: String,
         #[source]
