@@ -383,7 +383,8 @@ impl Config {
         }
         if self.replica_sync_period.is_zero() {
             return Err(HubError::Config(
-                "--replica-sync-period must be more than 0 (e.g. 2s): it is how often a                  replica reads tokens, bindings and dynamic accounts the others wrote"
+                "--replica-sync-period must be more than 0 (e.g. 2s): it is how often a \
+                 replica reads tokens, bindings and dynamic accounts the others wrote"
                     .into(),
             ));
         }
