@@ -890,7 +890,12 @@ pub async fn sync_and_resume(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Res
 /// bytes per object, RssAnon bytes per object), from (objects, VmRSS growth KiB, RssAnon
 /// growth KiB) per size, sorted by size; `None` with fewer than two sizes.
 fn memory_slope(growth: &[(usize, u64, u64)]) -> Option<(usize, f64, f64)> {
-    let [.., (small, rss_small, anon_small), (large, rss_large, anon_large)] = growth else {
+    let [
+        ..,
+        (small, rss_small, anon_small),
+        (large, rss_large, anon_large),
+    ] = growth
+    else {
         return None;
     };
     let objects = large.checked_sub(*small).filter(|d| *d > 0)? as f64;
@@ -1297,6 +1302,10 @@ mod tests {
             (10_000, 2_000 + 10_000, 2_000 + 7_500),
         ];
         assert_eq!(memory_slope(&growth), Some((1_000, 1024.0, 768.0)));
-        assert_eq!(memory_slope(&[(5, 1, 1), (5, 2, 2)]), None, "one size twice");
+        assert_eq!(
+            memory_slope(&[(5, 1, 1), (5, 2, 2)]),
+            None,
+            "one size twice"
+        );
     }
 }

@@ -29,5 +29,8 @@ fn large_blocks_keep_their_own_mappings_after_a_larger_one_was_freed() {
         during >= before + (1 << 20),
         "a 1 MiB block is mapped on its own ({before} B mapped before it, {during} B with it)"
     );
-    assert!(after < during, "and unmapped when freed ({after} B mapped after)");
+    assert!(
+        after < during,
+        "and unmapped when freed ({after} B mapped after)"
+    );
 }

@@ -25,7 +25,11 @@ pub fn main() -> anyhow::Result<()> {
     let allocator = crate::allocator::configure();
     let args = Args::parse();
     scale_agent_runtime::init_tracing(args.log_format);
-    tracing::debug!(allocator, mmap_threshold = crate::allocator::MMAP_THRESHOLD, "allocator's mmap threshold fixed");
+    tracing::debug!(
+        allocator,
+        mmap_threshold = crate::allocator::MMAP_THRESHOLD,
+        "allocator's mmap threshold fixed"
+    );
     let config = args.into_config()?;
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
