@@ -764,6 +764,8 @@ pub async fn sync_and_resume(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Res
     let mut sizes = o.sync_sizes.clone();
     sizes.sort_unstable();
     let largest = sizes.last().copied().unwrap_or(0);
+    // (objects, hub VmRSS and RssAnon growth in KiB) per sync size, for the slope.
+    let mut growth: Vec<(usize, u64, u64)> = Vec::new();
     for n in sizes {
         let ns = env.namespace(&format!("bench-sync-{n}")).await?;
         let created = env
@@ -801,31 +803,65 @@ pub async fn sync_and_resume(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Res
             ),
             values: json!({ "objects": n, "sync_seconds": sync_secs, "list_seconds": list_secs, "list_json_bytes": list_bytes }),
         });
+        agent.wait_ready(LONG).await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        // Hub memory per cached object: 1 s after the sync, and 3 s after, once the hub's
+        // store has made the snapshot durable (a durable commit at least every second, made
+        // by a task that runs every second) and let go of the copy of its changes it keeps
+        // until then.
+        let hub_after = hub.stats()?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let hub_settled = hub.stats()?;
+        let growth_kib = |after: &crate::procs::ProcStats| {
+            (
+                after.rss_kib.saturating_sub(hub_before.rss_kib),
+                after.rss_anon_kib.saturating_sub(hub_before.rss_anon_kib),
+            )
+        };
+        let (settled_rss, settled_anon) = growth_kib(&hub_settled);
+        growth.push((n, settled_rss, settled_anon));
         if n != largest {
             continue;
         }
-        agent.wait_ready(LONG).await?;
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        // Hub memory per cached object.
-        let hub_after = hub.stats()?;
-        let per_object =
-            (hub_after.rss_kib.saturating_sub(hub_before.rss_kib)) as f64 * 1024.0 / n as f64;
+        let per_object = |kib: u64| kib as f64 * 1024.0 / n as f64;
+        let (after_rss, after_anon) = growth_kib(&hub_after);
         let json_per_object = list_bytes as f64 / n as f64;
+        let slope = memory_slope(&growth);
+        let slope_text = slope
+            .map(|(small, rss, anon)| {
+                format!(
+                    "; 3 s after, slope from {small} to {n} objects: {} per object ({} anonymous)",
+                    bytes(rss),
+                    bytes(anon)
+                )
+            })
+            .unwrap_or_default();
         rows.push(Row {
             id: "hub-memory".into(),
             measure: 5,
             title: format!("Hub RSS per cached object ({n} ConfigMaps)"),
             system: format!(
-                "{} per object (RSS {} → {})",
-                bytes(per_object),
+                "{} per object 1 s after the sync, {} 3 s after (RSS {} → {} → {}; anonymous {} and {} per object{slope_text})",
+                bytes(per_object(after_rss)),
+                bytes(per_object(settled_rss)),
                 mib(hub_before.rss_kib),
-                mib(hub_after.rss_kib)
+                mib(hub_after.rss_kib),
+                mib(hub_settled.rss_kib),
+                bytes(per_object(after_anon)),
+                bytes(per_object(settled_anon)),
             ),
             baseline_name: "the object's JSON size in a LIST".into(),
             baseline: format!("{} per object", bytes(json_per_object)),
-            note: "hub as a process: VmRSS before the agent connected and after it held all objects (the object in memory, redb's page cache of the store, allocator overhead)".into(),
+            note: "hub as a process: VmRSS (and RssAnon, without the executable's pages the sync touched) before the agent connected, and 1 s and 3 s after it held all objects (by 3 s the store has made the snapshot durable and dropped the copy of its changes it kept until then), over the objects: the object in memory, redb's page cache of the store, allocator overhead, what the process first touches for an agent; the slope, with two sync sizes, is the difference in growth 3 s after over the difference in objects, without what does not grow with the objects".into(),
             values: json!({ "objects": n, "hub_rss_before_kib": hub_before.rss_kib, "hub_rss_after_kib": hub_after.rss_kib,
-                "hub_bytes_per_object": per_object, "json_bytes_per_object": json_per_object }),
+                "hub_rss_settled_kib": hub_settled.rss_kib,
+                "hub_rss_anon_before_kib": hub_before.rss_anon_kib, "hub_rss_anon_after_kib": hub_after.rss_anon_kib,
+                "hub_rss_anon_settled_kib": hub_settled.rss_anon_kib,
+                "hub_bytes_per_object": per_object(after_rss), "hub_anon_bytes_per_object": per_object(after_anon),
+                "hub_settled_bytes_per_object": per_object(settled_rss), "hub_settled_anon_bytes_per_object": per_object(settled_anon),
+                "hub_settled_growth_kib_per_size": growth.iter().map(|(n, rss, anon)| json!({ "objects": n, "rss_kib": rss, "rss_anon_kib": anon })).collect::<Vec<_>>(),
+                "hub_slope_bytes_per_object": slope.map(|s| s.1), "hub_anon_slope_bytes_per_object": slope.map(|s| s.2),
+                "json_bytes_per_object": json_per_object }),
         });
         // Agent footprint with the objects watched, against the reflector floor.
         let window = Duration::from_secs(o.idle_seconds.max(1));
@@ -848,6 +884,27 @@ pub async fn sync_and_resume(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Res
         resume(env, o, &mut hub, &agent, &ns, &account, n, rows).await?;
     }
     Ok(())
+}
+
+/// Hub memory per object between the two largest sync sizes: (the smaller size, VmRSS
+/// bytes per object, RssAnon bytes per object), from (objects, VmRSS growth KiB, RssAnon
+/// growth KiB) per size, sorted by size; `None` with fewer than two sizes.
+fn memory_slope(growth: &[(usize, u64, u64)]) -> Option<(usize, f64, f64)> {
+    let [
+        ..,
+        (small, rss_small, anon_small),
+        (large, rss_large, anon_large),
+    ] = growth
+    else {
+        return None;
+    };
+    let objects = large.checked_sub(*small).filter(|d| *d > 0)? as f64;
+    let per_object = |a: u64, b: u64| (b as f64 - a as f64) * 1024.0 / objects;
+    Some((
+        *small,
+        per_object(*rss_small, *rss_large),
+        per_object(*anon_small, *anon_large),
+    ))
 }
 
 /// Whether the hub holds the account's ConfigMaps up to `rv` with `n` objects.
@@ -1230,4 +1287,25 @@ pub async fn many_agents(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<
         values: json!({ "runs": figures, "hub_bytes_per_extra_agent": per_agent }),
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::memory_slope;
+
+    #[test]
+    fn the_slope_leaves_out_what_does_not_grow_with_the_objects() {
+        assert_eq!(memory_slope(&[(10_000, 12_000, 9_000)]), None, "one size");
+        // 2,000 KiB that any sync costs, then 1 KiB per object (0.75 anonymous).
+        let growth = [
+            (1_000, 2_000 + 1_000, 2_000 + 750),
+            (10_000, 2_000 + 10_000, 2_000 + 7_500),
+        ];
+        assert_eq!(memory_slope(&growth), Some((1_000, 1024.0, 768.0)));
+        assert_eq!(
+            memory_slope(&[(5, 1, 1), (5, 2, 2)]),
+            None,
+            "one size twice"
+        );
+    }
 }

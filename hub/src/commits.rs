@@ -25,6 +25,7 @@ use std::{
 use tokio::sync::{Notify, watch};
 
 use crate::{
+    allocator::release_free_memory,
     metrics::Metrics,
     store::{Failed, Store, StoreOp},
 };
@@ -52,24 +53,6 @@ const TRIM_PERIOD: Duration = Duration::from_secs(10);
 fn should_trim(bytes: u64, since: Option<Duration>) -> bool {
     bytes >= TRIM_AFTER_BYTES && since.is_none_or(|s| s >= TRIM_PERIOD)
 }
-
-/// Gives the allocator's free pages back to the system. A snapshot is staged whole (its
-/// objects, the agent's messages, the commit's encoded values and redb's dirty pages) before
-/// it replaces the cache; glibc keeps most of what that frees in its arenas, as RSS, for
-/// the next allocations of the same thread. Bench measure 5 measured about 90 B per cached
-/// object of it after a sync of 10,000 objects.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-#[allow(unsafe_code)] // A call into glibc.
-fn release_free_memory() {
-    // SAFETY: malloc_trim takes no pointer and only walks glibc's own arenas, under their
-    // locks; it is safe to call from any thread at any time.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn release_free_memory() {}
 
 /// Where the writer stands, for the streams waiting to acknowledge.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

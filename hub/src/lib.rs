@@ -13,6 +13,7 @@ pub mod agent_auth;
 pub mod agent_ca;
 pub mod agent_renewal;
 pub mod agent_tokens;
+pub mod allocator;
 pub mod api_auth;
 pub mod audit;
 pub mod cache;

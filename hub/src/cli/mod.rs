@@ -21,8 +21,15 @@ pub fn main() -> anyhow::Result<()> {
             .build()?;
         return runtime.block_on(admin::run(command));
     }
+    // Before the runtime's threads allocate.
+    let allocator = crate::allocator::configure();
     let args = Args::parse();
     scale_agent_runtime::init_tracing(args.log_format);
+    tracing::debug!(
+        allocator,
+        mmap_threshold = crate::allocator::MMAP_THRESHOLD,
+        "allocator's mmap threshold fixed"
+    );
     let config = args.into_config()?;
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
