@@ -160,8 +160,11 @@ impl Env {
             format!("--replica-address=http://{http_addr}"),
             format!("--replica-secret-file={}", secret_file.display()),
         ];
-        self.hub_at(name, HttpListener::Plaintext, args, http_addr)
-            .await
+        let mut hub = self
+            .hub_at(name, HttpListener::Plaintext, args, http_addr)
+            .await?;
+        hub.replica = Some(name.to_string());
+        Ok(hub)
     }
 
     /// Starts a hub process whose HTTP listener serves TLS, as in production: the serving
@@ -210,6 +213,7 @@ impl Env {
             listener,
             extra_args,
             starts: 0,
+            replica: None,
         };
         hub.start().await?;
         Ok(hub)
@@ -362,6 +366,9 @@ pub struct HubProc {
     /// More flags (the store's).
     extra_args: Vec<String>,
     starts: usize,
+    /// `--replica-id` of a replica sharing a store: its `/api/v1/agents` lists every
+    /// replica's agents, each with `hubReplica`.
+    replica: Option<String>,
 }
 
 impl HubProc {
@@ -526,14 +533,18 @@ impl HubProc {
         Ok(metric_sum(&self.metrics().await?, name, &[]))
     }
 
-    /// Agent streams connected (`GET /api/v1/agents`).
+    /// Agent streams connected to this hub process (`GET /api/v1/agents`; a replica lists
+    /// every replica's, so only its own are counted).
     pub async fn agents_connected(&self) -> Result<usize> {
-        Ok(self
-            .get_json("/api/v1/agents")
-            .await?
-            .as_array()
-            .map(Vec::len)
-            .unwrap_or(0))
+        let agents = self.get_json("/api/v1/agents").await?;
+        let agents = agents.as_array().map(Vec::as_slice).unwrap_or_default();
+        Ok(match &self.replica {
+            Some(replica) => agents
+                .iter()
+                .filter(|a| a["hubReplica"] == replica.as_str() && a.get("unreachable").is_none())
+                .count(),
+            None => agents.len(),
+        })
     }
 
     pub async fn get_json(&self, path: &str) -> Result<serde_json::Value> {
