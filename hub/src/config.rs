@@ -1189,6 +1189,7 @@ mod tests {
         assert_eq!(args.max_unacked, 1000);
         assert_eq!(args.max_object_bytes, 2 * 1024 * 1024);
         assert_eq!(args.store_cache_mib, 2);
+        assert_eq!(args.watch_history_mib, 256);
         assert_eq!(args.agent_cert_lifetime, DEFAULT_AGENT_CERT_LIFETIME);
         let err = args.into_config().unwrap_err().to_string();
         assert!(err.contains("--tls-cert, --tls-key"), "{err}");
