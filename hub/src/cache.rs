@@ -13,7 +13,7 @@ pub mod packed;
 mod results;
 
 use bytes::Bytes;
-pub use history::{EventType, History, HistoryEvent};
+pub use history::{EventType, History, HistoryBudget, HistoryEvent};
 pub use packed::PackedJson;
 pub use results::apply_result_to_cache;
 
@@ -263,6 +263,8 @@ pub enum Applied {
 #[derive(Clone, Debug, Default)]
 pub struct Cache {
     pub accounts: BTreeMap<String, AccountCache>,
+    /// The bytes all the watch histories hold, against `--watch-history-mib`.
+    pub history_budget: HistoryBudget,
 }
 
 impl Cache {
@@ -322,6 +324,7 @@ impl Cache {
         event: Event,
         ops: &mut Vec<StoreOp>,
     ) -> Applied {
+        let budget = self.history_budget.clone();
         let kind = self.kind_mut(account, info, ops);
         let rv = event.object.resource_version.clone();
         let behind_resume = kind
@@ -336,7 +339,7 @@ impl Cache {
             return Applied::Stale;
         }
         let key = info.key();
-        record_history(kind, &event);
+        record_history(kind, &event, &budget);
         if behind_object {
             // The echo of a write an operation's result already brought in.
             advance(kind, account, &key, &event.watch_namespace, &rv, ops);
@@ -612,7 +615,7 @@ impl Cache {
 
 /// Appends a watch's event to the history of its scope (before the object map changes:
 /// whether the object was there decides ADDED or MODIFIED).
-fn record_history(kind: &mut KindCache, event: &Event) {
+fn record_history(kind: &mut KindCache, event: &Event, budget: &HistoryBudget) {
     let scope = event.watch_namespace.as_str();
     // Another watch covering the object (the cluster-wide one during a move to
     // per-namespace watches, or back) does not see this event.
@@ -648,16 +651,16 @@ fn record_history(kind: &mut KindCache, event: &Event) {
         kind.reset_history(scope, None);
         return;
     };
-    kind.histories
-        .entry(scope.to_string())
-        .or_default()
-        .push(HistoryEvent {
+    kind.histories.entry(scope.to_string()).or_default().push(
+        HistoryEvent {
             resource_version,
             event_type,
             namespace: event.object.namespace.clone(),
             json: Bytes::from(json),
             previous: previous.filter(|_| existed),
-        });
+        },
+        budget,
+    );
 }
 
 fn advance(
@@ -991,5 +994,58 @@ mod tests {
             KindKey::from_storage_key("/Pod").unwrap().to_string(),
             "Pod"
         );
+    }
+
+    /// Many accounts' histories share the hub's budget: the cache never holds more (each
+    /// history here keeps more than its floor), a removed account or a relist gives its
+    /// bytes back, and a watcher from before a trimmed history's start is told it is too
+    /// old.
+    #[test]
+    fn histories_of_all_accounts_share_the_budget() {
+        let mut c = Cache {
+            history_budget: HistoryBudget::new(64 * 1024),
+            ..Cache::default()
+        };
+        let mut ops = Vec::new();
+        let accounts: Vec<String> = (0..8).map(|i| format!("account-{i}")).collect();
+        for a in &accounts {
+            c.replace_scope(a, &info(), "", snapshot(&[]), "10", &mut ops);
+        }
+        let held = |c: &Cache| -> usize {
+            c.accounts
+                .values()
+                .flat_map(|a| a.kinds.values())
+                .flat_map(|k| k.histories.values())
+                .map(History::bytes)
+                .sum()
+        };
+        for rv in 11..2000u64 {
+            for a in &accounts {
+                let o = obj("x", &format!("object-{}", rv % 7), &rv.to_string());
+                c.apply_event(a, &info(), ev(false, o, ""), &mut ops);
+                let budget = &c.history_budget;
+                assert!(budget.held() <= budget.limit(), "{} held", budget.held());
+            }
+            ops.clear();
+        }
+        assert_eq!(c.history_budget.held(), held(&c));
+        assert!(c.history_budget.evicted() > 0);
+        let h = c.accounts["account-0"].kinds[&info().key()]
+            .history("")
+            .unwrap();
+        let start = h.start.unwrap();
+        assert!(start > 10 && h.events.len() > history::MIN_EVENTS);
+        assert!(h.since(start - 1).is_none(), "behind the window: 410");
+        assert_eq!(h.since(start).unwrap().count(), h.events.len());
+        // A removed account, and a relist, give their bytes back.
+        let before = c.history_budget.held();
+        c.remove_account("account-0");
+        assert!(c.history_budget.held() < before);
+        c.replace_scope("account-1", &info(), "", snapshot(&[]), "3000", &mut ops);
+        assert_eq!(c.history_budget.held(), held(&c));
+        for a in &accounts[2..] {
+            c.remove_account(a);
+        }
+        assert_eq!(c.history_budget.held(), 0);
     }
 }

@@ -170,6 +170,9 @@ pub struct Config {
     pub max_objects_per_account: u64,
     /// redb's page cache (`--store-cache-mib`).
     pub store_cache_bytes: usize,
+    /// Bytes all the watch histories may hold together (`--watch-history-mib`; 0: only the
+    /// per-kind limits).
+    pub watch_history_bytes: usize,
     /// Largest body of a REST API request (an operation's manifests).
     pub max_request_bytes: usize,
     /// Empty: only the account patterns of agent tokens and enrolments limit registrations.
@@ -319,6 +322,7 @@ impl Config {
             max_staged_bytes: DEFAULT_MAX_STAGED_BYTES,
             max_objects_per_account: 0,
             store_cache_bytes: crate::store::DEFAULT_STORE_CACHE_BYTES,
+            watch_history_bytes: crate::cache::history::DEFAULT_BUDGET_BYTES,
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             allow: Vec::new(),
             operation_retention: Duration::from_secs(15 * 60),
@@ -694,6 +698,14 @@ pub struct Args {
     #[arg(long, env = "SCALE_AGENT_HUB_STORE_CACHE_MIB", default_value_t = crate::store::DEFAULT_STORE_CACHE_BYTES / (1024 * 1024))]
     pub store_cache_mib: usize,
 
+    /// Most MiB of objects the watch histories of all accounts and kinds hold together
+    /// (what the Kubernetes API proxy serves watches from; each kind also keeps at most the
+    /// last 4096 events or 32 MiB). A history whose event takes the total past it drops its
+    /// own oldest events, down to its newest 16: a watch from before them is answered 410
+    /// Gone ("too old resource version") and lists again. 0 means no hub-wide limit.
+    #[arg(long, env = "SCALE_AGENT_HUB_WATCH_HISTORY_MIB", default_value_t = crate::cache::history::DEFAULT_BUDGET_BYTES / (1024 * 1024))]
+    pub watch_history_mib: usize,
+
     /// Most bytes of objects one agent stream may hold in snapshots it has begun and not
     /// ended (a relist is staged whole before it replaces the cache). A stream past it is
     /// ended with RESOURCE_EXHAUSTED naming the account and kind.
@@ -957,6 +969,7 @@ impl Args {
             max_staged_bytes: self.max_staged_bytes,
             max_objects_per_account: self.max_objects_per_account,
             store_cache_bytes: self.store_cache_mib.saturating_mul(1024 * 1024),
+            watch_history_bytes: self.watch_history_mib.saturating_mul(1024 * 1024),
             max_request_bytes: self.max_request_bytes,
             allow: self.allow,
             operation_retention: self.operation_retention,
@@ -1176,6 +1189,7 @@ mod tests {
         assert_eq!(args.max_unacked, 1000);
         assert_eq!(args.max_object_bytes, 2 * 1024 * 1024);
         assert_eq!(args.store_cache_mib, 2);
+        assert_eq!(args.watch_history_mib, 256);
         assert_eq!(args.agent_cert_lifetime, DEFAULT_AGENT_CERT_LIFETIME);
         let err = args.into_config().unwrap_err().to_string();
         assert!(err.contains("--tls-cert, --tls-key"), "{err}");

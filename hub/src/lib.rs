@@ -433,6 +433,13 @@ impl Hub {
         self.metrics
             .objects_cached
             .set(st.cache.object_count() as i64);
+        let budget = &st.cache.history_budget;
+        self.metrics.watch_history_bytes.set(budget.held() as i64);
+        // Under the state lock: two scrapes do not add the same evictions twice.
+        let counted = self.metrics.watch_history_evicted.get();
+        self.metrics
+            .watch_history_evicted
+            .inc_by(budget.evicted().saturating_sub(counted));
         drop(st);
         self.metrics
             .proxy_exchanges_open
@@ -605,6 +612,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
     } else {
         store.shared()
     };
+    loaded.cache.history_budget = cache::HistoryBudget::new(config.watch_history_bytes);
     let mut state = HubState {
         cache: loaded.cache,
         registry: if ownership.owns_everything() {

@@ -16,6 +16,10 @@ pub struct Metrics {
     /// Account state transitions, by the state entered.
     pub account_transitions: Family<[(&'static str, &'static str); 1], Counter>,
     pub objects_cached: Gauge,
+    /// Bytes of objects the watch histories hold (against `--watch-history-mib`).
+    pub watch_history_bytes: Gauge,
+    /// Watch history events dropped for `--watch-history-mib` (not the per-kind limits).
+    pub watch_history_evicted: Counter,
     /// By message type (hello, register_account, object, bookmark, ...).
     pub events_received: Family<[(&'static str, &'static str); 1], Counter>,
     pub bytes_received: Counter,
@@ -69,6 +73,8 @@ impl Metrics {
         let accounts_by_state = Family::default();
         let account_transitions = Family::default();
         let objects_cached = Gauge::default();
+        let watch_history_bytes = Gauge::default();
+        let watch_history_evicted = Counter::default();
         let events_received = Family::default();
         let bytes_received = Counter::default();
         let resumes = Counter::default();
@@ -168,6 +174,17 @@ impl Metrics {
             objects_cached.clone(),
         );
         registry.register(
+            "watch_history_bytes",
+            "Bytes of objects the watch histories of all accounts and kinds hold (the proxy's \
+             watches are served from them; bounded by --watch-history-mib)",
+            watch_history_bytes.clone(),
+        );
+        registry.register(
+            "watch_history_evicted",
+            "Watch history events dropped to stay within --watch-history-mib",
+            watch_history_evicted.clone(),
+        );
+        registry.register(
             "events_received",
             "Messages received from agents, by type",
             events_received.clone(),
@@ -194,6 +211,8 @@ impl Metrics {
             accounts_by_state,
             account_transitions,
             objects_cached,
+            watch_history_bytes,
+            watch_history_evicted,
             events_received,
             bytes_received,
             resumes,
@@ -312,6 +331,8 @@ mod tests {
             "scale_agent_hub_connected_agents",
             "scale_agent_hub_accounts",
             "scale_agent_hub_objects_cached",
+            "scale_agent_hub_watch_history_bytes 0",
+            "scale_agent_hub_watch_history_evicted_total 0",
             "scale_agent_hub_events_received_total{type=\"object\"} 1",
             "scale_agent_hub_bytes_received_total 10",
             "scale_agent_hub_resumes_total 0",

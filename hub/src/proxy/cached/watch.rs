@@ -219,8 +219,8 @@ fn read_history(hub: &Hub, account: &str, position: &Position) -> Step {
     let Some(events) = history.since(position.resource_version) else {
         return Step::Gone(format!(
             "too old resource version: {} (the Scale Agent hub keeps the last {} events of a \
-             kind, and this watch fell behind them): list again and watch from the list's \
-             resourceVersion",
+             kind, fewer when all kinds' together take more than --watch-history-mib, and this \
+             watch fell behind them): list again and watch from the list's resourceVersion",
             position.resource_version,
             crate::cache::history::MAX_EVENTS
         ));
@@ -418,7 +418,8 @@ fn start(
             let gone = history.since(wanted).is_none().then(|| {
                 format!(
                     "too old resource version: {wanted} ({}): the Scale Agent hub keeps the \
-                     last {} events of a kind; list again and watch from the list's \
+                     last {} events of a kind, fewer when all kinds' together take more than \
+                     --watch-history-mib; list again and watch from the list's \
                      resourceVersion",
                     history.start.unwrap_or_default(),
                     crate::cache::history::MAX_EVENTS
