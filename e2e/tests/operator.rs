@@ -2167,7 +2167,14 @@ async fn the_operator_is_not_an_escalation_path() -> anyhow::Result<()> {
         Some(&["spinnaker".to_string()][..])
     );
     let agent_user = format!("system:serviceaccount:{ns}:prod-agent");
-    assert!(may(&client, &agent_user, "impersonate", &ns, "spinnaker").await?);
+    // The Role can be there before its RoleBinding, and the API server's RBAC authorizer
+    // sees both a moment after they are stored (one full run asked in that window).
+    wait_for("the agent allowed to impersonate spinnaker", || async {
+        Ok(may(&client, &agent_user, "impersonate", &ns, "spinnaker")
+            .await?
+            .then_some(()))
+    })
+    .await?;
     assert!(!may(&client, &agent_user, "impersonate", &ns, "someone-else").await?);
     assert!(!may(&client, &agent_user, "impersonate", &elsewhere, "spinnaker").await?);
     let config = wait_for("the impersonation in the agent config", || async {
