@@ -336,9 +336,12 @@ impl Hub {
         let (Some(registrar), Some(public_url)) = (&self.registrar, &self.config.public_url) else {
             return Ok(());
         };
-        let shared = self.store.lock().await.shared_accounts().await?;
-        let accounts: Vec<(String, serde_json::Value)> = match shared {
-            Some(all) => all
+        // The shared store's reads have a connection of their own: this runs every tick on
+        // the registrar, and must not hold the store's lock (the commits') over a query.
+        let accounts: Vec<(String, serde_json::Value)> = match &self.shared {
+            Some(shared) => shared
+                .accounts()
+                .await?
                 .into_iter()
                 .map(|(name, record)| (name, record.properties))
                 .collect(),

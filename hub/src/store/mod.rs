@@ -434,16 +434,6 @@ impl Store {
         }
     }
 
-    /// Every account the shared store holds (whichever replica owns it), for the replica
-    /// that registers accounts in Clouddriver; `None` for the embedded store, whose one
-    /// replica knows every account already.
-    pub async fn shared_accounts(&self) -> Result<Option<Vec<(String, AccountRecord)>>> {
-        match self {
-            Store::Embedded(_) => Ok(None),
-            Store::Postgres(s) => s.all_accounts().await.map(Some),
-        }
-    }
-
     /// The Clouddriver ledger as the shared store holds it now (another replica may have
     /// written it since start-up); `None` for the embedded store, where the ledger in memory
     /// is current.

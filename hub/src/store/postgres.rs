@@ -225,21 +225,6 @@ fn pg(context: &str) -> impl FnOnce(tokio_postgres::Error) -> HubError + '_ {
     }
 }
 
-/// Every account's record, by name.
-async fn account_records(client: &Client, context: &str) -> Result<Vec<(String, AccountRecord)>> {
-    let rows = client
-        .query("SELECT account, record FROM accounts ORDER BY account", &[])
-        .await
-        .map_err(pg(context))?;
-    rows.iter()
-        .map(|row| {
-            let account: String = row.get(0);
-            let record = serde_json::from_slice(row.get(1)).map_err(corrupt(account.clone()))?;
-            Ok((account, record))
-        })
-        .collect()
-}
-
 fn corrupt(key: String) -> impl FnOnce(serde_json::Error) -> HubError {
     move |err| HubError::Corrupt {
         key,
@@ -333,13 +318,6 @@ impl PostgresStore {
         loaded.bindings = tables.bindings;
         loaded.dynamic_accounts = tables.dynamic_accounts;
         Ok(loaded)
-    }
-
-    /// Every account's record (not their cached data).
-    pub async fn all_accounts(&self) -> Result<Vec<(String, crate::registry::AccountRecord)>> {
-        self.check_open()?;
-        let conn = self.writer.get().await?;
-        account_records(&conn.client, "read the accounts").await
     }
 
     /// The Clouddriver ledger: each account registered, with its body's hash.
@@ -811,7 +789,19 @@ impl SharedStore {
     /// Every account record in the store.
     pub async fn accounts(&self) -> Result<Vec<(String, AccountRecord)>> {
         let conn = self.0.get().await?;
-        account_records(&conn.client, "list the accounts").await
+        let rows = conn
+            .client
+            .query("SELECT account, record FROM accounts ORDER BY account", &[])
+            .await
+            .map_err(pg("list the accounts"))?;
+        rows.iter()
+            .map(|row| {
+                let account: String = row.get(0);
+                let record =
+                    serde_json::from_slice(row.get(1)).map_err(corrupt(account.clone()))?;
+                Ok((account, record))
+            })
+            .collect()
     }
 
     /// Every account's owner as `account_owners` names it (a dead owner's row stays until
