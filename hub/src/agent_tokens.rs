@@ -16,71 +16,13 @@ use std::collections::{BTreeMap, HashMap};
 
 use base64::Engine as _;
 use ring::digest;
-use serde::{Deserialize, Serialize};
 
-use crate::{error::Result, identity::glob_match, store::StoreOp, tokens::random_bytes};
+use crate::{error::Result, store::StoreOp, tokens::random_bytes};
 
 /// Every agent token starts with this (secret scanners, logs).
 pub const AGENT_TOKEN_PREFIX: &str = "saa_";
 
-/// What a token is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum AgentTokenKind {
-    /// One-time, for `Enroll`.
-    Enrolment,
-    /// Reusable until it expires, presented on the stream.
-    Bearer,
-}
-
-impl AgentTokenKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AgentTokenKind::Enrolment => "enrolment",
-            AgentTokenKind::Bearer => "bearer",
-        }
-    }
-
-    /// "an enrolment token", "a bearer token".
-    fn with_article(self) -> &'static str {
-        match self {
-            AgentTokenKind::Enrolment => "an enrolment token",
-            AgentTokenKind::Bearer => "a bearer token",
-        }
-    }
-}
-
-/// An agent token as stored (never the token itself).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AgentTokenRecord {
-    pub id: String,
-    pub kind: AgentTokenKind,
-    /// The identity an agent presenting the token gets.
-    pub identity: String,
-    /// Glob of the account names that identity may register.
-    pub accounts: String,
-    /// SHA-256 of the token, lowercase hex.
-    pub sha256: String,
-    /// Unix seconds.
-    pub created: i64,
-    pub expires: i64,
-    /// When an enrolment token was used (Unix seconds).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub used: Option<i64>,
-}
-
-/// An identity that enrolled, with the account pattern of the token it enrolled with.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct EnrolledIdentity {
-    pub identity: String,
-    pub accounts: String,
-    /// Unix seconds of the last enrolment.
-    pub enrolled: i64,
-    /// The enrolment token's id.
-    pub token_id: String,
-}
+pub use scale_agent_hub_model::records::{AgentTokenKind, AgentTokenRecord, EnrolledIdentity};
 
 /// Why a token was refused. The message says what to do.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -312,10 +254,7 @@ impl AgentTokens {
     }
 }
 
-/// Whether `account` matches every pattern (no pattern: any account).
-pub fn accounts_allow(patterns: &[String], account: &str) -> bool {
-    patterns.iter().all(|p| glob_match(p, account))
-}
+pub use scale_agent_hub_model::names::accounts_allow;
 
 #[cfg(test)]
 mod tests {

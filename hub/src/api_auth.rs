@@ -30,75 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Hub, tokens};
 
-/// What a token may do. The order matters: a larger role may do what a smaller one may.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    Serialize,
-    Deserialize,
-    clap::ValueEnum,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Agents, accounts, objects, Clouddriver registration status, metrics.
-    Reader,
-    /// Plus submitting and reading operations.
-    Operator,
-    /// Plus the admin API: issuing and revoking tokens and kubeconfigs.
-    Admin,
-}
-
-impl Role {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Reader => "reader",
-            Role::Operator => "operator",
-            Role::Admin => "admin",
-        }
-    }
-}
-
-impl std::fmt::Display for Role {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Where an API token comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Source {
-    /// The admin token file: the built-in `admin`.
-    AdminTokenFile,
-    /// The tokens file (`--api-tokens-file`).
-    TokensFile,
-    /// Issued by the hub and kept in its store.
-    Hub,
-}
-
-/// Who called: the token's name, role and source. Handlers find it in the request's
-/// extensions after [`require`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Caller {
-    pub name: String,
-    pub role: Role,
-    pub source: Source,
-}
-
-impl Caller {
-    /// The token kind audit lines name: `admin` for the admin token file, `api` otherwise.
-    pub fn kind(&self) -> &'static str {
-        match self.source {
-            Source::AdminTokenFile => "admin",
-            Source::TokensFile | Source::Hub => "api",
-        }
-    }
-}
+pub use scale_agent_hub_model::auth::{Caller, Role, Source};
 
 /// How a caller gets a token, for 401 messages.
 const GET_A_TOKEN: &str = "ask the hub's administrator for one (`scale-agent-hub token create \

@@ -1097,18 +1097,7 @@ fn tls_file_error(flag: &'static str, path: &Path, problem: String) -> HubError 
     }
 }
 
-/// Parses a duration as the agent's config file takes one (`600s`, `10m`, `1h30m`, `250ms`,
-/// the form Go and Kubernetes write), or a bare number of seconds (`600`).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    if let Ok(seconds) = s.parse::<u64>() {
-        return Ok(Duration::from_secs(seconds));
-    }
-    let parsed: jiff::SignedDuration = s.parse().map_err(|e| {
-        format!("{s:?} is not a duration ({e}): write it like 600s, 10m, 1h30m or 250ms")
-    })?;
-    Duration::try_from(parsed).map_err(|_| format!("{s:?}: a duration cannot be negative"))
-}
+pub use scale_agent_hub_model::time::parse_duration;
 
 #[cfg(test)]
 mod tests {

@@ -5,7 +5,6 @@
 use std::{
     collections::BTreeMap,
     sync::{Arc, atomic::Ordering},
-    time::SystemTime,
 };
 
 use axum::{
@@ -329,12 +328,7 @@ async fn metrics(State(hub): State<Arc<Hub>>) -> Response {
         .into_response()
 }
 
-/// RFC 3339 in UTC, seconds precision.
-pub fn rfc3339(t: SystemTime) -> String {
-    jiff::Timestamp::try_from(t)
-        .map(|t| format!("{t:.0}"))
-        .unwrap_or_default()
-}
+pub use scale_agent_hub_model::time::rfc3339;
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]

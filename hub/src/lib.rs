@@ -16,7 +16,7 @@ pub mod agent_tokens;
 pub mod allocator;
 pub mod api_auth;
 pub mod audit;
-pub mod cache;
+pub use scale_agent_hub_cache as cache;
 pub mod cli;
 pub mod clouddriver;
 pub mod commits;
@@ -26,7 +26,7 @@ pub mod error;
 pub mod fleet;
 pub mod forwarded;
 pub mod http;
-pub mod identity;
+pub use scale_agent_hub_model::identity;
 pub mod kubeconfig;
 pub mod metrics;
 pub mod operations;
@@ -474,10 +474,7 @@ fn account_state_message(
     }
 }
 
-/// Resolves once shutdown is requested.
-pub(crate) async fn shutting_down(mut rx: watch::Receiver<bool>) {
-    let _ = rx.wait_for(|s| *s).await;
-}
+pub(crate) use scale_agent_hub_model::time::shutting_down;
 
 /// A hub started by [`start`].
 pub struct RunningHub {
@@ -853,7 +850,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
                     .await
             }
         }
-        .map_err(HubError::from);
+        .map_err(|e| HubError::Grpc(Box::new(e)));
         if let Err(e) = &result {
             let _ = failed_grpc.try_send(HubError::Task(crate::error::Chain(e).to_string()));
         }
@@ -956,7 +953,9 @@ fn proxy_listener(builder: Server, proxy: &ProxyMode) -> Result<Server> {
             .client_auth_optional(!proxy.trust.trusts_only_identities());
     }
     tracing::info!(%header, proxy_certificates = hop.proxy_ca_pem.is_some(), "gRPC behind a TLS-terminating proxy: TLS hop");
-    Ok(builder.tls_config(tls)?)
+    builder
+        .tls_config(tls)
+        .map_err(|e| HubError::Grpc(Box::new(e)))
 }
 
 /// Runs the hub until `shutdown` resolves (or a server fails), then stops it cleanly.

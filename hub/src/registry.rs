@@ -9,57 +9,8 @@ use std::{
 };
 
 use scale_agent_proto::v1::kind_status::State as KindStatusState;
-use serde::{Deserialize, Serialize};
 
-/// Identifies one gRPC stream for the hub's lifetime.
-pub type SessionId = u64;
-
-/// The cluster an account is bound to.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ClusterRecord {
-    pub api_server_host: String,
-    pub ca_fingerprint: String,
-    pub kubernetes_version: String,
-}
-
-impl ClusterRecord {
-    /// Same cluster: same API server host and CA fingerprint (the version may change).
-    pub fn same_cluster(&self, other: &ClusterRecord) -> bool {
-        self.api_server_host == other.api_server_host && self.ca_fingerprint == other.ca_fingerprint
-    }
-
-    pub fn describe(&self) -> String {
-        if self.ca_fingerprint.is_empty() {
-            format!("{} (CA: system roots)", self.api_server_host)
-        } else {
-            format!(
-                "{} (CA sha256 {})",
-                self.api_server_host, self.ca_fingerprint
-            )
-        }
-    }
-}
-
-/// An account as persisted: its binding and the agent's last registration.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AccountRecord {
-    pub cluster: ClusterRecord,
-    pub namespaces: Vec<String>,
-    /// RegisterAccount.properties_json, parsed (null when empty or not JSON).
-    pub properties: serde_json::Value,
-}
-
-/// The agent identity an account is bound to: the first that registered it. Kept after the
-/// account's cache is removed at the end of the grace period; only an admin moves it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AccountBinding {
-    pub identity: String,
-    /// Unix seconds.
-    pub since: i64,
-}
+pub use scale_agent_hub_model::records::{AccountBinding, AccountRecord, ClusterRecord, SessionId};
 
 /// One connected agent stream.
 #[derive(Clone, Debug)]

@@ -3,7 +3,7 @@
 
 use std::{
     sync::Arc,
-    time::{Duration, Instant, SystemTime},
+    time::{Duration, Instant},
 };
 
 use futures::FutureExt as _;
@@ -33,9 +33,7 @@ pub const MAX_BATCH: usize = 500;
 /// The Hello capability of agents that carry the Kubernetes API proxy's exchanges.
 pub const TUNNEL_CAPABILITY: &str = "http-tunnel";
 
-pub(crate) fn now() -> (Instant, SystemTime) {
-    (Instant::now(), SystemTime::now())
-}
+pub(crate) use scale_agent_hub_model::time::now;
 
 /// The tonic service.
 pub(crate) struct AgentHubService {

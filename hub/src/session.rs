@@ -162,23 +162,7 @@ pub fn check_hello(msg: pb::AgentMessage) -> Result<pb::Hello, ProtocolError> {
     }
 }
 
-/// Account names the hub accepts: 1 to 253 characters out of letters, digits, `-`, `_`, `.`.
-pub fn validate_account_name(name: &str) -> Result<(), String> {
-    if name.is_empty() || name.len() > 253 {
-        return Err(format!(
-            "account name {name:?} must have 1 to 253 characters"
-        ));
-    }
-    if let Some(c) = name
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
-    {
-        return Err(format!(
-            "account name {name:?} contains {c:?}; use letters, digits, '-', '_' and '.'"
-        ));
-    }
-    Ok(())
-}
+pub use scale_agent_hub_model::names::validate_account_name;
 
 /// A STREAMING assignment with the hub's current resume points.
 pub fn streaming_assignment(cache: &Cache, account: &str) -> pb::AccountAssignment {

@@ -21,7 +21,6 @@ use std::collections::{BTreeMap, HashMap};
 
 use base64::Engine as _;
 use ring::{digest, hmac, rand::SecureRandom as _};
-use serde::{Deserialize, Serialize};
 
 use crate::{
     api_auth::Role,
@@ -36,34 +35,7 @@ pub const CLOUDDRIVER_TOKEN: &str = "clouddriver";
 /// Key in the store's metadata table of the key that derives tokens.
 pub const DERIVATION_KEY: &str = "token-derivation-key";
 
-/// A token the hub issued, as stored (never the token itself).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct TokenRecord {
-    /// Random id, for listing and revoking.
-    pub id: String,
-    /// The account a proxy token belongs to; empty for an API token.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub account: String,
-    pub name: String,
-    /// SHA-256 of the token, lowercase hex.
-    pub sha256: String,
-    /// Unix seconds.
-    pub created: i64,
-    /// Set for derived tokens (see the module docs): the generation it was derived for.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub generation: Option<u32>,
-    /// Set for API tokens: what the token may do on the HTTP API.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub role: Option<Role>,
-}
-
-impl TokenRecord {
-    /// `proxy` or `api`.
-    pub fn kind(&self) -> &'static str {
-        if self.role.is_some() { "api" } else { "proxy" }
-    }
-}
+pub use scale_agent_hub_model::records::TokenRecord;
 
 /// SHA-256 of a presented token.
 pub fn sha256(token: &str) -> [u8; 32] {

@@ -34,7 +34,7 @@ pub(crate) use self::postgres::fenced_accounts;
 pub use self::postgres::{Fencing, HeldEpoch, OwnerRow, PostgresOptions, ReplicaRow, SharedStore};
 use crate::{
     agent_tokens::{AgentTokenRecord, EnrolledIdentity},
-    cache::{AccountCache, Cache, CachedObject, KindInfo, KindKey, PackedJson},
+    cache::{AccountCache, Cache, CachedObject, PackedJson},
     dynamic_accounts::DynamicAccountRecord,
     error::{HubError, Result},
     registry::{AccountBinding, AccountRecord},
@@ -44,98 +44,7 @@ use crate::{
 /// Longest time between durable commits while agents stream.
 pub const DURABLE_EVERY: Duration = Duration::from_secs(1);
 
-/// One change to persist.
-#[derive(Clone, Debug)]
-pub enum StoreOp {
-    PutAccount {
-        account: String,
-        record: AccountRecord,
-    },
-    DeleteAccount {
-        account: String,
-    },
-    PutKind {
-        account: String,
-        info: KindInfo,
-    },
-    PutObject {
-        account: String,
-        kind: KindKey,
-        /// Shared with the cache.
-        object: Arc<CachedObject>,
-    },
-    DeleteObject {
-        account: String,
-        kind: KindKey,
-        uid: String,
-    },
-    PutResume {
-        account: String,
-        kind: KindKey,
-        watch_namespace: String,
-        resource_version: String,
-    },
-    DeleteResume {
-        account: String,
-        kind: KindKey,
-        watch_namespace: String,
-    },
-    PutToken {
-        record: TokenRecord,
-    },
-    DeleteToken {
-        id: String,
-    },
-    PutMeta {
-        key: String,
-        value: String,
-    },
-    PutRegistration {
-        account: String,
-        body_hash: String,
-    },
-    DeleteRegistration {
-        account: String,
-    },
-    PutAgentToken {
-        record: AgentTokenRecord,
-    },
-    DeleteAgentToken {
-        id: String,
-    },
-    PutEnrolledIdentity {
-        record: EnrolledIdentity,
-    },
-    PutBinding {
-        account: String,
-        binding: AccountBinding,
-    },
-    PutDynamicAccount {
-        record: DynamicAccountRecord,
-    },
-    DeleteDynamicAccount {
-        account: String,
-    },
-}
-
-impl StoreOp {
-    /// Ops that must be on disk before the hub answers (a token it showed to someone, the
-    /// key that derives tokens): their batch is committed durably.
-    pub(crate) fn needs_durability(&self) -> bool {
-        matches!(
-            self,
-            StoreOp::PutToken { .. }
-                | StoreOp::DeleteToken { .. }
-                | StoreOp::PutMeta { .. }
-                | StoreOp::PutAgentToken { .. }
-                | StoreOp::DeleteAgentToken { .. }
-                | StoreOp::PutEnrolledIdentity { .. }
-                | StoreOp::PutBinding { .. }
-                | StoreOp::PutDynamicAccount { .. }
-                | StoreOp::DeleteDynamicAccount { .. }
-        )
-    }
-}
+pub use scale_agent_hub_model::store_op::StoreOp;
 
 #[derive(Serialize, Deserialize)]
 struct ObjectHeader {

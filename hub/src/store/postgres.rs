@@ -221,7 +221,7 @@ pub struct PostgresStore {
 fn pg(context: &str) -> impl FnOnce(tokio_postgres::Error) -> HubError + '_ {
     move |source| HubError::Postgres {
         context: context.to_string(),
-        source,
+        source: Box::new(source),
     }
 }
 

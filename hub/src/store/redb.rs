@@ -100,34 +100,27 @@ impl RedbStore {
         let db = redb::Builder::new()
             .set_cache_size(cache_bytes)
             .create(&path)
-            .map_err(|e| HubError::store("open", e))?;
-        let txn = db.begin_write().map_err(|e| HubError::store("open", e))?;
+            .map_err(|e| store_err("open", e))?;
+        let txn = db.begin_write().map_err(|e| store_err("open", e))?;
         {
-            txn.open_table(ACCOUNTS)
-                .map_err(|e| HubError::store("open", e))?;
-            txn.open_table(KINDS)
-                .map_err(|e| HubError::store("open", e))?;
-            txn.open_table(OBJECTS)
-                .map_err(|e| HubError::store("open", e))?;
-            txn.open_table(RESUME)
-                .map_err(|e| HubError::store("open", e))?;
-            txn.open_table(TOKENS)
-                .map_err(|e| HubError::store("open", e))?;
-            txn.open_table(META)
-                .map_err(|e| HubError::store("open", e))?;
+            txn.open_table(ACCOUNTS).map_err(|e| store_err("open", e))?;
+            txn.open_table(KINDS).map_err(|e| store_err("open", e))?;
+            txn.open_table(OBJECTS).map_err(|e| store_err("open", e))?;
+            txn.open_table(RESUME).map_err(|e| store_err("open", e))?;
+            txn.open_table(TOKENS).map_err(|e| store_err("open", e))?;
+            txn.open_table(META).map_err(|e| store_err("open", e))?;
             txn.open_table(REGISTRATIONS)
-                .map_err(|e| HubError::store("open", e))?;
+                .map_err(|e| store_err("open", e))?;
             for table in [
                 AGENT_TOKENS,
                 AGENT_IDENTITIES,
                 ACCOUNT_BINDINGS,
                 DYNAMIC_ACCOUNTS,
             ] {
-                txn.open_table(table)
-                    .map_err(|e| HubError::store("open", e))?;
+                txn.open_table(table).map_err(|e| store_err("open", e))?;
             }
         }
-        txn.commit().map_err(|e| HubError::store("open", e))?;
+        txn.commit().map_err(|e| store_err("open", e))?;
         Ok(RedbStore {
             path,
             db: Some(Arc::new(db)),
@@ -333,7 +326,10 @@ impl RedbStore {
         matches!(
             error,
             HubError::Store { source, .. }
-                if matches!(**source, redb::Error::Io(_) | redb::Error::PreviousIo)
+                if matches!(
+                    source.downcast_ref::<redb::Error>(),
+                    Some(redb::Error::Io(_) | redb::Error::PreviousIo)
+                )
         )
     }
 
@@ -345,7 +341,7 @@ impl RedbStore {
         let db = redb::Builder::new()
             .set_cache_size(self.cache_bytes)
             .create(&self.path)
-            .map_err(|e| HubError::store("reopen", e))?;
+            .map_err(|e| store_err("reopen", e))?;
         self.db = Some(Arc::new(db));
         self.poisoned = false;
         self.dirty = false;
@@ -481,12 +477,18 @@ fn load_json<T: serde::de::DeserializeOwned>(
     Ok(rows)
 }
 
+/// A redb error as the hub's, always as a [`redb::Error`] (what [`RedbStore::needs_reopen`]
+/// looks for among the sources).
+fn store_err(context: &'static str, source: impl Into<redb::Error>) -> HubError {
+    HubError::store(context, source.into())
+}
+
 fn load_err<E: Into<redb::Error>>(e: E) -> HubError {
-    HubError::store("load", e)
+    store_err("load", e)
 }
 
 fn commit_err<E: Into<redb::Error>>(e: E) -> HubError {
-    HubError::store("commit", e)
+    store_err("commit", e)
 }
 
 fn prefix_range(account: &str) -> (String, String) {

@@ -8,7 +8,7 @@ use scale_agent_proto::v1 as pb;
 use serde_json::Value;
 
 use super::{Cache, CachedObject, KindKey, PackedJson, is_newer};
-use crate::store::StoreOp;
+use scale_agent_hub_model::store_op::StoreOp;
 
 /// Applies a result's objects and deletions to the cache, for kinds (and watch scopes) the
 /// cache already holds: a kind the agent does not watch is left alone. Resume points are
@@ -98,7 +98,7 @@ pub fn apply_result_to_cache(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::{Event, KindInfo};
+    use crate::{Event, KindInfo};
 
     #[test]
     fn results_update_watched_kinds_only() {
