@@ -22,6 +22,7 @@ use crate::{
     api_auth::{self, Caller, Role},
     cache::{AccountCache, CachedObject, KindCache, KindInfo, KindState},
     operations::{self, OperationRequest, OperationResponse},
+    proxy::cached::selector::LabelSelector,
     registry::{Account, ClusterRecord, Registry, SessionId, StateRecord},
     session::HubState,
 };
@@ -781,93 +782,15 @@ pub fn kind_matches(query: &str, k: &KindCache) -> bool {
         && (name.eq_ignore_ascii_case(&k.info.kind) || name.eq_ignore_ascii_case(&k.info.plural))
 }
 
-/// One requirement of a label selector.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Requirement {
-    Equals(String, String),
-    NotEquals(String, String),
-    In(String, Vec<String>),
-    NotIn(String, Vec<String>),
-    Exists(String),
-    NotExists(String),
-}
-
-impl Requirement {
-    /// Whether an object with these labels is selected.
-    pub fn matches(&self, labels: &serde_json::Map<String, Value>) -> bool {
-        let get = |k: &str| labels.get(k).and_then(Value::as_str);
-        match self {
-            Requirement::Equals(k, v) => get(k) == Some(v.as_str()),
-            Requirement::NotEquals(k, v) => get(k) != Some(v.as_str()),
-            Requirement::In(k, vs) => get(k).is_some_and(|x| vs.iter().any(|v| v == x)),
-            Requirement::NotIn(k, vs) => get(k).is_none_or(|x| vs.iter().all(|v| v != x)),
-            Requirement::Exists(k) => labels.contains_key(k),
-            Requirement::NotExists(k) => !labels.contains_key(k),
-        }
-    }
-}
-
-/// Parses a Kubernetes label selector: `a=b`, `a==b`, `a!=b`, `a`, `!a`, `a in (x,y)`,
-/// `a notin (x,y)`, joined by commas.
-pub fn parse_label_selector(s: &str) -> Result<Vec<Requirement>, String> {
-    let mut terms = Vec::new();
-    let mut depth = 0usize;
-    let mut current = String::new();
-    for c in s.chars() {
-        match c {
-            '(' => depth += 1,
-            ')' => depth = depth.saturating_sub(1),
-            ',' if depth == 0 => {
-                terms.push(std::mem::take(&mut current));
-                continue;
-            }
-            _ => {}
-        }
-        current.push(c);
-    }
-    terms.push(current);
-    let mut out = Vec::new();
-    for term in terms.iter().map(|t| t.trim()).filter(|t| !t.is_empty()) {
-        let bad = || format!("invalid label selector term {term:?}");
-        let set = |rest: &str| -> Result<Vec<String>, String> {
-            let rest = rest.trim();
-            let inner = rest
-                .strip_prefix('(')
-                .and_then(|r| r.strip_suffix(')'))
-                .ok_or_else(bad)?;
-            Ok(inner.split(',').map(|v| v.trim().to_string()).collect())
-        };
-        let req = if let Some(k) = term.strip_prefix('!') {
-            Requirement::NotExists(k.trim().to_string())
-        } else if let Some((k, v)) = term.split_once("!=") {
-            Requirement::NotEquals(k.trim().to_string(), v.trim().to_string())
-        } else if let Some((k, v)) = term.split_once("==") {
-            Requirement::Equals(k.trim().to_string(), v.trim().to_string())
-        } else if let Some((k, v)) = term.split_once('=') {
-            Requirement::Equals(k.trim().to_string(), v.trim().to_string())
-        } else if let Some((k, rest)) = term.split_once(" notin ") {
-            Requirement::NotIn(k.trim().to_string(), set(rest)?)
-        } else if let Some((k, rest)) = term.split_once(" in ") {
-            Requirement::In(k.trim().to_string(), set(rest)?)
-        } else if term.contains(char::is_whitespace) || term.contains(['(', ')']) {
-            return Err(bad());
-        } else {
-            Requirement::Exists(term.to_string())
-        };
-        let key = match &req {
-            Requirement::Equals(k, _)
-            | Requirement::NotEquals(k, _)
-            | Requirement::In(k, _)
-            | Requirement::NotIn(k, _)
-            | Requirement::Exists(k)
-            | Requirement::NotExists(k) => k,
-        };
-        if key.is_empty() {
-            return Err(bad());
-        }
-        out.push(req);
-    }
-    Ok(out)
+/// The REST API's `labelSelector`, parsed as the proxy parses it (the API server's rules): the
+/// error says what was refused.
+fn label_selector(text: &str) -> Result<LabelSelector, String> {
+    LabelSelector::parse(text).ok_or_else(|| {
+        format!(
+            "invalid label selector {text:?}: write it as the API server takes it (`app=web`, \
+             `tier!=db`, `env in (prod,staging)`, `!legacy`)"
+        )
+    })
 }
 
 fn object_value(kind: &KindInfo, o: &CachedObject) -> Value {
@@ -899,7 +822,7 @@ async fn objects(
     let selector = match q
         .label_selector
         .as_deref()
-        .map(parse_label_selector)
+        .map(label_selector)
         .transpose()
     {
         Ok(s) => s.unwrap_or_default(),
@@ -921,7 +844,6 @@ async fn objects(
         },
     };
     let limit = q.limit.filter(|l| *l > 0);
-    let empty_labels = serde_json::Map::new();
     let mut items: Vec<Value> = Vec::new();
     let next = loop {
         let max = limit.map_or(OBJECTS_CHUNK, |l| l.min(MAX_OBJECTS_PAGE));
@@ -937,9 +859,8 @@ async fn objects(
                 .filter(|value| {
                     let labels = value
                         .pointer("/metadata/labels")
-                        .and_then(Value::as_object)
-                        .unwrap_or(&empty_labels);
-                    selector.iter().all(|r| r.matches(labels))
+                        .and_then(Value::as_object);
+                    selector.matches(labels)
                 }),
         );
         match (page.next, limit) {
@@ -974,12 +895,7 @@ mod tests {
     fn selectors() {
         let labels: serde_json::Map<String, Value> =
             serde_json::from_str(r#"{"app":"web","tier":"front","env":"prod"}"#).unwrap();
-        let ok = |s: &str| {
-            parse_label_selector(s)
-                .unwrap()
-                .iter()
-                .all(|r| r.matches(&labels))
-        };
+        let ok = |s: &str| label_selector(s).unwrap().matches(Some(&labels));
         assert!(ok("app=web"));
         assert!(ok("app==web,tier!=back,env"));
         assert!(!ok("app=db"));
@@ -988,8 +904,8 @@ mod tests {
         assert!(ok("env in (prod, staging),app notin (db)"));
         assert!(!ok("env notin (prod)"));
         assert!(ok(""));
-        assert!(parse_label_selector("a b").is_err());
-        assert!(parse_label_selector("=x").is_err());
+        assert!(label_selector("a b").is_err());
+        assert!(label_selector("=x").is_err());
     }
 
     #[test]
