@@ -28,7 +28,7 @@ use kube::{
 use scale_agent_crds::{
     AgentAccount, ScaleAgent,
     conditions::{DEGRADED, READY, STATUS_TRUE},
-    v1alpha1::{Enrolment, Mode},
+    v1alpha1::{ClientCertificate, Enrolment, Mode},
 };
 use scale_agent_proto::v1::IssuedCertificate;
 
@@ -168,6 +168,9 @@ fn failed_plan(
     CertificatePlan::without_secret(CertificateState::Failed(message))
 }
 
+/// The agent's client certificate for this reconcile: none over plaintext, else the
+/// hub-issued one (`spec.enrolment`), else one the operator signs (`spec.clientCertificate`,
+/// when the operator allows it).
 async fn plan_certificate(
     agent: &ScaleAgent,
     ctx: &Context,
@@ -175,8 +178,6 @@ async fn plan_certificate(
     now: i64,
     problems: &mut Vec<Problem>,
 ) -> Result<CertificatePlan> {
-    let namespace = agent.namespace().unwrap_or_default();
-    let mut fail = |reason: &'static str, message: String| failed_plan(problems, reason, message);
     if agent.spec.hub.tls.insecure_plaintext {
         return Ok(CertificatePlan::without_secret(
             CertificateState::NotRequired,
@@ -186,7 +187,8 @@ async fn plan_certificate(
         return plan_enrolment(agent, enrolment, secrets, now, problems).await;
     }
     let Some(spec) = &agent.spec.client_certificate else {
-        return Ok(fail(
+        return Ok(failed_plan(
+            problems,
             "EnrolmentMissing",
             "spec.enrolment is required: set enrolment.tokenSecretRef.name to a Secret holding \
              a one-time enrolment token from the hub (`scale-agent-hub agent-token create \
@@ -195,7 +197,8 @@ async fn plan_certificate(
         ));
     };
     if !ctx.config.allow_operator_signed_certificates {
-        return Ok(fail(
+        return Ok(failed_plan(
+            problems,
             "OperatorSignedCertificatesNotAllowed",
             "spec.clientCertificate (a certificate the operator signs with a CA key held in \
              this cluster, for an identity chosen here) is refused: this operator runs without \
@@ -207,6 +210,20 @@ async fn plan_certificate(
                 .into(),
         ));
     }
+    plan_operator_signed(agent, ctx, spec, secrets, now, problems).await
+}
+
+/// `spec.clientCertificate`: keeps the stored certificate while the issuer CA's decision
+/// allows, else signs a new one with the issuer CA.
+async fn plan_operator_signed(
+    agent: &ScaleAgent,
+    ctx: &Context,
+    spec: &ClientCertificate,
+    secrets: &Api<Secret>,
+    now: i64,
+    problems: &mut Vec<Problem>,
+) -> Result<CertificatePlan> {
+    let namespace = agent.namespace().unwrap_or_default();
     let Some(identity) = agent.client_identity() else {
         return Err(Error::MissingField("metadata.name"));
     };
@@ -214,56 +231,12 @@ async fn plan_certificate(
         Some(lifetime) => lifetime,
         None => match spec.lifetime() {
             Ok(lifetime) => lifetime,
-            Err(e) => return Ok(fail("InvalidLifetime", e.to_string())),
+            Err(e) => return Ok(failed_plan(problems, "InvalidLifetime", e.to_string())),
         },
     };
-    let issuer = &spec.issuer_secret_ref;
-    let Some(issuer_secret) = secrets
-        .get_opt(&issuer.name)
-        .await
-        .map_err(kube_err(format!("get Secret {namespace}/{}", issuer.name)))?
-    else {
-        return Ok(fail(
-            "IssuerSecretNotFound",
-            format!(
-                "issuer Secret {} not found in namespace {namespace}: create it with the CA \
-                 certificate under {} and its PKCS#8 private key under {} (a kubernetes.io/tls \
-                 Secret fits), or fix spec.clientCertificate.issuerSecretRef",
-                issuer.name, issuer.cert_key, issuer.key_key
-            ),
-        ));
-    };
-    let field = |secret: &Secret, key: &str| -> Option<String> {
-        secret
-            .data
-            .as_ref()
-            .and_then(|d| d.get(key))
-            .and_then(|v| String::from_utf8(v.0.clone()).ok())
-    };
-    let (Some(ca_cert), Some(ca_key)) = (
-        field(&issuer_secret, &issuer.cert_key),
-        field(&issuer_secret, &issuer.key_key),
-    ) else {
-        return Ok(fail(
-            "IssuerSecretInvalid",
-            format!(
-                "issuer Secret {} in namespace {namespace} lacks key {} or {}: add the PEM CA \
-                 certificate and its PKCS#8 private key under them",
-                issuer.name, issuer.cert_key, issuer.key_key
-            ),
-        ));
-    };
-    let ca = match Ca::from_pem(&ca_cert, &ca_key) {
+    let ca = match read_issuer(agent, spec, secrets).await? {
         Ok(ca) => ca,
-        Err(reason) => {
-            return Ok(fail(
-                "IssuerSecretInvalid",
-                format!(
-                    "issuer Secret {} in namespace {namespace} cannot sign: {reason}",
-                    issuer.name
-                ),
-            ));
-        }
+        Err(problem) => return Ok(failed_plan(problems, problem.reason, problem.message)),
     };
     let existing = secrets
         .get_opt(&desired::tls_secret_name(agent))
@@ -272,8 +245,8 @@ async fn plan_certificate(
             "get Secret {namespace}/{}",
             desired::tls_secret_name(agent)
         )))?;
-    let existing_cert = existing.as_ref().and_then(|s| field(s, "tls.crt"));
-    let existing_key = existing.as_ref().and_then(|s| field(s, "tls.key"));
+    let existing_cert = existing.as_ref().and_then(|s| secret_text(s, "tls.crt"));
+    let existing_key = existing.as_ref().and_then(|s| secret_text(s, "tls.key"));
     let decision = pki::decide(
         &ca,
         existing_cert.as_deref(),
@@ -309,6 +282,51 @@ async fn plan_certificate(
         identity: Some(identity),
         token_version: None,
     })
+}
+
+/// The issuer CA of `spec.clientCertificate`, from its Secret (certificate and PKCS#8 key).
+async fn read_issuer(
+    agent: &ScaleAgent,
+    spec: &ClientCertificate,
+    secrets: &Api<Secret>,
+) -> Result<Step<Ca>> {
+    let namespace = agent.namespace().unwrap_or_default();
+    let issuer = &spec.issuer_secret_ref;
+    let Some(issuer_secret) = secrets
+        .get_opt(&issuer.name)
+        .await
+        .map_err(kube_err(format!("get Secret {namespace}/{}", issuer.name)))?
+    else {
+        return Ok(Err(Problem {
+            reason: "IssuerSecretNotFound",
+            message: format!(
+                "issuer Secret {} not found in namespace {namespace}: create it with the CA \
+                 certificate under {} and its PKCS#8 private key under {} (a kubernetes.io/tls \
+                 Secret fits), or fix spec.clientCertificate.issuerSecretRef",
+                issuer.name, issuer.cert_key, issuer.key_key
+            ),
+        }));
+    };
+    let (Some(ca_cert), Some(ca_key)) = (
+        secret_text(&issuer_secret, &issuer.cert_key),
+        secret_text(&issuer_secret, &issuer.key_key),
+    ) else {
+        return Ok(Err(Problem {
+            reason: "IssuerSecretInvalid",
+            message: format!(
+                "issuer Secret {} in namespace {namespace} lacks key {} or {}: add the PEM CA \
+                 certificate and its PKCS#8 private key under them",
+                issuer.name, issuer.cert_key, issuer.key_key
+            ),
+        }));
+    };
+    Ok(Ca::from_pem(&ca_cert, &ca_key).map_err(|reason| Problem {
+        reason: "IssuerSecretInvalid",
+        message: format!(
+            "issuer Secret {} in namespace {namespace} cannot sign: {reason}",
+            issuer.name
+        ),
+    }))
 }
 
 /// `spec.enrolment`: keeps the hub-issued certificate, renews it by certificate from 2/3 of
