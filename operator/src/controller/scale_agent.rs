@@ -10,7 +10,7 @@ use std::{
 use k8s_openapi::{
     api::{
         apps::v1::Deployment,
-        core::v1::{ConfigMap, Secret, ServiceAccount},
+        core::v1::{ConfigMap, ObjectReference, Secret, ServiceAccount},
         rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding},
     },
     apimachinery::pkg::apis::meta::v1::Time,
@@ -28,7 +28,7 @@ use kube::{
 use scale_agent_crds::{
     AgentAccount, ScaleAgent,
     conditions::{DEGRADED, READY, STATUS_TRUE},
-    v1alpha1::{ClientCertificate, Enrolment, Mode},
+    v1alpha1::{ClientCertificate, Enrolment, Mode, ScaleAgentStatus},
 };
 use scale_agent_proto::v1::IssuedCertificate;
 
@@ -905,10 +905,10 @@ fn note(applied: &mut Vec<String>, outcome: Outcome, what: &str) {
     }
 }
 
+/// The reconcile proper: dereference, plan the certificate, store it, apply the objects,
+/// write the status, publish Events, and say when to look again.
 async fn apply_agent(agent: &ScaleAgent, ctx: &Context) -> Result<Action> {
-    let client = &ctx.client;
     let namespace = agent.namespace().unwrap_or_default();
-    let key = key(agent);
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
 
     // An image outside the allowed prefixes gets nothing: not even the ServiceAccount and
@@ -922,9 +922,45 @@ async fn apply_agent(agent: &ScaleAgent, ctx: &Context) -> Result<Action> {
     let mut problems = Vec::new();
     let mut applied = Vec::new();
 
-    // Dereference: the accounts that name this agent, and which of them are accepted.
     let all_accounts = ctx.watched_accounts().await?;
-    let secrets = Api::<Secret>::namespaced(client.clone(), &namespace);
+    let secrets = Api::<Secret>::namespaced(ctx.client.clone(), &namespace);
+    let accepted = accepted_accounts(agent, &all_accounts, &secrets).await?;
+
+    let certificate = plan_certificate(agent, ctx, &secrets, now, &mut problems).await?;
+    // Stored first: a certificate the hub issued for a one-time token cannot be had again.
+    if let Some(secret) = &certificate.secret {
+        note(&mut applied, apply(&secrets, secret).await?.1, "Secret");
+    }
+    let deployment = apply_objects(agent, ctx, &accepted, &mut problems, &mut applied).await?;
+
+    let (new_status, wrote) = write_status(
+        agent,
+        ctx,
+        &deployment,
+        &certificate,
+        &problems,
+        accepted.len(),
+    )
+    .await?;
+    record_metrics(agent, ctx, &certificate.state, &applied);
+    publish_events(agent, ctx, &certificate, &applied, &new_status, wrote).await;
+    Ok(next_visit(
+        ctx,
+        &key(agent),
+        &problems,
+        &certificate.state,
+        now,
+    ))
+}
+
+/// Dereference: the accounts that name this agent and that validation accepts (reading the
+/// kubeconfig Secret of those that name one).
+async fn accepted_accounts<'a>(
+    agent: &ScaleAgent,
+    all_accounts: &'a [AgentAccount],
+    secrets: &Api<Secret>,
+) -> Result<Vec<&'a AgentAccount>> {
+    let namespace = agent.namespace().unwrap_or_default();
     let mut accepted: Vec<&AgentAccount> = Vec::new();
     for account in all_accounts
         .iter()
@@ -937,51 +973,67 @@ async fn apply_agent(agent: &ScaleAgent, ctx: &Context) -> Result<Action> {
                 .map_err(kube_err(format!("get Secret {namespace}/{}", r.name)))?,
             None => None,
         };
-        if validate::check(account, Some(agent), &all_accounts, kubeconfig.as_ref()).is_ok() {
+        if validate::check(account, Some(agent), all_accounts, kubeconfig.as_ref()).is_ok() {
             accepted.push(account);
         }
     }
+    Ok(accepted)
+}
 
-    let certificate = plan_certificate(agent, ctx, &secrets, now, &mut problems).await?;
-    // Stored first: a certificate the hub issued for a one-time token cannot be had again.
-    if let Some(secret) = &certificate.secret {
-        note(&mut applied, apply(&secrets, secret).await?.1, "Secret");
-    }
-
-    // Apply, in dependency order.
+/// Applies the agent's objects in dependency order (ServiceAccount, RBAC, ConfigMap,
+/// Deployment) and returns the live Deployment, which the status reads.
+async fn apply_objects(
+    agent: &ScaleAgent,
+    ctx: &Context,
+    accepted: &[&AgentAccount],
+    problems: &mut Vec<Problem>,
+    applied: &mut Vec<String>,
+) -> Result<Deployment> {
+    let client = &ctx.client;
+    let namespace = agent.namespace().unwrap_or_default();
     let service_accounts = Api::<ServiceAccount>::namespaced(client.clone(), &namespace);
     note(
-        &mut applied,
+        applied,
         apply(&service_accounts, &desired::service_account(agent)?)
             .await?
             .1,
         "ServiceAccount",
     );
-    reconcile_rbac(agent, ctx, &accepted, &mut problems, &mut applied).await?;
-    let config = desired::agent_config(agent, &accepted);
+    reconcile_rbac(agent, ctx, accepted, problems, applied).await?;
+    let config = desired::agent_config(agent, accepted);
     let config_maps = Api::<ConfigMap>::namespaced(client.clone(), &namespace);
     note(
-        &mut applied,
+        applied,
         apply(&config_maps, &desired::config_map(agent, &config)?)
             .await?
             .1,
         "ConfigMap",
     );
     let deployments = Api::<Deployment>::namespaced(client.clone(), &namespace);
-    let kubeconfig_secrets = desired::kubeconfig_secrets(&accepted);
+    let kubeconfig_secrets = desired::kubeconfig_secrets(accepted);
     let (deployment, outcome) = apply(
         &deployments,
         &desired::deployment(agent, &kubeconfig_secrets)?,
     )
     .await?;
-    note(&mut applied, outcome, "Deployment");
+    note(applied, outcome, "Deployment");
+    Ok(deployment)
+}
 
-    // Status.
+/// The status this reconcile observed, and whether writing it changed the object.
+async fn write_status(
+    agent: &ScaleAgent,
+    ctx: &Context,
+    deployment: &Deployment,
+    certificate: &CertificatePlan,
+    problems: &[Problem],
+    accounts: usize,
+) -> Result<(ScaleAgentStatus, bool)> {
     let observed = Observed {
-        deployment: Some(&deployment),
+        deployment: Some(deployment),
         certificate: certificate.state.clone(),
-        problems: problems.clone(),
-        accounts: i32::try_from(accepted.len()).unwrap_or(i32::MAX),
+        problems: problems.to_vec(),
+        accounts: i32::try_from(accounts).unwrap_or(i32::MAX),
     };
     let mut new_status = status::scale_agent_status(agent, &observed, Time(Timestamp::now()));
     if certificate.identity.is_some() {
@@ -990,17 +1042,31 @@ async fn apply_agent(agent: &ScaleAgent, ctx: &Context) -> Result<Action> {
     if certificate.token_version.is_some() {
         new_status.enrolment_token_version = certificate.token_version.clone();
     }
-    let api = Api::<ScaleAgent>::namespaced(client.clone(), &namespace);
+    let namespace = agent.namespace().unwrap_or_default();
+    let api = Api::<ScaleAgent>::namespaced(ctx.client.clone(), &namespace);
     let wrote = status::patch_status(&api, agent, agent.status.as_ref(), &new_status).await?;
-    let certificate_times = match certificate.state {
+    Ok((new_status, wrote))
+}
+
+/// The certificate's expiry and renewal time, and a write when anything was applied.
+fn record_metrics(
+    agent: &ScaleAgent,
+    ctx: &Context,
+    certificate: &CertificateState,
+    applied: &[String],
+) {
+    let certificate_times = match certificate {
         CertificateState::Valid {
             not_after,
             renew_at,
-        } => Some((not_after, renew_at)),
+        } => Some((*not_after, *renew_at)),
         _ => None,
     };
-    ctx.metrics
-        .certificate(&namespace, &agent.name_any(), certificate_times);
+    ctx.metrics.certificate(
+        &agent.namespace().unwrap_or_default(),
+        &agent.name_any(),
+        certificate_times,
+    );
     if !applied.is_empty() {
         ctx.metrics
             .writes
@@ -1009,8 +1075,18 @@ async fn apply_agent(agent: &ScaleAgent, ctx: &Context) -> Result<Action> {
             })
             .inc();
     }
+}
 
-    // Events, on transitions only.
+/// Events, on transitions only: a certificate issued, objects applied, and the conditions
+/// that changed with a status written.
+async fn publish_events(
+    agent: &ScaleAgent,
+    ctx: &Context,
+    certificate: &CertificatePlan,
+    applied: &[String],
+    new_status: &ScaleAgentStatus,
+    wrote: bool,
+) {
     let reference = agent.object_ref(&());
     if let Some(reason) = certificate.issued
         && let CertificateState::Valid { not_after, .. } = &certificate.state
@@ -1039,70 +1115,83 @@ async fn apply_agent(agent: &ScaleAgent, ctx: &Context) -> Result<Action> {
         .await;
     }
     if wrote {
-        let before = agent
-            .status
-            .as_ref()
-            .map(|s| s.conditions.as_slice())
-            .unwrap_or_default();
-        let changed = |type_: &str| {
-            let old = status::condition(before, type_);
-            let new = status::condition(&new_status.conditions, type_);
-            match (old, new) {
-                (Some(o), Some(n)) => o.status != n.status || o.message != n.message,
-                (None, Some(_)) => true,
-                _ => false,
-            }
-        };
-        if let Some(degraded) = status::condition(&new_status.conditions, DEGRADED)
-            && degraded.status == STATUS_TRUE
-            && changed(DEGRADED)
-        {
-            ctx.publish(
-                &reference,
-                EventType::Warning,
-                &degraded.reason,
-                "Reconcile",
-                degraded.message.clone(),
-            )
-            .await;
-        }
-        if let Some(ready) = status::condition(&new_status.conditions, READY)
-            && changed(READY)
-            && (ready.status == STATUS_TRUE || before.iter().any(|c| c.type_ == READY))
-        {
-            let type_ = if ready.status == STATUS_TRUE {
-                EventType::Normal
-            } else {
-                EventType::Warning
-            };
-            let reason = if ready.status == STATUS_TRUE {
-                "Ready"
-            } else {
-                "NotReady"
-            };
-            ctx.publish(
-                &reference,
-                type_,
-                reason,
-                "Reconcile",
-                ready.message.clone(),
-            )
-            .await;
-        }
+        publish_condition_events(agent, ctx, &reference, new_status).await;
     }
+}
 
-    // Next visit: retry with backoff while degraded, else before the renewal is due.
-    if !problems.is_empty() {
-        return Ok(Action::requeue(ctx.next_backoff(&key)));
+/// A Warning when Degraded turns true or its message changes; Ready's changes (NotReady
+/// only once a Ready condition was there before, so a new agent starting is no warning).
+async fn publish_condition_events(
+    agent: &ScaleAgent,
+    ctx: &Context,
+    reference: &ObjectReference,
+    new_status: &ScaleAgentStatus,
+) {
+    let before = agent
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let changed = |type_: &str| {
+        let old = status::condition(before, type_);
+        let new = status::condition(&new_status.conditions, type_);
+        match (old, new) {
+            (Some(o), Some(n)) => o.status != n.status || o.message != n.message,
+            (None, Some(_)) => true,
+            _ => false,
+        }
+    };
+    if let Some(degraded) = status::condition(&new_status.conditions, DEGRADED)
+        && degraded.status == STATUS_TRUE
+        && changed(DEGRADED)
+    {
+        ctx.publish(
+            reference,
+            EventType::Warning,
+            &degraded.reason,
+            "Reconcile",
+            degraded.message.clone(),
+        )
+        .await;
     }
-    ctx.reset_backoff(&key);
+    if let Some(ready) = status::condition(&new_status.conditions, READY)
+        && changed(READY)
+        && (ready.status == STATUS_TRUE || before.iter().any(|c| c.type_ == READY))
+    {
+        let type_ = if ready.status == STATUS_TRUE {
+            EventType::Normal
+        } else {
+            EventType::Warning
+        };
+        let reason = if ready.status == STATUS_TRUE {
+            "Ready"
+        } else {
+            "NotReady"
+        };
+        ctx.publish(reference, type_, reason, "Reconcile", ready.message.clone())
+            .await;
+    }
+}
+
+/// Next visit: retry with backoff while degraded, else before the renewal is due.
+fn next_visit(
+    ctx: &Context,
+    key: &str,
+    problems: &[Problem],
+    certificate: &CertificateState,
+    now: i64,
+) -> Action {
+    if !problems.is_empty() {
+        return Action::requeue(ctx.next_backoff(key));
+    }
+    ctx.reset_backoff(key);
     let mut next = ctx.config.resync;
-    if let CertificateState::Valid { renew_at, .. } = certificate.state {
+    if let CertificateState::Valid { renew_at, .. } = certificate {
         let until = Duration::from_secs(u64::try_from(renew_at.saturating_sub(now)).unwrap_or(0))
             + Duration::from_secs(1);
         next = next.min(until);
     }
-    Ok(Action::requeue(next))
+    Action::requeue(next)
 }
 
 /// Reports `problem` in the status (and an Event when it is new) and applies nothing; the
