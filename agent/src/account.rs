@@ -4,9 +4,12 @@
 //! `serviceAccount: true`, which uses the pod's own ServiceAccount
 //! ([`kube::Config::incluster`]) and, when the agent does not run in a pod, falls back to
 //! [`kube::Config::infer`] (`$KUBECONFIG` or `~/.kube/config`), which is handy on a laptop.
+//! A `kubeconfigFile` of the form `encryptedFile:k8s!n:<secret>!k:<key>` ([`SecretRef`])
+//! names a Secret read with the agent's own credentials instead of a file.
 
+use k8s_openapi::api::core::v1::Secret;
 use kube::{
-    Client, Config,
+    Api, Client, Config,
     config::{KubeConfigOptions, Kubeconfig},
     discovery::{Discovery, Scope},
 };
@@ -66,7 +69,7 @@ pub async fn kube_config(account: &AccountConfig) -> Result<Config> {
         };
         // `encryptedFile:k8s!n:<secret>!k:<key>`: a Secret read with the agent's own
         // credentials (dynamic accounts), else a file.
-        let kubeconfig = match crate::dynamic_accounts::SecretRef::parse(path) {
+        let kubeconfig = match SecretRef::parse(path) {
             Some(secret) => secret
                 .map_err(kubeconfig_error)?
                 .read_kubeconfig()
@@ -108,6 +111,113 @@ pub async fn own_cluster_config(no_proxy: bool) -> std::result::Result<Config, S
     };
     crate::egress::apply_to_kube(&mut config, no_proxy, &crate::egress::from_env());
     Ok(config)
+}
+
+/// Prefix of a `kubeconfigFile` that names a Secret's key.
+pub const SECRET_PREFIX: &str = "encryptedFile:k8s!";
+/// The Secret key read when none is named.
+pub const DEFAULT_SECRET_KEY: &str = "kubeconfig";
+
+/// A key of a Secret holding a kubeconfig.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SecretRef {
+    /// Empty: the agent's own namespace.
+    pub namespace: String,
+    pub name: String,
+    pub key: String,
+}
+
+impl SecretRef {
+    /// `encryptedFile:k8s!n:<name>!k:<key>` (and `!ns:<namespace>` when set).
+    pub fn to_kubeconfig_file(&self) -> String {
+        let mut file = format!("{SECRET_PREFIX}n:{}!k:{}", self.name, self.key);
+        if !self.namespace.is_empty() {
+            file.push_str(&format!("!ns:{}", self.namespace));
+        }
+        file
+    }
+
+    /// The reference in a `kubeconfigFile`; `None` for a plain path. An error says what is
+    /// wrong with a value that has the prefix.
+    pub fn parse(kubeconfig_file: &str) -> Option<Result<Self, String>> {
+        let rest = kubeconfig_file.strip_prefix(SECRET_PREFIX)?;
+        let mut secret = SecretRef {
+            namespace: String::new(),
+            name: String::new(),
+            key: DEFAULT_SECRET_KEY.into(),
+        };
+        for part in rest.split('!') {
+            match part.split_once(':') {
+                Some(("n", name)) => secret.name = name.to_string(),
+                Some(("k", key)) => secret.key = key.to_string(),
+                Some(("ns", namespace)) => secret.namespace = namespace.to_string(),
+                _ => {
+                    return Some(Err(format!(
+                        "{kubeconfig_file:?}: unknown part {part:?}; write \
+                         {SECRET_PREFIX}n:<secret>!k:<key>[!ns:<namespace>]"
+                    )));
+                }
+            }
+        }
+        if secret.name.is_empty() {
+            return Some(Err(format!(
+                "{kubeconfig_file:?} names no Secret; write {SECRET_PREFIX}n:<secret>!k:<key>"
+            )));
+        }
+        Some(Ok(secret))
+    }
+
+    /// Reads the kubeconfig with the agent's own credentials (the pod's ServiceAccount, or
+    /// `$KUBECONFIG` outside a pod). The error says what to change.
+    pub async fn read_kubeconfig(&self) -> Result<Kubeconfig, String> {
+        let config = own_cluster_config(false)
+            .await
+            .map_err(|e| format!("no credentials of the agent's own to read Secrets with: {e}"))?;
+        let client = Client::try_from(config).map_err(|e| e.to_string())?;
+        let namespace = if self.namespace.is_empty() {
+            client.default_namespace().to_string()
+        } else {
+            self.namespace.clone()
+        };
+        let secret = Api::<Secret>::namespaced(client, &namespace)
+            .get(&self.name)
+            .await
+            .map_err(|e| match &e {
+                kube::Error::Api(status) if status.code == 403 => format!(
+                    "the agent may not read Secret {namespace}/{}: grant its ServiceAccount \
+                     `get` on it (a Role with resourceNames: [{}]): {e}",
+                    self.name, self.name
+                ),
+                kube::Error::Api(status) if status.code == 404 => format!(
+                    "Secret {namespace}/{} does not exist: create it with the kubeconfig \
+                     under key {:?}",
+                    self.name, self.key
+                ),
+                _ => format!("cannot read Secret {namespace}/{}: {e}", self.name),
+            })?;
+        let data = secret.data.unwrap_or_default();
+        let Some(bytes) = data.get(&self.key) else {
+            return Err(format!(
+                "Secret {namespace}/{} has no key {:?} (it has {:?}): put the kubeconfig \
+                 under that key, or name the right one",
+                self.name,
+                self.key,
+                data.keys().collect::<Vec<_>>()
+            ));
+        };
+        let text = std::str::from_utf8(&bytes.0).map_err(|_| {
+            format!(
+                "key {:?} of Secret {namespace}/{} is not UTF-8 text: it must hold a kubeconfig",
+                self.key, self.name
+            )
+        })?;
+        Kubeconfig::from_yaml(text).map_err(|e| {
+            format!(
+                "key {:?} of Secret {namespace}/{} is not a kubeconfig: {e}",
+                self.key, self.name
+            )
+        })
+    }
 }
 
 /// A proxy URL without its credentials, for logs.
@@ -248,6 +358,32 @@ pub async fn discover(account: &str, client: &Client) -> Result<Vec<Candidate>> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_secret_reference_round_trips_in_spinnakers_form() {
+        let secret = SecretRef {
+            namespace: "spinnaker".into(),
+            name: "k".into(),
+            key: "config".into(),
+        };
+        let file = secret.to_kubeconfig_file();
+        assert_eq!(file, "encryptedFile:k8s!n:k!k:config!ns:spinnaker");
+        assert_eq!(SecretRef::parse(&file), Some(Ok(secret)));
+        let own = SecretRef::parse("encryptedFile:k8s!n:k").unwrap().unwrap();
+        assert_eq!(
+            (own.namespace.as_str(), own.key.as_str()),
+            ("", DEFAULT_SECRET_KEY)
+        );
+        assert_eq!(SecretRef::parse("/etc/kubeconfig"), None);
+        let err = SecretRef::parse("encryptedFile:k8s!x:y")
+            .unwrap()
+            .unwrap_err();
+        assert!(err.contains("n:<secret>"), "{err}");
+        let err = SecretRef::parse("encryptedFile:k8s!k:a")
+            .unwrap()
+            .unwrap_err();
+        assert!(err.contains("names no Secret"), "{err}");
+    }
 
     #[test]
     fn fingerprint_is_lowercase_hex_sha256() {

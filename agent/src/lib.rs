@@ -22,7 +22,6 @@ pub mod metrics;
 pub mod migrate;
 pub mod operations;
 pub mod runtime;
-pub mod secret_watch;
 pub mod session;
 pub mod state;
 pub mod status_writer;

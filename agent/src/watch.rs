@@ -6,6 +6,9 @@
 //! resourceVersion. A watch that ends is re-opened from the last resourceVersion seen; only
 //! 410 Gone causes a relist. A kind RBAC forbids is reported and retried rarely.
 
+mod event;
+pub mod secrets;
+
 use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use futures::{StreamExt, stream::BoxStream};
@@ -19,9 +22,8 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::{sync::mpsc, time::Instant};
 
-use crate::{
-    backoff::Backoff, convert, kinds::KindRef, secret_watch, state::KindState, state::Shared,
-};
+pub use self::event::Event;
+use crate::{backoff::Backoff, convert, kinds::KindRef, state::KindState, state::Shared};
 
 /// Server-side timeout of each watch request, in seconds.
 pub const WATCH_TIMEOUT_SECS: u32 = 290;
@@ -55,14 +57,6 @@ pub struct WatchContext {
     pub max_object_bytes: u64,
     pub omit_namespaces: Arc<BTreeSet<String>>,
     pub forbidden_retry: Duration,
-}
-
-/// An event of either a full-object or a Secrets' metadata watch.
-pub enum Event {
-    Applied(Value),
-    Deleted(Value),
-    Bookmark(String),
-    Error(Box<Status>),
 }
 
 fn event<K: Serialize>(event: WatchEvent<K>) -> Event {
@@ -382,9 +376,9 @@ impl Watch {
 
     async fn list_page(&self, params: &ListParams) -> Result<Page, kube::Error> {
         // Secrets are listed as metadata only, decoded without the data client-side
-        // `kubectl apply` copies into their metadata (see secret_watch).
+        // `kubectl apply` copies into their metadata (see `secrets`).
         if self.kind.is_secret() {
-            let page = secret_watch::list(&self.ctx.client, &self.url_path, params).await?;
+            let page = secrets::list(&self.ctx.client, &self.url_path, params).await?;
             Ok(Page {
                 items: page.items,
                 resource_version: page.metadata.resource_version.unwrap_or_default(),
@@ -476,7 +470,7 @@ impl Watch {
         let params = WatchParams::default().timeout(WATCH_TIMEOUT_SECS);
         debug_assert!(params.bookmarks);
         if self.kind.is_secret() {
-            secret_watch::watch(&self.ctx.client, &self.url_path, &params, from).await
+            secrets::watch(&self.ctx.client, &self.url_path, &params, from).await
         } else {
             let stream = self.api.watch(&params, from).await?;
             Ok(stream.map(|e| e.map(event)).boxed())

@@ -9,7 +9,10 @@ use std::{
     cell::Cell,
 };
 
-use scale_agent::{convert::LAST_APPLIED, secret_watch, watch::Event};
+use scale_agent::{
+    convert::LAST_APPLIED,
+    watch::{Event, secrets as secret_watch},
+};
 use serde_json::{Value, json};
 
 /// Counts the bytes allocated by the current thread while counting is on.

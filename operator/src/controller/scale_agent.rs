@@ -1,5 +1,9 @@
 //! The ScaleAgent reconcile: dereference (accounts, issuer, existing certificate) → build the
-//! desired objects (pure, `crate::desired`) → apply what changed → status and Events.
+//! desired objects (pure, `crate::desired`) → apply what changed → status and Events. The
+//! client certificate (enrolment with the hub, or the operator's own CA) is planned in
+//! `certificate`.
+
+mod certificate;
 
 use std::{
     collections::BTreeSet,
@@ -10,7 +14,7 @@ use std::{
 use k8s_openapi::{
     api::{
         apps::v1::Deployment,
-        core::v1::{ConfigMap, Secret, ServiceAccount},
+        core::v1::{ConfigMap, ObjectReference, Secret, ServiceAccount},
         rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding},
     },
     apimachinery::pkg::apis::meta::v1::Time,
@@ -28,16 +32,15 @@ use kube::{
 use scale_agent_crds::{
     AgentAccount, ScaleAgent,
     conditions::{DEGRADED, READY, STATUS_TRUE},
-    v1alpha1::Mode,
+    v1alpha1::{Mode, ScaleAgentStatus},
 };
 
+use self::certificate::{CertificatePlan, plan_certificate};
 use super::Context;
 use crate::{
     apply::{Outcome, apply, delete_if_exists, list},
     desired::{self, FINALIZER},
-    enrol,
     error::{Chain, Error, Result, is_not_found, kube_err},
-    pki::{self, Ca, Decision},
     policy, rbac,
     status::{self, CertificateState, Observed, Problem},
     validate,
@@ -110,427 +113,6 @@ pub fn error_policy(
     let delay = ctx.next_backoff(&key(&*agent));
     tracing::warn!(scaleagent = %key(&*agent), error = %Chain(error), retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
-}
-
-/// The certificate outcome of one reconcile.
-struct CertificatePlan {
-    state: CertificateState,
-    secret: Option<Secret>,
-    issued: Option<&'static str>,
-    /// The identity in the certificate, for status.
-    identity: Option<String>,
-    /// The enrolment token version presented to the hub in this reconcile, for status.
-    token_version: Option<String>,
-}
-
-impl CertificatePlan {
-    fn without_secret(state: CertificateState) -> Self {
-        Self {
-            state,
-            secret: None,
-            issued: None,
-            identity: None,
-            token_version: None,
-        }
-    }
-}
-
-async fn get_secret(secrets: &Api<Secret>, name: String) -> Result<Option<Secret>> {
-    secrets.get_opt(&name).await.map_err(kube_err(format!(
-        "get Secret {}/{name}",
-        secrets.namespace().unwrap_or_default()
-    )))
-}
-
-/// A field of a Secret as UTF-8 text.
-fn secret_text(secret: &Secret, key: &str) -> Option<String> {
-    secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(key))
-        .and_then(|v| String::from_utf8(v.0.clone()).ok())
-}
-
-/// Records a certificate problem; the plan applies no Secret.
-fn failed_plan(
-    problems: &mut Vec<Problem>,
-    reason: &'static str,
-    message: String,
-) -> CertificatePlan {
-    problems.push(Problem {
-        reason,
-        message: message.clone(),
-    });
-    CertificatePlan::without_secret(CertificateState::Failed(message))
-}
-
-async fn plan_certificate(
-    agent: &ScaleAgent,
-    ctx: &Context,
-    secrets: &Api<Secret>,
-    now: i64,
-    problems: &mut Vec<Problem>,
-) -> Result<CertificatePlan> {
-    let namespace = agent.namespace().unwrap_or_default();
-    let mut fail = |reason: &'static str, message: String| failed_plan(problems, reason, message);
-    if agent.spec.hub.tls.insecure_plaintext {
-        return Ok(CertificatePlan::without_secret(
-            CertificateState::NotRequired,
-        ));
-    }
-    if let Some(enrolment) = &agent.spec.enrolment {
-        return plan_enrolment(agent, enrolment, secrets, now, problems).await;
-    }
-    let Some(spec) = &agent.spec.client_certificate else {
-        return Ok(fail(
-            "EnrolmentMissing",
-            "spec.enrolment is required: set enrolment.tokenSecretRef.name to a Secret holding \
-             a one-time enrolment token from the hub (`scale-agent-hub agent-token create \
-             --once`)"
-                .into(),
-        ));
-    };
-    if !ctx.config.allow_operator_signed_certificates {
-        return Ok(fail(
-            "OperatorSignedCertificatesNotAllowed",
-            "spec.clientCertificate (a certificate the operator signs with a CA key held in \
-             this cluster, for an identity chosen here) is refused: this operator runs without \
-             --allow-operator-signed-certificates. Replace spec.clientCertificate with \
-             spec.enrolment.tokenSecretRef naming a Secret with a one-time token from the hub \
-             (`scale-agent-hub agent-token create --once`), or start the operator with \
-             --allow-operator-signed-certificates (SCALE_AGENT_OPERATOR_ALLOW_OPERATOR_SIGNED_CERTIFICATES=true) \
-             and trust its CA on the hub with --client-ca"
-                .into(),
-        ));
-    }
-    let Some(identity) = agent.client_identity() else {
-        return Err(Error::MissingField("metadata.name"));
-    };
-    let lifetime = match ctx.config.certificate_lifetime_override {
-        Some(lifetime) => lifetime,
-        None => match spec.lifetime() {
-            Ok(lifetime) => lifetime,
-            Err(e) => return Ok(fail("InvalidLifetime", e.to_string())),
-        },
-    };
-    let issuer = &spec.issuer_secret_ref;
-    let Some(issuer_secret) = secrets
-        .get_opt(&issuer.name)
-        .await
-        .map_err(kube_err(format!("get Secret {namespace}/{}", issuer.name)))?
-    else {
-        return Ok(fail(
-            "IssuerSecretNotFound",
-            format!(
-                "issuer Secret {} not found in namespace {namespace}: create it with the CA \
-                 certificate under {} and its PKCS#8 private key under {} (a kubernetes.io/tls \
-                 Secret fits), or fix spec.clientCertificate.issuerSecretRef",
-                issuer.name, issuer.cert_key, issuer.key_key
-            ),
-        ));
-    };
-    let field = |secret: &Secret, key: &str| -> Option<String> {
-        secret
-            .data
-            .as_ref()
-            .and_then(|d| d.get(key))
-            .and_then(|v| String::from_utf8(v.0.clone()).ok())
-    };
-    let (Some(ca_cert), Some(ca_key)) = (
-        field(&issuer_secret, &issuer.cert_key),
-        field(&issuer_secret, &issuer.key_key),
-    ) else {
-        return Ok(fail(
-            "IssuerSecretInvalid",
-            format!(
-                "issuer Secret {} in namespace {namespace} lacks key {} or {}: add the PEM CA \
-                 certificate and its PKCS#8 private key under them",
-                issuer.name, issuer.cert_key, issuer.key_key
-            ),
-        ));
-    };
-    let ca = match Ca::from_pem(&ca_cert, &ca_key) {
-        Ok(ca) => ca,
-        Err(reason) => {
-            return Ok(fail(
-                "IssuerSecretInvalid",
-                format!(
-                    "issuer Secret {} in namespace {namespace} cannot sign: {reason}",
-                    issuer.name
-                ),
-            ));
-        }
-    };
-    let existing = secrets
-        .get_opt(&desired::tls_secret_name(agent))
-        .await
-        .map_err(kube_err(format!(
-            "get Secret {namespace}/{}",
-            desired::tls_secret_name(agent)
-        )))?;
-    let existing_cert = existing.as_ref().and_then(|s| field(s, "tls.crt"));
-    let existing_key = existing.as_ref().and_then(|s| field(s, "tls.key"));
-    let decision = pki::decide(
-        &ca,
-        existing_cert.as_deref(),
-        existing_key.as_deref(),
-        &identity,
-        now,
-    );
-    let (cert_pem, key_pem, info, issued) = match (decision, existing_cert, existing_key) {
-        (Decision::Keep(info), Some(cert), Some(key)) => (cert, key, info, None),
-        (decision, _, _) => {
-            let reason = match decision {
-                Decision::Issue(reason) => reason,
-                Decision::Keep(_) => "NoCertificate",
-            };
-            let issued = ca
-                .issue(&identity, lifetime, now)
-                .map_err(Error::Certificate)?;
-            (issued.cert_pem, issued.key_pem, issued.info, Some(reason))
-        }
-    };
-    Ok(CertificatePlan {
-        state: CertificateState::Valid {
-            not_after: info.not_after,
-            renew_at: info.renew_at(),
-        },
-        secret: Some(desired::tls_secret(
-            agent,
-            &cert_pem,
-            &key_pem,
-            &ca.cert_pem,
-        )?),
-        issued,
-        identity: Some(identity),
-        token_version: None,
-    })
-}
-
-/// `spec.enrolment`: keeps the hub-issued certificate, renews it by certificate from 2/3 of
-/// its lifetime, or enrols with the token (each version of the token Secret once).
-async fn plan_enrolment(
-    agent: &ScaleAgent,
-    enrolment: &scale_agent_crds::v1alpha1::Enrolment,
-    secrets: &Api<Secret>,
-    now: i64,
-    problems: &mut Vec<Problem>,
-) -> Result<CertificatePlan> {
-    let namespace = agent.namespace().unwrap_or_default();
-    let mut fail = |reason: &'static str, message: String| failed_plan(problems, reason, message);
-    let get = |name: String| get_secret(secrets, name);
-    let hub_ca_pem = match &agent.spec.hub.tls.ca_secret_ref {
-        None => None,
-        Some(r) => match get(r.name.clone())
-            .await?
-            .and_then(|s| secret_text(&s, &r.key))
-        {
-            Some(pem) => Some(pem),
-            None => {
-                return Ok(fail(
-                    "HubCaSecretNotFound",
-                    format!(
-                        "Secret {} with key {} (spec.hub.tls.caSecretRef) not found in \
-                         namespace {namespace}: create it with the CA of the hub's serving \
-                         certificate, which the operator needs to enrol the agent",
-                        r.name, r.key
-                    ),
-                ));
-            }
-        },
-    };
-    let hub = enrol::HubEndpoint {
-        address: agent.spec.hub.address.clone(),
-        server_name: agent.spec.hub.tls.server_name.clone(),
-        ca_pem: hub_ca_pem,
-    };
-    let existing = get(desired::tls_secret_name(agent)).await?;
-    let field = |key: &str| existing.as_ref().and_then(|s| secret_text(s, key));
-    let (cert, key, ca) = (field("tls.crt"), field("tls.key"), field("ca.crt"));
-    let current = enrol::Current {
-        cert_pem: cert.as_deref(),
-        key_pem: key.as_deref(),
-        ca_pem: ca.as_deref(),
-        hub_issued: existing.as_ref().is_some_and(|s| {
-            s.annotations()
-                .get(enrol::ISSUED_BY_ANNOTATION)
-                .map(String::as_str)
-                == Some(enrol::ISSUED_BY_HUB)
-        }),
-    };
-    let hub_secret = |cert: &str, key: &str, ca: &str| -> Result<Secret> {
-        let mut secret = desired::tls_secret(agent, cert, key, ca)?;
-        secret.annotations_mut().insert(
-            enrol::ISSUED_BY_ANNOTATION.into(),
-            enrol::ISSUED_BY_HUB.into(),
-        );
-        Ok(secret)
-    };
-    let valid = |info: &pki::CertificateInfo| CertificateState::Valid {
-        not_after: info.not_after,
-        renew_at: info.renew_at(),
-    };
-    let issued_plan = |issued: scale_agent_proto::v1::IssuedCertificate,
-                       key: &str,
-                       reason: &'static str,
-                       token_version: Option<String>|
-     -> Result<CertificatePlan> {
-        let not_before = pki::parse(&issued.certificate_chain_pem)
-            .map(|i| i.not_before)
-            .unwrap_or(now);
-        let info = pki::CertificateInfo {
-            common_name: Some(issued.identity.clone()),
-            dns_names: vec![issued.identity.clone()],
-            not_before,
-            not_after: issued.not_after_unix,
-        };
-        Ok(CertificatePlan {
-            state: valid(&info),
-            secret: Some(hub_secret(
-                &issued.certificate_chain_pem,
-                key,
-                &issued.ca_pem,
-            )?),
-            issued: Some(reason),
-            identity: Some(issued.identity),
-            token_version,
-        })
-    };
-    let reason = match enrol::decide(&current, now) {
-        enrol::Decision::Keep(info) => {
-            return Ok(CertificatePlan {
-                state: valid(&info),
-                secret: Some(hub_secret(
-                    cert.as_deref().unwrap_or_default(),
-                    key.as_deref().unwrap_or_default(),
-                    ca.as_deref().unwrap_or_default(),
-                )?),
-                issued: None,
-                identity: info.common_name.clone(),
-                token_version: None,
-            });
-        }
-        enrol::Decision::Renew(info) => {
-            let (new_key, csr) =
-                enrol::key_and_csr(&agent.name_any()).map_err(Error::Certificate)?;
-            let client = (
-                cert.as_deref().unwrap_or_default(),
-                key.as_deref().unwrap_or_default(),
-            );
-            match enrol::enroll(&hub, "", &csr, Some(client)).await {
-                Ok(issued) => return issued_plan(issued, &new_key, "Renewal", None),
-                Err(failure) => {
-                    // The current certificate still works: keep it, report, retry.
-                    problems.push(Problem {
-                        reason: "CertificateRenewalFailed",
-                        message: format!(
-                            "renewing the agent certificate (valid until {}) failed: {}",
-                            status::rfc3339(info.not_after),
-                            enrol::failure_message(
-                                &failure,
-                                &hub.address,
-                                &agent.namespace().unwrap_or_default(),
-                                &enrolment.token_secret_ref.name,
-                                &enrolment.token_secret_ref.key,
-                            )
-                        ),
-                    });
-                    return Ok(CertificatePlan {
-                        state: valid(&info),
-                        secret: Some(hub_secret(
-                            client.0,
-                            client.1,
-                            ca.as_deref().unwrap_or_default(),
-                        )?),
-                        issued: None,
-                        identity: info.common_name.clone(),
-                        token_version: None,
-                    });
-                }
-            }
-        }
-        enrol::Decision::Enrol(reason) => reason,
-    };
-    let namespace = agent.namespace().unwrap_or_default();
-    let token_ref = &enrolment.token_secret_ref;
-    let hint = |identity: &str| {
-        enrol::new_token_hint(&namespace, &token_ref.name, &token_ref.key, identity)
-    };
-    let identity_hint = agent
-        .status
-        .as_ref()
-        .and_then(|s| s.identity.clone())
-        .unwrap_or_else(|| "<identity>".into());
-    let Some(token_secret) = get(token_ref.name.clone()).await? else {
-        return Ok(fail(
-            "EnrolmentTokenSecretNotFound",
-            format!(
-                "enrolment token Secret {} not found in namespace {namespace} \
-                 (spec.enrolment.tokenSecretRef): {}",
-                token_ref.name,
-                hint(&identity_hint)
-            ),
-        ));
-    };
-    let Some(token) = secret_text(&token_secret, &token_ref.key)
-        .map(|t| t.trim().to_owned())
-        .filter(|t| !t.is_empty())
-    else {
-        return Ok(fail(
-            "EnrolmentTokenMissing",
-            format!(
-                "Secret {namespace}/{} has no key {} with an enrolment token: {}",
-                token_ref.name,
-                token_ref.key,
-                hint(&identity_hint)
-            ),
-        ));
-    };
-    let version = enrol::token_version(&token_secret);
-    let presented = agent
-        .status
-        .as_ref()
-        .and_then(|s| s.enrolment_token_version.as_deref());
-    if presented == Some(version.as_str()) {
-        // Never twice. The hub's earlier refusal stays as it was (reason and message), so
-        // the conditions do not flip between reconciles; otherwise: the token is spent.
-        let previous = agent
-            .status
-            .as_ref()
-            .and_then(|s| status::condition(&s.conditions, DEGRADED))
-            .filter(|c| c.status == STATUS_TRUE && c.reason == "EnrolmentRefused")
-            .map(|c| c.message.clone());
-        return Ok(match previous {
-            Some(message) => fail("EnrolmentRefused", message),
-            None => fail(
-                "EnrolmentTokenUsed",
-                format!(
-                    "the agent needs a new certificate ({reason}) but the enrolment token in \
-                     Secret {namespace}/{} was already presented to the hub: {}",
-                    token_ref.name,
-                    hint(&identity_hint)
-                ),
-            ),
-        });
-    }
-    let (new_key, csr) = enrol::key_and_csr(&agent.name_any()).map_err(Error::Certificate)?;
-    match enrol::enroll(&hub, &token, &csr, None).await {
-        Ok(issued) => issued_plan(issued, &new_key, reason, Some(version)),
-        Err(failure) => {
-            let message = enrol::failure_message(
-                &failure,
-                &hub.address,
-                &namespace,
-                &token_ref.name,
-                &token_ref.key,
-            );
-            let mut plan = fail("EnrolmentRefused", message);
-            if failure.token_seen() {
-                plan.token_version = Some(version);
-            }
-            Ok(plan)
-        }
-    }
 }
 
 /// The accepted accounts with their watched and deployed kinds resolved (an account naming
@@ -775,10 +357,10 @@ fn note(applied: &mut Vec<String>, outcome: Outcome, what: &str) {
     }
 }
 
+/// The reconcile proper: dereference, plan the certificate, store it, apply the objects,
+/// write the status, publish Events, and say when to look again.
 async fn apply_agent(agent: &ScaleAgent, ctx: &Context) -> Result<Action> {
-    let client = &ctx.client;
     let namespace = agent.namespace().unwrap_or_default();
-    let key = key(agent);
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
 
     // An image outside the allowed prefixes gets nothing: not even the ServiceAccount and
@@ -792,9 +374,45 @@ async fn apply_agent(agent: &ScaleAgent, ctx: &Context) -> Result<Action> {
     let mut problems = Vec::new();
     let mut applied = Vec::new();
 
-    // Dereference: the accounts that name this agent, and which of them are accepted.
     let all_accounts = ctx.watched_accounts().await?;
-    let secrets = Api::<Secret>::namespaced(client.clone(), &namespace);
+    let secrets = Api::<Secret>::namespaced(ctx.client.clone(), &namespace);
+    let accepted = accepted_accounts(agent, &all_accounts, &secrets).await?;
+
+    let certificate = plan_certificate(agent, ctx, &secrets, now, &mut problems).await?;
+    // Stored first: a certificate the hub issued for a one-time token cannot be had again.
+    if let Some(secret) = &certificate.secret {
+        note(&mut applied, apply(&secrets, secret).await?.1, "Secret");
+    }
+    let deployment = apply_objects(agent, ctx, &accepted, &mut problems, &mut applied).await?;
+
+    let (new_status, wrote) = write_status(
+        agent,
+        ctx,
+        &deployment,
+        &certificate,
+        &problems,
+        accepted.len(),
+    )
+    .await?;
+    record_metrics(agent, ctx, &certificate.state, &applied);
+    publish_events(agent, ctx, &certificate, &applied, &new_status, wrote).await;
+    Ok(next_visit(
+        ctx,
+        &key(agent),
+        &problems,
+        &certificate.state,
+        now,
+    ))
+}
+
+/// Dereference: the accounts that name this agent and that validation accepts (reading the
+/// kubeconfig Secret of those that name one).
+async fn accepted_accounts<'a>(
+    agent: &ScaleAgent,
+    all_accounts: &'a [AgentAccount],
+    secrets: &Api<Secret>,
+) -> Result<Vec<&'a AgentAccount>> {
+    let namespace = agent.namespace().unwrap_or_default();
     let mut accepted: Vec<&AgentAccount> = Vec::new();
     for account in all_accounts
         .iter()
@@ -807,51 +425,67 @@ async fn apply_agent(agent: &ScaleAgent, ctx: &Context) -> Result<Action> {
                 .map_err(kube_err(format!("get Secret {namespace}/{}", r.name)))?,
             None => None,
         };
-        if validate::check(account, Some(agent), &all_accounts, kubeconfig.as_ref()).is_ok() {
+        if validate::check(account, Some(agent), all_accounts, kubeconfig.as_ref()).is_ok() {
             accepted.push(account);
         }
     }
+    Ok(accepted)
+}
 
-    let certificate = plan_certificate(agent, ctx, &secrets, now, &mut problems).await?;
-    // Stored first: a certificate the hub issued for a one-time token cannot be had again.
-    if let Some(secret) = &certificate.secret {
-        note(&mut applied, apply(&secrets, secret).await?.1, "Secret");
-    }
-
-    // Apply, in dependency order.
+/// Applies the agent's objects in dependency order (ServiceAccount, RBAC, ConfigMap,
+/// Deployment) and returns the live Deployment, which the status reads.
+async fn apply_objects(
+    agent: &ScaleAgent,
+    ctx: &Context,
+    accepted: &[&AgentAccount],
+    problems: &mut Vec<Problem>,
+    applied: &mut Vec<String>,
+) -> Result<Deployment> {
+    let client = &ctx.client;
+    let namespace = agent.namespace().unwrap_or_default();
     let service_accounts = Api::<ServiceAccount>::namespaced(client.clone(), &namespace);
     note(
-        &mut applied,
+        applied,
         apply(&service_accounts, &desired::service_account(agent)?)
             .await?
             .1,
         "ServiceAccount",
     );
-    reconcile_rbac(agent, ctx, &accepted, &mut problems, &mut applied).await?;
-    let config = desired::agent_config(agent, &accepted);
+    reconcile_rbac(agent, ctx, accepted, problems, applied).await?;
+    let config = desired::agent_config(agent, accepted);
     let config_maps = Api::<ConfigMap>::namespaced(client.clone(), &namespace);
     note(
-        &mut applied,
+        applied,
         apply(&config_maps, &desired::config_map(agent, &config)?)
             .await?
             .1,
         "ConfigMap",
     );
     let deployments = Api::<Deployment>::namespaced(client.clone(), &namespace);
-    let kubeconfig_secrets = desired::kubeconfig_secrets(&accepted);
+    let kubeconfig_secrets = desired::kubeconfig_secrets(accepted);
     let (deployment, outcome) = apply(
         &deployments,
         &desired::deployment(agent, &kubeconfig_secrets)?,
     )
     .await?;
-    note(&mut applied, outcome, "Deployment");
+    note(applied, outcome, "Deployment");
+    Ok(deployment)
+}
 
-    // Status.
+/// The status this reconcile observed, and whether writing it changed the object.
+async fn write_status(
+    agent: &ScaleAgent,
+    ctx: &Context,
+    deployment: &Deployment,
+    certificate: &CertificatePlan,
+    problems: &[Problem],
+    accounts: usize,
+) -> Result<(ScaleAgentStatus, bool)> {
     let observed = Observed {
-        deployment: Some(&deployment),
+        deployment: Some(deployment),
         certificate: certificate.state.clone(),
-        problems: problems.clone(),
-        accounts: i32::try_from(accepted.len()).unwrap_or(i32::MAX),
+        problems: problems.to_vec(),
+        accounts: i32::try_from(accounts).unwrap_or(i32::MAX),
     };
     let mut new_status = status::scale_agent_status(agent, &observed, Time(Timestamp::now()));
     if certificate.identity.is_some() {
@@ -860,17 +494,31 @@ async fn apply_agent(agent: &ScaleAgent, ctx: &Context) -> Result<Action> {
     if certificate.token_version.is_some() {
         new_status.enrolment_token_version = certificate.token_version.clone();
     }
-    let api = Api::<ScaleAgent>::namespaced(client.clone(), &namespace);
+    let namespace = agent.namespace().unwrap_or_default();
+    let api = Api::<ScaleAgent>::namespaced(ctx.client.clone(), &namespace);
     let wrote = status::patch_status(&api, agent, agent.status.as_ref(), &new_status).await?;
-    let certificate_times = match certificate.state {
+    Ok((new_status, wrote))
+}
+
+/// The certificate's expiry and renewal time, and a write when anything was applied.
+fn record_metrics(
+    agent: &ScaleAgent,
+    ctx: &Context,
+    certificate: &CertificateState,
+    applied: &[String],
+) {
+    let certificate_times = match certificate {
         CertificateState::Valid {
             not_after,
             renew_at,
-        } => Some((not_after, renew_at)),
+        } => Some((*not_after, *renew_at)),
         _ => None,
     };
-    ctx.metrics
-        .certificate(&namespace, &agent.name_any(), certificate_times);
+    ctx.metrics.certificate(
+        &agent.namespace().unwrap_or_default(),
+        &agent.name_any(),
+        certificate_times,
+    );
     if !applied.is_empty() {
         ctx.metrics
             .writes
@@ -879,8 +527,18 @@ async fn apply_agent(agent: &ScaleAgent, ctx: &Context) -> Result<Action> {
             })
             .inc();
     }
+}
 
-    // Events, on transitions only.
+/// Events, on transitions only: a certificate issued, objects applied, and the conditions
+/// that changed with a status written.
+async fn publish_events(
+    agent: &ScaleAgent,
+    ctx: &Context,
+    certificate: &CertificatePlan,
+    applied: &[String],
+    new_status: &ScaleAgentStatus,
+    wrote: bool,
+) {
     let reference = agent.object_ref(&());
     if let Some(reason) = certificate.issued
         && let CertificateState::Valid { not_after, .. } = &certificate.state
@@ -909,70 +567,83 @@ async fn apply_agent(agent: &ScaleAgent, ctx: &Context) -> Result<Action> {
         .await;
     }
     if wrote {
-        let before = agent
-            .status
-            .as_ref()
-            .map(|s| s.conditions.as_slice())
-            .unwrap_or_default();
-        let changed = |type_: &str| {
-            let old = status::condition(before, type_);
-            let new = status::condition(&new_status.conditions, type_);
-            match (old, new) {
-                (Some(o), Some(n)) => o.status != n.status || o.message != n.message,
-                (None, Some(_)) => true,
-                _ => false,
-            }
-        };
-        if let Some(degraded) = status::condition(&new_status.conditions, DEGRADED)
-            && degraded.status == STATUS_TRUE
-            && changed(DEGRADED)
-        {
-            ctx.publish(
-                &reference,
-                EventType::Warning,
-                &degraded.reason,
-                "Reconcile",
-                degraded.message.clone(),
-            )
-            .await;
-        }
-        if let Some(ready) = status::condition(&new_status.conditions, READY)
-            && changed(READY)
-            && (ready.status == STATUS_TRUE || before.iter().any(|c| c.type_ == READY))
-        {
-            let type_ = if ready.status == STATUS_TRUE {
-                EventType::Normal
-            } else {
-                EventType::Warning
-            };
-            let reason = if ready.status == STATUS_TRUE {
-                "Ready"
-            } else {
-                "NotReady"
-            };
-            ctx.publish(
-                &reference,
-                type_,
-                reason,
-                "Reconcile",
-                ready.message.clone(),
-            )
-            .await;
-        }
+        publish_condition_events(agent, ctx, &reference, new_status).await;
     }
+}
 
-    // Next visit: retry with backoff while degraded, else before the renewal is due.
-    if !problems.is_empty() {
-        return Ok(Action::requeue(ctx.next_backoff(&key)));
+/// A Warning when Degraded turns true or its message changes; Ready's changes (NotReady
+/// only once a Ready condition was there before, so a new agent starting is no warning).
+async fn publish_condition_events(
+    agent: &ScaleAgent,
+    ctx: &Context,
+    reference: &ObjectReference,
+    new_status: &ScaleAgentStatus,
+) {
+    let before = agent
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let changed = |type_: &str| {
+        let old = status::condition(before, type_);
+        let new = status::condition(&new_status.conditions, type_);
+        match (old, new) {
+            (Some(o), Some(n)) => o.status != n.status || o.message != n.message,
+            (None, Some(_)) => true,
+            _ => false,
+        }
+    };
+    if let Some(degraded) = status::condition(&new_status.conditions, DEGRADED)
+        && degraded.status == STATUS_TRUE
+        && changed(DEGRADED)
+    {
+        ctx.publish(
+            reference,
+            EventType::Warning,
+            &degraded.reason,
+            "Reconcile",
+            degraded.message.clone(),
+        )
+        .await;
     }
-    ctx.reset_backoff(&key);
+    if let Some(ready) = status::condition(&new_status.conditions, READY)
+        && changed(READY)
+        && (ready.status == STATUS_TRUE || before.iter().any(|c| c.type_ == READY))
+    {
+        let type_ = if ready.status == STATUS_TRUE {
+            EventType::Normal
+        } else {
+            EventType::Warning
+        };
+        let reason = if ready.status == STATUS_TRUE {
+            "Ready"
+        } else {
+            "NotReady"
+        };
+        ctx.publish(reference, type_, reason, "Reconcile", ready.message.clone())
+            .await;
+    }
+}
+
+/// Next visit: retry with backoff while degraded, else before the renewal is due.
+fn next_visit(
+    ctx: &Context,
+    key: &str,
+    problems: &[Problem],
+    certificate: &CertificateState,
+    now: i64,
+) -> Action {
+    if !problems.is_empty() {
+        return Action::requeue(ctx.next_backoff(key));
+    }
+    ctx.reset_backoff(key);
     let mut next = ctx.config.resync;
-    if let CertificateState::Valid { renew_at, .. } = certificate.state {
+    if let CertificateState::Valid { renew_at, .. } = certificate {
         let until = Duration::from_secs(u64::try_from(renew_at.saturating_sub(now)).unwrap_or(0))
             + Duration::from_secs(1);
         next = next.min(until);
     }
-    Ok(Action::requeue(next))
+    Action::requeue(next)
 }
 
 /// Reports `problem` in the status (and an Event when it is new) and applies nothing; the

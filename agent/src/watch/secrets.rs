@@ -37,7 +37,8 @@ use serde::{
 use serde_json::{Map, Value};
 use zeroize::Zeroize as _;
 
-use crate::{convert::LAST_APPLIED, watch::Event};
+use super::event::Event;
+use crate::convert::LAST_APPLIED;
 
 /// Bytes of a response body, owned here so that they can be zeroed: each line is zeroed
 /// where it lay once decoded, and the old allocation is zeroed when the buffer grows.
