@@ -6,8 +6,10 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use scale_agent::{Options, migrate};
+use scale_agent_testkit::{http, wait};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -317,7 +319,10 @@ async fn a_running_agent_reloads_the_local_overlay_and_reports_its_armory_keys()
         without_effect[0].starts_with("kubernetes.retries has no effect: not configurable"),
         "{without_effect:?}"
     );
-    let accounts = http_get(agent.admin_addr(), "/accounts").await.unwrap();
+    let accounts = http::get(agent.admin_addr(), "/accounts")
+        .await
+        .unwrap()
+        .body;
     assert!(
         accounts.contains("\"withoutEffect\":[\"kubernetes.retries has no effect"),
         "{accounts}"
@@ -346,25 +351,6 @@ async fn a_running_agent_reloads_the_local_overlay_and_reports_its_armory_keys()
 
 /// Polls `condition` every 100 ms for up to a minute (generous: CI shares two cores).
 async fn eventually(what: &str, condition: impl Fn() -> bool) {
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !condition() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-}
-
-/// The body of a plain HTTP GET, with hyper's client.
-async fn http_get(
-    addr: std::net::SocketAddr,
-    path: &str,
-) -> Result<String, Box<dyn std::error::Error>> {
-    use http_body_util::{BodyExt as _, Empty};
-    use hyper_util::{client::legacy::Client, rt::TokioExecutor};
-    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<bytes::Bytes>>();
-    let response = client.get(format!("http://{addr}{path}").parse()?).await?;
-    let body = response.into_body().collect().await?.to_bytes();
-    Ok(String::from_utf8(body.to_vec())?)
+    let (timeout, every) = (Duration::from_secs(60), Duration::from_millis(100));
+    wait::eventually(what, timeout, every, async || condition()).await;
 }

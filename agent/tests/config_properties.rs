@@ -13,19 +13,8 @@ use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
 use scale_agent::config::{ConfigFiles, parse_config_files};
+use scale_agent_testkit::properties::config;
 use serde_json::{Map, Value, json};
-
-/// Cases per property: `PROPTEST_CASES` (proptest's own variable), else a CI-sized 64.
-fn config() -> ProptestConfig {
-    ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(64),
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
 
 /// Keys an Armory agent config has (honoured, refused or without effect here), with
 /// `[]` for an item of a list.

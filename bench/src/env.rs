@@ -429,10 +429,11 @@ impl HubProc {
         bearer: Option<&str>,
     ) -> Result<(u16, Vec<u8>)> {
         let call = match &self.listener {
-            HttpListener::Plaintext => {
-                scale_agent_e2e::http::Call::new(method, format!("http://{}{path}", self.http_addr))
-            }
-            HttpListener::Tls { ca_pem, .. } => scale_agent_e2e::http::Call::new(
+            HttpListener::Plaintext => scale_agent_testkit::http::Call::new(
+                method,
+                format!("http://{}{path}", self.http_addr),
+            ),
+            HttpListener::Tls { ca_pem, .. } => scale_agent_testkit::http::Call::new(
                 method,
                 format!("https://{}{path}", self.http_addr),
             )

@@ -2,14 +2,14 @@
 //! resource use read from `/proc`, and a tiny HTTP/1.0 client for their HTTP endpoints.
 
 use std::{
-    net::{SocketAddr, TcpListener},
+    net::SocketAddr,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result, anyhow, bail};
-use scale_agent_e2e::http::Call;
+use scale_agent_testkit::http::Call;
 
 /// Environment variable that makes the bench executable act as another program.
 pub const ROLE_ENV: &str = "SCALE_AGENT_BENCH_ROLE";
@@ -112,9 +112,7 @@ pub fn ended_children_cpu() -> f64 {
 }
 
 /// A loopback port free right now.
-pub fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
+pub use scale_agent_testkit::free_port;
 
 /// A child process that dies with this process and is stopped when dropped.
 #[derive(Debug)]
@@ -218,7 +216,7 @@ pub use scale_agent_e2e::fixtures::API_TOKEN;
 /// may take a while on a loaded machine).
 pub const HTTP_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// One plain-HTTP request with the tests' client ([`scale_agent_e2e::http::Call`]), a new
+/// One plain-HTTP request with the tests' client ([`scale_agent_testkit::http::Call`]), a new
 /// connection each time: (status, body).
 pub async fn http(
     addr: SocketAddr,
@@ -270,10 +268,10 @@ pub async fn get_json(addr: SocketAddr, path: &str) -> Result<serde_json::Value>
         .ok_or_else(|| anyhow!("GET {path}: HTTP 404"))
 }
 
-pub use scale_agent_e2e::metrics::metric_sum;
+pub use scale_agent_testkit::metrics::metric_sum;
 
 /// Polls `check` every `every` until it returns `Some`, or fails after `timeout`.
-pub use scale_agent_e2e::wait::wait_for_within as wait_for;
+pub use scale_agent_testkit::wait::wait_for_within as wait_for;
 
 #[cfg(test)]
 mod tests {

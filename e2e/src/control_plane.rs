@@ -10,7 +10,6 @@
 use std::{
     fmt, fs,
     io::Write as _,
-    net::TcpListener,
     path::{Path, PathBuf},
     sync::{Mutex, OnceLock},
     time::{Duration, Instant},
@@ -31,6 +30,7 @@ use crate::{
     binaries::{Binaries, KUBERNETES_VERSION},
     error::{Error, Result, io_err},
     kwok::{self, PodLog},
+    local_agent::free_port,
     pki::{self, CertificateAuthority},
     process::{self, ManagedProcess},
 };
@@ -803,15 +803,6 @@ impl Drop for ControlPlane {
         self.stop();
         let _ = fs::remove_dir_all(&self.run_dir);
     }
-}
-
-/// A free TCP port on loopback. Another process may take it before we use it; on a test
-/// machine that is rare enough to accept.
-fn free_port() -> Result<u16> {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|addr| addr.port())
-        .map_err(io_err("find a free port"))
 }
 
 /// Root of the per-run directories: tmpfs when the machine has one, so etcd writes to memory.

@@ -32,12 +32,9 @@ pub enum Error {
         source: std::io::Error,
     },
 
-    #[error("failed to generate {what}: {source}")]
-    Certificate {
-        what: &'static str,
-        #[source]
-        source: rcgen::Error,
-    },
+    /// "failed to generate {what}: {rcgen's error}".
+    #[error(transparent)]
+    Certificate(#[from] scale_agent_testkit::pki::CertificateError),
 
     /// A component did not become ready within its budget; `log_tail` holds the end of its log.
     #[error(
@@ -87,10 +84,8 @@ pub enum Error {
     #[error("cannot run pod {pod} locally: {message}")]
     LocalPod { pod: String, message: String },
 
-    /// An HTTP request to a local component failed.
-    #[error("TLS client set-up: {0}")]
-    Tls(String),
-
+    /// An HTTP request to a local component failed (no full answer in time, or an
+    /// unusable CA).
     #[error("{method} {url}: {message}")]
     Http {
         method: String,
@@ -154,6 +149,21 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<scale_agent_testkit::http::Error> for Error {
+    fn from(error: scale_agent_testkit::http::Error) -> Self {
+        let scale_agent_testkit::http::Error {
+            method,
+            url,
+            message,
+        } = error;
+        Error::Http {
+            method,
+            url,
+            message,
+        }
+    }
+}
 
 /// A tokio-postgres error with its cause: its own text is only the kind ("db error").
 pub fn postgres_text(error: &tokio_postgres::Error) -> String {

@@ -63,7 +63,7 @@ pub async fn hub_get_json(
     addr: impl std::fmt::Display,
     path: &str,
 ) -> crate::Result<Option<Value>> {
-    hub_call("GET", addr, path).fetch_json().await
+    Ok(hub_call("GET", addr, path).fetch_json().await?)
 }
 
 /// The real hub, in this process: plaintext gRPC and HTTP on free loopback ports, its store

@@ -53,7 +53,7 @@
 use std::{
     collections::BTreeMap,
     fs,
-    net::{SocketAddr, TcpListener},
+    net::SocketAddr,
     path::{Path, PathBuf},
     process::Command,
     time::{Duration, Instant},
@@ -662,12 +662,10 @@ fn write_atomically(path: &Path, data: &[u8]) -> Result<()> {
     fs::rename(&tmp, path).map_err(io_err(format!("rename to {}", path.display())))
 }
 
-/// A free TCP port on loopback.
+/// A free TCP port on loopback ([`scale_agent_testkit::free_port`]). Another process may
+/// take it before it is used; on a test machine that is rare enough to accept.
 pub fn free_port() -> Result<u16> {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|addr| addr.port())
-        .map_err(io_err("find a free port"))
+    scale_agent_testkit::free_port().map_err(io_err("find a free port"))
 }
 
 #[cfg(test)]

@@ -743,26 +743,14 @@ fn run_connection(
 /// A client connected to `url` over TLS (`sslmode=require` semantics: TLS or nothing),
 /// checking the server's certificate against `ca_pem` and its name.
 pub async fn connect_tls(url: &str, ca_pem: &str) -> Result<Client> {
-    use rustls::pki_types::{CertificateDer, pem::PemObject as _};
     let mut config = client_config(url)?;
     config.ssl_mode(tokio_postgres::config::SslMode::Require);
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()).flatten() {
-        roots.add(cert).map_err(|error| Error::PostgresSetup {
-            what: "the test CA".into(),
+    let tls = scale_agent_testkit::tls::client_config(Some(ca_pem)).map_err(|error| {
+        Error::PostgresSetup {
+            what: "a TLS client configuration trusting the test CA".into(),
             output: error.to_string(),
-        })?;
-    }
-    let tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|error| Error::PostgresSetup {
-        what: "a TLS client configuration".into(),
-        output: error.to_string(),
-    })?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+        }
+    })?;
     let (client, connection) = config
         .connect(tokio_postgres_rustls::MakeRustlsConnect::new(tls))
         .await

@@ -180,22 +180,8 @@ impl TlsFront {
         cert_pem: &str,
         key_pem: &str,
     ) -> std::io::Result<TlsFront> {
-        use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
-        let invalid = |what: &str, e: &dyn std::fmt::Display| {
-            std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{what}: {e}"))
-        };
-        let certs = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| invalid("the certificate PEM", &e))?;
-        let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
-            .map_err(|e| invalid("the key PEM", &e))?;
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut config = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| invalid("TLS versions", &e))?
-            .with_no_client_auth()
-            .with_single_cert(certs, key)
-            .map_err(|e| invalid("the certificate and key", &e))?;
+        let mut config = scale_agent_testkit::tls::server_config(cert_pem, key_pem)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
         let listener = TcpListener::bind("127.0.0.1:0").await?;

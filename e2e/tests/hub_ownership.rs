@@ -12,7 +12,11 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use scale_agent_e2e::postgres::{self, PostgresServer, Tenure, assert_no_overlap};
+use scale_agent_e2e::{
+    http::Call,
+    postgres::{self, PostgresServer, Tenure, assert_no_overlap},
+    wait,
+};
 use scale_agent_hub::{
     Config, GrpcSecurity, RunningHub,
     owners::{
@@ -26,9 +30,12 @@ use scale_agent_proto::v1::{
     self as pb, account_assignment::Role, agent_hub_client::AgentHubClient,
     agent_message::Kind as Msg, hub_message::Kind as Out,
 };
+use scale_agent_testkit::contract::{self, Contract};
 use tokio::sync::mpsc;
 
 const WAIT: Duration = Duration::from_secs(20);
+/// How often a check of what the Clouddriver contract saw is made again.
+const POLL: Duration = Duration::from_millis(25);
 
 fn replica(id: &str) -> ReplicaIdentity {
     ReplicaIdentity {
@@ -428,24 +435,18 @@ impl MiniAgent {
     }
 }
 
-/// Submits an apply with `admin`'s token to the hub at `addr`: (status, body).
+/// Submits an apply with `admin`'s token to the hub at `addr` and waits for its result (at
+/// most [`wait::WAIT`]): (status, body).
 async fn post_to(addr: std::net::SocketAddr, admin: &str, account: &str) -> (u16, String) {
-    use http_body_util::BodyExt as _;
-    let client: hyper_util::client::legacy::Client<_, http_body_util::Full<hyper::body::Bytes>> =
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .build_http();
     let body = r#"{"type":"apply","manifest":{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"two"}}}"#;
-    let request = http::Request::post(format!(
-        "http://{addr}/api/v1/accounts/{account}/operations"
-    ))
-    .header("authorization", format!("Bearer {admin}"))
-    .header("content-type", "application/json")
-    .body(http_body_util::Full::new(hyper::body::Bytes::from(body)))
-    .unwrap();
-    let response = client.request(request).await.unwrap();
-    let status = response.status().as_u16();
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8_lossy(&body).into_owned())
+    let url = format!("http://{addr}/api/v1/accounts/{account}/operations");
+    let mut call = Call::new("POST", url)
+        .bearer(admin)
+        .header("content-type", "application/json")
+        .timeout(wait::WAIT);
+    call.body = Some(body.as_bytes().to_vec());
+    let response = call.send().await.unwrap();
+    (response.status, response.body)
 }
 
 #[tokio::test]
@@ -633,11 +634,11 @@ async fn writes_of_an_account_taken_over_are_dropped_not_retried_forever() {
 
 /// The status of an unauthenticated GET on a plaintext hub.
 async fn get_status(addr: std::net::SocketAddr, path: &str) -> u16 {
-    let client: hyper_util::client::legacy::Client<_, http_body_util::Empty<hyper::body::Bytes>> =
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .build_http();
-    let uri: http::Uri = format!("http://{addr}{path}").parse().unwrap();
-    client.get(uri).await.unwrap().status().as_u16()
+    Call::new("GET", format!("http://{addr}{path}"))
+        .send()
+        .await
+        .unwrap()
+        .status
 }
 
 /// Issue 16's failover, as processes: three hub replicas on one PostgreSQL, three accounts
@@ -729,11 +730,6 @@ async fn three_replicas_one_killed_every_account_streams_again_without_relisting
 
 // ------------------------------------------------ Clouddriver registration with replicas
 
-/// The Clouddriver contract server of the hub's tests (written from Clouddriver's source; see
-/// its module), with the helpers it uses.
-#[path = "../../hub/tests/common/mod.rs"]
-mod hub_common;
-
 /// The replica holding the Clouddriver registrar's lock, as PostgreSQL sees it.
 async fn registrar(sql: &tokio_postgres::Client) -> Option<String> {
     let rows = sql
@@ -759,7 +755,7 @@ async fn reconnect(agent: &mut MiniAgent, grpc: std::net::SocketAddr, i: usize) 
 }
 
 /// What the contract saw: (PUTs, DELETEs).
-fn puts_and_deletes(contract: &hub_common::contract::Contract) -> (usize, Vec<String>) {
+fn puts_and_deletes(contract: &Contract) -> (usize, Vec<String>) {
     let seen = contract.seen();
     let puts = seen.iter().filter(|s| s.method == "PUT").count();
     let deletes = seen
@@ -771,17 +767,18 @@ fn puts_and_deletes(contract: &hub_common::contract::Contract) -> (usize, Vec<St
 }
 
 /// Three hub processes on one PostgreSQL register their accounts in Clouddriver (the
-/// contract server): exactly one replica (the holder of the registrar's lock) registers
-/// every account of the store, whichever replica streams it, each once; a replica restarted
-/// (which loads every account and forgets those it does not stream after the grace period)
-/// deletes nothing; killing the registrar moves the duty to another replica within seconds,
-/// with no DELETE and no account sent again, and the new registrar registers new accounts;
-/// so does a break of the registrar's lock connection.
+/// contract server of the hub's tests, written from Clouddriver's source: see
+/// `scale_agent_testkit::contract`): exactly one replica (the holder of the registrar's lock)
+/// registers every account of the store, whichever replica streams it, each once; a replica
+/// restarted (which loads every account and forgets those it does not stream after the grace
+/// period) deletes nothing; killing the registrar moves the duty to another replica within
+/// seconds, with no DELETE and no account sent again, and the new registrar registers new
+/// accounts; so does a break of the registrar's lock connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_replica_registers_every_account_in_clouddriver_and_the_duty_survives_its_death() {
     const PUBLIC_URL: &str = "https://hub.example:8443";
     let server = PostgresServer::start().await.unwrap();
-    let (contract, contract_url) = hub_common::contract::start_contract_for(PUBLIC_URL).await;
+    let (contract, contract_url) = contract::start_contract_for(PUBLIC_URL).await;
     let extra = [
         format!("--public-url={PUBLIC_URL}"),
         format!("--clouddriver-url={contract_url}"),
@@ -865,9 +862,12 @@ async fn one_replica_registers_every_account_in_clouddriver_and_the_duty_survive
     let third = (0..3).find(|i| *i != first && *i != second).unwrap();
     let mut late = MiniAgent::connect_asking(hubs[third].grpc, "pod-late", 300).await;
     late.register_streaming("prod-3").await;
-    hub_common::wait_for("prod-3 registered by the new registrar", async || {
-        contract.accounts().contains_key("prod-3")
-    })
+    wait::eventually(
+        "prod-3 registered by the new registrar",
+        WAIT,
+        POLL,
+        async || contract.accounts().contains_key("prod-3"),
+    )
     .await;
     // Its first pass is over (prod-3 was sent after it): nothing else was sent.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -896,8 +896,10 @@ async fn one_replica_registers_every_account_in_clouddriver_and_the_duty_survive
     assert_eq!(terminated, 1);
     let mut last = MiniAgent::connect_asking(hubs[third].grpc, "pod-last", 300).await;
     last.register_streaming("prod-4").await;
-    hub_common::wait_for(
+    wait::eventually(
         "prod-4 registered after the lock connection broke",
+        WAIT,
+        POLL,
         async || contract.accounts().contains_key("prod-4"),
     )
     .await;

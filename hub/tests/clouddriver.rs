@@ -2,7 +2,7 @@
 //! file.
 //!
 //! THE SERVER IS NOT CLOUDDRIVER: it is a contract written from Clouddriver's source, each
-//! rule with where it comes from, in `common/contract.rs`.
+//! rule with where it comes from, in `testkit/src/contract.rs`.
 
 // Test code: a failed set-up should panic.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -20,20 +20,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-use axum::{
-    body::Bytes,
-    http::{StatusCode, header},
-};
 use common::{
     contract::{HUB, Seen, start_contract, start_tls_contract},
     wait_for,
 };
-use http_body_util::{BodyExt, Full};
-use hyper_util::{client::legacy::Client as HyperClient, rt::TokioExecutor};
 use scale_agent_hub::clouddriver::{
     Backoff, ClouddriverSettings, DesiredAccount, Ledger, MemoryLedger, Registrar,
     RegistrationStatus, body,
 };
+use scale_agent_testkit::http::Call;
 use serde_json::{Map, Value, json};
 use tokio::{sync::watch, task::JoinHandle};
 
@@ -515,22 +510,14 @@ async fn bad_settings_fail_at_start() {
 #[tokio::test]
 async fn the_contract_refuses_what_clouddriver_would() {
     let (contract, url) = start_contract().await;
-    let client = HyperClient::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let good = body::api_body(&account("prod-eu", "tok", json!({})), &Map::new()).unwrap();
     let send = |body: String, content_type: &'static str| {
-        let request = axum::http::Request::put(format!("{url}/credentials"))
-            .header(header::CONTENT_TYPE, content_type)
-            .body(Full::new(Bytes::from(body)))
-            .unwrap();
-        let client = client.clone();
+        let mut call =
+            Call::new("PUT", format!("{url}/credentials")).header("content-type", content_type);
+        call.body = Some(body.into_bytes());
         async move {
-            let response = client.request(request).await.unwrap();
-            let status = response.status().as_u16();
-            let body = response.into_body().collect().await.unwrap().to_bytes();
-            (
-                status,
-                serde_json::from_slice::<Value>(&body).unwrap_or_default(),
-            )
+            let response = call.send().await.unwrap();
+            (response.status, response.json_or_null())
         }
     };
     let with = |f: &dyn Fn(&mut Map<String, Value>)| {
@@ -639,13 +626,11 @@ async fn the_contract_refuses_what_clouddriver_would() {
         }
     }
     // DELETE of an account that does not exist: 200, like AccountDefinitionService.
-    let request = axum::http::Request::delete(format!("{url}/credentials/nothing"))
-        .body(Full::new(Bytes::new()))
+    let deleted = Call::new("DELETE", format!("{url}/credentials/nothing"))
+        .send()
+        .await
         .unwrap();
-    assert_eq!(
-        client.request(request).await.unwrap().status(),
-        StatusCode::OK
-    );
+    assert_eq!(deleted.status, 200);
     assert_eq!(contract.accounts().len(), 1);
 }
 

@@ -24,20 +24,8 @@ use scale_agent_hub::{
     session::{Effects, HubState, Limits, ProtocolError, Session, check_hello},
 };
 use scale_agent_proto::v1::{self as pb, agent_message::Kind as Msg};
+use scale_agent_testkit::properties::config;
 use serde_json::{Value, json};
-
-/// Cases per property: `PROPTEST_CASES` (proptest's own variable), else a CI-sized 64.
-fn config() -> ProptestConfig {
-    ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(64),
-        // Failures are kept as regression tests in this file, not in a side file.
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
 
 // ---------------------------------------------------------------------------------------
 // Protocol messages

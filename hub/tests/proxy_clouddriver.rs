@@ -3,9 +3,9 @@
 //! whose token works on the hub's proxy for that account only; an account whose agent stays
 //! away past the grace period is removed; a restart sends nothing for unchanged accounts; a
 //! rotated Clouddriver token is registered again and the old one stops working. The
-//! Clouddriver side is the contract server of `common/contract.rs` (NOT Clouddriver: written
-//! from its source); the agents are fakes speaking the real gRPC protocol over mutual TLS;
-//! the hub serves HTTPS.
+//! Clouddriver side is the contract server of `testkit/src/contract.rs` (NOT Clouddriver:
+//! written from its source); the agents are fakes speaking the real gRPC protocol over mutual
+//! TLS; the hub serves HTTPS.
 
 // Test code: a failed set-up should panic.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

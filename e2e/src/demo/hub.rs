@@ -55,7 +55,7 @@ impl Hub {
 
     /// `GET`s a JSON document: `None` on 404.
     pub async fn get_json(&self, path: &str) -> Result<Option<Value>> {
-        self.call("GET", path).fetch_json().await
+        Ok(self.call("GET", path).fetch_json().await?)
     }
 
     /// `POST`s a JSON document, waiting up to `timeout`; the status and the answer as JSON.

@@ -1,44 +1,36 @@
-//! Test support shared by the hub's integration tests: certificates made at test time, the
-//! hub in-process on 127.0.0.1, fake agents that speak the real gRPC protocol over mutual
-//! TLS, HTTP and HTTPS clients, and the Clouddriver contract server ([`contract`]).
+//! Test support shared by the hub's integration tests: the hub in-process on 127.0.0.1, fake
+//! agents that speak the real gRPC protocol over mutual TLS, and helpers of the hub's REST
+//! and admin APIs. What is not about the hub (certificates made at test time, the HTTPS
+//! client, polling, the Clouddriver contract server) is in `scale-agent-testkit`, re-exported
+//! here.
 
 // Each test binary uses a part of this module.
 #![allow(dead_code)]
 // Test code: a failed set-up should panic.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-pub mod contract;
-
 use std::{
     collections::VecDeque,
     net::SocketAddr,
     path::{Path, PathBuf},
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::atomic::{AtomicU64, Ordering},
     time::Duration,
 };
 
 use bytes::Bytes;
-use http::{HeaderMap, Request, Response};
-use http_body_util::{BodyExt as _, Full, combinators::BoxBody};
-use hyper::body::Incoming;
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::{
-    client::legacy::{Client as HyperClient, connect::HttpConnector},
-    rt::TokioExecutor,
-};
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
-};
-use rustls::pki_types::{CertificateDer, pem::PemObject as _};
 use scale_agent_hub::{Config, GrpcSecurity, HttpSecurity, RunningHub, TlsMaterial};
 use scale_agent_proto::v1::{
     self as pb, account_assignment::Role, agent_hub_client::AgentHubClient,
     agent_message::Kind as Msg, hub_message::Kind as Out, object_event::Type as EventType,
     tunnel_frame::Frame,
+};
+use scale_agent_testkit::http::Call;
+// Each test binary uses a part of these too.
+#[allow(unused_imports)]
+pub use scale_agent_testkit::{
+    contract,
+    https::{BoxError, Https, Proto, Reply, ReqBody, empty, full, read_all, read_to_end},
+    pki::{Pki, ca, leaf, leaf_with},
 };
 use serde_json::Value;
 use tokio::{sync::mpsc, task::JoinHandle};
@@ -48,95 +40,13 @@ use tonic::{
     transport::{Certificate, ClientTlsConfig, Endpoint, Identity},
 };
 
-/// How long any one step may take: generous, the machine is shared and slow.
-pub const WAIT: Duration = Duration::from_secs(20);
+/// How long any one step may take (the HTTPS client's timeout): generous, the machine is
+/// shared and slow.
+pub const WAIT: Duration = scale_agent_testkit::https::TIMEOUT;
+/// How often [`wait_for`] asks.
+const EVERY: Duration = Duration::from_millis(25);
 /// Largest body chunk in one tunnel frame (item 7 of the stream contract).
 pub const MAX_FRAME: usize = 64 * 1024;
-
-// ---------------------------------------------------------------- certificates
-
-pub struct Pki {
-    /// The CA of the agents' client certificates and of the gRPC server certificate.
-    pub ca_pem: String,
-    ca: CertifiedIssuer<'static, KeyPair>,
-    pub server_cert_pem: String,
-    pub server_key_pem: String,
-    /// Another CA, for the HTTP listener's serving certificate: a kubeconfig carrying the
-    /// agents' CA instead would be caught.
-    pub serving_ca_pem: String,
-    pub serving_cert_pem: String,
-    pub serving_key_pem: String,
-}
-
-pub fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.distinguished_name.push(DnType::CommonName, name);
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
-}
-
-/// A certificate for `sans` signed by `issuer`, for `usage`: (certificate PEM, key PEM).
-pub fn leaf(
-    issuer: &CertifiedIssuer<'static, KeyPair>,
-    sans: &[&str],
-    usage: ExtendedKeyUsagePurpose,
-) -> (String, String) {
-    leaf_with(issuer, sans, usage, |_| {})
-}
-
-/// [`leaf`] with its parameters changed by `tweak` (a validity period, say).
-pub fn leaf_with(
-    issuer: &CertifiedIssuer<'static, KeyPair>,
-    sans: &[&str],
-    usage: ExtendedKeyUsagePurpose,
-    tweak: impl FnOnce(&mut CertificateParams),
-) -> (String, String) {
-    let mut params =
-        CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
-    params.extended_key_usages = vec![usage];
-    params
-        .distinguished_name
-        .push(DnType::CommonName, sans.first().copied().unwrap_or("cn"));
-    tweak(&mut params);
-    let key = KeyPair::generate().unwrap();
-    let cert = params.signed_by(&key, issuer).unwrap();
-    (cert.pem(), key.serialize_pem())
-}
-
-impl Pki {
-    pub fn new() -> Self {
-        let ca = ca("scale-agent-test-ca");
-        let (server_cert_pem, server_key_pem) = leaf(
-            &ca,
-            &["localhost", "127.0.0.1"],
-            ExtendedKeyUsagePurpose::ServerAuth,
-        );
-        let serving = self::ca("scale-agent-hub-serving-ca");
-        let (serving_cert_pem, serving_key_pem) = leaf(
-            &serving,
-            &["localhost", "127.0.0.1"],
-            ExtendedKeyUsagePurpose::ServerAuth,
-        );
-        Pki {
-            ca_pem: ca.pem(),
-            ca,
-            server_cert_pem,
-            server_key_pem,
-            serving_ca_pem: serving.pem(),
-            serving_cert_pem,
-            serving_key_pem,
-        }
-    }
-
-    pub fn client(&self, identity: &str) -> (String, String) {
-        leaf(&self.ca, &[identity], ExtendedKeyUsagePurpose::ClientAuth)
-    }
-}
 
 // ---------------------------------------------------------------- hub
 
@@ -185,23 +95,12 @@ pub fn admin_token(dir: &Path) -> String {
 
 /// A port free right now, for a hub whose public URL must be known before it starts.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    scale_agent_testkit::free_port().unwrap()
 }
 
-/// Polls `check` until it holds; panics after [`WAIT`].
-pub async fn wait_for(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+/// Polls `check` every 25 ms until it holds; panics after [`WAIT`].
+pub async fn wait_for(what: &str, check: impl AsyncFnMut() -> bool) {
+    scale_agent_testkit::wait::eventually(what, WAIT, EVERY, check).await;
 }
 
 // ---------------------------------------------------------------- plaintext HTTP
@@ -236,34 +135,17 @@ impl Api {
     }
 }
 
-/// One request to a plaintext hub's API with hyper's client: (status, body).
+/// One request to a plaintext hub's API: (status, body).
 async fn call(api: &Api, method: &str, path: &str, json: Option<&Value>) -> (u16, String) {
-    let client: HyperClient<HttpConnector, ReqBody> =
-        HyperClient::builder(TokioExecutor::new()).build_http();
-    let mut request = Request::builder()
-        .method(method)
-        .uri(format!("http://{}{path}", api.addr));
+    let mut call = Call::new(method, format!("http://{}{path}", api.addr)).timeout(WAIT);
     if let Some(token) = &api.token {
-        request = request.header("authorization", format!("Bearer {token}"));
+        call = call.bearer(token);
     }
-    let body = match json {
-        Some(value) => {
-            request = request.header("content-type", "application/json");
-            full(value.to_string())
-        }
-        None => empty(),
-    };
-    let response = tokio::time::timeout(WAIT, client.request(request.body(body).unwrap()))
-        .await
-        .expect("the hub answered in time")
-        .unwrap();
-    let status = response.status().as_u16();
-    let bytes = tokio::time::timeout(WAIT, response.into_body().collect())
-        .await
-        .expect("the hub's body ended in time")
-        .unwrap()
-        .to_bytes();
-    (status, String::from_utf8(bytes.to_vec()).unwrap())
+    if let Some(value) = json {
+        call = call.json(value);
+    }
+    let response = call.send().await.unwrap_or_else(|e| panic!("{e}"));
+    (response.status, response.body)
 }
 
 /// Any method, with an optional JSON body: (status, body).
@@ -319,221 +201,19 @@ pub fn names_of(list: &Value) -> Vec<String> {
 
 // ---------------------------------------------------------------- HTTPS client
 
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-/// Request bodies of the test client: whole or streamed.
-pub type ReqBody = BoxBody<Bytes, BoxError>;
-
-/// Which HTTP version the client offers (ALPN).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Proto {
-    /// HTTP/1.1 only: hop-by-hop and upgrade headers exist only there.
-    H1,
-    /// HTTP/2 preferred, as kubectl and client-go speak it.
-    H2,
-}
-
-/// A client of the hub's HTTPS listener (hyper-util's legacy client over hyper-rustls) that
-/// trusts one CA.
-#[derive(Clone)]
-pub struct Https {
-    client: HyperClient<HttpsConnector<HttpConnector>, ReqBody>,
-    /// e.g. `https://127.0.0.1:8443`, without a trailing `/`.
-    pub base: String,
-}
-
-/// A whole answer.
-#[derive(Debug)]
-pub struct Reply {
-    pub status: u16,
-    pub headers: HeaderMap,
-    pub body: Bytes,
-}
-
-impl Reply {
-    pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-
-    pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
-    }
-
-    pub fn header(&self, name: &str) -> Option<String> {
-        self.headers
-            .get(name)
-            .map(|v| v.to_str().unwrap().to_string())
-    }
-
-    /// Checks that this is a Kubernetes `Status` failure with `code` and `reason`, the way
-    /// kubectl reads it; returns its message.
-    pub fn k8s_status(&self, code: u16, reason: &str) -> String {
-        assert_eq!(self.status, code, "{}", self.text());
-        assert_eq!(
-            self.header("content-type").as_deref(),
-            Some("application/json")
-        );
-        let v = self.json();
-        assert_eq!(v["kind"], "Status", "{v}");
-        assert_eq!(v["apiVersion"], "v1", "{v}");
-        assert_eq!(v["status"], "Failure", "{v}");
-        assert_eq!(v["reason"], reason, "{v}");
-        assert_eq!(v["code"], code, "{v}");
-        let message = v["message"].as_str().unwrap().to_string();
-        assert!(!message.is_empty(), "{v}");
-        message
-    }
-
-    /// Checks that this is an error the hub made on a discovery path: `code`, and the
-    /// message as plain text (client-go's discovery client shows an error body only when it
-    /// is not a JSON Status); returns the message.
-    pub fn text_error(&self, code: u16) -> String {
-        assert_eq!(self.status, code, "{}", self.text());
-        assert_eq!(
-            self.header("content-type").as_deref(),
-            Some("text/plain; charset=utf-8"),
-            "{}",
-            self.text()
-        );
-        let text = self.text();
-        assert!(
-            serde_json::from_str::<Value>(&text).is_err(),
-            "a JSON body: {text}"
-        );
-        let message = text.trim_end().to_string();
-        assert!(!message.is_empty(), "no message");
-        message
-    }
-}
-
-pub fn full(body: impl Into<Bytes>) -> ReqBody {
-    Full::new(body.into()).map_err(|e| match e {}).boxed()
-}
-
-pub fn empty() -> ReqBody {
-    full(Bytes::new())
-}
-
-impl Https {
+/// [`Https`] for a hub.
+pub trait HubHttps {
     /// A client of `hub`'s HTTPS listener (set up by [`serve_https`]) at 127.0.0.1.
-    pub fn for_hub(pki: &Pki, hub: &RunningHub, proto: Proto) -> Self {
-        Self::new(
+    fn for_hub(pki: &Pki, hub: &RunningHub, proto: Proto) -> Https;
+}
+
+impl HubHttps for Https {
+    fn for_hub(pki: &Pki, hub: &RunningHub, proto: Proto) -> Https {
+        Https::new(
             &pki.serving_ca_pem,
             format!("https://127.0.0.1:{}", hub.http_addr.port()),
             proto,
         )
-    }
-
-    pub fn new(ca_pem: &str, base: impl Into<String>, proto: Proto) -> Self {
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-            roots.add(cert.unwrap()).unwrap();
-        }
-        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        let builder = HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_only()
-            .enable_http1();
-        let connector = match proto {
-            Proto::H1 => builder.build(),
-            Proto::H2 => builder.enable_http2().build(),
-        };
-        Https {
-            client: HyperClient::builder(TokioExecutor::new()).build(connector),
-            base: base.into().trim_end_matches('/').to_string(),
-        }
-    }
-
-    /// The client itself, for requests expected to fail.
-    pub fn raw(&self) -> &HyperClient<HttpsConnector<HttpConnector>, ReqBody> {
-        &self.client
-    }
-
-    /// A request to `path` (appended to the base URL as it is, percent-encoding and all).
-    pub fn request(&self, method: &str, path: &str) -> http::request::Builder {
-        Request::builder()
-            .method(method)
-            .uri(format!("{}{path}", self.base))
-    }
-
-    /// Sends a request and returns the response head once it arrives; the body streams.
-    pub async fn send(&self, request: Request<ReqBody>) -> Response<Incoming> {
-        tokio::time::timeout(WAIT, self.client.request(request))
-            .await
-            .expect("no response head in time")
-            .unwrap()
-    }
-
-    /// Sends a request and reads the whole answer.
-    pub async fn call(&self, request: Request<ReqBody>) -> Reply {
-        let response = self.send(request).await;
-        read_all(response).await
-    }
-
-    /// A GET with an optional bearer token.
-    pub async fn get(&self, path: &str, token: Option<&str>) -> Reply {
-        let mut request = self.request("GET", path);
-        if let Some(token) = token {
-            request = request.header("authorization", format!("Bearer {token}"));
-        }
-        self.call(request.body(empty()).unwrap()).await
-    }
-
-    /// A request with a bearer token and a whole body.
-    pub async fn with_token(
-        &self,
-        method: &str,
-        path: &str,
-        token: &str,
-        body: impl Into<Bytes>,
-    ) -> Reply {
-        let request = self
-            .request(method, path)
-            .header("authorization", format!("Bearer {token}"))
-            .body(full(body))
-            .unwrap();
-        self.call(request).await
-    }
-}
-
-/// Reads a whole response; panics on a broken body.
-pub async fn read_all(response: Response<Incoming>) -> Reply {
-    let (parts, body) = response.into_parts();
-    let body = tokio::time::timeout(WAIT, body.collect())
-        .await
-        .expect("the body did not end in time")
-        .unwrap()
-        .to_bytes();
-    Reply {
-        status: parts.status.as_u16(),
-        headers: parts.headers,
-        body,
-    }
-}
-
-/// Reads a response body to its end: the bytes, and the error that broke it, if any.
-pub async fn read_to_end(body: Incoming) -> (Vec<u8>, Option<hyper::Error>) {
-    let mut body = body;
-    let mut bytes = Vec::new();
-    loop {
-        match tokio::time::timeout(WAIT, body.frame())
-            .await
-            .expect("the body neither went on nor ended in time")
-        {
-            None => return (bytes, None),
-            Some(Ok(frame)) => {
-                if let Ok(data) = frame.into_data() {
-                    bytes.extend_from_slice(&data);
-                }
-            }
-            Some(Err(e)) => return (bytes, Some(e)),
-        }
     }
 }
 

@@ -1,5 +1,7 @@
-//! The Clouddriver contract server shared by the registrar tests (`clouddriver.rs`) and the
-//! hub-level registration test (`proxy_clouddriver.rs`).
+//! The Clouddriver contract server shared by the hub's registrar tests
+//! (`hub/tests/clouddriver.rs`), its hub-level registration test
+//! (`hub/tests/proxy_clouddriver.rs`) and the replicas' registration test
+//! (`e2e/tests/hub_ownership.rs`).
 //!
 //! THE SERVER BELOW IS NOT CLOUDDRIVER. It is a contract written from Clouddriver's source:
 //! it answers what Clouddriver answers and refuses what Clouddriver would refuse (plus a few
@@ -51,6 +53,9 @@
 //!   kubeconfig must parse, and its current context must name a cluster whose `server` is the
 //!   hub's proxy URL for the account and a user with a token. That is this project's design.
 
+// Test code: a failed set-up should panic.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{
     collections::{BTreeMap, VecDeque},
     net::SocketAddr,
@@ -70,9 +75,10 @@ use axum::{
     routing::{delete, put},
 };
 use rcgen::ExtendedKeyUsagePurpose;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
+
+use crate::{pki, tls};
 
 /// The hub URL the registrar tests put into their kubeconfigs.
 pub const HUB: &str = "https://hub.example:8443";
@@ -514,18 +520,9 @@ impl axum::serve::Listener for TlsListener {
 
 /// An HTTPS contract; returns its URL and the CA's PEM.
 pub async fn start_tls_contract() -> (Arc<Contract>, String, String) {
-    let ca = super::ca("clouddriver-test-ca");
-    let (cert_pem, key_pem) = super::leaf(&ca, &["localhost"], ExtendedKeyUsagePurpose::ServerAuth);
-    let cert = CertificateDer::from_pem_slice(cert_pem.as_bytes()).unwrap();
-    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).unwrap();
-    let server = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(vec![cert], key)
-    .unwrap();
+    let ca = pki::ca("clouddriver-test-ca");
+    let (cert_pem, key_pem) = pki::leaf(&ca, &["localhost"], ExtendedKeyUsagePurpose::ServerAuth);
+    let server = tls::server_config(&cert_pem, &key_pem).unwrap();
     let contract = Arc::new(Contract::new(HUB));
     let inner = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = inner.local_addr().unwrap().port();
@@ -536,4 +533,68 @@ pub async fn start_tls_contract() -> (Arc<Contract>, String, String) {
     let app = router(contract.clone());
     tokio::spawn(async move { axum::serve(listener, app).await });
     (contract, format!("https://localhost:{port}"), ca.pem())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        http::Call,
+        https::{Https, Proto},
+    };
+
+    fn kubeconfig(hub: &str, account: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\n\
+             contexts: [{{name: c, context: {{cluster: k, user: u}}}}]\n\
+             clusters: [{{name: k, cluster: {{server: '{hub}/clusters/{account}'}}}}]\n\
+             users: [{{name: u, user: {{token: t}}}}]\n"
+        )
+    }
+
+    #[tokio::test]
+    async fn saves_a_valid_account_and_refuses_a_foreign_kubeconfig() {
+        let (contract, url) = start_contract().await;
+        let put = |body: Value| {
+            Call::new("PUT", format!("{url}/credentials"))
+                .header("x-spinnaker-user", "registrar")
+                .json(&body)
+                .send()
+        };
+        let good = json!({
+            "type": "kubernetes",
+            "name": "prod-eu",
+            "kubeconfigContents": kubeconfig(HUB, "prod-eu"),
+        });
+        let reply = put(good.clone()).await.unwrap();
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        assert_eq!(contract.accounts().get("prod-eu"), Some(&good));
+        let foreign = json!({
+            "type": "kubernetes",
+            "name": "staging",
+            "kubeconfigContents": kubeconfig("https://elsewhere", "staging"),
+        });
+        let reply = put(foreign).await.unwrap();
+        assert_eq!(reply.status, 400, "{}", reply.body);
+        let seen = contract.seen();
+        assert_eq!(seen.len(), 2);
+        assert_eq!(seen[0].user.as_deref(), Some("registrar"));
+        assert!(
+            seen[1]
+                .refusal
+                .as_deref()
+                .is_some_and(|r| r.contains("server is not")),
+            "{seen:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_tls_contract_answers_a_client_trusting_its_ca() {
+        let (_contract, url, ca_pem) = start_tls_contract().await;
+        let reply = Https::new(&ca_pem, url, Proto::H1)
+            .get("/nowhere", None)
+            .await;
+        assert_eq!(reply.status, 404, "{}", reply.text());
+        assert_eq!(reply.json()["message"], "No handler found");
+    }
 }
