@@ -32,15 +32,15 @@ pub mod metrics;
 pub mod operations;
 pub mod owners;
 pub mod proxy;
-pub mod registry;
+pub use scale_agent_hub_state::registry;
 pub mod serve;
 pub mod service;
-pub mod session;
+pub use scale_agent_hub_state::session;
 pub mod shared;
 pub mod store;
 pub mod tls_reload;
 pub mod tokens;
-pub mod tunnel;
+pub use scale_agent_hub_state::tunnel;
 
 use std::{
     collections::HashMap,
@@ -80,33 +80,7 @@ pub use crate::{
     error::{HubError, Result},
 };
 
-/// A message to a running stream from elsewhere in the hub.
-#[derive(Debug)]
-pub(crate) enum Control {
-    /// This stream now streams the account: send it a STREAMING assignment.
-    Promote(String),
-    /// End the stream with this status.
-    Close(tonic::Status),
-    /// Send this operation to the agent, unless its deadline (the submitter's) has passed
-    /// by the time it is written: it then carries the time left (see `service`).
-    Operation(Box<scale_agent_proto::v1::Operation>, Instant),
-    /// Tell the agent an account's state.
-    AccountState(scale_agent_proto::v1::AccountState),
-    /// Tell the agent which replicas of its identity are connected.
-    AgentReplicas(scale_agent_proto::v1::AgentReplicas),
-    /// Send the agent its identity's dynamic accounts.
-    DynamicAccounts(scale_agent_proto::v1::DynamicAccounts),
-}
-
-/// What the rest of the hub holds of one agent stream.
-pub(crate) struct SessionHandle {
-    /// Promotions, replacement, operations: handled by the stream's loop.
-    pub(crate) control: mpsc::Sender<Control>,
-    /// The stream's outbound queue, for tunnel frames that must not wait for that loop.
-    pub(crate) outbound: tunnel::AgentSender,
-    /// The tunnel window when the agent announced the `http-tunnel` capability.
-    pub(crate) tunnel_window: Option<u32>,
-}
+pub(crate) use scale_agent_hub_state::{Control, SessionHandle, account_state_message};
 
 /// The state shared by the gRPC service, the HTTP API and the background tasks.
 pub(crate) struct Hub {
@@ -449,28 +423,6 @@ impl Hub {
             .set(self.tunnels.len() as i64);
         self.metrics
             .refresh_certificate_expiry(jiff::Timestamp::now().as_second());
-    }
-}
-
-/// An account's state as the wire carries it.
-fn account_state_message(
-    account: &str,
-    record: &registry::StateRecord,
-) -> scale_agent_proto::v1::AccountState {
-    use scale_agent_proto::v1::account_state::State;
-    let state = match record.state {
-        registry::AccountState::Active => State::Active,
-        registry::AccountState::Inactive => State::Inactive,
-        registry::AccountState::Failed => State::Failed,
-        registry::AccountState::Orphaned => State::Orphaned,
-    };
-    scale_agent_proto::v1::AccountState {
-        account: account.to_string(),
-        state: state as i32,
-        reason: record.reason.clone(),
-        since_unix_millis: jiff::Timestamp::try_from(record.since)
-            .map(|t| t.as_millisecond())
-            .unwrap_or_default(),
     }
 }
 
