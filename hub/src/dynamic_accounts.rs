@@ -19,7 +19,7 @@ use axum::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::{Control, Hub, store::StoreOp};
+use crate::{Hub, store::StoreOp};
 
 pub use scale_agent_hub_model::dynamic_accounts::{
     AgentReport, DEFAULT_SECRET_KEY, DynamicAccountRecord, DynamicAccountSpec, DynamicMode,
@@ -225,11 +225,7 @@ async fn delete_account(State(hub): State<Arc<Hub>>, Path(name): Path<String>) -
 
 /// Sends `identity`'s set to each of its streams.
 pub(crate) fn push(hub: &Hub, identity: &str) {
-    let set = hub.dynamic_accounts().set_for(identity);
-    let sessions = hub.state().registry.replicas_of_identity(identity);
-    for (session, _) in sessions {
-        hub.control(session, Control::DynamicAccounts(set.clone()));
-    }
+    scale_agent_hub_state::dynamic_accounts::push(&hub.live, identity);
 }
 
 #[cfg(test)]

@@ -1,11 +1,13 @@
 //! The in-memory book of dynamic accounts (Armory's dynamic accounts API, item 12 of the
 //! stream contract): every account an admin added for an agent identity, and what that
 //! identity's replicas reported about each. The hub's `dynamic_accounts` module serves the
-//! HTTP routes and stores the records.
+//! HTTP routes and stores the records; [`push`] sends an identity its set.
 
 use std::collections::BTreeMap;
 
 use scale_agent_proto::v1 as pb;
+
+use crate::{Control, Live};
 
 pub use scale_agent_hub_model::dynamic_accounts::{
     AgentReport, DynamicAccountRecord, DynamicAccountSpec,
@@ -134,6 +136,15 @@ impl DynamicAccounts {
             .get(name)
             .map(|r| r.values().cloned().collect())
             .unwrap_or_default()
+    }
+}
+
+/// Sends `identity`'s set to each of its streams.
+pub fn push(live: &Live, identity: &str) {
+    let set = live.dynamic_accounts().set_for(identity);
+    let sessions = live.state().registry.replicas_of_identity(identity);
+    for (session, _) in sessions {
+        live.control(session, Control::DynamicAccounts(set.clone()));
     }
 }
 
