@@ -8,7 +8,7 @@
 //! Routes (role admin, see [`router`]): `GET`/`POST /api/v1/dynamic-accounts`,
 //! `GET`/`PUT`/`DELETE /api/v1/dynamic-accounts/{name}`.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::sync::Arc;
 
 use axum::{
     Json, Router,
@@ -17,140 +17,15 @@ use axum::{
     response::{IntoResponse, Response},
     routing::get,
 };
-use scale_agent_proto::v1 as pb;
 use serde::{Deserialize, Serialize};
 
-use crate::{Control, Hub, store::StoreOp};
+use crate::{Hub, store::StoreOp};
 
 pub use scale_agent_hub_model::dynamic_accounts::{
     AgentReport, DEFAULT_SECRET_KEY, DynamicAccountRecord, DynamicAccountSpec, DynamicMode,
     SecretKeyRef, parse_spec,
 };
-
-/// The dynamic accounts and what the agents reported about them (reports are not stored:
-/// agents report again on their next stream).
-#[derive(Debug, Default)]
-pub struct DynamicAccounts {
-    records: BTreeMap<String, DynamicAccountRecord>,
-    /// account → replica label → report.
-    reports: BTreeMap<String, BTreeMap<String, AgentReport>>,
-}
-
-impl DynamicAccounts {
-    pub fn load(records: Vec<(String, DynamicAccountRecord)>) -> Self {
-        Self {
-            records: records.into_iter().collect(),
-            reports: BTreeMap::new(),
-        }
-    }
-
-    /// Replaces every record with the store's (replicas sharing a store: what was added,
-    /// changed and removed through the others), keeping the reports of the accounts that
-    /// remain. Returns the identities whose set changed (to be sent it again).
-    pub fn replace(&mut self, records: Vec<(String, DynamicAccountRecord)>) -> Vec<String> {
-        let records: BTreeMap<String, DynamicAccountRecord> = records.into_iter().collect();
-        let mut changed: Vec<String> = Vec::new();
-        for name in self.records.keys().chain(records.keys()) {
-            let (before, after) = (self.records.get(name), records.get(name));
-            if before != after {
-                changed.extend(
-                    before
-                        .into_iter()
-                        .chain(after)
-                        .map(|r| r.spec.agent.clone()),
-                );
-            }
-        }
-        changed.sort();
-        changed.dedup();
-        self.reports.retain(|name, _| records.contains_key(name));
-        self.records = records;
-        changed
-    }
-
-    pub fn get(&self, name: &str) -> Option<&DynamicAccountRecord> {
-        self.records.get(name)
-    }
-
-    pub fn list(&self) -> impl Iterator<Item = &DynamicAccountRecord> {
-        self.records.values()
-    }
-
-    /// Adds or replaces an account; returns the record to store.
-    pub fn put(&mut self, spec: DynamicAccountSpec, now_unix: i64) -> DynamicAccountRecord {
-        let created = self.records.get(&spec.name).map_or(now_unix, |r| r.created);
-        let record = DynamicAccountRecord {
-            spec,
-            created,
-            updated: now_unix,
-        };
-        self.records
-            .insert(record.spec.name.clone(), record.clone());
-        record
-    }
-
-    pub fn remove(&mut self, name: &str) -> Option<DynamicAccountRecord> {
-        self.reports.remove(name);
-        self.records.remove(name)
-    }
-
-    /// Everything the streams of `identity` are sent.
-    pub fn set_for(&self, identity: &str) -> pb::DynamicAccounts {
-        pb::DynamicAccounts {
-            accounts: self
-                .records
-                .values()
-                .filter(|r| r.spec.agent == identity)
-                .map(|r| r.spec.to_proto())
-                .collect(),
-        }
-    }
-
-    /// Records a replica's report; reports about accounts that are not (or no longer)
-    /// dynamic accounts of that identity are ignored.
-    pub fn report(&mut self, identity: &str, replica: &str, status: pb::DynamicAccountStatus) {
-        let Some(record) = self.records.get(&status.account) else {
-            return;
-        };
-        if record.spec.agent != identity {
-            return;
-        }
-        let state = pb::dynamic_account_status::State::try_from(status.state)
-            .unwrap_or(pb::dynamic_account_status::State::Unspecified)
-            .as_str_name()
-            .to_string();
-        tracing::info!(account = %status.account, %replica, %state, message = %status.message, "dynamic account reported");
-        self.reports.entry(status.account).or_default().insert(
-            replica.to_string(),
-            AgentReport {
-                replica: replica.to_string(),
-                state,
-                message: status.message,
-                time: scale_agent_runtime::now_rfc3339(),
-            },
-        );
-    }
-
-    /// Forgets the reports of a replica of `identity` whose stream ended.
-    pub fn forget_replica(&mut self, identity: &str, replica: &str) {
-        for (account, reports) in &mut self.reports {
-            if self
-                .records
-                .get(account)
-                .is_some_and(|r| r.spec.agent == identity)
-            {
-                reports.remove(replica);
-            }
-        }
-    }
-
-    fn reports(&self, name: &str) -> Vec<AgentReport> {
-        self.reports
-            .get(name)
-            .map(|r| r.values().cloned().collect())
-            .unwrap_or_default()
-    }
-}
+pub use scale_agent_hub_state::dynamic_accounts::DynamicAccounts;
 
 /// A dynamic account as the API shows it.
 #[derive(Debug, Serialize, Deserialize)]
@@ -350,11 +225,7 @@ async fn delete_account(State(hub): State<Arc<Hub>>, Path(name): Path<String>) -
 
 /// Sends `identity`'s set to each of its streams.
 pub(crate) fn push(hub: &Hub, identity: &str) {
-    let set = hub.dynamic_accounts().set_for(identity);
-    let sessions = hub.state().registry.replicas_of_identity(identity);
-    for (session, _) in sessions {
-        hub.control(session, Control::DynamicAccounts(set.clone()));
-    }
+    scale_agent_hub_state::dynamic_accounts::push(&hub.live, identity);
 }
 
 #[cfg(test)]
@@ -430,43 +301,5 @@ mod tests {
         assert!(err.contains("not both"), "{err}");
         let err = parse_spec(b"[1]").unwrap_err();
         assert!(err.contains("kubeconfigSecret"), "{err}");
-    }
-
-    #[test]
-    fn each_identity_gets_its_own_set_and_reports_stay_with_their_account() {
-        let mut accounts = DynamicAccounts::default();
-        let spec = parse_spec(&body(valid())).unwrap();
-        let first = accounts.put(spec.clone(), 10);
-        let mut other = spec.clone();
-        other.name = "dyn-b".into();
-        other.agent = "other-agent".into();
-        accounts.put(other, 11);
-        let again = accounts.put(spec, 20);
-        assert_eq!((again.created, again.updated), (first.created, 20));
-        let set = accounts.set_for("prod-agent");
-        assert_eq!(set.accounts.len(), 1);
-        assert_eq!(set.accounts[0].account, "dyn-a");
-        let report = |account: &str| pb::DynamicAccountStatus {
-            account: account.into(),
-            state: pb::dynamic_account_status::State::Failed as i32,
-            message: "secrets \"x\" is forbidden".into(),
-        };
-        accounts.report("prod-agent", "pod-1", report("dyn-a"));
-        // Another identity cannot report on it; unknown accounts are ignored.
-        accounts.report("other-agent", "pod-9", report("dyn-a"));
-        accounts.report("prod-agent", "pod-1", report("nope"));
-        let reports = accounts.reports("dyn-a");
-        assert_eq!(reports.len(), 1);
-        assert_eq!(reports[0].state, "FAILED");
-        accounts.forget_replica("other-agent", "pod-1");
-        assert_eq!(
-            accounts.reports("dyn-a").len(),
-            1,
-            "another identity's pod-1 left"
-        );
-        accounts.forget_replica("prod-agent", "pod-1");
-        assert!(accounts.reports("dyn-a").is_empty());
-        assert!(accounts.remove("dyn-a").is_some());
-        assert!(accounts.set_for("prod-agent").accounts.is_empty());
     }
 }

@@ -32,15 +32,15 @@ pub mod metrics;
 pub mod operations;
 pub mod owners;
 pub mod proxy;
-pub mod registry;
+pub use scale_agent_hub_state::registry;
 pub mod serve;
 pub mod service;
-pub mod session;
+pub use scale_agent_hub_state::session;
 pub mod shared;
 pub mod store;
 pub mod tls_reload;
 pub mod tokens;
-pub mod tunnel;
+pub use scale_agent_hub_state::tunnel;
 
 use std::{
     collections::HashMap,
@@ -51,7 +51,7 @@ use std::{
         Arc, Mutex, MutexGuard,
         atomic::{AtomicBool, Ordering},
     },
-    time::{Duration, Instant, SystemTime},
+    time::{Duration, Instant},
 };
 
 use scale_agent_proto::v1::agent_hub_server::AgentHubServer;
@@ -80,46 +80,20 @@ pub use crate::{
     error::{HubError, Result},
 };
 
-/// A message to a running stream from elsewhere in the hub.
-#[derive(Debug)]
-pub(crate) enum Control {
-    /// This stream now streams the account: send it a STREAMING assignment.
-    Promote(String),
-    /// End the stream with this status.
-    Close(tonic::Status),
-    /// Send this operation to the agent, unless its deadline (the submitter's) has passed
-    /// by the time it is written: it then carries the time left (see `service`).
-    Operation(Box<scale_agent_proto::v1::Operation>, Instant),
-    /// Tell the agent an account's state.
-    AccountState(scale_agent_proto::v1::AccountState),
-    /// Tell the agent which replicas of its identity are connected.
-    AgentReplicas(scale_agent_proto::v1::AgentReplicas),
-    /// Send the agent its identity's dynamic accounts.
-    DynamicAccounts(scale_agent_proto::v1::DynamicAccounts),
-}
-
-/// What the rest of the hub holds of one agent stream.
-pub(crate) struct SessionHandle {
-    /// Promotions, replacement, operations: handled by the stream's loop.
-    pub(crate) control: mpsc::Sender<Control>,
-    /// The stream's outbound queue, for tunnel frames that must not wait for that loop.
-    pub(crate) outbound: tunnel::AgentSender,
-    /// The tunnel window when the agent announced the `http-tunnel` capability.
-    pub(crate) tunnel_window: Option<u32>,
-}
+pub(crate) use scale_agent_hub_state::{Control, Live, SessionHandle};
 
 /// The state shared by the gRPC service, the HTTP API and the background tasks.
 pub(crate) struct Hub {
     pub(crate) config: Config,
     pub(crate) limits: Limits,
-    state: Mutex<HubState>,
+    /// The registry and cache, the streams, the dynamic accounts ([`Live`]).
+    pub(crate) live: Arc<Live>,
     /// The store. The agents' streams never take this lock: they queue their changes in
     /// [`Hub::commits`], whose writer commits them. Other writers hold it across their check
     /// and commit. Lock order: store, then state.
     pub(crate) store: Arc<tokio::sync::Mutex<Store>>,
     /// The queue of the streams' changes and its writer's progress.
     pub(crate) commits: commits::Commits,
-    sessions: Mutex<HashMap<SessionId, SessionHandle>>,
     pub(crate) metrics: Metrics,
     /// Open exchanges of the Kubernetes API proxy.
     pub(crate) tunnels: tunnel::Tunnels,
@@ -144,8 +118,6 @@ pub(crate) struct Hub {
     pub(crate) registrar_duty: owners::singleton::Singleton,
     /// The accounts (name, settings) last handed to the registrar.
     registered_accounts: Mutex<Vec<(String, String)>>,
-    /// Accounts added through the dynamic accounts API, and the agents' reports on them.
-    dynamic_accounts: Mutex<dynamic_accounts::DynamicAccounts>,
     pub(crate) operations: operations::Operations,
     /// Which accounts this replica owns ([`owners`]).
     pub(crate) ownership: Arc<dyn owners::Ownership>,
@@ -156,8 +128,6 @@ pub(crate) struct Hub {
     /// The shared store's reads ([`shared`]); `None` with one replica (the embedded store),
     /// which reads its store at start-up only.
     pub(crate) shared: Option<store::SharedStore>,
-    /// Wakes the ownership task ([`owners::duty`]) when agents come or go.
-    pub(crate) owners_wake: tokio::sync::Notify,
     pub(crate) shutdown: watch::Receiver<bool>,
     pub(crate) grpc_listening: AtomicBool,
     pub(crate) store_open: AtomicBool,
@@ -165,14 +135,13 @@ pub(crate) struct Hub {
 }
 
 impl Hub {
-    /// The registry and cache (a poisoned lock is taken over: the state is kept consistent
-    /// by each critical section, which never panics by design).
+    /// The registry and cache ([`Live::state`]).
     pub(crate) fn state(&self) -> MutexGuard<'_, HubState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.live.state()
     }
 
     pub(crate) fn sessions(&self) -> MutexGuard<'_, HashMap<SessionId, SessionHandle>> {
-        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+        self.live.sessions()
     }
 
     /// The proxy's tokens.
@@ -182,9 +151,7 @@ impl Hub {
 
     /// Dynamic accounts and the agents' reports on them.
     pub(crate) fn dynamic_accounts(&self) -> MutexGuard<'_, dynamic_accounts::DynamicAccounts> {
-        self.dynamic_accounts
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        self.live.dynamic_accounts()
     }
 
     /// The issuers trusted for client certificates now (`None` with
@@ -202,68 +169,26 @@ impl Hub {
 
     /// Agents came or went: the ownership task looks at what to acquire or release.
     pub(crate) fn agents_changed(&self) {
-        if !self.ownership.owns_everything() {
-            self.owners_wake.notify_one();
-        }
+        self.live.agents_changed();
     }
 
     /// Sends a control message to a stream without waiting.
     pub(crate) fn control(&self, session: SessionId, message: Control) {
-        let Some(tx) = self.sessions().get(&session).map(|h| h.control.clone()) else {
-            return;
-        };
-        if let Err(mpsc::error::TrySendError::Full(message)) = tx.try_send(message) {
-            tokio::spawn(async move {
-                let _ = tx.send(message).await;
-            });
-        }
+        self.live.control(session, message);
     }
 
     pub(crate) fn deliver(&self, promotions: Vec<Promotion>) {
-        for p in promotions {
-            self.control(p.session, Control::Promote(p.account));
-        }
+        self.live.deliver(promotions);
     }
 
-    /// Brings the accounts' states up to date: logs and counts each transition and tells the
-    /// streams concerned. Called after anything that changes the registry.
+    /// Brings the accounts' states up to date ([`Live::observe_states`]).
     pub(crate) fn observe_states(&self) {
-        // Operations waiting for an agent of an account look again.
-        self.operations.replicas_changed();
-        let told = {
-            let mut st = self.state();
-            let transitions = st.registry.observe(SystemTime::now());
-            transitions
-                .into_iter()
-                .map(|t| {
-                    let sessions = st.registry.interested_in(&t.account);
-                    (t, sessions)
-                })
-                .collect::<Vec<_>>()
-        };
-        for (t, sessions) in told {
-            let from = t.from.map(|s| s.as_str()).unwrap_or("NEW");
-            tracing::info!(account = %t.account, from, to = t.to.state.as_str(), reason = %t.to.reason, "account state changed");
-            self.metrics
-                .account_transitions
-                .get_or_create(&[("state", t.to.state.as_str())])
-                .inc();
-            let message = account_state_message(&t.account, &t.to);
-            for session in sessions {
-                self.control(session, Control::AccountState(message.clone()));
-            }
-        }
+        self.live.observe_states();
     }
 
     /// Tells every stream of `identity` which of its replicas are connected now.
     pub(crate) fn announce_replicas(&self, identity: &str) {
-        let replicas = self.state().registry.replicas_of_identity(identity);
-        let message = scale_agent_proto::v1::AgentReplicas {
-            replicas: replicas.iter().map(|(_, r)| r.clone()).collect(),
-        };
-        for (session, _) in replicas {
-            self.control(session, Control::AgentReplicas(message.clone()));
-        }
+        self.live.announce_replicas(identity);
     }
 
     /// The current state of each of `accounts`, as sent to agents.
@@ -271,16 +196,7 @@ impl Hub {
         &self,
         accounts: &[String],
     ) -> Vec<scale_agent_proto::v1::AccountState> {
-        let st = self.state();
-        accounts
-            .iter()
-            .filter_map(|a| {
-                st.registry
-                    .states
-                    .get(a)
-                    .map(|r| account_state_message(a, r))
-            })
-            .collect()
+        self.live.account_states(accounts)
     }
 
     /// Removes accounts past their grace period, and makes recent commits durable.
@@ -449,28 +365,6 @@ impl Hub {
             .set(self.tunnels.len() as i64);
         self.metrics
             .refresh_certificate_expiry(jiff::Timestamp::now().as_second());
-    }
-}
-
-/// An account's state as the wire carries it.
-fn account_state_message(
-    account: &str,
-    record: &registry::StateRecord,
-) -> scale_agent_proto::v1::AccountState {
-    use scale_agent_proto::v1::account_state::State;
-    let state = match record.state {
-        registry::AccountState::Active => State::Active,
-        registry::AccountState::Inactive => State::Inactive,
-        registry::AccountState::Failed => State::Failed,
-        registry::AccountState::Orphaned => State::Orphaned,
-    };
-    scale_agent_proto::v1::AccountState {
-        account: account.to_string(),
-        state: state as i32,
-        reason: record.reason.clone(),
-        since_unix_millis: jiff::Timestamp::try_from(record.since)
-            .map(|t| t.as_millisecond())
-            .unwrap_or_default(),
     }
 }
 
@@ -750,10 +644,14 @@ pub async fn start(config: Config) -> Result<RunningHub> {
             max_objects_per_account: config.max_objects_per_account,
             allow: config.allow.clone(),
         },
-        state: Mutex::new(state),
+        live: Arc::new(Live::new(
+            state,
+            dynamic_accounts::DynamicAccounts::load(std::mem::take(&mut loaded.dynamic_accounts)),
+            metrics.stream.clone(),
+            ownership.owns_everything(),
+        )),
         store,
         commits: commits::Commits::new(config.data_dir.clone()),
-        sessions: Mutex::new(HashMap::new()),
         metrics,
         tunnels: tunnel::Tunnels::default(),
         discovery: proxy::discovery::DiscoveryCache::default(),
@@ -767,13 +665,9 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         registrar,
         registrar_duty,
         registered_accounts: Mutex::new(Vec::new()),
-        dynamic_accounts: Mutex::new(dynamic_accounts::DynamicAccounts::load(std::mem::take(
-            &mut loaded.dynamic_accounts,
-        ))),
         operations,
         ownership,
         replica,
-        owners_wake: tokio::sync::Notify::new(),
         forwarder,
         shared,
         shutdown: shutdown_rx,

@@ -5,6 +5,7 @@ use prometheus_client::{
     metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
+use scale_agent_hub_state::StreamMetrics;
 
 /// The hub's metrics.
 pub struct Metrics {
@@ -13,8 +14,8 @@ pub struct Metrics {
     pub accounts: Gauge,
     /// Accounts by lifecycle state (ACTIVE, INACTIVE, FAILED, ORPHANED).
     pub accounts_by_state: Family<[(&'static str, &'static str); 1], Gauge>,
-    /// Account state transitions, by the state entered.
-    pub account_transitions: Family<[(&'static str, &'static str); 1], Counter>,
+    /// What the live state records (account state transitions).
+    pub stream: StreamMetrics,
     pub objects_cached: Gauge,
     /// Bytes of objects the watch histories hold (against `--watch-history-mib`).
     pub watch_history_bytes: Gauge,
@@ -71,7 +72,7 @@ impl Metrics {
         let connected_agents = Gauge::default();
         let accounts = Gauge::default();
         let accounts_by_state = Family::default();
-        let account_transitions = Family::default();
+        let stream = StreamMetrics::default();
         let objects_cached = Gauge::default();
         let watch_history_bytes = Gauge::default();
         let watch_history_evicted = Counter::default();
@@ -163,11 +164,7 @@ impl Metrics {
              over within the grace period)",
             accounts_by_state.clone(),
         );
-        registry.register(
-            "account_transitions",
-            "Account state transitions, by the state entered",
-            account_transitions.clone(),
-        );
+        stream.register(&mut registry);
         registry.register(
             "objects_cached",
             "Objects in the cache",
@@ -209,7 +206,7 @@ impl Metrics {
             connected_agents,
             accounts,
             accounts_by_state,
-            account_transitions,
+            stream,
             objects_cached,
             watch_history_bytes,
             watch_history_evicted,

@@ -70,6 +70,6 @@ pub(crate) fn pick_replica(
     if candidates.is_empty() {
         return None;
     }
-    let session = *candidates.get(hub.operations.pick(candidates.len()))?;
+    let session = *candidates.get(hub.live.pick(candidates.len()))?;
     Some((session, st.registry.replica_label(session)))
 }

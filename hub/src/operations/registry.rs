@@ -93,11 +93,8 @@ pub struct Operations {
     inner: Mutex<Inner>,
     bounds: Bounds,
     next: AtomicU64,
-    round_robin: AtomicU64,
     /// Woken when an operation finishes (submissions of a running id wait on it).
     finished: Notify,
-    /// Woken when replicas connect or register (operations waiting for an agent).
-    replicas: Notify,
     /// Records written to the store (see `persist`).
     writes: AtomicU64,
 }
@@ -162,9 +159,7 @@ impl Operations {
             inner: Mutex::new(Inner::default()),
             bounds,
             next: AtomicU64::new(0),
-            round_robin: AtomicU64::new(0),
             finished: Notify::new(),
-            replicas: Notify::new(),
             writes: AtomicU64::new(0),
         }
     }
@@ -178,32 +173,6 @@ impl Operations {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let millis = jiff::Timestamp::now().as_millisecond();
         format!("op-{millis:x}-{n}")
-    }
-
-    /// A rotating index for choosing among replicas (see [`super::pick_replica`]).
-    pub fn pick(&self, n: usize) -> usize {
-        if n == 0 {
-            return 0;
-        }
-        (self.round_robin.fetch_add(1, Ordering::Relaxed) as usize) % n
-    }
-
-    /// Replicas connected, registered or left: operations waiting for one look again.
-    pub fn replicas_changed(&self) {
-        self.replicas.notify_waiters();
-    }
-
-    /// Waits for [`Self::replicas_changed`] or `until`, whichever is first; false at `until`.
-    /// `check` is called once the wait is armed, so no change between it and the wait is
-    /// missed: true ends the wait at once.
-    pub async fn wait_for_replicas(&self, until: Instant, check: impl FnOnce() -> bool) -> bool {
-        let changed = self.replicas.notified();
-        tokio::pin!(changed);
-        changed.as_mut().enable();
-        if check() {
-            return true;
-        }
-        tokio::time::timeout_at(until.into(), changed).await.is_ok()
     }
 
     /// Registers an attempt on a session under its wire id; the receiver hears its outcome.

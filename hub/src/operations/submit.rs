@@ -206,7 +206,7 @@ impl Submission<'_> {
                 }
                 let came = self
                     .hub
-                    .operations
+                    .live
                     .wait_for_replicas(self.deadline, || self.has_untried_replica(&tried))
                     .await;
                 if came {

@@ -27,7 +27,7 @@ pub(crate) async fn run(hub: Arc<Hub>, source: Arc<dyn AccountSource>) {
             release(&hub, &account).await;
         }
         tokio::select! {
-            () = hub.owners_wake.notified() => {}
+            () = hub.live.owners_wake().notified() => {}
             () = tokio::time::sleep(POLL) => {}
             changed = losses.changed() => {
                 if changed.is_ok() {

@@ -325,7 +325,7 @@ fn pick(hub: &Hub, account: &str, tried: &[SessionId]) -> Option<(SessionId, Age
     if usable.is_empty() {
         return None;
     }
-    let i = hub.operations.pick(usable.len());
+    let i = hub.live.pick(usable.len());
     usable.into_iter().nth(i)
 }
 

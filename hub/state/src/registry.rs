@@ -162,7 +162,7 @@ pub struct Registry {
     /// load, its API server refuses it), and why. Dropped when that stream registers or
     /// unregisters the account, or ends. At most [`MAX_REJECTIONS`] names.
     unavailable: BTreeMap<String, (SessionId, String)>,
-    /// The accounts this hub replica owns (see [`crate::owners`]); `None`: every account
+    /// The accounts this hub replica owns (see the hub's `owners`); `None`: every account
     /// (one replica, the embedded store). Only an owned account has a STREAMING session;
     /// the sessions of an account owned elsewhere all stand by.
     owned: Option<std::collections::BTreeSet<String>>,

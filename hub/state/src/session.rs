@@ -20,13 +20,16 @@ use scale_agent_proto::v1::{
     hub_message::Kind as Out, kind_status::State as PbKindState, object_event::Type as PbType,
 };
 
-use crate::{
-    cache::{
-        AccountCache, Applied, Cache, CachedObject, Event, KindInfo, KindKey, KindState, PackedJson,
-    },
+use scale_agent_hub_cache::{
+    AccountCache, Applied, Cache, CachedObject, Event, KindInfo, KindKey, KindState, PackedJson,
+};
+use scale_agent_hub_model::{
     identity::{AllowRule, is_allowed},
-    registry::{AccountRecord, ClusterRecord, Promotion, Registration, Registry, Role, SessionId},
-    store::StoreOp,
+    store_op::StoreOp,
+};
+
+use crate::registry::{
+    AccountRecord, ClusterRecord, Promotion, Registration, Registry, Role, SessionId,
 };
 
 /// Registry and cache, guarded together by one lock.
@@ -347,7 +350,7 @@ impl Session {
         let name = unavailable.account;
         let may_register = validate_account_name(&name).is_ok()
             && is_allowed(&limits.allow, &self.identity, &name)
-            && crate::agent_tokens::accounts_allow(&self.account_patterns, &name)
+            && scale_agent_hub_model::names::accounts_allow(&self.account_patterns, &name)
             && st.registry.check_binding(&self.identity, &name).is_ok();
         if !may_register {
             tracing::debug!(account = %name, "AccountUnavailable for an account this stream may not register; ignored");
@@ -504,7 +507,7 @@ impl Session {
         // before the waiter hears of the result. Only accounts this stream
         // registered (as STREAMING or STANDBY) are touched.
         if st.registry.role(self.id, &result.account).is_some() {
-            crate::cache::apply_result_to_cache(&mut st.cache, &result, &mut fx.ops);
+            scale_agent_hub_cache::apply_result_to_cache(&mut st.cache, &result, &mut fx.ops);
         }
         fx.results.push(result);
     }
@@ -664,7 +667,7 @@ impl Session {
                 fx,
             );
         }
-        if !crate::agent_tokens::accounts_allow(&self.account_patterns, &name) {
+        if !scale_agent_hub_model::names::accounts_allow(&self.account_patterns, &name) {
             return reject(
                 st,
                 format!(

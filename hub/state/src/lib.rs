@@ -1,0 +1,19 @@
+//! `scale-agent-hub-state`: the hub's live state of the agents' streams, behind one handle,
+//! [`Live`]. The registry of accounts, clusters and sessions with each account's lifecycle
+//! state; the protocol state of one stream (`session`, no I/O); the tunnelled HTTP
+//! exchanges; the messages the rest of the hub sends to a running stream; the book of
+//! dynamic accounts; the metrics of all this ([`StreamMetrics`]).
+//!
+//! Layer L2: depends only on the model and cache crates, and on no crate of the hub above
+//! it. What it needs from above is passed in: the ownership task's wake-up is a `Notify`
+//! [`Live`] owns, and whether one replica owns everything is a flag given at start-up.
+
+pub mod dynamic_accounts;
+mod live;
+pub mod metrics;
+pub mod registry;
+pub mod session;
+pub mod tunnel;
+
+pub use live::{Control, Live, SessionHandle, account_state_message};
+pub use metrics::StreamMetrics;

@@ -1,0 +1,300 @@
+//! [`Live`]: the handle on the hub's live state that the rest of the hub is given instead of
+//! the whole hub. The registry and cache, the running streams and the messages sent to them
+//! ([`Control`], [`SessionHandle`]), the dynamic accounts, the accounts' state transitions,
+//! the rotation over replicas, and the signals "replicas changed" (operations waiting for an
+//! agent) and "agents came or went" (the ownership task).
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Mutex, MutexGuard,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Instant, SystemTime},
+};
+
+use scale_agent_proto::v1 as pb;
+use tokio::sync::{Notify, mpsc};
+
+use crate::{
+    dynamic_accounts::DynamicAccounts,
+    metrics::StreamMetrics,
+    registry::{self, Promotion, SessionId},
+    session::HubState,
+    tunnel,
+};
+
+/// A message to a running stream from elsewhere in the hub.
+#[derive(Debug)]
+pub enum Control {
+    /// This stream now streams the account: send it a STREAMING assignment.
+    Promote(String),
+    /// End the stream with this status.
+    Close(tonic::Status),
+    /// Send this operation to the agent, unless its deadline (the submitter's) has passed
+    /// by the time it is written: it then carries the time left (see the hub's `service`).
+    Operation(Box<pb::Operation>, Instant),
+    /// Tell the agent an account's state.
+    AccountState(pb::AccountState),
+    /// Tell the agent which replicas of its identity are connected.
+    AgentReplicas(pb::AgentReplicas),
+    /// Send the agent its identity's dynamic accounts.
+    DynamicAccounts(pb::DynamicAccounts),
+}
+
+/// What the rest of the hub holds of one agent stream.
+pub struct SessionHandle {
+    /// Promotions, replacement, operations: handled by the stream's loop.
+    pub control: mpsc::Sender<Control>,
+    /// The stream's outbound queue, for tunnel frames that must not wait for that loop.
+    pub outbound: tunnel::AgentSender,
+    /// The tunnel window when the agent announced the `http-tunnel` capability.
+    pub tunnel_window: Option<u32>,
+}
+
+/// An account's state as the wire carries it.
+pub fn account_state_message(account: &str, record: &registry::StateRecord) -> pb::AccountState {
+    use pb::account_state::State;
+    let state = match record.state {
+        registry::AccountState::Active => State::Active,
+        registry::AccountState::Inactive => State::Inactive,
+        registry::AccountState::Failed => State::Failed,
+        registry::AccountState::Orphaned => State::Orphaned,
+    };
+    pb::AccountState {
+        account: account.to_string(),
+        state: state as i32,
+        reason: record.reason.clone(),
+        since_unix_millis: jiff::Timestamp::try_from(record.since)
+            .map(|t| t.as_millisecond())
+            .unwrap_or_default(),
+    }
+}
+
+/// The live state of the agents' streams, shared by the gRPC service, the HTTP API, the
+/// proxy, the operations and the background tasks.
+pub struct Live {
+    state: Mutex<HubState>,
+    sessions: Mutex<HashMap<SessionId, SessionHandle>>,
+    /// Accounts added through the dynamic accounts API, and the agents' reports on them.
+    dynamic_accounts: Mutex<DynamicAccounts>,
+    metrics: StreamMetrics,
+    /// The rotation over an account's replicas ([`Live::pick`]).
+    round_robin: AtomicU64,
+    /// Woken when replicas connect or register (operations waiting for an agent).
+    replicas: Notify,
+    /// One replica owns every account (set at start-up): agents coming and going need no
+    /// ownership work.
+    owns_everything: bool,
+    /// Wakes the ownership task (the hub's `owners::duty`) when agents come or go.
+    owners_wake: Notify,
+}
+
+impl Live {
+    /// `owns_everything`: one replica owns every account, so nobody waits on
+    /// [`Live::owners_wake`].
+    pub fn new(
+        state: HubState,
+        dynamic_accounts: DynamicAccounts,
+        metrics: StreamMetrics,
+        owns_everything: bool,
+    ) -> Self {
+        Live {
+            state: Mutex::new(state),
+            sessions: Mutex::new(HashMap::new()),
+            dynamic_accounts: Mutex::new(dynamic_accounts),
+            metrics,
+            round_robin: AtomicU64::new(0),
+            replicas: Notify::new(),
+            owns_everything,
+            owners_wake: Notify::new(),
+        }
+    }
+
+    /// The registry and cache (a poisoned lock is taken over: the state is kept consistent
+    /// by each critical section, which never panics by design).
+    pub fn state(&self) -> MutexGuard<'_, HubState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn sessions(&self) -> MutexGuard<'_, HashMap<SessionId, SessionHandle>> {
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Dynamic accounts and the agents' reports on them.
+    pub fn dynamic_accounts(&self) -> MutexGuard<'_, DynamicAccounts> {
+        self.dynamic_accounts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Agents came or went: the ownership task looks at what to acquire or release.
+    pub fn agents_changed(&self) {
+        if !self.owns_everything {
+            self.owners_wake.notify_one();
+        }
+    }
+
+    /// What the ownership task waits on besides its timer ([`Live::agents_changed`]).
+    pub fn owners_wake(&self) -> &Notify {
+        &self.owners_wake
+    }
+
+    /// Sends a control message to a stream without waiting.
+    pub fn control(&self, session: SessionId, message: Control) {
+        let Some(tx) = self.sessions().get(&session).map(|h| h.control.clone()) else {
+            return;
+        };
+        if let Err(mpsc::error::TrySendError::Full(message)) = tx.try_send(message) {
+            tokio::spawn(async move {
+                let _ = tx.send(message).await;
+            });
+        }
+    }
+
+    pub fn deliver(&self, promotions: Vec<Promotion>) {
+        for p in promotions {
+            self.control(p.session, Control::Promote(p.account));
+        }
+    }
+
+    /// Brings the accounts' states up to date: logs and counts each transition and tells the
+    /// streams concerned. Called after anything that changes the registry.
+    pub fn observe_states(&self) {
+        // Operations waiting for an agent of an account look again.
+        self.replicas_changed();
+        let told = {
+            let mut st = self.state();
+            let transitions = st.registry.observe(SystemTime::now());
+            transitions
+                .into_iter()
+                .map(|t| {
+                    let sessions = st.registry.interested_in(&t.account);
+                    (t, sessions)
+                })
+                .collect::<Vec<_>>()
+        };
+        for (t, sessions) in told {
+            let from = t.from.map(|s| s.as_str()).unwrap_or("NEW");
+            tracing::info!(account = %t.account, from, to = t.to.state.as_str(), reason = %t.to.reason, "account state changed");
+            self.metrics
+                .account_transitions
+                .get_or_create(&[("state", t.to.state.as_str())])
+                .inc();
+            let message = account_state_message(&t.account, &t.to);
+            for session in sessions {
+                self.control(session, Control::AccountState(message.clone()));
+            }
+        }
+    }
+
+    /// Tells every stream of `identity` which of its replicas are connected now.
+    pub fn announce_replicas(&self, identity: &str) {
+        let replicas = self.state().registry.replicas_of_identity(identity);
+        let message = pb::AgentReplicas {
+            replicas: replicas.iter().map(|(_, r)| r.clone()).collect(),
+        };
+        for (session, _) in replicas {
+            self.control(session, Control::AgentReplicas(message.clone()));
+        }
+    }
+
+    /// The current state of each of `accounts`, as sent to agents.
+    pub fn account_states(&self, accounts: &[String]) -> Vec<pb::AccountState> {
+        let st = self.state();
+        accounts
+            .iter()
+            .filter_map(|a| {
+                st.registry
+                    .states
+                    .get(a)
+                    .map(|r| account_state_message(a, r))
+            })
+            .collect()
+    }
+
+    /// A rotating index for choosing among `n` replicas: anything that sends work to an
+    /// account's agents (the operations' `pick_replica`, the proxy's `pick`) shares this
+    /// rotation, so consecutive requests spread over the replicas.
+    pub fn pick(&self, n: usize) -> usize {
+        if n == 0 {
+            return 0;
+        }
+        (self.round_robin.fetch_add(1, Ordering::Relaxed) as usize) % n
+    }
+
+    /// Replicas connected, registered or left: operations waiting for one look again.
+    pub fn replicas_changed(&self) {
+        self.replicas.notify_waiters();
+    }
+
+    /// Waits for [`Self::replicas_changed`] or `until`, whichever is first; false at `until`.
+    /// `check` is called once the wait is armed, so no change between it and the wait is
+    /// missed: true ends the wait at once.
+    pub async fn wait_for_replicas(&self, until: Instant, check: impl FnOnce() -> bool) -> bool {
+        let changed = self.replicas.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        if check() {
+            return true;
+        }
+        tokio::time::timeout_at(until.into(), changed).await.is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{sync::Arc, time::Duration};
+
+    use super::*;
+
+    fn live(owns_everything: bool) -> Arc<Live> {
+        Arc::new(Live::new(
+            HubState::default(),
+            DynamicAccounts::default(),
+            StreamMetrics::default(),
+            owns_everything,
+        ))
+    }
+
+    #[tokio::test]
+    async fn one_rotation_over_replicas_and_observing_states_wakes_waiting_operations() {
+        let live = live(true);
+        let picks: Vec<usize> = (0..4).map(|_| live.pick(3)).collect();
+        assert_eq!(picks, [0, 1, 2, 0]);
+        assert_eq!(live.pick(0), 0);
+
+        let (armed_tx, armed) = std::sync::mpsc::channel();
+        let waiter = tokio::spawn({
+            let live = live.clone();
+            async move {
+                let until = Instant::now() + Duration::from_secs(30);
+                live.wait_for_replicas(until, move || armed_tx.send(()).is_err())
+                    .await
+            }
+        });
+        while armed.try_recv().is_err() {
+            tokio::task::yield_now().await;
+        }
+        live.observe_states();
+        assert!(
+            waiter.await.unwrap(),
+            "woken by observe_states, not at the deadline"
+        );
+        let past = Instant::now();
+        assert!(!live.wait_for_replicas(past, || false).await);
+        assert!(live.wait_for_replicas(past, || true).await);
+    }
+
+    #[tokio::test]
+    async fn agents_coming_and_going_wake_the_ownership_task_only_with_shared_ownership() {
+        let woken = |live: Arc<Live>| async move {
+            live.agents_changed();
+            tokio::time::timeout(Duration::from_millis(20), live.owners_wake().notified())
+                .await
+                .is_ok()
+        };
+        assert!(woken(live(false)).await);
+        assert!(!woken(live(true)).await);
+    }
+}
