@@ -37,7 +37,7 @@ pub mod serve;
 pub mod service;
 pub mod session;
 pub mod shared;
-pub mod store;
+pub use scale_agent_hub_store as store;
 pub mod tls_reload;
 pub mod tokens;
 pub mod tunnel;
