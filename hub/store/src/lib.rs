@@ -1,6 +1,8 @@
-//! `scale-agent-hub-store` (layer 2): the hub's persistence, and nothing else. It may depend
-//! on the model crate (the records and [`StoreOp`]s it writes, the error type) and the cache
-//! crate (the cache it loads), never on a crate above it.
+//! `scale-agent-hub-store` (layer 2): the hub's persistence, and nothing else: the store on
+//! its two backends ([`Store`]) and the group-commit writer that feeds it from the agents'
+//! streams ([`writer`], with its [`StoreMetrics`]). It depends on the model crate (the
+//! records and [`StoreOp`]s it writes, the error type) and the cache crate (the cache it
+//! loads) only, never on a crate above them.
 //!
 //! What it keeps: account bindings, kinds, cached objects and resume points, the proxy's tokens
 //! (hashed), the agents' tokens and identities, dynamic accounts, the accounts registered in
@@ -27,9 +29,11 @@
 //! idempotent).
 
 pub mod memory;
+pub mod metrics;
 pub mod postgres;
 pub mod postgres_tls;
 mod redb;
+pub mod writer;
 
 use std::{path::Path, sync::Arc, time::Duration};
 
@@ -42,7 +46,8 @@ use scale_agent_hub_model::{
     records::{AccountBinding, AccountRecord, AgentTokenRecord, EnrolledIdentity, TokenRecord},
 };
 
-pub use self::postgres::fenced_accounts;
+pub use self::metrics::StoreMetrics;
+pub(crate) use self::postgres::fenced_accounts;
 pub use self::postgres::{Fencing, HeldEpoch, OwnerRow, PostgresOptions, ReplicaRow, SharedStore};
 
 /// Longest time between durable commits while agents stream.

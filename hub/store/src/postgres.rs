@@ -997,7 +997,7 @@ pub fn advisory_key(name: &str) -> i64 {
 }
 
 /// The accounts whose cached data a batch changes: the ones fencing guards.
-pub fn fenced_accounts(ops: &[StoreOp]) -> BTreeSet<&str> {
+pub(crate) fn fenced_accounts(ops: &[StoreOp]) -> BTreeSet<&str> {
     ops.iter()
         .filter_map(|op| match op {
             StoreOp::PutAccount { account, .. }
