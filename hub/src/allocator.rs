@@ -30,20 +30,6 @@ pub fn configure() -> bool {
     false
 }
 
-/// Gives the allocator's free pages back to the system. A snapshot is staged whole (its
-/// objects, the agent's messages, the commit's encoded values and redb's dirty pages) before
-/// it replaces the cache; glibc keeps what that frees in blocks below [`MMAP_THRESHOLD`] in
-/// its arenas, as RSS, for the next allocations of the same thread. Bench measure 5 measured
-/// about 90 B per cached object of it after a sync of 10,000 objects.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-#[allow(unsafe_code)] // A call into glibc.
-pub fn release_free_memory() {
-    // SAFETY: malloc_trim takes no pointer and only walks glibc's own arenas, under their
-    // locks; it is safe to call from any thread at any time.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-pub fn release_free_memory() {}
+/// Gives the allocator's free pages back to the system (after a large commit): the store's
+/// writer calls it, so it lives in the store crate.
+pub use scale_agent_hub_store::memory::release_free_memory;

@@ -19,7 +19,7 @@ pub mod audit;
 pub use scale_agent_hub_cache as cache;
 pub mod cli;
 pub mod clouddriver;
-pub mod commits;
+pub use scale_agent_hub_store::writer as commits;
 pub mod config;
 pub mod dynamic_accounts;
 pub mod error;
@@ -37,7 +37,7 @@ pub mod serve;
 pub mod service;
 pub use scale_agent_hub_state::session;
 pub mod shared;
-pub mod store;
+pub use scale_agent_hub_store as store;
 pub mod tls_reload;
 pub mod tokens;
 pub use scale_agent_hub_state::tunnel;
@@ -801,7 +801,16 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         }
     });
 
-    let writer = tokio::spawn(commits::Commits::run(hub.clone()));
+    // The writer borrows the store, its metrics and the shutdown signal from the hub.
+    let writer = tokio::spawn({
+        let hub = hub.clone();
+        async move {
+            let shutdown = hub.shutdown.clone();
+            hub.commits
+                .run(&hub.store, &hub.metrics.store, shutdown)
+                .await;
+        }
+    });
     if !hub.ownership.owns_everything() {
         let shared_store = hub.store.lock().await.loads_accounts_separately();
         let source: Arc<dyn owners::AccountSource> = if shared_store {

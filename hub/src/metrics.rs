@@ -6,6 +6,7 @@ use prometheus_client::{
     registry::Registry,
 };
 use scale_agent_hub_state::StreamMetrics;
+use scale_agent_hub_store::StoreMetrics;
 
 /// The hub's metrics.
 pub struct Metrics {
@@ -38,12 +39,9 @@ pub struct Metrics {
     pub proxy_bytes: Counter,
     /// Tunnelled exchanges open now.
     pub proxy_exchanges_open: Gauge,
-    /// 1 while the store cannot commit (a full disk): agents' Acks are held.
-    pub store_failing: Gauge,
-    /// Commits that failed (each retry counts).
-    pub store_commit_failures: Counter,
-    /// Changes applied to the cache and queued, not yet committed.
-    pub store_queued_changes: Gauge,
+    /// The commit writer's (`store_failing`, `store_commit_failures`,
+    /// `store_queued_changes`): defined by the store crate, registered here.
+    pub store: StoreMetrics,
     /// Acks a stream held because the store was behind or failing.
     pub acks_held: Counter,
     /// Seconds until the notAfter of each serving certificate file, by listener (grpc,
@@ -85,27 +83,10 @@ impl Metrics {
         let proxy_requests = Family::default();
         let proxy_bytes = Counter::default();
         let proxy_exchanges_open = Gauge::default();
-        let store_failing = Gauge::default();
-        let store_commit_failures = Counter::default();
-        let store_queued_changes = Gauge::default();
+        let store = StoreMetrics::default();
         let acks_held = Counter::default();
         let tls_certificate_expiry = Family::default();
-        registry.register(
-            "store_failing",
-            "1 while the store cannot commit (for example its volume is full): reads are \
-             served from memory, agents' acknowledgements are held, commits are retried",
-            store_failing.clone(),
-        );
-        registry.register(
-            "store_commit_failures",
-            "Store commits that failed (every retry counts)",
-            store_commit_failures.clone(),
-        );
-        registry.register(
-            "store_queued_changes",
-            "Changes applied to the cache and queued for the store, not yet committed",
-            store_queued_changes.clone(),
-        );
+        store.register(&mut registry);
         registry.register(
             "acks_held",
             "Times an agent's acknowledgement waited for the store (behind or failing)",
@@ -219,9 +200,7 @@ impl Metrics {
             proxy_requests,
             proxy_bytes,
             proxy_exchanges_open,
-            store_failing,
-            store_commit_failures,
-            store_queued_changes,
+            store,
             acks_held,
             tls_certificate_expiry,
             certificate_not_after: Default::default(),

@@ -24,6 +24,8 @@ use tokio::sync::watch;
 use tokio_postgres::Client;
 
 use super::{Claim, OwnerInfo, Ownership, ReplicaIdentity};
+// The lock keys are the store's too (its sweep takes an account's lock): they live there.
+pub use crate::store::postgres::{advisory_key, lock_key};
 use crate::{
     error::{HubError, Result},
     store::{PostgresOptions, postgres_tls::Target},
@@ -31,21 +33,6 @@ use crate::{
 
 /// How long connecting to PostgreSQL may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The advisory lock key of an account: the first 8 bytes of the SHA-256 of
-/// `scale-agent/account/<name>`, so that other users of advisory locks in the same database
-/// are unlikely to collide with it.
-pub fn lock_key(account: &str) -> i64 {
-    advisory_key(&format!("scale-agent/account/{account}"))
-}
-
-/// An advisory lock key: the first 8 bytes of the SHA-256 of `name`.
-pub fn advisory_key(name: &str) -> i64 {
-    let digest = ring::digest::digest(&ring::digest::SHA256, name.as_bytes());
-    let mut bytes = [0u8; 8];
-    bytes.copy_from_slice(&digest.as_ref()[..8]);
-    i64::from_be_bytes(bytes)
-}
 
 fn pg_error(action: &str, error: &tokio_postgres::Error) -> HubError {
     HubError::Ownership(format!(
@@ -289,16 +276,5 @@ impl Ownership for PostgresOwnership {
         self.owned().clear();
         // Closing the connection frees any lock left.
         *slot = None;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lock_keys_are_stable_and_distinct() {
-        assert_eq!(lock_key("prod"), lock_key("prod"));
-        assert_ne!(lock_key("prod"), lock_key("prod2"));
     }
 }

@@ -37,7 +37,7 @@ use rustls::{
 use tokio_postgres::{Client, config::SslMode as PgSslMode};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use crate::error::{HubError, Result};
+use scale_agent_hub_model::{HubError, Result, error::Chain};
 
 /// libpq's `sslmode` values the hub honours.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -179,7 +179,7 @@ impl Target {
         let location = location.to_string();
         tokio::spawn(async move {
             if let Err(error) = connection.await {
-                tracing::warn!(%location, error = %crate::error::Chain(&error), "the {what} connection to PostgreSQL ended");
+                tracing::warn!(%location, error = %Chain(&error), "the {what} connection to PostgreSQL ended");
             }
         });
         Ok(client)
@@ -200,7 +200,7 @@ impl Target {
     }
 
     fn connect_error(&self, location: &str, error: &tokio_postgres::Error) -> HubError {
-        let cause = crate::error::Chain(error).to_string();
+        let cause = Chain(error).to_string();
         HubError::PostgresConnect {
             location: location.to_string(),
             hint: self.hint(&cause),

@@ -14,11 +14,10 @@ use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinitio
 use super::{
     AccountSnapshot, CommitHook, Expired, Failed, Loaded, StoreOp, decode_object, encode_object,
 };
-use crate::{
-    cache::{Cache, KindInfo, KindKey},
-    error::{HubError, Result},
-    registry::AccountRecord,
-    tokens::TokenRecord,
+use scale_agent_hub_cache::{Cache, KindInfo, KindKey};
+use scale_agent_hub_model::{
+    HubError, Result,
+    records::{AccountRecord, TokenRecord},
 };
 
 /// account → AccountRecord (JSON).
@@ -694,7 +693,8 @@ pub fn load_operation_records(db: &Database) -> Result<Vec<(String, Vec<u8>)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{cache::CachedObject, registry::ClusterRecord};
+    use scale_agent_hub_cache::CachedObject;
+    use scale_agent_hub_model::records::ClusterRecord;
 
     fn record() -> AccountRecord {
         AccountRecord {

@@ -14,20 +14,24 @@
 //! A commit that fails (a full disk) is retried with backoff, the same changes first, so
 //! nothing is lost and nothing is reordered; after an I/O error the store opens redb again
 //! and writes again the changes redb rolled back (see [`Store::try_commit`]).
+//!
+//! The hub holds it as `scale_agent_hub::commits` (its old path). The writer takes what it
+//! uses, not the hub: the store behind its lock, the [`StoreMetrics`] it records and the
+//! shutdown signal ([`Commits::run`]).
 
 use std::{
     collections::VecDeque,
     path::PathBuf,
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{Mutex, MutexGuard},
     time::Duration,
 };
 
 use tokio::sync::{Notify, watch};
 
+use scale_agent_hub_model::{HubError, Result, error::Chain};
+
 use crate::{
-    allocator::release_free_memory,
-    metrics::Metrics,
-    store::{Failed, Store, StoreOp},
+    Failed, Store, StoreOp, fenced_accounts, memory::release_free_memory, metrics::StoreMetrics,
 };
 
 /// Most bytes of changes one stream may have queued and not yet committed before its Acks
@@ -213,17 +217,17 @@ impl Commits {
         self.queue().entries.push_front((last, ops, bytes));
     }
 
-    fn committed(&self, last: u64, count: usize, bytes: u64, metrics: &Metrics) {
+    fn committed(&self, last: u64, count: usize, bytes: u64, metrics: &StoreMetrics) {
         let recovered = {
             let mut q = self.queue();
             q.queued_ops = q.queued_ops.saturating_sub(count);
             q.queued_bytes = q.queued_bytes.saturating_sub(bytes);
-            metrics.store_queued_changes.set(q.queued_ops as i64);
+            metrics.queued_changes.set(q.queued_ops as i64);
             q.failure.take().is_some()
         };
         if recovered {
             tracing::info!(data_dir = %self.data_dir.display(), "the store commits again; agents' acknowledgements resume");
-            metrics.store_failing.set(0);
+            metrics.failing.set(0);
         }
         self.progress.send_replace(Progress {
             committed: last,
@@ -231,39 +235,39 @@ impl Commits {
         });
     }
 
-    fn failed(&self, error: &crate::HubError, metrics: &Metrics) {
-        metrics.store_commit_failures.inc();
-        metrics.store_failing.set(1);
+    fn failed(&self, error: &HubError, metrics: &StoreMetrics) {
+        metrics.commit_failures.inc();
+        metrics.failing.set(1);
         let first = {
             let mut q = self.queue();
-            metrics.store_queued_changes.set(q.queued_ops as i64);
-            q.failure
-                .replace(crate::error::Chain(error).to_string())
-                .is_none()
+            metrics.queued_changes.set(q.queued_ops as i64);
+            q.failure.replace(Chain(error).to_string()).is_none()
         };
         if first {
-            tracing::error!(data_dir = %self.data_dir.display(), error = %crate::error::Chain(error), "the store cannot commit (is the data directory's volume full, or PostgreSQL unreachable?); reads are served from memory, agents' acknowledgements are held so they slow down, and the commit is retried until it succeeds");
+            tracing::error!(data_dir = %self.data_dir.display(), error = %Chain(error), "the store cannot commit (is the data directory's volume full, or PostgreSQL unreachable?); reads are served from memory, agents' acknowledgements are held so they slow down, and the commit is retried until it succeeds");
         } else {
-            tracing::warn!(data_dir = %self.data_dir.display(), error = %crate::error::Chain(error), "the store still cannot commit; retrying");
+            tracing::warn!(data_dir = %self.data_dir.display(), error = %Chain(error), "the store still cannot commit; retrying");
         }
         self.progress.send_modify(|p| p.failing = true);
     }
 
-    /// The writer: commits the queue in order until `shutdown`; a failed commit is retried
-    /// (the same changes first) with backoff.
-    pub(crate) async fn run(hub: Arc<crate::Hub>) {
-        let this = &hub.commits;
-        let metrics = &hub.metrics;
-        let mut shutdown = hub.shutdown.clone();
+    /// The writer: commits the queue in order into `store` until `shutdown`; a failed commit
+    /// is retried (the same changes first) with backoff. It records `metrics`.
+    pub async fn run(
+        &self,
+        store: &tokio::sync::Mutex<Store>,
+        metrics: &StoreMetrics,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
         let mut wait = FIRST_RETRY_WAIT;
         let mut last_trim: Option<std::time::Instant> = None;
         loop {
-            let notified = this.wake.notified();
+            let notified = self.wake.notified();
             if *shutdown.borrow() {
                 // What is still queued is committed by [`Commits::drain`] at shutdown.
                 return;
             }
-            let Some((last, ops, bytes)) = this.take_group() else {
+            let Some((last, ops, bytes)) = self.take_group() else {
                 tokio::select! {
                     () = notified => {}
                     _ = shutdown.changed() => {}
@@ -273,12 +277,12 @@ impl Commits {
             let count = ops.len();
             // While failing, every try is durable: once one succeeds, nothing committed
             // before it can be rolled back by a later reopen of the store.
-            let failing = this.progress.borrow().failing;
-            let result = hub.store.lock().await.try_commit(ops, failing).await;
+            let failing = self.progress.borrow().failing;
+            let result = store.lock().await.try_commit(ops, failing).await;
             match result {
                 Ok(()) => {
                     wait = FIRST_RETRY_WAIT;
-                    this.committed(last, count, bytes, metrics);
+                    self.committed(last, count, bytes, metrics);
                     if should_trim(bytes, last_trim.map(|t| t.elapsed())) {
                         last_trim = Some(std::time::Instant::now());
                         // Off the runtime's threads: it takes a few milliseconds per GiB.
@@ -286,7 +290,7 @@ impl Commits {
                     }
                 }
                 Err(Failed {
-                    error: crate::HubError::Fenced { accounts, .. },
+                    error: HubError::Fenced { accounts, .. },
                     ops,
                 }) => {
                     // Changes of accounts another replica took over: that replica's state is
@@ -294,7 +298,7 @@ impl Commits {
                     // the rest of the group is committed.
                     let (dropped, kept): (Vec<StoreOp>, Vec<StoreOp>) =
                         ops.into_iter().partition(|op| {
-                            crate::store::fenced_accounts(std::slice::from_ref(op))
+                            fenced_accounts(std::slice::from_ref(op))
                                 .iter()
                                 .any(|a| accounts.iter().any(|f| f == a))
                         });
@@ -303,12 +307,12 @@ impl Commits {
                         dropped = dropped.len(),
                         "changes of accounts another hub replica took over are dropped (the store's fencing refused them)"
                     );
-                    this.forget(dropped.len());
-                    this.put_back(last, kept, bytes);
+                    self.forget(dropped.len());
+                    self.put_back(last, kept, bytes);
                 }
                 Err(Failed { error, ops }) => {
-                    this.put_back(last, ops, bytes);
-                    this.failed(&error, metrics);
+                    self.put_back(last, ops, bytes);
+                    self.failed(&error, metrics);
                     tokio::select! {
                         () = tokio::time::sleep(wait) => {}
                         _ = shutdown.changed() => {}
@@ -320,7 +324,7 @@ impl Commits {
     }
 
     /// Commits everything queued (at shutdown, after the streams ended).
-    pub async fn drain(&self, store: &mut Store) -> crate::Result<()> {
+    pub async fn drain(&self, store: &mut Store) -> Result<()> {
         while let Some((last, ops, bytes)) = self.take_group() {
             let count = ops.len();
             if let Err(Failed { error, ops }) = store.try_commit(ops, true).await {

@@ -33,12 +33,10 @@ use super::{
     AccountSnapshot, CommitHook, Expired, Failed, Loaded, SharedTables, StoreOp, decode_object,
     encode_object, postgres_tls::Target,
 };
-use crate::{
-    agent_tokens::{AgentTokenRecord, EnrolledIdentity},
-    cache::{Cache, KindKey},
-    error::{HubError, Result},
-    registry::{AccountBinding, AccountRecord},
-    tokens::TokenRecord,
+use scale_agent_hub_cache::{Cache, KindKey};
+use scale_agent_hub_model::{
+    HubError, Result,
+    records::{AccountBinding, AccountRecord, AgentTokenRecord, EnrolledIdentity, TokenRecord},
 };
 
 /// How the hub reaches PostgreSQL. The URL carries the password: it is never logged, and
@@ -924,7 +922,7 @@ impl SharedStore {
         for row in candidates {
             let (account, owner_left, expired): (String, bool, bool) =
                 (row.get(0), row.get(1), row.get(2));
-            let key = crate::owners::postgres::lock_key(&account);
+            let key = lock_key(&account);
             if held.contains(&key) || !(owner_left || expired) {
                 continue;
             }
@@ -981,6 +979,21 @@ impl SharedStore {
         }
         Ok(removed)
     }
+}
+
+/// The advisory lock key of an account: the first 8 bytes of the SHA-256 of
+/// `scale-agent/account/<name>`, so that other users of advisory locks in the same database
+/// are unlikely to collide with it.
+pub fn lock_key(account: &str) -> i64 {
+    advisory_key(&format!("scale-agent/account/{account}"))
+}
+
+/// An advisory lock key: the first 8 bytes of the SHA-256 of `name`.
+pub fn advisory_key(name: &str) -> i64 {
+    let digest = ring::digest::digest(&ring::digest::SHA256, name.as_bytes());
+    let mut bytes = [0u8; 8];
+    bytes.copy_from_slice(&digest.as_ref()[..8]);
+    i64::from_be_bytes(bytes)
 }
 
 /// The accounts whose cached data a batch changes: the ones fencing guards.
@@ -1045,7 +1058,7 @@ async fn check_fencing(
 /// Runs the migrations the database lacks, each in its own transaction under an advisory
 /// lock (replicas starting together migrate once); returns the versions applied. The one
 /// definition of the schema: account ownership ([`crate::owners::postgres`]) runs it too.
-pub(crate) async fn migrate(client: &mut Client) -> Result<Vec<i64>> {
+pub async fn migrate(client: &mut Client) -> Result<Vec<i64>> {
     let known = MIGRATIONS.last().map_or(0, |m| m.version);
     let mut applied = Vec::new();
     for migration in MIGRATIONS {
@@ -1088,7 +1101,7 @@ pub(crate) async fn migrate(client: &mut Client) -> Result<Vec<i64>> {
 }
 
 /// `host:port/database`: where the store is, for logs (no user, no password).
-pub(crate) fn location(config: &tokio_postgres::Config) -> String {
+pub fn location(config: &tokio_postgres::Config) -> String {
     let host = match config.get_hosts().first() {
         Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
         #[cfg(unix)]
@@ -1368,6 +1381,12 @@ mod tests {
         assert_eq!(location(&config), "db.example:5433/scale");
         let options = PostgresOptions::new("postgres://hub:s3cret@db/x");
         assert!(!format!("{options:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn lock_keys_are_stable_and_distinct() {
+        assert_eq!(lock_key("prod"), lock_key("prod"));
+        assert_ne!(lock_key("prod"), lock_key("prod2"));
     }
 
     #[test]

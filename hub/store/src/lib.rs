@@ -1,4 +1,10 @@
-//! Persistence: account bindings, kinds, cached objects and resume points, the proxy's tokens
+//! `scale-agent-hub-store` (layer 2): the hub's persistence, and nothing else: the store on
+//! its two backends ([`Store`]) and the group-commit writer that feeds it from the agents'
+//! streams ([`writer`], with its [`StoreMetrics`]). It depends on the model crate (the
+//! records and [`StoreOp`]s it writes, the error type) and the cache crate (the cache it
+//! loads) only, never on a crate above them.
+//!
+//! What it keeps: account bindings, kinds, cached objects and resume points, the proxy's tokens
 //! (hashed), the agents' tokens and identities, dynamic accounts, the accounts registered in
 //! Clouddriver, and the operation records of client ids. Writers hand a batch of
 //! [`StoreOp`]s to [`Store::commit`]: one transaction per batch.
@@ -22,24 +28,27 @@
 //! older resume points: agents replay a few events, which is harmless (events are
 //! idempotent).
 
-pub(crate) mod postgres;
+pub mod memory;
+pub mod metrics;
+pub mod postgres;
 pub mod postgres_tls;
 mod redb;
+pub mod writer;
 
 use std::{path::Path, sync::Arc, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
+use scale_agent_hub_cache::{AccountCache, Cache, CachedObject, PackedJson};
+use scale_agent_hub_model::{
+    HubError, Result,
+    dynamic_accounts::DynamicAccountRecord,
+    records::{AccountBinding, AccountRecord, AgentTokenRecord, EnrolledIdentity, TokenRecord},
+};
+
+pub use self::metrics::StoreMetrics;
 pub(crate) use self::postgres::fenced_accounts;
 pub use self::postgres::{Fencing, HeldEpoch, OwnerRow, PostgresOptions, ReplicaRow, SharedStore};
-use crate::{
-    agent_tokens::{AgentTokenRecord, EnrolledIdentity},
-    cache::{AccountCache, Cache, CachedObject, PackedJson},
-    dynamic_accounts::DynamicAccountRecord,
-    error::{HubError, Result},
-    registry::{AccountBinding, AccountRecord},
-    tokens::TokenRecord,
-};
 
 /// Longest time between durable commits while agents stream.
 pub const DURABLE_EVERY: Duration = Duration::from_secs(1);
