@@ -117,10 +117,9 @@ fn account_operations(hub: Arc<Hub>) -> Router<Arc<Hub>> {
         ))
 }
 
-/// The API's error body: `{"error": message}`.
-pub(crate) fn error(status: StatusCode, message: String) -> Response {
-    (status, Json(json!({ "error": message }))).into_response()
-}
+/// The API's error body: `{"error": message}` (in the net crate, beside the other answers the
+/// hub's routers share).
+pub(crate) use scale_agent_hub_net::http::error;
 
 /// A 413 as a Kubernetes `Status` (reason `RequestEntityTooLarge`, what the API server
 /// answers), which also carries the API's usual `error` field for clients that read only it.

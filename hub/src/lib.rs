@@ -33,7 +33,7 @@ pub mod operations;
 pub mod owners;
 pub mod proxy;
 pub mod registry;
-pub mod serve;
+pub use scale_agent_hub_net::serve;
 pub mod service;
 pub mod session;
 pub mod shared;

@@ -20,13 +20,13 @@ use hyper_util::{
     rt::{TokioExecutor, TokioIo},
 };
 use rustls::pki_types::ServerName;
+use scale_agent_hub_net::status::Status;
 
 use super::OwnerInfo;
 use crate::{
     Hub,
     api_auth::{Caller, Role, Source},
     error::{HubError, Result},
-    proxy::status::Status,
 };
 
 /// The prefix of the routes other replicas forward to.
@@ -158,7 +158,7 @@ impl Forwarder {
         let uri: http::Uri = uri
             .parse()
             .map_err(|e| unreachable(format!("not a URL: {e}")))?;
-        let upgrade = crate::proxy::headers::is_upgrade(request.headers())
+        let upgrade = scale_agent_hub_net::headers::is_upgrade(request.headers())
             .then(|| hyper::upgrade::on(&mut request));
         let (parts, body) = request.into_parts();
         let mut headers = forwarded_headers(&parts.headers, upgrade.is_some());
