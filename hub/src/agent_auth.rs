@@ -26,8 +26,8 @@ use tokio_rustls::{TlsAcceptor, server::TlsStream};
 use tonic::{Status, metadata::MetadataMap};
 
 use crate::{
-    Hub,
     agent_tokens::AgentTokenKind,
+    auth_book::AuthBook,
     error::{HubError, Result},
     identity::{ANONYMOUS, identity_from_der},
 };
@@ -265,13 +265,13 @@ fn bearer(metadata: &MetadataMap) -> Option<&str> {
 /// Authenticates a stream from its client certificate chain (the TLS peer's, or one a
 /// trusted proxy forwarded) and its bearer token. When both are presented their identities
 /// must agree.
-pub(crate) fn authenticate(
-    hub: &Hub,
+pub fn authenticate(
+    book: &AuthBook,
     chain: Option<&[CertificateDer<'_>]>,
     metadata: &MetadataMap,
 ) -> Result<Authenticated, Status> {
     let chain = chain.filter(|c| !c.is_empty());
-    let clients = hub.client_certificates();
+    let clients = book.client_certificates();
     let from_certificate = match (chain, &clients) {
         (Some(chain), Some(clients)) => {
             Some(clients.verify(chain).map_err(Status::unauthenticated)?)
@@ -282,7 +282,7 @@ pub(crate) fn authenticate(
         None => None,
         Some(token) => {
             let now = jiff::Timestamp::now().as_second();
-            let record = hub
+            let record = book
                 .agent_tokens()
                 .check(token, AgentTokenKind::Bearer, now)
                 .map_err(|r| r.to_status())?
@@ -324,7 +324,7 @@ pub(crate) fn authenticate(
         account_patterns.push(token.accounts.clone());
     }
     if certificate == Some(CertificateOrigin::Hub)
-        && let Some(enrolled) = hub.agent_tokens().enrolled(&identity)
+        && let Some(enrolled) = book.agent_tokens().enrolled(&identity)
     {
         account_patterns.push(enrolled.accounts.clone());
     }

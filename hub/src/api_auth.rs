@@ -28,7 +28,7 @@ use axum::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::{Hub, tokens};
+use crate::{Hub, auth_book::AuthBook, tokens};
 
 pub use scale_agent_hub_model::auth::{Caller, Role, Source};
 
@@ -100,7 +100,7 @@ pub fn check(
 
 /// Who the bearer token in `headers` belongs to, if it is an API token; `presented` tells
 /// whether there was a bearer token at all.
-fn identify(hub: &Hub, headers: &HeaderMap) -> (bool, Option<Caller>) {
+fn identify(book: &AuthBook, headers: &HeaderMap) -> (bool, Option<Caller>) {
     let Some(token) = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -108,7 +108,7 @@ fn identify(hub: &Hub, headers: &HeaderMap) -> (bool, Option<Caller>) {
     else {
         return (false, None);
     };
-    if hub.admin_token.as_ref().is_some_and(|a| a.matches(token)) {
+    if book.admin_token().is_some_and(|a| a.matches(token)) {
         return (
             true,
             Some(Caller {
@@ -118,7 +118,7 @@ fn identify(hub: &Hub, headers: &HeaderMap) -> (bool, Option<Caller>) {
             }),
         );
     }
-    if let Some(entry) = hub.api_tokens_file.as_ref().and_then(|f| f.verify(token)) {
+    if let Some(entry) = book.api_tokens_file().and_then(|f| f.verify(token)) {
         return (
             true,
             Some(Caller {
@@ -128,7 +128,7 @@ fn identify(hub: &Hub, headers: &HeaderMap) -> (bool, Option<Caller>) {
             }),
         );
     }
-    let issued = hub.tokens().verify_api(token).and_then(|r| {
+    let issued = book.tokens().verify_api(token).and_then(|r| {
         r.role.map(|role| Caller {
             name: r.name.clone(),
             role,
@@ -140,13 +140,13 @@ fn identify(hub: &Hub, headers: &HeaderMap) -> (bool, Option<Caller>) {
 
 /// The guard every API handler calls: the caller, if its token has at least `needed`.
 /// `what` names the request in messages (`GET /api/v1/agents`).
-pub(crate) fn authorize(
-    hub: &Hub,
+pub fn authorize(
+    book: &AuthBook,
     headers: &HeaderMap,
     needed: Role,
     what: &str,
 ) -> Result<Caller, Refused> {
-    let (presented, caller) = identify(hub, headers);
+    let (presented, caller) = identify(book, headers);
     check(presented, caller, needed, what).inspect_err(|refused| {
         tracing::debug!(status = refused.status.as_u16(), %what, "API request refused");
     })
@@ -162,7 +162,7 @@ pub(crate) async fn require(
 ) -> Response {
     let what = format!("{} {}", request.method(), request.uri().path());
     crate::shared::learn_bearer(&hub, request.headers()).await;
-    match authorize(&hub, request.headers(), needed, &what) {
+    match authorize(&hub.auth, request.headers(), needed, &what) {
         Ok(caller) => {
             request.extensions_mut().insert(caller);
             next.run(request).await

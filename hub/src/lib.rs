@@ -16,6 +16,7 @@ pub mod agent_tokens;
 pub mod allocator;
 pub mod api_auth;
 pub mod audit;
+pub mod auth_book;
 pub use scale_agent_hub_cache as cache;
 pub mod cli;
 pub mod clouddriver;
@@ -65,6 +66,7 @@ use crate::{
     agent_auth::ClientCertificates,
     agent_ca::AgentCa,
     agent_tokens::AgentTokens,
+    auth_book::AuthBook,
     metrics::Metrics,
     registry::{Promotion, SessionId},
     service::AgentHubService,
@@ -127,17 +129,9 @@ pub(crate) struct Hub {
     pub(crate) discovery: proxy::discovery::DiscoveryCache,
     /// The proxy's reads from the cache: continue-token snapshots, writes awaited.
     pub(crate) cached_reads: proxy::cached::CachedReads,
-    tokens: Mutex<Tokens>,
-    pub(crate) admin_token: Option<AdminToken>,
-    /// The CA that issues agents' certificates (enrolment, renewal).
-    pub(crate) agent_ca: AgentCa,
-    /// The issuers trusted for client certificates; `None` with `--insecure-plaintext`.
-    /// Replaced when `--client-ca` changes on disk ([`tls_reload`]).
-    pub(crate) client_certificates: Option<std::sync::RwLock<Arc<ClientCertificates>>>,
-    /// Enrolment and bearer tokens of agents, and the enrolled identities.
-    agent_tokens: Mutex<AgentTokens>,
-    /// The API tokens file (`--api-tokens-file`), re-read in the background.
-    pub(crate) api_tokens_file: Option<Arc<api_auth::TokensFile>>,
+    /// Tokens, the admin token and API tokens file, agents' tokens, the agent CA and the
+    /// trusted client certificate issuers (replaced by [`tls_reload`]).
+    pub(crate) auth: Arc<AuthBook>,
     /// Registers accounts in Clouddriver; `None` when no target is configured.
     pub(crate) registrar: Option<Arc<clouddriver::Registrar>>,
     /// Whether this replica is the one that registers ([`clouddriver::duty`]).
@@ -177,7 +171,7 @@ impl Hub {
 
     /// The proxy's tokens.
     pub(crate) fn tokens(&self) -> MutexGuard<'_, Tokens> {
-        self.tokens.lock().unwrap_or_else(|e| e.into_inner())
+        self.auth.tokens()
     }
 
     /// Dynamic accounts and the agents' reports on them.
@@ -190,14 +184,12 @@ impl Hub {
     /// The issuers trusted for client certificates now (`None` with
     /// `--insecure-plaintext`).
     pub(crate) fn client_certificates(&self) -> Option<Arc<ClientCertificates>> {
-        self.client_certificates
-            .as_ref()
-            .map(|lock| lock.read().unwrap_or_else(|e| e.into_inner()).clone())
+        self.auth.client_certificates()
     }
 
     /// Agent tokens and enrolled identities.
     pub(crate) fn agent_tokens(&self) -> MutexGuard<'_, AgentTokens> {
-        self.agent_tokens.lock().unwrap_or_else(|e| e.into_inner())
+        self.auth.agent_tokens()
     }
 
     /// Agents came or went: the ownership task looks at what to acquire or release.
@@ -680,8 +672,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
             Some(&proxy.client_ca_pem),
         )?),
         GrpcSecurity::InsecurePlaintext => None,
-    }
-    .map(|clients| std::sync::RwLock::new(Arc::new(clients)));
+    };
     tracing::info!(store = %store_location, accounts = loaded_accounts, objects = state.cache.object_count(), "store loaded");
 
     let grpc_listener = tokio::net::TcpListener::bind(config.grpc_addr)
@@ -758,12 +749,14 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         tunnels: tunnel::Tunnels::default(),
         discovery: proxy::discovery::DiscoveryCache::default(),
         cached_reads: proxy::cached::CachedReads::default(),
-        tokens: Mutex::new(tokens),
-        admin_token,
-        agent_ca,
-        client_certificates,
-        agent_tokens: Mutex::new(agent_tokens),
-        api_tokens_file,
+        auth: Arc::new(AuthBook::new(
+            tokens,
+            admin_token,
+            agent_ca,
+            client_certificates,
+            agent_tokens,
+            api_tokens_file,
+        )),
         registrar,
         registrar_duty,
         registered_accounts: Mutex::new(Vec::new()),
@@ -880,7 +873,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
     });
     tracing::info!(%http_addr, tls, "HTTP listening (REST API and Kubernetes API proxy)");
 
-    if let Some(file) = hub.api_tokens_file.clone() {
+    if let Some(file) = hub.auth.api_tokens_file().cloned() {
         tokio::spawn(file.watch(hub.shutdown.clone()));
     }
     let registrar_task = hub.registrar.clone().map(|registrar| {
