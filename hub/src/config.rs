@@ -17,31 +17,8 @@ use crate::{
     forwarded::{Cidr, ForwardedFormat, ProxyTrust},
     identity::AllowRule,
 };
+pub use scale_agent_hub_auth::grpc_security::{GrpcSecurity, ProxyMode};
 pub use scale_agent_hub_net::tls::{HttpSecurity, ProxyHopTls, TlsFiles, TlsMaterial};
-
-/// How the gRPC listener authenticates agents.
-#[derive(Clone, Debug)]
-pub enum GrpcSecurity {
-    /// TLS with a client certificate required and verified against `client_ca_pem`.
-    MutualTls(TlsMaterial),
-    /// No TLS at all; every agent has the identity [`crate::identity::ANONYMOUS`].
-    InsecurePlaintext,
-    /// Behind a gRPC proxy that terminates the agents' mutual TLS and forwards their client
-    /// certificate in a header, honoured only from a trusted proxy.
-    TrustedProxy(ProxyMode),
-}
-
-/// The hub behind a TLS-terminating gRPC proxy.
-#[derive(Clone, Debug)]
-pub struct ProxyMode {
-    /// Who is a trusted proxy, and how forwarded certificates are read and verified.
-    pub trust: ProxyTrust,
-    /// The CA(s) of `--client-ca`: forwarded certificates must chain to it or to the hub's
-    /// own agent CA.
-    pub client_ca_pem: Vec<u8>,
-    /// TLS on the proxy-to-hub hop; `None`: plaintext (the proxy next to the hub).
-    pub hop_tls: Option<ProxyHopTls>,
-}
 
 /// How often the TLS files are checked for changes by default (a Secret's mounted files
 /// change within about a minute of the Secret itself).
@@ -330,34 +307,6 @@ impl Config {
             secs => Duration::from_secs(u64::from(secs))
                 .clamp(self.min_heartbeat_period, self.max_heartbeat_period),
         }
-    }
-}
-
-impl ProxyMode {
-    /// Refuses a proxy mode that could never trust anyone, or that trusts proxy identities
-    /// it could never see.
-    pub fn validate(&self) -> Result<()> {
-        if !self.trust.has_rules() {
-            return Err(HubError::Config(
-                "--forwarded-client-cert needs a trusted proxy: set --trusted-proxy-cidr to the \
-                 proxy's source address range, or --trusted-proxy-identity (with --tls-cert, \
-                 --tls-key and --trusted-proxy-ca) to its client certificate's identity"
-                    .into(),
-            ));
-        }
-        let proxy_certificates = self
-            .hop_tls
-            .as_ref()
-            .is_some_and(|tls| tls.proxy_ca_pem.is_some());
-        if self.trust.trusts_identities() && !proxy_certificates {
-            return Err(HubError::Config(
-                "--trusted-proxy-identity needs a mutual-TLS hop from the proxy: set --tls-cert \
-                 and --tls-key (the hub's certificate) and --trusted-proxy-ca (the CA of the \
-                 proxy's client certificate)"
-                    .into(),
-            ));
-        }
-        Ok(())
     }
 }
 

@@ -9,14 +9,13 @@
 
 pub mod admin_api;
 pub mod agent_admin;
-pub mod agent_auth;
-pub mod agent_ca;
-pub mod agent_renewal;
-pub mod agent_tokens;
+pub use scale_agent_hub_auth::agent_auth;
+pub use scale_agent_hub_auth::agent_ca;
+pub use scale_agent_hub_auth::agent_renewal;
+pub use scale_agent_hub_auth::agent_tokens;
 pub mod allocator;
 pub mod api_auth;
 pub mod audit;
-pub mod auth_book;
 pub use scale_agent_hub_cache as cache;
 pub mod cli;
 pub mod clouddriver;
@@ -25,7 +24,7 @@ pub mod config;
 pub mod dynamic_accounts;
 pub mod error;
 pub mod fleet;
-pub mod forwarded;
+pub use scale_agent_hub_auth::forwarded;
 pub mod http;
 pub use scale_agent_hub_model::identity;
 pub mod kubeconfig;
@@ -40,7 +39,7 @@ pub mod session;
 pub mod shared;
 pub mod store;
 pub mod tls_reload;
-pub mod tokens;
+pub use scale_agent_hub_auth::tokens;
 pub mod tunnel;
 
 use std::{
@@ -55,6 +54,7 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
+use scale_agent_hub_auth::AuthBook;
 use scale_agent_proto::v1::agent_hub_server::AgentHubServer;
 use tokio::{
     sync::{mpsc, watch},
@@ -66,7 +66,6 @@ use crate::{
     agent_auth::ClientCertificates,
     agent_ca::AgentCa,
     agent_tokens::AgentTokens,
-    auth_book::AuthBook,
     metrics::Metrics,
     registry::{Promotion, SessionId},
     service::AgentHubService,
