@@ -210,7 +210,7 @@ fn external_view(kind: &str, source: &str, name: &str, role: Role) -> TokenView 
 
 async fn list_tokens(State(hub): State<Arc<Hub>>) -> Response {
     let mut list = Vec::new();
-    if hub.admin_token.is_some() {
+    if hub.auth.admin_token().is_some() {
         list.push(external_view(
             "admin",
             "admin-token-file",
@@ -218,7 +218,7 @@ async fn list_tokens(State(hub): State<Arc<Hub>>) -> Response {
             Role::Admin,
         ));
     }
-    if let Some(file) = &hub.api_tokens_file {
+    if let Some(file) = hub.auth.api_tokens_file() {
         list.extend(
             file.list()
                 .into_iter()

@@ -17,115 +17,8 @@ use crate::{
     forwarded::{Cidr, ForwardedFormat, ProxyTrust},
     identity::AllowRule,
 };
-
-/// How the gRPC listener authenticates agents.
-#[derive(Clone, Debug)]
-pub enum GrpcSecurity {
-    /// TLS with a client certificate required and verified against `client_ca_pem`.
-    MutualTls(TlsMaterial),
-    /// No TLS at all; every agent has the identity [`crate::identity::ANONYMOUS`].
-    InsecurePlaintext,
-    /// Behind a gRPC proxy that terminates the agents' mutual TLS and forwards their client
-    /// certificate in a header, honoured only from a trusted proxy.
-    TrustedProxy(ProxyMode),
-}
-
-/// The hub behind a TLS-terminating gRPC proxy.
-#[derive(Clone, Debug)]
-pub struct ProxyMode {
-    /// Who is a trusted proxy, and how forwarded certificates are read and verified.
-    pub trust: ProxyTrust,
-    /// The CA(s) of `--client-ca`: forwarded certificates must chain to it or to the hub's
-    /// own agent CA.
-    pub client_ca_pem: Vec<u8>,
-    /// TLS on the proxy-to-hub hop; `None`: plaintext (the proxy next to the hub).
-    pub hop_tls: Option<ProxyHopTls>,
-}
-
-/// The gRPC listener's TLS when the proxy connects to the hub over TLS.
-#[derive(Clone)]
-pub struct ProxyHopTls {
-    /// The hub's server certificate chain (PEM).
-    pub cert_pem: Vec<u8>,
-    /// Its private key (PEM).
-    pub key_pem: Vec<u8>,
-    /// The CA of the proxies' client certificates (PEM); `None`: the proxy presents none.
-    pub proxy_ca_pem: Option<Vec<u8>>,
-}
-
-impl std::fmt::Debug for ProxyHopTls {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProxyHopTls")
-            .field("cert_pem", &format_args!("{} bytes", self.cert_pem.len()))
-            .field("key_pem", &"<redacted>")
-            .field("proxy_ca_pem", &self.proxy_ca_pem.as_ref().map(Vec::len))
-            .finish()
-    }
-}
-
-/// PEM-encoded certificate material for the gRPC listener.
-#[derive(Clone)]
-pub struct TlsMaterial {
-    /// The server certificate chain.
-    pub cert_pem: Vec<u8>,
-    /// The server's private key.
-    pub key_pem: Vec<u8>,
-    /// An external CA (or CAs) whose agent certificates are trusted besides the ones the hub
-    /// issues: the operator-signed mode, an explicit opt-in (`--client-ca`). `None`: only
-    /// certificates the hub issued.
-    pub client_ca_pem: Option<Vec<u8>>,
-}
-
-impl std::fmt::Debug for TlsMaterial {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TlsMaterial")
-            .field("cert_pem", &format_args!("{} bytes", self.cert_pem.len()))
-            .field("key_pem", &"<redacted>")
-            .field(
-                "client_ca_pem",
-                &format_args!("{} bytes", self.client_ca_pem.as_ref().map_or(0, Vec::len)),
-            )
-            .finish()
-    }
-}
-
-/// How the HTTP listener (REST API and Kubernetes API proxy) is served.
-#[derive(Clone)]
-pub enum HttpSecurity {
-    /// TLS with this certificate chain and key (PEM).
-    Tls { cert_pem: Vec<u8>, key_pem: Vec<u8> },
-    /// No TLS: bearer tokens cross the network in clear. Only behind an explicit flag.
-    Plaintext,
-}
-
-impl std::fmt::Debug for HttpSecurity {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            HttpSecurity::Tls { cert_pem, .. } => f
-                .debug_struct("Tls")
-                .field("cert_pem", &format_args!("{} bytes", cert_pem.len()))
-                .field("key_pem", &"<redacted>")
-                .finish(),
-            HttpSecurity::Plaintext => f.write_str("Plaintext"),
-        }
-    }
-}
-
-/// The files the TLS material of [`Config`] was read from. The hub reads them again every
-/// [`Config::tls_reload_interval`] and, when their content changed, serves new connections
-/// with the new certificate or trusts the new client CA, without a restart (a cert-manager
-/// renewal of the Secret they are mounted from). `None`: not reloaded.
-#[derive(Clone, Debug, Default)]
-pub struct TlsFiles {
-    /// The gRPC listener's certificate chain and key (`--tls-cert`, `--tls-key`), in the
-    /// mutual-TLS mode.
-    pub grpc: Option<(PathBuf, PathBuf)>,
-    /// The external CA of agents' client certificates (`--client-ca`), in the mutual-TLS
-    /// mode.
-    pub client_ca: Option<PathBuf>,
-    /// The HTTP listener's certificate chain and key.
-    pub http: Option<(PathBuf, PathBuf)>,
-}
+pub use scale_agent_hub_auth::grpc_security::{GrpcSecurity, ProxyMode};
+pub use scale_agent_hub_net::tls::{HttpSecurity, ProxyHopTls, TlsFiles, TlsMaterial};
 
 /// How often the TLS files are checked for changes by default (a Secret's mounted files
 /// change within about a minute of the Secret itself).
@@ -414,34 +307,6 @@ impl Config {
             secs => Duration::from_secs(u64::from(secs))
                 .clamp(self.min_heartbeat_period, self.max_heartbeat_period),
         }
-    }
-}
-
-impl ProxyMode {
-    /// Refuses a proxy mode that could never trust anyone, or that trusts proxy identities
-    /// it could never see.
-    pub fn validate(&self) -> Result<()> {
-        if !self.trust.has_rules() {
-            return Err(HubError::Config(
-                "--forwarded-client-cert needs a trusted proxy: set --trusted-proxy-cidr to the \
-                 proxy's source address range, or --trusted-proxy-identity (with --tls-cert, \
-                 --tls-key and --trusted-proxy-ca) to its client certificate's identity"
-                    .into(),
-            ));
-        }
-        let proxy_certificates = self
-            .hop_tls
-            .as_ref()
-            .is_some_and(|tls| tls.proxy_ca_pem.is_some());
-        if self.trust.trusts_identities() && !proxy_certificates {
-            return Err(HubError::Config(
-                "--trusted-proxy-identity needs a mutual-TLS hop from the proxy: set --tls-cert \
-                 and --tls-key (the hub's certificate) and --trusted-proxy-ca (the CA of the \
-                 proxy's client certificate)"
-                    .into(),
-            ));
-        }
-        Ok(())
     }
 }
 

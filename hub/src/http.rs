@@ -118,10 +118,9 @@ fn account_operations(hub: Arc<Hub>) -> Router<Arc<Hub>> {
         ))
 }
 
-/// The API's error body: `{"error": message}`.
-pub(crate) fn error(status: StatusCode, message: String) -> Response {
-    (status, Json(json!({ "error": message }))).into_response()
-}
+/// The API's error body: `{"error": message}` (in the net crate, beside the other answers the
+/// hub's routers share).
+pub(crate) use scale_agent_hub_net::http::error;
 
 /// A 413 as a Kubernetes `Status` (reason `RequestEntityTooLarge`, what the API server
 /// answers), which also carries the API's usual `error` field for clients that read only it.
@@ -819,12 +818,7 @@ async fn objects(
     Path(name): Path<String>,
     Query(q): Query<ObjectQuery>,
 ) -> Response {
-    let selector = match q
-        .label_selector
-        .as_deref()
-        .map(label_selector)
-        .transpose()
-    {
+    let selector = match q.label_selector.as_deref().map(label_selector).transpose() {
         Ok(s) => s.unwrap_or_default(),
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
     };
@@ -857,9 +851,7 @@ async fn objects(
                 .iter()
                 .map(|(i, o)| object_value(&page.kinds[*i], o))
                 .filter(|value| {
-                    let labels = value
-                        .pointer("/metadata/labels")
-                        .and_then(Value::as_object);
+                    let labels = value.pointer("/metadata/labels").and_then(Value::as_object);
                     selector.matches(labels)
                 }),
         );

@@ -9,10 +9,10 @@
 
 pub mod admin_api;
 pub mod agent_admin;
-pub mod agent_auth;
-pub mod agent_ca;
-pub mod agent_renewal;
-pub mod agent_tokens;
+pub use scale_agent_hub_auth::agent_auth;
+pub use scale_agent_hub_auth::agent_ca;
+pub use scale_agent_hub_auth::agent_renewal;
+pub use scale_agent_hub_auth::agent_tokens;
 pub mod allocator;
 pub mod api_auth;
 pub mod audit;
@@ -24,7 +24,7 @@ pub mod config;
 pub mod dynamic_accounts;
 pub mod error;
 pub mod fleet;
-pub mod forwarded;
+pub use scale_agent_hub_auth::forwarded;
 pub mod http;
 pub use scale_agent_hub_model::identity;
 pub mod kubeconfig;
@@ -32,14 +32,14 @@ pub mod metrics;
 pub mod operations;
 pub mod owners;
 pub mod proxy;
+pub use scale_agent_hub_net::serve;
 pub use scale_agent_hub_state::registry;
-pub mod serve;
 pub mod service;
 pub use scale_agent_hub_state::session;
 pub mod shared;
 pub use scale_agent_hub_store as store;
 pub mod tls_reload;
-pub mod tokens;
+pub use scale_agent_hub_auth::tokens;
 pub use scale_agent_hub_state::tunnel;
 
 use std::{
@@ -54,6 +54,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use scale_agent_hub_auth::AuthBook;
 use scale_agent_proto::v1::agent_hub_server::AgentHubServer;
 use tokio::{
     sync::{mpsc, watch},
@@ -101,17 +102,9 @@ pub(crate) struct Hub {
     pub(crate) discovery: proxy::discovery::DiscoveryCache,
     /// The proxy's reads from the cache: continue-token snapshots, writes awaited.
     pub(crate) cached_reads: proxy::cached::CachedReads,
-    tokens: Mutex<Tokens>,
-    pub(crate) admin_token: Option<AdminToken>,
-    /// The CA that issues agents' certificates (enrolment, renewal).
-    pub(crate) agent_ca: AgentCa,
-    /// The issuers trusted for client certificates; `None` with `--insecure-plaintext`.
-    /// Replaced when `--client-ca` changes on disk ([`tls_reload`]).
-    pub(crate) client_certificates: Option<std::sync::RwLock<Arc<ClientCertificates>>>,
-    /// Enrolment and bearer tokens of agents, and the enrolled identities.
-    agent_tokens: Mutex<AgentTokens>,
-    /// The API tokens file (`--api-tokens-file`), re-read in the background.
-    pub(crate) api_tokens_file: Option<Arc<api_auth::TokensFile>>,
+    /// Tokens, the admin token and API tokens file, agents' tokens, the agent CA and the
+    /// trusted client certificate issuers (replaced by [`tls_reload`]).
+    pub(crate) auth: Arc<AuthBook>,
     /// Registers accounts in Clouddriver; `None` when no target is configured.
     pub(crate) registrar: Option<Arc<clouddriver::Registrar>>,
     /// Whether this replica is the one that registers ([`clouddriver::duty`]).
@@ -146,7 +139,7 @@ impl Hub {
 
     /// The proxy's tokens.
     pub(crate) fn tokens(&self) -> MutexGuard<'_, Tokens> {
-        self.tokens.lock().unwrap_or_else(|e| e.into_inner())
+        self.auth.tokens()
     }
 
     /// Dynamic accounts and the agents' reports on them.
@@ -157,14 +150,12 @@ impl Hub {
     /// The issuers trusted for client certificates now (`None` with
     /// `--insecure-plaintext`).
     pub(crate) fn client_certificates(&self) -> Option<Arc<ClientCertificates>> {
-        self.client_certificates
-            .as_ref()
-            .map(|lock| lock.read().unwrap_or_else(|e| e.into_inner()).clone())
+        self.auth.client_certificates()
     }
 
     /// Agent tokens and enrolled identities.
     pub(crate) fn agent_tokens(&self) -> MutexGuard<'_, AgentTokens> {
-        self.agent_tokens.lock().unwrap_or_else(|e| e.into_inner())
+        self.auth.agent_tokens()
     }
 
     /// Agents came or went: the ownership task looks at what to acquire or release.
@@ -574,8 +565,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
             Some(&proxy.client_ca_pem),
         )?),
         GrpcSecurity::InsecurePlaintext => None,
-    }
-    .map(|clients| std::sync::RwLock::new(Arc::new(clients)));
+    };
     tracing::info!(store = %store_location, accounts = loaded_accounts, objects = state.cache.object_count(), "store loaded");
 
     let grpc_listener = tokio::net::TcpListener::bind(config.grpc_addr)
@@ -656,12 +646,14 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         tunnels: tunnel::Tunnels::default(),
         discovery: proxy::discovery::DiscoveryCache::default(),
         cached_reads: proxy::cached::CachedReads::default(),
-        tokens: Mutex::new(tokens),
-        admin_token,
-        agent_ca,
-        client_certificates,
-        agent_tokens: Mutex::new(agent_tokens),
-        api_tokens_file,
+        auth: Arc::new(AuthBook::new(
+            tokens,
+            admin_token,
+            agent_ca,
+            client_certificates,
+            agent_tokens,
+            api_tokens_file,
+        )),
         registrar,
         registrar_duty,
         registered_accounts: Mutex::new(Vec::new()),
@@ -774,7 +766,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
     });
     tracing::info!(%http_addr, tls, "HTTP listening (REST API and Kubernetes API proxy)");
 
-    if let Some(file) = hub.api_tokens_file.clone() {
+    if let Some(file) = hub.auth.api_tokens_file().cloned() {
         tokio::spawn(file.watch(hub.shutdown.clone()));
     }
     let registrar_task = hub.registrar.clone().map(|registrar| {

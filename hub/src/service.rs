@@ -74,7 +74,7 @@ impl AgentHub for AgentHubService {
         {
             crate::shared::learn_agent_token(&self.hub, &token, false).await;
         }
-        let mut auth = authenticate(&self.hub, peer_certs.as_deref().map(Vec::as_slice), request.metadata())
+        let mut auth = authenticate(&self.hub.auth, peer_certs.as_deref().map(Vec::as_slice), request.metadata())
             .inspect_err(|status| {
                 tracing::warn!(%peer, code = ?status.code(), reason = status.message(), "agent stream refused");
             })?;
@@ -82,7 +82,7 @@ impl AgentHub for AgentHubService {
             && crate::shared::learn_enrolled(&self.hub, &auth.identity).await
         {
             auth = authenticate(
-                &self.hub,
+                &self.hub.auth,
                 peer_certs.as_deref().map(Vec::as_slice),
                 request.metadata(),
             )?;
@@ -138,7 +138,7 @@ impl AgentHub for AgentHubService {
         let result = match peer_certs.as_deref().filter(|chain| !chain.is_empty()) {
             Some(chain) if request.token.is_empty() => crate::agent_renewal::renew_by_certificate(
                 self.hub.client_certificates().as_deref(),
-                &self.hub.agent_ca,
+                self.hub.auth.agent_ca(),
                 self.hub.config.agent_cert_lifetime,
                 chain,
                 &request.csr_pem,
@@ -198,7 +198,8 @@ async fn enroll(hub: &Hub, request: pb::EnrollRequest) -> Result<pb::IssuedCerti
         .map_err(|r| r.to_status())?
         .clone();
     let issued = hub
-        .agent_ca
+        .auth
+        .agent_ca()
         .issue(
             &request.csr_pem,
             &record.identity,
@@ -240,7 +241,7 @@ async fn enroll(hub: &Hub, request: pb::EnrollRequest) -> Result<pb::IssuedCerti
 fn issued_certificate(hub: &Hub, issued: crate::agent_ca::Issued) -> pb::IssuedCertificate {
     pb::IssuedCertificate {
         certificate_chain_pem: issued.certificate_pem,
-        ca_pem: hub.agent_ca.cert_pem().to_string(),
+        ca_pem: hub.auth.agent_ca().cert_pem().to_string(),
         identity: issued.identity,
         not_after_unix: issued.not_after,
     }
@@ -261,7 +262,8 @@ fn renew(hub: &Hub, auth: &Authenticated, csr_pem: &str) -> pb::CertificateRenew
         };
     }
     match hub
-        .agent_ca
+        .auth
+        .agent_ca()
         .issue(csr_pem, &auth.identity, hub.config.agent_cert_lifetime)
     {
         Ok(issued) => {

@@ -187,16 +187,14 @@ impl Reloader {
     /// both in only when both built.
     fn apply_grpc(&self, material: &Material) -> Result<()> {
         let clients = Arc::new(ClientCertificates::new(
-            self.hub.agent_ca.cert_pem().as_bytes(),
+            self.hub.auth.agent_ca().cert_pem().as_bytes(),
             material.client_ca.as_deref(),
         )?);
         let config = match &material.grpc {
             Some((cert, key)) => Some(agent_auth::server_tls_config(cert, key, &clients)?),
             None => None,
         };
-        if let Some(lock) = &self.hub.client_certificates {
-            *lock.write().unwrap_or_else(|e| e.into_inner()) = clients;
-        }
+        self.hub.auth.set_client_certificates(clients);
         if let (Some(tx), Some(config)) = (&self.grpc, config) {
             tx.send_replace(config);
         }

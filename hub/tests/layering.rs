@@ -28,7 +28,13 @@ const LAYERS: &[(&str, u32)] = &[
 fn workspace() -> Value {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("cargo metadata runs");
@@ -113,7 +119,9 @@ fn nothing_outside_the_hub_reaches_past_its_facade() {
         for d in p["dependencies"].as_array().into_iter().flatten() {
             let dep = d["name"].as_str().unwrap_or_default();
             if dep.starts_with("scale-agent-hub-") {
-                wrong.push(format!("{name} depends on {dep}: use scale-agent-hub's re-export"));
+                wrong.push(format!(
+                    "{name} depends on {dep}: use scale-agent-hub's re-export"
+                ));
             }
         }
     }

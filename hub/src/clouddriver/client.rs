@@ -3,20 +3,13 @@
 //! optional CA file), each with a deadline. It reports status and error text; deciding what
 //! they mean is [`super::body::classify`]'s job.
 
-use std::{path::Path, sync::Arc, time::Duration};
+use std::{path::Path, time::Duration};
 
 use http::{HeaderValue, Request, Uri, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::{
-    client::legacy::{Client as HyperClient, connect::HttpConnector},
-    rt::TokioExecutor,
-};
-use rustls::{
-    ClientConfig, RootCertStore,
-    pki_types::{CertificateDer, pem::PemObject},
-};
+use rustls::ClientConfig;
+use scale_agent_hub_net::https::{ClientOptions, HttpsClient};
 
 use super::body::{Method, path_segment};
 
@@ -43,7 +36,7 @@ pub(crate) enum SendError {
 
 /// A client for one Clouddriver.
 pub(crate) struct Client {
-    http: HyperClient<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    http: HttpsClient<Full<Bytes>>,
     /// `api_url` without a trailing `/`.
     base: String,
     user: Option<HeaderValue>,
@@ -64,29 +57,9 @@ fn tls_config(ca_file: Option<&Path>) -> Result<ClientConfig, String> {
     )
 }
 
-/// A TLS client configuration trusting webpki's public roots and, when given, the
-/// certificates of a PEM bundle (named by its origin in errors).
-pub(crate) fn client_tls_config(extra: Option<(String, &[u8])>) -> Result<ClientConfig, String> {
-    let mut roots = RootCertStore::empty();
-    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-    if let Some((origin, pem)) = extra {
-        let mut added = 0;
-        for cert in CertificateDer::pem_slice_iter(pem) {
-            let cert = cert.map_err(|e| format!("{origin}: {e}"))?;
-            roots.add(cert).map_err(|e| format!("{origin}: {e}"))?;
-            added += 1;
-        }
-        if added == 0 {
-            return Err(format!("{origin}: no PEM certificate in it"));
-        }
-    }
-    // The provider is named, not taken from the process default, so that the choice never
-    // depends on which rustls features other crates switched on.
-    ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .map(|b| b.with_root_certificates(roots).with_no_client_auth())
-        .map_err(|e| e.to_string())
-}
+/// A TLS client configuration trusting webpki's public roots and a PEM bundle (in the net
+/// crate, beside the HTTPS client builder).
+pub(crate) use scale_agent_hub_net::https::client_tls_config;
 
 /// Checks `api_url`: http or https, with a host; returns it without a trailing `/`.
 pub(crate) fn parse_api_url(api_url: &str) -> Result<String, String> {
@@ -128,14 +101,8 @@ impl Client {
                     .map_err(|_| format!("--clouddriver-user {u:?} is not a valid header value"))
             })
             .transpose()?;
-        let connector = HttpsConnectorBuilder::new()
-            .with_tls_config(tls_config(ca_file)?)
-            .https_or_http()
-            .enable_http1()
-            .build();
-        let http = HyperClient::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build(connector);
+        let http =
+            scale_agent_hub_net::https::client(tls_config(ca_file)?, ClientOptions::default());
         Ok(Client {
             http,
             base,

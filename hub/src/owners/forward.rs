@@ -14,19 +14,15 @@ use axum::{
     middleware::Next,
     response::{IntoResponse, Response},
 };
-use hyper_rustls::{FixedServerNameResolver, HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::{
-    client::legacy::{Client as HyperClient, connect::HttpConnector},
-    rt::{TokioExecutor, TokioIo},
-};
+use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
+use scale_agent_hub_net::{https, status::Status};
 
 use super::OwnerInfo;
 use crate::{
     Hub,
     api_auth::{Caller, Role, Source},
     error::{HubError, Result},
-    proxy::status::Status,
 };
 
 /// The prefix of the routes other replicas forward to.
@@ -89,7 +85,7 @@ pub struct Forwarded {
 
 /// Sends requests to the replicas that own their accounts.
 pub(crate) struct Forwarder {
-    client: HyperClient<HttpsConnector<HttpConnector>, Body>,
+    client: https::HttpsClient<Body>,
     secret: ReplicaSecret,
 }
 
@@ -102,28 +98,25 @@ impl Forwarder {
         serving_ca_pem: Option<&[u8]>,
         server_name: Option<&str>,
     ) -> Result<Self> {
-        let tls = crate::clouddriver::client::client_tls_config(
-            serving_ca_pem.map(|pem| ("--serving-ca".to_string(), pem)),
-        )
-        .map_err(HubError::Config)?;
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
-        http.set_nodelay(true);
+        let tls =
+            https::client_tls_config(serving_ca_pem.map(|pem| ("--serving-ca".to_string(), pem)))
+                .map_err(HubError::Config)?;
+        let server_name = server_name
+            .map(|name| {
+                ServerName::try_from(name.to_string())
+                    .map_err(|e| HubError::Config(format!("--replica-server-name {name:?}: {e}")))
+            })
+            .transpose()?;
         // HTTP/1.1 only: upgraded connections (exec, port-forward) cross it as on the
         // client's side.
-        let mut builder = HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http();
-        if let Some(name) = server_name {
-            let name = ServerName::try_from(name.to_string())
-                .map_err(|e| HubError::Config(format!("--replica-server-name {name:?}: {e}")))?;
-            builder = builder.with_server_name_resolver(FixedServerNameResolver::new(name));
-        }
-        let connector = builder.enable_http1().wrap_connector(http);
-        let client = HyperClient::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build(connector);
+        let client = https::client(
+            tls,
+            https::ClientOptions {
+                connect_timeout: Some(CONNECT_TIMEOUT),
+                nodelay: true,
+                server_name,
+            },
+        );
         Ok(Forwarder { client, secret })
     }
 
@@ -158,7 +151,7 @@ impl Forwarder {
         let uri: http::Uri = uri
             .parse()
             .map_err(|e| unreachable(format!("not a URL: {e}")))?;
-        let upgrade = crate::proxy::headers::is_upgrade(request.headers())
+        let upgrade = scale_agent_hub_net::headers::is_upgrade(request.headers())
             .then(|| hyper::upgrade::on(&mut request));
         let (parts, body) = request.into_parts();
         let mut headers = forwarded_headers(&parts.headers, upgrade.is_some());

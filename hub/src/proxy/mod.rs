@@ -12,8 +12,7 @@
 
 pub mod cached;
 pub mod discovery;
-pub mod headers;
-pub mod status;
+pub use scale_agent_hub_net::{headers, status};
 
 use std::{
     sync::{

@@ -21,16 +21,16 @@ use rustls::{
         danger::{ClientCertVerified, ClientCertVerifier},
     },
 };
+use scale_agent_hub_model::{
+    error::{HubError, Result},
+    identity::{ANONYMOUS, identity_from_der},
+};
+use scale_agent_hub_net::serve;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::{TlsAcceptor, server::TlsStream};
 use tonic::{Status, metadata::MetadataMap};
 
-use crate::{
-    Hub,
-    agent_tokens::AgentTokenKind,
-    error::{HubError, Result},
-    identity::{ANONYMOUS, identity_from_der},
-};
+use crate::{agent_tokens::AgentTokenKind, book::AuthBook};
 
 /// Handshaken connections waiting for the gRPC server.
 const ACCEPTED_QUEUE: usize = 64;
@@ -196,7 +196,7 @@ pub fn server_tls_config(
         "the gRPC server key (--tls-key)",
     );
     let verifier = Arc::new(ChainCheckedLater(clients.any.clone()));
-    crate::serve::server_config(cert_pem, key_pem, names, Some(verifier), &[b"h2"])
+    serve::server_config(cert_pem, key_pem, names, Some(verifier), &[b"h2"])
 }
 
 /// Accepts TCP connections and completes their TLS handshakes concurrently; yields the
@@ -226,14 +226,12 @@ pub fn tls_incoming(
             let acceptor = TlsAcceptor::from(config.borrow().clone());
             let tx = tx.clone();
             tokio::spawn(async move {
-                match tokio::time::timeout(crate::serve::HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
-                    .await
-                {
+                match tokio::time::timeout(serve::HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                     Ok(Ok(tls)) => {
                         let _ = tx.send(Ok(tls)).await;
                     }
-                    Ok(Err(e)) => crate::serve::log_handshake_failure("gRPC", peer, &e),
-                    Err(_) => crate::serve::log_handshake_timeout("gRPC", peer),
+                    Ok(Err(e)) => serve::log_handshake_failure("gRPC", peer, &e),
+                    Err(_) => serve::log_handshake_timeout("gRPC", peer),
                 }
             });
         }
@@ -265,13 +263,13 @@ fn bearer(metadata: &MetadataMap) -> Option<&str> {
 /// Authenticates a stream from its client certificate chain (the TLS peer's, or one a
 /// trusted proxy forwarded) and its bearer token. When both are presented their identities
 /// must agree.
-pub(crate) fn authenticate(
-    hub: &Hub,
+pub fn authenticate(
+    book: &AuthBook,
     chain: Option<&[CertificateDer<'_>]>,
     metadata: &MetadataMap,
 ) -> Result<Authenticated, Status> {
     let chain = chain.filter(|c| !c.is_empty());
-    let clients = hub.client_certificates();
+    let clients = book.client_certificates();
     let from_certificate = match (chain, &clients) {
         (Some(chain), Some(clients)) => {
             Some(clients.verify(chain).map_err(Status::unauthenticated)?)
@@ -282,7 +280,7 @@ pub(crate) fn authenticate(
         None => None,
         Some(token) => {
             let now = jiff::Timestamp::now().as_second();
-            let record = hub
+            let record = book
                 .agent_tokens()
                 .check(token, AgentTokenKind::Bearer, now)
                 .map_err(|r| r.to_status())?
@@ -324,7 +322,7 @@ pub(crate) fn authenticate(
         account_patterns.push(token.accounts.clone());
     }
     if certificate == Some(CertificateOrigin::Hub)
-        && let Some(enrolled) = hub.agent_tokens().enrolled(&identity)
+        && let Some(enrolled) = book.agent_tokens().enrolled(&identity)
     {
         account_patterns.push(enrolled.accounts.clone());
     }

@@ -17,7 +17,7 @@ use crate::{
 
 /// Issues a certificate for the identity of the verified client certificate `chain` (leaf
 /// first) and the key of `csr_pem`. Every refusal says what to do instead.
-pub(crate) fn renew_by_certificate(
+pub fn renew_by_certificate(
     clients: Option<&ClientCertificates>,
     ca: &AgentCa,
     lifetime: Duration,
@@ -85,7 +85,7 @@ mod tests {
     }
 
     fn identity_of(pem: &str) -> String {
-        crate::identity::identity_from_der(der(pem).as_ref()).expect("identity")
+        scale_agent_hub_model::identity::identity_from_der(der(pem).as_ref()).expect("identity")
     }
 
     #[test]

@@ -16,10 +16,10 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
-use crate::error::{HubError, Result};
+use scale_agent_hub_model::error::{HubError, Result};
 
 /// How long a client has to finish its TLS handshake.
-pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long open connections may run on after shutdown begins.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -34,7 +34,7 @@ pub fn tls_config(cert_pem: &[u8], key_pem: &[u8]) -> Result<Arc<rustls::ServerC
 /// certificate chain and its key, `clients` to check client certificates (`None`: no
 /// client authentication), `alpn` the protocols offered. `names` (certificate, key) say
 /// which files an error is about.
-pub(crate) fn server_config(
+pub fn server_config(
     cert_pem: &[u8],
     key_pem: &[u8],
     (certificate, key_name): (&str, &str),
@@ -72,7 +72,7 @@ pub(crate) fn server_config(
 /// rustls' reason (an unknown CA, a bad or expired certificate, no shared protocol version),
 /// except a peer that closed the connection without a word (a TCP health check or port
 /// scan), which is `debug`. Both listeners log through here.
-pub(crate) fn log_handshake_failure(
+pub fn log_handshake_failure(
     listener: &'static str,
     peer: std::net::SocketAddr,
     error: &std::io::Error,
@@ -91,7 +91,7 @@ pub(crate) fn log_handshake_failure(
 }
 
 /// Logs a handshake that did not finish within [`HANDSHAKE_TIMEOUT`].
-pub(crate) fn log_handshake_timeout(listener: &'static str, peer: std::net::SocketAddr) {
+pub fn log_handshake_timeout(listener: &'static str, peer: std::net::SocketAddr) {
     let reason = format!("no handshake within {HANDSHAKE_TIMEOUT:?}");
     tracing::warn!(listener, %peer, %reason, "{listener} TLS handshake failed");
 }

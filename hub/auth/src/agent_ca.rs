@@ -13,9 +13,8 @@ use rcgen::{
     BasicConstraints, CertificateParams, CertificateSigningRequestParams, DnType,
     ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
+use scale_agent_hub_model::error::{HubError, Result};
 use x509_parser::pem::parse_x509_pem;
-
-use crate::error::{HubError, Result};
 
 /// File names of a CA made in the data directory.
 pub const CA_CERT_FILE: &str = "agent-ca.crt";
@@ -213,7 +212,7 @@ fn since_epoch(unix: i64) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::identity::identity_from_der;
+    use scale_agent_hub_model::identity::identity_from_der;
 
     #[test]
     fn issues_for_the_identity_it_chose_not_the_csr_names() {

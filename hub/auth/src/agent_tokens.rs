@@ -16,8 +16,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use base64::Engine as _;
 use ring::digest;
+use scale_agent_hub_model::{error::Result, store_op::StoreOp};
 
-use crate::{error::Result, store::StoreOp, tokens::random_bytes};
+use crate::tokens::random_bytes;
 
 /// Every agent token starts with this (secret scanners, logs).
 pub const AGENT_TOKEN_PREFIX: &str = "saa_";

@@ -21,11 +21,10 @@ use std::collections::{BTreeMap, HashMap};
 
 use base64::Engine as _;
 use ring::{digest, hmac, rand::SecureRandom as _};
-
-use crate::{
-    api_auth::Role,
+use scale_agent_hub_model::{
+    auth::Role,
     error::{HubError, Result},
-    store::StoreOp,
+    store_op::StoreOp,
 };
 
 /// Every token starts with this, so a leaked one is recognisable (secret scanners, logs).

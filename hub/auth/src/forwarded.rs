@@ -17,8 +17,7 @@ use rustls::{
     pki_types::{CertificateDer, UnixTime, pem::PemObject as _},
     server::{WebPkiClientVerifier, danger::ClientCertVerifier},
 };
-
-use crate::identity::{glob_match, identity_from_der};
+use scale_agent_hub_model::identity::{glob_match, identity_from_der};
 
 /// How the proxy encodes the client certificate in its header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

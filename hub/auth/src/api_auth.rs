@@ -1,0 +1,458 @@
+//! Authentication and roles of the hub's HTTP API (everything but `/healthz`, `/readyz`, the
+//! Kubernetes API proxy, and `/metrics` when `--metrics-unauthenticated` opens it).
+//!
+//! A caller presents `Authorization: Bearer <token>`. The token is one of:
+//! - the admin token (the admin token file, `<data-dir>/admin-token`): the built-in `admin`;
+//! - an entry of the tokens file (`--api-tokens-file`: a YAML or JSON list of
+//!   `{name, role, sha256}`, re-read when it changes);
+//! - a token the hub issued (`scale-agent-hub token create`), kept hashed in its store
+//!   ([`crate::tokens::Tokens`]).
+//!
+//! Roles are ordered: `reader` < `operator` < `admin`. [`authorize`] is the one check every
+//! handler (or the hub's per-route `api_auth::require` layer) calls; it answers 401 for a
+//! missing or unknown token and 403 for a role that is too small. The proxy's per-account
+//! tokens are a separate kind and open no API route, and API tokens open no proxy route.
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use axum::{
+    http::{HeaderMap, StatusCode, header},
+    response::{IntoResponse, Response},
+};
+use scale_agent_hub_model::{HubError, time::shutting_down};
+use serde::{Deserialize, Serialize};
+
+use crate::{book::AuthBook, tokens};
+
+pub use scale_agent_hub_model::auth::{Caller, Role, Source};
+
+/// How a caller gets a token, for 401 messages.
+const GET_A_TOKEN: &str = "ask the hub's administrator for one (`scale-agent-hub token create \
+     --name <who> --role <reader|operator|admin>`, or an entry of the hub's --api-tokens-file)";
+
+/// Why a request was refused: 401 or 403, with a message that says what to change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refused {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        let mut response = scale_agent_hub_net::http::error(self.status, self.message);
+        if self.status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer realm=\"scale-agent-hub\""),
+            );
+        }
+        response
+    }
+}
+
+/// The check itself, pure: `caller` is who the presented token (if any) belongs to.
+pub fn check(
+    presented: bool,
+    caller: Option<Caller>,
+    needed: Role,
+    what: &str,
+) -> Result<Caller, Refused> {
+    let caller = match (presented, caller) {
+        (_, Some(caller)) => caller,
+        (false, None) => {
+            return Err(Refused {
+                status: StatusCode::UNAUTHORIZED,
+                message: format!(
+                    "{what} needs `Authorization: Bearer <token>` with role {needed} or more: \
+                     {GET_A_TOKEN}"
+                ),
+            });
+        }
+        (true, None) => {
+            return Err(Refused {
+                status: StatusCode::UNAUTHORIZED,
+                message: format!(
+                    "the bearer token is not an API token of this hub (unknown, revoked, or a \
+                     proxy token, which opens only /clusters/<account>/...); {what} needs role \
+                     {needed} or more: {GET_A_TOKEN}"
+                ),
+            });
+        }
+    };
+    if caller.role < needed {
+        return Err(Refused {
+            status: StatusCode::FORBIDDEN,
+            message: format!(
+                "{what} needs role {needed}; token {:?} has role {}: use a token with role \
+                 {needed} or more",
+                caller.name, caller.role
+            ),
+        });
+    }
+    Ok(caller)
+}
+
+/// Who the bearer token in `headers` belongs to, if it is an API token; `presented` tells
+/// whether there was a bearer token at all.
+fn identify(book: &AuthBook, headers: &HeaderMap) -> (bool, Option<Caller>) {
+    let Some(token) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(tokens::bearer)
+    else {
+        return (false, None);
+    };
+    if book.admin_token().is_some_and(|a| a.matches(token)) {
+        return (
+            true,
+            Some(Caller {
+                name: "admin".into(),
+                role: Role::Admin,
+                source: Source::AdminTokenFile,
+            }),
+        );
+    }
+    if let Some(entry) = book.api_tokens_file().and_then(|f| f.verify(token)) {
+        return (
+            true,
+            Some(Caller {
+                name: entry.name,
+                role: entry.role,
+                source: Source::TokensFile,
+            }),
+        );
+    }
+    let issued = book.tokens().verify_api(token).and_then(|r| {
+        r.role.map(|role| Caller {
+            name: r.name.clone(),
+            role,
+            source: Source::Hub,
+        })
+    });
+    (true, issued)
+}
+
+/// The guard every API handler calls: the caller, if its token has at least `needed`.
+/// `what` names the request in messages (`GET /api/v1/agents`).
+pub fn authorize(
+    book: &AuthBook,
+    headers: &HeaderMap,
+    needed: Role,
+    what: &str,
+) -> Result<Caller, Refused> {
+    let (presented, caller) = identify(book, headers);
+    check(presented, caller, needed, what).inspect_err(|refused| {
+        tracing::debug!(status = refused.status.as_u16(), %what, "API request refused");
+    })
+}
+
+/// One entry of the tokens file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileToken {
+    pub name: String,
+    pub role: Role,
+    /// SHA-256 of the token, lowercase or uppercase hex (`scale-agent-hub token hash`).
+    pub sha256: String,
+}
+
+/// Parses the tokens file (YAML, of which JSON is a subset): a list of [`FileToken`]s, indexed
+/// by hash. The error says where the file is wrong (line, when the parser knows it).
+pub fn parse_tokens_file(text: &str) -> Result<HashMap<[u8; 32], FileToken>, String> {
+    let entries: Vec<FileToken> = if text.trim().is_empty() {
+        Vec::new()
+    } else {
+        serde_saphyr::from_str(text).map_err(|e| match e.location() {
+            Some(at) => format!("line {}: {e}", at.line()),
+            None => e.to_string(),
+        })?
+    };
+    let mut by_hash = HashMap::new();
+    let mut names = std::collections::HashSet::new();
+    for (i, entry) in entries.into_iter().enumerate() {
+        let n = i + 1;
+        if entry.name.trim().is_empty() {
+            return Err(format!("entry {n}: the name is empty"));
+        }
+        if !names.insert(entry.name.clone()) {
+            return Err(format!(
+                "entry {n}: the name {:?} is used twice; names must be unique",
+                entry.name
+            ));
+        }
+        let hash = tokens::parse_sha256(&entry.sha256).ok_or_else(|| {
+            format!(
+                "entry {n} ({:?}): sha256 must be 64 hex digits (the SHA-256 of the token, from \
+                 `scale-agent-hub token hash`), never the token itself",
+                entry.name
+            )
+        })?;
+        by_hash.insert(hash, entry);
+    }
+    Ok(by_hash)
+}
+
+/// The tokens file, re-read when its content changes; a broken file keeps the previous good
+/// set (and logs why).
+#[derive(Debug)]
+pub struct TokensFile {
+    path: PathBuf,
+    state: Mutex<FileState>,
+}
+
+#[derive(Debug, Default)]
+struct FileState {
+    /// The content last read, to notice changes.
+    content: Option<Vec<u8>>,
+    by_hash: HashMap<[u8; 32], FileToken>,
+}
+
+/// How often the tokens file is checked for changes.
+pub const TOKENS_FILE_POLL: Duration = Duration::from_secs(1);
+
+impl TokensFile {
+    /// The file at `path`, read once now: a broken file is an error at start; a missing one
+    /// holds no tokens until it appears (a Kubernetes Secret mounted as optional).
+    pub fn open(path: &Path) -> scale_agent_hub_model::Result<Self> {
+        let file = TokensFile {
+            path: path.to_path_buf(),
+            state: Mutex::new(FileState::default()),
+        };
+        match std::fs::read(path) {
+            Ok(content) => {
+                let parsed = std::str::from_utf8(&content)
+                    .map_err(|e| e.to_string())
+                    .and_then(parse_tokens_file)
+                    .map_err(|e| {
+                        HubError::Config(format!("the API tokens file {}: {e}", path.display()))
+                    })?;
+                tracing::info!(path = %path.display(), tokens = parsed.len(), "API tokens file loaded");
+                *file.lock() = FileState {
+                    content: Some(content),
+                    by_hash: parsed,
+                };
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                tracing::warn!(path = %path.display(), "the API tokens file does not exist (yet); it holds no tokens until it appears");
+            }
+            Err(source) => {
+                return Err(HubError::ReadFile {
+                    path: path.to_path_buf(),
+                    source,
+                });
+            }
+        }
+        Ok(file)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, FileState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The entry whose hash is the presented token's.
+    pub fn verify(&self, token: &str) -> Option<FileToken> {
+        self.lock().by_hash.get(&tokens::sha256(token)).cloned()
+    }
+
+    /// Every entry, ordered by name.
+    pub fn list(&self) -> Vec<FileToken> {
+        let mut all: Vec<FileToken> = self.lock().by_hash.values().cloned().collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all
+    }
+
+    /// Reads the file again; takes the new set when it changed and parses, keeps the old one
+    /// (logging why) when it does not parse. A file that disappeared keeps the old set too:
+    /// a Secret volume briefly empties while Kubernetes swaps its content.
+    pub fn reload(&self) {
+        let content = match std::fs::read(&self.path) {
+            Ok(content) => content,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+            Err(error) => {
+                tracing::error!(path = %self.path.display(), %error, "cannot read the API tokens file; keeping the tokens read before");
+                return;
+            }
+        };
+        if self.lock().content.as_deref() == Some(content.as_slice()) {
+            return;
+        }
+        let parsed = std::str::from_utf8(&content)
+            .map_err(|e| e.to_string())
+            .and_then(parse_tokens_file);
+        let mut state = self.lock();
+        match parsed {
+            Ok(by_hash) => {
+                tracing::info!(path = %self.path.display(), tokens = by_hash.len(), "API tokens file reloaded");
+                *state = FileState {
+                    content: Some(content),
+                    by_hash,
+                };
+            }
+            Err(error) => {
+                tracing::error!(path = %self.path.display(), %error, "the API tokens file is broken; keeping the tokens read before");
+                // Remember the broken content, so it is reported once, not every poll.
+                state.content = Some(content);
+            }
+        }
+    }
+
+    /// Re-reads the file every [`TOKENS_FILE_POLL`] until shutdown.
+    pub async fn watch(self: Arc<Self>, shutdown: tokio::sync::watch::Receiver<bool>) {
+        let mut interval = tokio::time::interval(TOKENS_FILE_POLL);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let stop = shutting_down(shutdown);
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                () = &mut stop => return,
+                _ = interval.tick() => {
+                    let file = self.clone();
+                    // Blocking file I/O off the runtime's workers.
+                    let _ = tokio::task::spawn_blocking(move || file.reload()).await;
+                }
+            }
+        }
+    }
+}
+
+/// A tokens-file entry (one YAML list item) for `name` with `role` whose secret is `token`.
+pub fn file_entry(name: &str, role: Role, token: &str) -> String {
+    let name = serde_json::to_string(name).unwrap_or_default();
+    format!(
+        "- {{name: {name}, role: {role}, sha256: {}}}\n",
+        tokens::sha256_hex(token)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caller(role: Role) -> Caller {
+        Caller {
+            name: "ci".into(),
+            role,
+            source: Source::TokensFile,
+        }
+    }
+
+    #[test]
+    fn roles_are_ordered_and_refusals_say_what_to_change() {
+        assert!(Role::Reader < Role::Operator && Role::Operator < Role::Admin);
+        let none = check(false, None, Role::Reader, "GET /api/v1/agents").unwrap_err();
+        assert_eq!(none.status, StatusCode::UNAUTHORIZED);
+        assert!(
+            none.message.contains("Authorization: Bearer"),
+            "{}",
+            none.message
+        );
+        assert!(
+            none.message.contains("scale-agent-hub token create"),
+            "{}",
+            none.message
+        );
+        let unknown = check(true, None, Role::Reader, "GET /api/v1/agents").unwrap_err();
+        assert_eq!(unknown.status, StatusCode::UNAUTHORIZED);
+        assert!(
+            unknown.message.contains("not an API token"),
+            "{}",
+            unknown.message
+        );
+        let small = check(
+            true,
+            Some(caller(Role::Reader)),
+            Role::Operator,
+            "POST /api/v1/accounts/prod/operations",
+        )
+        .unwrap_err();
+        assert_eq!(small.status, StatusCode::FORBIDDEN);
+        assert!(
+            small.message.contains("needs role operator")
+                && small.message.contains("\"ci\" has role reader"),
+            "{}",
+            small.message
+        );
+        assert_eq!(
+            check(true, Some(caller(Role::Admin)), Role::Operator, "x").map(|c| c.role),
+            Ok(Role::Admin)
+        );
+        assert_eq!(caller(Role::Admin).kind(), "api");
+    }
+
+    #[test]
+    fn tokens_files_parse_as_yaml_or_json_and_name_the_bad_line() {
+        let hash = tokens::sha256_hex("sat_secret");
+        let yaml = format!(
+            "# CI and dashboards\n- name: ci\n  role: operator\n  sha256: {hash}\n- {{name: grafana, role: reader, sha256: {}}}\n",
+            tokens::sha256_hex("other")
+        );
+        let parsed = parse_tokens_file(&yaml).unwrap();
+        assert_eq!(parsed.len(), 2);
+        let ci = &parsed[&tokens::sha256("sat_secret")];
+        assert_eq!((ci.name.as_str(), ci.role), ("ci", Role::Operator));
+        let json = format!(r#"[{{"name": "ci", "role": "admin", "sha256": "{hash}"}}]"#);
+        assert_eq!(parse_tokens_file(&json).unwrap().len(), 1);
+        assert!(parse_tokens_file("").unwrap().is_empty());
+
+        let bad_role = format!(
+            "- name: ci\n  role: operator\n  sha256: {hash}\n- name: x\n  role: root\n  sha256: {hash}\n"
+        );
+        let error = parse_tokens_file(&bad_role).unwrap_err();
+        assert!(error.contains("line 5"), "{error}");
+        let clear = "- name: ci\n  role: reader\n  sha256: sat_the-token-itself\n";
+        let error = parse_tokens_file(clear).unwrap_err();
+        assert!(error.contains("64 hex digits"), "{error}");
+        let twice = format!(
+            "- {{name: a, role: reader, sha256: {hash}}}\n- {{name: a, role: reader, sha256: {hash}}}\n"
+        );
+        assert!(
+            parse_tokens_file(&twice)
+                .unwrap_err()
+                .contains("used twice")
+        );
+
+        let entry = file_entry("ci", Role::Operator, "sat_secret");
+        let parsed = parse_tokens_file(&entry).unwrap();
+        assert_eq!(parsed[&tokens::sha256("sat_secret")].name, "ci");
+    }
+
+    #[test]
+    fn a_broken_tokens_file_keeps_the_previous_set() {
+        let dir = std::env::temp_dir().join(format!("hub-api-tokens-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tokens.yaml");
+        std::fs::write(&path, file_entry("ci", Role::Reader, "sat_one")).unwrap();
+        let file = TokensFile::open(&path).unwrap();
+        assert_eq!(file.verify("sat_one").map(|e| e.role), Some(Role::Reader));
+        std::fs::write(&path, "- name: [broken\n").unwrap();
+        file.reload();
+        assert!(file.verify("sat_one").is_some(), "kept the good set");
+        std::fs::write(&path, file_entry("ci", Role::Admin, "sat_two")).unwrap();
+        file.reload();
+        assert!(file.verify("sat_one").is_none());
+        assert_eq!(file.verify("sat_two").map(|e| e.role), Some(Role::Admin));
+        std::fs::remove_file(&path).unwrap();
+        file.reload();
+        assert!(
+            file.verify("sat_two").is_some(),
+            "a vanished file keeps the set"
+        );
+        assert!(
+            TokensFile::open(&dir.join("missing.yaml"))
+                .unwrap()
+                .list()
+                .is_empty()
+        );
+        std::fs::write(&path, "- name: [broken\n").unwrap();
+        assert!(
+            TokensFile::open(&path).is_err(),
+            "broken at start is an error"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,94 @@
+//! [`AuthBook`]: the hub's credentials in one handle. The tokens it issued (the proxy's and
+//! the API's), the admin token, the API tokens file, agents' tokens and enrolled identities,
+//! the CA that issues agents' certificates, and the issuers trusted for client certificates.
+//! Whatever authenticates a caller or an agent, or issues a credential, takes this handle
+//! rather than the whole hub.
+
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use crate::{
+    agent_auth::ClientCertificates,
+    agent_ca::AgentCa,
+    agent_tokens::AgentTokens,
+    api_auth::TokensFile,
+    tokens::{AdminToken, Tokens},
+};
+
+/// The hub's credentials (locks poisoned by a panic are taken over: each critical section
+/// keeps its book consistent and never panics by design).
+pub struct AuthBook {
+    /// The tokens the hub issued: the proxy's per-account tokens and API tokens.
+    tokens: Mutex<Tokens>,
+    /// The admin token (the admin token file); `None` without one.
+    admin_token: Option<AdminToken>,
+    /// The CA that issues agents' certificates (enrolment, renewal).
+    agent_ca: AgentCa,
+    /// The issuers trusted for client certificates; `None` with `--insecure-plaintext`.
+    /// Replaced when `--client-ca` changes on disk.
+    client_certificates: Option<RwLock<Arc<ClientCertificates>>>,
+    /// Enrolment and bearer tokens of agents, and the enrolled identities.
+    agent_tokens: Mutex<AgentTokens>,
+    /// The API tokens file (`--api-tokens-file`), re-read in the background.
+    api_tokens_file: Option<Arc<TokensFile>>,
+}
+
+impl AuthBook {
+    pub fn new(
+        tokens: Tokens,
+        admin_token: Option<AdminToken>,
+        agent_ca: AgentCa,
+        client_certificates: Option<ClientCertificates>,
+        agent_tokens: AgentTokens,
+        api_tokens_file: Option<Arc<TokensFile>>,
+    ) -> Self {
+        AuthBook {
+            tokens: Mutex::new(tokens),
+            admin_token,
+            agent_ca,
+            client_certificates: client_certificates.map(|c| RwLock::new(Arc::new(c))),
+            agent_tokens: Mutex::new(agent_tokens),
+            api_tokens_file,
+        }
+    }
+
+    /// The tokens the hub issued (the proxy's and the API's).
+    pub fn tokens(&self) -> MutexGuard<'_, Tokens> {
+        self.tokens.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Agent tokens and enrolled identities.
+    pub fn agent_tokens(&self) -> MutexGuard<'_, AgentTokens> {
+        self.agent_tokens.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The issuers trusted for client certificates now (`None` with
+    /// `--insecure-plaintext`).
+    pub fn client_certificates(&self) -> Option<Arc<ClientCertificates>> {
+        self.client_certificates
+            .as_ref()
+            .map(|lock| lock.read().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+
+    /// Trusts `clients` from now on (a changed `--client-ca`); nothing with
+    /// `--insecure-plaintext`, which checks no client certificate.
+    pub fn set_client_certificates(&self, clients: Arc<ClientCertificates>) {
+        if let Some(lock) = &self.client_certificates {
+            *lock.write().unwrap_or_else(|e| e.into_inner()) = clients;
+        }
+    }
+
+    /// The admin token, when the hub has an admin token file.
+    pub fn admin_token(&self) -> Option<&AdminToken> {
+        self.admin_token.as_ref()
+    }
+
+    /// The CA that issues agents' certificates.
+    pub fn agent_ca(&self) -> &AgentCa {
+        &self.agent_ca
+    }
+
+    /// The API tokens file (`--api-tokens-file`), if any.
+    pub fn api_tokens_file(&self) -> Option<&Arc<TokensFile>> {
+        self.api_tokens_file.as_ref()
+    }
+}

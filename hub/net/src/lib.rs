@@ -1,0 +1,16 @@
+//! `scale-agent-hub-net`: the hub's network edge, with no knowledge of what is served. The
+//! listeners' TLS options and configurations ([`tls`], [`serve`]), the HTTP server loop and
+//! its handshake logging ([`serve`]), the answers the hub's routers share (the REST API's
+//! JSON error in [`http`], Kubernetes `Status` errors in [`status`]), which headers cross
+//! the Kubernetes API proxy's tunnel ([`headers`]), and the HTTPS clients' set-up
+//! ([`https`]).
+//!
+//! Layer L1: it depends on `scale-agent-hub-model` (and the protocol crate) only; every crate
+//! above that serves or calls HTTP may depend on it.
+
+pub mod headers;
+pub mod http;
+pub mod https;
+pub mod serve;
+pub mod status;
+pub mod tls;
