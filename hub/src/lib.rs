@@ -99,9 +99,9 @@ pub(crate) struct Hub {
     /// Open exchanges of the Kubernetes API proxy.
     pub(crate) tunnels: tunnel::Tunnels,
     /// The proxy's per-account discovery and OpenAPI documents.
-    pub(crate) discovery: proxy::discovery::DiscoveryCache,
+    pub(crate) discovery: Arc<proxy::discovery::DiscoveryCache>,
     /// The proxy's reads from the cache: continue-token snapshots, writes awaited.
-    pub(crate) cached_reads: proxy::cached::CachedReads,
+    pub(crate) cached_reads: Arc<proxy::cached::CachedReads>,
     /// Tokens, the admin token and API tokens file, agents' tokens, the agent CA and the
     /// trusted client certificate issuers (replaced by [`tls_reload`]).
     pub(crate) auth: Arc<AuthBook>,
@@ -216,7 +216,7 @@ impl Hub {
         };
         self.observe_states();
         for name in &expired {
-            self.discovery.forget(name);
+            self.live.account_forgotten(name);
             tracing::info!(account = %name, grace_period = ?self.config.grace_period, "account removed: no agent within the grace period");
         }
         if self.commits.health().failure.is_none() {
@@ -627,6 +627,8 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         max_records_bytes: config.max_operation_records_bytes,
     });
     operations::persist::restore(&operations, operation_records, config.operation_retention);
+    let discovery = Arc::new(proxy::discovery::DiscoveryCache::default());
+    let cached_reads = Arc::new(proxy::cached::CachedReads::default());
     let hub = Arc::new(Hub {
         limits: Limits {
             max_object_bytes: config.max_object_bytes,
@@ -644,8 +646,8 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         commits: commits::Commits::new(config.data_dir.clone()),
         metrics,
         tunnels: tunnel::Tunnels::default(),
-        discovery: proxy::discovery::DiscoveryCache::default(),
-        cached_reads: proxy::cached::CachedReads::default(),
+        discovery: discovery.clone(),
+        cached_reads: cached_reads.clone(),
         auth: Arc::new(AuthBook::new(
             tokens,
             admin_token,
@@ -668,6 +670,11 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         store_path,
         config,
     });
+    hub.live
+        .set_cache_events(Arc::new(proxy::events::ProxyCaches {
+            discovery,
+            cached_reads,
+        }));
     // The registrar's first pass must see the accounts loaded from the store: with no
     // accounts it would remove every account registered before this start from Clouddriver,
     // and register them again a moment later.

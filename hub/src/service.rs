@@ -672,7 +672,7 @@ async fn process_batch(
     };
     acks.batch(session.last_seq(), queued);
     // Reads waiting for the cache to reach a resourceVersion look again.
-    hub.cached_reads.cache_advanced();
+    hub.live.cache_advanced();
     hub.metrics.resumes.inc_by(fx.resumes);
     hub.metrics.relists.inc_by(fx.relists);
     if fx.stale > 0 {

@@ -3,6 +3,8 @@
 //! ("Architecture"), so a crate cannot quietly grow a dependency on a part it should not know.
 //! It reads the workspace with `cargo metadata` (offline, no dependencies resolved).
 
+#![allow(clippy::expect_used)]
+
 use std::{collections::BTreeMap, process::Command};
 
 use serde_json::Value;

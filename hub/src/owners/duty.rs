@@ -93,8 +93,8 @@ async fn acquire(hub: &Hub, source: &dyn AccountSource, account: &str) {
         hub.commits.enqueue(ops);
         promotion
     };
-    hub.discovery.forget(account);
-    hub.cached_reads.cache_advanced();
+    hub.live.account_forgotten(account);
+    hub.live.cache_advanced();
     tracing::info!(
         epoch,
         promoted = promotion.is_some(),

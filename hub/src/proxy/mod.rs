@@ -12,6 +12,7 @@
 
 pub mod cached;
 pub mod discovery;
+pub mod events;
 pub use scale_agent_hub_net::{headers, status};
 
 use std::{

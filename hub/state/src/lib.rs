@@ -6,7 +6,8 @@
 //!
 //! Layer L2: depends only on the model and cache crates, and on no crate of the hub above
 //! it. What it needs from above is passed in: the ownership task's wake-up is a `Notify`
-//! [`Live`] owns, and whether one replica owns everything is a flag given at start-up.
+//! [`Live`] owns, whether one replica owns everything is a flag given at start-up, and the
+//! proxy's caches hear of changes through the [`CacheEvents`] they implement.
 
 pub mod dynamic_accounts;
 mod live;
@@ -15,5 +16,5 @@ pub mod registry;
 pub mod session;
 pub mod tunnel;
 
-pub use live::{Control, Live, SessionHandle, account_state_message};
+pub use live::{CacheEvents, Control, Live, SessionHandle, account_state_message};
 pub use metrics::StreamMetrics;

@@ -71,6 +71,27 @@ pub fn account_state_message(account: &str, record: &registry::StateRecord) -> p
     }
 }
 
+/// What the caches built on the live state (the Kubernetes API proxy's discovery documents
+/// and its reads from the cache, in a crate above this one) hear of it. The hub gives
+/// [`Live`] one at start-up; the stream loop and the ownership task tell it through `Live`
+/// instead of reaching into the proxy.
+pub trait CacheEvents: Send + Sync {
+    /// The cache moved (a batch applied, an account taken over): reads waiting for a
+    /// resourceVersion look again.
+    fn cache_advanced(&self);
+    /// The account left this replica (grace period over, or another replica owns it now):
+    /// what was cached of its discovery goes.
+    fn account_forgotten(&self, account: &str);
+}
+
+/// No cache listens (tests of the state alone).
+struct NoCacheEvents;
+
+impl CacheEvents for NoCacheEvents {
+    fn cache_advanced(&self) {}
+    fn account_forgotten(&self, _account: &str) {}
+}
+
 /// The live state of the agents' streams, shared by the gRPC service, the HTTP API, the
 /// proxy, the operations and the background tasks.
 pub struct Live {
@@ -88,6 +109,8 @@ pub struct Live {
     owns_everything: bool,
     /// Wakes the ownership task (the hub's `owners::duty`) when agents come or go.
     owners_wake: Notify,
+    /// The caches above that hear of changes ([`Live::set_cache_events`]).
+    cache_events: std::sync::RwLock<std::sync::Arc<dyn CacheEvents>>,
 }
 
 impl Live {
@@ -108,7 +131,32 @@ impl Live {
             replicas: Notify::new(),
             owns_everything,
             owners_wake: Notify::new(),
+            cache_events: std::sync::RwLock::new(std::sync::Arc::new(NoCacheEvents)),
         }
+    }
+
+    /// Who hears of cache changes from now on (the hub sets the proxy's caches once, at
+    /// start-up).
+    pub fn set_cache_events(&self, events: std::sync::Arc<dyn CacheEvents>) {
+        *self.cache_events.write().unwrap_or_else(|e| e.into_inner()) = events;
+    }
+
+    fn cache_events(&self) -> std::sync::Arc<dyn CacheEvents> {
+        self.cache_events
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The cache moved: tells the caches above ([`CacheEvents::cache_advanced`]).
+    pub fn cache_advanced(&self) {
+        self.cache_events().cache_advanced();
+    }
+
+    /// The account left this replica: tells the caches above
+    /// ([`CacheEvents::account_forgotten`]).
+    pub fn account_forgotten(&self, account: &str) {
+        self.cache_events().account_forgotten(account);
     }
 
     /// The registry and cache (a poisoned lock is taken over: the state is kept consistent
