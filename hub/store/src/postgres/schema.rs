@@ -1,0 +1,123 @@
+//! The PostgreSQL schema: every version the hub knows, and the migration run at start-up
+//! (by the store and by account ownership, which share the database).
+
+use tokio_postgres::Client;
+
+use scale_agent_hub_model::{HubError, Result};
+
+use super::pg;
+
+/// One schema version: applied in one transaction, recorded in `schema_migrations`.
+struct Migration {
+    version: i64,
+    name: &'static str,
+    sql: &'static str,
+}
+
+/// Every schema version the hub knows, oldest first. Append, never edit: a database that
+/// ran a version does not run it again.
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "the embedded store's tables, account ownership",
+        sql: "
+        CREATE TABLE accounts (account text PRIMARY KEY, record bytea NOT NULL);
+        CREATE TABLE kinds (
+            account text NOT NULL, kind text NOT NULL, info bytea NOT NULL,
+            PRIMARY KEY (account, kind));
+        CREATE TABLE objects (
+            account text NOT NULL, kind text NOT NULL, uid text NOT NULL, object bytea NOT NULL,
+            PRIMARY KEY (account, kind, uid));
+        CREATE TABLE resume_points (
+            account text NOT NULL, kind text NOT NULL, watch_namespace text NOT NULL,
+            resource_version text NOT NULL,
+            PRIMARY KEY (account, kind, watch_namespace));
+        CREATE TABLE tokens (id text PRIMARY KEY, record bytea NOT NULL);
+        CREATE TABLE meta (key text PRIMARY KEY, value text NOT NULL);
+        CREATE TABLE clouddriver_accounts (account text PRIMARY KEY, body_hash text NOT NULL);
+        CREATE TABLE agent_tokens (id text PRIMARY KEY, record bytea NOT NULL);
+        CREATE TABLE agent_identities (identity text PRIMARY KEY, record bytea NOT NULL);
+        CREATE TABLE account_bindings (account text PRIMARY KEY, binding bytea NOT NULL);
+        CREATE TABLE dynamic_accounts (account text PRIMARY KEY, record bytea NOT NULL);
+        CREATE TABLE operation_records (
+            account text NOT NULL, id text NOT NULL, record bytea NOT NULL,
+            PRIMARY KEY (account, id));
+        CREATE TABLE account_owners (
+            account text PRIMARY KEY, replica text NOT NULL, address text NOT NULL,
+            epoch bigint NOT NULL, since timestamptz NOT NULL);
+        CREATE TABLE ownership_history (
+            account text NOT NULL, replica text NOT NULL, epoch bigint NOT NULL,
+            acquired_at timestamptz NOT NULL, released_at timestamptz NULL);
+        CREATE INDEX ownership_history_account ON ownership_history (account, epoch);
+    ",
+    },
+    Migration {
+        version: 2,
+        name: "the replicas sharing the store, with the last time each said it was alive",
+        sql: "
+        CREATE TABLE hub_replicas (
+            replica text PRIMARY KEY, address text NOT NULL, seen_at timestamptz NOT NULL);
+    ",
+    },
+];
+
+/// The advisory lock that serializes migrations of replicas starting together ("scale-agent
+/// schema" in ASCII).
+const MIGRATION_LOCK: i64 = 0x7363_616c_6573_6368;
+
+/// Runs the migrations the database lacks, each in its own transaction under an advisory
+/// lock (replicas starting together migrate once); returns the versions applied. The one
+/// definition of the schema: account ownership (the hub's `owners::postgres`) runs it too.
+pub async fn migrate(client: &mut Client) -> Result<Vec<i64>> {
+    let known = MIGRATIONS.last().map_or(0, |m| m.version);
+    let mut applied = Vec::new();
+    for migration in MIGRATIONS {
+        let txn = client.transaction().await.map_err(pg("migrate"))?;
+        txn.batch_execute(&format!(
+            "SELECT pg_advisory_xact_lock({MIGRATION_LOCK});
+             CREATE TABLE IF NOT EXISTS schema_migrations (
+                 version bigint PRIMARY KEY, name text NOT NULL,
+                 applied_at timestamptz NOT NULL DEFAULT now());"
+        ))
+        .await
+        .map_err(pg("migrate"))?;
+        let current: i64 = txn
+            .query_one(
+                "SELECT coalesce(max(version), 0) FROM schema_migrations",
+                &[],
+            )
+            .await
+            .map_err(pg("migrate"))?
+            .get(0);
+        if current > known {
+            return Err(HubError::SchemaTooNew { current, known });
+        }
+        if current >= migration.version {
+            continue;
+        }
+        txn.batch_execute(migration.sql)
+            .await
+            .map_err(pg("migrate"))?;
+        txn.execute(
+            "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
+            &[&migration.version, &migration.name],
+        )
+        .await
+        .map_err(pg("migrate"))?;
+        txn.commit().await.map_err(pg("migrate"))?;
+        applied.push(migration.version);
+    }
+    Ok(applied)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrations_are_numbered_in_order() {
+        for (i, m) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(m.version, i as i64 + 1, "{}", m.name);
+        }
+    }
+}
