@@ -2,8 +2,9 @@
 
 #[test]
 fn json_objects_are_accepted_without_being_built_and_other_json_is_not() {
-    let object =
-        |text: &str| serde_json::from_slice::<super::AnyJsonObject>(text.as_bytes()).is_ok();
+    let object = |text: &str| {
+        serde_json::from_slice::<super::snapshot::AnyJsonObject>(text.as_bytes()).is_ok()
+    };
     assert!(object(
         r#"{"metadata":{"name":"a","labels":{"x":"y"}},"data":[1,2,{"z":null}]}"#
     ));
@@ -19,6 +20,8 @@ fn json_objects_are_accepted_without_being_built_and_other_json_is_not() {
         assert!(!object(not_an_object), "{not_an_object}");
     }
 }
+
+use scale_agent_proto::v1::object_event::Type as PbType;
 
 use super::*;
 
