@@ -13,9 +13,14 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
+use scale_agent_hub_model::time::rfc3339;
 use serde_json::{Value, json};
 
-use crate::{Hub, error::Result};
+use crate::{
+    Hub,
+    error::Result,
+    http::views::{local_accounts, local_agents, stored_view},
+};
 
 /// How long a replica may take to answer.
 pub const ASK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -50,7 +55,7 @@ fn with_replica(mut value: Value, replica: &str) -> Value {
 /// Every replica's agent streams, each with `hubReplica` (the replica it is connected to);
 /// a replica that cannot be asked is one entry `{"hubReplica", "unreachable"}`.
 pub(crate) async fn agents(hub: &Hub) -> Vec<Value> {
-    let mut list: Vec<Value> = crate::http::local_agents(hub)
+    let mut list: Vec<Value> = local_agents(&hub.live)
         .into_iter()
         .filter_map(|a| serde_json::to_value(a).ok())
         .map(|a| with_replica(a, &hub.replica.id))
@@ -100,7 +105,7 @@ pub(crate) async fn accounts(hub: &Hub) -> Result<Vec<Value>> {
             .filter_map(|v| Some((v.get("name")?.as_str()?.to_string(), v)))
             .collect()
     };
-    let local: Vec<Value> = crate::http::local_accounts(hub)
+    let local: Vec<Value> = local_accounts(&hub.live)
         .into_iter()
         .filter_map(|a| serde_json::to_value(a).ok())
         .collect();
@@ -159,7 +164,7 @@ pub(crate) async fn accounts(hub: &Hub) -> Result<Vec<Value>> {
             .or_else(|| {
                 stored
                     .get(&name)
-                    .and_then(|r| serde_json::to_value(crate::http::stored_view(&name, r)).ok())
+                    .and_then(|r| serde_json::to_value(stored_view(&name, r)).ok())
             })
             .or_else(|| views.values().flatten().find_map(|v| v.get(&name).cloned()));
         let Some(mut view) = view else {
@@ -172,7 +177,7 @@ pub(crate) async fn accounts(hub: &Hub) -> Result<Vec<Value>> {
                     json!({
                         "replica": o.replica,
                         "epoch": o.epoch,
-                        "since": crate::http::rfc3339(o.since),
+                        "since": rfc3339(o.since),
                     })
                 }),
             );
