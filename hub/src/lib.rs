@@ -25,6 +25,7 @@ pub mod dynamic_accounts;
 pub mod error;
 pub mod fleet;
 pub use scale_agent_hub_auth::forwarded;
+mod health;
 pub mod http;
 pub use scale_agent_hub_model::identity;
 pub mod kubeconfig;
@@ -752,7 +753,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
     hub.grpc_listening.store(true, Ordering::SeqCst);
     tracing::info!(%grpc_addr, mtls = matches!(hub.config.security, GrpcSecurity::MutualTls(_)), "gRPC listening");
 
-    let app = http::router(hub.clone());
+    let app = http::router(hub.clone(), hub.clone());
     let shutdown = hub.shutdown.clone();
     let tls = http_tls.is_some();
     if !tls {

@@ -21,20 +21,21 @@ use crate::{
     Hub,
     api_auth::{self, Role},
 };
-use health::{metrics, readyz, store_ready};
 use listings::{account, accounts, agents, clouddriver, replica_accounts, replica_agents, version};
 use objects::objects;
 use operations::{account_operation, operation, submit_operation};
 
+pub(crate) use health::{Health, Readiness};
 pub use objects::{ObjectQuery, kind_matches};
 pub use scale_agent_hub_model::time::rfc3339;
 
-/// The API's routes, each group behind the role it needs ([`crate::api_auth`]).
-pub(crate) fn router(hub: Arc<Hub>) -> Router {
+/// The API's routes, each group behind the role it needs ([`crate::api_auth`]); the health
+/// routes answer from `health`.
+pub(crate) fn router(hub: Arc<Hub>, health: Arc<dyn Health>) -> Router {
     let max_request_bytes = hub.config.max_request_bytes;
     let role =
         |role: Role| axum::middleware::from_fn_with_state((hub.clone(), role), api_auth::require);
-    let metrics_route = Router::new().route("/metrics", get(metrics));
+    let metrics_route = health::metrics_route(health.clone());
     let metrics_route = if hub.config.metrics_unauthenticated {
         metrics_route
     } else {
@@ -59,9 +60,7 @@ pub(crate) fn router(hub: Arc<Hub>) -> Router {
         .merge(crate::agent_admin::router())
         .route_layer(role(Role::Admin));
     Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .route("/readyz/store", get(store_ready))
+        .merge(health::probes(health))
         .merge(metrics_route)
         .merge(reader)
         .merge(operator)
