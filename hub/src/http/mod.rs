@@ -9,7 +9,7 @@ mod objects;
 mod operations;
 pub(crate) mod views;
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use axum::{
     Router,
@@ -29,14 +29,33 @@ pub(crate) use health::{Health, Readiness};
 pub use objects::{ObjectQuery, kind_matches};
 pub use scale_agent_hub_model::time::rfc3339;
 
+/// What the REST API reads of the hub's configuration, taken from it once at start-up
+/// ([`crate::start`]) and kept by [`Hub`].
+#[derive(Clone, Debug)]
+pub(crate) struct ApiSettings {
+    /// The HTTP listener's URL as clients reach it (`https://hub.example:8443`), for the
+    /// kubeconfigs the API hands out; `None`: taken from each request's `Host`.
+    pub(crate) public_url: Option<String>,
+    /// Whether the HTTP listener serves TLS: the scheme of a URL taken from `Host`.
+    pub(crate) https: bool,
+    /// PEM of the CA that signed the HTTP serving certificate, put into kubeconfigs.
+    pub(crate) serving_ca_pem: Option<Vec<u8>>,
+    /// Largest body of a REST API request (an operation's manifests).
+    pub(crate) max_request_bytes: usize,
+    /// How long finished operations stay visible at `GET /api/v1/operations/{id}`.
+    pub(crate) operation_retention: Duration,
+    /// Serve `/metrics` without a token.
+    pub(crate) metrics_unauthenticated: bool,
+}
+
 /// The API's routes, each group behind the role it needs ([`crate::api_auth`]); the health
 /// routes answer from `health`.
 pub(crate) fn router(hub: Arc<Hub>, health: Arc<dyn Health>) -> Router {
-    let max_request_bytes = hub.config.max_request_bytes;
+    let max_request_bytes = hub.api_settings.max_request_bytes;
     let role =
         |role: Role| axum::middleware::from_fn_with_state((hub.clone(), role), api_auth::require);
     let metrics_route = health::metrics_route(health.clone());
-    let metrics_route = if hub.config.metrics_unauthenticated {
+    let metrics_route = if hub.api_settings.metrics_unauthenticated {
         metrics_route
     } else {
         metrics_route.route_layer(role(Role::Reader))
@@ -77,7 +96,7 @@ pub(crate) fn router(hub: Arc<Hub>, health: Arc<dyn Health>) -> Router {
 /// ([`crate::owners::forward`]): the Kubernetes API proxy and operations, behind the
 /// replicas' secret. A request here is never forwarded again.
 fn internal(hub: Arc<Hub>) -> Router<Arc<Hub>> {
-    let max_request_bytes = hub.config.max_request_bytes;
+    let max_request_bytes = hub.api_settings.max_request_bytes;
     Router::new()
         .route(
             "/api/v1/accounts/{name}/operations",

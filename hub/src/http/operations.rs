@@ -2,7 +2,7 @@
 //! owner, forwarded there from another replica, audited either way) and the operations'
 //! records by id (`GET /api/v1/operations/{id}`, `GET /api/v1/accounts/{name}/operations/{id}`).
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use axum::{
     Json,
@@ -65,7 +65,7 @@ pub(super) async fn submit_operation(
                     "the operation request is larger than the hub's limit of {} bytes \
                      (--max-request-bytes): split the manifests into several operations, or \
                      raise the limit",
-                    hub.config.max_request_bytes
+                    hub.api_settings.max_request_bytes
                 )
             } else {
                 format!("cannot read the operation request: {rejection}")
@@ -110,9 +110,9 @@ pub(super) async fn submit_operation(
 pub(super) async fn operation(State(hub): State<Arc<Hub>>, Path(id): Path<String>) -> Response {
     let mut found = hub
         .operations
-        .lookup(None, &id, hub.config.operation_retention);
+        .lookup(None, &id, hub.api_settings.operation_retention);
     match found.len() {
-        0 => operation_not_found(&hub, &id),
+        0 => operation_not_found(&id, hub.api_settings.operation_retention),
         1 => Json(found.remove(0)).into_response(),
         _ => {
             let accounts: Vec<String> = found.into_iter().filter_map(|b| b.account).collect();
@@ -135,19 +135,19 @@ pub(super) async fn account_operation(
 ) -> Response {
     let mut found = hub
         .operations
-        .lookup(Some(&name), &id, hub.config.operation_retention);
+        .lookup(Some(&name), &id, hub.api_settings.operation_retention);
     if found.is_empty() {
-        return operation_not_found(&hub, &id);
+        return operation_not_found(&id, hub.api_settings.operation_retention);
     }
     Json(found.remove(0)).into_response()
 }
 
-fn operation_not_found(hub: &Hub, id: &str) -> Response {
+fn operation_not_found(id: &str, retention: Duration) -> Response {
     error(
         StatusCode::NOT_FOUND,
         format!(
-            "no operation {id:?} (unknown, or finished longer ago than the retention of {:?})",
-            hub.config.operation_retention
+            "no operation {id:?} (unknown, or finished longer ago than the retention of \
+             {retention:?})"
         ),
     )
 }
