@@ -28,6 +28,9 @@ use operations::{account_operation, operation, submit_operation};
 pub(crate) use health::{Health, Readiness};
 pub use objects::{ObjectQuery, kind_matches};
 pub use scale_agent_hub_model::time::rfc3339;
+/// The API's error body: `{"error": message}` (in the net crate, beside the other answers the
+/// hub's routers share).
+pub(crate) use scale_agent_hub_net::http::error;
 
 /// What the REST API reads of the hub's configuration, taken from it once at start-up
 /// ([`crate::start`]) and kept by [`Hub`].
@@ -137,7 +140,3 @@ fn account_operations(hub: Arc<Hub>) -> Router<Arc<Hub>> {
             crate::owners::forward::to_owner,
         ))
 }
-
-/// The API's error body: `{"error": message}` (in the net crate, beside the other answers the
-/// hub's routers share).
-pub(crate) use scale_agent_hub_net::http::error;
