@@ -19,7 +19,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     Hub,
-    config::HttpSecurity,
     kubeconfig::{self, KubeconfigFor},
     tokens::{CLOUDDRIVER_TOKEN, TokenRecord},
 };
@@ -47,7 +46,7 @@ pub struct KubeconfigQuery {
 
 /// The URL clients reach the hub's HTTP listener at.
 fn public_url(hub: &Hub, request_headers: &HeaderMap, uri: &axum::http::Uri) -> Option<String> {
-    if let Some(url) = &hub.config.public_url {
+    if let Some(url) = &hub.api_settings.public_url {
         return Some(url.trim_end_matches('/').to_string());
     }
     let host = uri
@@ -59,9 +58,10 @@ fn public_url(hub: &Hub, request_headers: &HeaderMap, uri: &axum::http::Uri) -> 
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string)
         })?;
-    let scheme = match hub.config.http_security {
-        HttpSecurity::Tls { .. } => "https",
-        HttpSecurity::Plaintext => "http",
+    let scheme = if hub.api_settings.https {
+        "https"
+    } else {
+        "http"
     };
     Some(format!("{scheme}://{host}"))
 }
@@ -92,7 +92,7 @@ pub(crate) async fn kubeconfig_for(
     let yaml = kubeconfig::render(&KubeconfigFor {
         account,
         public_url,
-        ca_pem: hub.config.serving_ca_pem.as_deref(),
+        ca_pem: hub.api_settings.serving_ca_pem.as_deref(),
         token: &token,
     });
     Ok((yaml, record))

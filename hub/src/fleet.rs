@@ -13,9 +13,14 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
+use scale_agent_hub_model::time::rfc3339;
 use serde_json::{Value, json};
 
-use crate::{Hub, error::Result};
+use crate::{
+    Hub,
+    error::Result,
+    http::views::{local_accounts, local_agents, stored_view},
+};
 
 /// How long a replica may take to answer.
 pub const ASK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -50,7 +55,7 @@ fn with_replica(mut value: Value, replica: &str) -> Value {
 /// Every replica's agent streams, each with `hubReplica` (the replica it is connected to);
 /// a replica that cannot be asked is one entry `{"hubReplica", "unreachable"}`.
 pub(crate) async fn agents(hub: &Hub) -> Vec<Value> {
-    let mut list: Vec<Value> = crate::http::local_agents(hub)
+    let mut list: Vec<Value> = local_agents(&hub.live)
         .into_iter()
         .filter_map(|a| serde_json::to_value(a).ok())
         .map(|a| with_replica(a, &hub.replica.id))
@@ -93,14 +98,8 @@ pub(crate) async fn accounts(hub: &Hub) -> Result<Vec<Value>> {
     };
     let stored = store.accounts().await?;
     let owners = store.owners().await?;
-    // Each replica's view, by replica, then by account.
-    let mut views: BTreeMap<String, Result<BTreeMap<String, Value>, String>> = BTreeMap::new();
-    let by_name = |list: Vec<Value>| -> BTreeMap<String, Value> {
-        list.into_iter()
-            .filter_map(|v| Some((v.get("name")?.as_str()?.to_string(), v)))
-            .collect()
-    };
-    let local: Vec<Value> = crate::http::local_accounts(hub)
+    let mut views = Views::new();
+    let local: Vec<Value> = local_accounts(&hub.live)
         .into_iter()
         .filter_map(|a| serde_json::to_value(a).ok())
         .collect();
@@ -113,6 +112,37 @@ pub(crate) async fn accounts(hub: &Hub) -> Result<Vec<Value>> {
         };
         views.insert(replica, view);
     }
+    let alive_within = crate::shared::alive_within(hub.config.replica_sync_period);
+    Ok(merge_accounts(
+        &hub.replica.id,
+        stored,
+        &owners,
+        &views,
+        alive_within,
+    ))
+}
+
+/// Each replica's view of the accounts, by replica, then by account name; `Err` says why a
+/// replica's view could not be had.
+type Views = BTreeMap<String, std::result::Result<BTreeMap<String, Value>, String>>;
+
+/// A list of account views by their `name`.
+fn by_name(list: Vec<Value>) -> BTreeMap<String, Value> {
+    list.into_iter()
+        .filter_map(|v| Some((v.get("name")?.as_str()?.to_string(), v)))
+        .collect()
+}
+
+/// The listing of [`accounts`] from what was read: the stored accounts, their owners, each
+/// replica's view (`this_replica`'s among them) and how recently an owner must have said it
+/// is alive. Every account stored or seen by a replica, by name, each as its owner sees it.
+fn merge_accounts(
+    this_replica: &str,
+    stored: Vec<(String, crate::registry::AccountRecord)>,
+    owners: &BTreeMap<String, crate::store::OwnerRow>,
+    views: &Views,
+    alive_within: Duration,
+) -> Vec<Value> {
     let mut names: Vec<String> = stored.iter().map(|(name, _)| name.clone()).collect();
     for view in views.values().flatten() {
         names.extend(view.keys().cloned());
@@ -122,7 +152,7 @@ pub(crate) async fn accounts(hub: &Hub) -> Result<Vec<Value>> {
     let stored: BTreeMap<String, crate::registry::AccountRecord> = stored.into_iter().collect();
     let local_view = |name: &str| -> Option<Value> {
         views
-            .get(&hub.replica.id)
+            .get(this_replica)
             .and_then(|v| v.as_ref().ok())
             .and_then(|v| v.get(name))
             .cloned()
@@ -138,8 +168,7 @@ pub(crate) async fn accounts(hub: &Hub) -> Result<Vec<Value>> {
                     None,
                     Some(format!(
                         "hub replica {} owns it but has not said it is alive within {:?}",
-                        owner.replica,
-                        crate::shared::alive_within(hub.config.replica_sync_period)
+                        owner.replica, alive_within
                     )),
                 ),
             },
@@ -159,7 +188,7 @@ pub(crate) async fn accounts(hub: &Hub) -> Result<Vec<Value>> {
             .or_else(|| {
                 stored
                     .get(&name)
-                    .and_then(|r| serde_json::to_value(crate::http::stored_view(&name, r)).ok())
+                    .and_then(|r| serde_json::to_value(stored_view(&name, r)).ok())
             })
             .or_else(|| views.values().flatten().find_map(|v| v.get(&name).cloned()));
         let Some(mut view) = view else {
@@ -172,7 +201,7 @@ pub(crate) async fn accounts(hub: &Hub) -> Result<Vec<Value>> {
                     json!({
                         "replica": o.replica,
                         "epoch": o.epoch,
-                        "since": crate::http::rfc3339(o.since),
+                        "since": rfc3339(o.since),
                     })
                 }),
             );
@@ -182,5 +211,80 @@ pub(crate) async fn accounts(hub: &Hub) -> Result<Vec<Value>> {
         }
         list.push(view);
     }
-    Ok(list)
+    list
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        registry::{AccountRecord, ClusterRecord},
+        store::OwnerRow,
+    };
+
+    fn owner(replica: &str) -> OwnerRow {
+        OwnerRow {
+            replica: replica.into(),
+            address: format!("https://{replica}:8443"),
+            epoch: 3,
+            since: std::time::UNIX_EPOCH,
+        }
+    }
+
+    #[test]
+    fn each_account_is_listed_as_its_owner_sees_it() {
+        let record = AccountRecord {
+            cluster: ClusterRecord {
+                api_server_host: "https://dev:6443".into(),
+                ca_fingerprint: "ab".into(),
+                kubernetes_version: "v1.31.0".into(),
+            },
+            namespaces: vec!["apps".into()],
+            properties: json!({"team": "web"}),
+        };
+        let stored = vec![("dev".to_string(), record)];
+        let owners: BTreeMap<String, OwnerRow> = [
+            ("dev".to_string(), owner("c")),
+            ("prod".to_string(), owner("b")),
+            ("stage".to_string(), owner("a")),
+        ]
+        .into_iter()
+        .collect();
+        let mut views = Views::new();
+        views.insert(
+            "a".into(),
+            Ok(by_name(vec![
+                json!({"name": "orphan", "state": "disconnected"}),
+                json!({"name": "prod", "state": "disconnected", "seenBy": "a"}),
+                json!({"name": "stage", "state": "connected", "seenBy": "a"}),
+            ])),
+        );
+        views.insert("b".into(), Err("it did not answer within 5s".into()));
+        let list = merge_accounts("a", stored, &owners, &views, Duration::from_secs(10));
+        let names: Vec<&str> = list.iter().filter_map(|v| v["name"].as_str()).collect();
+        assert_eq!(names, ["dev", "orphan", "prod", "stage"]);
+
+        // Its owner is not alive: the stored record, and why the owner was not asked.
+        assert_eq!(list[0]["accountState"], "INACTIVE");
+        assert_eq!(list[0]["namespaces"], json!(["apps"]));
+        assert_eq!(
+            list[0]["owner"],
+            json!({"replica": "c", "epoch": 3, "since": "1970-01-01T00:00:00Z"})
+        );
+        assert_eq!(
+            list[0]["ownerUnreachable"],
+            "hub replica c owns it but has not said it is alive within 10s"
+        );
+        // Nobody owns it: a replica's view, no owner.
+        assert_eq!(list[1]["owner"], Value::Null);
+        assert!(list[1].get("ownerUnreachable").is_none());
+        // Its owner cannot be asked: this replica's view, and why.
+        assert_eq!(list[2]["seenBy"], "a");
+        assert_eq!(list[2]["owner"]["replica"], "b");
+        assert_eq!(list[2]["ownerUnreachable"], "it did not answer within 5s");
+        // Its owner answered: its view.
+        assert_eq!(list[3]["state"], "connected");
+        assert_eq!(list[3]["owner"]["replica"], "a");
+        assert!(list[3].get("ownerUnreachable").is_none());
+    }
 }

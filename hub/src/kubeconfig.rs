@@ -1,5 +1,9 @@
 //! Kubeconfigs that point kubectl, Helm, client-go and Clouddriver at the hub's proxy:
 //! `server: <public URL>/clusters/<account>` with the account's bearer token.
+//!
+//! Rendering only, from what the caller gives it (nothing of the hub, no IO): the API's
+//! kubeconfig route ([`crate::admin_api`]) and the registrar's hand-over of the accounts to
+//! Clouddriver use it.
 
 use base64::Engine as _;
 use serde::Serialize;

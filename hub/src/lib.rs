@@ -25,6 +25,7 @@ pub mod dynamic_accounts;
 pub mod error;
 pub mod fleet;
 pub use scale_agent_hub_auth::forwarded;
+mod health;
 pub mod http;
 pub use scale_agent_hub_model::identity;
 pub mod kubeconfig;
@@ -86,6 +87,8 @@ pub(crate) use scale_agent_hub_state::{Control, Live, SessionHandle};
 /// The state shared by the gRPC service, the HTTP API and the background tasks.
 pub(crate) struct Hub {
     pub(crate) config: Config,
+    /// What the REST API reads of `config`.
+    pub(crate) api_settings: http::ApiSettings,
     pub(crate) limits: Limits,
     /// The registry and cache, the streams, the dynamic accounts ([`Live`]).
     pub(crate) live: Arc<Live>,
@@ -668,6 +671,14 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         grpc_listening: AtomicBool::new(false),
         store_open: AtomicBool::new(true),
         store_path,
+        api_settings: http::ApiSettings {
+            public_url: config.public_url.clone(),
+            https: matches!(config.http_security, HttpSecurity::Tls { .. }),
+            serving_ca_pem: config.serving_ca_pem.clone(),
+            max_request_bytes: config.max_request_bytes,
+            operation_retention: config.operation_retention,
+            metrics_unauthenticated: config.metrics_unauthenticated,
+        },
         config,
     });
     hub.live
@@ -752,7 +763,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
     hub.grpc_listening.store(true, Ordering::SeqCst);
     tracing::info!(%grpc_addr, mtls = matches!(hub.config.security, GrpcSecurity::MutualTls(_)), "gRPC listening");
 
-    let app = http::router(hub.clone());
+    let app = http::router(hub.clone(), hub.clone());
     let shutdown = hub.shutdown.clone();
     let tls = http_tls.is_some();
     if !tls {

@@ -10,6 +10,7 @@
 //! from a per-account cache ([`discovery`]). Every error the hub makes itself is a
 //! Kubernetes `Status` ([`status`]).
 
+pub mod audit;
 pub mod cached;
 pub mod discovery;
 pub mod events;
@@ -99,7 +100,7 @@ async fn handle(State(hub): State<Arc<Hub>>, request: Request) -> Response {
     // before it is judged (and named in the audit).
     crate::shared::learn_bearer(&hub, request.headers()).await;
     // Writes are audited: who (the token's name), what, and how it ended.
-    let audit = crate::audit::is_proxy_write(&method, upgrade).then(|| {
+    let audit = self::audit::is_proxy_write(&method, upgrade).then(|| {
         let (account, api_path) = split_path(request.uri().path()).unwrap_or_default();
         let who = request
             .headers()
@@ -149,7 +150,7 @@ async fn handle(State(hub): State<Arc<Hub>>, request: Request) -> Response {
     hub.metrics
         .proxy_request(&method, served.as_str(), response.status().as_u16());
     if let Some((account, api_path, who)) = audit {
-        crate::audit::proxy_write(
+        self::audit::proxy_write(
             who.as_deref(),
             &account,
             &method,

@@ -1,0 +1,84 @@
+//! The reader routes over agents, accounts and the hub itself: `/api/v1/agents` and
+//! `/api/v1/accounts` (this replica's, or every replica's through [`crate::fleet`] when
+//! replicas share the store), `/api/v1/accounts/{name}`, `/api/v1/version` and
+//! `/api/v1/clouddriver`; and the internal listings other replicas ask this one for.
+
+use std::sync::Arc;
+
+use axum::{
+    Json,
+    extract::{Path, State},
+    http::StatusCode,
+    response::{IntoResponse, Response},
+};
+use serde_json::json;
+
+use crate::Hub;
+
+use super::{
+    error,
+    views::{AccountView, AgentView, local_accounts, local_agents, view_of},
+};
+
+/// The hub's version (the agents' are in `/api/v1/agents`).
+pub(super) async fn version() -> Json<serde_json::Value> {
+    Json(json!({ "version": scale_agent_runtime::VERSION }))
+}
+
+/// Every agent stream: of every replica when replicas share the store ([`crate::fleet`]),
+/// else of this hub.
+pub(super) async fn agents(State(hub): State<Arc<Hub>>) -> Response {
+    if hub.shared.is_some() && hub.forwarder.is_some() {
+        return Json(crate::fleet::agents(&hub).await).into_response();
+    }
+    Json(local_agents(&hub.live)).into_response()
+}
+
+/// This replica's agent streams (what the others ask for [`crate::fleet`]).
+pub(super) async fn replica_agents(State(hub): State<Arc<Hub>>) -> Json<Vec<AgentView>> {
+    Json(local_agents(&hub.live))
+}
+
+/// Every account the hub has a record or a state for (ORPHANED and FAILED ones included):
+/// of every replica, with its owner, when replicas share the store ([`crate::fleet`]).
+pub(super) async fn accounts(State(hub): State<Arc<Hub>>) -> Response {
+    if hub.shared.is_some() && hub.forwarder.is_some() {
+        return match crate::fleet::accounts(&hub).await {
+            Ok(list) => Json(list).into_response(),
+            Err(e) => error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "cannot read the accounts from the shared store: {}",
+                    crate::error::Chain(&e)
+                ),
+            ),
+        };
+    }
+    Json(local_accounts(&hub.live)).into_response()
+}
+
+/// This replica's view of the accounts (what the others ask for [`crate::fleet`]).
+pub(super) async fn replica_accounts(State(hub): State<Arc<Hub>>) -> Json<Vec<AccountView>> {
+    Json(local_accounts(&hub.live))
+}
+
+/// One account, as this replica (its owner: the route is forwarded there) sees it.
+pub(super) async fn account(State(hub): State<Arc<Hub>>, Path(name): Path<String>) -> Response {
+    let st = hub.state();
+    match view_of(&st, &name) {
+        Some(view) => Json(view).into_response(),
+        None => error(StatusCode::NOT_FOUND, format!("no account {name:?}")),
+    }
+}
+
+/// Where each account's registration in Clouddriver stands (empty when registration is off).
+pub(super) async fn clouddriver(
+    State(hub): State<Arc<Hub>>,
+) -> Json<Vec<crate::clouddriver::RegistrationStatus>> {
+    Json(
+        hub.registrar
+            .as_ref()
+            .map(|r| r.status())
+            .unwrap_or_default(),
+    )
+}

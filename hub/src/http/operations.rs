@@ -1,0 +1,153 @@
+//! The operations routes: `POST /api/v1/accounts/{name}/operations` (run on the account's
+//! owner, forwarded there from another replica, audited either way) and the operations'
+//! records by id (`GET /api/v1/operations/{id}`, `GET /api/v1/accounts/{name}/operations/{id}`).
+
+use std::{sync::Arc, time::Duration};
+
+use axum::{
+    Json,
+    extract::{FromRequest as _, Path, State},
+    http::StatusCode,
+    response::{IntoResponse, Response},
+};
+use serde_json::json;
+
+use crate::{
+    Hub,
+    api_auth::Caller,
+    operations::{self, OperationRequest, OperationResponse},
+};
+
+use super::error;
+
+/// A 413 as a Kubernetes `Status` (reason `RequestEntityTooLarge`, what the API server
+/// answers), which also carries the API's usual `error` field for clients that read only it.
+fn too_large(message: String) -> Response {
+    let status = crate::proxy::status::Status::failure(413, "RequestEntityTooLarge", &message);
+    let mut body = serde_json::to_value(&status).unwrap_or_else(|_| json!({}));
+    body["error"] = json!(message);
+    (StatusCode::PAYLOAD_TOO_LARGE, Json(body)).into_response()
+}
+
+pub(super) async fn submit_operation(
+    State(hub): State<Arc<Hub>>,
+    Path(name): Path<String>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    request: axum::extract::Request,
+) -> Response {
+    let started = std::time::Instant::now();
+    // Operations run where the account's agents stream: on its owner.
+    if let Some(owner) =
+        crate::owners::forward::owner_elsewhere(&hub, &name, request.extensions()).await
+        && let Some(forwarder) = &hub.forwarder
+    {
+        let answer = forwarder
+            .send(&hub, &owner, Some(&caller.name), request, false)
+            .await
+            .unwrap_or_else(IntoResponse::into_response);
+        let subject = crate::audit::OperationSubject::of(None);
+        crate::audit::operation(
+            &caller,
+            &name,
+            &subject,
+            answer.status().as_u16(),
+            started.elapsed(),
+        );
+        return answer;
+    }
+    let body = axum::body::Bytes::from_request(request, &()).await;
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) => {
+            let status = rejection.status();
+            let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
+                format!(
+                    "the operation request is larger than the hub's limit of {} bytes \
+                     (--max-request-bytes): split the manifests into several operations, or \
+                     raise the limit",
+                    hub.api_settings.max_request_bytes
+                )
+            } else {
+                format!("cannot read the operation request: {rejection}")
+            };
+            let subject = crate::audit::OperationSubject::of(None);
+            crate::audit::operation(&caller, &name, &subject, status.as_u16(), started.elapsed());
+            if status == StatusCode::PAYLOAD_TOO_LARGE {
+                return too_large(message);
+            }
+            return error(status, message);
+        }
+    };
+    let request: OperationRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            let body = OperationResponse::bad_request(format!("invalid operation request: {e}"));
+            let subject = crate::audit::OperationSubject::of(None);
+            crate::audit::operation(&caller, &name, &subject, 400, started.elapsed());
+            return (StatusCode::BAD_REQUEST, Json(body)).into_response();
+        }
+    };
+    let subject = crate::audit::OperationSubject::of(Some(&request));
+    // Run apart from the request: a client that goes away does not abandon the operation,
+    // which still finishes, is recorded for GET /api/v1/operations/{id}, and is audited.
+    let task = tokio::spawn(async move {
+        let answer = operations::submit(&hub, &name, request).await;
+        crate::audit::operation(&caller, &name, &subject, answer.0, started.elapsed());
+        answer
+    });
+    let (code, body) = match task.await {
+        Ok(answer) => answer,
+        Err(e) => (
+            500,
+            OperationResponse::task_failed(format!("the operation task failed: {e}")),
+        ),
+    };
+    let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, Json(body)).into_response()
+}
+
+/// An operation by id alone: a hub-made id, or a client id that one account has.
+pub(super) async fn operation(State(hub): State<Arc<Hub>>, Path(id): Path<String>) -> Response {
+    let mut found = hub
+        .operations
+        .lookup(None, &id, hub.api_settings.operation_retention);
+    match found.len() {
+        0 => operation_not_found(&id, hub.api_settings.operation_retention),
+        1 => Json(found.remove(0)).into_response(),
+        _ => {
+            let accounts: Vec<String> = found.into_iter().filter_map(|b| b.account).collect();
+            error(
+                StatusCode::CONFLICT,
+                format!(
+                    "operation id {id:?} is used by several accounts ({}): ids are per account, \
+                     so ask GET /api/v1/accounts/{{account}}/operations/{id}",
+                    accounts.join(", ")
+                ),
+            )
+        }
+    }
+}
+
+/// An operation of one account (client ids are per account).
+pub(super) async fn account_operation(
+    State(hub): State<Arc<Hub>>,
+    Path((name, id)): Path<(String, String)>,
+) -> Response {
+    let mut found = hub
+        .operations
+        .lookup(Some(&name), &id, hub.api_settings.operation_retention);
+    if found.is_empty() {
+        return operation_not_found(&id, hub.api_settings.operation_retention);
+    }
+    Json(found.remove(0)).into_response()
+}
+
+fn operation_not_found(id: &str, retention: Duration) -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        format!(
+            "no operation {id:?} (unknown, or finished longer ago than the retention of \
+             {retention:?})"
+        ),
+    )
+}
