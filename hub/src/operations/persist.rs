@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::{OperationResponse, Operations, State, Status};
-use crate::{Hub, store};
+use super::{Driver, OperationResponse, Operations, State, Status};
+use crate::store;
 
 /// Writes between two sweeps of expired rows from the store.
 const SWEEP_EVERY: u64 = 128;
@@ -48,7 +48,7 @@ fn expired(bytes: &[u8], retention: Duration, now: i64) -> bool {
 /// finished. A store that fails is logged, not fatal: the record in memory still keeps the
 /// id from running twice while this hub runs.
 pub(crate) async fn save(
-    hub: &Hub,
+    driver: &Driver,
     account: &str,
     id: &str,
     code: Option<u16>,
@@ -65,12 +65,12 @@ pub(crate) async fn save(
     let Ok(bytes) = serde_json::to_vec(&row) else {
         return;
     };
-    let Some(records) = hub.store.lock().await.operation_records() else {
+    let Some(records) = driver.store.lock().await.operation_records() else {
         return;
     };
     let key = key(account, id);
-    let retention = hub.config.operation_retention;
-    let sweep = hub.operations.count_write().is_multiple_of(SWEEP_EVERY);
+    let retention = driver.settings.retention;
+    let sweep = driver.operations.count_write().is_multiple_of(SWEEP_EVERY);
     let now = jiff::Timestamp::now().as_millisecond();
     let past: Option<Box<store::Expired>> =
         sweep.then(|| Box::new(move |bytes: &[u8]| expired(bytes, retention, now)) as _);
