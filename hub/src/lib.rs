@@ -29,7 +29,7 @@ pub mod http;
 pub use scale_agent_hub_model::identity;
 pub mod kubeconfig;
 pub mod metrics;
-pub mod operations;
+pub use scale_agent_hub_operations as operations;
 pub mod owners;
 pub mod proxy;
 pub use scale_agent_hub_net::serve;

@@ -5,10 +5,9 @@ use prometheus_client::{
     metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
+use scale_agent_hub_operations::OperationMetrics;
 use scale_agent_hub_state::StreamMetrics;
 use scale_agent_hub_store::StoreMetrics;
-
-use crate::operations::OperationMetrics;
 
 /// The hub's metrics.
 pub struct Metrics {

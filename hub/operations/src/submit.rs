@@ -7,6 +7,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+use scale_agent_hub_model::records::SessionId;
+use scale_agent_hub_state::{Control, Live};
+use scale_agent_hub_store::Store;
 use scale_agent_proto::v1 as pb;
 use tokio::{sync::oneshot, time::error::Elapsed};
 
@@ -15,7 +18,6 @@ use super::{
     OperationSettings, Operations, Outcome, State, Status, Subject, idempotent, pick_replica,
     registry::Claim,
 };
-use crate::{Control, Live, registry::SessionId, store::Store};
 
 /// What the driver works with, handed over by the hub's wiring: the registry, the live state
 /// it picks replicas from and sends operations through, the store it keeps client ids in

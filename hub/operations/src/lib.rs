@@ -1,4 +1,5 @@
-//! Operations: `POST /api/v1/accounts/{name}/operations` turns a JSON request into a
+//! `scale-agent-hub-operations`: the hub's operations. `POST
+//! /api/v1/accounts/{name}/operations` turns a JSON request into a
 //! [`pb::Operation`](scale_agent_proto::v1::Operation), routes it to a connected replica of
 //! the account, waits for its result up to the deadline, retries on another replica when
 //! the chosen one leaves before answering (only when that is safe), and keeps the outcome
@@ -15,11 +16,19 @@
 //! and other features that send work to agents).
 //!
 //! Read-your-writes: the objects a result carries enter the cache in the same batch as the
-//! result (see [`crate::cache::apply_result_to_cache`]), before the waiter is told.
+//! result (the cache crate's `apply_result_to_cache`, called by the stream), before the
+//! waiter is told.
+//!
+//! Layer L3: depends on the model, state and store crates, and on no crate of the hub above
+//! it. What it needs from the rest of the hub is handed over in a [`Driver`] (the live state,
+//! the store lock, [`OperationMetrics`] and [`OperationSettings`]); the HTTP API submits
+//! through it, and the gRPC streams hand the registry ([`Operations`]) what their agents
+//! answer.
 
 use std::time::Duration;
 
-use crate::{Live, registry::SessionId};
+use scale_agent_hub_model::records::SessionId;
+use scale_agent_hub_state::Live;
 
 mod metrics;
 pub mod persist;
