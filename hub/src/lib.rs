@@ -30,7 +30,7 @@ pub mod http;
 pub use scale_agent_hub_model::identity;
 pub mod kubeconfig;
 pub mod metrics;
-pub mod operations;
+pub use scale_agent_hub_operations as operations;
 pub mod owners;
 pub mod proxy;
 pub use scale_agent_hub_net::serve;
@@ -114,7 +114,10 @@ pub(crate) struct Hub {
     pub(crate) registrar_duty: owners::singleton::Singleton,
     /// The accounts (name, settings) last handed to the registrar.
     registered_accounts: Mutex<Vec<(String, String)>>,
-    pub(crate) operations: operations::Operations,
+    /// Operations in flight and finished (the streams hand it results, the API looks up).
+    pub(crate) operations: Arc<operations::Operations>,
+    /// What submitting an operation works with ([`operations::submit`]).
+    pub(crate) operation_driver: operations::Driver,
     /// Which accounts this replica owns ([`owners`]).
     pub(crate) ownership: Arc<dyn owners::Ownership>,
     /// Who this replica is to the others.
@@ -625,11 +628,26 @@ pub async fn start(config: Config) -> Result<RunningHub> {
     if let Some(registrar) = &registrar {
         metrics.add_clouddriver(registrar.metrics());
     }
-    let operations = operations::Operations::new(operations::Bounds {
+    let operations = Arc::new(operations::Operations::new(operations::Bounds {
         max_result_bytes: config.max_operation_result_bytes,
         max_records_bytes: config.max_operation_records_bytes,
-    });
+    }));
     operations::persist::restore(&operations, operation_records, config.operation_retention);
+    let live = Arc::new(Live::new(
+        state,
+        dynamic_accounts::DynamicAccounts::load(std::mem::take(&mut loaded.dynamic_accounts)),
+        metrics.stream.clone(),
+        ownership.owns_everything(),
+    ));
+    let operation_driver = operations::Driver {
+        operations: operations.clone(),
+        live: live.clone(),
+        store: store.clone(),
+        metrics: metrics.operations.clone(),
+        settings: operations::OperationSettings {
+            retention: config.operation_retention,
+        },
+    };
     let discovery = Arc::new(proxy::discovery::DiscoveryCache::default());
     let cached_reads = Arc::new(proxy::cached::CachedReads::default());
     let hub = Arc::new(Hub {
@@ -639,12 +657,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
             max_objects_per_account: config.max_objects_per_account,
             allow: config.allow.clone(),
         },
-        live: Arc::new(Live::new(
-            state,
-            dynamic_accounts::DynamicAccounts::load(std::mem::take(&mut loaded.dynamic_accounts)),
-            metrics.stream.clone(),
-            ownership.owns_everything(),
-        )),
+        live,
         store,
         commits: commits::Commits::new(config.data_dir.clone()),
         metrics,
@@ -663,6 +676,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         registrar_duty,
         registered_accounts: Mutex::new(Vec::new()),
         operations,
+        operation_driver,
         ownership,
         replica,
         forwarder,

@@ -5,6 +5,7 @@ use prometheus_client::{
     metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
+use scale_agent_hub_operations::OperationMetrics;
 use scale_agent_hub_state::StreamMetrics;
 use scale_agent_hub_store::StoreMetrics;
 
@@ -27,11 +28,9 @@ pub struct Metrics {
     pub bytes_received: Counter,
     pub resumes: Counter,
     pub relists: Counter,
-    /// Finished operations by type (apply, delete, ...) and state (succeeded, failed,
-    /// timedOut, noAgent).
-    pub operations: Family<[(&'static str, &'static str); 2], Counter>,
-    /// Operations resent to another replica after the chosen one left.
-    pub operation_retries: Counter,
+    /// Finished operations and retries (`operations_total`, `operation_retries_total`):
+    /// defined by the operations crate, registered here.
+    pub operations: OperationMetrics,
     /// Kubernetes API proxy requests by method, who answered (tunnel, cache, hub) and status
     /// class.
     pub proxy_requests: Family<[(&'static str, &'static str); 3], Counter>,
@@ -78,8 +77,7 @@ impl Metrics {
         let bytes_received = Counter::default();
         let resumes = Counter::default();
         let relists = Counter::default();
-        let operations = Family::default();
-        let operation_retries = Counter::default();
+        let operations = OperationMetrics::default();
         let proxy_requests = Family::default();
         let proxy_bytes = Counter::default();
         let proxy_exchanges_open = Gauge::default();
@@ -116,16 +114,7 @@ impl Metrics {
             "Tunnelled HTTP exchanges open now (watches and log follows stay open)",
             proxy_exchanges_open.clone(),
         );
-        registry.register(
-            "operations",
-            "Operations finished, by type and state",
-            operations.clone(),
-        );
-        registry.register(
-            "operation_retries",
-            "Operations resent to another replica after the chosen one left before answering",
-            operation_retries.clone(),
-        );
+        operations.register(&mut registry);
         registry.register(
             "connected_agents",
             "Agent streams connected",
@@ -196,7 +185,6 @@ impl Metrics {
             resumes,
             relists,
             operations,
-            operation_retries,
             proxy_requests,
             proxy_bytes,
             proxy_exchanges_open,
@@ -247,19 +235,6 @@ impl Metrics {
             .inc();
     }
 
-    /// Counts a finished operation (`state` is one of a few fixed names).
-    pub fn operation(&self, kind: &'static str, state: &str) {
-        let state = match state {
-            "succeeded" => "succeeded",
-            "timedOut" => "timedOut",
-            "noAgent" => "noAgent",
-            _ => "failed",
-        };
-        self.operations
-            .get_or_create(&[("type", kind), ("state", state)])
-            .inc();
-    }
-
     pub fn received(&self, kind: &'static str, bytes: usize) {
         self.events_received.get_or_create(&[("type", kind)]).inc();
         self.bytes_received.inc_by(bytes as u64);
@@ -300,8 +275,8 @@ mod tests {
         let m = Metrics::new();
         m.received("object", 10);
         m.relists.inc();
-        m.operation("apply", "succeeded");
-        m.operation("delete", "whatever");
+        m.operations.finished("apply", "succeeded");
+        m.operations.finished("delete", "whatever");
         let text = m.encode();
         for name in [
             "scale_agent_hub_connected_agents",

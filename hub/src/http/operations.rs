@@ -91,7 +91,7 @@ pub(super) async fn submit_operation(
     // Run apart from the request: a client that goes away does not abandon the operation,
     // which still finishes, is recorded for GET /api/v1/operations/{id}, and is audited.
     let task = tokio::spawn(async move {
-        let answer = operations::submit(&hub, &name, request).await;
+        let answer = operations::submit(&hub.operation_driver, &name, request).await;
         crate::audit::operation(&caller, &name, &subject, answer.0, started.elapsed());
         answer
     });

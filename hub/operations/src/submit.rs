@@ -7,14 +7,30 @@ use std::{
     time::{Duration, Instant},
 };
 
+use scale_agent_hub_model::records::SessionId;
+use scale_agent_hub_state::{Control, Live};
+use scale_agent_hub_store::Store;
 use scale_agent_proto::v1 as pb;
 use tokio::{sync::oneshot, time::error::Elapsed};
 
 use super::{
-    DEADLINE_GRACE, MAX_ATTEMPTS, OperationRequest, OperationResponse, Outcome, State, Status,
-    Subject, idempotent, pick_replica, registry::Claim,
+    DEADLINE_GRACE, MAX_ATTEMPTS, OperationMetrics, OperationRequest, OperationResponse,
+    OperationSettings, Operations, Outcome, State, Status, Subject, idempotent, pick_replica,
+    registry::Claim,
 };
-use crate::{Control, Hub, registry::SessionId};
+
+/// What the driver works with, handed over by the hub's wiring: the registry, the live state
+/// it picks replicas from and sends operations through, the store it keeps client ids in
+/// (see `persist`), its metrics and its settings. Cheap to clone: clones share all of it.
+#[derive(Clone)]
+pub struct Driver {
+    pub operations: Arc<Operations>,
+    pub live: Arc<Live>,
+    /// The store, locked only to write the record of a client id.
+    pub store: Arc<tokio::sync::Mutex<Store>>,
+    pub metrics: OperationMetrics,
+    pub settings: OperationSettings,
+}
 
 /// Milliseconds since the Unix epoch of `now + d`.
 pub fn deadline_millis(d: Duration) -> i64 {
@@ -40,7 +56,7 @@ enum Step {
 
 /// One submission: what every attempt and body of it shares.
 struct Submission<'a> {
-    hub: &'a Hub,
+    driver: &'a Driver,
     /// The id the client gave (per account), or one the hub made.
     id: String,
     /// The id on the wire: unique in the hub, since client ids are only unique per account.
@@ -94,7 +110,7 @@ impl Submission<'_> {
     /// The replica left (or the attempt was dropped) before answering: resend when safe.
     fn dropped(&self, sent: bool, replica: &str, attempts: usize) -> Step {
         let (account, kind) = (self.account, self.kind);
-        self.hub.metrics.operation_retries.inc();
+        self.driver.metrics.retries.inc();
         if sent && !self.idempotent {
             let message = format!(
                 "replica {replica} of account {account} disconnected before answering a \
@@ -157,7 +173,7 @@ impl Submission<'_> {
             // it counts as sent (resent only when that is safe).
             Ok(Err(_)) => self.dropped(true, replica, attempts),
             Err(_) => {
-                let sent = self.hub.operations.forget(&self.wire_id);
+                let sent = self.driver.operations.forget(&self.wire_id);
                 let message = format!(
                     "account {account}: no result from replica {replica} within {:.0} s{}",
                     self.timeout.as_secs_f64(),
@@ -175,7 +191,8 @@ impl Submission<'_> {
 
     /// Whether the account has a replica not in `tried` (without advancing the rotation).
     fn has_untried_replica(&self, tried: &[SessionId]) -> bool {
-        self.hub
+        self.driver
+            .live
             .state()
             .registry
             .replicas(self.account)
@@ -188,7 +205,7 @@ impl Submission<'_> {
     /// replica to try, waits for one to connect until the deadline (Armory retries the
     /// same way), so a rolling restart or the hub's own restart does not fail the operation.
     async fn run(&self, operation: &pb::Operation) -> (u16, OperationResponse) {
-        let retention = self.hub.config.operation_retention;
+        let retention = self.driver.settings.retention;
         let mut tried: Vec<SessionId> = Vec::new();
         let mut notes: Vec<String> = Vec::new();
         // An answer "could not run here" kept while other replicas are tried.
@@ -200,12 +217,13 @@ impl Submission<'_> {
                     .take()
                     .unwrap_or_else(|| self.no_agent(&notes, attempts));
             }
-            let Some((session, replica)) = pick_replica(self.hub, self.account, &tried) else {
+            let Some((session, replica)) = pick_replica(&self.driver.live, self.account, &tried)
+            else {
                 if let Some(answer) = fallback.take() {
                     break answer;
                 }
                 let came = self
-                    .hub
+                    .driver
                     .live
                     .wait_for_replicas(self.deadline, || self.has_untried_replica(&tried))
                     .await;
@@ -216,18 +234,18 @@ impl Submission<'_> {
             };
             tried.push(session);
             let running = OperationResponse::running(self.subject(), &replica, tried.len());
-            self.hub
+            self.driver
                 .operations
                 .record(self.account, &self.id, running, None, retention);
-            let rx = self.hub.operations.register(&self.wire_id, session);
-            if !self.hub.sessions().contains_key(&session) {
-                self.hub.operations.forget(&self.wire_id);
+            let rx = self.driver.operations.register(&self.wire_id, session);
+            if !self.driver.live.sessions().contains_key(&session) {
+                self.driver.operations.forget(&self.wire_id);
                 notes.push(format!(
                     "replica {replica} left before the operation was sent"
                 ));
                 continue;
             }
-            self.hub.control(
+            self.driver.live.control(
                 session,
                 Control::Operation(Box::new(operation.clone()), self.deadline),
             );
@@ -255,22 +273,22 @@ impl Submission<'_> {
 /// Its span names the account and, once known, the operation's id (the client's, or the
 /// hub's) and the id on the wire.
 #[tracing::instrument(name = "operation", skip_all, fields(%account, id = tracing::field::Empty, wire_id = tracing::field::Empty))]
-pub(crate) async fn submit(
-    hub: &Arc<Hub>,
+pub async fn submit(
+    driver: &Driver,
     account: &str,
     request: OperationRequest,
 ) -> (u16, OperationResponse) {
-    let retention = hub.config.operation_retention;
+    let retention = driver.settings.retention;
     let checked = request.to_op().and_then(|op| Ok((op, request.timeout()?)));
     let (op, timeout) = match checked {
         Ok(checked) => checked,
         Err(message) => return (400, OperationResponse::bad_request(message)),
     };
     let started = Instant::now();
-    let wire_id = hub.operations.new_id();
+    let wire_id = driver.operations.new_id();
     let client_id = request.id.is_some();
     let submission = Submission {
-        hub,
+        driver,
         id: request.id.clone().unwrap_or_else(|| wire_id.clone()),
         wire_id,
         account,
@@ -283,7 +301,7 @@ pub(crate) async fn submit(
     let span = tracing::Span::current();
     span.record("id", tracing::field::display(id));
     span.record("wire_id", tracing::field::display(&submission.wire_id));
-    if !hub.state().registry.accounts.contains_key(account) {
+    if !driver.live.state().registry.accounts.contains_key(account) {
         let message = format!(
             "no account {account:?}: no agent has registered it (or it was removed after \
              its grace period)"
@@ -292,7 +310,7 @@ pub(crate) async fn submit(
         return (404, submission.hub_made(State::NoAgent, false, status, 0));
     }
     let waiting = OperationResponse::running(submission.subject(), "", 0);
-    match hub
+    match driver
         .operations
         .claim(account, id, waiting.clone(), retention)
     {
@@ -300,14 +318,14 @@ pub(crate) async fn submit(
             // A client id is stored before anything is sent, so that after a hub restart
             // the id is known (and, if it was still running, not run again blindly).
             if client_id {
-                super::persist::save(hub, account, id, None, &waiting).await;
+                super::persist::save(driver, account, id, None, &waiting).await;
             }
         }
         Claim::Finished(code, body) => return (code, body),
         Claim::Running(body) => {
             // Another submission runs this id: its answer is this one's too.
             let until = submission.deadline + DEADLINE_GRACE;
-            return match hub.operations.wait_finished(account, id, until).await {
+            return match driver.operations.wait_finished(account, id, until).await {
                 Some(answer) => answer,
                 None => (202, body),
             };
@@ -324,7 +342,7 @@ pub(crate) async fn submit(
     };
     let (code, body) = submission.run(&operation).await;
     let (kind, state) = (submission.kind, body.state.as_str());
-    hub.metrics.operation(kind, state);
+    driver.metrics.finished(kind, state);
     tracing::info!(
         r#type = kind,
         state,
@@ -332,10 +350,11 @@ pub(crate) async fn submit(
         elapsed_ms = started.elapsed().as_millis() as u64,
         "operation finished"
     );
-    hub.operations
+    driver
+        .operations
         .record(account, id, body.clone(), Some(code), retention);
     if client_id {
-        super::persist::save(hub, account, id, Some(code), &body).await;
+        super::persist::save(driver, account, id, Some(code), &body).await;
     }
     (code, body)
 }

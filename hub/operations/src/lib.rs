@@ -1,4 +1,5 @@
-//! Operations: `POST /api/v1/accounts/{name}/operations` turns a JSON request into a
+//! `scale-agent-hub-operations`: the hub's operations. `POST
+//! /api/v1/accounts/{name}/operations` turns a JSON request into a
 //! [`pb::Operation`](scale_agent_proto::v1::Operation), routes it to a connected replica of
 //! the account, waits for its result up to the deadline, retries on another replica when
 //! the chosen one leaves before answering (only when that is safe), and keeps the outcome
@@ -7,29 +8,40 @@
 //! - `request`: the request body and its conversion to the wire operation;
 //! - `registry`: attempts in flight and the bodies kept for lookups;
 //! - `render`: the typed response bodies;
-//! - `submit`: the driver.
+//! - `submit`: the driver, and [`Driver`], what it works with;
+//! - `persist`: the records of client ids in the store;
+//! - `metrics`: [`OperationMetrics`].
 //!
 //! [`pick_replica`] chooses the agent replica for anything sent to an account (operations,
 //! and other features that send work to agents).
 //!
 //! Read-your-writes: the objects a result carries enter the cache in the same batch as the
-//! result (see [`crate::cache::apply_result_to_cache`]), before the waiter is told.
+//! result (the cache crate's `apply_result_to_cache`, called by the stream), before the
+//! waiter is told.
+//!
+//! Layer L3: depends on the model, state and store crates, and on no crate of the hub above
+//! it. What it needs from the rest of the hub is handed over in a [`Driver`] (the live state,
+//! the store lock, [`OperationMetrics`] and [`OperationSettings`]); the HTTP API submits
+//! through it, and the gRPC streams hand the registry ([`Operations`]) what their agents
+//! answer.
 
 use std::time::Duration;
 
-use crate::{Hub, registry::SessionId};
+use scale_agent_hub_model::records::SessionId;
+use scale_agent_hub_state::Live;
 
-pub(crate) mod persist;
+mod metrics;
+pub mod persist;
 mod registry;
 mod render;
 mod request;
 mod submit;
 
+pub use metrics::OperationMetrics;
 pub use registry::{Bounds, Claim, Operations, Outcome};
 pub use render::{Cause, OperationResponse, State, Status, Subject};
 pub use request::{OperationRequest, idempotent};
-pub use submit::deadline_millis;
-pub(crate) use submit::submit;
+pub use submit::{Driver, deadline_millis, submit};
 
 /// Default time an operation may take.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -48,6 +60,14 @@ pub const DEFAULT_MAX_RESULT_BYTES: usize = 64 * 1024 * 1024;
 /// lookups.
 pub const DEFAULT_MAX_RECORDS_BYTES: usize = 256 * 1024 * 1024;
 
+/// The operations' settings besides the registry's [`Bounds`].
+#[derive(Clone, Copy, Debug)]
+pub struct OperationSettings {
+    /// How long finished operations stay visible for lookups, and client ids stay claimed
+    /// (`--operation-retention`).
+    pub retention: Duration,
+}
+
 /// The next replica to send a request for `account` to, round-robin over its STREAMING and
 /// STANDBY sessions that are not in `tried`: the session and its `identity/replica` label.
 /// `None` when every replica was tried (or the account has none).
@@ -55,12 +75,12 @@ pub const DEFAULT_MAX_RECORDS_BYTES: usize = 256 * 1024 * 1024;
 /// Each call advances the hub-wide rotation, so consecutive requests spread over the
 /// replicas. Anything that sends work to an account's agents (operations, API requests)
 /// picks with this, keeping the list of sessions it already tried.
-pub(crate) fn pick_replica(
-    hub: &Hub,
+pub fn pick_replica(
+    live: &Live,
     account: &str,
     tried: &[SessionId],
 ) -> Option<(SessionId, String)> {
-    let st = hub.state();
+    let st = live.state();
     let candidates: Vec<SessionId> = st
         .registry
         .replicas(account)
@@ -70,6 +90,6 @@ pub(crate) fn pick_replica(
     if candidates.is_empty() {
         return None;
     }
-    let session = *candidates.get(hub.live.pick(candidates.len()))?;
+    let session = *candidates.get(live.pick(candidates.len()))?;
     Some((session, st.registry.replica_label(session)))
 }

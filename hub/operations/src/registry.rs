@@ -17,11 +17,11 @@ use std::{
     time::{Duration, Instant},
 };
 
+use scale_agent_hub_model::records::SessionId;
 use scale_agent_proto::v1 as pb;
 use tokio::sync::{Notify, oneshot};
 
 use super::{MAX_RETAINED, OperationResponse, State};
-use crate::registry::SessionId;
 
 /// How an attempt ended.
 #[derive(Debug)]
@@ -488,7 +488,7 @@ impl Operations {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operations::{State, Subject};
+    use crate::{State, Subject};
 
     fn subject(id: &'static str) -> Subject<'static> {
         Subject {

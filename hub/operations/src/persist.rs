@@ -6,10 +6,11 @@
 
 use std::time::{Duration, Instant};
 
+use scale_agent_hub_model::error::Chain;
+use scale_agent_hub_store as store;
 use serde::{Deserialize, Serialize};
 
-use super::{OperationResponse, Operations, State, Status};
-use crate::{Hub, store};
+use super::{Driver, OperationResponse, Operations, State, Status};
 
 /// Writes between two sweeps of expired rows from the store.
 const SWEEP_EVERY: u64 = 128;
@@ -48,7 +49,7 @@ fn expired(bytes: &[u8], retention: Duration, now: i64) -> bool {
 /// finished. A store that fails is logged, not fatal: the record in memory still keeps the
 /// id from running twice while this hub runs.
 pub(crate) async fn save(
-    hub: &Hub,
+    driver: &Driver,
     account: &str,
     id: &str,
     code: Option<u16>,
@@ -65,22 +66,22 @@ pub(crate) async fn save(
     let Ok(bytes) = serde_json::to_vec(&row) else {
         return;
     };
-    let Some(records) = hub.store.lock().await.operation_records() else {
+    let Some(records) = driver.store.lock().await.operation_records() else {
         return;
     };
     let key = key(account, id);
-    let retention = hub.config.operation_retention;
-    let sweep = hub.operations.count_write().is_multiple_of(SWEEP_EVERY);
+    let retention = driver.settings.retention;
+    let sweep = driver.operations.count_write().is_multiple_of(SWEEP_EVERY);
     let now = jiff::Timestamp::now().as_millisecond();
     let past: Option<Box<store::Expired>> =
         sweep.then(|| Box::new(move |bytes: &[u8]| expired(bytes, retention, now)) as _);
     if let Err(error) = records.write(key, Some(bytes), past).await {
-        tracing::warn!(error = %crate::error::Chain(&error), "cannot store the operation's record; a hub restart will forget the id")
+        tracing::warn!(error = %Chain(&error), "cannot store the operation's record; a hub restart will forget the id")
     }
 }
 
 /// Puts the stored records of a previous run, still within `retention`, into `operations`.
-pub(crate) fn restore(operations: &Operations, rows: Vec<(String, Vec<u8>)>, retention: Duration) {
+pub fn restore(operations: &Operations, rows: Vec<(String, Vec<u8>)>, retention: Duration) {
     let now = jiff::Timestamp::now().as_millisecond();
     let mut rows: Vec<(String, Row)> = rows
         .into_iter()
@@ -131,7 +132,7 @@ pub(crate) fn restore(operations: &Operations, rows: Vec<(String, Vec<u8>)>, ret
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operations::Subject;
+    use crate::Subject;
 
     #[test]
     fn rows_expire_after_the_retention() {
