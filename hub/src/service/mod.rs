@@ -1,5 +1,12 @@
 //! The gRPC service: one task per agent stream, running the protocol of
 //! [`crate::session`] with batching, acknowledgements, heartbeats and promotions.
+//!
+//! It reads the configuration through [`StreamSettings`] (built once by [`crate::start`]
+//! and held by `Hub`) and records through [`GrpcMetrics`] (registered by
+//! [`crate::metrics::Metrics`]).
+
+mod metrics;
+mod settings;
 
 use std::{
     sync::Arc,
@@ -15,8 +22,12 @@ use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument as _;
 
+pub use self::{
+    metrics::GrpcMetrics,
+    settings::{HeartbeatBounds, StreamSettings},
+};
 use crate::{
-    Control, GrpcSecurity, Hub, SessionHandle,
+    Control, Hub, SessionHandle,
     agent_auth::{Authenticated, CertificateOrigin, authenticate},
     agent_tokens::AgentTokenKind,
     commits::AckGate,
@@ -57,11 +68,9 @@ impl AgentHub for AgentHubService {
             .unwrap_or_default();
         // Behind a TLS-terminating proxy the agent's certificate arrives in a header, from a
         // trusted proxy only; it is then verified like one presented directly.
-        let peer_certs = match &self.hub.config.security {
-            GrpcSecurity::TrustedProxy(proxy) => {
-                Some(Arc::new(proxy.trust.request_chain(&request)?))
-            }
-            _ => request.peer_certs(),
+        let peer_certs = match &self.hub.stream_settings.trusted_proxy {
+            Some(trust) => Some(Arc::new(trust.request_chain(&request)?)),
+            None => request.peer_certs(),
         };
         // Replicas sharing a store: a bearer token or an enrolment made through another
         // replica is looked up there before the stream is judged.
@@ -139,7 +148,7 @@ impl AgentHub for AgentHubService {
             Some(chain) if request.token.is_empty() => crate::agent_renewal::renew_by_certificate(
                 self.hub.client_certificates().as_deref(),
                 self.hub.auth.agent_ca(),
-                self.hub.config.agent_cert_lifetime,
+                self.hub.stream_settings.agent_cert_lifetime,
                 chain,
                 &request.csr_pem,
             )
@@ -203,7 +212,7 @@ async fn enroll(hub: &Hub, request: pb::EnrollRequest) -> Result<pb::IssuedCerti
         .issue(
             &request.csr_pem,
             &record.identity,
-            hub.config.agent_cert_lifetime,
+            hub.stream_settings.agent_cert_lifetime,
         )
         .map_err(Status::invalid_argument)?;
     let ops = hub.agent_tokens().consume(&record.id, now);
@@ -261,11 +270,11 @@ fn renew(hub: &Hub, auth: &Authenticated, csr_pem: &str) -> pb::CertificateRenew
             ),
         };
     }
-    match hub
-        .auth
-        .agent_ca()
-        .issue(csr_pem, &auth.identity, hub.config.agent_cert_lifetime)
-    {
+    match hub.auth.agent_ca().issue(
+        csr_pem,
+        &auth.identity,
+        hub.stream_settings.agent_cert_lifetime,
+    ) {
         Ok(issued) => {
             tracing::info!(identity = %auth.identity, not_after = issued.not_after, "agent certificate renewed");
             pb::CertificateRenewal {
@@ -298,7 +307,7 @@ async fn run_stream(
     out: &StreamOut,
 ) -> Result<(), Status> {
     let identity = auth.identity.as_str();
-    let silence = hub.config.heartbeat_period * 2;
+    let silence = hub.stream_settings.heartbeat.default * 2;
     let first = match tokio::time::timeout(silence, inbound.message()).await {
         Err(_) => {
             return Err(Status::deadline_exceeded(format!(
@@ -309,6 +318,7 @@ async fn run_stream(
         Ok(Ok(Some(m))) => m,
     };
     hub.metrics
+        .grpc
         .received(message_type(&first), first.encoded_len());
     let hello = check_hello(first).map_err(|e| e.to_status())?;
     let tunnel = hello.capabilities.iter().any(|c| c == TUNNEL_CAPABILITY);
@@ -356,8 +366,9 @@ async fn run_stream(
     let session =
         Session::new(id, identity.to_string()).with_account_patterns(auth.account_patterns.clone());
     let period = hub
-        .config
-        .granted_heartbeat_period(hello.heartbeat_period_seconds);
+        .stream_settings
+        .heartbeat
+        .grant(hello.heartbeat_period_seconds);
     if hello.heartbeat_period_seconds > 0
         && period.as_secs() != u64::from(hello.heartbeat_period_seconds)
     {
@@ -406,15 +417,6 @@ async fn run_stream(
     result
 }
 
-/// The largest AgentMessage the hub decodes: an object of `--max-object-bytes` with room for
-/// its envelope. Agents that know it (Welcome.max_message_bytes) split operation results
-/// into parts below it.
-pub(crate) fn max_message_bytes(config: &crate::Config) -> usize {
-    usize::try_from(config.max_object_bytes)
-        .unwrap_or(usize::MAX)
-        .saturating_add(1024 * 1024)
-}
-
 /// Why operations in flight on a stream that broke on a message past the decode limit end
 /// (an agent too old to split its results): not resent, the next replica would break too.
 fn too_large_message(status: &Status) -> Option<String> {
@@ -459,13 +461,14 @@ async fn serve(
         Out::Welcome(pb::Welcome {
             identity: session.identity.clone(),
             heartbeat_period_seconds: u32::try_from(period.as_secs().max(1)).unwrap_or(u32::MAX),
-            max_unacked: hub.config.max_unacked,
-            max_object_bytes: hub.config.max_object_bytes,
+            max_unacked: hub.stream_settings.max_unacked,
+            max_object_bytes: hub.stream_settings.limits.max_object_bytes,
             hub_version: env!("CARGO_PKG_VERSION").to_string(),
             tunnel_window_bytes: crate::tunnel::WINDOW_BYTES,
             session_token,
-            max_objects_per_account: hub.config.max_objects_per_account,
-            max_message_bytes: u64::try_from(max_message_bytes(&hub.config)).unwrap_or(u64::MAX),
+            max_objects_per_account: hub.stream_settings.limits.max_objects_per_account,
+            max_message_bytes: u64::try_from(hub.stream_settings.max_message_bytes())
+                .unwrap_or(u64::MAX),
         }),
     )
     .await?;
@@ -526,7 +529,7 @@ async fn serve(
                     };
                     if let Some(a) = assignment {
                         tracing::info!(account = %a.account, resume_points = a.resume_points.len(), "standby promoted: STREAMING");
-                        hub.metrics.resumes.inc_by(a.resume_points.len() as u64);
+                        hub.metrics.grpc.resumes.inc_by(a.resume_points.len() as u64);
                         send(tx, Out::Assignment(a)).await?;
                     }
                 }
@@ -615,7 +618,7 @@ fn deliver_tunnel_frame(
     size: usize,
     tx: &Outbound,
 ) -> Result<(), Status> {
-    hub.metrics.received("tunnel", size);
+    hub.metrics.grpc.received("tunnel", size);
     let exchange = frame.exchange;
     match hub.tunnels.deliver(session, frame) {
         Ok(None) => Ok(()),
@@ -660,8 +663,11 @@ async fn process_batch(
         let mut st = hub.state();
         let now = now();
         for msg in batch {
-            hub.metrics.received(message_type(&msg), msg.encoded_len());
-            if let Err(e) = session.handle(&mut st, &hub.limits, msg, now, &mut fx) {
+            hub.metrics
+                .grpc
+                .received(message_type(&msg), msg.encoded_len());
+            if let Err(e) = session.handle(&mut st, &hub.stream_settings.limits, msg, now, &mut fx)
+            {
                 protocol_error = Some(e);
                 break;
             }
@@ -673,8 +679,8 @@ async fn process_batch(
     acks.batch(session.last_seq(), queued);
     // Reads waiting for the cache to reach a resourceVersion look again.
     hub.live.cache_advanced();
-    hub.metrics.resumes.inc_by(fx.resumes);
-    hub.metrics.relists.inc_by(fx.relists);
+    hub.metrics.grpc.resumes.inc_by(fx.resumes);
+    hub.metrics.grpc.relists.inc_by(fx.relists);
     if fx.stale > 0 {
         tracing::debug!(stale = fx.stale, "ignored replayed events");
     }
@@ -741,7 +747,7 @@ async fn acknowledge(
         None => {
             if acks.owes() && !acks.held {
                 acks.held = true;
-                hub.metrics.acks_held.inc();
+                hub.metrics.grpc.acks_held.inc();
                 tracing::debug!(
                     failing = progress.failing,
                     "Ack held until the store commits this stream's changes"
@@ -750,9 +756,4 @@ async fn acknowledge(
             Ok(())
         }
     }
-}
-
-/// Keepalive settings of the gRPC server, derived from the heartbeat period.
-pub(crate) fn keepalive(period: Duration) -> (Duration, Duration) {
-    (period, period * 2)
 }
