@@ -1,38 +1,37 @@
 //! The gRPC service: one task per agent stream, running the protocol of
 //! [`crate::session`] with batching, acknowledgements, heartbeats and promotions, and the
-//! Enroll RPC (`enrolment`: certificates for agents).
+//! Enroll RPC.
 //!
-//! It reads the configuration through [`StreamSettings`] (built once by [`crate::start`]
-//! and held by `Hub`) and records through [`GrpcMetrics`] (registered by
-//! [`crate::metrics::Metrics`]).
+//! - [`AgentHubService`] (here): the two RPCs; a stream is authenticated here, then served
+//!   by a task of its own;
+//! - `stream`: that task (`StreamTask`), from Hello to the stream's end;
+//! - `batch`: the agent's messages in batches, applied, queued for the store, answered;
+//! - `enrolment`: certificates for agents (Enroll, and RenewCertificate on a stream);
+//! - `settings`: what the service reads of the configuration ([`StreamSettings`], built once
+//!   by [`crate::start`] and held by `Hub`);
+//! - `metrics`: what it records ([`GrpcMetrics`], registered by [`crate::metrics::Metrics`]).
 
+mod batch;
 mod enrolment;
 mod metrics;
 mod settings;
+mod stream;
 
-use std::{
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::sync::Arc;
 
-use futures::FutureExt as _;
-use prost::Message as _;
-use scale_agent_proto::v1::{
-    self as pb, agent_hub_server::AgentHub, agent_message::Kind as Msg, hub_message::Kind as Out,
-};
+use scale_agent_proto::v1::{self as pb, agent_hub_server::AgentHub, hub_message::Kind as Out};
 use tokio::sync::mpsc;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status, Streaming, metadata::MetadataMap};
 use tracing::Instrument as _;
 
+use self::stream::StreamTask;
 pub use self::{
     metrics::GrpcMetrics,
     settings::{HeartbeatBounds, StreamSettings},
 };
 use crate::{
-    Control, Hub, SessionHandle,
-    agent_auth::{Authenticated, authenticate},
-    commits::AckGate,
-    session::{Effects, Session, check_hello, message_type, streaming_assignment},
+    Hub,
+    agent_auth::{Authenticated, CertificateOrigin, authenticate},
 };
 
 /// Messages waiting to be sent to one agent.
@@ -73,30 +72,13 @@ impl AgentHub for AgentHubService {
             Some(trust) => Some(Arc::new(trust.request_chain(&request)?)),
             None => request.peer_certs(),
         };
-        // Replicas sharing a store: a bearer token or an enrolment made through another
-        // replica is looked up there before the stream is judged.
-        if let Some(token) = request
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split_once(' '))
-            .map(|(_, token)| token.trim().to_string())
-        {
-            crate::shared::learn_agent_token(&self.hub, &token, false).await;
-        }
-        let mut auth = authenticate(&self.hub.auth, peer_certs.as_deref().map(Vec::as_slice), request.metadata())
-            .inspect_err(|status| {
-                tracing::warn!(%peer, code = ?status.code(), reason = status.message(), "agent stream refused");
-            })?;
-        if auth.certificate == Some(crate::agent_auth::CertificateOrigin::Hub)
-            && crate::shared::learn_enrolled(&self.hub, &auth.identity).await
-        {
-            auth = authenticate(
-                &self.hub.auth,
+        let auth = self
+            .authenticate(
                 peer_certs.as_deref().map(Vec::as_slice),
                 request.metadata(),
-            )?;
-        }
+                &peer,
+            )
+            .await?;
         tracing::debug!(%peer, identity = %auth.identity, via = %auth.via, "agent authenticated");
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(OUTBOUND_BUFFER);
@@ -118,11 +100,12 @@ impl AgentHub for AgentHubService {
             replica = tracing::field::Empty,
             session = tracing::field::Empty,
         );
+        let control = out.control.clone();
         tokio::spawn(
             async move {
-                if let Err(status) = run_stream(&hub, &auth, inbound, &out).await {
+                if let Err(status) = StreamTask::run(hub, auth, inbound, out).await {
                     tracing::info!(code = ?status.code(), message = status.message(), "agent stream ended");
-                    let _ = out.control.send(Err(status)).await;
+                    let _ = control.send(Err(status)).await;
                 } else {
                     tracing::info!("agent stream closed by the agent");
                 }
@@ -142,6 +125,36 @@ impl AgentHub for AgentHubService {
     }
 }
 
+impl AgentHubService {
+    /// Who opens a stream: its certificate (`peer_certs`) or bearer token (`metadata`).
+    /// Replicas sharing a store look the token or the enrolment up there first, as it may
+    /// have been made through another replica.
+    async fn authenticate(
+        &self,
+        peer_certs: Option<&[tonic::transport::CertificateDer<'static>]>,
+        metadata: &MetadataMap,
+        peer: &str,
+    ) -> Result<Authenticated, Status> {
+        if let Some(token) = metadata
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split_once(' '))
+            .map(|(_, token)| token.trim().to_string())
+        {
+            crate::shared::learn_agent_token(&self.hub, &token, false).await;
+        }
+        let auth = authenticate(&self.hub.auth, peer_certs, metadata).inspect_err(|status| {
+            tracing::warn!(%peer, code = ?status.code(), reason = status.message(), "agent stream refused");
+        })?;
+        if auth.certificate == Some(CertificateOrigin::Hub)
+            && crate::shared::learn_enrolled(&self.hub, &auth.identity).await
+        {
+            return authenticate(&self.hub.auth, peer_certs, metadata);
+        }
+        Ok(auth)
+    }
+}
+
 /// The two queues of a stream's outbound side.
 struct StreamOut {
     /// Welcome, acknowledgements, assignments, operations, heartbeats.
@@ -154,474 +167,4 @@ async fn send(tx: &Outbound, kind: Out) -> Result<(), Status> {
     tx.send(Ok(pb::HubMessage { kind: Some(kind) }))
         .await
         .map_err(|_| Status::cancelled("the agent went away"))
-}
-
-/// A random token for a stream's Welcome.
-fn session_token() -> Result<String, Status> {
-    use base64::Engine as _;
-    let bytes = crate::tokens::random_bytes::<32>()
-        .map_err(|e| Status::internal(format!("cannot make a session token: {e}")))?;
-    Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes))
-}
-
-async fn run_stream(
-    hub: &Arc<Hub>,
-    auth: &Authenticated,
-    mut inbound: Streaming<pb::AgentMessage>,
-    out: &StreamOut,
-) -> Result<(), Status> {
-    let identity = auth.identity.as_str();
-    let silence = hub.stream_settings.heartbeat.default * 2;
-    let first = match tokio::time::timeout(silence, inbound.message()).await {
-        Err(_) => {
-            return Err(Status::deadline_exceeded(format!(
-                "no Hello within {silence:?}"
-            )));
-        }
-        Ok(Err(_)) | Ok(Ok(None)) => return Ok(()),
-        Ok(Ok(Some(m))) => m,
-    };
-    hub.metrics
-        .grpc
-        .received(message_type(&first), first.encoded_len());
-    let hello = check_hello(first).map_err(|e| e.to_status())?;
-    let tunnel = hello.capabilities.iter().any(|c| c == TUNNEL_CAPABILITY);
-    let (ctrl_tx, mut ctrl_rx) = mpsc::channel(CONTROL_BUFFER);
-    let token = session_token()?;
-    let (id, replaced, promotions) = {
-        let mut st = hub.state();
-        st.registry
-            .may_replace(identity, &hello.replica, &hello.session_token)
-            .map_err(Status::permission_denied)?;
-        let connected = st
-            .registry
-            .connect(identity, &hello.replica, &hello.agent_version, now());
-        st.registry.set_session_token(connected.0, token.clone());
-        connected
-    };
-    let span = tracing::Span::current();
-    span.record("replica", tracing::field::display(&hello.replica));
-    span.record("session", id);
-    hub.sessions().insert(
-        id,
-        SessionHandle {
-            control: ctrl_tx,
-            outbound: out.tunnel.clone(),
-            tunnel_window: tunnel.then_some(crate::tunnel::WINDOW_BYTES),
-        },
-    );
-    if let Some(old) = replaced {
-        tracing::info!("a newer stream replaces the older one");
-        hub.control(
-            old,
-            Control::Close(Status::aborted(
-                "replaced by a newer stream from the same agent identity and replica",
-            )),
-        );
-    }
-    hub.deliver(promotions);
-    hub.observe_states();
-    hub.announce_replicas(identity);
-    // After Welcome (the stream's loop sends that first): the dynamic accounts, every time.
-    let dynamic = hub.dynamic_accounts().set_for(identity);
-    hub.control(id, Control::DynamicAccounts(dynamic));
-    tracing::info!(version = %hello.agent_version, "agent connected");
-
-    let session =
-        Session::new(id, identity.to_string()).with_account_patterns(auth.account_patterns.clone());
-    let period = hub
-        .stream_settings
-        .heartbeat
-        .grant(hello.heartbeat_period_seconds);
-    if hello.heartbeat_period_seconds > 0
-        && period.as_secs() != u64::from(hello.heartbeat_period_seconds)
-    {
-        tracing::info!(
-            requested_seconds = hello.heartbeat_period_seconds,
-            granted_seconds = period.as_secs(),
-            "heartbeat period asked for is outside --min-heartbeat-period..--max-heartbeat-period; granted the nearest bound"
-        );
-    }
-    let terms = Terms {
-        session_token: token,
-        period,
-    };
-    let mut too_large = None;
-    let result = serve(
-        hub,
-        auth,
-        session,
-        terms,
-        &mut inbound,
-        &mut ctrl_rx,
-        out,
-        &mut too_large,
-    )
-    .await;
-
-    let promotions = hub.state().registry.disconnect(id, now());
-    hub.sessions().remove(&id);
-    hub.operations.session_ended(id, too_large.as_deref());
-    hub.tunnels.session_ended(id);
-    // Unless a newer stream of the same replica took this one's place.
-    let replica_left = !hub
-        .state()
-        .registry
-        .replicas_of_identity(identity)
-        .iter()
-        .any(|(_, replica)| *replica == hello.replica);
-    if replica_left {
-        hub.dynamic_accounts()
-            .forget_replica(identity, &hello.replica);
-    }
-    hub.deliver(promotions);
-    hub.observe_states();
-    hub.announce_replicas(identity);
-    hub.agents_changed();
-    result
-}
-
-/// Why operations in flight on a stream that broke on a message past the decode limit end
-/// (an agent too old to split its results): not resent, the next replica would break too.
-fn too_large_message(status: &Status) -> Option<String> {
-    (status.code() == tonic::Code::OutOfRange && status.message().contains("too large")).then(
-        || {
-            format!(
-                "the agent sent a message larger than the hub decodes ({}), which ended its \
-             stream; upgrade the agent (newer agents send large results in parts), narrow \
-             the question, or raise the hub's --max-object-bytes (the limit is that plus 1 MiB)",
-                status.message()
-            )
-        },
-    )
-}
-
-/// What a stream's Welcome tells the agent that is particular to the stream.
-struct Terms {
-    session_token: String,
-    /// The heartbeat period granted.
-    period: Duration,
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn serve(
-    hub: &Arc<Hub>,
-    auth: &Authenticated,
-    mut session: Session,
-    terms: Terms,
-    inbound: &mut Streaming<pb::AgentMessage>,
-    ctrl_rx: &mut mpsc::Receiver<Control>,
-    out: &StreamOut,
-    too_large: &mut Option<String>,
-) -> Result<(), Status> {
-    let tx = &out.control;
-    let Terms {
-        session_token,
-        period,
-    } = terms;
-    let silence = period * 2;
-    send(
-        tx,
-        Out::Welcome(pb::Welcome {
-            identity: session.identity.clone(),
-            heartbeat_period_seconds: u32::try_from(period.as_secs().max(1)).unwrap_or(u32::MAX),
-            max_unacked: hub.stream_settings.max_unacked,
-            max_object_bytes: hub.stream_settings.limits.max_object_bytes,
-            hub_version: env!("CARGO_PKG_VERSION").to_string(),
-            tunnel_window_bytes: crate::tunnel::WINDOW_BYTES,
-            session_token,
-            max_objects_per_account: hub.stream_settings.limits.max_objects_per_account,
-            max_message_bytes: u64::try_from(hub.stream_settings.max_message_bytes())
-                .unwrap_or(u64::MAX),
-        }),
-    )
-    .await?;
-    send(tx, Out::Ack(pb::Ack { seq: 1 })).await?;
-    // After Welcome: what this hub reads beyond it (agents that do not know it ignore it).
-    send(
-        tx,
-        Out::Capabilities(pb::HubCapabilities {
-            capabilities: vec![scale_agent_proto::ACCOUNT_UNAVAILABLE_CAPABILITY.to_string()],
-        }),
-    )
-    .await?;
-
-    let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let shutdown = crate::shutting_down(hub.shutdown.clone());
-    tokio::pin!(shutdown);
-    let mut last_heard = tokio::time::Instant::now();
-    let mut acks = AckGate::default();
-    let mut store_progress = hub.commits.subscribe();
-    loop {
-        tokio::select! {
-            () = &mut shutdown => {
-                return Err(Status::unavailable("the hub is shutting down"));
-            }
-            ctrl = ctrl_rx.recv() => match ctrl {
-                Some(Control::Close(status)) => return Err(status),
-                Some(Control::Operation(mut op, deadline)) => {
-                    // The time left now, not when it was submitted: an operation that waited
-                    // in a full control queue must not run past its submitter's deadline. One
-                    // with no time left is not sent; its submitter answers 504 not executed.
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        tracing::debug!(id = %op.id, "operation not sent: its deadline passed while queued");
-                        continue;
-                    }
-                    op.timeout_millis = u64::try_from(left.as_millis()).unwrap_or(u64::MAX).max(1);
-                    op.deadline_unix_millis = crate::operations::deadline_millis(left);
-                    let id = op.id.clone();
-                    send(tx, Out::Operation(*op)).await?;
-                    hub.operations.mark_sent(&id);
-                }
-                Some(Control::AccountState(state)) => {
-                    send(tx, Out::AccountState(state)).await?;
-                }
-                Some(Control::AgentReplicas(replicas)) => {
-                    send(tx, Out::AgentReplicas(replicas)).await?;
-                }
-                Some(Control::DynamicAccounts(accounts)) => {
-                    send(tx, Out::DynamicAccounts(accounts)).await?;
-                }
-                Some(Control::Promote(account)) => {
-                    let assignment = {
-                        let st = hub.state();
-                        st.registry
-                            .is_streaming(session.id, &account)
-                            .then(|| streaming_assignment(&st.cache, &account))
-                    };
-                    if let Some(a) = assignment {
-                        tracing::info!(account = %a.account, resume_points = a.resume_points.len(), "standby promoted: STREAMING");
-                        hub.metrics.grpc.resumes.inc_by(a.resume_points.len() as u64);
-                        send(tx, Out::Assignment(a)).await?;
-                    }
-                }
-                None => return Err(Status::aborted("the hub dropped this stream")),
-            },
-            changed = store_progress.changed(), if acks.owes() => {
-                if changed.is_err() {
-                    return Err(Status::unavailable("the hub is shutting down"));
-                }
-                let progress = store_progress.borrow_and_update().clone();
-                acknowledge(hub, &mut acks, &progress, tx).await?;
-            }
-            _ = heartbeat.tick() => {
-                // Skipped when the agent is not reading: it has messages to read anyway.
-                let _ = tx.try_send(Ok(pb::HubMessage {
-                    kind: Some(Out::Heartbeat(pb::Heartbeat { sent_at_unix_millis: jiff::Timestamp::now().as_millisecond() })),
-                }));
-            }
-            _ = tokio::time::sleep_until(last_heard + silence) => {
-                return Err(Status::deadline_exceeded(format!(
-                    "no message from the agent for {silence:?} (two heartbeat periods)"
-                )));
-            }
-            msg = inbound.message() => {
-                let first = match msg {
-                    Ok(Some(m)) => m,
-                    Ok(None) => return Ok(()),
-                    Err(status) => {
-                        tracing::debug!(%status, "agent stream broke");
-                        *too_large = too_large_message(&status);
-                        if let Some(message) = too_large.as_deref() {
-                            tracing::warn!(%message, "agent stream ended by an oversized message");
-                        }
-                        return Ok(());
-                    }
-                };
-                last_heard = tokio::time::Instant::now();
-                let mut batch = Vec::new();
-                let mut ended = false;
-                let mut next = Some(first);
-                while let Some(message) = next.take() {
-                    // Tunnel frames go to their exchanges at once: they are outside the
-                    // sequence numbers and must not wait for a batch to be stored.
-                    if message.seq == 0 && matches!(message.kind, Some(Msg::Tunnel(_))) {
-                        let size = message.encoded_len();
-                        // Moved, not copied: data frames carry up to 64 KiB of body.
-                        if let Some(Msg::Tunnel(frame)) = message.kind {
-                            deliver_tunnel_frame(hub, session.id, frame, size, &out.tunnel)?;
-                        }
-                    } else {
-                        batch.push(message);
-                    }
-                    if batch.len() >= MAX_BATCH {
-                        break;
-                    }
-                    match inbound.message().now_or_never() {
-                        Some(Ok(Some(m))) => next = Some(m),
-                        Some(Ok(None)) => ended = true,
-                        Some(Err(status)) => {
-                            *too_large = too_large_message(&status);
-                            ended = true;
-                        }
-                        None => {}
-                    }
-                }
-                if !batch.is_empty() {
-                    process_batch(hub, auth, &mut session, batch, tx, &mut acks).await?;
-                    let progress = store_progress.borrow_and_update().clone();
-                    acknowledge(hub, &mut acks, &progress, tx).await?;
-                }
-                if ended {
-                    return Ok(());
-                }
-            }
-        }
-    }
-}
-
-/// Hands a tunnel frame to its exchange. A frame out of order resets that exchange only; one
-/// past the flow-control window ends the stream (`resource_exhausted`), since the window is
-/// what bounds the memory the hub spends on the agent's responses.
-fn deliver_tunnel_frame(
-    hub: &Hub,
-    session: crate::registry::SessionId,
-    frame: pb::TunnelFrame,
-    size: usize,
-    tx: &Outbound,
-) -> Result<(), Status> {
-    hub.metrics.grpc.received("tunnel", size);
-    let exchange = frame.exchange;
-    match hub.tunnels.deliver(session, frame) {
-        Ok(None) => Ok(()),
-        Ok(Some(reset)) => {
-            tracing::warn!(exchange, reset = ?reset, "tunnel exchange broke the protocol; reset");
-            crate::tunnel::send_frame_soon(tx, exchange, reset);
-            Ok(())
-        }
-        Err(crate::tunnel::WindowViolation(reason)) => {
-            tracing::warn!(exchange, %reason, "agent sent past the tunnel window; ending its stream");
-            Err(Status::resource_exhausted(reason))
-        }
-    }
-}
-
-/// Applies a batch under the state lock and queues its changes for the store, then answers
-/// (assignments first). The Ack of the batch's last message is sent by [`acknowledge`]
-/// once the store allows it.
-async fn process_batch(
-    hub: &Arc<Hub>,
-    auth: &Authenticated,
-    session: &mut Session,
-    batch: Vec<pb::AgentMessage>,
-    tx: &Outbound,
-    acks: &mut AckGate,
-) -> Result<(), Status> {
-    let mut fx = Effects::default();
-    let mut protocol_error = None;
-    // Replicas sharing a store: the cluster and binding of each account registered here,
-    // as another replica may have stored them.
-    if hub.shared.is_some() {
-        let registered: Vec<String> = batch
-            .iter()
-            .filter_map(|m| match &m.kind {
-                Some(pb::agent_message::Kind::RegisterAccount(r)) => Some(r.account.clone()),
-                _ => None,
-            })
-            .collect();
-        crate::shared::learn_accounts(hub, &registered).await;
-    }
-    let queued = {
-        let mut st = hub.state();
-        let now = now();
-        for msg in batch {
-            hub.metrics
-                .grpc
-                .received(message_type(&msg), msg.encoded_len());
-            if let Err(e) = session.handle(&mut st, &hub.stream_settings.limits, msg, now, &mut fx)
-            {
-                protocol_error = Some(e);
-                break;
-            }
-        }
-        // Queued in the same critical section as the change to the cache, so that the
-        // store commits changes in the order they were made (see [`crate::commits`]).
-        hub.commits.enqueue(std::mem::take(&mut fx.ops))
-    };
-    acks.batch(session.last_seq(), queued);
-    // Reads waiting for the cache to reach a resourceVersion look again.
-    hub.live.cache_advanced();
-    hub.metrics.grpc.resumes.inc_by(fx.resumes);
-    hub.metrics.grpc.relists.inc_by(fx.relists);
-    if fx.stale > 0 {
-        tracing::debug!(stale = fx.stale, "ignored replayed events");
-    }
-    hub.deliver(std::mem::take(&mut fx.promotions));
-    hub.observe_states();
-    if !fx.registered.is_empty() {
-        hub.agents_changed();
-    }
-    if !fx.dynamic_statuses.is_empty() {
-        let replica = hub
-            .state()
-            .registry
-            .replicas_of_identity(&session.identity)
-            .into_iter()
-            .find_map(|(id, replica)| (id == session.id).then_some(replica))
-            .unwrap_or_default();
-        let mut dynamic = hub.dynamic_accounts();
-        for status in std::mem::take(&mut fx.dynamic_statuses) {
-            dynamic.report(&session.identity, &replica, status);
-        }
-    }
-    for account in std::mem::take(&mut fx.discovery_changed) {
-        tracing::info!(%account, "the cluster's kinds changed; discovery cache dropped");
-        hub.discovery
-            .invalidate(&account, std::time::Instant::now());
-    }
-    for result in std::mem::take(&mut fx.results) {
-        let id = result.id.clone();
-        if !hub.operations.complete(session.id, result) {
-            tracing::debug!(%id, "result of an operation nobody waits for (timed out or unknown)");
-        }
-    }
-    for reply in fx.replies {
-        if let Some(kind) = reply.kind {
-            send(tx, kind).await?;
-        }
-    }
-    // After the assignments: the agent learns its role, then the account's state.
-    for state in hub.account_states(&fx.registered) {
-        send(tx, Out::AccountState(state)).await?;
-    }
-    for status in std::mem::take(&mut fx.kind_statuses) {
-        send(tx, Out::KindStatus(status)).await?;
-    }
-    for csr_pem in std::mem::take(&mut fx.renewals) {
-        send(
-            tx,
-            Out::CertificateRenewal(enrolment::renew(hub, auth, &csr_pem)),
-        )
-        .await?;
-    }
-    if let Some(e) = protocol_error {
-        tracing::warn!(error = ?e, "protocol error; ending the stream");
-        return Err(e.to_status());
-    }
-    Ok(())
-}
-
-/// Sends the Ack the stream owes when the store allows it (see [`crate::commits`]).
-async fn acknowledge(
-    hub: &Hub,
-    acks: &mut AckGate,
-    progress: &crate::commits::Progress,
-    tx: &Outbound,
-) -> Result<(), Status> {
-    match acks.ready(progress, hub.commits.queued_bytes()) {
-        Some(seq) => send(tx, Out::Ack(pb::Ack { seq })).await,
-        None => {
-            if acks.owes() && !acks.held {
-                acks.held = true;
-                hub.metrics.grpc.acks_held.inc();
-                tracing::debug!(
-                    failing = progress.failing,
-                    "Ack held until the store commits this stream's changes"
-                );
-            }
-            Ok(())
-        }
-    }
 }
