@@ -302,11 +302,12 @@ impl Config {
     /// the request within `--min-heartbeat-period` and `--max-heartbeat-period`, or
     /// `--heartbeat-period` when it asked for none (0, or an agent from before the field).
     pub fn granted_heartbeat_period(&self, requested_seconds: u32) -> Duration {
-        match requested_seconds {
-            0 => self.heartbeat_period,
-            secs => Duration::from_secs(u64::from(secs))
-                .clamp(self.min_heartbeat_period, self.max_heartbeat_period),
+        crate::service::HeartbeatBounds {
+            default: self.heartbeat_period,
+            min: self.min_heartbeat_period,
+            max: self.max_heartbeat_period,
         }
+        .grant(requested_seconds)
     }
 }
 

@@ -89,7 +89,8 @@ pub(crate) struct Hub {
     pub(crate) config: Config,
     /// What the REST API reads of `config`.
     pub(crate) api_settings: http::ApiSettings,
-    pub(crate) limits: Limits,
+    /// What the gRPC service reads of `config` ([`service::StreamSettings`]).
+    pub(crate) stream_settings: service::StreamSettings,
     /// The registry and cache, the streams, the dynamic accounts ([`Live`]).
     pub(crate) live: Arc<Live>,
     /// The store. The agents' streams never take this lock: they queue their changes in
@@ -651,12 +652,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
     let discovery = Arc::new(proxy::discovery::DiscoveryCache::default());
     let cached_reads = Arc::new(proxy::cached::CachedReads::default());
     let hub = Arc::new(Hub {
-        limits: Limits {
-            max_object_bytes: config.max_object_bytes,
-            max_staged_bytes: config.max_staged_bytes,
-            max_objects_per_account: config.max_objects_per_account,
-            allow: config.allow.clone(),
-        },
+        stream_settings: stream_settings(&config),
         live,
         store,
         commits: commits::Commits::new(config.data_dir.clone()),
@@ -705,7 +701,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
     // and register them again a moment later.
     hub.sync_clouddriver().await?;
 
-    let (keepalive_interval, keepalive_timeout) = service::keepalive(hub.config.heartbeat_period);
+    let (keepalive_interval, keepalive_timeout) = hub.stream_settings.keepalive();
     let mut builder = Server::builder()
         .http2_keepalive_interval(Some(keepalive_interval))
         .http2_keepalive_timeout(Some(keepalive_timeout))
@@ -730,7 +726,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
             None
         }
     };
-    let max_message = service::max_message_bytes(&hub.config);
+    let max_message = hub.stream_settings.max_message_bytes();
     let service = AgentHubServer::new(AgentHubService { hub: hub.clone() })
         .max_decoding_message_size(max_message);
     let (failed_tx, failed) = mpsc::channel(2);
@@ -883,6 +879,29 @@ fn proxy_listener(builder: Server, proxy: &ProxyMode) -> Result<Server> {
     builder
         .tls_config(tls)
         .map_err(|e| HubError::Grpc(Box::new(e)))
+}
+
+/// What the gRPC service reads of the configuration.
+fn stream_settings(config: &Config) -> service::StreamSettings {
+    service::StreamSettings {
+        heartbeat: service::HeartbeatBounds {
+            default: config.heartbeat_period,
+            min: config.min_heartbeat_period,
+            max: config.max_heartbeat_period,
+        },
+        max_unacked: config.max_unacked,
+        limits: Limits {
+            max_object_bytes: config.max_object_bytes,
+            max_staged_bytes: config.max_staged_bytes,
+            max_objects_per_account: config.max_objects_per_account,
+            allow: config.allow.clone(),
+        },
+        agent_cert_lifetime: config.agent_cert_lifetime,
+        trusted_proxy: match &config.security {
+            GrpcSecurity::TrustedProxy(proxy) => Some(proxy.trust.clone()),
+            GrpcSecurity::MutualTls(_) | GrpcSecurity::InsecurePlaintext => None,
+        },
+    }
 }
 
 /// Runs the hub until `shutdown` resolves (or a server fails), then stops it cleanly.

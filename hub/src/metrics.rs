@@ -9,6 +9,8 @@ use scale_agent_hub_operations::OperationMetrics;
 use scale_agent_hub_state::StreamMetrics;
 use scale_agent_hub_store::StoreMetrics;
 
+use crate::service::GrpcMetrics;
+
 /// The hub's metrics.
 pub struct Metrics {
     registry: std::sync::Mutex<Registry>,
@@ -23,11 +25,9 @@ pub struct Metrics {
     pub watch_history_bytes: Gauge,
     /// Watch history events dropped for `--watch-history-mib` (not the per-kind limits).
     pub watch_history_evicted: Counter,
-    /// By message type (hello, register_account, object, bookmark, ...).
-    pub events_received: Family<[(&'static str, &'static str); 1], Counter>,
-    pub bytes_received: Counter,
-    pub resumes: Counter,
-    pub relists: Counter,
+    /// What the gRPC service records (messages received, resumes, relists, Acks held):
+    /// defined by the service, registered here.
+    pub grpc: GrpcMetrics,
     /// Finished operations and retries (`operations_total`, `operation_retries_total`):
     /// defined by the operations crate, registered here.
     pub operations: OperationMetrics,
@@ -41,8 +41,6 @@ pub struct Metrics {
     /// The commit writer's (`store_failing`, `store_commit_failures`,
     /// `store_queued_changes`): defined by the store crate, registered here.
     pub store: StoreMetrics,
-    /// Acks a stream held because the store was behind or failing.
-    pub acks_held: Counter,
     /// Seconds until the notAfter of each serving certificate file, by listener (grpc,
     /// http) and file; negative once expired. Set at each scrape from
     /// [`Metrics::certificate_not_after`].
@@ -73,23 +71,15 @@ impl Metrics {
         let objects_cached = Gauge::default();
         let watch_history_bytes = Gauge::default();
         let watch_history_evicted = Counter::default();
-        let events_received = Family::default();
-        let bytes_received = Counter::default();
-        let resumes = Counter::default();
-        let relists = Counter::default();
+        let grpc = GrpcMetrics::default();
         let operations = OperationMetrics::default();
         let proxy_requests = Family::default();
         let proxy_bytes = Counter::default();
         let proxy_exchanges_open = Gauge::default();
         let store = StoreMetrics::default();
-        let acks_held = Counter::default();
         let tls_certificate_expiry = Family::default();
         store.register(&mut registry);
-        registry.register(
-            "acks_held",
-            "Times an agent's acknowledgement waited for the store (behind or failing)",
-            acks_held.clone(),
-        );
+        grpc.register_acks_held(&mut registry);
         registry.register(
             "tls_certificate_expiry_seconds",
             "Seconds until the notAfter of the serving certificate in use, by listener (grpc, \
@@ -151,26 +141,7 @@ impl Metrics {
             "Watch history events dropped to stay within --watch-history-mib",
             watch_history_evicted.clone(),
         );
-        registry.register(
-            "events_received",
-            "Messages received from agents, by type",
-            events_received.clone(),
-        );
-        registry.register(
-            "bytes_received",
-            "Bytes of messages received from agents",
-            bytes_received.clone(),
-        );
-        registry.register(
-            "resumes",
-            "Kinds handed to a streaming replica with a resume point (no relist needed)",
-            resumes.clone(),
-        );
-        registry.register(
-            "relists",
-            "Snapshots started by agents (a kind listed instead of resumed)",
-            relists.clone(),
-        );
+        grpc.register(&mut registry);
         Metrics {
             registry: std::sync::Mutex::new(registry),
             connected_agents,
@@ -180,16 +151,12 @@ impl Metrics {
             objects_cached,
             watch_history_bytes,
             watch_history_evicted,
-            events_received,
-            bytes_received,
-            resumes,
-            relists,
+            grpc,
             operations,
             proxy_requests,
             proxy_bytes,
             proxy_exchanges_open,
             store,
-            acks_held,
             tls_certificate_expiry,
             certificate_not_after: Default::default(),
         }
@@ -235,11 +202,6 @@ impl Metrics {
             .inc();
     }
 
-    pub fn received(&self, kind: &'static str, bytes: usize) {
-        self.events_received.get_or_create(&[("type", kind)]).inc();
-        self.bytes_received.inc_by(bytes as u64);
-    }
-
     /// Adds the Clouddriver registrar's metrics (made before the hub's).
     pub fn add_clouddriver(&self, metrics: &crate::clouddriver::ClouddriverMetrics) {
         metrics.register(&mut self.registry.lock().unwrap_or_else(|e| e.into_inner()));
@@ -273,8 +235,8 @@ mod tests {
     #[test]
     fn names() {
         let m = Metrics::new();
-        m.received("object", 10);
-        m.relists.inc();
+        m.grpc.received("object", 10);
+        m.grpc.relists.inc();
         m.operations.finished("apply", "succeeded");
         m.operations.finished("delete", "whatever");
         let text = m.encode();

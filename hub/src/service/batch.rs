@@ -1,0 +1,257 @@
+//! The agent's messages on a stream: gathered into batches (tunnel frames handed to their
+//! exchanges at once), each batch applied under the state lock and queued for the store,
+//! its effects handed to the rest of the hub, and the agent answered.
+
+use futures::FutureExt as _;
+use prost::Message as _;
+use scale_agent_proto::v1::{self as pb, agent_message::Kind as Msg, hub_message::Kind as Out};
+use tonic::Status;
+
+use super::{
+    MAX_BATCH, Outbound, enrolment, now, send,
+    stream::{Step, StreamTask},
+};
+use crate::{
+    Hub,
+    session::{Effects, ProtocolError, message_type},
+};
+
+impl StreamTask {
+    /// The agent sent a message, ended the stream (`None`) or broke it (`Err`): the message
+    /// and what else the agent has already sent, as one batch.
+    pub(super) async fn on_message(
+        &mut self,
+        msg: Result<Option<pb::AgentMessage>, Status>,
+    ) -> Result<Step, Status> {
+        let first = match msg {
+            Ok(Some(m)) => m,
+            Ok(None) => return Ok(Step::Break(())),
+            Err(status) => {
+                tracing::debug!(%status, "agent stream broke");
+                self.too_large = too_large_message(&status);
+                if let Some(message) = self.too_large.as_deref() {
+                    tracing::warn!(%message, "agent stream ended by an oversized message");
+                }
+                return Ok(Step::Break(()));
+            }
+        };
+        self.last_heard = tokio::time::Instant::now();
+        let (batch, ended) = self.gather(first)?;
+        if !batch.is_empty() {
+            self.process_batch(batch).await?;
+            self.acknowledge().await?;
+        }
+        Ok(if ended {
+            Step::Break(())
+        } else {
+            Step::Continue(())
+        })
+    }
+
+    /// `first` and the messages already received after it, up to [`MAX_BATCH`]; tunnel
+    /// frames among them go to their exchanges instead. `true` when the stream ended.
+    fn gather(&mut self, first: pb::AgentMessage) -> Result<(Vec<pb::AgentMessage>, bool), Status> {
+        let mut batch = Vec::new();
+        let mut ended = false;
+        let mut next = Some(first);
+        while let Some(message) = next.take() {
+            // Tunnel frames go to their exchanges at once: they are outside the
+            // sequence numbers and must not wait for a batch to be stored.
+            if message.seq == 0 && matches!(message.kind, Some(Msg::Tunnel(_))) {
+                let size = message.encoded_len();
+                // Moved, not copied: data frames carry up to 64 KiB of body.
+                if let Some(Msg::Tunnel(frame)) = message.kind {
+                    deliver_tunnel_frame(
+                        &self.hub,
+                        self.session.id,
+                        frame,
+                        size,
+                        &self.out.tunnel,
+                    )?;
+                }
+            } else {
+                batch.push(message);
+            }
+            if batch.len() >= MAX_BATCH {
+                break;
+            }
+            match self.inbound.message().now_or_never() {
+                Some(Ok(Some(m))) => next = Some(m),
+                Some(Ok(None)) => ended = true,
+                Some(Err(status)) => {
+                    self.too_large = too_large_message(&status);
+                    ended = true;
+                }
+                None => {}
+            }
+        }
+        Ok((batch, ended))
+    }
+
+    /// Applies a batch under the state lock and queues its changes for the store, then
+    /// answers (assignments first). The Ack of the batch's last message is sent by
+    /// [`StreamTask::acknowledge`] once the store allows it.
+    async fn process_batch(&mut self, batch: Vec<pb::AgentMessage>) -> Result<(), Status> {
+        learn_registered_accounts(&self.hub, &batch).await;
+        let (mut fx, protocol_error) = self.apply(batch);
+        self.propagate(&mut fx);
+        self.answer(fx).await?;
+        if let Some(e) = protocol_error {
+            tracing::warn!(error = ?e, "protocol error; ending the stream");
+            return Err(e.to_status());
+        }
+        Ok(())
+    }
+
+    /// Applies the messages in order under the state lock, up to a protocol error, and
+    /// queues their changes for the store in the same critical section.
+    fn apply(&mut self, batch: Vec<pb::AgentMessage>) -> (Effects, Option<ProtocolError>) {
+        let hub = &self.hub;
+        let mut fx = Effects::default();
+        let mut protocol_error = None;
+        let queued = {
+            let mut st = hub.state();
+            let now = now();
+            for msg in batch {
+                hub.metrics
+                    .grpc
+                    .received(message_type(&msg), msg.encoded_len());
+                if let Err(e) =
+                    self.session
+                        .handle(&mut st, &hub.stream_settings.limits, msg, now, &mut fx)
+                {
+                    protocol_error = Some(e);
+                    break;
+                }
+            }
+            // Queued in the same critical section as the change to the cache, so that the
+            // store commits changes in the order they were made (see [`crate::commits`]).
+            hub.commits.enqueue(std::mem::take(&mut fx.ops))
+        };
+        self.acks.batch(self.session.last_seq(), queued);
+        (fx, protocol_error)
+    }
+
+    /// Hands the batch's effects to the rest of the hub: waiting reads, metrics,
+    /// promotions and account states, the ownership task, dynamic accounts' statuses, the
+    /// discovery cache and the operations waiting for results.
+    fn propagate(&self, fx: &mut Effects) {
+        let hub = &self.hub;
+        // Reads waiting for the cache to reach a resourceVersion look again.
+        hub.live.cache_advanced();
+        hub.metrics.grpc.resumes.inc_by(fx.resumes);
+        hub.metrics.grpc.relists.inc_by(fx.relists);
+        if fx.stale > 0 {
+            tracing::debug!(stale = fx.stale, "ignored replayed events");
+        }
+        hub.deliver(std::mem::take(&mut fx.promotions));
+        hub.observe_states();
+        if !fx.registered.is_empty() {
+            hub.agents_changed();
+        }
+        if !fx.dynamic_statuses.is_empty() {
+            let replica = hub
+                .state()
+                .registry
+                .replicas_of_identity(&self.session.identity)
+                .into_iter()
+                .find_map(|(id, replica)| (id == self.session.id).then_some(replica))
+                .unwrap_or_default();
+            let mut dynamic = hub.dynamic_accounts();
+            for status in std::mem::take(&mut fx.dynamic_statuses) {
+                dynamic.report(&self.session.identity, &replica, status);
+            }
+        }
+        for account in std::mem::take(&mut fx.discovery_changed) {
+            tracing::info!(%account, "the cluster's kinds changed; discovery cache dropped");
+            hub.discovery
+                .invalidate(&account, std::time::Instant::now());
+        }
+        for result in std::mem::take(&mut fx.results) {
+            let id = result.id.clone();
+            if !hub.operations.complete(self.session.id, result) {
+                tracing::debug!(%id, "result of an operation nobody waits for (timed out or unknown)");
+            }
+        }
+    }
+
+    /// Answers the batch: replies (assignments first), then the registered accounts'
+    /// states, kinds' statuses and certificate renewals.
+    async fn answer(&mut self, fx: Effects) -> Result<(), Status> {
+        let tx = &self.out.control;
+        for reply in fx.replies {
+            if let Some(kind) = reply.kind {
+                send(tx, kind).await?;
+            }
+        }
+        // After the assignments: the agent learns its role, then the account's state.
+        for state in self.hub.account_states(&fx.registered) {
+            send(tx, Out::AccountState(state)).await?;
+        }
+        for status in fx.kind_statuses {
+            send(tx, Out::KindStatus(status)).await?;
+        }
+        for csr_pem in fx.renewals {
+            let renewal = enrolment::renew(&self.hub, &self.auth, &csr_pem);
+            send(tx, Out::CertificateRenewal(renewal)).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Replicas sharing a store: the cluster and binding of each account registered in
+/// `batch`, as another replica may have stored them.
+async fn learn_registered_accounts(hub: &Hub, batch: &[pb::AgentMessage]) {
+    if hub.shared.is_none() {
+        return;
+    }
+    let registered: Vec<String> = batch
+        .iter()
+        .filter_map(|m| match &m.kind {
+            Some(Msg::RegisterAccount(r)) => Some(r.account.clone()),
+            _ => None,
+        })
+        .collect();
+    crate::shared::learn_accounts(hub, &registered).await;
+}
+
+/// Hands a tunnel frame to its exchange. A frame out of order resets that exchange only; one
+/// past the flow-control window ends the stream (`resource_exhausted`), since the window is
+/// what bounds the memory the hub spends on the agent's responses.
+fn deliver_tunnel_frame(
+    hub: &Hub,
+    session: crate::registry::SessionId,
+    frame: pb::TunnelFrame,
+    size: usize,
+    tx: &Outbound,
+) -> Result<(), Status> {
+    hub.metrics.grpc.received("tunnel", size);
+    let exchange = frame.exchange;
+    match hub.tunnels.deliver(session, frame) {
+        Ok(None) => Ok(()),
+        Ok(Some(reset)) => {
+            tracing::warn!(exchange, reset = ?reset, "tunnel exchange broke the protocol; reset");
+            crate::tunnel::send_frame_soon(tx, exchange, reset);
+            Ok(())
+        }
+        Err(crate::tunnel::WindowViolation(reason)) => {
+            tracing::warn!(exchange, %reason, "agent sent past the tunnel window; ending its stream");
+            Err(Status::resource_exhausted(reason))
+        }
+    }
+}
+
+/// Why operations in flight on a stream that broke on a message past the decode limit end
+/// (an agent too old to split its results): not resent, the next replica would break too.
+pub(super) fn too_large_message(status: &Status) -> Option<String> {
+    (status.code() == tonic::Code::OutOfRange && status.message().contains("too large")).then(
+        || {
+            format!(
+                "the agent sent a message larger than the hub decodes ({}), which ended its \
+             stream; upgrade the agent (newer agents send large results in parts), narrow \
+             the question, or raise the hub's --max-object-bytes (the limit is that plus 1 MiB)",
+                status.message()
+            )
+        },
+    )
+}

@@ -1,0 +1,420 @@
+//! One agent stream from Hello to its end, as a [`StreamTask`]: Hello read, the stream
+//! registered, Welcome sent, then one loop over what the stream waits on (the hub's
+//! control messages, the store's progress for Acks, the heartbeat, the agent's silence and
+//! the agent's messages, the last in [`super::batch`]), and the stream unregistered.
+
+use std::{
+    ops::ControlFlow,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use prost::Message as _;
+use scale_agent_proto::v1::{self as pb, hub_message::Kind as Out};
+use tokio::sync::{mpsc, watch};
+use tonic::{Status, Streaming};
+
+use super::{CONTROL_BUFFER, StreamOut, TUNNEL_CAPABILITY, now, send};
+use crate::{
+    Control, Hub, SessionHandle,
+    agent_auth::Authenticated,
+    commits::{AckGate, Progress},
+    registry::SessionId,
+    session::{Session, check_hello, message_type, streaming_assignment},
+};
+
+/// Whether a stream goes on after a step: `Break` when the agent closed or broke it, which
+/// ends the stream with `Ok`; a step's `Err` ends it with that status.
+pub(super) type Step = ControlFlow<()>;
+
+/// One agent's stream once Hello is read and the stream registered: the session protocol,
+/// what the loop waits on, and what it owes the agent. Its async methods take `&mut self`
+/// (the inbound `Streaming` is not `Sync`, and the task must be `Send`).
+pub(super) struct StreamTask {
+    pub(super) hub: Arc<Hub>,
+    pub(super) auth: Authenticated,
+    pub(super) inbound: Streaming<pb::AgentMessage>,
+    pub(super) out: StreamOut,
+    /// The protocol state of this stream (its id, identity, accounts and sequence).
+    pub(super) session: Session,
+    /// The agent's replica, from Hello.
+    replica: String,
+    /// The token a newer stream of the same replica presents to replace this one (sent in
+    /// Welcome).
+    session_token: String,
+    /// Promotions, operations, account states, replacement: from the rest of the hub.
+    control: mpsc::Receiver<Control>,
+    /// The heartbeat period granted to this stream.
+    period: Duration,
+    heartbeat: tokio::time::Interval,
+    /// When the agent's last message arrived: two periods of silence end the stream.
+    pub(super) last_heard: tokio::time::Instant,
+    /// The Ack owed, and this stream's changes still queued for the store.
+    pub(super) acks: AckGate,
+    /// The commit writer's progress, which releases Acks.
+    store_progress: watch::Receiver<Progress>,
+    shutdown: watch::Receiver<bool>,
+    /// Why operations in flight end when the stream broke on a message past the decode
+    /// limit (see [`super::batch::too_large_message`]).
+    pub(super) too_large: Option<String>,
+}
+
+impl StreamTask {
+    /// Serves an authenticated stream until it ends: Hello, registration, the loop, and the
+    /// stream's removal (whatever ended the loop). `Ok` when the agent ended it.
+    pub(super) async fn run(
+        hub: Arc<Hub>,
+        auth: Authenticated,
+        mut inbound: Streaming<pb::AgentMessage>,
+        out: StreamOut,
+    ) -> Result<(), Status> {
+        let Some(hello) = read_hello(&hub, &mut inbound).await? else {
+            return Ok(());
+        };
+        let mut task = Self::connect(hub, auth, inbound, out, &hello)?;
+        let result = task.serve().await;
+        task.disconnect();
+        result
+    }
+
+    /// Registers the stream ([`register`]), grants the heartbeat period and starts the
+    /// stream's clocks.
+    fn connect(
+        hub: Arc<Hub>,
+        auth: Authenticated,
+        inbound: Streaming<pb::AgentMessage>,
+        out: StreamOut,
+        hello: &pb::Hello,
+    ) -> Result<Self, Status> {
+        let identity = auth.identity.as_str();
+        let Registered {
+            id,
+            control,
+            session_token,
+        } = register(&hub, identity, hello, &out)?;
+        tracing::info!(version = %hello.agent_version, "agent connected");
+
+        let session = Session::new(id, identity.to_string())
+            .with_account_patterns(auth.account_patterns.clone());
+        let period = granted_period(&hub, hello);
+        let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let store_progress = hub.commits.subscribe();
+        let shutdown = hub.shutdown.clone();
+        Ok(Self {
+            hub,
+            auth,
+            inbound,
+            out,
+            session,
+            replica: hello.replica.clone(),
+            session_token,
+            control,
+            period,
+            heartbeat,
+            last_heard: tokio::time::Instant::now(),
+            acks: AckGate::default(),
+            store_progress,
+            shutdown,
+            too_large: None,
+        })
+    }
+
+    /// Sends Welcome, then runs the loop until the stream ends.
+    async fn serve(&mut self) -> Result<(), Status> {
+        self.welcome().await?;
+        let silence = self.period * 2;
+        loop {
+            let step = tokio::select! {
+                () = crate::shutting_down(self.shutdown.clone()) => {
+                    Err(Status::unavailable("the hub is shutting down"))
+                }
+                ctrl = self.control.recv() => self.on_control(ctrl).await,
+                changed = self.store_progress.changed(), if self.acks.owes() => {
+                    self.on_store_progress(changed).await
+                }
+                _ = self.heartbeat.tick() => {
+                    self.send_heartbeat();
+                    Ok(Step::Continue(()))
+                }
+                () = tokio::time::sleep_until(self.last_heard + silence) => {
+                    Err(Status::deadline_exceeded(format!(
+                        "no message from the agent for {silence:?} (two heartbeat periods)"
+                    )))
+                }
+                msg = self.inbound.message() => self.on_message(msg).await,
+            };
+            if step?.is_break() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Welcome with the stream's terms, the Ack of Hello, and the hub's capabilities.
+    async fn welcome(&mut self) -> Result<(), Status> {
+        let settings = &self.hub.stream_settings;
+        let tx = &self.out.control;
+        send(
+            tx,
+            Out::Welcome(pb::Welcome {
+                identity: self.session.identity.clone(),
+                heartbeat_period_seconds: u32::try_from(self.period.as_secs().max(1))
+                    .unwrap_or(u32::MAX),
+                max_unacked: settings.max_unacked,
+                max_object_bytes: settings.limits.max_object_bytes,
+                hub_version: env!("CARGO_PKG_VERSION").to_string(),
+                tunnel_window_bytes: crate::tunnel::WINDOW_BYTES,
+                session_token: self.session_token.clone(),
+                max_objects_per_account: settings.limits.max_objects_per_account,
+                max_message_bytes: u64::try_from(settings.max_message_bytes()).unwrap_or(u64::MAX),
+            }),
+        )
+        .await?;
+        send(tx, Out::Ack(pb::Ack { seq: 1 })).await?;
+        // After Welcome: what this hub reads beyond it (agents that do not know it ignore it).
+        send(
+            tx,
+            Out::Capabilities(pb::HubCapabilities {
+                capabilities: vec![scale_agent_proto::ACCOUNT_UNAVAILABLE_CAPABILITY.to_string()],
+            }),
+        )
+        .await
+    }
+
+    /// A control message from the rest of the hub.
+    async fn on_control(&mut self, ctrl: Option<Control>) -> Result<Step, Status> {
+        let tx = &self.out.control;
+        match ctrl {
+            Some(Control::Close(status)) => return Err(status),
+            Some(Control::Operation(mut op, deadline)) => {
+                // The time left now, not when it was submitted: an operation that waited
+                // in a full control queue must not run past its submitter's deadline. One
+                // with no time left is not sent; its submitter answers 504 not executed.
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    tracing::debug!(id = %op.id, "operation not sent: its deadline passed while queued");
+                    return Ok(Step::Continue(()));
+                }
+                op.timeout_millis = u64::try_from(left.as_millis()).unwrap_or(u64::MAX).max(1);
+                op.deadline_unix_millis = crate::operations::deadline_millis(left);
+                let id = op.id.clone();
+                send(tx, Out::Operation(*op)).await?;
+                self.hub.operations.mark_sent(&id);
+            }
+            Some(Control::AccountState(state)) => {
+                send(tx, Out::AccountState(state)).await?;
+            }
+            Some(Control::AgentReplicas(replicas)) => {
+                send(tx, Out::AgentReplicas(replicas)).await?;
+            }
+            Some(Control::DynamicAccounts(accounts)) => {
+                send(tx, Out::DynamicAccounts(accounts)).await?;
+            }
+            Some(Control::Promote(account)) => self.promote(&account).await?,
+            None => return Err(Status::aborted("the hub dropped this stream")),
+        }
+        Ok(Step::Continue(()))
+    }
+
+    /// A standby of `account` on this stream was promoted: its assignment, STREAMING, with
+    /// the resume points, if the stream still holds the account.
+    async fn promote(&mut self, account: &str) -> Result<(), Status> {
+        let assignment = {
+            let st = self.hub.state();
+            st.registry
+                .is_streaming(self.session.id, account)
+                .then(|| streaming_assignment(&st.cache, account))
+        };
+        if let Some(a) = assignment {
+            tracing::info!(account = %a.account, resume_points = a.resume_points.len(), "standby promoted: STREAMING");
+            self.hub
+                .metrics
+                .grpc
+                .resumes
+                .inc_by(a.resume_points.len() as u64);
+            send(&self.out.control, Out::Assignment(a)).await?;
+        }
+        Ok(())
+    }
+
+    /// The store committed more: the Ack owed, if it may go now.
+    async fn on_store_progress(
+        &mut self,
+        changed: Result<(), watch::error::RecvError>,
+    ) -> Result<Step, Status> {
+        if changed.is_err() {
+            return Err(Status::unavailable("the hub is shutting down"));
+        }
+        self.acknowledge().await?;
+        Ok(Step::Continue(()))
+    }
+
+    /// Sends the Ack the stream owes when the store allows it (see [`crate::commits`]).
+    pub(super) async fn acknowledge(&mut self) -> Result<(), Status> {
+        let progress = self.store_progress.borrow_and_update().clone();
+        match self.acks.ready(&progress, self.hub.commits.queued_bytes()) {
+            Some(seq) => send(&self.out.control, Out::Ack(pb::Ack { seq })).await,
+            None => {
+                if self.acks.owes() && !self.acks.held {
+                    self.acks.held = true;
+                    self.hub.metrics.grpc.acks_held.inc();
+                    tracing::debug!(
+                        failing = progress.failing,
+                        "Ack held until the store commits this stream's changes"
+                    );
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// A heartbeat, skipped when the agent is not reading: it has messages to read anyway.
+    fn send_heartbeat(&self) {
+        let _ = self.out.control.try_send(Ok(pb::HubMessage {
+            kind: Some(Out::Heartbeat(pb::Heartbeat {
+                sent_at_unix_millis: jiff::Timestamp::now().as_millisecond(),
+            })),
+        }));
+    }
+
+    /// Removes the stream from the registry, the streams, the operations and the tunnels,
+    /// and tells the rest of the hub.
+    fn disconnect(&self) {
+        let hub = &self.hub;
+        let id = self.session.id;
+        let identity = self.auth.identity.as_str();
+        let promotions = hub.state().registry.disconnect(id, now());
+        hub.sessions().remove(&id);
+        hub.operations.session_ended(id, self.too_large.as_deref());
+        hub.tunnels.session_ended(id);
+        // Unless a newer stream of the same replica took this one's place.
+        let replica_left = !hub
+            .state()
+            .registry
+            .replicas_of_identity(identity)
+            .iter()
+            .any(|(_, replica)| *replica == self.replica);
+        if replica_left {
+            hub.dynamic_accounts()
+                .forget_replica(identity, &self.replica);
+        }
+        hub.deliver(promotions);
+        hub.observe_states();
+        hub.announce_replicas(identity);
+        hub.agents_changed();
+    }
+}
+
+/// What [`register`] made of a stream.
+struct Registered {
+    id: SessionId,
+    /// The stream's end of its control queue ([`SessionHandle::control`]).
+    control: mpsc::Receiver<Control>,
+    /// For Welcome.
+    session_token: String,
+}
+
+/// Registers the stream of `identity` in the registry and among the streams, replacing an
+/// older one of the same replica, and tells the rest of the hub (promotions, accounts'
+/// states, the agent's replicas, its dynamic accounts).
+fn register(
+    hub: &Hub,
+    identity: &str,
+    hello: &pb::Hello,
+    out: &StreamOut,
+) -> Result<Registered, Status> {
+    let tunnel = hello.capabilities.iter().any(|c| c == TUNNEL_CAPABILITY);
+    let (ctrl_tx, control) = mpsc::channel(CONTROL_BUFFER);
+    let token = session_token()?;
+    let (id, replaced, promotions) = {
+        let mut st = hub.state();
+        st.registry
+            .may_replace(identity, &hello.replica, &hello.session_token)
+            .map_err(Status::permission_denied)?;
+        let connected = st
+            .registry
+            .connect(identity, &hello.replica, &hello.agent_version, now());
+        st.registry.set_session_token(connected.0, token.clone());
+        connected
+    };
+    let span = tracing::Span::current();
+    span.record("replica", tracing::field::display(&hello.replica));
+    span.record("session", id);
+    hub.sessions().insert(
+        id,
+        SessionHandle {
+            control: ctrl_tx,
+            outbound: out.tunnel.clone(),
+            tunnel_window: tunnel.then_some(crate::tunnel::WINDOW_BYTES),
+        },
+    );
+    if let Some(old) = replaced {
+        tracing::info!("a newer stream replaces the older one");
+        hub.control(
+            old,
+            Control::Close(Status::aborted(
+                "replaced by a newer stream from the same agent identity and replica",
+            )),
+        );
+    }
+    hub.deliver(promotions);
+    hub.observe_states();
+    hub.announce_replicas(identity);
+    // After Welcome (the stream's loop sends that first): the dynamic accounts, every time.
+    let dynamic = hub.dynamic_accounts().set_for(identity);
+    hub.control(id, Control::DynamicAccounts(dynamic));
+    Ok(Registered {
+        id,
+        control,
+        session_token: token,
+    })
+}
+
+/// Waits for Hello (two default heartbeat periods at most) and checks it; `None` when the
+/// agent ended the stream first.
+async fn read_hello(
+    hub: &Hub,
+    inbound: &mut Streaming<pb::AgentMessage>,
+) -> Result<Option<pb::Hello>, Status> {
+    let silence = hub.stream_settings.heartbeat.default * 2;
+    let first = match tokio::time::timeout(silence, inbound.message()).await {
+        Err(_) => {
+            return Err(Status::deadline_exceeded(format!(
+                "no Hello within {silence:?}"
+            )));
+        }
+        Ok(Err(_)) | Ok(Ok(None)) => return Ok(None),
+        Ok(Ok(Some(m))) => m,
+    };
+    hub.metrics
+        .grpc
+        .received(message_type(&first), first.encoded_len());
+    check_hello(first).map(Some).map_err(|e| e.to_status())
+}
+
+/// The heartbeat period granted to the agent of `hello` (logged when it asked for one
+/// outside the bounds).
+fn granted_period(hub: &Hub, hello: &pb::Hello) -> Duration {
+    let period = hub
+        .stream_settings
+        .heartbeat
+        .grant(hello.heartbeat_period_seconds);
+    if hello.heartbeat_period_seconds > 0
+        && period.as_secs() != u64::from(hello.heartbeat_period_seconds)
+    {
+        tracing::info!(
+            requested_seconds = hello.heartbeat_period_seconds,
+            granted_seconds = period.as_secs(),
+            "heartbeat period asked for is outside --min-heartbeat-period..--max-heartbeat-period; granted the nearest bound"
+        );
+    }
+    period
+}
+
+/// A random token for a stream's Welcome.
+fn session_token() -> Result<String, Status> {
+    use base64::Engine as _;
+    let bytes = crate::tokens::random_bytes::<32>()
+        .map_err(|e| Status::internal(format!("cannot make a session token: {e}")))?;
+    Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes))
+}
