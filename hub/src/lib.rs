@@ -18,7 +18,7 @@ pub mod api_auth;
 pub mod audit;
 pub use scale_agent_hub_cache as cache;
 pub mod cli;
-pub mod clouddriver;
+pub use scale_agent_hub_clouddriver as clouddriver;
 pub use scale_agent_hub_store::writer as commits;
 pub mod config;
 pub mod dynamic_accounts;
@@ -32,6 +32,7 @@ pub mod metrics;
 pub mod operations;
 pub mod owners;
 pub mod proxy;
+mod registrar_duty;
 pub use scale_agent_hub_net::serve;
 pub use scale_agent_hub_state::registry;
 pub mod service;
@@ -107,7 +108,7 @@ pub(crate) struct Hub {
     pub(crate) auth: Arc<AuthBook>,
     /// Registers accounts in Clouddriver; `None` when no target is configured.
     pub(crate) registrar: Option<Arc<clouddriver::Registrar>>,
-    /// Whether this replica is the one that registers ([`clouddriver::duty`]).
+    /// Whether this replica is the one that registers ([`registrar_duty`]).
     pub(crate) registrar_duty: owners::singleton::Singleton,
     /// The accounts (name, settings) last handed to the registrar.
     registered_accounts: Mutex<Vec<(String, String)>>,
@@ -612,7 +613,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
                 owners::singleton::PostgresSingleton::new(
                     options,
                     &replica.id,
-                    clouddriver::duty::NAME,
+                    registrar_duty::NAME,
                 )?,
             ))
         }
@@ -782,7 +783,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
             hub.registrar_duty,
             owners::singleton::Singleton::Postgres(_)
         ) {
-            tokio::spawn(clouddriver::duty::run(hub.clone(), registrar.clone()));
+            tokio::spawn(registrar_duty::run(hub.clone(), registrar.clone()));
         }
         tokio::spawn(registrar.run(shutdown))
     });

@@ -10,8 +10,7 @@
 
 use std::sync::Arc;
 
-use super::Registrar;
-use crate::{Hub, owners::singleton::TRY_EVERY};
+use crate::{Hub, clouddriver::Registrar, owners::singleton::TRY_EVERY};
 
 /// The duty's name: in the lock's key and in the name of the connection holding it.
 pub(crate) const NAME: &str = "clouddriver-registrar";
