@@ -22,7 +22,7 @@ pub const ASK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What every other live replica answered for `path`: (replica, its JSON or why not).
 async fn ask_others(hub: &Hub, path: &str) -> Result<Vec<(String, Result<Value, String>)>> {
-    let (Some(store), Some(forwarder)) = (&hub.shared, &hub.forwarder) else {
+    let (Some(store), Some(forwarder)) = (&hub.replicas.shared, &hub.replicas.forwarder) else {
         return Ok(Vec::new());
     };
     let replicas = store
@@ -30,10 +30,10 @@ async fn ask_others(hub: &Hub, path: &str) -> Result<Vec<(String, Result<Value, 
         .await?;
     let asks = replicas
         .into_iter()
-        .filter(|r| r.replica != hub.replica.id)
+        .filter(|r| r.replica != hub.replicas.id())
         .map(|r| async move {
             let answer = forwarder
-                .get_json(hub, &r.replica, &r.address, path, ASK_TIMEOUT)
+                .get_json(&r.replica, &r.address, path, ASK_TIMEOUT)
                 .await;
             (r.replica, answer)
         });
@@ -53,7 +53,7 @@ pub(crate) async fn agents(hub: &Hub) -> Vec<Value> {
     let mut list: Vec<Value> = crate::http::local_agents(hub)
         .into_iter()
         .filter_map(|a| serde_json::to_value(a).ok())
-        .map(|a| with_replica(a, &hub.replica.id))
+        .map(|a| with_replica(a, hub.replicas.id()))
         .collect();
     let others = match ask_others(hub, "/api/v1/agents").await {
         Ok(others) => others,
@@ -88,7 +88,7 @@ pub(crate) async fn agents(hub: &Hub) -> Vec<Value> {
 /// it) and, when its owner cannot be asked, `ownerUnreachable` (the view then is the
 /// stored record's).
 pub(crate) async fn accounts(hub: &Hub) -> Result<Vec<Value>> {
-    let Some(store) = &hub.shared else {
+    let Some(store) = &hub.replicas.shared else {
         return Ok(Vec::new());
     };
     let stored = store.accounts().await?;
@@ -104,7 +104,7 @@ pub(crate) async fn accounts(hub: &Hub) -> Result<Vec<Value>> {
         .into_iter()
         .filter_map(|a| serde_json::to_value(a).ok())
         .collect();
-    views.insert(hub.replica.id.clone(), Ok(by_name(local)));
+    views.insert(hub.replicas.id().to_string(), Ok(by_name(local)));
     for (replica, answer) in ask_others(hub, "/api/v1/accounts").await? {
         let view = match answer {
             Ok(Value::Array(list)) => Ok(by_name(list)),
@@ -122,7 +122,7 @@ pub(crate) async fn accounts(hub: &Hub) -> Result<Vec<Value>> {
     let stored: BTreeMap<String, crate::registry::AccountRecord> = stored.into_iter().collect();
     let local_view = |name: &str| -> Option<Value> {
         views
-            .get(&hub.replica.id)
+            .get(hub.replicas.id())
             .and_then(|v| v.as_ref().ok())
             .and_then(|v| v.get(name))
             .cloned()

@@ -88,7 +88,7 @@ fn internal(hub: Arc<Hub>) -> Router<Arc<Hub>> {
         .merge(account_reads(hub.clone()))
         .merge(account_operations(hub.clone()))
         .route_layer(axum::middleware::from_fn_with_state(
-            hub,
+            hub.replicas.clone(),
             crate::owners::forward::internal_auth,
         ))
 }
@@ -100,7 +100,7 @@ fn account_reads(hub: Arc<Hub>) -> Router<Arc<Hub>> {
         .route("/api/v1/accounts/{name}", get(account))
         .route("/api/v1/accounts/{name}/objects", get(objects))
         .route_layer(axum::middleware::from_fn_with_state(
-            hub,
+            (hub.replicas.clone(), hub.live.clone()),
             crate::owners::forward::to_owner,
         ))
 }
@@ -113,7 +113,7 @@ fn account_operations(hub: Arc<Hub>) -> Router<Arc<Hub>> {
             get(account_operation),
         )
         .route_layer(axum::middleware::from_fn_with_state(
-            hub,
+            (hub.replicas.clone(), hub.live.clone()),
             crate::owners::forward::to_owner,
         ))
 }
@@ -139,12 +139,14 @@ async fn submit_operation(
 ) -> Response {
     let started = std::time::Instant::now();
     // Operations run where the account's agents stream: on its owner.
-    if let Some(owner) =
-        crate::owners::forward::owner_elsewhere(&hub, &name, request.extensions()).await
-        && let Some(forwarder) = &hub.forwarder
+    if let Some(owner) = hub
+        .replicas
+        .owner_elsewhere(&hub.live, &name, request.extensions())
+        .await
+        && let Some(forwarder) = &hub.replicas.forwarder
     {
         let answer = forwarder
-            .send(&hub, &owner, Some(&caller.name), request, false)
+            .send(&owner, Some(&caller.name), request, false)
             .await
             .unwrap_or_else(IntoResponse::into_response);
         let subject = crate::audit::OperationSubject::of(None);
@@ -354,7 +356,7 @@ async fn version() -> Json<serde_json::Value> {
 /// Every agent stream: of every replica when replicas share the store ([`crate::fleet`]),
 /// else of this hub.
 async fn agents(State(hub): State<Arc<Hub>>) -> Response {
-    if hub.shared.is_some() && hub.forwarder.is_some() {
+    if hub.replicas.shared.is_some() && hub.replicas.forwarder.is_some() {
         return Json(crate::fleet::agents(&hub).await).into_response();
     }
     Json(local_agents(&hub)).into_response()
@@ -586,7 +588,7 @@ fn view_of(st: &HubState, name: &str) -> Option<AccountView> {
 /// Every account the hub has a record or a state for (ORPHANED and FAILED ones included):
 /// of every replica, with its owner, when replicas share the store ([`crate::fleet`]).
 async fn accounts(State(hub): State<Arc<Hub>>) -> Response {
-    if hub.shared.is_some() && hub.forwarder.is_some() {
+    if hub.replicas.shared.is_some() && hub.replicas.forwarder.is_some() {
         return match crate::fleet::accounts(&hub).await {
             Ok(list) => Json(list).into_response(),
             Err(e) => error(

@@ -48,7 +48,7 @@ pub(crate) async fn run(hub: Arc<Hub>, registrar: Arc<Registrar>) {
                     Ok(()) => {
                         registrar.set_active(true);
                         tracing::info!(
-                            replica = %hub.replica.id,
+                            replica = %hub.replicas.id(),
                             "this replica registers the accounts in Clouddriver now"
                         );
                     }
@@ -61,7 +61,7 @@ pub(crate) async fn run(hub: Arc<Hub>, registrar: Arc<Registrar>) {
             (false, true) => {
                 registrar.set_active(false);
                 tracing::warn!(
-                    replica = %hub.replica.id,
+                    replica = %hub.replicas.id(),
                     "this replica lost the Clouddriver registrar's lock and stopped registering"
                 );
             }

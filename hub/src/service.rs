@@ -72,14 +72,16 @@ impl AgentHub for AgentHubService {
             .and_then(|v| v.split_once(' '))
             .map(|(_, token)| token.trim().to_string())
         {
-            crate::shared::learn_agent_token(&self.hub, &token, false).await;
+            crate::shared::learn_agent_token(&self.hub.replicas, &self.hub.auth, &token, false)
+                .await;
         }
         let mut auth = authenticate(&self.hub.auth, peer_certs.as_deref().map(Vec::as_slice), request.metadata())
             .inspect_err(|status| {
                 tracing::warn!(%peer, code = ?status.code(), reason = status.message(), "agent stream refused");
             })?;
         if auth.certificate == Some(crate::agent_auth::CertificateOrigin::Hub)
-            && crate::shared::learn_enrolled(&self.hub, &auth.identity).await
+            && crate::shared::learn_enrolled(&self.hub.replicas, &self.hub.auth, &auth.identity)
+                .await
         {
             auth = authenticate(
                 &self.hub.auth,
@@ -190,7 +192,7 @@ async fn enroll(hub: &Hub, request: pb::EnrollRequest) -> Result<pb::IssuedCerti
     let mut store = hub.store.lock().await;
     // Replicas sharing a store: the token as the store holds it now (issued, used or
     // revoked through another replica).
-    crate::shared::learn_agent_token(hub, &request.token, true).await;
+    crate::shared::learn_agent_token(&hub.replicas, &hub.auth, &request.token, true).await;
     let now = jiff::Timestamp::now().as_second();
     let record = hub
         .agent_tokens()
@@ -209,7 +211,7 @@ async fn enroll(hub: &Hub, request: pb::EnrollRequest) -> Result<pb::IssuedCerti
     let ops = hub.agent_tokens().consume(&record.id, now);
     // Once across replicas: the token is marked used in the store only if no replica did
     // first (the store's lock above serializes this replica's enrolments only).
-    if let Some(shared) = &hub.shared {
+    if let Some(shared) = &hub.replicas.shared {
         let used = ops.iter().find_map(|op| match op {
             crate::store::StoreOp::PutAgentToken { record } => Some(record.clone()),
             _ => None,
@@ -646,7 +648,7 @@ async fn process_batch(
     let mut protocol_error = None;
     // Replicas sharing a store: the cluster and binding of each account registered here,
     // as another replica may have stored them.
-    if hub.shared.is_some() {
+    if hub.replicas.shared.is_some() {
         let registered: Vec<String> = batch
             .iter()
             .filter_map(|m| match &m.kind {
@@ -654,7 +656,7 @@ async fn process_batch(
                 _ => None,
             })
             .collect();
-        crate::shared::learn_accounts(hub, &registered).await;
+        crate::shared::learn_accounts(&hub.replicas, &hub.live, &registered).await;
     }
     let queued = {
         let mut st = hub.state();

@@ -20,9 +20,10 @@ use scale_agent_hub_net::{https, status::Status};
 
 use super::OwnerInfo;
 use crate::{
-    Hub,
+    Live,
     api_auth::{Caller, Role, Source},
     error::{HubError, Result},
+    replicas::Replicas,
 };
 
 /// The prefix of the routes other replicas forward to.
@@ -87,14 +88,18 @@ pub struct Forwarded {
 pub(crate) struct Forwarder {
     client: https::HttpsClient<Body>,
     secret: ReplicaSecret,
+    /// This replica's `--replica-id`, which the owner is told the request came from.
+    replica: String,
 }
 
 impl Forwarder {
     /// A client trusting the public roots and `--serving-ca` (the replicas' serving
     /// certificates are the hub's own), verifying them for `server_name`
-    /// (`--replica-server-name`) or else for the host of each owner's address.
+    /// (`--replica-server-name`) or else for the host of each owner's address. `replica`
+    /// is this replica's `--replica-id`.
     pub(crate) fn new(
         secret: ReplicaSecret,
+        replica: &str,
         serving_ca_pem: Option<&[u8]>,
         server_name: Option<&str>,
     ) -> Result<Self> {
@@ -117,7 +122,11 @@ impl Forwarder {
                 server_name,
             },
         );
-        Ok(Forwarder { client, secret })
+        Ok(Forwarder {
+            client,
+            secret,
+            replica: replica.to_string(),
+        })
     }
 
     /// Sends `request` to `owner` and hands back its answer, its body streamed.
@@ -126,7 +135,6 @@ impl Forwarder {
     /// the API server ends, so that its client watches again (through the next owner).
     pub(crate) async fn send(
         &self,
-        hub: &Hub,
         owner: &OwnerInfo,
         caller: Option<&str>,
         mut request: Request,
@@ -158,7 +166,7 @@ impl Forwarder {
         let bearer = HeaderValue::from_str(&format!("Bearer {}", self.secret.0))
             .map_err(|_| unreachable("the replica secret is not a header value".into()))?;
         headers.insert(header::AUTHORIZATION, bearer);
-        if let Ok(replica) = HeaderValue::from_str(&hub.replica.id) {
+        if let Ok(replica) = HeaderValue::from_str(&self.replica) {
             headers.insert(FORWARDED_BY, replica);
         }
         if let Some(caller) = caller.and_then(|c| HeaderValue::from_str(c).ok()) {
@@ -213,7 +221,6 @@ impl Forwarder {
     /// `/internal`), as JSON, within `timeout`. The error says why it cannot be reached.
     pub(crate) async fn get_json(
         &self,
-        hub: &Hub,
         replica: &str,
         address: &str,
         path: &str,
@@ -231,7 +238,7 @@ impl Forwarder {
         let bearer = HeaderValue::from_str(&format!("Bearer {}", self.secret.0))
             .map_err(|_| unreachable("the replica secret is not a header value".into()))?;
         request.headers_mut().insert(header::AUTHORIZATION, bearer);
-        if let Ok(id) = HeaderValue::from_str(&hub.replica.id) {
+        if let Ok(id) = HeaderValue::from_str(&self.replica) {
             request.headers_mut().insert(FORWARDED_BY, id);
         }
         let ask = async {
@@ -292,30 +299,34 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, status: http::StatusCode) {
     }
 }
 
-/// The owner of `account` when it is another replica and `request` may go there: not a
-/// request forwarded already, and not an account this replica owns. `None`: serve it here.
-pub(crate) async fn owner_elsewhere(
-    hub: &Hub,
-    account: &str,
-    headers_of: &http::Extensions,
-) -> Option<OwnerInfo> {
-    hub.forwarder.as_ref()?;
-    if headers_of.get::<Forwarded>().is_some() || hub.state().registry.owns(account) {
-        return None;
-    }
-    match hub.ownership.owner(account).await {
-        Ok(Some(owner)) if owner.replica != hub.replica.id => Some(owner),
-        Ok(_) => None,
-        Err(e) => {
-            tracing::warn!(error = %crate::error::Chain(&e), %account, "cannot look up the account's owner; serving the request here");
-            None
+impl Replicas {
+    /// The owner of `account` when it is another replica and `request` may go there: not a
+    /// request forwarded already, and not an account this replica owns (in `live`'s
+    /// registry). `None`: serve it here.
+    pub(crate) async fn owner_elsewhere(
+        &self,
+        live: &Live,
+        account: &str,
+        headers_of: &http::Extensions,
+    ) -> Option<OwnerInfo> {
+        self.forwarder.as_ref()?;
+        if headers_of.get::<Forwarded>().is_some() || live.state().registry.owns(account) {
+            return None;
+        }
+        match self.ownership.owner(account).await {
+            Ok(Some(owner)) if owner.replica != self.id() => Some(owner),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!(error = %crate::error::Chain(&e), %account, "cannot look up the account's owner; serving the request here");
+                None
+            }
         }
     }
 }
 
 /// Admits requests to the internal routes: only with the replicas' secret.
 pub(crate) async fn internal_auth(
-    State(hub): State<Arc<Hub>>,
+    State(replicas): State<Arc<Replicas>>,
     mut request: Request,
     next: Next,
 ) -> Response {
@@ -324,7 +335,7 @@ pub(crate) async fn internal_auth(
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(crate::tokens::bearer);
-    let admitted = match (&hub.forwarder, presented) {
+    let admitted = match (&replicas.forwarder, presented) {
         (Some(forwarder), Some(token)) => forwarder.secret.matches(token),
         _ => false,
     };
@@ -362,22 +373,27 @@ pub(crate) async fn internal_auth(
 }
 
 /// Serves a route of one account (its `{name}`) on the account's owner: forwarded there
-/// when another replica owns it, after this replica authenticated the caller.
+/// when another replica owns it, after this replica authenticated the caller. Its state: the
+/// replicas, and the live state that says which accounts this replica owns.
 pub(crate) async fn to_owner(
-    State(hub): State<Arc<Hub>>,
+    State((replicas, live)): State<(Arc<Replicas>, Arc<Live>)>,
     axum::extract::Path(params): axum::extract::Path<std::collections::HashMap<String, String>>,
     request: Request,
     next: Next,
 ) -> Response {
     let owner = match params.get("name") {
-        Some(account) => owner_elsewhere(&hub, account, request.extensions()).await,
+        Some(account) => {
+            replicas
+                .owner_elsewhere(&live, account, request.extensions())
+                .await
+        }
         None => None,
     };
-    match (owner, &hub.forwarder) {
+    match (owner, &replicas.forwarder) {
         (Some(owner), Some(forwarder)) => {
             let caller = request.extensions().get::<Caller>().map(|c| c.name.clone());
             forwarder
-                .send(&hub, &owner, caller.as_deref(), request, false)
+                .send(&owner, caller.as_deref(), request, false)
                 .await
                 .unwrap_or_else(IntoResponse::into_response)
         }
