@@ -30,15 +30,14 @@ pub use scale_agent_hub_model::identity;
 pub mod kubeconfig;
 pub mod metrics;
 pub mod operations;
-pub mod owners;
+pub use scale_agent_hub_replicas::owners;
 pub mod proxy;
 mod registrar_duty;
-pub(crate) mod replicas;
 pub use scale_agent_hub_net::serve;
 pub use scale_agent_hub_state::registry;
 pub mod service;
+pub use scale_agent_hub_replicas::sync as shared;
 pub use scale_agent_hub_state::session;
-pub mod shared;
 pub use scale_agent_hub_store as store;
 pub mod tls_reload;
 pub use scale_agent_hub_auth::tokens;
@@ -57,6 +56,7 @@ use std::{
 };
 
 use scale_agent_hub_auth::AuthBook;
+use scale_agent_hub_replicas::{ReplicaSettings, Replicas};
 use scale_agent_proto::v1::agent_hub_server::AgentHubServer;
 use tokio::{
     sync::{mpsc, watch},
@@ -70,7 +70,6 @@ use crate::{
     agent_tokens::AgentTokens,
     metrics::Metrics,
     registry::{Promotion, SessionId},
-    replicas::{ReplicaSettings, Replicas},
     service::AgentHubService,
     session::{HubState, Limits},
     store::{Store, StoreOp},

@@ -5,10 +5,13 @@
 
 use std::time::Duration;
 
+use scale_agent_hub_model::error::Chain;
+use scale_agent_hub_state::{Control, Live};
+use scale_agent_hub_store::{StoreOp, writer::Commits};
 use tokio::sync::watch;
 
 use super::{AccountSource, Claim};
-use crate::{Control, Live, commits::Commits, replicas::Replicas, store::StoreOp};
+use crate::Replicas;
 
 /// How often accounts owned elsewhere are tried again: the time a standby waits, at most,
 /// after its owner died (the lock frees when the owner's database session ends).
@@ -18,7 +21,7 @@ pub const POLL: Duration = Duration::from_secs(1);
 /// flushed). Ownership comes from `replicas`; the standbys and owned accounts are `live`'s
 /// registry; what an account taken over was registered with is queued in `commits`;
 /// `source` loads an account taken over.
-pub(crate) async fn run(
+pub async fn run(
     replicas: &Replicas,
     live: &Live,
     commits: &Commits,
@@ -68,16 +71,16 @@ async fn acquire(
             return;
         }
         Err(e) => {
-            tracing::warn!(error = %crate::error::Chain(&e), "cannot acquire the account; trying again");
+            tracing::warn!(error = %Chain(&e), "cannot acquire the account; trying again");
             return;
         }
     };
     let snapshot = match source.load_account(account).await {
         Ok(snapshot) => snapshot,
         Err(e) => {
-            tracing::warn!(error = %crate::error::Chain(&e), "cannot load the account taken over; releasing it");
+            tracing::warn!(error = %Chain(&e), "cannot load the account taken over; releasing it");
             if let Err(e) = replicas.ownership.release(account).await {
-                tracing::warn!(error = %crate::error::Chain(&e), "cannot release the account");
+                tracing::warn!(error = %Chain(&e), "cannot release the account");
             }
             return;
         }
@@ -131,7 +134,7 @@ async fn release(replicas: &Replicas, live: &Live, commits: &Commits, account: &
     match replicas.ownership.release(account).await {
         Ok(()) => tracing::info!("account released: no agent of it is connected here"),
         Err(e) => {
-            tracing::warn!(error = %crate::error::Chain(&e), "cannot release the account")
+            tracing::warn!(error = %Chain(&e), "cannot release the account")
         }
     }
     live.observe_states();

@@ -7,9 +7,9 @@
 //!   store before refusing it ([`learn_token`], [`learn_agent_token`], [`learn_enrolled`],
 //!   [`learn_accounts`]), so that a token issued on another replica works here at once;
 //! - says it is alive (`hub_replicas`), for the listings that ask every replica
-//!   ([`crate::fleet`]);
+//!   (the hub's `fleet`);
 //! - sweeps the accounts no replica has owned for the grace period out of the store
-//!   ([`crate::store::SharedStore::sweep_orphans`]: once, under each account's lock).
+//!   ([`SharedStore::sweep_orphans`]: once, under each account's lock).
 //!
 //! With the embedded store (one replica) none of this runs: the hub reads its store at
 //! start-up only, as it always did, and nothing polls.
@@ -17,14 +17,12 @@
 use std::time::Duration;
 
 use scale_agent_hub_auth::AuthBook;
+use scale_agent_hub_model::{Result, error::Chain};
+use scale_agent_hub_state::{Control, Live};
+use scale_agent_hub_store::{SharedStore, Store};
 use tokio::sync::watch;
 
-use crate::{
-    Control, Live,
-    error::Result,
-    replicas::Replicas,
-    store::{SharedStore, Store},
-};
+use crate::Replicas;
 
 /// A replica silent for this long is forgotten from `hub_replicas`.
 const FORGET_AFTER: Duration = Duration::from_secs(3600);
@@ -35,14 +33,14 @@ const ALIVE_PERIODS: u32 = 5;
 const MIN_ALIVE: Duration = Duration::from_secs(10);
 
 /// How recently a replica must have said it was alive to be asked by the listings.
-pub(crate) fn alive_within(period: Duration) -> Duration {
+pub fn alive_within(period: Duration) -> Duration {
     (period * ALIVE_PERIODS).max(MIN_ALIVE)
 }
 
 /// Runs until `shutdown` says the hub stops; nothing with one replica (no shared store).
 /// What it reads goes into `live` (bindings, dynamic accounts) and `auth` (tokens), under
 /// `writers`, the store's lock that this replica's writers of those tables hold.
-pub(crate) async fn run(
+pub async fn run(
     replicas: &Replicas,
     live: &Live,
     auth: &AuthBook,
@@ -64,7 +62,7 @@ pub(crate) async fn run(
             }
         }
         if let Err(e) = sync(replicas, live, auth, writers, store).await {
-            tracing::warn!(error = %crate::error::Chain(&e), "cannot read what the other replicas wrote to the shared store; trying again");
+            tracing::warn!(error = %Chain(&e), "cannot read what the other replicas wrote to the shared store; trying again");
         }
     }
 }
@@ -144,35 +142,35 @@ async fn refresh(
 
 /// A proxy or API token (`sat_…`) this replica does not know is looked up in the shared
 /// store, and kept when found: issued on another replica since the last refresh.
-pub(crate) async fn learn_token(replicas: &Replicas, auth: &AuthBook, token: &str) {
+pub async fn learn_token(replicas: &Replicas, auth: &AuthBook, token: &str) {
     let Some(store) = &replicas.shared else {
         return;
     };
-    if !token.starts_with(crate::tokens::TOKEN_PREFIX) || auth.tokens().knows(token) {
+    if !token.starts_with(scale_agent_hub_auth::tokens::TOKEN_PREFIX) || auth.tokens().knows(token)
+    {
         return;
     }
-    match store.find_token(&crate::tokens::sha256_hex(token)).await {
+    match store
+        .find_token(&scale_agent_hub_auth::tokens::sha256_hex(token))
+        .await
+    {
         Ok(Some(record)) => {
             tracing::debug!(id = %record.id, "token issued on another replica, found in the shared store");
             auth.tokens().learn(record);
         }
         Ok(None) => {}
         Err(e) => {
-            tracing::warn!(error = %crate::error::Chain(&e), "cannot look a token up in the shared store")
+            tracing::warn!(error = %Chain(&e), "cannot look a token up in the shared store")
         }
     }
 }
 
 /// [`learn_token`] of the bearer token in `headers`, if any.
-pub(crate) async fn learn_bearer(
-    replicas: &Replicas,
-    auth: &AuthBook,
-    headers: &axum::http::HeaderMap,
-) {
+pub async fn learn_bearer(replicas: &Replicas, auth: &AuthBook, headers: &axum::http::HeaderMap) {
     if let Some(token) = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(crate::tokens::bearer)
+        .and_then(scale_agent_hub_auth::tokens::bearer)
     {
         learn_token(replicas, auth, token).await;
     }
@@ -181,22 +179,17 @@ pub(crate) async fn learn_bearer(
 /// An agent token (`saa_…`) this replica does not know, or (`fresh`) every agent token
 /// presented, is looked up in the shared store and kept when found. `fresh`: enrolment,
 /// whose token another replica may have used a moment ago.
-pub(crate) async fn learn_agent_token(
-    replicas: &Replicas,
-    auth: &AuthBook,
-    token: &str,
-    fresh: bool,
-) {
+pub async fn learn_agent_token(replicas: &Replicas, auth: &AuthBook, token: &str, fresh: bool) {
     let Some(store) = &replicas.shared else {
         return;
     };
-    if !token.starts_with(crate::agent_tokens::AGENT_TOKEN_PREFIX)
+    if !token.starts_with(scale_agent_hub_auth::agent_tokens::AGENT_TOKEN_PREFIX)
         || (!fresh && auth.agent_tokens().find(token).is_some())
     {
         return;
     }
     match store
-        .find_agent_token(&crate::tokens::sha256_hex(token))
+        .find_agent_token(&scale_agent_hub_auth::tokens::sha256_hex(token))
         .await
     {
         Ok(Some(record)) => auth.agent_tokens().learn(record),
@@ -208,14 +201,14 @@ pub(crate) async fn learn_agent_token(
             }
         }
         Err(e) => {
-            tracing::warn!(error = %crate::error::Chain(&e), "cannot look an agent token up in the shared store")
+            tracing::warn!(error = %Chain(&e), "cannot look an agent token up in the shared store")
         }
     }
 }
 
 /// The enrolment of `identity` (its account pattern), when this replica knows none: it may
 /// have enrolled through another replica. Returns whether one was found.
-pub(crate) async fn learn_enrolled(replicas: &Replicas, auth: &AuthBook, identity: &str) -> bool {
+pub async fn learn_enrolled(replicas: &Replicas, auth: &AuthBook, identity: &str) -> bool {
     let Some(store) = &replicas.shared else {
         return false;
     };
@@ -229,7 +222,7 @@ pub(crate) async fn learn_enrolled(replicas: &Replicas, auth: &AuthBook, identit
         }
         Ok(None) => false,
         Err(e) => {
-            tracing::warn!(error = %crate::error::Chain(&e), "cannot look an enrolled identity up in the shared store");
+            tracing::warn!(error = %Chain(&e), "cannot look an enrolled identity up in the shared store");
             false
         }
     }
@@ -239,7 +232,7 @@ pub(crate) async fn learn_enrolled(replicas: &Replicas, auth: &AuthBook, identit
 /// each one this replica has neither of, from the shared store, so that a name bound or
 /// registered through another replica is held to the same identity and cluster here
 /// (in `live`'s registry).
-pub(crate) async fn learn_accounts(replicas: &Replicas, live: &Live, accounts: &[String]) {
+pub async fn learn_accounts(replicas: &Replicas, live: &Live, accounts: &[String]) {
     let Some(store) = &replicas.shared else {
         return;
     };
@@ -268,7 +261,7 @@ pub(crate) async fn learn_accounts(replicas: &Replicas, live: &Live, accounts: &
                 }
             }
             Err(e) => {
-                tracing::warn!(error = %crate::error::Chain(&e), %account, "cannot look an account up in the shared store")
+                tracing::warn!(error = %Chain(&e), %account, "cannot look an account up in the shared store")
             }
         }
     }

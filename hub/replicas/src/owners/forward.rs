@@ -16,15 +16,16 @@ use axum::{
 };
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
+use scale_agent_hub_model::{
+    HubError, Result,
+    auth::{Caller, Role, Source},
+    error::Chain,
+};
 use scale_agent_hub_net::{https, status::Status};
+use scale_agent_hub_state::Live;
 
 use super::OwnerInfo;
-use crate::{
-    Live,
-    api_auth::{Caller, Role, Source},
-    error::{HubError, Result},
-    replicas::Replicas,
-};
+use crate::Replicas;
 
 /// The prefix of the routes other replicas forward to.
 pub const INTERNAL_PREFIX: &str = "/internal";
@@ -85,7 +86,7 @@ pub struct Forwarded {
 }
 
 /// Sends requests to the replicas that own their accounts.
-pub(crate) struct Forwarder {
+pub struct Forwarder {
     client: https::HttpsClient<Body>,
     secret: ReplicaSecret,
     /// This replica's `--replica-id`, which the owner is told the request came from.
@@ -97,7 +98,7 @@ impl Forwarder {
     /// certificates are the hub's own), verifying them for `server_name`
     /// (`--replica-server-name`) or else for the host of each owner's address. `replica`
     /// is this replica's `--replica-id`.
-    pub(crate) fn new(
+    pub fn new(
         secret: ReplicaSecret,
         replica: &str,
         serving_ca_pem: Option<&[u8]>,
@@ -133,7 +134,7 @@ impl Forwarder {
     /// `caller` names who the client was here, for the owner's audit. A watch (or a log
     /// follow: `ends_cleanly`) whose owner goes away in the middle ends cleanly, as a watch
     /// the API server ends, so that its client watches again (through the next owner).
-    pub(crate) async fn send(
+    pub async fn send(
         &self,
         owner: &OwnerInfo,
         caller: Option<&str>,
@@ -180,7 +181,7 @@ impl Forwarder {
             .client
             .request(outbound)
             .await
-            .map_err(|e| unreachable(crate::error::Chain(&e).to_string()))?;
+            .map_err(|e| unreachable(Chain(&e).to_string()))?;
         tracing::debug!(owner = %owner.replica, status = response.status().as_u16(), "request forwarded to the account's owner");
         if let Some(on_client) = upgrade
             && response.status() == http::StatusCode::SWITCHING_PROTOCOLS
@@ -219,7 +220,7 @@ impl Forwarder {
 
     /// GETs `path` of this replica's own view from `replica` at `address` (under
     /// `/internal`), as JSON, within `timeout`. The error says why it cannot be reached.
-    pub(crate) async fn get_json(
+    pub async fn get_json(
         &self,
         replica: &str,
         address: &str,
@@ -246,7 +247,7 @@ impl Forwarder {
                 .client
                 .request(request)
                 .await
-                .map_err(|e| unreachable(crate::error::Chain(&e).to_string()))?;
+                .map_err(|e| unreachable(Chain(&e).to_string()))?;
             let code = response.status();
             let body = response
                 .into_body()
@@ -303,7 +304,7 @@ impl Replicas {
     /// The owner of `account` when it is another replica and `request` may go there: not a
     /// request forwarded already, and not an account this replica owns (in `live`'s
     /// registry). `None`: serve it here.
-    pub(crate) async fn owner_elsewhere(
+    pub async fn owner_elsewhere(
         &self,
         live: &Live,
         account: &str,
@@ -317,7 +318,7 @@ impl Replicas {
             Ok(Some(owner)) if owner.replica != self.id() => Some(owner),
             Ok(_) => None,
             Err(e) => {
-                tracing::warn!(error = %crate::error::Chain(&e), %account, "cannot look up the account's owner; serving the request here");
+                tracing::warn!(error = %Chain(&e), %account, "cannot look up the account's owner; serving the request here");
                 None
             }
         }
@@ -325,7 +326,7 @@ impl Replicas {
 }
 
 /// Admits requests to the internal routes: only with the replicas' secret.
-pub(crate) async fn internal_auth(
+pub async fn internal_auth(
     State(replicas): State<Arc<Replicas>>,
     mut request: Request,
     next: Next,
@@ -334,7 +335,7 @@ pub(crate) async fn internal_auth(
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(crate::tokens::bearer);
+        .and_then(scale_agent_hub_auth::tokens::bearer);
     let admitted = match (&replicas.forwarder, presented) {
         (Some(forwarder), Some(token)) => forwarder.secret.matches(token),
         _ => false,
@@ -375,7 +376,7 @@ pub(crate) async fn internal_auth(
 /// Serves a route of one account (its `{name}`) on the account's owner: forwarded there
 /// when another replica owns it, after this replica authenticated the caller. Its state: the
 /// replicas, and the live state that says which accounts this replica owns.
-pub(crate) async fn to_owner(
+pub async fn to_owner(
     State((replicas, live)): State<(Arc<Replicas>, Arc<Live>)>,
     axum::extract::Path(params): axum::extract::Path<std::collections::HashMap<String, String>>,
     request: Request,

@@ -1,17 +1,32 @@
-//! [`Replicas`]: what this replica knows of the others, as one handle. Which accounts it
+//! `scale-agent-hub-replicas` (layer 3): the hub as several replicas sharing one store, and
+//! nothing else. Which replica owns each account and the task that acquires and releases
+//! them ([`owners`], [`owners::duty`]); requests for an account sent to its owner over the
+//! replicas' internal channel ([`owners::forward`]); duties one replica carries at a time
+//! ([`owners::singleton`]); and what replicas keep in step through the shared store
+//! ([`sync`]: credentials, bindings and dynamic accounts read again, unknown credentials
+//! looked up, liveness, the orphan sweep).
+//!
+//! [`Replicas`] is what this replica knows of the others, as one handle: which accounts it
 //! owns ([`owners::Ownership`]), who it is to the others ([`owners::ReplicaIdentity`]), how
 //! it reaches an account's owner ([`owners::forward::Forwarder`]) and the shared store's reads
-//! ([`crate::shared`]), with the settings these read ([`ReplicaSettings`]). Whatever forwards,
-//! keeps replicas in step or asks who owns an account takes this handle (and the live state,
-//! the credentials or the commit queue where it needs them) rather than the whole hub.
+//! ([`sync`]), with the settings these read ([`ReplicaSettings`]). Whatever forwards, keeps
+//! replicas in step or asks who owns an account takes this handle (and the live state, the
+//! credentials or the commit queue where it needs them) rather than the whole hub.
+//!
+//! It depends on the model, net, state, auth and store crates, and on no crate above them:
+//! the live state ([`scale_agent_hub_state::Live`]), the credentials
+//! ([`scale_agent_hub_auth::AuthBook`]), the commit queue, the store's lock and the shutdown
+//! signal are parameters of the functions that use them.
+
+pub mod owners;
+pub mod sync;
 
 use std::{sync::Arc, time::Duration};
 
-use crate::{
-    error::Result,
-    owners::{self, Ownership, OwnershipSource, ReplicaIdentity, forward},
-    store::{self, SharedStore, Store},
-};
+use scale_agent_hub_model::Result;
+use scale_agent_hub_store::{Fencing, SharedStore, Store};
+
+use crate::owners::{Ownership, OwnershipSource, ReplicaIdentity, forward};
 
 /// How this replica takes part among the hub's replicas (from `--replica-id`,
 /// `--replica-address`, `--replica-server-name`, `--replica-secret-file`,
@@ -45,7 +60,7 @@ pub struct Replicas {
     pub replica: ReplicaIdentity,
     /// Sends requests to the owners of accounts; `None` with one replica.
     pub forwarder: Option<forward::Forwarder>,
-    /// The shared store's reads ([`crate::shared`]); `None` with one replica (the embedded
+    /// The shared store's reads ([`sync`]); `None` with one replica (the embedded
     /// store), which reads its store at start-up only.
     pub shared: Option<SharedStore>,
     pub settings: ReplicaSettings,
@@ -80,12 +95,12 @@ impl Replicas {
         if !ownership.owns_everything() {
             // Every write of an account's data commits only while this replica owns it.
             let held = ownership.clone();
-            store.set_fencing(Some(store::Fencing {
+            store.set_fencing(Some(Fencing {
                 replica: replica.id.clone(),
                 epoch: Arc::new(move |account| held.held_epoch(account)),
             }));
         }
-        // Replicas sharing the store read each other's writes ([`crate::shared`]).
+        // Replicas sharing the store read each other's writes ([`sync`]).
         let shared = if ownership.owns_everything() {
             None
         } else {
