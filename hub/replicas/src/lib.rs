@@ -120,3 +120,118 @@ impl Replicas {
         &self.replica.id
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use scale_agent_hub_state::{
+        Live, StreamMetrics, dynamic_accounts::DynamicAccounts, registry::Registry,
+        session::HubState,
+    };
+
+    use super::*;
+    use crate::owners::{
+        Claim,
+        directory::Directory,
+        forward::{Forwarded, ReplicaSecret},
+    };
+
+    fn settings(id: &str) -> ReplicaSettings {
+        ReplicaSettings {
+            id: id.to_string(),
+            address: Some(format!("https://{id}.example:8443")),
+            server_name: None,
+            secret: Some(ReplicaSecret::new("0123456789abcdef0123456789abcdef").unwrap()),
+            sync_period: Duration::from_secs(2),
+            grace_period: Duration::from_secs(600),
+        }
+    }
+
+    fn data_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("hub-replicas-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// The live state of a replica that shares its accounts and owns none of them yet.
+    fn sharing_live() -> Live {
+        Live::new(
+            HubState {
+                registry: Registry::shared(),
+                cache: Default::default(),
+            },
+            DynamicAccounts::default(),
+            StreamMetrics::default(),
+            false,
+        )
+    }
+
+    #[tokio::test]
+    async fn one_replica_owns_everything_and_forwards_nothing() {
+        let dir = data_dir("embedded");
+        let mut store = Store::open(&dir).unwrap();
+        let replicas = Replicas::open(settings("a"), &OwnershipSource::Embedded, None, &mut store)
+            .await
+            .unwrap();
+        assert!(replicas.ownership.owns_everything());
+        assert!(replicas.forwarder.is_none(), "nobody to forward to");
+        assert!(
+            replicas.shared.is_none(),
+            "the embedded store is read at start-up only"
+        );
+        assert_eq!(replicas.id(), "a");
+        assert_eq!(replicas.replica.address, "https://a.example:8443");
+        let live = sharing_live();
+        assert_eq!(
+            replicas
+                .owner_elsewhere(&live, "prod", &http::Extensions::new())
+                .await,
+            None
+        );
+        store.close().await.unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_request_goes_to_the_owner_elsewhere_once() {
+        let directory = Directory::new();
+        let source = OwnershipSource::Directory(directory);
+        let (dir_a, dir_b) = (data_dir("a"), data_dir("b"));
+        let (mut store_a, mut store_b) =
+            (Store::open(&dir_a).unwrap(), Store::open(&dir_b).unwrap());
+        let a = Replicas::open(settings("a"), &source, None, &mut store_a)
+            .await
+            .unwrap();
+        let b = Replicas::open(settings("b"), &source, None, &mut store_b)
+            .await
+            .unwrap();
+        assert!(!a.ownership.owns_everything());
+        assert!(a.forwarder.is_some() && b.forwarder.is_some());
+        assert!(matches!(
+            b.ownership.try_acquire("prod").await.unwrap(),
+            Claim::Acquired { .. }
+        ));
+
+        let live = sharing_live();
+        let none = http::Extensions::new();
+        let owner = a.owner_elsewhere(&live, "prod", &none).await.unwrap();
+        assert_eq!(
+            (owner.replica.as_str(), owner.address.as_str()),
+            ("b", "https://b.example:8443")
+        );
+        // Forwarded once already: served where it arrived, never sent on.
+        let mut forwarded = http::Extensions::new();
+        forwarded.insert(Forwarded { from: "b".into() });
+        assert_eq!(a.owner_elsewhere(&live, "prod", &forwarded).await, None);
+        // Nobody owns it, or this replica does: served here.
+        assert_eq!(a.owner_elsewhere(&live, "staging", &none).await, None);
+        assert_eq!(b.owner_elsewhere(&live, "prod", &none).await, None);
+
+        for (mut store, dir) in [(store_a, dir_a), (store_b, dir_b)] {
+            store.close().await.unwrap();
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+    }
+}
