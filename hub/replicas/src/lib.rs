@@ -63,6 +63,8 @@ pub struct Replicas {
     /// The shared store's reads ([`sync`]); `None` with one replica (the embedded
     /// store), which reads its store at start-up only.
     pub shared: Option<SharedStore>,
+    /// What this replica was started with (the sync period and grace period are read by
+    /// [`sync`]).
     pub settings: ReplicaSettings,
 }
 
