@@ -28,7 +28,7 @@ pub(crate) async fn require(
     next: Next,
 ) -> Response {
     let what = format!("{} {}", request.method(), request.uri().path());
-    crate::shared::learn_bearer(&hub, request.headers()).await;
+    crate::shared::learn_bearer(&hub.replicas, &hub.auth, request.headers()).await;
     match authorize(&hub.auth, request.headers(), needed, &what) {
         Ok(caller) => {
             request.extensions_mut().insert(caller);

@@ -27,7 +27,7 @@ pub const ASK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What every other live replica answered for `path`: (replica, its JSON or why not).
 async fn ask_others(hub: &Hub, path: &str) -> Result<Vec<(String, Result<Value, String>)>> {
-    let (Some(store), Some(forwarder)) = (&hub.shared, &hub.forwarder) else {
+    let (Some(store), Some(forwarder)) = (&hub.replicas.shared, &hub.replicas.forwarder) else {
         return Ok(Vec::new());
     };
     let replicas = store
@@ -35,10 +35,10 @@ async fn ask_others(hub: &Hub, path: &str) -> Result<Vec<(String, Result<Value, 
         .await?;
     let asks = replicas
         .into_iter()
-        .filter(|r| r.replica != hub.replica.id)
+        .filter(|r| r.replica != hub.replicas.id())
         .map(|r| async move {
             let answer = forwarder
-                .get_json(hub, &r.replica, &r.address, path, ASK_TIMEOUT)
+                .get_json(&r.replica, &r.address, path, ASK_TIMEOUT)
                 .await;
             (r.replica, answer)
         });
@@ -58,7 +58,7 @@ pub(crate) async fn agents(hub: &Hub) -> Vec<Value> {
     let mut list: Vec<Value> = local_agents(&hub.live)
         .into_iter()
         .filter_map(|a| serde_json::to_value(a).ok())
-        .map(|a| with_replica(a, &hub.replica.id))
+        .map(|a| with_replica(a, hub.replicas.id()))
         .collect();
     let others = match ask_others(hub, "/api/v1/agents").await {
         Ok(others) => others,
@@ -93,7 +93,7 @@ pub(crate) async fn agents(hub: &Hub) -> Vec<Value> {
 /// it) and, when its owner cannot be asked, `ownerUnreachable` (the view then is the
 /// stored record's).
 pub(crate) async fn accounts(hub: &Hub) -> Result<Vec<Value>> {
-    let Some(store) = &hub.shared else {
+    let Some(store) = &hub.replicas.shared else {
         return Ok(Vec::new());
     };
     let stored = store.accounts().await?;
@@ -103,7 +103,7 @@ pub(crate) async fn accounts(hub: &Hub) -> Result<Vec<Value>> {
         .into_iter()
         .filter_map(|a| serde_json::to_value(a).ok())
         .collect();
-    views.insert(hub.replica.id.clone(), Ok(by_name(local)));
+    views.insert(hub.replicas.id().to_string(), Ok(by_name(local)));
     for (replica, answer) in ask_others(hub, "/api/v1/accounts").await? {
         let view = match answer {
             Ok(Value::Array(list)) => Ok(by_name(list)),
@@ -114,7 +114,7 @@ pub(crate) async fn accounts(hub: &Hub) -> Result<Vec<Value>> {
     }
     let alive_within = crate::shared::alive_within(hub.config.replica_sync_period);
     Ok(merge_accounts(
-        &hub.replica.id,
+        hub.replicas.id(),
         stored,
         &owners,
         &views,

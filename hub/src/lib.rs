@@ -18,7 +18,7 @@ pub mod api_auth;
 pub mod audit;
 pub use scale_agent_hub_cache as cache;
 pub mod cli;
-pub mod clouddriver;
+pub use scale_agent_hub_clouddriver as clouddriver;
 pub use scale_agent_hub_store::writer as commits;
 pub mod config;
 pub mod dynamic_accounts;
@@ -31,13 +31,14 @@ pub use scale_agent_hub_model::identity;
 pub mod kubeconfig;
 pub mod metrics;
 pub use scale_agent_hub_operations as operations;
-pub mod owners;
+pub use scale_agent_hub_replicas::owners;
 pub mod proxy;
+mod registrar_duty;
 pub use scale_agent_hub_net::serve;
 pub use scale_agent_hub_state::registry;
 pub mod service;
+pub use scale_agent_hub_replicas::sync as shared;
 pub use scale_agent_hub_state::session;
-pub mod shared;
 pub use scale_agent_hub_store as store;
 pub mod tls_reload;
 pub use scale_agent_hub_auth::tokens;
@@ -56,6 +57,7 @@ use std::{
 };
 
 use scale_agent_hub_auth::AuthBook;
+use scale_agent_hub_replicas::{ReplicaSettings, Replicas};
 use scale_agent_proto::v1::agent_hub_server::AgentHubServer;
 use tokio::{
     sync::{mpsc, watch},
@@ -111,7 +113,7 @@ pub(crate) struct Hub {
     pub(crate) auth: Arc<AuthBook>,
     /// Registers accounts in Clouddriver; `None` when no target is configured.
     pub(crate) registrar: Option<Arc<clouddriver::Registrar>>,
-    /// Whether this replica is the one that registers ([`clouddriver::duty`]).
+    /// Whether this replica is the one that registers ([`registrar_duty`]).
     pub(crate) registrar_duty: owners::singleton::Singleton,
     /// The accounts (name, settings) last handed to the registrar.
     registered_accounts: Mutex<Vec<(String, String)>>,
@@ -119,15 +121,9 @@ pub(crate) struct Hub {
     pub(crate) operations: Arc<operations::Operations>,
     /// What submitting an operation works with ([`operations::submit`]).
     pub(crate) operation_driver: operations::Driver,
-    /// Which accounts this replica owns ([`owners`]).
-    pub(crate) ownership: Arc<dyn owners::Ownership>,
-    /// Who this replica is to the others.
-    pub(crate) replica: owners::ReplicaIdentity,
-    /// Sends requests to the owners of accounts; `None` with one replica.
-    pub(crate) forwarder: Option<owners::forward::Forwarder>,
-    /// The shared store's reads ([`shared`]); `None` with one replica (the embedded store),
-    /// which reads its store at start-up only.
-    pub(crate) shared: Option<store::SharedStore>,
+    /// Which accounts this replica owns, who it is to the others, the forwarder to their
+    /// owners and the shared store's reads ([`Replicas`]).
+    pub(crate) replicas: Arc<Replicas>,
     pub(crate) shutdown: watch::Receiver<bool>,
     pub(crate) grpc_listening: AtomicBool,
     pub(crate) store_open: AtomicBool,
@@ -252,7 +248,7 @@ impl Hub {
         };
         // The shared store's reads have a connection of their own: this runs every tick on
         // the registrar, and must not hold the store's lock (the commits') over a query.
-        let accounts: Vec<(String, serde_json::Value)> = match &self.shared {
+        let accounts: Vec<(String, serde_json::Value)> = match &self.replicas.shared {
             Some(shared) => shared
                 .accounts()
                 .await?
@@ -446,9 +442,21 @@ impl RunningHub {
         let closed = store.close().await;
         drop(store);
         // After the last changes are stored: the next owners load them.
-        self.hub.ownership.close().await;
+        self.hub.replicas.ownership.close().await;
         tracing::info!("hub stopped; store flushed");
         result.and(drained).and(closed)
+    }
+}
+
+/// What the replicas' handle reads of the configuration.
+fn replica_settings(config: &Config) -> ReplicaSettings {
+    ReplicaSettings {
+        id: config.replica_id.clone(),
+        address: config.replica_address.clone(),
+        server_name: config.replica_server_name.clone(),
+        secret: config.replica_secret.clone(),
+        sync_period: config.replica_sync_period,
+        grace_period: config.grace_period,
     }
 }
 
@@ -476,38 +484,18 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         }
     }
     let operation_records = store.load_operation_records().await?;
-    let replica = owners::ReplicaIdentity {
-        id: config.replica_id.clone(),
-        address: config.replica_address.clone().unwrap_or_default(),
-    };
-    let ownership = owners::open(&config.ownership, &replica).await?;
-    let forwarder = match (&config.replica_secret, ownership.owns_everything()) {
-        (Some(secret), false) => Some(owners::forward::Forwarder::new(
-            secret.clone(),
-            config.serving_ca_pem.as_deref(),
-            config.replica_server_name.as_deref(),
-        )?),
-        _ => None,
-    };
     let mut store = store;
-    if !ownership.owns_everything() {
-        // Every write of an account's data commits only while this replica owns it.
-        let held = ownership.clone();
-        store.set_fencing(Some(store::Fencing {
-            replica: replica.id.clone(),
-            epoch: Arc::new(move |account| held.held_epoch(account)),
-        }));
-    }
-    // Replicas sharing the store read each other's writes ([`shared`]).
-    let shared = if ownership.owns_everything() {
-        None
-    } else {
-        store.shared()
-    };
+    let replicas = Replicas::open(
+        replica_settings(&config),
+        &config.ownership,
+        config.serving_ca_pem.as_deref(),
+        &mut store,
+    )
+    .await?;
     loaded.cache.history_budget = cache::HistoryBudget::new(config.watch_history_bytes);
     let mut state = HubState {
         cache: loaded.cache,
-        registry: if ownership.owns_everything() {
+        registry: if replicas.ownership.owns_everything() {
             registry::Registry::default()
         } else {
             registry::Registry::shared()
@@ -618,8 +606,8 @@ pub async fn start(config: Config) -> Result<RunningHub> {
             owners::singleton::Singleton::Postgres(Box::new(
                 owners::singleton::PostgresSingleton::new(
                     options,
-                    &replica.id,
-                    clouddriver::duty::NAME,
+                    replicas.id(),
+                    registrar_duty::NAME,
                 )?,
             ))
         }
@@ -638,7 +626,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         state,
         dynamic_accounts::DynamicAccounts::load(std::mem::take(&mut loaded.dynamic_accounts)),
         metrics.stream.clone(),
-        ownership.owns_everything(),
+        replicas.ownership.owns_everything(),
     ));
     let operation_driver = operations::Driver {
         operations: operations.clone(),
@@ -673,10 +661,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         registered_accounts: Mutex::new(Vec::new()),
         operations,
         operation_driver,
-        ownership,
-        replica,
-        forwarder,
-        shared,
+        replicas: Arc::new(replicas),
         shutdown: shutdown_rx,
         grpc_listening: AtomicBool::new(false),
         store_open: AtomicBool::new(true),
@@ -803,7 +788,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
             hub.registrar_duty,
             owners::singleton::Singleton::Postgres(_)
         ) {
-            tokio::spawn(clouddriver::duty::run(hub.clone(), registrar.clone()));
+            tokio::spawn(registrar_duty::run(hub.clone(), registrar.clone()));
         }
         tokio::spawn(registrar.run(shutdown))
     });
@@ -831,17 +816,29 @@ pub async fn start(config: Config) -> Result<RunningHub> {
                 .await;
         }
     });
-    if !hub.ownership.owns_everything() {
+    if !hub.replicas.ownership.owns_everything() {
         let shared_store = hub.store.lock().await.loads_accounts_separately();
         let source: Arc<dyn owners::AccountSource> = if shared_store {
             Arc::new(owners::StoreAccounts(hub.store.clone()))
         } else {
             Arc::new(owners::MemoryIsCurrent)
         };
-        tokio::spawn(owners::duty::run(hub.clone(), source));
+        // The ownership task borrows the replicas, the live state, the commit queue and the
+        // shutdown signal from the hub.
+        let hub = hub.clone();
+        tokio::spawn(async move {
+            let shutdown = hub.shutdown.clone();
+            owners::duty::run(&hub.replicas, &hub.live, &hub.commits, &*source, shutdown).await;
+        });
     }
-    if let Some(store) = hub.shared.clone() {
-        tokio::spawn(shared::run(hub.clone(), store));
+    if hub.replicas.shared.is_some() {
+        // Keeping in step borrows the replicas, the live state, the credentials, the store's
+        // lock and the shutdown signal from the hub.
+        let hub = hub.clone();
+        tokio::spawn(async move {
+            let shutdown = hub.shutdown.clone();
+            shared::run(&hub.replicas, &hub.live, &hub.auth, &hub.store, shutdown).await;
+        });
     }
 
     Ok(RunningHub {

@@ -28,7 +28,7 @@ pub(super) async fn version() -> Json<serde_json::Value> {
 /// Every agent stream: of every replica when replicas share the store ([`crate::fleet`]),
 /// else of this hub.
 pub(super) async fn agents(State(hub): State<Arc<Hub>>) -> Response {
-    if hub.shared.is_some() && hub.forwarder.is_some() {
+    if hub.replicas.shared.is_some() && hub.replicas.forwarder.is_some() {
         return Json(crate::fleet::agents(&hub).await).into_response();
     }
     Json(local_agents(&hub.live)).into_response()
@@ -42,7 +42,7 @@ pub(super) async fn replica_agents(State(hub): State<Arc<Hub>>) -> Json<Vec<Agen
 /// Every account the hub has a record or a state for (ORPHANED and FAILED ones included):
 /// of every replica, with its owner, when replicas share the store ([`crate::fleet`]).
 pub(super) async fn accounts(State(hub): State<Arc<Hub>>) -> Response {
-    if hub.shared.is_some() && hub.forwarder.is_some() {
+    if hub.replicas.shared.is_some() && hub.replicas.forwarder.is_some() {
         return match crate::fleet::accounts(&hub).await {
             Ok(list) => Json(list).into_response(),
             Err(e) => error(

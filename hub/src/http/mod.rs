@@ -111,7 +111,7 @@ fn internal(hub: Arc<Hub>) -> Router<Arc<Hub>> {
         .merge(account_reads(hub.clone()))
         .merge(account_operations(hub.clone()))
         .route_layer(axum::middleware::from_fn_with_state(
-            hub,
+            hub.replicas.clone(),
             crate::owners::forward::internal_auth,
         ))
 }
@@ -123,7 +123,7 @@ fn account_reads(hub: Arc<Hub>) -> Router<Arc<Hub>> {
         .route("/api/v1/accounts/{name}", get(account))
         .route("/api/v1/accounts/{name}/objects", get(objects))
         .route_layer(axum::middleware::from_fn_with_state(
-            hub,
+            (hub.replicas.clone(), hub.live.clone()),
             crate::owners::forward::to_owner,
         ))
 }
@@ -136,7 +136,7 @@ fn account_operations(hub: Arc<Hub>) -> Router<Arc<Hub>> {
             get(account_operation),
         )
         .route_layer(axum::middleware::from_fn_with_state(
-            hub,
+            (hub.replicas.clone(), hub.live.clone()),
             crate::owners::forward::to_owner,
         ))
 }

@@ -37,12 +37,14 @@ pub(super) async fn submit_operation(
 ) -> Response {
     let started = std::time::Instant::now();
     // Operations run where the account's agents stream: on its owner.
-    if let Some(owner) =
-        crate::owners::forward::owner_elsewhere(&hub, &name, request.extensions()).await
-        && let Some(forwarder) = &hub.forwarder
+    if let Some(owner) = hub
+        .replicas
+        .owner_elsewhere(&hub.live, &name, request.extensions())
+        .await
+        && let Some(forwarder) = &hub.replicas.forwarder
     {
         let answer = forwarder
-            .send(&hub, &owner, Some(&caller.name), request, false)
+            .send(&owner, Some(&caller.name), request, false)
             .await
             .unwrap_or_else(IntoResponse::into_response);
         let subject = crate::audit::OperationSubject::of(None);

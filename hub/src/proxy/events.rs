@@ -21,4 +21,9 @@ impl CacheEvents for ProxyCaches {
     fn account_forgotten(&self, account: &str) {
         self.discovery.forget(account);
     }
+
+    fn kinds_changed(&self, account: &str) {
+        self.discovery
+            .invalidate(account, std::time::Instant::now());
+    }
 }

@@ -98,7 +98,7 @@ async fn handle(State(hub): State<Arc<Hub>>, request: Request) -> Response {
     let upgrade = headers::is_upgrade(request.headers());
     // Replicas sharing a store: a token issued through another replica is looked up there
     // before it is judged (and named in the audit).
-    crate::shared::learn_bearer(&hub, request.headers()).await;
+    crate::shared::learn_bearer(&hub.replicas, &hub.auth, request.headers()).await;
     // Writes are audited: who (the token's name), what, and how it ended.
     let audit = self::audit::is_proxy_write(&method, upgrade).then(|| {
         let (account, api_path) = split_path(request.uri().path()).unwrap_or_default();
@@ -137,11 +137,11 @@ async fn handle(State(hub): State<Arc<Hub>>, request: Request) -> Response {
             .headers_mut()
             .insert(CACHE_HEADER, HeaderValue::from_static(who));
     }
-    if hub.forwarder.is_some()
+    if hub.replicas.forwarder.is_some()
         && !response
             .headers()
             .contains_key(crate::owners::forward::REPLICA_HEADER)
-        && let Ok(replica) = HeaderValue::from_str(&hub.replica.id)
+        && let Ok(replica) = HeaderValue::from_str(hub.replicas.id())
     {
         response
             .headers_mut()
@@ -215,14 +215,14 @@ async fn proxy(hub: &Arc<Hub>, request: Request) -> Result<(Response, Served), S
     }
     // The account's agents stream to its owner, which also keeps its cache: everything,
     // cached reads included, is served there.
-    if let Some(owner) =
-        crate::owners::forward::owner_elsewhere(hub, &account, request.extensions()).await
-        && let Some(forwarder) = &hub.forwarder
+    if let Some(owner) = hub
+        .replicas
+        .owner_elsewhere(&hub.live, &account, request.extensions())
+        .await
+        && let Some(forwarder) = &hub.replicas.forwarder
     {
         let ends_cleanly = is_long_running(request.method(), api_path, request.uri().query());
-        let response = forwarder
-            .send(hub, &owner, None, request, ends_cleanly)
-            .await?;
+        let response = forwarder.send(&owner, None, request, ends_cleanly).await?;
         return Ok((response, Served::Owner));
     }
     if !hub.state().registry.accounts.contains_key(&account) {

@@ -164,8 +164,7 @@ impl StreamTask {
         }
         for account in std::mem::take(&mut fx.discovery_changed) {
             tracing::info!(%account, "the cluster's kinds changed; discovery cache dropped");
-            hub.discovery
-                .invalidate(&account, std::time::Instant::now());
+            hub.live.kinds_changed(&account);
         }
         for result in std::mem::take(&mut fx.results) {
             let id = result.id.clone();
@@ -202,7 +201,7 @@ impl StreamTask {
 /// Replicas sharing a store: the cluster and binding of each account registered in
 /// `batch`, as another replica may have stored them.
 async fn learn_registered_accounts(hub: &Hub, batch: &[pb::AgentMessage]) {
-    if hub.shared.is_none() {
+    if hub.replicas.shared.is_none() {
         return;
     }
     let registered: Vec<String> = batch
@@ -212,7 +211,7 @@ async fn learn_registered_accounts(hub: &Hub, batch: &[pb::AgentMessage]) {
             _ => None,
         })
         .collect();
-    crate::shared::learn_accounts(hub, &registered).await;
+    crate::shared::learn_accounts(&hub.replicas, &hub.live, &registered).await;
 }
 
 /// Hands a tunnel frame to its exchange. A frame out of order resets that exchange only; one

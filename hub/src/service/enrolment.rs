@@ -65,7 +65,7 @@ async fn enroll(hub: &Hub, request: pb::EnrollRequest) -> Result<pb::IssuedCerti
     let mut store = hub.store.lock().await;
     // Replicas sharing a store: the token as the store holds it now (issued, used or
     // revoked through another replica).
-    crate::shared::learn_agent_token(hub, &request.token, true).await;
+    crate::shared::learn_agent_token(&hub.replicas, &hub.auth, &request.token, true).await;
     let now = jiff::Timestamp::now().as_second();
     let record = hub
         .agent_tokens()
@@ -84,7 +84,7 @@ async fn enroll(hub: &Hub, request: pb::EnrollRequest) -> Result<pb::IssuedCerti
     let ops = hub.agent_tokens().consume(&record.id, now);
     // Once across replicas: the token is marked used in the store only if no replica did
     // first (the store's lock above serializes this replica's enrolments only).
-    if let Some(shared) = &hub.shared {
+    if let Some(shared) = &hub.replicas.shared {
         let used = ops.iter().find_map(|op| match op {
             crate::store::StoreOp::PutAgentToken { record } => Some(record.clone()),
             _ => None,

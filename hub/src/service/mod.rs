@@ -141,13 +141,15 @@ impl AgentHubService {
             .and_then(|v| v.split_once(' '))
             .map(|(_, token)| token.trim().to_string())
         {
-            crate::shared::learn_agent_token(&self.hub, &token, false).await;
+            crate::shared::learn_agent_token(&self.hub.replicas, &self.hub.auth, &token, false)
+                .await;
         }
         let auth = authenticate(&self.hub.auth, peer_certs, metadata).inspect_err(|status| {
             tracing::warn!(%peer, code = ?status.code(), reason = status.message(), "agent stream refused");
         })?;
         if auth.certificate == Some(CertificateOrigin::Hub)
-            && crate::shared::learn_enrolled(&self.hub, &auth.identity).await
+            && crate::shared::learn_enrolled(&self.hub.replicas, &self.hub.auth, &auth.identity)
+                .await
         {
             return authenticate(&self.hub.auth, peer_certs, metadata);
         }

@@ -82,6 +82,9 @@ pub trait CacheEvents: Send + Sync {
     /// The account left this replica (grace period over, or another replica owns it now):
     /// what was cached of its discovery goes.
     fn account_forgotten(&self, account: &str);
+    /// The account's cluster serves other kinds now (a CRD came or went): what was cached of
+    /// its discovery is stale.
+    fn kinds_changed(&self, account: &str);
 }
 
 /// No cache listens (tests of the state alone).
@@ -90,6 +93,7 @@ struct NoCacheEvents;
 impl CacheEvents for NoCacheEvents {
     fn cache_advanced(&self) {}
     fn account_forgotten(&self, _account: &str) {}
+    fn kinds_changed(&self, _account: &str) {}
 }
 
 /// The live state of the agents' streams, shared by the gRPC service, the HTTP API, the
@@ -157,6 +161,12 @@ impl Live {
     /// ([`CacheEvents::account_forgotten`]).
     pub fn account_forgotten(&self, account: &str) {
         self.cache_events().account_forgotten(account);
+    }
+
+    /// The account's cluster serves other kinds now: tells the caches above
+    /// ([`CacheEvents::kinds_changed`]).
+    pub fn kinds_changed(&self, account: &str) {
+        self.cache_events().kinds_changed(account);
     }
 
     /// The registry and cache (a poisoned lock is taken over: the state is kept consistent

@@ -3,35 +3,47 @@
 //! standby streams it; releases those no agent serves here any more; and, when every
 //! ownership was lost at once, ends the streams of the accounts it owned.
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
+
+use scale_agent_hub_model::error::Chain;
+use scale_agent_hub_state::{Control, Live};
+use scale_agent_hub_store::{StoreOp, writer::Commits};
+use tokio::sync::watch;
 
 use super::{AccountSource, Claim};
-use crate::{Control, Hub, store::StoreOp};
+use crate::Replicas;
 
 /// How often accounts owned elsewhere are tried again: the time a standby waits, at most,
 /// after its owner died (the lock frees when the owner's database session ends).
 pub const POLL: Duration = Duration::from_secs(1);
 
-/// Runs until the hub shuts down (which releases everything once the store is flushed).
+/// Runs until `shutdown` says the hub stops (which releases everything once the store is
+/// flushed). Ownership comes from `replicas`; the standbys and owned accounts are `live`'s
+/// registry; what an account taken over was registered with is queued in `commits`;
 /// `source` loads an account taken over.
-pub(crate) async fn run(hub: Arc<Hub>, source: Arc<dyn AccountSource>) {
-    let mut losses = hub.ownership.losses();
-    let mut shutdown = hub.shutdown.clone();
+pub async fn run(
+    replicas: &Replicas,
+    live: &Live,
+    commits: &Commits,
+    source: &dyn AccountSource,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut losses = replicas.ownership.losses();
     loop {
-        let to_acquire = hub.state().registry.to_acquire();
+        let to_acquire = live.state().registry.to_acquire();
         for account in to_acquire {
-            acquire(&hub, source.as_ref(), &account).await;
+            acquire(replicas, live, commits, source, &account).await;
         }
-        let to_release = hub.state().registry.to_release();
+        let to_release = live.state().registry.to_release();
         for account in to_release {
-            release(&hub, &account).await;
+            release(replicas, live, commits, &account).await;
         }
         tokio::select! {
-            () = hub.live.owners_wake().notified() => {}
+            () = live.owners_wake().notified() => {}
             () = tokio::time::sleep(POLL) => {}
             changed = losses.changed() => {
                 if changed.is_ok() {
-                    lost_all(&hub);
+                    lost_all(live);
                 }
             }
             _ = shutdown.changed() => {
@@ -45,30 +57,36 @@ pub(crate) async fn run(hub: Arc<Hub>, source: Arc<dyn AccountSource>) {
 
 /// Tries to take `account`; on success loads it and promotes its first standby here.
 #[tracing::instrument(name = "acquire", skip_all, fields(%account))]
-async fn acquire(hub: &Hub, source: &dyn AccountSource, account: &str) {
-    let epoch = match hub.ownership.try_acquire(account).await {
+async fn acquire(
+    replicas: &Replicas,
+    live: &Live,
+    commits: &Commits,
+    source: &dyn AccountSource,
+    account: &str,
+) {
+    let epoch = match replicas.ownership.try_acquire(account).await {
         Ok(Claim::Acquired { epoch }) => epoch,
         Ok(Claim::HeldElsewhere(owner)) => {
             tracing::trace!(owner = ?owner.map(|o| o.replica), "account owned by another replica");
             return;
         }
         Err(e) => {
-            tracing::warn!(error = %crate::error::Chain(&e), "cannot acquire the account; trying again");
+            tracing::warn!(error = %Chain(&e), "cannot acquire the account; trying again");
             return;
         }
     };
     let snapshot = match source.load_account(account).await {
         Ok(snapshot) => snapshot,
         Err(e) => {
-            tracing::warn!(error = %crate::error::Chain(&e), "cannot load the account taken over; releasing it");
-            if let Err(e) = hub.ownership.release(account).await {
-                tracing::warn!(error = %crate::error::Chain(&e), "cannot release the account");
+            tracing::warn!(error = %Chain(&e), "cannot load the account taken over; releasing it");
+            if let Err(e) = replicas.ownership.release(account).await {
+                tracing::warn!(error = %Chain(&e), "cannot release the account");
             }
             return;
         }
     };
     let promotion = {
-        let mut st = hub.state();
+        let mut st = live.state();
         if let Some(snapshot) = snapshot {
             st.cache
                 .accounts
@@ -90,49 +108,49 @@ async fn acquire(hub: &Hub, source: &dyn AccountSource, account: &str) {
                 binding: binding.clone(),
             });
         }
-        hub.commits.enqueue(ops);
+        commits.enqueue(ops);
         promotion
     };
-    hub.live.account_forgotten(account);
-    hub.live.cache_advanced();
+    live.account_forgotten(account);
+    live.cache_advanced();
     tracing::info!(
         epoch,
         promoted = promotion.is_some(),
         "account owned by this replica"
     );
-    hub.deliver(promotion.into_iter().collect());
-    hub.observe_states();
+    live.deliver(promotion.into_iter().collect());
+    live.observe_states();
 }
 
 /// Gives `account` up once what was queued for it is stored, so that the next owner loads
 /// it.
 #[tracing::instrument(name = "release", skip_all, fields(%account))]
-async fn release(hub: &Hub, account: &str) {
-    hub.state().registry.released(account);
-    let ticket = hub.commits.last_ticket();
-    if let Err(failure) = hub.commits.committed_or_failing(ticket).await {
+async fn release(replicas: &Replicas, live: &Live, commits: &Commits, account: &str) {
+    live.state().registry.released(account);
+    let ticket = commits.last_ticket();
+    if let Err(failure) = commits.committed_or_failing(ticket).await {
         tracing::warn!(%failure, "releasing an account whose last changes are not stored yet; its next owner resumes from older resume points");
     }
-    match hub.ownership.release(account).await {
+    match replicas.ownership.release(account).await {
         Ok(()) => tracing::info!("account released: no agent of it is connected here"),
         Err(e) => {
-            tracing::warn!(error = %crate::error::Chain(&e), "cannot release the account")
+            tracing::warn!(error = %Chain(&e), "cannot release the account")
         }
     }
-    hub.observe_states();
+    live.observe_states();
 }
 
 /// Every ownership was lost at once: the streams of those accounts end, so their agents
 /// reconnect (to whichever replica owns the account next).
-fn lost_all(hub: &Hub) {
-    let sessions = hub.state().registry.lost_all();
+fn lost_all(live: &Live) {
+    let sessions = live.state().registry.lost_all();
     tracing::warn!(
         streams = sessions.len(),
         "this replica lost the ownership of its accounts (its connection to the ownership \
          store broke); ending their streams so their agents reconnect"
     );
     for session in sessions {
-        hub.control(
+        live.control(
             session,
             Control::Close(tonic::Status::unavailable(
                 "this hub replica lost the ownership of an account this stream streamed; \
@@ -140,5 +158,5 @@ fn lost_all(hub: &Hub) {
             )),
         );
     }
-    hub.observe_states();
+    live.observe_states();
 }

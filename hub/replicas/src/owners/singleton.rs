@@ -14,14 +14,12 @@
 
 use std::time::Duration;
 
+use scale_agent_hub_model::{HubError, Result, error::Chain};
+use scale_agent_hub_store::{PostgresOptions, postgres_tls::Target};
 use tokio::sync::Mutex;
 use tokio_postgres::Client;
 
 use super::postgres::advisory_key;
-use crate::{
-    error::{HubError, Result},
-    store::{PostgresOptions, postgres_tls::Target},
-};
 
 /// How often a replica tries to take a duty it does not hold, and checks one it holds.
 pub const TRY_EVERY: Duration = Duration::from_secs(1);
@@ -76,7 +74,7 @@ impl PostgresSingleton {
         Ok(PostgresSingleton {
             name,
             key: advisory_key(&format!("scale-agent/duty/{name}")),
-            location: crate::store::postgres::location(&target.config),
+            location: scale_agent_hub_store::postgres::location(&target.config),
             target,
             state: Mutex::new((None, false)),
         })
@@ -121,7 +119,7 @@ impl PostgresSingleton {
             HubError::Ownership(format!(
                 "cannot try the {} lock in PostgreSQL: {}; check that the database is reachable",
                 self.name,
-                crate::error::Chain(&e)
+                Chain(&e)
             ))
         })?
         .get::<_, bool>(0);

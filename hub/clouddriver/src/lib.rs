@@ -1,3 +1,9 @@
+//! `scale-agent-hub-clouddriver` (layer 3): registers the hub's accounts in Clouddriver, and
+//! nothing else. It depends on the model crate (the error type, the time format), the net
+//! crate (the HTTPS client) and the store crate (where its [`ledger`] is kept) only; the hub
+//! hands it the accounts to register ([`Registrar::set_desired`]) and decides which replica
+//! registers.
+//!
 //! Registers the hub's accounts in Spinnaker's Clouddriver, so that unmodified Clouddriver
 //! (which reaches clusters only by running kubectl with one kubeconfig per account) reaches
 //! every cluster through the hub's Kubernetes API proxy.
@@ -24,8 +30,9 @@
 //!
 //! Files: [`body`] builds bodies, the file, hashes and classifies answers (pure); `client`
 //! speaks HTTP; [`scale_agent_runtime::write_private`] writes the file atomically;
-//! [`registrar`] is the loop; [`duty`] makes one replica of several the registrar;
-//! [`metrics`].
+//! [`registrar`] is the loop; [`ledger`] keeps what was registered in the store;
+//! [`metrics`]. Which replica of several registers (the registrar's duty) is decided in the
+//! hub, which hands the registrar the accounts.
 //!
 //! Secrets: kubeconfigs carry bearer tokens. Bodies and the file are never logged;
 //! [`DesiredAccount`]'s `Debug` hides the kubeconfig; Clouddriver's error messages are
@@ -33,7 +40,6 @@
 
 pub mod body;
 pub(crate) mod client;
-pub(crate) mod duty;
 pub mod ledger;
 pub mod metrics;
 pub mod registrar;
@@ -49,7 +55,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 pub use self::{metrics::ClouddriverMetrics, registrar::Registrar};
-use crate::error::{HubError, Result};
+use scale_agent_hub_model::{HubError, Result};
 
 /// Retry delays after failures: `initial × factor^(n-1)`, at most `max`, ±20% jitter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -314,7 +320,7 @@ pub struct RegistrationStatus {
 
 fn timestamp<S: serde::Serializer>(t: &Option<SystemTime>, s: S) -> Result<S::Ok, S::Error> {
     match t {
-        Some(t) => s.serialize_str(&crate::http::rfc3339(*t)),
+        Some(t) => s.serialize_str(&scale_agent_hub_model::time::rfc3339(*t)),
         None => s.serialize_none(),
     }
 }

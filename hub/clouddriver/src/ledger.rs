@@ -8,11 +8,10 @@ use std::{
     sync::{Arc, Mutex, MutexGuard},
 };
 
+use scale_agent_hub_model::Result;
+use scale_agent_hub_store::{Store, StoreOp};
+
 use super::Ledger;
-use crate::{
-    error::Result,
-    store::{Store, StoreOp},
-};
 
 /// A [`Ledger`] kept in memory and written through to the store.
 pub struct StoreLedger {

@@ -20,16 +20,14 @@ use std::{
     time::Duration,
 };
 
+use scale_agent_hub_model::{HubError, Result, error::Chain};
+use scale_agent_hub_store::{PostgresOptions, postgres_tls::Target};
 use tokio::sync::watch;
 use tokio_postgres::Client;
 
 use super::{Claim, OwnerInfo, Ownership, ReplicaIdentity};
 // The lock keys are the store's too (its sweep takes an account's lock): they live there.
-pub use crate::store::postgres::{advisory_key, lock_key};
-use crate::{
-    error::{HubError, Result},
-    store::{PostgresOptions, postgres_tls::Target},
-};
+pub use scale_agent_hub_store::postgres::{advisory_key, lock_key};
 
 /// How long connecting to PostgreSQL may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -38,7 +36,7 @@ fn pg_error(action: &str, error: &tokio_postgres::Error) -> HubError {
     HubError::Ownership(format!(
         "cannot {action} in PostgreSQL: {}; check that the database is reachable and that \
          the hub's user may use its tables",
-        crate::error::Chain(error)
+        Chain(error)
     ))
 }
 
@@ -66,7 +64,7 @@ impl PostgresOwnership {
             .config
             .application_name(format!("scale-agent-hub {} ownership", replica.id));
         let ownership = PostgresOwnership {
-            location: crate::store::postgres::location(&target.config),
+            location: scale_agent_hub_store::postgres::location(&target.config),
             target,
             replica,
             lock_connection: tokio::sync::Mutex::new(None),
@@ -75,7 +73,7 @@ impl PostgresOwnership {
         };
         let mut connection = ownership.lock_connection.lock().await;
         let mut client = ownership.open().await?;
-        crate::store::postgres::migrate(&mut client).await?;
+        scale_agent_hub_store::postgres::migrate(&mut client).await?;
         *connection = Some(client);
         drop(connection);
         Ok(ownership)
@@ -92,7 +90,7 @@ impl PostgresOwnership {
         let losses = self.losses.clone();
         tokio::spawn(async move {
             if let Err(error) = connection.await {
-                tracing::warn!(error = %crate::error::Chain(&error), "the ownership connection to PostgreSQL broke");
+                tracing::warn!(error = %Chain(&error), "the ownership connection to PostgreSQL broke");
             }
             let lost = std::mem::take(&mut *owned.lock().unwrap_or_else(|e| e.into_inner()));
             if !lost.is_empty() {
@@ -269,7 +267,7 @@ impl Ownership for PostgresOwnership {
         if let Some(client) = slot.as_mut().filter(|c| !c.is_closed()) {
             for (account, epoch) in owned {
                 if let Err(e) = self.release_on(client, &account, epoch).await {
-                    tracing::warn!(error = %crate::error::Chain(&e), %account, "cannot release the account at shutdown; it is freed when the connection closes");
+                    tracing::warn!(error = %Chain(&e), %account, "cannot release the account at shutdown; it is freed when the connection closes");
                 }
             }
         }

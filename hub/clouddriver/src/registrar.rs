@@ -15,6 +15,7 @@ use std::{
 };
 
 use futures::StreamExt;
+use scale_agent_hub_model::{HubError, Result, error::Chain};
 use serde_json::{Map, Value};
 use tokio::sync::{Notify, watch};
 use tracing::Instrument;
@@ -25,7 +26,6 @@ use super::{
     body::{self, Method, Outcome},
     client::{Client, SendError},
 };
-use crate::error::{HubError, Result};
 
 /// Registers the hub's accounts in Clouddriver; see the [module docs](super).
 pub struct Registrar {
@@ -623,9 +623,8 @@ impl Registrar {
             Err(e) => {
                 let mut st = self.state();
                 let delay = self.backoff(st.ledger_track.failures + 1);
-                st.ledger_track
-                    .failed("load", crate::error::Chain(&e).to_string(), delay);
-                tracing::error!(error = %crate::error::Chain(&e), retry_in = ?delay, "cannot read the Clouddriver ledger; nothing is sent to the API until it can be read");
+                st.ledger_track.failed("load", Chain(&e).to_string(), delay);
+                tracing::error!(error = %Chain(&e), retry_in = ?delay, "cannot read the Clouddriver ledger; nothing is sent to the API until it can be read");
             }
         }
     }
@@ -718,7 +717,7 @@ impl Registrar {
                 };
                 if let Err(e) = &recorded {
                     // Registered all the same; after a restart it is sent again (harmless).
-                    tracing::error!(error = %crate::error::Chain(e), "registered, but the ledger could not record it");
+                    tracing::error!(error = %Chain(e), "registered, but the ledger could not record it");
                 }
                 let count = {
                     let mut st = self.state();
@@ -741,7 +740,7 @@ impl Registrar {
                 };
                 if let Err(e) = &forgotten {
                     // Removed all the same; after a restart the DELETE is sent again (harmless).
-                    tracing::error!(error = %crate::error::Chain(e), "removed, but the ledger could not forget it");
+                    tracing::error!(error = %Chain(e), "removed, but the ledger could not forget it");
                 }
                 let count = {
                     let mut st = self.state();

@@ -10,8 +10,7 @@
 
 use std::sync::Arc;
 
-use super::Registrar;
-use crate::{Hub, owners::singleton::TRY_EVERY};
+use crate::{Hub, clouddriver::Registrar, owners::singleton::TRY_EVERY};
 
 /// The duty's name: in the lock's key and in the name of the connection holding it.
 pub(crate) const NAME: &str = "clouddriver-registrar";
@@ -49,7 +48,7 @@ pub(crate) async fn run(hub: Arc<Hub>, registrar: Arc<Registrar>) {
                     Ok(()) => {
                         registrar.set_active(true);
                         tracing::info!(
-                            replica = %hub.replica.id,
+                            replica = %hub.replicas.id(),
                             "this replica registers the accounts in Clouddriver now"
                         );
                     }
@@ -62,7 +61,7 @@ pub(crate) async fn run(hub: Arc<Hub>, registrar: Arc<Registrar>) {
             (false, true) => {
                 registrar.set_active(false);
                 tracing::warn!(
-                    replica = %hub.replica.id,
+                    replica = %hub.replicas.id(),
                     "this replica lost the Clouddriver registrar's lock and stopped registering"
                 );
             }

@@ -24,16 +24,15 @@
 //! that does not own it are forwarded to the owner ([`forward`]).
 
 pub mod directory;
-pub(crate) mod duty;
+pub mod duty;
 pub mod forward;
 pub mod postgres;
 pub mod singleton;
 
 use std::sync::Arc;
 
+use scale_agent_hub_model::Result;
 use tokio::sync::watch;
-
-use crate::error::Result;
 
 /// The replica that owns an account, as other replicas reach it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -127,7 +126,7 @@ impl Ownership for Embedded {
     async fn close(&self) {}
 }
 
-/// Which ownership a hub uses (a [`crate::Config`] field).
+/// Which ownership a hub uses (a field of the hub's `Config`).
 #[derive(Clone, Default)]
 pub enum OwnershipSource {
     /// One replica owns everything (the embedded store).
@@ -137,7 +136,7 @@ pub enum OwnershipSource {
     Directory(Arc<directory::Directory>),
     /// PostgreSQL advisory locks; the URL (with its password) is never logged.
     Postgres {
-        options: crate::store::PostgresOptions,
+        options: scale_agent_hub_store::PostgresOptions,
     },
 }
 
@@ -188,7 +187,7 @@ pub fn hostname() -> String {
     scale_agent_runtime::hostname().unwrap_or_else(|| "scale-agent-hub".to_string())
 }
 
-pub use crate::store::AccountSnapshot;
+pub use scale_agent_hub_store::AccountSnapshot;
 
 /// Loads one account from the store when this replica takes ownership of it.
 #[tonic::async_trait]
@@ -211,7 +210,7 @@ impl AccountSource for MemoryIsCurrent {
 }
 
 /// The shared store: an account taken over is read from it (what its last owner wrote).
-pub struct StoreAccounts(pub Arc<tokio::sync::Mutex<crate::store::Store>>);
+pub struct StoreAccounts(pub Arc<tokio::sync::Mutex<scale_agent_hub_store::Store>>);
 
 #[tonic::async_trait]
 impl AccountSource for StoreAccounts {

@@ -7,16 +7,22 @@
 //!   store before refusing it ([`learn_token`], [`learn_agent_token`], [`learn_enrolled`],
 //!   [`learn_accounts`]), so that a token issued on another replica works here at once;
 //! - says it is alive (`hub_replicas`), for the listings that ask every replica
-//!   ([`crate::fleet`]);
+//!   (the hub's `fleet`);
 //! - sweeps the accounts no replica has owned for the grace period out of the store
-//!   ([`crate::store::SharedStore::sweep_orphans`]: once, under each account's lock).
+//!   ([`SharedStore::sweep_orphans`]: once, under each account's lock).
 //!
 //! With the embedded store (one replica) none of this runs: the hub reads its store at
 //! start-up only, as it always did, and nothing polls.
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
-use crate::{Control, Hub, error::Result, store::SharedStore};
+use scale_agent_hub_auth::AuthBook;
+use scale_agent_hub_model::{Result, error::Chain};
+use scale_agent_hub_state::{Control, Live};
+use scale_agent_hub_store::{SharedStore, Store};
+use tokio::sync::watch;
+
+use crate::Replicas;
 
 /// A replica silent for this long is forgotten from `hub_replicas`.
 const FORGET_AFTER: Duration = Duration::from_secs(3600);
@@ -27,14 +33,24 @@ const ALIVE_PERIODS: u32 = 5;
 const MIN_ALIVE: Duration = Duration::from_secs(10);
 
 /// How recently a replica must have said it was alive to be asked by the listings.
-pub(crate) fn alive_within(period: Duration) -> Duration {
+pub fn alive_within(period: Duration) -> Duration {
     (period * ALIVE_PERIODS).max(MIN_ALIVE)
 }
 
-/// Runs until the hub shuts down.
-pub(crate) async fn run(hub: Arc<Hub>, store: SharedStore) {
-    let mut shutdown = hub.shutdown.clone();
-    let mut interval = tokio::time::interval(hub.config.replica_sync_period);
+/// Runs until `shutdown` says the hub stops; nothing with one replica (no shared store).
+/// What it reads goes into `live` (bindings, dynamic accounts) and `auth` (tokens), under
+/// `writers`, the store's lock that this replica's writers of those tables hold.
+pub async fn run(
+    replicas: &Replicas,
+    live: &Live,
+    auth: &AuthBook,
+    writers: &tokio::sync::Mutex<Store>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let Some(store) = &replicas.shared else {
+        return;
+    };
+    let mut interval = tokio::time::interval(replicas.settings.sync_period);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -45,38 +61,51 @@ pub(crate) async fn run(hub: Arc<Hub>, store: SharedStore) {
                 }
             }
         }
-        if let Err(e) = sync(&hub, &store).await {
-            tracing::warn!(error = %crate::error::Chain(&e), "cannot read what the other replicas wrote to the shared store; trying again");
+        if let Err(e) = sync(replicas, live, auth, writers, store).await {
+            tracing::warn!(error = %Chain(&e), "cannot read what the other replicas wrote to the shared store; trying again");
         }
     }
 }
 
 /// One round: alive, the small tables read again, the orphans swept.
-async fn sync(hub: &Hub, store: &SharedStore) -> Result<()> {
+async fn sync(
+    replicas: &Replicas,
+    live: &Live,
+    auth: &AuthBook,
+    writers: &tokio::sync::Mutex<Store>,
+    store: &SharedStore,
+) -> Result<()> {
+    let replica = &replicas.replica;
     store
-        .heartbeat(&hub.replica.id, &hub.replica.address, FORGET_AFTER)
+        .heartbeat(&replica.id, &replica.address, FORGET_AFTER)
         .await?;
-    refresh(hub, store).await?;
-    for account in store.sweep_orphans(hub.config.grace_period).await? {
-        tracing::info!(%account, grace_period = ?hub.config.grace_period, "account removed from the shared store: no replica owned it within the grace period (its binding stays)");
+    refresh(live, auth, writers, store).await?;
+    let grace_period = replicas.settings.grace_period;
+    for account in store.sweep_orphans(grace_period).await? {
+        tracing::info!(%account, ?grace_period, "account removed from the shared store: no replica owned it within the grace period (its binding stays)");
     }
     Ok(())
 }
 
 /// Reads the small tables again and puts them in place of what this replica holds.
-async fn refresh(hub: &Hub, store: &SharedStore) -> Result<()> {
+async fn refresh(
+    live: &Live,
+    auth: &AuthBook,
+    writers: &tokio::sync::Mutex<Store>,
+    store: &SharedStore,
+) -> Result<()> {
     // Under the store's lock: the writers of these tables hold it from their change in
     // memory to their commit, so a read here never undoes a change of this replica that is
     // not stored yet.
     let (evicted, identities) = {
-        let _writers = hub.store.lock().await;
+        let _writers = writers.lock().await;
         let tables = store.tables().await?;
-        hub.tokens().replace_records(tables.tokens);
-        hub.agent_tokens()
+        auth.tokens().replace_records(tables.tokens);
+        auth.agent_tokens()
             .replace(tables.agent_tokens, tables.enrolled);
-        let identities = hub.dynamic_accounts().replace(tables.dynamic_accounts);
+        let identities = live.dynamic_accounts().replace(tables.dynamic_accounts);
         let mut evicted = Vec::new();
-        let mut st = hub.state();
+        let mut st = live.state();
         for (account, binding) in tables.bindings {
             // Bindings are never deleted; one made here and not stored yet (its account is
             // owned elsewhere) stays until its owner stores it.
@@ -96,7 +125,7 @@ async fn refresh(hub: &Hub, store: &SharedStore) -> Result<()> {
     };
     for (session, account, identity) in evicted {
         tracing::info!(%account, %identity, "account rebound on another replica; ending the stream of another identity here");
-        hub.control(
+        live.control(
             session,
             Control::Close(tonic::Status::permission_denied(format!(
                 "account {account:?} was rebound to identity {identity:?} by an admin; this \
@@ -105,91 +134,95 @@ async fn refresh(hub: &Hub, store: &SharedStore) -> Result<()> {
         );
     }
     for identity in identities {
-        crate::dynamic_accounts::push(hub, &identity);
+        scale_agent_hub_state::dynamic_accounts::push(live, &identity);
     }
-    hub.observe_states();
+    live.observe_states();
     Ok(())
 }
 
 /// A proxy or API token (`sat_…`) this replica does not know is looked up in the shared
 /// store, and kept when found: issued on another replica since the last refresh.
-pub(crate) async fn learn_token(hub: &Hub, token: &str) {
-    let Some(store) = &hub.shared else {
+pub async fn learn_token(replicas: &Replicas, auth: &AuthBook, token: &str) {
+    let Some(store) = &replicas.shared else {
         return;
     };
-    if !token.starts_with(crate::tokens::TOKEN_PREFIX) || hub.tokens().knows(token) {
+    if !token.starts_with(scale_agent_hub_auth::tokens::TOKEN_PREFIX) || auth.tokens().knows(token)
+    {
         return;
     }
-    match store.find_token(&crate::tokens::sha256_hex(token)).await {
+    match store
+        .find_token(&scale_agent_hub_auth::tokens::sha256_hex(token))
+        .await
+    {
         Ok(Some(record)) => {
             tracing::debug!(id = %record.id, "token issued on another replica, found in the shared store");
-            hub.tokens().learn(record);
+            auth.tokens().learn(record);
         }
         Ok(None) => {}
         Err(e) => {
-            tracing::warn!(error = %crate::error::Chain(&e), "cannot look a token up in the shared store")
+            tracing::warn!(error = %Chain(&e), "cannot look a token up in the shared store")
         }
     }
 }
 
 /// [`learn_token`] of the bearer token in `headers`, if any.
-pub(crate) async fn learn_bearer(hub: &Hub, headers: &axum::http::HeaderMap) {
+pub async fn learn_bearer(replicas: &Replicas, auth: &AuthBook, headers: &axum::http::HeaderMap) {
     if let Some(token) = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(crate::tokens::bearer)
+        .and_then(scale_agent_hub_auth::tokens::bearer)
     {
-        learn_token(hub, token).await;
+        learn_token(replicas, auth, token).await;
     }
 }
 
 /// An agent token (`saa_…`) this replica does not know, or (`fresh`) every agent token
 /// presented, is looked up in the shared store and kept when found. `fresh`: enrolment,
 /// whose token another replica may have used a moment ago.
-pub(crate) async fn learn_agent_token(hub: &Hub, token: &str, fresh: bool) {
-    let Some(store) = &hub.shared else {
+pub async fn learn_agent_token(replicas: &Replicas, auth: &AuthBook, token: &str, fresh: bool) {
+    let Some(store) = &replicas.shared else {
         return;
     };
-    if !token.starts_with(crate::agent_tokens::AGENT_TOKEN_PREFIX)
-        || (!fresh && hub.agent_tokens().find(token).is_some())
+    if !token.starts_with(scale_agent_hub_auth::agent_tokens::AGENT_TOKEN_PREFIX)
+        || (!fresh && auth.agent_tokens().find(token).is_some())
     {
         return;
     }
     match store
-        .find_agent_token(&crate::tokens::sha256_hex(token))
+        .find_agent_token(&scale_agent_hub_auth::tokens::sha256_hex(token))
         .await
     {
-        Ok(Some(record)) => hub.agent_tokens().learn(record),
+        Ok(Some(record)) => auth.agent_tokens().learn(record),
         Ok(None) => {
             // Revoked through another replica since the last refresh.
-            let mut tokens = hub.agent_tokens();
+            let mut tokens = auth.agent_tokens();
             if let Some(id) = tokens.find(token).map(|r| r.id.clone()) {
                 tokens.revoke(&id);
             }
         }
         Err(e) => {
-            tracing::warn!(error = %crate::error::Chain(&e), "cannot look an agent token up in the shared store")
+            tracing::warn!(error = %Chain(&e), "cannot look an agent token up in the shared store")
         }
     }
 }
 
 /// The enrolment of `identity` (its account pattern), when this replica knows none: it may
 /// have enrolled through another replica. Returns whether one was found.
-pub(crate) async fn learn_enrolled(hub: &Hub, identity: &str) -> bool {
-    let Some(store) = &hub.shared else {
+pub async fn learn_enrolled(replicas: &Replicas, auth: &AuthBook, identity: &str) -> bool {
+    let Some(store) = &replicas.shared else {
         return false;
     };
-    if hub.agent_tokens().enrolled(identity).is_some() {
+    if auth.agent_tokens().enrolled(identity).is_some() {
         return false;
     }
     match store.find_enrolled(identity).await {
         Ok(Some(enrolled)) => {
-            hub.agent_tokens().learn_enrolled(enrolled);
+            auth.agent_tokens().learn_enrolled(enrolled);
             true
         }
         Ok(None) => false,
         Err(e) => {
-            tracing::warn!(error = %crate::error::Chain(&e), "cannot look an enrolled identity up in the shared store");
+            tracing::warn!(error = %Chain(&e), "cannot look an enrolled identity up in the shared store");
             false
         }
     }
@@ -197,14 +230,15 @@ pub(crate) async fn learn_enrolled(hub: &Hub, identity: &str) -> bool {
 
 /// Before registrations of `accounts` are checked: the record (its cluster) and binding of
 /// each one this replica has neither of, from the shared store, so that a name bound or
-/// registered through another replica is held to the same identity and cluster here.
-pub(crate) async fn learn_accounts(hub: &Hub, accounts: &[String]) {
-    let Some(store) = &hub.shared else {
+/// registered through another replica is held to the same identity and cluster here
+/// (in `live`'s registry).
+pub async fn learn_accounts(replicas: &Replicas, live: &Live, accounts: &[String]) {
+    let Some(store) = &replicas.shared else {
         return;
     };
     for account in accounts {
         let known = {
-            let st = hub.state();
+            let st = live.state();
             st.registry.accounts.contains_key(account) && st.registry.bindings.contains_key(account)
         };
         if known {
@@ -212,12 +246,12 @@ pub(crate) async fn learn_accounts(hub: &Hub, accounts: &[String]) {
         }
         match store.find_account(account).await {
             Ok((record, binding)) => {
-                let mut st = hub.state();
+                let mut st = live.state();
                 if let Some(record) = record
                     && !st.registry.accounts.contains_key(account)
                 {
                     st.registry
-                        .load(account.clone(), record, crate::service::now());
+                        .load(account.clone(), record, scale_agent_hub_model::time::now());
                 }
                 if let Some(binding) = binding {
                     st.registry
@@ -227,7 +261,7 @@ pub(crate) async fn learn_accounts(hub: &Hub, accounts: &[String]) {
                 }
             }
             Err(e) => {
-                tracing::warn!(error = %crate::error::Chain(&e), %account, "cannot look an account up in the shared store")
+                tracing::warn!(error = %Chain(&e), %account, "cannot look an account up in the shared store")
             }
         }
     }

@@ -16,14 +16,16 @@ use axum::{
 };
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
+use scale_agent_hub_model::{
+    HubError, Result,
+    auth::{Caller, Role, Source},
+    error::Chain,
+};
 use scale_agent_hub_net::{https, status::Status};
+use scale_agent_hub_state::Live;
 
 use super::OwnerInfo;
-use crate::{
-    Hub,
-    api_auth::{Caller, Role, Source},
-    error::{HubError, Result},
-};
+use crate::Replicas;
 
 /// The prefix of the routes other replicas forward to.
 pub const INTERNAL_PREFIX: &str = "/internal";
@@ -84,17 +86,21 @@ pub struct Forwarded {
 }
 
 /// Sends requests to the replicas that own their accounts.
-pub(crate) struct Forwarder {
+pub struct Forwarder {
     client: https::HttpsClient<Body>,
     secret: ReplicaSecret,
+    /// This replica's `--replica-id`, which the owner is told the request came from.
+    replica: String,
 }
 
 impl Forwarder {
     /// A client trusting the public roots and `--serving-ca` (the replicas' serving
     /// certificates are the hub's own), verifying them for `server_name`
-    /// (`--replica-server-name`) or else for the host of each owner's address.
-    pub(crate) fn new(
+    /// (`--replica-server-name`) or else for the host of each owner's address. `replica`
+    /// is this replica's `--replica-id`.
+    pub fn new(
         secret: ReplicaSecret,
+        replica: &str,
         serving_ca_pem: Option<&[u8]>,
         server_name: Option<&str>,
     ) -> Result<Self> {
@@ -117,16 +123,19 @@ impl Forwarder {
                 server_name,
             },
         );
-        Ok(Forwarder { client, secret })
+        Ok(Forwarder {
+            client,
+            secret,
+            replica: replica.to_string(),
+        })
     }
 
     /// Sends `request` to `owner` and hands back its answer, its body streamed.
     /// `caller` names who the client was here, for the owner's audit. A watch (or a log
     /// follow: `ends_cleanly`) whose owner goes away in the middle ends cleanly, as a watch
     /// the API server ends, so that its client watches again (through the next owner).
-    pub(crate) async fn send(
+    pub async fn send(
         &self,
-        hub: &Hub,
         owner: &OwnerInfo,
         caller: Option<&str>,
         mut request: Request,
@@ -158,7 +167,7 @@ impl Forwarder {
         let bearer = HeaderValue::from_str(&format!("Bearer {}", self.secret.0))
             .map_err(|_| unreachable("the replica secret is not a header value".into()))?;
         headers.insert(header::AUTHORIZATION, bearer);
-        if let Ok(replica) = HeaderValue::from_str(&hub.replica.id) {
+        if let Ok(replica) = HeaderValue::from_str(&self.replica) {
             headers.insert(FORWARDED_BY, replica);
         }
         if let Some(caller) = caller.and_then(|c| HeaderValue::from_str(c).ok()) {
@@ -172,7 +181,7 @@ impl Forwarder {
             .client
             .request(outbound)
             .await
-            .map_err(|e| unreachable(crate::error::Chain(&e).to_string()))?;
+            .map_err(|e| unreachable(Chain(&e).to_string()))?;
         tracing::debug!(owner = %owner.replica, status = response.status().as_u16(), "request forwarded to the account's owner");
         if let Some(on_client) = upgrade
             && response.status() == http::StatusCode::SWITCHING_PROTOCOLS
@@ -211,9 +220,8 @@ impl Forwarder {
 
     /// GETs `path` of this replica's own view from `replica` at `address` (under
     /// `/internal`), as JSON, within `timeout`. The error says why it cannot be reached.
-    pub(crate) async fn get_json(
+    pub async fn get_json(
         &self,
-        hub: &Hub,
         replica: &str,
         address: &str,
         path: &str,
@@ -231,7 +239,7 @@ impl Forwarder {
         let bearer = HeaderValue::from_str(&format!("Bearer {}", self.secret.0))
             .map_err(|_| unreachable("the replica secret is not a header value".into()))?;
         request.headers_mut().insert(header::AUTHORIZATION, bearer);
-        if let Ok(id) = HeaderValue::from_str(&hub.replica.id) {
+        if let Ok(id) = HeaderValue::from_str(&self.replica) {
             request.headers_mut().insert(FORWARDED_BY, id);
         }
         let ask = async {
@@ -239,7 +247,7 @@ impl Forwarder {
                 .client
                 .request(request)
                 .await
-                .map_err(|e| unreachable(crate::error::Chain(&e).to_string()))?;
+                .map_err(|e| unreachable(Chain(&e).to_string()))?;
             let code = response.status();
             let body = response
                 .into_body()
@@ -292,30 +300,34 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, status: http::StatusCode) {
     }
 }
 
-/// The owner of `account` when it is another replica and `request` may go there: not a
-/// request forwarded already, and not an account this replica owns. `None`: serve it here.
-pub(crate) async fn owner_elsewhere(
-    hub: &Hub,
-    account: &str,
-    headers_of: &http::Extensions,
-) -> Option<OwnerInfo> {
-    hub.forwarder.as_ref()?;
-    if headers_of.get::<Forwarded>().is_some() || hub.state().registry.owns(account) {
-        return None;
-    }
-    match hub.ownership.owner(account).await {
-        Ok(Some(owner)) if owner.replica != hub.replica.id => Some(owner),
-        Ok(_) => None,
-        Err(e) => {
-            tracing::warn!(error = %crate::error::Chain(&e), %account, "cannot look up the account's owner; serving the request here");
-            None
+impl Replicas {
+    /// The owner of `account` when it is another replica and `request` may go there: not a
+    /// request forwarded already, and not an account this replica owns (in `live`'s
+    /// registry). `None`: serve it here.
+    pub async fn owner_elsewhere(
+        &self,
+        live: &Live,
+        account: &str,
+        headers_of: &http::Extensions,
+    ) -> Option<OwnerInfo> {
+        self.forwarder.as_ref()?;
+        if headers_of.get::<Forwarded>().is_some() || live.state().registry.owns(account) {
+            return None;
+        }
+        match self.ownership.owner(account).await {
+            Ok(Some(owner)) if owner.replica != self.id() => Some(owner),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!(error = %Chain(&e), %account, "cannot look up the account's owner; serving the request here");
+                None
+            }
         }
     }
 }
 
 /// Admits requests to the internal routes: only with the replicas' secret.
-pub(crate) async fn internal_auth(
-    State(hub): State<Arc<Hub>>,
+pub async fn internal_auth(
+    State(replicas): State<Arc<Replicas>>,
     mut request: Request,
     next: Next,
 ) -> Response {
@@ -323,8 +335,8 @@ pub(crate) async fn internal_auth(
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(crate::tokens::bearer);
-    let admitted = match (&hub.forwarder, presented) {
+        .and_then(scale_agent_hub_auth::tokens::bearer);
+    let admitted = match (&replicas.forwarder, presented) {
         (Some(forwarder), Some(token)) => forwarder.secret.matches(token),
         _ => false,
     };
@@ -362,22 +374,27 @@ pub(crate) async fn internal_auth(
 }
 
 /// Serves a route of one account (its `{name}`) on the account's owner: forwarded there
-/// when another replica owns it, after this replica authenticated the caller.
-pub(crate) async fn to_owner(
-    State(hub): State<Arc<Hub>>,
+/// when another replica owns it, after this replica authenticated the caller. Its state: the
+/// replicas, and the live state that says which accounts this replica owns.
+pub async fn to_owner(
+    State((replicas, live)): State<(Arc<Replicas>, Arc<Live>)>,
     axum::extract::Path(params): axum::extract::Path<std::collections::HashMap<String, String>>,
     request: Request,
     next: Next,
 ) -> Response {
     let owner = match params.get("name") {
-        Some(account) => owner_elsewhere(&hub, account, request.extensions()).await,
+        Some(account) => {
+            replicas
+                .owner_elsewhere(&live, account, request.extensions())
+                .await
+        }
         None => None,
     };
-    match (owner, &hub.forwarder) {
+    match (owner, &replicas.forwarder) {
         (Some(owner), Some(forwarder)) => {
             let caller = request.extensions().get::<Caller>().map(|c| c.name.clone());
             forwarder
-                .send(&hub, &owner, caller.as_deref(), request, false)
+                .send(&owner, caller.as_deref(), request, false)
                 .await
                 .unwrap_or_else(IntoResponse::into_response)
         }

@@ -8,10 +8,10 @@ use std::{
     time::Instant,
 };
 
+use scale_agent_hub_model::{HubError, Result};
 use tokio::sync::watch;
 
 use super::{Claim, OwnerInfo, Ownership, ReplicaIdentity};
-use crate::error::Result;
 
 /// One replica's tenure of an account.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -132,7 +132,7 @@ impl Ownership for Member {
     async fn try_acquire(&self, account: &str) -> Result<Claim> {
         let mut table = self.directory.table();
         if table.dead.contains(&self.replica.id) {
-            return Err(crate::error::HubError::Ownership(format!(
+            return Err(HubError::Ownership(format!(
                 "replica {} was killed",
                 self.replica.id
             )));

@@ -9,6 +9,7 @@ use http::{HeaderValue, Request, Uri, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
 use rustls::ClientConfig;
+use scale_agent_hub_model::error::Chain;
 use scale_agent_hub_net::https::{ClientOptions, HttpsClient};
 
 use super::body::{Method, path_segment};
@@ -146,7 +147,7 @@ impl Client {
                 .http
                 .request(request)
                 .await
-                .map_err(|e| SendError::Transport(crate::error::Chain(&e).to_string()))?;
+                .map_err(|e| SendError::Transport(Chain(&e).to_string()))?;
             let status = response.status().as_u16();
             let body = Limited::new(response.into_body(), MAX_BODY)
                 .collect()
