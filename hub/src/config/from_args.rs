@@ -1,10 +1,13 @@
-//! How the flags become a [`Config`]: the files they name are read and checked, the choices
-//! they make (store, gRPC and HTTP security, proxy mode) are refused when they do not fit
-//! together, and the values are checked by [`Config::validate`].
+//! How the flags become a [`Config`]: one `into_*` per group of [`Args`], each writing its
+//! part of the [`Config`] after reading and checking the files its flags name, and refusing
+//! choices that do not fit together; [`Config::validate`] then checks the values.
+
+use std::path::{Path, PathBuf};
 
 use super::{
-    Args, Config, GrpcSecurity, HttpSecurity, POSTGRES_URL_ENV, ProxyHopTls, ProxyMode, StoreKind,
-    TLS_RELOAD_INTERVAL, TlsFiles, TlsMaterial,
+    AgentArgs, ApiArgs, Args, ClouddriverArgs, Config, GrpcSecurity, HttpSecurity, ListenerArgs,
+    OperationArgs, POSTGRES_URL_ENV, ProxyHopTls, ProxyMode, ReplicaArgs, StoreArgs, StoreKind,
+    StreamArgs, TlsMaterial,
     tls_files::{read_certs, read_key},
 };
 use crate::{
@@ -12,12 +15,46 @@ use crate::{
     clouddriver::ClouddriverSettings,
     error::{HubError, Result},
     forwarded::{ForwardedFormat, ProxyTrust},
+    owners::OwnershipSource,
+    store::{Backend, PostgresOptions},
 };
 
 impl Args {
+    /// Reads the files the flags name and builds the [`Config`].
+    pub fn into_config(self) -> Result<Config> {
+        let Args {
+            listeners,
+            agents,
+            api,
+            clouddriver,
+            store,
+            replicas,
+            streams,
+            operations,
+            logging: _,
+        } = self;
+        // The groups read and check their files in the order their refusals have always come
+        // in: the store, the gRPC listener, the HTTP listener, the API, the agent CA,
+        // Clouddriver, the replicas. `Config::new` gives its value to the one field no flag
+        // sets (`tls_reload_interval`); each group sets all of its own fields.
+        let backend = store.backend(std::env::var(POSTGRES_URL_ENV).ok())?;
+        let mut config = Config::new(agents.grpc_security(&listeners)?, PathBuf::new());
+        store.into_store(&mut config, backend);
+        listeners.into_listeners(&mut config, agents.client_ca.as_deref())?;
+        api.into_api(&mut config)?;
+        agents.into_agents(&mut config)?;
+        clouddriver.into_clouddriver(&mut config)?;
+        replicas.into_replicas(&mut config)?;
+        streams.into_streams(&mut config);
+        operations.into_operations(&mut config);
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+impl StoreArgs {
     /// The store the flags choose; `url_env` is the value of [`POSTGRES_URL_ENV`].
-    fn store_backend(&self, url_env: Option<String>) -> Result<crate::store::Backend> {
-        use crate::store::{Backend, PostgresOptions};
+    fn backend(&self, url_env: Option<String>) -> Result<Backend> {
         let url = match (&self.postgres_url_file, url_env) {
             (Some(path), _) => Some(
                 std::fs::read_to_string(path)
@@ -53,167 +90,68 @@ impl Args {
         }
     }
 
-    /// Reads the files the flags name and builds the [`Config`].
-    pub fn into_config(self) -> Result<Config> {
-        let store = self.store_backend(std::env::var(POSTGRES_URL_ENV).ok())?;
+    /// The store's settings, with `backend` from [`StoreArgs::backend`].
+    fn into_store(self, config: &mut Config, backend: Backend) {
+        let StoreArgs {
+            data_dir,
+            store_cache_mib,
+            // Read by `backend`.
+            store: _,
+            postgres_url_file: _,
+            postgres_ca: _,
+        } = self;
         // Replicas sharing the PostgreSQL store own accounts through its advisory locks.
-        let ownership = match &store {
-            crate::store::Backend::Postgres(options) => crate::owners::OwnershipSource::Postgres {
+        config.ownership = match &backend {
+            Backend::Postgres(options) => OwnershipSource::Postgres {
                 options: options.clone(),
             },
-            crate::store::Backend::Embedded => crate::owners::OwnershipSource::Embedded,
+            Backend::Embedded => OwnershipSource::Embedded,
         };
-        let security = if self.insecure_plaintext {
-            GrpcSecurity::InsecurePlaintext
-        } else if let Some(format) = self.forwarded_client_cert {
-            GrpcSecurity::TrustedProxy(self.proxy_mode(format)?)
-        } else {
+        config.store = backend;
+        config.data_dir = data_dir;
+        config.store_cache_bytes = store_cache_mib.saturating_mul(1024 * 1024);
+    }
+}
+
+impl AgentArgs {
+    /// How the gRPC listener authenticates agents: not at all (`--insecure-plaintext`), by
+    /// the certificate a trusted proxy forwards, or by mutual TLS with the listener's
+    /// certificate.
+    fn grpc_security(&self, listeners: &ListenerArgs) -> Result<GrpcSecurity> {
+        if self.insecure_plaintext {
+            return Ok(GrpcSecurity::InsecurePlaintext);
+        }
+        if let Some(format) = self.forwarded_client_cert {
+            return Ok(GrpcSecurity::TrustedProxy(
+                self.proxy_mode(format, listeners)?,
+            ));
+        }
+        let (Some(cert), Some(key)) = (&listeners.tls_cert, &listeners.tls_key) else {
             let missing: Vec<&str> = [
-                ("--tls-cert", self.tls_cert.is_none()),
-                ("--tls-key", self.tls_key.is_none()),
+                ("--tls-cert", listeners.tls_cert.is_none()),
+                ("--tls-key", listeners.tls_key.is_none()),
             ]
             .into_iter()
             .filter_map(|(flag, missing)| missing.then_some(flag))
             .collect();
-            match (&self.tls_cert, &self.tls_key) {
-                (Some(cert), Some(key)) => GrpcSecurity::MutualTls(TlsMaterial {
-                    cert_pem: read_certs("--tls-cert", cert)?,
-                    key_pem: read_key("--tls-key", key)?,
-                    client_ca_pem: self
-                        .client_ca
-                        .as_ref()
-                        .map(|ca| read_certs("--client-ca", ca))
-                        .transpose()?,
-                }),
-                _ => {
-                    return Err(HubError::Config(format!(
-                        "mutual TLS needs {} (or pass --insecure-plaintext to serve without TLS)",
-                        missing.join(", ")
-                    )));
-                }
-            }
-        };
-        let mut tls_files = TlsFiles::default();
-        if let (GrpcSecurity::MutualTls(_), Some(cert), Some(key)) =
-            (&security, &self.tls_cert, &self.tls_key)
-        {
-            tls_files.grpc = Some((cert.clone(), key.clone()));
-            tls_files.client_ca = self.client_ca.clone();
-        }
-        let http_security = if self.http_plaintext {
-            HttpSecurity::Plaintext
-        } else {
-            let cert = (self.http_tls_cert.as_ref().map(|c| ("--http-tls-cert", c)))
-                .or(self.tls_cert.as_ref().map(|c| ("--tls-cert", c)));
-            let key = (self.http_tls_key.as_ref().map(|k| ("--http-tls-key", k)))
-                .or(self.tls_key.as_ref().map(|k| ("--tls-key", k)));
-            match (cert, key) {
-                (Some((cert_flag, cert)), Some((key_flag, key))) => {
-                    tls_files.http = Some((cert.clone(), key.clone()));
-                    HttpSecurity::Tls {
-                        cert_pem: read_certs(cert_flag, cert)?,
-                        key_pem: read_key(key_flag, key)?,
-                    }
-                }
-                _ => {
-                    return Err(HubError::Config(
-                        "the HTTP listener serves TLS: give it a certificate and key \
-                         (--http-tls-cert and --http-tls-key, or --tls-cert and --tls-key), or \
-                         pass --http-plaintext to serve it without TLS"
-                            .into(),
-                    ));
-                }
-            }
-        };
-        if let Some(url) = &self.public_url
-            && !(url.starts_with("https://") || url.starts_with("http://"))
-        {
             return Err(HubError::Config(format!(
-                "--public-url {url:?} must start with https:// (or http:// with --http-plaintext)"
+                "mutual TLS needs {} (or pass --insecure-plaintext to serve without TLS)",
+                missing.join(", ")
             )));
-        }
-        let serving_ca_pem = self
-            .serving_ca
-            .as_ref()
-            .map(|ca| read_certs("--serving-ca", ca))
-            .transpose()?;
-        // The agent CA is loaded after the store is opened; check its files now so a wrong
-        // path fails before anything else.
-        if let (Some(cert), Some(key)) = (&self.agent_ca_cert, &self.agent_ca_key) {
-            read_certs("--agent-ca-cert", cert)?;
-            read_key("--agent-ca-key", key)?;
-        }
-        let admin_token_file = Some(
-            self.admin_token_file
-                .clone()
-                .unwrap_or_else(|| self.data_dir.join("admin-token")),
-        );
-        let clouddriver = ClouddriverSettings {
-            api_url: self.clouddriver_url,
-            user: self.clouddriver_user,
-            accounts_file: self.clouddriver_accounts_file,
-            account_defaults: match &self.clouddriver_account_defaults {
-                Some(path) => crate::clouddriver::load_account_defaults(path)?,
-                None => serde_json::Map::new(),
-            },
-            ca_file: self.clouddriver_ca,
-            ..ClouddriverSettings::default()
         };
-        let config = Config {
-            grpc_addr: self.grpc_addr,
-            http_addr: self.http_addr,
-            security,
-            data_dir: self.data_dir,
-            store,
-            grace_period: self.grace_period,
-            heartbeat_period: self.heartbeat_period,
-            min_heartbeat_period: self.min_heartbeat_period,
-            max_heartbeat_period: self.max_heartbeat_period,
-            max_unacked: self.max_unacked,
-            max_object_bytes: self.max_object_bytes,
-            max_staged_bytes: self.max_staged_bytes,
-            max_objects_per_account: self.max_objects_per_account,
-            store_cache_bytes: self.store_cache_mib.saturating_mul(1024 * 1024),
-            watch_history_bytes: self.watch_history_mib.saturating_mul(1024 * 1024),
-            max_request_bytes: self.max_request_bytes,
-            allow: self.allow,
-            operation_retention: self.operation_retention,
-            max_operation_result_bytes: self.max_operation_result_bytes,
-            max_operation_records_bytes: self.max_operation_records_bytes,
-            http_security,
-            public_url: self.public_url,
-            serving_ca_pem,
-            admin_token_file,
-            api_tokens_file: self.api_tokens_file,
-            metrics_unauthenticated: self.metrics_unauthenticated,
-            clouddriver,
-            agent_ca: match (self.agent_ca_cert, self.agent_ca_key) {
-                (Some(cert), Some(key)) => AgentCaSource::Files { cert, key },
-                _ => AgentCaSource::DataDir,
-            },
-            agent_cert_lifetime: self.agent_cert_lifetime,
-            tls_files,
-            tls_reload_interval: TLS_RELOAD_INTERVAL,
-            replica_id: self.replica_id.unwrap_or_else(crate::owners::hostname),
-            replica_address: self.replica_address,
-            replica_server_name: self.replica_server_name,
-            replica_sync_period: self.replica_sync_period,
-            // Replicas sharing the PostgreSQL store own accounts through its advisory locks.
-            ownership,
-            replica_secret: self
-                .replica_secret_file
-                .as_deref()
-                .map(crate::owners::forward::ReplicaSecret::read)
+        Ok(GrpcSecurity::MutualTls(TlsMaterial {
+            cert_pem: read_certs("--tls-cert", cert)?,
+            key_pem: read_key("--tls-key", key)?,
+            client_ca_pem: self
+                .client_ca
+                .as_ref()
+                .map(|ca| read_certs("--client-ca", ca))
                 .transpose()?,
-        };
-        config.validate()?;
-        Ok(config)
+        }))
     }
-}
 
-impl Args {
     /// The proxy mode the flags describe (validated by [`Config::validate`]).
-    fn proxy_mode(&self, format: ForwardedFormat) -> Result<ProxyMode> {
+    fn proxy_mode(&self, format: ForwardedFormat, listeners: &ListenerArgs) -> Result<ProxyMode> {
         let Some(client_ca) = &self.client_ca else {
             return Err(HubError::Config(
                 "--forwarded-client-cert needs --client-ca: the hub verifies every forwarded \
@@ -230,7 +168,7 @@ impl Args {
             self.trusted_proxy_identity.clone(),
         )
         .map_err(HubError::Config)?;
-        let hop_tls = match (&self.tls_cert, &self.tls_key) {
+        let hop_tls = match (&listeners.tls_cert, &listeners.tls_key) {
             (Some(cert), Some(key)) => Some(ProxyHopTls {
                 cert_pem: read_certs("--tls-cert", cert)?,
                 key_pem: read_key("--tls-key", key)?,
@@ -256,6 +194,212 @@ impl Args {
             hop_tls,
         })
     }
+
+    /// The agent CA's files (checked now, loaded after the store is opened, so that a wrong
+    /// path fails before anything else), the certificates the hub issues and the allow rules.
+    fn into_agents(self, config: &mut Config) -> Result<()> {
+        let AgentArgs {
+            agent_ca_cert,
+            agent_ca_key,
+            agent_cert_lifetime,
+            allow,
+            // Read by `grpc_security`.
+            client_ca: _,
+            insecure_plaintext: _,
+            forwarded_client_cert: _,
+            forwarded_client_cert_header: _,
+            trusted_proxy_cidr: _,
+            trusted_proxy_identity: _,
+            trusted_proxy_ca: _,
+        } = self;
+        config.agent_ca = match (agent_ca_cert, agent_ca_key) {
+            (Some(cert), Some(key)) => {
+                read_certs("--agent-ca-cert", &cert)?;
+                read_key("--agent-ca-key", &key)?;
+                AgentCaSource::Files { cert, key }
+            }
+            _ => AgentCaSource::DataDir,
+        };
+        config.agent_cert_lifetime = agent_cert_lifetime;
+        config.allow = allow;
+        Ok(())
+    }
+}
+
+impl ListenerArgs {
+    /// The listeners' addresses, the HTTP listener's TLS, and the files the listeners' TLS
+    /// material is reloaded from; `client_ca` is `--client-ca`.
+    fn into_listeners(self, config: &mut Config, client_ca: Option<&Path>) -> Result<()> {
+        config.grpc_addr = self.grpc_addr;
+        config.http_addr = self.http_addr;
+        // The gRPC listener's files are reloaded in the mutual-TLS mode only.
+        if let (GrpcSecurity::MutualTls(_), Some(cert), Some(key)) =
+            (&config.security, &self.tls_cert, &self.tls_key)
+        {
+            config.tls_files.grpc = Some((cert.clone(), key.clone()));
+            config.tls_files.client_ca = client_ca.map(Path::to_path_buf);
+        }
+        self.into_http(config)
+    }
+
+    /// The HTTP listener's TLS: its own certificate and key, else the gRPC listener's, or
+    /// none with `--http-plaintext`.
+    fn into_http(self, config: &mut Config) -> Result<()> {
+        let ListenerArgs {
+            tls_cert,
+            tls_key,
+            http_tls_cert,
+            http_tls_key,
+            http_plaintext,
+            // Set by `into_listeners`, which calls this.
+            grpc_addr: _,
+            http_addr: _,
+        } = self;
+        if http_plaintext {
+            config.http_security = HttpSecurity::Plaintext;
+            return Ok(());
+        }
+        let cert = http_tls_cert
+            .map(|c| ("--http-tls-cert", c))
+            .or_else(|| tls_cert.map(|c| ("--tls-cert", c)));
+        let key = http_tls_key
+            .map(|k| ("--http-tls-key", k))
+            .or_else(|| tls_key.map(|k| ("--tls-key", k)));
+        let (Some((cert_flag, cert)), Some((key_flag, key))) = (cert, key) else {
+            return Err(HubError::Config(
+                "the HTTP listener serves TLS: give it a certificate and key \
+                 (--http-tls-cert and --http-tls-key, or --tls-cert and --tls-key), or \
+                 pass --http-plaintext to serve it without TLS"
+                    .into(),
+            ));
+        };
+        config.http_security = HttpSecurity::Tls {
+            cert_pem: read_certs(cert_flag, &cert)?,
+            key_pem: read_key(key_flag, &key)?,
+        };
+        config.tls_files.http = Some((cert, key));
+        Ok(())
+    }
+}
+
+impl ApiArgs {
+    /// The URL and CA the kubeconfigs the hub hands out name, the API's tokens and its
+    /// request limit.
+    fn into_api(self, config: &mut Config) -> Result<()> {
+        let ApiArgs {
+            public_url,
+            serving_ca,
+            admin_token_file,
+            api_tokens_file,
+            metrics_unauthenticated,
+            max_request_bytes,
+        } = self;
+        if let Some(url) = &public_url
+            && !(url.starts_with("https://") || url.starts_with("http://"))
+        {
+            return Err(HubError::Config(format!(
+                "--public-url {url:?} must start with https:// (or http:// with --http-plaintext)"
+            )));
+        }
+        config.public_url = public_url;
+        config.serving_ca_pem = serving_ca
+            .as_ref()
+            .map(|ca| read_certs("--serving-ca", ca))
+            .transpose()?;
+        config.admin_token_file =
+            Some(admin_token_file.unwrap_or_else(|| config.data_dir.join("admin-token")));
+        config.api_tokens_file = api_tokens_file;
+        config.metrics_unauthenticated = metrics_unauthenticated;
+        config.max_request_bytes = max_request_bytes;
+        Ok(())
+    }
+}
+
+impl ClouddriverArgs {
+    /// The registration of accounts in Clouddriver, with the account defaults' file read.
+    fn into_clouddriver(self, config: &mut Config) -> Result<()> {
+        let ClouddriverArgs {
+            clouddriver_url,
+            clouddriver_user,
+            clouddriver_accounts_file,
+            clouddriver_account_defaults,
+            clouddriver_ca,
+        } = self;
+        config.clouddriver = ClouddriverSettings {
+            api_url: clouddriver_url,
+            user: clouddriver_user,
+            accounts_file: clouddriver_accounts_file,
+            account_defaults: match &clouddriver_account_defaults {
+                Some(path) => crate::clouddriver::load_account_defaults(path)?,
+                None => serde_json::Map::new(),
+            },
+            ca_file: clouddriver_ca,
+            ..ClouddriverSettings::default()
+        };
+        Ok(())
+    }
+}
+
+impl ReplicaArgs {
+    /// This replica's name and address among the replicas, and the secret they share.
+    fn into_replicas(self, config: &mut Config) -> Result<()> {
+        let ReplicaArgs {
+            replica_id,
+            replica_address,
+            replica_server_name,
+            replica_sync_period,
+            replica_secret_file,
+        } = self;
+        config.replica_id = replica_id.unwrap_or_else(crate::owners::hostname);
+        config.replica_address = replica_address;
+        config.replica_server_name = replica_server_name;
+        config.replica_sync_period = replica_sync_period;
+        config.replica_secret = replica_secret_file
+            .as_deref()
+            .map(crate::owners::forward::ReplicaSecret::read)
+            .transpose()?;
+        Ok(())
+    }
+}
+
+impl StreamArgs {
+    /// The streams' heartbeats, flow control and limits (checked by [`Config::validate`]).
+    fn into_streams(self, config: &mut Config) {
+        let StreamArgs {
+            grace_period,
+            heartbeat_period,
+            min_heartbeat_period,
+            max_heartbeat_period,
+            max_unacked,
+            max_object_bytes,
+            max_staged_bytes,
+            max_objects_per_account,
+            watch_history_mib,
+        } = self;
+        config.grace_period = grace_period;
+        config.heartbeat_period = heartbeat_period;
+        config.min_heartbeat_period = min_heartbeat_period;
+        config.max_heartbeat_period = max_heartbeat_period;
+        config.max_unacked = max_unacked;
+        config.max_object_bytes = max_object_bytes;
+        config.max_staged_bytes = max_staged_bytes;
+        config.max_objects_per_account = max_objects_per_account;
+        config.watch_history_bytes = watch_history_mib.saturating_mul(1024 * 1024);
+    }
+}
+
+impl OperationArgs {
+    /// How long operations are kept and how large their results and records may be.
+    fn into_operations(self, config: &mut Config) {
+        let OperationArgs {
+            operation_retention,
+            max_operation_result_bytes,
+            max_operation_records_bytes,
+        } = self;
+        config.operation_retention = operation_retention;
+        config.max_operation_result_bytes = max_operation_result_bytes;
+        config.max_operation_records_bytes = max_operation_records_bytes;
+    }
 }
 
 #[cfg(test)]
@@ -274,20 +418,22 @@ mod tests {
         use crate::store::Backend;
         let args = Args::try_parse_from(["scale-agent-hub"]).unwrap();
         assert!(matches!(
-            args.store_backend(None).unwrap(),
+            args.store.backend(None).unwrap(),
             Backend::Embedded
         ));
         let err = args
-            .store_backend(Some("postgres://u:p@h/d".into()))
+            .store
+            .backend(Some("postgres://u:p@h/d".into()))
             .unwrap_err()
             .to_string();
         assert!(err.contains("--store postgres"), "{err}");
 
         let args = Args::try_parse_from(["scale-agent-hub", "--store", "postgres"]).unwrap();
-        let err = args.store_backend(None).unwrap_err().to_string();
+        let err = args.store.backend(None).unwrap_err().to_string();
         assert!(err.contains("--postgres-url-file"), "{err}");
         let Backend::Postgres(options) = args
-            .store_backend(Some(" postgres://u:p@h/d\n".into()))
+            .store
+            .backend(Some(" postgres://u:p@h/d\n".into()))
             .unwrap()
         else {
             panic!("not postgres");
@@ -305,7 +451,7 @@ mod tests {
             file.to_str().unwrap(),
         ])
         .unwrap();
-        let backend = args.store_backend(Some("postgres://env/x".into())).unwrap();
+        let backend = args.store.backend(Some("postgres://env/x".into())).unwrap();
         std::fs::remove_file(&file).unwrap();
         let Backend::Postgres(options) = &backend else {
             panic!("not postgres");
@@ -317,15 +463,15 @@ mod tests {
     #[test]
     fn defaults_and_missing_tls() {
         let args = Args::try_parse_from(["scale-agent-hub"]).unwrap();
-        assert_eq!(args.grpc_addr.port(), 9091);
-        assert_eq!(args.http_addr.port(), 8443);
-        assert_eq!(args.grace_period, Duration::from_secs(600));
-        assert_eq!(args.heartbeat_period, Duration::from_secs(15));
-        assert_eq!(args.max_unacked, 1000);
-        assert_eq!(args.max_object_bytes, 2 * 1024 * 1024);
-        assert_eq!(args.store_cache_mib, 2);
-        assert_eq!(args.watch_history_mib, 256);
-        assert_eq!(args.agent_cert_lifetime, DEFAULT_AGENT_CERT_LIFETIME);
+        assert_eq!(args.listeners.grpc_addr.port(), 9091);
+        assert_eq!(args.listeners.http_addr.port(), 8443);
+        assert_eq!(args.streams.grace_period, Duration::from_secs(600));
+        assert_eq!(args.streams.heartbeat_period, Duration::from_secs(15));
+        assert_eq!(args.streams.max_unacked, 1000);
+        assert_eq!(args.streams.max_object_bytes, 2 * 1024 * 1024);
+        assert_eq!(args.store.store_cache_mib, 2);
+        assert_eq!(args.streams.watch_history_mib, 256);
+        assert_eq!(args.agents.agent_cert_lifetime, DEFAULT_AGENT_CERT_LIFETIME);
         let err = args.into_config().unwrap_err().to_string();
         assert!(err.contains("--tls-cert, --tls-key"), "{err}");
         assert!(!err.contains("--client-ca"), "{err}");
@@ -395,8 +541,14 @@ mod tests {
         let err = args.into_config().unwrap_err().to_string();
         assert!(err.contains("--max-heartbeat-period"), "{err}");
         let defaults = Args::try_parse_from(["scale-agent-hub"]).unwrap();
-        assert_eq!(defaults.min_heartbeat_period, DEFAULT_MIN_HEARTBEAT_PERIOD);
-        assert_eq!(defaults.max_heartbeat_period, DEFAULT_MAX_HEARTBEAT_PERIOD);
+        assert_eq!(
+            defaults.streams.min_heartbeat_period,
+            DEFAULT_MIN_HEARTBEAT_PERIOD
+        );
+        assert_eq!(
+            defaults.streams.max_heartbeat_period,
+            DEFAULT_MAX_HEARTBEAT_PERIOD
+        );
     }
 
     /// Every TLS file flag is checked when the flags are read, before the store is opened,

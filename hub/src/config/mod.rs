@@ -1,7 +1,8 @@
 //! The hub's configuration: [`Config`] (what [`crate::start`] needs, with its checks) and the
-//! command line that builds it: [`Args`] (`args.rs`, every flag with an environment fallback),
-//! turned into a [`Config`] by `from_args.rs`, which reads the PEM files the TLS flags name
-//! with `tls_files.rs`.
+//! command line that builds it: [`Args`] (`args.rs`, every flag with an environment fallback,
+//! in groups such as [`ListenerArgs`] and [`StoreArgs`]), turned into a [`Config`] one group
+//! at a time by `from_args.rs`, which reads the PEM files the TLS flags name with
+//! `tls_files.rs`.
 
 mod args;
 mod from_args;
@@ -15,7 +16,10 @@ use crate::{
     error::{HubError, Result},
     identity::AllowRule,
 };
-pub use args::{Args, POSTGRES_URL_ENV, StoreKind};
+pub use args::{
+    AgentArgs, ApiArgs, Args, ClouddriverArgs, ListenerArgs, LogArgs, OperationArgs,
+    POSTGRES_URL_ENV, ReplicaArgs, StoreArgs, StoreKind, StreamArgs,
+};
 pub use scale_agent_hub_auth::grpc_security::{GrpcSecurity, ProxyMode};
 pub use scale_agent_hub_net::tls::{HttpSecurity, ProxyHopTls, TlsFiles, TlsMaterial};
 
