@@ -24,7 +24,7 @@ pub fn main() -> anyhow::Result<()> {
     // Before the runtime's threads allocate.
     let allocator = crate::allocator::configure();
     let args = Args::parse();
-    scale_agent_runtime::init_tracing(args.log_format);
+    scale_agent_runtime::init_tracing(args.logging.log_format);
     tracing::debug!(
         allocator,
         mmap_threshold = crate::allocator::MMAP_THRESHOLD,

@@ -1,0 +1,349 @@
+//! The hub's configuration: [`Config`] (what [`crate::start`] needs, with its checks) and the
+//! command line that builds it: [`Args`] (`args.rs`, every flag with an environment fallback,
+//! in groups such as [`ListenerArgs`] and [`StoreArgs`]), turned into a [`Config`] one group
+//! at a time by `from_args.rs`, which reads the PEM files the TLS flags name with
+//! `tls_files.rs`.
+
+mod args;
+mod from_args;
+mod tls_files;
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use crate::{
+    agent_ca::AgentCaSource,
+    clouddriver::ClouddriverSettings,
+    error::{HubError, Result},
+    identity::AllowRule,
+};
+pub use args::{
+    AgentArgs, ApiArgs, Args, ClouddriverArgs, ListenerArgs, LogArgs, OperationArgs,
+    POSTGRES_URL_ENV, ReplicaArgs, StoreArgs, StoreKind, StreamArgs,
+};
+pub use scale_agent_hub_auth::grpc_security::{GrpcSecurity, ProxyMode};
+pub use scale_agent_hub_net::tls::{HttpSecurity, ProxyHopTls, TlsFiles, TlsMaterial};
+
+/// How often the TLS files are checked for changes by default (a Secret's mounted files
+/// change within about a minute of the Secret itself).
+pub const TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Default lifetime of the certificates the hub issues to agents.
+pub const DEFAULT_AGENT_CERT_LIFETIME: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// Default of `--min-heartbeat-period`.
+pub const DEFAULT_MIN_HEARTBEAT_PERIOD: Duration = Duration::from_secs(1);
+/// Default of `--max-heartbeat-period` (the ScaleAgent's `heartbeat.periodSeconds` goes up
+/// to 300).
+pub const DEFAULT_MAX_HEARTBEAT_PERIOD: Duration = Duration::from_secs(300);
+
+/// Longest heartbeat period accepted.
+pub const MAX_HEARTBEAT_PERIOD: Duration = Duration::from_secs(3600);
+
+/// Everything [`crate::start`] needs.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub grpc_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    pub security: GrpcSecurity,
+    /// Holds `hub.redb` (the embedded store), the admin token and the agent CA.
+    pub data_dir: PathBuf,
+    /// Where the hub keeps its state (`--store`).
+    pub store: crate::store::Backend,
+    /// How long an account with no connected agent is kept.
+    pub grace_period: Duration,
+    /// The heartbeat period of agents that ask for none (older agents, or
+    /// `keepAliveHeartbeatSeconds` unset).
+    pub heartbeat_period: Duration,
+    /// The shortest heartbeat period an agent is granted (`--min-heartbeat-period`).
+    pub min_heartbeat_period: Duration,
+    /// The longest heartbeat period an agent is granted (`--max-heartbeat-period`).
+    pub max_heartbeat_period: Duration,
+    pub max_unacked: u32,
+    pub max_object_bytes: u64,
+    /// Most bytes of objects one stream may hold in snapshots not yet ended.
+    pub max_staged_bytes: u64,
+    /// Most objects cached for one account (0: no limit).
+    pub max_objects_per_account: u64,
+    /// redb's page cache (`--store-cache-mib`).
+    pub store_cache_bytes: usize,
+    /// Bytes all the watch histories may hold together (`--watch-history-mib`; 0: only the
+    /// per-kind limits).
+    pub watch_history_bytes: usize,
+    /// Largest body of a REST API request (an operation's manifests).
+    pub max_request_bytes: usize,
+    /// Empty: only the account patterns of agent tokens and enrolments limit registrations.
+    pub allow: Vec<AllowRule>,
+    /// How long finished operations stay visible at `GET /api/v1/operations/{id}`.
+    pub operation_retention: Duration,
+    /// Largest result one operation may return (objects and text of all its parts); a
+    /// larger one ends that operation with 413.
+    pub max_operation_result_bytes: usize,
+    /// Most bytes (JSON) of operation bodies kept for lookups; the oldest finished go first.
+    pub max_operation_records_bytes: usize,
+    pub http_security: HttpSecurity,
+    /// The HTTP listener's URL as clients reach it (`https://hub.example:8443`), for the
+    /// kubeconfigs the hub hands out; unset: taken from each request's `Host`.
+    pub public_url: Option<String>,
+    /// PEM of the CA that signed the HTTP serving certificate, put into kubeconfigs; unset:
+    /// kubeconfigs rely on the system roots.
+    pub serving_ca_pem: Option<Vec<u8>>,
+    /// File holding the admin token (created with a new token when missing); `None`: no
+    /// admin token, so the admin API refuses every request.
+    pub admin_token_file: Option<PathBuf>,
+    /// YAML or JSON list of API tokens (`{name, role, sha256}`), re-read when it changes.
+    pub api_tokens_file: Option<PathBuf>,
+    /// Serve `/metrics` without a token (for a scraper that cannot send one).
+    pub metrics_unauthenticated: bool,
+    /// Registration of accounts in Clouddriver (off unless a target is set).
+    pub clouddriver: ClouddriverSettings,
+    /// Where the CA that issues agents' certificates lives.
+    pub agent_ca: AgentCaSource,
+    /// Lifetime of the certificates the hub issues to agents.
+    pub agent_cert_lifetime: Duration,
+    /// Where the TLS material came from, to reload it when it changes.
+    pub tls_files: TlsFiles,
+    /// How often `tls_files` are checked for changes.
+    pub tls_reload_interval: Duration,
+    /// This replica's name among the hub's replicas (`--replica-id`; default: the hostname).
+    pub replica_id: String,
+    /// The base URL other replicas reach this one's HTTP listener at (`--replica-address`);
+    /// needed when replicas share the store, to forward requests to an account's owner.
+    pub replica_address: Option<String>,
+    /// The name other replicas verify this one's serving certificate for
+    /// (`--replica-server-name`); `None`: the host of its address.
+    pub replica_server_name: Option<String>,
+    /// How often replicas sharing a PostgreSQL store read each other's small tables again,
+    /// say they are alive and sweep accounts nobody owns (`--replica-sync-period`;
+    /// [`crate::shared`]).
+    pub replica_sync_period: Duration,
+    /// Where account ownership comes from ([`crate::owners`]).
+    pub ownership: crate::owners::OwnershipSource,
+    /// The secret replicas present to each other's internal routes
+    /// (`--replica-secret-file`); needed when replicas share a store.
+    pub replica_secret: Option<crate::owners::forward::ReplicaSecret>,
+}
+
+impl Config {
+    /// Checks the values [`crate::start`] relies on.
+    pub fn validate(&self) -> Result<()> {
+        for (flag, period) in [
+            ("--heartbeat-period", self.heartbeat_period),
+            ("--min-heartbeat-period", self.min_heartbeat_period),
+            ("--max-heartbeat-period", self.max_heartbeat_period),
+        ] {
+            if period < Duration::from_secs(1) || period > MAX_HEARTBEAT_PERIOD {
+                return Err(HubError::Config(format!(
+                    "{flag} must be between 1s and 1h, not {period:?}"
+                )));
+            }
+        }
+        if !(self.min_heartbeat_period <= self.heartbeat_period
+            && self.heartbeat_period <= self.max_heartbeat_period)
+        {
+            return Err(HubError::Config(format!(
+                "--heartbeat-period ({:?}) must lie within --min-heartbeat-period ({:?}) and \
+                 --max-heartbeat-period ({:?})",
+                self.heartbeat_period, self.min_heartbeat_period, self.max_heartbeat_period
+            )));
+        }
+        if self.max_unacked == 0 {
+            return Err(HubError::Config("--max-unacked must be at least 1".into()));
+        }
+        if self.agent_cert_lifetime < Duration::from_secs(10) {
+            return Err(HubError::Config(format!(
+                "--agent-cert-lifetime must be at least 10s, not {:?}",
+                self.agent_cert_lifetime
+            )));
+        }
+        if self.max_object_bytes == 0 {
+            return Err(HubError::Config(
+                "--max-object-bytes must be at least 1".into(),
+            ));
+        }
+        if self.max_staged_bytes < self.max_object_bytes {
+            return Err(HubError::Config(format!(
+                "--max-staged-bytes ({}) must be at least --max-object-bytes ({}): a snapshot \
+                 holds at least one object",
+                self.max_staged_bytes, self.max_object_bytes
+            )));
+        }
+        if self.max_operation_result_bytes < 1024 || self.max_operation_records_bytes < 1024 {
+            return Err(HubError::Config(format!(
+                "--max-operation-result-bytes ({}) and --max-operation-records-bytes ({}) must \
+                 be at least 1024",
+                self.max_operation_result_bytes, self.max_operation_records_bytes
+            )));
+        }
+        if self.max_request_bytes < 1024 {
+            return Err(HubError::Config(format!(
+                "--max-request-bytes ({}) must be at least 1024",
+                self.max_request_bytes
+            )));
+        }
+        self.clouddriver.validate()?;
+        self.validate_replica()?;
+        if let GrpcSecurity::TrustedProxy(proxy) = &self.security {
+            proxy.validate()?;
+        }
+        if self.clouddriver.enabled() && self.public_url.is_none() {
+            return Err(HubError::Config(
+                "registering accounts in Clouddriver (--clouddriver-url or \
+                 --clouddriver-accounts-file) needs --public-url: the URL Clouddriver reaches \
+                 the hub's HTTP listener at, e.g. https://scale-agent-hub.spinnaker:8443"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A configuration with the defaults of the command line, for the given security and
+    /// data directory (handy for tests: set the addresses to `127.0.0.1:0`). Unlike the
+    /// command line, the HTTP listener is plaintext: set `http_security` where a test needs
+    /// TLS. As on the command line, the admin token file is `<data_dir>/admin-token`.
+    pub fn new(security: GrpcSecurity, data_dir: impl Into<PathBuf>) -> Self {
+        let data_dir = data_dir.into();
+        Config {
+            grpc_addr: SocketAddr::from(([0, 0, 0, 0], 9091)),
+            http_addr: SocketAddr::from(([0, 0, 0, 0], 8443)),
+            security,
+            admin_token_file: Some(data_dir.join("admin-token")),
+            data_dir,
+            store: crate::store::Backend::Embedded,
+            grace_period: Duration::from_secs(600),
+            heartbeat_period: Duration::from_secs(15),
+            min_heartbeat_period: DEFAULT_MIN_HEARTBEAT_PERIOD,
+            max_heartbeat_period: DEFAULT_MAX_HEARTBEAT_PERIOD,
+            max_unacked: 1000,
+            max_object_bytes: 2 * 1024 * 1024,
+            max_staged_bytes: DEFAULT_MAX_STAGED_BYTES,
+            max_objects_per_account: 0,
+            store_cache_bytes: crate::store::DEFAULT_STORE_CACHE_BYTES,
+            watch_history_bytes: crate::cache::history::DEFAULT_BUDGET_BYTES,
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            allow: Vec::new(),
+            operation_retention: Duration::from_secs(15 * 60),
+            max_operation_result_bytes: crate::operations::DEFAULT_MAX_RESULT_BYTES,
+            max_operation_records_bytes: crate::operations::DEFAULT_MAX_RECORDS_BYTES,
+            http_security: HttpSecurity::Plaintext,
+            public_url: None,
+            serving_ca_pem: None,
+            api_tokens_file: None,
+            metrics_unauthenticated: false,
+            clouddriver: ClouddriverSettings::default(),
+            agent_ca: AgentCaSource::DataDir,
+            agent_cert_lifetime: DEFAULT_AGENT_CERT_LIFETIME,
+            tls_files: TlsFiles::default(),
+            tls_reload_interval: TLS_RELOAD_INTERVAL,
+            replica_id: crate::owners::hostname(),
+            replica_address: None,
+            replica_server_name: None,
+            replica_sync_period: Duration::from_secs(2),
+            ownership: crate::owners::OwnershipSource::Embedded,
+            replica_secret: None,
+        }
+    }
+}
+
+impl Config {
+    /// Checks `--replica-id` and `--replica-address`.
+    fn validate_replica(&self) -> Result<()> {
+        let id = &self.replica_id;
+        if id.is_empty()
+            || id.len() > 253
+            || !id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        {
+            return Err(HubError::Config(format!(
+                "--replica-id {id:?} must have 1 to 253 letters, digits, '-', '_' or '.' (the \
+                 pod's name, which is the default, is)"
+            )));
+        }
+        if let Some(address) = &self.replica_address {
+            let uri: Option<http::Uri> = address.parse().ok();
+            let valid = uri.as_ref().is_some_and(|u| {
+                matches!(u.scheme_str(), Some("http" | "https"))
+                    && u.host().is_some_and(|h| !h.is_empty())
+                    && u.path_and_query().is_none_or(|p| p.as_str() == "/")
+            });
+            if !valid {
+                return Err(HubError::Config(format!(
+                    "--replica-address {address:?} must be the base URL of this replica's HTTP \
+                     listener, like https://10.1.2.3:8443 (no path)"
+                )));
+            }
+        }
+        if let Some(name) = &self.replica_server_name
+            && rustls::pki_types::ServerName::try_from(name.as_str()).is_err()
+        {
+            return Err(HubError::Config(format!(
+                "--replica-server-name {name:?} is not a DNS name or an IP address: give a \
+                 name the replicas' serving certificate covers, like scale-agent-hub"
+            )));
+        }
+        if self.replica_sync_period.is_zero() {
+            return Err(HubError::Config(
+                "--replica-sync-period must be more than 0 (e.g. 2s): it is how often a \
+                 replica reads tokens, bindings and dynamic accounts the others wrote"
+                    .into(),
+            ));
+        }
+        // One replica on the shared store needs neither; several need both, to forward.
+        if self.replica_address.is_some() != self.replica_secret.is_some() {
+            return Err(HubError::Config(
+                "replicas sharing a store forward requests to an account's owner: they need \
+                 both --replica-address (the URL other replicas reach this one's HTTP \
+                 listener at, e.g. https://$(POD_IP):8443) and --replica-secret-file (the \
+                 secret they present to each other, one Secret mounted on every replica)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The heartbeat period of a stream whose agent asked for `requested_seconds` in Hello:
+    /// the request within `--min-heartbeat-period` and `--max-heartbeat-period`, or
+    /// `--heartbeat-period` when it asked for none (0, or an agent from before the field).
+    pub fn granted_heartbeat_period(&self, requested_seconds: u32) -> Duration {
+        crate::service::HeartbeatBounds {
+            default: self.heartbeat_period,
+            min: self.min_heartbeat_period,
+            max: self.max_heartbeat_period,
+        }
+        .grant(requested_seconds)
+    }
+}
+
+pub use scale_agent_runtime::LogFormat;
+
+/// Default of `--max-staged-bytes`: 512 MiB.
+pub const DEFAULT_MAX_STAGED_BYTES: u64 = 512 * 1024 * 1024;
+/// Default of `--max-request-bytes`: 8 MiB.
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 8 * 1024 * 1024;
+
+pub use scale_agent_hub_model::time::parse_duration;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("600").unwrap(), Duration::from_secs(600));
+        assert_eq!(parse_duration("600s").unwrap(), Duration::from_secs(600));
+        assert_eq!(parse_duration("10m").unwrap(), Duration::from_secs(600));
+        assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        // As the agent's config file (Go's form) writes them.
+        assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("1.5h").unwrap(), Duration::from_secs(5400));
+        let refused = parse_duration("ten").unwrap_err();
+        assert!(
+            refused.contains("\"ten\" is not a duration") && refused.contains("1h30m"),
+            "{refused}"
+        );
+        let negative = parse_duration("-5s").unwrap_err();
+        assert!(negative.contains("cannot be negative"), "{negative}");
+    }
+}
