@@ -38,6 +38,7 @@ pub use scale_agent_hub_net::serve;
 pub use scale_agent_hub_state::registry;
 pub mod service;
 pub use scale_agent_hub_replicas::sync as shared;
+mod startup;
 pub use scale_agent_hub_state::session;
 pub use scale_agent_hub_store as store;
 pub mod tls_reload;
@@ -67,14 +68,13 @@ use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig, server::T
 
 use crate::{
     agent_auth::ClientCertificates,
-    agent_ca::AgentCa,
     agent_tokens::AgentTokens,
     metrics::Metrics,
     registry::{Promotion, SessionId},
     service::AgentHubService,
     session::{HubState, Limits},
     store::{Store, StoreOp},
-    tokens::{AdminToken, Tokens},
+    tokens::Tokens,
 };
 pub use crate::{
     config::{
@@ -463,28 +463,13 @@ fn replica_settings(config: &Config) -> ReplicaSettings {
 /// Opens the store, loads the cache, binds both listeners and starts serving.
 pub async fn start(config: Config) -> Result<RunningHub> {
     config.validate()?;
-    let store =
-        Store::open_backend(&config.store, &config.data_dir, config.store_cache_bytes).await?;
-    let store_path = store
-        .path()
-        .map_or_else(|| config.data_dir.clone(), std::path::Path::to_path_buf);
-    let store_location = store.location();
-    let mut loaded = store.load().await?;
-    if store.loads_accounts_separately() && !config.ownership.is_shared() {
-        // One replica owns every account: it reads each one's cache at start-up. Replicas
-        // sharing the store read an account's cache when they take it over.
-        for (account, _) in &loaded.accounts {
-            let snapshot = store.load_account(account).await?;
-            if !snapshot.cache.kinds.is_empty() {
-                loaded
-                    .cache
-                    .accounts
-                    .insert(account.clone(), snapshot.cache);
-            }
-        }
-    }
-    let operation_records = store.load_operation_records().await?;
-    let mut store = store;
+    let startup::OpenedStore {
+        mut store,
+        path: store_path,
+        location: store_location,
+        mut loaded,
+        operation_records,
+    } = startup::open_store(&config).await?;
     let replicas = Replicas::open(
         replica_settings(&config),
         &config.ownership,
@@ -492,97 +477,12 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         &mut store,
     )
     .await?;
-    loaded.cache.history_budget = cache::HistoryBudget::new(config.watch_history_bytes);
-    let mut state = HubState {
-        cache: loaded.cache,
-        registry: if replicas.ownership.owns_everything() {
-            registry::Registry::default()
-        } else {
-            registry::Registry::shared()
-        },
-    };
+    let state = startup::live_state(&config, &mut loaded, &replicas, &store_location);
     let registrations = std::mem::take(&mut loaded.registrations);
-    let (tokens, token_ops) = Tokens::load(
-        loaded.tokens,
-        loaded.meta.get(tokens::DERIVATION_KEY).map(String::as_str),
-    )?;
-    let mut store = store;
-    store.commit(token_ops).await?;
-    let admin_token = match &config.admin_token_file {
-        None => None,
-        Some(path) => {
-            let (token, created) =
-                AdminToken::read_or_create(path).map_err(|source| HubError::Io {
-                    context: format!(
-                        "cannot read or create the admin token file {}",
-                        path.display()
-                    ),
-                    source,
-                })?;
-            if created {
-                tracing::info!(path = %path.display(), "created an admin token (it issues proxy tokens: `scale-agent-hub kubeconfig --account <name>`)");
-            }
-            Some(AdminToken::new(&token))
-        }
-    };
-    let api_tokens_file = config
-        .api_tokens_file
-        .as_deref()
-        .map(api_auth::TokensFile::open)
-        .transpose()?
-        .map(Arc::new);
-    let http_tls = match &config.http_security {
-        config::HttpSecurity::Tls { cert_pem, key_pem } => {
-            Some(serve::tls_config(cert_pem, key_pem)?)
-        }
-        config::HttpSecurity::Plaintext => None,
-    };
-    let now = service::now();
-    let loaded_accounts = loaded.accounts.len();
-    for (name, record) in loaded.accounts {
-        state.registry.load(name, record, now);
-    }
-    state.registry.bindings = loaded.bindings.into_iter().collect();
-    let agent_tokens = AgentTokens::load(
-        std::mem::take(&mut loaded.agent_tokens),
-        std::mem::take(&mut loaded.enrolled),
-    );
-    let agent_ca = AgentCa::load(&config.agent_ca, &config.data_dir)?;
-    let client_certificates = match &config.security {
-        GrpcSecurity::MutualTls(tls) => Some(ClientCertificates::new(
-            agent_ca.cert_pem().as_bytes(),
-            tls.client_ca_pem.as_deref(),
-        )?),
-        // Forwarded certificates: the hub's own and those of the proxy's --client-ca (which
-        // may be the hub's agent CA file itself, for enrolled agents).
-        GrpcSecurity::TrustedProxy(proxy) => Some(ClientCertificates::new(
-            agent_ca.cert_pem().as_bytes(),
-            Some(&proxy.client_ca_pem),
-        )?),
-        GrpcSecurity::InsecurePlaintext => None,
-    };
-    tracing::info!(store = %store_location, accounts = loaded_accounts, objects = state.cache.object_count(), "store loaded");
-
-    let grpc_listener = tokio::net::TcpListener::bind(config.grpc_addr)
-        .await
-        .map_err(|source| HubError::Bind {
-            addr: config.grpc_addr,
-            source,
-        })?;
-    let grpc_addr = grpc_listener.local_addr().map_err(|source| HubError::Io {
-        context: "gRPC listener address".into(),
-        source,
-    })?;
-    let http_listener = tokio::net::TcpListener::bind(config.http_addr)
-        .await
-        .map_err(|source| HubError::Bind {
-            addr: config.http_addr,
-            source,
-        })?;
-    let http_addr = http_listener.local_addr().map_err(|source| HubError::Io {
-        context: "HTTP listener address".into(),
-        source,
-    })?;
+    let auth = startup::load_auth(&config, &mut loaded, &mut store).await?;
+    let http_tls = startup::http_tls(&config)?;
+    let (grpc_listener, grpc_addr) = startup::bind(config.grpc_addr, "gRPC").await?;
+    let (http_listener, http_addr) = startup::bind(config.http_addr, "HTTP").await?;
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let store = Arc::new(tokio::sync::Mutex::new(store));
@@ -648,14 +548,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         tunnels: tunnel::Tunnels::default(),
         discovery: discovery.clone(),
         cached_reads: cached_reads.clone(),
-        auth: Arc::new(AuthBook::new(
-            tokens,
-            admin_token,
-            agent_ca,
-            client_certificates,
-            agent_tokens,
-            api_tokens_file,
-        )),
+        auth: Arc::new(auth),
         registrar,
         registrar_duty,
         registered_accounts: Mutex::new(Vec::new()),
