@@ -1,6 +1,14 @@
-//! The gRPC service: one task per agent stream, running the protocol of
-//! [`scale_agent_hub_state::session`] with batching, acknowledgements, heartbeats and
-//! promotions, and the Enroll RPC.
+//! `scale-agent-hub-grpc` (layer 4): the hub's gRPC service, and nothing else. One task per
+//! agent stream, running the protocol of [`scale_agent_hub_state::session`] with batching,
+//! acknowledgements, heartbeats and promotions, and the Enroll RPC.
+//!
+//! It depends on the model, state, auth, store, replicas and operations crates, and on no
+//! crate of its own layer or above (not the proxy, the API or the hub's facade). What it
+//! works with is handed over as a [`GrpcState`]: the live state ([`Live`]), the credentials
+//! ([`AuthBook`]), the replicas ([`Replicas`]), the operations in flight ([`Operations`]),
+//! the commit queue and the store's lock, the tunnels, its settings ([`StreamSettings`]),
+//! its metrics ([`GrpcMetrics`]) and the shutdown signal. The proxy's caches hear of the
+//! streams' changes through [`Live`] ([`scale_agent_hub_state::CacheEvents`]).
 //!
 //! - [`AgentHubService`] (here): the two RPCs; a stream is authenticated here, then served
 //!   by a task of its own. It holds a [`GrpcState`], the handles the service works with,
