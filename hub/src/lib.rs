@@ -34,11 +34,11 @@ pub use scale_agent_hub_operations as operations;
 pub use scale_agent_hub_replicas::owners;
 pub mod proxy;
 mod registrar_duty;
+pub use scale_agent_hub_grpc as service;
 pub use scale_agent_hub_net::serve;
-pub use scale_agent_hub_state::registry;
-pub mod service;
 pub use scale_agent_hub_replicas::sync as shared;
 mod startup;
+pub use scale_agent_hub_state::registry;
 pub use scale_agent_hub_state::session;
 pub use scale_agent_hub_store as store;
 pub mod tls_reload;
@@ -70,7 +70,7 @@ use crate::{
     agent_auth::ClientCertificates,
     agent_tokens::AgentTokens,
     metrics::Metrics,
-    registry::{Promotion, SessionId},
+    registry::SessionId,
     service::AgentHubService,
     session::{HubState, Limits},
     store::{Store, StoreOp},
@@ -100,10 +100,10 @@ pub(crate) struct Hub {
     /// and commit. Lock order: store, then state.
     pub(crate) store: Arc<tokio::sync::Mutex<Store>>,
     /// The queue of the streams' changes and its writer's progress.
-    pub(crate) commits: commits::Commits,
+    pub(crate) commits: Arc<commits::Commits>,
     pub(crate) metrics: Metrics,
     /// Open exchanges of the Kubernetes API proxy.
-    pub(crate) tunnels: tunnel::Tunnels,
+    pub(crate) tunnels: Arc<tunnel::Tunnels>,
     /// The proxy's per-account discovery and OpenAPI documents.
     pub(crate) discovery: Arc<proxy::discovery::DiscoveryCache>,
     /// The proxy's reads from the cache: continue-token snapshots, writes awaited.
@@ -161,36 +161,14 @@ impl Hub {
         self.auth.agent_tokens()
     }
 
-    /// Agents came or went: the ownership task looks at what to acquire or release.
-    pub(crate) fn agents_changed(&self) {
-        self.live.agents_changed();
-    }
-
     /// Sends a control message to a stream without waiting.
     pub(crate) fn control(&self, session: SessionId, message: Control) {
         self.live.control(session, message);
     }
 
-    pub(crate) fn deliver(&self, promotions: Vec<Promotion>) {
-        self.live.deliver(promotions);
-    }
-
     /// Brings the accounts' states up to date ([`Live::observe_states`]).
     pub(crate) fn observe_states(&self) {
         self.live.observe_states();
-    }
-
-    /// Tells every stream of `identity` which of its replicas are connected now.
-    pub(crate) fn announce_replicas(&self, identity: &str) {
-        self.live.announce_replicas(identity);
-    }
-
-    /// The current state of each of `accounts`, as sent to agents.
-    pub(crate) fn account_states(
-        &self,
-        accounts: &[String],
-    ) -> Vec<scale_agent_proto::v1::AccountState> {
-        self.live.account_states(accounts)
     }
 
     /// Removes accounts past their grace period, and makes recent commits durable.
@@ -543,9 +521,9 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         stream_settings: stream_settings(&config),
         live,
         store,
-        commits: commits::Commits::new(config.data_dir.clone()),
+        commits: Arc::new(commits::Commits::new(config.data_dir.clone())),
         metrics,
-        tunnels: tunnel::Tunnels::default(),
+        tunnels: Arc::default(),
         discovery: discovery.clone(),
         cached_reads: cached_reads.clone(),
         auth: Arc::new(auth),
@@ -605,7 +583,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         }
     };
     let max_message = hub.stream_settings.max_message_bytes();
-    let service = AgentHubServer::new(AgentHubService { hub: hub.clone() })
+    let service = AgentHubServer::new(AgentHubService::new(grpc_state(&hub)))
         .max_decoding_message_size(max_message);
     let (failed_tx, failed) = mpsc::channel(2);
 
@@ -769,6 +747,22 @@ fn proxy_listener(builder: Server, proxy: &ProxyMode) -> Result<Server> {
     builder
         .tls_config(tls)
         .map_err(|e| HubError::Grpc(Box::new(e)))
+}
+
+/// What the gRPC service works with: the hub's handles it uses, its settings and metrics.
+fn grpc_state(hub: &Hub) -> service::GrpcState {
+    service::GrpcState {
+        live: hub.live.clone(),
+        auth: hub.auth.clone(),
+        replicas: hub.replicas.clone(),
+        operations: hub.operations.clone(),
+        commits: hub.commits.clone(),
+        store: hub.store.clone(),
+        tunnels: hub.tunnels.clone(),
+        settings: hub.stream_settings.clone(),
+        metrics: hub.metrics.grpc.clone(),
+        shutdown: hub.shutdown.clone(),
+    }
 }
 
 /// What the gRPC service reads of the configuration.

@@ -4,16 +4,18 @@
 
 use futures::FutureExt as _;
 use prost::Message as _;
+use scale_agent_hub_replicas::sync;
+use scale_agent_hub_state::{
+    registry::SessionId,
+    session::{Effects, ProtocolError, message_type},
+    tunnel,
+};
 use scale_agent_proto::v1::{self as pb, agent_message::Kind as Msg, hub_message::Kind as Out};
 use tonic::Status;
 
 use super::{
-    MAX_BATCH, Outbound, enrolment, now, send,
+    GrpcState, MAX_BATCH, Outbound, enrolment, now, send,
     stream::{Step, StreamTask},
-};
-use crate::{
-    Hub,
-    session::{Effects, ProtocolError, message_type},
 };
 
 impl StreamTask {
@@ -62,7 +64,7 @@ impl StreamTask {
                 // Moved, not copied: data frames carry up to 64 KiB of body.
                 if let Some(Msg::Tunnel(frame)) = message.kind {
                     deliver_tunnel_frame(
-                        &self.hub,
+                        &self.grpc,
                         self.session.id,
                         frame,
                         size,
@@ -92,7 +94,7 @@ impl StreamTask {
     /// answers (assignments first). The Ack of the batch's last message is sent by
     /// [`StreamTask::acknowledge`] once the store allows it.
     async fn process_batch(&mut self, batch: Vec<pb::AgentMessage>) -> Result<(), Status> {
-        learn_registered_accounts(&self.hub, &batch).await;
+        learn_registered_accounts(&self.grpc, &batch).await;
         let (mut fx, protocol_error) = self.apply(batch);
         self.propagate(&mut fx);
         self.answer(fx).await?;
@@ -106,27 +108,26 @@ impl StreamTask {
     /// Applies the messages in order under the state lock, up to a protocol error, and
     /// queues their changes for the store in the same critical section.
     fn apply(&mut self, batch: Vec<pb::AgentMessage>) -> (Effects, Option<ProtocolError>) {
-        let hub = &self.hub;
+        let grpc = &self.grpc;
         let mut fx = Effects::default();
         let mut protocol_error = None;
         let queued = {
-            let mut st = hub.state();
+            let mut st = grpc.live.state();
             let now = now();
             for msg in batch {
-                hub.metrics
-                    .grpc
-                    .received(message_type(&msg), msg.encoded_len());
+                grpc.metrics.received(message_type(&msg), msg.encoded_len());
                 if let Err(e) =
                     self.session
-                        .handle(&mut st, &hub.stream_settings.limits, msg, now, &mut fx)
+                        .handle(&mut st, &grpc.settings.limits, msg, now, &mut fx)
                 {
                     protocol_error = Some(e);
                     break;
                 }
             }
             // Queued in the same critical section as the change to the cache, so that the
-            // store commits changes in the order they were made (see [`crate::commits`]).
-            hub.commits.enqueue(std::mem::take(&mut fx.ops))
+            // store commits changes in the order they were made (see
+            // [`scale_agent_hub_store::writer`]).
+            grpc.commits.enqueue(std::mem::take(&mut fx.ops))
         };
         self.acks.batch(self.session.last_seq(), queued);
         (fx, protocol_error)
@@ -136,39 +137,40 @@ impl StreamTask {
     /// promotions and account states, the ownership task, dynamic accounts' statuses, the
     /// discovery cache and the operations waiting for results.
     fn propagate(&self, fx: &mut Effects) {
-        let hub = &self.hub;
+        let grpc = &self.grpc;
+        let live = &grpc.live;
         // Reads waiting for the cache to reach a resourceVersion look again.
-        hub.live.cache_advanced();
-        hub.metrics.grpc.resumes.inc_by(fx.resumes);
-        hub.metrics.grpc.relists.inc_by(fx.relists);
+        live.cache_advanced();
+        grpc.metrics.resumes.inc_by(fx.resumes);
+        grpc.metrics.relists.inc_by(fx.relists);
         if fx.stale > 0 {
             tracing::debug!(stale = fx.stale, "ignored replayed events");
         }
-        hub.deliver(std::mem::take(&mut fx.promotions));
-        hub.observe_states();
+        live.deliver(std::mem::take(&mut fx.promotions));
+        live.observe_states();
         if !fx.registered.is_empty() {
-            hub.agents_changed();
+            live.agents_changed();
         }
         if !fx.dynamic_statuses.is_empty() {
-            let replica = hub
+            let replica = live
                 .state()
                 .registry
                 .replicas_of_identity(&self.session.identity)
                 .into_iter()
                 .find_map(|(id, replica)| (id == self.session.id).then_some(replica))
                 .unwrap_or_default();
-            let mut dynamic = hub.dynamic_accounts();
+            let mut dynamic = live.dynamic_accounts();
             for status in std::mem::take(&mut fx.dynamic_statuses) {
                 dynamic.report(&self.session.identity, &replica, status);
             }
         }
         for account in std::mem::take(&mut fx.discovery_changed) {
             tracing::info!(%account, "the cluster's kinds changed; discovery cache dropped");
-            hub.live.kinds_changed(&account);
+            live.kinds_changed(&account);
         }
         for result in std::mem::take(&mut fx.results) {
             let id = result.id.clone();
-            if !hub.operations.complete(self.session.id, result) {
+            if !grpc.operations.complete(self.session.id, result) {
                 tracing::debug!(%id, "result of an operation nobody waits for (timed out or unknown)");
             }
         }
@@ -184,14 +186,14 @@ impl StreamTask {
             }
         }
         // After the assignments: the agent learns its role, then the account's state.
-        for state in self.hub.account_states(&fx.registered) {
+        for state in self.grpc.live.account_states(&fx.registered) {
             send(tx, Out::AccountState(state)).await?;
         }
         for status in fx.kind_statuses {
             send(tx, Out::KindStatus(status)).await?;
         }
         for csr_pem in fx.renewals {
-            let renewal = enrolment::renew(&self.hub, &self.auth, &csr_pem);
+            let renewal = enrolment::renew(&self.grpc, &self.auth, &csr_pem);
             send(tx, Out::CertificateRenewal(renewal)).await?;
         }
         Ok(())
@@ -200,8 +202,8 @@ impl StreamTask {
 
 /// Replicas sharing a store: the cluster and binding of each account registered in
 /// `batch`, as another replica may have stored them.
-async fn learn_registered_accounts(hub: &Hub, batch: &[pb::AgentMessage]) {
-    if hub.replicas.shared.is_none() {
+async fn learn_registered_accounts(grpc: &GrpcState, batch: &[pb::AgentMessage]) {
+    if grpc.replicas.shared.is_none() {
         return;
     }
     let registered: Vec<String> = batch
@@ -211,29 +213,29 @@ async fn learn_registered_accounts(hub: &Hub, batch: &[pb::AgentMessage]) {
             _ => None,
         })
         .collect();
-    crate::shared::learn_accounts(&hub.replicas, &hub.live, &registered).await;
+    sync::learn_accounts(&grpc.replicas, &grpc.live, &registered).await;
 }
 
 /// Hands a tunnel frame to its exchange. A frame out of order resets that exchange only; one
 /// past the flow-control window ends the stream (`resource_exhausted`), since the window is
 /// what bounds the memory the hub spends on the agent's responses.
 fn deliver_tunnel_frame(
-    hub: &Hub,
-    session: crate::registry::SessionId,
+    grpc: &GrpcState,
+    session: SessionId,
     frame: pb::TunnelFrame,
     size: usize,
     tx: &Outbound,
 ) -> Result<(), Status> {
-    hub.metrics.grpc.received("tunnel", size);
+    grpc.metrics.received("tunnel", size);
     let exchange = frame.exchange;
-    match hub.tunnels.deliver(session, frame) {
+    match grpc.tunnels.deliver(session, frame) {
         Ok(None) => Ok(()),
         Ok(Some(reset)) => {
             tracing::warn!(exchange, reset = ?reset, "tunnel exchange broke the protocol; reset");
-            crate::tunnel::send_frame_soon(tx, exchange, reset);
+            tunnel::send_frame_soon(tx, exchange, reset);
             Ok(())
         }
-        Err(crate::tunnel::WindowViolation(reason)) => {
+        Err(tunnel::WindowViolation(reason)) => {
             tracing::warn!(exchange, %reason, "agent sent past the tunnel window; ending its stream");
             Err(Status::resource_exhausted(reason))
         }

@@ -1,15 +1,24 @@
-//! The gRPC service: one task per agent stream, running the protocol of
-//! [`crate::session`] with batching, acknowledgements, heartbeats and promotions, and the
-//! Enroll RPC.
+//! `scale-agent-hub-grpc` (layer 4): the hub's gRPC service, and nothing else. One task per
+//! agent stream, running the protocol of [`scale_agent_hub_state::session`] with batching,
+//! acknowledgements, heartbeats and promotions, and the Enroll RPC.
+//!
+//! It depends on the model, state, auth, store, replicas and operations crates, and on no
+//! crate of its own layer or above (not the proxy, the API or the hub's facade). What it
+//! works with is handed over as a [`GrpcState`]: the live state ([`Live`]), the credentials
+//! ([`AuthBook`]), the replicas ([`Replicas`]), the operations in flight ([`Operations`]),
+//! the commit queue and the store's lock, the tunnels, its settings ([`StreamSettings`]),
+//! its metrics ([`GrpcMetrics`]) and the shutdown signal. The proxy's caches hear of the
+//! streams' changes through [`Live`] ([`scale_agent_hub_state::CacheEvents`]).
 //!
 //! - [`AgentHubService`] (here): the two RPCs; a stream is authenticated here, then served
-//!   by a task of its own;
+//!   by a task of its own. It holds a [`GrpcState`], the handles the service works with,
+//!   which the hub builds at start;
 //! - `stream`: that task (`StreamTask`), from Hello to the stream's end;
 //! - `batch`: the agent's messages in batches, applied, queued for the store, answered;
 //! - `enrolment`: certificates for agents (Enroll, and RenewCertificate on a stream);
 //! - `settings`: what the service reads of the configuration ([`StreamSettings`], built once
-//!   by [`crate::start`] and held by `Hub`);
-//! - `metrics`: what it records ([`GrpcMetrics`], registered by [`crate::metrics::Metrics`]).
+//!   by the hub's `start`);
+//! - `metrics`: what it records ([`GrpcMetrics`], registered by the hub's `Metrics`).
 
 mod batch;
 mod enrolment;
@@ -19,8 +28,17 @@ mod stream;
 
 use std::sync::Arc;
 
+use scale_agent_hub_auth::{
+    AuthBook,
+    agent_auth::{Authenticated, CertificateOrigin, authenticate},
+};
+use scale_agent_hub_model::time::now;
+use scale_agent_hub_operations::Operations;
+use scale_agent_hub_replicas::{Replicas, sync};
+use scale_agent_hub_state::{Live, tunnel::Tunnels};
+use scale_agent_hub_store::{Store, writer::Commits};
 use scale_agent_proto::v1::{self as pb, agent_hub_server::AgentHub, hub_message::Kind as Out};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tonic::{Request, Response, Status, Streaming, metadata::MetadataMap};
 use tracing::Instrument as _;
 
@@ -28,10 +46,6 @@ use self::stream::StreamTask;
 pub use self::{
     metrics::GrpcMetrics,
     settings::{HeartbeatBounds, StreamSettings},
-};
-use crate::{
-    Hub,
-    agent_auth::{Authenticated, CertificateOrigin, authenticate},
 };
 
 /// Messages waiting to be sent to one agent.
@@ -44,11 +58,44 @@ pub const MAX_BATCH: usize = 500;
 /// The Hello capability of agents that carry the Kubernetes API proxy's exchanges.
 pub const TUNNEL_CAPABILITY: &str = "http-tunnel";
 
-pub(crate) use scale_agent_hub_model::time::now;
+/// What the gRPC service works with, handed over by the hub at start: the live state, the
+/// credentials, the replicas, the operations in flight, the commit queue and the store's
+/// lock, the tunnels, the streams' settings and metrics, and the shutdown signal.
+pub struct GrpcState {
+    /// The registry and cache, the streams, the dynamic accounts.
+    pub live: Arc<Live>,
+    /// Agent tokens and enrolments, the agent CA, the trusted client certificate issuers.
+    pub auth: Arc<AuthBook>,
+    /// Replicas sharing a store: credentials, enrolments and accounts made through another
+    /// replica are looked up there.
+    pub replicas: Arc<Replicas>,
+    /// Operations in flight: marked sent, completed by results, ended with their stream.
+    pub operations: Arc<Operations>,
+    /// The queue of the streams' changes for the store, and its writer's progress (which
+    /// releases Acks).
+    pub commits: Arc<Commits>,
+    /// The store, locked by an enrolment from its check to its durable commit (the streams
+    /// never take it: they queue their changes in `commits`).
+    pub store: Arc<tokio::sync::Mutex<Store>>,
+    /// Open exchanges of the Kubernetes API proxy: the agents' tunnel frames go there.
+    pub tunnels: Arc<Tunnels>,
+    pub settings: StreamSettings,
+    pub metrics: GrpcMetrics,
+    /// `true` once the hub shuts down: every stream ends.
+    pub shutdown: watch::Receiver<bool>,
+}
 
 /// The tonic service.
-pub(crate) struct AgentHubService {
-    pub(crate) hub: Arc<Hub>,
+pub struct AgentHubService {
+    state: Arc<GrpcState>,
+}
+
+impl AgentHubService {
+    pub fn new(state: GrpcState) -> Self {
+        AgentHubService {
+            state: Arc::new(state),
+        }
+    }
 }
 
 type Outbound = mpsc::Sender<Result<pb::HubMessage, Status>>;
@@ -68,7 +115,7 @@ impl AgentHub for AgentHubService {
             .unwrap_or_default();
         // Behind a TLS-terminating proxy the agent's certificate arrives in a header, from a
         // trusted proxy only; it is then verified like one presented directly.
-        let peer_certs = match &self.hub.stream_settings.trusted_proxy {
+        let peer_certs = match &self.state.settings.trusted_proxy {
             Some(trust) => Some(Arc::new(trust.request_chain(&request)?)),
             None => request.peer_certs(),
         };
@@ -85,7 +132,7 @@ impl AgentHub for AgentHubService {
         // Tunnel frames have a queue of their own, merged into the stream, so the stream's
         // loop never waits behind request bodies or window updates.
         let (tunnel_tx, tunnel_rx) = mpsc::channel(scale_agent_proto::tunnel::QUEUE);
-        let hub = self.hub.clone();
+        let state = self.state.clone();
         let out = StreamOut {
             control: tx,
             tunnel: tunnel_tx,
@@ -103,7 +150,7 @@ impl AgentHub for AgentHubService {
         let control = out.control.clone();
         tokio::spawn(
             async move {
-                if let Err(status) = StreamTask::run(hub, auth, inbound, out).await {
+                if let Err(status) = StreamTask::run(state, auth, inbound, out).await {
                     tracing::info!(code = ?status.code(), message = status.message(), "agent stream ended");
                     let _ = control.send(Err(status)).await;
                 } else {
@@ -121,7 +168,7 @@ impl AgentHub for AgentHubService {
         &self,
         request: Request<pb::EnrollRequest>,
     ) -> Result<Response<pb::EnrollResponse>, Status> {
-        enrolment::answer(&self.hub, request).await
+        enrolment::answer(&self.state, request).await
     }
 }
 
@@ -141,17 +188,15 @@ impl AgentHubService {
             .and_then(|v| v.split_once(' '))
             .map(|(_, token)| token.trim().to_string())
         {
-            crate::shared::learn_agent_token(&self.hub.replicas, &self.hub.auth, &token, false)
-                .await;
+            sync::learn_agent_token(&self.state.replicas, &self.state.auth, &token, false).await;
         }
-        let auth = authenticate(&self.hub.auth, peer_certs, metadata).inspect_err(|status| {
+        let auth = authenticate(&self.state.auth, peer_certs, metadata).inspect_err(|status| {
             tracing::warn!(%peer, code = ?status.code(), reason = status.message(), "agent stream refused");
         })?;
         if auth.certificate == Some(CertificateOrigin::Hub)
-            && crate::shared::learn_enrolled(&self.hub.replicas, &self.hub.auth, &auth.identity)
-                .await
+            && sync::learn_enrolled(&self.state.replicas, &self.state.auth, &auth.identity).await
         {
-            return authenticate(&self.hub.auth, peer_certs, metadata);
+            return authenticate(&self.state.auth, peer_certs, metadata);
         }
         Ok(auth)
     }

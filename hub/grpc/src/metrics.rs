@@ -1,5 +1,5 @@
 //! What the gRPC service records: the agents' messages, resumes and relists, and the Acks
-//! it held for the store. Registered in the hub's registry by [`crate::metrics::Metrics`].
+//! it held for the store. Registered in the hub's registry by the hub's `Metrics`.
 
 use prometheus_client::{
     metrics::{counter::Counter, family::Family},

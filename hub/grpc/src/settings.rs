@@ -1,9 +1,10 @@
-//! What the gRPC service reads of the hub's configuration, collected once at start
-//! ([`crate::start`] builds it from [`crate::Config`]; the service never reads `Config`).
+//! What the gRPC service reads of the hub's configuration, collected once at start (the
+//! hub's `start` builds it from its `Config`; the service never reads `Config`).
 
 use std::time::Duration;
 
-use crate::{forwarded::ProxyTrust, session::Limits};
+use scale_agent_hub_auth::forwarded::ProxyTrust;
+use scale_agent_hub_state::session::Limits;
 
 /// The heartbeat periods the hub grants to a stream.
 #[derive(Clone, Copy, Debug)]

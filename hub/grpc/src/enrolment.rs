@@ -1,21 +1,26 @@
 //! Certificates for agents: the Enroll RPC (a one-time enrolment token and a CSR, or a
 //! renewal by the client certificate the agent presents) and RenewCertificate on an
 //! authenticated stream. The checks and signing are the auth crate's
-//! ([`crate::agent_ca`], [`crate::agent_renewal`]); this is their gRPC side.
+//! ([`scale_agent_hub_auth::agent_ca`], [`scale_agent_hub_auth::agent_renewal`]); this is
+//! their gRPC side.
 
+use scale_agent_hub_auth::{
+    agent_auth::{Authenticated, CertificateOrigin},
+    agent_ca::Issued,
+    agent_renewal,
+    agent_tokens::AgentTokenKind,
+};
+use scale_agent_hub_model::{error::Chain, store_op::StoreOp};
+use scale_agent_hub_replicas::sync;
 use scale_agent_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
-use crate::{
-    Hub,
-    agent_auth::{Authenticated, CertificateOrigin},
-    agent_tokens::AgentTokenKind,
-};
+use super::GrpcState;
 
 /// Answers Enroll: a certificate for an enrolment token, or for the client certificate
 /// presented with no token (a renewal).
 pub(super) async fn answer(
-    hub: &Hub,
+    grpc: &GrpcState,
     request: Request<pb::EnrollRequest>,
 ) -> Result<Response<pb::EnrollResponse>, Status> {
     let peer = request
@@ -26,15 +31,15 @@ pub(super) async fn answer(
     let request = request.into_inner();
     // An empty token with a client certificate is a renewal (item 9 of the contract).
     let result = match peer_certs.as_deref().filter(|chain| !chain.is_empty()) {
-        Some(chain) if request.token.is_empty() => crate::agent_renewal::renew_by_certificate(
-            hub.client_certificates().as_deref(),
-            hub.auth.agent_ca(),
-            hub.stream_settings.agent_cert_lifetime,
+        Some(chain) if request.token.is_empty() => agent_renewal::renew_by_certificate(
+            grpc.auth.client_certificates().as_deref(),
+            grpc.auth.agent_ca(),
+            grpc.settings.agent_cert_lifetime,
             chain,
             &request.csr_pem,
         )
-        .map(|issued| issued_certificate(hub, issued)),
-        _ => enroll(hub, request).await,
+        .map(|issued| issued_certificate(grpc, issued)),
+        _ => enroll(grpc, request).await,
     };
     match &result {
         Ok(issued) => {
@@ -53,7 +58,10 @@ pub(super) async fn answer(
 
 /// Checks an enrolment token and a CSR, issues the certificate, and marks the token used
 /// (stored durably) before answering.
-async fn enroll(hub: &Hub, request: pb::EnrollRequest) -> Result<pb::IssuedCertificate, Status> {
+async fn enroll(
+    grpc: &GrpcState,
+    request: pb::EnrollRequest,
+) -> Result<pb::IssuedCertificate, Status> {
     if request.token.is_empty() {
         return Err(Status::unauthenticated(
             "Enroll needs a one-time enrolment token (`scale-agent-hub agent-token create \
@@ -62,38 +70,39 @@ async fn enroll(hub: &Hub, request: pb::EnrollRequest) -> Result<pb::IssuedCerti
     }
     // The store lock is held from the check to the durable commit, so two enrolments with
     // one token cannot both succeed.
-    let mut store = hub.store.lock().await;
+    let mut store = grpc.store.lock().await;
     // Replicas sharing a store: the token as the store holds it now (issued, used or
     // revoked through another replica).
-    crate::shared::learn_agent_token(&hub.replicas, &hub.auth, &request.token, true).await;
+    sync::learn_agent_token(&grpc.replicas, &grpc.auth, &request.token, true).await;
     let now = jiff::Timestamp::now().as_second();
-    let record = hub
+    let record = grpc
+        .auth
         .agent_tokens()
         .check(&request.token, AgentTokenKind::Enrolment, now)
         .map_err(|r| r.to_status())?
         .clone();
-    let issued = hub
+    let issued = grpc
         .auth
         .agent_ca()
         .issue(
             &request.csr_pem,
             &record.identity,
-            hub.stream_settings.agent_cert_lifetime,
+            grpc.settings.agent_cert_lifetime,
         )
         .map_err(Status::invalid_argument)?;
-    let ops = hub.agent_tokens().consume(&record.id, now);
+    let ops = grpc.auth.agent_tokens().consume(&record.id, now);
     // Once across replicas: the token is marked used in the store only if no replica did
     // first (the store's lock above serializes this replica's enrolments only).
-    if let Some(shared) = &hub.replicas.shared {
+    if let Some(shared) = &grpc.replicas.shared {
         let used = ops.iter().find_map(|op| match op {
-            crate::store::StoreOp::PutAgentToken { record } => Some(record.clone()),
+            StoreOp::PutAgentToken { record } => Some(record.clone()),
             _ => None,
         });
         if let Some(used) = used {
             let claimed = shared.claim_enrolment(&used).await.map_err(|e| {
                 Status::unavailable(format!(
                     "the hub could not store the enrolment: {}",
-                    crate::error::Chain(&e)
+                    Chain(&e)
                 ))
             })?;
             if !claimed {
@@ -107,17 +116,17 @@ async fn enroll(hub: &Hub, request: pb::EnrollRequest) -> Result<pb::IssuedCerti
     store.commit(ops).await.map_err(|e| {
         Status::internal(format!(
             "the hub could not store the enrolment: {}",
-            crate::error::Chain(&e)
+            Chain(&e)
         ))
     })?;
-    Ok(issued_certificate(hub, issued))
+    Ok(issued_certificate(grpc, issued))
 }
 
 /// The answer carrying a certificate the agent CA issued.
-fn issued_certificate(hub: &Hub, issued: crate::agent_ca::Issued) -> pb::IssuedCertificate {
+fn issued_certificate(grpc: &GrpcState, issued: Issued) -> pb::IssuedCertificate {
     pb::IssuedCertificate {
         certificate_chain_pem: issued.certificate_pem,
-        ca_pem: hub.auth.agent_ca().cert_pem().to_string(),
+        ca_pem: grpc.auth.agent_ca().cert_pem().to_string(),
         identity: issued.identity,
         not_after_unix: issued.not_after,
     }
@@ -125,7 +134,11 @@ fn issued_certificate(hub: &Hub, issued: crate::agent_ca::Issued) -> pb::IssuedC
 
 /// Answers a RenewCertificate (sent on a stream): a certificate for the stream's identity, for a stream that a
 /// certificate of the hub authenticated.
-pub(super) fn renew(hub: &Hub, auth: &Authenticated, csr_pem: &str) -> pb::CertificateRenewal {
+pub(super) fn renew(
+    grpc: &GrpcState,
+    auth: &Authenticated,
+    csr_pem: &str,
+) -> pb::CertificateRenewal {
     if auth.certificate != Some(CertificateOrigin::Hub) {
         return pb::CertificateRenewal {
             certificate: None,
@@ -137,15 +150,15 @@ pub(super) fn renew(hub: &Hub, auth: &Authenticated, csr_pem: &str) -> pb::Certi
             ),
         };
     }
-    match hub.auth.agent_ca().issue(
-        csr_pem,
-        &auth.identity,
-        hub.stream_settings.agent_cert_lifetime,
-    ) {
+    match grpc
+        .auth
+        .agent_ca()
+        .issue(csr_pem, &auth.identity, grpc.settings.agent_cert_lifetime)
+    {
         Ok(issued) => {
             tracing::info!(identity = %auth.identity, not_after = issued.not_after, "agent certificate renewed");
             pb::CertificateRenewal {
-                certificate: Some(issued_certificate(hub, issued)),
+                certificate: Some(issued_certificate(grpc, issued)),
                 refused: String::new(),
             }
         }

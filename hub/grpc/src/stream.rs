@@ -10,18 +10,20 @@ use std::{
 };
 
 use prost::Message as _;
+use scale_agent_hub_auth::agent_auth::Authenticated;
+use scale_agent_hub_model::time::shutting_down;
+use scale_agent_hub_state::{
+    Control, SessionHandle,
+    registry::SessionId,
+    session::{Session, check_hello, message_type, streaming_assignment},
+    tunnel,
+};
+use scale_agent_hub_store::writer::{AckGate, Progress};
 use scale_agent_proto::v1::{self as pb, hub_message::Kind as Out};
 use tokio::sync::{mpsc, watch};
 use tonic::{Status, Streaming};
 
-use super::{CONTROL_BUFFER, StreamOut, TUNNEL_CAPABILITY, now, send};
-use crate::{
-    Control, Hub, SessionHandle,
-    agent_auth::Authenticated,
-    commits::{AckGate, Progress},
-    registry::SessionId,
-    session::{Session, check_hello, message_type, streaming_assignment},
-};
+use super::{CONTROL_BUFFER, GrpcState, StreamOut, TUNNEL_CAPABILITY, now, send};
 
 /// Whether a stream goes on after a step: `Break` when the agent closed or broke it, which
 /// ends the stream with `Ok`; a step's `Err` ends it with that status.
@@ -31,7 +33,7 @@ pub(super) type Step = ControlFlow<()>;
 /// what the loop waits on, and what it owes the agent. Its async methods take `&mut self`
 /// (the inbound `Streaming` is not `Sync`, and the task must be `Send`).
 pub(super) struct StreamTask {
-    pub(super) hub: Arc<Hub>,
+    pub(super) grpc: Arc<GrpcState>,
     pub(super) auth: Authenticated,
     pub(super) inbound: Streaming<pb::AgentMessage>,
     pub(super) out: StreamOut,
@@ -63,15 +65,15 @@ impl StreamTask {
     /// Serves an authenticated stream until it ends: Hello, registration, the loop, and the
     /// stream's removal (whatever ended the loop). `Ok` when the agent ended it.
     pub(super) async fn run(
-        hub: Arc<Hub>,
+        grpc: Arc<GrpcState>,
         auth: Authenticated,
         mut inbound: Streaming<pb::AgentMessage>,
         out: StreamOut,
     ) -> Result<(), Status> {
-        let Some(hello) = read_hello(&hub, &mut inbound).await? else {
+        let Some(hello) = read_hello(&grpc, &mut inbound).await? else {
             return Ok(());
         };
-        let mut task = Self::connect(hub, auth, inbound, out, &hello)?;
+        let mut task = Self::connect(grpc, auth, inbound, out, &hello)?;
         let result = task.serve().await;
         task.disconnect();
         result
@@ -80,7 +82,7 @@ impl StreamTask {
     /// Registers the stream ([`register`]), grants the heartbeat period and starts the
     /// stream's clocks.
     fn connect(
-        hub: Arc<Hub>,
+        grpc: Arc<GrpcState>,
         auth: Authenticated,
         inbound: Streaming<pb::AgentMessage>,
         out: StreamOut,
@@ -91,18 +93,18 @@ impl StreamTask {
             id,
             control,
             session_token,
-        } = register(&hub, identity, hello, &out)?;
+        } = register(&grpc, identity, hello, &out)?;
         tracing::info!(version = %hello.agent_version, "agent connected");
 
         let session = Session::new(id, identity.to_string())
             .with_account_patterns(auth.account_patterns.clone());
-        let period = granted_period(&hub, hello);
+        let period = granted_period(&grpc, hello);
         let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let store_progress = hub.commits.subscribe();
-        let shutdown = hub.shutdown.clone();
+        let store_progress = grpc.commits.subscribe();
+        let shutdown = grpc.shutdown.clone();
         Ok(Self {
-            hub,
+            grpc,
             auth,
             inbound,
             out,
@@ -126,7 +128,7 @@ impl StreamTask {
         let silence = self.period * 2;
         loop {
             let step = tokio::select! {
-                () = crate::shutting_down(self.shutdown.clone()) => {
+                () = shutting_down(self.shutdown.clone()) => {
                     Err(Status::unavailable("the hub is shutting down"))
                 }
                 ctrl = self.control.recv() => self.on_control(ctrl).await,
@@ -152,7 +154,7 @@ impl StreamTask {
 
     /// Welcome with the stream's terms, the Ack of Hello, and the hub's capabilities.
     async fn welcome(&mut self) -> Result<(), Status> {
-        let settings = &self.hub.stream_settings;
+        let settings = &self.grpc.settings;
         let tx = &self.out.control;
         send(
             tx,
@@ -163,7 +165,7 @@ impl StreamTask {
                 max_unacked: settings.max_unacked,
                 max_object_bytes: settings.limits.max_object_bytes,
                 hub_version: env!("CARGO_PKG_VERSION").to_string(),
-                tunnel_window_bytes: crate::tunnel::WINDOW_BYTES,
+                tunnel_window_bytes: tunnel::WINDOW_BYTES,
                 session_token: self.session_token.clone(),
                 max_objects_per_account: settings.limits.max_objects_per_account,
                 max_message_bytes: u64::try_from(settings.max_message_bytes()).unwrap_or(u64::MAX),
@@ -196,10 +198,10 @@ impl StreamTask {
                     return Ok(Step::Continue(()));
                 }
                 op.timeout_millis = u64::try_from(left.as_millis()).unwrap_or(u64::MAX).max(1);
-                op.deadline_unix_millis = crate::operations::deadline_millis(left);
+                op.deadline_unix_millis = scale_agent_hub_operations::deadline_millis(left);
                 let id = op.id.clone();
                 send(tx, Out::Operation(*op)).await?;
-                self.hub.operations.mark_sent(&id);
+                self.grpc.operations.mark_sent(&id);
             }
             Some(Control::AccountState(state)) => {
                 send(tx, Out::AccountState(state)).await?;
@@ -220,16 +222,15 @@ impl StreamTask {
     /// the resume points, if the stream still holds the account.
     async fn promote(&mut self, account: &str) -> Result<(), Status> {
         let assignment = {
-            let st = self.hub.state();
+            let st = self.grpc.live.state();
             st.registry
                 .is_streaming(self.session.id, account)
                 .then(|| streaming_assignment(&st.cache, account))
         };
         if let Some(a) = assignment {
             tracing::info!(account = %a.account, resume_points = a.resume_points.len(), "standby promoted: STREAMING");
-            self.hub
+            self.grpc
                 .metrics
-                .grpc
                 .resumes
                 .inc_by(a.resume_points.len() as u64);
             send(&self.out.control, Out::Assignment(a)).await?;
@@ -249,15 +250,16 @@ impl StreamTask {
         Ok(Step::Continue(()))
     }
 
-    /// Sends the Ack the stream owes when the store allows it (see [`crate::commits`]).
+    /// Sends the Ack the stream owes when the store allows it (see
+    /// [`scale_agent_hub_store::writer`]).
     pub(super) async fn acknowledge(&mut self) -> Result<(), Status> {
         let progress = self.store_progress.borrow_and_update().clone();
-        match self.acks.ready(&progress, self.hub.commits.queued_bytes()) {
+        match self.acks.ready(&progress, self.grpc.commits.queued_bytes()) {
             Some(seq) => send(&self.out.control, Out::Ack(pb::Ack { seq })).await,
             None => {
                 if self.acks.owes() && !self.acks.held {
                     self.acks.held = true;
-                    self.hub.metrics.grpc.acks_held.inc();
+                    self.grpc.metrics.acks_held.inc();
                     tracing::debug!(
                         failing = progress.failing,
                         "Ack held until the store commits this stream's changes"
@@ -280,28 +282,29 @@ impl StreamTask {
     /// Removes the stream from the registry, the streams, the operations and the tunnels,
     /// and tells the rest of the hub.
     fn disconnect(&self) {
-        let hub = &self.hub;
+        let grpc = &self.grpc;
+        let live = &grpc.live;
         let id = self.session.id;
         let identity = self.auth.identity.as_str();
-        let promotions = hub.state().registry.disconnect(id, now());
-        hub.sessions().remove(&id);
-        hub.operations.session_ended(id, self.too_large.as_deref());
-        hub.tunnels.session_ended(id);
+        let promotions = live.state().registry.disconnect(id, now());
+        live.sessions().remove(&id);
+        grpc.operations.session_ended(id, self.too_large.as_deref());
+        grpc.tunnels.session_ended(id);
         // Unless a newer stream of the same replica took this one's place.
-        let replica_left = !hub
+        let replica_left = !live
             .state()
             .registry
             .replicas_of_identity(identity)
             .iter()
             .any(|(_, replica)| *replica == self.replica);
         if replica_left {
-            hub.dynamic_accounts()
+            live.dynamic_accounts()
                 .forget_replica(identity, &self.replica);
         }
-        hub.deliver(promotions);
-        hub.observe_states();
-        hub.announce_replicas(identity);
-        hub.agents_changed();
+        live.deliver(promotions);
+        live.observe_states();
+        live.announce_replicas(identity);
+        live.agents_changed();
     }
 }
 
@@ -318,16 +321,17 @@ struct Registered {
 /// older one of the same replica, and tells the rest of the hub (promotions, accounts'
 /// states, the agent's replicas, its dynamic accounts).
 fn register(
-    hub: &Hub,
+    grpc: &GrpcState,
     identity: &str,
     hello: &pb::Hello,
     out: &StreamOut,
 ) -> Result<Registered, Status> {
-    let tunnel = hello.capabilities.iter().any(|c| c == TUNNEL_CAPABILITY);
+    let tunnelled = hello.capabilities.iter().any(|c| c == TUNNEL_CAPABILITY);
     let (ctrl_tx, control) = mpsc::channel(CONTROL_BUFFER);
     let token = session_token()?;
+    let live = &grpc.live;
     let (id, replaced, promotions) = {
-        let mut st = hub.state();
+        let mut st = live.state();
         st.registry
             .may_replace(identity, &hello.replica, &hello.session_token)
             .map_err(Status::permission_denied)?;
@@ -340,29 +344,29 @@ fn register(
     let span = tracing::Span::current();
     span.record("replica", tracing::field::display(&hello.replica));
     span.record("session", id);
-    hub.sessions().insert(
+    live.sessions().insert(
         id,
         SessionHandle {
             control: ctrl_tx,
             outbound: out.tunnel.clone(),
-            tunnel_window: tunnel.then_some(crate::tunnel::WINDOW_BYTES),
+            tunnel_window: tunnelled.then_some(tunnel::WINDOW_BYTES),
         },
     );
     if let Some(old) = replaced {
         tracing::info!("a newer stream replaces the older one");
-        hub.control(
+        live.control(
             old,
             Control::Close(Status::aborted(
                 "replaced by a newer stream from the same agent identity and replica",
             )),
         );
     }
-    hub.deliver(promotions);
-    hub.observe_states();
-    hub.announce_replicas(identity);
+    live.deliver(promotions);
+    live.observe_states();
+    live.announce_replicas(identity);
     // After Welcome (the stream's loop sends that first): the dynamic accounts, every time.
-    let dynamic = hub.dynamic_accounts().set_for(identity);
-    hub.control(id, Control::DynamicAccounts(dynamic));
+    let dynamic = live.dynamic_accounts().set_for(identity);
+    live.control(id, Control::DynamicAccounts(dynamic));
     Ok(Registered {
         id,
         control,
@@ -373,10 +377,10 @@ fn register(
 /// Waits for Hello (two default heartbeat periods at most) and checks it; `None` when the
 /// agent ended the stream first.
 async fn read_hello(
-    hub: &Hub,
+    grpc: &GrpcState,
     inbound: &mut Streaming<pb::AgentMessage>,
 ) -> Result<Option<pb::Hello>, Status> {
-    let silence = hub.stream_settings.heartbeat.default * 2;
+    let silence = grpc.settings.heartbeat.default * 2;
     let first = match tokio::time::timeout(silence, inbound.message()).await {
         Err(_) => {
             return Err(Status::deadline_exceeded(format!(
@@ -386,17 +390,16 @@ async fn read_hello(
         Ok(Err(_)) | Ok(Ok(None)) => return Ok(None),
         Ok(Ok(Some(m))) => m,
     };
-    hub.metrics
-        .grpc
+    grpc.metrics
         .received(message_type(&first), first.encoded_len());
     check_hello(first).map(Some).map_err(|e| e.to_status())
 }
 
 /// The heartbeat period granted to the agent of `hello` (logged when it asked for one
 /// outside the bounds).
-fn granted_period(hub: &Hub, hello: &pb::Hello) -> Duration {
-    let period = hub
-        .stream_settings
+fn granted_period(grpc: &GrpcState, hello: &pb::Hello) -> Duration {
+    let period = grpc
+        .settings
         .heartbeat
         .grant(hello.heartbeat_period_seconds);
     if hello.heartbeat_period_seconds > 0
@@ -414,7 +417,7 @@ fn granted_period(hub: &Hub, hello: &pb::Hello) -> Duration {
 /// A random token for a stream's Welcome.
 fn session_token() -> Result<String, Status> {
     use base64::Engine as _;
-    let bytes = crate::tokens::random_bytes::<32>()
+    let bytes = scale_agent_hub_auth::tokens::random_bytes::<32>()
         .map_err(|e| Status::internal(format!("cannot make a session token: {e}")))?;
     Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes))
 }
