@@ -355,7 +355,8 @@ impl Hub {
             .inc_by(budget.evicted().saturating_sub(counted));
         drop(st);
         self.metrics
-            .proxy_exchanges_open
+            .proxy
+            .exchanges_open
             .set(self.tunnels.len() as i64);
         self.metrics
             .refresh_certificate_expiry(jiff::Timestamp::now().as_second());

@@ -14,6 +14,7 @@ pub mod audit;
 pub mod cached;
 pub mod discovery;
 pub mod events;
+mod metrics;
 pub use scale_agent_hub_net::{headers, status};
 
 use std::{
@@ -43,6 +44,7 @@ use crate::{
     registry::SessionId,
     tunnel::{self, AgentSender, BodyEvent, HeadError, OpenExchange},
 };
+pub use metrics::ProxyMetrics;
 use status::Status;
 
 /// How long the hub waits for the API server's answer to start (watches and log follows
@@ -148,7 +150,8 @@ async fn handle(State(hub): State<Arc<Hub>>, request: Request) -> Response {
             .insert(crate::owners::forward::REPLICA_HEADER, replica);
     }
     hub.metrics
-        .proxy_request(&method, served.as_str(), response.status().as_u16());
+        .proxy
+        .request(&method, served.as_str(), response.status().as_u16());
     if let Some((account, api_path, who)) = audit {
         self::audit::proxy_write(
             who.as_deref(),
@@ -683,7 +686,7 @@ fn response_body(
                     // ending here would make a cut response look complete.
                     let _ = tunnel::send_frame(&st.guard.tx, st.guard.id, update).await;
                 }
-                st.guard.hub.metrics.proxy_bytes.inc_by(bytes.len() as u64);
+                st.guard.hub.metrics.proxy.bytes.inc_by(bytes.len() as u64);
                 Some((Ok(bytes), st))
             }
             Some(BodyEvent::End) | None => None,
