@@ -102,12 +102,9 @@ pub(crate) struct Hub {
     /// The queue of the streams' changes and its writer's progress.
     pub(crate) commits: commits::Commits,
     pub(crate) metrics: Metrics,
-    /// Open exchanges of the Kubernetes API proxy.
-    pub(crate) tunnels: tunnel::Tunnels,
-    /// The proxy's per-account discovery and OpenAPI documents.
-    pub(crate) discovery: Arc<proxy::discovery::DiscoveryCache>,
-    /// The proxy's reads from the cache: continue-token snapshots, writes awaited.
-    pub(crate) cached_reads: Arc<proxy::cached::CachedReads>,
+    /// The Kubernetes API proxy's own state: its open exchanges, discovery documents and
+    /// cached reads ([`proxy::ProxyState`]).
+    pub(crate) proxy: Arc<proxy::ProxyState>,
     /// Tokens, the admin token and API tokens file, agents' tokens, the agent CA and the
     /// trusted client certificate issuers (replaced by [`tls_reload`]).
     pub(crate) auth: Arc<AuthBook>,
@@ -357,7 +354,7 @@ impl Hub {
         self.metrics
             .proxy
             .exchanges_open
-            .set(self.tunnels.len() as i64);
+            .set(self.proxy.tunnels.len() as i64);
         self.metrics
             .refresh_certificate_expiry(jiff::Timestamp::now().as_second());
     }
@@ -638,17 +635,14 @@ pub async fn start(config: Config) -> Result<RunningHub> {
             retention: config.operation_retention,
         },
     };
-    let discovery = Arc::new(proxy::discovery::DiscoveryCache::default());
-    let cached_reads = Arc::new(proxy::cached::CachedReads::default());
+    let proxy = Arc::new(proxy::ProxyState::default());
     let hub = Arc::new(Hub {
         stream_settings: stream_settings(&config),
         live,
         store,
         commits: commits::Commits::new(config.data_dir.clone()),
         metrics,
-        tunnels: tunnel::Tunnels::default(),
-        discovery: discovery.clone(),
-        cached_reads: cached_reads.clone(),
+        proxy: proxy.clone(),
         auth: Arc::new(AuthBook::new(
             tokens,
             admin_token,
@@ -677,11 +671,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         },
         config,
     });
-    hub.live
-        .set_cache_events(Arc::new(proxy::events::ProxyCaches {
-            discovery,
-            cached_reads,
-        }));
+    hub.live.set_cache_events(proxy);
     // The registrar's first pass must see the accounts loaded from the store: with no
     // accounts it would remove every account registered before this start from Clouddriver,
     // and register them again a moment later.

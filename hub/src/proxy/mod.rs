@@ -15,6 +15,7 @@ pub mod cached;
 pub mod discovery;
 pub mod events;
 mod metrics;
+mod state;
 pub use scale_agent_hub_net::{headers, status};
 
 use std::{
@@ -45,6 +46,7 @@ use crate::{
     tunnel::{self, AgentSender, BodyEvent, HeadError, OpenExchange},
 };
 pub use metrics::ProxyMetrics;
+pub use state::ProxyState;
 use status::Status;
 
 /// How long the hub waits for the API server's answer to start (watches and log follows
@@ -280,7 +282,7 @@ async fn proxy(hub: &Arc<Hub>, request: Request) -> Result<(Response, Served), S
     .await?;
     let response = cached::after_write(hub, &account, &parts.method, api_path, response).await;
     if changes_kinds && response.status().is_success() {
-        hub.discovery.invalidate(&account, Instant::now());
+        hub.proxy.discovery.invalidate(&account, Instant::now());
         tracing::info!(path = %api_path, "kinds changed through the proxy; discovery cache dropped");
     }
     Ok((response, Served::Tunnel))
@@ -381,7 +383,7 @@ async fn forward(
             }));
         };
         tried.push(session);
-        let exchange = hub.tunnels.open(session, window, ends_cleanly);
+        let exchange = hub.proxy.tunnels.open(session, window, ends_cleanly);
         let guard = ExchangeGuard {
             hub: hub.clone(),
             id: exchange.id,
@@ -400,7 +402,7 @@ async fn forward(
             end_of_body: body.is_none() && upgrade.is_none(),
         };
         if !tunnel::send_frame(&tx, exchange.id, Frame::Request(request_head)).await {
-            hub.tunnels.close(exchange.id);
+            hub.proxy.tunnels.close(exchange.id);
             if !once && tried.len() < MAX_ATTEMPTS {
                 continue;
             }
@@ -586,7 +588,7 @@ struct ExchangeGuard {
 
 impl Drop for ExchangeGuard {
     fn drop(&mut self) {
-        if self.hub.tunnels.close(self.id) {
+        if self.hub.proxy.tunnels.close(self.id) {
             tunnel::send_frame_soon(
                 &self.tx,
                 self.id,
@@ -713,7 +715,7 @@ async fn discovery_request(
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     let mut headers = request.headers().clone();
-    let cached = match hub.discovery.lookup(account, &key, Instant::now()) {
+    let cached = match hub.proxy.discovery.lookup(account, &key, Instant::now()) {
         discovery::Lookup::Fresh(document) => {
             return Ok((
                 document_response(&document, client_etag.as_deref(), "hit"),
@@ -751,7 +753,7 @@ async fn discovery_request(
         Err(status) if status.code() == 503 => {
             // No agent: the last document the cluster gave still describes its kinds best,
             // and with it kubectl gets as far as the request itself, whose error says why.
-            return match hub.discovery.last_known(account, &key) {
+            return match hub.proxy.discovery.last_known(account, &key) {
                 Some(document) => Ok((
                     document_response(&document, client_etag.as_deref(), "stale"),
                     Served::Cache,
@@ -764,7 +766,9 @@ async fn discovery_request(
     if response.status() == StatusCode::NOT_MODIFIED
         && let Some(document) = cached
     {
-        hub.discovery.revalidated(account, &key, Instant::now());
+        hub.proxy
+            .discovery
+            .revalidated(account, &key, Instant::now());
         return Ok((
             document_response(&document, client_etag.as_deref(), "revalidated"),
             Served::Tunnel,
@@ -810,7 +814,8 @@ async fn discovery_request(
             .map(str::to_string),
         body: Bytes::from(body),
     };
-    hub.discovery
+    hub.proxy
+        .discovery
         .store(account, key, document.clone(), Instant::now());
     Ok((
         document_response(&document, client_etag.as_deref(), "miss"),

@@ -226,7 +226,7 @@ fn deliver_tunnel_frame(
 ) -> Result<(), Status> {
     hub.metrics.grpc.received("tunnel", size);
     let exchange = frame.exchange;
-    match hub.tunnels.deliver(session, frame) {
+    match hub.proxy.tunnels.deliver(session, frame) {
         Ok(None) => Ok(()),
         Ok(Some(reset)) => {
             tracing::warn!(exchange, reset = ?reset, "tunnel exchange broke the protocol; reset");

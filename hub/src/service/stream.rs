@@ -286,7 +286,7 @@ impl StreamTask {
         let promotions = hub.state().registry.disconnect(id, now());
         hub.sessions().remove(&id);
         hub.operations.session_ended(id, self.too_large.as_deref());
-        hub.tunnels.session_ended(id);
+        hub.proxy.tunnels.session_ended(id);
         // Unless a newer stream of the same replica took this one's place.
         let replica_left = !hub
             .state()

@@ -130,7 +130,7 @@ pub(crate) async fn read(
         return Some(next_page(hub, token, &list_key, options.limit));
     }
     let deadline = tokio::time::Instant::now() + READ_WAIT;
-    let mut advanced = hub.cached_reads.advanced.subscribe();
+    let mut advanced = hub.proxy.cached_reads.advanced.subscribe();
     let held = loop {
         advanced.borrow_and_update();
         match plan(hub, account, &target, &options) {
@@ -165,10 +165,11 @@ pub(crate) async fn read(
             items,
             count_remaining: labels.is_empty() && held.fields.is_empty(),
         };
-        let page = hub
-            .cached_reads
-            .snapshots()
-            .first_page(snapshot, options.limit, Instant::now());
+        let page =
+            hub.proxy
+                .cached_reads
+                .snapshots()
+                .first_page(snapshot, options.limit, Instant::now());
         json_response(
             StatusCode::OK,
             render::list_body(
@@ -245,7 +246,7 @@ fn plan(hub: &Hub, account: &str, target: &Target, options: &ReadOptions) -> Pla
     let list = target.name.is_none();
     let decision = consistency::stricter(
         consistency::resource_version_decision(options, resume, list),
-        hub.cached_reads.floors().decision(
+        hub.proxy.cached_reads.floors().decision(
             account,
             &kind.info.key(),
             scope,
@@ -282,10 +283,11 @@ fn plan(hub: &Hub, account: &str, target: &Target, options: &ReadOptions) -> Pla
 }
 
 fn next_page(hub: &Hub, token: &str, list_key: &str, limit: Option<usize>) -> Response {
-    let found = hub
-        .cached_reads
-        .snapshots()
-        .next_page(token, list_key, limit, Instant::now());
+    let found =
+        hub.proxy
+            .cached_reads
+            .snapshots()
+            .next_page(token, list_key, limit, Instant::now());
     match found {
         Ok((page, snapshot)) => json_response(
             StatusCode::OK,
@@ -415,7 +417,8 @@ fn record_write(
     now: Instant,
 ) {
     tracing::debug!(kind = %key, %namespace, ?floor, "write through the proxy: cached reads wait for it");
-    hub.cached_reads
+    hub.proxy
+        .cached_reads
         .floors()
         .record(account, key, namespace, floor, now);
 }

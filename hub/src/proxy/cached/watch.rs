@@ -387,7 +387,7 @@ fn start(
     match options.resource_version.as_deref() {
         None | Some("0") => {
             // The account's own writes first, as for a list.
-            let floors = hub.cached_reads.floors().decision(
+            let floors = hub.proxy.cached_reads.floors().decision(
                 account,
                 &kind.info.key(),
                 scope,
@@ -442,7 +442,7 @@ struct Watcher {
 impl Watcher {
     async fn run(self, mut position: Position, timeout: Duration) {
         let deadline = tokio::time::Instant::now() + timeout;
-        let mut advanced = self.hub.cached_reads.advanced.subscribe();
+        let mut advanced = self.hub.proxy.cached_reads.advanced.subscribe();
         let mut last_sent = position.resource_version;
         let mut last_bookmark = tokio::time::Instant::now();
         // The hub shutting down ends its watches at once, as the API server's do, so that
