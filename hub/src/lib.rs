@@ -327,6 +327,18 @@ impl Hub {
             .clear();
     }
 
+    /// What the Kubernetes API proxy's routes work with ([`proxy::router`]).
+    pub(crate) fn proxy_routes(&self) -> Arc<proxy::Proxy> {
+        Arc::new(proxy::Proxy {
+            live: self.live.clone(),
+            auth: self.auth.clone(),
+            replicas: self.replicas.clone(),
+            state: self.proxy.clone(),
+            metrics: self.metrics.proxy.clone(),
+            shutdown: self.shutdown.clone(),
+        })
+    }
+
     /// Refreshes the gauges from the state.
     pub(crate) fn refresh_gauges(&self) {
         let st = self.state();

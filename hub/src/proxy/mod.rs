@@ -40,10 +40,14 @@ use http_body_util::BodyExt as _;
 use scale_agent_proto::v1::{self as pb, tunnel_frame::Frame};
 use tracing::Instrument as _;
 
+use prometheus_client::metrics::counter::Counter;
+use scale_agent_hub_auth::AuthBook;
+use scale_agent_hub_replicas::Replicas;
+use scale_agent_hub_state::Live;
+
 use crate::{
-    Hub,
     registry::SessionId,
-    tunnel::{self, AgentSender, BodyEvent, HeadError, OpenExchange},
+    tunnel::{self, AgentSender, BodyEvent, HeadError, OpenExchange, Tunnels},
 };
 pub use metrics::ProxyMetrics;
 pub use state::ProxyState;
@@ -59,12 +63,27 @@ pub const MAX_ATTEMPTS: usize = 3;
 /// also say `miss` (fetched and kept), `stale` and `revalidated`.
 pub const CACHE_HEADER: &str = "x-scale-agent-cache";
 
-/// The proxy's routes.
-pub(crate) fn router() -> Router<Arc<Hub>> {
+/// What the proxy's routes work with: the live state (accounts, their agents' streams, the
+/// cache), the credentials, the other replicas, the proxy's own state and metrics, and the
+/// shutdown signal (which ends watches served from the cache). The hub builds it from its
+/// handles.
+pub struct Proxy {
+    pub live: Arc<Live>,
+    pub auth: Arc<AuthBook>,
+    /// Who owns each account, and the forwarder to its owner.
+    pub replicas: Arc<Replicas>,
+    pub state: Arc<ProxyState>,
+    pub metrics: ProxyMetrics,
+    pub shutdown: tokio::sync::watch::Receiver<bool>,
+}
+
+/// The proxy's routes, with their state: they merge into a router of any state.
+pub fn router<S: Clone + Send + Sync + 'static>(proxy: Arc<Proxy>) -> Router<S> {
     Router::new()
         .route("/clusters/{account}", any(handle))
         .route("/clusters/{account}/", any(handle))
         .route("/clusters/{account}/{*path}", any(handle))
+        .with_state(proxy)
 }
 
 /// Who answered a request, for the metrics.
@@ -94,7 +113,7 @@ impl Served {
 /// One proxied request; its span names the account of the URL (empty when the path has
 /// none), so every event of the request, its body pump and its upgraded connection carry it.
 #[tracing::instrument(name = "proxy", skip_all, fields(account = split_path(request.uri().path()).map_or("", |(account, _)| account)))]
-async fn handle(State(hub): State<Arc<Hub>>, request: Request) -> Response {
+async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
     let started = Instant::now();
     let method = request.method().clone();
     let discovery_path = split_path(request.uri().path())
@@ -102,7 +121,7 @@ async fn handle(State(hub): State<Arc<Hub>>, request: Request) -> Response {
     let upgrade = headers::is_upgrade(request.headers());
     // Replicas sharing a store: a token issued through another replica is looked up there
     // before it is judged (and named in the audit).
-    crate::shared::learn_bearer(&hub.replicas, &hub.auth, request.headers()).await;
+    crate::shared::learn_bearer(&proxy.replicas, &proxy.auth, request.headers()).await;
     // Writes are audited: who (the token's name), what, and how it ended.
     let audit = self::audit::is_proxy_write(&method, upgrade).then(|| {
         let (account, api_path) = split_path(request.uri().path()).unwrap_or_default();
@@ -111,10 +130,10 @@ async fn handle(State(hub): State<Arc<Hub>>, request: Request) -> Response {
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(crate::tokens::bearer)
-            .and_then(|token| hub.tokens().verify(token).map(|r| r.name.clone()));
+            .and_then(|token| proxy.auth.tokens().verify(token).map(|r| r.name.clone()));
         (account.to_string(), api_path.to_string(), who)
     });
-    let (response, served) = match proxy(&hub, request).await {
+    let (response, served) = match answer(&proxy, request).await {
         Ok(answer) => answer,
         Err(status) => {
             tracing::debug!(
@@ -141,18 +160,18 @@ async fn handle(State(hub): State<Arc<Hub>>, request: Request) -> Response {
             .headers_mut()
             .insert(CACHE_HEADER, HeaderValue::from_static(who));
     }
-    if hub.replicas.forwarder.is_some()
+    if proxy.replicas.forwarder.is_some()
         && !response
             .headers()
             .contains_key(crate::owners::forward::REPLICA_HEADER)
-        && let Ok(replica) = HeaderValue::from_str(hub.replicas.id())
+        && let Ok(replica) = HeaderValue::from_str(proxy.replicas.id())
     {
         response
             .headers_mut()
             .insert(crate::owners::forward::REPLICA_HEADER, replica);
     }
-    hub.metrics
-        .proxy
+    proxy
+        .metrics
         .request(&method, served.as_str(), response.status().as_u16());
     if let Some((account, api_path, who)) = audit {
         self::audit::proxy_write(
@@ -179,7 +198,7 @@ pub fn split_path(path: &str) -> Option<(&str, &str)> {
     Some((account, api_path))
 }
 
-fn authenticate(hub: &Hub, headers: &HeaderMap, account: &str) -> Result<(), Status> {
+fn authenticate(auth: &AuthBook, headers: &HeaderMap, account: &str) -> Result<(), Status> {
     let get_one =
         format!("get a kubeconfig for it with `scale-agent-hub kubeconfig --account {account}`");
     let Some(value) = headers.get(header::AUTHORIZATION) else {
@@ -192,7 +211,7 @@ fn authenticate(hub: &Hub, headers: &HeaderMap, account: &str) -> Result<(), Sta
             "the Authorization header must be `Bearer <token>`: {get_one}"
         )));
     };
-    let owner = hub.tokens().verify(token).map(|r| r.account.clone());
+    let owner = auth.tokens().verify(token).map(|r| r.account.clone());
     match owner {
         None => Err(Status::unauthorized(format!(
             "the token is not valid here (unknown, revoked, or issued by another hub): {get_one}"
@@ -204,7 +223,9 @@ fn authenticate(hub: &Hub, headers: &HeaderMap, account: &str) -> Result<(), Sta
     }
 }
 
-async fn proxy(hub: &Arc<Hub>, request: Request) -> Result<(Response, Served), Status> {
+/// Answers a request: from another replica that owns the account, the discovery cache, the
+/// cache, or an agent; `Err` is the hub's own refusal.
+async fn answer(proxy: &Arc<Proxy>, request: Request) -> Result<(Response, Served), Status> {
     let (account, api_path) = split_path(request.uri().path())
         .map(|(a, p)| (a.to_string(), p.to_string()))
         .ok_or_else(|| Status::not_found("not a proxy path: use /clusters/<account>/..."))?;
@@ -216,21 +237,21 @@ async fn proxy(hub: &Arc<Hub>, request: Request) -> Result<(Response, Served), S
         .get::<crate::owners::forward::Forwarded>()
         .is_none()
     {
-        authenticate(hub, request.headers(), &account)?;
+        authenticate(&proxy.auth, request.headers(), &account)?;
     }
     // The account's agents stream to its owner, which also keeps its cache: everything,
     // cached reads included, is served there.
-    if let Some(owner) = hub
+    if let Some(owner) = proxy
         .replicas
-        .owner_elsewhere(&hub.live, &account, request.extensions())
+        .owner_elsewhere(&proxy.live, &account, request.extensions())
         .await
-        && let Some(forwarder) = &hub.replicas.forwarder
+        && let Some(forwarder) = &proxy.replicas.forwarder
     {
         let ends_cleanly = is_long_running(request.method(), api_path, request.uri().query());
         let response = forwarder.send(&owner, None, request, ends_cleanly).await?;
         return Ok((response, Served::Owner));
     }
-    if !hub.state().registry.accounts.contains_key(&account) {
+    if !proxy.live.state().registry.accounts.contains_key(&account) {
         return Err(Status::not_found(format!(
             "account {account:?} is not known to this hub: no agent has registered it (or it \
              was removed after its grace period); check the agents with GET /api/v1/agents"
@@ -242,18 +263,25 @@ async fn proxy(hub: &Arc<Hub>, request: Request) -> Result<(Response, Served), S
     };
     let method = request.method().clone();
     if discovery::is_discovery(&method, api_path) {
-        return discovery_request(hub, &account, &path_and_query, request).await;
+        return discovery_request(proxy, &account, &path_and_query, request).await;
     }
     let upgrade_requested = headers::is_upgrade(request.headers());
     if method == Method::GET && !upgrade_requested {
         let query = request.uri().query();
         if let Some(response) =
-            cached::watch::watch(hub, &account, api_path, query, request.headers()).await
+            cached::watch::watch(proxy, &account, api_path, query, request.headers()).await
         {
             return Ok((response, Served::Cache));
         }
-        if let Some(response) =
-            cached::read(hub, &account, api_path, query, request.headers()).await
+        if let Some(response) = cached::read(
+            &proxy.live,
+            &proxy.state.cached_reads,
+            &account,
+            api_path,
+            query,
+            request.headers(),
+        )
+        .await
         {
             return Ok((response, Served::Cache));
         }
@@ -268,7 +296,7 @@ async fn proxy(hub: &Arc<Hub>, request: Request) -> Result<(Response, Served), S
     let (parts, body) = request.into_parts();
     let body = (!body_is_empty(&parts.headers, &body)).then_some(body);
     let response = forward(
-        hub,
+        proxy,
         &account,
         &parts.method,
         &path_and_query,
@@ -280,9 +308,17 @@ async fn proxy(hub: &Arc<Hub>, request: Request) -> Result<(Response, Served), S
         },
     )
     .await?;
-    let response = cached::after_write(hub, &account, &parts.method, api_path, response).await;
+    let response = cached::after_write(
+        &proxy.live,
+        &proxy.state.cached_reads,
+        &account,
+        &parts.method,
+        api_path,
+        response,
+    )
+    .await;
     if changes_kinds && response.status().is_success() {
-        hub.proxy.discovery.invalidate(&account, Instant::now());
+        proxy.state.discovery.invalidate(&account, Instant::now());
         tracing::info!(path = %api_path, "kinds changed through the proxy; discovery cache dropped");
     }
     Ok((response, Served::Tunnel))
@@ -314,9 +350,9 @@ fn body_is_empty(headers: &HeaderMap, body: &Body) -> bool {
 
 /// A connected agent replica of `account` that can tunnel, skipping `tried`; round-robin
 /// with the operations (the same rotation as [`crate::operations::pick_replica`]).
-fn pick(hub: &Hub, account: &str, tried: &[SessionId]) -> Option<(SessionId, AgentSender, u32)> {
-    let candidates = hub.state().registry.replicas(account);
-    let sessions = hub.sessions();
+fn pick(live: &Live, account: &str, tried: &[SessionId]) -> Option<(SessionId, AgentSender, u32)> {
+    let candidates = live.state().registry.replicas(account);
+    let sessions = live.sessions();
     let usable: Vec<(SessionId, AgentSender, u32)> = candidates
         .into_iter()
         .filter(|s| !tried.contains(s))
@@ -331,7 +367,7 @@ fn pick(hub: &Hub, account: &str, tried: &[SessionId]) -> Option<(SessionId, Age
     if usable.is_empty() {
         return None;
     }
-    let i = hub.live.pick(usable.len());
+    let i = live.pick(usable.len());
     usable.into_iter().nth(i)
 }
 
@@ -348,7 +384,7 @@ struct Exchange {
 
 /// Carries a request to an agent of `account` and streams its answer back.
 async fn forward(
-    hub: &Arc<Hub>,
+    proxy: &Proxy,
     account: &str,
     method: &Method,
     path_and_query: &str,
@@ -365,9 +401,9 @@ async fn forward(
     let mut tried = Vec::new();
     let mut last_error = None;
     loop {
-        let Some((session, tx, window)) = pick(hub, account, &tried) else {
+        let Some((session, tx, window)) = pick(&proxy.live, account, &tried) else {
             return Err(last_error.unwrap_or_else(|| {
-                let connected = !hub.state().registry.replicas(account).is_empty();
+                let connected = !proxy.live.state().registry.replicas(account).is_empty();
                 Status::unavailable(if connected {
                     format!(
                         "the agents connected for account {account:?} are too old for the \
@@ -383,9 +419,9 @@ async fn forward(
             }));
         };
         tried.push(session);
-        let exchange = hub.proxy.tunnels.open(session, window, ends_cleanly);
+        let exchange = proxy.state.tunnels.open(session, window, ends_cleanly);
         let guard = ExchangeGuard {
-            hub: hub.clone(),
+            tunnels: proxy.state.tunnels.clone(),
             id: exchange.id,
             tx: tx.clone(),
         };
@@ -402,7 +438,7 @@ async fn forward(
             end_of_body: body.is_none() && upgrade.is_none(),
         };
         if !tunnel::send_frame(&tx, exchange.id, Frame::Request(request_head)).await {
-            hub.proxy.tunnels.close(exchange.id);
+            proxy.state.tunnels.close(exchange.id);
             if !once && tried.len() < MAX_ATTEMPTS {
                 continue;
             }
@@ -485,6 +521,7 @@ async fn forward(
                 unconsumed,
                 u64::from(window),
                 guard,
+                proxy.metrics.bytes.clone(),
             )))
         };
         *response.status_mut() = status;
@@ -581,14 +618,14 @@ fn headers_carry_body(method: &Method) -> bool {
 /// Ends an exchange the client abandoned: dropped with the handler or the response body,
 /// it tells the agent to stop unless the exchange already finished.
 struct ExchangeGuard {
-    hub: Arc<Hub>,
+    tunnels: Arc<Tunnels>,
     id: u64,
     tx: AgentSender,
 }
 
 impl Drop for ExchangeGuard {
     fn drop(&mut self) {
-        if self.hub.proxy.tunnels.close(self.id) {
+        if self.tunnels.close(self.id) {
             tunnel::send_frame_soon(
                 &self.tx,
                 self.id,
@@ -652,6 +689,7 @@ fn response_body(
     unconsumed: Arc<AtomicU64>,
     window: u64,
     guard: ExchangeGuard,
+    bytes_passed: Counter,
 ) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
     struct State {
         events: tokio::sync::mpsc::UnboundedReceiver<BodyEvent>,
@@ -659,6 +697,7 @@ fn response_body(
         consumed: u64,
         window: u64,
         guard: ExchangeGuard,
+        bytes_passed: Counter,
         done: bool,
     }
     let state = State {
@@ -667,6 +706,7 @@ fn response_body(
         consumed: 0,
         window,
         guard,
+        bytes_passed,
         done: false,
     };
     futures::stream::unfold(state, |mut st| async move {
@@ -688,7 +728,7 @@ fn response_body(
                     // ending here would make a cut response look complete.
                     let _ = tunnel::send_frame(&st.guard.tx, st.guard.id, update).await;
                 }
-                st.guard.hub.metrics.proxy.bytes.inc_by(bytes.len() as u64);
+                st.bytes_passed.inc_by(bytes.len() as u64);
                 Some((Ok(bytes), st))
             }
             Some(BodyEvent::End) | None => None,
@@ -703,7 +743,7 @@ fn response_body(
 /// A discovery, version or OpenAPI request: from the cache when it can, else through the
 /// tunnel, keeping the answer.
 async fn discovery_request(
-    hub: &Arc<Hub>,
+    proxy: &Proxy,
     account: &str,
     path_and_query: &str,
     request: Request,
@@ -715,7 +755,7 @@ async fn discovery_request(
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     let mut headers = request.headers().clone();
-    let cached = match hub.proxy.discovery.lookup(account, &key, Instant::now()) {
+    let cached = match proxy.state.discovery.lookup(account, &key, Instant::now()) {
         discovery::Lookup::Fresh(document) => {
             return Ok((
                 document_response(&document, client_etag.as_deref(), "hit"),
@@ -739,7 +779,7 @@ async fn discovery_request(
         }
     };
     let response = match forward(
-        hub,
+        proxy,
         account,
         &Method::GET,
         path_and_query,
@@ -753,7 +793,7 @@ async fn discovery_request(
         Err(status) if status.code() == 503 => {
             // No agent: the last document the cluster gave still describes its kinds best,
             // and with it kubectl gets as far as the request itself, whose error says why.
-            return match hub.proxy.discovery.last_known(account, &key) {
+            return match proxy.state.discovery.last_known(account, &key) {
                 Some(document) => Ok((
                     document_response(&document, client_etag.as_deref(), "stale"),
                     Served::Cache,
@@ -766,7 +806,8 @@ async fn discovery_request(
     if response.status() == StatusCode::NOT_MODIFIED
         && let Some(document) = cached
     {
-        hub.proxy
+        proxy
+            .state
             .discovery
             .revalidated(account, &key, Instant::now());
         return Ok((
@@ -814,7 +855,8 @@ async fn discovery_request(
             .map(str::to_string),
         body: Bytes::from(body),
     };
-    hub.proxy
+    proxy
+        .state
         .discovery
         .store(account, key, document.clone(), Instant::now());
     Ok((

@@ -34,10 +34,12 @@ use super::{
     request::{self, Form, Target},
     selector::{FieldSelector, LabelSelector},
 };
+use scale_agent_hub_state::Live;
+
+use super::CachedReads;
 use crate::{
-    Hub,
     cache::{EventType, HistoryEvent, KindInfo, KindKey},
-    proxy::CACHE_HEADER,
+    proxy::{CACHE_HEADER, Proxy},
 };
 
 /// How long a watch without `timeoutSeconds` lasts (the API server picks 30 to 60 minutes).
@@ -178,26 +180,26 @@ enum Step {
 }
 
 /// Whether an agent streams `account` (its events still reach the cache).
-fn streaming(hub: &Hub, account: &str) -> bool {
-    hub.state()
+fn streaming(live: &Live, account: &str) -> bool {
+    live.state()
         .registry
         .accounts
         .get(account)
         .is_some_and(|a| a.streaming.is_some())
 }
 
-fn step(hub: &Hub, account: &str, position: &Position) -> Step {
-    if !streaming(hub, account) {
+fn step(live: &Live, account: &str, position: &Position) -> Step {
+    if !streaming(live, account) {
         return Step::End;
     }
-    read_history(hub, account, position)
+    read_history(live, account, position)
 }
 
 /// The events after `position` in its kind's history and the position they bring the
 /// watcher to (past its last event when the resume point moved on), whether or not an agent
 /// still streams the account.
-fn read_history(hub: &Hub, account: &str, position: &Position) -> Step {
-    let st = hub.state();
+fn read_history(live: &Live, account: &str, position: &Position) -> Step {
+    let st = live.state();
     let Some(kind) = st
         .cache
         .accounts
@@ -239,7 +241,7 @@ fn read_history(hub: &Hub, account: &str, position: &Position) -> Step {
 
 /// The watch's answer from the cache, or `None` when it must be tunnelled.
 pub(crate) async fn watch(
-    hub: &Arc<Hub>,
+    proxy: &Arc<Proxy>,
     account: &str,
     api_path: &str,
     query: Option<&str>,
@@ -257,8 +259,14 @@ pub(crate) async fn watch(
         return None;
     }
     let labels = LabelSelector::parse(&options.label_selector)?;
-    let (info, filter, position, mut objects, gone) =
-        start(hub, account, &target, &options, labels)?;
+    let (info, filter, position, mut objects, gone) = start(
+        &proxy.live,
+        &proxy.state.cached_reads,
+        account,
+        &target,
+        &options,
+        labels,
+    )?;
     // Rendered out of the state lock: parsing every object under it would stall the agents'
     // batches.
     objects.sort_by_cached_key(|o| format!("{}/{}", o.namespace, o.name));
@@ -290,7 +298,7 @@ pub(crate) async fn watch(
     response
         .headers_mut()
         .insert(CACHE_HEADER, HeaderValue::from_static("hit"));
-    let hub = hub.clone();
+    let proxy = proxy.clone();
     let account = account.to_string();
     let timeout = options.timeout.unwrap_or(DEFAULT_TIMEOUT);
     tokio::spawn(async move {
@@ -304,7 +312,7 @@ pub(crate) async fn watch(
             }
         }
         let watcher = Watcher {
-            hub,
+            proxy,
             account,
             info,
             filter,
@@ -327,13 +335,14 @@ type Start = (
 
 /// Decides under the state lock where the watch starts; `None` tunnels it.
 fn start(
-    hub: &Hub,
+    live: &Live,
+    reads: &CachedReads,
     account: &str,
     target: &Target,
     options: &WatchOptions,
     labels: LabelSelector,
 ) -> Option<Start> {
-    let st = hub.state();
+    let st = live.state();
     let registered = st.registry.accounts.get(account)?;
     registered.streaming?;
     let omit: Vec<String> = registered
@@ -387,7 +396,7 @@ fn start(
     match options.resource_version.as_deref() {
         None | Some("0") => {
             // The account's own writes first, as for a list.
-            let floors = hub.proxy.cached_reads.floors().decision(
+            let floors = reads.floors().decision(
                 account,
                 &kind.info.key(),
                 scope,
@@ -431,7 +440,7 @@ fn start(
 }
 
 struct Watcher {
-    hub: Arc<Hub>,
+    proxy: Arc<Proxy>,
     account: String,
     info: KindInfo,
     filter: Filter,
@@ -442,19 +451,19 @@ struct Watcher {
 impl Watcher {
     async fn run(self, mut position: Position, timeout: Duration) {
         let deadline = tokio::time::Instant::now() + timeout;
-        let mut advanced = self.hub.proxy.cached_reads.advanced.subscribe();
+        let mut advanced = self.proxy.state.cached_reads.advanced.subscribe();
         let mut last_sent = position.resource_version;
         let mut last_bookmark = tokio::time::Instant::now();
         // The hub shutting down ends its watches at once, as the API server's do, so that
         // clients watch again from their last resourceVersion.
-        let mut shutdown = self.hub.shutdown.clone();
+        let mut shutdown = self.proxy.shutdown.clone();
         loop {
             if *shutdown.borrow() {
                 self.finish(position, last_sent, true).await;
                 return;
             }
             advanced.borrow_and_update();
-            match step(&self.hub, &self.account, &position) {
+            match step(&self.proxy.live, &self.account, &position) {
                 Step::End => {
                     self.finish(position, last_sent, false).await;
                     return;
@@ -512,12 +521,14 @@ impl Watcher {
     async fn finish(self, mut position: Position, mut last_sent: u64, shutting_down: bool) {
         let deadline = tokio::time::Instant::now() + FINISH_WAIT;
         while shutting_down
-            && streaming(&self.hub, &self.account)
+            && streaming(&self.proxy.live, &self.account)
             && tokio::time::Instant::now() < deadline
         {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        if let Step::Events(events, now_at) = read_history(&self.hub, &self.account, &position) {
+        if let Step::Events(events, now_at) =
+            read_history(&self.proxy.live, &self.account, &position)
+        {
             for event in events {
                 if let Some(event_type) = self.filter.view(&event) {
                     let line = event_line(event_type, &event.json);
