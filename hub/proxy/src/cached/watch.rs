@@ -1,5 +1,5 @@
 //! WATCH answered from the cache's history of the agent's watch of the kind
-//! ([`crate::cache::History`]): every watcher of an account's kind reads the one agent
+//! ([`scale_agent_hub_cache::History`]): every watcher of an account's kind reads the one agent
 //! stream's events; none opens a watch on the target cluster.
 //!
 //! Served only for a collection (`watch=true`, or a `metadata.name` field selector for one
@@ -25,22 +25,19 @@ use axum::{
     response::Response,
 };
 use bytes::Bytes;
+use scale_agent_hub_cache::{EventType, HistoryEvent, KindInfo, KindKey};
+use scale_agent_hub_state::Live;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::{
+    CachedReads,
     consistency::{self, Decision},
     render,
     request::{self, Form, Target},
     selector::{FieldSelector, LabelSelector},
 };
-use scale_agent_hub_state::Live;
-
-use super::CachedReads;
-use crate::{
-    cache::{EventType, HistoryEvent, KindInfo, KindKey},
-    proxy::{CACHE_HEADER, Proxy},
-};
+use crate::{CACHE_HEADER, Proxy};
 
 /// How long a watch without `timeoutSeconds` lasts (the API server picks 30 to 60 minutes).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
@@ -224,7 +221,7 @@ fn read_history(live: &Live, account: &str, position: &Position) -> Step {
              kind, fewer when all kinds' together take more than --watch-history-mib, and this \
              watch fell behind them): list again and watch from the list's resourceVersion",
             position.resource_version,
-            crate::cache::history::MAX_EVENTS
+            scale_agent_hub_cache::history::MAX_EVENTS
         ));
     };
     let events: Vec<HistoryEvent> = events.cloned().collect();
@@ -329,7 +326,7 @@ type Start = (
     KindInfo,
     Filter,
     Position,
-    Vec<Arc<crate::cache::CachedObject>>,
+    Vec<Arc<scale_agent_hub_cache::CachedObject>>,
     Option<String>,
 );
 
@@ -431,7 +428,7 @@ fn start(
                      --watch-history-mib; list again and watch from the list's \
                      resourceVersion",
                     history.start.unwrap_or_default(),
-                    crate::cache::history::MAX_EVENTS
+                    scale_agent_hub_cache::history::MAX_EVENTS
                 )
             });
             Some((kind.info.clone(), filter, at(wanted), Vec::new(), gone))

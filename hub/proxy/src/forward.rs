@@ -1,5 +1,5 @@
 //! Carrying a request to an agent of the account and its answer back: one exchange on the
-//! agent's stream ([`crate::tunnel`]). [`forward`] picks a connected agent replica, sends the
+//! agent's stream ([`scale_agent_hub_state::tunnel`]). [`forward`] picks a connected agent replica, sends the
 //! request head, streams the request body within the agent's credit, waits for the response
 //! head (trying another replica when the agent leaves first and the request can be sent
 //! again), and answers with the response body streamed as the client reads it, or, after the
@@ -19,7 +19,11 @@ use bytes::Bytes;
 use futures::Stream;
 use http_body_util::BodyExt as _;
 use prometheus_client::metrics::counter::Counter;
-use scale_agent_hub_state::Live;
+use scale_agent_hub_state::{
+    Live,
+    registry::SessionId,
+    tunnel::{self, AgentSender, BodyEvent, HeadError, OpenExchange, Tunnels},
+};
 use scale_agent_proto::v1::{self as pb, tunnel_frame::Frame};
 use tokio::sync::oneshot;
 use tracing::Instrument as _;
@@ -27,13 +31,9 @@ use tracing::Instrument as _;
 use super::{
     MAX_ATTEMPTS, Proxy, RESPONSE_HEAD_TIMEOUT, headers, status::Status, upgrade::Upgraded,
 };
-use crate::{
-    registry::SessionId,
-    tunnel::{self, AgentSender, BodyEvent, HeadError, OpenExchange, Tunnels},
-};
 
 /// A connected agent replica of `account` that can tunnel, skipping `tried`; round-robin
-/// with the operations (the same rotation as [`crate::operations::pick_replica`]).
+/// with the operations (the same rotation as the operations' `pick_replica`).
 fn pick(live: &Live, account: &str, tried: &[SessionId]) -> Option<(SessionId, AgentSender, u32)> {
     let candidates = live.state().registry.replicas(account);
     let sessions = live.sessions();

@@ -30,6 +30,8 @@ use axum::{
     response::Response,
 };
 use http_body_util::BodyExt as _;
+use scale_agent_hub_cache::{CachedObject, KindInfo, KindKey};
+use scale_agent_hub_state::Live;
 
 use self::{
     consistency::{Decision, Floor, Floors},
@@ -38,9 +40,6 @@ use self::{
     selector::{FieldSelector, LabelSelector},
 };
 use super::{CACHE_HEADER, status::Status};
-use scale_agent_hub_state::Live;
-
-use crate::cache::{CachedObject, KindInfo, KindKey};
 
 /// How long a read waits for the cache to reach a resourceVersion (its own or one of the
 /// account's writes) before it is tunnelled instead.

@@ -1,16 +1,18 @@
-//! The Kubernetes API proxy: `https://<hub>/clusters/<account>/<any Kubernetes API path>`.
+//! `scale-agent-hub-proxy` (layer 4): the Kubernetes API proxy,
+//! `https://<hub>/clusters/<account>/<any Kubernetes API path>`, and nothing else.
 //!
 //! A kubeconfig whose `server:` is `https://<hub>/clusters/<account>` makes kubectl,
 //! client-go, Helm and Clouddriver (which only runs kubectl) reach the account's cluster
 //! through the hub. Each request needs a bearer token issued for that account
-//! ([`crate::tokens`]); it is carried to a connected agent of the account as one exchange
-//! on the agent's existing stream ([`crate::tunnel`]) and replayed there against the API
-//! server with the agent's own credentials; upgrades (exec, attach, port-forward) carry the
-//! connection's bytes after the API server's 101. Discovery and OpenAPI documents are answered
-//! from a per-account cache ([`discovery`]). Every error the hub makes itself is a
-//! Kubernetes `Status` ([`status`]).
+//! ([`scale_agent_hub_auth::tokens`]); it is carried to a connected agent of the account as
+//! one exchange on the agent's existing stream ([`scale_agent_hub_state::tunnel`]) and
+//! replayed there against the API server with the agent's own credentials; upgrades (exec,
+//! attach, port-forward) carry the connection's bytes after the API server's 101. Discovery
+//! and OpenAPI documents are answered from a per-account cache ([`discovery`]), LIST, GET and
+//! WATCH of the kinds the agents stream from the hub's cache ([`cached`]). Every error the
+//! hub makes itself is a Kubernetes `Status` ([`status`]).
 //!
-//! This module is the entry: the routes, authentication, and which answers a request gets
+//! This file is the entry: the routes, authentication, and which answer a request gets
 //! (another replica, the discovery documents, the cache, an agent). The rest, by job:
 //! - `forward`: one exchange with an agent (pick a replica, send, await the head, retry
 //!   elsewhere, stream the body);
@@ -20,6 +22,13 @@
 //! - [`audit`]: the audit lines of writes;
 //! - [`ProxyState`] (what the proxy keeps between requests), its [`events`] from the live
 //!   state, and [`ProxyMetrics`].
+//!
+//! Layer L4: depends on the model, net, cache, state, auth and replicas crates, and on no
+//! crate of the hub above them (nor on the gRPC service beside it). The routes are built from
+//! a [`Proxy`], the handles they work with (the live state, the credentials, the replicas,
+//! [`ProxyState`], [`ProxyMetrics`] and the shutdown signal), which the hub makes from its
+//! own; the live state tells the proxy's caches of changes through
+//! [`CacheEvents`](scale_agent_hub_state::CacheEvents), which [`ProxyState`] implements.
 
 pub mod audit;
 pub mod cached;
@@ -99,7 +108,7 @@ pub enum Served {
     Cache,
     /// The hub itself (an error: no token, no agent, ...).
     Hub,
-    /// Another replica of the hub, which owns the account ([`crate::owners::forward`]).
+    /// Another replica of the hub, which owns the account ([`scale_agent_hub_replicas::owners::forward`]).
     Owner,
 }
 
@@ -125,7 +134,8 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
     let upgrade = headers::is_upgrade(request.headers());
     // Replicas sharing a store: a token issued through another replica is looked up there
     // before it is judged (and named in the audit).
-    crate::shared::learn_bearer(&proxy.replicas, &proxy.auth, request.headers()).await;
+    scale_agent_hub_replicas::sync::learn_bearer(&proxy.replicas, &proxy.auth, request.headers())
+        .await;
     // Writes are audited: who (the token's name), what, and how it ended.
     let audit = self::audit::is_proxy_write(&method, upgrade).then(|| {
         let (account, api_path) = split_path(request.uri().path()).unwrap_or_default();
@@ -133,7 +143,7 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(crate::tokens::bearer)
+            .and_then(scale_agent_hub_auth::tokens::bearer)
             .and_then(|token| proxy.auth.tokens().verify(token).map(|r| r.name.clone()));
         (account.to_string(), api_path.to_string(), who)
     });
@@ -167,12 +177,13 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
     if proxy.replicas.forwarder.is_some()
         && !response
             .headers()
-            .contains_key(crate::owners::forward::REPLICA_HEADER)
+            .contains_key(scale_agent_hub_replicas::owners::forward::REPLICA_HEADER)
         && let Ok(replica) = HeaderValue::from_str(proxy.replicas.id())
     {
-        response
-            .headers_mut()
-            .insert(crate::owners::forward::REPLICA_HEADER, replica);
+        response.headers_mut().insert(
+            scale_agent_hub_replicas::owners::forward::REPLICA_HEADER,
+            replica,
+        );
     }
     proxy
         .metrics
@@ -210,7 +221,11 @@ fn authenticate(auth: &AuthBook, headers: &HeaderMap, account: &str) -> Result<(
             "the Scale Agent hub needs a bearer token for account {account:?}: {get_one}"
         )));
     };
-    let Some(token) = value.to_str().ok().and_then(crate::tokens::bearer) else {
+    let Some(token) = value
+        .to_str()
+        .ok()
+        .and_then(scale_agent_hub_auth::tokens::bearer)
+    else {
         return Err(Status::unauthorized(format!(
             "the Authorization header must be `Bearer <token>`: {get_one}"
         )));
@@ -234,11 +249,11 @@ async fn answer(proxy: &Arc<Proxy>, request: Request) -> Result<(Response, Serve
         .map(|(a, p)| (a.to_string(), p.to_string()))
         .ok_or_else(|| Status::not_found("not a proxy path: use /clusters/<account>/..."))?;
     let api_path = api_path.as_str();
-    crate::session::validate_account_name(&account).map_err(Status::not_found)?;
+    scale_agent_hub_model::names::validate_account_name(&account).map_err(Status::not_found)?;
     // A request another replica forwarded was authenticated there.
     if request
         .extensions()
-        .get::<crate::owners::forward::Forwarded>()
+        .get::<scale_agent_hub_replicas::owners::forward::Forwarded>()
         .is_none()
     {
         authenticate(&proxy.auth, request.headers(), &account)?;

@@ -7,10 +7,10 @@ use std::sync::{
     atomic::{AtomicU64, Ordering},
 };
 
+use scale_agent_hub_state::tunnel::{self, BodyEvent};
 use scale_agent_proto::v1::{self as pb, tunnel_frame::Frame};
 
 use super::forward::ExchangeGuard;
-use crate::tunnel::{self, BodyEvent};
 
 /// An upgraded connection (exec, attach, port-forward) carried by an exchange: the client's
 /// bytes go to the agent within its credit, the agent's to the client, returning credit as
