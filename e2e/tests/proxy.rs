@@ -44,7 +44,7 @@ fn control_plane() -> anyhow::Result<&'static ControlPlane> {
 }
 
 fn init_logs() {
-    scale_agent_e2e::fixtures::init_logs("warn,scale_agent_hub::proxy=info");
+    scale_agent_e2e::fixtures::init_logs("warn,scale_agent_hub_proxy=info");
 }
 
 fn args(list: &[&str]) -> Vec<String> {

@@ -31,8 +31,8 @@ pub use scale_agent_hub_model::identity;
 pub mod kubeconfig;
 pub mod metrics;
 pub use scale_agent_hub_operations as operations;
+pub use scale_agent_hub_proxy as proxy;
 pub use scale_agent_hub_replicas::owners;
-pub mod proxy;
 mod registrar_duty;
 pub use scale_agent_hub_grpc as service;
 pub use scale_agent_hub_net::serve;
@@ -46,7 +46,6 @@ pub use scale_agent_hub_auth::tokens;
 pub use scale_agent_hub_state::tunnel;
 
 use std::{
-    collections::HashMap,
     future::Future,
     net::SocketAddr,
     path::PathBuf,
@@ -84,7 +83,7 @@ pub use crate::{
     error::{HubError, Result},
 };
 
-pub(crate) use scale_agent_hub_state::{Control, Live, SessionHandle};
+pub(crate) use scale_agent_hub_state::{Control, Live};
 
 /// The state shared by the gRPC service, the HTTP API and the background tasks.
 pub(crate) struct Hub {
@@ -102,12 +101,9 @@ pub(crate) struct Hub {
     /// The queue of the streams' changes and its writer's progress.
     pub(crate) commits: Arc<commits::Commits>,
     pub(crate) metrics: Metrics,
-    /// Open exchanges of the Kubernetes API proxy.
-    pub(crate) tunnels: Arc<tunnel::Tunnels>,
-    /// The proxy's per-account discovery and OpenAPI documents.
-    pub(crate) discovery: Arc<proxy::discovery::DiscoveryCache>,
-    /// The proxy's reads from the cache: continue-token snapshots, writes awaited.
-    pub(crate) cached_reads: Arc<proxy::cached::CachedReads>,
+    /// The Kubernetes API proxy's own state: its open exchanges, discovery documents and
+    /// cached reads ([`proxy::ProxyState`]).
+    pub(crate) proxy: Arc<proxy::ProxyState>,
     /// Tokens, the admin token and API tokens file, agents' tokens, the agent CA and the
     /// trusted client certificate issuers (replaced by [`tls_reload`]).
     pub(crate) auth: Arc<AuthBook>,
@@ -134,10 +130,6 @@ impl Hub {
     /// The registry and cache ([`Live::state`]).
     pub(crate) fn state(&self) -> MutexGuard<'_, HubState> {
         self.live.state()
-    }
-
-    pub(crate) fn sessions(&self) -> MutexGuard<'_, HashMap<SessionId, SessionHandle>> {
-        self.live.sessions()
     }
 
     /// The proxy's tokens.
@@ -308,6 +300,18 @@ impl Hub {
             .clear();
     }
 
+    /// What the Kubernetes API proxy's routes work with ([`proxy::router`]).
+    pub(crate) fn proxy_routes(&self) -> Arc<proxy::Proxy> {
+        Arc::new(proxy::Proxy {
+            live: self.live.clone(),
+            auth: self.auth.clone(),
+            replicas: self.replicas.clone(),
+            state: self.proxy.clone(),
+            metrics: self.metrics.proxy.clone(),
+            shutdown: self.shutdown.clone(),
+        })
+    }
+
     /// Refreshes the gauges from the state.
     pub(crate) fn refresh_gauges(&self) {
         let st = self.state();
@@ -333,8 +337,9 @@ impl Hub {
             .inc_by(budget.evicted().saturating_sub(counted));
         drop(st);
         self.metrics
-            .proxy_exchanges_open
-            .set(self.tunnels.len() as i64);
+            .proxy
+            .exchanges_open
+            .set(self.proxy.tunnels.len() as i64);
         self.metrics
             .refresh_certificate_expiry(jiff::Timestamp::now().as_second());
     }
@@ -515,17 +520,14 @@ pub async fn start(config: Config) -> Result<RunningHub> {
             retention: config.operation_retention,
         },
     };
-    let discovery = Arc::new(proxy::discovery::DiscoveryCache::default());
-    let cached_reads = Arc::new(proxy::cached::CachedReads::default());
+    let proxy = Arc::new(proxy::ProxyState::default());
     let hub = Arc::new(Hub {
         stream_settings: stream_settings(&config),
         live,
         store,
         commits: Arc::new(commits::Commits::new(config.data_dir.clone())),
         metrics,
-        tunnels: Arc::default(),
-        discovery: discovery.clone(),
-        cached_reads: cached_reads.clone(),
+        proxy: proxy.clone(),
         auth: Arc::new(auth),
         registrar,
         registrar_duty,
@@ -547,11 +549,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         },
         config,
     });
-    hub.live
-        .set_cache_events(Arc::new(proxy::events::ProxyCaches {
-            discovery,
-            cached_reads,
-        }));
+    hub.live.set_cache_events(proxy);
     // The registrar's first pass must see the accounts loaded from the store: with no
     // accounts it would remove every account registered before this start from Clouddriver,
     // and register them again a moment later.
@@ -758,7 +756,7 @@ fn grpc_state(hub: &Hub) -> service::GrpcState {
         operations: hub.operations.clone(),
         commits: hub.commits.clone(),
         store: hub.store.clone(),
-        tunnels: hub.tunnels.clone(),
+        tunnels: hub.proxy.tunnels.clone(),
         settings: hub.stream_settings.clone(),
         metrics: hub.metrics.grpc.clone(),
         shutdown: hub.shutdown.clone(),

@@ -9,7 +9,7 @@ use scale_agent_hub_operations::OperationMetrics;
 use scale_agent_hub_state::StreamMetrics;
 use scale_agent_hub_store::StoreMetrics;
 
-use crate::service::GrpcMetrics;
+use crate::{proxy::ProxyMetrics, service::GrpcMetrics};
 
 /// The hub's metrics.
 pub struct Metrics {
@@ -31,13 +31,9 @@ pub struct Metrics {
     /// Finished operations and retries (`operations_total`, `operation_retries_total`):
     /// defined by the operations crate, registered here.
     pub operations: OperationMetrics,
-    /// Kubernetes API proxy requests by method, who answered (tunnel, cache, hub) and status
-    /// class.
-    pub proxy_requests: Family<[(&'static str, &'static str); 3], Counter>,
-    /// Response body bytes the proxy passed from agents to clients.
-    pub proxy_bytes: Counter,
-    /// Tunnelled exchanges open now.
-    pub proxy_exchanges_open: Gauge,
+    /// The Kubernetes API proxy's (`proxy_requests_total`, `proxy_response_bytes_total`,
+    /// `proxy_exchanges_open`): defined by the proxy, registered here.
+    pub proxy: ProxyMetrics,
     /// The commit writer's (`store_failing`, `store_commit_failures`,
     /// `store_queued_changes`): defined by the store crate, registered here.
     pub store: StoreMetrics,
@@ -73,9 +69,7 @@ impl Metrics {
         let watch_history_evicted = Counter::default();
         let grpc = GrpcMetrics::default();
         let operations = OperationMetrics::default();
-        let proxy_requests = Family::default();
-        let proxy_bytes = Counter::default();
-        let proxy_exchanges_open = Gauge::default();
+        let proxy = ProxyMetrics::default();
         let store = StoreMetrics::default();
         let tls_certificate_expiry = Family::default();
         store.register(&mut registry);
@@ -87,23 +81,7 @@ impl Metrics {
              reloaded",
             tls_certificate_expiry.clone(),
         );
-        registry.register(
-            "proxy_requests",
-            "Kubernetes API proxy requests, by method, by who answered (tunnel: the cluster \
-             through an agent; cache: the hub's discovery cache; hub: an error of the hub's own) \
-             and by status class",
-            proxy_requests.clone(),
-        );
-        registry.register(
-            "proxy_response_bytes",
-            "Response body bytes the Kubernetes API proxy passed from agents to clients",
-            proxy_bytes.clone(),
-        );
-        registry.register(
-            "proxy_exchanges_open",
-            "Tunnelled HTTP exchanges open now (watches and log follows stay open)",
-            proxy_exchanges_open.clone(),
-        );
+        proxy.register(&mut registry);
         operations.register(&mut registry);
         registry.register(
             "connected_agents",
@@ -153,9 +131,7 @@ impl Metrics {
             watch_history_evicted,
             grpc,
             operations,
-            proxy_requests,
-            proxy_bytes,
-            proxy_exchanges_open,
+            proxy,
             store,
             tls_certificate_expiry,
             certificate_not_after: Default::default(),
@@ -182,24 +158,6 @@ impl Metrics {
                 .get_or_create(&[("listener", listener.to_string()), ("file", file)])
                 .set(not_after - now);
         }
-    }
-
-    /// Counts a proxy request (labels bounded: known methods, three answerers, five classes).
-    pub fn proxy_request(&self, method: &http::Method, served: &'static str, code: u16) {
-        let method = match method.as_str() {
-            "GET" => "GET",
-            "POST" => "POST",
-            "PUT" => "PUT",
-            "PATCH" => "PATCH",
-            "DELETE" => "DELETE",
-            "HEAD" => "HEAD",
-            "OPTIONS" => "OPTIONS",
-            _ => "other",
-        };
-        let class = scale_agent_proto::tunnel::status_class(code);
-        self.proxy_requests
-            .get_or_create(&[("method", method), ("served", served), ("code", class)])
-            .inc();
     }
 
     /// Adds the Clouddriver registrar's metrics (made before the hub's).

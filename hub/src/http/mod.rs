@@ -87,7 +87,7 @@ pub(crate) fn router(hub: Arc<Hub>, health: Arc<dyn Health>) -> Router {
         .merge(reader)
         .merge(operator)
         .merge(admin)
-        .merge(crate::proxy::router())
+        .merge(crate::proxy::router(hub.proxy_routes()))
         .nest(
             crate::owners::forward::INTERNAL_PREFIX,
             internal(hub.clone()),
@@ -107,7 +107,7 @@ fn internal(hub: Arc<Hub>) -> Router<Arc<Hub>> {
         )
         .route("/api/v1/agents", get(replica_agents))
         .route("/api/v1/accounts", get(replica_accounts))
-        .merge(crate::proxy::router())
+        .merge(crate::proxy::router(hub.proxy_routes()))
         .merge(account_reads(hub.clone()))
         .merge(account_operations(hub.clone()))
         .route_layer(axum::middleware::from_fn_with_state(

@@ -1,5 +1,5 @@
 //! WATCH answered from the cache's history of the agent's watch of the kind
-//! ([`crate::cache::History`]): every watcher of an account's kind reads the one agent
+//! ([`scale_agent_hub_cache::History`]): every watcher of an account's kind reads the one agent
 //! stream's events; none opens a watch on the target cluster.
 //!
 //! Served only for a collection (`watch=true`, or a `metadata.name` field selector for one
@@ -25,20 +25,19 @@ use axum::{
     response::Response,
 };
 use bytes::Bytes;
+use scale_agent_hub_cache::{EventType, HistoryEvent, KindInfo, KindKey};
+use scale_agent_hub_state::Live;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::{
+    CachedReads,
     consistency::{self, Decision},
     render,
     request::{self, Form, Target},
     selector::{FieldSelector, LabelSelector},
 };
-use crate::{
-    Hub,
-    cache::{EventType, HistoryEvent, KindInfo, KindKey},
-    proxy::CACHE_HEADER,
-};
+use crate::{CACHE_HEADER, Proxy};
 
 /// How long a watch without `timeoutSeconds` lasts (the API server picks 30 to 60 minutes).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
@@ -178,26 +177,26 @@ enum Step {
 }
 
 /// Whether an agent streams `account` (its events still reach the cache).
-fn streaming(hub: &Hub, account: &str) -> bool {
-    hub.state()
+fn streaming(live: &Live, account: &str) -> bool {
+    live.state()
         .registry
         .accounts
         .get(account)
         .is_some_and(|a| a.streaming.is_some())
 }
 
-fn step(hub: &Hub, account: &str, position: &Position) -> Step {
-    if !streaming(hub, account) {
+fn step(live: &Live, account: &str, position: &Position) -> Step {
+    if !streaming(live, account) {
         return Step::End;
     }
-    read_history(hub, account, position)
+    read_history(live, account, position)
 }
 
 /// The events after `position` in its kind's history and the position they bring the
 /// watcher to (past its last event when the resume point moved on), whether or not an agent
 /// still streams the account.
-fn read_history(hub: &Hub, account: &str, position: &Position) -> Step {
-    let st = hub.state();
+fn read_history(live: &Live, account: &str, position: &Position) -> Step {
+    let st = live.state();
     let Some(kind) = st
         .cache
         .accounts
@@ -222,7 +221,7 @@ fn read_history(hub: &Hub, account: &str, position: &Position) -> Step {
              kind, fewer when all kinds' together take more than --watch-history-mib, and this \
              watch fell behind them): list again and watch from the list's resourceVersion",
             position.resource_version,
-            crate::cache::history::MAX_EVENTS
+            scale_agent_hub_cache::history::MAX_EVENTS
         ));
     };
     let events: Vec<HistoryEvent> = events.cloned().collect();
@@ -239,7 +238,7 @@ fn read_history(hub: &Hub, account: &str, position: &Position) -> Step {
 
 /// The watch's answer from the cache, or `None` when it must be tunnelled.
 pub(crate) async fn watch(
-    hub: &Arc<Hub>,
+    proxy: &Arc<Proxy>,
     account: &str,
     api_path: &str,
     query: Option<&str>,
@@ -257,8 +256,14 @@ pub(crate) async fn watch(
         return None;
     }
     let labels = LabelSelector::parse(&options.label_selector)?;
-    let (info, filter, position, mut objects, gone) =
-        start(hub, account, &target, &options, labels)?;
+    let (info, filter, position, mut objects, gone) = start(
+        &proxy.live,
+        &proxy.state.cached_reads,
+        account,
+        &target,
+        &options,
+        labels,
+    )?;
     // Rendered out of the state lock: parsing every object under it would stall the agents'
     // batches.
     objects.sort_by_cached_key(|o| format!("{}/{}", o.namespace, o.name));
@@ -290,7 +295,7 @@ pub(crate) async fn watch(
     response
         .headers_mut()
         .insert(CACHE_HEADER, HeaderValue::from_static("hit"));
-    let hub = hub.clone();
+    let proxy = proxy.clone();
     let account = account.to_string();
     let timeout = options.timeout.unwrap_or(DEFAULT_TIMEOUT);
     tokio::spawn(async move {
@@ -304,7 +309,7 @@ pub(crate) async fn watch(
             }
         }
         let watcher = Watcher {
-            hub,
+            proxy,
             account,
             info,
             filter,
@@ -321,19 +326,20 @@ type Start = (
     KindInfo,
     Filter,
     Position,
-    Vec<Arc<crate::cache::CachedObject>>,
+    Vec<Arc<scale_agent_hub_cache::CachedObject>>,
     Option<String>,
 );
 
 /// Decides under the state lock where the watch starts; `None` tunnels it.
 fn start(
-    hub: &Hub,
+    live: &Live,
+    reads: &CachedReads,
     account: &str,
     target: &Target,
     options: &WatchOptions,
     labels: LabelSelector,
 ) -> Option<Start> {
-    let st = hub.state();
+    let st = live.state();
     let registered = st.registry.accounts.get(account)?;
     registered.streaming?;
     let omit: Vec<String> = registered
@@ -387,7 +393,7 @@ fn start(
     match options.resource_version.as_deref() {
         None | Some("0") => {
             // The account's own writes first, as for a list.
-            let floors = hub.cached_reads.floors().decision(
+            let floors = reads.floors().decision(
                 account,
                 &kind.info.key(),
                 scope,
@@ -422,7 +428,7 @@ fn start(
                      --watch-history-mib; list again and watch from the list's \
                      resourceVersion",
                     history.start.unwrap_or_default(),
-                    crate::cache::history::MAX_EVENTS
+                    scale_agent_hub_cache::history::MAX_EVENTS
                 )
             });
             Some((kind.info.clone(), filter, at(wanted), Vec::new(), gone))
@@ -431,7 +437,7 @@ fn start(
 }
 
 struct Watcher {
-    hub: Arc<Hub>,
+    proxy: Arc<Proxy>,
     account: String,
     info: KindInfo,
     filter: Filter,
@@ -442,19 +448,19 @@ struct Watcher {
 impl Watcher {
     async fn run(self, mut position: Position, timeout: Duration) {
         let deadline = tokio::time::Instant::now() + timeout;
-        let mut advanced = self.hub.cached_reads.advanced.subscribe();
+        let mut advanced = self.proxy.state.cached_reads.advanced.subscribe();
         let mut last_sent = position.resource_version;
         let mut last_bookmark = tokio::time::Instant::now();
         // The hub shutting down ends its watches at once, as the API server's do, so that
         // clients watch again from their last resourceVersion.
-        let mut shutdown = self.hub.shutdown.clone();
+        let mut shutdown = self.proxy.shutdown.clone();
         loop {
             if *shutdown.borrow() {
                 self.finish(position, last_sent, true).await;
                 return;
             }
             advanced.borrow_and_update();
-            match step(&self.hub, &self.account, &position) {
+            match step(&self.proxy.live, &self.account, &position) {
                 Step::End => {
                     self.finish(position, last_sent, false).await;
                     return;
@@ -512,12 +518,14 @@ impl Watcher {
     async fn finish(self, mut position: Position, mut last_sent: u64, shutting_down: bool) {
         let deadline = tokio::time::Instant::now() + FINISH_WAIT;
         while shutting_down
-            && streaming(&self.hub, &self.account)
+            && streaming(&self.proxy.live, &self.account)
             && tokio::time::Instant::now() < deadline
         {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        if let Step::Events(events, now_at) = read_history(&self.hub, &self.account, &position) {
+        if let Step::Events(events, now_at) =
+            read_history(&self.proxy.live, &self.account, &position)
+        {
             for event in events {
                 if let Some(event_type) = self.filter.view(&event) {
                     let line = event_line(event_type, &event.json);

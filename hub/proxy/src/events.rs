@@ -1,19 +1,12 @@
 //! The proxy's caches as listeners of the live state ([`CacheEvents`]): the stream loop and
 //! the ownership task tell [`Live`](scale_agent_hub_state::Live), which tells these.
 
-use std::sync::Arc;
-
 use scale_agent_hub_state::CacheEvents;
 
-use super::{cached::CachedReads, discovery::DiscoveryCache};
+use super::ProxyState;
 
 /// The discovery documents and the reads from the cache, hearing of changes.
-pub struct ProxyCaches {
-    pub discovery: Arc<DiscoveryCache>,
-    pub cached_reads: Arc<CachedReads>,
-}
-
-impl CacheEvents for ProxyCaches {
+impl CacheEvents for ProxyState {
     fn cache_advanced(&self) {
         self.cached_reads.cache_advanced();
     }

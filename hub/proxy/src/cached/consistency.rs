@@ -7,8 +7,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+use scale_agent_hub_cache::{KindCache, KindKey};
+
 use super::request::{ReadOptions, RvMatch};
-use crate::cache::{KindCache, KindKey};
 
 /// The resume point the cache holds for a read of `namespace` (all namespaces when `None`),
 /// when the kind is fully synced there: the agent reports it WATCHING for that scope and a
@@ -255,7 +256,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::cache::{KindInfo, KindState};
+    use scale_agent_hub_cache::{KindInfo, KindState};
 
     fn kind(resume: &[(&str, &str)], statuses: &[(&[&str], &str)]) -> KindCache {
         KindCache {

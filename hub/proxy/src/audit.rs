@@ -1,7 +1,7 @@
 //! Audit lines of the Kubernetes API proxy: one structured tracing event, target `audit`,
 //! per write through the proxy (any method but GET, HEAD and OPTIONS, and exec/attach/
 //! port-forward upgrades), with the fields of the REST API's operation lines
-//! ([`crate::audit`]): `who`, `token_kind` (`proxy`), `account`, `verb` (the Kubernetes
+//! (the hub's `audit`): `who`, `token_kind` (`proxy`), `account`, `verb` (the Kubernetes
 //! verb), `object` (`resource/namespace/name/subresource`, else the path), `code`,
 //! `duration_ms`.
 
@@ -39,7 +39,7 @@ pub fn proxy_write(
 }
 
 /// A duration as the audit lines' `duration_ms`.
-pub(crate) fn millis(d: Duration) -> u64 {
+pub fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 

@@ -4,6 +4,7 @@
 use std::fmt;
 
 use bytes::Bytes;
+use scale_agent_hub_cache::{CachedObject, KindInfo};
 use serde::{
     Deserialize, Deserializer,
     de::{MapAccess, Visitor},
@@ -14,7 +15,6 @@ use super::{
     request::Form,
     selector::{FieldSelector, LabelSelector},
 };
-use crate::cache::{CachedObject, KindInfo};
 
 /// Whether a group is built into the API server (its list items carry no apiVersion/kind,
 /// unlike custom resources'): the core group, groups without a dot, and `*.k8s.io`.
@@ -64,7 +64,7 @@ pub fn list_items<O: std::borrow::Borrow<CachedObject>>(
 }
 
 /// Whether the selectors select `object`, from what the cache keeps beside its packed JSON
-/// (its name, namespace, labels and [`crate::cache::packed::FIELDS`]); `None` when that
+/// (its name, namespace, labels and [`scale_agent_hub_cache::packed::FIELDS`]); `None` when that
 /// is not enough and the JSON must be read. Most objects of a selective LIST are left out,
 /// and so are never unpacked.
 pub fn preselect(
@@ -436,7 +436,7 @@ mod tests {
             })
             .collect();
         let cm = info("", "ConfigMap", "configmaps");
-        let before = crate::cache::packed::frames_unpacked();
+        let before = scale_agent_hub_cache::packed::frames_unpacked();
         let items = list_items(
             &cm,
             objects.clone(),
@@ -446,8 +446,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(items.len(), 5);
-        assert_eq!(crate::cache::packed::frames_unpacked() - before, 5);
-        let before = crate::cache::packed::frames_unpacked();
+        assert_eq!(scale_agent_hub_cache::packed::frames_unpacked() - before, 5);
+        let before = scale_agent_hub_cache::packed::frames_unpacked();
         let items = list_items(
             &cm,
             objects,
@@ -457,7 +457,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(parse(&items)[0]["metadata"]["name"], "o13");
-        assert_eq!(crate::cache::packed::frames_unpacked() - before, 1);
+        assert_eq!(scale_agent_hub_cache::packed::frames_unpacked() - before, 1);
     }
 
     /// What is kept beside the packed JSON selects exactly what the JSON does.

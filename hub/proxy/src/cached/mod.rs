@@ -30,6 +30,8 @@ use axum::{
     response::Response,
 };
 use http_body_util::BodyExt as _;
+use scale_agent_hub_cache::{CachedObject, KindInfo, KindKey};
+use scale_agent_hub_state::Live;
 
 use self::{
     consistency::{Decision, Floor, Floors},
@@ -38,10 +40,6 @@ use self::{
     selector::{FieldSelector, LabelSelector},
 };
 use super::{CACHE_HEADER, status::Status};
-use crate::{
-    Hub,
-    cache::{CachedObject, KindInfo, KindKey},
-};
 
 /// How long a read waits for the cache to reach a resourceVersion (its own or one of the
 /// account's writes) before it is tunnelled instead.
@@ -103,7 +101,8 @@ enum Plan {
 
 /// The read's answer from the cache, or `None` when it must be tunnelled.
 pub(crate) async fn read(
-    hub: &Hub,
+    live: &Live,
+    reads: &CachedReads,
     account: &str,
     api_path: &str,
     query: Option<&str>,
@@ -127,13 +126,13 @@ pub(crate) async fn read(
         if !paging::is_hub_token(token) || options.resource_version.is_some() {
             return None;
         }
-        return Some(next_page(hub, token, &list_key, options.limit));
+        return Some(next_page(reads, token, &list_key, options.limit));
     }
     let deadline = tokio::time::Instant::now() + READ_WAIT;
-    let mut advanced = hub.cached_reads.advanced.subscribe();
+    let mut advanced = reads.advanced.subscribe();
     let held = loop {
         advanced.borrow_and_update();
-        match plan(hub, account, &target, &options) {
+        match plan(live, reads, account, &target, &options) {
             Plan::Ready(held) => break held,
             Plan::Tunnel(why) => {
                 tracing::debug!(path = %api_path, why, "read tunnelled");
@@ -165,8 +164,7 @@ pub(crate) async fn read(
             items,
             count_remaining: labels.is_empty() && held.fields.is_empty(),
         };
-        let page = hub
-            .cached_reads
+        let page = reads
             .snapshots()
             .first_page(snapshot, options.limit, Instant::now());
         json_response(
@@ -195,8 +193,14 @@ pub(crate) async fn read(
 }
 
 /// Decides under the state lock, copying out what the answer needs.
-fn plan(hub: &Hub, account: &str, target: &Target, options: &ReadOptions) -> Plan {
-    let st = hub.state();
+fn plan(
+    live: &Live,
+    reads: &CachedReads,
+    account: &str,
+    target: &Target,
+    options: &ReadOptions,
+) -> Plan {
+    let st = live.state();
     let Some(registered) = st.registry.accounts.get(account) else {
         return Plan::Tunnel("unknown account");
     };
@@ -245,7 +249,7 @@ fn plan(hub: &Hub, account: &str, target: &Target, options: &ReadOptions) -> Pla
     let list = target.name.is_none();
     let decision = consistency::stricter(
         consistency::resource_version_decision(options, resume, list),
-        hub.cached_reads.floors().decision(
+        reads.floors().decision(
             account,
             &kind.info.key(),
             scope,
@@ -281,9 +285,8 @@ fn plan(hub: &Hub, account: &str, target: &Target, options: &ReadOptions) -> Pla
     }
 }
 
-fn next_page(hub: &Hub, token: &str, list_key: &str, limit: Option<usize>) -> Response {
-    let found = hub
-        .cached_reads
+fn next_page(reads: &CachedReads, token: &str, list_key: &str, limit: Option<usize>) -> Response {
+    let found = reads
         .snapshots()
         .next_page(token, list_key, limit, Instant::now());
     match found {
@@ -353,7 +356,8 @@ fn write_target(api_path: &str) -> Option<Target> {
 /// the account never show an older state of what it wrote (read-your-writes). The answer
 /// is read to learn it (and handed on unchanged) only for kinds the cache holds.
 pub(crate) async fn after_write(
-    hub: &Hub,
+    live: &Live,
+    reads: &CachedReads,
     account: &str,
     method: &Method,
     api_path: &str,
@@ -370,7 +374,7 @@ pub(crate) async fn after_write(
         return response;
     };
     let key = {
-        let st = hub.state();
+        let st = live.state();
         st.cache.accounts.get(account).and_then(|a| {
             a.kinds
                 .values()
@@ -402,12 +406,12 @@ pub(crate) async fn after_write(
     };
     let now = Instant::now();
     let floor = floor.unwrap_or(Floor::Until(now + consistency::BARRIER));
-    record_write(hub, account, key, &namespace, floor, now);
+    record_write(reads, account, key, &namespace, floor, now);
     Response::from_parts(parts, body)
 }
 
 fn record_write(
-    hub: &Hub,
+    reads: &CachedReads,
     account: &str,
     key: KindKey,
     namespace: &str,
@@ -415,9 +419,7 @@ fn record_write(
     now: Instant,
 ) {
     tracing::debug!(kind = %key, %namespace, ?floor, "write through the proxy: cached reads wait for it");
-    hub.cached_reads
-        .floors()
-        .record(account, key, namespace, floor, now);
+    reads.floors().record(account, key, namespace, floor, now);
 }
 
 /// What a write's answer says the cache must show: its object's resourceVersion (the
