@@ -15,8 +15,7 @@ use serde_json::{Value, json};
 
 use crate::{
     Hub, Live,
-    cache::{AccountCache, CachedObject, KindCache, KindInfo},
-    proxy::cached::selector::LabelSelector,
+    cache::{AccountCache, CachedObject, KindCache, KindInfo, selector::LabelSelector},
 };
 
 use super::error;
