@@ -19,13 +19,15 @@ use axum::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::{Hub, store::StoreOp};
+use crate::{Live, http::ApiState, store::StoreOp};
 
 pub use scale_agent_hub_model::dynamic_accounts::{
     AgentReport, DEFAULT_SECRET_KEY, DynamicAccountRecord, DynamicAccountSpec, DynamicMode,
     SecretKeyRef, parse_spec,
 };
 pub use scale_agent_hub_state::dynamic_accounts::DynamicAccounts;
+// Sends an identity's set to each of its streams.
+use scale_agent_hub_state::dynamic_accounts::push;
 
 /// A dynamic account as the API shows it.
 #[derive(Debug, Serialize, Deserialize)]
@@ -53,10 +55,10 @@ fn time(unix: i64) -> String {
         .unwrap_or_default()
 }
 
-fn view(hub: &Hub, record: &DynamicAccountRecord) -> DynamicAccountView {
+fn view(live: &Live, record: &DynamicAccountRecord) -> DynamicAccountView {
     let name = &record.spec.name;
     let (connected_replicas, state) = {
-        let st = hub.state();
+        let st = live.state();
         let replicas = st
             .registry
             .replicas_of_identity(&record.spec.agent)
@@ -70,14 +72,14 @@ fn view(hub: &Hub, record: &DynamicAccountRecord) -> DynamicAccountView {
         created: time(record.created),
         updated: time(record.updated),
         connected_replicas,
-        agent_status: hub.dynamic_accounts().reports(name),
+        agent_status: live.dynamic_accounts().reports(name),
         state: state.as_ref().map(|s| s.state.as_str().to_string()),
         state_reason: state.map(|s| s.reason),
     }
 }
 
 /// The routes (role admin: the router's layer).
-pub(crate) fn router() -> Router<Arc<Hub>> {
+pub(crate) fn router() -> Router<Arc<ApiState>> {
     Router::new()
         .route(
             "/api/v1/dynamic-accounts",
@@ -89,16 +91,16 @@ pub(crate) fn router() -> Router<Arc<Hub>> {
         )
 }
 
-async fn list_accounts(State(hub): State<Arc<Hub>>) -> Response {
-    let records: Vec<DynamicAccountRecord> = hub.dynamic_accounts().list().cloned().collect();
-    let views: Vec<DynamicAccountView> = records.iter().map(|r| view(&hub, r)).collect();
+async fn list_accounts(State(api): State<Arc<ApiState>>) -> Response {
+    let records: Vec<DynamicAccountRecord> = api.live.dynamic_accounts().list().cloned().collect();
+    let views: Vec<DynamicAccountView> = records.iter().map(|r| view(&api.live, r)).collect();
     Json(views).into_response()
 }
 
-async fn get_account(State(hub): State<Arc<Hub>>, Path(name): Path<String>) -> Response {
-    let record = hub.dynamic_accounts().get(&name).cloned();
+async fn get_account(State(api): State<Arc<ApiState>>, Path(name): Path<String>) -> Response {
+    let record = api.live.dynamic_accounts().get(&name).cloned();
     match record {
-        Some(record) => Json(view(&hub, &record)).into_response(),
+        Some(record) => Json(view(&api.live, &record)).into_response(),
         None => not_found(&name),
     }
 }
@@ -113,12 +115,12 @@ fn not_found(name: &str) -> Response {
     )
 }
 
-async fn create_account(State(hub): State<Arc<Hub>>, body: axum::body::Bytes) -> Response {
+async fn create_account(State(api): State<Arc<ApiState>>, body: axum::body::Bytes) -> Response {
     let spec = match parse_spec(&body) {
         Ok(spec) => spec,
         Err(message) => return crate::http::error(StatusCode::BAD_REQUEST, message),
     };
-    if hub.dynamic_accounts().get(&spec.name).is_some() {
+    if api.live.dynamic_accounts().get(&spec.name).is_some() {
         return crate::http::error(
             StatusCode::CONFLICT,
             format!(
@@ -128,11 +130,11 @@ async fn create_account(State(hub): State<Arc<Hub>>, body: axum::body::Bytes) ->
             ),
         );
     }
-    save(&hub, spec, StatusCode::CREATED).await
+    save(&api, spec, StatusCode::CREATED).await
 }
 
 async fn update_account(
-    State(hub): State<Arc<Hub>>,
+    State(api): State<Arc<ApiState>>,
     Path(name): Path<String>,
     body: axum::body::Bytes,
 ) -> Response {
@@ -150,21 +152,26 @@ async fn update_account(
             ),
         );
     }
-    let previous = hub.dynamic_accounts().get(&name).cloned();
+    let previous = api.live.dynamic_accounts().get(&name).cloned();
     let Some(previous) = previous else {
         return not_found(&name);
     };
     let moved_from = (previous.spec.agent != spec.agent).then_some(previous.spec.agent);
-    let response = save(&hub, spec, StatusCode::OK).await;
+    let response = save(&api, spec, StatusCode::OK).await;
     if let Some(identity) = moved_from {
-        push(&hub, &identity);
+        push(&api.live, &identity);
     }
     response
 }
 
 /// Checks the binding, stores the account, tells the agent.
-async fn save(hub: &Arc<Hub>, spec: DynamicAccountSpec, status: StatusCode) -> Response {
-    if let Err(reason) = hub.state().registry.check_binding(&spec.agent, &spec.name) {
+async fn save(api: &ApiState, spec: DynamicAccountSpec, status: StatusCode) -> Response {
+    if let Err(reason) = api
+        .live
+        .state()
+        .registry
+        .check_binding(&spec.agent, &spec.name)
+    {
         return crate::http::error(
             StatusCode::CONFLICT,
             format!(
@@ -173,8 +180,9 @@ async fn save(hub: &Arc<Hub>, spec: DynamicAccountSpec, status: StatusCode) -> R
             ),
         );
     }
-    let mut store = hub.store.lock().await;
-    let record = hub
+    let mut store = api.store.lock().await;
+    let record = api
+        .live
         .dynamic_accounts()
         .put(spec, jiff::Timestamp::now().as_second());
     let stored = store
@@ -193,13 +201,13 @@ async fn save(hub: &Arc<Hub>, spec: DynamicAccountSpec, status: StatusCode) -> R
         );
     }
     tracing::info!(account = %record.spec.name, agent = %record.spec.agent, mode = ?record.spec.mode, "dynamic account saved");
-    push(hub, &record.spec.agent);
-    (status, Json(view(hub, &record))).into_response()
+    push(&api.live, &record.spec.agent);
+    (status, Json(view(&api.live, &record))).into_response()
 }
 
-async fn delete_account(State(hub): State<Arc<Hub>>, Path(name): Path<String>) -> Response {
-    let mut store = hub.store.lock().await;
-    let removed = hub.dynamic_accounts().remove(&name);
+async fn delete_account(State(api): State<Arc<ApiState>>, Path(name): Path<String>) -> Response {
+    let mut store = api.store.lock().await;
+    let removed = api.live.dynamic_accounts().remove(&name);
     let Some(record) = removed else {
         return not_found(&name);
     };
@@ -219,13 +227,8 @@ async fn delete_account(State(hub): State<Arc<Hub>>, Path(name): Path<String>) -
         );
     }
     tracing::info!(account = %name, agent = %record.spec.agent, "dynamic account removed");
-    push(&hub, &record.spec.agent);
-    (StatusCode::OK, Json(view(&hub, &record))).into_response()
-}
-
-/// Sends `identity`'s set to each of its streams.
-pub(crate) fn push(hub: &Hub, identity: &str) {
-    scale_agent_hub_state::dynamic_accounts::push(&hub.live, identity);
+    push(&api.live, &record.spec.agent);
+    (StatusCode::OK, Json(view(&api.live, &record))).into_response()
 }
 
 #[cfg(test)]

@@ -16,8 +16,10 @@ use std::{collections::BTreeMap, time::Duration};
 use scale_agent_hub_model::time::rfc3339;
 use serde_json::{Value, json};
 
+use scale_agent_hub_replicas::Replicas;
+
 use crate::{
-    Hub,
+    Live,
     error::Result,
     http::views::{local_accounts, local_agents, stored_view},
 };
@@ -26,16 +28,19 @@ use crate::{
 pub const ASK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What every other live replica answered for `path`: (replica, its JSON or why not).
-async fn ask_others(hub: &Hub, path: &str) -> Result<Vec<(String, Result<Value, String>)>> {
-    let (Some(store), Some(forwarder)) = (&hub.replicas.shared, &hub.replicas.forwarder) else {
+async fn ask_others(
+    replicas: &Replicas,
+    path: &str,
+) -> Result<Vec<(String, Result<Value, String>)>> {
+    let (Some(store), Some(forwarder)) = (&replicas.shared, &replicas.forwarder) else {
         return Ok(Vec::new());
     };
-    let replicas = store
-        .replicas(crate::shared::alive_within(hub.config.replica_sync_period))
+    let alive = store
+        .replicas(crate::shared::alive_within(replicas.settings.sync_period))
         .await?;
-    let asks = replicas
+    let asks = alive
         .into_iter()
-        .filter(|r| r.replica != hub.replicas.id())
+        .filter(|r| r.replica != replicas.id())
         .map(|r| async move {
             let answer = forwarder
                 .get_json(&r.replica, &r.address, path, ASK_TIMEOUT)
@@ -54,13 +59,13 @@ fn with_replica(mut value: Value, replica: &str) -> Value {
 
 /// Every replica's agent streams, each with `hubReplica` (the replica it is connected to);
 /// a replica that cannot be asked is one entry `{"hubReplica", "unreachable"}`.
-pub(crate) async fn agents(hub: &Hub) -> Vec<Value> {
-    let mut list: Vec<Value> = local_agents(&hub.live)
+pub(crate) async fn agents(replicas: &Replicas, live: &Live) -> Vec<Value> {
+    let mut list: Vec<Value> = local_agents(live)
         .into_iter()
         .filter_map(|a| serde_json::to_value(a).ok())
-        .map(|a| with_replica(a, hub.replicas.id()))
+        .map(|a| with_replica(a, replicas.id()))
         .collect();
-    let others = match ask_others(hub, "/api/v1/agents").await {
+    let others = match ask_others(replicas, "/api/v1/agents").await {
         Ok(others) => others,
         Err(e) => {
             list.push(json!({
@@ -92,19 +97,19 @@ pub(crate) async fn agents(hub: &Hub) -> Vec<Value> {
 /// owner sees it, with `owner` (`{"replica", "epoch", "since"}`, null when no replica owns
 /// it) and, when its owner cannot be asked, `ownerUnreachable` (the view then is the
 /// stored record's).
-pub(crate) async fn accounts(hub: &Hub) -> Result<Vec<Value>> {
-    let Some(store) = &hub.replicas.shared else {
+pub(crate) async fn accounts(replicas: &Replicas, live: &Live) -> Result<Vec<Value>> {
+    let Some(store) = &replicas.shared else {
         return Ok(Vec::new());
     };
     let stored = store.accounts().await?;
     let owners = store.owners().await?;
     let mut views = Views::new();
-    let local: Vec<Value> = local_accounts(&hub.live)
+    let local: Vec<Value> = local_accounts(live)
         .into_iter()
         .filter_map(|a| serde_json::to_value(a).ok())
         .collect();
-    views.insert(hub.replicas.id().to_string(), Ok(by_name(local)));
-    for (replica, answer) in ask_others(hub, "/api/v1/accounts").await? {
+    views.insert(replicas.id().to_string(), Ok(by_name(local)));
+    for (replica, answer) in ask_others(replicas, "/api/v1/accounts").await? {
         let view = match answer {
             Ok(Value::Array(list)) => Ok(by_name(list)),
             Ok(_) => Err("its answer is not a list of accounts".to_string()),
@@ -112,9 +117,9 @@ pub(crate) async fn accounts(hub: &Hub) -> Result<Vec<Value>> {
         };
         views.insert(replica, view);
     }
-    let alive_within = crate::shared::alive_within(hub.config.replica_sync_period);
+    let alive_within = crate::shared::alive_within(replicas.settings.sync_period);
     Ok(merge_accounts(
-        hub.replicas.id(),
+        replicas.id(),
         stored,
         &owners,
         &views,

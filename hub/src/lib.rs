@@ -89,8 +89,6 @@ pub(crate) use scale_agent_hub_state::{Control, Live, SessionHandle};
 /// The state shared by the gRPC service, the HTTP API and the background tasks.
 pub(crate) struct Hub {
     pub(crate) config: Config,
-    /// What the REST API reads of `config`.
-    pub(crate) api_settings: http::ApiSettings,
     /// What the gRPC service reads of `config` ([`service::StreamSettings`]).
     pub(crate) stream_settings: service::StreamSettings,
     /// The registry and cache, the streams, the dynamic accounts ([`Live`]).
@@ -100,7 +98,7 @@ pub(crate) struct Hub {
     /// and commit. Lock order: store, then state.
     pub(crate) store: Arc<tokio::sync::Mutex<Store>>,
     /// The queue of the streams' changes and its writer's progress.
-    pub(crate) commits: commits::Commits,
+    pub(crate) commits: Arc<commits::Commits>,
     pub(crate) metrics: Metrics,
     /// Open exchanges of the Kubernetes API proxy.
     pub(crate) tunnels: tunnel::Tunnels,
@@ -643,7 +641,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         stream_settings: stream_settings(&config),
         live,
         store,
-        commits: commits::Commits::new(config.data_dir.clone()),
+        commits: Arc::new(commits::Commits::new(config.data_dir.clone())),
         metrics,
         tunnels: tunnel::Tunnels::default(),
         discovery: discovery.clone(),
@@ -666,14 +664,6 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         grpc_listening: AtomicBool::new(false),
         store_open: AtomicBool::new(true),
         store_path,
-        api_settings: http::ApiSettings {
-            public_url: config.public_url.clone(),
-            https: matches!(config.http_security, HttpSecurity::Tls { .. }),
-            serving_ca_pem: config.serving_ca_pem.clone(),
-            max_request_bytes: config.max_request_bytes,
-            operation_retention: config.operation_retention,
-            metrics_unauthenticated: config.metrics_unauthenticated,
-        },
         config,
     });
     hub.live
@@ -758,7 +748,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
     hub.grpc_listening.store(true, Ordering::SeqCst);
     tracing::info!(%grpc_addr, mtls = matches!(hub.config.security, GrpcSecurity::MutualTls(_)), "gRPC listening");
 
-    let app = http::router(hub.clone(), hub.clone());
+    let app = http_routes(&hub);
     let shutdown = hub.shutdown.clone();
     let tls = http_tls.is_some();
     if !tls {
@@ -899,6 +889,44 @@ fn stream_settings(config: &Config) -> service::StreamSettings {
             GrpcSecurity::MutualTls(_) | GrpcSecurity::InsecurePlaintext => None,
         },
     }
+}
+
+/// What the REST API reads of the configuration.
+fn api_settings(config: &Config) -> http::ApiSettings {
+    http::ApiSettings {
+        public_url: config.public_url.clone(),
+        https: matches!(config.http_security, HttpSecurity::Tls { .. }),
+        serving_ca_pem: config.serving_ca_pem.clone(),
+        max_request_bytes: config.max_request_bytes,
+        operation_retention: config.operation_retention,
+        metrics_unauthenticated: config.metrics_unauthenticated,
+    }
+}
+
+/// The HTTP listener's routes: the REST API's ([`http::router`], with the handles it works
+/// with and the hub answering its health routes) and the Kubernetes API proxy's, at
+/// `/clusters/...` and, for other replicas, behind the replicas' secret under
+/// [`owners::forward::INTERNAL_PREFIX`]. Each router has its own state.
+fn http_routes(hub: &Arc<Hub>) -> axum::Router {
+    let api = http::router(http::ApiState {
+        live: hub.live.clone(),
+        auth: hub.auth.clone(),
+        store: hub.store.clone(),
+        commits: hub.commits.clone(),
+        replicas: hub.replicas.clone(),
+        operations: hub.operation_driver.clone(),
+        registrar: hub.registrar.clone(),
+        settings: api_settings(&hub.config),
+        health: hub.clone(),
+    });
+    let internal_proxy = proxy::router().route_layer(axum::middleware::from_fn_with_state(
+        hub.replicas.clone(),
+        owners::forward::internal_auth,
+    ));
+    let proxy = proxy::router()
+        .nest(owners::forward::INTERNAL_PREFIX, internal_proxy)
+        .with_state(hub.clone());
+    api.merge(proxy)
 }
 
 /// Runs the hub until `shutdown` resolves (or a server fails), then stops it cleanly.

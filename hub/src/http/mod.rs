@@ -1,7 +1,9 @@
 //! The HTTP API (axum): agents, accounts, cached objects, operations, health, readiness and
-//! metrics; it mounts the admin routes ([`crate::admin_api`]) and the Kubernetes API proxy
-//! ([`crate::proxy`]). This module is the router: which route, behind which role, forwarded
-//! to which replica; each group of routes has its own module.
+//! metrics, and the admin routes ([`crate::admin_api`], [`crate::agent_admin`],
+//! [`crate::dynamic_accounts`]). This module is the router: which route, behind which role,
+//! forwarded to which replica; each group of routes has its own module. The routes work with
+//! an [`ApiState`], the handles the hub's wiring gives them; the Kubernetes API proxy's
+//! routes are the proxy's, merged beside these by the wiring ([`crate::start`]).
 
 mod health;
 mod listings;
@@ -17,9 +19,16 @@ use axum::{
     routing::{get, post},
 };
 
+use scale_agent_hub_auth::AuthBook;
+use scale_agent_hub_replicas::Replicas;
+
 use crate::{
-    Hub,
+    Live,
     api_auth::{self, Role},
+    clouddriver::Registrar,
+    commits::Commits,
+    owners::forward::{INTERNAL_PREFIX, internal_auth, to_owner},
+    store::Store,
 };
 use listings::{account, accounts, agents, clouddriver, replica_accounts, replica_agents, version};
 use objects::objects;
@@ -33,7 +42,7 @@ pub use scale_agent_hub_model::time::rfc3339;
 pub(crate) use scale_agent_hub_net::http::error;
 
 /// What the REST API reads of the hub's configuration, taken from it once at start-up
-/// ([`crate::start`]) and kept by [`Hub`].
+/// ([`crate::start`]).
 #[derive(Clone, Debug)]
 pub(crate) struct ApiSettings {
     /// The HTTP listener's URL as clients reach it (`https://hub.example:8443`), for the
@@ -51,14 +60,46 @@ pub(crate) struct ApiSettings {
     pub(crate) metrics_unauthenticated: bool,
 }
 
-/// The API's routes, each group behind the role it needs ([`crate::api_auth`]); the health
-/// routes answer from `health`.
-pub(crate) fn router(hub: Arc<Hub>, health: Arc<dyn Health>) -> Router {
-    let max_request_bytes = hub.api_settings.max_request_bytes;
-    let role =
-        |role: Role| axum::middleware::from_fn_with_state((hub.clone(), role), api_auth::require);
-    let metrics_route = health::metrics_route(health.clone());
-    let metrics_route = if hub.api_settings.metrics_unauthenticated {
+/// What the REST API's routes work with: the handles the hub's wiring builds at start-up
+/// ([`crate::start`]) and hands to [`router`], and nothing else of the hub.
+pub(crate) struct ApiState {
+    /// The registry and cache, the streams, the dynamic accounts.
+    pub(crate) live: Arc<Live>,
+    /// The credentials: proxy and API tokens, the admin token, the API tokens file, agent
+    /// tokens.
+    pub(crate) auth: Arc<AuthBook>,
+    /// The store, for what the API commits itself (tokens, dynamic accounts): its lock is
+    /// held across the check and the commit. Lock order: store, then state.
+    pub(crate) store: Arc<tokio::sync::Mutex<Store>>,
+    /// The queue of the streams' changes: a binding moved by an admin is queued with them,
+    /// in the order of the changes in memory.
+    pub(crate) commits: Arc<Commits>,
+    /// Who owns each account, the forwarder to the owners and the shared store's reads.
+    pub(crate) replicas: Arc<Replicas>,
+    /// The operations: the driver submits them, and its registry answers the lookups.
+    pub(crate) operations: crate::operations::Driver,
+    /// Registers accounts in Clouddriver (its status for `/api/v1/clouddriver`); `None` when
+    /// no target is configured.
+    pub(crate) registrar: Option<Arc<Registrar>>,
+    pub(crate) settings: ApiSettings,
+    /// What the health routes answer from.
+    pub(crate) health: Arc<dyn Health>,
+}
+
+/// The API's routes, each group behind the role it needs ([`crate::api_auth`]), with the
+/// routes other replicas forward to this one under [`INTERNAL_PREFIX`]; the health routes
+/// answer from `api.health`. Stateless: the caller merges it with the proxy's routes.
+pub(crate) fn router(api: ApiState) -> Router {
+    let api = Arc::new(api);
+    let max_request_bytes = api.settings.max_request_bytes;
+    let role = |role: Role| {
+        axum::middleware::from_fn_with_state(
+            (api.auth.clone(), api.replicas.clone(), role),
+            api_auth::require,
+        )
+    };
+    let metrics_route = health::metrics_route(api.health.clone());
+    let metrics_route = if api.settings.metrics_unauthenticated {
         metrics_route
     } else {
         metrics_route.route_layer(role(Role::Reader))
@@ -68,7 +109,7 @@ pub(crate) fn router(hub: Arc<Hub>, health: Arc<dyn Health>) -> Router {
         .route("/api/v1/version", get(version))
         .route("/api/v1/accounts", get(accounts))
         .route("/api/v1/clouddriver", get(clouddriver))
-        .merge(account_reads(hub.clone()))
+        .merge(account_reads(&api))
         .route_layer(role(Role::Reader));
     let operator = Router::new()
         .route(
@@ -76,30 +117,27 @@ pub(crate) fn router(hub: Arc<Hub>, health: Arc<dyn Health>) -> Router {
             post(submit_operation).layer(DefaultBodyLimit::max(max_request_bytes)),
         )
         .route("/api/v1/operations/{id}", get(operation))
-        .merge(account_operations(hub.clone()))
+        .merge(account_operations(&api))
         .route_layer(role(Role::Operator));
     let admin = crate::admin_api::router()
         .merge(crate::agent_admin::router())
         .route_layer(role(Role::Admin));
     Router::new()
-        .merge(health::probes(health))
+        .merge(health::probes(api.health.clone()))
         .merge(metrics_route)
         .merge(reader)
         .merge(operator)
         .merge(admin)
-        .merge(crate::proxy::router())
-        .nest(
-            crate::owners::forward::INTERNAL_PREFIX,
-            internal(hub.clone()),
-        )
-        .with_state(hub)
+        .nest(INTERNAL_PREFIX, internal(&api))
+        .with_state(api)
 }
 
 /// What other replicas forward to this one, the owner of the account
-/// ([`crate::owners::forward`]): the Kubernetes API proxy and operations, behind the
-/// replicas' secret. A request here is never forwarded again.
-fn internal(hub: Arc<Hub>) -> Router<Arc<Hub>> {
-    let max_request_bytes = hub.api_settings.max_request_bytes;
+/// ([`crate::owners::forward`]): operations and the account's reads, behind the replicas'
+/// secret (the proxy's routes are nested there too, by the wiring). A request here is never
+/// forwarded again.
+fn internal(api: &Arc<ApiState>) -> Router<Arc<ApiState>> {
+    let max_request_bytes = api.settings.max_request_bytes;
     Router::new()
         .route(
             "/api/v1/accounts/{name}/operations",
@@ -107,36 +145,35 @@ fn internal(hub: Arc<Hub>) -> Router<Arc<Hub>> {
         )
         .route("/api/v1/agents", get(replica_agents))
         .route("/api/v1/accounts", get(replica_accounts))
-        .merge(crate::proxy::router())
-        .merge(account_reads(hub.clone()))
-        .merge(account_operations(hub.clone()))
+        .merge(account_reads(api))
+        .merge(account_operations(api))
         .route_layer(axum::middleware::from_fn_with_state(
-            hub.replicas.clone(),
-            crate::owners::forward::internal_auth,
+            api.replicas.clone(),
+            internal_auth,
         ))
 }
 
 /// An account and its cached objects: kept by its owner, so asked there when another
 /// replica owns it.
-fn account_reads(hub: Arc<Hub>) -> Router<Arc<Hub>> {
+fn account_reads(api: &ApiState) -> Router<Arc<ApiState>> {
     Router::new()
         .route("/api/v1/accounts/{name}", get(account))
         .route("/api/v1/accounts/{name}/objects", get(objects))
         .route_layer(axum::middleware::from_fn_with_state(
-            (hub.replicas.clone(), hub.live.clone()),
-            crate::owners::forward::to_owner,
+            (api.replicas.clone(), api.live.clone()),
+            to_owner,
         ))
 }
 
 /// An account's operations: kept by the replica that ran them, its owner.
-fn account_operations(hub: Arc<Hub>) -> Router<Arc<Hub>> {
+fn account_operations(api: &ApiState) -> Router<Arc<ApiState>> {
     Router::new()
         .route(
             "/api/v1/accounts/{name}/operations/{id}",
             get(account_operation),
         )
         .route_layer(axum::middleware::from_fn_with_state(
-            (hub.replicas.clone(), hub.live.clone()),
-            crate::owners::forward::to_owner,
+            (api.replicas.clone(), api.live.clone()),
+            to_owner,
         ))
 }

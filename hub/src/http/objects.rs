@@ -14,11 +14,11 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::{
-    Hub, Live,
+    Live,
     cache::{AccountCache, CachedObject, KindCache, KindInfo, selector::LabelSelector},
 };
 
-use super::error;
+use super::{ApiState, error};
 
 /// Query of the objects endpoint.
 #[derive(Debug, Default, Deserialize)]
@@ -191,7 +191,7 @@ fn object_value(kind: &KindInfo, o: &CachedObject) -> Value {
 }
 
 pub(super) async fn objects(
-    State(hub): State<Arc<Hub>>,
+    State(api): State<Arc<ApiState>>,
     Path(name): Path<String>,
     Query(q): Query<ObjectQuery>,
 ) -> Response {
@@ -218,7 +218,7 @@ pub(super) async fn objects(
     let mut items: Vec<Value> = Vec::new();
     let next = loop {
         let max = limit.map_or(OBJECTS_CHUNK, |l| l.min(MAX_OBJECTS_PAGE));
-        let page = match objects_page(&hub.live, &name, &q, after.as_ref(), max) {
+        let page = match objects_page(&api.live, &name, &q, after.as_ref(), max) {
             Ok(page) => page,
             Err(response) => return *response,
         };
