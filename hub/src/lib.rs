@@ -7,28 +7,28 @@
 //! `127.0.0.1:0`), call [`start`], read the bound addresses from the [`RunningHub`], and
 //! call [`RunningHub::shutdown`] at the end. The binary calls [`run`].
 
-pub mod admin_api;
-pub mod agent_admin;
+pub use scale_agent_hub_api::admin_api;
+pub use scale_agent_hub_api::agent_admin;
 pub use scale_agent_hub_auth::agent_auth;
 pub use scale_agent_hub_auth::agent_ca;
 pub use scale_agent_hub_auth::agent_renewal;
 pub use scale_agent_hub_auth::agent_tokens;
 pub mod allocator;
-pub mod api_auth;
-pub mod audit;
+pub use scale_agent_hub_api::api_auth;
+pub use scale_agent_hub_api::audit;
 pub use scale_agent_hub_cache as cache;
 pub mod cli;
 pub use scale_agent_hub_clouddriver as clouddriver;
 pub use scale_agent_hub_store::writer as commits;
 pub mod config;
-pub mod dynamic_accounts;
+pub use scale_agent_hub_api::dynamic_accounts;
 pub mod error;
-pub mod fleet;
+pub use scale_agent_hub_api::fleet;
 pub use scale_agent_hub_auth::forwarded;
 mod health;
-pub mod http;
+pub use scale_agent_hub_api::http;
+pub use scale_agent_hub_api::kubeconfig;
 pub use scale_agent_hub_model::identity;
-pub mod kubeconfig;
 pub mod metrics;
 pub use scale_agent_hub_operations as operations;
 pub use scale_agent_hub_replicas::owners;

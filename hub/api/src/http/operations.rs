@@ -12,17 +12,17 @@ use axum::{
 };
 use serde_json::json;
 
-use crate::{
-    api_auth::Caller,
-    operations::{self, OperationRequest, OperationResponse},
-};
+use scale_agent_hub_operations::{self as operations, OperationRequest, OperationResponse};
+
+use crate::api_auth::Caller;
 
 use super::{ApiState, error};
 
 /// A 413 as a Kubernetes `Status` (reason `RequestEntityTooLarge`, what the API server
 /// answers), which also carries the API's usual `error` field for clients that read only it.
 fn too_large(message: String) -> Response {
-    let status = crate::proxy::status::Status::failure(413, "RequestEntityTooLarge", &message);
+    let status =
+        scale_agent_hub_net::status::Status::failure(413, "RequestEntityTooLarge", &message);
     let mut body = serde_json::to_value(&status).unwrap_or_else(|_| json!({}));
     body["error"] = json!(message);
     (StatusCode::PAYLOAD_TOO_LARGE, Json(body)).into_response()

@@ -1,6 +1,7 @@
 //! The HTTP API's authentication layer: [`require`], the per-route middleware in front of
 //! the API's handlers. It first lets the replicas' shared store teach this replica a token
-//! issued through another one ([`crate::shared::learn_bearer`]), then applies the check.
+//! issued through another one ([`scale_agent_hub_replicas::sync::learn_bearer`]), then
+//! applies the check.
 //!
 //! The check itself ([`authorize`]), the roles, and the API tokens file are in the auth
 //! crate (`scale_agent_hub_auth::api_auth`), re-exported here at their old paths.
@@ -29,7 +30,7 @@ pub(crate) async fn require(
     next: Next,
 ) -> Response {
     let what = format!("{} {}", request.method(), request.uri().path());
-    crate::shared::learn_bearer(&replicas, &auth, request.headers()).await;
+    scale_agent_hub_replicas::sync::learn_bearer(&replicas, &auth, request.headers()).await;
     match authorize(&auth, request.headers(), needed, &what) {
         Ok(caller) => {
             request.extensions_mut().insert(caller);

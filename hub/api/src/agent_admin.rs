@@ -13,13 +13,13 @@ use axum::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::{
-    Control,
-    agent_tokens::{AgentTokenKind, AgentTokenRecord},
-    config::parse_duration,
-    http::ApiState,
-    store::StoreOp,
+use scale_agent_hub_auth::agent_tokens::{AgentTokenKind, AgentTokenRecord};
+use scale_agent_hub_model::{
+    error::Chain, names::validate_account_name, store_op::StoreOp, time::parse_duration,
 };
+use scale_agent_hub_state::Control;
+
+use crate::http::{ApiState, error};
 
 /// Longest lifetime of an agent token.
 const MAX_TTL_SECONDS: i64 = 366 * 24 * 3600;
@@ -128,7 +128,7 @@ async fn create_token(
 ) -> Response {
     let ttl = match validate(&query) {
         Ok(ttl) => ttl,
-        Err(message) => return crate::http::error(StatusCode::BAD_REQUEST, message),
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
     let kind = if query.once {
         AgentTokenKind::Enrolment
@@ -146,7 +146,7 @@ async fn create_token(
     let (token, record, ops) = match issued {
         Ok(issued) => issued,
         Err(e) => {
-            return crate::http::error(
+            return error(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 format!("cannot issue a token: {e}"),
             );
@@ -154,9 +154,9 @@ async fn create_token(
     };
     if let Err(e) = store.commit(ops).await {
         api.auth.agent_tokens().revoke(&record.id);
-        return crate::http::error(
+        return error(
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!("cannot store the token: {}", crate::error::Chain(&e)),
+            format!("cannot store the token: {}", Chain(&e)),
         );
     }
     drop(store);
@@ -181,7 +181,7 @@ async fn revoke_token(State(api): State<Arc<ApiState>>, Path(id): Path<String>) 
     let mut store = api.store.lock().await;
     let revoked = api.auth.agent_tokens().revoke(&id);
     let Some((record, ops)) = revoked else {
-        return crate::http::error(
+        return error(
             StatusCode::NOT_FOUND,
             format!(
                 "no agent token with id {id:?} (`scale-agent-hub agent-token list` shows them)"
@@ -189,11 +189,11 @@ async fn revoke_token(State(api): State<Arc<ApiState>>, Path(id): Path<String>) 
         );
     };
     if let Err(e) = store.commit(ops).await {
-        return crate::http::error(
+        return error(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!(
                 "the token is revoked in memory but could not be stored: {}",
-                crate::error::Chain(&e)
+                Chain(&e)
             ),
         );
     }
@@ -225,12 +225,12 @@ async fn rebind(
     Path(name): Path<String>,
     Query(query): Query<RebindQuery>,
 ) -> Response {
-    if let Err(message) = crate::session::validate_account_name(&name) {
-        return crate::http::error(StatusCode::BAD_REQUEST, message);
+    if let Err(message) = validate_account_name(&name) {
+        return error(StatusCode::BAD_REQUEST, message);
     }
     let identity = query.identity.trim().to_string();
     if identity.is_empty() || identity.contains('*') {
-        return crate::http::error(
+        return error(
             StatusCode::BAD_REQUEST,
             "identity must name one agent identity (no wildcards)".into(),
         );
@@ -253,7 +253,7 @@ async fn rebind(
     if let Some(queued) = ticket
         && let Err(e) = api.commits.committed_or_failing(queued.ticket).await
     {
-        return crate::http::error(
+        return error(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!(
                 "the binding changed in memory but is not stored yet (it is retried until the \

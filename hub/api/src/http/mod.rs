@@ -3,7 +3,7 @@
 //! [`crate::dynamic_accounts`]). This module is the router: which route, behind which role,
 //! forwarded to which replica; each group of routes has its own module. The routes work with
 //! an [`ApiState`], the handles the hub's wiring gives them; the Kubernetes API proxy's
-//! routes are the proxy's, merged beside these by the wiring ([`crate::start`]).
+//! routes are the proxy's, merged beside these by the wiring (`scale_agent_hub::start`).
 
 mod health;
 mod listings;
@@ -20,76 +20,75 @@ use axum::{
 };
 
 use scale_agent_hub_auth::AuthBook;
-use scale_agent_hub_replicas::Replicas;
-
-use crate::{
-    Live,
-    api_auth::{self, Role},
-    clouddriver::Registrar,
-    commits::Commits,
+use scale_agent_hub_clouddriver::Registrar;
+use scale_agent_hub_replicas::{
+    Replicas,
     owners::forward::{INTERNAL_PREFIX, internal_auth, to_owner},
-    store::Store,
 };
+use scale_agent_hub_state::Live;
+use scale_agent_hub_store::{Store, writer::Commits};
+
+use crate::api_auth::{self, Role};
 use listings::{account, accounts, agents, clouddriver, replica_accounts, replica_agents, version};
 use objects::objects;
 use operations::{account_operation, operation, submit_operation};
 
-pub(crate) use health::{Health, Readiness};
+pub use health::{Health, Readiness};
 pub use objects::{ObjectQuery, kind_matches};
 pub use scale_agent_hub_model::time::rfc3339;
 /// The API's error body: `{"error": message}` (in the net crate, beside the other answers the
 /// hub's routers share).
-pub(crate) use scale_agent_hub_net::http::error;
+pub use scale_agent_hub_net::http::error;
 
 /// What the REST API reads of the hub's configuration, taken from it once at start-up
-/// ([`crate::start`]).
+/// (`scale_agent_hub::start`).
 #[derive(Clone, Debug)]
-pub(crate) struct ApiSettings {
+pub struct ApiSettings {
     /// The HTTP listener's URL as clients reach it (`https://hub.example:8443`), for the
     /// kubeconfigs the API hands out; `None`: taken from each request's `Host`.
-    pub(crate) public_url: Option<String>,
+    pub public_url: Option<String>,
     /// Whether the HTTP listener serves TLS: the scheme of a URL taken from `Host`.
-    pub(crate) https: bool,
+    pub https: bool,
     /// PEM of the CA that signed the HTTP serving certificate, put into kubeconfigs.
-    pub(crate) serving_ca_pem: Option<Vec<u8>>,
+    pub serving_ca_pem: Option<Vec<u8>>,
     /// Largest body of a REST API request (an operation's manifests).
-    pub(crate) max_request_bytes: usize,
+    pub max_request_bytes: usize,
     /// How long finished operations stay visible at `GET /api/v1/operations/{id}`.
-    pub(crate) operation_retention: Duration,
+    pub operation_retention: Duration,
     /// Serve `/metrics` without a token.
-    pub(crate) metrics_unauthenticated: bool,
+    pub metrics_unauthenticated: bool,
 }
 
 /// What the REST API's routes work with: the handles the hub's wiring builds at start-up
-/// ([`crate::start`]) and hands to [`router`], and nothing else of the hub.
-pub(crate) struct ApiState {
+/// (`scale_agent_hub::start`) and hands to [`router`], and nothing else of the hub.
+pub struct ApiState {
     /// The registry and cache, the streams, the dynamic accounts.
-    pub(crate) live: Arc<Live>,
+    pub live: Arc<Live>,
     /// The credentials: proxy and API tokens, the admin token, the API tokens file, agent
     /// tokens.
-    pub(crate) auth: Arc<AuthBook>,
+    pub auth: Arc<AuthBook>,
     /// The store, for what the API commits itself (tokens, dynamic accounts): its lock is
     /// held across the check and the commit. Lock order: store, then state.
-    pub(crate) store: Arc<tokio::sync::Mutex<Store>>,
+    pub store: Arc<tokio::sync::Mutex<Store>>,
     /// The queue of the streams' changes: a binding moved by an admin is queued with them,
     /// in the order of the changes in memory.
-    pub(crate) commits: Arc<Commits>,
+    pub commits: Arc<Commits>,
     /// Who owns each account, the forwarder to the owners and the shared store's reads.
-    pub(crate) replicas: Arc<Replicas>,
+    pub replicas: Arc<Replicas>,
     /// The operations: the driver submits them, and its registry answers the lookups.
-    pub(crate) operations: crate::operations::Driver,
+    pub operations: scale_agent_hub_operations::Driver,
     /// Registers accounts in Clouddriver (its status for `/api/v1/clouddriver`); `None` when
     /// no target is configured.
-    pub(crate) registrar: Option<Arc<Registrar>>,
-    pub(crate) settings: ApiSettings,
+    pub registrar: Option<Arc<Registrar>>,
+    pub settings: ApiSettings,
     /// What the health routes answer from.
-    pub(crate) health: Arc<dyn Health>,
+    pub health: Arc<dyn Health>,
 }
 
 /// The API's routes, each group behind the role it needs ([`crate::api_auth`]), with the
 /// routes other replicas forward to this one under [`INTERNAL_PREFIX`]; the health routes
 /// answer from `api.health`. Stateless: the caller merges it with the proxy's routes.
-pub(crate) fn router(api: ApiState) -> Router {
+pub fn router(api: ApiState) -> Router {
     let api = Arc::new(api);
     let max_request_bytes = api.settings.max_request_bytes;
     let role = |role: Role| {
@@ -133,7 +132,7 @@ pub(crate) fn router(api: ApiState) -> Router {
 }
 
 /// What other replicas forward to this one, the owner of the account
-/// ([`crate::owners::forward`]): operations and the account's reads, behind the replicas'
+/// ([`scale_agent_hub_replicas::owners::forward`]): operations and the account's reads, behind the replicas'
 /// secret (the proxy's routes are nested there too, by the wiring). A request here is never
 /// forwarded again.
 fn internal(api: &Arc<ApiState>) -> Router<Arc<ApiState>> {

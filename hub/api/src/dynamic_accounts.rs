@@ -19,7 +19,10 @@ use axum::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::{Live, http::ApiState, store::StoreOp};
+use scale_agent_hub_model::{error::Chain, store_op::StoreOp};
+use scale_agent_hub_state::Live;
+
+use crate::http::{ApiState, error};
 
 pub use scale_agent_hub_model::dynamic_accounts::{
     AgentReport, DEFAULT_SECRET_KEY, DynamicAccountRecord, DynamicAccountSpec, DynamicMode,
@@ -106,7 +109,7 @@ async fn get_account(State(api): State<Arc<ApiState>>, Path(name): Path<String>)
 }
 
 fn not_found(name: &str) -> Response {
-    crate::http::error(
+    error(
         StatusCode::NOT_FOUND,
         format!(
             "no dynamic account {name:?}: add it with POST /api/v1/dynamic-accounts (GET \
@@ -118,10 +121,10 @@ fn not_found(name: &str) -> Response {
 async fn create_account(State(api): State<Arc<ApiState>>, body: axum::body::Bytes) -> Response {
     let spec = match parse_spec(&body) {
         Ok(spec) => spec,
-        Err(message) => return crate::http::error(StatusCode::BAD_REQUEST, message),
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
     if api.live.dynamic_accounts().get(&spec.name).is_some() {
-        return crate::http::error(
+        return error(
             StatusCode::CONFLICT,
             format!(
                 "dynamic account {:?} exists: change it with PUT /api/v1/dynamic-accounts/{}, \
@@ -140,10 +143,10 @@ async fn update_account(
 ) -> Response {
     let spec = match parse_spec(&body) {
         Ok(spec) => spec,
-        Err(message) => return crate::http::error(StatusCode::BAD_REQUEST, message),
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
     if spec.name != name {
-        return crate::http::error(
+        return error(
             StatusCode::BAD_REQUEST,
             format!(
                 "the body names account {:?} but the path {name:?}: an account is renamed by \
@@ -172,7 +175,7 @@ async fn save(api: &ApiState, spec: DynamicAccountSpec, status: StatusCode) -> R
         .registry
         .check_binding(&spec.agent, &spec.name)
     {
-        return crate::http::error(
+        return error(
             StatusCode::CONFLICT,
             format!(
                 "account {:?} cannot be served by agent {:?}: {reason}",
@@ -192,12 +195,9 @@ async fn save(api: &ApiState, spec: DynamicAccountSpec, status: StatusCode) -> R
         .await;
     drop(store);
     if let Err(e) = stored {
-        return crate::http::error(
+        return error(
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!(
-                "the dynamic account could not be stored: {}",
-                crate::error::Chain(&e)
-            ),
+            format!("the dynamic account could not be stored: {}", Chain(&e)),
         );
     }
     tracing::info!(account = %record.spec.name, agent = %record.spec.agent, mode = ?record.spec.mode, "dynamic account saved");
@@ -218,11 +218,11 @@ async fn delete_account(State(api): State<Arc<ApiState>>, Path(name): Path<Strin
         .await;
     drop(store);
     if let Err(e) = stored {
-        return crate::http::error(
+        return error(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!(
                 "the dynamic account is removed in memory but could not be stored: {}",
-                crate::error::Chain(&e)
+                Chain(&e)
             ),
         );
     }

@@ -1,7 +1,7 @@
-//! Audit lines: one structured tracing event, target `audit`, per operation submitted to the
-//! REST API and per write through the Kubernetes API proxy (any method but GET, HEAD and
-//! OPTIONS, and exec/attach/port-forward upgrades; those lines are the proxy's,
-//! [`crate::proxy::audit`], re-exported here). Fields:
+//! Audit lines: one structured tracing event, target `audit` ([`TARGET`]), per operation
+//! submitted to the REST API, and per write through the Kubernetes API proxy (any method but
+//! GET, HEAD and OPTIONS, and exec/attach/port-forward upgrades; those lines are the proxy's,
+//! in its `audit` module, with the same target and fields). Fields:
 //!
 //! - `who`: the token's name; `token_kind`: `api`, `admin` or `proxy`;
 //! - `account`, `verb` (the operation type, or the Kubernetes verb of a proxied request);
@@ -15,8 +15,17 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-pub use crate::proxy::audit::{ProxyObject, TARGET, is_proxy_write, proxy_object, proxy_write};
-use crate::{api_auth::Caller, operations::OperationRequest, proxy::audit::millis};
+use scale_agent_hub_auth::api_auth::Caller;
+use scale_agent_hub_operations::OperationRequest;
+
+/// The tracing target of audit events (the REST API's here, and the proxy's: the hub's
+/// wiring checks that both say the same).
+pub const TARGET: &str = "audit";
+
+/// A duration as the audit lines' `duration_ms`.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
 
 /// What an audit line says an operation is: its verb and object, taken before the request
 /// is handed to the driver.

@@ -47,7 +47,7 @@ pub(super) async fn accounts(State(api): State<Arc<ApiState>>) -> Response {
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!(
                     "cannot read the accounts from the shared store: {}",
-                    crate::error::Chain(&e)
+                    scale_agent_hub_model::error::Chain(&e)
                 ),
             ),
         };
@@ -75,7 +75,7 @@ pub(super) async fn account(
 /// Where each account's registration in Clouddriver stands (empty when registration is off).
 pub(super) async fn clouddriver(
     State(api): State<Arc<ApiState>>,
-) -> Json<Vec<crate::clouddriver::RegistrationStatus>> {
+) -> Json<Vec<scale_agent_hub_clouddriver::RegistrationStatus>> {
     Json(
         api.registrar
             .as_ref()

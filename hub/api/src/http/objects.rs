@@ -13,10 +13,10 @@ use axum::{
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::{
-    Live,
-    cache::{AccountCache, CachedObject, KindCache, KindInfo, selector::LabelSelector},
+use scale_agent_hub_cache::{
+    AccountCache, CachedObject, KindCache, KindInfo, KindKey, selector::LabelSelector,
 };
+use scale_agent_hub_state::Live;
 
 use super::{ApiState, error};
 
@@ -46,7 +46,7 @@ const MAX_OBJECTS_PAGE: usize = 10_000;
 
 /// Where a page of objects ends: the kind and uid of its last object (objects are listed by
 /// kind, then uid).
-type Cursor = (crate::cache::KindKey, String);
+type Cursor = (KindKey, String);
 
 fn encode_cursor((kind, uid): &Cursor) -> String {
     use base64::Engine as _;
@@ -61,10 +61,7 @@ fn decode_cursor(token: &str) -> Option<Cursor> {
         .ok()?;
     let text = String::from_utf8(bytes).ok()?;
     let (kind, uid) = text.split_once('\0')?;
-    Some((
-        crate::cache::KindKey::from_storage_key(kind)?,
-        uid.to_string(),
-    ))
+    Some((KindKey::from_storage_key(kind)?, uid.to_string()))
 }
 
 /// One page of objects, selected by kind and namespace (labels are left for after the

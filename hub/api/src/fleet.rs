@@ -6,7 +6,7 @@
 //! and its kinds' states, kept by its owner. So the replica asked reads the replicas alive
 //! (`hub_replicas`, where each says it is alive every `--replica-sync-period`) and asks each
 //! other one for its own view over the internal channel (`/internal/api/v1/...`, with the
-//! replicas' secret, [`crate::owners::forward`]), concurrently, within [`ASK_TIMEOUT`].
+//! replicas' secret, [`scale_agent_hub_replicas::owners::forward`]), concurrently, within [`ASK_TIMEOUT`].
 //! Accounts come from the store (every stored account, with its owner from
 //! `account_owners`), each shown as its owner sees it. A replica that does not answer is
 //! listed as unreachable, never left out.
@@ -16,13 +16,12 @@ use std::{collections::BTreeMap, time::Duration};
 use scale_agent_hub_model::time::rfc3339;
 use serde_json::{Value, json};
 
-use scale_agent_hub_replicas::Replicas;
+use scale_agent_hub_model::{Result, error::Chain, records::AccountRecord};
+use scale_agent_hub_replicas::{Replicas, sync::alive_within};
+use scale_agent_hub_state::Live;
+use scale_agent_hub_store::OwnerRow;
 
-use crate::{
-    Live,
-    error::Result,
-    http::views::{local_accounts, local_agents, stored_view},
-};
+use crate::http::views::{local_accounts, local_agents, stored_view};
 
 /// How long a replica may take to answer.
 pub const ASK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -36,7 +35,7 @@ async fn ask_others(
         return Ok(Vec::new());
     };
     let alive = store
-        .replicas(crate::shared::alive_within(replicas.settings.sync_period))
+        .replicas(alive_within(replicas.settings.sync_period))
         .await?;
     let asks = alive
         .into_iter()
@@ -72,7 +71,7 @@ pub(crate) async fn agents(replicas: &Replicas, live: &Live) -> Vec<Value> {
                 "hubReplica": "*",
                 "unreachable": format!(
                     "cannot read the replicas from the shared store: {}",
-                    crate::error::Chain(&e)
+                    Chain(&e)
                 ),
             }));
             return list;
@@ -117,7 +116,7 @@ pub(crate) async fn accounts(replicas: &Replicas, live: &Live) -> Result<Vec<Val
         };
         views.insert(replica, view);
     }
-    let alive_within = crate::shared::alive_within(replicas.settings.sync_period);
+    let alive_within = alive_within(replicas.settings.sync_period);
     Ok(merge_accounts(
         replicas.id(),
         stored,
@@ -143,8 +142,8 @@ fn by_name(list: Vec<Value>) -> BTreeMap<String, Value> {
 /// is alive. Every account stored or seen by a replica, by name, each as its owner sees it.
 fn merge_accounts(
     this_replica: &str,
-    stored: Vec<(String, crate::registry::AccountRecord)>,
-    owners: &BTreeMap<String, crate::store::OwnerRow>,
+    stored: Vec<(String, AccountRecord)>,
+    owners: &BTreeMap<String, OwnerRow>,
     views: &Views,
     alive_within: Duration,
 ) -> Vec<Value> {
@@ -154,7 +153,7 @@ fn merge_accounts(
     }
     names.sort();
     names.dedup();
-    let stored: BTreeMap<String, crate::registry::AccountRecord> = stored.into_iter().collect();
+    let stored: BTreeMap<String, AccountRecord> = stored.into_iter().collect();
     let local_view = |name: &str| -> Option<Value> {
         views
             .get(this_replica)
@@ -222,10 +221,7 @@ fn merge_accounts(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        registry::{AccountRecord, ClusterRecord},
-        store::OwnerRow,
-    };
+    use scale_agent_hub_model::records::ClusterRecord;
 
     fn owner(replica: &str) -> OwnerRow {
         OwnerRow {

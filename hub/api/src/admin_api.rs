@@ -14,13 +14,14 @@ use axum::{
     routing::{delete, get, post},
 };
 
-use crate::api_auth::Role;
+use scale_agent_hub_auth::tokens::{CLOUDDRIVER_TOKEN, TokenRecord};
+use scale_agent_hub_model::{error::Chain, names::validate_account_name};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    http::ApiState,
+    api_auth::Role,
+    http::{ApiState, error},
     kubeconfig::{self, KubeconfigFor},
-    tokens::{CLOUDDRIVER_TOKEN, TokenRecord},
 };
 
 /// The admin routes.
@@ -74,7 +75,7 @@ pub(crate) async fn kubeconfig_for(
     token_name: &str,
     rotate: bool,
     public_url: &str,
-) -> crate::Result<(String, TokenRecord)> {
+) -> scale_agent_hub_model::Result<(String, TokenRecord)> {
     let now = jiff::Timestamp::now().as_second();
     let mut store = api.store.lock().await;
     let (token, record, ops) = {
@@ -104,8 +105,8 @@ async fn issue_kubeconfig(
     Query(query): Query<KubeconfigQuery>,
     request: Request,
 ) -> Response {
-    if let Err(message) = crate::session::validate_account_name(&name) {
-        return crate::http::error(StatusCode::BAD_REQUEST, message);
+    if let Err(message) = validate_account_name(&name) {
+        return error(StatusCode::BAD_REQUEST, message);
     }
     let token_name = query
         .token_name
@@ -113,13 +114,13 @@ async fn issue_kubeconfig(
         .filter(|n| !n.trim().is_empty())
         .unwrap_or_else(|| "kubeconfig".into());
     if token_name.len() > 63 || token_name.chars().any(|c| c.is_control()) {
-        return crate::http::error(
+        return error(
             StatusCode::BAD_REQUEST,
             format!("token name {token_name:?} must be at most 63 printable characters"),
         );
     }
     if query.rotate && token_name != CLOUDDRIVER_TOKEN {
-        return crate::http::error(
+        return error(
             StatusCode::BAD_REQUEST,
             format!(
                 "rotate applies to the {CLOUDDRIVER_TOKEN:?} token only; any other token is \
@@ -128,7 +129,7 @@ async fn issue_kubeconfig(
         );
     }
     let Some(url) = public_url(&api, request.headers(), request.uri()) else {
-        return crate::http::error(
+        return error(
             StatusCode::BAD_REQUEST,
             "cannot tell the hub's URL from the request: start the hub with --public-url".into(),
         );
@@ -143,9 +144,9 @@ async fn issue_kubeconfig(
             );
             response
         }
-        Err(e) => crate::http::error(
+        Err(e) => error(
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!("cannot issue a token: {}", crate::error::Chain(&e)),
+            format!("cannot issue a token: {}", Chain(&e)),
         ),
     }
 }
@@ -251,7 +252,7 @@ async fn create_token(State(api): State<Arc<ApiState>>, body: axum::body::Bytes)
     let request: CreateToken = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => {
-            return crate::http::error(
+            return error(
                 StatusCode::BAD_REQUEST,
                 format!(
                     "the body must be {{\"name\": \"<who>\", \"role\": \"reader|operator|admin\"}}: {e}"
@@ -261,7 +262,7 @@ async fn create_token(State(api): State<Arc<ApiState>>, body: axum::body::Bytes)
     };
     let name = request.name.trim();
     if name.is_empty() || name.len() > 63 || name.chars().any(|c| c.is_control()) {
-        return crate::http::error(
+        return error(
             StatusCode::BAD_REQUEST,
             format!("token name {name:?} must be 1 to 63 printable characters"),
         );
@@ -274,16 +275,16 @@ async fn create_token(State(api): State<Arc<ApiState>>, body: axum::body::Bytes)
     let (token, record, ops) = match issued {
         Ok(issued) => issued,
         Err(e) => {
-            return crate::http::error(
+            return error(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 format!("cannot issue a token: {e}"),
             );
         }
     };
     if let Err(e) = store.commit(ops).await {
-        return crate::http::error(
+        return error(
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!("cannot store the token: {}", crate::error::Chain(&e)),
+            format!("cannot store the token: {}", Chain(&e)),
         );
     }
     drop(store);
@@ -299,14 +300,14 @@ async fn revoke_token(State(api): State<Arc<ApiState>>, Path(id): Path<String>) 
     let mut store = api.store.lock().await;
     let revoked = api.auth.tokens().revoke(&id);
     let Some((record, ops)) = revoked else {
-        return crate::http::error(StatusCode::NOT_FOUND, format!("no token with id {id:?}"));
+        return error(StatusCode::NOT_FOUND, format!("no token with id {id:?}"));
     };
     if let Err(e) = store.commit(ops).await {
-        return crate::http::error(
+        return error(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!(
                 "the token is revoked in memory but could not be stored: {}",
-                crate::error::Chain(&e)
+                Chain(&e)
             ),
         );
     }
