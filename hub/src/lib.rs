@@ -15,7 +15,7 @@ pub use scale_agent_hub_auth::agent_renewal;
 pub use scale_agent_hub_auth::agent_tokens;
 pub mod allocator;
 pub use scale_agent_hub_api::api_auth;
-pub use scale_agent_hub_api::audit;
+pub mod audit;
 pub use scale_agent_hub_cache as cache;
 pub mod cli;
 pub use scale_agent_hub_clouddriver as clouddriver;
