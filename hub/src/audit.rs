@@ -1,124 +1,16 @@
-//! Audit lines: one structured tracing event, target `audit`, per operation submitted to the
-//! REST API and per write through the Kubernetes API proxy (any method but GET, HEAD and
-//! OPTIONS, and exec/attach/port-forward upgrades; those lines are the proxy's,
-//! [`crate::proxy::audit`], re-exported here). Fields:
-//!
-//! - `who`: the token's name; `token_kind`: `api`, `admin` or `proxy`;
-//! - `account`, `verb` (the operation type, or the Kubernetes verb of a proxied request);
-//! - `object`: `kind/namespace/name` where known (the resource, for the proxy), else the path;
-//! - `code`: the HTTP status answered; `duration_ms`.
-//!
-//! With `--log-format json` each is one JSON line whose `target` is `audit`, so a log
-//! pipeline can route them apart.
+//! Audit lines, both halves under one path: the REST API's operations
+//! ([`scale_agent_hub_api::audit`]) and the Kubernetes API proxy's writes
+//! ([`crate::proxy::audit`]). Both log under the tracing target [`TARGET`] (`audit`), so a
+//! log pipeline routes them together.
 
-use std::time::Duration;
+pub use scale_agent_hub_api::audit::{OperationSubject, TARGET, operation, operation_object};
 
-use serde_json::Value;
-
-pub use crate::proxy::audit::{ProxyObject, TARGET, is_proxy_write, proxy_object, proxy_write};
-use crate::{api_auth::Caller, operations::OperationRequest, proxy::audit::millis};
-
-/// What an audit line says an operation is: its verb and object, taken before the request
-/// is handed to the driver.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OperationSubject {
-    pub verb: String,
-    pub object: String,
-}
-
-impl OperationSubject {
-    /// The subject of `request`; `None` is a body that did not parse (verb `invalid`).
-    pub fn of(request: Option<&OperationRequest>) -> Self {
-        OperationSubject {
-            verb: request.map_or_else(|| "invalid".into(), |r| r.op_type.clone()),
-            object: request.map(operation_object).unwrap_or_default(),
-        }
-    }
-}
-
-/// Audits a submitted operation.
-pub fn operation(
-    caller: &Caller,
-    account: &str,
-    subject: &OperationSubject,
-    code: u16,
-    duration: Duration,
-) {
-    let (verb, object) = (subject.verb.as_str(), subject.object.as_str());
-    tracing::info!(
-        target: TARGET,
-        who = %caller.name,
-        token_kind = caller.kind(),
-        account,
-        verb,
-        object = %object,
-        code,
-        duration_ms = millis(duration),
-        "operation"
-    );
-}
-
-/// `kind/namespace/name` of what an operation addresses, from its fields or its manifest(s).
-pub fn operation_object(request: &OperationRequest) -> String {
-    let of_manifest = |m: &Value| {
-        let field = |p: &str| m.pointer(p).and_then(Value::as_str).unwrap_or("");
-        join(
-            field("/kind"),
-            field("/metadata/namespace"),
-            field("/metadata/name"),
-        )
-    };
-    if let Some(manifest) = &request.manifest {
-        return of_manifest(manifest);
-    }
-    if let Some(manifests) = &request.manifests {
-        return manifests
-            .iter()
-            .map(of_manifest)
-            .collect::<Vec<_>>()
-            .join(",");
-    }
-    if request.yaml.is_some() {
-        return "(yaml manifests)".into();
-    }
-    let kind = request.kind.as_deref().unwrap_or("");
-    let namespace = request.namespace.as_deref().unwrap_or("");
-    match (&request.name, &request.label_selector) {
-        (Some(name), _) => join(kind, namespace, name),
-        (None, Some(selector)) => format!("{}?labelSelector={selector}", join(kind, namespace, "")),
-        (None, None) => join(kind, namespace, ""),
-    }
-}
-
-fn join(kind: &str, namespace: &str, name: &str) -> String {
-    [kind, namespace, name]
-        .into_iter()
-        .filter(|s| !s.is_empty())
-        .collect::<Vec<_>>()
-        .join("/")
-}
+pub use crate::proxy::audit::{ProxyObject, is_proxy_write, proxy_object, proxy_write};
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
     #[test]
-    fn operations_name_their_object() {
-        let request: OperationRequest = serde_json::from_value(serde_json::json!({
-            "type": "apply",
-            "manifest": {"kind": "ConfigMap", "metadata": {"namespace": "apps", "name": "web"}},
-        }))
-        .unwrap();
-        assert_eq!(operation_object(&request), "ConfigMap/apps/web");
-        let request: OperationRequest = serde_json::from_value(serde_json::json!({
-            "type": "delete", "kind": "Pod", "namespace": "apps", "labelSelector": "app=web",
-        }))
-        .unwrap();
-        assert_eq!(operation_object(&request), "Pod/apps?labelSelector=app=web");
-        let request: OperationRequest = serde_json::from_value(serde_json::json!({
-            "type": "scale", "kind": "Deployment", "namespace": "apps", "name": "web",
-        }))
-        .unwrap();
-        assert_eq!(operation_object(&request), "Deployment/apps/web");
+    fn both_halves_log_under_one_target() {
+        assert_eq!(super::TARGET, crate::proxy::audit::TARGET);
     }
 }

@@ -7,28 +7,28 @@
 //! `127.0.0.1:0`), call [`start`], read the bound addresses from the [`RunningHub`], and
 //! call [`RunningHub::shutdown`] at the end. The binary calls [`run`].
 
-pub mod admin_api;
-pub mod agent_admin;
+pub use scale_agent_hub_api::admin_api;
+pub use scale_agent_hub_api::agent_admin;
 pub use scale_agent_hub_auth::agent_auth;
 pub use scale_agent_hub_auth::agent_ca;
 pub use scale_agent_hub_auth::agent_renewal;
 pub use scale_agent_hub_auth::agent_tokens;
 pub mod allocator;
-pub mod api_auth;
+pub use scale_agent_hub_api::api_auth;
 pub mod audit;
 pub use scale_agent_hub_cache as cache;
 pub mod cli;
 pub use scale_agent_hub_clouddriver as clouddriver;
 pub use scale_agent_hub_store::writer as commits;
 pub mod config;
-pub mod dynamic_accounts;
+pub use scale_agent_hub_api::dynamic_accounts;
 pub mod error;
-pub mod fleet;
+pub use scale_agent_hub_api::fleet;
 pub use scale_agent_hub_auth::forwarded;
 mod health;
-pub mod http;
+pub use scale_agent_hub_api::http;
+pub use scale_agent_hub_api::kubeconfig;
 pub use scale_agent_hub_model::identity;
-pub mod kubeconfig;
 pub mod metrics;
 pub use scale_agent_hub_operations as operations;
 pub use scale_agent_hub_proxy as proxy;
@@ -67,9 +67,7 @@ use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig, server::T
 
 use crate::{
     agent_auth::ClientCertificates,
-    agent_tokens::AgentTokens,
     metrics::Metrics,
-    registry::SessionId,
     service::AgentHubService,
     session::{HubState, Limits},
     store::{Store, StoreOp},
@@ -83,13 +81,11 @@ pub use crate::{
     error::{HubError, Result},
 };
 
-pub(crate) use scale_agent_hub_state::{Control, Live};
+pub(crate) use scale_agent_hub_state::Live;
 
 /// The state shared by the gRPC service, the HTTP API and the background tasks.
 pub(crate) struct Hub {
     pub(crate) config: Config,
-    /// What the REST API reads of `config`.
-    pub(crate) api_settings: http::ApiSettings,
     /// What the gRPC service reads of `config` ([`service::StreamSettings`]).
     pub(crate) stream_settings: service::StreamSettings,
     /// The registry and cache, the streams, the dynamic accounts ([`Live`]).
@@ -137,25 +133,10 @@ impl Hub {
         self.auth.tokens()
     }
 
-    /// Dynamic accounts and the agents' reports on them.
-    pub(crate) fn dynamic_accounts(&self) -> MutexGuard<'_, dynamic_accounts::DynamicAccounts> {
-        self.live.dynamic_accounts()
-    }
-
     /// The issuers trusted for client certificates now (`None` with
     /// `--insecure-plaintext`).
     pub(crate) fn client_certificates(&self) -> Option<Arc<ClientCertificates>> {
         self.auth.client_certificates()
-    }
-
-    /// Agent tokens and enrolled identities.
-    pub(crate) fn agent_tokens(&self) -> MutexGuard<'_, AgentTokens> {
-        self.auth.agent_tokens()
-    }
-
-    /// Sends a control message to a stream without waiting.
-    pub(crate) fn control(&self, session: SessionId, message: Control) {
-        self.live.control(session, message);
     }
 
     /// Brings the accounts' states up to date ([`Live::observe_states`]).
@@ -539,14 +520,6 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         grpc_listening: AtomicBool::new(false),
         store_open: AtomicBool::new(true),
         store_path,
-        api_settings: http::ApiSettings {
-            public_url: config.public_url.clone(),
-            https: matches!(config.http_security, HttpSecurity::Tls { .. }),
-            serving_ca_pem: config.serving_ca_pem.clone(),
-            max_request_bytes: config.max_request_bytes,
-            operation_retention: config.operation_retention,
-            metrics_unauthenticated: config.metrics_unauthenticated,
-        },
         config,
     });
     hub.live.set_cache_events(proxy);
@@ -627,7 +600,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
     hub.grpc_listening.store(true, Ordering::SeqCst);
     tracing::info!(%grpc_addr, mtls = matches!(hub.config.security, GrpcSecurity::MutualTls(_)), "gRPC listening");
 
-    let app = http::router(hub.clone(), hub.clone());
+    let app = http_routes(&hub);
     let shutdown = hub.shutdown.clone();
     let tls = http_tls.is_some();
     if !tls {
@@ -784,6 +757,42 @@ fn stream_settings(config: &Config) -> service::StreamSettings {
             GrpcSecurity::MutualTls(_) | GrpcSecurity::InsecurePlaintext => None,
         },
     }
+}
+
+/// What the REST API reads of the configuration.
+fn api_settings(config: &Config) -> http::ApiSettings {
+    http::ApiSettings {
+        public_url: config.public_url.clone(),
+        https: matches!(config.http_security, HttpSecurity::Tls { .. }),
+        serving_ca_pem: config.serving_ca_pem.clone(),
+        max_request_bytes: config.max_request_bytes,
+        operation_retention: config.operation_retention,
+        metrics_unauthenticated: config.metrics_unauthenticated,
+    }
+}
+
+/// The HTTP listener's routes: the REST API's ([`http::router`], with the handles it works
+/// with and the hub answering its health routes) and the Kubernetes API proxy's, at
+/// `/clusters/...` and, for other replicas, behind the replicas' secret under
+/// [`owners::forward::INTERNAL_PREFIX`]. Each router has its own state.
+fn http_routes(hub: &Arc<Hub>) -> axum::Router {
+    let api = http::router(http::ApiState {
+        live: hub.live.clone(),
+        auth: hub.auth.clone(),
+        store: hub.store.clone(),
+        commits: hub.commits.clone(),
+        replicas: hub.replicas.clone(),
+        operations: hub.operation_driver.clone(),
+        registrar: hub.registrar.clone(),
+        settings: api_settings(&hub.config),
+        health: hub.clone(),
+    });
+    let internal_proxy = proxy::router(hub.proxy_routes()).route_layer(
+        axum::middleware::from_fn_with_state(hub.replicas.clone(), owners::forward::internal_auth),
+    );
+    let proxy =
+        proxy::router(hub.proxy_routes()).nest(owners::forward::INTERNAL_PREFIX, internal_proxy);
+    api.merge(proxy)
 }
 
 /// Runs the hub until `shutdown` resolves (or a server fails), then stops it cleanly.

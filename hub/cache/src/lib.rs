@@ -1,6 +1,9 @@
 //! `scale-agent-hub-cache`: the hub's in-memory cache, account → kind → objects, with the
 //! resume point of every watch scope and the proxy's watch histories. Pure: every mutation
 //! also pushes the [`StoreOp`]s that persist it. Depends only on the model crate.
+//!
+//! [`selector`] selects cached objects by labels and fields as the API server does: the
+//! proxy's cached reads and the REST API's objects route both use it.
 
 use std::{cmp::Ordering, collections::BTreeMap, sync::Arc};
 
@@ -12,6 +15,7 @@ use scale_agent_hub_model::store_op::StoreOp;
 pub mod history;
 pub use scale_agent_hub_model::packed;
 mod results;
+pub mod selector;
 
 use bytes::Bytes;
 pub use history::{EventType, History, HistoryBudget, HistoryEvent};

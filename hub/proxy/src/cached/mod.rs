@@ -16,7 +16,7 @@ pub mod consistency;
 pub mod paging;
 pub mod render;
 pub mod request;
-pub mod selector;
+pub use scale_agent_hub_cache::selector;
 pub mod watch;
 
 use std::{

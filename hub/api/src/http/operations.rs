@@ -12,36 +12,35 @@ use axum::{
 };
 use serde_json::json;
 
-use crate::{
-    Hub,
-    api_auth::Caller,
-    operations::{self, OperationRequest, OperationResponse},
-};
+use scale_agent_hub_operations::{self as operations, OperationRequest, OperationResponse};
 
-use super::error;
+use crate::api_auth::Caller;
+
+use super::{ApiState, error};
 
 /// A 413 as a Kubernetes `Status` (reason `RequestEntityTooLarge`, what the API server
 /// answers), which also carries the API's usual `error` field for clients that read only it.
 fn too_large(message: String) -> Response {
-    let status = crate::proxy::status::Status::failure(413, "RequestEntityTooLarge", &message);
+    let status =
+        scale_agent_hub_net::status::Status::failure(413, "RequestEntityTooLarge", &message);
     let mut body = serde_json::to_value(&status).unwrap_or_else(|_| json!({}));
     body["error"] = json!(message);
     (StatusCode::PAYLOAD_TOO_LARGE, Json(body)).into_response()
 }
 
 pub(super) async fn submit_operation(
-    State(hub): State<Arc<Hub>>,
+    State(api): State<Arc<ApiState>>,
     Path(name): Path<String>,
     axum::Extension(caller): axum::Extension<Caller>,
     request: axum::extract::Request,
 ) -> Response {
     let started = std::time::Instant::now();
     // Operations run where the account's agents stream: on its owner.
-    if let Some(owner) = hub
+    if let Some(owner) = api
         .replicas
-        .owner_elsewhere(&hub.live, &name, request.extensions())
+        .owner_elsewhere(&api.live, &name, request.extensions())
         .await
-        && let Some(forwarder) = &hub.replicas.forwarder
+        && let Some(forwarder) = &api.replicas.forwarder
     {
         let answer = forwarder
             .send(&owner, Some(&caller.name), request, false)
@@ -67,7 +66,7 @@ pub(super) async fn submit_operation(
                     "the operation request is larger than the hub's limit of {} bytes \
                      (--max-request-bytes): split the manifests into several operations, or \
                      raise the limit",
-                    hub.api_settings.max_request_bytes
+                    api.settings.max_request_bytes
                 )
             } else {
                 format!("cannot read the operation request: {rejection}")
@@ -93,7 +92,7 @@ pub(super) async fn submit_operation(
     // Run apart from the request: a client that goes away does not abandon the operation,
     // which still finishes, is recorded for GET /api/v1/operations/{id}, and is audited.
     let task = tokio::spawn(async move {
-        let answer = operations::submit(&hub.operation_driver, &name, request).await;
+        let answer = operations::submit(&api.operations, &name, request).await;
         crate::audit::operation(&caller, &name, &subject, answer.0, started.elapsed());
         answer
     });
@@ -109,12 +108,14 @@ pub(super) async fn submit_operation(
 }
 
 /// An operation by id alone: a hub-made id, or a client id that one account has.
-pub(super) async fn operation(State(hub): State<Arc<Hub>>, Path(id): Path<String>) -> Response {
-    let mut found = hub
-        .operations
-        .lookup(None, &id, hub.api_settings.operation_retention);
+pub(super) async fn operation(
+    State(api): State<Arc<ApiState>>,
+    Path(id): Path<String>,
+) -> Response {
+    let retention = api.settings.operation_retention;
+    let mut found = api.operations.operations.lookup(None, &id, retention);
     match found.len() {
-        0 => operation_not_found(&id, hub.api_settings.operation_retention),
+        0 => operation_not_found(&id, retention),
         1 => Json(found.remove(0)).into_response(),
         _ => {
             let accounts: Vec<String> = found.into_iter().filter_map(|b| b.account).collect();
@@ -132,14 +133,16 @@ pub(super) async fn operation(State(hub): State<Arc<Hub>>, Path(id): Path<String
 
 /// An operation of one account (client ids are per account).
 pub(super) async fn account_operation(
-    State(hub): State<Arc<Hub>>,
+    State(api): State<Arc<ApiState>>,
     Path((name, id)): Path<(String, String)>,
 ) -> Response {
-    let mut found = hub
+    let retention = api.settings.operation_retention;
+    let mut found = api
         .operations
-        .lookup(Some(&name), &id, hub.api_settings.operation_retention);
+        .operations
+        .lookup(Some(&name), &id, retention);
     if found.is_empty() {
-        return operation_not_found(&id, hub.api_settings.operation_retention);
+        return operation_not_found(&id, retention);
     }
     Json(found.remove(0)).into_response()
 }

@@ -1,6 +1,7 @@
 //! The HTTP API's authentication layer: [`require`], the per-route middleware in front of
 //! the API's handlers. It first lets the replicas' shared store teach this replica a token
-//! issued through another one ([`crate::shared::learn_bearer`]), then applies the check.
+//! issued through another one ([`scale_agent_hub_replicas::sync::learn_bearer`]), then
+//! applies the check.
 //!
 //! The check itself ([`authorize`]), the roles, and the API tokens file are in the auth
 //! crate (`scale_agent_hub_auth::api_auth`), re-exported here at their old paths.
@@ -12,24 +13,25 @@ use axum::{
     middleware::Next,
     response::{IntoResponse, Response},
 };
+use scale_agent_hub_auth::AuthBook;
 pub use scale_agent_hub_auth::api_auth::{
     Caller, FileToken, Refused, Role, Source, TOKENS_FILE_POLL, TokensFile, authorize, check,
     file_entry, parse_tokens_file,
 };
-
-use crate::Hub;
+use scale_agent_hub_replicas::Replicas;
 
 /// Route layer: refuses requests whose token has less than `needed`, and hands the
-/// [`Caller`] to the handler in the request's extensions. Use with
-/// `axum::middleware::from_fn_with_state((hub, role), require)`.
+/// [`Caller`] to the handler in the request's extensions. It reads the credentials (`auth`)
+/// and, for a token this replica does not know, the replicas' shared store (`replicas`). Use
+/// with `axum::middleware::from_fn_with_state((auth, replicas, role), require)`.
 pub(crate) async fn require(
-    State((hub, needed)): State<(Arc<Hub>, Role)>,
+    State((auth, replicas, needed)): State<(Arc<AuthBook>, Arc<Replicas>, Role)>,
     mut request: Request,
     next: Next,
 ) -> Response {
     let what = format!("{} {}", request.method(), request.uri().path());
-    crate::shared::learn_bearer(&hub.replicas, &hub.auth, request.headers()).await;
-    match authorize(&hub.auth, request.headers(), needed, &what) {
+    scale_agent_hub_replicas::sync::learn_bearer(&replicas, &auth, request.headers()).await;
+    match authorize(&auth, request.headers(), needed, &what) {
         Ok(caller) => {
             request.extensions_mut().insert(caller);
             next.run(request).await

@@ -13,18 +13,19 @@ use axum::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::{
-    Control, Hub,
-    agent_tokens::{AgentTokenKind, AgentTokenRecord},
-    config::parse_duration,
-    store::StoreOp,
+use scale_agent_hub_auth::agent_tokens::{AgentTokenKind, AgentTokenRecord};
+use scale_agent_hub_model::{
+    error::Chain, names::validate_account_name, store_op::StoreOp, time::parse_duration,
 };
+use scale_agent_hub_state::Control;
+
+use crate::http::{ApiState, error};
 
 /// Longest lifetime of an agent token.
 const MAX_TTL_SECONDS: i64 = 366 * 24 * 3600;
 
 /// The routes.
-pub(crate) fn router() -> Router<Arc<Hub>> {
+pub(crate) fn router() -> Router<Arc<ApiState>> {
     Router::new()
         .route("/api/v1/agent-tokens", post(create_token).get(list_tokens))
         .route("/api/v1/agent-tokens/{id}", delete(revoke_token))
@@ -121,18 +122,21 @@ fn validate(query: &CreateQuery) -> Result<i64, String> {
     Ok(ttl)
 }
 
-async fn create_token(State(hub): State<Arc<Hub>>, Query(query): Query<CreateQuery>) -> Response {
+async fn create_token(
+    State(api): State<Arc<ApiState>>,
+    Query(query): Query<CreateQuery>,
+) -> Response {
     let ttl = match validate(&query) {
         Ok(ttl) => ttl,
-        Err(message) => return crate::http::error(StatusCode::BAD_REQUEST, message),
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
     let kind = if query.once {
         AgentTokenKind::Enrolment
     } else {
         AgentTokenKind::Bearer
     };
-    let mut store = hub.store.lock().await;
-    let issued = hub.agent_tokens().issue(
+    let mut store = api.store.lock().await;
+    let issued = api.auth.agent_tokens().issue(
         kind,
         query.identity.trim(),
         query.accounts.trim(),
@@ -142,17 +146,17 @@ async fn create_token(State(hub): State<Arc<Hub>>, Query(query): Query<CreateQue
     let (token, record, ops) = match issued {
         Ok(issued) => issued,
         Err(e) => {
-            return crate::http::error(
+            return error(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 format!("cannot issue a token: {e}"),
             );
         }
     };
     if let Err(e) = store.commit(ops).await {
-        hub.agent_tokens().revoke(&record.id);
-        return crate::http::error(
+        api.auth.agent_tokens().revoke(&record.id);
+        return error(
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!("cannot store the token: {}", crate::error::Chain(&e)),
+            format!("cannot store the token: {}", Chain(&e)),
         );
     }
     drop(store);
@@ -162,8 +166,9 @@ async fn create_token(State(hub): State<Arc<Hub>>, Query(query): Query<CreateQue
     (StatusCode::CREATED, Json(view)).into_response()
 }
 
-async fn list_tokens(State(hub): State<Arc<Hub>>) -> Response {
-    let list: Vec<AgentTokenView> = hub
+async fn list_tokens(State(api): State<Arc<ApiState>>) -> Response {
+    let list: Vec<AgentTokenView> = api
+        .auth
         .agent_tokens()
         .list()
         .into_iter()
@@ -172,11 +177,11 @@ async fn list_tokens(State(hub): State<Arc<Hub>>) -> Response {
     Json(list).into_response()
 }
 
-async fn revoke_token(State(hub): State<Arc<Hub>>, Path(id): Path<String>) -> Response {
-    let mut store = hub.store.lock().await;
-    let revoked = hub.agent_tokens().revoke(&id);
+async fn revoke_token(State(api): State<Arc<ApiState>>, Path(id): Path<String>) -> Response {
+    let mut store = api.store.lock().await;
+    let revoked = api.auth.agent_tokens().revoke(&id);
     let Some((record, ops)) = revoked else {
-        return crate::http::error(
+        return error(
             StatusCode::NOT_FOUND,
             format!(
                 "no agent token with id {id:?} (`scale-agent-hub agent-token list` shows them)"
@@ -184,11 +189,11 @@ async fn revoke_token(State(hub): State<Arc<Hub>>, Path(id): Path<String>) -> Re
         );
     };
     if let Err(e) = store.commit(ops).await {
-        return crate::http::error(
+        return error(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!(
                 "the token is revoked in memory but could not be stored: {}",
-                crate::error::Chain(&e)
+                Chain(&e)
             ),
         );
     }
@@ -216,22 +221,22 @@ pub struct BindingView {
 /// the account are ended, so they stop receiving its operations at once; when they
 /// reconnect, their registration of the account is refused.
 async fn rebind(
-    State(hub): State<Arc<Hub>>,
+    State(api): State<Arc<ApiState>>,
     Path(name): Path<String>,
     Query(query): Query<RebindQuery>,
 ) -> Response {
-    if let Err(message) = crate::session::validate_account_name(&name) {
-        return crate::http::error(StatusCode::BAD_REQUEST, message);
+    if let Err(message) = validate_account_name(&name) {
+        return error(StatusCode::BAD_REQUEST, message);
     }
     let identity = query.identity.trim().to_string();
     if identity.is_empty() || identity.contains('*') {
-        return crate::http::error(
+        return error(
             StatusCode::BAD_REQUEST,
             "identity must name one agent identity (no wildcards)".into(),
         );
     }
     let (binding, previous, evicted, ticket) = {
-        let mut st = hub.state();
+        let mut st = api.live.state();
         let previous = st.registry.bindings.get(&name).map(|b| b.identity.clone());
         let binding = st
             .registry
@@ -239,16 +244,16 @@ async fn rebind(
         let evicted = st.registry.sessions_of_others(&name, &identity);
         // Queued with the streams' changes (a registration may have bound the account a
         // moment ago), so the store keeps the order of the changes in memory.
-        let ticket = hub.commits.enqueue(vec![StoreOp::PutBinding {
+        let ticket = api.commits.enqueue(vec![StoreOp::PutBinding {
             account: name.clone(),
             binding: binding.clone(),
         }]);
         (binding, previous, evicted, ticket)
     };
     if let Some(queued) = ticket
-        && let Err(e) = hub.commits.committed_or_failing(queued.ticket).await
+        && let Err(e) = api.commits.committed_or_failing(queued.ticket).await
     {
-        return crate::http::error(
+        return error(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!(
                 "the binding changed in memory but is not stored yet (it is retried until the \
@@ -257,7 +262,7 @@ async fn rebind(
         );
     }
     for session in &evicted {
-        hub.control(
+        api.live.control(
             *session,
             Control::Close(tonic::Status::permission_denied(format!(
                 "account {name:?} was rebound to identity {identity:?} by an admin; this \
@@ -274,8 +279,9 @@ async fn rebind(
     .into_response()
 }
 
-async fn list_bindings(State(hub): State<Arc<Hub>>) -> Response {
-    let list: Vec<BindingView> = hub
+async fn list_bindings(State(api): State<Arc<ApiState>>) -> Response {
+    let list: Vec<BindingView> = api
+        .live
         .state()
         .registry
         .bindings

@@ -19,13 +19,18 @@ use axum::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::{Hub, store::StoreOp};
+use scale_agent_hub_model::{error::Chain, store_op::StoreOp};
+use scale_agent_hub_state::Live;
+
+use crate::http::{ApiState, error};
 
 pub use scale_agent_hub_model::dynamic_accounts::{
     AgentReport, DEFAULT_SECRET_KEY, DynamicAccountRecord, DynamicAccountSpec, DynamicMode,
     SecretKeyRef, parse_spec,
 };
 pub use scale_agent_hub_state::dynamic_accounts::DynamicAccounts;
+// Sends an identity's set to each of its streams.
+use scale_agent_hub_state::dynamic_accounts::push;
 
 /// A dynamic account as the API shows it.
 #[derive(Debug, Serialize, Deserialize)]
@@ -53,10 +58,10 @@ fn time(unix: i64) -> String {
         .unwrap_or_default()
 }
 
-fn view(hub: &Hub, record: &DynamicAccountRecord) -> DynamicAccountView {
+fn view(live: &Live, record: &DynamicAccountRecord) -> DynamicAccountView {
     let name = &record.spec.name;
     let (connected_replicas, state) = {
-        let st = hub.state();
+        let st = live.state();
         let replicas = st
             .registry
             .replicas_of_identity(&record.spec.agent)
@@ -70,14 +75,14 @@ fn view(hub: &Hub, record: &DynamicAccountRecord) -> DynamicAccountView {
         created: time(record.created),
         updated: time(record.updated),
         connected_replicas,
-        agent_status: hub.dynamic_accounts().reports(name),
+        agent_status: live.dynamic_accounts().reports(name),
         state: state.as_ref().map(|s| s.state.as_str().to_string()),
         state_reason: state.map(|s| s.reason),
     }
 }
 
 /// The routes (role admin: the router's layer).
-pub(crate) fn router() -> Router<Arc<Hub>> {
+pub(crate) fn router() -> Router<Arc<ApiState>> {
     Router::new()
         .route(
             "/api/v1/dynamic-accounts",
@@ -89,22 +94,22 @@ pub(crate) fn router() -> Router<Arc<Hub>> {
         )
 }
 
-async fn list_accounts(State(hub): State<Arc<Hub>>) -> Response {
-    let records: Vec<DynamicAccountRecord> = hub.dynamic_accounts().list().cloned().collect();
-    let views: Vec<DynamicAccountView> = records.iter().map(|r| view(&hub, r)).collect();
+async fn list_accounts(State(api): State<Arc<ApiState>>) -> Response {
+    let records: Vec<DynamicAccountRecord> = api.live.dynamic_accounts().list().cloned().collect();
+    let views: Vec<DynamicAccountView> = records.iter().map(|r| view(&api.live, r)).collect();
     Json(views).into_response()
 }
 
-async fn get_account(State(hub): State<Arc<Hub>>, Path(name): Path<String>) -> Response {
-    let record = hub.dynamic_accounts().get(&name).cloned();
+async fn get_account(State(api): State<Arc<ApiState>>, Path(name): Path<String>) -> Response {
+    let record = api.live.dynamic_accounts().get(&name).cloned();
     match record {
-        Some(record) => Json(view(&hub, &record)).into_response(),
+        Some(record) => Json(view(&api.live, &record)).into_response(),
         None => not_found(&name),
     }
 }
 
 fn not_found(name: &str) -> Response {
-    crate::http::error(
+    error(
         StatusCode::NOT_FOUND,
         format!(
             "no dynamic account {name:?}: add it with POST /api/v1/dynamic-accounts (GET \
@@ -113,13 +118,13 @@ fn not_found(name: &str) -> Response {
     )
 }
 
-async fn create_account(State(hub): State<Arc<Hub>>, body: axum::body::Bytes) -> Response {
+async fn create_account(State(api): State<Arc<ApiState>>, body: axum::body::Bytes) -> Response {
     let spec = match parse_spec(&body) {
         Ok(spec) => spec,
-        Err(message) => return crate::http::error(StatusCode::BAD_REQUEST, message),
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
-    if hub.dynamic_accounts().get(&spec.name).is_some() {
-        return crate::http::error(
+    if api.live.dynamic_accounts().get(&spec.name).is_some() {
+        return error(
             StatusCode::CONFLICT,
             format!(
                 "dynamic account {:?} exists: change it with PUT /api/v1/dynamic-accounts/{}, \
@@ -128,20 +133,20 @@ async fn create_account(State(hub): State<Arc<Hub>>, body: axum::body::Bytes) ->
             ),
         );
     }
-    save(&hub, spec, StatusCode::CREATED).await
+    save(&api, spec, StatusCode::CREATED).await
 }
 
 async fn update_account(
-    State(hub): State<Arc<Hub>>,
+    State(api): State<Arc<ApiState>>,
     Path(name): Path<String>,
     body: axum::body::Bytes,
 ) -> Response {
     let spec = match parse_spec(&body) {
         Ok(spec) => spec,
-        Err(message) => return crate::http::error(StatusCode::BAD_REQUEST, message),
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
     if spec.name != name {
-        return crate::http::error(
+        return error(
             StatusCode::BAD_REQUEST,
             format!(
                 "the body names account {:?} but the path {name:?}: an account is renamed by \
@@ -150,22 +155,27 @@ async fn update_account(
             ),
         );
     }
-    let previous = hub.dynamic_accounts().get(&name).cloned();
+    let previous = api.live.dynamic_accounts().get(&name).cloned();
     let Some(previous) = previous else {
         return not_found(&name);
     };
     let moved_from = (previous.spec.agent != spec.agent).then_some(previous.spec.agent);
-    let response = save(&hub, spec, StatusCode::OK).await;
+    let response = save(&api, spec, StatusCode::OK).await;
     if let Some(identity) = moved_from {
-        push(&hub, &identity);
+        push(&api.live, &identity);
     }
     response
 }
 
 /// Checks the binding, stores the account, tells the agent.
-async fn save(hub: &Arc<Hub>, spec: DynamicAccountSpec, status: StatusCode) -> Response {
-    if let Err(reason) = hub.state().registry.check_binding(&spec.agent, &spec.name) {
-        return crate::http::error(
+async fn save(api: &ApiState, spec: DynamicAccountSpec, status: StatusCode) -> Response {
+    if let Err(reason) = api
+        .live
+        .state()
+        .registry
+        .check_binding(&spec.agent, &spec.name)
+    {
+        return error(
             StatusCode::CONFLICT,
             format!(
                 "account {:?} cannot be served by agent {:?}: {reason}",
@@ -173,8 +183,9 @@ async fn save(hub: &Arc<Hub>, spec: DynamicAccountSpec, status: StatusCode) -> R
             ),
         );
     }
-    let mut store = hub.store.lock().await;
-    let record = hub
+    let mut store = api.store.lock().await;
+    let record = api
+        .live
         .dynamic_accounts()
         .put(spec, jiff::Timestamp::now().as_second());
     let stored = store
@@ -184,22 +195,19 @@ async fn save(hub: &Arc<Hub>, spec: DynamicAccountSpec, status: StatusCode) -> R
         .await;
     drop(store);
     if let Err(e) = stored {
-        return crate::http::error(
+        return error(
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!(
-                "the dynamic account could not be stored: {}",
-                crate::error::Chain(&e)
-            ),
+            format!("the dynamic account could not be stored: {}", Chain(&e)),
         );
     }
     tracing::info!(account = %record.spec.name, agent = %record.spec.agent, mode = ?record.spec.mode, "dynamic account saved");
-    push(hub, &record.spec.agent);
-    (status, Json(view(hub, &record))).into_response()
+    push(&api.live, &record.spec.agent);
+    (status, Json(view(&api.live, &record))).into_response()
 }
 
-async fn delete_account(State(hub): State<Arc<Hub>>, Path(name): Path<String>) -> Response {
-    let mut store = hub.store.lock().await;
-    let removed = hub.dynamic_accounts().remove(&name);
+async fn delete_account(State(api): State<Arc<ApiState>>, Path(name): Path<String>) -> Response {
+    let mut store = api.store.lock().await;
+    let removed = api.live.dynamic_accounts().remove(&name);
     let Some(record) = removed else {
         return not_found(&name);
     };
@@ -210,22 +218,17 @@ async fn delete_account(State(hub): State<Arc<Hub>>, Path(name): Path<String>) -
         .await;
     drop(store);
     if let Err(e) = stored {
-        return crate::http::error(
+        return error(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!(
                 "the dynamic account is removed in memory but could not be stored: {}",
-                crate::error::Chain(&e)
+                Chain(&e)
             ),
         );
     }
     tracing::info!(account = %name, agent = %record.spec.agent, "dynamic account removed");
-    push(&hub, &record.spec.agent);
-    (StatusCode::OK, Json(view(&hub, &record))).into_response()
-}
-
-/// Sends `identity`'s set to each of its streams.
-pub(crate) fn push(hub: &Hub, identity: &str) {
-    scale_agent_hub_state::dynamic_accounts::push(&hub.live, identity);
+    push(&api.live, &record.spec.agent);
+    (StatusCode::OK, Json(view(&api.live, &record))).into_response()
 }
 
 #[cfg(test)]

@@ -13,10 +13,8 @@ use axum::{
 };
 use serde_json::json;
 
-use crate::Hub;
-
 use super::{
-    error,
+    ApiState, error,
     views::{AccountView, AgentView, local_accounts, local_agents, view_of},
 };
 
@@ -27,44 +25,47 @@ pub(super) async fn version() -> Json<serde_json::Value> {
 
 /// Every agent stream: of every replica when replicas share the store ([`crate::fleet`]),
 /// else of this hub.
-pub(super) async fn agents(State(hub): State<Arc<Hub>>) -> Response {
-    if hub.replicas.shared.is_some() && hub.replicas.forwarder.is_some() {
-        return Json(crate::fleet::agents(&hub).await).into_response();
+pub(super) async fn agents(State(api): State<Arc<ApiState>>) -> Response {
+    if api.replicas.shared.is_some() && api.replicas.forwarder.is_some() {
+        return Json(crate::fleet::agents(&api.replicas, &api.live).await).into_response();
     }
-    Json(local_agents(&hub.live)).into_response()
+    Json(local_agents(&api.live)).into_response()
 }
 
 /// This replica's agent streams (what the others ask for [`crate::fleet`]).
-pub(super) async fn replica_agents(State(hub): State<Arc<Hub>>) -> Json<Vec<AgentView>> {
-    Json(local_agents(&hub.live))
+pub(super) async fn replica_agents(State(api): State<Arc<ApiState>>) -> Json<Vec<AgentView>> {
+    Json(local_agents(&api.live))
 }
 
 /// Every account the hub has a record or a state for (ORPHANED and FAILED ones included):
 /// of every replica, with its owner, when replicas share the store ([`crate::fleet`]).
-pub(super) async fn accounts(State(hub): State<Arc<Hub>>) -> Response {
-    if hub.replicas.shared.is_some() && hub.replicas.forwarder.is_some() {
-        return match crate::fleet::accounts(&hub).await {
+pub(super) async fn accounts(State(api): State<Arc<ApiState>>) -> Response {
+    if api.replicas.shared.is_some() && api.replicas.forwarder.is_some() {
+        return match crate::fleet::accounts(&api.replicas, &api.live).await {
             Ok(list) => Json(list).into_response(),
             Err(e) => error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!(
                     "cannot read the accounts from the shared store: {}",
-                    crate::error::Chain(&e)
+                    scale_agent_hub_model::error::Chain(&e)
                 ),
             ),
         };
     }
-    Json(local_accounts(&hub.live)).into_response()
+    Json(local_accounts(&api.live)).into_response()
 }
 
 /// This replica's view of the accounts (what the others ask for [`crate::fleet`]).
-pub(super) async fn replica_accounts(State(hub): State<Arc<Hub>>) -> Json<Vec<AccountView>> {
-    Json(local_accounts(&hub.live))
+pub(super) async fn replica_accounts(State(api): State<Arc<ApiState>>) -> Json<Vec<AccountView>> {
+    Json(local_accounts(&api.live))
 }
 
 /// One account, as this replica (its owner: the route is forwarded there) sees it.
-pub(super) async fn account(State(hub): State<Arc<Hub>>, Path(name): Path<String>) -> Response {
-    let st = hub.state();
+pub(super) async fn account(
+    State(api): State<Arc<ApiState>>,
+    Path(name): Path<String>,
+) -> Response {
+    let st = api.live.state();
     match view_of(&st, &name) {
         Some(view) => Json(view).into_response(),
         None => error(StatusCode::NOT_FOUND, format!("no account {name:?}")),
@@ -73,10 +74,10 @@ pub(super) async fn account(State(hub): State<Arc<Hub>>, Path(name): Path<String
 
 /// Where each account's registration in Clouddriver stands (empty when registration is off).
 pub(super) async fn clouddriver(
-    State(hub): State<Arc<Hub>>,
-) -> Json<Vec<crate::clouddriver::RegistrationStatus>> {
+    State(api): State<Arc<ApiState>>,
+) -> Json<Vec<scale_agent_hub_clouddriver::RegistrationStatus>> {
     Json(
-        hub.registrar
+        api.registrar
             .as_ref()
             .map(|r| r.status())
             .unwrap_or_default(),

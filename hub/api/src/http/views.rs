@@ -8,13 +8,15 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::{
+use scale_agent_hub_cache::{AccountCache, KindCache, KindState};
+use scale_agent_hub_model::time::rfc3339;
+use scale_agent_hub_state::{
     Live,
-    cache::{AccountCache, KindCache, KindState},
-    registry::{Account, ClusterRecord, Registry, SessionId, StateRecord},
+    registry::{
+        Account, AccountRecord, AccountState, ClusterRecord, Registry, SessionId, StateRecord,
+    },
     session::HubState,
 };
-use scale_agent_hub_model::time::rfc3339;
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -213,7 +215,7 @@ fn stateless_view(name: &str, lifecycle: &StateRecord) -> AccountView {
 fn agentless_view(
     name: &str,
     cluster: ClusterRecord,
-    state: crate::registry::AccountState,
+    state: AccountState,
     reason: String,
 ) -> AccountView {
     AccountView {
@@ -267,11 +269,11 @@ pub(crate) fn local_accounts(live: &Live) -> Vec<AccountView> {
 }
 
 /// An account the shared store holds and no replica serves: its stored record, no agent.
-pub(crate) fn stored_view(name: &str, record: &crate::registry::AccountRecord) -> AccountView {
+pub(crate) fn stored_view(name: &str, record: &AccountRecord) -> AccountView {
     let mut view = agentless_view(
         name,
         record.cluster.clone(),
-        crate::registry::AccountState::Inactive,
+        AccountState::Inactive,
         "no agent serves it on any replica; its cache is kept in the shared store until the \
          grace period ends"
             .into(),
@@ -284,7 +286,7 @@ pub(crate) fn stored_view(name: &str, record: &crate::registry::AccountRecord) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::KindInfo;
+    use scale_agent_hub_cache::{Cache, KindInfo};
 
     #[test]
     fn timestamps() {
@@ -306,7 +308,7 @@ mod tests {
             plural: "secrets".into(),
             namespaced: true,
         };
-        let mut cache = crate::cache::Cache::default();
+        let mut cache = Cache::default();
         let mut ops = Vec::new();
         let state = |state: &str, message: &str, ns: &str| KindState {
             state: state.into(),

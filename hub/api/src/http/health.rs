@@ -13,9 +13,9 @@ use axum::{
 };
 
 /// What the health routes ask of the hub around the API: whether it is ready, why its store
-/// cannot commit, and its metrics. The hub's wiring answers ([`crate::Hub`] implements it),
-/// so the API reads no readiness flag, store queue or metrics registry itself.
-pub(crate) trait Health: Send + Sync {
+/// cannot commit, and its metrics. The hub's wiring answers (the facade's `Hub` implements
+/// it), so the API reads no readiness flag, store queue or metrics registry itself.
+pub trait Health: Send + Sync {
     /// Whether the store is open and gRPC listens.
     fn readiness(&self) -> Readiness;
     /// Why the store cannot commit, in words for people; `None` while it commits.
@@ -26,9 +26,9 @@ pub(crate) trait Health: Send + Sync {
 
 /// The two conditions of readiness.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Readiness {
-    pub(crate) store_open: bool,
-    pub(crate) grpc_listening: bool,
+pub struct Readiness {
+    pub store_open: bool,
+    pub grpc_listening: bool,
 }
 
 /// `/healthz`, `/readyz` and `/readyz/store`: open to anyone (probes carry no token).

@@ -13,13 +13,12 @@ use axum::{
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::{
-    Hub, Live,
-    cache::{AccountCache, CachedObject, KindCache, KindInfo},
-    proxy::cached::selector::LabelSelector,
+use scale_agent_hub_cache::{
+    AccountCache, CachedObject, KindCache, KindInfo, KindKey, selector::LabelSelector,
 };
+use scale_agent_hub_state::Live;
 
-use super::error;
+use super::{ApiState, error};
 
 /// Query of the objects endpoint.
 #[derive(Debug, Default, Deserialize)]
@@ -47,7 +46,7 @@ const MAX_OBJECTS_PAGE: usize = 10_000;
 
 /// Where a page of objects ends: the kind and uid of its last object (objects are listed by
 /// kind, then uid).
-type Cursor = (crate::cache::KindKey, String);
+type Cursor = (KindKey, String);
 
 fn encode_cursor((kind, uid): &Cursor) -> String {
     use base64::Engine as _;
@@ -62,10 +61,7 @@ fn decode_cursor(token: &str) -> Option<Cursor> {
         .ok()?;
     let text = String::from_utf8(bytes).ok()?;
     let (kind, uid) = text.split_once('\0')?;
-    Some((
-        crate::cache::KindKey::from_storage_key(kind)?,
-        uid.to_string(),
-    ))
+    Some((KindKey::from_storage_key(kind)?, uid.to_string()))
 }
 
 /// One page of objects, selected by kind and namespace (labels are left for after the
@@ -192,7 +188,7 @@ fn object_value(kind: &KindInfo, o: &CachedObject) -> Value {
 }
 
 pub(super) async fn objects(
-    State(hub): State<Arc<Hub>>,
+    State(api): State<Arc<ApiState>>,
     Path(name): Path<String>,
     Query(q): Query<ObjectQuery>,
 ) -> Response {
@@ -219,7 +215,7 @@ pub(super) async fn objects(
     let mut items: Vec<Value> = Vec::new();
     let next = loop {
         let max = limit.map_or(OBJECTS_CHUNK, |l| l.min(MAX_OBJECTS_PAGE));
-        let page = match objects_page(&hub.live, &name, &q, after.as_ref(), max) {
+        let page = match objects_page(&api.live, &name, &q, after.as_ref(), max) {
             Ok(page) => page,
             Err(response) => return *response,
         };

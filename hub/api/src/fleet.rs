@@ -6,7 +6,7 @@
 //! and its kinds' states, kept by its owner. So the replica asked reads the replicas alive
 //! (`hub_replicas`, where each says it is alive every `--replica-sync-period`) and asks each
 //! other one for its own view over the internal channel (`/internal/api/v1/...`, with the
-//! replicas' secret, [`crate::owners::forward`]), concurrently, within [`ASK_TIMEOUT`].
+//! replicas' secret, [`scale_agent_hub_replicas::owners::forward`]), concurrently, within [`ASK_TIMEOUT`].
 //! Accounts come from the store (every stored account, with its owner from
 //! `account_owners`), each shown as its owner sees it. A replica that does not answer is
 //! listed as unreachable, never left out.
@@ -16,26 +16,30 @@ use std::{collections::BTreeMap, time::Duration};
 use scale_agent_hub_model::time::rfc3339;
 use serde_json::{Value, json};
 
-use crate::{
-    Hub,
-    error::Result,
-    http::views::{local_accounts, local_agents, stored_view},
-};
+use scale_agent_hub_model::{Result, error::Chain, records::AccountRecord};
+use scale_agent_hub_replicas::{Replicas, sync::alive_within};
+use scale_agent_hub_state::Live;
+use scale_agent_hub_store::OwnerRow;
+
+use crate::http::views::{local_accounts, local_agents, stored_view};
 
 /// How long a replica may take to answer.
 pub const ASK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What every other live replica answered for `path`: (replica, its JSON or why not).
-async fn ask_others(hub: &Hub, path: &str) -> Result<Vec<(String, Result<Value, String>)>> {
-    let (Some(store), Some(forwarder)) = (&hub.replicas.shared, &hub.replicas.forwarder) else {
+async fn ask_others(
+    replicas: &Replicas,
+    path: &str,
+) -> Result<Vec<(String, Result<Value, String>)>> {
+    let (Some(store), Some(forwarder)) = (&replicas.shared, &replicas.forwarder) else {
         return Ok(Vec::new());
     };
-    let replicas = store
-        .replicas(crate::shared::alive_within(hub.config.replica_sync_period))
+    let alive = store
+        .replicas(alive_within(replicas.settings.sync_period))
         .await?;
-    let asks = replicas
+    let asks = alive
         .into_iter()
-        .filter(|r| r.replica != hub.replicas.id())
+        .filter(|r| r.replica != replicas.id())
         .map(|r| async move {
             let answer = forwarder
                 .get_json(&r.replica, &r.address, path, ASK_TIMEOUT)
@@ -54,20 +58,20 @@ fn with_replica(mut value: Value, replica: &str) -> Value {
 
 /// Every replica's agent streams, each with `hubReplica` (the replica it is connected to);
 /// a replica that cannot be asked is one entry `{"hubReplica", "unreachable"}`.
-pub(crate) async fn agents(hub: &Hub) -> Vec<Value> {
-    let mut list: Vec<Value> = local_agents(&hub.live)
+pub(crate) async fn agents(replicas: &Replicas, live: &Live) -> Vec<Value> {
+    let mut list: Vec<Value> = local_agents(live)
         .into_iter()
         .filter_map(|a| serde_json::to_value(a).ok())
-        .map(|a| with_replica(a, hub.replicas.id()))
+        .map(|a| with_replica(a, replicas.id()))
         .collect();
-    let others = match ask_others(hub, "/api/v1/agents").await {
+    let others = match ask_others(replicas, "/api/v1/agents").await {
         Ok(others) => others,
         Err(e) => {
             list.push(json!({
                 "hubReplica": "*",
                 "unreachable": format!(
                     "cannot read the replicas from the shared store: {}",
-                    crate::error::Chain(&e)
+                    Chain(&e)
                 ),
             }));
             return list;
@@ -92,19 +96,19 @@ pub(crate) async fn agents(hub: &Hub) -> Vec<Value> {
 /// owner sees it, with `owner` (`{"replica", "epoch", "since"}`, null when no replica owns
 /// it) and, when its owner cannot be asked, `ownerUnreachable` (the view then is the
 /// stored record's).
-pub(crate) async fn accounts(hub: &Hub) -> Result<Vec<Value>> {
-    let Some(store) = &hub.replicas.shared else {
+pub(crate) async fn accounts(replicas: &Replicas, live: &Live) -> Result<Vec<Value>> {
+    let Some(store) = &replicas.shared else {
         return Ok(Vec::new());
     };
     let stored = store.accounts().await?;
     let owners = store.owners().await?;
     let mut views = Views::new();
-    let local: Vec<Value> = local_accounts(&hub.live)
+    let local: Vec<Value> = local_accounts(live)
         .into_iter()
         .filter_map(|a| serde_json::to_value(a).ok())
         .collect();
-    views.insert(hub.replicas.id().to_string(), Ok(by_name(local)));
-    for (replica, answer) in ask_others(hub, "/api/v1/accounts").await? {
+    views.insert(replicas.id().to_string(), Ok(by_name(local)));
+    for (replica, answer) in ask_others(replicas, "/api/v1/accounts").await? {
         let view = match answer {
             Ok(Value::Array(list)) => Ok(by_name(list)),
             Ok(_) => Err("its answer is not a list of accounts".to_string()),
@@ -112,9 +116,9 @@ pub(crate) async fn accounts(hub: &Hub) -> Result<Vec<Value>> {
         };
         views.insert(replica, view);
     }
-    let alive_within = crate::shared::alive_within(hub.config.replica_sync_period);
+    let alive_within = alive_within(replicas.settings.sync_period);
     Ok(merge_accounts(
-        hub.replicas.id(),
+        replicas.id(),
         stored,
         &owners,
         &views,
@@ -138,8 +142,8 @@ fn by_name(list: Vec<Value>) -> BTreeMap<String, Value> {
 /// is alive. Every account stored or seen by a replica, by name, each as its owner sees it.
 fn merge_accounts(
     this_replica: &str,
-    stored: Vec<(String, crate::registry::AccountRecord)>,
-    owners: &BTreeMap<String, crate::store::OwnerRow>,
+    stored: Vec<(String, AccountRecord)>,
+    owners: &BTreeMap<String, OwnerRow>,
     views: &Views,
     alive_within: Duration,
 ) -> Vec<Value> {
@@ -149,7 +153,7 @@ fn merge_accounts(
     }
     names.sort();
     names.dedup();
-    let stored: BTreeMap<String, crate::registry::AccountRecord> = stored.into_iter().collect();
+    let stored: BTreeMap<String, AccountRecord> = stored.into_iter().collect();
     let local_view = |name: &str| -> Option<Value> {
         views
             .get(this_replica)
@@ -217,10 +221,7 @@ fn merge_accounts(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        registry::{AccountRecord, ClusterRecord},
-        store::OwnerRow,
-    };
+    use scale_agent_hub_model::records::ClusterRecord;
 
     fn owner(replica: &str) -> OwnerRow {
         OwnerRow {

@@ -14,17 +14,18 @@ use axum::{
     routing::{delete, get, post},
 };
 
-use crate::api_auth::Role;
+use scale_agent_hub_auth::tokens::{CLOUDDRIVER_TOKEN, TokenRecord};
+use scale_agent_hub_model::{error::Chain, names::validate_account_name};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    Hub,
+    api_auth::Role,
+    http::{ApiState, error},
     kubeconfig::{self, KubeconfigFor},
-    tokens::{CLOUDDRIVER_TOKEN, TokenRecord},
 };
 
 /// The admin routes.
-pub(crate) fn router() -> Router<Arc<Hub>> {
+pub(crate) fn router() -> Router<Arc<ApiState>> {
     Router::new()
         .route("/api/v1/accounts/{name}/kubeconfig", post(issue_kubeconfig))
         .route("/api/v1/tokens", get(list_tokens).post(create_token))
@@ -45,8 +46,12 @@ pub struct KubeconfigQuery {
 }
 
 /// The URL clients reach the hub's HTTP listener at.
-fn public_url(hub: &Hub, request_headers: &HeaderMap, uri: &axum::http::Uri) -> Option<String> {
-    if let Some(url) = &hub.api_settings.public_url {
+fn public_url(
+    api: &ApiState,
+    request_headers: &HeaderMap,
+    uri: &axum::http::Uri,
+) -> Option<String> {
+    if let Some(url) = &api.settings.public_url {
         return Some(url.trim_end_matches('/').to_string());
     }
     let host = uri
@@ -58,27 +63,23 @@ fn public_url(hub: &Hub, request_headers: &HeaderMap, uri: &axum::http::Uri) -> 
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string)
         })?;
-    let scheme = if hub.api_settings.https {
-        "https"
-    } else {
-        "http"
-    };
+    let scheme = if api.settings.https { "https" } else { "http" };
     Some(format!("{scheme}://{host}"))
 }
 
 /// Makes (or, for `clouddriver`, derives) a token for `account` and the kubeconfig around
 /// it; stores the token's hash before answering.
 pub(crate) async fn kubeconfig_for(
-    hub: &Hub,
+    api: &ApiState,
     account: &str,
     token_name: &str,
     rotate: bool,
     public_url: &str,
-) -> crate::Result<(String, TokenRecord)> {
+) -> scale_agent_hub_model::Result<(String, TokenRecord)> {
     let now = jiff::Timestamp::now().as_second();
-    let mut store = hub.store.lock().await;
+    let mut store = api.store.lock().await;
     let (token, record, ops) = {
-        let mut tokens = hub.tokens();
+        let mut tokens = api.auth.tokens();
         if token_name == CLOUDDRIVER_TOKEN && rotate {
             tokens.rotate_derived(account, token_name, now)?
         } else if token_name == CLOUDDRIVER_TOKEN {
@@ -92,20 +93,20 @@ pub(crate) async fn kubeconfig_for(
     let yaml = kubeconfig::render(&KubeconfigFor {
         account,
         public_url,
-        ca_pem: hub.api_settings.serving_ca_pem.as_deref(),
+        ca_pem: api.settings.serving_ca_pem.as_deref(),
         token: &token,
     });
     Ok((yaml, record))
 }
 
 async fn issue_kubeconfig(
-    State(hub): State<Arc<Hub>>,
+    State(api): State<Arc<ApiState>>,
     Path(name): Path<String>,
     Query(query): Query<KubeconfigQuery>,
     request: Request,
 ) -> Response {
-    if let Err(message) = crate::session::validate_account_name(&name) {
-        return crate::http::error(StatusCode::BAD_REQUEST, message);
+    if let Err(message) = validate_account_name(&name) {
+        return error(StatusCode::BAD_REQUEST, message);
     }
     let token_name = query
         .token_name
@@ -113,13 +114,13 @@ async fn issue_kubeconfig(
         .filter(|n| !n.trim().is_empty())
         .unwrap_or_else(|| "kubeconfig".into());
     if token_name.len() > 63 || token_name.chars().any(|c| c.is_control()) {
-        return crate::http::error(
+        return error(
             StatusCode::BAD_REQUEST,
             format!("token name {token_name:?} must be at most 63 printable characters"),
         );
     }
     if query.rotate && token_name != CLOUDDRIVER_TOKEN {
-        return crate::http::error(
+        return error(
             StatusCode::BAD_REQUEST,
             format!(
                 "rotate applies to the {CLOUDDRIVER_TOKEN:?} token only; any other token is \
@@ -127,13 +128,13 @@ async fn issue_kubeconfig(
             ),
         );
     }
-    let Some(url) = public_url(&hub, request.headers(), request.uri()) else {
-        return crate::http::error(
+    let Some(url) = public_url(&api, request.headers(), request.uri()) else {
+        return error(
             StatusCode::BAD_REQUEST,
             "cannot tell the hub's URL from the request: start the hub with --public-url".into(),
         );
     };
-    match kubeconfig_for(&hub, &name, &token_name, query.rotate, &url).await {
+    match kubeconfig_for(&api, &name, &token_name, query.rotate, &url).await {
         Ok((yaml, record)) => {
             tracing::info!(account = %name, token = %record.name, id = %record.id, "issued a proxy token and its kubeconfig");
             let mut response = (StatusCode::OK, yaml).into_response();
@@ -143,9 +144,9 @@ async fn issue_kubeconfig(
             );
             response
         }
-        Err(e) => crate::http::error(
+        Err(e) => error(
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!("cannot issue a token: {}", crate::error::Chain(&e)),
+            format!("cannot issue a token: {}", Chain(&e)),
         ),
     }
 }
@@ -208,9 +209,9 @@ fn external_view(kind: &str, source: &str, name: &str, role: Role) -> TokenView 
     }
 }
 
-async fn list_tokens(State(hub): State<Arc<Hub>>) -> Response {
+async fn list_tokens(State(api): State<Arc<ApiState>>) -> Response {
     let mut list = Vec::new();
-    if hub.auth.admin_token().is_some() {
+    if api.auth.admin_token().is_some() {
         list.push(external_view(
             "admin",
             "admin-token-file",
@@ -218,14 +219,14 @@ async fn list_tokens(State(hub): State<Arc<Hub>>) -> Response {
             Role::Admin,
         ));
     }
-    if let Some(file) = hub.auth.api_tokens_file() {
+    if let Some(file) = api.auth.api_tokens_file() {
         list.extend(
             file.list()
                 .into_iter()
                 .map(|t| external_view("api", "file", &t.name, t.role)),
         );
     }
-    list.extend(hub.tokens().list().into_iter().map(TokenView::from));
+    list.extend(api.auth.tokens().list().into_iter().map(TokenView::from));
     Json(list).into_response()
 }
 
@@ -247,11 +248,11 @@ pub struct CreatedToken {
 }
 
 /// Issues an API token; a token of the same name is replaced (rotation).
-async fn create_token(State(hub): State<Arc<Hub>>, body: axum::body::Bytes) -> Response {
+async fn create_token(State(api): State<Arc<ApiState>>, body: axum::body::Bytes) -> Response {
     let request: CreateToken = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => {
-            return crate::http::error(
+            return error(
                 StatusCode::BAD_REQUEST,
                 format!(
                     "the body must be {{\"name\": \"<who>\", \"role\": \"reader|operator|admin\"}}: {e}"
@@ -261,28 +262,29 @@ async fn create_token(State(hub): State<Arc<Hub>>, body: axum::body::Bytes) -> R
     };
     let name = request.name.trim();
     if name.is_empty() || name.len() > 63 || name.chars().any(|c| c.is_control()) {
-        return crate::http::error(
+        return error(
             StatusCode::BAD_REQUEST,
             format!("token name {name:?} must be 1 to 63 printable characters"),
         );
     }
-    let mut store = hub.store.lock().await;
-    let issued = hub
-        .tokens()
-        .issue_api(name, request.role, jiff::Timestamp::now().as_second());
+    let mut store = api.store.lock().await;
+    let issued =
+        api.auth
+            .tokens()
+            .issue_api(name, request.role, jiff::Timestamp::now().as_second());
     let (token, record, ops) = match issued {
         Ok(issued) => issued,
         Err(e) => {
-            return crate::http::error(
+            return error(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 format!("cannot issue a token: {e}"),
             );
         }
     };
     if let Err(e) = store.commit(ops).await {
-        return crate::http::error(
+        return error(
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!("cannot store the token: {}", crate::error::Chain(&e)),
+            format!("cannot store the token: {}", Chain(&e)),
         );
     }
     drop(store);
@@ -294,18 +296,18 @@ async fn create_token(State(hub): State<Arc<Hub>>, body: axum::body::Bytes) -> R
     .into_response()
 }
 
-async fn revoke_token(State(hub): State<Arc<Hub>>, Path(id): Path<String>) -> Response {
-    let mut store = hub.store.lock().await;
-    let revoked = hub.tokens().revoke(&id);
+async fn revoke_token(State(api): State<Arc<ApiState>>, Path(id): Path<String>) -> Response {
+    let mut store = api.store.lock().await;
+    let revoked = api.auth.tokens().revoke(&id);
     let Some((record, ops)) = revoked else {
-        return crate::http::error(StatusCode::NOT_FOUND, format!("no token with id {id:?}"));
+        return error(StatusCode::NOT_FOUND, format!("no token with id {id:?}"));
     };
     if let Err(e) = store.commit(ops).await {
-        return crate::http::error(
+        return error(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!(
                 "the token is revoked in memory but could not be stored: {}",
-                crate::error::Chain(&e)
+                Chain(&e)
             ),
         );
     }
