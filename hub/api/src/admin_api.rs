@@ -282,6 +282,9 @@ async fn create_token(State(api): State<Arc<ApiState>>, body: axum::body::Bytes)
         }
     };
     if let Err(e) = store.commit(ops).await {
+        // The caller never gets this token: it must not work until the next start either
+        // (the agent-token route does the same).
+        api.auth.tokens().revoke(&record.id);
         return error(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("cannot store the token: {}", Chain(&e)),
