@@ -196,3 +196,77 @@ pub struct AgentReport {
     pub message: String,
     pub time: String,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(value: Value) -> Vec<u8> {
+        serde_json::to_vec(&value).unwrap()
+    }
+
+    fn valid() -> Value {
+        serde_json::json!({
+            "name": "dyn-a",
+            "agent": "prod-agent",
+            "mode": "SpinnakerService",
+            "kubeconfigSecret": {"namespace": "spinnaker", "name": "dyn-a-kubeconfig"},
+            "kinds": ["ConfigMap"],
+            "namespaces": ["team-a"],
+        })
+    }
+
+    #[test]
+    fn a_valid_body_becomes_what_the_agent_is_sent() {
+        let spec = parse_spec(&body(valid())).unwrap();
+        assert_eq!(spec.mode, DynamicMode::SpinnakerService);
+        let proto = spec.to_proto();
+        assert_eq!(proto.account, "dyn-a");
+        let secret = proto.kubeconfig_secret.unwrap();
+        assert_eq!(
+            (
+                secret.namespace.as_str(),
+                secret.name.as_str(),
+                secret.key.as_str()
+            ),
+            ("spinnaker", "dyn-a-kubeconfig", "")
+        );
+        let settings: Value = serde_json::from_slice(&proto.settings_json).unwrap();
+        assert_eq!(settings["kinds"], serde_json::json!(["ConfigMap"]));
+        assert_eq!(settings["namespaces"], serde_json::json!(["team-a"]));
+        let mut default_mode = valid();
+        default_mode.as_object_mut().unwrap().remove("mode");
+        assert_eq!(
+            parse_spec(&body(default_mode)).unwrap().mode,
+            DynamicMode::Infrastructure
+        );
+    }
+
+    #[test]
+    fn refusals_say_what_to_send_instead() {
+        let with = |field: &str, value: Value| {
+            let mut v = valid();
+            v[field] = value;
+            parse_spec(&body(v)).unwrap_err()
+        };
+        let err = with("kubeconfigContents", serde_json::json!("apiVersion: v1"));
+        assert!(err.contains("kubeconfigSecret"), "{err}");
+        assert!(err.contains("never carries kubeconfigs"), "{err}");
+        let err = with("serviceAccount", serde_json::json!(true));
+        assert!(err.contains("AgentAccount"), "{err}");
+        let err = with("mode", serde_json::json!("Agent"));
+        assert!(err.contains("mode Agent"), "{err}");
+        let err = with("kindz", serde_json::json!(["Pod"]));
+        assert!(err.contains("unknown field `kindz`"), "{err}");
+        let err = with("agent", serde_json::json!(" "));
+        assert!(err.contains("agent identity"), "{err}");
+        let err = with("name", serde_json::json!("Not A Name"));
+        assert!(err.contains("Not A Name"), "{err}");
+        let err = with("kubeconfigSecret", serde_json::json!({"name": "Bad_Name"}));
+        assert!(err.contains("lowercase DNS names"), "{err}");
+        let err = with("omitKinds", serde_json::json!(["Secret"]));
+        assert!(err.contains("not both"), "{err}");
+        let err = parse_spec(b"[1]").unwrap_err();
+        assert!(err.contains("kubeconfigSecret"), "{err}");
+    }
+}
