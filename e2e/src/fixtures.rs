@@ -79,10 +79,10 @@ pub fn test_hub_config(dir: &Path) -> anyhow::Result<scale_agent_hub::Config> {
         scale_agent_hub::GrpcSecurity::InsecurePlaintext,
         dir.join("hub-data"),
     );
-    config.grpc_addr = "127.0.0.1:0".parse()?;
-    config.http_addr = "127.0.0.1:0".parse()?;
-    config.heartbeat_period = Duration::from_secs(2);
-    config.api_tokens_file = Some(write_api_tokens(dir)?);
+    config.listeners.grpc_addr = "127.0.0.1:0".parse()?;
+    config.listeners.http_addr = "127.0.0.1:0".parse()?;
+    config.streams.heartbeat_period = Duration::from_secs(2);
+    config.api.api_tokens_file = Some(write_api_tokens(dir)?);
     Ok(config)
 }
 
@@ -116,16 +116,16 @@ impl TlsHub {
         std::fs::write(&ca_file, &ca.cert_pem)?;
         let admin_token_file = dir.join("admin-token");
         let mut config = test_hub_config(dir)?;
-        config.http_security = scale_agent_hub::HttpSecurity::Tls {
+        config.listeners.http_security = scale_agent_hub::HttpSecurity::Tls {
             cert_pem: serving.cert_pem.into_bytes(),
             key_pem: serving.key_pem.into_bytes(),
         };
-        config.serving_ca_pem = Some(ca.cert_pem.clone().into_bytes());
-        config.admin_token_file = Some(admin_token_file.clone());
+        config.api.serving_ca_pem = Some(ca.cert_pem.clone().into_bytes());
+        config.api.admin_token_file = Some(admin_token_file.clone());
         configure(&mut config);
         let hub = scale_agent_hub::start(config.clone()).await?;
-        config.grpc_addr = hub.grpc_addr;
-        config.http_addr = hub.http_addr;
+        config.listeners.grpc_addr = hub.grpc_addr;
+        config.listeners.http_addr = hub.http_addr;
         let admin_token = std::fs::read_to_string(&admin_token_file)?
             .trim()
             .to_string();

@@ -304,7 +304,7 @@ async fn a_dynamic_account_streams_survives_restarts_and_is_removed() -> anyhow:
 
     // A grace period long enough for restarts, short enough to see a removed account go.
     let hub = TlsHub::start(&dir, |config| {
-        config.grace_period = Duration::from_secs(20);
+        config.streams.grace_period = Duration::from_secs(20);
     })
     .await?;
     // The agent's own config has one account, `static-<ns>`, which a pushed account of the

@@ -269,11 +269,12 @@ async fn mutual_tls_hub_is_reached_through_https_proxy() -> anyhow::Result<()> {
     std::fs::write(&cert_file, &client.cert_pem)?;
     std::fs::write(&key_file, &client.key_pem)?;
     let mut hub_config = fixtures::test_hub_config(&dir)?;
-    hub_config.security = scale_agent_hub::GrpcSecurity::MutualTls(scale_agent_hub::TlsMaterial {
-        cert_pem: serving.cert_pem.into_bytes(),
-        key_pem: serving.key_pem.into_bytes(),
-        client_ca_pem: Some(ca.cert_pem.clone().into_bytes()),
-    });
+    hub_config.agents.security =
+        scale_agent_hub::GrpcSecurity::MutualTls(scale_agent_hub::TlsMaterial {
+            cert_pem: serving.cert_pem.into_bytes(),
+            key_pem: serving.key_pem.into_bytes(),
+            client_ca_pem: Some(ca.cert_pem.clone().into_bytes()),
+        });
     let hub = scale_agent_hub::start(hub_config).await?;
     let hub_target = hub.grpc_addr.to_string();
     let mut proxy = Tinyproxy::start(&dir.join("tinyproxy")).await?;

@@ -186,7 +186,7 @@ async fn agents_reach_the_hub_through_nginx_with_their_certificate_identity() ->
     )
     .map_err(anyhow::Error::msg)?;
     let hub = TlsHub::start(&dir, |config| {
-        config.security = GrpcSecurity::TrustedProxy(ProxyMode {
+        config.agents.security = GrpcSecurity::TrustedProxy(ProxyMode {
             trust,
             client_ca_pem: agents_ca.cert_pem.clone().into_bytes(),
             hop_tls: None,

@@ -224,16 +224,16 @@ async fn start_replica(url: &str, name: &str) -> Replica {
     let _ = std::fs::remove_dir_all(&dir);
     let port = scale_agent_e2e::local_agent::free_port().unwrap();
     let mut config = Config::new(GrpcSecurity::InsecurePlaintext, &dir);
-    config.grpc_addr = "127.0.0.1:0".parse().unwrap();
-    config.http_addr = format!("127.0.0.1:{port}").parse().unwrap();
-    config.replica_id = name.into();
-    config.replica_address = Some(format!("http://127.0.0.1:{port}"));
-    config.replica_secret = Some(ReplicaSecret::new(SECRET).unwrap());
+    config.listeners.grpc_addr = "127.0.0.1:0".parse().unwrap();
+    config.listeners.http_addr = format!("127.0.0.1:{port}").parse().unwrap();
+    config.replicas.id = name.into();
+    config.replicas.address = Some(format!("http://127.0.0.1:{port}"));
+    config.replicas.secret = Some(ReplicaSecret::new(SECRET).unwrap());
     let options = scale_agent_hub::store::PostgresOptions::new(url);
-    config.ownership = OwnershipSource::Postgres {
+    config.replicas.ownership = OwnershipSource::Postgres {
         options: options.clone(),
     };
-    config.store = scale_agent_hub::store::Backend::Postgres(options);
+    config.store.backend = scale_agent_hub::store::Backend::Postgres(options);
     let hub = scale_agent_hub::start(config).await.unwrap();
     let admin = std::fs::read_to_string(hub.admin_token_file().unwrap())
         .unwrap()

@@ -1629,9 +1629,9 @@ async fn full_flow_agent_process_registers_with_the_hub_and_survives_an_operator
         }),
         dir.join("hub-data"),
     );
-    hub_config.grpc_addr = "127.0.0.1:0".parse()?;
-    hub_config.http_addr = "127.0.0.1:0".parse()?;
-    hub_config.api_tokens_file = Some(scale_agent_e2e::fixtures::write_api_tokens(&dir)?);
+    hub_config.listeners.grpc_addr = "127.0.0.1:0".parse()?;
+    hub_config.listeners.http_addr = "127.0.0.1:0".parse()?;
+    hub_config.api.api_tokens_file = Some(scale_agent_e2e::fixtures::write_api_tokens(&dir)?);
     let hub = scale_agent_hub::start(hub_config).await?;
 
     let mut operator = Operator::start(client.clone(), operator_config(&ns));
@@ -2257,11 +2257,12 @@ async fn enrolment_hub(
     let serving = grpc_ca.serving("scale-agent-hub", &[])?;
     create_secret(client, ns, "hub-ca", &[("ca.crt", &grpc_ca.cert_pem)]).await?;
     scale_agent_e2e::fixtures::TlsHub::start(dir, |config| {
-        config.security = scale_agent_hub::GrpcSecurity::MutualTls(scale_agent_hub::TlsMaterial {
-            cert_pem: serving.cert_pem.into_bytes(),
-            key_pem: serving.key_pem.into_bytes(),
-            client_ca_pem: None,
-        });
+        config.agents.security =
+            scale_agent_hub::GrpcSecurity::MutualTls(scale_agent_hub::TlsMaterial {
+                cert_pem: serving.cert_pem.into_bytes(),
+                key_pem: serving.key_pem.into_bytes(),
+                client_ca_pem: None,
+            });
     })
     .await
 }
@@ -2541,9 +2542,9 @@ async fn the_agent_writes_the_hubs_verdict_into_the_status() -> anyhow::Result<(
         }),
         dir.join("hub-data"),
     );
-    hub_config.grpc_addr = "127.0.0.1:0".parse()?;
-    hub_config.http_addr = "127.0.0.1:0".parse()?;
-    hub_config.api_tokens_file = Some(scale_agent_e2e::fixtures::write_api_tokens(&dir)?);
+    hub_config.listeners.grpc_addr = "127.0.0.1:0".parse()?;
+    hub_config.listeners.http_addr = "127.0.0.1:0".parse()?;
+    hub_config.api.api_tokens_file = Some(scale_agent_e2e::fixtures::write_api_tokens(&dir)?);
     let hub = scale_agent_hub::start(hub_config).await?;
 
     // Another cluster already holds account name "<ns>-two": a stream of the same identity

@@ -16,21 +16,23 @@ impl http::Health for Hub {
 
     fn store_failure(&self) -> Option<String> {
         let health = self.commits.health();
-        health.failure.map(|error| match &self.config.store {
-            Backend::Embedded => format!(
-                "the store cannot commit in data directory {} ({error}); {} changes are queued \
+        health
+            .failure
+            .map(|error| match &self.config.store.backend {
+                Backend::Embedded => format!(
+                    "the store cannot commit in data directory {} ({error}); {} changes are queued \
                  and retried, agents' acknowledgements are held until they are committed: free \
                  space on that volume or grow it",
-                self.config.data_dir.display(),
-                health.queued
-            ),
-            Backend::Postgres(_) => format!(
-                "the store cannot commit to PostgreSQL ({error}); {} changes are queued and \
+                    self.config.store.data_dir.display(),
+                    health.queued
+                ),
+                Backend::Postgres(_) => format!(
+                    "the store cannot commit to PostgreSQL ({error}); {} changes are queued and \
                  retried, agents' acknowledgements are held until they are committed: check \
                  that PostgreSQL is up, reachable and has space",
-                health.queued
-            ),
-        })
+                    health.queued
+                ),
+            })
     }
 
     fn metrics(&self) -> String {

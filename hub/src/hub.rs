@@ -90,7 +90,7 @@ impl Hub {
             let mut st = self.state();
             let names = st
                 .registry
-                .expired(Instant::now(), self.config.grace_period);
+                .expired(Instant::now(), self.config.streams.grace_period);
             // An account owned by another replica is only forgotten here: its owner keeps
             // it in the shared store.
             let owned: Vec<&String> = names.iter().filter(|n| st.registry.owns(n)).collect();
@@ -111,7 +111,7 @@ impl Hub {
         self.observe_states();
         for name in &expired {
             self.live.account_forgotten(name);
-            tracing::info!(account = %name, grace_period = ?self.config.grace_period, "account removed: no agent within the grace period");
+            tracing::info!(account = %name, grace_period = ?self.config.streams.grace_period, "account removed: no agent within the grace period");
         }
         if self.commits.health().failure.is_none() {
             // Makes recent commits durable (the writer retries on its own while failing).
@@ -134,7 +134,8 @@ impl Hub {
     /// The accounts are every account of a shared store (whichever replica streams it), or
     /// those of the registry with the embedded store.
     pub(crate) async fn hand_accounts_to_registrar(&self) -> Result<()> {
-        let (Some(registrar), Some(public_url)) = (&self.registrar, &self.config.public_url) else {
+        let (Some(registrar), Some(public_url)) = (&self.registrar, &self.config.api.public_url)
+        else {
             return Ok(());
         };
         // The shared store's reads have a connection of their own: this runs every tick on
@@ -192,7 +193,7 @@ impl Hub {
                 let kubeconfig = kubeconfig::render(&kubeconfig::KubeconfigFor {
                     account: &name,
                     public_url,
-                    ca_pem: self.config.serving_ca_pem.as_deref(),
+                    ca_pem: self.config.api.serving_ca_pem.as_deref(),
                     token: &token,
                 });
                 desired.push(clouddriver::DesiredAccount {

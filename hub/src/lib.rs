@@ -48,20 +48,14 @@ pub use scale_agent_hub_state::tunnel;
 use std::{
     future::Future,
     net::SocketAddr,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::{Arc, atomic::Ordering},
     time::Duration,
 };
 
-use scale_agent_hub_replicas::Replicas;
-use scale_agent_proto::v1::agent_hub_server::AgentHubServer;
 use tokio::{
     sync::{mpsc, watch},
     task::JoinHandle,
 };
-use tonic::transport::{Server, server::TcpIncoming};
 
 pub use crate::{
     config::{
@@ -70,15 +64,16 @@ pub use crate::{
     },
     error::{HubError, Result},
 };
-use crate::{metrics::Metrics, service::AgentHubService};
 
 pub(crate) use scale_agent_hub_state::Live;
 
+mod assemble;
+mod duties;
 mod hub;
+mod serving;
 mod wiring;
 
 pub(crate) use hub::Hub;
-use wiring::{grpc_state, http_routes, proxy_listener, replica_settings, stream_settings};
 
 pub(crate) use scale_agent_hub_model::time::shutting_down;
 
@@ -106,7 +101,7 @@ impl RunningHub {
 
     /// The admin token file (created at start when missing): its token has role admin.
     pub fn admin_token_file(&self) -> Option<&std::path::Path> {
-        self.hub.config.admin_token_file.as_deref()
+        self.hub.config.api.admin_token_file.as_deref()
     }
 
     /// Installs a test seam in the store's commit path ([`store::CommitHook`]): it may
@@ -155,7 +150,7 @@ impl RunningHub {
         let mut store = self.hub.store.lock().await;
         let drained = self.hub.commits.drain(&mut store).await;
         if let Err(e) = &drained {
-            tracing::error!(error = %crate::error::Chain(e), data_dir = %self.hub.config.data_dir.display(), "cannot commit the last queued changes at shutdown; agents will replay them from older resume points");
+            tracing::error!(error = %crate::error::Chain(e), data_dir = %self.hub.config.store.data_dir.display(), "cannot commit the last queued changes at shutdown; agents will replay them from older resume points");
         }
         let closed = store.close().await;
         drop(store);
@@ -166,265 +161,30 @@ impl RunningHub {
     }
 }
 
-/// Opens the store, loads the cache, binds both listeners and starts serving.
+/// Opens the store, loads the cache, binds both listeners and starts serving: the handles
+/// are built by [`assemble::assemble`], the servers spawned by [`serving::spawn_servers`],
+/// the background duties by [`duties::spawn`].
 pub async fn start(config: Config) -> Result<RunningHub> {
     config.validate()?;
-    let startup::OpenedStore {
-        mut store,
-        path: store_path,
-        location: store_location,
-        mut loaded,
-        operation_records,
-    } = startup::open_store(&config).await?;
-    let replicas = Replicas::open(
-        replica_settings(&config),
-        &config.ownership,
-        config.serving_ca_pem.as_deref(),
-        &mut store,
-    )
-    .await?;
-    let state = startup::live_state(&config, &mut loaded, &replicas, &store_location);
-    let registrations = std::mem::take(&mut loaded.registrations);
-    let auth = startup::load_auth(&config, &mut loaded, &mut store).await?;
-    let http_tls = startup::http_tls(&config)?;
-    let (grpc_listener, grpc_addr) = startup::bind(config.grpc_addr, "gRPC").await?;
-    let (http_listener, http_addr) = startup::bind(config.http_addr, "HTTP").await?;
-
-    let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let store = Arc::new(tokio::sync::Mutex::new(store));
-    let registrar = if config.clouddriver.enabled() {
-        let ledger = clouddriver::ledger::StoreLedger::new(
-            store.clone(),
-            registrations,
-            tokio::runtime::Handle::current(),
-        );
-        Some(Arc::new(clouddriver::Registrar::new(
-            config.clouddriver.clone(),
-            Arc::new(ledger),
-        )?))
-    } else {
-        None
-    };
-    // With replicas sharing PostgreSQL, one registers (a lock of its own); the others wait.
-    let registrar_duty = match (&registrar, &config.ownership) {
-        (Some(registrar), owners::OwnershipSource::Postgres { options }) => {
-            registrar.set_active(false);
-            owners::singleton::Singleton::Postgres(Box::new(
-                owners::singleton::PostgresSingleton::new(
-                    options,
-                    replicas.id(),
-                    registrar_duty::NAME,
-                )?,
-            ))
-        }
-        _ => owners::singleton::Singleton::Always,
-    };
-    let metrics = Metrics::new();
-    if let Some(registrar) = &registrar {
-        metrics.add_clouddriver(registrar.metrics());
-    }
-    let operations = Arc::new(operations::Operations::new(operations::Bounds {
-        max_result_bytes: config.max_operation_result_bytes,
-        max_records_bytes: config.max_operation_records_bytes,
-    }));
-    operations::persist::restore(&operations, operation_records, config.operation_retention);
-    let live = Arc::new(Live::new(
-        state,
-        dynamic_accounts::DynamicAccounts::load(std::mem::take(&mut loaded.dynamic_accounts)),
-        metrics.stream.clone(),
-        replicas.ownership.owns_everything(),
-    ));
-    let operation_driver = operations::Driver {
-        operations: operations.clone(),
-        live: live.clone(),
-        store: store.clone(),
-        metrics: metrics.operations.clone(),
-        settings: operations::OperationSettings {
-            retention: config.operation_retention,
-        },
-    };
-    let proxy = Arc::new(proxy::ProxyState::default());
-    let hub = Arc::new(Hub {
-        stream_settings: stream_settings(&config),
-        live,
-        store,
-        commits: Arc::new(commits::Commits::new(config.data_dir.clone())),
-        metrics,
-        proxy: proxy.clone(),
-        auth: Arc::new(auth),
-        registrar,
-        registrar_duty,
-        registered_accounts: Mutex::new(Vec::new()),
-        operations,
-        operation_driver,
-        replicas: Arc::new(replicas),
-        shutdown: shutdown_rx,
-        grpc_listening: AtomicBool::new(false),
-        store_open: AtomicBool::new(true),
-        store_path,
-        config,
-    });
-    hub.live.set_cache_events(proxy);
+    let assemble::Assembled {
+        hub,
+        shutdown_tx,
+        grpc,
+        http,
+        http_tls,
+    } = assemble::assemble(config).await?;
+    let (grpc_addr, http_addr) = (grpc.addr, http.addr);
     // The registrar's first pass must see the accounts loaded from the store: with no
     // accounts it would remove every account registered before this start from Clouddriver,
     // and register them again a moment later.
     hub.sync_clouddriver().await?;
-
-    let (keepalive_interval, keepalive_timeout) = hub.stream_settings.keepalive();
-    let mut builder = Server::builder()
-        .http2_keepalive_interval(Some(keepalive_interval))
-        .http2_keepalive_timeout(Some(keepalive_timeout))
-        .tcp_keepalive(Some(Duration::from_secs(60)));
-    if let GrpcSecurity::TrustedProxy(proxy) = &hub.config.security {
-        builder = proxy_listener(builder, proxy)?;
-    }
-    // TLS is terminated here rather than by tonic: client certificates are optional at the
-    // TLS layer (enrolling and token-authenticated agents have none) and checked per stream.
-    let grpc_tls = match (&hub.config.security, hub.client_certificates()) {
-        (GrpcSecurity::MutualTls(tls), Some(clients)) => Some(agent_auth::server_tls_config(
-            &tls.cert_pem,
-            &tls.key_pem,
-            &clients,
-        )?),
-        (GrpcSecurity::TrustedProxy(_), _) => None,
-        _ => {
-            tracing::warn!(
-                "--insecure-plaintext: gRPC without TLS; agents without an agent token are not \
-                 authenticated and their traffic is readable on the network"
-            );
-            None
-        }
-    };
-    let max_message = hub.stream_settings.max_message_bytes();
-    let service = AgentHubServer::new(AgentHubService::new(grpc_state(&hub)))
-        .max_decoding_message_size(max_message);
     let (failed_tx, failed) = mpsc::channel(2);
-
-    let shutdown = hub.shutdown.clone();
-    let router = builder.add_service(service);
-    let failed_grpc = failed_tx.clone();
-    // Both listeners take their TLS configuration from a watch channel that the reloader
-    // replaces when the certificate files change: new connections get the new one.
-    let grpc_tls = grpc_tls.map(watch::channel);
-    let http_tls = http_tls.map(watch::channel);
-    if let Some(reloader) = tls_reload::Reloader::new(
-        hub.clone(),
-        grpc_tls.as_ref().map(|(tx, _)| tx.clone()),
-        http_tls.as_ref().map(|(tx, _)| tx.clone()),
-    ) {
-        tokio::spawn(reloader.run(hub.shutdown.clone()));
-    }
-    let grpc_tls = grpc_tls.map(|(_, rx)| rx);
-    let http_tls = http_tls.map(|(_, rx)| rx);
-    let grpc = tokio::spawn(async move {
-        let result = match grpc_tls {
-            Some(tls) => {
-                router
-                    .serve_with_incoming_shutdown(
-                        agent_auth::tls_incoming(grpc_listener, tls),
-                        shutting_down(shutdown),
-                    )
-                    .await
-            }
-            None => {
-                let incoming = TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
-                router
-                    .serve_with_incoming_shutdown(incoming, shutting_down(shutdown))
-                    .await
-            }
-        }
-        .map_err(|e| HubError::Grpc(Box::new(e)));
-        if let Err(e) = &result {
-            let _ = failed_grpc.try_send(HubError::Task(crate::error::Chain(e).to_string()));
-        }
-        result
-    });
-    hub.grpc_listening.store(true, Ordering::SeqCst);
-    tracing::info!(%grpc_addr, mtls = matches!(hub.config.security, GrpcSecurity::MutualTls(_)), "gRPC listening");
-
-    let app = http_routes(&hub);
-    let shutdown = hub.shutdown.clone();
-    let tls = http_tls.is_some();
-    if !tls {
-        tracing::warn!(
-            "--http-plaintext: the HTTP listener has no TLS; proxy tokens and cluster data cross \
-             the network in clear"
-        );
-    }
-    let http = tokio::spawn(async move {
-        let result = serve::serve(http_listener, app, http_tls, shutting_down(shutdown)).await;
-        if let Err(e) = &result {
-            let _ = failed_tx.try_send(HubError::Task(format!(
-                "HTTP server: {}",
-                crate::error::Chain(e)
-            )));
-        }
-        result
-    });
-    tracing::info!(%http_addr, tls, "HTTP listening (REST API and Kubernetes API proxy)");
-
-    if let Some(file) = hub.auth.api_tokens_file().cloned() {
-        tokio::spawn(file.watch(hub.shutdown.clone()));
-    }
-    let registrar_task = hub.registrar.clone().map(|registrar| {
-        let shutdown = hub.shutdown.clone();
-        if matches!(
-            hub.registrar_duty,
-            owners::singleton::Singleton::Postgres(_)
-        ) {
-            tokio::spawn(registrar_duty::run(hub.clone(), registrar.clone()));
-        }
-        tokio::spawn(registrar.run(shutdown))
-    });
-    let tick =
-        (hub.config.grace_period / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
-    let maintained = hub.clone();
-    let maintenance = tokio::spawn(async move {
-        let mut interval = tokio::time::interval(tick);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            interval.tick().await;
-            if let Err(e) = maintained.maintain().await {
-                tracing::error!(error = %crate::error::Chain(&e), "store maintenance failed");
-            }
-        }
-    });
-
-    // The writer borrows the store, its metrics and the shutdown signal from the hub.
-    let writer = tokio::spawn({
-        let hub = hub.clone();
-        async move {
-            let shutdown = hub.shutdown.clone();
-            hub.commits
-                .run(&hub.store, &hub.metrics.store, shutdown)
-                .await;
-        }
-    });
-    if !hub.replicas.ownership.owns_everything() {
-        let shared_store = hub.store.lock().await.loads_accounts_separately();
-        let source: Arc<dyn owners::AccountSource> = if shared_store {
-            Arc::new(owners::StoreAccounts(hub.store.clone()))
-        } else {
-            Arc::new(owners::MemoryIsCurrent)
-        };
-        // The ownership task borrows the replicas, the live state, the commit queue and the
-        // shutdown signal from the hub.
-        let hub = hub.clone();
-        tokio::spawn(async move {
-            let shutdown = hub.shutdown.clone();
-            owners::duty::run(&hub.replicas, &hub.live, &hub.commits, &*source, shutdown).await;
-        });
-    }
-    if hub.replicas.shared.is_some() {
-        // Keeping in step borrows the replicas, the live state, the credentials, the store's
-        // lock and the shutdown signal from the hub.
-        let hub = hub.clone();
-        tokio::spawn(async move {
-            let shutdown = hub.shutdown.clone();
-            shared::run(&hub.replicas, &hub.live, &hub.auth, &hub.store, shutdown).await;
-        });
-    }
-
+    let (grpc, http) = serving::spawn_servers(&hub, grpc, http, http_tls, &failed_tx)?;
+    let duties::Duties {
+        maintenance,
+        writer,
+        registrar,
+    } = duties::spawn(&hub).await;
     Ok(RunningHub {
         grpc_addr,
         http_addr,
@@ -434,7 +194,7 @@ pub async fn start(config: Config) -> Result<RunningHub> {
         http,
         maintenance,
         writer,
-        registrar: registrar_task,
+        registrar,
         failed,
     })
 }

@@ -41,14 +41,18 @@ pub(crate) struct OpenedStore {
 /// Opens the store and reads it. One replica owning every account reads each account's
 /// cache now; replicas sharing the store read an account's cache when they take it over.
 pub(crate) async fn open_store(config: &Config) -> Result<OpenedStore> {
-    let store =
-        Store::open_backend(&config.store, &config.data_dir, config.store_cache_bytes).await?;
+    let store = Store::open_backend(
+        &config.store.backend,
+        &config.store.data_dir,
+        config.store.cache_bytes,
+    )
+    .await?;
     let path = store
         .path()
-        .map_or_else(|| config.data_dir.clone(), Path::to_path_buf);
+        .map_or_else(|| config.store.data_dir.clone(), Path::to_path_buf);
     let location = store.location();
     let mut loaded = store.load().await?;
-    if store.loads_accounts_separately() && !config.ownership.is_shared() {
+    if store.loads_accounts_separately() && !config.replicas.ownership.is_shared() {
         for (account, _) in &loaded.accounts {
             let snapshot = store.load_account(account).await?;
             if !snapshot.cache.kinds.is_empty() {
@@ -83,11 +87,13 @@ pub(crate) async fn load_auth(
     )?;
     store.commit(token_ops).await?;
     let admin_token = config
+        .api
         .admin_token_file
         .as_deref()
         .map(admin_token)
         .transpose()?;
     let api_tokens_file = config
+        .api
         .api_tokens_file
         .as_deref()
         .map(api_auth::TokensFile::open)
@@ -97,8 +103,8 @@ pub(crate) async fn load_auth(
         std::mem::take(&mut loaded.agent_tokens),
         std::mem::take(&mut loaded.enrolled),
     );
-    let agent_ca = AgentCa::load(&config.agent_ca, &config.data_dir)?;
-    let client_certificates = match &config.security {
+    let agent_ca = AgentCa::load(&config.agents.agent_ca, &config.store.data_dir)?;
+    let client_certificates = match &config.agents.security {
         GrpcSecurity::MutualTls(tls) => Some(ClientCertificates::new(
             agent_ca.cert_pem().as_bytes(),
             tls.client_ca_pem.as_deref(),
@@ -146,7 +152,7 @@ pub(crate) fn live_state(
     location: &str,
 ) -> HubState {
     let mut cache = std::mem::take(&mut loaded.cache);
-    cache.history_budget = cache::HistoryBudget::new(config.watch_history_bytes);
+    cache.history_budget = cache::HistoryBudget::new(config.streams.watch_history_bytes);
     let mut state = HubState {
         cache,
         registry: if replicas.ownership.owns_everything() {
@@ -168,7 +174,7 @@ pub(crate) fn live_state(
 
 /// The HTTP listener's TLS (`None` with `--http-plaintext`).
 pub(crate) fn http_tls(config: &Config) -> Result<Option<Arc<rustls::ServerConfig>>> {
-    match &config.http_security {
+    match &config.listeners.http_security {
         HttpSecurity::Tls { cert_pem, key_pem } => Ok(Some(serve::tls_config(cert_pem, key_pem)?)),
         HttpSecurity::Plaintext => Ok(None),
     }

@@ -85,7 +85,7 @@ impl Reloader {
         grpc: Option<watch::Sender<Arc<rustls::ServerConfig>>>,
         http: Option<watch::Sender<Arc<rustls::ServerConfig>>>,
     ) -> Option<Self> {
-        let files = &hub.config.tls_files;
+        let files = &hub.config.listeners.tls_files;
         if files.grpc.is_none() && files.client_ca.is_none() && files.http.is_none() {
             return None;
         }
@@ -105,7 +105,7 @@ impl Reloader {
     /// Keeps the notAfter of the certificate `listener` now serves (`pair`: its chain and
     /// key as read) for the expiry metric.
     fn record_expiry(&self, listener: &'static str, pair: Option<&(Vec<u8>, Vec<u8>)>) {
-        let files = &self.hub.config.tls_files;
+        let files = &self.hub.config.listeners.tls_files;
         let file = match listener {
             GRPC => files.grpc.as_ref(),
             _ => files.http.as_ref(),
@@ -127,7 +127,7 @@ impl Reloader {
 
     /// Checks the files every interval until shutdown.
     pub(crate) async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
-        let mut interval = tokio::time::interval(self.hub.config.tls_reload_interval);
+        let mut interval = tokio::time::interval(self.hub.config.listeners.tls_reload_interval);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         interval.tick().await;
         loop {
@@ -140,7 +140,7 @@ impl Reloader {
     }
 
     fn check(&mut self) {
-        let material = match Material::read(&self.hub.config.tls_files) {
+        let material = match Material::read(&self.hub.config.listeners.tls_files) {
             Ok(material) => material,
             Err(error) => {
                 // A file missing for a moment during a rotation: try again next tick.

@@ -15,12 +15,12 @@ use crate::{
 /// What the replicas' handle reads of the configuration.
 pub(crate) fn replica_settings(config: &Config) -> ReplicaSettings {
     ReplicaSettings {
-        id: config.replica_id.clone(),
-        address: config.replica_address.clone(),
-        server_name: config.replica_server_name.clone(),
-        secret: config.replica_secret.clone(),
-        sync_period: config.replica_sync_period,
-        grace_period: config.grace_period,
+        id: config.replicas.id.clone(),
+        address: config.replicas.address.clone(),
+        server_name: config.replicas.server_name.clone(),
+        secret: config.replicas.secret.clone(),
+        sync_period: config.replicas.sync_period,
+        grace_period: config.streams.grace_period,
     }
 }
 
@@ -66,20 +66,16 @@ pub(crate) fn grpc_state(hub: &Hub) -> service::GrpcState {
 /// What the gRPC service reads of the configuration.
 pub(crate) fn stream_settings(config: &Config) -> service::StreamSettings {
     service::StreamSettings {
-        heartbeat: service::HeartbeatBounds {
-            default: config.heartbeat_period,
-            min: config.min_heartbeat_period,
-            max: config.max_heartbeat_period,
-        },
-        max_unacked: config.max_unacked,
+        heartbeat: config.streams.heartbeat_bounds(),
+        max_unacked: config.streams.max_unacked,
         limits: Limits {
-            max_object_bytes: config.max_object_bytes,
-            max_staged_bytes: config.max_staged_bytes,
-            max_objects_per_account: config.max_objects_per_account,
-            allow: config.allow.clone(),
+            max_object_bytes: config.streams.max_object_bytes,
+            max_staged_bytes: config.streams.max_staged_bytes,
+            max_objects_per_account: config.streams.max_objects_per_account,
+            allow: config.agents.allow.clone(),
         },
-        agent_cert_lifetime: config.agent_cert_lifetime,
-        trusted_proxy: match &config.security {
+        agent_cert_lifetime: config.agents.agent_cert_lifetime,
+        trusted_proxy: match &config.agents.security {
             GrpcSecurity::TrustedProxy(proxy) => Some(proxy.trust.clone()),
             GrpcSecurity::MutualTls(_) | GrpcSecurity::InsecurePlaintext => None,
         },
@@ -89,12 +85,12 @@ pub(crate) fn stream_settings(config: &Config) -> service::StreamSettings {
 /// What the REST API reads of the configuration.
 pub(crate) fn api_settings(config: &Config) -> http::ApiSettings {
     http::ApiSettings {
-        public_url: config.public_url.clone(),
-        https: matches!(config.http_security, HttpSecurity::Tls { .. }),
-        serving_ca_pem: config.serving_ca_pem.clone(),
-        max_request_bytes: config.max_request_bytes,
-        operation_retention: config.operation_retention,
-        metrics_unauthenticated: config.metrics_unauthenticated,
+        public_url: config.api.public_url.clone(),
+        https: matches!(config.listeners.http_security, HttpSecurity::Tls { .. }),
+        serving_ca_pem: config.api.serving_ca_pem.clone(),
+        max_request_bytes: config.api.max_request_bytes,
+        operation_retention: config.operations.retention,
+        metrics_unauthenticated: config.api.metrics_unauthenticated,
     }
 }
 

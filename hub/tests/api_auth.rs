@@ -51,7 +51,7 @@ async fn every_route_needs_a_token_with_a_large_enough_role() {
     );
     let hub = start_hub(&pki, &dir, |c| {
         serve_https(&pki, c);
-        c.api_tokens_file = Some(tokens_file.clone());
+        c.api.api_tokens_file = Some(tokens_file.clone());
     })
     .await;
     let http = Https::for_hub(&pki, &hub, Proto::H1);
@@ -235,7 +235,7 @@ async fn every_route_needs_a_token_with_a_large_enough_role() {
     hub.shutdown().await.unwrap();
     let hub = start_hub(&pki, &dir, |c| {
         serve_https(&pki, c);
-        c.api_tokens_file = Some(tokens_file.clone());
+        c.api.api_tokens_file = Some(tokens_file.clone());
     })
     .await;
     let http = Https::for_hub(&pki, &hub, Proto::H1);
@@ -248,7 +248,7 @@ async fn every_route_needs_a_token_with_a_large_enough_role() {
 async fn metrics_can_be_opened_by_a_flag() {
     let pki = Pki::new();
     let dir = data_dir("api-metrics-open");
-    let hub = start_hub(&pki, &dir, |c| c.metrics_unauthenticated = true).await;
+    let hub = start_hub(&pki, &dir, |c| c.api.metrics_unauthenticated = true).await;
     let open = api(&hub).with_token(None);
     let (status, body) = get(&open, "/metrics").await;
     assert_eq!(status, 200);

@@ -25,7 +25,7 @@ async fn hub_without_external_ca(pki: &Pki, name: &str) -> (RunningHub, Https, S
     let dir = data_dir(name);
     let hub = start_hub(pki, &dir, |c| {
         serve_https(pki, c);
-        if let scale_agent_hub::GrpcSecurity::MutualTls(tls) = &mut c.security {
+        if let scale_agent_hub::GrpcSecurity::MutualTls(tls) = &mut c.agents.security {
             tls.client_ca_pem = None;
         }
     })

@@ -109,7 +109,7 @@ async fn a_proxy_is_trusted_by_its_client_certificate() {
     .unwrap();
     let proxy_ca_pem = proxies.pem().into_bytes();
     let hub = start_hub(&pki, &dir, |config| {
-        config.security = GrpcSecurity::TrustedProxy(ProxyMode {
+        config.agents.security = GrpcSecurity::TrustedProxy(ProxyMode {
             trust,
             client_ca_pem: pki.ca_pem.clone().into_bytes(),
             hop_tls: Some(ProxyHopTls {

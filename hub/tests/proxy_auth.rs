@@ -194,8 +194,8 @@ async fn the_admin_api_hands_out_working_kubeconfigs() {
     let public_url = format!("https://localhost:{port}");
     let hub = start_hub(&pki, &dir, |c| {
         serve_https(&pki, c);
-        c.http_addr = format!("127.0.0.1:{port}").parse().unwrap();
-        c.public_url = Some(public_url.clone());
+        c.listeners.http_addr = format!("127.0.0.1:{port}").parse().unwrap();
+        c.api.public_url = Some(public_url.clone());
     })
     .await;
     let http = Https::new(

@@ -95,9 +95,9 @@ async fn connected_accounts_are_registered_and_removed_after_their_grace_period(
     let (contract, contract_url) = start_contract_for(&public_url).await;
     let configure = |c: &mut Config| {
         serve_https(&pki, c);
-        c.http_addr = format!("127.0.0.1:{port}").parse().unwrap();
-        c.public_url = Some(public_url.clone());
-        c.grace_period = Duration::from_secs(2);
+        c.listeners.http_addr = format!("127.0.0.1:{port}").parse().unwrap();
+        c.api.public_url = Some(public_url.clone());
+        c.streams.grace_period = Duration::from_secs(2);
         c.clouddriver = ClouddriverSettings {
             api_url: Some(contract_url.clone()),
             accounts_file: Some(accounts_file.clone()),

@@ -291,7 +291,7 @@ async fn an_agent_beyond_its_window_is_cut_off_and_a_standby_takes_over() {
     let dir = data_dir("flow-greedy");
     let hub = start_hub(&pki, &dir, |c| {
         serve_https(&pki, c);
-        c.heartbeat_period = Duration::from_secs(1);
+        c.streams.heartbeat_period = Duration::from_secs(1);
     })
     .await;
     let http = Https::for_hub(&pki, &hub, Proto::H2);

@@ -49,12 +49,12 @@ async fn replica_reached_at(
     let port = free_port();
     let hub = start_hub(pki, &dir, |c| {
         serve_https(pki, c);
-        c.http_addr = format!("{bind}:{port}").parse().unwrap();
-        c.replica_id = name.to_string();
-        c.replica_address = Some(format!("https://{host}:{port}"));
-        c.replica_server_name = server_name.map(str::to_string);
-        c.replica_secret = Some(ReplicaSecret::new(SECRET).unwrap());
-        c.ownership = OwnershipSource::Directory(directory.clone());
+        c.listeners.http_addr = format!("{bind}:{port}").parse().unwrap();
+        c.replicas.id = name.to_string();
+        c.replicas.address = Some(format!("https://{host}:{port}"));
+        c.replicas.server_name = server_name.map(str::to_string);
+        c.replicas.secret = Some(ReplicaSecret::new(SECRET).unwrap());
+        c.replicas.ownership = OwnershipSource::Directory(directory.clone());
     })
     .await;
     let http = Https::for_hub(pki, &hub, Proto::H2);

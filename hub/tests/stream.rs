@@ -333,7 +333,7 @@ async fn other_cluster_and_disallowed_identity_are_rejected() {
     let pki = Pki::new();
     let dir = data_dir("reject");
     let hub = start_hub(&pki, &dir, |c| {
-        c.allow = vec![
+        c.agents.allow = vec![
             AllowRule::parse("agent-a.test=prod*").unwrap(),
             AllowRule::parse("agent-b.test=*").unwrap(),
             AllowRule::parse("agent-c.test=dev").unwrap(),
@@ -531,7 +531,10 @@ async fn failed_in_metrics_and_on_the_stream(addr: &Api, agent: &mut FakeAgent, 
 async fn account_states_follow_the_agents() {
     let pki = Pki::new();
     let dir = data_dir("states");
-    let hub = start_hub(&pki, &dir, |c| c.grace_period = Duration::from_millis(1500)).await;
+    let hub = start_hub(&pki, &dir, |c| {
+        c.streams.grace_period = Duration::from_millis(1500)
+    })
+    .await;
     let addr = api(&hub);
 
     let mut a = agent(&hub, &pki, "agent-a.test", "pod-1").await;
@@ -712,7 +715,10 @@ async fn an_account_whose_credentials_are_refused_is_failed_until_it_streams_aga
 async fn grace_period_removes_accounts_without_agents() {
     let pki = Pki::new();
     let dir = data_dir("grace");
-    let hub = start_hub(&pki, &dir, |c| c.grace_period = Duration::from_millis(1500)).await;
+    let hub = start_hub(&pki, &dir, |c| {
+        c.streams.grace_period = Duration::from_millis(1500)
+    })
+    .await;
     let mut a = agent(&hub, &pki, "agent-a.test", "pod-1").await;
     a.register("prod", "https://one:6443").await;
     a.snapshot("prod", &[("one", "5")], "10").await;
@@ -871,7 +877,10 @@ async fn malformed_messages_end_only_the_offending_stream() {
 async fn silent_streams_are_ended_after_two_heartbeat_periods() {
     let pki = Pki::new();
     let dir = data_dir("silent");
-    let hub = start_hub(&pki, &dir, |c| c.heartbeat_period = Duration::from_secs(1)).await;
+    let hub = start_hub(&pki, &dir, |c| {
+        c.streams.heartbeat_period = Duration::from_secs(1)
+    })
+    .await;
     let mut a = agent(&hub, &pki, "agent-a.test", "pod-1").await;
     assert_eq!(a.welcome.as_ref().unwrap().heartbeat_period_seconds, 1);
     let started = std::time::Instant::now();
@@ -893,9 +902,9 @@ async fn a_requested_heartbeat_period_is_granted_within_the_bounds_and_enforced(
     let pki = Pki::new();
     let dir = data_dir("heartbeat-grant");
     let hub = start_hub(&pki, &dir, |c| {
-        c.heartbeat_period = Duration::from_secs(20);
-        c.min_heartbeat_period = Duration::from_secs(1);
-        c.max_heartbeat_period = Duration::from_secs(30);
+        c.streams.heartbeat_period = Duration::from_secs(20);
+        c.streams.min_heartbeat_period = Duration::from_secs(1);
+        c.streams.max_heartbeat_period = Duration::from_secs(30);
     })
     .await;
     let granted = async |replica: &str, asked: u32| {
@@ -932,8 +941,8 @@ async fn a_requested_heartbeat_period_is_granted_within_the_bounds_and_enforced(
 async fn insecure_plaintext_mode_serves_anonymous_agents() {
     let dir = data_dir("plaintext");
     let mut config = Config::new(GrpcSecurity::InsecurePlaintext, &dir);
-    config.grpc_addr = "127.0.0.1:0".parse().unwrap();
-    config.http_addr = "127.0.0.1:0".parse().unwrap();
+    config.listeners.grpc_addr = "127.0.0.1:0".parse().unwrap();
+    config.listeners.http_addr = "127.0.0.1:0".parse().unwrap();
     let hub = scale_agent_hub::start(config).await.unwrap();
     let channel = Endpoint::from_shared(format!("http://{}", hub.grpc_addr))
         .unwrap()
@@ -1161,7 +1170,7 @@ async fn operations_are_routed_answered_and_resent_only_when_safe() {
 async fn operation_requests_past_the_body_limit_get_413() {
     let pki = Pki::new();
     let dir = data_dir("ops-limit");
-    let hub = start_hub(&pki, &dir, |c| c.max_request_bytes = 4096).await;
+    let hub = start_hub(&pki, &dir, |c| c.api.max_request_bytes = 4096).await;
     let manifest = serde_json::json!({"kind": "ConfigMap", "data": {"pad": "x".repeat(5000)}});
     let (status, body) = post_json(
         &api(&hub),
@@ -1359,9 +1368,9 @@ async fn large_results_come_in_parts_and_one_too_large_ends_only_its_operation()
     let pki = Pki::new();
     let dir = data_dir("ops-large");
     let hub = start_hub(&pki, &dir, |c| {
-        c.max_object_bytes = 64 * 1024;
-        c.max_staged_bytes = 64 * 1024;
-        c.max_operation_result_bytes = 3 * 1024 * 1024;
+        c.streams.max_object_bytes = 64 * 1024;
+        c.streams.max_staged_bytes = 64 * 1024;
+        c.operations.max_result_bytes = 3 * 1024 * 1024;
     })
     .await;
     let http = api(&hub);

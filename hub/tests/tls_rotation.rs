@@ -69,17 +69,17 @@ async fn rotated_certificates_and_client_ca_apply_to_new_connections_without_a_r
     write(&path("http.key"), &pki.serving_key_pem);
     let hub = start_hub(&pki, &dir, |c| {
         serve_https(&pki, c);
-        c.security = GrpcSecurity::MutualTls(TlsMaterial {
+        c.agents.security = GrpcSecurity::MutualTls(TlsMaterial {
             cert_pem: pki.server_cert_pem.clone().into_bytes(),
             key_pem: pki.server_key_pem.clone().into_bytes(),
             client_ca_pem: Some(old_agents.pem().into_bytes()),
         });
-        c.tls_files = TlsFiles {
+        c.listeners.tls_files = TlsFiles {
             grpc: Some((path("grpc.crt"), path("grpc.key"))),
             client_ca: Some(path("client-ca.crt")),
             http: Some((path("http.crt"), path("http.key"))),
         };
-        c.tls_reload_interval = Duration::from_millis(100);
+        c.listeners.tls_reload_interval = Duration::from_millis(100);
     })
     .await;
     let old_agent = || {
@@ -223,12 +223,12 @@ async fn the_serving_certificates_expiry_is_a_metric_refreshed_on_reload() {
     write(&path("http.key"), &pki.serving_key_pem);
     let hub = start_hub(&pki, &dir, |c| {
         serve_https(&pki, c);
-        c.tls_files = TlsFiles {
+        c.listeners.tls_files = TlsFiles {
             grpc: Some((path("grpc.crt"), path("grpc.key"))),
             client_ca: None,
             http: Some((path("http.crt"), path("http.key"))),
         };
-        c.tls_reload_interval = Duration::from_millis(100);
+        c.listeners.tls_reload_interval = Duration::from_millis(100);
     })
     .await;
     // rcgen's default notAfter: 4096-01-01.

@@ -212,7 +212,7 @@ fn secret_event(account: &str, name: &str, rv: &str) -> Msg {
 async fn a_kind_past_the_object_quota_is_left_out_whole_and_the_agent_is_told() {
     let pki = Pki::new();
     let dir = data_dir("object-quota");
-    let hub = start_hub(&pki, &dir, |c| c.max_objects_per_account = 5).await;
+    let hub = start_hub(&pki, &dir, |c| c.streams.max_objects_per_account = 5).await;
     let mut a = agent(&hub, &pki, "agent-a.test", "pod-1").await;
     assert_eq!(a.welcome.as_ref().unwrap().max_objects_per_account, 5);
     a.register("prod", "https://10.0.0.1:6443").await;

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use super::{
     AgentArgs, ApiArgs, Args, ClouddriverArgs, Config, GrpcSecurity, HttpSecurity, ListenerArgs,
-    OperationArgs, POSTGRES_URL_ENV, ProxyHopTls, ProxyMode, ReplicaArgs, StoreArgs, StoreKind,
-    StreamArgs, TlsMaterial,
+    OperationArgs, OperationConfig, POSTGRES_URL_ENV, ProxyHopTls, ProxyMode, ReplicaArgs,
+    ReplicaConfig, StoreArgs, StoreConfig, StoreKind, StreamArgs, StreamConfig, TlsMaterial,
     tls_files::{read_certs, read_key},
 };
 use crate::{
@@ -39,14 +39,15 @@ impl Args {
         // sets (`tls_reload_interval`); each group sets all of its own fields.
         let backend = store.backend(std::env::var(POSTGRES_URL_ENV).ok())?;
         let mut config = Config::new(agents.grpc_security(&listeners)?, PathBuf::new());
-        store.into_store(&mut config, backend);
+        let ownership = ownership(&backend);
+        config.store = store.into_store(backend);
         listeners.into_listeners(&mut config, agents.client_ca.as_deref())?;
         api.into_api(&mut config)?;
         agents.into_agents(&mut config)?;
         clouddriver.into_clouddriver(&mut config)?;
-        replicas.into_replicas(&mut config)?;
-        streams.into_streams(&mut config);
-        operations.into_operations(&mut config);
+        config.replicas = replicas.into_replicas(ownership)?;
+        config.streams = streams.into_streams();
+        config.operations = operations.into_operations();
         config.validate()?;
         Ok(config)
     }
@@ -91,7 +92,7 @@ impl StoreArgs {
     }
 
     /// The store's settings, with `backend` from [`StoreArgs::backend`].
-    fn into_store(self, config: &mut Config, backend: Backend) {
+    fn into_store(self, backend: Backend) -> StoreConfig {
         let StoreArgs {
             data_dir,
             store_cache_mib,
@@ -100,16 +101,22 @@ impl StoreArgs {
             postgres_url_file: _,
             postgres_ca: _,
         } = self;
-        // Replicas sharing the PostgreSQL store own accounts through its advisory locks.
-        config.ownership = match &backend {
-            Backend::Postgres(options) => OwnershipSource::Postgres {
-                options: options.clone(),
-            },
-            Backend::Embedded => OwnershipSource::Embedded,
-        };
-        config.store = backend;
-        config.data_dir = data_dir;
-        config.store_cache_bytes = store_cache_mib.saturating_mul(1024 * 1024);
+        StoreConfig {
+            backend,
+            data_dir,
+            cache_bytes: store_cache_mib.saturating_mul(1024 * 1024),
+        }
+    }
+}
+
+/// Where account ownership comes from: replicas sharing the PostgreSQL store own accounts
+/// through its advisory locks.
+fn ownership(backend: &Backend) -> OwnershipSource {
+    match backend {
+        Backend::Postgres(options) => OwnershipSource::Postgres {
+            options: options.clone(),
+        },
+        Backend::Embedded => OwnershipSource::Embedded,
     }
 }
 
@@ -212,7 +219,7 @@ impl AgentArgs {
             trusted_proxy_identity: _,
             trusted_proxy_ca: _,
         } = self;
-        config.agent_ca = match (agent_ca_cert, agent_ca_key) {
+        config.agents.agent_ca = match (agent_ca_cert, agent_ca_key) {
             (Some(cert), Some(key)) => {
                 read_certs("--agent-ca-cert", &cert)?;
                 read_key("--agent-ca-key", &key)?;
@@ -220,8 +227,8 @@ impl AgentArgs {
             }
             _ => AgentCaSource::DataDir,
         };
-        config.agent_cert_lifetime = agent_cert_lifetime;
-        config.allow = allow;
+        config.agents.agent_cert_lifetime = agent_cert_lifetime;
+        config.agents.allow = allow;
         Ok(())
     }
 }
@@ -230,14 +237,14 @@ impl ListenerArgs {
     /// The listeners' addresses, the HTTP listener's TLS, and the files the listeners' TLS
     /// material is reloaded from; `client_ca` is `--client-ca`.
     fn into_listeners(self, config: &mut Config, client_ca: Option<&Path>) -> Result<()> {
-        config.grpc_addr = self.grpc_addr;
-        config.http_addr = self.http_addr;
+        config.listeners.grpc_addr = self.grpc_addr;
+        config.listeners.http_addr = self.http_addr;
         // The gRPC listener's files are reloaded in the mutual-TLS mode only.
         if let (GrpcSecurity::MutualTls(_), Some(cert), Some(key)) =
-            (&config.security, &self.tls_cert, &self.tls_key)
+            (&config.agents.security, &self.tls_cert, &self.tls_key)
         {
-            config.tls_files.grpc = Some((cert.clone(), key.clone()));
-            config.tls_files.client_ca = client_ca.map(Path::to_path_buf);
+            config.listeners.tls_files.grpc = Some((cert.clone(), key.clone()));
+            config.listeners.tls_files.client_ca = client_ca.map(Path::to_path_buf);
         }
         self.into_http(config)
     }
@@ -256,7 +263,7 @@ impl ListenerArgs {
             http_addr: _,
         } = self;
         if http_plaintext {
-            config.http_security = HttpSecurity::Plaintext;
+            config.listeners.http_security = HttpSecurity::Plaintext;
             return Ok(());
         }
         let cert = http_tls_cert
@@ -273,11 +280,11 @@ impl ListenerArgs {
                     .into(),
             ));
         };
-        config.http_security = HttpSecurity::Tls {
+        config.listeners.http_security = HttpSecurity::Tls {
             cert_pem: read_certs(cert_flag, &cert)?,
             key_pem: read_key(key_flag, &key)?,
         };
-        config.tls_files.http = Some((cert, key));
+        config.listeners.tls_files.http = Some((cert, key));
         Ok(())
     }
 }
@@ -301,16 +308,16 @@ impl ApiArgs {
                 "--public-url {url:?} must start with https:// (or http:// with --http-plaintext)"
             )));
         }
-        config.public_url = public_url;
-        config.serving_ca_pem = serving_ca
+        config.api.public_url = public_url;
+        config.api.serving_ca_pem = serving_ca
             .as_ref()
             .map(|ca| read_certs("--serving-ca", ca))
             .transpose()?;
-        config.admin_token_file =
-            Some(admin_token_file.unwrap_or_else(|| config.data_dir.join("admin-token")));
-        config.api_tokens_file = api_tokens_file;
-        config.metrics_unauthenticated = metrics_unauthenticated;
-        config.max_request_bytes = max_request_bytes;
+        config.api.admin_token_file =
+            Some(admin_token_file.unwrap_or_else(|| config.store.data_dir.join("admin-token")));
+        config.api.api_tokens_file = api_tokens_file;
+        config.api.metrics_unauthenticated = metrics_unauthenticated;
+        config.api.max_request_bytes = max_request_bytes;
         Ok(())
     }
 }
@@ -341,8 +348,9 @@ impl ClouddriverArgs {
 }
 
 impl ReplicaArgs {
-    /// This replica's name and address among the replicas, and the secret they share.
-    fn into_replicas(self, config: &mut Config) -> Result<()> {
+    /// This replica's name and address among the replicas, and the secret they share;
+    /// `ownership` follows the store ([`StoreArgs::ownership`]).
+    fn into_replicas(self, ownership: OwnershipSource) -> Result<ReplicaConfig> {
         let ReplicaArgs {
             replica_id,
             replica_address,
@@ -350,21 +358,23 @@ impl ReplicaArgs {
             replica_sync_period,
             replica_secret_file,
         } = self;
-        config.replica_id = replica_id.unwrap_or_else(crate::owners::hostname);
-        config.replica_address = replica_address;
-        config.replica_server_name = replica_server_name;
-        config.replica_sync_period = replica_sync_period;
-        config.replica_secret = replica_secret_file
-            .as_deref()
-            .map(crate::owners::forward::ReplicaSecret::read)
-            .transpose()?;
-        Ok(())
+        Ok(ReplicaConfig {
+            id: replica_id.unwrap_or_else(crate::owners::hostname),
+            address: replica_address,
+            server_name: replica_server_name,
+            sync_period: replica_sync_period,
+            ownership,
+            secret: replica_secret_file
+                .as_deref()
+                .map(crate::owners::forward::ReplicaSecret::read)
+                .transpose()?,
+        })
     }
 }
 
 impl StreamArgs {
     /// The streams' heartbeats, flow control and limits (checked by [`Config::validate`]).
-    fn into_streams(self, config: &mut Config) {
+    fn into_streams(self) -> StreamConfig {
         let StreamArgs {
             grace_period,
             heartbeat_period,
@@ -376,29 +386,33 @@ impl StreamArgs {
             max_objects_per_account,
             watch_history_mib,
         } = self;
-        config.grace_period = grace_period;
-        config.heartbeat_period = heartbeat_period;
-        config.min_heartbeat_period = min_heartbeat_period;
-        config.max_heartbeat_period = max_heartbeat_period;
-        config.max_unacked = max_unacked;
-        config.max_object_bytes = max_object_bytes;
-        config.max_staged_bytes = max_staged_bytes;
-        config.max_objects_per_account = max_objects_per_account;
-        config.watch_history_bytes = watch_history_mib.saturating_mul(1024 * 1024);
+        StreamConfig {
+            grace_period,
+            heartbeat_period,
+            min_heartbeat_period,
+            max_heartbeat_period,
+            max_unacked,
+            max_object_bytes,
+            max_staged_bytes,
+            max_objects_per_account,
+            watch_history_bytes: watch_history_mib.saturating_mul(1024 * 1024),
+        }
     }
 }
 
 impl OperationArgs {
     /// How long operations are kept and how large their results and records may be.
-    fn into_operations(self, config: &mut Config) {
+    fn into_operations(self) -> OperationConfig {
         let OperationArgs {
             operation_retention,
             max_operation_result_bytes,
             max_operation_records_bytes,
         } = self;
-        config.operation_retention = operation_retention;
-        config.max_operation_result_bytes = max_operation_result_bytes;
-        config.max_operation_records_bytes = max_operation_records_bytes;
+        OperationConfig {
+            retention: operation_retention,
+            max_result_bytes: max_operation_result_bytes,
+            max_records_bytes: max_operation_records_bytes,
+        }
     }
 }
 
@@ -494,9 +508,12 @@ mod tests {
         ])
         .unwrap();
         let config = args.into_config().unwrap();
-        assert!(matches!(config.security, GrpcSecurity::InsecurePlaintext));
-        assert_eq!(config.allow.len(), 2);
-        assert_eq!(config.grace_period, Duration::from_secs(120));
+        assert!(matches!(
+            config.agents.security,
+            GrpcSecurity::InsecurePlaintext
+        ));
+        assert_eq!(config.agents.allow.len(), 2);
+        assert_eq!(config.streams.grace_period, Duration::from_secs(120));
         assert!(!format!("{config:?}").contains("PRIVATE"));
 
         let args = Args::try_parse_from([
@@ -526,10 +543,10 @@ mod tests {
         .unwrap();
         let config = args.into_config().unwrap();
         let secs = Duration::from_secs;
-        assert_eq!(config.granted_heartbeat_period(0), secs(10));
-        assert_eq!(config.granted_heartbeat_period(1), secs(5));
-        assert_eq!(config.granted_heartbeat_period(20), secs(20));
-        assert_eq!(config.granted_heartbeat_period(3600), secs(60));
+        assert_eq!(config.streams.granted_heartbeat_period(0), secs(10));
+        assert_eq!(config.streams.granted_heartbeat_period(1), secs(5));
+        assert_eq!(config.streams.granted_heartbeat_period(20), secs(20));
+        assert_eq!(config.streams.granted_heartbeat_period(3600), secs(60));
         let args = Args::try_parse_from([
             "scale-agent-hub",
             "--insecure-plaintext",
@@ -700,8 +717,8 @@ mod tests {
             "10.0.0.0/8,127.0.0.2",
         ])
         .unwrap();
-        let GrpcSecurity::TrustedProxy(proxy) = &config.security else {
-            panic!("not proxy mode: {:?}", config.security);
+        let GrpcSecurity::TrustedProxy(proxy) = &config.agents.security else {
+            panic!("not proxy mode: {:?}", config.agents.security);
         };
         assert!(proxy.hop_tls.is_none());
         assert_eq!(proxy.trust.header(), "x-ssl-client-cert");
@@ -720,8 +737,8 @@ mod tests {
             &ca,
         ])
         .unwrap();
-        let GrpcSecurity::TrustedProxy(proxy) = &config.security else {
-            panic!("not proxy mode: {:?}", config.security);
+        let GrpcSecurity::TrustedProxy(proxy) = &config.agents.security else {
+            panic!("not proxy mode: {:?}", config.agents.security);
         };
         assert!(proxy.hop_tls.as_ref().unwrap().proxy_ca_pem.is_some());
         assert!(proxy.trust.trusts_only_identities());

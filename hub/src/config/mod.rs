@@ -1,8 +1,8 @@
 //! The hub's configuration: [`Config`] (what [`crate::start`] needs, with its checks) and the
 //! command line that builds it: [`Args`] (`args.rs`, every flag with an environment fallback,
-//! in groups such as [`ListenerArgs`] and [`StoreArgs`]), turned into a [`Config`] one group
-//! at a time by `from_args.rs`, which reads the PEM files the TLS flags name with
-//! `tls_files.rs`.
+//! in groups such as [`ListenerArgs`] and [`StoreArgs`]), turned into a [`Config`] of the
+//! same groups ([`ListenerConfig`], [`StoreConfig`], ...) one group at a time by
+//! `from_args.rs`, which reads the PEM files the TLS flags name with `tls_files.rs`.
 
 mod args;
 mod from_args;
@@ -39,16 +39,110 @@ pub const DEFAULT_MAX_HEARTBEAT_PERIOD: Duration = Duration::from_secs(300);
 /// Longest heartbeat period accepted.
 pub const MAX_HEARTBEAT_PERIOD: Duration = Duration::from_secs(3600);
 
-/// Everything [`crate::start`] needs.
+/// Everything [`crate::start`] needs, in one group per part of the hub, as the flags are
+/// grouped ([`Args`]): each part reads its own group.
 #[derive(Clone, Debug)]
 pub struct Config {
+    /// The two listeners' addresses and TLS files (`ListenerArgs`).
+    pub listeners: ListenerConfig,
+    /// How agents are authenticated and which accounts they may register (`AgentArgs`).
+    pub agents: AgentConfig,
+    /// The REST API's URL, tokens and limits (`ApiArgs`).
+    pub api: ApiConfig,
+    /// Registration of accounts in Clouddriver (off unless a target is set).
+    pub clouddriver: ClouddriverSettings,
+    /// Where the hub keeps its state (`StoreArgs`).
+    pub store: StoreConfig,
+    /// This replica among the hub's replicas (`ReplicaArgs`).
+    pub replicas: ReplicaConfig,
+    /// Agents' streams: heartbeats, flow control, limits (`StreamArgs`).
+    pub streams: StreamConfig,
+    /// Operations' retention and sizes (`OperationArgs`).
+    pub operations: OperationConfig,
+}
+
+/// The gRPC and HTTP listeners.
+#[derive(Clone, Debug)]
+pub struct ListenerConfig {
     pub grpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
+    pub http_security: HttpSecurity,
+    /// Where the TLS material came from, to reload it when it changes.
+    pub tls_files: TlsFiles,
+    /// How often `tls_files` are checked for changes.
+    pub tls_reload_interval: Duration,
+}
+
+/// How agents are authenticated, what they may register, and the certificates the hub
+/// issues them.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    /// How the gRPC listener authenticates agents.
     pub security: GrpcSecurity,
+    /// Empty: only the account patterns of agent tokens and enrolments limit registrations.
+    pub allow: Vec<AllowRule>,
+    /// Where the CA that issues agents' certificates lives.
+    pub agent_ca: AgentCaSource,
+    /// Lifetime of the certificates the hub issues to agents.
+    pub agent_cert_lifetime: Duration,
+}
+
+/// The REST API and the kubeconfigs it hands out.
+#[derive(Clone, Debug)]
+pub struct ApiConfig {
+    /// The HTTP listener's URL as clients reach it (`https://hub.example:8443`), for the
+    /// kubeconfigs the hub hands out; unset: taken from each request's `Host`.
+    pub public_url: Option<String>,
+    /// PEM of the CA that signed the HTTP serving certificate, put into kubeconfigs; unset:
+    /// kubeconfigs rely on the system roots.
+    pub serving_ca_pem: Option<Vec<u8>>,
+    /// File holding the admin token (created with a new token when missing); `None`: no
+    /// admin token, so the admin API refuses every request.
+    pub admin_token_file: Option<PathBuf>,
+    /// YAML or JSON list of API tokens (`{name, role, sha256}`), re-read when it changes.
+    pub api_tokens_file: Option<PathBuf>,
+    /// Serve `/metrics` without a token (for a scraper that cannot send one).
+    pub metrics_unauthenticated: bool,
+    /// Largest body of a REST API request (an operation's manifests).
+    pub max_request_bytes: usize,
+}
+
+/// Where the hub keeps its state.
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    /// The embedded store or PostgreSQL (`--store`).
+    pub backend: crate::store::Backend,
     /// Holds `hub.redb` (the embedded store), the admin token and the agent CA.
     pub data_dir: PathBuf,
-    /// Where the hub keeps its state (`--store`).
-    pub store: crate::store::Backend,
+    /// redb's page cache (`--store-cache-mib`).
+    pub cache_bytes: usize,
+}
+
+/// This replica among the replicas sharing a PostgreSQL store.
+#[derive(Clone, Debug)]
+pub struct ReplicaConfig {
+    /// This replica's name among the hub's replicas (`--replica-id`; default: the hostname).
+    pub id: String,
+    /// The base URL other replicas reach this one's HTTP listener at (`--replica-address`);
+    /// needed when replicas share the store, to forward requests to an account's owner.
+    pub address: Option<String>,
+    /// The name other replicas verify this one's serving certificate for
+    /// (`--replica-server-name`); `None`: the host of its address.
+    pub server_name: Option<String>,
+    /// How often replicas sharing a PostgreSQL store read each other's small tables again,
+    /// say they are alive and sweep accounts nobody owns (`--replica-sync-period`;
+    /// [`crate::shared`]).
+    pub sync_period: Duration,
+    /// Where account ownership comes from ([`crate::owners`]); follows the store.
+    pub ownership: crate::owners::OwnershipSource,
+    /// The secret replicas present to each other's internal routes
+    /// (`--replica-secret-file`); needed when replicas share a store.
+    pub secret: Option<crate::owners::forward::ReplicaSecret>,
+}
+
+/// Agents' streams: heartbeats, flow control and the limits of what one stream may send.
+#[derive(Clone, Debug)]
+pub struct StreamConfig {
     /// How long an account with no connected agent is kept.
     pub grace_period: Duration,
     /// The heartbeat period of agents that ask for none (older agents, or
@@ -64,68 +158,109 @@ pub struct Config {
     pub max_staged_bytes: u64,
     /// Most objects cached for one account (0: no limit).
     pub max_objects_per_account: u64,
-    /// redb's page cache (`--store-cache-mib`).
-    pub store_cache_bytes: usize,
     /// Bytes all the watch histories may hold together (`--watch-history-mib`; 0: only the
     /// per-kind limits).
     pub watch_history_bytes: usize,
-    /// Largest body of a REST API request (an operation's manifests).
-    pub max_request_bytes: usize,
-    /// Empty: only the account patterns of agent tokens and enrolments limit registrations.
-    pub allow: Vec<AllowRule>,
+}
+
+/// How long operations are kept and how large they may be.
+#[derive(Clone, Debug)]
+pub struct OperationConfig {
     /// How long finished operations stay visible at `GET /api/v1/operations/{id}`.
-    pub operation_retention: Duration,
+    pub retention: Duration,
     /// Largest result one operation may return (objects and text of all its parts); a
     /// larger one ends that operation with 413.
-    pub max_operation_result_bytes: usize,
+    pub max_result_bytes: usize,
     /// Most bytes (JSON) of operation bodies kept for lookups; the oldest finished go first.
-    pub max_operation_records_bytes: usize,
-    pub http_security: HttpSecurity,
-    /// The HTTP listener's URL as clients reach it (`https://hub.example:8443`), for the
-    /// kubeconfigs the hub hands out; unset: taken from each request's `Host`.
-    pub public_url: Option<String>,
-    /// PEM of the CA that signed the HTTP serving certificate, put into kubeconfigs; unset:
-    /// kubeconfigs rely on the system roots.
-    pub serving_ca_pem: Option<Vec<u8>>,
-    /// File holding the admin token (created with a new token when missing); `None`: no
-    /// admin token, so the admin API refuses every request.
-    pub admin_token_file: Option<PathBuf>,
-    /// YAML or JSON list of API tokens (`{name, role, sha256}`), re-read when it changes.
-    pub api_tokens_file: Option<PathBuf>,
-    /// Serve `/metrics` without a token (for a scraper that cannot send one).
-    pub metrics_unauthenticated: bool,
-    /// Registration of accounts in Clouddriver (off unless a target is set).
-    pub clouddriver: ClouddriverSettings,
-    /// Where the CA that issues agents' certificates lives.
-    pub agent_ca: AgentCaSource,
-    /// Lifetime of the certificates the hub issues to agents.
-    pub agent_cert_lifetime: Duration,
-    /// Where the TLS material came from, to reload it when it changes.
-    pub tls_files: TlsFiles,
-    /// How often `tls_files` are checked for changes.
-    pub tls_reload_interval: Duration,
-    /// This replica's name among the hub's replicas (`--replica-id`; default: the hostname).
-    pub replica_id: String,
-    /// The base URL other replicas reach this one's HTTP listener at (`--replica-address`);
-    /// needed when replicas share the store, to forward requests to an account's owner.
-    pub replica_address: Option<String>,
-    /// The name other replicas verify this one's serving certificate for
-    /// (`--replica-server-name`); `None`: the host of its address.
-    pub replica_server_name: Option<String>,
-    /// How often replicas sharing a PostgreSQL store read each other's small tables again,
-    /// say they are alive and sweep accounts nobody owns (`--replica-sync-period`;
-    /// [`crate::shared`]).
-    pub replica_sync_period: Duration,
-    /// Where account ownership comes from ([`crate::owners`]).
-    pub ownership: crate::owners::OwnershipSource,
-    /// The secret replicas present to each other's internal routes
-    /// (`--replica-secret-file`); needed when replicas share a store.
-    pub replica_secret: Option<crate::owners::forward::ReplicaSecret>,
+    pub max_records_bytes: usize,
 }
 
 impl Config {
-    /// Checks the values [`crate::start`] relies on.
+    /// Checks the values [`crate::start`] relies on, one group at a time.
     pub fn validate(&self) -> Result<()> {
+        self.streams.validate()?;
+        self.agents.validate()?;
+        self.api.validate()?;
+        self.operations.validate()?;
+        self.clouddriver.validate()?;
+        self.replicas.validate()?;
+        if self.clouddriver.enabled() && self.api.public_url.is_none() {
+            return Err(HubError::Config(
+                "registering accounts in Clouddriver (--clouddriver-url or \
+                 --clouddriver-accounts-file) needs --public-url: the URL Clouddriver reaches \
+                 the hub's HTTP listener at, e.g. https://scale-agent-hub.spinnaker:8443"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A configuration with the defaults of the command line, for the given security and
+    /// data directory (handy for tests: set the addresses to `127.0.0.1:0`). Unlike the
+    /// command line, the HTTP listener is plaintext: set `listeners.http_security` where a
+    /// test needs TLS. As on the command line, the admin token file is
+    /// `<data_dir>/admin-token`.
+    pub fn new(security: GrpcSecurity, data_dir: impl Into<PathBuf>) -> Self {
+        let data_dir = data_dir.into();
+        Config {
+            listeners: ListenerConfig {
+                grpc_addr: SocketAddr::from(([0, 0, 0, 0], 9091)),
+                http_addr: SocketAddr::from(([0, 0, 0, 0], 8443)),
+                http_security: HttpSecurity::Plaintext,
+                tls_files: TlsFiles::default(),
+                tls_reload_interval: TLS_RELOAD_INTERVAL,
+            },
+            agents: AgentConfig {
+                security,
+                allow: Vec::new(),
+                agent_ca: AgentCaSource::DataDir,
+                agent_cert_lifetime: DEFAULT_AGENT_CERT_LIFETIME,
+            },
+            api: ApiConfig {
+                public_url: None,
+                serving_ca_pem: None,
+                admin_token_file: Some(data_dir.join("admin-token")),
+                api_tokens_file: None,
+                metrics_unauthenticated: false,
+                max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            },
+            clouddriver: ClouddriverSettings::default(),
+            store: StoreConfig {
+                backend: crate::store::Backend::Embedded,
+                data_dir,
+                cache_bytes: crate::store::DEFAULT_STORE_CACHE_BYTES,
+            },
+            replicas: ReplicaConfig {
+                id: crate::owners::hostname(),
+                address: None,
+                server_name: None,
+                sync_period: Duration::from_secs(2),
+                ownership: crate::owners::OwnershipSource::Embedded,
+                secret: None,
+            },
+            streams: StreamConfig {
+                grace_period: Duration::from_secs(600),
+                heartbeat_period: Duration::from_secs(15),
+                min_heartbeat_period: DEFAULT_MIN_HEARTBEAT_PERIOD,
+                max_heartbeat_period: DEFAULT_MAX_HEARTBEAT_PERIOD,
+                max_unacked: 1000,
+                max_object_bytes: 2 * 1024 * 1024,
+                max_staged_bytes: DEFAULT_MAX_STAGED_BYTES,
+                max_objects_per_account: 0,
+                watch_history_bytes: crate::cache::history::DEFAULT_BUDGET_BYTES,
+            },
+            operations: OperationConfig {
+                retention: Duration::from_secs(15 * 60),
+                max_result_bytes: crate::operations::DEFAULT_MAX_RESULT_BYTES,
+                max_records_bytes: crate::operations::DEFAULT_MAX_RECORDS_BYTES,
+            },
+        }
+    }
+}
+
+impl StreamConfig {
+    /// Checks the heartbeat bounds and the limits.
+    fn validate(&self) -> Result<()> {
         for (flag, period) in [
             ("--heartbeat-period", self.heartbeat_period),
             ("--min-heartbeat-period", self.min_heartbeat_period),
@@ -149,12 +284,6 @@ impl Config {
         if self.max_unacked == 0 {
             return Err(HubError::Config("--max-unacked must be at least 1".into()));
         }
-        if self.agent_cert_lifetime < Duration::from_secs(10) {
-            return Err(HubError::Config(format!(
-                "--agent-cert-lifetime must be at least 10s, not {:?}",
-                self.agent_cert_lifetime
-            )));
-        }
         if self.max_object_bytes == 0 {
             return Err(HubError::Config(
                 "--max-object-bytes must be at least 1".into(),
@@ -167,87 +296,73 @@ impl Config {
                 self.max_staged_bytes, self.max_object_bytes
             )));
         }
-        if self.max_operation_result_bytes < 1024 || self.max_operation_records_bytes < 1024 {
+        Ok(())
+    }
+
+    /// The heartbeat period of a stream whose agent asked for `requested_seconds` in Hello:
+    /// the request within `--min-heartbeat-period` and `--max-heartbeat-period`, or
+    /// `--heartbeat-period` when it asked for none (0, or an agent from before the field).
+    pub fn granted_heartbeat_period(&self, requested_seconds: u32) -> Duration {
+        self.heartbeat_bounds().grant(requested_seconds)
+    }
+
+    /// The bounds the gRPC service grants heartbeat periods within.
+    pub fn heartbeat_bounds(&self) -> crate::service::HeartbeatBounds {
+        crate::service::HeartbeatBounds {
+            default: self.heartbeat_period,
+            min: self.min_heartbeat_period,
+            max: self.max_heartbeat_period,
+        }
+    }
+}
+
+impl AgentConfig {
+    /// Checks the certificates' lifetime and the trusted proxy's settings.
+    fn validate(&self) -> Result<()> {
+        if self.agent_cert_lifetime < Duration::from_secs(10) {
             return Err(HubError::Config(format!(
-                "--max-operation-result-bytes ({}) and --max-operation-records-bytes ({}) must \
-                 be at least 1024",
-                self.max_operation_result_bytes, self.max_operation_records_bytes
+                "--agent-cert-lifetime must be at least 10s, not {:?}",
+                self.agent_cert_lifetime
             )));
         }
+        if let GrpcSecurity::TrustedProxy(proxy) = &self.security {
+            proxy.validate()?;
+        }
+        Ok(())
+    }
+}
+
+impl ApiConfig {
+    /// Checks the request limit.
+    fn validate(&self) -> Result<()> {
         if self.max_request_bytes < 1024 {
             return Err(HubError::Config(format!(
                 "--max-request-bytes ({}) must be at least 1024",
                 self.max_request_bytes
             )));
         }
-        self.clouddriver.validate()?;
-        self.validate_replica()?;
-        if let GrpcSecurity::TrustedProxy(proxy) = &self.security {
-            proxy.validate()?;
-        }
-        if self.clouddriver.enabled() && self.public_url.is_none() {
-            return Err(HubError::Config(
-                "registering accounts in Clouddriver (--clouddriver-url or \
-                 --clouddriver-accounts-file) needs --public-url: the URL Clouddriver reaches \
-                 the hub's HTTP listener at, e.g. https://scale-agent-hub.spinnaker:8443"
-                    .into(),
-            ));
-        }
         Ok(())
-    }
-
-    /// A configuration with the defaults of the command line, for the given security and
-    /// data directory (handy for tests: set the addresses to `127.0.0.1:0`). Unlike the
-    /// command line, the HTTP listener is plaintext: set `http_security` where a test needs
-    /// TLS. As on the command line, the admin token file is `<data_dir>/admin-token`.
-    pub fn new(security: GrpcSecurity, data_dir: impl Into<PathBuf>) -> Self {
-        let data_dir = data_dir.into();
-        Config {
-            grpc_addr: SocketAddr::from(([0, 0, 0, 0], 9091)),
-            http_addr: SocketAddr::from(([0, 0, 0, 0], 8443)),
-            security,
-            admin_token_file: Some(data_dir.join("admin-token")),
-            data_dir,
-            store: crate::store::Backend::Embedded,
-            grace_period: Duration::from_secs(600),
-            heartbeat_period: Duration::from_secs(15),
-            min_heartbeat_period: DEFAULT_MIN_HEARTBEAT_PERIOD,
-            max_heartbeat_period: DEFAULT_MAX_HEARTBEAT_PERIOD,
-            max_unacked: 1000,
-            max_object_bytes: 2 * 1024 * 1024,
-            max_staged_bytes: DEFAULT_MAX_STAGED_BYTES,
-            max_objects_per_account: 0,
-            store_cache_bytes: crate::store::DEFAULT_STORE_CACHE_BYTES,
-            watch_history_bytes: crate::cache::history::DEFAULT_BUDGET_BYTES,
-            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
-            allow: Vec::new(),
-            operation_retention: Duration::from_secs(15 * 60),
-            max_operation_result_bytes: crate::operations::DEFAULT_MAX_RESULT_BYTES,
-            max_operation_records_bytes: crate::operations::DEFAULT_MAX_RECORDS_BYTES,
-            http_security: HttpSecurity::Plaintext,
-            public_url: None,
-            serving_ca_pem: None,
-            api_tokens_file: None,
-            metrics_unauthenticated: false,
-            clouddriver: ClouddriverSettings::default(),
-            agent_ca: AgentCaSource::DataDir,
-            agent_cert_lifetime: DEFAULT_AGENT_CERT_LIFETIME,
-            tls_files: TlsFiles::default(),
-            tls_reload_interval: TLS_RELOAD_INTERVAL,
-            replica_id: crate::owners::hostname(),
-            replica_address: None,
-            replica_server_name: None,
-            replica_sync_period: Duration::from_secs(2),
-            ownership: crate::owners::OwnershipSource::Embedded,
-            replica_secret: None,
-        }
     }
 }
 
-impl Config {
-    /// Checks `--replica-id` and `--replica-address`.
-    fn validate_replica(&self) -> Result<()> {
-        let id = &self.replica_id;
+impl OperationConfig {
+    /// Checks the size limits.
+    fn validate(&self) -> Result<()> {
+        if self.max_result_bytes < 1024 || self.max_records_bytes < 1024 {
+            return Err(HubError::Config(format!(
+                "--max-operation-result-bytes ({}) and --max-operation-records-bytes ({}) must \
+                 be at least 1024",
+                self.max_result_bytes, self.max_records_bytes
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl ReplicaConfig {
+    /// Checks `--replica-id`, `--replica-address` and what goes with them.
+    fn validate(&self) -> Result<()> {
+        let id = &self.id;
         if id.is_empty()
             || id.len() > 253
             || !id
@@ -259,7 +374,7 @@ impl Config {
                  pod's name, which is the default, is)"
             )));
         }
-        if let Some(address) = &self.replica_address {
+        if let Some(address) = &self.address {
             let uri: Option<http::Uri> = address.parse().ok();
             let valid = uri.as_ref().is_some_and(|u| {
                 matches!(u.scheme_str(), Some("http" | "https"))
@@ -273,7 +388,7 @@ impl Config {
                 )));
             }
         }
-        if let Some(name) = &self.replica_server_name
+        if let Some(name) = &self.server_name
             && rustls::pki_types::ServerName::try_from(name.as_str()).is_err()
         {
             return Err(HubError::Config(format!(
@@ -281,7 +396,7 @@ impl Config {
                  name the replicas' serving certificate covers, like scale-agent-hub"
             )));
         }
-        if self.replica_sync_period.is_zero() {
+        if self.sync_period.is_zero() {
             return Err(HubError::Config(
                 "--replica-sync-period must be more than 0 (e.g. 2s): it is how often a \
                  replica reads tokens, bindings and dynamic accounts the others wrote"
@@ -289,7 +404,7 @@ impl Config {
             ));
         }
         // One replica on the shared store needs neither; several need both, to forward.
-        if self.replica_address.is_some() != self.replica_secret.is_some() {
+        if self.address.is_some() != self.secret.is_some() {
             return Err(HubError::Config(
                 "replicas sharing a store forward requests to an account's owner: they need \
                  both --replica-address (the URL other replicas reach this one's HTTP \
@@ -299,18 +414,6 @@ impl Config {
             ));
         }
         Ok(())
-    }
-
-    /// The heartbeat period of a stream whose agent asked for `requested_seconds` in Hello:
-    /// the request within `--min-heartbeat-period` and `--max-heartbeat-period`, or
-    /// `--heartbeat-period` when it asked for none (0, or an agent from before the field).
-    pub fn granted_heartbeat_period(&self, requested_seconds: u32) -> Duration {
-        crate::service::HeartbeatBounds {
-            default: self.heartbeat_period,
-            min: self.min_heartbeat_period,
-            max: self.max_heartbeat_period,
-        }
-        .grant(requested_seconds)
     }
 }
 

@@ -68,8 +68,8 @@ pub async fn start_hub(pki: &Pki, dir: &Path, tweak: impl FnOnce(&mut Config)) -
         }),
         dir,
     );
-    config.grpc_addr = "127.0.0.1:0".parse().unwrap();
-    config.http_addr = "127.0.0.1:0".parse().unwrap();
+    config.listeners.grpc_addr = "127.0.0.1:0".parse().unwrap();
+    config.listeners.http_addr = "127.0.0.1:0".parse().unwrap();
     tweak(&mut config);
     scale_agent_hub::start(config).await.unwrap()
 }
@@ -77,12 +77,12 @@ pub async fn start_hub(pki: &Pki, dir: &Path, tweak: impl FnOnce(&mut Config)) -
 /// The hub's HTTP listener with TLS (the serving certificate of `pki`), that CA in the
 /// kubeconfigs, and an admin token file in the data directory.
 pub fn serve_https(pki: &Pki, config: &mut Config) {
-    config.http_security = HttpSecurity::Tls {
+    config.listeners.http_security = HttpSecurity::Tls {
         cert_pem: pki.serving_cert_pem.clone().into_bytes(),
         key_pem: pki.serving_key_pem.clone().into_bytes(),
     };
-    config.serving_ca_pem = Some(pki.serving_ca_pem.clone().into_bytes());
-    config.admin_token_file = Some(config.data_dir.join("admin-token"));
+    config.api.serving_ca_pem = Some(pki.serving_ca_pem.clone().into_bytes());
+    config.api.admin_token_file = Some(config.store.data_dir.join("admin-token"));
 }
 
 /// The admin token a hub set up by [`serve_https`] created.
