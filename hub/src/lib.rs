@@ -161,9 +161,9 @@ impl RunningHub {
     }
 }
 
-/// Opens the store, loads the cache, binds both listeners and starts serving: the handles
-/// are built by [`assemble::assemble`], the servers spawned by [`serving::spawn_servers`],
-/// the background duties by [`duties::spawn`].
+/// Opens the store, loads the cache, binds both listeners and starts serving.
+// The handles are built by `assemble::assemble`, the servers spawned by
+// `serving::spawn_servers`, the background duties by `duties::spawn`.
 pub async fn start(config: Config) -> Result<RunningHub> {
     config.validate()?;
     let assemble::Assembled {

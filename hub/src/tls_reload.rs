@@ -12,7 +12,7 @@
 //! The notAfter of each serving certificate in use is kept for the metric
 //! `scale_agent_hub_tls_certificate_expiry_seconds`, set at start and on every reload.
 //!
-//! [`Config::tls_reload_interval`]: crate::config::Config::tls_reload_interval
+//! [`Config::tls_reload_interval`]: crate::config::ListenerConfig::tls_reload_interval
 
 use std::{path::Path, sync::Arc};
 

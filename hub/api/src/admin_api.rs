@@ -1,6 +1,6 @@
 //! The admin part of the HTTP API: kubeconfigs for the Kubernetes API proxy, issuing API
 //! tokens, and listing and revoking tokens. Every route needs role `admin` (the router puts
-//! [`crate::api_auth::require`] in front of them); `scale-agent-hub kubeconfig` and
+//! `api_auth::require` in front of them); `scale-agent-hub kubeconfig` and
 //! `scale-agent-hub token` use the admin token file. Tokens are shown once, in the answer
 //! that carries them, and never logged.
 

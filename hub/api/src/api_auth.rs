@@ -1,4 +1,4 @@
-//! The HTTP API's authentication layer: [`require`], the per-route middleware in front of
+//! The HTTP API's authentication layer: `require`, the per-route middleware in front of
 //! the API's handlers. It first lets the replicas' shared store teach this replica a token
 //! issued through another one ([`scale_agent_hub_replicas::sync::learn_bearer`]), then
 //! applies the check.

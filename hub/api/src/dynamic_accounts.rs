@@ -5,7 +5,7 @@
 //! kubeconfig from a Secret in its own cluster (Infrastructure and SpinnakerService modes),
 //! so no kubeconfig ever passes through the hub, and reports how each account fares.
 //!
-//! Routes (role admin, see [`router`]): `GET`/`POST /api/v1/dynamic-accounts`,
+//! Routes (role admin, see `router`): `GET`/`POST /api/v1/dynamic-accounts`,
 //! `GET`/`PUT`/`DELETE /api/v1/dynamic-accounts/{name}`.
 
 use std::sync::Arc;

@@ -55,7 +55,7 @@ pub enum Source {
 }
 
 /// Who called: the token's name, role and source. Handlers find it in the request's
-/// extensions after [`require`].
+/// extensions after `require` (the API crate's middleware).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Caller {
     pub name: String,

@@ -10,7 +10,7 @@
 //! [`StoreOp`]s to [`Store::commit`]: one transaction per batch.
 //!
 //! Two backends behind one [`Store`]:
-//! - `embedded` ([`redb`]): a redb file in the data directory, `<data-dir>/hub.redb`, for one
+//! - `embedded` (`redb`): a redb file in the data directory, `<data-dir>/hub.redb`, for one
 //!   replica (the default).
 //! - `postgres` ([`postgres`]): a PostgreSQL database shared by several replicas.
 //!

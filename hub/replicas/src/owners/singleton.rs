@@ -64,7 +64,7 @@ pub struct PostgresSingleton {
 }
 
 impl PostgresSingleton {
-    /// The duty `name` of `replica` (nothing is connected until the first [`Self::hold`]).
+    /// The duty `name` of `replica` (nothing is connected until the first `hold`).
     pub fn new(options: &PostgresOptions, replica: &str, name: &'static str) -> Result<Self> {
         let mut target = options.target()?;
         target.config.connect_timeout(DEADLINE);
