@@ -396,6 +396,7 @@ fn scale_agent_spec(
         image: None,
         image_pull_policy: Default::default(),
         resources,
+        pod: Default::default(),
         scope,
         access,
         defaults: Default::default(),

@@ -85,8 +85,8 @@ pub fn render_reference(crds: &[CustomResourceDefinition]) -> String {
 }
 
 /// One table row per field below `schema`, depth first, in the schema's (alphabetical) order.
-/// Types from k8s-openapi (resources, conditions) are documented upstream: their inner
-/// fields are not expanded.
+/// Types from k8s-openapi (resources, conditions, the pod fields of a ScaleAgent) are
+/// documented upstream: their inner fields are not expanded.
 fn fields(out: &mut String, path: &str, schema: &JSONSchemaProps) {
     let Some(properties) = &schema.properties else {
         return;
@@ -122,10 +122,22 @@ fn fields(out: &mut String, path: &str, schema: &JSONSchemaProps) {
 }
 
 fn is_upstream_type(path: &str) -> bool {
-    path.ends_with(".resources") || path.ends_with(".conditions")
+    const UPSTREAM: &[&str] = &[
+        ".resources",
+        ".conditions",
+        ".affinity",
+        ".tolerations",
+        ".env",
+        ".imagePullSecrets",
+        ".topologySpreadConstraints",
+    ];
+    UPSTREAM.iter().any(|suffix| path.ends_with(suffix))
 }
 
 fn type_name(schema: &JSONSchemaProps) -> String {
+    if schema.x_kubernetes_int_or_string == Some(true) {
+        return "integer or string".into();
+    }
     let base = schema.type_.clone().unwrap_or_else(|| "object".into());
     let base = match (&schema.items, base.as_str()) {
         (Some(JSONSchemaPropsOrArray::Schema(item)), "array") => {
@@ -165,6 +177,8 @@ mod tests {
             "| `spec.replicas` | integer | `2` |",
             "| `spec.agentRef` (required) | string |",
             "| `status.conditions` | []object |",
+            "| `spec.nodeSelector` | object |",
+            "| `spec.podDisruptionBudget.maxUnavailable` | integer or string |",
         ] {
             assert!(reference.contains(row), "missing row {row:?}");
         }
@@ -173,5 +187,11 @@ mod tests {
             !reference.contains("status.conditions[].reason"),
             "upstream types stay unexpanded"
         );
+        for upstream in ["spec.affinity.", "spec.tolerations[].", "spec.env[]."] {
+            assert!(
+                !reference.contains(&format!("`{upstream}")),
+                "{upstream} is k8s-openapi's and stays unexpanded"
+            );
+        }
     }
 }

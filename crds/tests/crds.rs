@@ -336,6 +336,51 @@ fn scale_agent_cel_rules() {
         "self.matches(",
         "prod-eu-west-1"
     ));
+    // The pod knobs: the operator's labels, annotations and variables are its own.
+    assert!(has_rule(
+        &rules(&crd, "spec.podLabels"),
+        "'app.kubernetes.io/instance'",
+        "selects its pods by them"
+    ));
+    assert!(has_rule(
+        &rules(&crd, "spec.podAnnotations"),
+        "startsWith('scaleagent.dev/')",
+        "use another key"
+    ));
+    assert!(has_rule(
+        &rules(&crd, "spec.env"),
+        "'POD_NAMESPACE'",
+        "from the pod's metadata"
+    ));
+    assert!(has_rule(
+        &rules(&crd, "spec.podDisruptionBudget"),
+        "has(self.minAvailable) != has(self.maxUnavailable)",
+        "exactly one"
+    ));
+}
+
+#[test]
+fn pod_knobs_use_the_pod_spec_schemas_and_are_bounded() {
+    let crd = scale_agent_crd();
+    // k8s-openapi's schemas: the API server checks them as in a pod spec.
+    assert_eq!(
+        node(&crd, "spec.tolerations")["items"]["properties"]["effect"]["type"],
+        "string"
+    );
+    assert!(node(&crd, "spec.affinity")["properties"]["nodeAffinity"].is_object());
+    assert_eq!(
+        node(&crd, "spec.imagePullSecrets")["items"]["required"],
+        serde_json::json!(["name"])
+    );
+    assert_eq!(
+        node(&crd, "spec.podDisruptionBudget")["properties"]["maxUnavailable"]["x-kubernetes-int-or-string"],
+        true
+    );
+    // CEL over a list or map needs a bound for the API server's cost estimate.
+    assert_eq!(node(&crd, "spec.env")["maxItems"], 64);
+    assert_eq!(node(&crd, "spec.podLabels")["maxProperties"], 64);
+    assert_eq!(node(&crd, "spec.podAnnotations")["maxProperties"], 64);
+    assert_eq!(node(&crd, "spec.priorityClassName")["maxLength"], 253);
 }
 
 #[test]

@@ -87,6 +87,7 @@ fn the_chart_lints_clean_with_default_and_non_default_values() -> anyhow::Result
             "--set=hub.agentCaSecret=agent-ca",
         ][..],
         REPLICAS_REGISTERING_OVER_TLS,
+        POD_KNOBS,
     ] {
         let mut args = vec!["lint", "--strict", chart.as_ref()];
         args.extend_from_slice(extra);
@@ -95,6 +96,92 @@ fn the_chart_lints_clean_with_default_and_non_default_values() -> anyhow::Result
         assert!(output.status.success(), "helm lint {extra:?}: {said}");
         assert!(!said.contains("[WARNING]"), "{said}");
     }
+    Ok(())
+}
+
+/// The fleet install knobs of the operator and hub pods.
+const POD_KNOBS: &[&str] = &[
+    "--set=hub.enabled=true",
+    "--set=operator.imagePullSecrets[0].name=registry-credentials",
+    "--set=operator.nodeSelector.pool=infra",
+    "--set=operator.tolerations[0].key=dedicated",
+    "--set=operator.tolerations[0].operator=Exists",
+    "--set=operator.priorityClassName=infra-critical",
+    "--set=operator.podLabels.team=platform",
+    "--set=operator.podLabels.app\\.kubernetes\\.io/name=not-the-operator",
+    "--set=operator.podAnnotations.example\\.com/scraped-by=prometheus",
+    "--set=operator.env[0].name=HTTPS_PROXY",
+    "--set=operator.env[0].value=http://proxy.example.com:3128",
+    "--set=hub.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=pool",
+    "--set=hub.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+    "--set=hub.topologySpreadConstraints[0].maxSkew=1",
+    "--set=hub.topologySpreadConstraints[0].topologyKey=topology.kubernetes.io/zone",
+    "--set=hub.topologySpreadConstraints[0].whenUnsatisfiable=ScheduleAnyway",
+    "--set=hub.env[0].name=NO_PROXY",
+    "--set=hub.env[0].value=.svc",
+];
+
+#[test]
+fn the_pod_knobs_reach_the_operator_and_hub_pods_and_the_selector_labels_win() -> anyhow::Result<()>
+{
+    let helm = Binaries::locate()?.helm();
+    let chart = chart();
+    let mut args = vec![
+        "template",
+        "scale-agent",
+        chart.to_str().unwrap_or_default(),
+    ];
+    args.extend_from_slice(POD_KNOBS);
+    let output = run(&helm, &args)?;
+    assert!(output.status.success(), "{}", text(&output));
+    let documents: Vec<Value> = serde_saphyr::from_multiple(&String::from_utf8(output.stdout)?)?;
+    let deployment = |name: &str| {
+        documents
+            .iter()
+            .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == name)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let operator = deployment("scale-agent-operator");
+    let template = &operator["spec"]["template"];
+    let pod = &template["spec"];
+    assert_eq!(pod["imagePullSecrets"][0]["name"], "registry-credentials");
+    assert_eq!(pod["nodeSelector"]["pool"], "infra");
+    assert_eq!(pod["tolerations"][0]["key"], "dedicated");
+    assert_eq!(pod["priorityClassName"], "infra-critical");
+    assert_eq!(template["metadata"]["labels"]["team"], "platform");
+    assert_eq!(
+        template["metadata"]["labels"]["app.kubernetes.io/name"], "scale-agent-operator",
+        "the selector label wins over podLabels"
+    );
+    assert_eq!(
+        template["metadata"]["annotations"]["example.com/scraped-by"],
+        "prometheus"
+    );
+    let env = pod["containers"][0]["env"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        env.last().map(|e| e["name"].clone()),
+        Some("HTTPS_PROXY".into())
+    );
+    let hub = deployment("scale-agent-hub");
+    let pod = &hub["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            [0]["matchExpressions"][0]["key"],
+        "pool"
+    );
+    assert_eq!(
+        pod["topologySpreadConstraints"][0]["topologyKey"],
+        "topology.kubernetes.io/zone"
+    );
+    let env = pod["containers"][0]["env"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(env.last().map(|e| e["value"].clone()), Some(".svc".into()));
     Ok(())
 }
 
@@ -109,6 +196,11 @@ fn the_values_schema_refuses_wrong_values_and_names_them() -> anyhow::Result<()>
         ("--set=monitoring.intervall=30s", "intervall"),
         ("--set=hub.store=sqlite", "/hub/store"),
         ("--set=hub.replicas=0", "/hub/replicas"),
+        (
+            "--set=operator.nodeSelector=infra",
+            "/operator/nodeSelector",
+        ),
+        ("--set=hub.env[0].value=x", "/hub/env/0"),
     ] {
         let output = run(
             &helm,

@@ -11,8 +11,7 @@ use k8s_openapi::{
             Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort,
             EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector,
             PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile, Secret,
-            SecretVolumeSource, SecurityContext, ServiceAccount, TopologySpreadConstraint, Volume,
-            VolumeMount,
+            SecretVolumeSource, SecurityContext, ServiceAccount, Volume, VolumeMount,
         },
         rbac::v1::{
             ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
@@ -32,6 +31,8 @@ use scale_agent_crds::{
 };
 
 use crate::error::{Error, Result};
+
+pub mod pod;
 
 /// Key of the agent config in its ConfigMap.
 pub const CONFIG_KEY: &str = "scale-agent.yaml";
@@ -570,10 +571,15 @@ pub fn deployment(agent: &ScaleAgent, kubeconfig_secrets: &BTreeSet<String>) -> 
             "--config".into(),
             format!("{CONFIG_DIR}/{CONFIG_KEY}"),
         ]),
-        env: Some(vec![
-            field_env("POD_NAME", "metadata.name"),
-            field_env("POD_NAMESPACE", "metadata.namespace"),
-        ]),
+        env: Some(
+            [
+                field_env("POD_NAME", "metadata.name"),
+                field_env("POD_NAMESPACE", "metadata.namespace"),
+            ]
+            .into_iter()
+            .chain(pod::extra_env(agent))
+            .collect(),
+        ),
         ports: Some(vec![ContainerPort {
             name: Some("admin".into()),
             container_port: ADMIN_PORT,
@@ -596,49 +602,41 @@ pub fn deployment(agent: &ScaleAgent, kubeconfig_secrets: &BTreeSet<String>) -> 
         volume_mounts: Some(mounts),
         ..Default::default()
     };
-    let mut pod_labels = labels(agent);
-    pod_labels.extend(selector.clone());
+    let mut pod = PodSpec {
+        service_account_name: Some(agent_name(agent)),
+        // Only mode Agent talks to this cluster's API with its own token.
+        automount_service_account_token: Some(spec.mode == Mode::Agent),
+        containers: vec![container],
+        volumes: Some(volumes),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(65532),
+            run_as_group: Some(65532),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        topology_spread_constraints: Some(pod::topology_spread(agent)),
+        ..Default::default()
+    };
+    pod::place(agent, &mut pod);
     Ok(Deployment {
         metadata: owned_meta(agent, agent_name(agent))?,
         spec: DeploymentSpec {
             replicas: Some(spec.replicas),
             selector: LabelSelector {
-                match_labels: Some(selector.clone()),
+                match_labels: Some(selector),
                 ..Default::default()
             },
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(pod_labels),
+                    labels: Some(pod::pod_labels(agent)),
+                    annotations: pod::pod_annotations(agent),
                     ..Default::default()
                 }),
-                spec: Some(PodSpec {
-                    service_account_name: Some(agent_name(agent)),
-                    // Only mode Agent talks to this cluster's API with its own token.
-                    automount_service_account_token: Some(spec.mode == Mode::Agent),
-                    containers: vec![container],
-                    volumes: Some(volumes),
-                    security_context: Some(PodSecurityContext {
-                        run_as_non_root: Some(true),
-                        run_as_user: Some(65532),
-                        run_as_group: Some(65532),
-                        seccomp_profile: Some(SeccompProfile {
-                            type_: "RuntimeDefault".into(),
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    }),
-                    topology_spread_constraints: Some(vec![TopologySpreadConstraint {
-                        max_skew: 1,
-                        topology_key: "kubernetes.io/hostname".into(),
-                        when_unsatisfiable: "ScheduleAnyway".into(),
-                        label_selector: Some(LabelSelector {
-                            match_labels: Some(selector),
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    }]),
-                    ..Default::default()
-                }),
+                spec: Some(pod),
             },
             ..Default::default()
         },

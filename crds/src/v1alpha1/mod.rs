@@ -1,6 +1,7 @@
 //! `scaleagent.dev/v1alpha1`: the first, still evolving, version of the API.
 
 mod agent_account;
+mod agent_pod;
 mod common;
 mod scale_agent;
 
@@ -8,6 +9,9 @@ pub use agent_account::{
     AccountHubStatus, AgentAccount, AgentAccountSpec, AgentAccountStatus, Credentials,
     CredentialsType, CustomResourceKind, ForbiddenKind, KubeconfigSecretRef, Permissions,
     ServiceAccountRef,
+};
+pub use agent_pod::{
+    AgentDisruptionBudget, AgentPod, RESERVED_ENV, RESERVED_KEY_PREFIX, RESERVED_POD_LABELS,
 };
 pub use common::{ACCOUNT_NAME_MAX_LENGTH, DNS1123_LABEL_PATTERN, is_dns1123_label};
 pub use scale_agent::{

@@ -7,6 +7,7 @@ use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::agent_pod::AgentPod;
 use super::common::{DNS1123_LABEL_PATTERN, is_false};
 use crate::Error;
 
@@ -154,6 +155,12 @@ pub struct ScaleAgentSpec {
     /// start-up peak.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+
+    /// Where the agent pods run and what they carry: `imagePullSecrets`, `nodeSelector`,
+    /// `tolerations`, `affinity`, `priorityClassName`, `topologySpreadConstraints`,
+    /// `podLabels`, `podAnnotations`, `env` and `podDisruptionBudget`, each a `spec` field.
+    #[serde(flatten)]
+    pub pod: AgentPod,
 
     /// Where the agent's ServiceAccount may act (`Agent` mode only). Default:
     /// `{type: Cluster}`, a ClusterRole and ClusterRoleBinding. `{type: Namespaces, namespaces:

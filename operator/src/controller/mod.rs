@@ -17,6 +17,7 @@ use futures::{FutureExt, SinkExt, StreamExt, channel::mpsc, future::BoxFuture};
 use k8s_openapi::api::{
     apps::v1::Deployment,
     core::v1::{ConfigMap, ObjectReference, Secret, ServiceAccount},
+    policy::v1::PodDisruptionBudget,
     rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
 };
 use kube::{
@@ -434,6 +435,12 @@ async fn check_watch_access(client: &Client, watch: &WatchNamespaces) -> Result<
             RBAC_HINT,
         )
         .await?;
+        check_kind(
+            api_in::<PodDisruptionBudget>(client, namespace),
+            namespace,
+            RBAC_HINT,
+        )
+        .await?;
     }
     // RBAC objects are watched in every namespace (their owner is found by label), and with a
     // namespace list so are ScaleAgents and AgentAccounts, to refuse those outside it.
@@ -771,6 +778,10 @@ fn scale_agent_controller(
         .owns(api_in::<ConfigMap>(client, namespace), owned.clone())
         .owns(api_in::<Secret>(client, namespace), owned.clone())
         .owns(api_in::<ServiceAccount>(client, namespace), owned.clone())
+        .owns(
+            api_in::<PodDisruptionBudget>(client, namespace),
+            owned.clone(),
+        )
         .watches(
             Api::<ClusterRole>::all(client.clone()),
             owned.clone(),

@@ -15,6 +15,7 @@ use k8s_openapi::{
     api::{
         apps::v1::Deployment,
         core::v1::{ConfigMap, ObjectReference, Secret, ServiceAccount},
+        policy::v1::PodDisruptionBudget,
         rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding},
     },
     apimachinery::pkg::apis::meta::v1::Time,
@@ -469,7 +470,42 @@ async fn apply_objects(
     )
     .await?;
     note(applied, outcome, "Deployment");
+    reconcile_disruption_budget(agent, ctx, applied).await?;
     Ok(deployment)
+}
+
+/// Applies the agent pods' PodDisruptionBudget (`spec.podDisruptionBudget`), or deletes the
+/// one this ScaleAgent owns once the field is gone (a read, not a write, when there is none;
+/// a budget of the same name someone else made is left alone).
+async fn reconcile_disruption_budget(
+    agent: &ScaleAgent,
+    ctx: &Context,
+    applied: &mut Vec<String>,
+) -> Result<()> {
+    let namespace = agent.namespace().unwrap_or_default();
+    let api = Api::<PodDisruptionBudget>::namespaced(ctx.client.clone(), &namespace);
+    if let Some(budget) = desired::pod::pod_disruption_budget(agent)? {
+        note(
+            applied,
+            apply(&api, &budget).await?.1,
+            "PodDisruptionBudget",
+        );
+        return Ok(());
+    }
+    let name = desired::pod::pod_disruption_budget_name(agent);
+    let live = api.get_metadata_opt(&name).await.map_err(kube_err(format!(
+        "get PodDisruptionBudget {namespace}/{name}"
+    )))?;
+    let owned = live.is_some_and(|live| {
+        live.owner_references()
+            .iter()
+            .any(|owner| Some(&owner.uid) == agent.metadata.uid.as_ref())
+    });
+    if owned {
+        delete_if_exists(&api, &name).await?;
+        applied.push("PodDisruptionBudget (deleted)".to_owned());
+    }
+    Ok(())
 }
 
 /// The status this reconcile observed, and whether writing it changed the object.
