@@ -5,7 +5,7 @@ SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
 
-.PHONY: help test demo bench control-plane nginx tinyproxy postgres toxiproxy fmt lint unit crds proto
+.PHONY: help test demo bench control-plane nginx tinyproxy postgres toxiproxy fmt lint unit crds proto book mdbook book-reference
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -26,7 +26,16 @@ postgres: ## Unpack the PostgreSQL 15 server from Debian's packages for the hub'
 lua: ## Unpack Lua 5.1 from Debian's packages for the Argo CD health check tests (cached, no system-wide install)
 	@e2e/lua/install.sh
 
-test: control-plane nginx tinyproxy lua postgres ## Formatting, lints, and every test including the end-to-end ones
+mdbook: ## Install mdBook from crates.io for the user guide (pinned in docs/tools/mdbook-version; cached, about 5 min cold)
+	@docs/tools/install-mdbook.sh
+
+book: mdbook ## Build the user guide into docs/book (open docs/book/index.html; e2e/tests/book.rs checks its links)
+	$$(docs/tools/install-mdbook.sh --print-bin) build docs
+
+book-reference: ## Regenerate the guide's command-line reference (docs/src/reference/command-line.md) from the binaries' --help
+	SCALE_AGENT_WRITE_BOOK_REFERENCE=1 $(CARGO) test --locked -p scale-agent-e2e --test book the_command_line_reference
+
+test: control-plane nginx tinyproxy lua postgres mdbook ## Formatting, lints, and every test including the end-to-end ones
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 	$(CARGO) test --workspace --locked --no-fail-fast
