@@ -31,6 +31,7 @@ pub mod operator;
 pub mod pki;
 pub mod postgres;
 pub mod process;
+pub mod real_node;
 pub mod relay;
 pub mod tinyproxy;
 pub mod wait;
