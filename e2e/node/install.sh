@@ -2,7 +2,8 @@
 # The parts of a real Kubernetes node besides kubelet and kube-proxy (which
 # e2e/control-plane/build.sh links into the control plane's multi-call binary), for the
 # real-node tests (e2e/src/real_node.rs, e2e/tests/real_node.rs):
-#   - containerd, runc, the CNI plugins, iptables and conntrack from Debian's packages,
+#   - containerd, runc, the CNI plugins, iptables, conntrack and nft (to remove the tables the
+#     node added) from Debian's packages,
 #     installed with apt-get (they need root, as the real-node tests do; containerd is not
 #     started as a service: the harness starts its own, with its own root and socket);
 #   - the sandbox ("pause") image: e2e/node/pause/main.go built static with the Go toolchain
@@ -32,9 +33,9 @@ if [[ $(id -u) != 0 ]]; then
 fi
 
 # The programs each package brings; all present means nothing to install.
-packages=(containerd runc containernetworking-plugins iptables conntrack)
+packages=(containerd runc containernetworking-plugins iptables conntrack nftables)
 programs=(/usr/bin/containerd /usr/bin/ctr /usr/sbin/runc /usr/lib/cni/bridge /usr/lib/cni/host-local
-  /usr/lib/cni/loopback /usr/lib/cni/portmap /usr/sbin/iptables /usr/sbin/conntrack)
+  /usr/lib/cni/loopback /usr/lib/cni/portmap /usr/sbin/iptables /usr/sbin/conntrack /usr/sbin/nft)
 missing=()
 for program in "${programs[@]}"; do
   [[ -x $program ]] || missing+=("$program")

@@ -15,12 +15,13 @@
 use std::{
     path::{Path, PathBuf},
     process::Command,
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, bail, ensure};
 use scale_agent_e2e::{
     fixtures::temp_dir,
+    local_agent::free_port,
     pki::CertificateAuthority,
     real_node::{self, NodeImage, RealNode},
 };
@@ -256,6 +257,128 @@ fn wait_rollout(cli: &Cli, deployment: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `kubectl port-forward` to the hub's Service, as a user reaches it from their machine
+/// (through the API server and kubelet's port-forward); stopped when dropped.
+struct PortForward {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl PortForward {
+    fn start(cli: &Cli) -> anyhow::Result<Self> {
+        let port = free_port()?;
+        let child = cli
+            .command(
+                &cli.kubectl,
+                &[
+                    "-n",
+                    NAMESPACE,
+                    "port-forward",
+                    "service/scale-agent-hub",
+                    &format!("{port}:8443"),
+                ],
+            )
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()?;
+        let forward = Self { child, port };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            ensure!(
+                Instant::now() < deadline,
+                "kubectl port-forward to the hub did not listen on {port} in 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok(forward)
+    }
+}
+
+impl Drop for PortForward {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// kubectl with the kubeconfig the hub hands out for an account, through a port-forward:
+/// the server's host becomes the forwarded port, verified as the name in the hub's
+/// certificate.
+struct HubKubectl {
+    kubeconfig: PathBuf,
+    server: String,
+}
+
+impl HubKubectl {
+    fn new(cli: &Cli, dir: &Path, account: &str) -> anyhow::Result<Self> {
+        let kubeconfig = cli.kubectl(&[
+            "-n",
+            NAMESPACE,
+            "exec",
+            "deploy/scale-agent-hub",
+            "--",
+            "scale-agent-hub",
+            "kubeconfig",
+            "--account",
+            account,
+        ])?;
+        let server = kubeconfig
+            .lines()
+            .find_map(|line| line.trim().strip_prefix("server: "))
+            .context("no server in the hub's kubeconfig")?
+            .trim()
+            .to_string();
+        let path = dir.join(format!("{account}.kubeconfig"));
+        std::fs::write(&path, &kubeconfig)?;
+        Ok(Self {
+            kubeconfig: path,
+            server,
+        })
+    }
+
+    fn args(&self, forward: &PortForward, args: &[&str]) -> anyhow::Result<Vec<String>> {
+        let rest = self
+            .server
+            .strip_prefix("https://")
+            .and_then(|s| s.split_once('/').map(|(_, path)| path))
+            .unwrap_or_default();
+        let mut all = vec![
+            format!("--kubeconfig={}", self.kubeconfig.display()),
+            format!("--server=https://127.0.0.1:{}/{rest}", forward.port),
+            "--tls-server-name=scale-agent-hub".into(),
+        ];
+        all.extend(args.iter().map(|a| a.to_string()));
+        Ok(all)
+    }
+
+    fn run(
+        &self,
+        cli: &Cli,
+        forward: &PortForward,
+        args: &[&str],
+        stdin: Option<&str>,
+    ) -> anyhow::Result<String> {
+        let all = self.args(forward, args)?;
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        // KUBECONFIG is overridden by --kubeconfig: nothing of the admin's is used.
+        cli.run(&cli.kubectl, &all, stdin)
+    }
+}
+
+/// A ConfigMap in team-a, applied through the hub (an operation) or directly.
+fn config_map(name: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: {name}
+  namespace: team-a
+data:
+  written-by: real-node-test
+"
+    )
+}
+
 fn step(started: Instant, what: &str) {
     eprintln!(
         "[real-node test] {:6.1} s  {what}",
@@ -410,6 +533,297 @@ spec:
         "jsonpath={range .items[*]}{.metadata.name} {.status.phase} {.spec.containers[0].image}{\"\\n\"}{end}",
     ])?;
     eprintln!("agent pods:\n{agents}");
+    ensure!(
+        agents.lines().filter(|l| l.contains(" Running ")).count() == 2,
+        "two agent pods should run:\n{agents}"
+    );
+
+    // kubectl through the hub's Kubernetes API proxy, reached by port-forward: it lists
+    // and deploys (a Deployment of the pause image, whose pods kubelet runs).
+    let forward = PortForward::start(&cli)?;
+    let hub = HubKubectl::new(&cli, &dir, "real-node")?;
+    let listed = hub.run(&cli, &forward, &["-n", "team-a", "get", "configmaps"], None)?;
+    ensure!(
+        listed.contains("kube-root-ca.crt"),
+        "the hub's list of team-a's ConfigMaps:\n{listed}"
+    );
+    hub.run(
+        &cli,
+        &forward,
+        &["apply", "-f", "-"],
+        Some(&format!(
+            "apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+  namespace: team-a
+spec:
+  replicas: 1
+  selector:
+    matchLabels: {{app: web}}
+  template:
+    metadata:
+      labels: {{app: web}}
+    spec:
+      containers:
+        - name: web
+          image: {}
+          imagePullPolicy: Never
+",
+            real_node::PAUSE_IMAGE
+        )),
+    )?;
+    hub.run(
+        &cli,
+        &forward,
+        &[
+            "-n",
+            "team-a",
+            "rollout",
+            "status",
+            "deployment/web",
+            "--timeout=120s",
+        ],
+        None,
+    )
+    .with_context(|| cli.describe())?;
+    step(
+        started,
+        "kubectl through the hub listed and deployed (deployment/web rolled out)",
+    );
+
+    // A rolling update of the agents (new resources in the ScaleAgent: a new pod template),
+    // with operations through the hub and writes straight to the cluster meanwhile: none
+    // fails, and the hub's cache has every object afterwards.
+    cli.kubectl(&[
+        "-n",
+        NAMESPACE,
+        "patch",
+        "scaleagent",
+        "real-node",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"resources":{"requests":{"cpu":"20m","memory":"48Mi"},"limits":{"memory":"512Mi"}}}}"#,
+    ])?;
+    let mut rollout = cli
+        .command(
+            &cli.kubectl,
+            &[
+                "-n",
+                NAMESPACE,
+                "rollout",
+                "status",
+                "deployment/real-node-agent",
+                "--timeout=240s",
+            ],
+        )
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let mut written = Vec::new();
+    let mut index = 0;
+    let rolled = loop {
+        if let Some(status) = rollout.try_wait()? {
+            break status;
+        }
+        let through_hub = format!("during-rollout-hub-{index}");
+        hub.run(
+            &cli,
+            &forward,
+            &["apply", "-f", "-"],
+            Some(&config_map(&through_hub)),
+        )
+        .with_context(|| {
+            format!(
+                "an operation through the hub during the agents' rolling update ({through_hub})"
+            )
+        })?;
+        let direct = format!("during-rollout-direct-{index}");
+        cli.apply(&config_map(&direct))?;
+        written.extend([through_hub, direct]);
+        index += 1;
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    ensure!(
+        rolled.success(),
+        "the agents' rolling update failed: {}",
+        cli.describe()
+    );
+    let template = cli.kubectl(&[
+        "-n",
+        NAMESPACE,
+        "get",
+        "deployment/real-node-agent",
+        "-o",
+        "jsonpath={.spec.template.spec.containers[0].resources.requests.memory}",
+    ])?;
+    ensure!(
+        template == "48Mi",
+        "the agents' pod template after the patch: {template}"
+    );
+    step(
+        started,
+        &format!(
+            "agents rolled; {} writes made during the rollout",
+            written.len()
+        ),
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let listed = hub.run(
+            &cli,
+            &forward,
+            &["-n", "team-a", "get", "configmaps", "-o", "name"],
+            None,
+        )?;
+        let missing: Vec<&String> = written
+            .iter()
+            .filter(|name| !listed.contains(&format!("configmap/{name}\n")))
+            .collect();
+        if missing.is_empty() {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the hub's list lacks {missing:?} a minute after the agents' rolling update:\n{listed}"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    step(
+        started,
+        "every write during the rollout is in the hub's list",
+    );
+
+    // The hub pod deleted: its replacement (same volume) resumes, with the same tokens.
+    let old_hub = cli.kubectl(&[
+        "-n",
+        NAMESPACE,
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/component=hub",
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ])?;
+    drop(forward);
+    cli.kubectl(&["-n", NAMESPACE, "delete", "pod", &old_hub, "--wait=true"])?;
+    wait_rollout(&cli, "scale-agent-hub")?;
+    cli.kubectl(&[
+        "-n",
+        NAMESPACE,
+        "wait",
+        "--for=condition=Ready",
+        "pod",
+        "-l",
+        "app.kubernetes.io/component=hub",
+        "--timeout=180s",
+    ])?;
+    step(started, "the hub's replacement pod is Ready");
+    let forward = PortForward::start(&cli)?;
+    cli.apply(&config_map("after-hub-restart"))?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let listed = hub.run(
+            &cli,
+            &forward,
+            &["-n", "team-a", "get", "configmaps", "-o", "name"],
+            None,
+        );
+        match listed {
+            Ok(listed) if listed.contains("configmap/after-hub-restart\n") => break,
+            other => ensure!(
+                Instant::now() < deadline,
+                "the new hub pod does not list team-a's ConfigMaps through the agents 2 min after it started: {other:?}"
+            ),
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    cli.kubectl(&[
+        "-n",
+        NAMESPACE,
+        "wait",
+        "--for=condition=Connected",
+        "agentaccount/real-node",
+        "--timeout=120s",
+    ])?;
+    drop(forward);
+    step(
+        started,
+        "the agents resumed with the new hub pod (the old kubeconfig's token still works)",
+    );
+
+    // Uninstalled as documented: the accounts and agents first, then the release. Nothing
+    // of the chart's or the operator's is left.
+    cli.kubectl(&[
+        "-n",
+        NAMESPACE,
+        "delete",
+        "scaleagents,agentaccounts",
+        "--all",
+        "--wait=true",
+        "--timeout=120s",
+    ])?;
+    cli.helm(&[
+        "uninstall",
+        "scale-agent",
+        "-n",
+        NAMESPACE,
+        "--wait",
+        "--timeout",
+        "3m",
+    ])?;
+    // The operator makes its leader-election Lease at run time, so the release does not own
+    // it: the chart's README says to delete it after the uninstall.
+    cli.kubectl(&["-n", NAMESPACE, "delete", "lease", "scale-agent-operator"])?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let pods = cli.kubectl(&["-n", NAMESPACE, "get", "pods", "-o", "name"])?;
+        if pods.trim().is_empty() {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "pods left after helm uninstall:\n{pods}"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let labelled = cli.kubectl(&[
+        "get",
+        "all,configmaps,secrets,serviceaccounts,roles,rolebindings,clusterroles,clusterrolebindings,persistentvolumeclaims,leases,poddisruptionbudgets,validatingadmissionpolicies,validatingadmissionpolicybindings",
+        "-A",
+        "-l",
+        "app.kubernetes.io/part-of=scale-agent",
+        "-o",
+        "name",
+    ])?;
+    ensure!(
+        labelled.trim().is_empty(),
+        "left behind by helm uninstall:\n{labelled}"
+    );
+    let left = cli.kubectl(&[
+        "-n",
+        NAMESPACE,
+        "get",
+        "all,configmaps,secrets,serviceaccounts,roles,rolebindings,persistentvolumeclaims,leases",
+        "-o",
+        "name",
+    ])?;
+    let expected = [
+        "configmap/kube-root-ca.crt",
+        "secret/scale-agent-hub-tls",
+        "secret/hub-ca",
+        "secret/real-node-enrolment",
+        "serviceaccount/default",
+    ];
+    let unexpected: Vec<&str> = left
+        .lines()
+        .filter(|line| !expected.contains(line))
+        .collect();
+    ensure!(
+        unexpected.is_empty(),
+        "left in {NAMESPACE} after deleting the ScaleAgent and helm uninstall: {unexpected:?}"
+    );
+    step(started, "helm uninstall left nothing behind");
 
     drop(node);
     std::fs::remove_dir_all(&dir).ok();

@@ -73,6 +73,10 @@ pub(super) struct HostSnapshot {
     saved_dir: PathBuf,
     iptables: String,
     ip6tables: String,
+    /// `nft list tables` (e.g. `table ip nat`), when nft is installed: kube-proxy's and
+    /// kubelet's iptables (nf_tables backend) make tables that restoring the rules leaves
+    /// in place, empty.
+    nft_tables: Option<BTreeSet<String>>,
     sysctls: Vec<(String, String)>,
     netns: BTreeSet<String>,
 }
@@ -88,6 +92,7 @@ impl HostSnapshot {
             saved_dir: saved_dir.to_path_buf(),
             iptables: run("iptables-save", &[])?,
             ip6tables: run("ip6tables-save", &[])?,
+            nft_tables: nft_tables(),
             sysctls: SYSCTLS
                 .iter()
                 .filter_map(|name| {
@@ -105,6 +110,12 @@ impl HostSnapshot {
         };
         write("iptables.rules", &snapshot.iptables)?;
         write("ip6tables.rules", &snapshot.ip6tables)?;
+        if let Some(tables) = &snapshot.nft_tables {
+            write(
+                "nft-tables",
+                &tables.iter().map(|t| format!("{t}\n")).collect::<String>(),
+            )?;
+        }
         write(
             "sysctls",
             &snapshot
@@ -129,6 +140,9 @@ impl HostSnapshot {
             saved_dir: saved_dir.to_path_buf(),
             iptables,
             ip6tables: fs::read_to_string(saved_dir.join("ip6tables.rules")).unwrap_or_default(),
+            nft_tables: fs::read_to_string(saved_dir.join("nft-tables"))
+                .ok()
+                .map(|text| text.lines().map(str::to_string).collect()),
             sysctls: fs::read_to_string(saved_dir.join("sysctls"))
                 .unwrap_or_default()
                 .lines()
@@ -151,12 +165,25 @@ impl HostSnapshot {
         }
     }
 
-    /// Puts the tables and settings back: every table that exists now but was not saved is
-    /// flushed and its chains deleted (the KUBE-* and CNI-* chains), the saved ones are
-    /// restored as they were, and the settings written back. Removes the saved copy.
+    /// Puts the tables and settings back: every nftables table that exists now but did not
+    /// before is deleted (without nft: every iptables table not saved is flushed and its
+    /// chains deleted), the saved iptables tables are restored as they were (the KUBE-* and
+    /// CNI-* chains go), and the settings written back. Removes the saved copy.
     pub(super) fn restore(&self) {
-        restore_tables("iptables", &self.iptables);
-        restore_tables("ip6tables", &self.ip6tables);
+        let flush_new = match (&self.nft_tables, nft_tables()) {
+            (Some(before), Some(now)) => {
+                for table in now.difference(before) {
+                    let words: Vec<&str> = table.split_whitespace().collect();
+                    if let ["table", family, name] = words[..] {
+                        run_quietly("nft", &["delete", "table", family, name]);
+                    }
+                }
+                false
+            }
+            _ => true,
+        };
+        restore_tables("iptables", &self.iptables, flush_new);
+        restore_tables("ip6tables", &self.ip6tables, flush_new);
         for (name, value) in &self.sysctls {
             let path = Path::new("/proc/sys").join(name);
             let now = fs::read_to_string(&path).unwrap_or_default();
@@ -170,14 +197,15 @@ impl HostSnapshot {
     }
 }
 
-fn restore_tables(family: &str, saved: &str) {
-    let Some(now) = run_quietly(format!("{family}-save"), &[]) else {
-        return;
-    };
+/// `iptables-restore` of the saved tables; `flush_new`: also empty the tables that were not
+/// saved (when nft could not delete them).
+fn restore_tables(family: &str, saved: &str, flush_new: bool) {
     let saved_tables = tables(saved);
-    for table in tables(&now).difference(&saved_tables) {
-        run_quietly(family, &["-t", table, "-F"]);
-        run_quietly(family, &["-t", table, "-X"]);
+    if flush_new && let Some(now) = run_quietly(format!("{family}-save"), &[]) {
+        for table in tables(&now).difference(&saved_tables) {
+            run_quietly(family, &["-t", table, "-F"]);
+            run_quietly(family, &["-t", table, "-X"]);
+        }
     }
     if saved_tables.is_empty() {
         return;
@@ -205,6 +233,18 @@ fn tables(save: &str) -> BTreeSet<String> {
         .filter_map(|line| line.strip_prefix('*'))
         .map(str::to_string)
         .collect()
+}
+
+/// `nft list tables`, one `table <family> <name>` each; `None` without nft.
+fn nft_tables() -> Option<BTreeSet<String>> {
+    let listed = Command::new("nft").args(["list", "tables"]).output().ok()?;
+    listed.status.success().then(|| {
+        String::from_utf8_lossy(&listed.stdout)
+            .lines()
+            .map(|line| line.trim().to_string())
+            .filter(|line| line.starts_with("table "))
+            .collect()
+    })
 }
 
 fn network_namespaces() -> BTreeSet<String> {
