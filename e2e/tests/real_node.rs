@@ -21,9 +21,11 @@ use std::{
 use anyhow::{Context as _, bail, ensure};
 use scale_agent_e2e::{
     fixtures::temp_dir,
-    local_agent::free_port,
     pki::CertificateAuthority,
-    real_node::{self, NodeImage, RealNode},
+    real_node::{
+        self, NodeImage, RealNode,
+        user::{Cli, HubKubectl, PortForward},
+    },
 };
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -78,94 +80,6 @@ fn build_images(dir: &Path) -> anyhow::Result<Vec<NodeImage>> {
             })
         })
         .collect()
-}
-
-/// kubectl and helm as a user runs them: the admin kubeconfig in KUBECONFIG.
-struct Cli {
-    kubectl: PathBuf,
-    helm: PathBuf,
-    kubeconfig: PathBuf,
-    home: PathBuf,
-}
-
-impl Cli {
-    fn command(&self, program: &Path, args: &[&str]) -> Command {
-        let mut command = Command::new(program);
-        command
-            .args(args)
-            .env("KUBECONFIG", &self.kubeconfig)
-            .env("HOME", &self.home)
-            .env("HELM_CACHE_HOME", self.home.join("helm-cache"))
-            .env("HELM_CONFIG_HOME", self.home.join("helm-config"))
-            .env("HELM_DATA_HOME", self.home.join("helm-data"));
-        command
-    }
-
-    fn run(&self, program: &Path, args: &[&str], stdin: Option<&str>) -> anyhow::Result<String> {
-        let shown = format!(
-            "{} {}",
-            program.file_name().unwrap_or_default().to_string_lossy(),
-            args.join(" ")
-        );
-        let mut command = self.command(program, args);
-        let output = match stdin {
-            Some(text) => {
-                use std::io::Write as _;
-                command
-                    .stdin(std::process::Stdio::piped())
-                    .stdout(std::process::Stdio::piped())
-                    .stderr(std::process::Stdio::piped());
-                let mut child = command.spawn().with_context(|| shown.clone())?;
-                child
-                    .stdin
-                    .take()
-                    .context("stdin")?
-                    .write_all(text.as_bytes())?;
-                child.wait_with_output()?
-            }
-            None => command.output().with_context(|| shown.clone())?,
-        };
-        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-        ensure!(
-            output.status.success(),
-            "`{shown}` failed ({}):\n{stdout}{}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr)
-        );
-        Ok(stdout)
-    }
-
-    fn kubectl(&self, args: &[&str]) -> anyhow::Result<String> {
-        self.run(&self.kubectl, args, None)
-    }
-
-    fn apply(&self, yaml: &str) -> anyhow::Result<String> {
-        self.run(&self.kubectl, &["apply", "-f", "-"], Some(yaml))
-    }
-
-    fn helm(&self, args: &[&str]) -> anyhow::Result<String> {
-        self.run(&self.helm, args, None)
-    }
-
-    /// What `kubectl get` says, for a failure message.
-    fn describe(&self) -> String {
-        let mut out = String::new();
-        for args in [
-            &["get", "pods", "-A", "-o", "wide"][..],
-            &["-n", NAMESPACE, "get", "events", "--sort-by=.lastTimestamp"][..],
-            &[
-                "-n",
-                NAMESPACE,
-                "get",
-                "scaleagents,agentaccounts",
-                "-o",
-                "yaml",
-            ][..],
-        ] {
-            out.push_str(&self.kubectl(args).unwrap_or_else(|e| e.to_string()));
-        }
-        out
-    }
 }
 
 /// The hub's serving certificate (the chart's `scale-agent-hub-tls`): for the Service's
@@ -253,116 +167,8 @@ fn wait_rollout(cli: &Cli, deployment: &str) -> anyhow::Result<()> {
         &format!("deployment/{deployment}"),
         "--timeout=240s",
     ])
-    .with_context(|| cli.describe())?;
+    .with_context(|| cli.describe(NAMESPACE))?;
     Ok(())
-}
-
-/// `kubectl port-forward` to the hub's Service, as a user reaches it from their machine
-/// (through the API server and kubelet's port-forward); stopped when dropped.
-struct PortForward {
-    child: std::process::Child,
-    port: u16,
-}
-
-impl PortForward {
-    fn start(cli: &Cli) -> anyhow::Result<Self> {
-        let port = free_port()?;
-        let child = cli
-            .command(
-                &cli.kubectl,
-                &[
-                    "-n",
-                    NAMESPACE,
-                    "port-forward",
-                    "service/scale-agent-hub",
-                    &format!("{port}:8443"),
-                ],
-            )
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()?;
-        let forward = Self { child, port };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            ensure!(
-                Instant::now() < deadline,
-                "kubectl port-forward to the hub did not listen on {port} in 30 s"
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        Ok(forward)
-    }
-}
-
-impl Drop for PortForward {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// kubectl with the kubeconfig the hub hands out for an account, through a port-forward:
-/// the server's host becomes the forwarded port, verified as the name in the hub's
-/// certificate.
-struct HubKubectl {
-    kubeconfig: PathBuf,
-    server: String,
-}
-
-impl HubKubectl {
-    fn new(cli: &Cli, dir: &Path, account: &str) -> anyhow::Result<Self> {
-        let kubeconfig = cli.kubectl(&[
-            "-n",
-            NAMESPACE,
-            "exec",
-            "deploy/scale-agent-hub",
-            "--",
-            "scale-agent-hub",
-            "kubeconfig",
-            "--account",
-            account,
-        ])?;
-        let server = kubeconfig
-            .lines()
-            .find_map(|line| line.trim().strip_prefix("server: "))
-            .context("no server in the hub's kubeconfig")?
-            .trim()
-            .to_string();
-        let path = dir.join(format!("{account}.kubeconfig"));
-        std::fs::write(&path, &kubeconfig)?;
-        Ok(Self {
-            kubeconfig: path,
-            server,
-        })
-    }
-
-    fn args(&self, forward: &PortForward, args: &[&str]) -> anyhow::Result<Vec<String>> {
-        let rest = self
-            .server
-            .strip_prefix("https://")
-            .and_then(|s| s.split_once('/').map(|(_, path)| path))
-            .unwrap_or_default();
-        let mut all = vec![
-            format!("--kubeconfig={}", self.kubeconfig.display()),
-            format!("--server=https://127.0.0.1:{}/{rest}", forward.port),
-            "--tls-server-name=scale-agent-hub".into(),
-        ];
-        all.extend(args.iter().map(|a| a.to_string()));
-        Ok(all)
-    }
-
-    fn run(
-        &self,
-        cli: &Cli,
-        forward: &PortForward,
-        args: &[&str],
-        stdin: Option<&str>,
-    ) -> anyhow::Result<String> {
-        let all = self.args(forward, args)?;
-        let all: Vec<&str> = all.iter().map(String::as_str).collect();
-        // KUBECONFIG is overridden by --kubeconfig: nothing of the admin's is used.
-        cli.run(&cli.kubectl, &all, stdin)
-    }
 }
 
 /// A ConfigMap in team-a, applied through the hub (an operation) or directly.
@@ -377,6 +183,29 @@ data:
   written-by: real-node-test
 "
     )
+}
+
+/// No container of the release or its agents has restarted: probes and limits held, and
+/// nothing crashed.
+fn no_restarts(cli: &Cli) -> anyhow::Result<()> {
+    let restarts = cli.kubectl(&[
+        "-n",
+        NAMESPACE,
+        "get",
+        "pods",
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.name} {.status.containerStatuses[*].restartCount}{\"\\n\"}{end}",
+    ])?;
+    let restarted: Vec<&str> = restarts
+        .lines()
+        .filter(|line| line.split_whitespace().skip(1).any(|count| count != "0"))
+        .collect();
+    ensure!(
+        restarted.is_empty(),
+        "containers restarted (name, restart counts): {restarted:?}\n{}",
+        cli.describe(NAMESPACE)
+    );
+    Ok(())
 }
 
 fn step(started: Instant, what: &str) {
@@ -519,7 +348,7 @@ spec:
         "agentaccount/real-node",
         "--timeout=300s",
     ]) {
-        bail!("{error}\n{}", cli.describe());
+        bail!("{error}\n{}", cli.describe(NAMESPACE));
     }
     step(started, "agentaccount/real-node Connected");
     let agents = cli.kubectl(&[
@@ -538,10 +367,24 @@ spec:
         "two agent pods should run:\n{agents}"
     );
 
+    // kubelet's logs API (through the API server, with its client certificate).
+    let logs = cli.kubectl(&[
+        "-n",
+        NAMESPACE,
+        "logs",
+        "deployment/real-node-agent",
+        "--tail=20",
+    ])?;
+    ensure!(
+        logs.contains("connected to the hub"),
+        "the agent's log through kubelet:\n{logs}"
+    );
+    no_restarts(&cli)?;
+
     // kubectl through the hub's Kubernetes API proxy, reached by port-forward: it lists
     // and deploys (a Deployment of the pause image, whose pods kubelet runs).
-    let forward = PortForward::start(&cli)?;
-    let hub = HubKubectl::new(&cli, &dir, "real-node")?;
+    let forward = PortForward::start(&cli, NAMESPACE, "scale-agent-hub", 8443)?;
+    let hub = HubKubectl::new(&cli, NAMESPACE, &dir, "real-node", "scale-agent-hub")?;
     let listed = hub.run(&cli, &forward, &["-n", "team-a", "get", "configmaps"], None)?;
     ensure!(
         listed.contains("kube-root-ca.crt"),
@@ -586,7 +429,7 @@ spec:
         ],
         None,
     )
-    .with_context(|| cli.describe())?;
+    .with_context(|| cli.describe(NAMESPACE))?;
     step(
         started,
         "kubectl through the hub listed and deployed (deployment/web rolled out)",
@@ -647,7 +490,7 @@ spec:
     ensure!(
         rolled.success(),
         "the agents' rolling update failed: {}",
-        cli.describe()
+        cli.describe(NAMESPACE)
     );
     let template = cli.kubectl(&[
         "-n",
@@ -719,7 +562,7 @@ spec:
         "--timeout=180s",
     ])?;
     step(started, "the hub's replacement pod is Ready");
-    let forward = PortForward::start(&cli)?;
+    let forward = PortForward::start(&cli, NAMESPACE, "scale-agent-hub", 8443)?;
     cli.apply(&config_map("after-hub-restart"))?;
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
@@ -751,6 +594,8 @@ spec:
         started,
         "the agents resumed with the new hub pod (the old kubeconfig's token still works)",
     );
+
+    no_restarts(&cli)?;
 
     // Uninstalled as documented: the accounts and agents first, then the release. Nothing
     // of the chart's or the operator's is left.

@@ -21,6 +21,7 @@
 
 mod config;
 mod host;
+pub mod user;
 
 use std::{
     fs::{self, File},
