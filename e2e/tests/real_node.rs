@@ -10,6 +10,13 @@
 //! DNS, so the ScaleAgent dials the hub Service's ClusterIP with `tls.serverName` set to the
 //! name in the hub's certificate.
 //!
+//! Then, as a platform team meets them on day one: an agent's log through kubelet; kubectl
+//! through the hub's proxy over `kubectl port-forward`, listing and deploying; a rolling
+//! update of the agents while operations go through the hub (none fails, none is missing
+//! after); the hub pod replaced on the same volume, resuming without the agents listing
+//! again (the API server's audit log); no container restarted; and `helm uninstall` as the
+//! chart's README documents it, leaving nothing of the release.
+//!
 //! Needs root; without it the test says why and passes without running.
 
 use std::{
@@ -183,6 +190,25 @@ data:
   written-by: real-node-test
 "
     )
+}
+
+/// The list requests of the agents' ServiceAccount, as the API server's audit log recorded
+/// them (URI and status).
+fn agent_lists(node: &RealNode) -> anyhow::Result<Vec<String>> {
+    let agent = format!("system:serviceaccount:{NAMESPACE}:real-node-agent");
+    Ok(node
+        .control_plane()
+        .audit_events()?
+        .into_iter()
+        .filter(|event| event.verb == "list" && event.user.username == agent)
+        .map(|event| {
+            format!(
+                "{} {}",
+                event.request_uri,
+                event.response_status.map_or(0, |s| s.code)
+            )
+        })
+        .collect())
 }
 
 /// No container of the release or its agents has restarted: probes and limits held, and
@@ -549,6 +575,11 @@ spec:
         "jsonpath={.items[0].metadata.name}",
     ])?;
     drop(forward);
+    let lists_before = agent_lists(&node)?;
+    ensure!(
+        !lists_before.is_empty(),
+        "the audit log holds no list request of the agents' ServiceAccount: the check below would prove nothing"
+    );
     cli.kubectl(&["-n", NAMESPACE, "delete", "pod", &old_hub, "--wait=true"])?;
     wait_rollout(&cli, "scale-agent-hub")?;
     cli.kubectl(&[
@@ -590,6 +621,16 @@ spec:
         "--timeout=120s",
     ])?;
     drop(forward);
+    // From the API server's side: the agents resumed their watches where they were and
+    // listed nothing again for the new hub pod.
+    let lists_after = agent_lists(&node)?;
+    ensure!(
+        lists_after == lists_before,
+        "the agents listed again after the hub pod was replaced: {} list requests before, {} after: {:?}",
+        lists_before.len(),
+        lists_after.len(),
+        &lists_after[lists_before.len().min(lists_after.len())..]
+    );
     step(
         started,
         "the agents resumed with the new hub pod (the old kubeconfig's token still works)",

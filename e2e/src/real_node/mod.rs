@@ -108,7 +108,8 @@ pub struct NodeStartup {
     pub total: Duration,
 }
 
-/// A running real node and its control plane.
+/// A running real node and its control plane (with the API server's audit log on:
+/// [`ControlPlane::audit_events`]).
 pub struct RealNode {
     control_plane: ControlPlane,
     /// containerd, kubelet, kube-proxy, in start order.
@@ -200,11 +201,13 @@ impl RealNode {
         }
         let control_plane_started = Instant::now();
         let control_plane = match ControlPlane::start(
+            // The audit log: tests prove from the API server's side what pods asked of it.
             ControlPlaneOptions {
                 ready_timeout: Duration::from_secs(120),
                 ..ControlPlaneOptions::default()
             }
-            .with_real_node(BRIDGE_ADDRESS),
+            .with_real_node(BRIDGE_ADDRESS)
+            .with_audit(),
         )
         .await
         {
