@@ -79,6 +79,9 @@ pub(super) struct HostSnapshot {
     nft_tables: Option<BTreeSet<String>>,
     sysctls: Vec<(String, String)>,
     netns: BTreeSet<String>,
+    /// The machine's network interfaces (`/sys/class/net`): the pods' veths that outlive
+    /// their network namespace are the new `veth*` ones.
+    links: BTreeSet<String>,
 }
 
 impl HostSnapshot {
@@ -101,6 +104,7 @@ impl HostSnapshot {
                 })
                 .collect(),
             netns: network_namespaces(),
+            links: links(),
         };
         let write = |name: &str, text: &str| {
             fs::write(saved_dir.join(name), text).map_err(crate::error::io_err(format!(
@@ -110,6 +114,22 @@ impl HostSnapshot {
         };
         write("iptables.rules", &snapshot.iptables)?;
         write("ip6tables.rules", &snapshot.ip6tables)?;
+        write(
+            "links",
+            &snapshot
+                .links
+                .iter()
+                .map(|n| format!("{n}\n"))
+                .collect::<String>(),
+        )?;
+        write(
+            "netns",
+            &snapshot
+                .netns
+                .iter()
+                .map(|n| format!("{n}\n"))
+                .collect::<String>(),
+        )?;
         if let Some(tables) = &snapshot.nft_tables {
             write(
                 "nft-tables",
@@ -149,8 +169,18 @@ impl HostSnapshot {
                 .filter_map(|line| line.split_once(' '))
                 .map(|(name, value)| (name.to_string(), value.to_string()))
                 .collect(),
-            netns: BTreeSet::new(),
+            netns: fs::read_to_string(saved_dir.join("netns"))
+                .unwrap_or_default()
+                .lines()
+                .map(str::to_string)
+                .collect(),
+            links: fs::read_to_string(saved_dir.join("links"))
+                .unwrap_or_default()
+                .lines()
+                .map(str::to_string)
+                .collect(),
         };
+        snapshot.delete_new_network_namespaces();
         delete_bridge();
         snapshot.restore();
     }
@@ -170,6 +200,12 @@ impl HostSnapshot {
     /// chains deleted), the saved iptables tables are restored as they were (the KUBE-* and
     /// CNI-* chains go), and the settings written back. Removes the saved copy.
     pub(super) fn restore(&self) {
+        for link in links().difference(&self.links) {
+            // Gone already when the kernel finished tearing down its namespace meanwhile.
+            if link.starts_with("veth") && Path::new("/sys/class/net").join(link).exists() {
+                let _ = run("ip", &["link", "delete", link]);
+            }
+        }
         let flush_new = match (&self.nft_tables, nft_tables()) {
             (Some(before), Some(now)) => {
                 for table in now.difference(before) {
@@ -247,6 +283,17 @@ fn nft_tables() -> Option<BTreeSet<String>> {
     })
 }
 
+fn links() -> BTreeSet<String> {
+    fs::read_dir("/sys/class/net")
+        .map(|entries| {
+            entries
+                .filter_map(|entry| entry.ok())
+                .map(|entry| entry.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn network_namespaces() -> BTreeSet<String> {
     fs::read_dir("/run/netns")
         .map(|entries| {
@@ -275,11 +322,10 @@ pub(super) fn delete_bridge() {
     }
 }
 
-/// Kills containerd's shims that serve `socket` (their `-address` argument): after containerd
-/// stops, a shim keeps its container running. Found by that argument, which only this run's
-/// shims have.
-pub(super) fn kill_shims(socket: &Path) {
-    let socket = socket.to_string_lossy();
+/// Kills containerd's shims whose `-address` argument (the socket of the containerd that
+/// started them) starts with `socket_prefix`: after containerd stops, a shim keeps its
+/// container running. Found by that argument, which only real nodes' shims have.
+pub(super) fn kill_shims(socket_prefix: &str) {
     let Ok(entries) = fs::read_dir("/proc") else {
         return;
     };
@@ -299,8 +345,13 @@ pub(super) fn kill_shims(socket: &Path) {
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
         let is_shim = args.first().is_some_and(|a| a.contains("containerd-shim"));
-        if is_shim && args.iter().any(|a| *a == socket) {
-            eprintln!("[real-node] clean-up: killing containerd shim {pid}");
+        if is_shim && args.iter().any(|a| a.starts_with(socket_prefix)) {
+            // A container's init is the shim's child and outlives a killed shim: kill the
+            // containers first (the rest of each container dies with its PID namespace).
+            for container in crate::process::children_of(pid) {
+                crate::process::send_signal(container, libc::SIGKILL);
+            }
+            eprintln!("[real-node] clean-up: killing containerd shim {pid} and its containers");
             crate::process::send_signal(pid, libc::SIGKILL);
         }
     }

@@ -66,6 +66,8 @@ pub const NODE_NAME: &str = "scale-agent-e2e-node";
 pub const PAUSE_IMAGE: &str = "localhost/scale-agent-e2e/pause:v3.10";
 /// Debian's containernetworking-plugins put the plugins here.
 const CNI_BIN_DIR: &str = "/usr/lib/cni";
+/// A node's working directory in the temporary directory: this and the owner's pid.
+const NODE_DIR_PREFIX: &str = "scale-agent-e2e-node-";
 /// containerd's namespace for the CRI's images and containers.
 const CRI_NAMESPACE: &str = "k8s.io";
 /// The lock held while a real node runs, and the network snapshot of a run that was
@@ -190,11 +192,12 @@ impl RealNode {
                 .map_err(io_err(format!("lock {STATE_DIR}/lock")))?;
         }
         let saved = state_dir.join("saved");
+        remove_leftover_nodes();
         host::HostSnapshot::restore_leftover(&saved);
         let snapshot = host::HostSnapshot::take(&saved)?;
         host::create_bridge()?;
 
-        let dir = std::env::temp_dir().join(format!("scale-agent-e2e-node-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("{NODE_DIR_PREFIX}{}", std::process::id()));
         if dir.exists() {
             host::unmount_under(&dir);
             fs::remove_dir_all(&dir).map_err(io_err(format!("clear {}", dir.display())))?;
@@ -592,6 +595,35 @@ impl RealNode {
     }
 }
 
+/// The directories of real nodes whose process was killed before it cleaned up (holding the
+/// lock, no other node runs): their containers, still running under their shims, are
+/// killed, their mounts undone and the directories removed.
+fn remove_leftover_nodes() {
+    let Ok(entries) = fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.filter_map(|e| e.ok()) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(NODE_DIR_PREFIX)
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == std::process::id() || process::is_alive(pid) {
+            continue;
+        }
+        let dir = entry.path();
+        eprintln!(
+            "[real-node] removing what the killed run {pid} left: {}",
+            dir.display()
+        );
+        host::kill_shims(&dir.to_string_lossy());
+        host::unmount_under(&dir);
+        let _ = fs::remove_dir_all(&dir);
+    }
+}
+
 /// Ready, and without the taints a node carries until the node lifecycle controller and
 /// kubelet have seen it work (`node.kubernetes.io/not-ready`, `.../network-unavailable`).
 fn node_ready_and_untainted(node: &Node) -> bool {
@@ -629,7 +661,7 @@ impl Drop for RealNode {
         if let Some(mut containerd) = self.processes.pop() {
             containerd.stop(Duration::from_secs(10));
         }
-        host::kill_shims(&self.containerd_socket);
+        host::kill_shims(&self.containerd_socket.to_string_lossy());
         host::unmount_under(&self.dir);
         if let Err(error) = fs::remove_dir_all(&self.dir) {
             eprintln!(
