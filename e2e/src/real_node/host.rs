@@ -374,3 +374,25 @@ pub(super) fn unmount_under(dir: &Path) {
         run_quietly("umount", &["--lazy", &point.to_string_lossy()]);
     }
 }
+
+/// Removes the empty cgroups of containers (`/sys/fs/cgroup/<controller>/k8s.io/<id>`, the
+/// CRI namespace's default parent) that runc could not remove because the container was
+/// killed under it. A cgroup that still has processes cannot be removed, so a container
+/// that runs (of another containerd) is not touched.
+pub(super) fn remove_empty_container_cgroups() {
+    let Ok(controllers) = fs::read_dir("/sys/fs/cgroup") else {
+        return;
+    };
+    for controller in controllers.filter_map(|e| e.ok()) {
+        let Ok(containers) = fs::read_dir(controller.path().join("k8s.io")) else {
+            continue;
+        };
+        for container in containers.filter_map(|e| e.ok()) {
+            let name = container.file_name();
+            let name = name.to_string_lossy();
+            if name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit()) {
+                let _ = fs::remove_dir(container.path());
+            }
+        }
+    }
+}

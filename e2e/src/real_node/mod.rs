@@ -622,6 +622,7 @@ fn remove_leftover_nodes() {
         host::unmount_under(&dir);
         let _ = fs::remove_dir_all(&dir);
     }
+    host::remove_empty_container_cgroups();
 }
 
 /// Ready, and without the taints a node carries until the node lifecycle controller and
@@ -662,6 +663,7 @@ impl Drop for RealNode {
             containerd.stop(Duration::from_secs(10));
         }
         host::kill_shims(&self.containerd_socket.to_string_lossy());
+        host::remove_empty_container_cgroups();
         host::unmount_under(&self.dir);
         if let Err(error) = fs::remove_dir_all(&self.dir) {
             eprintln!(
