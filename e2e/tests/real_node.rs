@@ -637,6 +637,16 @@ spec:
     );
 
     no_restarts(&cli)?;
+    // For the record (a failing probe before a pod is Ready is a Warning too).
+    let warnings = cli.kubectl(&[
+        "get",
+        "events",
+        "-A",
+        "--field-selector=type=Warning",
+        "-o",
+        "custom-columns=NAMESPACE:.metadata.namespace,OBJECT:.involvedObject.name,REASON:.reason,COUNT:.count,MESSAGE:.message",
+    ])?;
+    eprintln!("[real-node test] Warning events:\n{warnings}");
 
     // Uninstalled as documented: the accounts and agents first, then the release. Nothing
     // of the chart's or the operator's is left.
