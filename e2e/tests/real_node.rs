@@ -91,16 +91,15 @@ fn build_images(dir: &Path) -> anyhow::Result<Vec<NodeImage>> {
 
 /// The hub's serving certificate (the chart's `scale-agent-hub-tls`): for the Service's
 /// names, signed by a CA the agents are given.
-fn hub_tls_secret(cli: &Cli, dir: &Path) -> anyhow::Result<String> {
+fn hub_tls_secret(cli: &Cli, namespace: &str, dir: &Path) -> anyhow::Result<String> {
     let ca = CertificateAuthority::new("scale-agent-hub-ca")?;
-    let serving = ca.serving(
-        "scale-agent-hub",
-        &[
-            "scale-agent-hub",
-            "scale-agent-hub.scale-agent-system",
-            "scale-agent-hub.scale-agent-system.svc",
-        ],
-    )?;
+    let (short, service) = (
+        format!("scale-agent-hub.{namespace}"),
+        format!("scale-agent-hub.{namespace}.svc"),
+    );
+    let serving = ca.serving("scale-agent-hub", &["scale-agent-hub", &short, &service])?;
+    let dir = dir.join(format!("hub-tls-{namespace}"));
+    std::fs::create_dir_all(&dir)?;
     let files = [
         ("tls.crt", &serving.cert_pem),
         ("tls.key", &serving.key_pem),
@@ -108,7 +107,7 @@ fn hub_tls_secret(cli: &Cli, dir: &Path) -> anyhow::Result<String> {
     ];
     let mut args = vec![
         "-n".to_string(),
-        NAMESPACE.into(),
+        namespace.into(),
         "create".into(),
         "secret".into(),
         "generic".into(),
@@ -123,7 +122,7 @@ fn hub_tls_secret(cli: &Cli, dir: &Path) -> anyhow::Result<String> {
     cli.kubectl(&args)?;
     cli.kubectl(&[
         "-n",
-        NAMESPACE,
+        namespace,
         "create",
         "secret",
         "generic",
@@ -135,8 +134,8 @@ fn hub_tls_secret(cli: &Cli, dir: &Path) -> anyhow::Result<String> {
 
 /// A node without a provisioner: a hostPath PersistentVolume reserved for the hub's claim,
 /// its directory owned by the hub's user (hostPath volumes get no fsGroup).
-fn hub_volume(cli: &Cli, dir: &Path) -> anyhow::Result<()> {
-    let path = dir.join("hub-data");
+fn hub_volume(cli: &Cli, namespace: &str, dir: &Path) -> anyhow::Result<()> {
+    let path = dir.join(format!("hub-data-{namespace}"));
     std::fs::create_dir_all(&path)?;
     let chown = Command::new("chown")
         .arg(HUB_DATA_UID)
@@ -147,14 +146,14 @@ fn hub_volume(cli: &Cli, dir: &Path) -> anyhow::Result<()> {
         "apiVersion: v1
 kind: PersistentVolume
 metadata:
-  name: scale-agent-hub-data
+  name: scale-agent-hub-data-{namespace}
 spec:
   capacity:
     storage: 1Gi
   accessModes: [ReadWriteOnce]
   persistentVolumeReclaimPolicy: Retain
   claimRef:
-    namespace: {NAMESPACE}
+    namespace: {namespace}
     name: scale-agent-hub-data
   hostPath:
     path: {}
@@ -166,9 +165,13 @@ spec:
 }
 
 fn wait_rollout(cli: &Cli, deployment: &str) -> anyhow::Result<()> {
+    wait_rollout_in(cli, NAMESPACE, deployment)
+}
+
+fn wait_rollout_in(cli: &Cli, namespace: &str, deployment: &str) -> anyhow::Result<()> {
     cli.kubectl(&[
         "-n",
-        NAMESPACE,
+        namespace,
         "rollout",
         "status",
         &format!("deployment/{deployment}"),
@@ -265,8 +268,8 @@ async fn the_chart_installs_and_agents_connect_on_a_real_node() -> anyhow::Resul
 
     // As the README installs it: the hub's Secret first, then the chart with the hub on.
     cli.kubectl(&["create", "namespace", NAMESPACE])?;
-    hub_tls_secret(&cli, &dir)?;
-    hub_volume(&cli, &dir)?;
+    hub_tls_secret(&cli, NAMESPACE, &dir)?;
+    hub_volume(&cli, NAMESPACE, &dir)?;
     let chart = repo_root().join("manifests/helm/scale-agent");
     let installed = cli.helm(&[
         "install",
@@ -287,6 +290,42 @@ async fn the_chart_installs_and_agents_connect_on_a_real_node() -> anyhow::Resul
     wait_rollout(&cli, "scale-agent-operator")?;
     wait_rollout(&cli, "scale-agent-hub")?;
     step(started, "operator and hub pods Ready");
+
+    // A hub-only second release on the same cluster (Spinnaker's namespace): the hand run
+    // found it failing on the admission policy the first release owns.
+    let spinnaker = "spinnaker";
+    cli.kubectl(&["create", "namespace", spinnaker])?;
+    hub_tls_secret(&cli, spinnaker, &dir)?;
+    hub_volume(&cli, spinnaker, &dir)?;
+    cli.helm(&[
+        "install",
+        "scale-agent-hub",
+        &chart.to_string_lossy(),
+        "-n",
+        spinnaker,
+        "--set",
+        "operator.enabled=false",
+        "--set",
+        "hub.enabled=true",
+        "--timeout",
+        "5m",
+    ])?;
+    wait_rollout_in(&cli, spinnaker, "scale-agent-hub")?;
+    cli.helm(&["uninstall", "scale-agent-hub", "-n", spinnaker, "--wait"])?;
+    let policy = cli.kubectl(&[
+        "get",
+        "validatingadmissionpolicy/scale-agent-scaleagent-privileges",
+        "-o",
+        "jsonpath={.metadata.annotations.meta\\.helm\\.sh/release-name}",
+    ])?;
+    ensure!(
+        policy == "scale-agent",
+        "the first release's admission policy after the hub-only release came and went: owned by {policy:?}"
+    );
+    step(
+        started,
+        "a hub-only second release installed beside it and uninstalled",
+    );
 
     // A one-time enrolment token from the hub's pod (exec through kubelet).
     let token = cli
@@ -517,6 +556,10 @@ spec:
         rolled.success(),
         "the agents' rolling update failed: {}",
         cli.describe(NAMESPACE)
+    );
+    ensure!(
+        !written.is_empty(),
+        "the agents' rolling update ended before a write could be made during it"
     );
     let template = cli.kubectl(&[
         "-n",
