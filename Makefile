@@ -10,7 +10,7 @@ CARGO ?= cargo
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-control-plane: ## Build etcd, kube-apiserver, controller manager, scheduler, kubectl (and 1.29, 1.22), KWOK and Helm (cached)
+control-plane: ## Build etcd, kube-apiserver, controller manager, scheduler, kubectl (and 1.29, 1.22), kubelet, kube-proxy, KWOK and Helm (cached)
 	@e2e/control-plane/build.sh
 
 nginx: ## Unpack nginx from Debian's packages for the gRPC proxy tests (cached, no system-wide install)
@@ -21,6 +21,10 @@ tinyproxy: ## Unpack tinyproxy from Debian's packages for the egress proxy tests
 
 postgres: ## Unpack the PostgreSQL 15 server from Debian's packages for the hub's PostgreSQL tests (cached, no system-wide install)
 	@e2e/postgres/install.sh
+
+.PHONY: node
+node: ## Install containerd, runc, the CNI plugins and iptables from Debian's packages and build the pause image, for the real-node tests (needs root; without it, says so and does nothing)
+	@e2e/node/install.sh
 
 .PHONY: lua
 lua: ## Unpack Lua 5.1 from Debian's packages for the Argo CD health check tests (cached, no system-wide install)
@@ -35,7 +39,7 @@ book: mdbook ## Build the user guide into docs/book (open docs/book/index.html; 
 book-reference: ## Regenerate the guide's command-line reference (docs/src/reference/command-line.md) from the binaries' --help
 	SCALE_AGENT_WRITE_BOOK_REFERENCE=1 $(CARGO) test --locked -p scale-agent-e2e --test book the_command_line_reference
 
-test: control-plane nginx tinyproxy lua postgres mdbook ## Formatting, lints, and every test including the end-to-end ones
+test: control-plane nginx tinyproxy lua postgres node mdbook ## Formatting, lints, and every test including the end-to-end ones
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 	$(CARGO) test --workspace --locked --no-fail-fast

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds the local Kubernetes control plane that Scale Agent's tests and demo run on, from Go
 # modules through the module proxy (no Docker, no release downloads):
-#   - etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubectl at the version
-#     pinned in ./kubernetes-version (the only place it is written), linked into one
-#     multi-call binary (testbins/main.go) with one symlink per component;
+#   - etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubectl, and the node
+#     components kubelet and kube-proxy (the real-node tests), at the version pinned in
+#     ./kubernetes-version (the only place it is written), linked into one multi-call binary
+#     (testbins/main.go) with one symlink per component;
 #   - KWOK at ./kwok-version (fake nodes that run pods: Running, Ready, logs), plus its default
 #     node and pod stages and its Logs CRD copied from the same module into bin/kwok-config/;
 #   - the older kubectl clients listed in ./kubectl-client-versions (Spinnaker's Clouddriver
@@ -15,7 +16,8 @@
 # outside the repository, and is rebuilt only when a pinned version or one of this build's
 # inputs changes (Go's build cache makes a rebuild of unchanged parts quick: 15 to 30 s).
 #
-# Cold, on 2 cores: about 6 min for the multi-call binary, 1 to 1.5 min for kwok, 1 to
+# Cold, on 2 cores: about 6 min for the multi-call binary (kubelet and kube-proxy add about
+# 1 min with the rest of it in Go's build cache), 1 to 1.5 min for kwok, 1 to
 # 2.5 min per old kubectl (depending on what else runs), 2 min for Helm.
 #
 # Usage: e2e/control-plane/build.sh [--print-bin-dir] [--force]
@@ -37,7 +39,7 @@ mapfile -t kubectl_clients < <(grep -o 'v1\.[0-9]*\.[0-9]*' "$here/kubectl-clien
 cache_root=${SCALE_AGENT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/scale-agent}
 out=$cache_root/control-plane/$version
 bin=$out/bin
-components=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl)
+components=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 
 if [[ ${1:-} == --print-bin-dir ]]; then
   echo "$bin"

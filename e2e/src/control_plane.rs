@@ -10,6 +10,7 @@
 use std::{
     fmt, fs,
     io::Write as _,
+    net::{IpAddr, Ipv4Addr},
     path::{Path, PathBuf},
     sync::{Mutex, OnceLock},
     time::{Duration, Instant},
@@ -33,6 +34,7 @@ use crate::{
     local_agent::free_port,
     pki::{self, CertificateAuthority},
     process::{self, ManagedProcess},
+    real_node,
 };
 
 /// The resource whose watch cache is switched off, so a watch from a compacted
@@ -77,6 +79,12 @@ pub struct ControlPlaneOptions {
     /// Where certificates, kubeconfigs, logs and (unless on tmpfs already) etcd data go.
     /// By default a fresh directory under `/dev/shm`, removed when the process exits.
     pub run_dir: Option<PathBuf>,
+    /// Serve a real node ([`crate::real_node`]): the API server listens and advertises on
+    /// this address of the node's bridge (the `kubernetes` Service's endpoint, published by
+    /// the lease endpoint reconciler, so pods reach it through the Service's ClusterIP),
+    /// authorizes kubelets with the Node authorizer, reaches them with a client certificate
+    /// and checks theirs, and admits pods with their ServiceAccount's token.
+    pub node_address: Option<Ipv4Addr>,
 }
 
 impl Default for ControlPlaneOptions {
@@ -88,6 +96,7 @@ impl Default for ControlPlaneOptions {
             audit: false,
             ready_timeout: Duration::from_secs(60),
             run_dir: None,
+            node_address: None,
         }
     }
 }
@@ -102,6 +111,17 @@ impl ControlPlaneOptions {
     /// Also run kube-controller-manager.
     pub fn with_controller_manager(mut self) -> Self {
         self.controller_manager = true;
+        self
+    }
+
+    /// A control plane for a real node on `address` ([`Self::node_address`]): with
+    /// kube-scheduler and kube-controller-manager running every controller (the root CA
+    /// publisher for projected tokens, the ServiceAccount controller, the node lifecycle
+    /// controller that lifts the not-ready taint, the PersistentVolume binder).
+    pub fn with_real_node(mut self, address: Ipv4Addr) -> Self {
+        self.controller_manager = true;
+        self.controllers = vec!["*".into()];
+        self.node_address = Some(address);
         self
     }
 
@@ -158,6 +178,8 @@ impl fmt::Display for StartupTimes {
 /// scheduler, controller manager, apiserver, etcd) and removes its run directory.
 pub struct ControlPlane {
     binaries: Binaries,
+    /// Signs the certificates of the nodes' components ([`Self::certificate_authority`]).
+    ca: CertificateAuthority,
     run_dir: PathBuf,
     /// In start order; stopped in reverse.
     processes: Mutex<Vec<ManagedProcess>>,
@@ -297,7 +319,19 @@ impl ControlPlane {
         };
 
         let ca = CertificateAuthority::new("scale-agent-e2e-ca")?;
-        let serving = ca.serving("kube-apiserver", &["kubernetes", "kubernetes.default.svc"])?;
+        let serving = match options.node_address {
+            // Pods reach the API server through the `kubernetes` Service's ClusterIP, which
+            // kube-proxy sends to the bridge address.
+            Some(address) => ca.serving_with_ips(
+                "kube-apiserver",
+                &real_node::APISERVER_NAMES,
+                &[
+                    IpAddr::V4(address),
+                    IpAddr::V4(real_node::KUBERNETES_SERVICE_IP),
+                ],
+            )?,
+            None => ca.serving("kube-apiserver", &["kubernetes", "kubernetes.default.svc"])?,
+        };
         let admin = ca.client("scale-agent-e2e-admin", &["system:masters"])?;
         let ca_file = write("ca.crt", &ca.cert_pem)?;
         let serving_cert = write("apiserver.crt", &serving.cert_pem)?;
@@ -341,18 +375,26 @@ impl ControlPlane {
         let etcd_ready = etcd_started.elapsed();
 
         let apiserver_port = free_port()?;
-        let server = format!("https://127.0.0.1:{apiserver_port}");
+        let listen = options.node_address.unwrap_or(Ipv4Addr::LOCALHOST);
+        let server = format!("https://{listen}:{apiserver_port}");
         let mut apiserver_args = vec![
             format!("--etcd-servers={etcd_endpoint}"),
-            "--bind-address=127.0.0.1".into(),
+            format!("--bind-address={listen}"),
             // Without a default route the apiserver cannot pick an address by itself.
-            "--advertise-address=127.0.0.1".into(),
+            format!("--advertise-address={listen}"),
             format!("--secure-port={apiserver_port}"),
             format!("--cert-dir={}", run_dir.join("apiserver-certs").display()),
             format!("--tls-cert-file={}", serving_cert.display()),
             format!("--tls-private-key-file={}", serving_key.display()),
             format!("--client-ca-file={}", ca_file.display()),
-            "--authorization-mode=RBAC".into(),
+            format!(
+                "--authorization-mode={}",
+                if options.node_address.is_some() {
+                    "Node,RBAC"
+                } else {
+                    "RBAC"
+                }
+            ),
             "--service-account-issuer=https://kubernetes.default.svc".into(),
             format!("--service-account-key-file={}", sa_pub.display()),
             format!("--service-account-signing-key-file={}", sa_key.display()),
@@ -362,15 +404,23 @@ impl ControlPlane {
             // `default` ServiceAccount that nothing creates. And no node-lifecycle
             // controller to lift the not-ready taint TaintNodesByCondition puts on every
             // new node, which would keep kwok's nodes unschedulable.
+            // (A real node has both: every plugin stays on.)
             format!(
-                "--disable-admission-plugins=ServiceAccount{}",
-                if options.kwok {
-                    ",TaintNodesByCondition"
-                } else {
-                    ""
+                "--disable-admission-plugins={}",
+                match (options.node_address, options.kwok) {
+                    (Some(_), _) => "",
+                    (None, true) => "ServiceAccount,TaintNodesByCondition",
+                    (None, false) => "ServiceAccount",
                 }
             ),
-            "--endpoint-reconciler-type=none".into(),
+            format!(
+                "--endpoint-reconciler-type={}",
+                if options.node_address.is_some() {
+                    "lease"
+                } else {
+                    "none"
+                }
+            ),
             format!("--watch-cache-sizes={UNCACHED_RESOURCE}#0"),
             // Priority and fairness only adds start-up work on a single-user test cluster.
             "--enable-priority-and-fairness=false".into(),
@@ -404,6 +454,9 @@ impl ControlPlane {
                 format!("--kubelet-certificate-authority={}", ca_file.display()),
                 "--kubelet-preferred-address-types=InternalIP".into(),
             ]);
+        }
+        if options.node_address.is_some() {
+            apiserver_args.extend(real_node::apiserver_kubelet_args(&ca, &run_dir)?);
         }
         let apiserver_started = Instant::now();
         processes.push(ManagedProcess::spawn(
@@ -482,7 +535,7 @@ impl ControlPlane {
         }
 
         let (mut scheduler_ready, mut kwok_ready, mut kwok_run) = (None, None, None);
-        if options.kwok {
+        if options.kwok || options.node_address.is_some() {
             let scheduler_port = free_port()?;
             let scheduler_started = Instant::now();
             processes.push(ManagedProcess::spawn(
@@ -513,7 +566,8 @@ impl ControlPlane {
             )
             .await?;
             scheduler_ready = Some(scheduler_started.elapsed());
-
+        }
+        if options.kwok {
             let kwok_started = Instant::now();
             kwok::install_logs_crd(&admin_client, &binaries).await?;
             let kubelet_port = free_port()?;
@@ -564,10 +618,11 @@ impl ControlPlane {
         Ok(ControlPlane {
             binaries,
             run_dir,
+            ca_pem: ca.cert_pem.clone(),
+            ca,
             processes: Mutex::new(processes),
             server,
             etcd_endpoint,
-            ca_pem: ca.cert_pem,
             kubeconfig_path,
             kubeconfig_yaml,
             kwok: kwok_run,
@@ -585,7 +640,8 @@ impl ControlPlane {
         })
     }
 
-    /// The apiserver's URL, `https://127.0.0.1:<port>`.
+    /// The apiserver's URL, `https://127.0.0.1:<port>` (on a real node's bridge address
+    /// with [`ControlPlaneOptions::node_address`]).
     pub fn server(&self) -> &str {
         &self.server
     }
@@ -593,6 +649,26 @@ impl ControlPlane {
     /// The PEM CA that signed the apiserver's serving certificate.
     pub fn ca_pem(&self) -> &str {
         &self.ca_pem
+    }
+
+    /// The CA of this control plane: the API server trusts client certificates it signs (a
+    /// kubelet's `system:node:<name>`, kube-proxy's `system:kube-proxy`) and checks kubelets'
+    /// serving certificates against it.
+    pub fn certificate_authority(&self) -> &CertificateAuthority {
+        &self.ca
+    }
+
+    /// A kubeconfig for `user`, authenticating with a client certificate and key (files).
+    pub fn kubeconfig_for_certificate(&self, certificate: &Path, key: &Path) -> String {
+        kubeconfig_yaml(
+            &self.server,
+            &self.run_dir.join("ca.crt"),
+            &format!(
+                "client-certificate: {}\n    client-key: {}",
+                certificate.display(),
+                key.display()
+            ),
+        )
     }
 
     /// A kubeconfig file for the admin identity (`system:masters`).

@@ -143,6 +143,21 @@ pub enum Error {
     #[error("the Argo CD health check of {kind} failed: {message}")]
     HealthCheck { kind: String, message: String },
 
+    /// A real node cannot run on this machine ([`crate::real_node::unavailable`]).
+    #[error("no real node on this machine: {reason}")]
+    NodeUnavailable { reason: String },
+
+    /// A part of a real node (containerd, runc, the CNI plugins, iptables, the pause image)
+    /// is not installed.
+    #[error(
+        "{path} is missing: run `make node` (e2e/node/install.sh, as root) once to install          containerd, runc, the CNI plugins and iptables and build the pause image; make test does"
+    )]
+    NodePartMissing { path: PathBuf },
+
+    /// A command that sets up or inspects a real node failed.
+    #[error("`{command}` failed: {output}")]
+    NodeCommand { command: String, output: String },
+
     /// An OCI image layout (`images/image.sh`) is malformed or does not match its digests.
     #[error("OCI image layout {layout}: {message}")]
     Image { layout: PathBuf, message: String },

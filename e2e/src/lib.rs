@@ -1,7 +1,8 @@
 //! Test support for Scale Agent: a real local Kubernetes control plane (etcd,
 //! kube-apiserver, optionally kube-controller-manager, and kube-scheduler with KWOK fake
 //! nodes so pods run) built from Go modules by `e2e/control-plane/build.sh`, plus helpers to
-//! act as ServiceAccounts under real RBAC.
+//! act as ServiceAccounts under real RBAC, and a real node ([`real_node::RealNode`]: kubelet,
+//! kube-proxy, containerd and runc running the images this build makes; needs root).
 //!
 //! ```no_run
 //! # async fn example() -> scale_agent_e2e::Result<()> {
@@ -31,6 +32,7 @@ pub mod operator;
 pub mod pki;
 pub mod postgres;
 pub mod process;
+pub mod real_node;
 pub mod relay;
 pub mod tinyproxy;
 pub mod wait;

@@ -95,6 +95,18 @@ impl CertificateAuthority {
         self.serving_names(common_name, dns_names, true)
     }
 
+    /// A serving certificate for loopback plus `dns_names` and the addresses `ips`: a server
+    /// also reached on another interface (an API server on a real node's bridge, behind the
+    /// `kubernetes` Service's ClusterIP).
+    pub fn serving_with_ips(
+        &self,
+        common_name: &str,
+        dns_names: &[&str],
+        ips: &[IpAddr],
+    ) -> Result<CertifiedKey, CertificateError> {
+        self.serving_names_ips(common_name, dns_names, true, ips)
+    }
+
     /// A serving certificate for `127.0.0.1` only: a client connecting to `localhost` finds
     /// that it does not name the host.
     pub fn serving_ip_only(&self, common_name: &str) -> Result<CertifiedKey, CertificateError> {
@@ -106,6 +118,16 @@ impl CertificateAuthority {
         common_name: &str,
         dns_names: &[&str],
         localhost: bool,
+    ) -> Result<CertifiedKey, CertificateError> {
+        self.serving_names_ips(common_name, dns_names, localhost, &[])
+    }
+
+    fn serving_names_ips(
+        &self,
+        common_name: &str,
+        dns_names: &[&str],
+        localhost: bool,
+        ips: &[IpAddr],
     ) -> Result<CertifiedKey, CertificateError> {
         let mut params = CertificateParams::default();
         params
@@ -125,6 +147,9 @@ impl CertificateAuthority {
         params
             .subject_alt_names
             .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+        params
+            .subject_alt_names
+            .extend(ips.iter().copied().map(SanType::IpAddress));
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         params.key_usages = vec![
             KeyUsagePurpose::DigitalSignature,

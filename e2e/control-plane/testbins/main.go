@@ -1,7 +1,8 @@
 // Command kube-testbins is a multi-call binary (hyperkube style) holding the
 // parts of a real Kubernetes control plane that Scale Agent's tests and demo
 // run: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
-// kubectl. Linking them into one binary compiles and links the shared
+// kubectl, and the node components of the real-node tests, kubelet and
+// kube-proxy. Linking them into one binary compiles and links the shared
 // Kubernetes dependencies once, which roughly halves the cold build on a
 // 2-core machine.
 //
@@ -13,6 +14,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -29,7 +31,9 @@ import (
 	kubectlutil "k8s.io/kubectl/pkg/cmd/util"
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	proxy "k8s.io/kubernetes/cmd/kube-proxy/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 )
 
 var components = map[string]func() int{
@@ -45,6 +49,14 @@ var components = map[string]func() int{
 	},
 	"kube-scheduler": func() int {
 		return cli.Run(scheduler.NewSchedulerCommand())
+	},
+	"kubelet": func() int {
+		// NewKubeletCommand takes the context its servers run under since 1.37; a nil
+		// one panics at start. The kubelet handles SIGTERM itself.
+		return cli.Run(kubelet.NewKubeletCommand(context.Background()))
+	},
+	"kube-proxy": func() int {
+		return cli.Run(proxy.NewProxyCommand())
 	},
 	"kubectl": func() int {
 		if err := cli.RunNoErrOutput(kubectlcmd.NewDefaultKubectlCommand()); err != nil {

@@ -1,0 +1,791 @@
+//! The product as it ships, on a real node (e2e/src/real_node): this build's images loaded
+//! into containerd, the chart installed with `helm install` as the README says (operator and
+//! hub, embedded store), a ScaleAgent and an AgentAccount applied with kubectl, and real agent
+//! pods run by kubelet under the chart's and the operator's probes, security contexts and
+//! resources, enrolling with the hub pod through its Service, until
+//! `kubectl wait --for=condition=Connected` succeeds.
+//!
+//! What a bare node lacks, done the way a platform team would: the hub's volume claim is
+//! bound to a hostPath PersistentVolume made here (no provisioner), and there is no cluster
+//! DNS, so the ScaleAgent dials the hub Service's ClusterIP with `tls.serverName` set to the
+//! name in the hub's certificate.
+//!
+//! Then, as a platform team meets them on day one: an agent's log through kubelet; kubectl
+//! through the hub's proxy over `kubectl port-forward`, listing and deploying; a rolling
+//! update of the agents while operations go through the hub (none is missing after; one the
+//! stopping agent was answering fails with a clear 503 and its retry succeeds: the agent
+//! does not drain on SIGTERM yet); the hub pod replaced on the same volume, resuming without the agents listing
+//! again (the API server's audit log); no container restarted; and `helm uninstall` as the
+//! chart's README documents it, leaving nothing of the release.
+//!
+//! Needs root; without it the test says why and passes without running.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail, ensure};
+use scale_agent_e2e::{
+    fixtures::temp_dir,
+    pki::CertificateAuthority,
+    real_node::{
+        self, NodeImage, RealNode,
+        user::{Cli, HubKubectl, PortForward},
+    },
+};
+
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+const NAMESPACE: &str = "scale-agent-system";
+const HUB_DATA_UID: &str = "65532:65532";
+
+/// Each image: its repository, the product binary's name in it, and this build's binary
+/// that is the same command.
+const IMAGES: [(&str, &str, &str); 3] = [
+    (
+        "ghcr.io/scale-agent/operator",
+        "scale-agent-operator",
+        env!("CARGO_BIN_EXE_e2e-operator"),
+    ),
+    (
+        "ghcr.io/scale-agent/agent",
+        "scale-agent",
+        env!("CARGO_BIN_EXE_e2e-agent"),
+    ),
+    (
+        "ghcr.io/scale-agent/hub",
+        "scale-agent-hub",
+        env!("CARGO_BIN_EXE_e2e-hub"),
+    ),
+];
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The images `make images` makes, from this build's binaries (`images/image.sh layout`,
+/// the same script; a fast gzip, as the binaries are debug builds).
+fn build_images(dir: &Path) -> anyhow::Result<Vec<NodeImage>> {
+    IMAGES
+        .iter()
+        .map(|(repository, name, binary)| {
+            let layout = dir.join(name);
+            let output = Command::new(repo_root().join("images/image.sh"))
+                .args(["layout", binary, name])
+                .arg(&layout)
+                .env("SCALE_AGENT_IMAGE_GZIP_LEVEL", "1")
+                .output()?;
+            ensure!(
+                output.status.success(),
+                "images/image.sh layout {binary}: {}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            Ok(NodeImage {
+                repository: repository.to_string(),
+                layout,
+            })
+        })
+        .collect()
+}
+
+/// The hub's serving certificate (the chart's `scale-agent-hub-tls`): for the Service's
+/// names, signed by a CA the agents are given.
+fn hub_tls_secret(cli: &Cli, namespace: &str, dir: &Path) -> anyhow::Result<String> {
+    let ca = CertificateAuthority::new("scale-agent-hub-ca")?;
+    let (short, service) = (
+        format!("scale-agent-hub.{namespace}"),
+        format!("scale-agent-hub.{namespace}.svc"),
+    );
+    let serving = ca.serving("scale-agent-hub", &["scale-agent-hub", &short, &service])?;
+    let dir = dir.join(format!("hub-tls-{namespace}"));
+    std::fs::create_dir_all(&dir)?;
+    let files = [
+        ("tls.crt", &serving.cert_pem),
+        ("tls.key", &serving.key_pem),
+        ("ca.crt", &ca.cert_pem),
+    ];
+    let mut args = vec![
+        "-n".to_string(),
+        namespace.into(),
+        "create".into(),
+        "secret".into(),
+        "generic".into(),
+        "scale-agent-hub-tls".into(),
+    ];
+    for (name, pem) in files {
+        let path = dir.join(name);
+        std::fs::write(&path, pem)?;
+        args.push(format!("--from-file={name}={}", path.display()));
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    cli.kubectl(&args)?;
+    cli.kubectl(&[
+        "-n",
+        namespace,
+        "create",
+        "secret",
+        "generic",
+        "hub-ca",
+        &format!("--from-file=ca.crt={}", dir.join("ca.crt").display()),
+    ])?;
+    Ok(ca.cert_pem)
+}
+
+/// A node without a provisioner: a hostPath PersistentVolume reserved for the hub's claim,
+/// its directory owned by the hub's user (hostPath volumes get no fsGroup).
+fn hub_volume(cli: &Cli, namespace: &str, dir: &Path) -> anyhow::Result<()> {
+    let path = dir.join(format!("hub-data-{namespace}"));
+    std::fs::create_dir_all(&path)?;
+    let chown = Command::new("chown")
+        .arg(HUB_DATA_UID)
+        .arg(&path)
+        .status()?;
+    ensure!(chown.success(), "chown {HUB_DATA_UID} {}", path.display());
+    cli.apply(&format!(
+        "apiVersion: v1
+kind: PersistentVolume
+metadata:
+  name: scale-agent-hub-data-{namespace}
+spec:
+  capacity:
+    storage: 1Gi
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  claimRef:
+    namespace: {namespace}
+    name: scale-agent-hub-data
+  hostPath:
+    path: {}
+    type: Directory
+",
+        path.display()
+    ))?;
+    Ok(())
+}
+
+fn wait_rollout(cli: &Cli, deployment: &str) -> anyhow::Result<()> {
+    wait_rollout_in(cli, NAMESPACE, deployment)
+}
+
+fn wait_rollout_in(cli: &Cli, namespace: &str, deployment: &str) -> anyhow::Result<()> {
+    cli.kubectl(&[
+        "-n",
+        namespace,
+        "rollout",
+        "status",
+        &format!("deployment/{deployment}"),
+        "--timeout=240s",
+    ])
+    .with_context(|| cli.describe(NAMESPACE))?;
+    Ok(())
+}
+
+/// A ConfigMap in team-a, applied through the hub (an operation) or directly.
+fn config_map(name: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: {name}
+  namespace: team-a
+data:
+  written-by: real-node-test
+"
+    )
+}
+
+/// The list requests of the agents' ServiceAccount, as the API server's audit log recorded
+/// them (URI and status).
+fn agent_lists(node: &RealNode) -> anyhow::Result<Vec<String>> {
+    let agent = format!("system:serviceaccount:{NAMESPACE}:real-node-agent");
+    Ok(node
+        .control_plane()
+        .audit_events()?
+        .into_iter()
+        .filter(|event| event.verb == "list" && event.user.username == agent)
+        .map(|event| {
+            format!(
+                "{} {}",
+                event.request_uri,
+                event.response_status.map_or(0, |s| s.code)
+            )
+        })
+        .collect())
+}
+
+/// No container of the release or its agents has restarted: probes and limits held, and
+/// nothing crashed.
+fn no_restarts(cli: &Cli) -> anyhow::Result<()> {
+    let restarts = cli.kubectl(&[
+        "-n",
+        NAMESPACE,
+        "get",
+        "pods",
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.name} {.status.containerStatuses[*].restartCount}{\"\\n\"}{end}",
+    ])?;
+    let restarted: Vec<&str> = restarts
+        .lines()
+        .filter(|line| line.split_whitespace().skip(1).any(|count| count != "0"))
+        .collect();
+    ensure!(
+        restarted.is_empty(),
+        "containers restarted (name, restart counts): {restarted:?}\n{}",
+        cli.describe(NAMESPACE)
+    );
+    Ok(())
+}
+
+/// Removes the test's directory (images, certificates, the hub's volume) when dropped.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn step(started: Instant, what: &str) {
+    eprintln!(
+        "[real-node test] {:6.1} s  {what}",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_installs_and_agents_connect_on_a_real_node() -> anyhow::Result<()> {
+    if let Some(reason) = real_node::unavailable() {
+        eprintln!("skipping the real-node test: {reason}");
+        return Ok(());
+    }
+    let started = Instant::now();
+    let dir = temp_dir("real-node-test")?;
+    // Declared before the node, so dropped after it (the hub's hostPath volume is in it),
+    // also when the test fails.
+    let _remove_dir = RemoveOnDrop(dir.clone());
+    let images = build_images(&dir.join("images"))?;
+    step(started, "images built from this build's binaries");
+    let node = RealNode::start(&images).await?;
+    step(started, "node Ready");
+    let control_plane = node.control_plane();
+    let home = dir.join("home");
+    std::fs::create_dir_all(&home)?;
+    let cli = Cli {
+        kubectl: control_plane.binaries().kubectl(),
+        helm: control_plane.binaries().helm(),
+        kubeconfig: control_plane.kubeconfig_path().to_path_buf(),
+        home,
+    };
+
+    // As the README installs it: the hub's Secret first, then the chart with the hub on.
+    cli.kubectl(&["create", "namespace", NAMESPACE])?;
+    hub_tls_secret(&cli, NAMESPACE, &dir)?;
+    hub_volume(&cli, NAMESPACE, &dir)?;
+    let chart = repo_root().join("manifests/helm/scale-agent");
+    let installed = cli.helm(&[
+        "install",
+        "scale-agent",
+        &chart.to_string_lossy(),
+        "-n",
+        NAMESPACE,
+        "--set",
+        "hub.enabled=true",
+        "--timeout",
+        "5m",
+    ])?;
+    ensure!(
+        installed.contains(&format!("Scale Agent v{VERSION} is installed")),
+        "helm install said:\n{installed}"
+    );
+    step(started, "helm install done");
+    wait_rollout(&cli, "scale-agent-operator")?;
+    wait_rollout(&cli, "scale-agent-hub")?;
+    step(started, "operator and hub pods Ready");
+
+    // A hub-only second release on the same cluster (Spinnaker's namespace): the hand run
+    // found it failing on the admission policy the first release owns.
+    let spinnaker = "spinnaker";
+    cli.kubectl(&["create", "namespace", spinnaker])?;
+    hub_tls_secret(&cli, spinnaker, &dir)?;
+    hub_volume(&cli, spinnaker, &dir)?;
+    cli.helm(&[
+        "install",
+        "scale-agent-hub",
+        &chart.to_string_lossy(),
+        "-n",
+        spinnaker,
+        "--set",
+        "operator.enabled=false",
+        "--set",
+        "hub.enabled=true",
+        "--timeout",
+        "5m",
+    ])?;
+    wait_rollout_in(&cli, spinnaker, "scale-agent-hub")?;
+    cli.helm(&["uninstall", "scale-agent-hub", "-n", spinnaker, "--wait"])?;
+    let policy = cli.kubectl(&[
+        "get",
+        "validatingadmissionpolicy/scale-agent-scaleagent-privileges",
+        "-o",
+        "jsonpath={.metadata.annotations.meta\\.helm\\.sh/release-name}",
+    ])?;
+    ensure!(
+        policy == "scale-agent",
+        "the first release's admission policy after the hub-only release came and went: owned by {policy:?}"
+    );
+    step(
+        started,
+        "a hub-only second release installed beside it and uninstalled",
+    );
+
+    // A one-time enrolment token from the hub's pod (exec through kubelet).
+    let token = cli
+        .kubectl(&[
+            "-n",
+            NAMESPACE,
+            "exec",
+            "deploy/scale-agent-hub",
+            "--",
+            "scale-agent-hub",
+            "agent-token",
+            "create",
+            "--identity",
+            "real-node",
+            "--accounts",
+            "real-node*",
+            "--ttl",
+            "1h",
+            "--once",
+        ])?
+        .trim()
+        .to_string();
+    ensure!(!token.is_empty(), "agent-token create printed no token");
+    cli.kubectl(&[
+        "-n",
+        NAMESPACE,
+        "create",
+        "secret",
+        "generic",
+        "real-node-enrolment",
+        &format!("--from-literal=token={token}"),
+    ])?;
+
+    // No cluster DNS: the hub Service's ClusterIP, and the name in its certificate.
+    let hub_ip = cli.kubectl(&[
+        "-n",
+        NAMESPACE,
+        "get",
+        "service",
+        "scale-agent-hub",
+        "-o",
+        "jsonpath={.spec.clusterIP}",
+    ])?;
+    cli.kubectl(&["create", "namespace", "team-a"])?;
+    cli.apply(&format!(
+        "apiVersion: scaleagent.dev/v1alpha1
+kind: ScaleAgent
+metadata:
+  name: real-node
+  namespace: {NAMESPACE}
+spec:
+  mode: Agent
+  hub:
+    address: {hub_ip}:9091
+    tls:
+      serverName: scale-agent-hub
+      caSecretRef:
+        name: hub-ca
+  enrolment:
+    tokenSecretRef:
+      name: real-node-enrolment
+  replicas: 2
+  access: Deploy
+  scope:
+    type: Namespaces
+    namespaces: [team-a]
+  defaults:
+    kinds: [Deployment, ReplicaSet, Service, ConfigMap, Pod]
+---
+apiVersion: scaleagent.dev/v1alpha1
+kind: AgentAccount
+metadata:
+  name: real-node
+  namespace: {NAMESPACE}
+spec:
+  agentRef: real-node
+"
+    ))?;
+    step(started, "ScaleAgent and AgentAccount applied");
+    if let Err(error) = cli.kubectl(&[
+        "-n",
+        NAMESPACE,
+        "wait",
+        "--for=condition=Connected",
+        "agentaccount/real-node",
+        "--timeout=300s",
+    ]) {
+        bail!("{error}\n{}", cli.describe(NAMESPACE));
+    }
+    step(started, "agentaccount/real-node Connected");
+    let agents = cli.kubectl(&[
+        "-n",
+        NAMESPACE,
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/instance=real-node",
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.name} {.status.phase} {.spec.containers[0].image}{\"\\n\"}{end}",
+    ])?;
+    eprintln!("agent pods:\n{agents}");
+    ensure!(
+        agents.lines().filter(|l| l.contains(" Running ")).count() == 2,
+        "two agent pods should run:\n{agents}"
+    );
+
+    // kubelet's logs API (through the API server, with its client certificate).
+    let logs = cli.kubectl(&[
+        "-n",
+        NAMESPACE,
+        "logs",
+        "deployment/real-node-agent",
+        "--tail=20",
+    ])?;
+    ensure!(
+        logs.contains("connected to the hub"),
+        "the agent's log through kubelet:\n{logs}"
+    );
+    no_restarts(&cli)?;
+
+    // kubectl through the hub's Kubernetes API proxy, reached by port-forward: it lists
+    // and deploys (a Deployment of the pause image, whose pods kubelet runs).
+    let forward = PortForward::start(&cli, NAMESPACE, "scale-agent-hub", 8443)?;
+    let hub = HubKubectl::new(&cli, NAMESPACE, &dir, "real-node", "scale-agent-hub")?;
+    let listed = hub.run(&cli, &forward, &["-n", "team-a", "get", "configmaps"], None)?;
+    ensure!(
+        listed.contains("kube-root-ca.crt"),
+        "the hub's list of team-a's ConfigMaps:\n{listed}"
+    );
+    hub.run(
+        &cli,
+        &forward,
+        &["apply", "-f", "-"],
+        Some(&format!(
+            "apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+  namespace: team-a
+spec:
+  replicas: 1
+  selector:
+    matchLabels: {{app: web}}
+  template:
+    metadata:
+      labels: {{app: web}}
+    spec:
+      containers:
+        - name: web
+          image: {}
+          imagePullPolicy: Never
+",
+            real_node::PAUSE_IMAGE
+        )),
+    )?;
+    hub.run(
+        &cli,
+        &forward,
+        &[
+            "-n",
+            "team-a",
+            "rollout",
+            "status",
+            "deployment/web",
+            "--timeout=120s",
+        ],
+        None,
+    )
+    .with_context(|| cli.describe(NAMESPACE))?;
+    step(
+        started,
+        "kubectl through the hub listed and deployed (deployment/web rolled out)",
+    );
+
+    // A rolling update of the agents (new resources in the ScaleAgent: a new pod template),
+    // with operations through the hub and writes straight to the cluster meanwhile: none
+    // fails, and the hub's cache has every object afterwards.
+    cli.kubectl(&[
+        "-n",
+        NAMESPACE,
+        "patch",
+        "scaleagent",
+        "real-node",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"resources":{"requests":{"cpu":"20m","memory":"48Mi"},"limits":{"memory":"512Mi"}}}}"#,
+    ])?;
+    let mut rollout = cli
+        .command(
+            &cli.kubectl,
+            &[
+                "-n",
+                NAMESPACE,
+                "rollout",
+                "status",
+                "deployment/real-node-agent",
+                "--timeout=240s",
+            ],
+        )
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let mut written = Vec::new();
+    let mut index = 0;
+    let mut cut_by_rollout = 0;
+    let rolled = loop {
+        if let Some(status) = rollout.try_wait()? {
+            break status;
+        }
+        let through_hub = format!("during-rollout-hub-{index}");
+        // An agent pod stopped by the rollout drops the requests it is answering: the hub
+        // answers 503 "disconnected before answering" (the agent has no drain on SIGTERM;
+        // a known gap, see the real-node note). Such a failure must say so, and the client's
+        // retry (kubectl apply is idempotent) must succeed; any other failure fails the test.
+        let yaml = config_map(&through_hub);
+        if let Err(first) = hub.run(&cli, &forward, &["apply", "-f", "-"], Some(&yaml)) {
+            let said = format!("{first:#}");
+            ensure!(
+                said.contains("disconnected before answering"),
+                "an operation through the hub during the agents' rolling update ({through_hub}) failed: {said}"
+            );
+            eprintln!(
+                "[real-node test] {through_hub}: cut by the rollout (503 disconnected before answering); retrying"
+            );
+            cut_by_rollout += 1;
+            hub.run(&cli, &forward, &["apply", "-f", "-"], Some(&yaml))
+                .with_context(|| format!("the retry of {through_hub} through the hub"))?;
+        }
+        let direct = format!("during-rollout-direct-{index}");
+        cli.apply(&config_map(&direct))?;
+        written.extend([through_hub, direct]);
+        index += 1;
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    ensure!(
+        rolled.success(),
+        "the agents' rolling update failed: {}",
+        cli.describe(NAMESPACE)
+    );
+    ensure!(
+        !written.is_empty(),
+        "the agents' rolling update ended before a write could be made during it"
+    );
+    let template = cli.kubectl(&[
+        "-n",
+        NAMESPACE,
+        "get",
+        "deployment/real-node-agent",
+        "-o",
+        "jsonpath={.spec.template.spec.containers[0].resources.requests.memory}",
+    ])?;
+    ensure!(
+        template == "48Mi",
+        "the agents' pod template after the patch: {template}"
+    );
+    step(
+        started,
+        &format!(
+            "agents rolled; {} writes made during the rollout, {cut_by_rollout} operation(s) through the hub cut by it and retried",
+            written.len()
+        ),
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let listed = hub.run(
+            &cli,
+            &forward,
+            &["-n", "team-a", "get", "configmaps", "-o", "name"],
+            None,
+        )?;
+        let missing: Vec<&String> = written
+            .iter()
+            .filter(|name| !listed.contains(&format!("configmap/{name}\n")))
+            .collect();
+        if missing.is_empty() {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the hub's list lacks {missing:?} a minute after the agents' rolling update:\n{listed}"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    step(
+        started,
+        "every write during the rollout is in the hub's list",
+    );
+
+    // The hub pod deleted: its replacement (same volume) resumes, with the same tokens.
+    let old_hub = cli.kubectl(&[
+        "-n",
+        NAMESPACE,
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/component=hub",
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ])?;
+    drop(forward);
+    let lists_before = agent_lists(&node)?;
+    ensure!(
+        !lists_before.is_empty(),
+        "the audit log holds no list request of the agents' ServiceAccount: the check below would prove nothing"
+    );
+    cli.kubectl(&["-n", NAMESPACE, "delete", "pod", &old_hub, "--wait=true"])?;
+    wait_rollout(&cli, "scale-agent-hub")?;
+    cli.kubectl(&[
+        "-n",
+        NAMESPACE,
+        "wait",
+        "--for=condition=Ready",
+        "pod",
+        "-l",
+        "app.kubernetes.io/component=hub",
+        "--timeout=180s",
+    ])?;
+    step(started, "the hub's replacement pod is Ready");
+    let forward = PortForward::start(&cli, NAMESPACE, "scale-agent-hub", 8443)?;
+    cli.apply(&config_map("after-hub-restart"))?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let listed = hub.run(
+            &cli,
+            &forward,
+            &["-n", "team-a", "get", "configmaps", "-o", "name"],
+            None,
+        );
+        match listed {
+            Ok(listed) if listed.contains("configmap/after-hub-restart\n") => break,
+            other => ensure!(
+                Instant::now() < deadline,
+                "the new hub pod does not list team-a's ConfigMaps through the agents 2 min after it started: {other:?}"
+            ),
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    cli.kubectl(&[
+        "-n",
+        NAMESPACE,
+        "wait",
+        "--for=condition=Connected",
+        "agentaccount/real-node",
+        "--timeout=120s",
+    ])?;
+    drop(forward);
+    // From the API server's side: the agents resumed their watches where they were and
+    // listed nothing again for the new hub pod.
+    let lists_after = agent_lists(&node)?;
+    ensure!(
+        lists_after == lists_before,
+        "the agents listed again after the hub pod was replaced: {} list requests before, {} after: {:?}",
+        lists_before.len(),
+        lists_after.len(),
+        &lists_after[lists_before.len().min(lists_after.len())..]
+    );
+    step(
+        started,
+        "the agents resumed with the new hub pod (the old kubeconfig's token still works)",
+    );
+
+    no_restarts(&cli)?;
+    // For the record (a failing probe before a pod is Ready is a Warning too).
+    let warnings = cli.kubectl(&[
+        "get",
+        "events",
+        "-A",
+        "--field-selector=type=Warning",
+        "-o",
+        "custom-columns=NAMESPACE:.metadata.namespace,OBJECT:.involvedObject.name,REASON:.reason,COUNT:.count,MESSAGE:.message",
+    ])?;
+    eprintln!("[real-node test] Warning events:\n{warnings}");
+
+    // Uninstalled as documented: the accounts and agents first, then the release. Nothing
+    // of the chart's or the operator's is left.
+    cli.kubectl(&[
+        "-n",
+        NAMESPACE,
+        "delete",
+        "scaleagents,agentaccounts",
+        "--all",
+        "--wait=true",
+        "--timeout=120s",
+    ])?;
+    cli.helm(&[
+        "uninstall",
+        "scale-agent",
+        "-n",
+        NAMESPACE,
+        "--wait",
+        "--timeout",
+        "3m",
+    ])?;
+    // The operator makes its leader-election Lease at run time, so the release does not own
+    // it: the chart's README says to delete it after the uninstall.
+    cli.kubectl(&["-n", NAMESPACE, "delete", "lease", "scale-agent-operator"])?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let pods = cli.kubectl(&["-n", NAMESPACE, "get", "pods", "-o", "name"])?;
+        if pods.trim().is_empty() {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "pods left after helm uninstall:\n{pods}"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let labelled = cli.kubectl(&[
+        "get",
+        "all,configmaps,secrets,serviceaccounts,roles,rolebindings,clusterroles,clusterrolebindings,persistentvolumeclaims,leases,poddisruptionbudgets,validatingadmissionpolicies,validatingadmissionpolicybindings",
+        "-A",
+        "-l",
+        "app.kubernetes.io/part-of=scale-agent",
+        "-o",
+        "name",
+    ])?;
+    ensure!(
+        labelled.trim().is_empty(),
+        "left behind by helm uninstall:\n{labelled}"
+    );
+    let left = cli.kubectl(&[
+        "-n",
+        NAMESPACE,
+        "get",
+        "all,configmaps,secrets,serviceaccounts,roles,rolebindings,persistentvolumeclaims,leases",
+        "-o",
+        "name",
+    ])?;
+    let expected = [
+        "configmap/kube-root-ca.crt",
+        "secret/scale-agent-hub-tls",
+        "secret/hub-ca",
+        "secret/real-node-enrolment",
+        "serviceaccount/default",
+    ];
+    let unexpected: Vec<&str> = left
+        .lines()
+        .filter(|line| !expected.contains(line))
+        .collect();
+    ensure!(
+        unexpected.is_empty(),
+        "left in {NAMESPACE} after deleting the ScaleAgent and helm uninstall: {unexpected:?}"
+    );
+    step(started, "helm uninstall left nothing behind");
+
+    drop(node);
+    step(started, "done");
+    Ok(())
+}
