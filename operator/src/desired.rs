@@ -236,6 +236,9 @@ pub fn agent_config(agent: &ScaleAgent, accounts: &[&AgentAccount]) -> AgentConf
             namespace: agent.namespace().unwrap_or_default(),
             scale_agent: agent.name_any(),
         }),
+        // Accounts the hub pushes make the agent load kubeconfig Secrets: off until a
+        // ScaleAgent field exists that the admission policy can reserve to admins (F13).
+        dynamic_accounts: Default::default(),
     }
 }
 
