@@ -451,6 +451,21 @@ async fn a_tenant_cannot_escalate_through_scale_agents_or_agent_accounts() -> an
         Ok(()),
         "bob: an account over its own namespace impersonating its own ServiceAccount"
     );
+    // With Kubeconfig credentials the kubeconfig's identity impersonates (often in another
+    // cluster): a Secret bob may read is all it takes.
+    let remote = agent_account(
+        "remote",
+        json!({
+            "namespaces": [namespace],
+            "credentials": { "type": "Kubeconfig", "kubeconfigSecretRef": { "name": "own-kubeconfig" } },
+            "impersonateServiceAccount": { "namespace": "spinnaker", "name": "deployer" },
+        }),
+    )?;
+    assert_eq!(
+        create(&bob, &namespace, &remote, false).await?,
+        Ok(()),
+        "bob: a kubeconfig account with a Secret it may read"
+    );
     let wide = agent_account("wide", json!({ "deployKinds": ["Deployment"] }))?;
     assert_eq!(
         create(&alice, &namespace, &wide, false).await?,

@@ -126,7 +126,10 @@ pub fn check(
     if let Some(rejection) = outside_scope(account, agent) {
         return Err(rejection);
     }
+    // Only the agent's own ServiceAccount is granted `impersonate` by the operator; a
+    // kubeconfig's identity (often another cluster's) must hold it already.
     if let Some(target) = &account.spec.impersonate_service_account
+        && account.spec.credentials.type_ == CredentialsType::ServiceAccount
         && !grants.impersonable(&namespace, &target.namespace, &target.name)
     {
         return Err(Rejection {
@@ -349,6 +352,29 @@ mod tests {
                 && err.message.contains("--impersonable-service-accounts"),
             "{}",
             err.message
+        );
+        // A kubeconfig's identity impersonates, not the agent: not the operator's grant.
+        let mut remote = a.clone();
+        remote.spec.credentials = serde_json::from_value(serde_json::json!({
+            "type": "Kubeconfig",
+            "kubeconfigSecretRef": {"name": "remote-kc"}
+        }))
+        .unwrap();
+        let mut infra = agent.clone();
+        infra.spec.mode = Mode::Infrastructure;
+        let secret = Secret {
+            data: Some([("kubeconfig".to_string(), ByteString(b"x".to_vec()))].into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            check(
+                &remote,
+                Some(&infra),
+                &[],
+                Some(&secret),
+                &Grants::default()
+            ),
+            Ok(())
         );
         let listed =
             Grants::parse(&[], &["kube-system/replicaset-controller".into()], None).unwrap();
