@@ -365,6 +365,26 @@ async fn a_tenant_cannot_escalate_through_scale_agents_or_agent_accounts() -> an
         "bob: namespace-scoped read-only agent over its own namespace"
     );
 
+    // Dynamic accounts: the agent would load kubeconfig Secrets the hub names (F13).
+    let pivot = scale_agent(
+        "pivot",
+        json!({
+            "scope": { "type": "Namespaces", "namespaces": [namespace] },
+            "dynamicAccounts": { "enabled": true, "kubeconfigSecrets": ["capi-system/*"] },
+        }),
+    )?;
+    assert_refused_by(
+        create(&bob, &namespace, &pivot, false).await?,
+        SCALEAGENT_POLICY,
+        "sets spec.dynamicAccounts: serving the accounts the hub pushes",
+        "bob: dynamic accounts",
+    );
+    assert_eq!(
+        create(&alice, &namespace, &pivot, false).await?,
+        Ok(()),
+        "alice: dynamic accounts"
+    );
+
     // A privileged agent alice made: bob may not point it elsewhere or re-arm it.
     let prod = scale_agent("prod", json!({ "access": "Deploy" }))?;
     assert_eq!(create(&alice, &namespace, &prod, true).await?, Ok(()));
