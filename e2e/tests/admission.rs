@@ -403,6 +403,10 @@ async fn a_tenant_cannot_escalate_through_scale_agents_or_agent_accounts() -> an
             "spec.image",
             json!({ "spec": { "image": "ghcr.io/scale-agent/agent:evil" } }),
         ),
+        (
+            "spec.defaults",
+            json!({ "spec": { "defaults": { "kinds": ["*"] } } }),
+        ),
     ] {
         match agents.patch("prod", &params, &Patch::Merge(patch)).await {
             Err(kube::Error::Api(status)) => assert_refused_by(
