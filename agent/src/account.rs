@@ -197,12 +197,11 @@ impl SecretRef {
             })?;
         let data = secret.data.unwrap_or_default();
         let Some(bytes) = data.get(&self.key) else {
+            // The Secret's other key names are not echoed: this message goes to the hub.
             return Err(format!(
-                "Secret {namespace}/{} has no key {:?} (it has {:?}): put the kubeconfig \
-                 under that key, or name the right one",
-                self.name,
-                self.key,
-                data.keys().collect::<Vec<_>>()
+                "Secret {namespace}/{} has no key {:?}: put the kubeconfig under that key, or \
+                 name the right one",
+                self.name, self.key,
             ));
         };
         let text = std::str::from_utf8(&bytes.0).map_err(|_| {

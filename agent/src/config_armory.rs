@@ -265,14 +265,9 @@ const ARMORY_KEYS: &[ArmoryKey] = &[
         "secret engines are not used; remove the key",
     ),
     no_effect(
-        "dynamicAccounts",
-        When::Present,
-        "a Clouddriver plugin setting: accounts always register with the hub when the agent connects; remove the key",
-    ),
-    no_effect(
         "dynamicAccountsEnabled",
         When::Present,
-        "accounts always register with the hub when the agent connects; remove the key",
+        "use dynamicAccounts.enabled (and dynamicAccounts.kubeconfigSecrets) to serve the accounts the hub pushes; remove the key",
     ),
     refused(
         "hub.connection",

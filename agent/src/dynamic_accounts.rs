@@ -13,10 +13,17 @@
 //! `encryptedFile:k8s!n:<secret>!k:<key>`, with `!ns:<namespace>` when the Secret is not in
 //! the agent's own namespace ([`SecretRef`], which `account` reads). The same form works in
 //! the config file.
+//!
+//! Off unless the agent's own config says `dynamicAccounts.enabled: true`, and then only for
+//! the Secrets its `dynamicAccounts.kubeconfigSecrets` lists: otherwise whoever can push
+//! accounts (a hub admin, a stolen admin token, a compromised hub) could make the agent load
+//! any kubeconfig Secret its ServiceAccount can read (issue 28, F13). A refused account is
+//! reported `FAILED` with the reason and never read. The file's current setting is applied
+//! to every merge, so turning it off stops serving pushed accounts at the next reload.
 
 use std::{collections::BTreeMap, sync::Arc};
 
-use scale_agent_crds::agent_config::{AccountConfig, AgentConfig};
+use scale_agent_crds::agent_config::{AccountConfig, AgentConfig, DynamicAccountsConfig};
 use scale_agent_proto::v1::{self, dynamic_account_status::State};
 
 use crate::{
@@ -92,6 +99,7 @@ impl DynamicAccounts {
             .pushed
             .values()
             .filter(|pushed| !in_file(file, &pushed.name))
+            .filter(|pushed| refusal(&file.dynamic_accounts, pushed).is_none())
             .collect();
         if extra.is_empty() {
             return file.clone();
@@ -127,6 +135,14 @@ impl DynamicAccounts {
                          there to serve the pushed one, or delete the dynamic account"
                     ),
                 ));
+                continue;
+            }
+            if let Some(refused) = self
+                .pushed
+                .get(name)
+                .and_then(|pushed| refusal(&file.dynamic_accounts, pushed))
+            {
+                statuses.push(status(name, State::Failed, refused));
                 continue;
             }
             let Some(account) = view.account(name) else {
@@ -183,6 +199,38 @@ impl DynamicAccounts {
     }
 }
 
+/// Why the agent's `settings` refuse pushed `account`, if they do; checked before its Secret
+/// is read.
+pub fn refusal(settings: &DynamicAccountsConfig, account: &AccountConfig) -> Option<String> {
+    if !settings.enabled {
+        return Some(format!(
+            "dynamic accounts are off on this agent: its config must set \
+             dynamicAccounts.enabled: true (and list the Secret in \
+             dynamicAccounts.kubeconfigSecrets) to serve account {:?}",
+            account.name
+        ));
+    }
+    let secret = account
+        .kubeconfig_file
+        .as_deref()
+        .and_then(SecretRef::parse)
+        .and_then(Result::ok)?;
+    if settings.allows_secret(&secret.namespace, &secret.name) {
+        return None;
+    }
+    let named = if secret.namespace.is_empty() {
+        secret.name.clone()
+    } else {
+        format!("{}/{}", secret.namespace, secret.name)
+    };
+    Some(format!(
+        "the hub named kubeconfig Secret {named} for account {:?}, which this agent's \
+         dynamicAccounts.kubeconfigSecrets does not list: add {named} (or its namespace/*) \
+         there to serve it, or have the hub name a listed Secret",
+        account.name
+    ))
+}
+
 fn in_file(file: &AgentConfig, name: &str) -> bool {
     file.kubernetes.accounts.iter().any(|a| a.name == name)
 }
@@ -222,9 +270,65 @@ mod tests {
         assert!(account_config(&bad).unwrap_err().contains("settings"));
     }
 
+    fn enabled_for(secrets: &[&str]) -> DynamicAccountsConfig {
+        DynamicAccountsConfig {
+            enabled: true,
+            kubeconfig_secrets: secrets.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn pushed_accounts_need_the_opt_in_and_a_listed_secret() {
+        let account = account_config(&pushed("dyn")).unwrap();
+        let off = refusal(&DynamicAccountsConfig::default(), &account).unwrap();
+        assert!(off.contains("dynamicAccounts.enabled: true"), "{off}");
+        let unlisted = refusal(
+            &enabled_for(&["spinnaker/other", "dyn-kubeconfig"]),
+            &account,
+        )
+        .unwrap();
+        assert!(
+            unlisted.contains("Secret spinnaker/dyn-kubeconfig")
+                && unlisted.contains("dynamicAccounts.kubeconfigSecrets does not list"),
+            "{unlisted}"
+        );
+        for listed in ["spinnaker/dyn-kubeconfig", "spinnaker/*"] {
+            assert_eq!(refusal(&enabled_for(&[listed]), &account), None, "{listed}");
+        }
+        // A bare name is a Secret of the agent's own namespace.
+        let mut own = pushed("own");
+        own.kubeconfig_secret.as_mut().unwrap().namespace = String::new();
+        let own = account_config(&own).unwrap();
+        assert_eq!(refusal(&enabled_for(&["dyn-kubeconfig"]), &own), None);
+        assert!(refusal(&enabled_for(&["spinnaker/*"]), &own).is_some());
+
+        // Refused accounts are not served, and say why.
+        let file = AgentConfig {
+            dynamic_accounts: enabled_for(&["spinnaker/other"]),
+            ..Default::default()
+        };
+        let file = Arc::new(file);
+        let mut dynamic = DynamicAccounts::default();
+        dynamic.replace(v1::DynamicAccounts {
+            accounts: vec![pushed("dyn")],
+        });
+        assert!(dynamic.merged(&file).kubernetes.accounts.is_empty());
+        let statuses = dynamic.changed(&file, &AgentView::default());
+        assert_eq!(statuses.len(), 1);
+        assert_eq!(statuses[0].state, State::Failed as i32);
+        assert!(
+            statuses[0].message.contains("does not list"),
+            "{}",
+            statuses[0].message
+        );
+    }
+
     #[test]
     fn the_file_wins_and_each_state_is_reported_once() {
-        let mut file = AgentConfig::default();
+        let mut file = AgentConfig {
+            dynamic_accounts: enabled_for(&["spinnaker/*"]),
+            ..Default::default()
+        };
         file.kubernetes.accounts.push(AccountConfig {
             name: "static".into(),
             service_account: true,

@@ -404,6 +404,8 @@ fn scale_agent_spec(
         operation_budget,
         heartbeat,
         backoff,
+        // Pushed accounts stay off: an admin turns them on with the Secrets they may name.
+        dynamic_accounts: Default::default(),
     }
 }
 

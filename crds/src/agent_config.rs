@@ -30,6 +30,42 @@ pub struct AgentConfig {
     /// it); no status is written when unset.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub status: Option<StatusTarget>,
+    /// Whether the agent serves the accounts the hub pushes, and which kubeconfig Secrets
+    /// they may name (Armory's `dynamicAccounts.enabled`, off by default).
+    #[serde(skip_serializing_if = "DynamicAccountsConfig::is_off")]
+    pub dynamic_accounts: DynamicAccountsConfig,
+}
+
+/// `dynamicAccounts.*`. A pushed account makes the agent read a kubeconfig Secret with its
+/// own credentials and act with what that kubeconfig holds, which may exceed the agent's own
+/// rights (a Cluster API Secret is another cluster's admin): so the hub's admin may do that
+/// only where this cluster's admin said so (issue 28, F13).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct DynamicAccountsConfig {
+    /// Serve the accounts the hub pushes. Off: each is reported `FAILED` with the reason.
+    pub enabled: bool,
+    /// The kubeconfig Secrets pushed accounts may name: `<name>` (in the agent's own
+    /// namespace), `<namespace>/<name>` or `<namespace>/*`. Empty: none.
+    pub kubeconfig_secrets: Vec<String>,
+}
+
+impl DynamicAccountsConfig {
+    /// Off and with no Secrets: left out of a rendered config.
+    pub fn is_off(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// Whether Secret `name` in `namespace` (empty: the agent's own) is listed.
+    pub fn allows_secret(&self, namespace: &str, name: &str) -> bool {
+        self.kubeconfig_secrets.iter().any(|entry| {
+            let entry = entry.trim();
+            match entry.split_once('/') {
+                Some((ns, n)) => ns == namespace && (n == "*" || n == name),
+                None => namespace.is_empty() && entry == name,
+            }
+        })
+    }
 }
 
 /// `status.*`: the custom resources whose status the agent writes.

@@ -7,7 +7,10 @@ use std::{sync::Arc, time::Duration};
 
 use k8s_openapi::api::events::v1::Event;
 use kube::{Api, Client, api::ListParams};
-use scale_agent_operator::{Config, Metrics, policy::WatchNamespaces};
+use scale_agent_operator::{
+    Config, Metrics,
+    policy::{Grants, WatchNamespaces},
+};
 use tokio::{sync::oneshot, task::JoinHandle};
 
 /// How long [`Operator::stop`] waits for the controllers to end.
@@ -21,11 +24,13 @@ pub struct Operator {
 }
 
 impl Operator {
-    /// The tests' configuration: only `namespace` watched, retries from 500 ms to 4 s, and
-    /// an instance label of its own.
+    /// The tests' configuration: only `namespace` watched, Roles grantable in every
+    /// namespace but the reserved ones (the tests give agents rights in namespaces of their
+    /// own), retries from 500 ms to 4 s, and an instance label of its own.
     pub fn config(namespace: &str) -> Config {
         Config {
             watch_namespaces: WatchNamespaces::Only([namespace.to_owned()].into()),
+            grants: Grants::every_namespace(),
             retry_base: Duration::from_millis(500),
             retry_max: Duration::from_secs(4),
             instance: Some(format!("e2e-{namespace}")),

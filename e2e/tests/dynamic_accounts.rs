@@ -4,7 +4,8 @@
 //! Secret and nothing else) and streams the cluster into the hub's cache; the account
 //! survives an agent restart and a hub restart (it is in the hub's store), an account of the
 //! agent's own config wins over a pushed one, an unreadable Secret is reported with what to
-//! change, and a removed account stops being served.
+//! change, a Secret the agent's `dynamicAccounts.kubeconfigSecrets` does not list is refused
+//! before it is read (issue 28, F13), and a removed account stops being served.
 //!
 //! The hub runs in this process (TLS on its HTTP listener, plaintext gRPC, so the agent's
 //! identity is `anonymous`), the agent as the real `e2e-agent` binary.
@@ -322,6 +323,13 @@ async fn a_dynamic_account_streams_survives_restarts_and_is_removed() -> anyhow:
         )]),
         1,
     )?;
+    // The agent's opt-in (issue 28, F13): pushed accounts only with these two Secrets.
+    let mut written: serde_json::Value = serde_json::from_slice(&std::fs::read(&config)?)?;
+    written["dynamicAccounts"] = json!({
+        "enabled": true,
+        "kubeconfigSecrets": [format!("{ns}/{SECRET}"), format!("{ns}/{FORBIDDEN_SECRET}")],
+    });
+    std::fs::write(&config, serde_json::to_string_pretty(&written)?)?;
     let mut agent = Agent::start(&dir, config, agent_kubeconfig).await?;
     wait_cached(&hub, &agent, &static_name, &ns, "before").await?;
 
@@ -425,6 +433,27 @@ async fn a_dynamic_account_streams_survives_restarts_and_is_removed() -> anyhow:
         message.contains(FORBIDDEN_SECRET) && message.contains("grant its ServiceAccount `get`"),
         "{message}"
     );
+    // A Secret the agent's config does not list (a pivot to another cluster's admin
+    // kubeconfig): FAILED before any read, saying where to list it.
+    let unlisted = format!("unlisted-{ns}");
+    let (status, answer) = admin(
+        &hub,
+        "POST",
+        "/api/v1/dynamic-accounts",
+        Some(&dynamic_account(
+            &unlisted,
+            "capi-system",
+            "prod-kubeconfig",
+        )),
+    )
+    .await;
+    assert_eq!(status, 201, "{answer}");
+    let message = wait_reported(&hub, &unlisted, "FAILED").await?;
+    assert!(
+        message.contains("Secret capi-system/prod-kubeconfig")
+            && message.contains("dynamicAccounts.kubeconfigSecrets does not list"),
+        "{message}"
+    );
 
     // The agent restarts (with nothing of the pushed accounts in its config): the hub
     // pushes them again and the account streams on.
@@ -492,7 +521,7 @@ async fn a_dynamic_account_streams_survives_restarts_and_is_removed() -> anyhow:
         .filter_map(|a| a["name"].as_str())
         .collect();
     listed_names.sort();
-    let mut expected = vec![denied.as_str(), static_name.as_str()];
+    let mut expected = vec![denied.as_str(), static_name.as_str(), unlisted.as_str()];
     expected.sort();
     assert_eq!(listed_names, expected);
 

@@ -10,6 +10,11 @@ use std::{collections::BTreeMap, path::Path, process::Command};
 use scale_agent_e2e::Binaries;
 use serde_json::Value;
 
+/// What an API server of Kubernetes 1.30+ tells Helm (`helm template` has no cluster to ask):
+/// the chart installs the admission policies only where ValidatingAdmissionPolicy is served.
+const SERVES_POLICY_V1: &str =
+    "--api-versions=admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy";
+
 fn repo() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
 }
@@ -131,6 +136,7 @@ fn helm_chart_renders_what_kustomize_renders() {
             chart,
             namespace,
             "--include-crds",
+            SERVES_POLICY_V1,
         ],
     );
     let base = run(&binaries.kubectl(), &["kustomize", "manifests"]);
@@ -144,6 +150,7 @@ fn helm_chart_renders_what_kustomize_renders() {
             chart,
             namespace,
             "--include-crds",
+            SERVES_POLICY_V1,
             "--set=hub.enabled=true",
         ],
     );
@@ -166,6 +173,7 @@ fn helm_chart_renders_what_kustomize_renders() {
             chart,
             namespace,
             "--include-crds",
+            SERVES_POLICY_V1,
             "--set=hub.enabled=true",
             "--set=hub.store=postgres",
             "--set=hub.replicas=3",

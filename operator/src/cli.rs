@@ -7,7 +7,7 @@ use std::{net::SocketAddr, time::Duration};
 use clap::Parser;
 use scale_agent_runtime::LogFormat;
 
-use crate::policy::WatchNamespaces;
+use crate::policy::{Grants, WatchNamespaces};
 
 /// Reconciles ScaleAgent and AgentAccount resources into agent Deployments, RBAC, config and
 /// mTLS credentials.
@@ -62,6 +62,28 @@ struct Args {
         default_value = scale_agent_crds::v1alpha1::DEFAULT_AGENT_REPOSITORY
     )]
     allowed_image_prefixes: Vec<String>,
+
+    /// Namespaces the operator may create an agent's Roles in for `spec.scope.namespaces`
+    /// besides the ScaleAgent's own (comma-separated), `*` for every namespace. kube-system,
+    /// kube-public, kube-node-lease and the operator's own namespace only when named here.
+    /// Others get the condition `Degraded`, reason `NamespaceNotGrantable`.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_OPERATOR_GRANTABLE_NAMESPACES",
+        value_delimiter = ','
+    )]
+    grantable_namespaces: Vec<String>,
+
+    /// ServiceAccounts an AgentAccount's `impersonateServiceAccount` may name besides those of
+    /// its own namespace (comma-separated `namespace/name` or `namespace/*`). The reserved
+    /// namespaces (kube-system, …, the operator's) only when named here. Others leave the
+    /// account `Accepted=False`, reason `ImpersonationNotAllowed`.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_OPERATOR_IMPERSONABLE_SERVICE_ACCOUNTS",
+        value_delimiter = ','
+    )]
+    impersonable_service_accounts: Vec<String>,
 
     /// Name of this instance in Events; the pod name in a Deployment.
     #[arg(long, env = "POD_NAME")]
@@ -173,6 +195,12 @@ async fn run_from_args(args: Args) -> anyhow::Result<()> {
         watch_namespaces: WatchNamespaces::parse(&watch_namespaces).map_err(anyhow::Error::msg)?,
         allowed_image_prefixes,
         allow_operator_signed_certificates: args.allow_operator_signed_certificates,
+        grants: Grants::parse(
+            &args.grantable_namespaces,
+            &args.impersonable_service_accounts,
+            Some(client.default_namespace().to_owned()),
+        )
+        .map_err(anyhow::Error::msg)?,
         ..Default::default()
     };
     let result = crate::run(

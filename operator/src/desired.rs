@@ -25,7 +25,8 @@ use scale_agent_crds::{
     MANAGED_BY, PART_OF, ScaleAgent,
     agent_config::{
         AccountConfig, AdminServer, AgentConfig, Backoff, CustomResourceConfig,
-        CustomResourceScope, HubConnection, HubTls, KubernetesConfig, StatusTarget, Tasks,
+        CustomResourceScope, DynamicAccountsConfig, HubConnection, HubTls, KubernetesConfig,
+        StatusTarget, Tasks,
     },
     v1alpha1::{CredentialsType, Mode},
 };
@@ -237,6 +238,12 @@ pub fn agent_config(agent: &ScaleAgent, accounts: &[&AgentAccount]) -> AgentConf
             namespace: agent.namespace().unwrap_or_default(),
             scale_agent: agent.name_any(),
         }),
+        // Accounts the hub pushes make the agent load kubeconfig Secrets: only as the
+        // ScaleAgent says, a field the admission policy reserves to admins (F13).
+        dynamic_accounts: DynamicAccountsConfig {
+            enabled: spec.dynamic_accounts.enabled,
+            kubeconfig_secrets: spec.dynamic_accounts.kubeconfig_secrets.clone(),
+        },
     }
 }
 
@@ -764,6 +771,16 @@ pub(crate) mod tests {
         assert_eq!(web.permissions["READ"], ["dev"]);
         let yaml = config.to_yaml().unwrap();
         assert_eq!(AgentConfig::from_yaml(&yaml).unwrap(), config);
+        assert!(
+            !config.dynamic_accounts.enabled,
+            "off unless the ScaleAgent says so"
+        );
+        assert!(!yaml.contains("dynamicAccounts"), "{yaml}");
+        agent.spec.dynamic_accounts.enabled = true;
+        agent.spec.dynamic_accounts.kubeconfig_secrets = vec!["clusters/*".into()];
+        let config = agent_config(&agent, &[]);
+        assert!(config.dynamic_accounts.enabled);
+        assert_eq!(config.dynamic_accounts.kubeconfig_secrets, ["clusters/*"]);
     }
 
     #[test]

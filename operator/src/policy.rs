@@ -115,6 +115,192 @@ pub fn check_image(image: &str, prefixes: &[String]) -> Option<Problem> {
     })
 }
 
+/// Namespaces no Role and no impersonation reaches unless named explicitly in
+/// `--grantable-namespaces` / `--impersonable-service-accounts`: the control plane's own, whose
+/// ServiceAccounts (controllers) and Secrets (bootstrap tokens) are cluster-admin material.
+/// The operator's own namespace is added by [`Grants::operator_namespace`].
+pub const RESERVED_NAMESPACES: [&str; 3] = ["kube-system", "kube-public", "kube-node-lease"];
+
+/// Where the operator may give an agent rights, beyond the cluster's RBAC of the CR's author:
+/// the namespaces it creates Roles in (`spec.scope.namespaces`) and the ServiceAccounts an
+/// `AgentAccount.impersonateServiceAccount` may name. A tenant who may create ScaleAgents in
+/// one namespace must not reach another one through the operator (review F1).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Grants {
+    /// `--grantable-namespaces` contained `*`: every namespace but the reserved ones.
+    pub every_namespace: bool,
+    /// Namespaces named in `--grantable-namespaces`, reserved ones included when named.
+    pub namespaces: BTreeSet<String>,
+    /// `--impersonable-service-accounts`: `(namespace, name)`, name `*` for every
+    /// ServiceAccount of the namespace.
+    pub service_accounts: BTreeSet<(String, String)>,
+    /// The operator's own namespace: reserved like [`RESERVED_NAMESPACES`].
+    pub operator_namespace: Option<String>,
+}
+
+impl Grants {
+    /// Parses `--grantable-namespaces` (`*` and/or namespace names) and
+    /// `--impersonable-service-accounts` (`namespace/name` or `namespace/*`).
+    pub fn parse(
+        namespaces: &[String],
+        service_accounts: &[String],
+        operator_namespace: Option<String>,
+    ) -> Result<Self, String> {
+        let mut grants = Self {
+            operator_namespace,
+            ..Self::default()
+        };
+        for value in namespaces
+            .iter()
+            .map(|v| v.trim())
+            .filter(|v| !v.is_empty())
+        {
+            if value == "*" {
+                grants.every_namespace = true;
+            } else if scale_agent_crds::v1alpha1::is_dns1123_label(value) {
+                grants.namespaces.insert(value.to_owned());
+            } else {
+                return Err(format!(
+                    "--grantable-namespaces: {value:?} is not a namespace name (a lowercase DNS \
+                     label) nor '*'"
+                ));
+            }
+        }
+        for value in service_accounts
+            .iter()
+            .map(|v| v.trim())
+            .filter(|v| !v.is_empty())
+        {
+            let parsed = value.split_once('/').filter(|(namespace, name)| {
+                scale_agent_crds::v1alpha1::is_dns1123_label(namespace)
+                    && (*name == "*" || is_service_account_name(name))
+            });
+            let Some((namespace, name)) = parsed else {
+                return Err(format!(
+                    "--impersonable-service-accounts: {value:?} is not namespace/name or \
+                     namespace/*"
+                ));
+            };
+            grants
+                .service_accounts
+                .insert((namespace.to_owned(), name.to_owned()));
+        }
+        Ok(grants)
+    }
+
+    /// Grants everywhere but the reserved namespaces (the library's tests; the command's
+    /// default is [`Grants::default`], the ScaleAgent's own namespace only).
+    pub fn every_namespace() -> Self {
+        Self {
+            every_namespace: true,
+            ..Self::default()
+        }
+    }
+
+    /// Whether `namespace` is the control plane's or the operator's own.
+    pub fn is_reserved(&self, namespace: &str) -> bool {
+        RESERVED_NAMESPACES.contains(&namespace)
+            || self.operator_namespace.as_deref() == Some(namespace)
+    }
+
+    /// Whether a ScaleAgent in `own` may be given a Role in `namespace`: one named in
+    /// `--grantable-namespaces`; else, outside the reserved namespaces, its own namespace, or
+    /// any with `*`.
+    pub fn namespace_grantable(&self, own: &str, namespace: &str) -> bool {
+        self.namespaces.contains(namespace)
+            || (!self.is_reserved(namespace) && (namespace == own || self.every_namespace))
+    }
+
+    /// Whether an AgentAccount in `own` may impersonate ServiceAccount `namespace/name`: one
+    /// named (or whose namespace is named with `/*`) in `--impersonable-service-accounts`;
+    /// else one of its own namespace, outside the reserved namespaces (namespace `edit`
+    /// already lets its users impersonate those).
+    pub fn impersonable(&self, own: &str, namespace: &str, name: &str) -> bool {
+        let listed = |n: &str| {
+            self.service_accounts
+                .contains(&(namespace.to_owned(), n.to_owned()))
+        };
+        listed(name) || listed("*") || (namespace == own && !self.is_reserved(namespace))
+    }
+
+    /// The problem of a ScaleAgent in `own` whose `spec.scope.namespaces` names `refused`.
+    pub fn namespace_refusal(&self, own: &str, refused: &[&str]) -> Problem {
+        Problem {
+            reason: "NamespaceNotGrantable",
+            message: format!(
+                "spec.scope.namespaces names {}, where this operator grants no Roles ({}; never \
+                 in kube-system, kube-public, kube-node-lease{} unless named): the agent has no \
+                 rights there. Remove {} from spec.scope.namespaces, or ask a cluster \
+                 administrator to add {} to the operator's --grantable-namespaces (Helm: \
+                 operator.grantableNamespaces)",
+                refused.join(", "),
+                self.describe_namespaces(own),
+                self.operator_namespace
+                    .as_deref()
+                    .map(|n| format!(" or the operator's namespace {n}"))
+                    .unwrap_or_default(),
+                if refused.len() == 1 { "it" } else { "them" },
+                if refused.len() == 1 { "it" } else { "them" },
+            ),
+        }
+    }
+
+    /// The message of an AgentAccount in `own` that names a ServiceAccount it may not
+    /// impersonate.
+    pub fn impersonation_refusal(&self, own: &str, namespace: &str, name: &str) -> String {
+        let listed: Vec<String> = self
+            .service_accounts
+            .iter()
+            .map(|(n, s)| format!("{n}/{s}"))
+            .collect();
+        format!(
+            "spec.impersonateServiceAccount names {namespace}/{name}, which this operator does \
+             not let agents impersonate (allowed: ServiceAccounts of this namespace {own}{}{}): \
+             name a ServiceAccount of namespace {own}, or ask a cluster administrator to add \
+             {namespace}/{name} to the operator's --impersonable-service-accounts (Helm: \
+             operator.impersonableServiceAccounts)",
+            if self.is_reserved(own) {
+                " (none: it is reserved)"
+            } else {
+                ""
+            },
+            if listed.is_empty() {
+                String::new()
+            } else {
+                format!(" and {}", listed.join(", "))
+            }
+        )
+    }
+
+    fn describe_namespaces(&self, own: &str) -> String {
+        let mut allowed = Vec::new();
+        if !self.is_reserved(own) {
+            allowed.push(format!("the ScaleAgent's own namespace {own}"));
+        }
+        if self.every_namespace {
+            allowed.push("every other namespace ('*')".to_owned());
+        }
+        if !self.namespaces.is_empty() {
+            let names: Vec<&str> = self.namespaces.iter().map(String::as_str).collect();
+            allowed.push(format!("--grantable-namespaces {}", names.join(", ")));
+        }
+        if allowed.is_empty() {
+            "it grants Roles nowhere".to_owned()
+        } else {
+            format!("it grants them in {}", allowed.join(" and "))
+        }
+    }
+}
+
+/// A ServiceAccount name: a DNS subdomain.
+fn is_service_account_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name
+            .split('.')
+            .all(scale_agent_crds::v1alpha1::is_dns1123_label)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,5 +366,73 @@ mod tests {
             problem.message
         );
         assert!(check_image("ghcr.io/scale-agent/agent:v9", &defaults).is_none());
+    }
+
+    #[test]
+    fn grants_reach_the_own_namespace_and_listed_ones_never_reserved_ones_unless_named() {
+        let default = Grants {
+            operator_namespace: Some("scale-agent".into()),
+            ..Grants::default()
+        };
+        assert!(default.namespace_grantable("team-a", "team-a"));
+        assert!(!default.namespace_grantable("team-a", "team-b"));
+        assert!(!default.namespace_grantable("team-a", "kube-system"));
+        assert!(!default.namespace_grantable("scale-agent", "scale-agent"));
+        let every = Grants::parse(&strings(&["*"]), &[], Some("scale-agent".into())).unwrap();
+        assert!(every.namespace_grantable("team-a", "team-b"));
+        assert!(!every.namespace_grantable("team-a", "kube-system"));
+        assert!(!every.namespace_grantable("team-a", "scale-agent"));
+        let listed = Grants::parse(
+            &strings(&["team-b", "kube-system"]),
+            &[],
+            Some("scale-agent".into()),
+        )
+        .unwrap();
+        assert!(listed.namespace_grantable("scale-agent", "team-b"));
+        assert!(listed.namespace_grantable("team-a", "kube-system"));
+        assert!(!listed.namespace_grantable("team-a", "team-c"));
+        let problem = default.namespace_refusal("team-a", &["kube-system"]);
+        assert_eq!(problem.reason, "NamespaceNotGrantable");
+        assert!(
+            problem
+                .message
+                .contains("spec.scope.namespaces names kube-system")
+                && problem.message.contains("own namespace team-a")
+                && problem.message.contains("operator's namespace scale-agent")
+                && problem.message.contains("--grantable-namespaces"),
+            "{}",
+            problem.message
+        );
+        for bad in [&["Team_A"][..], &["a/b"]] {
+            assert!(Grants::parse(&strings(bad), &[], None).is_err());
+        }
+    }
+
+    #[test]
+    fn impersonation_reaches_the_own_namespace_and_listed_service_accounts() {
+        let grants = Grants::parse(
+            &[],
+            &strings(&["ci/deployer", "tools/*"]),
+            Some("scale-agent".into()),
+        )
+        .unwrap();
+        assert!(grants.impersonable("team-a", "team-a", "spinnaker"));
+        assert!(!grants.impersonable("team-a", "kube-system", "replicaset-controller"));
+        assert!(!grants.impersonable("team-a", "team-b", "spinnaker"));
+        assert!(grants.impersonable("team-a", "ci", "deployer"));
+        assert!(!grants.impersonable("team-a", "ci", "admin"));
+        assert!(grants.impersonable("team-a", "tools", "anything"));
+        assert!(!grants.impersonable("scale-agent", "scale-agent", "operator"));
+        let message =
+            grants.impersonation_refusal("team-a", "kube-system", "replicaset-controller");
+        assert!(
+            message.contains("names kube-system/replicaset-controller")
+                && message.contains("ci/deployer, tools/*")
+                && message.contains("--impersonable-service-accounts"),
+            "{message}"
+        );
+        for bad in [&["ci"][..], &["ci/"], &["/x"], &["Ci/x"]] {
+            assert!(Grants::parse(&[], &strings(bad), None).is_err(), "{bad:?}");
+        }
     }
 }

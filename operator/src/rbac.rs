@@ -324,6 +324,19 @@ pub const READ_VERBS: &[&str] = &["get", "list", "watch"];
 pub const WRITE_VERBS: &[&str] = &["create", "update", "patch", "delete"];
 /// Verbs on Secrets an account only watches: metadata-only list and watch, never `get`.
 pub const SECRET_READ_VERBS: &[&str] = &["list", "watch"];
+/// API groups whose objects are the cluster's privileges themselves: RBAC (Roles and
+/// bindings), admission webhooks and policies, aggregated APIServices, and CRDs. An account
+/// that deploys everything (no `kinds`/`deployKinds`, or `*`) only reads these; writing them
+/// needs their kinds named in `kinds` or `deployKinds` (review N2/F26: otherwise every token
+/// of a default Deploy account is cluster-admin-equivalent). The operator README lists them
+/// (a test checks it does).
+pub const PRIVILEGE_GROUPS: &[&str] = &[
+    "rbac.authorization.k8s.io",
+    "admissionregistration.k8s.io",
+    "apiregistration.k8s.io",
+    "apiextensions.k8s.io",
+];
+
 /// Verbs on the `scale` subresource of a deployable scalable kind.
 pub const SCALE_VERBS: &[&str] = &["get", "update", "patch"];
 /// Verbs on the streaming pod subresources (`exec`, `attach`, `portforward`): `create` for
@@ -448,13 +461,18 @@ impl Grants {
     }
 
     /// Grants `verbs` on every kind an account watching everything covers: the core kinds
-    /// one by one and `*` in every other served group.
+    /// one by one and `*` in every other served group; deploying everything writes no
+    /// [`PRIVILEGE_GROUPS`] (reads only: their kinds must be named to be written).
     fn everything(&mut self, kinds: &Watched, deploy: bool, api_groups: &[String]) {
         for resolved in core_everything(&kinds.omitted) {
             self.kind(&resolved, deploy);
         }
-        let verbs: &[&str] = if deploy { VERB_ORDER } else { READ_VERBS };
         for group in api_groups.iter().filter(|g| !g.is_empty()) {
+            let verbs: &[&str] = if deploy && !PRIVILEGE_GROUPS.contains(&group.as_str()) {
+                VERB_ORDER
+            } else {
+                READ_VERBS
+            };
             self.grant(group, "*", verbs);
         }
     }
@@ -853,6 +871,58 @@ mod tests {
         assert_eq!(verbs_on(&rules, "batch", "jobs"), all_verbs());
         assert_eq!(verbs_on(&rules, "", "configmaps"), all_verbs());
         assert!(verbs_on(&rules, "", "secrets").is_empty(), "omitted");
+    }
+
+    #[test]
+    fn deploying_everything_writes_no_privileges_unless_they_are_named() {
+        let groups = names(&[
+            "apps",
+            "rbac.authorization.k8s.io",
+            "admissionregistration.k8s.io",
+            "apiregistration.k8s.io",
+            "apiextensions.k8s.io",
+        ]);
+        for kinds in [&[][..], &["*"]] {
+            let rules = super::rules(&[deploying(kinds, None)], true, &groups);
+            assert_eq!(verbs_on(&rules, "apps", "deployments"), all_verbs());
+            for group in PRIVILEGE_GROUPS {
+                assert_eq!(
+                    verbs_on(&rules, group, "anything"),
+                    names(READ_VERBS),
+                    "{group}"
+                );
+            }
+        }
+        // Named, they are deployable.
+        let named = super::rules(
+            &[deploying(&[], Some(&["ClusterRoleBinding", "Deployment"]))],
+            true,
+            &groups,
+        );
+        assert_eq!(
+            verbs_on(&named, "rbac.authorization.k8s.io", "clusterrolebindings"),
+            all_verbs()
+        );
+        assert_eq!(
+            verbs_on(&named, "rbac.authorization.k8s.io", "roles"),
+            names(READ_VERBS)
+        );
+    }
+
+    /// The operator README says which groups the default Deploy account cannot write.
+    #[test]
+    fn the_readme_lists_the_privilege_groups() {
+        let readme = include_str!("../README.md");
+        let line = readme
+            .lines()
+            .find(|l| l.contains("Deploy without `kinds`"))
+            .expect("README: the line on what Deploy without `kinds` grants");
+        for group in PRIVILEGE_GROUPS {
+            assert!(
+                line.contains(&format!("`{group}`")),
+                "{group} missing: {line}"
+            );
+        }
     }
 
     #[test]

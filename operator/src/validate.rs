@@ -5,6 +5,8 @@ use std::cmp::Ordering;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Resource, ResourceExt};
+
+use crate::policy::Grants;
 use scale_agent_crds::{
     AgentAccount, ScaleAgent,
     v1alpha1::{CredentialsType, Mode, is_dns1123_label},
@@ -56,12 +58,13 @@ fn precedence(a: &AgentAccount, b: &AgentAccount) -> Ordering {
 
 /// Checks one account. `agent` is the ScaleAgent it names (if it exists), `all` every
 /// AgentAccount the operator sees, `kubeconfig` the Secret its credentials name (if any and
-/// if it exists).
+/// if it exists), `grants` whom the operator lets agents impersonate.
 pub fn check(
     account: &AgentAccount,
     agent: Option<&ScaleAgent>,
     all: &[AgentAccount],
     kubeconfig: Option<&Secret>,
+    grants: &Grants,
 ) -> Result<(), Rejection> {
     let namespace = account.namespace().unwrap_or_default();
     let Some(agent) = agent.filter(|a| a.meta().deletion_timestamp.is_none()) else {
@@ -122,6 +125,17 @@ pub fn check(
     }
     if let Some(rejection) = outside_scope(account, agent) {
         return Err(rejection);
+    }
+    // Only the agent's own ServiceAccount is granted `impersonate` by the operator; a
+    // kubeconfig's identity (often another cluster's) must hold it already.
+    if let Some(target) = &account.spec.impersonate_service_account
+        && account.spec.credentials.type_ == CredentialsType::ServiceAccount
+        && !grants.impersonable(&namespace, &target.namespace, &target.name)
+    {
+        return Err(Rejection {
+            reason: "ImpersonationNotAllowed",
+            message: grants.impersonation_refusal(&namespace, &target.namespace, &target.name),
+        });
     }
     if let Some(secret_ref) = &account.spec.credentials.kubeconfig_secret_ref {
         let Some(secret) = kubeconfig else {
@@ -202,7 +216,13 @@ mod tests {
         let agent = agent("prod");
         let a = account("web", "prod");
         assert_eq!(
-            check(&a, Some(&agent), std::slice::from_ref(&a), None),
+            check(
+                &a,
+                Some(&agent),
+                std::slice::from_ref(&a),
+                None,
+                &Grants::default()
+            ),
             Ok(())
         );
     }
@@ -210,7 +230,7 @@ mod tests {
     #[test]
     fn rejects_unknown_agents_and_mode_mismatches() {
         let a = account("web", "prod");
-        let err = check(&a, None, &[], None).unwrap_err();
+        let err = check(&a, None, &[], None, &Grants::default()).unwrap_err();
         assert_eq!(err.reason, "AgentNotFound");
         assert!(
             err.message
@@ -220,16 +240,18 @@ mod tests {
         );
 
         let kc = kubeconfig_account("remote", "prod", "remote-kc");
-        let err = check(&kc, Some(&agent("prod")), &[], None).unwrap_err();
+        let err = check(&kc, Some(&agent("prod")), &[], None, &Grants::default()).unwrap_err();
         assert_eq!(err.reason, "CredentialsModeMismatch");
 
         let mut infra = agent("prod");
         infra.spec.mode = Mode::Infrastructure;
         assert_eq!(
-            check(&a, Some(&infra), &[], None).unwrap_err().reason,
+            check(&a, Some(&infra), &[], None, &Grants::default())
+                .unwrap_err()
+                .reason,
             "CredentialsModeMismatch"
         );
-        let err = check(&kc, Some(&infra), &[], None).unwrap_err();
+        let err = check(&kc, Some(&infra), &[], None, &Grants::default()).unwrap_err();
         assert_eq!(err.reason, "KubeconfigSecretNotFound");
         assert!(
             err.message.contains("Secret remote-kc not found"),
@@ -238,13 +260,16 @@ mod tests {
         );
         let mut secret = Secret::default();
         assert_eq!(
-            check(&kc, Some(&infra), &[], Some(&secret))
+            check(&kc, Some(&infra), &[], Some(&secret), &Grants::default())
                 .unwrap_err()
                 .reason,
             "KubeconfigKeyMissing"
         );
         secret.data = Some([("kubeconfig".to_string(), ByteString(b"x".to_vec()))].into());
-        assert_eq!(check(&kc, Some(&infra), &[], Some(&secret)), Ok(()));
+        assert_eq!(
+            check(&kc, Some(&infra), &[], Some(&secret), &Grants::default()),
+            Ok(())
+        );
     }
 
     #[test]
@@ -256,9 +281,12 @@ mod tests {
         .unwrap();
         let mut a = account("web", "prod");
         a.spec.namespaces = vec!["team-a".into()];
-        assert_eq!(check(&a, Some(&scoped), &[], None), Ok(()));
+        assert_eq!(
+            check(&a, Some(&scoped), &[], None, &Grants::default()),
+            Ok(())
+        );
         a.spec.namespaces = vec!["team-a".into(), "team-c".into()];
-        let err = check(&a, Some(&scoped), &[], None).unwrap_err();
+        let err = check(&a, Some(&scoped), &[], None, &Grants::default()).unwrap_err();
         assert_eq!(err.reason, "NamespaceOutOfScope");
         assert!(
             err.message.contains(
@@ -272,7 +300,10 @@ mod tests {
             err.message
         );
         // Cluster scope reaches every namespace.
-        assert_eq!(check(&a, Some(&agent("prod")), &[], None), Ok(()));
+        assert_eq!(
+            check(&a, Some(&agent("prod")), &[], None, &Grants::default()),
+            Ok(())
+        );
     }
 
     #[test]
@@ -282,13 +313,71 @@ mod tests {
         let mut second = created_at(account("web-2", "prod"), 200);
         second.spec.account_name = Some("web".into());
         let all = vec![first.clone(), second.clone()];
-        assert_eq!(check(&first, Some(&agent), &all, None), Ok(()));
-        let err = check(&second, Some(&agent), &all, None).unwrap_err();
+        assert_eq!(
+            check(&first, Some(&agent), &all, None, &Grants::default()),
+            Ok(())
+        );
+        let err = check(&second, Some(&agent), &all, None, &Grants::default()).unwrap_err();
         assert_eq!(err.reason, "DuplicateAccountName");
         assert!(
             err.message.contains("already used by AgentAccount ns/web"),
             "{}",
             err.message
         );
+    }
+
+    #[test]
+    fn impersonating_outside_the_own_namespace_needs_the_operator_allow_list() {
+        let agent = agent("prod");
+        let mut a = account("web", "prod");
+        a.spec.impersonate_service_account = Some(
+            serde_json::from_value(serde_json::json!({"namespace": "ns", "name": "deployer"}))
+                .unwrap(),
+        );
+        assert_eq!(
+            check(&a, Some(&agent), &[], None, &Grants::default()),
+            Ok(())
+        );
+        a.spec.impersonate_service_account = Some(
+            serde_json::from_value(
+                serde_json::json!({"namespace": "kube-system", "name": "replicaset-controller"}),
+            )
+            .unwrap(),
+        );
+        let err = check(&a, Some(&agent), &[], None, &Grants::default()).unwrap_err();
+        assert_eq!(err.reason, "ImpersonationNotAllowed");
+        assert!(
+            err.message
+                .contains("names kube-system/replicaset-controller")
+                && err.message.contains("--impersonable-service-accounts"),
+            "{}",
+            err.message
+        );
+        // A kubeconfig's identity impersonates, not the agent: not the operator's grant.
+        let mut remote = a.clone();
+        remote.spec.credentials = serde_json::from_value(serde_json::json!({
+            "type": "Kubeconfig",
+            "kubeconfigSecretRef": {"name": "remote-kc"}
+        }))
+        .unwrap();
+        let mut infra = agent.clone();
+        infra.spec.mode = Mode::Infrastructure;
+        let secret = Secret {
+            data: Some([("kubeconfig".to_string(), ByteString(b"x".to_vec()))].into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            check(
+                &remote,
+                Some(&infra),
+                &[],
+                Some(&secret),
+                &Grants::default()
+            ),
+            Ok(())
+        );
+        let listed =
+            Grants::parse(&[], &["kube-system/replicaset-controller".into()], None).unwrap();
+        assert_eq!(check(&a, Some(&agent), &[], None, &listed), Ok(()));
     }
 }

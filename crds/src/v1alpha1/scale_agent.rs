@@ -204,6 +204,44 @@ pub struct ScaleAgentSpec {
     /// factor^attempt), randomised by ± jitter.
     #[serde(default)]
     pub backoff: Backoff,
+
+    /// Serve the accounts the hub pushes (its dynamic accounts API). Each names a kubeconfig
+    /// Secret the agent reads with its own ServiceAccount and then acts with, which may reach
+    /// far beyond this agent's rights (another cluster's admin): off by default, and then
+    /// only for the Secrets listed. Reserved to the admin group by the admission policy. The
+    /// agent's ServiceAccount also needs `get` on those Secrets; the operator does not grant
+    /// it.
+    #[serde(default, skip_serializing_if = "DynamicAccounts::is_off")]
+    pub dynamic_accounts: DynamicAccounts,
+}
+
+/// Rendered into the agent config's `dynamicAccounts.*`.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct DynamicAccounts {
+    /// Serve the accounts the hub pushes. Off: each is reported to the hub as `FAILED`, with
+    /// the reason.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub enabled: bool,
+
+    /// The kubeconfig Secrets pushed accounts may name: `<namespace>/<name>`,
+    /// `<namespace>/*`, or `<name>` (this namespace). Others are refused before they are read.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 256),
+        inner(
+            length(min = 1, max = 317),
+            pattern(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?/)?([a-z0-9]([-a-z0-9.]*[a-z0-9])?)$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[*]$")
+        )
+    )]
+    pub kubeconfig_secrets: Vec<String>,
+}
+
+impl DynamicAccounts {
+    /// Off and with no Secrets: left out.
+    pub fn is_off(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 fn default_replicas() -> i32 {

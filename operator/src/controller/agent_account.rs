@@ -80,7 +80,13 @@ async fn reconcile_inner(account: &AgentAccount, ctx: &Context) -> Result<Action
             .map_err(kube_err(format!("get Secret {namespace}/{}", r.name)))?,
         None => None,
     };
-    let verdict = validate::check(account, agent.as_ref(), &all, kubeconfig.as_ref());
+    let verdict = validate::check(
+        account,
+        agent.as_ref(),
+        &all,
+        kubeconfig.as_ref(),
+        &ctx.config.grants,
+    );
     let agent_ready = agent
         .as_ref()
         .and_then(|a| a.status.as_ref())

@@ -92,6 +92,10 @@ pub struct Config {
     /// held in the cluster, for an identity the ScaleAgent chooses). Off by default: agents
     /// enrol with the hub (`spec.enrolment`).
     pub allow_operator_signed_certificates: bool,
+    /// Where agents may be given Roles and whom they may impersonate (see
+    /// [`crate::policy::Grants`]). Default: a ScaleAgent's own namespace only, never the
+    /// reserved namespaces.
+    pub grants: policy::Grants,
 }
 
 impl Default for Config {
@@ -105,6 +109,7 @@ impl Default for Config {
             watch_namespaces: WatchNamespaces::All,
             allowed_image_prefixes: policy::default_image_prefixes(),
             allow_operator_signed_certificates: false,
+            grants: policy::Grants::default(),
         }
     }
 }

@@ -217,11 +217,28 @@ async fn reconcile_rbac(
     let selector = desired::rbac_selector(agent);
     let agent_mode = agent.spec.mode == Mode::Agent;
     let want_cluster = agent_mode && agent.spec.scope.is_cluster();
-    let want_namespaces: BTreeSet<String> = if agent_mode && !want_cluster {
+    let own_namespace = agent.namespace().unwrap_or_default();
+    let mut want_namespaces: BTreeSet<String> = if agent_mode && !want_cluster {
         agent.spec.scope.namespaces.iter().cloned().collect()
     } else {
         BTreeSet::new()
     };
+    // Nothing outside the operator's allow list, whatever the CR's author may write: a Role
+    // there would hand the agent (and whoever drives it) that namespace's Secrets.
+    let refused: Vec<String> = want_namespaces
+        .iter()
+        .filter(|n| !ctx.config.grants.namespace_grantable(&own_namespace, n))
+        .cloned()
+        .collect();
+    if !refused.is_empty() {
+        let refused: Vec<&str> = refused.iter().map(String::as_str).collect();
+        problems.push(
+            ctx.config
+                .grants
+                .namespace_refusal(&own_namespace, &refused),
+        );
+        want_namespaces.retain(|n| !refused.contains(&n.as_str()));
+    }
     let cluster_roles = Api::<ClusterRole>::all(client.clone());
     let cluster_bindings = Api::<ClusterRoleBinding>::all(client.clone());
     if want_cluster {
@@ -265,7 +282,6 @@ async fn reconcile_rbac(
         .collect();
     // The right to write the hub's verdict into the status of exactly its own objects.
     let (status_role, status_binding) = desired::status_rbac(agent, accepted)?;
-    let own_namespace = agent.namespace().unwrap_or_default();
     let roles = Api::<Role>::namespaced(client.clone(), &own_namespace);
     let bindings = Api::<RoleBinding>::namespaced(client.clone(), &own_namespace);
     note(applied, apply(&roles, &status_role).await?.1, "Role");
@@ -377,7 +393,7 @@ async fn apply_agent(agent: &ScaleAgent, ctx: &Context) -> Result<Action> {
 
     let all_accounts = ctx.watched_accounts().await?;
     let secrets = Api::<Secret>::namespaced(ctx.client.clone(), &namespace);
-    let accepted = accepted_accounts(agent, &all_accounts, &secrets).await?;
+    let accepted = accepted_accounts(agent, &all_accounts, &secrets, &ctx.config.grants).await?;
 
     let certificate = plan_certificate(agent, ctx, &secrets, now, &mut problems).await?;
     // Stored first: a certificate the hub issued for a one-time token cannot be had again.
@@ -412,6 +428,7 @@ async fn accepted_accounts<'a>(
     agent: &ScaleAgent,
     all_accounts: &'a [AgentAccount],
     secrets: &Api<Secret>,
+    grants: &policy::Grants,
 ) -> Result<Vec<&'a AgentAccount>> {
     let namespace = agent.namespace().unwrap_or_default();
     let mut accepted: Vec<&AgentAccount> = Vec::new();
@@ -426,7 +443,15 @@ async fn accepted_accounts<'a>(
                 .map_err(kube_err(format!("get Secret {namespace}/{}", r.name)))?,
             None => None,
         };
-        if validate::check(account, Some(agent), all_accounts, kubeconfig.as_ref()).is_ok() {
+        if validate::check(
+            account,
+            Some(agent),
+            all_accounts,
+            kubeconfig.as_ref(),
+            grants,
+        )
+        .is_ok()
+        {
             accepted.push(account);
         }
     }

@@ -54,3 +54,16 @@ and Service select by them). Called with (list $ component-values selector-templ
 {{- $selector := include (index . 2) $root | fromYaml -}}
 {{- toYaml (merge $selector ($values.podLabels | default dict)) -}}
 {{- end -}}
+
+{{/*
+The admissionregistration.k8s.io version of ValidatingAdmissionPolicy the cluster serves:
+v1, else v1beta1, else empty (no policy; NOTES warns). `helm template` without a cluster
+knows neither unless given --api-versions.
+*/}}
+{{- define "scale-agent.policyApiVersion" -}}
+{{- if .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy" -}}
+v1
+{{- else if .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1beta1/ValidatingAdmissionPolicy" -}}
+v1beta1
+{{- end -}}
+{{- end }}
