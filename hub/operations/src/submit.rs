@@ -42,6 +42,9 @@ pub fn deadline_millis(d: Duration) -> i64 {
         .as_millisecond()
 }
 
+/// The least time left with which an operation is sent to an agent.
+const MIN_OPERATION: Duration = Duration::from_millis(scale_agent_proto::MIN_OPERATION_MILLIS);
+
 /// What to do after one attempt.
 enum Step {
     /// The operation's answer, with its HTTP code.
@@ -105,6 +108,29 @@ impl Submission<'_> {
         };
         let status = Status::new(503, "ServiceUnavailable", message);
         (503, self.hub_made(State::NoAgent, false, status, attempts))
+    }
+
+    /// The deadline leaves less than an operation needs to reach the cluster
+    /// (`scale_agent_proto::MIN_OPERATION_MILLIS`): nothing is sent, so the answer is 504
+    /// with `executed: false`, a retry with more time being safe. `None` while there is time
+    /// enough.
+    fn too_late(&self, attempts: usize) -> Option<(u16, OperationResponse)> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left >= MIN_OPERATION {
+            return None;
+        }
+        let message = format!(
+            "the {} operation's deadline ({:.3} s) left {} ms when it was to be sent to an \
+             agent of account {}, less than the {} ms it needs to reach the cluster: it was \
+             not sent and did not run, so retrying it is safe (with a longer timeoutSeconds)",
+            self.kind,
+            self.timeout.as_secs_f64(),
+            left.as_millis(),
+            self.account,
+            MIN_OPERATION.as_millis(),
+        );
+        let status = Status::new(504, "Timeout", message);
+        Some((504, self.hub_made(State::TimedOut, false, status, attempts)))
     }
 
     /// The replica left (or the attempt was dropped) before answering: resend when safe.
@@ -232,6 +258,9 @@ impl Submission<'_> {
                 }
                 break self.no_agent(&notes, attempts);
             };
+            if let Some(answer) = self.too_late(attempts) {
+                break fallback.take().unwrap_or(answer);
+            }
             tried.push(session);
             let running = OperationResponse::running(self.subject(), &replica, tried.len());
             self.driver
