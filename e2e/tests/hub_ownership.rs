@@ -728,6 +728,93 @@ async fn three_replicas_one_killed_every_account_streams_again_without_relisting
     let _ = std::fs::remove_dir_all(&root);
 }
 
+/// Submits a json patch under client id `id` to the hub at `addr` (the API token of the
+/// tests' hubs) and waits for its result: (status, body as JSON).
+async fn patch_with_id(
+    addr: std::net::SocketAddr,
+    account: &str,
+    id: &str,
+) -> (u16, serde_json::Value) {
+    let body = serde_json::json!({
+        "type": "patch", "id": id, "kind": "ConfigMap", "namespace": "default", "name": "two",
+        "patchType": "json", "patch": [{"op": "add", "path": "/data/n", "value": "1"}],
+    });
+    let url = format!("http://{addr}/api/v1/accounts/{account}/operations");
+    let mut call = Call::new("POST", url)
+        .bearer(scale_agent_e2e::fixtures::API_TOKEN)
+        .header("content-type", "application/json")
+        .timeout(wait::WAIT);
+    call.body = Some(body.to_string().into_bytes());
+    let response = call.send().await.unwrap();
+    (response.status, response.json_or_null())
+}
+
+/// Client ids are claimed in the shared store (issue 29): an operation with a client id
+/// finishes through its owner, the owner is killed (SIGKILL), the account streams on the
+/// other replica, and the same id retried there answers the first outcome without reaching
+/// the agent again, so a retried json patch does not run twice. (That a new id does reach
+/// the agent through another replica is `three_replicas_one_killed_...`.)
+#[tokio::test]
+async fn a_client_id_retried_on_another_replica_after_the_owner_died_runs_once() {
+    let server = PostgresServer::start().await.unwrap();
+    let (root, mut hubs) = hub_processes(&server, "client-ids", 2, &[]).await;
+    let mut owner_agent = MiniAgent::connect_to(hubs[0].grpc, "pod-0").await;
+    owner_agent.register_streaming("a0").await;
+    owner_agent.snapshot("a0", "100").await;
+    let mut standby = MiniAgent::connect_to(hubs[1].grpc, "pod-1").await;
+    standby.register("a0").await;
+    assert_eq!(standby.role().await, Role::Standby);
+
+    let submit = tokio::spawn({
+        let addr = hubs[0].http;
+        async move { patch_with_id(addr, "a0", "deploy-42").await }
+    });
+    owner_agent.run_operation("pod-0").await;
+    let (code, first) = submit.await.unwrap();
+    assert_eq!(code, 200, "{first}");
+    assert_eq!(first["state"], "succeeded", "{first}");
+    let sql = postgres::connect(&server.superuser_url()).await.unwrap();
+    let stored: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM operation_records WHERE account = 'a0' AND id = 'deploy-42'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(stored, 1, "the claim is in the shared store");
+
+    hubs[0].kill();
+    let promoted = tokio::time::timeout(WAIT, standby.assignment())
+        .await
+        .expect("a0 streams again on hub-1");
+    assert_eq!(Role::try_from(promoted.role).unwrap(), Role::Streaming);
+
+    // The retry on hub-1: the first outcome, and nothing reaches the agent.
+    let (code, again) = patch_with_id(hubs[1].http, "a0", "deploy-42").await;
+    assert_eq!(code, 200, "{again}");
+    assert_eq!(again["state"], "succeeded", "{again}");
+    assert_eq!(again["id"], "deploy-42", "{again}");
+    assert_eq!(again["replica"], first["replica"], "{again}");
+    // Whatever the agent hears next (the mini agent sends no heartbeats, so the hub ends
+    // its stream after two periods), it is no operation.
+    let sent = tokio::time::timeout(
+        Duration::from_secs(3),
+        standby.next(|kind| match kind {
+            Out::Operation(op) => Some(op),
+            _ => None,
+        }),
+    )
+    .await;
+    assert!(
+        !matches!(sent, Ok(Ok(_))),
+        "the retried id reached the agent: {sent:?}"
+    );
+    drop((owner_agent, standby));
+    drop(hubs);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
 // ------------------------------------------------ Clouddriver registration with replicas
 
 /// The replica holding the Clouddriver registrar's lock, as PostgreSQL sees it.
