@@ -815,6 +815,85 @@ async fn a_client_id_retried_on_another_replica_after_the_owner_died_runs_once()
     let _ = std::fs::remove_dir_all(&root);
 }
 
+/// A frozen owner (SIGSTOP: its sockets stay open and its kernel still answers TCP) loses
+/// its accounts when its lock session's lease ends (issue 29): PostgreSQL ends the silent
+/// session, the other replica takes the account with the next epoch and promotes its
+/// standby, from the stored resume point, within 30 s; after SIGCONT the old owner finds its
+/// lease gone and ends the stream it served; the ownership history never overlaps.
+#[tokio::test]
+async fn a_frozen_owner_loses_its_accounts_within_the_lease() {
+    let server = PostgresServer::start().await.unwrap();
+    let (root, hubs) = hub_processes(&server, "frozen", 2, &[]).await;
+    // Agents that ask for a long heartbeat period: they stay connected while silent.
+    let mut owner_agent = MiniAgent::connect_asking(hubs[0].grpc, "pod-0", 60).await;
+    owner_agent.register_streaming("a0").await;
+    owner_agent.snapshot("a0", "100").await;
+    let mut standby = MiniAgent::connect_asking(hubs[1].grpc, "pod-1", 60).await;
+    standby.register("a0").await;
+    assert_eq!(standby.role().await, Role::Standby);
+    let sql = postgres::connect(&server.superuser_url()).await.unwrap();
+    assert_eq!(
+        owner_row(&sql, "a0").await.map(|o| o.0).as_deref(),
+        Some("hub-0")
+    );
+
+    let pid = hubs[0].pid().expect("hub-0 runs");
+    scale_agent_e2e::process::send_signal(pid, libc::SIGSTOP);
+    let frozen_at = std::time::Instant::now();
+    let promoted = tokio::time::timeout(Duration::from_secs(60), standby.assignment())
+        .await
+        .expect("a0 streams again on hub-1 while hub-0 is frozen");
+    let took = frozen_at.elapsed();
+    eprintln!("a0 streamed again {took:?} after hub-0 was frozen");
+    assert_eq!(Role::try_from(promoted.role).unwrap(), Role::Streaming);
+    assert_eq!(
+        promoted
+            .resume_points
+            .iter()
+            .map(|r| r.resource_version.as_str())
+            .collect::<Vec<_>>(),
+        ["100"],
+        "resumed, not relisted: {promoted:?}"
+    );
+    assert!(took <= Duration::from_secs(30), "taken over after {took:?}");
+    assert_eq!(
+        owner_row(&sql, "a0").await.map(|o| o.0).as_deref(),
+        Some("hub-1")
+    );
+
+    // Thawed, hub-0 finds its lease gone and stops serving a0 at once.
+    scale_agent_e2e::process::send_signal(pid, libc::SIGCONT);
+    let thawed_at = std::time::Instant::now();
+    let ended = owner_agent.next(|_| None::<()>).await.unwrap_err();
+    eprintln!(
+        "hub-0 ended a0's stream {:?} after SIGCONT: {ended:?}",
+        thawed_at.elapsed()
+    );
+    assert!(ended.message().contains("lost the ownership"), "{ended:?}");
+    assert!(
+        thawed_at.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        thawed_at.elapsed()
+    );
+    let tenures = history(&sql, "a0").await;
+    assert_no_overlap("a0", &tenures);
+    assert_eq!(
+        tenures
+            .iter()
+            .map(|t| t.replica.as_str())
+            .collect::<Vec<_>>(),
+        ["hub-0", "hub-1"]
+    );
+    assert_eq!(
+        owner_row(&sql, "a0").await.map(|o| o.0).as_deref(),
+        Some("hub-1"),
+        "hub-0 took nothing back"
+    );
+    drop((owner_agent, standby));
+    drop(hubs);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
 // ------------------------------------------------ Clouddriver registration with replicas
 
 /// The replica holding the Clouddriver registrar's lock, as PostgreSQL sees it.
