@@ -2014,6 +2014,21 @@ async fn degraded_reads_carry_a_warning_and_writes_say_why_not() -> anyhow::Resu
         write.messages()
     );
 
+    // The account's state says the same.
+    let account_path = format!("/api/v1/accounts/{}", setup.account);
+    let view = setup
+        .hub
+        .api("GET", &account_path)
+        .send()
+        .await?
+        .json_or_null();
+    assert!(
+        view["cacheStale"]
+            .as_str()
+            .is_some_and(|s| s.contains("volume is full")),
+        "{view}"
+    );
+
     // The store recovers: nothing lost, no warning.
     setup.hub.hub.set_store_commit_hook(None).await;
     let recovered = get_until(
@@ -2024,6 +2039,13 @@ async fn degraded_reads_carry_a_warning_and_writes_say_why_not() -> anyhow::Resu
     )
     .await?;
     assert_eq!(recovered.header("x-scale-agent-cache-age"), None);
+    let view = setup
+        .hub
+        .api("GET", &account_path)
+        .send()
+        .await?
+        .json_or_null();
+    assert_eq!(view["cacheStale"], Value::Null, "{view}");
 
     // 2. The agent goes away: reads from the held cache, flagged; writes 503.
     if let Some(agent) = setup.agent.take() {
