@@ -894,6 +894,105 @@ async fn a_frozen_owner_loses_its_accounts_within_the_lease() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
+/// A replica cut off from PostgreSQL by a silent partition (issue 29; a relay that stops
+/// relaying without closing anything, as dropped packets do): its heartbeat on the lock
+/// session fails, so it ends the streams of the accounts it owned, before PostgreSQL ends
+/// the silent session and the other replica takes them over; the ownership history never
+/// overlaps, and after the partition heals the account stays with its new owner.
+#[tokio::test]
+async fn a_replica_partitioned_from_postgres_stops_serving_before_another_takes_over() {
+    let server = PostgresServer::start().await.unwrap();
+    let relay = scale_agent_e2e::relay::Relay::start(
+        format!("127.0.0.1:{}", server.port()).parse().unwrap(),
+    )
+    .await
+    .unwrap();
+    let root =
+        std::env::temp_dir().join(format!("scale-agent-e2e-partition-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    let secret_file = root.join("replica-secret");
+    std::fs::write(&secret_file, SECRET).unwrap();
+    let mut hubs = Vec::new();
+    for i in 0..2 {
+        // hub-0 reaches PostgreSQL through the relay.
+        let url = if i == 0 {
+            server.url().replace(
+                &format!("127.0.0.1:{}", server.port()),
+                &relay.addr().to_string(),
+            )
+        } else {
+            server.url()
+        };
+        let url_file = root.join(format!("postgres-url-{i}"));
+        std::fs::write(&url_file, url).unwrap();
+        let flags = [
+            "--store=postgres".to_string(),
+            format!("--postgres-url-file={}", url_file.display()),
+            format!("--replica-id=hub-{i}"),
+            "--replica-address=http://{http}".to_string(),
+            format!("--replica-secret-file={}", secret_file.display()),
+            format!("--replica-sync-period={}ms", SYNC.as_millis()),
+        ];
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        hubs.push(
+            scale_agent_e2e::fleet::HubProcess::start(&root.join(format!("hub-{i}")), &flags)
+                .await
+                .unwrap(),
+        );
+    }
+    let mut owner_agent = MiniAgent::connect_asking(hubs[0].grpc, "pod-0", 60).await;
+    owner_agent.register_streaming("a0").await;
+    owner_agent.snapshot("a0", "100").await;
+    let mut standby = MiniAgent::connect_asking(hubs[1].grpc, "pod-1", 60).await;
+    standby.register("a0").await;
+    assert_eq!(standby.role().await, Role::Standby);
+    let sql = postgres::connect(&server.superuser_url()).await.unwrap();
+    assert_eq!(
+        owner_row(&sql, "a0").await.map(|o| o.0).as_deref(),
+        Some("hub-0")
+    );
+
+    relay.blackhole();
+    let partitioned_at = std::time::Instant::now();
+    let ended = owner_agent.next(|_| None::<()>).await.unwrap_err();
+    let stopped = partitioned_at.elapsed();
+    eprintln!("hub-0 ended a0's stream {stopped:?} into the partition: {ended:?}");
+    assert!(ended.message().contains("lost the ownership"), "{ended:?}");
+    let promoted = tokio::time::timeout(Duration::from_secs(60), standby.assignment())
+        .await
+        .expect("a0 streams again on hub-1");
+    let taken = partitioned_at.elapsed();
+    eprintln!("a0 streamed again on hub-1 {taken:?} into the partition");
+    assert_eq!(Role::try_from(promoted.role).unwrap(), Role::Streaming);
+    assert!(
+        stopped < taken,
+        "the old owner stopped ({stopped:?}) after the new one took over ({taken:?})"
+    );
+    assert!(taken <= Duration::from_secs(30), "{taken:?}");
+    let tenures = history(&sql, "a0").await;
+    assert_no_overlap("a0", &tenures);
+    assert_eq!(
+        tenures
+            .iter()
+            .map(|t| t.replica.as_str())
+            .collect::<Vec<_>>(),
+        ["hub-0", "hub-1"]
+    );
+
+    // The partition heals: the account stays with hub-1.
+    relay.restore();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        owner_row(&sql, "a0").await.map(|o| o.0).as_deref(),
+        Some("hub-1")
+    );
+    drop((owner_agent, standby));
+    drop(hubs);
+    drop(relay);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
 // ------------------------------------------------ Clouddriver registration with replicas
 
 /// The replica holding the Clouddriver registrar's lock, as PostgreSQL sees it.

@@ -70,6 +70,10 @@ pub struct PostgresOwnership {
     /// The accounts owned, with their epochs.
     owned: std::sync::Arc<Mutex<BTreeMap<String, i64>>>,
     losses: watch::Sender<u64>,
+    /// Bumped by the heartbeat to end the lock connection at once, even while a statement
+    /// on it hangs (a partition): its task drops the connection, which fails what waits on
+    /// it and frees the connection's lock.
+    give_up: watch::Sender<u64>,
 }
 
 impl PostgresOwnership {
@@ -97,15 +101,17 @@ impl PostgresOwnership {
             lock_connection: Default::default(),
             owned: Default::default(),
             losses: watch::Sender::new(0),
+            give_up: watch::Sender::new(0),
         };
         let mut connection = ownership.lock_connection.lock().await;
         let mut client = ownership.open().await?;
         scale_agent_hub_store::postgres::migrate(&mut client).await?;
         *connection = Some(client);
         drop(connection);
-        tokio::spawn(heartbeat(std::sync::Arc::downgrade(
-            &ownership.lock_connection,
-        )));
+        tokio::spawn(heartbeat(
+            std::sync::Arc::downgrade(&ownership.lock_connection),
+            ownership.give_up.clone(),
+        ));
         Ok(ownership)
     }
 
@@ -118,9 +124,16 @@ impl PostgresOwnership {
         let (client, connection) = self.target.connect_raw(&self.location).await?;
         let owned = self.owned.clone();
         let losses = self.losses.clone();
+        let mut give_up = self.give_up.subscribe();
+        give_up.borrow_and_update();
         tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::warn!(error = %Chain(&error), "the ownership connection to PostgreSQL broke");
+            tokio::select! {
+                ended = connection => {
+                    if let Err(error) = ended {
+                        tracing::warn!(error = %Chain(&error), "the ownership connection to PostgreSQL broke");
+                    }
+                }
+                _ = give_up.changed() => {}
             }
             let lost = std::mem::take(&mut *owned.lock().unwrap_or_else(|e| e.into_inner()));
             if !lost.is_empty() {
@@ -240,7 +253,10 @@ impl PostgresOwnership {
 /// session (every lock) up when it cannot, or when it was silent past [`LEASE`] (the process
 /// was stopped): PostgreSQL has ended it, or will, and another replica may own the accounts
 /// now. Ends with the ownership.
-async fn heartbeat(slot: std::sync::Weak<tokio::sync::Mutex<Option<Client>>>) {
+async fn heartbeat(
+    slot: std::sync::Weak<tokio::sync::Mutex<Option<Client>>>,
+    give_up: watch::Sender<u64>,
+) {
     let mut last_ok = std::time::Instant::now();
     let mut tick = tokio::time::interval(HEARTBEAT);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -249,7 +265,19 @@ async fn heartbeat(slot: std::sync::Weak<tokio::sync::Mutex<Option<Client>>>) {
         let Some(slot) = slot.upgrade() else {
             return;
         };
-        let mut connection = slot.lock().await;
+        // A statement hanging on the session (a partition) holds it: that is a failed
+        // heartbeat too, and ending the connection fails the statement.
+        let Ok(mut connection) = tokio::time::timeout(HEARTBEAT_TIMEOUT, slot.lock()).await else {
+            tracing::warn!(
+                "the ownership heartbeat failed: a statement on the lock session has hung for \
+                 {} s; giving the session up, so this replica stops serving the accounts it \
+                 owned before PostgreSQL can give them to another",
+                HEARTBEAT_TIMEOUT.as_secs()
+            );
+            give_up.send_modify(|n| *n += 1);
+            last_ok = std::time::Instant::now();
+            continue;
+        };
         let Some(client) = connection.as_ref().filter(|c| !c.is_closed()) else {
             last_ok = std::time::Instant::now();
             continue;
@@ -276,7 +304,8 @@ async fn heartbeat(slot: std::sync::Weak<tokio::sync::Mutex<Option<Client>>>) {
             Ok(()) => last_ok = std::time::Instant::now(),
             Err(why) => {
                 tracing::warn!(%why, "the ownership heartbeat failed: giving up the lock session, so this replica stops serving the accounts it owned before PostgreSQL can give them to another");
-                // Dropping the client ends the connection; its task reports the losses.
+                // Ending the connection's task drops it; the task reports the losses.
+                give_up.send_modify(|n| *n += 1);
                 *connection = None;
                 last_ok = std::time::Instant::now();
             }
