@@ -22,35 +22,40 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .with_state(shared)
 }
 
-/// 200 when the agent itself works (every account's credentials loaded and its API server
-/// answered), whether or not the hub is reachable: the hub's state is in the body, on
-/// `/accounts` and in `scale_agent_agent_hub_connected`, not in the pod's readiness.
+/// 200 when the agent itself works (no account, or at least one account's credentials
+/// loaded and its API server answered), whether or not the hub is reachable: the hub's
+/// state and the failing accounts are in the body, on `/accounts`, in
+/// `scale_agent_agent_hub_connected` and `scale_agent_agent_account_ready`, not in the pod's
+/// readiness.
 async fn readyz(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
     let view = shared.view();
+    let waiting = view.not_prepared();
     if view.ready() {
-        let body = if view.hub_connected {
+        let mut notes = Vec::new();
+        if !view.hub_connected {
+            notes.push(format!(
+                "not connected to the hub at {}: see /accounts and scale_agent_agent_hub_connected",
+                view.hub
+            ));
+        }
+        if !waiting.is_empty() {
+            notes.push(format!(
+                "accounts not served, retried with backoff: {}; see /accounts and \
+                 scale_agent_agent_account_ready",
+                waiting.join(", ")
+            ));
+        }
+        let body = if notes.is_empty() {
             "ready".to_string()
         } else {
-            format!(
-                "ready (not connected to the hub at {}: see /accounts and scale_agent_agent_hub_connected)",
-                view.hub
-            )
+            format!("ready ({})", notes.join("; "))
         };
         return (StatusCode::OK, body);
     }
-    let waiting: Vec<String> = view
-        .accounts
-        .iter()
-        .filter(|a| !a.prepared)
-        .map(|a| match &a.error {
-            Some(error) => format!("{} ({error})", a.name),
-            None => a.name.clone(),
-        })
-        .collect();
     (
         StatusCode::SERVICE_UNAVAILABLE,
         format!(
-            "accounts whose credentials are not loaded yet: {}",
+            "no account's credentials are loaded yet: {}",
             waiting.join(", ")
         ),
     )

@@ -74,6 +74,9 @@ pub struct Metrics {
     pub account_streaming: Family<AccountLabels, Gauge>,
     /// Watches per account and state, refreshed from the admin view when scraped.
     pub watches: Family<WatchStateLabels, Gauge>,
+    /// 1 when the account's credentials are loaded and its API server answered, 0 while
+    /// not (the reason on `/accounts`); refreshed from the admin view when scraped.
+    pub account_ready: Family<AccountLabels, Gauge>,
     /// Config file reloads that changed the config.
     pub config_reloads: Counter,
     /// Config file problems: a change that does not parse or validate, a file that went
@@ -113,6 +116,7 @@ impl Metrics {
             account_rejected: Family::default(),
             account_streaming: Family::default(),
             watches: Family::default(),
+            account_ready: Family::default(),
             config_reloads: Counter::default(),
             config_errors: Counter::default(),
             operations: Family::default(),
@@ -187,6 +191,12 @@ impl Metrics {
                 "scale_agent_agent_reconnects",
                 "Streams to the hub opened after the first",
                 metrics.reconnects.clone(),
+            );
+            r.register(
+                "scale_agent_agent_account_ready",
+                "1 when the account's credentials are loaded and its API server answered, 0 \
+                 while not (the agent stays Ready while at least one account is)",
+                metrics.account_ready.clone(),
             );
             r.register(
                 "scale_agent_agent_hub_connected",

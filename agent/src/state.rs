@@ -98,6 +98,12 @@ impl AccountView {
         }
     }
 
+    /// Its credentials or its API server failed the last attempt to prepare it (retried
+    /// with backoff): the agent serves its other accounts meanwhile.
+    pub fn failing(&self) -> bool {
+        !self.prepared && self.error.is_some()
+    }
+
     /// Registered and answered, with a streaming account's kinds all started.
     fn synced(&self) -> bool {
         match self.role.as_str() {
@@ -159,13 +165,29 @@ pub struct AgentView {
 }
 
 impl AgentView {
-    /// What `/readyz` answers: the agent itself works, that is every account's credentials
-    /// are loaded and its API server answered. The hub is not part of it: a hub outage must
-    /// not turn every agent pod in the fleet NotReady (and stall their rollouts); the hub
-    /// connection shows in `hub_connected`, the `scale_agent_agent_hub_connected` metric and
-    /// the `Connected` condition the status writer keeps.
+    /// What `/readyz` answers: the agent itself works, that is it has no account or at least
+    /// one account's credentials are loaded and its API server answered. One unreachable
+    /// target cluster must not make an agent serving many accounts NotReady (a rollout
+    /// rolled back, a page for the others); the failing account shows on `/accounts`, in
+    /// `scale_agent_agent_account_ready` and in its AgentAccount's `Connected` condition
+    /// ([`AccountView::failing`]). The hub is not part of it either: a hub outage must not
+    /// turn every agent pod in the fleet NotReady; the hub connection shows in
+    /// `hub_connected`, the `scale_agent_agent_hub_connected` metric and the `Connected`
+    /// condition the status writer keeps.
     pub fn ready(&self) -> bool {
-        self.accounts.iter().all(|a| a.prepared)
+        self.accounts.is_empty() || self.accounts.iter().any(|a| a.prepared)
+    }
+
+    /// The accounts not prepared yet, each with its last error: what `/readyz` lists.
+    pub fn not_prepared(&self) -> Vec<String> {
+        self.accounts
+            .iter()
+            .filter(|a| !a.prepared)
+            .map(|a| match &a.error {
+                Some(error) => format!("{} ({error})", a.name),
+                None => a.name.clone(),
+            })
+            .collect()
     }
 
     /// Connected to the hub and every account answered, with a streaming account's kinds
@@ -228,7 +250,14 @@ impl Shared {
         let view = self.view();
         let watches = &self.metrics.watches;
         watches.clear();
+        let account_ready = &self.metrics.account_ready;
+        account_ready.clear();
         for account in &view.accounts {
+            account_ready
+                .get_or_create(&crate::metrics::AccountLabels {
+                    account: account.name.clone(),
+                })
+                .set(i64::from(account.prepared));
             for state in [
                 KindState::Starting,
                 KindState::Watching,
@@ -393,5 +422,35 @@ mod tests {
         assert!(shared.view().ready(), "kinds starting is the hub's stream");
         shared.update(|v| v.hub_connected = false);
         assert!(shared.view().ready(), "hub gone: still ready");
+    }
+
+    /// One unreachable target cluster must not make an agent serving many accounts
+    /// NotReady: ready while at least one account works, the failing one reported.
+    #[test]
+    fn ready_while_at_least_one_account_works() {
+        let shared = Shared::new();
+        shared.update_account("good", |_| {});
+        shared.update_account("bad", |a| a.error = Some("connection refused".into()));
+        assert!(!shared.view().ready(), "no account prepared yet");
+        assert_eq!(
+            shared.view().not_prepared(),
+            vec!["bad (connection refused)".to_string(), "good".to_string()]
+        );
+        shared.update_account("good", |a| a.prepared = true);
+        let view = shared.view();
+        assert!(view.ready(), "one account works");
+        assert!(view.account("bad").is_some_and(AccountView::failing));
+        assert!(!view.account("good").is_some_and(AccountView::failing));
+        let metrics = shared.encode_metrics();
+        assert!(
+            metrics.contains(r#"scale_agent_agent_account_ready{account="bad"} 0"#),
+            "{metrics}"
+        );
+        assert!(
+            metrics.contains(r#"scale_agent_agent_account_ready{account="good"} 1"#),
+            "{metrics}"
+        );
+        shared.update_account("good", |a| a.prepared = false);
+        assert!(!shared.view().ready(), "every account failing");
     }
 }

@@ -39,8 +39,8 @@ use scale_agent_crds::{
     AGENT_FIELD_MANAGER, API_VERSION, AgentAccount, ScaleAgent,
     agent_config::AgentConfig,
     conditions::{
-        CONNECTED, REASON_HUB_UNREACHABLE, REASON_REJECTED, REASON_STREAMING, STATUS_FALSE,
-        STATUS_TRUE,
+        CONNECTED, REASON_ACCOUNT_FAILING, REASON_HUB_UNREACHABLE, REASON_REJECTED,
+        REASON_STREAMING, STATUS_FALSE, STATUS_TRUE,
     },
     v1alpha1::{AccountHubStatus, ForbiddenKind},
 };
@@ -183,6 +183,22 @@ pub fn account_desired(
                 .rejection_reason
                 .clone()
                 .unwrap_or_else(|| "the hub rejected the account".into()),
+            fields: fields(&hub),
+            authoritative: true,
+        });
+    }
+    if account.failing() {
+        // Every replica serves the same cluster with the same credentials, so each may say
+        // so; the hub never hears of the account meanwhile (it is not registered).
+        return Some(Desired {
+            status: STATUS_FALSE,
+            reason: REASON_ACCOUNT_FAILING,
+            message: format!(
+                "replica {} cannot serve the account (retried with backoff; the agent's other \
+                 accounts are served): {}",
+                view.replica,
+                account.error.as_deref().unwrap_or("no answer")
+            ),
             fields: fields(&hub),
             authoritative: true,
         });
@@ -590,6 +606,26 @@ mod tests {
         let d = account_desired(&view(true), &rejected, None, None).unwrap();
         assert_eq!((d.status, d.reason), (STATUS_FALSE, REASON_REJECTED));
         assert!(d.message.contains("https://a"), "{}", d.message);
+    }
+
+    /// An account the agent cannot prepare (unreachable target cluster) is reported on its
+    /// own AgentAccount, whatever the hub connection; once it is served again the streaming
+    /// replica's verdict replaces it.
+    #[test]
+    fn a_failing_account_says_why_on_its_own_object() {
+        let mut failing = AccountView::new("prod");
+        failing.error = Some("cannot reach https://10.0.0.1:6443: connection refused".into());
+        for connected in [true, false] {
+            let d = account_desired(&view(connected), &failing, None, None).unwrap();
+            assert_eq!((d.status, d.reason), (STATUS_FALSE, REASON_ACCOUNT_FAILING));
+            assert!(d.message.contains("connection refused"), "{}", d.message);
+            assert!(d.message.contains("pod-a"), "{}", d.message);
+            assert!(d.authoritative);
+        }
+        let spoke = account_desired(&view(true), &failing, None, None).unwrap();
+        let served =
+            account_desired(&view(true), &account(ROLE_STREAMING), Some(&spoke), None).unwrap();
+        assert_eq!(served.reason, REASON_STREAMING);
     }
 
     #[test]

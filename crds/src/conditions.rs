@@ -21,7 +21,7 @@ pub const ACCEPTED: &str = "Accepted";
 
 /// Written by the agent, not the operator: the hub's verdict on an `AgentAccount` (or, on a
 /// `ScaleAgent`, whether any replica reaches the hub). Reasons: [`REASON_STREAMING`],
-/// [`REASON_REJECTED`], [`REASON_HUB_UNREACHABLE`], `Standby` (a replica the hub moved the
+/// [`REASON_REJECTED`], [`REASON_HUB_UNREACHABLE`], [`REASON_ACCOUNT_FAILING`], `Standby` (a replica the hub moved the
 /// account's stream away from says so once; the streaming one speaks for the account) and
 /// `Connected` on a ScaleAgent.
 pub const CONNECTED: &str = "Connected";
@@ -31,6 +31,9 @@ pub const REASON_STREAMING: &str = "Streaming";
 pub const REASON_REJECTED: &str = "Rejected";
 /// The agent cannot reach the hub; the message is the last error.
 pub const REASON_HUB_UNREACHABLE: &str = "HubUnreachable";
+/// The agent cannot load the account's credentials or reach its API server (retried with
+/// backoff); the message is the last error. The agent stays Ready for its other accounts.
+pub const REASON_ACCOUNT_FAILING: &str = "AccountFailing";
 
 /// The condition types the operator writes; every other condition belongs to the agent.
 pub const OPERATOR_CONDITIONS: &[&str] =

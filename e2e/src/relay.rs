@@ -1,7 +1,9 @@
 //! A TCP relay on loopback that a test can cut, to stage a network outage between one agent
 //! and its hub while both processes keep running: [`Relay::cut`] closes every relayed
 //! connection and refuses new ones (accepted, then closed at once, as a failing load
-//! balancer does) until [`Relay::restore`]. [`Balancer`] stands in front of several
+//! balancer does) until [`Relay::restore`]. [`Relay::blackhole`] is a silent partition
+//! instead: nothing is relayed any more but no connection is closed, and new ones are
+//! accepted and never answered, as when packets are dropped on the way. [`Balancer`] stands in front of several
 //! targets, as a Kubernetes Service in front of a Deployment's pods; [`TlsFront`] terminates
 //! TLS in front of a plaintext listener.
 
@@ -25,6 +27,8 @@ pub struct Relay {
     open: Arc<AtomicBool>,
     /// Bumped by each cut; every relayed connection ends when it changes.
     cuts: watch::Sender<u64>,
+    /// True while partitioned silently ([`Relay::blackhole`]).
+    silent: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
 
@@ -35,11 +39,19 @@ impl Relay {
         let addr = listener.local_addr()?;
         let open = Arc::new(AtomicBool::new(true));
         let (cuts, _) = watch::channel(0u64);
-        let task = tokio::spawn(accept(listener, target, open.clone(), cuts.clone()));
+        let (silent, _) = watch::channel(false);
+        let task = tokio::spawn(accept(
+            listener,
+            target,
+            open.clone(),
+            cuts.clone(),
+            silent.clone(),
+        ));
         Ok(Relay {
             addr,
             open,
             cuts,
+            silent,
             task,
         })
     }
@@ -55,9 +67,20 @@ impl Relay {
         self.cuts.send_modify(|n| *n += 1);
     }
 
-    /// Relays new connections again.
+    /// Relays new connections again (after a blackhole: closes the connections it held, as
+    /// TCP gives up on the far side of a healed partition).
     pub fn restore(&self) {
+        if *self.silent.borrow() {
+            self.cuts.send_modify(|n| *n += 1);
+        }
+        self.silent.send_replace(false);
         self.open.store(true, Ordering::SeqCst);
+    }
+
+    /// A silent partition: stops relaying bytes either way without closing anything, and
+    /// holds new connections unanswered, until [`Self::restore`] or [`Self::cut`].
+    pub fn blackhole(&self) {
+        self.silent.send_replace(true);
     }
 }
 
@@ -73,6 +96,7 @@ async fn accept(
     target: SocketAddr,
     open: Arc<AtomicBool>,
     cuts: watch::Sender<u64>,
+    silent: watch::Sender<bool>,
 ) {
     while let Ok((client, _)) = listener.accept().await {
         if !open.load(Ordering::SeqCst) {
@@ -80,14 +104,26 @@ async fn accept(
             continue;
         }
         let mut cut = cuts.subscribe();
+        let mut quiet = silent.subscribe();
         tokio::spawn(async move {
+            let mut client = client;
+            let silent_now = *quiet.borrow_and_update();
+            if silent_now {
+                // Accepted, never answered, until the partition ends.
+                let _ = cut.changed().await;
+                return;
+            }
             let Ok(mut server) = TcpStream::connect(target).await else {
                 return;
             };
-            let mut client = client;
-            tokio::select! {
-                _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
-                _ = cut.changed() => {}
+            let partitioned = tokio::select! {
+                _ = tokio::io::copy_bidirectional(&mut client, &mut server) => false,
+                _ = cut.changed() => false,
+                result = quiet.wait_for(|silent| *silent) => result.is_ok(),
+            };
+            if partitioned {
+                // Both sockets stay open and silent until the partition ends.
+                let _ = cut.changed().await;
             }
             // Dropping both ends closes them: each side sees its connection end.
         });

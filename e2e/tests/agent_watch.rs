@@ -1443,6 +1443,106 @@ async fn readiness_does_not_depend_on_the_hub() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One unreachable target cluster must not make an agent serving many accounts NotReady:
+/// with one account's API server unreachable and another's working, `/readyz` answers 200
+/// naming the failing account, the working one streams to the hub, and the failing one is
+/// reported on `/accounts` (its error) and in `scale_agent_agent_account_ready`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_while_one_account_of_two_works() -> anyhow::Result<()> {
+    let s = setup("readyz-one-of-two", &["configmaps"]).await?;
+    // The same identity, but a server where nothing listens.
+    let nobody = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let unreachable = s.dir.join("unreachable-kubeconfig");
+    let text = std::fs::read_to_string(&s.kubeconfig)?;
+    let rewritten: String = text
+        .lines()
+        .map(|line| match line.split_once("server:") {
+            Some((indent, _)) => format!("{indent}server: https://{nobody}"),
+            None => line.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert_ne!(
+        rewritten,
+        text,
+        "no server line in {}",
+        s.kubeconfig.display()
+    );
+    std::fs::write(&unreachable, rewritten)?;
+
+    let hub = Arc::new(HubState::default());
+    let hub_addr = start_hub(hub.clone()).await?;
+    let good = account_name("works");
+    let bad = account_name("unreachable");
+    let config = s.dir.join("scale-agent.yaml");
+    write_config(
+        &config,
+        hub_addr,
+        json!([
+            fixtures::account(&good, &s.kubeconfig, &s.namespace, &["configmaps"]),
+            fixtures::account(&bad, &unreachable, &s.namespace, &["configmaps"]),
+        ]),
+    )?;
+    let agent = start_agent(&config).await?;
+    eventually("the working account streaming, the other failing", || {
+        let view = agent.view();
+        view.account(&good)
+            .is_some_and(|a| a.role == "streaming" && a.kinds_started)
+            && view.account(&bad).is_some_and(|a| a.failing())
+    })
+    .await?;
+
+    let ready = http_get(agent.admin_addr(), "/readyz").await?;
+    assert_eq!(ready.status, 200, "one account works: {ready:?}");
+    assert!(
+        ready.body.contains(&bad),
+        "the failing account named: {ready:?}"
+    );
+    assert!(!ready.body.contains(&good), "{ready:?}");
+
+    let view = http_get(agent.admin_addr(), "/accounts")
+        .await?
+        .json_or_null();
+    let accounts = view["accounts"].as_array().cloned().unwrap_or_default();
+    let bad_view = accounts
+        .iter()
+        .find(|a| a["name"] == bad.as_str())
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(bad_view["prepared"], false, "{view}");
+    assert_eq!(bad_view["role"], "pending", "{view}");
+    assert!(
+        bad_view["error"]
+            .as_str()
+            .is_some_and(|e| e.contains(&nobody.port().to_string())),
+        "the error names the unreachable server: {view}"
+    );
+    let good_view = accounts
+        .iter()
+        .find(|a| a["name"] == good.as_str())
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(good_view["prepared"], true, "{view}");
+    assert_eq!(good_view["role"], "streaming", "{view}");
+
+    let metrics = http_get(agent.admin_addr(), "/metrics").await?.body;
+    assert!(
+        metrics.contains(&format!(
+            "scale_agent_agent_account_ready{{account=\"{bad}\"}} 0"
+        )),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!(
+            "scale_agent_agent_account_ready{{account=\"{good}\"}} 1"
+        )),
+        "{metrics}"
+    );
+    agent.stop().await?;
+    let _ = std::fs::remove_dir_all(&s.dir);
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_hub_is_dropped_after_two_heartbeat_periods() -> anyhow::Result<()> {
     init_logs();

@@ -231,6 +231,7 @@ impl Hub {
             state: self.proxy.clone(),
             metrics: self.metrics.proxy.clone(),
             shutdown: self.shutdown.clone(),
+            commits: self.commits.clone(),
         })
     }
 

@@ -1359,6 +1359,54 @@ async fn an_operation_waits_for_an_agent_until_its_deadline() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// An operation whose deadline leaves no time to reach the cluster (a 1 ms
+/// `timeoutSeconds`) is never sent: 504 with `executed: false` (a safe retry), not "sent,
+/// it may have run"; the agent receives nothing.
+#[tokio::test]
+async fn an_operation_out_of_time_before_it_is_sent_answers_not_executed() {
+    let pki = Pki::new();
+    let dir = data_dir("ops-too-late");
+    let hub = start_hub(&pki, &dir, |_| {}).await;
+    let http = api(&hub);
+    let mut a = agent(&hub, &pki, "agent-a.test", "pod-1").await;
+    a.register("prod", "https://h:6443").await;
+    a.synced().await;
+    let (code, body) = post_json(
+        &http,
+        "/api/v1/accounts/prod/operations",
+        &serde_json::json!({"type": "delete", "kind": "ConfigMap", "name": "two", "timeoutSeconds": 0.001}),
+    )
+    .await;
+    assert_eq!(code, 504, "{body}");
+    assert_eq!(body["executed"], false, "{body}");
+    assert_eq!(body["state"], "timedOut", "{body}");
+    let message = body["message"].as_str().unwrap_or_default();
+    assert!(message.contains("not sent and did not run"), "{body}");
+    assert!(message.contains("timeoutSeconds"), "{body}");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), a.operation())
+            .await
+            .is_err(),
+        "the agent was sent an operation with no time left"
+    );
+    // With time enough the same operation is sent.
+    let submit = submit_in_background(
+        &http,
+        "prod",
+        serde_json::json!({"type": "delete", "kind": "ConfigMap", "name": "two", "timeoutSeconds": 5}),
+    )
+    .await;
+    let op = a.operation().await;
+    a.send(Msg::OperationResult(succeeded(
+        &op.id, "prod", "pod-1", 200,
+    )))
+    .await;
+    let (code, body) = submit.await.unwrap();
+    assert_eq!(code, 200, "{body}");
+    hub.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Large results: parts are joined (and a list's continue token returned); a result past
 /// --max-operation-result-bytes ends only its operation with 413 while the stream goes on;
 /// a message past the decode limit (an agent that does not split) ends its stream, and the

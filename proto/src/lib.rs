@@ -19,6 +19,13 @@ pub mod v1 {
 /// contract): agents send it to such hubs only.
 pub const ACCOUNT_UNAVAILABLE_CAPABILITY: &str = "account-unavailable";
 
+/// The least time left with which an operation is still sent (hub) or started (agent), item
+/// 6 of the stream contract. Less cannot cover a round trip from the agent to its API server:
+/// a request started with it would almost surely be cut off in flight, turning a clean "not
+/// run" (`executed: false`, safe to retry) into "may have run". Such an operation answers 504
+/// with `executed: false`.
+pub const MIN_OPERATION_MILLIS: u64 = 20;
+
 impl v1::operation::Op {
     /// The operation's type as the hub's HTTP API and both sides' metrics name it; a bounded
     /// set, fit for a metrics label.

@@ -398,10 +398,11 @@ impl Executor {
                 })?;
             run(&ctx, operation.op, list_continue, &mut out).await
         };
-        // No time left: not started at all (a timeout of zero would still poll it once,
-        // which may send a request, and then "it never reached the API server" would be
-        // wrong).
-        let outcome = if budget.is_zero() {
+        // (Almost) no time left: not started at all. A timeout of zero would still poll it
+        // once, which may send a request, and then "it never reached the API server" would
+        // be wrong; a few milliseconds would start a request that is cut off in flight,
+        // "may have run" where nothing needed to (scale_agent_proto::MIN_OPERATION_MILLIS).
+        let outcome = if budget.as_millis() < u128::from(scale_agent_proto::MIN_OPERATION_MILLIS) {
             drop(work);
             Err(())
         } else {

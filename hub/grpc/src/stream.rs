@@ -191,10 +191,11 @@ impl StreamTask {
             Some(Control::Operation(mut op, deadline)) => {
                 // The time left now, not when it was submitted: an operation that waited
                 // in a full control queue must not run past its submitter's deadline. One
-                // with no time left is not sent; its submitter answers 504 not executed.
+                // with (almost) no time left is not sent, as the agent would not start it;
+                // its submitter answers 504 not executed.
                 let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    tracing::debug!(id = %op.id, "operation not sent: its deadline passed while queued");
+                if left.as_millis() < u128::from(scale_agent_proto::MIN_OPERATION_MILLIS) {
+                    tracing::debug!(id = %op.id, left_ms = left.as_millis() as u64, "operation not sent: its deadline passed while queued");
                     return Ok(Step::Continue(()));
                 }
                 op.timeout_millis = u64::try_from(left.as_millis()).unwrap_or(u64::MAX).max(1);

@@ -55,15 +55,7 @@ pub(crate) async fn save(
     code: Option<u16>,
     body: &OperationResponse,
 ) {
-    let mut body = body.clone();
-    body.objects = body.objects.map(|_| Vec::new());
-    body.text = body.text.map(|_| String::new());
-    let row = Row {
-        at_unix_millis: jiff::Timestamp::now().as_millisecond(),
-        code,
-        body,
-    };
-    let Ok(bytes) = serde_json::to_vec(&row) else {
+    let Some(bytes) = row_bytes(code, body) else {
         return;
     };
     let Some(records) = driver.store.lock().await.operation_records() else {
@@ -78,6 +70,86 @@ pub(crate) async fn save(
     if let Err(error) = records.write(key, Some(bytes), past).await {
         tracing::warn!(error = %Chain(&error), "cannot store the operation's record; a hub restart will forget the id")
     }
+}
+
+/// What the shared store holds for a client id this replica's registry did not know.
+pub(crate) enum Stored {
+    /// Nothing (or an expired record): this submission claimed the id and runs it.
+    Claimed,
+    /// Another submission (on any replica, also one since stopped) finished it: its answer.
+    Finished(u16, Box<OperationResponse>),
+    /// Another submission claimed it and has not finished: it runs on another replica, or
+    /// ran on one that stopped before it could record the outcome.
+    Running,
+}
+
+/// Claims a client id in the store before anything is sent, so that it runs once across
+/// replicas: with PostgreSQL the claim is one insert only one replica wins, and a retry on
+/// another replica (the owner killed, the agents moved) finds the first submission's record
+/// ([`store::OperationRecords::claim`]). A store that fails is logged and the id is run: the
+/// registry in memory still keeps it from running twice on this replica (as [`save`]).
+pub(crate) async fn claim(
+    driver: &Driver,
+    account: &str,
+    id: &str,
+    running: &OperationResponse,
+) -> Stored {
+    let Some(bytes) = row_bytes(None, running) else {
+        return Stored::Claimed;
+    };
+    let Some(records) = driver.store.lock().await.operation_records() else {
+        return Stored::Claimed;
+    };
+    let key = key(account, id);
+    let existing = match records.clone().claim(key.clone(), bytes.clone()).await {
+        Ok(existing) => existing,
+        Err(error) => {
+            tracing::warn!(error = %Chain(&error), "cannot claim the operation id in the store; running it (a retry on another replica could run it again)");
+            return Stored::Claimed;
+        }
+    };
+    let Some(existing) = existing else {
+        return Stored::Claimed;
+    };
+    let now = jiff::Timestamp::now().as_millisecond();
+    match serde_json::from_slice::<Row>(&existing) {
+        Ok(row) if !expired(&existing, driver.settings.retention, now) => match row.code {
+            Some(code) => Stored::Finished(code, Box::new(row.body)),
+            None => Stored::Running,
+        },
+        // Past its retention (not swept yet) or unreadable: the id is free again.
+        _ => {
+            if let Err(error) = records.write(key, Some(bytes), None).await {
+                tracing::warn!(error = %Chain(&error), "cannot store the operation's record; a hub restart will forget the id");
+            }
+            Stored::Claimed
+        }
+    }
+}
+
+/// The stored outcome of a client id another replica runs (or ran), once it has one.
+pub(crate) async fn stored_outcome(
+    driver: &Driver,
+    account: &str,
+    id: &str,
+) -> Option<(u16, OperationResponse)> {
+    let records = driver.store.lock().await.operation_records()?;
+    let bytes = records.read(key(account, id)).await.ok()??;
+    let row = serde_json::from_slice::<Row>(&bytes).ok()?;
+    Some((row.code?, row.body))
+}
+
+/// The stored bytes of a record.
+fn row_bytes(code: Option<u16>, body: &OperationResponse) -> Option<Vec<u8>> {
+    let mut body = body.clone();
+    body.objects = body.objects.map(|_| Vec::new());
+    body.text = body.text.map(|_| String::new());
+    let row = Row {
+        at_unix_millis: jiff::Timestamp::now().as_millisecond(),
+        code,
+        body,
+    };
+    serde_json::to_vec(&row).ok()
 }
 
 /// Puts the stored records of a previous run, still within `retention`, into `operations`.

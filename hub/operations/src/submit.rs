@@ -42,6 +42,12 @@ pub fn deadline_millis(d: Duration) -> i64 {
         .as_millisecond()
 }
 
+/// The least time left with which an operation is sent to an agent.
+const MIN_OPERATION: Duration = Duration::from_millis(scale_agent_proto::MIN_OPERATION_MILLIS);
+
+/// How often a client id another replica runs is looked up in the store.
+const STORED_POLL: Duration = Duration::from_millis(250);
+
 /// What to do after one attempt.
 enum Step {
     /// The operation's answer, with its HTTP code.
@@ -105,6 +111,29 @@ impl Submission<'_> {
         };
         let status = Status::new(503, "ServiceUnavailable", message);
         (503, self.hub_made(State::NoAgent, false, status, attempts))
+    }
+
+    /// The deadline leaves less than an operation needs to reach the cluster
+    /// (`scale_agent_proto::MIN_OPERATION_MILLIS`): nothing is sent, so the answer is 504
+    /// with `executed: false`, a retry with more time being safe. `None` while there is time
+    /// enough.
+    fn too_late(&self, attempts: usize) -> Option<(u16, OperationResponse)> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left >= MIN_OPERATION {
+            return None;
+        }
+        let message = format!(
+            "the {} operation's deadline ({:.3} s) left {} ms when it was to be sent to an \
+             agent of account {}, less than the {} ms it needs to reach the cluster: it was \
+             not sent and did not run, so retrying it is safe (with a longer timeoutSeconds)",
+            self.kind,
+            self.timeout.as_secs_f64(),
+            left.as_millis(),
+            self.account,
+            MIN_OPERATION.as_millis(),
+        );
+        let status = Status::new(504, "Timeout", message);
+        Some((504, self.hub_made(State::TimedOut, false, status, attempts)))
     }
 
     /// The replica left (or the attempt was dropped) before answering: resend when safe.
@@ -189,6 +218,44 @@ impl Submission<'_> {
         }
     }
 
+    /// Claims the client id in the store (see `persist::claim`); `Some` answer when another
+    /// submission, on any replica, claimed it first: its outcome, waited for up to this
+    /// submission's deadline while it runs. One still running then (on another replica,
+    /// or on one that stopped before recording it) answers 503: whether it ran is unknown.
+    async fn claimed_elsewhere(
+        &self,
+        waiting: &OperationResponse,
+    ) -> Option<(u16, OperationResponse)> {
+        use super::persist::{Stored, claim, stored_outcome};
+        let (driver, account, id) = (self.driver, self.account, self.id.as_str());
+        match claim(driver, account, id, waiting).await {
+            Stored::Claimed => return None,
+            Stored::Finished(code, body) => {
+                tracing::info!(
+                    code,
+                    "client id already finished (stored): its first outcome, not run again"
+                );
+                return Some((code, *body));
+            }
+            Stored::Running => {}
+        }
+        let until = self.deadline + DEADLINE_GRACE;
+        while Instant::now() < until {
+            tokio::time::sleep(STORED_POLL).await;
+            if let Some(answer) = stored_outcome(driver, account, id).await {
+                return Some(answer);
+            }
+        }
+        let message = format!(
+            "operation {id:?} of account {account} was submitted before (possibly through \
+             another hub replica, or one that stopped) and has no recorded outcome: whether \
+             it ran is unknown, so it is not run again; check the cluster (e.g. with a get) \
+             before submitting it again under a new id"
+        );
+        let status = Status::new(503, "ServiceUnavailable", message);
+        Some((503, self.hub_made(State::Failed, true, status, 0)))
+    }
+
     /// Whether the account has a replica not in `tried` (without advancing the rotation).
     fn has_untried_replica(&self, tried: &[SessionId]) -> bool {
         self.driver
@@ -232,6 +299,9 @@ impl Submission<'_> {
                 }
                 break self.no_agent(&notes, attempts);
             };
+            if let Some(answer) = self.too_late(attempts) {
+                break fallback.take().unwrap_or(answer);
+            }
             tried.push(session);
             let running = OperationResponse::running(self.subject(), &replica, tried.len());
             self.driver
@@ -315,10 +385,14 @@ pub async fn submit(
         .claim(account, id, waiting.clone(), retention)
     {
         Claim::New => {
-            // A client id is stored before anything is sent, so that after a hub restart
-            // the id is known (and, if it was still running, not run again blindly).
-            if client_id {
-                super::persist::save(driver, account, id, None, &waiting).await;
+            // A client id is claimed in the store before anything is sent, so that after a
+            // hub restart, or on another replica, the id is known (and, if it was still
+            // running, not run again blindly).
+            if client_id && let Some(answer) = submission.claimed_elsewhere(&waiting).await {
+                driver
+                    .operations
+                    .record(account, id, answer.1.clone(), Some(answer.0), retention);
+                return answer;
             }
         }
         Claim::Finished(code, body) => return (code, body),

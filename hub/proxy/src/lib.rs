@@ -23,7 +23,8 @@
 //! - [`ProxyState`] (what the proxy keeps between requests), its [`events`] from the live
 //!   state, and [`ProxyMetrics`].
 //!
-//! Layer L4: depends on the model, net, cache, state, auth and replicas crates, and on no
+//! Layer L4: depends on the model, net, cache, state, auth, store (the commit queue's
+//! health, for [`degraded`]) and replicas crates, and on no
 //! crate of the hub above them (nor on the gRPC service beside it). The routes are built from
 //! a [`Proxy`], the handles they work with (the live state, the credentials, the replicas,
 //! [`ProxyState`], [`ProxyMetrics`] and the shutdown signal), which the hub makes from its
@@ -32,6 +33,7 @@
 
 pub mod audit;
 pub mod cached;
+pub mod degraded;
 pub mod discovery;
 mod discovery_request;
 pub mod events;
@@ -88,6 +90,9 @@ pub struct Proxy {
     pub state: Arc<ProxyState>,
     pub metrics: ProxyMetrics,
     pub shutdown: tokio::sync::watch::Receiver<bool>,
+    /// The store's commit queue, whose health says whether the cache still advances
+    /// ([`degraded`]).
+    pub commits: Arc<scale_agent_hub_store::writer::Commits>,
 }
 
 /// The proxy's routes, with their state: they merge into a router of any state.
@@ -285,14 +290,16 @@ async fn answer(proxy: &Arc<Proxy>, request: Request) -> Result<(Response, Serve
         return discovery_request(proxy, &account, &path_and_query, request).await;
     }
     let upgrade_requested = headers::is_upgrade(request.headers());
+    let degraded = degraded::Degraded::of(&proxy.live, &proxy.commits, &account);
     if method == Method::GET && !upgrade_requested {
         let query = request.uri().query();
-        if let Some(response) =
-            cached::watch::watch(proxy, &account, api_path, query, request.headers()).await
+        if degraded.is_none()
+            && let Some(response) =
+                cached::watch::watch(proxy, &account, api_path, query, request.headers()).await
         {
             return Ok((response, Served::Cache));
         }
-        if let Some(response) = cached::read(
+        if let Some(mut response) = cached::read(
             &proxy.live,
             &proxy.state.cached_reads,
             &account,
@@ -302,8 +309,16 @@ async fn answer(proxy: &Arc<Proxy>, request: Request) -> Result<(Response, Serve
         )
         .await
         {
+            if let Some(degraded) = &degraded {
+                degraded.flag(&account, &mut response, &proxy.metrics);
+            }
             return Ok((response, Served::Cache));
         }
+    }
+    if let Some(degraded) = &degraded
+        && audit::is_proxy_write(&method, upgrade_requested)
+    {
+        return Err(degraded.refuse_write(&account, &proxy.metrics));
     }
     let changes_kinds = discovery::changes_kinds(&method, api_path);
     let mut request = request;

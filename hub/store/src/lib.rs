@@ -399,4 +399,29 @@ impl OperationRecords {
             }
         }
     }
+
+    /// Claims `key` for a new operation with the record `value`: stores it unless a record
+    /// is there already, which it returns instead (`None`: claimed). In PostgreSQL this is one
+    /// insert that only one replica can win, so a client id retried on another replica
+    /// (after the owner was killed, say) finds the first submission's record and does not
+    /// run again. The embedded store has one replica, whose registry in memory already
+    /// refused a second claim: it just writes.
+    pub async fn claim(self, key: String, value: Vec<u8>) -> Result<Option<Vec<u8>>> {
+        match self {
+            OperationRecords::Embedded(_) => {
+                self.write(key, Some(value), None).await?;
+                Ok(None)
+            }
+            OperationRecords::Postgres(records) => records.claim(&key, &value).await,
+        }
+    }
+
+    /// The record of `key`, when one is stored (`None` with the embedded store: its records
+    /// are all in memory since start-up).
+    pub async fn read(self, key: String) -> Result<Option<Vec<u8>>> {
+        match self {
+            OperationRecords::Embedded(_) => Ok(None),
+            OperationRecords::Postgres(records) => records.read(&key).await,
+        }
+    }
 }

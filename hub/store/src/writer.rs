@@ -72,6 +72,9 @@ pub struct Progress {
 pub struct Health {
     /// Why the last commit failed, while commits fail.
     pub failure: Option<String>,
+    /// When the first of the failing commits failed, while commits fail: the cache has not
+    /// been durable since (what the proxy's stale answers say).
+    pub failing_since: Option<std::time::Instant>,
     /// Changes queued and not yet committed.
     pub queued: usize,
 }
@@ -92,6 +95,7 @@ struct Queue {
     queued_ops: usize,
     queued_bytes: u64,
     failure: Option<String>,
+    failing_since: Option<std::time::Instant>,
 }
 
 /// The queue of changes to commit, and the writer's progress.
@@ -183,6 +187,7 @@ impl Commits {
         let q = self.queue();
         Health {
             failure: q.failure.clone(),
+            failing_since: q.failing_since,
             queued: q.queued_ops,
         }
     }
@@ -223,6 +228,7 @@ impl Commits {
             q.queued_ops = q.queued_ops.saturating_sub(count);
             q.queued_bytes = q.queued_bytes.saturating_sub(bytes);
             metrics.queued_changes.set(q.queued_ops as i64);
+            q.failing_since = None;
             q.failure.take().is_some()
         };
         if recovered {
@@ -241,6 +247,7 @@ impl Commits {
         let first = {
             let mut q = self.queue();
             metrics.queued_changes.set(q.queued_ops as i64);
+            q.failing_since.get_or_insert_with(std::time::Instant::now);
             q.failure.replace(Chain(error).to_string()).is_none()
         };
         if first {

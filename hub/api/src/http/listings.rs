@@ -52,12 +52,20 @@ pub(super) async fn accounts(State(api): State<Arc<ApiState>>) -> Response {
             ),
         };
     }
-    Json(local_accounts(&api.live)).into_response()
+    Json(with_store_health(local_accounts(&api.live), &api)).into_response()
+}
+
+/// Each view with the store's health (see `AccountView::with_store_health`).
+fn with_store_health(views: Vec<AccountView>, api: &ApiState) -> Vec<AccountView> {
+    views
+        .into_iter()
+        .map(|v| v.with_store_health(&api.commits))
+        .collect()
 }
 
 /// This replica's view of the accounts (what the others ask for [`crate::fleet`]).
 pub(super) async fn replica_accounts(State(api): State<Arc<ApiState>>) -> Json<Vec<AccountView>> {
-    Json(local_accounts(&api.live))
+    Json(with_store_health(local_accounts(&api.live), &api))
 }
 
 /// One account, as this replica (its owner: the route is forwarded there) sees it.
@@ -67,7 +75,7 @@ pub(super) async fn account(
 ) -> Response {
     let st = api.live.state();
     match view_of(&st, &name) {
-        Some(view) => Json(view).into_response(),
+        Some(view) => Json(view.with_store_health(&api.commits)).into_response(),
         None => error(StatusCode::NOT_FOUND, format!("no account {name:?}")),
     }
 }

@@ -114,6 +114,32 @@ pub(crate) struct AccountView {
     objects: usize,
     object_counts: BTreeMap<String, usize>,
     kinds: Vec<KindView>,
+    /// Why this replica's cache of the account may be stale although an agent streams it:
+    /// the store cannot commit, so the agents' acknowledgements are held (absent otherwise).
+    /// The proxy's cached answers carry the same in a `Warning` header.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_stale: Option<String>,
+}
+
+impl AccountView {
+    /// Says so when the store cannot commit (see [`AccountView::cache_stale`]).
+    pub(crate) fn with_store_health(
+        mut self,
+        commits: &scale_agent_hub_store::writer::Commits,
+    ) -> Self {
+        let health = commits.health();
+        self.cache_stale = health.failure.map(|failure| {
+            let since = health
+                .failing_since
+                .map(|s| s.elapsed().as_secs())
+                .unwrap_or_default();
+            format!(
+                "the store has not committed for {since} s ({failure}): the agents' streams \
+                 are held, reads through the proxy are flagged stale and writes refused"
+            )
+        });
+        self
+    }
 }
 
 fn replica(registry: &Registry, id: SessionId) -> Option<ReplicaView> {
@@ -195,6 +221,7 @@ fn account_view(
             .map(|k| (k.info.key().to_string(), k.objects.len()))
             .collect(),
         kinds: kinds.into_iter().map(kind_view).collect(),
+        cache_stale: None,
     }
 }
 
@@ -233,6 +260,7 @@ fn agentless_view(
         objects: 0,
         object_counts: BTreeMap::new(),
         kinds: Vec::new(),
+        cache_stale: None,
     }
 }
 

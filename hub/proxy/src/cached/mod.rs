@@ -3,7 +3,8 @@
 //! A read is served from the cache only when all of these hold; otherwise it goes through
 //! the tunnel exactly as before:
 //! - the path is a collection or one object of a kind the account's agent streams, at the
-//!   version the agent streams it, and an agent streams the account now;
+//!   version the agent streams it (while no agent streams the account, the cache held for
+//!   the grace period answers, flagged stale by `crate::degraded`);
 //! - the kind is synced for the scope ([`consistency::synced_resume_point`]);
 //! - the query has only parameters the cache implements ([`request::parse_query`]), the
 //!   selectors are ones it evaluates exactly ([`selector`]), and Accept asks for JSON or
@@ -204,9 +205,8 @@ fn plan(
     let Some(registered) = st.registry.accounts.get(account) else {
         return Plan::Tunnel("unknown account");
     };
-    if registered.streaming.is_none() {
-        return Plan::Tunnel("no agent streams the account");
-    }
+    // No agent streams the account: the cache is held for the grace period and answers,
+    // flagged as stale by the caller (`crate::degraded`).
     let omit: Vec<String> = registered
         .record
         .properties

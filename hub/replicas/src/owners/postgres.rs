@@ -13,6 +13,17 @@
 //! close: it died). On releasing, it closes its tenure, deletes its row (so writes of its
 //! epoch fail the store's fencing), then unlocks. When the connection breaks, every lock is
 //! gone at once: [`Ownership::losses`] says so and the next acquisition reconnects.
+//!
+//! A frozen or partitioned replica must not keep its accounts until TCP gives up (hours, or
+//! forever while its kernel still answers keepalives). So the lock session is a lease:
+//! PostgreSQL ends it after [`LEASE`] without a statement (`idle_session_timeout`, PostgreSQL
+//! 14+), freeing every lock for the other replicas, and the replica runs a heartbeat on it
+//! every [`HEARTBEAT`]. A heartbeat that fails or takes longer than [`HEARTBEAT_TIMEOUT`],
+//! or one that finds the last success older than [`LEASE`] (the process was stopped), drops
+//! the connection: its accounts are lost on this side no later than `HEARTBEAT +
+//! HEARTBEAT_TIMEOUT` after the last success, before PostgreSQL can give them to anyone
+//! (`LEASE` after it), so two replicas never serve one account. TCP keepalives and a user
+//! timeout bound a dead network under that.
 
 use std::{
     collections::BTreeMap,
@@ -31,6 +42,14 @@ pub use scale_agent_hub_store::postgres::{advisory_key, lock_key};
 
 /// How long connecting to PostgreSQL may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the lock session may go without a statement before PostgreSQL ends it and frees
+/// its locks (`idle_session_timeout`).
+pub const LEASE: Duration = Duration::from_secs(15);
+/// How often the replica proves it is alive on the lock session.
+pub const HEARTBEAT: Duration = Duration::from_secs(3);
+/// A heartbeat slower than this gives the lock session up (this side first: see the module
+/// docs).
+pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn pg_error(action: &str, error: &tokio_postgres::Error) -> HubError {
     HubError::Ownership(format!(
@@ -47,10 +66,14 @@ pub struct PostgresOwnership {
     location: String,
     replica: ReplicaIdentity,
     /// The connection that holds the locks; `None` after it broke, until the next use.
-    lock_connection: tokio::sync::Mutex<Option<Client>>,
+    lock_connection: std::sync::Arc<tokio::sync::Mutex<Option<Client>>>,
     /// The accounts owned, with their epochs.
     owned: std::sync::Arc<Mutex<BTreeMap<String, i64>>>,
     losses: watch::Sender<u64>,
+    /// Bumped by the heartbeat to end the lock connection at once, even while a statement
+    /// on it hangs (a partition): its task drops the connection, which fails what waits on
+    /// it and frees the connection's lock.
+    give_up: watch::Sender<u64>,
 }
 
 impl PostgresOwnership {
@@ -60,6 +83,14 @@ impl PostgresOwnership {
     pub async fn connect(options: &PostgresOptions, replica: ReplicaIdentity) -> Result<Self> {
         let mut target = options.target()?;
         target.config.connect_timeout(CONNECT_TIMEOUT);
+        // A dead network ends the session within the heartbeat's bounds too.
+        target
+            .config
+            .keepalives(true)
+            .keepalives_idle(HEARTBEAT)
+            .keepalives_interval(Duration::from_secs(1))
+            .keepalives_retries(3)
+            .tcp_user_timeout(HEARTBEAT_TIMEOUT);
         target
             .config
             .application_name(format!("scale-agent-hub {} ownership", replica.id));
@@ -67,15 +98,20 @@ impl PostgresOwnership {
             location: scale_agent_hub_store::postgres::location(&target.config),
             target,
             replica,
-            lock_connection: tokio::sync::Mutex::new(None),
+            lock_connection: Default::default(),
             owned: Default::default(),
             losses: watch::Sender::new(0),
+            give_up: watch::Sender::new(0),
         };
         let mut connection = ownership.lock_connection.lock().await;
         let mut client = ownership.open().await?;
         scale_agent_hub_store::postgres::migrate(&mut client).await?;
         *connection = Some(client);
         drop(connection);
+        tokio::spawn(heartbeat(
+            std::sync::Arc::downgrade(&ownership.lock_connection),
+            ownership.give_up.clone(),
+        ));
         Ok(ownership)
     }
 
@@ -88,9 +124,16 @@ impl PostgresOwnership {
         let (client, connection) = self.target.connect_raw(&self.location).await?;
         let owned = self.owned.clone();
         let losses = self.losses.clone();
+        let mut give_up = self.give_up.subscribe();
+        give_up.borrow_and_update();
         tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::warn!(error = %Chain(&error), "the ownership connection to PostgreSQL broke");
+            tokio::select! {
+                ended = connection => {
+                    if let Err(error) = ended {
+                        tracing::warn!(error = %Chain(&error), "the ownership connection to PostgreSQL broke");
+                    }
+                }
+                _ = give_up.changed() => {}
             }
             let lost = std::mem::take(&mut *owned.lock().unwrap_or_else(|e| e.into_inner()));
             if !lost.is_empty() {
@@ -101,6 +144,12 @@ impl PostgresOwnership {
             }
             losses.send_modify(|n| *n += 1);
         });
+        // The lease: PostgreSQL ends a session silent for LEASE (PostgreSQL 13 has no such
+        // setting: then only TCP ends a frozen replica's session).
+        let lease = format!("SET idle_session_timeout = '{}s'", LEASE.as_secs());
+        if let Err(error) = client.batch_execute(&lease).await {
+            tracing::warn!(error = %Chain(&error), "PostgreSQL does not end silent sessions (idle_session_timeout needs PostgreSQL 14): a frozen replica keeps its accounts until TCP gives up");
+        }
         Ok(client)
     }
 
@@ -197,6 +246,70 @@ impl PostgresOwnership {
             .await
             .map_err(|e| pg_error("unlock the account", &e))?;
         Ok(())
+    }
+}
+
+/// Proves every [`HEARTBEAT`] that this replica is alive on the lock session, and gives the
+/// session (every lock) up when it cannot, or when it was silent past [`LEASE`] (the process
+/// was stopped): PostgreSQL has ended it, or will, and another replica may own the accounts
+/// now. Ends with the ownership.
+async fn heartbeat(
+    slot: std::sync::Weak<tokio::sync::Mutex<Option<Client>>>,
+    give_up: watch::Sender<u64>,
+) {
+    let mut last_ok = std::time::Instant::now();
+    let mut tick = tokio::time::interval(HEARTBEAT);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(slot) = slot.upgrade() else {
+            return;
+        };
+        // A statement hanging on the session (a partition) holds it: that is a failed
+        // heartbeat too, and ending the connection fails the statement.
+        let Ok(mut connection) = tokio::time::timeout(HEARTBEAT_TIMEOUT, slot.lock()).await else {
+            tracing::warn!(
+                "the ownership heartbeat failed: a statement on the lock session has hung for \
+                 {} s; giving the session up, so this replica stops serving the accounts it \
+                 owned before PostgreSQL can give them to another",
+                HEARTBEAT_TIMEOUT.as_secs()
+            );
+            give_up.send_modify(|n| *n += 1);
+            last_ok = std::time::Instant::now();
+            continue;
+        };
+        let Some(client) = connection.as_ref().filter(|c| !c.is_closed()) else {
+            last_ok = std::time::Instant::now();
+            continue;
+        };
+        let silent = last_ok.elapsed();
+        let outcome = if silent > LEASE {
+            Err(format!(
+                "the lock session was silent for {} s, past its {} s lease (was the process \
+                 stopped?)",
+                silent.as_secs(),
+                LEASE.as_secs()
+            ))
+        } else {
+            match tokio::time::timeout(HEARTBEAT_TIMEOUT, client.simple_query("SELECT 1")).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(error)) => Err(Chain(&error).to_string()),
+                Err(_) => Err(format!(
+                    "no answer within {} s",
+                    HEARTBEAT_TIMEOUT.as_secs()
+                )),
+            }
+        };
+        match outcome {
+            Ok(()) => last_ok = std::time::Instant::now(),
+            Err(why) => {
+                tracing::warn!(%why, "the ownership heartbeat failed: giving up the lock session, so this replica stops serving the accounts it owned before PostgreSQL can give them to another");
+                // Ending the connection's task drops it; the task reports the losses.
+                give_up.send_modify(|n| *n += 1);
+                *connection = None;
+                last_ok = std::time::Instant::now();
+            }
+        }
     }
 }
 

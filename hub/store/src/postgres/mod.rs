@@ -507,6 +507,49 @@ impl PostgresStore {
 pub struct PostgresRecords(Arc<Connection>);
 
 impl PostgresRecords {
+    /// Inserts the record unless one exists; returns the existing one (see
+    /// [`super::OperationRecords::claim`]).
+    pub async fn claim(&self, key: &str, value: &[u8]) -> Result<Option<Vec<u8>>> {
+        let (account, id) = key.split_once('\0').unwrap_or(("", key));
+        let conn = self.0.get().await?;
+        let inserted = conn
+            .client
+            .execute(
+                "INSERT INTO operation_records (account, id, record) VALUES ($1, $2, $3) \
+                 ON CONFLICT (account, id) DO NOTHING",
+                &[&account, &id, &value],
+            )
+            .await
+            .map_err(pg("claim an operation id"))?;
+        if inserted == 1 {
+            return Ok(None);
+        }
+        let row = conn
+            .client
+            .query_opt(
+                "SELECT record FROM operation_records WHERE account = $1 AND id = $2",
+                &[&account, &id],
+            )
+            .await
+            .map_err(pg("claim an operation id"))?;
+        Ok(row.map(|row| row.get(0)))
+    }
+
+    /// The record of `key`, if stored.
+    pub async fn read(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        let (account, id) = key.split_once('\0').unwrap_or(("", key));
+        let conn = self.0.get().await?;
+        let row = conn
+            .client
+            .query_opt(
+                "SELECT record FROM operation_records WHERE account = $1 AND id = $2",
+                &[&account, &id],
+            )
+            .await
+            .map_err(pg("read an operation record"))?;
+        Ok(row.map(|row| row.get(0)))
+    }
+
     pub async fn write(
         &self,
         key: &str,
