@@ -127,7 +127,13 @@ async fn every_refusal_of_a_request_with_a_body_reaches_curl_whole_over_http2() 
                     && got.status == format!("{status} 2")
                     && got.body.contains(message);
                 if !whole {
-                    failures.push(format!("{what}, {size} bytes: {got:?}"));
+                    failures.push(format!(
+                        "{what}, {size} bytes: exit {:?}, status {:?}, stderr {:?}, body {:?}",
+                        got.exit,
+                        got.status,
+                        got.stderr.trim(),
+                        got.body
+                    ));
                 }
             }
         }

@@ -38,7 +38,7 @@ use serde_json::{Map, Value};
 use zeroize::Zeroize as _;
 
 use super::event::Event;
-use crate::convert::LAST_APPLIED;
+use crate::convert::{LAST_APPLIED, holds_a_manifest};
 
 /// Bytes of a response body, owned here so that they can be zeroed: each line is zeroed
 /// where it lay once decoded, and the old allocation is zeroed when the buffer grows.
@@ -196,7 +196,11 @@ impl<'de> Visitor<'de> for Level {
         let mut held_data = false;
         while let Some(key) = access.next_key::<String>()? {
             match (self, key.as_str()) {
-                (Level::Object, "data" | "stringData") | (Level::Annotations, LAST_APPLIED) => {
+                (Level::Object, "data" | "stringData") => {
+                    access.next_value::<IgnoredAny>()?;
+                    held_data = true;
+                }
+                (Level::Annotations, name) if holds_a_manifest(name) => {
                     access.next_value::<IgnoredAny>()?;
                     held_data = true;
                 }
@@ -460,6 +464,39 @@ mod tests {
             "payments"
         );
         assert_eq!(scrubbed.object["kind"], "PartialObjectMetadata");
+    }
+
+    #[test]
+    fn every_annotation_known_to_hold_a_manifest_is_skipped() {
+        let mut object = applied_secret("43");
+        for name in crate::convert::MANIFEST_ANNOTATIONS {
+            object["metadata"]["annotations"][name] = json!(format!("{{\"data\":\"{MARKER}\"}}"));
+        }
+        let text = serde_json::to_vec(&object).unwrap();
+        let scrubbed: Scrubbed = serde_json::from_slice(&text).unwrap();
+        assert!(scrubbed.held_data);
+        let out = scrubbed.object.to_string();
+        assert!(!out.contains(MARKER), "{out}");
+        assert!(
+            !out.contains("kapp.k14s.io") && !out.contains("cattle.io"),
+            "{out}"
+        );
+        assert_eq!(
+            scrubbed.object["metadata"]["annotations"],
+            json!({"team": "payments"})
+        );
+        // And the scrub of operation results and other paths drops them too.
+        let mut other = object.clone();
+        let secret = crate::kinds::KindRef {
+            group: String::new(),
+            version: "v1".into(),
+            kind: "Secret".into(),
+            plural: "secrets".into(),
+            namespaced: true,
+        };
+        crate::convert::scrub(&secret, &mut other);
+        let out = other.to_string();
+        assert!(!out.contains(MARKER), "{out}");
     }
 
     #[test]
