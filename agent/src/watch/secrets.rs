@@ -3,7 +3,8 @@
 //!
 //! Secrets are requested as metadata only (`PartialObjectMetadata`), but a Secret made by
 //! client-side `kubectl apply` carries its whole data, in clear, in the
-//! [`LAST_APPLIED`] annotation, and annotations are metadata. kube's typed decoding copies
+//! [`LAST_APPLIED`](crate::convert::LAST_APPLIED) annotation (and other tools in others,
+//! [`crate::convert::MANIFEST_ANNOTATIONS`]), and annotations are metadata. kube's typed decoding copies
 //! that value into owned `String`s (and its watch line codec copies each event into a
 //! `String`), which are freed without being wiped. Here instead:
 //! - the response body is copied into one [`WipedBuffer`] this module owns, and each body
@@ -38,7 +39,7 @@ use serde_json::{Map, Value};
 use zeroize::Zeroize as _;
 
 use super::event::Event;
-use crate::convert::{LAST_APPLIED, holds_a_manifest};
+use crate::convert::holds_a_manifest;
 
 /// Bytes of a response body, owned here so that they can be zeroed: each line is zeroed
 /// where it lay once decoded, and the old allocation is zeroed when the buffer grows.
@@ -139,7 +140,8 @@ pub fn absorb(buffer: &mut WipedBuffer, chunk: Bytes, stats: &mut ChunkStats) {
 }
 
 /// An object decoded without its Secret data. `object` is the JSON object less `data`,
-/// `stringData`, `metadata.managedFields` and the [`LAST_APPLIED`] annotation.
+/// `stringData`, `metadata.managedFields` and the annotations that hold an applied manifest
+/// ([`crate::convert::MANIFEST_ANNOTATIONS`]).
 #[derive(Debug, Default)]
 pub struct Scrubbed {
     pub object: Value,
@@ -422,6 +424,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::convert::LAST_APPLIED;
 
     const MARKER: &str = "plain-marker-0123456789";
 
