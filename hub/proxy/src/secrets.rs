@@ -8,9 +8,10 @@
 //! `dryRun` PATCH would otherwise read any Secret).
 //!
 //! RBAC cannot tell a metadata-only read from a full one (`list secrets` is both), so the
-//! check is here, on the path the API server will see: the path's segments are
-//! percent-decoded first, and a path with `.`, `..`, empty or encoded-`/` segments is
-//! refused on a non-opted-in account (such a path could name Secrets after normalisation).
+//! check is here, on the path the API server will see: the path is percent-decoded and
+//! read both literally and with `.`, `..` and empty segments resolved; when either names
+//! Secrets, a path that is not canonical (such segments, or an encoded `/`) is refused with
+//! 400 on a non-opted-in account. Other odd paths pass through untouched.
 
 use std::sync::Arc;
 
@@ -48,6 +49,9 @@ pub(crate) async fn guard(
     if allows_secret_data(proxy, account) {
         return Ok(None);
     }
+    if !may_name_secrets(api_path) {
+        return Ok(None);
+    }
     let segments = decoded_segments(api_path).map_err(|why| {
         Status::failure(
             400,
@@ -59,9 +63,6 @@ pub(crate) async fn guard(
             ),
         )
     })?;
-    if !names_secrets(&segments) {
-        return Ok(None);
-    }
     let refuse = |why: &str| {
         Status::forbidden(format!(
             "account {account:?} keeps Secret data in its cluster: the hub serves Secrets \
@@ -139,6 +140,35 @@ fn decoded_segments(api_path: &str) -> Result<Vec<String>, &'static str> {
     Ok(out)
 }
 
+/// Whether the path names core Secrets, read literally (percent-decoded, an encoded `/`
+/// splitting its segment, empty segments dropped) or resolved the way a path cleaner would
+/// (`.` dropped, `..` taking the segment before it): whichever of the two the API server
+/// sees, a request on Secrets is caught.
+fn may_name_secrets(api_path: &str) -> bool {
+    let literal: Vec<String> = api_path
+        .split('/')
+        .flat_map(|raw| {
+            percent_encoding::percent_decode_str(raw)
+                .decode_utf8_lossy()
+                .split('/')
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .filter(|s| !s.is_empty())
+        .collect();
+    let mut resolved: Vec<String> = Vec::new();
+    for segment in &literal {
+        match segment.as_str() {
+            "." => {}
+            ".." => {
+                resolved.pop();
+            }
+            _ => resolved.push(segment.clone()),
+        }
+    }
+    names_secrets(&literal) || names_secrets(&resolved)
+}
+
 /// Whether decoded path segments name core Secrets: the collection (all namespaces or one),
 /// one Secret, anything below one, and the legacy `/watch/` forms.
 fn names_secrets(segments: &[String]) -> bool {
@@ -166,7 +196,11 @@ fn servable_accept(request_headers: &HeaderMap, list: bool) -> Option<HeaderValu
 mod tests {
     use super::*;
 
+    /// Whether the guard takes `path`: `Ok` when canonical, `Err` (400) when not.
     fn secrets(path: &str) -> Result<bool, &'static str> {
+        if !may_name_secrets(path) {
+            return Ok(false);
+        }
         decoded_segments(path).map(|s| names_secrets(&s))
     }
 
@@ -190,12 +224,15 @@ mod tests {
             "/api/v1/namespaces/secrets/configmaps",
             "/api",
             "/",
+            // Odd paths that cannot reach Secrets pass through untouched.
+            "/api/v1/namespaces/team%2Fa/configmaps",
+            "/api/v1/namespaces/x/configmaps/../pods",
         ] {
             assert_eq!(secrets(path), Ok(false), "{path}");
         }
         for path in [
             "/api/v1/namespaces/x/configmaps/../../x/secrets",
-            "/api/v1/namespaces/x/%2E%2E/secrets",
+            "/api/v1/namespaces/x/pods/%2E%2E/secrets",
             "/api/v1//secrets",
             "/api/v1/namespaces/x%2Fsecrets",
             "/api/v1/./secrets",
