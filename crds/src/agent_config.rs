@@ -461,6 +461,7 @@ const KNOWN_KEYS: &[(&str, &[&str])] = &[
             "noProxy",
             "permissions",
             "impersonateServiceAccount",
+            "allowSecretData",
             "agentAccount",
         ],
     ),
