@@ -3,7 +3,9 @@
 //! `team-b` (namespace b). Before, team-a's kubeconfig read and wrote namespace b and listed
 //! every namespace (the agent replayed any path with its own credentials). Now the agent
 //! refuses, with a message, what lies outside the account's namespaces, and kubectl shows
-//! it; each account's own namespace works, for reads and writes.
+//! it; each account's own namespace works, for reads and writes. The same set-up checks
+//! Secrets with the real kubectl (issue 28, F3): team-a, without `allowSecretData`, lists its
+//! Secrets' names and gets a Secret without its data, with the hub's warning.
 
 use std::time::Duration;
 
@@ -50,6 +52,13 @@ async fn an_accounts_kubeconfig_reaches_its_namespaces_and_not_its_siblings() ->
         .create(&PostParams::default(), &secret_cm)
         .await?;
 
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+        "metadata": {"name": "db", "namespace": a},
+        "stringData": {"password": "plain-marker-4711"},
+    }))?;
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(admin.clone(), &a)
+        .create(&PostParams::default(), &secret)
+        .await?;
     let hub = TlsHub::start(&dir, |_| {}).await?;
     let suffix = format!("{:06x}", rand::random::<u32>() & 0xff_ffff);
     let (team_a, team_b) = (format!("team-a-{suffix}"), format!("team-b-{suffix}"));
@@ -58,7 +67,7 @@ async fn an_accounts_kubeconfig_reaches_its_namespaces_and_not_its_siblings() ->
         &config,
         hub.hub.grpc_addr,
         json!([
-            fixtures::account(&team_a, &agent_kubeconfig, &a, &["configmaps"]),
+            fixtures::account(&team_a, &agent_kubeconfig, &a, &["configmaps", "secrets"]),
             fixtures::account(&team_b, &agent_kubeconfig, &b, &["configmaps"]),
         ]),
         2,
@@ -164,6 +173,39 @@ async fn an_accounts_kubeconfig_reaches_its_namespaces_and_not_its_siblings() ->
     .await?;
     assert!(outcome.success(), "{}", outcome.messages());
     assert_eq!(outcome.stdout.trim(), "team-b");
+
+    // Issue 28, F3, with the real kubectl: team-a (no allowSecretData) lists its Secrets'
+    // names (kubectl asks for a Table; the hub's cache answers with the JSON list) and gets
+    // a Secret without its data, with the hub's warning on stderr.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let listed = loop {
+        let outcome = run(
+            a_kubeconfig.clone(),
+            args(&["get", "secrets", "-n", &a]),
+            None,
+        )
+        .await?;
+        if outcome.success() || tokio::time::Instant::now() > deadline {
+            break outcome;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(listed.success(), "{}", listed.messages());
+    assert!(listed.stdout.contains("db"), "{listed:?}");
+    let one = run(
+        a_kubeconfig.clone(),
+        args(&["get", "secret", "db", "-n", &a, "-o", "json"]),
+        None,
+    )
+    .await?;
+    assert!(one.success(), "{}", one.messages());
+    assert!(!one.stdout.contains("\"data\""), "{}", one.stdout);
+    assert!(
+        !one.stdout.contains("cGxhaW4tbWFya2VyLTQ3MTE"),
+        "{}",
+        one.stdout
+    );
+    assert!(one.stderr.contains("allowSecretData"), "{}", one.stderr);
 
     drop(agent);
     hub.hub.shutdown().await?;
