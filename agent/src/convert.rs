@@ -8,8 +8,23 @@ use crate::kinds::KindRef;
 /// Annotation `kubectl apply` writes; on a Secret it holds the data in clear text.
 pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
+/// Annotations known to hold an applied manifest, so on a Secret its data (clear, base64 or
+/// compressed), and dropped from Secrets with [`LAST_APPLIED`] (issue 28, F16): Carvel kapp's
+/// original manifest and its diff, and Rancher wrangler's (Fleet's) applied object.
+pub const MANIFEST_ANNOTATIONS: [&str; 4] = [
+    LAST_APPLIED,
+    "kapp.k14s.io/original",
+    "kapp.k14s.io/original-diff",
+    "objectset.rio.cattle.io/applied",
+];
+
+/// Whether `annotation` is one of [`MANIFEST_ANNOTATIONS`].
+pub fn holds_a_manifest(annotation: &str) -> bool {
+    MANIFEST_ANNOTATIONS.contains(&annotation)
+}
+
 /// Removes what must never leave the agent or is noise: `managedFields` from every object;
-/// for Secrets also `data`, `stringData` and the last-applied annotation. Sets `apiVersion`
+/// for Secrets also `data`, `stringData` and the [`MANIFEST_ANNOTATIONS`]. Sets `apiVersion`
 /// and `kind` (list items and metadata-only objects lack them or name the wrong type).
 pub fn scrub(kind: &KindRef, object: &mut Value) {
     let Some(map) = object.as_object_mut() else {
@@ -24,7 +39,7 @@ pub fn scrub(kind: &KindRef, object: &mut Value) {
                 .get_mut("annotations")
                 .and_then(Value::as_object_mut)
         {
-            annotations.remove(LAST_APPLIED);
+            annotations.retain(|name, _| !holds_a_manifest(name));
             if annotations.is_empty() {
                 metadata.remove("annotations");
             }

@@ -27,6 +27,7 @@ pub mod state;
 pub mod status_writer;
 pub mod streamer;
 pub mod tunnel;
+pub mod tunnel_scope;
 pub mod watch;
 pub mod wiping_alloc;
 

@@ -625,6 +625,7 @@ fn agent_account(
         permissions,
         pod_metrics: account.metrics,
         impersonate_service_account: account.impersonate_service_account.clone(),
+        allow_secret_data: account.allow_secret_data,
     }
 }
 

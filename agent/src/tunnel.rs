@@ -121,6 +121,16 @@ pub fn build_request(
         .map_err(|e| format!("the request cannot be replayed: {e}"))
 }
 
+/// What to do with a tunnelled request ([`Tunnel::handle`]).
+pub enum Route {
+    /// Replay it with this client of the account's API server.
+    Replay(kube::Client),
+    /// Answer 503: the account is not served here, or not ready.
+    NotServed,
+    /// Answer 403 with this message: outside the account's scope.
+    Refused(String),
+}
+
 /// Where an exchange's frames go: the stream's outbound queue.
 #[derive(Clone)]
 struct Frames {
@@ -222,18 +232,19 @@ impl Tunnel {
         }
     }
 
-    /// Handles a frame from the hub. `client` gives the API server client of an account
-    /// this agent serves, for a write ([`is_write`]) or a read (`None`: not served here, or
-    /// its credentials are not loaded yet).
+    /// Handles a frame from the hub. `route` says what to do with a request head: replay
+    /// it with the API server client of the account (for a write, [`is_write`], or a read),
+    /// answer 503 (not served here, or its credentials are not loaded yet), or refuse it
+    /// (outside the account's scope, [`crate::tunnel_scope`]).
     pub fn handle(
         &mut self,
         frame: pb::TunnelFrame,
-        client: impl FnOnce(&str, bool) -> Option<kube::Client>,
+        route: impl FnOnce(&pb::HttpRequestHead) -> Route,
     ) {
         self.reap();
         let id = frame.exchange;
         match frame.frame {
-            Some(Frame::Request(head)) => self.open(id, head, client),
+            Some(Frame::Request(head)) => self.open(id, head, route),
             Some(Frame::Data(data)) => {
                 let Some(exchange) = self.exchanges.get_mut(&id) else {
                     return;
@@ -284,7 +295,7 @@ impl Tunnel {
         &mut self,
         id: u64,
         head: pb::HttpRequestHead,
-        client: impl FnOnce(&str, bool) -> Option<kube::Client>,
+        route: impl FnOnce(&pb::HttpRequestHead) -> Route,
     ) {
         let frames = Frames {
             out: self.out.clone(),
@@ -299,7 +310,7 @@ impl Tunnel {
         };
         let credit = Arc::new(Semaphore::new(self.window as usize));
         let response_credit = credit.clone();
-        let client = client(&head.account, is_write(&head));
+        let route = route(&head);
         let shared = self.shared.clone();
         // The proxy's per-request span on this side: the account and the exchange.
         let span =
@@ -308,9 +319,16 @@ impl Tunnel {
             async move {
                 let account = head.account.clone();
                 let method = head.method.clone();
-                let result = match client {
-                    Some(client) => exchange(&frames, head, client, body_rx, credit).await,
-                    None => frames
+                let result = match route {
+                    Route::Replay(client) => exchange(&frames, head, client, body_rx, credit).await,
+                    Route::Refused(message) => {
+                        tracing::info!(%method, path = %head.path_and_query, %message, "tunnelled request refused: outside the account's scope");
+                        frames
+                            .answer(403, "Forbidden", &message)
+                            .await
+                            .map(|()| 403)
+                    }
+                    Route::NotServed => frames
                         .answer(
                             503,
                             "ServiceUnavailable",

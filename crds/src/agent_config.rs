@@ -259,6 +259,11 @@ pub struct AccountConfig {
     /// watches and reads stay the account's own credentials.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub impersonate_service_account: Option<crate::v1alpha1::ServiceAccountRef>,
+    /// Let Secret data through the hub's Kubernetes API proxy (the AgentAccount's
+    /// `allowSecretData`); the hub reads it from the account's registration. Not in Armory's
+    /// file.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub allow_secret_data: bool,
     /// The AgentAccount (in `status.namespace`) this account comes from, whose status the
     /// agent writes (not in Armory's file: the operator renders it).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -492,6 +497,7 @@ const KNOWN_KEYS: &[(&str, &[&str])] = &[
             "noProxy",
             "permissions",
             "impersonateServiceAccount",
+            "allowSecretData",
             "agentAccount",
         ],
     ),
@@ -877,6 +883,7 @@ server:
                 namespace: "n".into(),
                 name: "s".into(),
             }),
+            allow_secret_data: true,
             agent_account: Some("aa".into()),
         });
         config.status = Some(StatusTarget {

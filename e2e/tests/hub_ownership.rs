@@ -1440,6 +1440,117 @@ async fn credentials_issued_on_one_replica_work_on_another_at_once_and_revocatio
     let _ = std::fs::remove_dir_all(&root);
 }
 
+/// The token of the kubeconfig `POST /api/v1/accounts/{account}/kubeconfig?{query}` on the
+/// hub at `addr` returns.
+async fn kubeconfig_token_at(
+    addr: std::net::SocketAddr,
+    admin: &str,
+    account: &str,
+    query: &str,
+) -> String {
+    let issued = call(
+        "POST",
+        addr,
+        &format!("/api/v1/accounts/{account}/kubeconfig?{query}"),
+        admin,
+    )
+    .await;
+    assert_eq!(issued.status, 200, "{}", issued.body);
+    issued
+        .body
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("token: "))
+        .unwrap()
+        .trim_matches('"')
+        .to_string()
+}
+
+/// The id of `account`'s Clouddriver token, as the hub at `addr` lists it.
+async fn clouddriver_token_id(addr: std::net::SocketAddr, admin: &str, account: &str) -> String {
+    let tokens = call("GET", addr, "/api/v1/tokens", admin)
+        .await
+        .json_or_null();
+    tokens
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["account"] == account && t["name"] == "clouddriver")
+        .unwrap_or_else(|| panic!("no clouddriver token of {account}: {tokens}"))["id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// Issue 28, F2, on replicas: a Clouddriver (derived) token revoked on one replica is
+/// refused on the other within the sync period, and neither replica derives it (or any
+/// earlier generation) again afterwards, also after rotate-then-revoke on the other one:
+/// the tombstone lives in the shared store.
+#[tokio::test]
+async fn a_revoked_clouddriver_token_is_never_derived_again_on_any_replica() {
+    let server = PostgresServer::start().await.unwrap();
+    let (root, hubs) = hub_processes(&server, "derived-revocation", 2, &[]).await;
+    let (a, b) = (&hubs[0], &hubs[1]);
+    let (admin_a, admin_b) = (admin_token(a), admin_token(b));
+    let limit = SYNC * 2 + Duration::from_secs(2);
+    let opens = |hub: std::net::SocketAddr, token: String| async move {
+        call("GET", hub, "/clusters/prod/api", &token).await.status != 401
+    };
+
+    let first = kubeconfig_token_at(a.http, &admin_a, "prod", "tokenName=clouddriver").await;
+    assert!(
+        opens(b.http, first.clone()).await,
+        "hub-1 refused hub-0's derived token"
+    );
+    let id = clouddriver_token_id(a.http, &admin_a, "prod").await;
+    let revoked = call("DELETE", a.http, &format!("/api/v1/tokens/{id}"), &admin_a).await;
+    assert_eq!(revoked.status, 200, "{}", revoked.body);
+    refused_within(limit, "the revoked Clouddriver token on hub-1", || {
+        let first = first.clone();
+        async move { !opens(b.http, first).await }
+    })
+    .await;
+    assert!(!opens(a.http, first.clone()).await);
+
+    // hub-1 derives the account's token again: the next generation, not the revoked one.
+    let second = kubeconfig_token_at(b.http, &admin_b, "prod", "tokenName=clouddriver").await;
+    assert_ne!(second, first, "hub-1 derived the revoked token again");
+    assert!(opens(b.http, second.clone()).await);
+    // Rotated and revoked on hub-1: hub-0 derives past both.
+    let third = kubeconfig_token_at(
+        b.http,
+        &admin_b,
+        "prod",
+        "tokenName=clouddriver&rotate=true",
+    )
+    .await;
+    let id = clouddriver_token_id(b.http, &admin_b, "prod").await;
+    let revoked = call("DELETE", b.http, &format!("/api/v1/tokens/{id}"), &admin_b).await;
+    assert_eq!(revoked.status, 200, "{}", revoked.body);
+    refused_within(limit, "the rotated, revoked token on hub-0", || {
+        let third = third.clone();
+        async move { !opens(a.http, third).await }
+    })
+    .await;
+    let fourth = kubeconfig_token_at(a.http, &admin_a, "prod", "tokenName=clouddriver").await;
+    for (old, what) in [(&first, "first"), (&second, "second"), (&third, "rotated")] {
+        assert_ne!(&fourth, old, "hub-0 derived the {what} token again");
+        for hub in [a.http, b.http] {
+            assert!(
+                !opens(hub, old.clone()).await,
+                "the {what} token opens {hub}"
+            );
+        }
+    }
+    assert!(opens(a.http, fourth.clone()).await);
+    refused_within(limit, "nothing: the newest token on hub-1", || {
+        let fourth = fourth.clone();
+        async move { opens(b.http, fourth).await }
+    })
+    .await;
+    drop(hubs);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
 /// Lines of a hub process's log holding every one of `needles`.
 fn log_lines(hub: &scale_agent_e2e::fleet::HubProcess, needles: &[&str]) -> usize {
     hub.log_tail(100_000)

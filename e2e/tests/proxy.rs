@@ -77,6 +77,9 @@ fn account_entry(name: &str, kubeconfig: &Path) -> Value {
         "name": name,
         "kubeconfigFile": kubeconfig.display().to_string(),
         "kinds": ["configmaps"],
+        // Helm keeps releases in Secrets: only accounts named helm-… opt in to Secret data
+        // through the proxy, the others show the default.
+        "allowSecretData": name.starts_with("helm-"),
     })
 }
 
@@ -675,12 +678,26 @@ fn ensure_ok(what: &str, outcome: &Outcome) -> anyhow::Result<()> {
 async fn helm_installs_upgrades_rolls_back_and_uninstalls_through_the_proxy() -> anyhow::Result<()>
 {
     let account = account_name("helm");
-    let setup = Setup::new("helm", &[&account]).await?;
+    let plain = account_name("nohelm");
+    let setup = Setup::new("helm", &[&account, &plain]).await?;
     let kubeconfig = setup.kubeconfig(&account, "helm").await?;
     let namespace = control_plane()?.namespace(&setup.admin, "helm").await?;
     let chart = write_chart(&setup.dir)?;
     let chart = chart.display().to_string();
     let ns = format!("--namespace={namespace}");
+
+    // Without allowSecretData on its account, Helm cannot read or write its release
+    // Secrets through the proxy, and says why.
+    let refused = helm(
+        &setup.dir,
+        &setup.kubeconfig(&plain, "helm").await?,
+        &["install", "rel", &chart, &ns, "--wait", "--timeout=1m"],
+    )
+    .await?;
+    anyhow::ensure!(
+        !refused.success() && refused.stderr.contains("allowSecretData"),
+        "helm install without the opt-in: {refused:?}"
+    );
     ensure_ok(
         "helm install --wait",
         &helm(

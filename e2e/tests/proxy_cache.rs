@@ -144,10 +144,14 @@ impl Setup {
         );
         let mut kinds: Vec<String> = KINDS.iter().map(|k| k.to_string()).collect();
         kinds.push(format!("widgets.{widget_group}"));
+        // Opted in to Secret data through the proxy: these tests compare every read with
+        // the API server's, Secrets' data included (tunnelled); the default is in
+        // hub/tests/proxy_secrets.rs.
         let mut account_config = json!({
             "name": account,
             "kubeconfigFile": direct.display().to_string(),
             "kinds": kinds,
+            "allowSecretData": true,
         });
         let collections = if per_namespace {
             let second = control_plane
@@ -1140,12 +1144,19 @@ async fn watches_of_namespaces_watched_one_by_one_come_from_the_cache() -> anyho
         "{}",
         watched.body
     );
-    // All namespaces: not one of the agent's watches; the API server answers.
+    // All namespaces: not one of the agent's watches, so tunnelled, and outside the
+    // account's namespaces, so the agent refuses it (issue 28, F8).
     let all = setup
         .get("/api/v1/configmaps?watch=true&timeoutSeconds=1", None)
         .await?;
-    assert_eq!(all.status, 200, "{}", all.body);
+    assert_eq!(all.status, 403, "{}", all.body);
     assert_eq!(all.header("x-scale-agent-cache"), Some("tunnel"));
+    assert!(
+        all.body
+            .contains("across all namespaces or on cluster-scoped objects"),
+        "{}",
+        all.body
+    );
     setup.stop().await
 }
 

@@ -559,6 +559,8 @@ async fn every_documented_operation_works_or_is_the_documented_403_for_each_acce
             json!({
                 "agentRef": "deploy", "accountName": deploy_account, "namespaces": [ns],
                 "kinds": KINDS, "deployKinds": deploy_kinds,
+                // kubectl apply of a Secret through the proxy reads and writes Secret data.
+                "allowSecretData": true,
             }),
         ),
     )
@@ -849,12 +851,19 @@ async fn every_documented_operation_works_or_is_the_documented_403_for_each_acce
             let allowed = if agent == "ro" { *read_only } else { *deploy };
             let outcome = run(args.clone(), stdin.map(str::to_owned)).await?;
             let messages = outcome.messages();
+            // The ReadOnly account does not opt in to Secret data through the proxy: the hub
+            // refuses its Secret writes before RBAC would (issue 28, F3).
+            let refused_by = if agent == "ro" && what.contains("Secret") {
+                "allowSecretData".to_string()
+            } else {
+                format!("{agent}-agent")
+            };
             let as_expected = if allowed {
                 outcome.success()
             } else {
                 !outcome.success()
                     && messages.to_lowercase().contains("forbidden")
-                    && messages.contains(&format!("{agent}-agent"))
+                    && messages.contains(&refused_by)
             };
             if !as_expected {
                 failures.push(format!(

@@ -169,6 +169,7 @@ fn token(id: &str) -> TokenRecord {
         created: 5,
         generation: Some(2),
         role: None,
+        revoked: false,
     }
 }
 

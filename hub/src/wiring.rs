@@ -115,5 +115,8 @@ pub(crate) fn http_routes(hub: &Arc<Hub>) -> axum::Router {
     );
     let proxy =
         proxy::router(hub.proxy_routes()).nest(owners::forward::INTERNAL_PREFIX, internal_proxy);
-    api.merge(proxy)
+    // Refusals answer once their request's body is in (bounded): see the module docs.
+    api.merge(proxy).layer(axum::middleware::from_fn(
+        scale_agent_hub_net::refusals::read_refused_bodies,
+    ))
 }

@@ -312,7 +312,7 @@ async fn an_agent_beyond_its_window_is_cut_off_and_a_standby_takes_over() {
         let (http, token) = (http.clone(), token.clone());
         tokio::spawn(async move {
             let request = http
-                .request("GET", "/clusters/prod/api/v1/secrets")
+                .request("GET", "/clusters/prod/api/v1/pods")
                 .header("authorization", format!("Bearer {token}"))
                 .body(empty())
                 .unwrap();

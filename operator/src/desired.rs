@@ -300,6 +300,7 @@ fn account_config(
         no_proxy: false,
         permissions,
         impersonate_service_account: spec.impersonate_service_account.clone(),
+        allow_secret_data: spec.allow_secret_data,
     }
 }
 

@@ -19,6 +19,7 @@ use crate::{
     error::{Error, Result},
     hub_conn::{WELCOME_TIMEOUT, await_welcome, connect},
     session::Session,
+    tunnel::Route,
     watch::Outbound,
 };
 
@@ -297,11 +298,23 @@ impl Runtime {
             Some(hub_message::Kind::Operation(operation)) => self.operate(operation, session),
             Some(hub_message::Kind::Tunnel(frame)) => {
                 let accounts = &self.accounts;
-                session.tunnel.handle(frame, |account, write| {
-                    accounts
-                        .get(account)
-                        .and_then(|entry| entry.prepared.as_ref())
-                        .map(|prepared| prepared.proxy_client_for(write))
+                session.tunnel.handle(frame, |head| {
+                    let Some(entry) = accounts.get(&head.account) else {
+                        return Route::NotServed;
+                    };
+                    if let Some(message) = crate::tunnel_scope::refusal(
+                        &entry.config,
+                        &head.method,
+                        &head.path_and_query,
+                    ) {
+                        return Route::Refused(message);
+                    }
+                    match entry.prepared.as_ref() {
+                        Some(prepared) => {
+                            Route::Replay(prepared.proxy_client_for(crate::tunnel::is_write(head)))
+                        }
+                        None => Route::NotServed,
+                    }
                 });
             }
             Some(hub_message::Kind::CertificateRenewal(renewal)) => self.renewed(renewal),

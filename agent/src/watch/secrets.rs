@@ -3,7 +3,8 @@
 //!
 //! Secrets are requested as metadata only (`PartialObjectMetadata`), but a Secret made by
 //! client-side `kubectl apply` carries its whole data, in clear, in the
-//! [`LAST_APPLIED`] annotation, and annotations are metadata. kube's typed decoding copies
+//! [`LAST_APPLIED`](crate::convert::LAST_APPLIED) annotation (and other tools in others,
+//! [`crate::convert::MANIFEST_ANNOTATIONS`]), and annotations are metadata. kube's typed decoding copies
 //! that value into owned `String`s (and its watch line codec copies each event into a
 //! `String`), which are freed without being wiped. Here instead:
 //! - the response body is copied into one [`WipedBuffer`] this module owns, and each body
@@ -38,7 +39,7 @@ use serde_json::{Map, Value};
 use zeroize::Zeroize as _;
 
 use super::event::Event;
-use crate::convert::LAST_APPLIED;
+use crate::convert::holds_a_manifest;
 
 /// Bytes of a response body, owned here so that they can be zeroed: each line is zeroed
 /// where it lay once decoded, and the old allocation is zeroed when the buffer grows.
@@ -139,7 +140,8 @@ pub fn absorb(buffer: &mut WipedBuffer, chunk: Bytes, stats: &mut ChunkStats) {
 }
 
 /// An object decoded without its Secret data. `object` is the JSON object less `data`,
-/// `stringData`, `metadata.managedFields` and the [`LAST_APPLIED`] annotation.
+/// `stringData`, `metadata.managedFields` and the annotations that hold an applied manifest
+/// ([`crate::convert::MANIFEST_ANNOTATIONS`]).
 #[derive(Debug, Default)]
 pub struct Scrubbed {
     pub object: Value,
@@ -196,7 +198,11 @@ impl<'de> Visitor<'de> for Level {
         let mut held_data = false;
         while let Some(key) = access.next_key::<String>()? {
             match (self, key.as_str()) {
-                (Level::Object, "data" | "stringData") | (Level::Annotations, LAST_APPLIED) => {
+                (Level::Object, "data" | "stringData") => {
+                    access.next_value::<IgnoredAny>()?;
+                    held_data = true;
+                }
+                (Level::Annotations, name) if holds_a_manifest(name) => {
                     access.next_value::<IgnoredAny>()?;
                     held_data = true;
                 }
@@ -418,6 +424,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::convert::LAST_APPLIED;
 
     const MARKER: &str = "plain-marker-0123456789";
 
@@ -460,6 +467,39 @@ mod tests {
             "payments"
         );
         assert_eq!(scrubbed.object["kind"], "PartialObjectMetadata");
+    }
+
+    #[test]
+    fn every_annotation_known_to_hold_a_manifest_is_skipped() {
+        let mut object = applied_secret("43");
+        for name in crate::convert::MANIFEST_ANNOTATIONS {
+            object["metadata"]["annotations"][name] = json!(format!("{{\"data\":\"{MARKER}\"}}"));
+        }
+        let text = serde_json::to_vec(&object).unwrap();
+        let scrubbed: Scrubbed = serde_json::from_slice(&text).unwrap();
+        assert!(scrubbed.held_data);
+        let out = scrubbed.object.to_string();
+        assert!(!out.contains(MARKER), "{out}");
+        assert!(
+            !out.contains("kapp.k14s.io") && !out.contains("cattle.io"),
+            "{out}"
+        );
+        assert_eq!(
+            scrubbed.object["metadata"]["annotations"],
+            json!({"team": "payments"})
+        );
+        // And the scrub of operation results and other paths drops them too.
+        let mut other = object.clone();
+        let secret = crate::kinds::KindRef {
+            group: String::new(),
+            version: "v1".into(),
+            kind: "Secret".into(),
+            plural: "secrets".into(),
+            namespaced: true,
+        };
+        crate::convert::scrub(&secret, &mut other);
+        let out = other.to_string();
+        assert!(!out.contains(MARKER), "{out}");
     }
 
     #[test]

@@ -172,6 +172,16 @@ pub struct AgentAccountSpec {
     #[serde(default, skip_serializing_if = "is_false")]
     pub pod_metrics: bool,
 
+    /// Let Secret data through the hub's Kubernetes API proxy for this account: full reads,
+    /// lists and watches of Secrets (every form: `-o json`, tables, field selectors) and
+    /// writes of Secrets, which answer with the object. Helm (release Secrets) and `kubectl
+    /// apply` of Secrets through the proxy need it. Without it the proxy serves Secrets as
+    /// the hub caches them (metadata only, no `data`) and refuses the rest with 403. Grants
+    /// every holder of the account's tokens the Secrets the agent may read: reserved to
+    /// cluster administrators by the shipped admission policy. Default: false.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub allow_secret_data: bool,
+
     /// Run this account's operations and the writes proxied to it (every method but GET,
     /// HEAD and OPTIONS, and exec, attach and port-forward) as this ServiceAccount, e.g.
     /// `{namespace: team-a, name: spinnaker-deployer}`, so what Spinnaker may change is what

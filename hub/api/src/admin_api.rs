@@ -78,6 +78,9 @@ pub(crate) async fn kubeconfig_for(
 ) -> scale_agent_hub_model::Result<(String, TokenRecord)> {
     let now = jiff::Timestamp::now().as_second();
     let mut store = api.store.lock().await;
+    if token_name == CLOUDDRIVER_TOKEN {
+        scale_agent_hub_replicas::sync::refresh_tokens(&api.replicas, &api.auth).await?;
+    }
     let (token, record, ops) = {
         let mut tokens = api.auth.tokens();
         if token_name == CLOUDDRIVER_TOKEN && rotate {

@@ -16,6 +16,12 @@
 //! under a key kept in the store, so the hub can render the same kubeconfig again after a
 //! restart (Clouddriver keeps using it) without storing the token itself; rotating it bumps
 //! the generation.
+//!
+//! Revoking a derived token leaves a tombstone record (no hash, the revoked generation) in
+//! the store, one per account and name. A generation at or below a tombstone's is never
+//! derived again nor accepted, on this replica, on the others (they read the store) and after
+//! a restart: without it, the next derivation (the registrar's, within a second) would start
+//! again at generation 1 and bring a leaked, revoked token back.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -104,6 +110,8 @@ pub struct Tokens {
     by_hash: HashMap<[u8; 32], String>,
     /// account → name → id.
     by_name: HashMap<String, HashMap<String, String>>,
+    /// (account, name) → the tombstone of its last revoked derived token.
+    tombstones: HashMap<(String, String), TokenRecord>,
     key: hmac::Key,
 }
 
@@ -135,6 +143,7 @@ impl Tokens {
             records: BTreeMap::new(),
             by_hash: HashMap::new(),
             by_name: HashMap::new(),
+            tombstones: HashMap::new(),
             key: hmac::Key::new(hmac::HMAC_SHA256, &key_bytes),
         };
         for record in records {
@@ -144,6 +153,10 @@ impl Tokens {
     }
 
     fn insert(&mut self, record: TokenRecord) {
+        if record.revoked {
+            self.remember_tombstone(record);
+            return;
+        }
         if let Some(h) = stored_hash(&record) {
             self.by_hash.insert(h, record.id.clone());
         }
@@ -152,6 +165,27 @@ impl Tokens {
             .or_default()
             .insert(record.name.clone(), record.id.clone());
         self.records.insert(record.id.clone(), record);
+    }
+
+    /// Keeps the tombstone with the highest generation of its account and name.
+    fn remember_tombstone(&mut self, record: TokenRecord) {
+        let key = (record.account.clone(), record.name.clone());
+        if self
+            .tombstones
+            .get(&key)
+            .is_none_or(|kept| kept.generation < record.generation)
+        {
+            self.tombstones.insert(key, record);
+        }
+    }
+
+    /// The highest revoked generation of the derived token of `account` named `name` (0
+    /// when none was revoked).
+    pub fn revoked_generation(&self, account: &str, name: &str) -> u32 {
+        self.tombstones
+            .get(&(account.to_string(), name.to_string()))
+            .and_then(|t| t.generation)
+            .unwrap_or(0)
     }
 
     fn remove(&mut self, id: &str) -> Option<TokenRecord> {
@@ -176,6 +210,7 @@ impl Tokens {
         self.records.clear();
         self.by_hash.clear();
         self.by_name.clear();
+        self.tombstones.clear();
         for record in records {
             self.insert(record);
         }
@@ -184,6 +219,10 @@ impl Tokens {
     /// Adds a record another replica issued (looked up in the shared store), replacing the
     /// one of the same account and name.
     pub fn learn(&mut self, record: TokenRecord) {
+        if record.revoked {
+            self.remember_tombstone(record);
+            return;
+        }
         if let Some(id) = self
             .find(&record.account, &record.name)
             .map(|r| r.id.clone())
@@ -215,6 +254,12 @@ impl Tokens {
         self.by_hash
             .get(&hash(token))
             .and_then(|id| self.records.get(id))
+            // A derived record at or below a revoked generation (one learnt from the store,
+            // or written by a replica that had not seen the revocation yet) opens nothing.
+            .filter(|r| {
+                r.generation
+                    .is_none_or(|g| g > self.revoked_generation(&r.account, &r.name))
+            })
     }
 
     /// Issues a random API token named `name` with `role`; an API token of the same name is
@@ -252,23 +297,35 @@ impl Tokens {
     }
 
     /// The derived token of `account` named `name` (see the module docs), creating its
-    /// record (generation 1) when there is none. The ops are empty when nothing changed.
+    /// record when there is none: generation 1, or the one after the last revoked. The ops
+    /// are empty when nothing changed.
     pub fn derived(
         &mut self,
         account: &str,
         name: &str,
         now_unix: i64,
     ) -> Result<(String, TokenRecord, Vec<StoreOp>)> {
+        let floor = self.revoked_generation(account, name);
         let existing = self.find(account, name).cloned();
         if let Some(record) = existing.clone()
             && let Some(generation) = record.generation
+            && generation > floor
         {
             let token = self.derive(account, name, generation);
             if hex(&hash(&token)) == record.sha256 {
                 return Ok((token, record, Vec::new()));
             }
         }
-        let generation = existing.and_then(|r| r.generation).unwrap_or(1);
+        let generation = existing
+            .and_then(|r| r.generation)
+            .unwrap_or(1)
+            .max(floor.saturating_add(1));
+        if floor > 0 {
+            tracing::info!(
+                %account, token = %name, generation, revoked = floor,
+                "deriving a new token: the earlier generations were revoked"
+            );
+        }
         let token = self.derive(account, name, generation);
         self.put(account, name, &token, Some(generation), None, now_unix)
     }
@@ -284,6 +341,7 @@ impl Tokens {
             .find(account, name)
             .and_then(|r| r.generation)
             .unwrap_or(0)
+            .max(self.revoked_generation(account, name))
             .saturating_add(1);
         let token = self.derive(account, name, generation);
         self.put(account, name, &token, Some(generation), None, now_unix)
@@ -316,6 +374,7 @@ impl Tokens {
             created: now_unix,
             generation,
             role,
+            revoked: false,
         };
         ops.push(StoreOp::PutToken {
             record: record.clone(),
@@ -324,10 +383,29 @@ impl Tokens {
         Ok((token.to_string(), record, ops))
     }
 
-    /// Revokes the token with this id.
+    /// Revokes the token with this id. A derived token leaves a tombstone of its generation
+    /// (see the module docs) in place of the record.
     pub fn revoke(&mut self, id: &str) -> Option<(TokenRecord, Vec<StoreOp>)> {
         let record = self.remove(id)?;
-        Some((record, vec![StoreOp::DeleteToken { id: id.to_string() }]))
+        let mut ops = vec![StoreOp::DeleteToken { id: id.to_string() }];
+        if let Some(generation) = record.generation {
+            // One tombstone per account and name, under an id made from them, so that two
+            // replicas revoking at once overwrite each other instead of adding up.
+            let name_hash = sha256_hex(&format!("{}\0{}", record.account, record.name));
+            let generation = generation.max(self.revoked_generation(&record.account, &record.name));
+            let tombstone = TokenRecord {
+                id: format!("revoked-{}", &name_hash[..16]),
+                sha256: String::new(),
+                generation: Some(generation),
+                revoked: true,
+                ..record.clone()
+            };
+            ops.push(StoreOp::PutToken {
+                record: tombstone.clone(),
+            });
+            self.remember_tombstone(tombstone);
+        }
+        Some((record, ops))
     }
 
     /// Every token, ordered by account (API tokens, with none, first), then name.
@@ -531,6 +609,97 @@ mod tests {
             other_hub.derived("prod", CLOUDDRIVER_TOKEN, 1).unwrap().0,
             first
         );
+    }
+
+    /// What a store holds after `ops`, as records (a restart or another replica reads these).
+    fn apply(store: &mut BTreeMap<String, TokenRecord>, ops: Vec<StoreOp>) {
+        for op in ops {
+            match op {
+                StoreOp::PutToken { record } => {
+                    store.insert(record.id.clone(), record);
+                }
+                StoreOp::DeleteToken { id } => {
+                    store.remove(&id);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    #[test]
+    fn a_revoked_derived_token_never_comes_back() {
+        let mut store = BTreeMap::new();
+        let (mut t, key_ops) = Tokens::load(Vec::new(), None).unwrap();
+        let key = match &key_ops[..] {
+            [StoreOp::PutMeta { value, .. }] => value.clone(),
+            other => panic!("{other:?}"),
+        };
+        let (first, record, ops) = t.derived("prod", CLOUDDRIVER_TOKEN, 1).unwrap();
+        apply(&mut store, ops);
+        let (_, ops) = t.revoke(&record.id).unwrap();
+        apply(&mut store, ops);
+        assert!(t.verify(&first).is_none());
+        assert!(t.list().is_empty(), "a tombstone is not a token to list");
+        assert!(t.find("prod", CLOUDDRIVER_TOKEN).is_none());
+
+        // The registrar derives again at once: a new generation, never the revoked one.
+        let (second, record, ops) = t.derived("prod", CLOUDDRIVER_TOKEN, 2).unwrap();
+        apply(&mut store, ops);
+        assert_eq!(record.generation, Some(2));
+        assert_ne!(second, first);
+        assert!(t.verify(&first).is_none());
+
+        // Rotate, then revoke the rotated one: neither earlier generation returns.
+        let (third, record, ops) = t.rotate_derived("prod", CLOUDDRIVER_TOKEN, 3).unwrap();
+        apply(&mut store, ops);
+        assert_eq!(record.generation, Some(3));
+        let (_, ops) = t.revoke(&record.id).unwrap();
+        apply(&mut store, ops);
+        let (fourth, record, ops) = t.derived("prod", CLOUDDRIVER_TOKEN, 4).unwrap();
+        apply(&mut store, ops);
+        assert_eq!(record.generation, Some(4));
+        for old in [&first, &second, &third] {
+            assert!(t.verify(old).is_none());
+            assert_ne!(old, &fourth);
+        }
+
+        // A restart (or another replica) reads the tombstone from the store.
+        let records: Vec<TokenRecord> = store.values().cloned().collect();
+        assert_eq!(
+            records.iter().filter(|r| r.revoked).count(),
+            1,
+            "one tombstone per account and name: {records:?}"
+        );
+        let (mut reloaded, _) = Tokens::load(records.clone(), Some(&key)).unwrap();
+        assert_eq!(reloaded.revoked_generation("prod", CLOUDDRIVER_TOKEN), 3);
+        assert_eq!(
+            reloaded.derived("prod", CLOUDDRIVER_TOKEN, 5).unwrap().0,
+            fourth
+        );
+        // A replica that had not seen the revocation wrote generation 3 back: still refused.
+        let mut stale = records;
+        stale.push(TokenRecord {
+            id: "stale".into(),
+            account: "prod".into(),
+            name: CLOUDDRIVER_TOKEN.into(),
+            sha256: sha256_hex(&third),
+            created: 3,
+            generation: Some(3),
+            role: None,
+            revoked: false,
+        });
+        reloaded.replace_records(stale);
+        assert!(reloaded.verify(&third).is_none());
+        // Revoking everything and a new store record: the floor holds on a fresh load too.
+        let (mut fresh, _) = Tokens::load(store.values().cloned().collect(), Some(&key)).unwrap();
+        let id = fresh.find("prod", CLOUDDRIVER_TOKEN).unwrap().id.clone();
+        let (_, ops) = fresh.revoke(&id).unwrap();
+        apply(&mut store, ops);
+        let (mut after, _) = Tokens::load(store.values().cloned().collect(), Some(&key)).unwrap();
+        let (fifth, record, _) = after.derived("prod", CLOUDDRIVER_TOKEN, 6).unwrap();
+        assert_eq!(record.generation, Some(5));
+        assert!(after.verify(&fourth).is_none());
+        assert!(after.verify(&fifth).is_some());
     }
 
     #[test]

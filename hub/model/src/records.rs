@@ -75,6 +75,15 @@ pub struct TokenRecord {
     /// Set for API tokens: what the token may do on the HTTP API.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub role: Option<Role>,
+    /// A tombstone: the derived token of this account and name was revoked at `generation`.
+    /// It opens nothing (its `sha256` is empty) and stays in the store so that no replica,
+    /// now or after a restart, derives that generation or an earlier one again.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub revoked: bool,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 impl TokenRecord {

@@ -1,7 +1,8 @@
 //! `scale-agent-hub-net`: the hub's network edge, with no knowledge of what is served. The
 //! listeners' TLS options and configurations ([`tls`], [`serve`]), the HTTP server loop and
 //! its handshake logging ([`serve`]), the answers the hub's routers share (the REST API's
-//! JSON error in [`http`], Kubernetes `Status` errors in [`status`]), which headers cross
+//! JSON error in [`http`], Kubernetes `Status` errors in [`status`]), refusals that wait for
+//! their request's body ([`refusals`]), which headers cross
 //! the Kubernetes API proxy's tunnel ([`headers`]), and the HTTPS clients' set-up
 //! ([`https`]).
 //!
@@ -11,6 +12,7 @@
 pub mod headers;
 pub mod http;
 pub mod https;
+pub mod refusals;
 pub mod serve;
 pub mod status;
 pub mod tls;

@@ -39,6 +39,7 @@ mod discovery_request;
 pub mod events;
 mod forward;
 mod metrics;
+pub mod secrets;
 mod state;
 mod upgrade;
 pub use scale_agent_hub_net::{headers, status};
@@ -280,6 +281,19 @@ async fn answer(proxy: &Arc<Proxy>, request: Request) -> Result<(Response, Serve
             "account {account:?} is not known to this hub: no agent has registered it (or it \
              was removed after its grace period); check the agents with GET /api/v1/agents"
         )));
+    }
+    // Secret data stays home unless the account opted in.
+    if let Some(response) = secrets::guard(
+        proxy,
+        &account,
+        api_path,
+        request.method(),
+        request.uri().query(),
+        request.headers(),
+    )
+    .await?
+    {
+        return Ok((response, Served::Cache));
     }
     let path_and_query = match request.uri().query() {
         Some(query) => format!("{api_path}?{query}"),

@@ -140,6 +140,18 @@ async fn refresh(
     Ok(())
 }
 
+/// Reads every token record again from the shared store, when there is one: before a
+/// Clouddriver token is derived or rotated, because another replica may have rotated or
+/// revoked it since the last refresh, and deriving from a stale record would hand out a
+/// replaced token (issue 28, F2). Call it holding the store's lock, as [`refresh`] does.
+pub async fn refresh_tokens(replicas: &Replicas, auth: &AuthBook) -> Result<()> {
+    if let Some(store) = &replicas.shared {
+        let tables = store.tables().await?;
+        auth.tokens().replace_records(tables.tokens);
+    }
+    Ok(())
+}
+
 /// A proxy or API token (`sat_…`) this replica does not know is looked up in the shared
 /// store, and kept when found: issued on another replica since the last refresh.
 pub async fn learn_token(replicas: &Replicas, auth: &AuthBook, token: &str) {

@@ -915,6 +915,7 @@ mod tests {
             created: 5,
             generation: None,
             role: None,
+            revoked: false,
         };
         {
             let mut store = RedbStore::open(&dir).unwrap();

@@ -109,12 +109,41 @@ pub(crate) async fn read(
     query: Option<&str>,
     headers: &HeaderMap,
 ) -> Option<Response> {
+    read_from_cache(live, reads, account, api_path, query, headers, false).await
+}
+
+/// [`read`], but a full read of Secrets is answered with the Secrets as cached (no data)
+/// instead of `None`: for accounts whose Secret data stays home ([`crate::secrets`]).
+pub(crate) async fn read_as_cached(
+    live: &Live,
+    reads: &CachedReads,
+    account: &str,
+    api_path: &str,
+    query: Option<&str>,
+    headers: &HeaderMap,
+) -> Option<Response> {
+    read_from_cache(live, reads, account, api_path, query, headers, true).await
+}
+
+async fn read_from_cache(
+    live: &Live,
+    reads: &CachedReads,
+    account: &str,
+    api_path: &str,
+    query: Option<&str>,
+    headers: &HeaderMap,
+    secrets_as_cached: bool,
+) -> Option<Response> {
     let target = request::parse_path(api_path)?;
     let options = request::parse_query(query)?;
     let list = target.name.is_none();
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
     let form = request::parse_accept(accept, list)?;
-    if target.group.is_empty() && target.resource == "secrets" && form == Form::Full {
+    if target.group.is_empty()
+        && target.resource == "secrets"
+        && form == Form::Full
+        && !secrets_as_cached
+    {
         // Secret data never reaches the hub: only the API server has it.
         return None;
     }

@@ -244,6 +244,29 @@ pub(crate) async fn watch(
     query: Option<&str>,
     headers: &HeaderMap,
 ) -> Option<Response> {
+    watch_from_cache(proxy, account, api_path, query, headers, false).await
+}
+
+/// [`watch`], but a watch of Secrets is answered with the Secrets as cached (no data)
+/// instead of `None`: for accounts whose Secret data stays home ([`crate::secrets`]).
+pub(crate) async fn watch_as_cached(
+    proxy: &Arc<Proxy>,
+    account: &str,
+    api_path: &str,
+    query: Option<&str>,
+    headers: &HeaderMap,
+) -> Option<Response> {
+    watch_from_cache(proxy, account, api_path, query, headers, true).await
+}
+
+async fn watch_from_cache(
+    proxy: &Arc<Proxy>,
+    account: &str,
+    api_path: &str,
+    query: Option<&str>,
+    headers: &HeaderMap,
+    secrets_as_cached: bool,
+) -> Option<Response> {
     let target = request::parse_path(api_path)?;
     let options = parse_watch_query(query)?;
     if target.name.is_some() {
@@ -251,7 +274,7 @@ pub(crate) async fn watch(
     }
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
     if request::parse_accept(accept, false)? != Form::Full
-        || (target.group.is_empty() && target.resource == "secrets")
+        || (target.group.is_empty() && target.resource == "secrets" && !secrets_as_cached)
     {
         return None;
     }
