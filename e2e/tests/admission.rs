@@ -434,7 +434,7 @@ async fn a_tenant_cannot_escalate_through_scale_agents_or_agent_accounts() -> an
         .await?;
 
     // AgentAccounts: impersonating a controller of kube-system, another team's kubeconfig,
-    // every namespace, deployKinds.
+    // every namespace, deployKinds, Secret data through the proxy.
     let cases = [
         (
             json!({ "namespaces": [namespace], "impersonateServiceAccount": { "namespace": "kube-system", "name": "replicaset-controller" } }),
@@ -452,6 +452,10 @@ async fn a_tenant_cannot_escalate_through_scale_agents_or_agent_accounts() -> an
         (
             json!({ "namespaces": [namespace], "deployKinds": ["ClusterRoleBinding"] }),
             "sets spec.deployKinds",
+        ),
+        (
+            json!({ "namespaces": [namespace], "allowSecretData": true }),
+            "sets spec.allowSecretData",
         ),
     ];
     for (spec, why) in cases {
@@ -490,11 +494,14 @@ async fn a_tenant_cannot_escalate_through_scale_agents_or_agent_accounts() -> an
         Ok(()),
         "bob: a kubeconfig account with a Secret it may read"
     );
-    let wide = agent_account("wide", json!({ "deployKinds": ["Deployment"] }))?;
+    let wide = agent_account(
+        "wide",
+        json!({ "deployKinds": ["Deployment"], "allowSecretData": true }),
+    )?;
     assert_eq!(
         create(&alice, &namespace, &wide, false).await?,
         Ok(()),
-        "alice, in {ADMIN_GROUP}: every namespace, deployKinds"
+        "alice, in {ADMIN_GROUP}: every namespace, deployKinds, Secret data"
     );
     Ok(())
 }
