@@ -38,6 +38,13 @@ pub mod pod;
 pub const CONFIG_KEY: &str = "scale-agent.yaml";
 /// Where the config ConfigMap is mounted.
 pub const CONFIG_DIR: &str = "/etc/scale-agent";
+/// How long an agent drains on SIGTERM (its `--drain-timeout-seconds`, the agent's own
+/// default): it hands its accounts to the other replicas and finishes the operations and
+/// tunnelled requests in flight, so a rolling update cuts none.
+pub const AGENT_DRAIN_SECONDS: i64 = 25;
+/// The pod's terminationGracePeriodSeconds: the drain plus time to close the stream and
+/// exit, before the kubelet kills the container.
+pub const AGENT_TERMINATION_GRACE_SECONDS: i64 = AGENT_DRAIN_SECONDS + 10;
 /// Where the client certificate Secret is mounted (`tls.crt`, `tls.key`, `ca.crt`).
 pub const TLS_DIR: &str = "/var/run/scale-agent/tls";
 /// Where the hub CA Secret is mounted.
@@ -575,6 +582,13 @@ pub fn deployment(agent: &ScaleAgent, kubeconfig_secrets: &BTreeSet<String>) -> 
             [
                 field_env("POD_NAME", "metadata.name"),
                 field_env("POD_NAMESPACE", "metadata.namespace"),
+                // Set here, beside the grace period it must stay below (older agents
+                // ignore it).
+                EnvVar {
+                    name: "SCALE_AGENT_DRAIN_TIMEOUT_SECONDS".into(),
+                    value: Some(AGENT_DRAIN_SECONDS.to_string()),
+                    ..Default::default()
+                },
             ]
             .into_iter()
             .chain(pod::extra_env(agent))
@@ -619,6 +633,7 @@ pub fn deployment(agent: &ScaleAgent, kubeconfig_secrets: &BTreeSet<String>) -> 
             ..Default::default()
         }),
         topology_spread_constraints: Some(pod::topology_spread(agent)),
+        termination_grace_period_seconds: Some(AGENT_TERMINATION_GRACE_SECONDS),
         ..Default::default()
     };
     pod::place(agent, &mut pod);
@@ -832,6 +847,22 @@ pub(crate) mod tests {
             Some("/readyz")
         );
         assert_eq!(container.env.as_ref().unwrap()[0].name, "POD_NAME");
+        // The drain on SIGTERM fits in the grace period.
+        let drain = container
+            .env
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|e| e.name == "SCALE_AGENT_DRAIN_TIMEOUT_SECONDS")
+            .and_then(|e| e.value.as_deref())
+            .unwrap()
+            .parse::<i64>()
+            .unwrap();
+        let grace = pod.termination_grace_period_seconds.unwrap();
+        assert!(
+            drain > 0 && drain + 5 <= grace,
+            "drain {drain} s, grace {grace} s"
+        );
         let mounts: Vec<_> = container
             .volume_mounts
             .as_ref()
