@@ -67,6 +67,7 @@ impl Runtime {
         let mut heartbeat = tokio::time::interval_at(Instant::now() + period, period);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut poll = tokio::time::interval(POLL);
+        let mut last_heard = Instant::now();
         loop {
             if session.acknowledged(unregistered)
                 && session.operations.is_empty()
@@ -102,6 +103,7 @@ impl Runtime {
                         tracing::info!("the hub ended the stream during the drain");
                         return End::Shutdown;
                     };
+                    last_heard = Instant::now();
                     // Only what finishes the work routed here: new assignments, accounts
                     // and settings no longer matter.
                     let wanted = matches!(
@@ -117,6 +119,10 @@ impl Runtime {
                     }
                 }
                 _ = heartbeat.tick() => {
+                    if last_heard.elapsed() > period * 2 {
+                        tracing::warn!("the hub sent nothing for two heartbeat periods during the drain; stopping");
+                        return End::Shutdown;
+                    }
                     if session.heartbeat().await.is_err() {
                         return End::Shutdown;
                     }
