@@ -106,7 +106,7 @@ pub struct Options {
     /// (the hub routes new operations and tunnels to another replica of the identity, and a
     /// standby takes over the watches), finishes the operations and tunnelled requests
     /// already running, then ends its stream. Keep it below the pod's
-    /// terminationGracePeriodSeconds (the operator sets that to this plus 10 s). 0: no drain.
+    /// terminationGracePeriodSeconds (the operator sets that to 35 s). 0: no drain.
     #[arg(
         long,
         env = "SCALE_AGENT_DRAIN_TIMEOUT_SECONDS",

@@ -24,8 +24,8 @@ use tokio::{sync::mpsc, time::Instant};
 use super::{End, Runtime};
 use crate::session::Session;
 
-/// The default of `--drain-timeout-seconds`; the operator gives the pod's
-/// terminationGracePeriodSeconds 10 s more.
+/// The default of `--drain-timeout-seconds`; the operator gives the pod a
+/// terminationGracePeriodSeconds of 35 s (its own pods run with the drain off for now).
 pub const DEFAULT_DRAIN_TIMEOUT_SECONDS: u64 = 25;
 /// How often the drain looks whether the tunnelled exchanges have finished.
 const POLL: Duration = Duration::from_millis(50);
