@@ -102,6 +102,18 @@ pub struct Options {
     )]
     pub status_interval_seconds: u64,
 
+    /// On SIGTERM, the longest the agent drains before it stops: it unregisters its accounts
+    /// (the hub routes new operations and tunnels to another replica of the identity, and a
+    /// standby takes over the watches), finishes the operations and tunnelled requests
+    /// already running, then ends its stream. Keep it below the pod's
+    /// terminationGracePeriodSeconds (the operator sets that to 35 s). 0: no drain.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_DRAIN_TIMEOUT_SECONDS",
+        default_value_t = crate::runtime::DEFAULT_DRAIN_TIMEOUT_SECONDS
+    )]
+    pub drain_timeout_seconds: u64,
+
     /// A command instead of running the agent.
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -156,6 +168,7 @@ impl Options {
             log_format: LogFormat::Text,
             rediscover_seconds: 300,
             status_interval_seconds: 10,
+            drain_timeout_seconds: crate::runtime::DEFAULT_DRAIN_TIMEOUT_SECONDS,
             command: None,
         }
     }

@@ -184,6 +184,16 @@ impl Session {
         self.send(beat).await
     }
 
+    /// The sequence number of the last message sent (0 before Hello).
+    pub(crate) fn last_seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Whether the hub acknowledged every message up to `seq`: it has applied them.
+    pub(crate) fn acknowledged(&self, seq: u64) -> bool {
+        self.acked >= seq
+    }
+
     /// The hub acknowledged every message up to `seq`.
     pub(crate) fn ack(&mut self, seq: u64) {
         self.acked = self.acked.max(seq.min(self.seq));

@@ -223,6 +223,12 @@ impl Tunnel {
         self.exchanges.is_empty()
     }
 
+    /// Whether no exchange is running, once the finished ones are forgotten.
+    pub fn idle(&mut self) -> bool {
+        self.reap();
+        self.is_empty()
+    }
+
     /// Forgets exchanges whose tasks finished.
     fn reap(&mut self) {
         while let Some(done) = self.tasks.try_join_next() {

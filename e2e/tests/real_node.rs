@@ -550,9 +550,10 @@ spec:
         }
         let through_hub = format!("during-rollout-hub-{index}");
         // An agent pod stopped by the rollout drops the requests it is answering: the hub
-        // answers 503 "disconnected before answering" (the agent has no drain on SIGTERM;
-        // a known gap, see the real-node note). Such a failure must say so, and the client's
-        // retry (kubectl apply is idempotent) must succeed; any other failure fails the test.
+        // answers 503 "disconnected before answering" (the operator runs the agents with
+        // their drain on SIGTERM off for now, see AGENT_DRAIN_SECONDS in
+        // operator/src/desired.rs). Such a failure must say so, and the client's retry
+        // (kubectl apply is idempotent) must succeed; any other failure fails the test.
         let yaml = config_map(&through_hub);
         if let Err(first) = hub.run(&cli, &forward, &["apply", "-f", "-"], Some(&yaml)) {
             let said = format!("{first:#}");

@@ -12,9 +12,11 @@
 //! This module holds the state and the reconnect loop; `Runtime`'s other methods live by
 //! job in the child modules: `stream` (one stream: handshake, loop, the hub's messages),
 //! `accounts` (the accounts' lifecycle and what the hub hears of them), `operations`
-//! (the hub's operations) and `renewal` (the client certificate's renewal).
+//! (the hub's operations), `renewal` (the client certificate's renewal) and `drain` (the
+//! stream's graceful end on shutdown).
 
 mod accounts;
+mod drain;
 mod operations;
 mod renewal;
 mod stream;
@@ -50,6 +52,7 @@ pub const STABLE_STREAM: Duration = Duration::from_secs(30);
 /// Largest message the agent decodes from the hub: well above the largest operation the hub
 /// takes by default (its --max-request-bytes, 8 MiB, of manifests).
 pub const MAX_HUB_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+pub use drain::DEFAULT_DRAIN_TIMEOUT_SECONDS;
 
 /// Completes when `shutdown` turns true (or its sender is gone).
 async fn stopped(shutdown: &mut watch::Receiver<bool>) {

@@ -205,7 +205,9 @@ impl Runtime {
             let room = session.has_room();
             tokio::select! {
                 biased;
-                _ = stopped(&mut inputs.shutdown) => return End::Shutdown,
+                _ = stopped(&mut inputs.shutdown) => {
+                    return self.drain(session, inbound, results, period).await;
+                }
                 message = inbound.next() => {
                     let result = match message {
                         None => Err(Error::Protocol("the hub closed the stream".into())),
@@ -281,7 +283,11 @@ impl Runtime {
         }
     }
 
-    async fn handle(&mut self, message: HubMessage, session: &mut Session) -> Result<()> {
+    pub(super) async fn handle(
+        &mut self,
+        message: HubMessage,
+        session: &mut Session,
+    ) -> Result<()> {
         match message.kind {
             Some(hub_message::Kind::Ack(ack)) => session.ack(ack.seq),
             Some(hub_message::Kind::Assignment(assignment)) => {

@@ -11,7 +11,7 @@
 //! the stream goes on.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     time::{Instant, SystemTime},
 };
 
@@ -210,6 +210,9 @@ pub struct Session {
     next_seq: u64,
     /// Open snapshots by (account, kind, watch namespace).
     staging: BTreeMap<(String, KindKey, String), Staged>,
+    /// Accounts this stream served and then unregistered (an agent draining on shutdown):
+    /// results of the operations routed to it before still update the cache.
+    unregistered: BTreeSet<String>,
 }
 
 impl Session {
@@ -221,6 +224,7 @@ impl Session {
             account_patterns: Vec::new(),
             next_seq: 2,
             staging: BTreeMap::new(),
+            unregistered: BTreeSet::new(),
         }
     }
 
@@ -387,8 +391,11 @@ impl Session {
     ) {
         // Read-your-writes: the written objects enter the cache with this batch,
         // before the waiter hears of the result. Only accounts this stream
-        // registered (as STREAMING or STANDBY) are touched.
-        if st.registry.role(self.id, &result.account).is_some() {
+        // registered (as STREAMING or STANDBY), or served until it unregistered them, are
+        // touched.
+        if st.registry.role(self.id, &result.account).is_some()
+            || self.served_before(st, &result.account)
+        {
             scale_agent_hub_cache::apply_result_to_cache(&mut st.cache, &result, &mut fx.ops);
         }
         fx.results.push(result);

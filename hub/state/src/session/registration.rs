@@ -52,8 +52,19 @@ impl Session {
         fx: &mut Effects,
     ) {
         self.staging.retain(|(a, _, _), _| *a != un.account);
+        if st.registry.role(self.id, &un.account).is_some() {
+            self.unregistered.insert(un.account.clone());
+        }
         fx.promotions
             .extend(st.registry.unregister(self.id, &un.account, now));
+    }
+
+    /// This stream served `account` and unregistered it (an agent draining), and the
+    /// account is still bound to its identity: what it answers for the account is the
+    /// account's.
+    pub(super) fn served_before(&self, st: &HubState, account: &str) -> bool {
+        self.unregistered.contains(account)
+            && st.registry.check_binding(&self.identity, account) == Ok(false)
     }
 
     pub(super) fn register(
@@ -65,6 +76,7 @@ impl Session {
         fx: &mut Effects,
     ) {
         let name = reg.account.clone();
+        self.unregistered.remove(&name);
         if let Err(reason) = validate_account_name(&name) {
             tracing::warn!(account = %name, %reason, "account rejected");
             fx.replies.push(assignment(&name, PbRole::Rejected, reason));
