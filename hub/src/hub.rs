@@ -3,7 +3,7 @@
 
 use std::{
     path::PathBuf,
-    sync::{Arc, Mutex, MutexGuard, atomic::AtomicBool},
+    sync::{Arc, Mutex, MutexGuard, RwLockWriteGuard, atomic::AtomicBool},
     time::Instant,
 };
 
@@ -16,8 +16,9 @@ use crate::{
     agent_auth::ClientCertificates,
     clouddriver, commits, kubeconfig,
     metrics::Metrics,
-    operations, owners, proxy, service,
-    session::HubState,
+    operations, owners, proxy,
+    registry::Registry,
+    service,
     store::{Store, StoreOp},
     tokens,
     tokens::Tokens,
@@ -63,9 +64,9 @@ pub(crate) struct Hub {
 }
 
 impl Hub {
-    /// The registry and cache ([`Live::state`]).
-    pub(crate) fn state(&self) -> MutexGuard<'_, HubState> {
-        self.live.state()
+    /// The registry, exclusively ([`Live::registry`]).
+    pub(crate) fn registry(&self) -> RwLockWriteGuard<'_, Registry> {
+        self.live.registry()
     }
 
     /// The proxy's tokens.
@@ -87,13 +88,12 @@ impl Hub {
     /// Removes accounts past their grace period, and makes recent commits durable.
     pub(crate) async fn maintain(&self) -> Result<()> {
         let expired = {
-            let mut st = self.state();
-            let names = st
-                .registry
-                .expired(Instant::now(), self.config.streams.grace_period);
+            // The registry exclusively, so no batch of these accounts is being applied.
+            let mut registry = self.registry();
+            let names = registry.expired(Instant::now(), self.config.streams.grace_period);
             // An account owned by another replica is only forgotten here: its owner keeps
             // it in the shared store.
-            let owned: Vec<&String> = names.iter().filter(|n| st.registry.owns(n)).collect();
+            let owned: Vec<&String> = names.iter().filter(|n| registry.owns(n)).collect();
             let ops = owned
                 .into_iter()
                 .map(|account| StoreOp::DeleteAccount {
@@ -101,8 +101,8 @@ impl Hub {
                 })
                 .collect();
             for name in &names {
-                st.registry.remove_account(name);
-                st.cache.remove_account(name);
+                registry.remove_account(name);
+                self.live.cache().remove_account(name);
             }
             // Queued like the streams' changes, in the order of the changes in memory.
             self.commits.enqueue(ops);
@@ -148,8 +148,7 @@ impl Hub {
                 .map(|(name, record)| (name, record.properties))
                 .collect(),
             None => self
-                .state()
-                .registry
+                .registry()
                 .accounts
                 .iter()
                 .map(|(name, a)| (name.clone(), a.record.properties.clone()))
@@ -237,28 +236,33 @@ impl Hub {
 
     /// Refreshes the gauges from the state.
     pub(crate) fn refresh_gauges(&self) {
-        let st = self.state();
+        let registry = self.live.registry_read();
         self.metrics
             .connected_agents
-            .set(st.registry.sessions.len() as i64);
-        self.metrics.accounts.set(st.registry.accounts.len() as i64);
-        for (state, count) in st.registry.state_counts() {
+            .set(registry.sessions.len() as i64);
+        self.metrics.accounts.set(registry.accounts.len() as i64);
+        for (state, count) in registry.state_counts() {
             self.metrics
                 .accounts_by_state
                 .get_or_create(&[("state", state.as_str())])
                 .set(count as i64);
         }
+        drop(registry);
+        // Each account's lock in turn, never the registry's: batches go on meanwhile.
         self.metrics
             .objects_cached
-            .set(st.cache.object_count() as i64);
-        let budget = &st.cache.history_budget;
+            .set(self.live.cache().object_count() as i64);
+        let budget = self.live.cache().history_budget();
         self.metrics.watch_history_bytes.set(budget.held() as i64);
-        // Under the state lock: two scrapes do not add the same evictions twice.
-        let counted = self.metrics.watch_history_evicted.get();
-        self.metrics
-            .watch_history_evicted
-            .inc_by(budget.evicted().saturating_sub(counted));
-        drop(st);
+        {
+            // Under the registry's exclusive lock (briefly): two scrapes do not add the
+            // same evictions twice.
+            let _one_scrape = self.live.registry();
+            let counted = self.metrics.watch_history_evicted.get();
+            self.metrics
+                .watch_history_evicted
+                .inc_by(budget.evicted().saturating_sub(counted));
+        }
         self.metrics
             .proxy
             .exchanges_open

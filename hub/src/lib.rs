@@ -94,6 +94,12 @@ pub struct RunningHub {
 }
 
 impl RunningHub {
+    /// The live state (registry and the accounts' caches): for tests that hold one
+    /// account's lock and show what does not wait for it.
+    pub fn live(&self) -> Arc<Live> {
+        self.hub.live.clone()
+    }
+
     /// The store file.
     pub fn store_path(&self) -> &std::path::Path {
         &self.hub.store_path

@@ -236,12 +236,10 @@ async fn rebind(
         );
     }
     let (binding, previous, evicted, ticket) = {
-        let mut st = api.live.state();
-        let previous = st.registry.bindings.get(&name).map(|b| b.identity.clone());
-        let binding = st
-            .registry
-            .bind(&name, &identity, jiff::Timestamp::now().as_second());
-        let evicted = st.registry.sessions_of_others(&name, &identity);
+        let mut registry = api.live.registry();
+        let previous = registry.bindings.get(&name).map(|b| b.identity.clone());
+        let binding = registry.bind(&name, &identity, jiff::Timestamp::now().as_second());
+        let evicted = registry.sessions_of_others(&name, &identity);
         // Queued with the streams' changes (a registration may have bound the account a
         // moment ago), so the store keeps the order of the changes in memory.
         let ticket = api.commits.enqueue(vec![StoreOp::PutBinding {
@@ -282,8 +280,7 @@ async fn rebind(
 async fn list_bindings(State(api): State<Arc<ApiState>>) -> Response {
     let list: Vec<BindingView> = api
         .live
-        .state()
-        .registry
+        .registry()
         .bindings
         .iter()
         .map(|(account, b)| BindingView {

@@ -61,14 +61,13 @@ fn time(unix: i64) -> String {
 fn view(live: &Live, record: &DynamicAccountRecord) -> DynamicAccountView {
     let name = &record.spec.name;
     let (connected_replicas, state) = {
-        let st = live.state();
-        let replicas = st
-            .registry
+        let registry = live.registry_read();
+        let replicas = registry
             .replicas_of_identity(&record.spec.agent)
             .into_iter()
             .map(|(_, replica)| replica)
             .collect();
-        (replicas, st.registry.states.get(name).cloned())
+        (replicas, registry.states.get(name).cloned())
     };
     DynamicAccountView {
         spec: record.spec.clone(),
@@ -171,8 +170,7 @@ async fn update_account(
 async fn save(api: &ApiState, spec: DynamicAccountSpec, status: StatusCode) -> Response {
     if let Err(reason) = api
         .live
-        .state()
-        .registry
+        .registry_read()
         .check_binding(&spec.agent, &spec.name)
     {
         return error(

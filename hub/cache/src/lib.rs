@@ -13,14 +13,18 @@ use serde::Serialize;
 use scale_agent_hub_model::store_op::StoreOp;
 
 pub mod history;
+mod objects;
 pub use scale_agent_hub_model::packed;
 mod results;
 pub mod selector;
+mod shared;
 
 use bytes::Bytes;
 pub use history::{EventType, History, HistoryBudget, HistoryEvent};
+pub use objects::Objects;
 pub use packed::PackedJson;
-pub use results::apply_result_to_cache;
+pub use results::{apply_result_to_account, apply_result_to_cache};
+pub use shared::{AccountSlot, SharedCache, lock};
 
 pub use scale_agent_hub_model::object::{CachedObject, KindInfo, KindKey};
 
@@ -37,9 +41,10 @@ pub struct KindState {
 #[derive(Clone, Debug)]
 pub struct KindCache {
     pub info: KindInfo,
-    /// By uid. Shared: a read copies out pointers, not objects, so it holds the state lock
-    /// only briefly, and the store's queue shares the objects it persists.
-    pub objects: BTreeMap<String, Arc<CachedObject>>,
+    /// By uid and by namespace and name ([`Objects`]). Shared: a read copies out pointers,
+    /// not objects, so it holds the account's lock only briefly, and the store's queue
+    /// shares the objects it persists.
+    pub objects: Objects,
     /// Watch namespace ("" for a cluster-wide watch) → last resourceVersion.
     pub resume: BTreeMap<String, String>,
     /// The last state reported for each scope (the KindStatus's namespaces, sorted; empty for
@@ -109,7 +114,7 @@ impl KindCache {
     fn new(info: KindInfo) -> Self {
         KindCache {
             info,
-            objects: BTreeMap::new(),
+            objects: Objects::default(),
             resume: BTreeMap::new(),
             statuses: BTreeMap::new(),
             histories: BTreeMap::new(),
@@ -166,11 +171,7 @@ pub struct Cache {
     pub history_budget: HistoryBudget,
 }
 
-impl Cache {
-    pub fn object_count(&self) -> usize {
-        self.accounts.values().map(AccountCache::object_count).sum()
-    }
-
+impl AccountCache {
     /// The kind's cache, created (and persisted) on first use; a changed version or plural
     /// is recorded.
     fn kind_mut(
@@ -180,8 +181,7 @@ impl Cache {
         ops: &mut Vec<StoreOp>,
     ) -> &mut KindCache {
         let key = info.key();
-        let kinds = &mut self.accounts.entry(account.to_string()).or_default().kinds;
-        let entry = kinds.entry(key.clone()).or_insert_with(|| {
+        let entry = self.kinds.entry(key.clone()).or_insert_with(|| {
             ops.push(StoreOp::PutKind {
                 account: account.to_string(),
                 info: info.clone(),
@@ -221,9 +221,9 @@ impl Cache {
         account: &str,
         info: &KindInfo,
         event: Event,
+        budget: &HistoryBudget,
         ops: &mut Vec<StoreOp>,
     ) -> Applied {
-        let budget = self.history_budget.clone();
         let kind = self.kind_mut(account, info, ops);
         let rv = event.object.resource_version.clone();
         let behind_resume = kind
@@ -238,7 +238,7 @@ impl Cache {
             return Applied::Stale;
         }
         let key = info.key();
-        record_history(kind, &event, &budget);
+        record_history(kind, &event, budget);
         if behind_object {
             // The echo of a write an operation's result already brought in.
             advance(kind, account, &key, &event.watch_namespace, &rv, ops);
@@ -260,7 +260,7 @@ impl Cache {
                 kind: key.clone(),
                 object: object.clone(),
             });
-            kind.objects.insert(object.uid.clone(), object);
+            kind.objects.insert(object);
             Applied::Stored
         };
         advance(kind, account, &key, &event.watch_namespace, &rv, ops);
@@ -295,12 +295,10 @@ impl Cache {
     ) -> (usize, usize) {
         let key = info.key();
         let kind = self.kind_mut(account, info, ops);
-        let in_scope =
-            |o: &CachedObject| watch_namespace.is_empty() || o.namespace == watch_namespace;
         let pruned: Vec<String> = kind
             .objects
-            .values()
-            .filter(|o| in_scope(o) && !snapshot.contains_key(&o.uid))
+            .in_scope((!watch_namespace.is_empty()).then_some(watch_namespace))
+            .filter(|o| !snapshot.contains_key(&o.uid))
             .map(|o| o.uid.clone())
             .collect();
         for uid in &pruned {
@@ -327,9 +325,9 @@ impl Cache {
                 object: object.clone(),
             });
             if first {
-                built.push((uid, object));
+                built.push(object);
             } else {
-                kind.objects.insert(uid, object);
+                kind.objects.insert(object);
             }
         }
         if first {
@@ -424,11 +422,8 @@ impl Cache {
     }
 
     /// Whether the kind is left out of the cache for the account's object quota.
-    pub fn is_over_quota(&self, account: &str, key: &KindKey) -> bool {
-        self.accounts
-            .get(account)
-            .and_then(|a| a.kinds.get(key))
-            .is_some_and(|k| k.over_quota.is_some())
+    pub fn is_over_quota(&self, key: &KindKey) -> bool {
+        self.kinds.get(key).is_some_and(|k| k.over_quota.is_some())
     }
 
     /// Leaves a kind out of the cache, whole, for the account's object quota: its objects
@@ -447,11 +442,8 @@ impl Cache {
     }
 
     /// The resume points of every watch of an account, for a STREAMING assignment.
-    pub fn resume_points(&self, account: &str) -> Vec<pb::ResumePoint> {
-        let Some(acc) = self.accounts.get(account) else {
-            return Vec::new();
-        };
-        acc.kinds
+    pub fn resume_points(&self) -> Vec<pb::ResumePoint> {
+        self.kinds
             .values()
             .flat_map(|k| {
                 k.resume.iter().map(|(ns, rv)| pb::ResumePoint {
@@ -461,6 +453,17 @@ impl Cache {
                 })
             })
             .collect()
+    }
+}
+
+impl Cache {
+    pub fn object_count(&self) -> usize {
+        self.accounts.values().map(AccountCache::object_count).sum()
+    }
+
+    /// The account's cache, created on first use.
+    pub fn account_mut(&mut self, account: &str) -> &mut AccountCache {
+        self.accounts.entry(account.to_string()).or_default()
     }
 
     /// Forgets an account.
@@ -486,7 +489,7 @@ impl Cache {
             .and_then(|a| a.kinds.get_mut(kind))
         {
             Some(k) => {
-                k.objects.insert(object.uid.clone(), Arc::new(object));
+                k.objects.insert(Arc::new(object));
                 true
             }
             None => false,
@@ -509,6 +512,84 @@ impl Cache {
             }
             None => false,
         }
+    }
+
+    /// See [`AccountCache::set_status`].
+    pub fn set_status(
+        &mut self,
+        account: &str,
+        info: &KindInfo,
+        state: KindState,
+        ops: &mut Vec<StoreOp>,
+    ) {
+        self.account_mut(account)
+            .set_status(account, info, state, ops);
+    }
+
+    /// See [`AccountCache::apply_event`].
+    pub fn apply_event(
+        &mut self,
+        account: &str,
+        info: &KindInfo,
+        event: Event,
+        ops: &mut Vec<StoreOp>,
+    ) -> Applied {
+        let budget = self.history_budget.clone();
+        self.account_mut(account)
+            .apply_event(account, info, event, &budget, ops)
+    }
+
+    /// See [`AccountCache::bookmark`].
+    pub fn bookmark(
+        &mut self,
+        account: &str,
+        info: &KindInfo,
+        watch_namespace: &str,
+        rv: &str,
+        ops: &mut Vec<StoreOp>,
+    ) {
+        self.account_mut(account)
+            .bookmark(account, info, watch_namespace, rv, ops);
+    }
+
+    /// See [`AccountCache::replace_scope`].
+    pub fn replace_scope(
+        &mut self,
+        account: &str,
+        info: &KindInfo,
+        watch_namespace: &str,
+        snapshot: BTreeMap<String, CachedObject>,
+        list_rv: &str,
+        ops: &mut Vec<StoreOp>,
+    ) -> (usize, usize) {
+        self.account_mut(account).replace_scope(
+            account,
+            info,
+            watch_namespace,
+            snapshot,
+            list_rv,
+            ops,
+        )
+    }
+
+    /// See [`AccountCache::drop_scope`].
+    pub fn drop_scope(
+        &mut self,
+        account: &str,
+        info: &KindInfo,
+        namespaces: &[String],
+        ops: &mut Vec<StoreOp>,
+    ) -> usize {
+        self.account_mut(account)
+            .drop_scope(account, info, namespaces, ops)
+    }
+
+    /// The resume points of every watch of an account, for a STREAMING assignment.
+    pub fn resume_points(&self, account: &str) -> Vec<pb::ResumePoint> {
+        self.accounts
+            .get(account)
+            .map(AccountCache::resume_points)
+            .unwrap_or_default()
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use scale_agent_proto::v1 as pb;
 use serde_json::Value;
 
-use super::{Cache, CachedObject, KindKey, PackedJson, is_newer};
+use super::{AccountCache, Cache, CachedObject, KindKey, PackedJson, is_newer};
 use scale_agent_hub_model::store_op::StoreOp;
 
 /// Applies a result's objects and deletions to the cache, for kinds (and watch scopes) the
@@ -18,9 +18,17 @@ pub fn apply_result_to_cache(
     result: &pb::OperationResult,
     ops: &mut Vec<StoreOp>,
 ) {
-    let Some(account) = cache.accounts.get_mut(&result.account) else {
-        return;
-    };
+    if let Some(account) = cache.accounts.get_mut(&result.account) {
+        apply_result_to_account(account, result, ops);
+    }
+}
+
+/// [`apply_result_to_cache`] on the cache of the result's account.
+pub fn apply_result_to_account(
+    account: &mut AccountCache,
+    result: &pb::OperationResult,
+    ops: &mut Vec<StoreOp>,
+) {
     for (json, kind) in result.objects_json.iter().zip(&result.object_kinds) {
         let key = KindKey {
             group: kind.group.clone(),
@@ -73,7 +81,7 @@ pub fn apply_result_to_cache(
             kind: key,
             object: object.clone(),
         });
-        k.objects.insert(uid, object);
+        k.objects.insert(object);
     }
     for (kind, uid) in result.deleted_kinds.iter().zip(&result.deleted_uids) {
         if uid.is_empty() {

@@ -4,10 +4,12 @@
 
 use futures::FutureExt as _;
 use prost::Message as _;
+use scale_agent_hub_cache::{AccountSlot, lock};
+use scale_agent_hub_model::store_op::StoreOp;
 use scale_agent_hub_replicas::sync;
 use scale_agent_hub_state::{
     registry::SessionId,
-    session::{Effects, ProtocolError, message_type},
+    session::{self, Effects, ProtocolError, Route, message_type},
     tunnel,
 };
 use scale_agent_proto::v1::{self as pb, agent_message::Kind as Msg, hub_message::Kind as Out};
@@ -105,31 +107,88 @@ impl StreamTask {
         Ok(())
     }
 
-    /// Applies the messages in order under the state lock, up to a protocol error, and
-    /// queues their changes for the store in the same critical section.
+    /// Applies the messages in order, up to a protocol error. Each object's JSON is
+    /// validated and packed first, outside any lock ([`session::prepare`]). Then a message
+    /// that changes the registry takes it exclusively; a run of other messages of one
+    /// account takes it shared and that account's lock, so batches of different accounts
+    /// and the proxy's reads of other accounts go on at the same time. The changes are
+    /// queued for the store before the locks that guarded them are released, so that the
+    /// store commits an account's changes in the order they were made (see
+    /// [`scale_agent_hub_store::writer`]).
     fn apply(&mut self, batch: Vec<pb::AgentMessage>) -> (Effects, Option<ProtocolError>) {
-        let grpc = &self.grpc;
+        let StreamTask {
+            grpc,
+            session,
+            acks,
+            ..
+        } = self;
+        let live = &grpc.live;
+        let limits = &grpc.settings.limits;
         let mut fx = Effects::default();
-        let mut protocol_error = None;
-        let queued = {
-            let mut st = grpc.live.state();
-            let now = now();
-            for msg in batch {
+        let now = now();
+        let mut queue = |ops: &mut Vec<StoreOp>, seq: u64| {
+            if let Some(queued) = grpc.commits.enqueue(std::mem::take(ops)) {
+                acks.batch(seq, Some(queued));
+            }
+        };
+        let mut messages = batch
+            .into_iter()
+            .map(|mut msg| {
                 grpc.metrics.received(message_type(&msg), msg.encoded_len());
-                if let Err(e) =
-                    self.session
-                        .handle(&mut st, &grpc.settings.limits, msg, now, &mut fx)
-                {
-                    protocol_error = Some(e);
-                    break;
+                let prepared = session::prepare(&mut msg, limits);
+                (msg, prepared)
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .peekable();
+        let protocol_error = 'batch: loop {
+            let Some((first, _)) = messages.peek() else {
+                break None;
+            };
+            match session::route(first) {
+                Route::Control(account) => {
+                    let account = account.to_string();
+                    let Some((msg, _)) = messages.next() else {
+                        break None;
+                    };
+                    fx.registry_changed = true;
+                    let mut registry = live.registry();
+                    let slot = account_slot(live, &registry, session.id, Some(&account));
+                    let mut cache = lock(&slot);
+                    let mut st = session::Control {
+                        registry: &mut registry,
+                        cache: &mut cache,
+                    };
+                    let handled = session.handle_control(&mut st, limits, msg, now, &mut fx);
+                    queue(&mut fx.ops, session.last_seq());
+                    if let Err(e) = handled {
+                        break Some(e);
+                    }
+                }
+                Route::Data(account) => {
+                    let account = account.map(str::to_string);
+                    let registry = live.registry_read();
+                    let slot = account_slot(live, &registry, session.id, account.as_deref());
+                    let mut cache = lock(&slot);
+                    let mut st = session::Data {
+                        registry: &registry,
+                        cache: &mut cache,
+                        budget: live.cache().history_budget(),
+                    };
+                    // The run of this account's messages (and messages of no account).
+                    while let Some((msg, prepared)) = messages.next_if(|(m, _)| {
+                        matches!(session::route(m), Route::Data(a) if a.is_none() || a == account.as_deref())
+                    }) {
+                        if let Err(e) = session.handle_data(&mut st, limits, msg, prepared, &mut fx) {
+                            queue(&mut fx.ops, session.last_seq());
+                            break 'batch Some(e);
+                        }
+                    }
+                    queue(&mut fx.ops, session.last_seq());
                 }
             }
-            // Queued in the same critical section as the change to the cache, so that the
-            // store commits changes in the order they were made (see
-            // [`scale_agent_hub_store::writer`]).
-            grpc.commits.enqueue(std::mem::take(&mut fx.ops))
         };
-        self.acks.batch(self.session.last_seq(), queued);
+        acks.batch(session.last_seq(), None);
         (fx, protocol_error)
     }
 
@@ -147,14 +206,20 @@ impl StreamTask {
             tracing::debug!(stale = fx.stale, "ignored replayed events");
         }
         live.deliver(std::mem::take(&mut fx.promotions));
-        live.observe_states();
+        if fx.registry_changed {
+            live.observe_states();
+        } else {
+            // Only a registry change changes an account's state: a batch of objects spares
+            // every other account's batch and read the registry's exclusive lock (and the
+            // walk over all accounts). Operations waiting for an agent still look again.
+            live.replicas_changed();
+        }
         if !fx.registered.is_empty() {
             live.agents_changed();
         }
         if !fx.dynamic_statuses.is_empty() {
             let replica = live
-                .state()
-                .registry
+                .registry()
                 .replicas_of_identity(&self.session.identity)
                 .into_iter()
                 .find_map(|(id, replica)| (id == self.session.id).then_some(replica))
@@ -255,4 +320,25 @@ pub(super) fn too_large_message(status: &Status) -> Option<String> {
             )
         },
     )
+}
+
+/// The cache of `account` for a message of this stream: the account's own when it has
+/// one or this stream registered it, else a scratch one (the message is refused for its
+/// role before it touches it, or needs no cache).
+fn account_slot(
+    live: &scale_agent_hub_state::Live,
+    registry: &scale_agent_hub_state::registry::Registry,
+    session: SessionId,
+    account: Option<&str>,
+) -> AccountSlot {
+    let Some(account) = account else {
+        return AccountSlot::default();
+    };
+    if let Some(slot) = live.cache().account(account) {
+        return slot;
+    }
+    if registry.role(session, account).is_some() {
+        return live.cache().account_or_create(account);
+    }
+    AccountSlot::default()
 }

@@ -223,10 +223,11 @@ impl StreamTask {
     /// the resume points, if the stream still holds the account.
     async fn promote(&mut self, account: &str) -> Result<(), Status> {
         let assignment = {
-            let st = self.grpc.live.state();
-            st.registry
-                .is_streaming(self.session.id, account)
-                .then(|| streaming_assignment(&st.cache, account))
+            let registry = self.grpc.live.registry_read();
+            registry.is_streaming(self.session.id, account).then(|| {
+                let cache = self.grpc.live.cache().account(account).unwrap_or_default();
+                streaming_assignment(&scale_agent_hub_cache::lock(&cache), account)
+            })
         };
         if let Some(a) = assignment {
             tracing::info!(account = %a.account, resume_points = a.resume_points.len(), "standby promoted: STREAMING");
@@ -287,14 +288,13 @@ impl StreamTask {
         let live = &grpc.live;
         let id = self.session.id;
         let identity = self.auth.identity.as_str();
-        let promotions = live.state().registry.disconnect(id, now());
+        let promotions = live.registry().disconnect(id, now());
         live.sessions().remove(&id);
         grpc.operations.session_ended(id, self.too_large.as_deref());
         grpc.tunnels.session_ended(id);
         // Unless a newer stream of the same replica took this one's place.
         let replica_left = !live
-            .state()
-            .registry
+            .registry()
             .replicas_of_identity(identity)
             .iter()
             .any(|(_, replica)| *replica == self.replica);
@@ -332,14 +332,12 @@ fn register(
     let token = session_token()?;
     let live = &grpc.live;
     let (id, replaced, promotions) = {
-        let mut st = live.state();
-        st.registry
+        let mut registry = live.registry();
+        registry
             .may_replace(identity, &hello.replica, &hello.session_token)
             .map_err(Status::permission_denied)?;
-        let connected = st
-            .registry
-            .connect(identity, &hello.replica, &hello.agent_version, now());
-        st.registry.set_session_token(connected.0, token.clone());
+        let connected = registry.connect(identity, &hello.replica, &hello.agent_version, now());
+        registry.set_session_token(connected.0, token.clone());
         connected
     };
     let span = tracing::Span::current();

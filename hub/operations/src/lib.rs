@@ -80,9 +80,8 @@ pub fn pick_replica(
     account: &str,
     tried: &[SessionId],
 ) -> Option<(SessionId, String)> {
-    let st = live.state();
-    let candidates: Vec<SessionId> = st
-        .registry
+    let registry = live.registry_read();
+    let candidates: Vec<SessionId> = registry
         .replicas(account)
         .into_iter()
         .filter(|s| !tried.contains(s))
@@ -91,5 +90,5 @@ pub fn pick_replica(
         return None;
     }
     let session = *candidates.get(live.pick(candidates.len()))?;
-    Some((session, st.registry.replica_label(session)))
+    Some((session, registry.replica_label(session)))
 }

@@ -260,8 +260,7 @@ impl Submission<'_> {
     fn has_untried_replica(&self, tried: &[SessionId]) -> bool {
         self.driver
             .live
-            .state()
-            .registry
+            .registry_read()
             .replicas(self.account)
             .iter()
             .any(|s| !tried.contains(s))
@@ -371,7 +370,7 @@ pub async fn submit(
     let span = tracing::Span::current();
     span.record("id", tracing::field::display(id));
     span.record("wire_id", tracing::field::display(&submission.wire_id));
-    if !driver.live.state().registry.accounts.contains_key(account) {
+    if !driver.live.registry_read().accounts.contains_key(account) {
         let message = format!(
             "no account {account:?}: no agent has registered it (or it was removed after \
              its grace period)"

@@ -45,8 +45,7 @@ impl Degraded {
     /// about the account), then the store.
     pub fn of(live: &Live, commits: &Commits, account: &str) -> Option<Degraded> {
         let away = {
-            let st = live.state();
-            st.registry
+            live.registry_read()
                 .accounts
                 .get(account)
                 .filter(|a| a.streaming.is_none())

@@ -35,7 +35,7 @@ use super::{
 /// A connected agent replica of `account` that can tunnel, skipping `tried`; round-robin
 /// with the operations (the same rotation as the operations' `pick_replica`).
 fn pick(live: &Live, account: &str, tried: &[SessionId]) -> Option<(SessionId, AgentSender, u32)> {
-    let candidates = live.state().registry.replicas(account);
+    let candidates = live.registry_read().replicas(account);
     let sessions = live.sessions();
     let usable: Vec<(SessionId, AgentSender, u32)> = candidates
         .into_iter()
@@ -151,7 +151,7 @@ pub(crate) async fn forward(
 
 /// Why no agent of `account` could take a request.
 fn no_agent(live: &Live, account: &str) -> Status {
-    let connected = !live.state().registry.replicas(account).is_empty();
+    let connected = !live.registry_read().replicas(account).is_empty();
     Status::unavailable(if connected {
         format!(
             "the agents connected for account {account:?} are too old for the \

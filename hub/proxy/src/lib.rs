@@ -276,7 +276,7 @@ async fn answer(proxy: &Arc<Proxy>, request: Request) -> Result<(Response, Serve
         let response = forwarder.send(&owner, None, request, ends_cleanly).await?;
         return Ok((response, Served::Owner));
     }
-    if !proxy.live.state().registry.accounts.contains_key(&account) {
+    if !proxy.live.registry_read().accounts.contains_key(&account) {
         return Err(Status::not_found(format!(
             "account {account:?} is not known to this hub: no agent has registered it (or it \
              was removed after its grace period); check the agents with GET /api/v1/agents"

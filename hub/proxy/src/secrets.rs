@@ -29,8 +29,7 @@ pub const ALLOW_SECRET_DATA: &str = "allowSecretData";
 pub fn allows_secret_data(proxy: &Proxy, account: &str) -> bool {
     proxy
         .live
-        .state()
-        .registry
+        .registry_read()
         .accounts
         .get(account)
         .is_some_and(|a| a.record.properties.get(ALLOW_SECRET_DATA) == Some(&true.into()))

@@ -105,21 +105,20 @@ async fn refresh(
             .replace(tables.agent_tokens, tables.enrolled);
         let identities = live.dynamic_accounts().replace(tables.dynamic_accounts);
         let mut evicted = Vec::new();
-        let mut st = live.state();
+        let mut registry = live.registry();
         for (account, binding) in tables.bindings {
             // Bindings are never deleted; one made here and not stored yet (its account is
             // owned elsewhere) stays until its owner stores it.
-            let moved = st
-                .registry
+            let moved = registry
                 .bindings
                 .get(&account)
                 .is_some_and(|b| b.identity != binding.identity);
             if moved {
-                for session in st.registry.sessions_of_others(&account, &binding.identity) {
+                for session in registry.sessions_of_others(&account, &binding.identity) {
                     evicted.push((session, account.clone(), binding.identity.clone()));
                 }
             }
-            st.registry.bindings.insert(account, binding);
+            registry.bindings.insert(account, binding);
         }
         (evicted, identities)
     };
@@ -250,26 +249,22 @@ pub async fn learn_accounts(replicas: &Replicas, live: &Live, accounts: &[String
     };
     for account in accounts {
         let known = {
-            let st = live.state();
-            st.registry.accounts.contains_key(account) && st.registry.bindings.contains_key(account)
+            let registry = live.registry();
+            registry.accounts.contains_key(account) && registry.bindings.contains_key(account)
         };
         if known {
             continue;
         }
         match store.find_account(account).await {
             Ok((record, binding)) => {
-                let mut st = live.state();
+                let mut registry = live.registry();
                 if let Some(record) = record
-                    && !st.registry.accounts.contains_key(account)
+                    && !registry.accounts.contains_key(account)
                 {
-                    st.registry
-                        .load(account.clone(), record, scale_agent_hub_model::time::now());
+                    registry.load(account.clone(), record, scale_agent_hub_model::time::now());
                 }
                 if let Some(binding) = binding {
-                    st.registry
-                        .bindings
-                        .entry(account.clone())
-                        .or_insert(binding);
+                    registry.bindings.entry(account.clone()).or_insert(binding);
                 }
             }
             Err(e) => {

@@ -142,7 +142,7 @@ impl DynamicAccounts {
 /// Sends `identity`'s set to each of its streams.
 pub fn push(live: &Live, identity: &str) {
     let set = live.dynamic_accounts().set_for(identity);
-    let sessions = live.state().registry.replicas_of_identity(identity);
+    let sessions = live.registry_read().replicas_of_identity(identity);
     for (session, _) in sessions {
         live.control(session, Control::DynamicAccounts(set.clone()));
     }

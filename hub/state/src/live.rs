@@ -7,19 +7,20 @@
 use std::{
     collections::HashMap,
     sync::{
-        Mutex, MutexGuard,
+        Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard,
         atomic::{AtomicU64, Ordering},
     },
     time::{Instant, SystemTime},
 };
 
+use scale_agent_hub_cache::SharedCache;
 use scale_agent_proto::v1 as pb;
 use tokio::sync::{Notify, mpsc};
 
 use crate::{
     dynamic_accounts::DynamicAccounts,
     metrics::StreamMetrics,
-    registry::{self, Promotion, SessionId},
+    registry::{self, Promotion, Registry, SessionId},
     session::HubState,
     tunnel,
 };
@@ -98,8 +99,15 @@ impl CacheEvents for NoCacheEvents {
 
 /// The live state of the agents' streams, shared by the gRPC service, the HTTP API, the
 /// proxy, the operations and the background tasks.
+///
+/// Locks, in the order they are taken (see also [`SharedCache`]): the registry (shared by
+/// the stream loops' batches and the proxy's reads, exclusive for registrations, streams
+/// coming and going and ownership changes), then the cache's directory or one account's
+/// cache, then the store's queue; `sessions` and `dynamic_accounts` are taken alone.
 pub struct Live {
-    state: Mutex<HubState>,
+    registry: RwLock<Registry>,
+    /// Every account's cache, each behind its own lock.
+    cache: SharedCache,
     sessions: Mutex<HashMap<SessionId, SessionHandle>>,
     /// Accounts added through the dynamic accounts API, and the agents' reports on them.
     dynamic_accounts: Mutex<DynamicAccounts>,
@@ -127,7 +135,8 @@ impl Live {
         owns_everything: bool,
     ) -> Self {
         Live {
-            state: Mutex::new(state),
+            registry: RwLock::new(state.registry),
+            cache: SharedCache::new(state.cache),
             sessions: Mutex::new(HashMap::new()),
             dynamic_accounts: Mutex::new(dynamic_accounts),
             metrics,
@@ -169,10 +178,21 @@ impl Live {
         self.cache_events().kinds_changed(account);
     }
 
-    /// The registry and cache (a poisoned lock is taken over: the state is kept consistent
-    /// by each critical section, which never panics by design).
-    pub fn state(&self) -> MutexGuard<'_, HubState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    /// The registry, exclusively: for what changes it (a poisoned lock is taken over: the
+    /// registry is kept consistent by each critical section, which never panics by design).
+    pub fn registry(&self) -> RwLockWriteGuard<'_, Registry> {
+        self.registry.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The registry, shared: for the stream loops' batches of objects and the reads, which
+    /// never wait for each other on it.
+    pub fn registry_read(&self) -> RwLockReadGuard<'_, Registry> {
+        self.registry.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every account's cache, each behind its own lock.
+    pub fn cache(&self) -> &SharedCache {
+        &self.cache
     }
 
     pub fn sessions(&self) -> MutexGuard<'_, HashMap<SessionId, SessionHandle>> {
@@ -222,12 +242,12 @@ impl Live {
         // Operations waiting for an agent of an account look again.
         self.replicas_changed();
         let told = {
-            let mut st = self.state();
-            let transitions = st.registry.observe(SystemTime::now());
+            let mut registry = self.registry();
+            let transitions = registry.observe(SystemTime::now());
             transitions
                 .into_iter()
                 .map(|t| {
-                    let sessions = st.registry.interested_in(&t.account);
+                    let sessions = registry.interested_in(&t.account);
                     (t, sessions)
                 })
                 .collect::<Vec<_>>()
@@ -248,7 +268,7 @@ impl Live {
 
     /// Tells every stream of `identity` which of its replicas are connected now.
     pub fn announce_replicas(&self, identity: &str) {
-        let replicas = self.state().registry.replicas_of_identity(identity);
+        let replicas = self.registry_read().replicas_of_identity(identity);
         let message = pb::AgentReplicas {
             replicas: replicas.iter().map(|(_, r)| r.clone()).collect(),
         };
@@ -259,15 +279,10 @@ impl Live {
 
     /// The current state of each of `accounts`, as sent to agents.
     pub fn account_states(&self, accounts: &[String]) -> Vec<pb::AccountState> {
-        let st = self.state();
+        let registry = self.registry_read();
         accounts
             .iter()
-            .filter_map(|a| {
-                st.registry
-                    .states
-                    .get(a)
-                    .map(|r| account_state_message(a, r))
-            })
+            .filter_map(|a| registry.states.get(a).map(|r| account_state_message(a, r)))
             .collect()
     }
 

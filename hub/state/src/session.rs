@@ -20,16 +20,72 @@ use scale_agent_proto::v1::{
     hub_message::Kind as Out, kind_status::State as PbKindState,
 };
 
-use scale_agent_hub_cache::{Cache, CachedObject, KindInfo, KindKey, KindState};
+use scale_agent_hub_cache::{
+    AccountCache, Cache, CachedObject, HistoryBudget, KindInfo, KindKey, KindState,
+};
 use scale_agent_hub_model::{identity::AllowRule, store_op::StoreOp};
 
 use crate::registry::{Promotion, Registry, Role, SessionId};
 
-/// Registry and cache, guarded together by one lock.
+/// Registry and cache in one place: the state as the store loads it, and the
+/// single-threaded form [`Session::handle`] works on (tests). The running hub keeps them
+/// apart ([`crate::Live`]): the registry behind one lock, each account's cache behind its
+/// own.
 #[derive(Debug, Default)]
 pub struct HubState {
     pub registry: Registry,
     pub cache: Cache,
+}
+
+/// What a message that changes the registry (RegisterAccount, UnregisterAccount,
+/// KindStatus, AccountUnavailable) works on: the registry, exclusively, and the cache of
+/// the message's account.
+pub struct Control<'a> {
+    pub registry: &'a mut Registry,
+    pub cache: &'a mut AccountCache,
+}
+
+/// What any other message works on: the registry, shared with the other streams' batches
+/// and the readers, and the cache of the message's account under that account's lock.
+pub struct Data<'a> {
+    pub registry: &'a Registry,
+    pub cache: &'a mut AccountCache,
+    pub budget: &'a HistoryBudget,
+}
+
+/// Which lock a message needs ([`route`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route<'m> {
+    /// [`Session::handle_control`], for the cache of this account.
+    Control(&'m str),
+    /// [`Session::handle_data`], for the cache of this account (`None`: a message of no
+    /// account, such as a Heartbeat).
+    Data(Option<&'m str>),
+}
+
+/// Which lock a message needs: a message that changes the registry takes it exclusively;
+/// any other takes it shared, with the lock of its account's cache.
+pub fn route(msg: &pb::AgentMessage) -> Route<'_> {
+    match &msg.kind {
+        Some(Msg::RegisterAccount(m)) => Route::Control(&m.account),
+        Some(Msg::UnregisterAccount(m)) => Route::Control(&m.account),
+        Some(Msg::KindStatus(m)) => Route::Control(&m.account),
+        Some(Msg::AccountUnavailable(m)) => Route::Control(&m.account),
+        Some(Msg::SnapshotBegin(m)) => Route::Data(Some(&m.account)),
+        Some(Msg::Object(m)) => Route::Data(Some(&m.account)),
+        Some(Msg::SnapshotEnd(m)) => Route::Data(Some(&m.account)),
+        Some(Msg::Bookmark(m)) => Route::Data(Some(&m.account)),
+        Some(Msg::OperationResult(m)) => Route::Data(Some(&m.account)),
+        Some(Msg::DiscoveryChanged(m)) => Route::Data(Some(&m.account)),
+        None
+        | Some(
+            Msg::Hello(_)
+            | Msg::Heartbeat(_)
+            | Msg::Tunnel(_)
+            | Msg::RenewCertificate(_)
+            | Msg::DynamicAccountStatus(_),
+        ) => Route::Data(None),
+    }
 }
 
 /// Why a stream is ended.
@@ -70,6 +126,8 @@ pub struct Effects {
     pub replies: Vec<pb::HubMessage>,
     /// Other streams to tell they now stream an account.
     pub promotions: Vec<Promotion>,
+    /// Whether a message changed the registry (accounts' states may have changed).
+    pub registry_changed: bool,
     /// Kinds handed out with a resume point.
     pub resumes: u64,
     /// Snapshots begun.
@@ -160,13 +218,13 @@ pub fn check_hello(msg: pb::AgentMessage) -> Result<pb::Hello, ProtocolError> {
 
 pub use scale_agent_hub_model::names::validate_account_name;
 
-/// A STREAMING assignment with the hub's current resume points.
-pub fn streaming_assignment(cache: &Cache, account: &str) -> pb::AccountAssignment {
+/// A STREAMING assignment with the hub's current resume points (`cache`: the account's).
+pub fn streaming_assignment(cache: &AccountCache, account: &str) -> pb::AccountAssignment {
     pb::AccountAssignment {
         account: account.to_string(),
         role: PbRole::Streaming as i32,
         reason: String::new(),
-        resume_points: cache.resume_points(account),
+        resume_points: cache.resume_points(),
     }
 }
 
@@ -246,14 +304,14 @@ impl Session {
 
     fn require_streaming(
         &self,
-        st: &HubState,
+        registry: &Registry,
         account: &str,
         what: &str,
     ) -> Result<(), ProtocolError> {
-        if st.registry.is_streaming(self.id, account) {
+        if registry.is_streaming(self.id, account) {
             return Ok(());
         }
-        let role = match st.registry.role(self.id, account) {
+        let role = match registry.role(self.id, account) {
             Some(Role::Standby) => "is STANDBY for it",
             Some(Role::Streaming) => "is STREAMING for it",
             None => "did not register it (or it was rejected)",
@@ -264,15 +322,8 @@ impl Session {
         )))
     }
 
-    /// Handles one message (after Hello).
-    pub fn handle(
-        &mut self,
-        st: &mut HubState,
-        limits: &Limits,
-        msg: pb::AgentMessage,
-        now: (Instant, SystemTime),
-        fx: &mut Effects,
-    ) -> Result<(), ProtocolError> {
+    /// Checks the message's sequence number and takes its content.
+    fn next(&mut self, msg: pb::AgentMessage) -> Result<Msg, ProtocolError> {
         if msg.seq != self.next_seq {
             return Err(invalid(format!(
                 "message seq {} ({}), expected {}: seq starts at 1 and increases by 1 on each stream",
@@ -282,14 +333,62 @@ impl Session {
             )));
         }
         self.next_seq += 1;
-        let kind = msg
-            .kind
-            .ok_or_else(|| invalid(format!("message seq {} has no content", msg.seq)))?;
-        match kind {
-            Msg::Hello(_) => Err(precondition(
-                "Hello is only allowed as the first message of a stream".into(),
-            )),
-            Msg::Heartbeat(_) => Ok(()),
+        msg.kind
+            .ok_or_else(|| invalid(format!("message seq {} has no content", msg.seq)))
+    }
+
+    /// Handles one message (after Hello) on the single-threaded state: takes the lock
+    /// [`route`] names, as the stream loop does on the live one.
+    pub fn handle(
+        &mut self,
+        st: &mut HubState,
+        limits: &Limits,
+        msg: pb::AgentMessage,
+        now: (Instant, SystemTime),
+        fx: &mut Effects,
+    ) -> Result<(), ProtocolError> {
+        let budget = st.cache.history_budget.clone();
+        let mut scratch = AccountCache::default();
+        let account = match route(&msg) {
+            Route::Control(a) | Route::Data(Some(a)) => Some(a.to_string()),
+            Route::Data(None) => None,
+        };
+        let cache = match account {
+            Some(a)
+                if st.cache.accounts.contains_key(&a)
+                    || st.registry.role(self.id, &a).is_some() =>
+            {
+                st.cache.account_mut(&a)
+            }
+            _ => &mut scratch,
+        };
+        if matches!(route(&msg), Route::Control(_)) {
+            fx.registry_changed = true;
+            let mut control = Control {
+                registry: &mut st.registry,
+                cache,
+            };
+            self.handle_control(&mut control, limits, msg, now, fx)
+        } else {
+            let mut data = Data {
+                registry: &st.registry,
+                cache,
+                budget: &budget,
+            };
+            self.handle_data(&mut data, limits, msg, None, fx)
+        }
+    }
+
+    /// Handles a message that changes the registry ([`Route::Control`]).
+    pub fn handle_control(
+        &mut self,
+        st: &mut Control<'_>,
+        limits: &Limits,
+        msg: pb::AgentMessage,
+        now: (Instant, SystemTime),
+        fx: &mut Effects,
+    ) -> Result<(), ProtocolError> {
+        match self.next(msg)? {
             Msg::RegisterAccount(reg) => {
                 self.register(st, limits, reg, now, fx);
                 Ok(())
@@ -299,12 +398,41 @@ impl Session {
                 Ok(())
             }
             Msg::KindStatus(ks) => self.on_kind_status(st, ks, fx),
+            Msg::AccountUnavailable(unavailable) => {
+                self.on_unavailable(st, limits, unavailable, now, fx);
+                Ok(())
+            }
+            other => Err(precondition(format!(
+                "{} routed as a registry change (a bug in the hub's stream loop)",
+                message_type(&pb::AgentMessage {
+                    seq: 0,
+                    kind: Some(other)
+                })
+            ))),
+        }
+    }
+
+    /// Handles any other message ([`Route::Data`]); `prepared` is what [`prepare`] made of
+    /// it before the lock was taken (`None`: it is prepared here).
+    pub fn handle_data(
+        &mut self,
+        st: &mut Data<'_>,
+        limits: &Limits,
+        msg: pb::AgentMessage,
+        prepared: Option<Result<PreparedObject, ProtocolError>>,
+        fx: &mut Effects,
+    ) -> Result<(), ProtocolError> {
+        let seq = msg.seq;
+        match self.next(msg)? {
+            Msg::Hello(_) => Err(precondition(
+                "Hello is only allowed as the first message of a stream".into(),
+            )),
+            Msg::Heartbeat(_) => Ok(()),
             Msg::SnapshotBegin(begin) => self.on_snapshot_begin(st, begin, fx),
-            Msg::Object(ev) => self.object(st, limits, ev, fx),
+            Msg::Object(ev) => self.object(st, limits, ev, prepared, fx),
             Msg::Tunnel(_) => Err(invalid(format!(
-                "a TunnelFrame with seq {}: tunnel frames carry seq 0 (item 7 of the stream \
-                 contract)",
-                msg.seq
+                "a TunnelFrame with seq {seq}: tunnel frames carry seq 0 (item 7 of the stream \
+                 contract)"
             ))),
             Msg::DiscoveryChanged(changed) => {
                 if st.registry.role(self.id, &changed.account).is_some() {
@@ -326,20 +454,26 @@ impl Session {
                 fx.dynamic_statuses.push(status);
                 Ok(())
             }
-            Msg::AccountUnavailable(unavailable) => {
-                self.on_unavailable(st, limits, unavailable, now, fx);
-                Ok(())
-            }
+            other @ (Msg::RegisterAccount(_)
+            | Msg::UnregisterAccount(_)
+            | Msg::KindStatus(_)
+            | Msg::AccountUnavailable(_)) => Err(precondition(format!(
+                "{} routed without the registry's lock (a bug in the hub's stream loop)",
+                message_type(&pb::AgentMessage {
+                    seq,
+                    kind: Some(other)
+                })
+            ))),
         }
     }
 
     fn on_kind_status(
         &mut self,
-        st: &mut HubState,
+        st: &mut Control<'_>,
         ks: pb::KindStatus,
         fx: &mut Effects,
     ) -> Result<(), ProtocolError> {
-        self.require_streaming(st, &ks.account, "KindStatus")?;
+        self.require_streaming(st.registry, &ks.account, "KindStatus")?;
         let info = KindInfo::from_proto(ks.kind.as_ref())
             .map_err(|e| invalid(format!("KindStatus for account {:?}: {e}", ks.account)))?;
         let parsed = PbKindState::try_from(ks.state);
@@ -360,11 +494,7 @@ impl Session {
             st.cache
                 .drop_scope(&ks.account, &info, &ks.namespaces, &mut fx.ops);
             if ks.namespaces.is_empty()
-                && let Some(kind) = st
-                    .cache
-                    .accounts
-                    .get_mut(&ks.account)
-                    .and_then(|a| a.kinds.get_mut(&key))
+                && let Some(kind) = st.cache.kinds.get_mut(&key)
             {
                 // No longer watched at all: nothing is left out of the cache any more.
                 kind.over_quota = None;
@@ -385,7 +515,7 @@ impl Session {
 
     fn on_operation_result(
         &mut self,
-        st: &mut HubState,
+        st: &mut Data<'_>,
         result: pb::OperationResult,
         fx: &mut Effects,
     ) {
@@ -394,20 +524,20 @@ impl Session {
         // registered (as STREAMING or STANDBY), or served until it unregistered them, are
         // touched.
         if st.registry.role(self.id, &result.account).is_some()
-            || self.served_before(st, &result.account)
+            || self.served_before(st.registry, &result.account)
         {
-            scale_agent_hub_cache::apply_result_to_cache(&mut st.cache, &result, &mut fx.ops);
+            scale_agent_hub_cache::apply_result_to_account(st.cache, &result, &mut fx.ops);
         }
         fx.results.push(result);
     }
 
     fn on_bookmark(
         &mut self,
-        st: &mut HubState,
+        st: &mut Data<'_>,
         bm: pb::Bookmark,
         fx: &mut Effects,
     ) -> Result<(), ProtocolError> {
-        self.require_streaming(st, &bm.account, "Bookmark")?;
+        self.require_streaming(st.registry, &bm.account, "Bookmark")?;
         let info = KindInfo::from_proto(bm.kind.as_ref())
             .map_err(|e| invalid(format!("Bookmark for account {:?}: {e}", bm.account)))?;
         if bm.resource_version.is_empty() {
@@ -417,7 +547,7 @@ impl Session {
                 info.key()
             )));
         }
-        if st.cache.is_over_quota(&bm.account, &info.key()) {
+        if st.cache.is_over_quota(&info.key()) {
             // No resume point for a kind left out of the cache: the agent relists it.
             return Ok(());
         }
@@ -434,5 +564,6 @@ impl Session {
 
 mod registration;
 mod snapshot;
+pub use snapshot::{PreparedObject, prepare};
 #[cfg(test)]
 mod tests;

@@ -73,8 +73,8 @@ pub(super) async fn account(
     State(api): State<Arc<ApiState>>,
     Path(name): Path<String>,
 ) -> Response {
-    let st = api.live.state();
-    match view_of(&st, &name) {
+    let registry = api.live.registry_read();
+    match view_of(&registry, api.live.cache(), &name) {
         Some(view) => Json(view.with_store_health(&api.commits)).into_response(),
         None => error(StatusCode::NOT_FOUND, format!("no account {name:?}")),
     }

@@ -13,9 +13,7 @@ use axum::{
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use scale_agent_hub_cache::{
-    AccountCache, CachedObject, KindCache, KindInfo, KindKey, selector::LabelSelector,
-};
+use scale_agent_hub_cache::{CachedObject, KindCache, KindInfo, KindKey, selector::LabelSelector};
 use scale_agent_hub_state::Live;
 
 use super::{ApiState, error};
@@ -82,15 +80,14 @@ fn objects_page(
     max: usize,
 ) -> Result<Page, Box<Response>> {
     use std::ops::Bound;
-    let st = live.state();
-    if !st.registry.accounts.contains_key(name) {
+    if !live.registry_read().accounts.contains_key(name) {
         return Err(Box::new(error(
             StatusCode::NOT_FOUND,
             format!("no account {name:?}"),
         )));
     }
-    let empty = AccountCache::default();
-    let cache = st.cache.accounts.get(name).unwrap_or(&empty);
+    let slot = live.cache().account(name).unwrap_or_default();
+    let cache = scale_agent_hub_cache::lock(&slot);
     let matching = |k: &KindCache| q.kind.as_deref().is_none_or(|query| kind_matches(query, k));
     if let Some(query) = &q.kind
         && !cache.kinds.values().any(matching)
@@ -115,11 +112,11 @@ fn objects_page(
             continue;
         }
         let from = match after {
-            Some((kind, uid)) if kind == key => Bound::Excluded(uid.clone()),
+            Some((kind, uid)) if kind == key => Bound::Excluded(uid.as_str()),
             _ => Bound::Unbounded,
         };
         let mut index = None;
-        for (uid, o) in k.objects.range((from, Bound::Unbounded)) {
+        for o in k.objects.range_by_uid(from) {
             if q.namespace.as_deref().is_some_and(|ns| ns != o.namespace) {
                 continue;
             }
@@ -134,7 +131,6 @@ fn objects_page(
                 page.kinds.push(k.info.clone());
                 page.kinds.len() - 1
             });
-            debug_assert_eq!(uid, &o.uid);
             page.objects.push((i, o.clone()));
         }
     }

@@ -8,14 +8,13 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::Value;
 
-use scale_agent_hub_cache::{AccountCache, KindCache, KindState};
+use scale_agent_hub_cache::{AccountCache, KindCache, KindState, SharedCache};
 use scale_agent_hub_model::time::rfc3339;
 use scale_agent_hub_state::{
     Live,
     registry::{
         Account, AccountRecord, AccountState, ClusterRecord, Registry, SessionId, StateRecord,
     },
-    session::HubState,
 };
 
 #[derive(Serialize)]
@@ -36,8 +35,8 @@ struct AgentAccountView {
 
 /// The agent streams connected to this replica.
 pub(crate) fn local_agents(live: &Live) -> Vec<AgentView> {
-    let st = live.state();
-    st.registry
+    let registry = live.registry_read();
+    registry
         .sessions
         .values()
         .map(|s| AgentView {
@@ -45,8 +44,7 @@ pub(crate) fn local_agents(live: &Live) -> Vec<AgentView> {
             replica: s.replica.clone(),
             agent_version: s.agent_version.clone(),
             connected_since: rfc3339(s.connected_since),
-            accounts: st
-                .registry
+            accounts: registry
                 .accounts_of(s.id)
                 .into_iter()
                 .map(|(name, role)| AgentAccountView {
@@ -266,34 +264,31 @@ fn agentless_view(
 
 /// The view of one account: from its record, or from its state alone; `None` when the hub
 /// has neither.
-pub(crate) fn view_of(st: &HubState, name: &str) -> Option<AccountView> {
-    match st.registry.accounts.get(name) {
-        Some(a) => Some(account_view(
-            &st.registry,
-            name,
-            a,
-            st.cache.accounts.get(name),
-        )),
-        None => st
-            .registry
-            .states
-            .get(name)
-            .map(|l| stateless_view(name, l)),
+pub(crate) fn view_of(registry: &Registry, cache: &SharedCache, name: &str) -> Option<AccountView> {
+    match registry.accounts.get(name) {
+        Some(a) => {
+            let slot = cache.account(name);
+            let guard = slot.as_deref().map(scale_agent_hub_cache::lock);
+            Some(account_view(registry, name, a, guard.as_deref()))
+        }
+        None => registry.states.get(name).map(|l| stateless_view(name, l)),
     }
 }
 
 /// The accounts this replica has a record or a state for.
 pub(crate) fn local_accounts(live: &Live) -> Vec<AccountView> {
-    let st = live.state();
-    let mut names: Vec<&String> = st
-        .registry
+    let registry = live.registry_read();
+    let mut names: Vec<&String> = registry
         .accounts
         .keys()
-        .chain(st.registry.states.keys())
+        .chain(registry.states.keys())
         .collect();
     names.sort();
     names.dedup();
-    names.into_iter().filter_map(|n| view_of(&st, n)).collect()
+    names
+        .into_iter()
+        .filter_map(|n| view_of(&registry, live.cache(), n))
+        .collect()
 }
 
 /// An account the shared store holds and no replica serves: its stored record, no agent.

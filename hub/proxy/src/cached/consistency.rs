@@ -253,7 +253,6 @@ pub fn stricter(a: Decision, b: Decision) -> Decision {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
 
     use super::*;
     use scale_agent_hub_cache::{KindInfo, KindState};
@@ -267,7 +266,7 @@ mod tests {
                 plural: "configmaps".into(),
                 namespaced: true,
             },
-            objects: BTreeMap::new(),
+            objects: Default::default(),
             resume: resume
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))

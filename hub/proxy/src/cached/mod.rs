@@ -31,7 +31,7 @@ use axum::{
     response::Response,
 };
 use http_body_util::BodyExt as _;
-use scale_agent_hub_cache::{CachedObject, KindInfo, KindKey};
+use scale_agent_hub_cache::{CachedObject, KindInfo, KindKey, lock};
 use scale_agent_hub_state::Live;
 
 use self::{
@@ -50,9 +50,30 @@ pub const READ_WAIT: Duration = Duration::from_secs(3);
 /// tunnelled for [`consistency::BARRIER`]).
 pub const MAX_WRITE_ANSWER_BYTES: usize = 16 * 1024 * 1024;
 
+/// What rendering the items of a paged list needs besides each object.
+#[derive(Debug)]
+pub struct ListContext {
+    info: KindInfo,
+    labels: LabelSelector,
+    fields: FieldSelector,
+    form: Form,
+}
+
+impl ListContext {
+    fn item(
+        &self,
+        object: &Arc<CachedObject>,
+    ) -> Result<Option<bytes::Bytes>, render::Unrenderable> {
+        render::list_item_of(&self.info, object, &self.labels, &self.fields, self.form)
+    }
+}
+
+/// The lists whose continue tokens are out: pointers into the cache ([`paging`]).
+type Lists = Snapshots<Arc<CachedObject>, ListContext>;
+
 /// The proxy's state for cached reads.
 pub struct CachedReads {
-    snapshots: Mutex<Snapshots>,
+    snapshots: Mutex<Lists>,
     floors: Mutex<Floors>,
     /// Bumped after every batch an agent stream applied to the cache.
     advanced: tokio::sync::watch::Sender<u64>,
@@ -74,7 +95,7 @@ impl CachedReads {
         self.advanced.send_modify(|n| *n = n.wrapping_add(1));
     }
 
-    fn snapshots(&self) -> MutexGuard<'_, Snapshots> {
+    fn snapshots(&self) -> MutexGuard<'_, Lists> {
         self.snapshots.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -178,25 +199,44 @@ async fn read_from_cache(
         }
     };
     let response = if list {
-        let items = match render::list_items(&held.info, held.objects, &labels, &held.fields, form)
-        {
-            Ok(items) => items,
+        let objects = match render::in_list_order(held.objects) {
+            Ok(objects) => objects,
             Err(why) => {
                 tracing::debug!(path = %api_path, ?why, "list not renderable from the cache; tunnelled");
                 return None;
             }
         };
         let list_type = render::list_type(&held.info, form);
+        let count_remaining = labels.is_empty() && held.fields.is_empty();
         let snapshot = Snapshot {
+            context: ListContext {
+                info: held.info,
+                labels,
+                fields: held.fields,
+                form,
+            },
             list: list_key,
             resource_version: held.resource_version.clone(),
             list_type: list_type.clone(),
-            items,
-            count_remaining: labels.is_empty() && held.fields.is_empty(),
+            objects,
+            count_remaining,
         };
-        let page = reads
-            .snapshots()
-            .first_page(snapshot, options.limit, Instant::now());
+        let cursor = Snapshots::start(snapshot);
+        let context = cursor.snapshot.clone();
+        let rendered = paging::page(
+            &reads.snapshots,
+            cursor,
+            options.limit,
+            Instant::now(),
+            |o| context.context.item(o),
+        );
+        let page = match rendered {
+            Ok(page) => page,
+            Err(why) => {
+                tracing::debug!(path = %api_path, ?why, "list not renderable from the cache; tunnelled");
+                return None;
+            }
+        };
         json_response(
             StatusCode::OK,
             render::list_body(
@@ -222,7 +262,10 @@ async fn read_from_cache(
     Some(response)
 }
 
-/// Decides under the state lock, copying out what the answer needs.
+/// Decides under the registry's shared lock and the account's lock, copying out what the
+/// answer needs: pointers to the objects of the named one (a lookup in the name index) or
+/// of the namespace's range (the whole kind for a cluster-wide list). Selectors are
+/// evaluated on those afterwards, outside any lock.
 fn plan(
     live: &Live,
     reads: &CachedReads,
@@ -230,8 +273,8 @@ fn plan(
     target: &Target,
     options: &ReadOptions,
 ) -> Plan {
-    let st = live.state();
-    let Some(registered) = st.registry.accounts.get(account) else {
+    let registry = live.registry_read();
+    let Some(registered) = registry.accounts.get(account) else {
         return Plan::Tunnel("unknown account");
     };
     // No agent streams the account: the cache is held for the grace period and answers,
@@ -247,11 +290,15 @@ fn plan(
                 .collect()
         })
         .unwrap_or_default();
-    let Some(kind) = st.cache.accounts.get(account).and_then(|a| {
-        a.kinds
-            .values()
-            .find(|k| k.info.group == target.group && k.info.plural == target.resource)
-    }) else {
+    let Some(slot) = live.cache().account(account) else {
+        return Plan::Tunnel("kind not streamed");
+    };
+    let cache = lock(&slot);
+    let Some(kind) = cache
+        .kinds
+        .values()
+        .find(|k| k.info.group == target.group && k.info.plural == target.resource)
+    else {
         return Plan::Tunnel("kind not streamed");
     };
     if kind.info.version != target.version {
@@ -292,17 +339,16 @@ fn plan(
         Decision::WaitFor(rv) => Plan::WaitFor(Some(rv)),
         Decision::WaitForDeletion => Plan::WaitFor(None),
         Decision::Serve => {
-            let in_scope = |o: &&Arc<CachedObject>| scope.is_none_or(|ns| o.namespace == ns);
             let objects = match &target.name {
+                // A namespaced kind's object is named with its namespace (checked above);
+                // a cluster-scoped one's namespace is "".
                 Some(name) => kind
                     .objects
-                    .values()
-                    .filter(in_scope)
-                    .find(|o| &o.name == name)
+                    .by_name(scope.unwrap_or_default(), name)
                     .cloned()
                     .into_iter()
                     .collect(),
-                None => kind.objects.values().filter(in_scope).cloned().collect(),
+                None => kind.objects.in_scope(scope).cloned().collect(),
             };
             Plan::Ready(Held {
                 info: kind.info.clone(),
@@ -315,11 +361,26 @@ fn plan(
 }
 
 fn next_page(reads: &CachedReads, token: &str, list_key: &str, limit: Option<usize>) -> Response {
-    let found = reads
-        .snapshots()
-        .next_page(token, list_key, limit, Instant::now());
-    match found {
-        Ok((page, snapshot)) => json_response(
+    let now = Instant::now();
+    let found = reads.snapshots().resume(token, list_key, now);
+    let rendered = found.map(|cursor| {
+        let snapshot = cursor.snapshot.clone();
+        let page = paging::page(&reads.snapshots, cursor, limit, now, |o| {
+            snapshot.context.item(o)
+        });
+        (page, snapshot)
+    });
+    match rendered {
+        Ok((Err(why), _)) => {
+            // An object of the pinned list does not render (a corrupt store): the list
+            // starts again, and its first page is tunnelled.
+            tracing::warn!(
+                ?why,
+                "a page of a cached list does not render; answered 410"
+            );
+            expired()
+        }
+        Ok((Ok(page), snapshot)) => json_response(
             StatusCode::OK,
             render::list_body(
                 &snapshot.list_type,
@@ -402,16 +463,13 @@ pub(crate) async fn after_write(
     let Some(target) = write_target(api_path) else {
         return response;
     };
-    let key = {
-        let st = live.state();
-        st.cache.accounts.get(account).and_then(|a| {
-            a.kinds
-                .values()
-                .find(|k| k.info.group == target.group && k.info.plural == target.resource)
-                .map(|k| k.info.key())
-        })
-    };
-    let Some(key) = key else {
+    let key = live.cache().read(account, |a| {
+        a.kinds
+            .values()
+            .find(|k| k.info.group == target.group && k.info.plural == target.resource)
+            .map(|k| k.info.key())
+    });
+    let Some(key) = key.flatten() else {
         return response;
     };
     let namespace = target.namespace.clone().unwrap_or_default();

@@ -1,8 +1,13 @@
-//! `limit` and `continue` for lists the cache answers (sans-IO): the first page keeps the
-//! whole filtered, rendered list as a snapshot, and every continue token points into it,
-//! so the pages of one list are consistent with each other as on the API server. Snapshots
-//! expire like the API server's tokens do (its etcd compaction); an expired or unknown
-//! token is answered `410 Expired`.
+//! `limit` and `continue` for lists the cache answers (sans-IO). The first page pins the
+//! list's objects: pointers to the cached objects of its scope at its resourceVersion, in
+//! the list's order, not copies and not rendered; each page renders only its own items,
+//! and every continue token points into the pinned list, so the pages of one list are
+//! consistent with each other as on the API server. A pinned list costs a pointer per
+//! object (the objects themselves are the cache's, shared; an object replaced meanwhile
+//! stays alive until the list's pages are done or expire). So concurrent big lists do not
+//! push each other out: a token expires when its list is older than the API server's
+//! compaction window, or (only past [`MAX_PINNED`] pointers, 64 million objects) when the
+//! oldest lists are dropped; an expired or unknown token is answered `410 Expired`.
 
 use std::{
     collections::BTreeMap,
@@ -15,31 +20,29 @@ use bytes::Bytes;
 /// How long a list's continue tokens stay valid (the API server's are valid until etcd
 /// compacts their revision, every 5 minutes by default).
 pub const SNAPSHOT_TTL: Duration = Duration::from_secs(300);
-/// The bytes all kept snapshots may hold; beyond it the oldest are dropped first.
-pub const MAX_SNAPSHOT_BYTES: usize = 512 * 1024 * 1024;
+/// The objects all kept lists may pin together (a pointer each); beyond it the oldest
+/// lists are dropped first.
+pub const MAX_PINNED: usize = 64 * 1024 * 1024;
 /// The prefix that marks a continue token as the hub's (other tokens are the API
 /// server's, from a list the tunnel answered).
 pub const TOKEN_PREFIX: &str = "scale-agent-hub.";
 
-/// One list's items, rendered, with what the pages repeat.
+/// One list's objects, pinned, with what the pages repeat.
 #[derive(Debug)]
-pub struct Snapshot {
+pub struct Snapshot<T, C> {
+    /// What rendering an item needs besides the object (the kind, the field selector).
+    pub context: C,
     /// What the list was of (account, path, selectors, form): a token is only good for the
     /// same list.
     pub list: String,
     pub resource_version: String,
     /// The list's (kind, apiVersion).
     pub list_type: (String, String),
-    pub items: Vec<Bytes>,
+    /// In the list's order, before the selectors (applied as each page is rendered).
+    pub objects: Vec<T>,
     /// Whether `remainingItemCount` is reported (the API server reports it only for lists
-    /// without selectors).
+    /// without selectors, where every object is an item).
     pub count_remaining: bool,
-}
-
-impl Snapshot {
-    fn bytes(&self) -> usize {
-        self.items.iter().map(Bytes::len).sum()
-    }
 }
 
 /// A page of a snapshot.
@@ -60,13 +63,23 @@ pub enum TokenError {
     OtherList,
 }
 
-/// The snapshots behind the continue tokens handed out.
-#[derive(Debug, Default)]
-pub struct Snapshots {
+/// The lists behind the continue tokens handed out.
+#[derive(Debug)]
+pub struct Snapshots<T, C> {
     next_id: u64,
     /// By id: (created, snapshot).
-    kept: BTreeMap<u64, (Instant, Arc<Snapshot>)>,
-    bytes: usize,
+    kept: BTreeMap<u64, (Instant, Arc<Snapshot<T, C>>)>,
+    pinned: usize,
+}
+
+impl<T, C> Default for Snapshots<T, C> {
+    fn default() -> Self {
+        Snapshots {
+            next_id: 0,
+            kept: BTreeMap::new(),
+            pinned: 0,
+        }
+    }
 }
 
 fn token(id: u64, offset: usize) -> String {
@@ -83,142 +96,251 @@ pub fn is_hub_token(token: &str) -> bool {
     token.starts_with(TOKEN_PREFIX)
 }
 
-impl Snapshots {
+/// Where a list's next page starts: a kept snapshot and an offset in it.
+#[derive(Debug)]
+pub struct Cursor<T, C> {
+    id: Option<u64>,
+    offset: usize,
+    pub snapshot: Arc<Snapshot<T, C>>,
+}
+
+impl<T, C> Snapshots<T, C> {
     fn expire(&mut self, now: Instant) {
         while let Some((&id, (created, snapshot))) = self.kept.iter().next() {
             let too_old = now.saturating_duration_since(*created) >= SNAPSHOT_TTL;
-            if !too_old && self.bytes <= MAX_SNAPSHOT_BYTES {
+            if !too_old && self.pinned <= MAX_PINNED {
                 break;
             }
-            self.bytes -= snapshot.bytes();
+            self.pinned -= snapshot.objects.len();
             self.kept.remove(&id);
         }
     }
 
-    /// The first page of a list: all of it when it fits in `limit`, else `limit` items and
-    /// a token (the snapshot is kept).
-    pub fn first_page(&mut self, snapshot: Snapshot, limit: Option<usize>, now: Instant) -> Page {
-        self.expire(now);
-        let limit = limit.unwrap_or(usize::MAX);
-        if snapshot.items.len() <= limit {
-            return Page {
-                items: snapshot.items,
-                continue_token: None,
-                remaining: None,
-            };
+    /// The start of a new list. Kept only once its first page leaves items for a token
+    /// ([`Snapshots::keep`]).
+    pub fn start(snapshot: Snapshot<T, C>) -> Cursor<T, C> {
+        Cursor {
+            id: None,
+            offset: 0,
+            snapshot: Arc::new(snapshot),
         }
-        let id = self.next_id;
-        self.next_id += 1;
-        let snapshot = Arc::new(snapshot);
-        self.bytes += snapshot.bytes();
-        self.kept.insert(id, (now, snapshot.clone()));
-        let page = page_of(&snapshot, id, 0, limit);
-        self.expire(now);
-        page
     }
 
-    /// The page after `token` of the list `list`, with its snapshot's resourceVersion.
-    pub fn next_page(
+    fn keep(&mut self, snapshot: &Arc<Snapshot<T, C>>, now: Instant) -> u64 {
+        self.expire(now);
+        let id = self.next_id;
+        self.next_id += 1;
+        self.pinned += snapshot.objects.len();
+        self.kept.insert(id, (now, snapshot.clone()));
+        self.expire(now);
+        id
+    }
+
+    /// Where the page after `token` of the list `list` starts.
+    pub fn resume(
         &mut self,
         token: &str,
         list: &str,
-        limit: Option<usize>,
         now: Instant,
-    ) -> Result<(Page, Arc<Snapshot>), TokenError> {
+    ) -> Result<Cursor<T, C>, TokenError> {
         self.expire(now);
         let (id, offset) = parse_token(token).ok_or(TokenError::Expired)?;
         let (_, snapshot) = self.kept.get(&id).ok_or(TokenError::Expired)?;
         if snapshot.list != list {
             return Err(TokenError::OtherList);
         }
-        let snapshot = snapshot.clone();
-        let page = page_of(&snapshot, id, offset, limit.unwrap_or(usize::MAX));
-        if page.continue_token.is_none() {
-            // The last page was handed out: the snapshot is no longer needed.
-            if let Some((_, s)) = self.kept.remove(&id) {
-                self.bytes -= s.bytes();
-            }
+        Ok(Cursor {
+            id: Some(id),
+            offset,
+            snapshot: snapshot.clone(),
+        })
+    }
+
+    fn release(&mut self, id: u64) {
+        if let Some((_, s)) = self.kept.remove(&id) {
+            self.pinned -= s.objects.len();
         }
-        Ok((page, snapshot))
     }
 }
 
-fn page_of(snapshot: &Snapshot, id: u64, offset: usize, limit: usize) -> Page {
-    let start = offset.min(snapshot.items.len());
-    let end = start.saturating_add(limit).min(snapshot.items.len());
-    let rest = snapshot.items.len() - end;
-    Page {
-        items: snapshot.items[start..end].to_vec(),
-        continue_token: (rest > 0).then(|| token(id, end)),
-        remaining: (rest > 0 && snapshot.count_remaining).then_some(rest),
+/// Renders the page at `cursor`: up to `limit` items (the selectors may leave objects
+/// out), rendered by `render` outside any lock (`snapshots` is locked only to keep or
+/// release the list). The first page of a list that needs a token keeps the list; the last
+/// page releases it.
+pub fn page<T, C, E>(
+    snapshots: &std::sync::Mutex<Snapshots<T, C>>,
+    cursor: Cursor<T, C>,
+    limit: Option<usize>,
+    now: Instant,
+    mut render: impl FnMut(&T) -> Result<Option<Bytes>, E>,
+) -> Result<Page, E> {
+    let lock = || snapshots.lock().unwrap_or_else(|e| e.into_inner());
+    let objects = &cursor.snapshot.objects;
+    let limit = limit.unwrap_or(usize::MAX).max(1);
+    let mut at = cursor.offset.min(objects.len());
+    let mut items = Vec::new();
+    while at < objects.len() && items.len() < limit {
+        if let Some(item) = render(&objects[at])? {
+            items.push(item);
+        }
+        at += 1;
     }
+    let rest = objects.len() - at;
+    let continue_token = if rest == 0 {
+        if let Some(id) = cursor.id {
+            lock().release(id);
+        }
+        None
+    } else {
+        let id = match cursor.id {
+            Some(id) => id,
+            None => lock().keep(&cursor.snapshot, now),
+        };
+        Some(token(id, at))
+    };
+    Ok(Page {
+        items,
+        continue_token,
+        remaining: (rest > 0 && cursor.snapshot.count_remaining).then_some(rest),
+    })
 }
 
 #[cfg(test)]
 mod tests {
+    use std::{convert::Infallible, sync::Mutex};
+
     use super::*;
 
-    fn snapshot(n: usize) -> Snapshot {
+    const LIST: &str = "a|/api/v1/configmaps";
+
+    fn snapshot(n: usize) -> Snapshot<usize, ()> {
         Snapshot {
-            list: "a|/api/v1/configmaps".into(),
+            context: (),
+            list: LIST.into(),
             resource_version: "42".into(),
             list_type: ("ConfigMapList".into(), "v1".into()),
-            items: (0..n).map(|i| Bytes::from(i.to_string())).collect(),
+            objects: (0..n).collect(),
             count_remaining: true,
         }
+    }
+
+    fn render(i: &usize) -> Result<Option<Bytes>, Infallible> {
+        Ok(Some(Bytes::from(i.to_string())))
+    }
+
+    fn all(n: usize) -> Vec<Bytes> {
+        (0..n).map(|i| Bytes::from(i.to_string())).collect()
     }
 
     #[test]
     fn pages_cover_every_item_once() {
         let now = Instant::now();
-        let mut s = Snapshots::default();
-        let mut page = s.first_page(snapshot(1234), Some(500), now);
+        let s = Mutex::new(Snapshots::default());
+        let first = Snapshots::start(snapshot(1234));
+        let mut page = page(&s, first, Some(500), now, render).unwrap();
         let mut seen = page.items.clone();
         assert_eq!(page.remaining, Some(734));
         while let Some(token) = page.continue_token.clone() {
             assert!(is_hub_token(&token));
-            let (next, snapshot) = s
-                .next_page(&token, "a|/api/v1/configmaps", Some(500), now)
-                .unwrap();
-            assert_eq!(snapshot.resource_version, "42");
-            page = next;
+            let cursor = s.lock().unwrap().resume(&token, LIST, now).unwrap();
+            assert_eq!(cursor.snapshot.resource_version, "42");
+            page = super::page(&s, cursor, Some(500), now, render).unwrap();
             seen.extend(page.items.clone());
         }
-        assert_eq!(seen, snapshot(1234).items);
+        assert_eq!(seen, all(1234));
+        let s = s.into_inner().unwrap();
         assert!(s.kept.is_empty(), "the last page releases the snapshot");
+        assert_eq!(s.pinned, 0);
     }
 
     #[test]
     fn small_lists_need_no_token() {
-        let mut s = Snapshots::default();
-        let page = s.first_page(snapshot(3), Some(500), Instant::now());
+        let s = Mutex::new(Snapshots::default());
+        let page = page(
+            &s,
+            Snapshots::start(snapshot(3)),
+            Some(500),
+            Instant::now(),
+            render,
+        )
+        .unwrap();
         assert_eq!(page.items.len(), 3);
         assert_eq!(page.continue_token, None);
-        assert!(s.kept.is_empty());
+        assert!(s.lock().unwrap().kept.is_empty());
+    }
+
+    /// Pages leave out what the selectors leave out, and still cover the rest once.
+    #[test]
+    fn selected_pages() {
+        let now = Instant::now();
+        let s = Mutex::new(Snapshots::default());
+        let even = |i: &usize| -> Result<Option<Bytes>, Infallible> {
+            Ok(i.is_multiple_of(2).then(|| Bytes::from(i.to_string())))
+        };
+        let mut cursor = Snapshots::start(snapshot(25));
+        let mut seen = Vec::new();
+        loop {
+            let p = page(&s, cursor, Some(4), now, even).unwrap();
+            assert!(p.items.len() <= 4);
+            seen.extend(p.items);
+            let Some(token) = p.continue_token else { break };
+            cursor = s.lock().unwrap().resume(&token, LIST, now).unwrap();
+        }
+        let expected: Vec<Bytes> = (0..25)
+            .filter(|i: &usize| i.is_multiple_of(2))
+            .map(|i| Bytes::from(i.to_string()))
+            .collect();
+        assert_eq!(seen, expected);
+    }
+
+    /// Many big lists at once keep their pages: a list pins pointers, not rendered
+    /// objects, so none pushes another out.
+    #[test]
+    fn concurrent_lists_do_not_expire_each_other() {
+        let now = Instant::now();
+        let s = Mutex::new(Snapshots::default());
+        let tokens: Vec<String> = (0..200)
+            .map(|_| {
+                page(
+                    &s,
+                    Snapshots::start(snapshot(10_000)),
+                    Some(500),
+                    now,
+                    render,
+                )
+                .unwrap()
+                .continue_token
+                .unwrap()
+            })
+            .collect();
+        for token in &tokens {
+            let cursor = s.lock().unwrap().resume(token, LIST, now).unwrap();
+            assert_eq!(cursor.offset, 500);
+        }
+        assert_eq!(s.lock().unwrap().pinned, 200 * 10_000);
     }
 
     #[test]
     fn tokens_expire_and_belong_to_their_list() {
         let now = Instant::now();
-        let mut s = Snapshots::default();
-        let token = s
-            .first_page(snapshot(10), Some(4), now)
+        let s = Mutex::new(Snapshots::default());
+        let token = page(&s, Snapshots::start(snapshot(10)), Some(4), now, render)
+            .unwrap()
             .continue_token
             .unwrap();
+        let mut kept = s.lock().unwrap();
         assert_eq!(
-            s.next_page(&token, "other", Some(4), now).unwrap_err(),
+            kept.resume(&token, "other", now).unwrap_err(),
             TokenError::OtherList
         );
         assert_eq!(
-            s.next_page(&token, "a|/api/v1/configmaps", Some(4), now + SNAPSHOT_TTL)
-                .unwrap_err(),
+            kept.resume(&token, LIST, now + SNAPSHOT_TTL).unwrap_err(),
             TokenError::Expired
         );
         assert_eq!(
-            s.next_page("scale-agent-hub.x", "l", None, now)
-                .unwrap_err(),
+            kept.resume("scale-agent-hub.x", "l", now).unwrap_err(),
             TokenError::Expired
         );
-        assert_eq!(s.bytes, 0);
+        assert_eq!(kept.pinned, 0);
     }
 }

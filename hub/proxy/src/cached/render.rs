@@ -35,32 +35,56 @@ pub enum Unrenderable {
 /// `<namespace>/<name>`), each rendered as a list item in `form`.
 pub fn list_items<O: std::borrow::Borrow<CachedObject>>(
     info: &KindInfo,
-    mut objects: Vec<O>,
+    objects: Vec<O>,
     labels: &LabelSelector,
     fields: &FieldSelector,
     form: Form,
 ) -> Result<Vec<Bytes>, Unrenderable> {
-    objects.sort_by_cached_key(|o| etcd_key(o.borrow()));
-    let builtin = is_builtin_group(&info.group);
-    let (no_labels, no_fields) = (LabelSelector::default(), FieldSelector::default());
+    let objects = in_list_order(objects)?;
     let mut items = Vec::with_capacity(objects.len());
     for object in &objects {
-        let object: &CachedObject = object.borrow();
-        if object.truncated {
-            return Err(Unrenderable::Truncated);
-        }
-        let (labels, fields) = match preselect(object, labels, fields) {
-            Some(false) => continue,
-            // Selected without its JSON: rendered without reading its selectors again.
-            Some(true) => (&no_labels, &no_fields),
-            None => (labels, fields),
-        };
-        let json = object.json.unpack().map_err(|_| Unrenderable::Corrupt)?;
-        if let Some(item) = list_item(&json, builtin, labels, fields, form)? {
-            items.push(Bytes::from(item));
+        if let Some(item) = list_item_of(info, object.borrow(), labels, fields, form)? {
+            items.push(item);
         }
     }
     Ok(items)
+}
+
+/// The objects of a list in the API server's order (etcd keys: `<namespace>/<name>`, which
+/// is not quite the cache's (namespace, name) order: `-` sorts before `/`); refused whole
+/// when one is kept without its JSON (it cannot be rendered).
+pub fn in_list_order<O: std::borrow::Borrow<CachedObject>>(
+    mut objects: Vec<O>,
+) -> Result<Vec<O>, Unrenderable> {
+    if objects.iter().any(|o| o.borrow().truncated) {
+        return Err(Unrenderable::Truncated);
+    }
+    objects.sort_by_cached_key(|o| etcd_key(o.borrow()));
+    Ok(objects)
+}
+
+/// One object as an item of a list of `info` in `form`, `None` when the selectors leave it
+/// out.
+pub fn list_item_of(
+    info: &KindInfo,
+    object: &CachedObject,
+    labels: &LabelSelector,
+    fields: &FieldSelector,
+    form: Form,
+) -> Result<Option<Bytes>, Unrenderable> {
+    if object.truncated {
+        return Err(Unrenderable::Truncated);
+    }
+    let (no_labels, no_fields) = (LabelSelector::default(), FieldSelector::default());
+    let (labels, fields) = match preselect(object, labels, fields) {
+        Some(false) => return Ok(None),
+        // Selected without its JSON: rendered without reading its selectors again.
+        Some(true) => (&no_labels, &no_fields),
+        None => (labels, fields),
+    };
+    let json = object.json.unpack().map_err(|_| Unrenderable::Corrupt)?;
+    let builtin = is_builtin_group(&info.group);
+    Ok(list_item(&json, builtin, labels, fields, form)?.map(Bytes::from))
 }
 
 /// Whether the selectors select `object`, from what the cache keeps beside its packed JSON

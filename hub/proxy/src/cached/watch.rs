@@ -25,7 +25,7 @@ use axum::{
     response::Response,
 };
 use bytes::Bytes;
-use scale_agent_hub_cache::{EventType, HistoryEvent, KindInfo, KindKey};
+use scale_agent_hub_cache::{EventType, HistoryEvent, KindInfo, KindKey, lock};
 use scale_agent_hub_state::Live;
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -178,8 +178,7 @@ enum Step {
 
 /// Whether an agent streams `account` (its events still reach the cache).
 fn streaming(live: &Live, account: &str) -> bool {
-    live.state()
-        .registry
+    live.registry_read()
         .accounts
         .get(account)
         .is_some_and(|a| a.streaming.is_some())
@@ -196,13 +195,11 @@ fn step(live: &Live, account: &str, position: &Position) -> Step {
 /// watcher to (past its last event when the resume point moved on), whether or not an agent
 /// still streams the account.
 fn read_history(live: &Live, account: &str, position: &Position) -> Step {
-    let st = live.state();
-    let Some(kind) = st
-        .cache
-        .accounts
-        .get(account)
-        .and_then(|a| a.kinds.get(&position.key))
-    else {
+    let Some(slot) = live.cache().account(account) else {
+        return Step::End;
+    };
+    let cache = lock(&slot);
+    let Some(kind) = cache.kinds.get(&position.key) else {
         return Step::End;
     };
     let Some(history) = kind.history(&position.scope) else {
@@ -362,8 +359,8 @@ fn start(
     options: &WatchOptions,
     labels: LabelSelector,
 ) -> Option<Start> {
-    let st = live.state();
-    let registered = st.registry.accounts.get(account)?;
+    let registry = live.registry_read();
+    let registered = registry.accounts.get(account)?;
     registered.streaming?;
     let omit: Vec<String> = registered
         .record
@@ -376,10 +373,9 @@ fn start(
                 .collect()
         })
         .unwrap_or_default();
-    let kind = st
-        .cache
-        .accounts
-        .get(account)?
+    let slot = live.cache().account(account)?;
+    let cache = lock(&slot);
+    let kind = cache
         .kinds
         .values()
         .find(|k| k.info.group == target.group && k.info.plural == target.resource)?;
@@ -427,12 +423,7 @@ fn start(
             if floors != Decision::Serve {
                 return None;
             }
-            let objects: Vec<_> = kind
-                .objects
-                .values()
-                .filter(|o| scope.is_none_or(|ns| o.namespace == ns))
-                .cloned()
-                .collect();
+            let objects: Vec<_> = kind.objects.in_scope(scope).cloned().collect();
             Some((kind.info.clone(), filter, at(resume_rv), objects, None))
         }
         Some(rv) => {

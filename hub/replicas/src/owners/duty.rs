@@ -30,11 +30,11 @@ pub async fn run(
 ) {
     let mut losses = replicas.ownership.losses();
     loop {
-        let to_acquire = live.state().registry.to_acquire();
+        let to_acquire = live.registry().to_acquire();
         for account in to_acquire {
             acquire(replicas, live, commits, source, &account).await;
         }
-        let to_release = live.state().registry.to_release();
+        let to_release = live.registry().to_release();
         for account in to_release {
             release(replicas, live, commits, &account).await;
         }
@@ -86,23 +86,21 @@ async fn acquire(
         }
     };
     let promotion = {
-        let mut st = live.state();
+        let mut registry = live.registry();
         if let Some(snapshot) = snapshot {
-            st.cache
-                .accounts
-                .insert(account.to_string(), snapshot.cache);
+            live.cache().insert_account(account, snapshot.cache);
         }
-        let promotion = st.registry.acquired(account);
+        let promotion = registry.acquired(account);
         // What the standbys' registrations here said, written now that this replica may
         // write the account (queued in this critical section, in order with the streams').
         let mut ops = Vec::new();
-        if let Some(a) = st.registry.accounts.get(account) {
+        if let Some(a) = registry.accounts.get(account) {
             ops.push(StoreOp::PutAccount {
                 account: account.to_string(),
                 record: a.record.clone(),
             });
         }
-        if let Some(binding) = st.registry.bindings.get(account) {
+        if let Some(binding) = registry.bindings.get(account) {
             ops.push(StoreOp::PutBinding {
                 account: account.to_string(),
                 binding: binding.clone(),
@@ -126,7 +124,7 @@ async fn acquire(
 /// it.
 #[tracing::instrument(name = "release", skip_all, fields(%account))]
 async fn release(replicas: &Replicas, live: &Live, commits: &Commits, account: &str) {
-    live.state().registry.released(account);
+    live.registry().released(account);
     let ticket = commits.last_ticket();
     if let Err(failure) = commits.committed_or_failing(ticket).await {
         tracing::warn!(%failure, "releasing an account whose last changes are not stored yet; its next owner resumes from older resume points");
@@ -143,7 +141,7 @@ async fn release(replicas: &Replicas, live: &Live, commits: &Commits, account: &
 /// Every ownership was lost at once: the streams of those accounts end, so their agents
 /// reconnect (to whichever replica owns the account next).
 fn lost_all(live: &Live) {
-    let sessions = live.state().registry.lost_all();
+    let sessions = live.registry().lost_all();
     tracing::warn!(
         streams = sessions.len(),
         "this replica lost the ownership of its accounts (its connection to the ownership \

@@ -311,7 +311,7 @@ impl Replicas {
         headers_of: &http::Extensions,
     ) -> Option<OwnerInfo> {
         self.forwarder.as_ref()?;
-        if headers_of.get::<Forwarded>().is_some() || live.state().registry.owns(account) {
+        if headers_of.get::<Forwarded>().is_some() || live.registry_read().owns(account) {
             return None;
         }
         match self.ownership.owner(account).await {

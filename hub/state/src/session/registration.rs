@@ -9,7 +9,7 @@ use scale_agent_proto::v1::{
 };
 
 use super::{
-    Effects, HubState, Limits, Session, assignment, bounded_reason, streaming_assignment,
+    Control, Effects, Limits, Session, assignment, bounded_reason, streaming_assignment,
     validate_account_name,
 };
 use crate::registry::{AccountRecord, ClusterRecord, Registration, Role};
@@ -20,7 +20,7 @@ impl Session {
     /// accounts of others FAILED.
     pub(super) fn on_unavailable(
         &mut self,
-        st: &mut HubState,
+        st: &mut Control<'_>,
         limits: &Limits,
         unavailable: pb::AccountUnavailable,
         now: (Instant, SystemTime),
@@ -46,7 +46,7 @@ impl Session {
 
     pub(super) fn on_unregister(
         &mut self,
-        st: &mut HubState,
+        st: &mut Control<'_>,
         un: pb::UnregisterAccount,
         now: (Instant, SystemTime),
         fx: &mut Effects,
@@ -62,14 +62,18 @@ impl Session {
     /// This stream served `account` and unregistered it (an agent draining), and the
     /// account is still bound to its identity: what it answers for the account is the
     /// account's.
-    pub(super) fn served_before(&self, st: &HubState, account: &str) -> bool {
+    pub(super) fn served_before(
+        &self,
+        registry: &crate::registry::Registry,
+        account: &str,
+    ) -> bool {
         self.unregistered.contains(account)
-            && st.registry.check_binding(&self.identity, account) == Ok(false)
+            && registry.check_binding(&self.identity, account) == Ok(false)
     }
 
     pub(super) fn register(
         &mut self,
-        st: &mut HubState,
+        st: &mut Control<'_>,
         limits: &Limits,
         reg: pb::RegisterAccount,
         now: (Instant, SystemTime),
@@ -85,7 +89,7 @@ impl Session {
         fx.registered.push(name.clone());
         // A refusal of a valid name is remembered: the account shows FAILED while nobody
         // streams it.
-        let reject = |st: &mut HubState, reason: String, fx: &mut Effects| {
+        let reject = |st: &mut Control<'_>, reason: String, fx: &mut Effects| {
             tracing::warn!(account = %name, %reason, "account rejected");
             st.registry.note_rejection(self.id, &name, &reason);
             fx.replies.push(assignment(&name, PbRole::Rejected, reason));
@@ -170,7 +174,7 @@ impl Session {
     /// Binds an account to this stream's identity (its first registration).
     pub(super) fn bind(
         &self,
-        st: &mut HubState,
+        st: &mut Control<'_>,
         name: &str,
         now: (Instant, SystemTime),
         fx: &mut Effects,
@@ -190,7 +194,7 @@ impl Session {
 
     pub(super) fn answer_assignment(
         &self,
-        st: &HubState,
+        st: &Control<'_>,
         name: &str,
         role: Role,
         fx: &mut Effects,
@@ -198,7 +202,7 @@ impl Session {
         let name = name.to_string();
         match role {
             Role::Streaming => {
-                let a = streaming_assignment(&st.cache, &name);
+                let a = streaming_assignment(st.cache, &name);
                 fx.resumes += a.resume_points.len() as u64;
                 tracing::info!(account = %name, resume_points = a.resume_points.len(), "account assigned: STREAMING");
                 fx.replies.push(pb::HubMessage {

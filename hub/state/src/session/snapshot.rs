@@ -4,15 +4,13 @@
 
 use std::collections::BTreeMap;
 
-use scale_agent_hub_cache::{
-    AccountCache, Applied, CachedObject, Event, KindInfo, KindKey, PackedJson,
-};
+use scale_agent_hub_cache::{Applied, CachedObject, Event, KindInfo, KindKey, PackedJson};
 use scale_agent_proto::v1::{
     self as pb, kind_status::State as PbKindState, object_event::Type as PbType,
 };
 
 use super::{
-    Effects, HubState, Limits, ProtocolError, Session, Staged, invalid, precondition, staged_size,
+    Data, Effects, Limits, ProtocolError, Session, Staged, invalid, precondition, staged_size,
 };
 
 impl Session {
@@ -65,11 +63,11 @@ impl Session {
 
     pub(super) fn on_snapshot_begin(
         &mut self,
-        st: &HubState,
+        st: &Data<'_>,
         b: pb::SnapshotBegin,
         fx: &mut Effects,
     ) -> Result<(), ProtocolError> {
-        self.require_streaming(st, &b.account, "SnapshotBegin")?;
+        self.require_streaming(st.registry, &b.account, "SnapshotBegin")?;
         let info = KindInfo::from_proto(b.kind.as_ref())
             .map_err(|e| invalid(format!("SnapshotBegin for account {:?}: {e}", b.account)))?;
         // A snapshot begun again (the agent retried its LIST) starts over.
@@ -88,12 +86,12 @@ impl Session {
 
     pub(super) fn on_snapshot_end(
         &mut self,
-        st: &mut HubState,
+        st: &mut Data<'_>,
         limits: &Limits,
         end: pb::SnapshotEnd,
         fx: &mut Effects,
     ) -> Result<(), ProtocolError> {
-        self.require_streaming(st, &end.account, "SnapshotEnd")?;
+        self.require_streaming(st.registry, &end.account, "SnapshotEnd")?;
         let info = KindInfo::from_proto(end.kind.as_ref())
             .map_err(|e| invalid(format!("SnapshotEnd for account {:?}: {e}", end.account)))?;
         let key = (end.account.clone(), info.key(), end.watch_namespace.clone());
@@ -124,19 +122,11 @@ impl Session {
             )));
         }
         let key = staged.info.key();
-        let replaced = st
-            .cache
-            .accounts
-            .get(&end.account)
-            .and_then(|a| a.kinds.get(&key))
-            .map_or(0, |k| {
-                k.objects
-                    .values()
-                    .filter(|o| {
-                        end.watch_namespace.is_empty() || o.namespace == end.watch_namespace
-                    })
-                    .count()
-            });
+        let replaced = st.cache.kinds.get(&key).map_or(0, |k| {
+            k.objects
+                .in_scope((!end.watch_namespace.is_empty()).then_some(&*end.watch_namespace))
+                .count()
+        });
         if !within_quota(
             st,
             limits,
@@ -151,9 +141,8 @@ impl Session {
         }
         let was_over = st
             .cache
-            .accounts
-            .get_mut(&end.account)
-            .and_then(|a| a.kinds.get_mut(&key))
+            .kinds
+            .get_mut(&key)
             .and_then(|k| k.over_quota.take())
             .is_some();
         st.cache.replace_scope(
@@ -181,67 +170,26 @@ impl Session {
 
     pub(super) fn object(
         &mut self,
-        st: &mut HubState,
+        st: &mut Data<'_>,
         limits: &Limits,
-        ev: pb::ObjectEvent,
+        mut ev: pb::ObjectEvent,
+        prepared: Option<Result<PreparedObject, ProtocolError>>,
         fx: &mut Effects,
     ) -> Result<(), ProtocolError> {
-        self.require_streaming(st, &ev.account, "ObjectEvent")?;
-        let info = KindInfo::from_proto(ev.kind.as_ref())
-            .map_err(|e| invalid(format!("ObjectEvent for account {:?}: {e}", ev.account)))?;
-        let deleted = match PbType::try_from(ev.r#type) {
-            Ok(PbType::Applied) => false,
-            Ok(PbType::Deleted) => true,
-            _ => {
-                return Err(invalid(format!(
-                    "ObjectEvent for {}/{} in account {:?} has type {}; expected APPLIED or DELETED",
-                    info.key(),
-                    ev.name,
-                    ev.account,
-                    ev.r#type
-                )));
-            }
-        };
-        if ev.uid.is_empty() || ev.name.is_empty() || ev.resource_version.is_empty() {
-            return Err(invalid(format!(
-                "ObjectEvent for kind {} in account {:?} needs name, uid and resource_version \
-                 (got name {:?}, uid {:?}, resource_version {:?})",
-                info.key(),
-                ev.account,
-                ev.name,
-                ev.uid,
-                ev.resource_version
-            )));
-        }
-        let mut truncated = ev.truncated;
-        let mut json = ev.object_json;
-        if json.len() as u64 > limits.max_object_bytes {
-            tracing::warn!(account = %ev.account, kind = %info.key(), name = %ev.name, bytes = json.len(), "object larger than max_object_bytes; keeping its metadata only");
-            truncated = true;
-        }
-        if truncated {
-            json = Vec::new();
-        } else if !deleted && serde_json::from_slice::<AnyJsonObject>(&json).is_err() {
-            return Err(invalid(format!(
-                "ObjectEvent for {} {:?} in account {:?}: object_json is not a JSON object",
-                info.key(),
-                ev.name,
-                ev.account
-            )));
-        }
-        let object = CachedObject {
-            namespace: ev.namespace,
-            name: ev.name,
-            uid: ev.uid,
-            resource_version: ev.resource_version,
-            json: PackedJson::pack(&json),
-            truncated,
+        self.require_streaming(st.registry, &ev.account, "ObjectEvent")?;
+        let PreparedObject {
+            info,
+            deleted,
+            object,
+        } = match prepared {
+            Some(prepared) => prepared?,
+            None => prepare_object(&mut ev, limits)?,
         };
         let scope = (ev.account.clone(), info.key(), ev.watch_namespace.clone());
         if self.staging.contains_key(&scope) {
             return self.stage(scope, object, deleted, limits);
         }
-        if st.cache.is_over_quota(&ev.account, &scope.1) {
+        if st.cache.is_over_quota(&scope.1) {
             // Left out of the cache whole until a relist fits: deltas are dropped.
             fx.stale += 1;
             return Ok(());
@@ -249,9 +197,8 @@ impl Session {
         if !deleted && limits.max_objects_per_account > 0 {
             let known = st
                 .cache
-                .accounts
-                .get(&ev.account)
-                .and_then(|a| a.kinds.get(&scope.1))
+                .kinds
+                .get(&scope.1)
                 .is_some_and(|k| k.objects.contains_key(&object.uid));
             if !known && !within_quota(st, limits, &ev.account, &info, 1, 0, fx) {
                 return Ok(());
@@ -265,6 +212,7 @@ impl Session {
                 object,
                 watch_namespace: ev.watch_namespace,
             },
+            st.budget,
             &mut fx.ops,
         );
         if applied == Applied::Stale {
@@ -274,11 +222,95 @@ impl Session {
     }
 }
 
+/// An ObjectEvent checked, and its JSON validated and packed: the work on an object that
+/// needs no state, done before any lock is taken ([`prepare`]).
+#[derive(Debug)]
+pub struct PreparedObject {
+    info: KindInfo,
+    deleted: bool,
+    object: CachedObject,
+}
+
+/// Prepares an ObjectEvent outside any lock: its checks, the validation of its JSON and
+/// its packing (zstd). The event keeps its account, kind and watch namespace, for
+/// [`Session::handle_data`] to take the right lock and check the stream's role first;
+/// `None` for any other message.
+pub fn prepare(
+    msg: &mut pb::AgentMessage,
+    limits: &Limits,
+) -> Option<Result<PreparedObject, ProtocolError>> {
+    match &mut msg.kind {
+        Some(pb::agent_message::Kind::Object(ev)) => Some(prepare_object(ev, limits)),
+        _ => None,
+    }
+}
+
+fn prepare_object(
+    ev: &mut pb::ObjectEvent,
+    limits: &Limits,
+) -> Result<PreparedObject, ProtocolError> {
+    let info = KindInfo::from_proto(ev.kind.as_ref())
+        .map_err(|e| invalid(format!("ObjectEvent for account {:?}: {e}", ev.account)))?;
+    let deleted = match PbType::try_from(ev.r#type) {
+        Ok(PbType::Applied) => false,
+        Ok(PbType::Deleted) => true,
+        _ => {
+            return Err(invalid(format!(
+                "ObjectEvent for {}/{} in account {:?} has type {}; expected APPLIED or DELETED",
+                info.key(),
+                ev.name,
+                ev.account,
+                ev.r#type
+            )));
+        }
+    };
+    if ev.uid.is_empty() || ev.name.is_empty() || ev.resource_version.is_empty() {
+        return Err(invalid(format!(
+            "ObjectEvent for kind {} in account {:?} needs name, uid and resource_version \
+                 (got name {:?}, uid {:?}, resource_version {:?})",
+            info.key(),
+            ev.account,
+            ev.name,
+            ev.uid,
+            ev.resource_version
+        )));
+    }
+    let mut truncated = ev.truncated;
+    let mut json = std::mem::take(&mut ev.object_json);
+    if json.len() as u64 > limits.max_object_bytes {
+        tracing::warn!(account = %ev.account, kind = %info.key(), name = %ev.name, bytes = json.len(), "object larger than max_object_bytes; keeping its metadata only");
+        truncated = true;
+    }
+    if truncated {
+        json = Vec::new();
+    } else if !deleted && serde_json::from_slice::<AnyJsonObject>(&json).is_err() {
+        return Err(invalid(format!(
+            "ObjectEvent for {} {:?} in account {:?}: object_json is not a JSON object",
+            info.key(),
+            ev.name,
+            ev.account
+        )));
+    }
+    let object = CachedObject {
+        namespace: std::mem::take(&mut ev.namespace),
+        name: std::mem::take(&mut ev.name),
+        uid: std::mem::take(&mut ev.uid),
+        resource_version: std::mem::take(&mut ev.resource_version),
+        json: PackedJson::pack(&json),
+        truncated,
+    };
+    Ok(PreparedObject {
+        info,
+        deleted,
+        object,
+    })
+}
+
 /// Whether `adding` objects may enter `info`'s cache of `account` in place of `replacing`
 /// of its objects within `--max-objects-per-account`. Past it, the kind is left out of the
 /// cache whole ([`Cache::exceed_quota`]) and the agent is told (KindStatus OVER_QUOTA).
 fn within_quota(
-    st: &mut HubState,
+    st: &mut Data<'_>,
     limits: &Limits,
     account: &str,
     info: &KindInfo,
@@ -290,11 +322,7 @@ fn within_quota(
     if max == 0 {
         return true;
     }
-    let count = st
-        .cache
-        .accounts
-        .get(account)
-        .map_or(0, AccountCache::object_count);
+    let count = st.cache.object_count();
     let after = count.saturating_sub(replacing) + adding;
     if after as u64 <= max {
         return true;
@@ -306,7 +334,7 @@ fn within_quota(
          account's kinds or namespaces",
         info.key()
     );
-    let already = st.cache.is_over_quota(account, &info.key());
+    let already = st.cache.is_over_quota(&info.key());
     let dropped = st
         .cache
         .exceed_quota(account, info, reason.clone(), &mut fx.ops);
