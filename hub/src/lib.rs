@@ -30,6 +30,8 @@ pub use scale_agent_hub_api::http;
 pub use scale_agent_hub_api::kubeconfig;
 pub use scale_agent_hub_model::identity;
 pub mod metrics;
+/// The process's RSS, CPU, open files and threads, for `/metrics`.
+pub mod process_metrics;
 pub use scale_agent_hub_operations as operations;
 pub use scale_agent_hub_proxy as proxy;
 pub use scale_agent_hub_replicas::owners;

@@ -185,9 +185,12 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
             replica,
         );
     }
-    proxy
-        .metrics
-        .request(&method, served.as_str(), response.status().as_u16());
+    proxy.metrics.request(
+        &method,
+        served.as_str(),
+        response.status().as_u16(),
+        started.elapsed(),
+    );
     if let Some((account, api_path, who)) = audit {
         self::audit::proxy_write(
             who.as_deref(),
