@@ -113,6 +113,13 @@ impl RunningHub {
         self.hub.store.lock().await.set_commit_hook(hook);
     }
 
+    /// Owner lookups of requests this replica forwarded: (asked the ownership's store,
+    /// answered from the owners it kept a short while).
+    pub fn owner_lookups(&self) -> (u64, u64) {
+        let lookups = &self.hub.replicas.owner_lookups;
+        (lookups.queries(), lookups.hits())
+    }
+
     /// Resolves when a server fails on its own (not after [`RunningHub::shutdown`]).
     pub async fn failed(&mut self) -> HubError {
         match self.failed.recv().await {

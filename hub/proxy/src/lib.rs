@@ -267,10 +267,13 @@ async fn answer(proxy: &Arc<Proxy>, request: Request) -> Result<(Response, Serve
         .replicas
         .owner_elsewhere(&proxy.live, &account, request.extensions())
         .await
-        && let Some(forwarder) = &proxy.replicas.forwarder
+        && proxy.replicas.forwarder.is_some()
     {
         let ends_cleanly = is_long_running(request.method(), api_path, request.uri().query());
-        let response = forwarder.send(&owner, None, request, ends_cleanly).await?;
+        let response = proxy
+            .replicas
+            .forward(&owner, &account, None, request, ends_cleanly)
+            .await?;
         return Ok((response, Served::Owner));
     }
     if !proxy.live.state().registry.accounts.contains_key(&account) {
