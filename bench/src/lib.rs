@@ -98,8 +98,26 @@ pub struct Options {
     /// Measure 11: seconds after the kill an account may take to stream again before the
     /// failover row reports it as not streaming.
     pub ha_failover_timeout_secs: u64,
-    /// Which of the measures to run (1 to 9 by default; 10 is the ten-minute soak, 11 the
-    /// hub on PostgreSQL and its replicas, a few minutes).
+    /// Measure 12 (the fleet): simulated agents, one account each.
+    pub fleet_agents: usize,
+    /// Measure 12: objects per account (a mix of kinds and sizes).
+    pub fleet_objects: usize,
+    /// Measure 12: namespaces per account the objects spread over.
+    pub fleet_namespaces: usize,
+    /// Measure 12: seconds of the load (churn, caching cycles, GETs, watches).
+    pub fleet_seconds: u64,
+    /// Measure 12: period of each account's caching cycle, seconds.
+    pub fleet_cycle_secs: f64,
+    /// Measure 12: period of each account's GET by name, seconds.
+    pub fleet_get_period_secs: f64,
+    /// Measure 12: percent of all objects changed per minute.
+    pub fleet_churn_percent: f64,
+    /// Measure 12: requests in flight at most over all accounts (the HTTPS client pool).
+    pub fleet_clients: usize,
+    /// Measure 12: accounts whose changes are timed by watches through the proxy.
+    pub fleet_watch_accounts: usize,
+    /// Which of the measures to run (1 to 9 and 12 by default; 10 is the ten-minute soak,
+    /// 11 the hub on PostgreSQL and its replicas, a few minutes).
     pub measures: Vec<u8>,
     /// Hub stores on /dev/shm instead of the work directory (default: the work directory,
     /// a disk like a real hub's).
@@ -150,7 +168,16 @@ impl Options {
             ha_fleet_agents: 1000,
             ha_failover_agents: 200,
             ha_failover_timeout_secs: 120,
-            measures: (1..=9).collect(),
+            fleet_agents: 100,
+            fleet_objects: 2000,
+            fleet_namespaces: 20,
+            fleet_seconds: 60,
+            fleet_cycle_secs: 30.0,
+            fleet_get_period_secs: 5.0,
+            fleet_churn_percent: 1.0,
+            fleet_clients: 32,
+            fleet_watch_accounts: 10,
+            measures: (1..=9).chain([12]).collect(),
             hub_store_on_tmpfs: false,
         }
     }
@@ -191,9 +218,35 @@ impl Options {
             ha_fleet_agents: 9,
             ha_failover_agents: 6,
             ha_failover_timeout_secs: 60,
+            fleet_agents: 3,
+            fleet_objects: 100,
+            fleet_namespaces: 4,
+            fleet_seconds: 6,
+            fleet_cycle_secs: 2.0,
+            fleet_get_period_secs: 0.5,
+            // Enough churn for watch events in a few seconds.
+            fleet_churn_percent: 100.0,
+            fleet_clients: 4,
+            fleet_watch_accounts: 2,
             ..Self::new(exe)
         }
     }
+}
+
+/// Measure 12's settings, apart (one `json!` of every setting passes the macro's recursion
+/// limit).
+fn fleet_settings(o: &Options) -> serde_json::Value {
+    json!({
+        "agents": o.fleet_agents,
+        "objects": o.fleet_objects,
+        "namespaces": o.fleet_namespaces,
+        "seconds": o.fleet_seconds,
+        "cycle_secs": o.fleet_cycle_secs,
+        "get_period_secs": o.fleet_get_period_secs,
+        "churn_percent": o.fleet_churn_percent,
+        "clients": o.fleet_clients,
+        "watch_accounts": o.fleet_watch_accounts,
+    })
 }
 
 /// Runs every measure and returns the report. Progress goes to stderr.
@@ -270,6 +323,10 @@ pub async fn run(options: &Options) -> Result<Report> {
         step("10. soak");
         measures::soak::soak(&env, options, &mut rows).await?;
     }
+    if on(12) {
+        step("12. a fleet of simulated agents under Clouddriver's read load");
+        measures::fleet::fleet(&env, options, &mut rows).await?;
+    }
     if on(9) {
         step("9. reads through the proxy as Clouddriver makes them");
         let sentence = measures::reads::reads(&env, options, &mut rows).await?;
@@ -324,6 +381,7 @@ pub async fn run(options: &Options) -> Result<Report> {
             "reads_watch_updates": options.reads_watch_updates,
             "reads_watch_rate_per_sec": options.reads_watch_rate,
             "reads_round_trip_ms": options.reads_round_trip_ms,
+            "fleet": fleet_settings(options),
             "measures": options.measures,
         }),
         rows,

@@ -208,7 +208,56 @@ struct Args {
         default_value_t = 120
     )]
     ha_failover_timeout_secs: u64,
-    /// Which measures to run (comma-separated numbers 1 to 11; 3, 4 and 5 share one setup;
+    /// Measure 12 (the fleet): simulated agents, one account each.
+    #[arg(long, env = "SCALE_AGENT_BENCH_FLEET_AGENTS", default_value_t = 100)]
+    fleet_agents: usize,
+    /// Measure 12: objects per account (Pods, ReplicaSets, Deployments, Services,
+    /// ConfigMaps, Secrets as metadata, Events).
+    #[arg(long, env = "SCALE_AGENT_BENCH_FLEET_OBJECTS", default_value_t = 2000)]
+    fleet_objects: usize,
+    /// Measure 12: namespaces per account.
+    #[arg(long, env = "SCALE_AGENT_BENCH_FLEET_NAMESPACES", default_value_t = 20)]
+    fleet_namespaces: usize,
+    /// Measure 12: seconds of the load (churn, caching cycles, GETs and watches at once).
+    #[arg(long, env = "SCALE_AGENT_BENCH_FLEET_SECONDS", default_value_t = 60)]
+    fleet_seconds: u64,
+    /// Measure 12: seconds between two caching cycles of an account.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_BENCH_FLEET_CYCLE_SECS",
+        default_value_t = 30.0
+    )]
+    fleet_cycle_secs: f64,
+    /// Measure 12: seconds between two GETs by name of an account (WaitForManifestStable's
+    /// poll).
+    #[arg(
+        long,
+        env = "SCALE_AGENT_BENCH_FLEET_GET_PERIOD_SECS",
+        default_value_t = 5.0
+    )]
+    fleet_get_period_secs: f64,
+    /// Measure 12: percent of all objects changed per minute.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_BENCH_FLEET_CHURN_PERCENT",
+        default_value_t = 1.0
+    )]
+    fleet_churn_percent: f64,
+    /// Measure 12: requests in flight at most over all accounts.
+    #[arg(long, env = "SCALE_AGENT_BENCH_FLEET_CLIENTS", default_value_t = 32)]
+    fleet_clients: usize,
+    /// Measure 12: accounts whose changes are timed by watches through the proxy.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_BENCH_FLEET_WATCH_ACCOUNTS",
+        default_value_t = 10
+    )]
+    fleet_watch_accounts: usize,
+    /// The big sizes: measure 12 with 1,000 accounts × 2,000 objects, and measure 7
+    /// with 10,000 agents of 10 objects each (both added to the measures run).
+    #[arg(long)]
+    fleet_big: bool,
+    /// Which measures to run (comma-separated numbers 1 to 12; 3, 4 and 5 share one setup;
     /// 8 is the Kubernetes API proxy, 9 reads through it as Clouddriver makes them:
     /// `--measures 8,9` runs only the proxy rows). Not in the default run: 10, the
     /// ten-minute soak, and 11, the hub on PostgreSQL and its replicas (events per second
@@ -218,7 +267,7 @@ struct Args {
         long,
         env = "SCALE_AGENT_BENCH_MEASURES",
         value_delimiter = ',',
-        default_value = "1,2,3,4,5,6,7,8,9"
+        default_value = "1,2,3,4,5,6,7,8,9,12"
     )]
     measures: Vec<u8>,
     /// Run the hubs' stores on tmpfs (/dev/shm) instead of the work directory's disk.
@@ -238,6 +287,17 @@ fn main() -> anyhow::Result<()> {
     if args.sync_50k && !sync_sizes.contains(&50_000) {
         sync_sizes.push(50_000);
     }
+    let mut measures = args.measures.clone();
+    let (mut fleet_agents, mut agents, mut agent_objects) =
+        (args.fleet_agents, args.agents, args.agent_objects);
+    if args.fleet_big {
+        (fleet_agents, agents, agent_objects) = (1000, 10_000, 10);
+        for m in [7, 12] {
+            if !measures.contains(&m) {
+                measures.push(m);
+            }
+        }
+    }
     let options = Options {
         work_dir: args.work_dir,
         latency_updates: args.latency_updates,
@@ -252,8 +312,8 @@ fn main() -> anyhow::Result<()> {
         object_bytes: args.object_bytes,
         resume_changes: args.resume_changes,
         idle_seconds: args.idle_seconds,
-        agents: args.agents,
-        agent_objects: args.agent_objects,
+        agents,
+        agent_objects,
         operations: args.operations,
         proxy_requests: args.proxy_requests,
         proxy_clients: args.proxy_clients,
@@ -279,7 +339,16 @@ fn main() -> anyhow::Result<()> {
         ha_fleet_agents: args.ha_fleet_agents,
         ha_failover_agents: args.ha_failover_agents,
         ha_failover_timeout_secs: args.ha_failover_timeout_secs,
-        measures: args.measures,
+        fleet_agents,
+        fleet_objects: args.fleet_objects,
+        fleet_namespaces: args.fleet_namespaces,
+        fleet_seconds: args.fleet_seconds,
+        fleet_cycle_secs: args.fleet_cycle_secs,
+        fleet_get_period_secs: args.fleet_get_period_secs,
+        fleet_churn_percent: args.fleet_churn_percent,
+        fleet_clients: args.fleet_clients,
+        fleet_watch_accounts: args.fleet_watch_accounts,
+        measures,
         hub_store_on_tmpfs: args.hub_store_on_tmpfs,
         ..Options::new(std::env::current_exe()?)
     };

@@ -3,6 +3,8 @@
 //! Each appends rows (this system beside its baseline, measured in the same run) to the
 //! report.
 
+pub mod fleet;
+pub mod fleet_objects;
 pub mod proxy;
 pub mod reads;
 pub mod replicas;

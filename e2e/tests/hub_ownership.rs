@@ -562,6 +562,69 @@ async fn hub_replicas_on_postgres_stream_forward_and_fail_over() {
     other.stop().await;
 }
 
+/// Requests for an account reaching a replica that does not own it are forwarded to the
+/// owner without asking PostgreSQL for the owner each time (issue 26): 50 reads of the
+/// account through hub-b all answered by hub-a, with at most a few lookups of the owner
+/// (one per two-second TTL). When the owner stops, hub-b forgets the owner it kept and the
+/// next request finds the new one: the account is served again without waiting for the TTL.
+#[tokio::test]
+async fn a_non_owner_looks_the_owner_up_once_not_per_request() {
+    let server = PostgresServer::start().await.unwrap();
+    let url = server.url();
+    let a = start_replica(&url, "hub-a").await;
+    let b = start_replica(&url, "hub-b").await;
+    let mut x = MiniAgent::connect(&a.hub, "pod-x").await;
+    x.register_streaming("prod").await;
+
+    let read = |replica: &Replica| {
+        Call::new(
+            "GET",
+            format!("http://{}/api/v1/accounts/prod", replica.hub.http_addr),
+        )
+        .bearer(&replica.admin)
+    };
+    let started = tokio::time::Instant::now();
+    for _ in 0..50 {
+        let response = read(&b).send().await.unwrap();
+        assert_eq!(response.status, 200, "{}", response.body);
+        // Only the owner sees the agent's stream: hub-b's own view would not.
+        assert!(
+            response.body.contains(r#""state":"connected""#),
+            "answered by the owner: {}",
+            response.body
+        );
+    }
+    let (queries, hits) = b.hub.owner_lookups();
+    // One lookup per TTL (2 s) that the 50 reads spanned, the first included.
+    let windows = started.elapsed().as_secs() / 2 + 1;
+    assert!(
+        queries <= windows && queries + hits == 50,
+        "{queries} lookups of the owner in PostgreSQL and {hits} kept answers for 50 reads in {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        a.hub.owner_lookups(),
+        (0, 0),
+        "the owner never looks itself up"
+    );
+
+    // The owner goes away; its agent reconnects to hub-b, which takes the account: hub-b
+    // serves it itself, whatever it kept.
+    a.stop().await;
+    drop(x);
+    let mut x = MiniAgent::connect(&b.hub, "pod-x").await;
+    x.register_streaming("prod").await;
+    let response = read(&b).send().await.unwrap();
+    assert_eq!(response.status, 200, "{}", response.body);
+    assert!(
+        response.body.contains(r#""state":"connected""#),
+        "{}",
+        response.body
+    );
+    drop(x);
+    b.stop().await;
+}
+
 /// A replica whose account was taken over behind its back (its lock connection not yet
 /// broken, say) has its writes of that account refused by the store's fencing: they are
 /// dropped, the rest of the queue is committed, and its agents' acknowledgements go on

@@ -30,6 +30,8 @@ pub use scale_agent_hub_api::http;
 pub use scale_agent_hub_api::kubeconfig;
 pub use scale_agent_hub_model::identity;
 pub mod metrics;
+/// The process's RSS, CPU, open files and threads, for `/metrics`.
+pub mod process_metrics;
 pub use scale_agent_hub_operations as operations;
 pub use scale_agent_hub_proxy as proxy;
 pub use scale_agent_hub_replicas::owners;
@@ -115,6 +117,13 @@ impl RunningHub {
     #[doc(hidden)]
     pub async fn set_store_commit_hook(&self, hook: Option<store::CommitHook>) {
         self.hub.store.lock().await.set_commit_hook(hook);
+    }
+
+    /// Owner lookups of requests this replica forwarded: (asked the ownership's store,
+    /// answered from the owners it kept a short while).
+    pub fn owner_lookups(&self) -> (u64, u64) {
+        let lookups = &self.hub.replicas.owner_lookups;
+        (lookups.queries(), lookups.hits())
     }
 
     /// Resolves when a server fails on its own (not after [`RunningHub::shutdown`]).

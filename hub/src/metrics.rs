@@ -9,7 +9,7 @@ use scale_agent_hub_operations::OperationMetrics;
 use scale_agent_hub_state::StreamMetrics;
 use scale_agent_hub_store::StoreMetrics;
 
-use crate::{proxy::ProxyMetrics, service::GrpcMetrics};
+use crate::{process_metrics::ProcessMetrics, proxy::ProxyMetrics, service::GrpcMetrics};
 
 /// The hub's metrics.
 pub struct Metrics {
@@ -37,6 +37,8 @@ pub struct Metrics {
     /// The commit writer's (`store_failing`, `store_commit_failures`,
     /// `store_queued_changes`): defined by the store crate, registered here.
     pub store: StoreMetrics,
+    /// The process's RSS, CPU seconds, open files and threads, read at each scrape.
+    pub process: ProcessMetrics,
     /// Seconds until the notAfter of each serving certificate file, by listener (grpc,
     /// http) and file; negative once expired. Set at each scrape from
     /// [`Metrics::certificate_not_after`].
@@ -71,6 +73,8 @@ impl Metrics {
         let operations = OperationMetrics::default();
         let proxy = ProxyMetrics::default();
         let store = StoreMetrics::default();
+        let process = ProcessMetrics::default();
+        process.register(&mut registry);
         let tls_certificate_expiry = Family::default();
         store.register(&mut registry);
         grpc.register_acks_held(&mut registry);
@@ -133,6 +137,7 @@ impl Metrics {
             operations,
             proxy,
             store,
+            process,
             tls_certificate_expiry,
             certificate_not_after: Default::default(),
         }
@@ -165,8 +170,9 @@ impl Metrics {
         metrics.register(&mut self.registry.lock().unwrap_or_else(|e| e.into_inner()));
     }
 
-    /// The text exposition format.
+    /// The text exposition format (the process figures read now).
     pub fn encode(&self) -> String {
+        self.process.refresh();
         let mut out = String::new();
         let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
         if encode(&mut out, &registry).is_err() {
@@ -190,6 +196,58 @@ mod tests {
         assert!(text.contains(&line), "{line} missing in\n{text}");
     }
 
+    /// Every metric the registry exposes is named in the hub's README, where an SRE looks
+    /// for what it means.
+    #[test]
+    fn every_metric_is_documented_in_the_readme() {
+        let readme = include_str!("../README.md");
+        let m = Metrics::new();
+        // A family without a series is left out of the text: give each one.
+        m.certificate_not_after("grpc", "tls.crt".into(), 0);
+        m.refresh_certificate_expiry(0);
+        m.accounts_by_state
+            .get_or_create(&[("state", "ACTIVE")])
+            .set(1);
+        m.stream
+            .account_transitions
+            .get_or_create(&[("state", "ACTIVE")])
+            .inc();
+        m.grpc.received("object", 10);
+        m.operations.finished("apply", "succeeded");
+        m.operations
+            .took("apply", "succeeded", std::time::Duration::from_millis(40));
+        m.proxy.request(
+            &http::Method::GET,
+            "cache",
+            200,
+            std::time::Duration::from_micros(400),
+        );
+        let text = m.encode();
+        for family in [
+            "proxy_requests",
+            "proxy_request_duration_seconds",
+            "operation_duration_seconds",
+            "accounts_by_state",
+            "account_transitions",
+            "tls_certificate_expiry_seconds",
+        ] {
+            assert!(
+                text.contains(&format!("# TYPE scale_agent_hub_{family} ")),
+                "{family} not in the text, so not checked:\n{text}"
+            );
+        }
+        let undocumented: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_whitespace().next())
+            .filter(|name| !readme.contains(name))
+            .collect();
+        assert!(
+            undocumented.is_empty(),
+            "metrics not named in hub/README.md: {undocumented:?}"
+        );
+    }
+
     #[test]
     fn names() {
         let m = Metrics::new();
@@ -197,6 +255,8 @@ mod tests {
         m.grpc.relists.inc();
         m.operations.finished("apply", "succeeded");
         m.operations.finished("delete", "whatever");
+        m.operations
+            .took("apply", "succeeded", std::time::Duration::from_millis(40));
         let text = m.encode();
         for name in [
             "scale_agent_hub_connected_agents",
@@ -215,8 +275,18 @@ mod tests {
             "scale_agent_hub_store_commit_failures_total 0",
             "scale_agent_hub_store_queued_changes 0",
             "scale_agent_hub_acks_held_total 0",
+            "scale_agent_hub_operation_duration_seconds",
+            "scale_agent_hub_store_commit_duration_seconds_count 0",
+            "scale_agent_hub_process_cpu_seconds_total",
+            "scale_agent_hub_process_open_fds",
+            "scale_agent_hub_process_threads",
         ] {
             assert!(text.contains(name), "{name} missing in\n{text}");
         }
+        let rss = text
+            .lines()
+            .find_map(|l| l.strip_prefix("scale_agent_hub_process_resident_memory_bytes "))
+            .and_then(|v| v.trim().parse::<f64>().ok());
+        assert!(rss > Some(1_048_576.0), "RSS read at the scrape:\n{text}");
     }
 }

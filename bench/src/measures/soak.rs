@@ -26,6 +26,7 @@ use crate::{
     Options,
     env::Env,
     fake::{FakeAgent, object_event},
+    procs::metric_sum,
     report::{Row, mib, secs},
 };
 
@@ -168,10 +169,18 @@ pub async fn soak(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<()> {
         if now >= next_sample {
             let stats = hub.stats()?;
             peak_kib = peak_kib.max(stats.rss_kib);
+            // What the hub holds that may grow with the churn: the watch histories (bounded
+            // by --watch-history-mib) and the objects; beside RSS, they say what grew.
+            let metrics = hub.metrics().await.unwrap_or_default();
             samples.push(json!({
                 "seconds": soak_started.elapsed().as_secs_f64(),
                 "hub_rss_kib": stats.rss_kib,
+                "hub_rss_anon_kib": stats.rss_anon_kib,
                 "hub_cpu_secs": stats.cpu_secs - baseline.cpu_secs,
+                "watch_history_bytes": metric_sum(&metrics, "scale_agent_hub_watch_history_bytes", &[]),
+                "objects_cached": metric_sum(&metrics, "scale_agent_hub_objects_cached", &[]),
+                "open_fds": metric_sum(&metrics, "scale_agent_hub_process_open_fds", &[]),
+                "threads": metric_sum(&metrics, "scale_agent_hub_process_threads", &[]),
             }));
             next_sample += SAMPLE_EVERY;
         }

@@ -416,6 +416,7 @@ pub async fn submit(
     let (code, body) = submission.run(&operation).await;
     let (kind, state) = (submission.kind, body.state.as_str());
     driver.metrics.finished(kind, state);
+    driver.metrics.took(kind, state, started.elapsed());
     tracing::info!(
         r#type = kind,
         state,

@@ -191,9 +191,12 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
             replica,
         );
     }
-    proxy
-        .metrics
-        .request(&method, served.as_str(), response.status().as_u16());
+    proxy.metrics.request(
+        &method,
+        served.as_str(),
+        response.status().as_u16(),
+        started.elapsed(),
+    );
     if let Some((account, api_path, who)) = audit {
         self::audit::proxy_write(
             who.as_deref(),
@@ -270,10 +273,13 @@ async fn answer(proxy: &Arc<Proxy>, request: Request) -> Result<(Response, Serve
         .replicas
         .owner_elsewhere(&proxy.live, &account, request.extensions())
         .await
-        && let Some(forwarder) = &proxy.replicas.forwarder
+        && proxy.replicas.forwarder.is_some()
     {
         let ends_cleanly = is_long_running(request.method(), api_path, request.uri().query());
-        let response = forwarder.send(&owner, None, request, ends_cleanly).await?;
+        let response = proxy
+            .replicas
+            .forward(&owner, &account, None, request, ends_cleanly)
+            .await?;
         return Ok((response, Served::Owner));
     }
     if !proxy.live.registry_read().accounts.contains_key(&account) {

@@ -66,6 +66,8 @@ pub struct Replicas {
     /// What this replica was started with (the sync period and grace period are read by
     /// [`sync`]).
     pub settings: ReplicaSettings,
+    /// The owners of accounts it forwarded to, kept a short while ([`owners::lookup`]).
+    pub owner_lookups: owners::lookup::OwnerLookups,
 }
 
 impl Replicas {
@@ -114,6 +116,7 @@ impl Replicas {
             forwarder,
             shared,
             settings,
+            owner_lookups: owners::lookup::OwnerLookups::default(),
         })
     }
 

@@ -285,7 +285,15 @@ impl Commits {
             // While failing, every try is durable: once one succeeds, nothing committed
             // before it can be rolled back by a later reopen of the store.
             let failing = self.progress.borrow().failing;
-            let result = store.lock().await.try_commit(ops, failing).await;
+            let result = {
+                let mut store = store.lock().await;
+                let began = std::time::Instant::now();
+                let result = store.try_commit(ops, failing).await;
+                metrics
+                    .commit_seconds
+                    .observe(began.elapsed().as_secs_f64());
+                result
+            };
             match result {
                 Ok(()) => {
                     wait = FIRST_RETRY_WAIT;

@@ -40,10 +40,11 @@ pub(super) async fn submit_operation(
         .replicas
         .owner_elsewhere(&api.live, &name, request.extensions())
         .await
-        && let Some(forwarder) = &api.replicas.forwarder
+        && api.replicas.forwarder.is_some()
     {
-        let answer = forwarder
-            .send(&owner, Some(&caller.name), request, false)
+        let answer = api
+            .replicas
+            .forward(&owner, &name, Some(&caller.name), request, false)
             .await
             .unwrap_or_else(IntoResponse::into_response);
         let subject = crate::audit::OperationSubject::of(None);

@@ -314,7 +314,11 @@ impl Replicas {
         if headers_of.get::<Forwarded>().is_some() || live.registry_read().owns(account) {
             return None;
         }
-        match self.ownership.owner(account).await {
+        match self
+            .owner_lookups
+            .owner(self.ownership.as_ref(), account)
+            .await
+        {
             Ok(Some(owner)) if owner.replica != self.id() => Some(owner),
             Ok(_) => None,
             Err(e) => {
@@ -322,6 +326,31 @@ impl Replicas {
                 None
             }
         }
+    }
+
+    /// Sends `request` for `account` to its `owner` (as [`Forwarder::send`]); when the owner
+    /// cannot be reached, or answers 503 (it no longer streams the account), the owner kept
+    /// for the account is forgotten, so the next request looks it up again.
+    pub async fn forward(
+        &self,
+        owner: &OwnerInfo,
+        account: &str,
+        caller: Option<&str>,
+        request: Request,
+        ends_cleanly: bool,
+    ) -> Result<Response, Status> {
+        let Some(forwarder) = &self.forwarder else {
+            return Err(Status::unavailable(
+                "this hub replica has no channel to the others (no --replica-secret-file)",
+            ));
+        };
+        let answer = forwarder.send(owner, caller, request, ends_cleanly).await;
+        if answer.as_ref().map_or(true, |r| {
+            r.status() == http::StatusCode::SERVICE_UNAVAILABLE
+        }) {
+            self.owner_lookups.forget(account);
+        }
+        answer
     }
 }
 
@@ -390,11 +419,11 @@ pub async fn to_owner(
         }
         None => None,
     };
-    match (owner, &replicas.forwarder) {
-        (Some(owner), Some(forwarder)) => {
+    match (owner, params.get("name"), &replicas.forwarder) {
+        (Some(owner), Some(account), Some(_)) => {
             let caller = request.extensions().get::<Caller>().map(|c| c.name.clone());
-            forwarder
-                .send(&owner, caller.as_deref(), request, false)
+            replicas
+                .forward(&owner, account, caller.as_deref(), request, false)
                 .await
                 .unwrap_or_else(IntoResponse::into_response)
         }

@@ -21,11 +21,13 @@
 //! accounts owned are ended, so their agents reconnect, and ownership is acquired again.
 //!
 //! Requests that need an account's agent (and reads of its cache) arriving at a replica
-//! that does not own it are forwarded to the owner ([`forward`]).
+//! that does not own it are forwarded to the owner ([`forward`]), whose address is looked
+//! up once and kept for a short while ([`lookup`]).
 
 pub mod directory;
 pub mod duty;
 pub mod forward;
+pub mod lookup;
 pub mod postgres;
 pub mod singleton;
 
