@@ -269,6 +269,12 @@ pub async fn proxy(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<String
 
     let hub = env.tls_hub("proxy-hub").await?;
     let account = "bench-proxy";
+    // Objects in a namespace whose ConfigMaps the agent does not watch: the LIST measure's
+    // LIST is tunnelled and timed alone, and the agent's object stream stays quiet. The agent
+    // tunnels only requests within an account's namespaces, so that namespace has an account
+    // of its own, watching a kind it does not hold.
+    let list_ns = env.namespace("bench-proxy-list").await?;
+    let list_account = "bench-proxy-list";
     // The account streams the namespace's ConfigMaps to the hub's cache, as an account
     // covering what Clouddriver deploys would: the watch measure's changes also go over the
     // same stream as object events, beside the tunnelled watch.
@@ -276,7 +282,10 @@ pub async fn proxy(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<String
         .agent(
             "proxy-agent",
             &hub,
-            json!([env.account(account, &ns, &["configmaps"])]),
+            json!([
+                env.account(account, &ns, &["configmaps"]),
+                env.account(list_account, &list_ns, &["secrets"]),
+            ]),
         )
         .await?;
     agent.wait_ready(LONG).await?;
@@ -287,6 +296,17 @@ pub async fn proxy(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<String
         proxy: client_for(&proxy_kubeconfig).await?,
         direct: client_for(&env.agent_kubeconfig).await?,
         proxy_kubeconfig,
+        direct_kubeconfig: env.agent_kubeconfig.clone(),
+    };
+    let list_kubeconfig = env.dir.join("proxy-list.kubeconfig");
+    std::fs::write(
+        &list_kubeconfig,
+        hub.kubeconfig(list_account, "bench").await?,
+    )?;
+    let list_sides = Sides {
+        proxy: client_for(&list_kubeconfig).await?,
+        direct: client_for(&env.agent_kubeconfig).await?,
+        proxy_kubeconfig: list_kubeconfig,
         direct_kubeconfig: env.agent_kubeconfig.clone(),
     };
     let collection = format!("/api/v1/namespaces/{ns}/configmaps");
@@ -312,7 +332,7 @@ pub async fn proxy(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<String
     let concurrent = get_concurrent(&sides, o, &collection, &pids, rows).await?;
     apply(env, &sides, o, &ns, rows).await?;
     watch(env, &sides, o, &ns, k, rows).await?;
-    let list = list(env, &sides, o, &pids, rows).await?;
+    let list = list(env, &list_sides, &list_ns, o, &pids, rows).await?;
     drop(agent);
     drop(hub);
     Ok(format!(
@@ -684,15 +704,14 @@ async fn watch(
 async fn list(
     env: &Env,
     sides: &Sides,
+    ns: &str,
     o: &Options,
     pids: &[(String, u32)],
     rows: &mut Vec<Row>,
 ) -> Result<String> {
-    // Objects in a namespace the agent does not watch: the LIST alone is timed, and the
-    // agent's object stream stays quiet.
-    let ns = env.namespace("bench-proxy-list").await?;
+    // `ns`: a namespace whose ConfigMaps the agent does not watch (see `run`).
     let n = o.proxy_list_objects.max(1);
-    env.create_configmaps(&ns, "big", n, o.proxy_list_object_bytes, o.writers)
+    env.create_configmaps(ns, "big", n, o.proxy_list_object_bytes, o.writers)
         .await?;
     let collection = format!("/api/v1/namespaces/{ns}/configmaps");
     for side in [Side::Direct, Side::Proxy] {
