@@ -44,14 +44,18 @@ with the real `helm` on the test control plane (its pods are KWOK's: reported Ru
 container runs), `e2e/tests/manifests.rs` checks that Helm and kustomize render the same
 objects, `e2e/tests/images.rs` runs each image's entrypoint in its own root filesystem (the
 agent's image connects to a real hub), and `e2e/tests/upgrade.rs` upgrades the 0.1.0 chart as
-[Upgrade](../tasks/upgrade.md) says. No test yet runs the chart's pods on a real node: issue 27
-adds it, and this page will name it.""",
+[Upgrade](../tasks/upgrade.md) says. `e2e/tests/real_node.rs` runs the chart's pods on a real
+node (kubelet, containerd, runc): the steps below, on one cluster.""",
  [(None, '''
 ## The path, step by step
 
-> **Not yet run end to end by a test.** Each step below is the README's and is tested on its
-> own where the sections below say; the whole path on a real node (real pods, a real kubelet)
-> is what issue 27's real-node test adds. Report where it stumbles.
+> **Run end to end by `e2e/tests/real_node.rs`** on a real node (kubelet, containerd, runc),
+> on one cluster (hub and operator in one release; this build's images imported into
+> containerd instead of pushed to a registry), and with two differences a real cluster does
+> not need: the hub's volume is a hostPath
+> PersistentVolume the test makes (the node has no provisioner), and the agents reach the hub
+> by its Service's ClusterIP with `tls.serverName` (the node runs no cluster DNS). Report
+> where it stumbles.
 
 ### 1. Images
 
@@ -339,14 +343,4 @@ FIXES = {
  'tasks/migrate-from-armory.md': [(
   "Unset: the default kinds above (Armory: everything)",
   "Unset: the agent's default kinds ([reference](../reference/agent.md)) (Armory's Clouddriver plugin sends its `cacheDefaults` kinds at registration)")],
- 'getting-started/real-cluster.md': [(
-  "and push them to a registry your clusters pull from with skopeo:",
-  "and push them to a registry your clusters pull from with skopeo (an anonymous pull: neither the\n"
-  "chart nor a `ScaleAgent` sets `imagePullSecrets` yet, issue 27; features review C9):")],
- 'tasks/egress-proxy.md': [(
-  "# Run agents behind an egress proxy\n",
-  "# Run agents behind an egress proxy\n\n"
-  "> **Agents the operator runs cannot use this yet** (features review C8): a `ScaleAgent` has no\n"
-  "> field for the agent's environment, so `HTTPS_PROXY` and `NO_PROXY` reach only agents started\n"
-  "> by hand (tested in `e2e/tests/egress_proxy.rs`). Issue 27 adds the field.\n")],
 }
