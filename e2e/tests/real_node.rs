@@ -292,6 +292,10 @@ async fn the_chart_installs_and_agents_connect_on_a_real_node() -> anyhow::Resul
         NAMESPACE,
         "--set",
         "hub.enabled=true",
+        // The agents' ScaleAgent lives in the release namespace and reads team-a: the operator
+        // grants Roles outside a ScaleAgent's own namespace only where it is told it may.
+        "--set",
+        "operator.grantableNamespaces={team-a}",
         "--timeout",
         "5m",
     ])?;

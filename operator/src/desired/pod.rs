@@ -202,6 +202,11 @@ mod tests {
             [
                 ("POD_NAME".to_string(), None),
                 ("POD_NAMESPACE".to_string(), None),
+                // The operator's own: the agent's drain on SIGTERM (off for now).
+                (
+                    "SCALE_AGENT_DRAIN_TIMEOUT_SECONDS".to_string(),
+                    Some("0".to_string())
+                ),
                 (
                     "HTTPS_PROXY".to_string(),
                     Some("http://proxy.example.com:3128".to_string())
@@ -225,7 +230,8 @@ mod tests {
         assert!(pod.tolerations.is_none());
         assert!(pod.affinity.is_none());
         assert!(pod.priority_class_name.is_none());
-        assert_eq!(pod.containers[0].env.as_ref().unwrap().len(), 2);
+        // POD_NAME, POD_NAMESPACE and the drain's timeout: the operator's own variables.
+        assert_eq!(pod.containers[0].env.as_ref().unwrap().len(), 3);
     }
 
     #[test]
