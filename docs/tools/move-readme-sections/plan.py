@@ -281,6 +281,10 @@ Not measured yet: more than 1,000 agents on one hub and fleets of millions of ob
 Clouddriver's read load (issue 26's fleet benchmark measures them).
 '''), (R, 'Benchmarks')])
 
+page('operations/high-availability.md', 'High availability: what fails, what happens, what you see', None, [
+    (R, 'High availability: what fails, what happens, what you see', (), True)])
+page('status.md', 'Status: what works today', None, [(R, 'Status', (), True)])
+
 page('reference/hub.md', 'Hub: flags and commands', None, [(H, 'Running')])
 page('reference/agent.md', 'Agent: flags and config file', None, [
     (A, 'Running it', ('Migrating from Armory: `scale-agent migrate`', 'Status in the cluster', 'Authenticating to the hub')),
