@@ -616,6 +616,12 @@ async fn armorys_account_routes_answer_with_armorys_shapes_and_codes() {
         audited("nope").iter().any(|l| l.contains("code=404")),
         "refusals are audited too"
     );
+    assert!(
+        audited("-")
+            .iter()
+            .any(|l| l.contains("code=400") && l.contains("verb=\"migrate\"")),
+        "a body naming no account is audited with account -"
+    );
 
     // Kept across a restart: still INACTIVE, still not sent.
     hub.shutdown().await.unwrap();

@@ -36,7 +36,8 @@ const STATE_SHAPE: &str = "a non-empty JSON list, [{\"name\": \"<account>\", \"s
      \"ACTIVE|INACTIVE\"}] (zoneId and kubeconfigFile optional)";
 const NAMES_SHAPE: &str = "a non-empty JSON list of account names, [\"<account>\", ...]";
 
-/// Audits a refused change of each of `names` and returns the refusal.
+/// Audits a refused change of each of `names` (one line with account `-` when the body
+/// named none) and returns the refusal.
 pub(crate) fn refused(
     caller: &Caller,
     route: &str,
@@ -45,6 +46,12 @@ pub(crate) fn refused(
     started: Instant,
     response: Response,
 ) -> Response {
+    let unnamed = ["-".to_string()];
+    let names = if names.is_empty() {
+        &unnamed[..]
+    } else {
+        names
+    };
     for name in names {
         crate::audit::account_change(
             caller,
@@ -130,11 +137,12 @@ pub(crate) async fn get_one(
     }
 }
 
-/// Whether `name` is served (or was) without being a dynamic account: declared in an
-/// agent's config, which the Armory routes cannot change.
+/// Whether an agent serves `name` now without it being a dynamic account (callers look
+/// for a dynamic account first): declared in the agent's config, which the Armory routes
+/// cannot change. An account only remembered (a state, a binding: its agent away, or a
+/// dynamic account removed) is not: it may be migrated or added again.
 pub(crate) fn declared_by_agent(api: &ApiState, name: &str) -> bool {
-    let registry = api.live.registry_read();
-    registry.accounts.contains_key(name) || registry.states.contains_key(name)
+    api.live.registry_read().accounts.contains_key(name)
 }
 
 /// Each element of a JSON list of objects, with its `name`; 400 naming `shape` otherwise.
