@@ -196,6 +196,21 @@ pub fn wanted_watches(
     wanted
 }
 
+/// KindStatus STOPPED for a watch that ended because the API server answered 404 for its
+/// kind: the hub drops what it holds for it, as for a kind rediscovery found gone.
+async fn send_kind_gone(ctx: &StreamerContext, kind: v1::Kind, watch_namespace: &str) {
+    send_kind_status(
+        ctx,
+        kind,
+        v1::kind_status::State::Stopped,
+        "no longer watched: the API server no longer serves this kind (404); watched again \
+         when discovery lists it"
+            .into(),
+        watch_namespace,
+    )
+    .await;
+}
+
 async fn send_stopped(ctx: &StreamerContext, kind: v1::Kind, watch_namespace: &str) {
     send_kind_status(
         ctx,
@@ -289,7 +304,9 @@ async fn discover(ctx: &StreamerContext, first: bool) -> Vec<kinds::Candidate> {
 
 /// Runs until aborted (or until the session's channel closes). Discovery is repeated every
 /// `rediscover`: kinds that appeared (a CRD installed) start with a snapshot, kinds that
-/// went away stop (KindStatus STOPPED). Run it in a span naming the account (the runtime
+/// went away stop (KindStatus STOPPED). A watch the API server answers 404 ends at once and
+/// is reported STOPPED the same way; rediscovery starts it again if the kind comes back
+/// (not in the round right after, whose discovery may still list it). Run it in a span naming the account (the runtime
 /// does); each watch runs in a span inside it naming the kind and namespace.
 pub async fn run(ctx: StreamerContext) {
     let name = ctx.account.name.clone();
@@ -315,6 +332,9 @@ pub async fn run(ctx: StreamerContext) {
     };
     let mut tasks = JoinSet::new();
     let mut running: BTreeMap<WatchKey, (kinds::KindRef, AbortHandle)> = BTreeMap::new();
+    // Watches that ended on a 404 since the last rediscovery: not started again by the next
+    // round, whose discovery may be older than the kind's removal (the one after does).
+    let mut ended_gone: BTreeSet<WatchKey> = BTreeSet::new();
     let mut first = true;
     let mut known_kinds = None;
     let mut versions = DiscoveryVersions::default();
@@ -357,6 +377,10 @@ pub async fn run(ctx: StreamerContext) {
             if running.contains_key(&key) {
                 continue;
             }
+            if ended_gone.contains(&key) {
+                tracing::debug!(kind = %kind.label(), namespace = %key.2, "discovery still lists a kind that answered 404; not restarted this round");
+                continue;
+            }
             ctx.shared.update_kind(&name, &kind, &key.2, |_| {});
             let resume = if first {
                 resume_point(&ctx.resume_points, &kind, &key.2)
@@ -365,9 +389,9 @@ pub async fn run(ctx: StreamerContext) {
             };
             // Created here, so that it sits inside the account's span.
             let span = tracing::info_span!("watch", kind = %kind.label(), namespace = %key.2);
-            let handle = tasks.spawn(
-                watch::run(watch_ctx.clone(), kind.clone(), namespace, resume).instrument(span),
-            );
+            let watch = watch::run(watch_ctx.clone(), kind.clone(), namespace, resume);
+            let watch_key = key.clone();
+            let handle = tasks.spawn(async move { (watch_key, watch.await) }.instrument(span));
             running.insert(key, (kind, handle));
             started += 1;
         }
@@ -382,6 +406,7 @@ pub async fn run(ctx: StreamerContext) {
             a.kinds_started = true;
             a.error = None;
         });
+        ended_gone.clear();
         first = false;
         let sleep = tokio::time::sleep(ctx.rediscover);
         tokio::pin!(sleep);
@@ -390,7 +415,18 @@ pub async fn run(ctx: StreamerContext) {
         loop {
             tokio::select! {
                 _ = &mut sleep => break,
-                Some(_) = tasks.join_next() => {}
+                Some(ended) = tasks.join_next() => {
+                    if let Ok((key, watch::WatchEnd::KindGone)) = ended
+                        && let Some((kind, _)) = running.remove(&key)
+                    {
+                        ctx.shared.remove_kind(&name, &kind, &key.2);
+                        send_kind_gone(&ctx, kind.to_proto(), &key.2).await;
+                        // The hub drops its cached discovery too, as when rediscovery
+                        // finds the kinds changed.
+                        send_discovery_changed(&ctx).await;
+                        ended_gone.insert(key);
+                    }
+                }
                 _ = poll.tick() => {
                     if discovery_changed(&ctx.prepared.client, &mut versions).await {
                         // The hub drops its cached discovery now; the kinds are compared

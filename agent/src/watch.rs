@@ -4,7 +4,9 @@
 //! point from the hub it watches from that resourceVersion without a LIST; otherwise it lists
 //! (pages of 500, under the list budget) and sends a snapshot, then watches from the list's
 //! resourceVersion. A watch that ends is re-opened from the last resourceVersion seen; only
-//! 410 Gone causes a relist. A kind RBAC forbids is reported and retried rarely.
+//! 410 Gone causes a relist. A kind RBAC forbids is reported and retried rarely. A kind the
+//! API server answers 404 for (its CustomResourceDefinition was deleted) ends the watch at
+//! once ([`WatchEnd::KindGone`]): the streamer tells the hub and leaves it to rediscovery.
 
 mod event;
 pub mod secrets;
@@ -69,11 +71,24 @@ fn event<K: Serialize>(event: WatchEvent<K>) -> Event {
     }
 }
 
+/// Why a watch task returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WatchEnd {
+    /// The session or assignment ended (the channel to the hub closed).
+    Closed,
+    /// The API server answered 404 for the kind's collection: it no longer serves the kind
+    /// (a deleted CustomResourceDefinition, a removed aggregated API). Retrying would only
+    /// log the 404 until rediscovery stops the watch, so the watch ends at once.
+    KindGone,
+}
+
 /// Why a list or watch stopped.
 #[derive(Debug)]
 enum Failure {
     /// 410 Gone: the resourceVersion is compacted; relist.
     Gone,
+    /// 404 Not Found for the kind's collection: the kind is no longer served.
+    KindGone(String),
     /// 403: RBAC does not allow it.
     Forbidden(String),
     /// The session is gone; stop.
@@ -88,11 +103,15 @@ fn classify(error: &kube::Error) -> Failure {
     }
 }
 
-/// Everything but 410 and 403 is reported FAILING as `<code> <reason>: <message>`; the hub
-/// reads a leading `401 ` as the account's credentials refused (stream contract, item 11).
+/// Everything but 410, 404 and 403 is reported FAILING as `<code> <reason>: <message>`; the
+/// hub reads a leading `401 ` as the account's credentials refused (stream contract, item
+/// 11). A 404 is for the collection (a LIST or WATCH of a namespace that does not exist
+/// answers 200 and nothing), so it means the kind is gone; the API server's plain-text
+/// `404 page not found` reaches here as kube's "Failed to parse error data".
 fn classify_status(status: &Status) -> Failure {
     match status.code {
         410 => Failure::Gone,
+        404 => Failure::KindGone(format!("404 {}: {}", status.reason, status.message)),
         403 => Failure::Forbidden(status.message.clone()),
         code => Failure::Other(format!("{code} {}: {}", status.reason, status.message)),
     }
@@ -151,13 +170,14 @@ fn forbidden_delay(allowed_before: bool, backoff: &mut Backoff, retry: Duration)
 }
 
 /// Runs the watch until its session or assignment ends (the task is aborted, or the channel
-/// closes). `resume` is the hub's resume point, if any.
+/// closes), or until the API server no longer serves the kind. `resume` is the hub's resume
+/// point, if any.
 pub async fn run(
     ctx: WatchContext,
     kind: KindRef,
     namespace: Option<String>,
     resume: Option<String>,
-) {
+) -> WatchEnd {
     let resource = kind.api_resource();
     let api = match &namespace {
         Some(ns) => Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &resource),
@@ -177,11 +197,11 @@ pub async fn run(
         forbidden_backoff,
     };
     watch.update_view(|_| {});
-    watch.run(resume.filter(|rv| !rv.is_empty())).await;
+    watch.run(resume.filter(|rv| !rv.is_empty())).await
 }
 
 impl Watch {
-    async fn run(&mut self, resume: Option<String>) {
+    async fn run(&mut self, resume: Option<String>) -> WatchEnd {
         let mut resource_version = resume;
         if let Some(rv) = &resource_version {
             self.ctx
@@ -204,8 +224,8 @@ impl Watch {
                         rv
                     }
                     Err(failure) => {
-                        if self.failed(failure, &mut backoff).await {
-                            return;
+                        if let Some(end) = self.failed(failure, &mut backoff).await {
+                            return end;
                         }
                         continue;
                     }
@@ -236,8 +256,8 @@ impl Watch {
                     resource_version = None;
                 }
                 Err(failure) => {
-                    if self.failed(failure, &mut backoff).await {
-                        return;
+                    if let Some(end) = self.failed(failure, &mut backoff).await {
+                        return end;
                     }
                 }
             }
@@ -251,10 +271,16 @@ impl Watch {
         }
     }
 
-    /// Reports a failure and waits before the next attempt; true when the watch must stop.
-    async fn failed(&mut self, failure: Failure, backoff: &mut Backoff) -> bool {
+    /// Reports a failure and waits before the next attempt; `Some` when the watch must stop.
+    async fn failed(&mut self, failure: Failure, backoff: &mut Backoff) -> Option<WatchEnd> {
         match failure {
-            Failure::Closed => true,
+            Failure::Closed => Some(WatchEnd::Closed),
+            Failure::KindGone(message) => {
+                // One line, and no KindStatus from here: the streamer reports the kind
+                // STOPPED, as rediscovery does for a kind that went away.
+                tracing::info!(%message, "the API server no longer serves this kind; ending its watch until discovery lists it again");
+                Some(WatchEnd::KindGone)
+            }
             Failure::Forbidden(message) => {
                 self.ctx
                     .shared
@@ -267,7 +293,7 @@ impl Watch {
                     .await
                     .is_err()
                 {
-                    return true;
+                    return Some(WatchEnd::Closed);
                 }
                 let delay = forbidden_delay(
                     self.allowed_before,
@@ -278,12 +304,12 @@ impl Watch {
                     "RBAC forbids listing or watching this kind; skipped (grant list and watch, or omit it with omitKinds); retrying in {:.1} s",
                     delay.as_secs_f64());
                 tokio::time::sleep(delay).await;
-                false
+                None
             }
             Failure::Gone => {
                 // A LIST answered 410 (an expired continue token): list again, not at once.
                 tokio::time::sleep(backoff.next_delay()).await;
-                false
+                None
             }
             Failure::Other(message) => {
                 if self
@@ -291,12 +317,12 @@ impl Watch {
                     .await
                     .is_err()
                 {
-                    return true;
+                    return Some(WatchEnd::Closed);
                 }
                 let delay = backoff.next_delay();
                 tracing::warn!(%message, "list or watch failed; retrying in {:.1} s", delay.as_secs_f64());
                 tokio::time::sleep(delay).await;
-                false
+                None
             }
         }
     }
@@ -549,6 +575,14 @@ mod tests {
         assert!(matches!(classify_status(&status(410)), Failure::Gone));
         assert!(matches!(classify_status(&status(403)), Failure::Forbidden(m) if m == "m403"));
         assert!(matches!(classify_status(&status(500)), Failure::Other(_)));
+        // The API server's plain-text "404 page not found" for a kind it no longer serves.
+        let unparsed = Status {
+            reason: "Failed to parse error data".into(),
+            ..status(404)
+        };
+        assert!(
+            matches!(classify_status(&unparsed), Failure::KindGone(m) if m == "404 Failed to parse error data: m404")
+        );
         // The hub reads "401 " at the start of a FAILING message as credentials refused
         // (stream contract, item 11): keep the code first.
         let refused = Status {

@@ -12,7 +12,14 @@
 //!   `clouddriver/clouddriver-web/src/main/java/com/netflix/spinnaker/clouddriver/controllers/CredentialsController.java`:
 //!   `PUT /credentials` is `saveAccount` (create or replace), `POST /credentials` creates,
 //!   `PUT /credentials/{accountName}` updates (the URI name must equal the body's), `DELETE
-//!   /credentials/{accountName}` deletes.
+//!   /credentials/{accountName}` deletes, `GET /credentials/type/{accountType}` lists
+//!   definitions of a type (`limit`, default 100, and `startingAccountName`).
+//! - Listing definitions, `spinnaker/clouddriver`
+//!   `clouddriver-sql/src/main/kotlin/com/netflix/spinnaker/clouddriver/sql/security/SqlAccountDefinitionRepository.kt`
+//!   (`listByType`): the definitions whose type is the one asked and whose name is at or
+//!   after `startingAccountName` (`idColumn.ge`), ordered by name, at most `limit`; the
+//!   bodies as stored (secret references not decrypted). Used by the hub's migration of
+//!   Clouddriver accounts (Armory's `POST /armory/accounts`, `hub/tests/armory_accounts.rs`).
 //! - What each does, `spinnaker/spinnaker@0f06254e`
 //!   `clouddriver/clouddriver-core/src/main/java/com/netflix/spinnaker/clouddriver/security/AccountDefinitionService.java`:
 //!   `saveAccount` stores and returns the definition (200, the body echoed); `createAccount`
@@ -426,6 +433,44 @@ async fn remove(
     StatusCode::OK.into_response()
 }
 
+/// `GET /credentials/type/{accountType}?limit=&startingAccountName=`.
+async fn list_by_type(
+    State(c): State<Arc<Contract>>,
+    UrlPath(kind): UrlPath<String>,
+    axum::extract::Query(query): axum::extract::Query<BTreeMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    let path = format!("/credentials/type/{kind}");
+    if let Some(r) = c.fault("GET", &path, &headers) {
+        return r;
+    }
+    let limit = match query.get("limit").map(|l| l.parse::<usize>()) {
+        None => 100,
+        Some(Ok(limit)) => limit,
+        Some(Err(_)) => {
+            return kork_error(
+                StatusCode::BAD_REQUEST,
+                "Failed to convert value of type 'java.lang.String' to required type 'java.lang.Integer'",
+            );
+        }
+    };
+    let from = query
+        .get("startingAccountName")
+        .cloned()
+        .unwrap_or_default();
+    c.record("GET", path, &headers, 200, None);
+    let listed: Vec<Value> = c
+        .state()
+        .accounts
+        .range(from..)
+        .map(|(_, definition)| definition)
+        .filter(|d| d.get("type").and_then(Value::as_str) == Some(kind.as_str()))
+        .take(limit)
+        .cloned()
+        .collect();
+    Json(listed).into_response()
+}
+
 async fn not_found() -> Response {
     kork_error(StatusCode::NOT_FOUND, "No handler found")
 }
@@ -434,6 +479,7 @@ fn router(contract: Arc<Contract>) -> Router {
     Router::new()
         .route("/credentials", put(save).post(create))
         .route("/credentials/{name}", delete(remove))
+        .route("/credentials/type/{kind}", axum::routing::get(list_by_type))
         .fallback(not_found)
         .with_state(contract)
 }

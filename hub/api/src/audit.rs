@@ -1,5 +1,6 @@
 //! Audit lines: one structured tracing event, target `audit` ([`TARGET`]), per operation
-//! submitted to the REST API, and per write through the Kubernetes API proxy (any method but
+//! submitted to the REST API, per account changed through Armory's account routes
+//! ([`account_change`]), and per write through the Kubernetes API proxy (any method but
 //! GET, HEAD and OPTIONS, and exec/attach/port-forward upgrades; those lines are the proxy's,
 //! in its `audit` module, with the same target and fields). Fields:
 //!
@@ -64,6 +65,30 @@ pub fn operation(
         code,
         duration_ms = millis(duration),
         "operation"
+    );
+}
+
+/// Audits a change of an account through Armory's account routes (`crate::armory`): `verb`
+/// says which (`migrate`, `activate`, `deactivate`, `delete`, `add`, `update`), `object` is
+/// the request's route.
+pub fn account_change(
+    caller: &Caller,
+    account: &str,
+    verb: &str,
+    object: &str,
+    code: u16,
+    duration: Duration,
+) {
+    tracing::info!(
+        target: TARGET,
+        who = %caller.name,
+        token_kind = caller.kind(),
+        account,
+        verb,
+        object = %object,
+        code,
+        duration_ms = millis(duration),
+        "account change"
     );
 }
 

@@ -50,6 +50,13 @@ pub struct DynamicAccountView {
     pub state: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_reason: Option<String>,
+    /// Armory's INACTIVE (added through `crate::armory` and not activated): kept, not sent
+    /// to the agent.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub inactive: bool,
+    /// `clouddriver` or `dynamic` for accounts added through Armory's routes.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub source: String,
 }
 
 fn time(unix: i64) -> String {
@@ -77,6 +84,8 @@ fn view(live: &Live, record: &DynamicAccountRecord) -> DynamicAccountView {
         agent_status: live.dynamic_accounts().reports(name),
         state: state.as_ref().map(|s| s.state.as_str().to_string()),
         state_reason: state.map(|s| s.reason),
+        inactive: record.inactive,
+        source: record.source.clone(),
     }
 }
 

@@ -435,6 +435,8 @@ pub fn accounts_file(accounts: &[Map<String, Value>]) -> Result<String, String> 
 pub enum Method {
     Put,
     Delete,
+    /// Reading definitions (`GET /credentials/type/{type}`, for migrating accounts).
+    Get,
 }
 
 impl Method {
@@ -442,6 +444,7 @@ impl Method {
         match self {
             Method::Put => "PUT",
             Method::Delete => "DELETE",
+            Method::Get => "GET",
         }
     }
 }

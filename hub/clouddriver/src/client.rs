@@ -1,5 +1,6 @@
-//! The HTTP client of the Account Management API: `PUT {api}/credentials` and
-//! `DELETE {api}/credentials/{name}`, over http or https (webpki's public roots plus an
+//! The HTTP client of the Account Management API: `PUT {api}/credentials`, `DELETE
+//! {api}/credentials/{name}` and `GET {api}/credentials/type/kubernetes` (reading definitions
+//! to migrate, see [`crate::definitions`]), over http or https (webpki's public roots plus an
 //! optional CA file), each with a deadline. It reports status and error text; deciding what
 //! they mean is [`super::body::classify`]'s job.
 
@@ -21,8 +22,8 @@ const MAX_BODY: usize = 64 * 1024;
 #[derive(Debug)]
 pub(crate) struct Answer {
     pub status: u16,
-    /// Read for error answers only: a successful PUT echoes the definition, kubeconfig and
-    /// token included, and is dropped unread.
+    /// Read for error answers and GETs only: a successful PUT echoes the definition,
+    /// kubeconfig and token included, and is dropped unread.
     pub body: Vec<u8>,
 }
 
@@ -124,6 +125,19 @@ impl Client {
         self.send(Method::Delete, uri, Vec::new()).await
     }
 
+    /// `GET /credentials/type/kubernetes?limit=1&startingAccountName={name}`: the first
+    /// Kubernetes definition whose name sorts at or after `name` (Clouddriver's
+    /// `listAccountsByType`, its SQL repository filtering `id >= startingAccountName` ordered
+    /// by id), which is `name`'s own when it exists.
+    pub async fn kubernetes_definition_from(&self, name: &str) -> Result<Answer, SendError> {
+        let uri = format!(
+            "{}/credentials/type/kubernetes?limit=1&startingAccountName={}",
+            self.base,
+            path_segment(name)
+        );
+        self.send(Method::Get, uri, Vec::new()).await
+    }
+
     async fn send(&self, method: Method, uri: String, body: Vec<u8>) -> Result<Answer, SendError> {
         let mut request = Request::builder()
             .method(method.as_str())
@@ -155,7 +169,7 @@ impl Client {
                 .map(|c| c.to_bytes().to_vec())
                 // The status is what matters; an unreadable error body just has no message.
                 .unwrap_or_default();
-            let body = if (200..300).contains(&status) {
+            let body = if (200..300).contains(&status) && method != Method::Get {
                 Vec::new()
             } else {
                 body

@@ -40,6 +40,7 @@
 
 pub mod body;
 pub(crate) mod client;
+pub mod definitions;
 pub mod ledger;
 pub mod metrics;
 pub mod registrar;

@@ -241,6 +241,11 @@ impl Registrar {
         })
     }
 
+    /// The Account Management API's client, when the target is Clouddriver's API.
+    pub(crate) fn client(&self) -> Option<&Client> {
+        self.client.as_ref()
+    }
+
     /// The registrar's metrics, to add to the hub's registry
     /// ([`ClouddriverMetrics::register`]).
     pub fn metrics(&self) -> &ClouddriverMetrics {

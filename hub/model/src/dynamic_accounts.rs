@@ -183,7 +183,22 @@ pub struct DynamicAccountRecord {
     /// Unix seconds.
     pub created: i64,
     pub updated: i64,
+    /// Armory's INACTIVE: kept, but not sent to the agent (Armory's `POST /armory/accounts`
+    /// and `POST /armory/accounts/dynamic` add accounts inactive; `PATCH /armory/accounts`
+    /// activates and deactivates them). Accounts of the hub's own API are active.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub inactive: bool,
+    /// Where the account came from: [`SOURCE_CLOUDDRIVER`] (migrated with Armory's `POST
+    /// /armory/accounts`), [`SOURCE_DYNAMIC`] (Armory's `POST /armory/accounts/dynamic`), or
+    /// empty (the hub's own `/api/v1/dynamic-accounts`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub source: String,
 }
+
+/// [`DynamicAccountRecord::source`] of an account migrated from Clouddriver.
+pub const SOURCE_CLOUDDRIVER: &str = "clouddriver";
+/// [`DynamicAccountRecord::source`] of an account added with Armory's dynamic route.
+pub const SOURCE_DYNAMIC: &str = "dynamic";
 
 /// What one replica last reported about a dynamic account.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -62,13 +62,33 @@ impl DynamicAccounts {
         self.records.values()
     }
 
-    /// Adds or replaces an account; returns the record to store.
+    /// Adds or replaces an account; returns the record to store. A replaced account keeps
+    /// its state (inactive or not) and source; a new one is active.
     pub fn put(&mut self, spec: DynamicAccountSpec, now_unix: i64) -> DynamicAccountRecord {
+        let (inactive, source) = self
+            .records
+            .get(&spec.name)
+            .map(|r| (r.inactive, r.source.clone()))
+            .unwrap_or_default();
+        self.put_as(spec, inactive, source, now_unix)
+    }
+
+    /// Adds or replaces an account with the given state and source (Armory's routes);
+    /// returns the record to store.
+    pub fn put_as(
+        &mut self,
+        spec: DynamicAccountSpec,
+        inactive: bool,
+        source: String,
+        now_unix: i64,
+    ) -> DynamicAccountRecord {
         let created = self.records.get(&spec.name).map_or(now_unix, |r| r.created);
         let record = DynamicAccountRecord {
             spec,
             created,
             updated: now_unix,
+            inactive,
+            source,
         };
         self.records
             .insert(record.spec.name.clone(), record.clone());
@@ -80,13 +100,13 @@ impl DynamicAccounts {
         self.records.remove(name)
     }
 
-    /// Everything the streams of `identity` are sent.
+    /// Everything the streams of `identity` are sent: its active accounts.
     pub fn set_for(&self, identity: &str) -> pb::DynamicAccounts {
         pb::DynamicAccounts {
             accounts: self
                 .records
                 .values()
-                .filter(|r| r.spec.agent == identity)
+                .filter(|r| r.spec.agent == identity && !r.inactive)
                 .map(|r| r.spec.to_proto())
                 .collect(),
         }
@@ -204,6 +224,20 @@ mod tests {
         );
         accounts.forget_replica("prod-agent", "pod-1");
         assert!(accounts.reports("dyn-a").is_empty());
+        let mut spec_inactive = parse_spec(&body(valid())).unwrap();
+        spec_inactive.name = "dyn-c".into();
+        accounts.put_as(spec_inactive.clone(), true, "dynamic".into(), 30);
+        assert_eq!(
+            accounts.set_for("prod-agent").accounts.len(),
+            1,
+            "inactive: not sent"
+        );
+        let kept = accounts.put(spec_inactive, 31);
+        assert!(
+            kept.inactive && kept.source == "dynamic",
+            "a replaced account keeps its state"
+        );
+        accounts.remove("dyn-c");
         assert!(accounts.remove("dyn-a").is_some());
         assert!(accounts.set_for("prod-agent").accounts.is_empty());
     }

@@ -1,6 +1,6 @@
 //! The HTTP API (axum): agents, accounts, cached objects, operations, health, readiness and
-//! metrics, and the admin routes ([`crate::admin_api`], [`crate::agent_admin`],
-//! [`crate::dynamic_accounts`]). This module is the router: which route, behind which role,
+//! metrics, the admin routes ([`crate::admin_api`], [`crate::agent_admin`],
+//! [`crate::dynamic_accounts`]), and Armory's account routes ([`crate::armory`]). This module is the router: which route, behind which role,
 //! forwarded to which replica; each group of routes has its own module. The routes work with
 //! an [`ApiState`], the handles the hub's wiring gives them; the Kubernetes API proxy's
 //! routes are the proxy's, merged beside these by the wiring (`scale_agent_hub::start`).
@@ -108,6 +108,7 @@ pub fn router(api: ApiState) -> Router {
         .route("/api/v1/version", get(version))
         .route("/api/v1/accounts", get(accounts))
         .route("/api/v1/clouddriver", get(clouddriver))
+        .merge(crate::armory::reads())
         .merge(account_reads(&api))
         .route_layer(role(Role::Reader));
     let operator = Router::new()
@@ -120,6 +121,7 @@ pub fn router(api: ApiState) -> Router {
         .route_layer(role(Role::Operator));
     let admin = crate::admin_api::router()
         .merge(crate::agent_admin::router())
+        .merge(crate::armory::changes())
         .route_layer(role(Role::Admin));
     Router::new()
         .merge(health::probes(api.health.clone()))
@@ -158,6 +160,7 @@ fn account_reads(api: &ApiState) -> Router<Arc<ApiState>> {
     Router::new()
         .route("/api/v1/accounts/{name}", get(account))
         .route("/api/v1/accounts/{name}/objects", get(objects))
+        .merge(crate::armory::account_reads())
         .route_layer(axum::middleware::from_fn_with_state(
             (api.replicas.clone(), api.live.clone()),
             to_owner,
