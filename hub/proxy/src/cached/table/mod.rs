@@ -10,9 +10,10 @@
 //! A kind with none of these is tunnelled: another built-in kind has a printer of its own
 //! on the API server that the hub has not ported, and a custom resource's columns are known
 //! only from its CRD, which the hub sees only when the account's agent streams
-//! `customresourcedefinitions` (the default kinds do). Without the CRD the answer would
-//! be a guess, so the Table is tunnelled; caching printer columns from discovery is not an
-//! option, as discovery does not carry them.
+//! `customresourcedefinitions` (name it in `kinds`, or use `*`; the default kinds do not
+//! include it, nor custom resources). Without the CRD the answer would be a guess, so the
+//! Table is tunnelled; caching printer columns from discovery is not an option, as
+//! discovery does not carry them.
 //!
 //! Watches with `as=Table` stay tunnelled (the cache serves no watch in a Table form).
 
