@@ -3,11 +3,10 @@
 //! `Wide: true` (`pkg/printers/storage`), so every row has the priority-1 cells too; kubectl
 //! hides those columns unless `-o wide`.
 //!
-//! Kinds left out on purpose (their Tables are tunnelled): Secrets, whose Type and Data
-//! columns need what the hub never holds (the agent sends Secrets as metadata only); Events,
-//! Nodes and HorizontalPodAutoscalers, whose printers read more than these cells were
-//! checked against (event series and sources, node conditions and roles, HPA metric
-//! formatting) — not yet ported.
+//! Left out on purpose (their Tables are tunnelled): Secrets, whose Data column counts data
+//! the hub never holds (the agent sends Secrets as metadata only); `events.k8s.io` Events
+//! (the core Events are printed) and HorizontalPodAutoscalers of another version than
+//! `autoscaling/v2`, whose fields the printers read under other names.
 
 use jiff::Timestamp;
 use serde_json::{Value, json};
@@ -37,6 +36,9 @@ pub enum Builtin {
     RoleBinding,
     ClusterRoleBinding,
     PodDisruptionBudget,
+    Node,
+    Event,
+    HorizontalPodAutoscaler,
 }
 
 impl Builtin {
@@ -60,6 +62,9 @@ impl Builtin {
             ("rbac.authorization.k8s.io", "rolebindings") => Builtin::RoleBinding,
             ("rbac.authorization.k8s.io", "clusterrolebindings") => Builtin::ClusterRoleBinding,
             ("policy", "poddisruptionbudgets") => Builtin::PodDisruptionBudget,
+            ("", "nodes") => Builtin::Node,
+            ("", "events") => Builtin::Event,
+            ("autoscaling", "horizontalpodautoscalers") => Builtin::HorizontalPodAutoscaler,
             _ => return None,
         })
     }
@@ -83,6 +88,9 @@ impl Builtin {
             Builtin::RoleBinding => columns::ROLE_BINDING,
             Builtin::ClusterRoleBinding => columns::CLUSTER_ROLE_BINDING,
             Builtin::PodDisruptionBudget => columns::POD_DISRUPTION_BUDGET,
+            Builtin::Node => columns::NODE,
+            Builtin::Event => columns::EVENT,
+            Builtin::HorizontalPodAutoscaler => columns::HORIZONTAL_POD_AUTOSCALER,
         }
     }
 
@@ -92,7 +100,7 @@ impl Builtin {
         let age = json!(since(o.pointer("/metadata/creationTimestamp"), now));
         let template_containers = |path: &str| format::containers(o.pointer(path));
         let cells = match self {
-            Builtin::Pod => return pod(o, now),
+            Builtin::Pod => return super::pod::cells(o, now),
             Builtin::Deployment => {
                 let (names, images) = template_containers("/spec/template/spec/containers");
                 let selector = format::label_selector(o.pointer("/spec/selector"))
@@ -290,203 +298,38 @@ impl Builtin {
                     age,
                 ]
             }
+            Builtin::Node => node(o, name, age),
+            Builtin::Event => event(o, now),
+            Builtin::HorizontalPodAutoscaler => {
+                let min = match o.pointer("/spec/minReplicas").and_then(Value::as_i64) {
+                    Some(n) => n.to_string(),
+                    None => "<unset>".into(),
+                };
+                vec![
+                    name,
+                    json!(format!(
+                        "{}/{}",
+                        string(o.pointer("/spec/scaleTargetRef/kind")),
+                        string(o.pointer("/spec/scaleTargetRef/name"))
+                    )),
+                    json!(hpa_metrics(
+                        o.pointer("/spec/metrics"),
+                        o.pointer("/status/currentMetrics")
+                    )),
+                    json!(min),
+                    json!(int(o.pointer("/spec/maxReplicas"))),
+                    json!(int(o.pointer("/status/currentReplicas"))),
+                    age,
+                ]
+            }
         };
         (cells, None)
     }
 }
 
-fn condition_true(conditions: Option<&Value>, kind: &str) -> Option<bool> {
-    conditions
-        .and_then(Value::as_array)?
-        .iter()
-        .find(|c| string(c.get("type")) == kind)
-        .map(|c| string(c.get("status")) == "True")
-}
-
-/// `printPod`: Ready x/y, the aggregate status, restarts with the last one's age, and the
-/// wide cells; Succeeded and Failed pods carry a Completed row condition.
-fn pod(o: &Value, now: Timestamp) -> (Vec<Value>, Option<Value>) {
-    let spec = o.get("spec").unwrap_or(&Value::Null);
-    let status = o.get("status").unwrap_or(&Value::Null);
-    let conditions = status.get("conditions");
-    let phase = string(status.get("phase"));
-    let mut reason = match string(status.get("reason")) {
-        "" => phase.to_string(),
-        r => r.to_string(),
-    };
-    for c in conditions.and_then(Value::as_array).into_iter().flatten() {
-        if string(c.get("type")) == "PodScheduled" && string(c.get("reason")) == "SchedulingGated" {
-            reason = "SchedulingGated".into();
-        }
-    }
-    let row_conditions = match phase {
-        "Succeeded" => Some(
-            json!([{"type": "Completed", "status": "True", "reason": "Succeeded", "message": "The pod has completed successfully."}]),
-        ),
-        "Failed" => Some(
-            json!([{"type": "Completed", "status": "True", "reason": "Failed", "message": "The pod failed."}]),
-        ),
-        _ => None,
-    };
-    let list = |v: Option<&Value>| v.and_then(Value::as_array).cloned().unwrap_or_default();
-    let init_containers = list(spec.get("initContainers"));
-    let restartable = |name: &str| {
-        init_containers
-            .iter()
-            .any(|c| string(c.get("name")) == name && string(c.get("restartPolicy")) == "Always")
-    };
-    let total = list(spec.get("containers")).len()
-        + init_containers
-            .iter()
-            .filter(|c| string(c.get("restartPolicy")) == "Always")
-            .count();
-    let mut ready = 0usize;
-    let mut restarts = 0i64;
-    let mut restartable_restarts = 0i64;
-    let mut last_restart: Option<Timestamp> = None;
-    let mut last_restartable_restart: Option<Timestamp> = None;
-    let later = |a: Option<Timestamp>, b: Option<Timestamp>| match (a, b) {
-        (Some(a), Some(b)) => Some(a.max(b)),
-        (a, b) => a.or(b),
-    };
-    let finished = |c: &Value| format::timestamp(c.pointer("/lastState/terminated/finishedAt"));
-    let mut initializing = false;
-    let init_statuses = list(status.get("initContainerStatuses"));
-    for (i, c) in init_statuses.iter().enumerate() {
-        let count = int(c.get("restartCount"));
-        restarts += count;
-        last_restart = later(last_restart, finished(c));
-        let is_restartable = restartable(string(c.get("name")));
-        if is_restartable {
-            restartable_restarts += count;
-            last_restartable_restart = later(last_restartable_restart, finished(c));
-        }
-        let terminated = c.pointer("/state/terminated").filter(|t| !t.is_null());
-        let waiting_reason = string(c.pointer("/state/waiting/reason"));
-        if let Some(t) = terminated
-            && int(t.get("exitCode")) == 0
-        {
-            continue;
-        }
-        if is_restartable && c.get("started").and_then(Value::as_bool) == Some(true) {
-            if c.get("ready").and_then(Value::as_bool) == Some(true) {
-                ready += 1;
-            }
-            continue;
-        }
-        if let Some(t) = terminated {
-            reason = match string(t.get("reason")) {
-                "" if int(t.get("signal")) != 0 => format!("Init:Signal:{}", int(t.get("signal"))),
-                "" => format!("Init:ExitCode:{}", int(t.get("exitCode"))),
-                r => format!("Init:{r}"),
-            };
-        } else if !waiting_reason.is_empty() && waiting_reason != "PodInitializing" {
-            reason = format!("Init:{waiting_reason}");
-        } else {
-            reason = format!("Init:{i}/{}", init_containers.len());
-        }
-        initializing = true;
-        break;
-    }
-    if !initializing || condition_true(conditions, "Initialized") == Some(true) {
-        restarts = restartable_restarts;
-        last_restart = last_restartable_restart;
-        let mut has_running = false;
-        let mut error_reason = String::new();
-        for c in list(status.get("containerStatuses")).iter().rev() {
-            restarts += int(c.get("restartCount"));
-            last_restart = later(last_restart, finished(c));
-            let waiting_reason = string(c.pointer("/state/waiting/reason"));
-            let terminated = c.pointer("/state/terminated").filter(|t| !t.is_null());
-            let running = c.pointer("/state/running").is_some_and(|r| !r.is_null());
-            if c.pointer("/state/waiting").is_some_and(|w| !w.is_null())
-                && !waiting_reason.is_empty()
-            {
-                reason = waiting_reason.to_string();
-            } else if let Some(t) = terminated {
-                reason = match string(t.get("reason")) {
-                    "" if int(t.get("signal")) != 0 => format!("Signal:{}", int(t.get("signal"))),
-                    "" => format!("ExitCode:{}", int(t.get("exitCode"))),
-                    r => r.to_string(),
-                };
-                if int(t.get("exitCode")) != 0 {
-                    error_reason = reason.clone();
-                }
-            } else if c.get("ready").and_then(Value::as_bool) == Some(true) && running {
-                has_running = true;
-                ready += 1;
-            }
-        }
-        if reason == "Completed" {
-            if has_running && condition_true_any(conditions, "Ready") {
-                reason = "Running".into();
-            } else if !error_reason.is_empty() {
-                reason = error_reason;
-            } else if has_running {
-                reason = "NotReady".into();
-            }
-        }
-    }
-    let deleting = o
-        .pointer("/metadata/deletionTimestamp")
-        .is_some_and(|d| !d.is_null());
-    if deleting && string(status.get("reason")) == "NodeLost" {
-        reason = "Unknown".into();
-    } else if deleting && phase != "Failed" && phase != "Succeeded" {
-        reason = "Terminating".into();
-    }
-    let restarts_text = match last_restart {
-        Some(t) if restarts != 0 => {
-            format!(
-                "{restarts} ({} ago)",
-                format::human_duration(now.duration_since(t))
-            )
-        }
-        _ => restarts.to_string(),
-    };
-    let or_none = |s: &str| {
-        if s.is_empty() {
-            "<none>".to_string()
-        } else {
-            s.to_string()
-        }
-    };
-    let gates = list(spec.get("readinessGates"));
-    let readiness_gates = if gates.is_empty() {
-        "<none>".to_string()
-    } else {
-        let true_count = gates
-            .iter()
-            .filter(|g| condition_true(conditions, string(g.get("conditionType"))) == Some(true))
-            .count();
-        format!("{true_count}/{}", gates.len())
-    };
-    let cells = vec![
-        json!(string(o.pointer("/metadata/name"))),
-        json!(format!("{ready}/{total}")),
-        json!(reason),
-        json!(restarts_text),
-        json!(since(o.pointer("/metadata/creationTimestamp"), now)),
-        json!(or_none(string(status.pointer("/podIPs/0/ip")))),
-        json!(or_none(string(spec.get("nodeName")))),
-        json!(or_none(string(status.get("nominatedNodeName")))),
-        json!(readiness_gates),
-    ];
-    (cells, row_conditions)
-}
-
-/// `hasPodReadyCondition`: any Ready condition that is True (unlike the first-match lookups).
-fn condition_true_any(conditions: Option<&Value>, kind: &str) -> bool {
-    conditions
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .any(|c| string(c.get("type")) == kind && string(c.get("status")) == "True")
-}
-
 fn job_status(o: &Value) -> &'static str {
     let conditions = o.pointer("/status/conditions");
-    let has = |t: &str| condition_true(conditions, t) == Some(true);
+    let has = |t: &str| super::pod::condition_true(conditions, t) == Some(true);
     if has("Complete") {
         "Complete"
     } else if has("Failed") {
@@ -668,4 +511,262 @@ fn subjects(subjects: Option<&Value>) -> (String, String, String) {
         }
     }
     (users.join(", "), groups.join(", "), sas.join(", "))
+}
+
+/// `printNode`: the Ready condition (`NotReady`, `Unknown` without one), cordoned, roles from
+/// `node-role.kubernetes.io/<role>` and `kubernetes.io/role` labels, and the wide cells.
+fn node(o: &Value, name: Value, age: Value) -> Vec<Value> {
+    let conditions = o.pointer("/status/conditions");
+    // Go keeps the last condition of a type (a map filled in order).
+    let ready = conditions
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .rfind(|c| string(c.get("type")) == "Ready");
+    let mut status = vec![match ready {
+        Some(c) if string(c.get("status")) == "True" => "Ready",
+        Some(_) => "NotReady",
+        None => "Unknown",
+    }];
+    if o.pointer("/spec/unschedulable").and_then(Value::as_bool) == Some(true) {
+        status.push("SchedulingDisabled");
+    }
+    let mut roles: Vec<&str> = o
+        .pointer("/metadata/labels")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| match k.strip_prefix("node-role.kubernetes.io/") {
+            Some(role) if !role.is_empty() => Some(role),
+            Some(_) => None,
+            None if k == "kubernetes.io/role" => v.as_str().filter(|v| !v.is_empty()),
+            None => None,
+        })
+        .collect();
+    roles.sort_unstable();
+    roles.dedup();
+    let roles = if roles.is_empty() {
+        "<none>".to_string()
+    } else {
+        roles.join(",")
+    };
+    let info = |f: &str| string(o.pointer(&format!("/status/nodeInfo/{f}")));
+    let or_unknown = |s: &str| {
+        if s.is_empty() {
+            "<unknown>".to_string()
+        } else {
+            s.to_string()
+        }
+    };
+    let mut kernel = or_unknown(info("kernelVersion"));
+    if !info("architecture").is_empty() {
+        kernel = format!("{kernel} ({})", info("architecture"));
+    }
+    let address = |kind: &str| {
+        o.pointer("/status/addresses")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .find(|a| string(a.get("type")) == kind)
+            .map_or("<none>", |a| string(a.get("address")))
+            .to_string()
+    };
+    vec![
+        name,
+        json!(status.join(",")),
+        json!(roles),
+        age,
+        json!(info("kubeletVersion")),
+        json!(address("InternalIP")),
+        json!(address("ExternalIP")),
+        json!(or_unknown(info("osImage"))),
+        json!(kernel),
+        json!(or_unknown(info("containerRuntimeVersion"))),
+    ]
+}
+
+/// `printEvent` (core/v1 Events): last and first seen (the event time or the series' last
+/// observation when set), the involved object as `kind/name`, the source, the count.
+fn event(o: &Value, now: Timestamp) -> Vec<Value> {
+    let seen = |t: Option<Timestamp>| match t {
+        Some(t) => format::human_duration(now.duration_since(t)),
+        None => "<unknown>".to_string(),
+    };
+    let first_time = format::timestamp(o.get("firstTimestamp"));
+    let first = match first_time {
+        Some(t) => seen(Some(t)),
+        None => seen(format::timestamp(o.get("eventTime"))),
+    };
+    let mut last = match format::timestamp(o.get("lastTimestamp")) {
+        Some(t) => seen(Some(t)),
+        None => first.clone(),
+    };
+    let mut count = int(o.get("count"));
+    match o.get("series").filter(|s| !s.is_null()) {
+        Some(series) => {
+            last = seen(format::timestamp(series.get("lastObservedTime")));
+            count = int(series.get("count"));
+        }
+        None if count == 0 => count = 1,
+        None => {}
+    }
+    let kind = string(o.pointer("/involvedObject/kind")).to_lowercase();
+    let target = match string(o.pointer("/involvedObject/name")) {
+        "" => kind,
+        name => format!("{kind}/{name}"),
+    };
+    let first_non_empty = |a: &str, b: &str| {
+        if a.is_empty() {
+            b.to_string()
+        } else {
+            a.to_string()
+        }
+    };
+    let component = first_non_empty(
+        string(o.pointer("/source/component")),
+        string(o.get("reportingController")),
+    );
+    let instance = first_non_empty(
+        string(o.pointer("/source/host")),
+        string(o.get("reportingInstance")),
+    );
+    let source = if instance.is_empty() {
+        component
+    } else {
+        format!("{component}, {instance}")
+    };
+    vec![
+        json!(last),
+        json!(string(o.get("type"))),
+        json!(string(o.get("reason"))),
+        json!(target),
+        json!(string(o.pointer("/involvedObject/fieldPath"))),
+        json!(source),
+        json!(string(o.get("message")).trim()),
+        json!(first),
+        json!(count),
+        json!(string(o.pointer("/metadata/name"))),
+    ]
+}
+
+/// `formatHPAMetrics` (autoscaling/v2): each metric's current value over its target, at most
+/// two, then `+ N more...`; quantities as the API server stored them (canonical strings).
+fn hpa_metrics(specs: Option<&Value>, statuses: Option<&Value>) -> String {
+    let specs = specs
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    if specs.is_empty() {
+        return "<none>".into();
+    }
+    let statuses = statuses
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    // Go's `(*Quantity).String()`: `<nil>` for a missing pointer, `0` for a zero value.
+    let quantity = |v: Option<&Value>, missing: &str| match v {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Number(n)) => n.to_string(),
+        _ => missing.to_string(),
+    };
+    let mut list = Vec::with_capacity(specs.len());
+    for (i, spec) in specs.iter().enumerate() {
+        let status = statuses.get(i);
+        let source = |key: &str| -> (Option<&Value>, Option<&Value>) {
+            (
+                spec.get(key),
+                status.and_then(|s| s.get(key)).filter(|s| !s.is_null()),
+            )
+        };
+        let text = match string(spec.get("type")) {
+            kind @ ("External" | "Object") => {
+                let key = if kind == "External" {
+                    "external"
+                } else {
+                    "object"
+                };
+                let (spec, status) = source(key);
+                let target = spec.and_then(|s| s.get("target"));
+                let current = status.and_then(|s| s.get("current"));
+                match target
+                    .and_then(|t| t.get("averageValue"))
+                    .filter(|v| !v.is_null())
+                {
+                    Some(average) => {
+                        let current = current
+                            .and_then(|c| c.get("averageValue"))
+                            .filter(|v| !v.is_null())
+                            .map_or("<unknown>".to_string(), |v| quantity(Some(v), "0"));
+                        format!("{current}/{} (avg)", quantity(Some(average), "0"))
+                    }
+                    None => {
+                        let current = match status {
+                            Some(_) => quantity(current.and_then(|c| c.get("value")), "<nil>"),
+                            None => "<unknown>".into(),
+                        };
+                        format!(
+                            "{current}/{}",
+                            quantity(target.and_then(|t| t.get("value")), "<nil>")
+                        )
+                    }
+                }
+            }
+            "Pods" => {
+                let (spec, status) = source("pods");
+                let current = match status {
+                    Some(s) => quantity(s.pointer("/current/averageValue"), "<nil>"),
+                    None => "<unknown>".into(),
+                };
+                format!(
+                    "{current}/{}",
+                    quantity(
+                        spec.and_then(|s| s.pointer("/target/averageValue")),
+                        "<nil>"
+                    )
+                )
+            }
+            kind @ ("Resource" | "ContainerResource") => {
+                let key = if kind == "Resource" {
+                    "resource"
+                } else {
+                    "containerResource"
+                };
+                let (spec, status) = source(key);
+                let resource = string(spec.and_then(|s| s.get("name")));
+                let target = spec.and_then(|s| s.get("target"));
+                match target
+                    .and_then(|t| t.get("averageValue"))
+                    .filter(|v| !v.is_null())
+                {
+                    Some(average) => {
+                        let current = match status {
+                            Some(s) => quantity(s.pointer("/current/averageValue"), "<nil>"),
+                            None => "<unknown>".into(),
+                        };
+                        format!("{resource}: {current}/{}", quantity(Some(average), "0"))
+                    }
+                    None => {
+                        let current = status
+                            .and_then(|s| s.pointer("/current/averageUtilization"))
+                            .and_then(Value::as_i64)
+                            .map_or("<unknown>".to_string(), |u| format!("{u}%"));
+                        let target = target
+                            .and_then(|t| t.get("averageUtilization"))
+                            .and_then(Value::as_i64)
+                            .map_or("<auto>".to_string(), |u| format!("{u}%"));
+                        format!("{resource}: {current}/{target}")
+                    }
+                }
+            }
+            _ => "<unknown type>".into(),
+        };
+        list.push(text);
+    }
+    let count = list.len();
+    if count > 2 {
+        list.truncate(2);
+        format!("{} + {} more...", list.join(", "), count - 2)
+    } else {
+        list.join(", ")
+    }
 }

@@ -21,6 +21,7 @@ pub mod builtin;
 pub mod columns;
 pub mod format;
 pub mod negotiate;
+pub mod pod;
 pub mod printer_columns;
 
 use std::sync::Arc;
@@ -138,6 +139,11 @@ impl Printer {
 pub fn printer(live: &Live, account: &str, info: &KindInfo) -> Result<Printer, &'static str> {
     if render::is_builtin_group(&info.group) {
         if let Some(b) = Builtin::of(&info.group, &info.plural) {
+            if b == Builtin::HorizontalPodAutoscaler && info.version != "v2" {
+                return Err(
+                    "HorizontalPodAutoscalers of another version than v2 (their metrics are annotations)",
+                );
+            }
             return Ok(Printer::Builtin(b));
         }
         return match (info.group.as_str(), info.plural.as_str()) {

@@ -454,3 +454,116 @@ fn rows_and_tables_as_the_api_server_writes_them() {
     let (cells, _) = Printer::Default.cells(&json!({"metadata": {"name": "x"}}), now());
     assert_eq!(cells[1], json!("0001-01-01T00:00:00Z"));
 }
+
+#[test]
+fn nodes_events_and_autoscalers() {
+    let node = json!({
+        "metadata": {"name": "n1", "creationTimestamp": "2026-01-01T00:00:00Z",
+                     "labels": {"node-role.kubernetes.io/control-plane": "", "node-role.kubernetes.io/": "",
+                                "kubernetes.io/role": "edge", "node-role.kubernetes.io/worker": ""}},
+        "spec": {"unschedulable": true},
+        "status": {"conditions": [{"type": "MemoryPressure", "status": "False"}, {"type": "Ready", "status": "False"}],
+                   "addresses": [{"type": "Hostname", "address": "n1"}, {"type": "InternalIP", "address": "10.0.0.5"}],
+                   "nodeInfo": {"kubeletVersion": "v1.37.1", "kernelVersion": "6.1.0", "architecture": "amd64",
+                                "osImage": "Debian GNU/Linux 12", "containerRuntimeVersion": "containerd://2.0.0"}},
+    });
+    assert_eq!(
+        cells(Builtin::Node, node),
+        [
+            json!("n1"),
+            json!("NotReady,SchedulingDisabled"),
+            json!("control-plane,edge,worker"),
+            json!("12h"),
+            json!("v1.37.1"),
+            json!("10.0.0.5"),
+            json!("<none>"),
+            json!("Debian GNU/Linux 12"),
+            json!("6.1.0 (amd64)"),
+            json!("containerd://2.0.0")
+        ]
+    );
+    let bare = cells(Builtin::Node, json!({"metadata": {"name": "n2"}}));
+    assert_eq!(
+        (&bare[1], &bare[2], &bare[8]),
+        (&json!("Unknown"), &json!("<none>"), &json!("<unknown>"))
+    );
+    let event = json!({
+        "metadata": {"name": "web.1"}, "type": "Warning", "reason": "BackOff",
+        "involvedObject": {"kind": "Pod", "name": "web", "fieldPath": "spec.containers{web}"},
+        "source": {"component": "kubelet", "host": "n1"}, "message": " Back-off restarting \n",
+        "firstTimestamp": "2026-01-01T11:00:00Z", "lastTimestamp": "2026-01-01T11:58:00Z", "count": 7,
+    });
+    assert_eq!(
+        cells(Builtin::Event, event),
+        [
+            json!("2m"),
+            json!("Warning"),
+            json!("BackOff"),
+            json!("pod/web"),
+            json!("spec.containers{web}"),
+            json!("kubelet, n1"),
+            json!("Back-off restarting"),
+            json!("60m"),
+            json!(7),
+            json!("web.1")
+        ]
+    );
+    let new_api = json!({
+        "metadata": {"name": "e"}, "eventTime": "2026-01-01T11:59:00.123456Z",
+        "reportingController": "ctrl", "involvedObject": {"kind": "Node"},
+        "series": {"count": 3, "lastObservedTime": "2026-01-01T11:59:50.000000Z"},
+    });
+    let c = cells(Builtin::Event, new_api);
+    assert_eq!(
+        (&c[0], &c[3], &c[5], &c[7], &c[8]),
+        (
+            &json!("10s"),
+            &json!("node"),
+            &json!("ctrl"),
+            &json!("59s"),
+            &json!(3)
+        )
+    );
+    let single = cells(Builtin::Event, json!({"metadata": {"name": "s"}}));
+    assert_eq!((&single[0], &single[8]), (&json!("<unknown>"), &json!(1)));
+    let hpa = json!({
+        "metadata": {"name": "web", "creationTimestamp": "2026-01-01T11:00:00Z"},
+        "spec": {"scaleTargetRef": {"kind": "Deployment", "name": "web"}, "maxReplicas": 10,
+                 "metrics": [
+                     {"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}},
+                     {"type": "Pods", "pods": {"metric": {"name": "qps"}, "target": {"type": "AverageValue", "averageValue": "1k"}}},
+                     {"type": "External", "external": {"metric": {"name": "q"}, "target": {"type": "Value", "value": "30"}}},
+                 ]},
+        "status": {"currentReplicas": 2, "currentMetrics": [
+            {"type": "Resource", "resource": {"name": "cpu", "current": {"averageUtilization": 45, "averageValue": "120m"}}},
+        ]},
+    });
+    assert_eq!(
+        cells(Builtin::HorizontalPodAutoscaler, hpa),
+        [
+            json!("web"),
+            json!("Deployment/web"),
+            json!("cpu: 45%/80%, <unknown>/1k + 1 more..."),
+            json!("<unset>"),
+            json!(10),
+            json!(2),
+            json!("60m")
+        ]
+    );
+    let memory = json!({"spec": {"minReplicas": 1, "metrics": [
+        {"type": "Resource", "resource": {"name": "memory", "target": {"type": "AverageValue", "averageValue": "512Mi"}}},
+        {"type": "Object", "object": {"target": {"type": "AverageValue", "averageValue": "2"}}},
+    ]}});
+    let c = cells(Builtin::HorizontalPodAutoscaler, memory);
+    assert_eq!(
+        (&c[2], &c[3]),
+        (
+            &json!("memory: <unknown>/512Mi, <unknown>/2 (avg)"),
+            &json!("1")
+        )
+    );
+    assert_eq!(
+        cells(Builtin::HorizontalPodAutoscaler, json!({}))[2],
+        json!("<none>")
+    );
+}
