@@ -41,10 +41,12 @@ const NAMESPACED: &[&str] = &[
     "roles",
     "rolebindings",
     "poddisruptionbudgets",
+    "horizontalpodautoscalers",
+    "events",
     "pods",
 ];
 /// Cluster-scoped kinds, besides the CRDs the agent streams for the printer columns.
-const CLUSTER: &[&str] = &["namespaces", "clusterroles", "clusterrolebindings"];
+const CLUSTER: &[&str] = &["namespaces", "nodes", "clusterroles", "clusterrolebindings"];
 
 fn control_plane() -> anyhow::Result<&'static ControlPlane> {
     Ok(ControlPlane::shared_with(|| {
@@ -152,6 +154,7 @@ impl Setup {
             "/api/v1/namespaces".into(),
             "/apis/rbac.authorization.k8s.io/v1/clusterroles".into(),
             "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings".into(),
+            "/api/v1/nodes".into(),
             format!("/apis/{}/v1/namespaces/{ns}/widgets", self.widget_group),
         ];
         for (group, resource) in [
@@ -170,6 +173,8 @@ impl Setup {
             ("rbac.authorization.k8s.io/v1", "roles"),
             ("rbac.authorization.k8s.io/v1", "rolebindings"),
             ("policy/v1", "poddisruptionbudgets"),
+            ("autoscaling/v2", "horizontalpodautoscalers"),
+            ("", "events"),
             ("", "pods"),
         ] {
             paths.push(if group.is_empty() {
@@ -243,6 +248,7 @@ impl Setup {
             "services",
             "configmaps",
             "rolebindings",
+            "events",
             &format!("widgets.{}", self.widget_group),
         ] {
             commands.push(args(&["get", kind, "-n", ns, "--sort-by=.metadata.name"]));
@@ -391,6 +397,12 @@ async fn kubectl_get_tables_equal_the_api_servers() -> anyhow::Result<()> {
             "app=web,tier notin (cache,db)",
             "large",
             "CREATED AT",
+            "NotReady,SchedulingDisabled",
+            "control-plane,edge",
+            "cpu: 45%/80%, <unknown>/1k + 1 more...",
+            "pod/running",
+            "Back-off restarting failed container",
+            "deployment-controller, kcm-1",
         ] {
             anyhow::ensure!(
                 printed.contains(expected),
@@ -581,6 +593,26 @@ async fn seed(
                 "spec": { "size": "large", "replicas": 3, "enabled": true, "items": [{ "name": "first" }] },
                 "status": { "since": "2026-01-01T00:00:00Z",
                             "conditions": [{ "type": "Synced", "status": "False" }, { "type": "Ready", "status": "True" }] } }),
+        json!({ "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+                "metadata": { "name": "web", "labels": label("web") },
+                "spec": { "scaleTargetRef": { "apiVersion": "apps/v1", "kind": "Deployment", "name": "web" },
+                          "minReplicas": 2, "maxReplicas": 10, "metrics": [
+                    { "type": "Resource", "resource": { "name": "cpu", "target": { "type": "Utilization", "averageUtilization": 80 } } },
+                    { "type": "Pods", "pods": { "metric": { "name": "qps" }, "target": { "type": "AverageValue", "averageValue": "1k" } } },
+                    { "type": "External", "external": { "metric": { "name": "queue" }, "target": { "type": "Value", "value": "30" } } },
+                ] } }),
+        json!({ "apiVersion": "v1", "kind": "Event",
+                "metadata": { "name": "running.backoff", "labels": label("web") },
+                "involvedObject": { "kind": "Pod", "namespace": ns, "name": "running", "fieldPath": "spec.containers{web}" },
+                "type": "Warning", "reason": "BackOff", "message": "Back-off restarting failed container",
+                "source": { "component": "kubelet", "host": format!("{ns}-node") }, "count": 7,
+                "firstTimestamp": "2026-01-01T00:00:00Z", "lastTimestamp": "2026-01-01T00:10:00Z" }),
+        json!({ "apiVersion": "v1", "kind": "Event",
+                "metadata": { "name": "web.scaled", "labels": label("web") },
+                "involvedObject": { "kind": "Deployment", "namespace": ns, "name": "web" },
+                "type": "Normal", "reason": "ScalingReplicaSet", "message": "Scaled up replica set web-5d4f to 3",
+                "reportingComponent": "deployment-controller", "reportingInstance": "kcm-1",
+                "eventTime": "2026-01-01T00:00:00.000000Z", "action": "Scale" }),
         json!({ "apiVersion": format!("{widget_group}/v1"), "kind": "Widget",
                 "metadata": { "name": "w-2", "labels": label("db") },
                 "spec": { "size": 7 } }),
@@ -679,6 +711,62 @@ async fn seed(
                     None,
                     KUBECTL_TIMEOUT,
                 )
+                .await?,
+        )?;
+    }
+    let node = json!({ "apiVersion": "v1", "kind": "Node",
+                       "metadata": { "name": format!("{ns}-node"), "labels": {
+                           "tables": ns, "app": "web", "node-role.kubernetes.io/control-plane": "",
+                           "kubernetes.io/role": "edge" } },
+                       "spec": { "unschedulable": true } })
+    .to_string();
+    ensure_ok(
+        "create the node",
+        &admin_kubectl
+            .run(
+                &kubeconfig,
+                &args(&["create", "-f", "-"]),
+                Some(&node),
+                KUBECTL_TIMEOUT,
+            )
+            .await?,
+    )?;
+    let node_status = json!({ "status": {
+        "conditions": [{ "type": "Ready", "status": "False", "reason": "KubeletNotReady", "message": "none",
+                         "lastHeartbeatTime": ago(10), "lastTransitionTime": ago(10) }],
+        "addresses": [{ "type": "InternalIP", "address": "192.0.2.7" }, { "type": "Hostname", "address": "n" }],
+        "nodeInfo": { "kubeletVersion": "v1.37.1", "kernelVersion": "6.1.0-13", "architecture": "amd64",
+                      "osImage": "Debian GNU/Linux 12 (bookworm)", "containerRuntimeVersion": "containerd://2.0.0",
+                      "operatingSystem": "linux", "machineID": "", "systemUUID": "", "bootID": "",
+                      "kubeProxyVersion": "" } } });
+    let hpa_status = json!({ "status": { "currentReplicas": 2, "desiredReplicas": 2, "currentMetrics": [
+        { "type": "Resource", "resource": { "name": "cpu", "current": { "averageUtilization": 45, "averageValue": "120m" } } },
+    ] } });
+    for (kind, name, namespace, status) in [
+        ("nodes", format!("{ns}-node"), None, node_status),
+        (
+            "horizontalpodautoscalers",
+            "web".to_string(),
+            Some(ns),
+            hpa_status,
+        ),
+    ] {
+        let mut command = args(&[
+            "patch",
+            kind,
+            &name,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &status.to_string(),
+        ]);
+        if let Some(namespace) = namespace {
+            command.extend(args(&["-n", namespace]));
+        }
+        ensure_ok(
+            &format!("status of {kind}/{name}"),
+            &admin_kubectl
+                .run(&kubeconfig, &command, None, KUBECTL_TIMEOUT)
                 .await?,
         )?;
     }

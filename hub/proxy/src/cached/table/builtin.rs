@@ -624,7 +624,8 @@ fn event(o: &Value, now: Timestamp) -> Vec<Value> {
     };
     let component = first_non_empty(
         string(o.pointer("/source/component")),
-        string(o.get("reportingController")),
+        // The core/v1 JSON name of `ReportingController`.
+        string(o.get("reportingComponent")),
     );
     let instance = first_non_empty(
         string(o.pointer("/source/host")),

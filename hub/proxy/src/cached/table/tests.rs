@@ -510,7 +510,7 @@ fn nodes_events_and_autoscalers() {
     );
     let new_api = json!({
         "metadata": {"name": "e"}, "eventTime": "2026-01-01T11:59:00.123456Z",
-        "reportingController": "ctrl", "involvedObject": {"kind": "Node"},
+        "reportingComponent": "ctrl", "involvedObject": {"kind": "Node"},
         "series": {"count": 3, "lastObservedTime": "2026-01-01T11:59:50.000000Z"},
     });
     let c = cells(Builtin::Event, new_api);
