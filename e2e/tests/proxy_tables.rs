@@ -479,6 +479,42 @@ async fn kubectl_get_tables_equal_the_api_servers() -> anyhow::Result<()> {
         table["metadata"]["continue"].as_str().is_some(),
         "a limited Table list continues: {table}"
     );
+    let kubectl_accept = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json";
+    let pods = format!(
+        "/clusters/{}/api/v1/namespaces/{}/pods",
+        setup.account, setup.namespace
+    );
+    for (query, status, who) in [
+        // No objects in the rows.
+        ("?includeObject=None", 200, "hit"),
+        // The API server's 400 for a value it does not know, through the tunnel.
+        ("?includeObject=Everything", 400, "tunnel"),
+        // A Table GET of a missing object: the API server's 404, from the cache.
+        ("/missing", 404, "hit"),
+    ] {
+        let reply = setup
+            .hub
+            .call("GET", &format!("{pods}{query}"))
+            .bearer(&setup.token)
+            .header("accept", kubectl_accept)
+            .send()
+            .await?;
+        assert_eq!(
+            (reply.status, reply.header("x-scale-agent-cache")),
+            (status, Some(who)),
+            "{query}: {}",
+            reply.body
+        );
+        if query.ends_with("None") {
+            let table = reply.json_or_null();
+            assert_eq!(
+                table["rows"][0]["object"],
+                serde_json::Value::Null,
+                "{table}"
+            );
+            assert_eq!(table["rows"].as_array().map(Vec::len), Some(3), "{table}");
+        }
+    }
     setup.stop().await
 }
 
