@@ -69,7 +69,8 @@ pub struct Options {
     pub reads_cycle_repeats: usize,
     /// Measure 9: ConfigMaps of the paged LIST.
     pub reads_list_objects: usize,
-    /// Measure 9: paged LISTs per side (the median is shown).
+    /// Measure 9: paged LISTs per side (the median is shown), and `kubectl get` Tables of the
+    /// same ConfigMaps.
     pub reads_list_repeats: usize,
     /// Measure 9: accounts whose caching cycles run at once on one hub.
     pub reads_accounts: usize,

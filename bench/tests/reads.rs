@@ -31,6 +31,7 @@ async fn tiny_run_reports_every_read_row_with_its_baseline() -> anyhow::Result<(
         "reads-cycle",
         "reads-cycle-floor",
         "reads-list",
+        "reads-table",
         "reads-accounts",
         "reads-watch",
     ];
@@ -121,6 +122,16 @@ async fn tiny_run_reports_every_read_row_with_its_baseline() -> anyhow::Result<(
             "row {}: {}",
             row.id,
             row.values
+        );
+    }
+    // kubectl's Tables through the proxy: printed by the hub from its cache.
+    let table_row = report.rows.iter().find(|r| r.id == "reads-table");
+    if let Some(row) = table_row {
+        assert_eq!(
+            row.values["cache_header"],
+            serde_json::json!({ "hit": 3 }),
+            "{}",
+            row.note
         );
     }
     for row in report

@@ -589,8 +589,9 @@ async fn every_read_form_equals_the_api_servers() -> anyhow::Result<()> {
         )?,
     )?;
 
-    // Who answered: the cache for JSON and metadata reads, the tunnel for Secret data and
-    // tables; a missing object is the API server's NotFound, from the cache.
+    // Who answered: the cache for JSON, metadata and Table reads (Tables since issue 30),
+    // the tunnel for Secret data and Secrets' Tables (their Data column counts the data);
+    // a missing object is the API server's NotFound, from the cache.
     let configmaps = format!("/api/v1/namespaces/{ns}/configmaps");
     let secrets = format!("/api/v1/namespaces/{ns}/secrets");
     let metadata_list =
@@ -608,7 +609,8 @@ async fn every_read_form_equals_the_api_servers() -> anyhow::Result<()> {
         (secrets.clone(), None, "tunnel"),
         (format!("{secrets}/o-1"), None, "tunnel"),
         (secrets.clone(), Some(metadata_list), "hit"),
-        (configmaps.clone(), Some(table), "tunnel"),
+        (configmaps.clone(), Some(table), "hit"),
+        (secrets.clone(), Some(table), "tunnel"),
         (
             format!("{configmaps}?fieldSelector=data.i%3D1"),
             None,

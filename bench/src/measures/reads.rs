@@ -4,6 +4,7 @@
 //! - a caching cycle of one account (`kubectl get <8 kinds> -o json`, Clouddriver's
 //!   command), with the API server's CPU seconds and the LISTs it received during each;
 //! - a LIST of many ConfigMaps in `limit=500` pages (kube's client);
+//! - `kubectl get` of the same ConfigMaps, a Table the hub prints ([`table`]);
 //! - one caching cycle of each of many accounts at once on one hub (real agent process);
 //! - a watch's change-to-event latency.
 //!
@@ -16,6 +17,8 @@
 //!
 //! Every proxy response's `x-scale-agent-cache` header (absent when the tunnel answered
 //! without one) is counted per value, so the figures say which path answered.
+
+mod table;
 
 use std::{
     collections::BTreeMap,
@@ -506,6 +509,8 @@ pub async fn reads(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<String
     );
     step("paged LIST");
     list_row(&world, &proxy, &direct, &list_ns, list_objects, rows).await?;
+    step("kubectl get (a Table)");
+    table::table_row(&world, &proxy, &direct, &list_ns, list_objects, rows).await?;
     step("watch, loopback");
     watch_row(
         &world,

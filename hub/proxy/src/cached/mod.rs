@@ -7,8 +7,9 @@
 //!   the grace period answers, flagged stale by `crate::degraded`);
 //! - the kind is synced for the scope ([`consistency::synced_resume_point`]);
 //! - the query has only parameters the cache implements ([`request::parse_query`]), the
-//!   selectors are ones it evaluates exactly ([`selector`]), and Accept asks for JSON or
-//!   the metadata-only form ([`request::parse_accept`]);
+//!   selectors are ones it evaluates exactly ([`selector`]), and Accept asks for JSON, the
+//!   metadata-only form ([`request::parse_accept`]) or a Table of a kind the hub can print
+//!   ([`table`]);
 //! - Secrets only in the metadata-only form (the hub never holds their data);
 //! - the resourceVersion rules and the account's own writes through the proxy are satisfied,
 //!   after waiting up to [`READ_WAIT`] for the cache to catch up ([`consistency`]).
@@ -18,6 +19,7 @@ pub mod paging;
 pub mod render;
 pub mod request;
 pub use scale_agent_hub_cache::selector;
+pub mod table;
 pub mod watch;
 
 use std::{
@@ -39,6 +41,7 @@ use self::{
     paging::{Snapshot, Snapshots, TokenError},
     request::{Form, ReadOptions, Target},
     selector::{FieldSelector, LabelSelector},
+    table::{Negotiated, TableContext, TableForm},
 };
 use super::{CACHE_HEADER, status::Status};
 
@@ -57,6 +60,8 @@ pub struct ListContext {
     labels: LabelSelector,
     fields: FieldSelector,
     form: Form,
+    /// Set for a Table: the items are its rows.
+    table: Option<TableContext>,
 }
 
 impl ListContext {
@@ -64,7 +69,44 @@ impl ListContext {
         &self,
         object: &Arc<CachedObject>,
     ) -> Result<Option<bytes::Bytes>, render::Unrenderable> {
-        render::list_item_of(&self.info, object, &self.labels, &self.fields, self.form)
+        match &self.table {
+            Some(table) => table::row_of(
+                table,
+                object,
+                &self.labels,
+                &self.fields,
+                jiff::Timestamp::now(),
+            ),
+            None => render::list_item_of(&self.info, object, &self.labels, &self.fields, self.form),
+        }
+    }
+
+    /// The list's body around a page of its items: a `<Kind>List` or a Table.
+    fn body(
+        &self,
+        list_type: &(String, String),
+        resource_version: &str,
+        continue_token: Option<&str>,
+        remaining: Option<usize>,
+        items: &[bytes::Bytes],
+    ) -> Vec<u8> {
+        match &self.table {
+            Some(table) => table::table_body(
+                table.form.version,
+                &table.printer.columns(),
+                resource_version,
+                continue_token,
+                remaining,
+                items,
+            ),
+            None => render::list_body(
+                list_type,
+                resource_version,
+                continue_token,
+                remaining,
+                items,
+            ),
+        }
     }
 }
 
@@ -156,21 +198,33 @@ async fn read_from_cache(
     secrets_as_cached: bool,
 ) -> Option<Response> {
     let target = request::parse_path(api_path)?;
-    let options = request::parse_query(query)?;
     let list = target.name.is_none();
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
-    let form = request::parse_accept(accept, list)?;
+    let (table_form, query) = match table::negotiate::negotiate(accept) {
+        Negotiated::NotTable => (None, query.map(str::to_string)),
+        Negotiated::Tunnel => return None,
+        Negotiated::Table(version) => {
+            let (include, rest) = table::negotiate::include_object(query)?;
+            (Some(TableForm { version, include }), Some(rest))
+        }
+    };
+    let options = request::parse_query(query.as_deref())?;
+    let form = match table_form {
+        // A Table's rows are printed from the whole object.
+        Some(_) => Form::Full,
+        None => request::parse_accept(accept, list)?,
+    };
     if target.group.is_empty()
         && target.resource == "secrets"
         && form == Form::Full
-        && !secrets_as_cached
+        && (!secrets_as_cached || table_form.is_some())
     {
         // Secret data never reaches the hub: only the API server has it.
         return None;
     }
     let labels = LabelSelector::parse(&options.label_selector)?;
     let list_key = format!(
-        "{account}|{api_path}|{}|{}|{form:?}",
+        "{account}|{api_path}|{}|{}|{form:?}|{table_form:?}",
         options.label_selector, options.field_selector
     );
     if let Some(token) = &options.continue_token {
@@ -198,6 +252,16 @@ async fn read_from_cache(
             }
         }
     };
+    let table = match table_form {
+        None => None,
+        Some(form) => match table::printer(live, account, &held.info) {
+            Ok(printer) => Some(TableContext { form, printer }),
+            Err(why) => {
+                tracing::debug!(path = %api_path, why, "Table not printable from the cache; tunnelled");
+                return None;
+            }
+        },
+    };
     let response = if list {
         let objects = match render::in_list_order(held.objects) {
             Ok(objects) => objects,
@@ -214,6 +278,7 @@ async fn read_from_cache(
                 labels,
                 fields: held.fields,
                 form,
+                table,
             },
             list: list_key,
             resource_version: held.resource_version.clone(),
@@ -239,7 +304,7 @@ async fn read_from_cache(
         };
         json_response(
             StatusCode::OK,
-            render::list_body(
+            context.context.body(
                 &list_type,
                 &held.resource_version,
                 page.continue_token.as_deref(),
@@ -253,10 +318,16 @@ async fn read_from_cache(
                 StatusCode::NOT_FOUND,
                 render::not_found_body(&held.info, target.name.as_deref().unwrap_or_default()),
             ),
-            Some(object) => match render::object_body(object, form) {
-                Ok(body) => json_response(StatusCode::OK, body),
-                Err(_) => return None,
-            },
+            Some(object) => {
+                let body = match &table {
+                    Some(table) => table::object_table(table, object, jiff::Timestamp::now()),
+                    None => render::object_body(object, form),
+                };
+                match body {
+                    Ok(body) => json_response(StatusCode::OK, body),
+                    Err(_) => return None,
+                }
+            }
         }
     };
     Some(response)
@@ -382,7 +453,7 @@ fn next_page(reads: &CachedReads, token: &str, list_key: &str, limit: Option<usi
         }
         Ok((Ok(page), snapshot)) => json_response(
             StatusCode::OK,
-            render::list_body(
+            snapshot.context.body(
                 &snapshot.list_type,
                 &snapshot.resource_version,
                 page.continue_token.as_deref(),

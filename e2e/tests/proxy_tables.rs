@@ -1,0 +1,524 @@
+//! Tables from the hub's cache (issue 30), on a real control plane with real kubectl 1.37,
+//! 1.29 and 1.22: `kubectl get` of every built-in kind the hub prints and of a custom
+//! resource with printer columns, plain, `-o wide`, `--show-labels`, `-L`, `--sort-by`,
+//! paged and by name, prints the same through the proxy as directly; and the API server's
+//! own audit log shows that the proxied reads never reached it.
+//!
+//! Ages: the API server and the hub each print ages at the moment they answer, so the AGE
+//! column (and a restart's "(5m ago)") can tick between the direct run and the proxied one.
+//! Rather than masking them, each comparison samples direct, proxied, direct again and
+//! requires the proxied output to equal one of the two direct ones exactly, sampling again
+//! (at most [`SAMPLES`] times) only when a second boundary fell between the runs.
+
+use std::{path::PathBuf, time::Duration};
+
+use scale_agent_e2e::{
+    ControlPlane, ControlPlaneOptions,
+    fixtures::{self, TlsHub, temp_dir},
+    kubectl::{Kubectl, Outcome},
+};
+use serde_json::json;
+
+/// The objects the test prints, seeded as the admin.
+#[path = "proxy_tables/seed.rs"]
+mod seed;
+use seed::seed;
+
+const KUBECTL_TIMEOUT: Duration = Duration::from_secs(90);
+const WAIT: Duration = Duration::from_secs(120);
+/// How many times a comparison samples both sides before it fails.
+const SAMPLES: usize = 6;
+
+/// The namespaced kinds the test prints (one `kubectl get` of all of them at once).
+const NAMESPACED: &[&str] = &[
+    "deployments",
+    "replicasets",
+    "statefulsets",
+    "daemonsets",
+    "jobs",
+    "cronjobs",
+    "services",
+    "ingresses",
+    "configmaps",
+    "serviceaccounts",
+    "persistentvolumeclaims",
+    "networkpolicies",
+    "roles",
+    "rolebindings",
+    "poddisruptionbudgets",
+    "horizontalpodautoscalers",
+    "events",
+    "pods",
+];
+/// Cluster-scoped kinds, besides the CRDs the agent streams for the printer columns.
+const CLUSTER: &[&str] = &["namespaces", "nodes", "clusterroles", "clusterrolebindings"];
+
+fn control_plane() -> anyhow::Result<&'static ControlPlane> {
+    Ok(ControlPlane::shared_with(|| {
+        ControlPlaneOptions::default().with_audit()
+    })?)
+}
+
+fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+struct Setup {
+    dir: PathBuf,
+    hub: TlsHub,
+    account: String,
+    namespace: String,
+    /// The label every object of the test carries (`tables=<id>`).
+    label: String,
+    widget_group: String,
+    direct: PathBuf,
+    proxied: PathBuf,
+    token: String,
+    /// `system:serviceaccount:<ns>:agent`: the identity of direct and tunnelled reads.
+    user: String,
+    agent: Option<scale_agent::AgentHandle>,
+}
+
+impl Setup {
+    async fn new() -> anyhow::Result<Setup> {
+        fixtures::init_logs("warn,scale_agent_hub_proxy=info");
+        let control_plane = control_plane()?;
+        let admin = control_plane.client().await?;
+        let home = control_plane.namespace(&admin, "tables").await?;
+        let namespace = control_plane.namespace(&admin, "tables-objects").await?;
+        let label = format!("tables={namespace}");
+        let widget_group = format!("{home}.example.com");
+        let dir = temp_dir("tables")?;
+        seed(control_plane, &dir, &namespace, &widget_group).await?;
+        let direct = fixtures::service_account_identity(
+            control_plane,
+            &admin,
+            &home,
+            "agent",
+            fixtures::Scope::Cluster,
+            fixtures::admin_rules(),
+            dir.join("agent.kubeconfig"),
+        )
+        .await?;
+        let hub = TlsHub::start(&dir, |_| {}).await?;
+        let account = format!(
+            "tables-{}-{:04x}",
+            std::process::id(),
+            rand::random::<u16>()
+        );
+        let mut kinds: Vec<String> = NAMESPACED
+            .iter()
+            .chain(CLUSTER)
+            .map(|k| k.to_string())
+            .collect();
+        kinds.push("customresourcedefinitions".into());
+        kinds.push(format!("widgets.{widget_group}"));
+        let config = dir.join("agent.yaml");
+        fixtures::write_plaintext_agent_config(
+            &config,
+            hub.hub.grpc_addr,
+            json!([{
+                "name": account,
+                "kubeconfigFile": direct.display().to_string(),
+                "kinds": kinds,
+            }]),
+            2,
+        )?;
+        let agent = fixtures::start_agent_replica(&config, "tables-0").await?;
+        hub.wait_connected(&account, 1).await?;
+        let proxied = hub
+            .kubeconfig(&account, "tables", &dir.join("proxied.kubeconfig"))
+            .await?;
+        let text = std::fs::read_to_string(&proxied)?;
+        let token = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("token: "))
+            .map(|t| t.trim_matches('"').to_string())
+            .ok_or_else(|| anyhow::anyhow!("no token in {}", proxied.display()))?;
+        let setup = Setup {
+            dir,
+            hub,
+            account,
+            namespace,
+            label,
+            widget_group,
+            direct,
+            proxied,
+            token,
+            user: format!("system:serviceaccount:{home}:agent"),
+            agent: Some(agent),
+        };
+        setup.wait_synced().await?;
+        Ok(setup)
+    }
+
+    /// Waits until the cache answers a Table of every kind the test prints.
+    async fn wait_synced(&self) -> anyhow::Result<()> {
+        let ns = &self.namespace;
+        let mut paths: Vec<String> = vec![
+            "/api/v1/namespaces".into(),
+            "/apis/rbac.authorization.k8s.io/v1/clusterroles".into(),
+            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings".into(),
+            "/api/v1/nodes".into(),
+            format!("/apis/{}/v1/namespaces/{ns}/widgets", self.widget_group),
+        ];
+        for (group, resource) in [
+            ("apps/v1", "deployments"),
+            ("apps/v1", "replicasets"),
+            ("apps/v1", "statefulsets"),
+            ("apps/v1", "daemonsets"),
+            ("batch/v1", "jobs"),
+            ("batch/v1", "cronjobs"),
+            ("", "services"),
+            ("networking.k8s.io/v1", "ingresses"),
+            ("", "configmaps"),
+            ("", "serviceaccounts"),
+            ("", "persistentvolumeclaims"),
+            ("networking.k8s.io/v1", "networkpolicies"),
+            ("rbac.authorization.k8s.io/v1", "roles"),
+            ("rbac.authorization.k8s.io/v1", "rolebindings"),
+            ("policy/v1", "poddisruptionbudgets"),
+            ("autoscaling/v2", "horizontalpodautoscalers"),
+            ("", "events"),
+            ("", "pods"),
+        ] {
+            paths.push(if group.is_empty() {
+                format!("/api/v1/namespaces/{ns}/{resource}")
+            } else {
+                format!("/apis/{group}/namespaces/{ns}/{resource}")
+            });
+        }
+        let deadline = tokio::time::Instant::now() + WAIT;
+        for path in &paths {
+            loop {
+                let reply = self
+                    .hub
+                    .call("GET", &format!("/clusters/{}{path}", self.account))
+                    .bearer(&self.token)
+                    .header("accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+                    .timeout(KUBECTL_TIMEOUT)
+                    .send()
+                    .await?;
+                if reply.status == 200 && reply.header("x-scale-agent-cache") == Some("hit") {
+                    let table = reply.json_or_null();
+                    anyhow::ensure!(table["kind"] == "Table", "{path}: {table}");
+                    break;
+                }
+                anyhow::ensure!(
+                    tokio::time::Instant::now() < deadline,
+                    "the cache never answered a Table of {path}: {} {:?} {}",
+                    reply.status,
+                    reply.header("x-scale-agent-cache"),
+                    reply.body
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        Ok(())
+    }
+
+    async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(agent) = self.agent.take() {
+            agent.stop().await?;
+        }
+        self.hub.hub.shutdown().await?;
+        let _ = std::fs::remove_dir_all(&self.dir);
+        Ok(())
+    }
+
+    /// The `kubectl get` forms compared, each with its arguments.
+    fn commands(&self) -> Vec<Vec<String>> {
+        let ns = self.namespace.as_str();
+        let kinds = format!("{},widgets.{}", NAMESPACED.join(","), self.widget_group);
+        let cluster = CLUSTER.join(",");
+        let mut commands = Vec::new();
+        for extra in [
+            &[][..],
+            &["-o", "wide"],
+            &["--show-labels"],
+            &["-L", "app", "-L", "tier"],
+        ] {
+            let mut c = args(&["get", &kinds, "-n", ns]);
+            c.extend(args(extra));
+            commands.push(c);
+            let mut c = args(&["get", &cluster, "-l", &self.label]);
+            c.extend(args(extra));
+            commands.push(c);
+        }
+        // `--sort-by` (includeObject=Object) one kind at a time: over several kinds at once
+        // kubectl fails the same way against the API server ("couldn't find any field").
+        for kind in [
+            "pods",
+            "deployments",
+            "services",
+            "configmaps",
+            "rolebindings",
+            "events",
+            &format!("widgets.{}", self.widget_group),
+        ] {
+            commands.push(args(&["get", kind, "-n", ns, "--sort-by=.metadata.name"]));
+        }
+        commands.push(args(&[
+            "get",
+            "pods",
+            "-n",
+            ns,
+            "--sort-by=.status.podIP",
+            "-o",
+            "wide",
+        ]));
+        commands.push(args(&[
+            "get",
+            "namespaces",
+            "-l",
+            &self.label,
+            "--sort-by=.metadata.name",
+        ]));
+        commands.push(args(&["get", "pod", "running", "-n", ns]));
+        commands.push(args(&["get", "pod", "running", "-n", ns, "-o", "wide"]));
+        commands.push(args(&["get", "deployment", "web", "-n", ns, "-o", "wide"]));
+        commands.push(args(&[
+            "get",
+            &format!("widgets.{}", self.widget_group),
+            "w-1",
+            "-n",
+            ns,
+        ]));
+        // Pages of 2 (limit and continue through the Table).
+        commands.push(args(&["get", "configmaps", "-n", ns, "--chunk-size=2"]));
+        commands.push(args(&["get", "pods", "-n", ns, "-l", "app=web"]));
+        commands
+    }
+}
+
+/// Resource reads (not discovery) the API server received as the agent's identity from
+/// kubectl, after `skip` audit events.
+fn kubectl_reads(user: &str, skip: usize) -> anyhow::Result<(usize, Vec<String>)> {
+    let events = control_plane()?.audit_events()?;
+    let total = events.len();
+    let reads = events
+        .into_iter()
+        .skip(skip)
+        .filter(|e| e.user.username == user)
+        .filter(|e| e.verb == "list" || e.verb == "get")
+        .filter(|e| e.user_agent.starts_with("kubectl"))
+        .filter(|e| {
+            let path = e.request_uri.split('?').next().unwrap_or_default();
+            let segments = path.trim_start_matches('/').split('/').count();
+            // `/api/v1/<resource>` and deeper, `/apis/<g>/<v>/<resource>` and deeper.
+            (path.starts_with("/api/") && segments >= 3)
+                || (path.starts_with("/apis/") && segments >= 4)
+        })
+        .map(|e| format!("{} {} ({})", e.verb, e.request_uri, e.user_agent))
+        .collect();
+    Ok((total, reads))
+}
+
+fn ensure_ok(what: &str, outcome: &Outcome) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        outcome.success(),
+        "{what}: exit {:?}\nstdout: {}\nstderr: {}",
+        outcome.code,
+        outcome.stdout,
+        outcome.stderr
+    );
+    Ok(())
+}
+
+/// Every `kubectl get` form of every printed kind, with kubectl 1.37, 1.29 and 1.22: the
+/// same output through the proxy as directly, and no proxied read reaches the API server.
+#[tokio::test]
+async fn kubectl_get_tables_equal_the_api_servers() -> anyhow::Result<()> {
+    let setup = Setup::new().await?;
+    let binaries = control_plane()?.binaries();
+    let clients = [
+        ("1.37", binaries.kubectl()),
+        ("1.29", binaries.kubectl_client(29)),
+        ("1.22", binaries.kubectl_client(22)),
+    ];
+    let commands = setup.commands();
+    for (version, binary) in &clients {
+        let direct = Kubectl::new(
+            binary.clone(),
+            setup.dir.join(format!("home-direct-{version}")),
+        );
+        let proxy = Kubectl::new(
+            binary.clone(),
+            setup.dir.join(format!("home-proxy-{version}")),
+        );
+        // Served from the cache: every proxied form once, the API server's audit log
+        // watched meanwhile (discovery warms up first: kubectl caches it).
+        ensure_ok(
+            "discovery through the proxy",
+            &proxy
+                .run(
+                    &setup.proxied,
+                    &args(&["api-resources"]),
+                    None,
+                    KUBECTL_TIMEOUT,
+                )
+                .await?,
+        )?;
+        let (before, _) = kubectl_reads(&setup.user, 0)?;
+        let mut printed = String::new();
+        for command in &commands {
+            let outcome = proxy
+                .run(&setup.proxied, command, None, KUBECTL_TIMEOUT)
+                .await?;
+            if !outcome.success() {
+                // The exchange, for the failure's message.
+                let mut verbose = command.clone();
+                verbose.push("-v=8".into());
+                let trace = proxy
+                    .run(&setup.proxied, &verbose, None, KUBECTL_TIMEOUT)
+                    .await?;
+                let direct_run = direct
+                    .run(&setup.direct, command, None, KUBECTL_TIMEOUT)
+                    .await?;
+                anyhow::bail!(
+                    "kubectl {version} {} failed through the proxy: {}\n{}\ndirectly: {:?} {}{}",
+                    command.join(" "),
+                    outcome.stderr,
+                    trace.stderr,
+                    direct_run.code,
+                    direct_run.stdout,
+                    direct_run.stderr
+                );
+            }
+            printed.push_str(&outcome.stdout);
+        }
+        // What the cells computed from the seeded statuses look like (so that the
+        // comparison below compares something).
+        for expected in [
+            "3 (",
+            "12 (12",
+            "m ago)",
+            "CrashLoopBackOff",
+            "2/3",
+            "a.example.com,b.example.com,d.example.com + 2 more...",
+            "203.0.113.10,lb.example.com",
+            "Role/reader",
+            "ann, bob",
+            "app=web,tier notin (cache,db)",
+            "large",
+            "CREATED AT",
+            "NotReady,SchedulingDisabled",
+            "control-plane,edge",
+            "cpu: 45%/80%, <unknown>/1k + 1 more...",
+            "pod/running",
+            "Back-off restarting failed container",
+            "deployment-controller, kcm-1",
+        ] {
+            anyhow::ensure!(
+                printed.contains(expected),
+                "kubectl {version}: no {expected:?} in what the proxy printed:\n{printed}"
+            );
+        }
+        let (_, reached) = kubectl_reads(&setup.user, before)?;
+        anyhow::ensure!(
+            reached.is_empty(),
+            "kubectl {version}: proxied Table reads reached the API server:\n{}",
+            reached.join("\n")
+        );
+        // The same output both ways.
+        let (before_direct, _) = kubectl_reads(&setup.user, 0)?;
+        for command in &commands {
+            let mut last = None;
+            for _ in 0..SAMPLES {
+                let first = direct
+                    .run(&setup.direct, command, None, KUBECTL_TIMEOUT)
+                    .await?;
+                let proxied = proxy
+                    .run(&setup.proxied, command, None, KUBECTL_TIMEOUT)
+                    .await?;
+                let second = direct
+                    .run(&setup.direct, command, None, KUBECTL_TIMEOUT)
+                    .await?;
+                ensure_ok(&format!("kubectl {version} direct"), &first)?;
+                ensure_ok(&format!("kubectl {version} through the proxy"), &proxied)?;
+                if proxied.stdout == first.stdout || proxied.stdout == second.stdout {
+                    last = None;
+                    break;
+                }
+                last = Some((first.stdout, proxied.stdout));
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            if let Some((direct_out, proxied_out)) = last {
+                anyhow::bail!(
+                    "kubectl {version} {}: the proxy printed\n{proxied_out}\nthe API server\n{direct_out}",
+                    command.join(" ")
+                );
+            }
+        }
+        // The control: the same filter sees the direct reads, so an empty result above
+        // means the proxied ones were answered by the hub.
+        let (_, direct_reads) = kubectl_reads(&setup.user, before_direct)?;
+        anyhow::ensure!(
+            direct_reads.len() >= commands.len(),
+            "kubectl {version}: the audit log shows only {} direct reads for {} commands",
+            direct_reads.len(),
+            commands.len()
+        );
+    }
+    // The Table itself, includeObject and v1beta1, from the hub directly.
+    let path = format!(
+        "/clusters/{}/api/v1/namespaces/{}/pods?includeObject=Object&limit=1",
+        setup.account, setup.namespace
+    );
+    let reply = setup
+        .hub
+        .call("GET", &path)
+        .bearer(&setup.token)
+        .header(
+            "accept",
+            "application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json",
+        )
+        .send()
+        .await?;
+    assert_eq!(reply.header("x-scale-agent-cache"), Some("hit"));
+    let table = reply.json_or_null();
+    assert_eq!(table["apiVersion"], "meta.k8s.io/v1beta1", "{table}");
+    assert_eq!(table["rows"].as_array().map(Vec::len), Some(1), "{table}");
+    assert_eq!(table["rows"][0]["object"]["kind"], "Pod", "{table}");
+    assert!(
+        table["metadata"]["continue"].as_str().is_some(),
+        "a limited Table list continues: {table}"
+    );
+    let kubectl_accept = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json";
+    let pods = format!(
+        "/clusters/{}/api/v1/namespaces/{}/pods",
+        setup.account, setup.namespace
+    );
+    for (query, status, who) in [
+        // No objects in the rows.
+        ("?includeObject=None", 200, "hit"),
+        // The API server's 400 for a value it does not know, through the tunnel.
+        ("?includeObject=Everything", 400, "tunnel"),
+        // A Table GET of a missing object: the API server's 404, from the cache.
+        ("/missing", 404, "hit"),
+    ] {
+        let reply = setup
+            .hub
+            .call("GET", &format!("{pods}{query}"))
+            .bearer(&setup.token)
+            .header("accept", kubectl_accept)
+            .send()
+            .await?;
+        assert_eq!(
+            (reply.status, reply.header("x-scale-agent-cache")),
+            (status, Some(who)),
+            "{query}: {}",
+            reply.body
+        );
+        if query.ends_with("None") {
+            let table = reply.json_or_null();
+            assert_eq!(
+                table["rows"][0]["object"],
+                serde_json::Value::Null,
+                "{table}"
+            );
+            assert_eq!(table["rows"].as_array().map(Vec::len), Some(3), "{table}");
+        }
+    }
+    setup.stop().await
+}
