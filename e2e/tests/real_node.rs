@@ -693,13 +693,33 @@ spec:
     // From the API server's side: the agents resumed their watches where they were and
     // listed nothing again for the new hub pod.
     let lists_after = agent_lists(&node)?;
-    ensure!(
-        lists_after == lists_before,
-        "the agents listed again after the hub pod was replaced: {} list requests before, {} after: {:?}",
-        lists_before.len(),
-        lists_after.len(),
-        &lists_after[lists_before.len().min(lists_after.len())..]
-    );
+    if lists_after != lists_before {
+        let mut logs = String::new();
+        for selector in [
+            "app.kubernetes.io/instance=real-node",
+            "app.kubernetes.io/component=hub",
+        ] {
+            logs.push_str(
+                &cli.kubectl(&[
+                    "-n",
+                    NAMESPACE,
+                    "logs",
+                    "-l",
+                    selector,
+                    "--tail=400",
+                    "--prefix",
+                    "--all-containers",
+                ])
+                .unwrap_or_else(|e| e.to_string()),
+            );
+        }
+        bail!(
+            "the agents listed again after the hub pod was replaced: {} list requests before, {} after: {:?}\n{logs}",
+            lists_before.len(),
+            lists_after.len(),
+            &lists_after[lists_before.len().min(lists_after.len())..]
+        );
+    }
     step(
         started,
         "the agents resumed with the new hub pod (the old kubeconfig's token still works)",
@@ -737,18 +757,17 @@ spec:
         "--timeout",
         "3m",
     ])?;
-    // The operator makes its leader-election Lease at run time, so the release does not own
-    // it: the chart's README says to delete it after the uninstall.
-    cli.kubectl(&["-n", NAMESPACE, "delete", "lease", "scale-agent-operator"])?;
+    // The operator makes its leader-election Lease at run time, owned by its Deployment: the
+    // garbage collector deletes it with the Deployment, as it deletes the pods.
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let pods = cli.kubectl(&["-n", NAMESPACE, "get", "pods", "-o", "name"])?;
-        if pods.trim().is_empty() {
+        let left = cli.kubectl(&["-n", NAMESPACE, "get", "pods,leases", "-o", "name"])?;
+        if left.trim().is_empty() {
             break;
         }
         ensure!(
             Instant::now() < deadline,
-            "pods left after helm uninstall:\n{pods}"
+            "pods or the operator's Lease left 2 min after helm uninstall:\n{left}"
         );
         std::thread::sleep(Duration::from_secs(1));
     }
