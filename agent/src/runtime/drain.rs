@@ -25,7 +25,7 @@ use super::{End, Runtime};
 use crate::session::Session;
 
 /// The default of `--drain-timeout-seconds`; the operator gives the pod a
-/// terminationGracePeriodSeconds of 35 s (its own pods run with the drain off for now).
+/// terminationGracePeriodSeconds of 35 s.
 pub const DEFAULT_DRAIN_TIMEOUT_SECONDS: u64 = 25;
 /// How often the drain looks whether the tunnelled exchanges have finished.
 const POLL: Duration = Duration::from_millis(50);
@@ -51,11 +51,18 @@ impl Runtime {
             // objects from a stream that no longer streams the account.
             entry.stop_streaming();
         }
+        // What is in flight now is what a drain exists for: said, so a rolling update's logs
+        // show the work the drain saved (the real-node test reads it). Finished exchanges
+        // are forgotten first, so only running ones are counted.
+        let _ = session.tunnel.idle();
         tracing::info!(
             accounts = names.len(),
+            operations = session.operations.len(),
+            exchanges = session.tunnel.len(),
             timeout_seconds = limit.as_secs(),
             "shutting down: unregistering the accounts and finishing the work in flight"
         );
+        let mut results_sent = 0_usize;
         for account in names {
             let unregister =
                 agent_message::Kind::UnregisterAccount(v1::UnregisterAccount { account });
@@ -78,6 +85,7 @@ impl Runtime {
                     if send_result(&mut session, result).await.is_err() {
                         return End::Shutdown;
                     }
+                    results_sent += 1;
                 }
                 break;
             }
@@ -96,6 +104,7 @@ impl Runtime {
                     if send_result(&mut session, result).await.is_err() {
                         return End::Shutdown;
                     }
+                    results_sent += 1;
                 }
                 Some(_) = session.operations.join_next(), if !session.operations.is_empty() => {}
                 message = inbound.next() => {
@@ -139,6 +148,7 @@ impl Runtime {
         .await;
         tracing::info!(
             elapsed_ms = started.elapsed().as_millis() as u64,
+            results_sent,
             hub_closed = closed.is_ok(),
             "drained"
         );
