@@ -254,20 +254,6 @@ pub fn roll_agents_under_load(
         &format!("{TAINT_KEY}=agents:NoSchedule-"),
     ])?;
     knobs_honoured(cli)?;
-    let failures = failures
-        .into_inner()
-        .unwrap_or_else(PoisonError::into_inner);
-    ensure!(
-        failures.is_empty(),
-        "operations through the hub failed during the agents' rolling update (the agents drain on SIGTERM: none may be cut):\n{}",
-        failures.join("\n")
-    );
-    let operations = operations.into_inner();
-    ensure!(
-        operations > 0,
-        "the rolling update ended before an operation could go through the hub"
-    );
-
     // The stopping pods' own account of their drain, from their logs.
     let mut in_flight_at_sigterm = 0;
     let mut results_sent_while_draining = 0;
@@ -293,6 +279,20 @@ pub fn roll_agents_under_load(
         in_flight_at_sigterm += field(start, "operations") + field(start, "exchanges");
         results_sent_while_draining += field(end.unwrap_or_default(), "results_sent");
     }
+    let failures = failures
+        .into_inner()
+        .unwrap_or_else(PoisonError::into_inner);
+    ensure!(
+        failures.is_empty(),
+        "operations through the hub failed during the agents' rolling update (the agents drain on SIGTERM: none may be cut):\n{}",
+        failures.join("\n")
+    );
+    let operations = operations.into_inner();
+    ensure!(
+        operations > 0,
+        "the rolling update ended before an operation could go through the hub"
+    );
+
     drop(logs);
     ensure!(
         in_flight_at_sigterm > 0,
