@@ -117,6 +117,12 @@ struct Args {
     )]
     leader_election_lease: String,
 
+    /// The operator's own Deployment (in the Lease's namespace), made the Lease's owner so
+    /// the Lease is garbage-collected with it (`helm uninstall`, `kubectl delete -k`). Unset:
+    /// the Lease has no owner and stays after the operator is removed.
+    #[arg(long, env = "SCALE_AGENT_OPERATOR_LEADER_ELECTION_OWNER_DEPLOYMENT")]
+    leader_election_owner_deployment: Option<String>,
+
     /// Namespace of the leader election Lease. Default: the operator's own.
     #[arg(long, env = "SCALE_AGENT_OPERATOR_LEADER_ELECTION_NAMESPACE")]
     leader_election_namespace: Option<String>,
@@ -178,6 +184,7 @@ async fn run_from_args(args: Args) -> anyhow::Result<()> {
             .clone()
             .unwrap_or_else(|| client.default_namespace().to_owned()),
         lease: args.leader_election_lease.clone(),
+        owner_deployment: args.leader_election_owner_deployment.clone(),
         identity: args
             .instance
             .clone()

@@ -41,11 +41,10 @@ pub const CONFIG_KEY: &str = "scale-agent.yaml";
 pub const CONFIG_DIR: &str = "/etc/scale-agent";
 /// How long an agent drains on SIGTERM (its `--drain-timeout-seconds`): it hands its
 /// accounts to the other replicas and finishes the operations and tunnelled requests in
-/// flight, so a rolling update cuts none. 0 (off) for now: with the drain on (25 s), the
-/// real-node test (e2e/tests/real_node.rs) failed 2 runs of 2 on "the agents listed again
-/// after the hub pod was replaced" (a ConfigMap relist after the agents' rolling update and
-/// the hub pod's replacement), and passed with it off; turn it on once that is understood.
-pub const AGENT_DRAIN_SECONDS: i64 = 0;
+/// flight, so a rolling update cuts none (e2e/tests/real_node/rollout.rs shows it on a real
+/// node, with no LIST by the standby that takes over and none after the hub pod's
+/// replacement).
+pub const AGENT_DRAIN_SECONDS: i64 = 25;
 /// The pod's terminationGracePeriodSeconds: room for the agent's default drain (25 s) plus
 /// time to close the stream and exit, before the kubelet kills the container.
 pub const AGENT_TERMINATION_GRACE_SECONDS: i64 = 35;
@@ -880,7 +879,10 @@ pub(crate) mod tests {
             .parse::<i64>()
             .unwrap();
         let grace = pod.termination_grace_period_seconds.unwrap();
-        assert!(drain + 5 <= grace, "drain {drain} s, grace {grace} s");
+        assert!(
+            drain > 0 && drain + 5 <= grace,
+            "drain {drain} s, grace {grace} s"
+        );
         let mounts: Vec<_> = container
             .volume_mounts
             .as_ref()

@@ -7,6 +7,8 @@
 use std::{sync::Arc, time::Duration};
 
 use futures::FutureExt;
+use k8s_openapi::api::{apps::v1::Deployment, coordination::v1::Lease};
+use kube::api::{Patch, PatchParams};
 use kube_lease_manager::LeaseManagerBuilder;
 
 use crate::{Config, Error, Metrics, Result, run_controllers};
@@ -18,6 +20,8 @@ pub struct LeaderElection {
     pub namespace: String,
     /// Name of the Lease.
     pub lease: String,
+    /// The operator's Deployment, made the Lease's owner (see [`give_lease_to_deployment`]).
+    pub owner_deployment: Option<String>,
     /// This replica's name in `holderIdentity` (its pod name).
     pub identity: String,
     /// How long the Lease holds without renewal: a standby takes over at most this long
@@ -56,6 +60,17 @@ pub async fn run_when_leading(
         .build()
         .await
         .map_err(lease_error)?;
+    if let Some(deployment) = &election.owner_deployment {
+        // Not fatal: leader election works without it; only the clean-up on removal is lost.
+        match give_lease_to_deployment(&client, &election, deployment).await {
+            Ok(()) => {
+                tracing::info!(lease = %election.lease, %deployment, "the Lease is owned by the operator's Deployment")
+            }
+            Err(error) => {
+                tracing::warn!(%error, "the Lease stays behind when the operator is removed")
+            }
+        }
+    }
     let (leading, lease_task) = manager.watch().await;
     tracing::info!(lease = %election.lease, namespace = %election.namespace, identity = %election.identity, "standing by until this replica holds the Lease");
     metrics.set_standby(true);
@@ -110,4 +125,72 @@ pub async fn run_when_leading(
         Err(e) => tracing::warn!(error = %e, "the lease task failed"),
     }
     result
+}
+
+/// Makes the operator's Deployment the owner of the Lease the lease manager has just made
+/// (it makes the Lease itself at run time), so the garbage collector deletes the Lease with
+/// the Deployment: `helm uninstall` and `kubectl delete -k manifests/operator` leave no Lease.
+///
+/// Why an owner and neither of the alternatives:
+/// - deleting the Lease on shutdown would strand a standby: the lease manager creates the
+///   Lease only when it starts, so a standby whose Lease vanished (the leader stopped by a
+///   rolling update or a node drain) retries the missing Lease forever and never leads;
+/// - a Lease in the chart would be Helm's object: `helm upgrade` from a release whose
+///   operator had already made the Lease fails on adoption (the object lacks Helm's
+///   ownership metadata), and every upgrade would reset the holder the replicas write.
+///
+/// The owner reference has no `blockOwnerDeletion`, so the operator needs no permission on
+/// the Deployment's finalizers: `get` on the Deployment and `patch` on the Lease.
+async fn give_lease_to_deployment(
+    client: &kube::Client,
+    election: &LeaderElection,
+    deployment: &str,
+) -> Result<()> {
+    let namespace = &election.namespace;
+    let owner = kube::Api::<Deployment>::namespaced(client.clone(), namespace)
+        .get(deployment)
+        .await
+        .map_err(|e| {
+            Error::LeaderElection(format!(
+                "cannot read the operator's Deployment {namespace}/{deployment} to own the Lease \
+                 {namespace}/{}: {e}; the operator needs get on apps deployments {deployment} in \
+                 namespace {namespace} (manifests/operator/rbac.yaml), or \
+                 --leader-election-owner-deployment must name its Deployment",
+                election.lease
+            ))
+        })?;
+    let uid = owner.metadata.uid.ok_or_else(|| {
+        Error::LeaderElection(format!(
+            "the Deployment {namespace}/{deployment} has no uid"
+        ))
+    })?;
+    let patch = serde_json::json!({
+        "metadata": {
+            "ownerReferences": [{
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "name": deployment,
+                "uid": uid,
+            }]
+        }
+    });
+    kube::Api::<Lease>::namespaced(client.clone(), namespace)
+        .patch(
+            &election.lease,
+            &PatchParams {
+                field_manager: Some(scale_agent_crds::FIELD_MANAGER.to_owned()),
+                ..PatchParams::default()
+            },
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map_err(|e| {
+            Error::LeaderElection(format!(
+                "cannot make the Deployment {deployment} the owner of the Lease \
+                 {namespace}/{}: {e}; the operator needs patch on coordination.k8s.io leases \
+                 in namespace {namespace}",
+                election.lease
+            ))
+        })?;
+    Ok(())
 }

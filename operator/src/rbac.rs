@@ -557,6 +557,24 @@ pub fn rules(
     grants.into_rules()
 }
 
+/// The pod metrics reads an account with `podMetrics: true` needs (Armory's `metrics: true`:
+/// Clouddriver runs `kubectl top pod --containers -n <namespace>` through the hub): get and
+/// list of `metrics.k8s.io` pods, and of nodes in a ClusterRole (nodes are cluster-scoped,
+/// so a Role cannot grant them). None when no account asks for metrics.
+pub fn metrics_rule(pod_metrics: bool, cluster_scoped: bool) -> Option<PolicyRule> {
+    let resources = if cluster_scoped {
+        vec!["nodes".to_owned(), "pods".to_owned()]
+    } else {
+        vec!["pods".to_owned()]
+    };
+    pod_metrics.then(|| PolicyRule {
+        api_groups: Some(vec!["metrics.k8s.io".to_owned()]),
+        resources: Some(resources),
+        verbs: vec!["get".to_owned(), "list".to_owned()],
+        ..Default::default()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -607,6 +625,23 @@ mod tests {
             ),
             kind("Certificate", "example.com", "certificates", true, false),
         ]
+    }
+
+    #[test]
+    fn pod_metrics_grant_metrics_reads_only_when_asked() {
+        assert_eq!(metrics_rule(false, true), None);
+        let cluster = metrics_rule(true, true).unwrap();
+        assert_eq!(
+            cluster.api_groups.as_deref(),
+            Some(&["metrics.k8s.io".to_string()][..])
+        );
+        assert_eq!(
+            cluster.resources.as_deref(),
+            Some(&names(&["nodes", "pods"])[..])
+        );
+        assert_eq!(cluster.verbs, names(&["get", "list"]));
+        let namespaced = metrics_rule(true, false).unwrap();
+        assert_eq!(namespaced.resources.as_deref(), Some(&names(&["pods"])[..]));
     }
 
     #[test]

@@ -8,8 +8,9 @@
 //! 2. once the hub acknowledges the last UnregisterAccount (it has applied it), what it had
 //!    already routed here is on the stream ahead of the Ack: the agent finishes those
 //!    operations and tunnelled exchanges, sends their results, and keeps its heartbeats;
-//! 3. it then closes its side of the stream and waits for the hub to close its side, so
-//!    nothing queued is cut.
+//! 3. after a short settling wait (work the hub picked this replica for just before it
+//!    applied the UnregisterAccount can arrive behind the Ack; see `SETTLE`), it closes its
+//!    side of the stream and waits for the hub to close its side, so nothing queued is cut.
 //!
 //! All of it is bounded by `--drain-timeout-seconds`, below the pod's
 //! terminationGracePeriodSeconds: what still runs then is cut, as without a drain (the hub
@@ -25,10 +26,19 @@ use super::{End, Runtime};
 use crate::session::Session;
 
 /// The default of `--drain-timeout-seconds`; the operator gives the pod a
-/// terminationGracePeriodSeconds of 35 s (its own pods run with the drain off for now).
+/// terminationGracePeriodSeconds of 35 s.
 pub const DEFAULT_DRAIN_TIMEOUT_SECONDS: u64 = 25;
 /// How often the drain looks whether the tunnelled exchanges have finished.
 const POLL: Duration = Duration::from_millis(50);
+/// How long the drain waits, after the hub's Ack of the last UnregisterAccount and after the
+/// last operation or tunnelled request that arrived since, before it closes the stream.
+/// The hub picks a replica for a tunnelled request and then queues the request on that
+/// replica's stream, so a request it picked this replica for just before it applied the
+/// UnregisterAccount can reach the stream behind the Ack (seen on the real node: a
+/// `kubectl apply` through the hub answered 503 "disconnected before answering" during a
+/// rolling update). The wait lets such a request in and served; the hub-side fix is to
+/// order the pick before the Ack.
+const SETTLE: Duration = Duration::from_secs(1);
 
 impl Runtime {
     /// Drains the stream (see the module's doc) and ends it; always [`End::Shutdown`].
@@ -51,11 +61,18 @@ impl Runtime {
             // objects from a stream that no longer streams the account.
             entry.stop_streaming();
         }
+        // What is in flight now is what a drain exists for: said, so a rolling update's logs
+        // show the work the drain saved (the real-node test reads it). Finished exchanges
+        // are forgotten first, so only running ones are counted.
+        let _ = session.tunnel.idle();
         tracing::info!(
             accounts = names.len(),
+            operations = session.operations.len(),
+            exchanges = session.tunnel.len(),
             timeout_seconds = limit.as_secs(),
             "shutting down: unregistering the accounts and finishing the work in flight"
         );
+        let mut results_sent = 0_usize;
         for account in names {
             let unregister =
                 agent_message::Kind::UnregisterAccount(v1::UnregisterAccount { account });
@@ -68,16 +85,24 @@ impl Runtime {
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut poll = tokio::time::interval(POLL);
         let mut last_heard = Instant::now();
+        // Since when nothing new was routed here, counted from the Ack (see SETTLE).
+        let mut settled_since: Option<Instant> = None;
         loop {
-            if session.acknowledged(unregistered)
+            let acknowledged = session.acknowledged(unregistered);
+            if acknowledged && settled_since.is_none() {
+                settled_since = Some(Instant::now());
+            }
+            if acknowledged
                 && session.operations.is_empty()
                 && session.tunnel.idle()
+                && settled_since.is_some_and(|since| since.elapsed() >= SETTLE)
             {
                 // Every operation task sent its result before it ended.
                 while let Ok(result) = results.try_recv() {
                     if send_result(&mut session, result).await.is_err() {
                         return End::Shutdown;
                     }
+                    results_sent += 1;
                 }
                 break;
             }
@@ -96,6 +121,7 @@ impl Runtime {
                     if send_result(&mut session, result).await.is_err() {
                         return End::Shutdown;
                     }
+                    results_sent += 1;
                 }
                 Some(_) = session.operations.join_next(), if !session.operations.is_empty() => {}
                 message = inbound.next() => {
@@ -114,6 +140,13 @@ impl Runtime {
                                 | hub_message::Kind::Tunnel(_)
                         )
                     );
+                    let work = matches!(
+                        message.kind,
+                        Some(hub_message::Kind::Operation(_) | hub_message::Kind::Tunnel(_))
+                    );
+                    if work && settled_since.is_some() {
+                        settled_since = Some(Instant::now());
+                    }
                     if wanted && self.handle(message, &mut session).await.is_err() {
                         return End::Shutdown;
                     }
@@ -139,6 +172,7 @@ impl Runtime {
         .await;
         tracing::info!(
             elapsed_ms = started.elapsed().as_millis() as u64,
+            results_sent,
             hub_closed = closed.is_ok(),
             "drained"
         );

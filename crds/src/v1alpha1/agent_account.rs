@@ -168,7 +168,9 @@ pub struct AgentAccountSpec {
     pub permissions: Permissions,
 
     /// Send pod CPU and memory usage (from the metrics API, which must be installed) to
-    /// Spinnaker for its UI. Default: false.
+    /// Spinnaker for its UI (Armory's `metrics: true`). The operator then grants the agent
+    /// get and list on `metrics.k8s.io` pods (and nodes, cluster-wide scope) so Clouddriver's
+    /// `kubectl top pod --containers` through the hub is allowed. Default: false.
     #[serde(default, skip_serializing_if = "is_false")]
     pub pod_metrics: bool,
 

@@ -196,12 +196,15 @@ fn namespace_rules(
     namespace: &str,
     groups: &[String],
 ) -> Vec<PolicyRule> {
-    let here: Vec<rbac::AccountKinds> = accounts
+    let here: Vec<&(&AgentAccount, rbac::AccountKinds)> = accounts
         .iter()
         .filter(|(account, _)| desired::covers_namespace(account, namespace))
-        .map(|(_, kinds)| kinds.clone())
         .collect();
-    rbac::rules(&here, false, groups)
+    let pod_metrics = here.iter().any(|(account, _)| account.spec.pod_metrics);
+    let kinds: Vec<rbac::AccountKinds> = here.into_iter().map(|(_, kinds)| kinds.clone()).collect();
+    let mut rules = rbac::rules(&kinds, false, groups);
+    rules.extend(rbac::metrics_rule(pod_metrics, false));
+    rules
 }
 
 /// Applies the RBAC the scope asks for and removes the RBAC it no longer asks for.
@@ -243,8 +246,11 @@ async fn reconcile_rbac(
     let cluster_bindings = Api::<ClusterRoleBinding>::all(client.clone());
     if want_cluster {
         let (accounts, groups) = resolve_account_kinds(agent, ctx, accepted, problems).await?;
+        let pod_metrics = accounts.iter().any(|(account, _)| account.spec.pod_metrics);
         let kinds: Vec<rbac::AccountKinds> = accounts.into_iter().map(|(_, kinds)| kinds).collect();
-        let (role, binding) = desired::cluster_rbac(agent, rbac::rules(&kinds, true, &groups));
+        let mut rules = rbac::rules(&kinds, true, &groups);
+        rules.extend(rbac::metrics_rule(pod_metrics, true));
+        let (role, binding) = desired::cluster_rbac(agent, rules);
         note(
             applied,
             apply(&cluster_roles, &role).await?.1,

@@ -202,10 +202,10 @@ mod tests {
             [
                 ("POD_NAME".to_string(), None),
                 ("POD_NAMESPACE".to_string(), None),
-                // The operator's own: the agent's drain on SIGTERM (off for now).
+                // The operator's own: the agent's drain on SIGTERM.
                 (
                     "SCALE_AGENT_DRAIN_TIMEOUT_SECONDS".to_string(),
-                    Some("0".to_string())
+                    Some("25".to_string())
                 ),
                 (
                     "HTTPS_PROXY".to_string(),
