@@ -19,6 +19,7 @@ pub mod render;
 pub mod request;
 pub use scale_agent_hub_cache::selector;
 pub mod watch;
+pub mod watch_query;
 
 use std::{
     sync::{Arc, Mutex, MutexGuard},
