@@ -667,3 +667,123 @@ async fn streaming_lists_come_from_the_cache() -> anyhow::Result<()> {
     }
     setup.stop().await
 }
+
+/// client-go's informer in WatchList mode through the proxy (`watchlist-informer` of the
+/// control plane's multi-call binary, built from the pinned client-go), asking for JSON: it
+/// syncs (client-go waits for the initial-events-end bookmark) with the namespace's objects,
+/// then sees a change; its own log shows a streaming list and no LIST, and the API server's
+/// audit log shows neither from the proxy. Asking for protobuf (the typed clientset's
+/// default), the same informer works through the tunnel: the cache answers JSON only.
+#[tokio::test]
+async fn a_client_go_informer_in_watch_list_mode_syncs_from_the_cache() -> anyhow::Result<()> {
+    let setup = Setup::new("informer").await?;
+    let ns = setup.namespace.clone();
+    let admin = control_plane()?.client().await?;
+    let configmaps: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
+    for name in ["b", "a"] {
+        let cm: ConfigMap = serde_json::from_value(json!({ "metadata": { "name": name } }))?;
+        configmaps.create(&PostParams::default(), &cm).await?;
+    }
+    let direct_client = client_for(&setup.direct).await?;
+    setup
+        .wait_cached(
+            &direct_client,
+            &format!("/api/v1/namespaces/{ns}/configmaps/a"),
+        )
+        .await?;
+    for (protobuf, synced, created) in [(false, "a,b", "c"), (true, "a,b,c", "d")] {
+        let before = streaming_lists_seen(&setup.user)?.len();
+        let lists_before = configmap_lists_seen(&setup.user, &ns)?.len();
+        let requests = run_informer(&setup, &configmaps, protobuf, synced, created).await?;
+        anyhow::ensure!(
+            requests
+                .iter()
+                .any(|l| l.contains("sendInitialEvents=true") && l.contains("200")),
+            "the informer (protobuf: {protobuf}) sent no streaming list: {requests:#?}"
+        );
+        anyhow::ensure!(
+            requests.iter().all(|l| l.contains("watch=true")),
+            "the informer (protobuf: {protobuf}) listed: {requests:#?}"
+        );
+        let seen = streaming_lists_seen(&setup.user)?;
+        let lists = configmap_lists_seen(&setup.user, &ns)?;
+        if protobuf {
+            anyhow::ensure!(
+                seen.len() > before,
+                "the protobuf informer's streaming list did not reach the API server"
+            );
+            continue;
+        }
+        anyhow::ensure!(
+            seen.len() == before,
+            "streaming lists reached the API server: {:#?}",
+            &seen[before..]
+        );
+        anyhow::ensure!(
+            lists.len() == lists_before,
+            "the API server received requests for the namespace's ConfigMaps: {:#?}",
+            &lists[lists_before..]
+        );
+    }
+    setup.stop().await
+}
+
+/// Runs the informer through the proxy until it printed `SYNCED <synced>` and, after
+/// `created` is created directly, `ADDED <created>`; returns its requests for ConfigMaps
+/// (client-go's `-v=6` lines).
+async fn run_informer(
+    setup: &Setup,
+    configmaps: &Api<ConfigMap>,
+    protobuf: bool,
+    synced: &str,
+    created: &str,
+) -> anyhow::Result<Vec<String>> {
+    use tokio::io::AsyncBufReadExt as _;
+    let stderr_path = setup.dir.join(format!("informer-{protobuf}.stderr"));
+    let mut child = tokio::process::Command::new(control_plane()?.binaries().path("kube-testbins"))
+        .args(["watchlist-informer", "--seconds=90", "-v=6"])
+        .arg(format!("--protobuf={protobuf}"))
+        .arg(format!("--kubeconfig={}", setup.proxied.display()))
+        .arg(format!("--namespace={}", setup.namespace))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&stderr_path)?)
+        .kill_on_drop(true)
+        .spawn()?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+    let mut out = tokio::io::BufReader::new(stdout).lines();
+    let mut next_line = async || -> anyhow::Result<String> {
+        let line = tokio::time::timeout(WAIT, out.next_line()).await;
+        let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+        match line {
+            Ok(Ok(Some(line))) => Ok(line),
+            other => anyhow::bail!("the informer stopped or said nothing ({other:?}):\n{stderr}"),
+        }
+    };
+    assert_eq!(next_line().await?, format!("SYNCED {synced}"));
+    let cm: ConfigMap = serde_json::from_value(json!({ "metadata": { "name": created } }))?;
+    configmaps.create(&PostParams::default(), &cm).await?;
+    assert_eq!(next_line().await?, format!("ADDED {created}"));
+    child.kill().await?;
+    let stderr = std::fs::read_to_string(&stderr_path)?;
+    Ok(stderr
+        .lines()
+        .filter(|l| l.contains("\"Response\"") && l.contains("/configmaps"))
+        .map(str::to_string)
+        .collect())
+}
+
+/// Lists and watches of `namespace`'s ConfigMaps as the agent's identity the API server
+/// received (the agent's own watch is cluster-wide).
+fn configmap_lists_seen(user: &str, namespace: &str) -> anyhow::Result<Vec<String>> {
+    let path = format!("/api/v1/namespaces/{namespace}/configmaps");
+    Ok(control_plane()?
+        .audit_events()?
+        .into_iter()
+        .filter(|e| e.user.username == user && e.request_uri.starts_with(&path))
+        .filter(|e| e.verb == "list" || e.verb == "watch")
+        .map(|e| format!("{} {}", e.verb, e.request_uri))
+        .collect())
+}
