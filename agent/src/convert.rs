@@ -1,4 +1,6 @@
-//! Kubernetes objects to protocol messages: noise stripped, Secrets reduced to metadata.
+//! Kubernetes objects to protocol messages: Secrets reduced to metadata, everything else kept
+//! as the API server gave it (`managedFields` included: kubectl compares the object it read
+//! with a patch's answer, and server-side diff tools read field ownership from it).
 
 use scale_agent_proto::v1::{self, object_event};
 use serde_json::Value;
@@ -23,21 +25,24 @@ pub fn holds_a_manifest(annotation: &str) -> bool {
     MANIFEST_ANNOTATIONS.contains(&annotation)
 }
 
-/// Removes what must never leave the agent or is noise: `managedFields` from every object;
-/// for Secrets also `data`, `stringData` and the [`MANIFEST_ANNOTATIONS`]. Sets `apiVersion`
-/// and `kind` (list items and metadata-only objects lack them or name the wrong type).
+/// Removes what must never leave the agent: from Secrets `data`, `stringData`,
+/// `managedFields` (they name the data's keys) and the [`MANIFEST_ANNOTATIONS`]; other kinds
+/// keep everything, `managedFields` included, so the hub's cache answers the API server's
+/// objects. Sets `apiVersion` and `kind` (list items and metadata-only objects lack them or
+/// name the wrong type).
 pub fn scrub(kind: &KindRef, object: &mut Value) {
     let Some(map) = object.as_object_mut() else {
         return;
     };
     map.insert("apiVersion".into(), Value::String(kind.api_version()));
     map.insert("kind".into(), Value::String(kind.kind.clone()));
-    if let Some(metadata) = map.get_mut("metadata").and_then(Value::as_object_mut) {
+    if kind.is_secret()
+        && let Some(metadata) = map.get_mut("metadata").and_then(Value::as_object_mut)
+    {
         metadata.remove("managedFields");
-        if kind.is_secret()
-            && let Some(annotations) = metadata
-                .get_mut("annotations")
-                .and_then(Value::as_object_mut)
+        if let Some(annotations) = metadata
+            .get_mut("annotations")
+            .and_then(Value::as_object_mut)
         {
             annotations.retain(|name, _| !holds_a_manifest(name));
             if annotations.is_empty() {
@@ -165,7 +170,7 @@ mod tests {
     }
 
     #[test]
-    fn other_kinds_keep_their_data_and_annotations_but_not_managed_fields() {
+    fn other_kinds_keep_their_data_annotations_and_managed_fields() {
         let deployment = json!({
             "metadata": {
                 "name": "web", "resourceVersion": "7",
@@ -185,7 +190,10 @@ mod tests {
         let value: Value = serde_json::from_slice(&event.object_json).unwrap();
         assert_eq!(value["apiVersion"], "apps/v1");
         assert_eq!(value["spec"]["replicas"], 3);
-        assert!(value["metadata"].get("managedFields").is_none());
+        assert_eq!(
+            value["metadata"]["managedFields"],
+            serde_json::json!([{ "manager": "kubectl" }])
+        );
         assert_eq!(value["metadata"]["annotations"][LAST_APPLIED], "{}");
         assert_eq!(event.watch_namespace, "ns");
         assert!(!event.truncated);

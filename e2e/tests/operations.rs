@@ -335,15 +335,16 @@ async fn apply_create_replace_patch_get_list_and_read_your_writes() -> anyhow::R
     let managers: Vec<String> = live
         .metadata
         .managed_fields
+        .clone()
         .unwrap_or_default()
         .into_iter()
         .filter_map(|m| m.manager)
         .collect();
     assert!(managers.contains(&"spinnaker".to_string()), "{managers:?}");
-    assert!(
-        first["objects"][0]["metadata"]
-            .get("managedFields")
-            .is_none()
+    // The result carries the object as the API server answered it, field owners included.
+    assert_eq!(
+        first["objects"][0]["metadata"]["managedFields"],
+        serde_json::to_value(live.metadata.managed_fields.unwrap_or_default())?
     );
 
     // A change: the hub's cache shows it at once (read-your-writes).

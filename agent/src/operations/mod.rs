@@ -7,8 +7,8 @@
 //! - kinds are resolved through discovery (cached per account, refreshed once when a kind
 //!   is unknown): `Deployment`, `deployments`, `deploy`, `deployment.apps`,
 //!   `deployments.v1.apps`, or group/version/kind from a manifest;
-//! - results carry the resulting objects (scrubbed like watched objects: no managedFields,
-//!   Secrets without data) so the hub's cache reflects the write at once;
+//! - results carry the resulting objects (scrubbed like watched objects: Secrets without
+//!   data or managedFields) so the hub's cache reflects the write at once;
 //! - a deadline that passes answers 504 with `executed` telling whether a request had
 //!   reached the API server.
 

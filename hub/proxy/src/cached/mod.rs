@@ -21,6 +21,7 @@ pub mod request;
 pub use scale_agent_hub_cache::selector;
 pub mod table;
 pub mod watch;
+pub mod watch_query;
 
 use std::{
     sync::{Arc, Mutex, MutexGuard},

@@ -11,7 +11,12 @@
 //! resourceVersion (or "0"), ADDED for every object, then the changes; from a version the
 //! history still holds, or one ahead of the scope's resume point, the changes after it;
 //! from an older one, an ERROR event with a `410 Expired` Status (the API server's answer),
-//! after which clients list again. The watch
+//! after which clients list again. Streaming lists (`sendInitialEvents=true`,
+//! `resourceVersionMatch=NotOlderThan`) get ADDED for every object at the resume point
+//! (tunnelled when asked for a newer version than that), then, with `allowWatchBookmarks`,
+//! the BOOKMARK annotated `k8s.io/initial-events-end`; `sendInitialEvents=false` starts at
+//! the resume point or the version given; the combinations the API server refuses are
+//! tunnelled to it ([`super::watch_query`] has the table). The watch
 //! ends cleanly at `timeoutSeconds`, when the account's agent goes away (as the tunnelled
 //! watch did) or the hub shuts down (a watch that allows bookmarks first gets one at its
 //! position, where a restarted hub's history starts), and with a 410 ERROR when the kind is relisted or the watcher fell out of
@@ -30,12 +35,14 @@ use scale_agent_hub_state::Live;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
+pub use super::watch_query::{WatchOptions, parse_watch_query};
 use super::{
     CachedReads,
     consistency::{self, Decision},
     render,
     request::{self, Form, Target},
     selector::{FieldSelector, LabelSelector},
+    watch_query::{Start as From, bookmark_line, event_line, gone_line, initial_events_end_line},
 };
 use crate::{CACHE_HEADER, Proxy};
 
@@ -53,70 +60,6 @@ const FINISH_WAIT: Duration = Duration::from_secs(5);
 /// Event lines queued for a slow client; past them the watcher waits, and falls out of the
 /// history window if it waits too long.
 const QUEUE: usize = 64;
-
-/// A watch's parameters.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct WatchOptions {
-    pub label_selector: String,
-    pub field_selector: String,
-    pub resource_version: Option<String>,
-    pub allow_bookmarks: bool,
-    pub timeout: Option<Duration>,
-}
-
-/// Parses a watch query; `None` when it is not a watch or has a parameter the cache does not
-/// implement (`sendInitialEvents`, `resourceVersionMatch`, ...).
-pub fn parse_watch_query(query: Option<&str>) -> Option<WatchOptions> {
-    let mut options = WatchOptions::default();
-    let mut watch = false;
-    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let value = request::decode(value)?;
-        match key {
-            "watch" => watch = value == "true" || value == "1",
-            "labelSelector" => options.label_selector = value,
-            "fieldSelector" => options.field_selector = value,
-            "resourceVersion" => {
-                options.resource_version = Some(value).filter(|v| !v.is_empty());
-            }
-            "allowWatchBookmarks" => options.allow_bookmarks = value == "true" || value == "1",
-            "timeoutSeconds" => {
-                options.timeout = Some(Duration::from_secs(value.parse().ok()?));
-            }
-            "timeout" => {}
-            _ => return None,
-        }
-    }
-    watch.then_some(options)
-}
-
-/// One watch event line.
-fn event_line(event_type: &str, object: &[u8]) -> Bytes {
-    let mut line = Vec::with_capacity(object.len() + 32);
-    line.extend_from_slice(br#"{"type":""#);
-    line.extend_from_slice(event_type.as_bytes());
-    line.extend_from_slice(br#"","object":"#);
-    line.extend_from_slice(object);
-    line.extend_from_slice(b"}\n");
-    Bytes::from(line)
-}
-
-/// The ERROR event the API server sends for a watch it cannot continue.
-fn gone_line(message: &str) -> Bytes {
-    let status = serde_json::json!({
-        "kind": "Status", "apiVersion": "v1", "metadata": {},
-        "status": "Failure", "message": message, "reason": "Expired", "code": 410,
-    });
-    event_line("ERROR", status.to_string().as_bytes())
-}
-
-fn bookmark_line(info: &KindInfo, rv: u64) -> Bytes {
-    let object = serde_json::json!({
-        "kind": info.kind, "apiVersion": info.api_version(),
-        "metadata": { "resourceVersion": rv.to_string() },
-    });
-    event_line("BOOKMARK", object.to_string().as_bytes())
-}
 
 /// Who a watcher shows an event to, as the API server's watch cache decides: by the
 /// object's state before and after against the selectors.
@@ -266,7 +209,7 @@ async fn watch_from_cache(
 ) -> Option<Response> {
     let target = request::parse_path(api_path)?;
     let options = parse_watch_query(query)?;
-    if target.name.is_some() {
+    if target.name.is_some() || !options.accepted() {
         return None;
     }
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
@@ -276,7 +219,7 @@ async fn watch_from_cache(
         return None;
     }
     let labels = LabelSelector::parse(&options.label_selector)?;
-    let (info, filter, position, mut objects, gone) = start(
+    let (info, filter, position, mut objects, opening) = start(
         &proxy.live,
         &proxy.state.cached_reads,
         account,
@@ -318,12 +261,23 @@ async fn watch_from_cache(
     let proxy = proxy.clone();
     let account = account.to_string();
     let timeout = options.timeout.unwrap_or(DEFAULT_TIMEOUT);
-    tokio::spawn(async move {
-        if let Some(message) = gone {
-            let _ = tx.send(Ok(gone_line(&message))).await;
-            return;
+    let end_of_initial = match opening {
+        Opening::Gone(message) => {
+            tokio::spawn(async move {
+                let _ = tx.send(Ok(gone_line(&message))).await;
+            });
+            return Some(response);
         }
-        for line in initial {
+        Opening::Initial { end_bookmark: true } => {
+            Some(initial_events_end_line(&info, position.resource_version))
+        }
+        Opening::Initial {
+            end_bookmark: false,
+        }
+        | Opening::Changes => None,
+    };
+    tokio::spawn(async move {
+        for line in initial.into_iter().chain(end_of_initial) {
             if tx.send(Ok(line)).await.is_err() {
                 return;
             }
@@ -341,13 +295,24 @@ async fn watch_from_cache(
     Some(response)
 }
 
+/// How a watch opens.
+enum Opening {
+    /// With the objects (ADDED), and then, for a streaming list that allows bookmarks, the
+    /// initial-events-end bookmark at the watch's start.
+    Initial { end_bookmark: bool },
+    /// With the changes after its start.
+    Changes,
+    /// With a `410 Expired` ERROR: its version is older than the history.
+    Gone(String),
+}
+
 /// The objects are copied out as pointers; they are filtered and rendered after the lock.
 type Start = (
     KindInfo,
     Filter,
     Position,
     Vec<Arc<scale_agent_hub_cache::CachedObject>>,
-    Option<String>,
+    Opening,
 );
 
 /// Decides under the state lock where the watch starts; `None` tunnels it.
@@ -409,8 +374,18 @@ fn start(
         generation: history.generation,
         resource_version: rv,
     };
-    match options.resource_version.as_deref() {
-        None | Some("0") => {
+    match options.start() {
+        From::Initial {
+            not_older_than,
+            end_bookmark,
+        } => {
+            // Not older than a version: the cache's state at its resume point is, once the
+            // resume point has reached it (else the API server answers).
+            if let Some(rv) = not_older_than
+                && rv.parse::<u64>().ok()? > resume_rv
+            {
+                return None;
+            }
             // The account's own writes first, as for a list.
             let floors = reads.floors().decision(
                 account,
@@ -424,9 +399,17 @@ fn start(
                 return None;
             }
             let objects: Vec<_> = kind.objects.in_scope(scope).cloned().collect();
-            Some((kind.info.clone(), filter, at(resume_rv), objects, None))
+            let opening = Opening::Initial { end_bookmark };
+            Some((kind.info.clone(), filter, at(resume_rv), objects, opening))
         }
-        Some(rv) => {
+        From::Now => Some((
+            kind.info.clone(),
+            filter,
+            at(resume_rv),
+            Vec::new(),
+            Opening::Changes,
+        )),
+        From::After(rv) => {
             // A version ahead of the scope's resume point (the client took it from the API
             // server, or from a list of another scope) is served too: the watch shows the
             // events after it, and the agent's watch of the scope delivers every event
@@ -445,7 +428,8 @@ fn start(
                     scale_agent_hub_cache::history::MAX_EVENTS
                 )
             });
-            Some((kind.info.clone(), filter, at(wanted), Vec::new(), gone))
+            let opening = gone.map_or(Opening::Changes, Opening::Gone);
+            Some((kind.info.clone(), filter, at(wanted), Vec::new(), opening))
         }
     }
 }
@@ -568,27 +552,6 @@ fn closing_bookmark_at(bookmarks: bool, position: u64, last_sent: u64) -> Option
 mod tests {
     use super::*;
 
-    #[test]
-    fn watch_queries() {
-        let o = parse_watch_query(Some(
-            "watch=true&resourceVersion=10&allowWatchBookmarks=true&timeoutSeconds=30&labelSelector=app%3Dweb",
-        ))
-        .unwrap();
-        assert_eq!(o.resource_version.as_deref(), Some("10"));
-        assert!(o.allow_bookmarks);
-        assert_eq!(o.timeout, Some(Duration::from_secs(30)));
-        assert_eq!(o.label_selector, "app=web");
-        assert_eq!(parse_watch_query(Some("limit=5")), None, "not a watch");
-        assert_eq!(
-            parse_watch_query(Some("watch=1&sendInitialEvents=true")),
-            None
-        );
-        assert_eq!(
-            parse_watch_query(Some("watch=true&resourceVersionMatch=NotOlderThan")),
-            None
-        );
-    }
-
     fn ev(t: EventType, json: &str, previous: Option<&str>) -> HistoryEvent {
         HistoryEvent {
             resource_version: 5,
@@ -646,16 +609,5 @@ mod tests {
             None,
             "bookmarks not allowed"
         );
-    }
-
-    #[test]
-    fn lines() {
-        assert_eq!(
-            event_line("ADDED", b"{}"),
-            Bytes::from_static(b"{\"type\":\"ADDED\",\"object\":{}}\n")
-        );
-        let gone: Value = serde_json::from_slice(&gone_line("old")).unwrap();
-        assert_eq!(gone["type"], "ERROR");
-        assert_eq!(gone["object"]["code"], 410);
     }
 }
