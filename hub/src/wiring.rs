@@ -75,6 +75,7 @@ pub(crate) fn stream_settings(config: &Config) -> service::StreamSettings {
             allow: config.agents.allow.clone(),
         },
         agent_cert_lifetime: config.agents.agent_cert_lifetime,
+        agent_max_enrolment_age: config.agents.agent_max_enrolment_age,
         trusted_proxy: match &config.agents.security {
             GrpcSecurity::TrustedProxy(proxy) => Some(proxy.trust.clone()),
             GrpcSecurity::MutualTls(_) | GrpcSecurity::InsecurePlaintext => None,

@@ -209,6 +209,7 @@ impl AgentArgs {
             agent_ca_cert,
             agent_ca_key,
             agent_cert_lifetime,
+            agent_max_enrolment_age,
             allow,
             // Read by `grpc_security`.
             client_ca: _,
@@ -228,6 +229,7 @@ impl AgentArgs {
             _ => AgentCaSource::DataDir,
         };
         config.agents.agent_cert_lifetime = agent_cert_lifetime;
+        config.agents.agent_max_enrolment_age = agent_max_enrolment_age;
         config.agents.allow = allow;
         Ok(())
     }
