@@ -322,5 +322,10 @@ mod tests {
             &["prod-*".into(), "*-us".into()],
             "prod-eu"
         ));
+        // Alternatives: the exact name and the names below it, not a longer sibling.
+        let exact_or_below = ["prod-eu-west-1,prod-eu-west-1-*".to_string()];
+        assert!(accounts_allow(&exact_or_below, "prod-eu-west-1"));
+        assert!(accounts_allow(&exact_or_below, "prod-eu-west-1-team-a"));
+        assert!(!accounts_allow(&exact_or_below, "prod-eu-west-10"));
     }
 }

@@ -20,9 +20,14 @@ pub fn validate_account_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Whether `account` matches every pattern (no pattern: any account).
+/// Whether `account` matches every pattern (no pattern: any account). A pattern may list
+/// comma-separated alternatives (`prod-eu-west-1,prod-eu-west-1-*`: the exact name and the
+/// names below it, not `prod-eu-west-10`); account names hold no comma.
 pub fn accounts_allow(patterns: &[String], account: &str) -> bool {
-    patterns.iter().all(|p| glob_match(p, account))
+    patterns.iter().all(|p| {
+        p.split(',')
+            .any(|alternative| glob_match(alternative.trim(), account))
+    })
 }
 
 /// Which account names a stream's credentials grant (issue 28, F7: nothing unless

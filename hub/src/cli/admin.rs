@@ -91,7 +91,9 @@ pub enum AgentTokenAction {
         /// The identity an agent using the token gets (a lowercase DNS name).
         #[arg(long)]
         identity: String,
-        /// Glob of the account names that identity may register, e.g. 'prod-*'.
+        /// Glob of the account names that identity may register; comma-separated
+        /// alternatives, e.g. 'prod-eu-west-1,prod-eu-west-1-*' (an exact name, or a
+        /// separator: 'prod-eu-west-1*' would also match prod-eu-west-10).
         #[arg(long)]
         accounts: String,
         /// How long the token is valid: seconds, or a number with s, m or h.
