@@ -969,3 +969,89 @@ async fn cli(access: &[String], runs: &[&[&str]]) -> (bool, String, String) {
     .await
     .unwrap()
 }
+
+/// What the hub logs, for the audit test.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// F17/F15: every lever writes an `audit` line (who, verb, object, code), and so does a
+/// name bound to an identity for the first time.
+#[tokio::test(flavor = "current_thread")]
+async fn the_levers_and_first_bindings_are_audited() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let pki = Pki::new();
+    let dir = data_dir("identity-audit");
+    let (hub, http, admin) = hub_of_its_own(&pki, &dir).await;
+    let (client, serial) = enrolled(&hub, &pki, &http, &admin, "prod-agent", "prod-*").await;
+    let mut a = connect(&hub, &pki, Some(client), None, "pod-1")
+        .await
+        .unwrap();
+    assert_eq!(
+        a.register("prod-eu", HOST).await.role,
+        Role::Streaming as i32
+    );
+    for path in [
+        "/api/v1/agent-identities/prod-agent/disable?reason=audit".to_string(),
+        format!("/api/v1/agent-identities/prod-agent/deny-certificate?serial={serial}"),
+        "/api/v1/agent-identities/prod-agent/enable".to_string(),
+    ] {
+        let (status, body) = post(&http, &admin, &path).await;
+        assert_eq!(status, 200, "{path}: {body}");
+    }
+    wait_for("the stream to be gone", async || {
+        http.with_token(
+            "DELETE",
+            "/api/v1/accounts/prod-eu/binding",
+            &admin,
+            Bytes::new(),
+        )
+        .await
+        .status
+            == 200
+    })
+    .await;
+    hub.shutdown().await.unwrap();
+
+    let log = String::from_utf8_lossy(&captured.0.lock().unwrap()).to_string();
+    let audit: Vec<&str> = log.lines().filter(|l| l.contains(" audit: ")).collect();
+    for (verb, object) in [
+        ("bind", "prod-eu"),
+        ("disable", "prod-agent"),
+        ("deny-certificate", "prod-agent"),
+        ("enable", "prod-agent"),
+        ("delete-account", "prod-eu"),
+    ] {
+        assert!(
+            audit.iter().any(|l| l.contains(&format!("verb=\"{verb}\""))
+                && l.contains(&format!("object={object}"))
+                && l.contains("code=200")),
+            "no audit line for {verb} {object}:\n{}",
+            audit.join("\n")
+        );
+    }
+    assert!(
+        audit
+            .iter()
+            .any(|l| l.contains("verb=\"disable\"") && l.contains("who=admin")),
+        "{}",
+        audit.join("\n")
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -166,6 +166,17 @@ impl Session {
             .unwrap_or_default();
         let binding = st.registry.bind(name, &self.identity, since);
         tracing::info!(account = %name, "account bound to the identity that first registered it");
+        // An audit line too (issue 28, F15): a name bound for the first time is what an
+        // alert on squatting watches for (target `audit`, as the API's and the proxy's).
+        tracing::info!(
+            target: "audit",
+            who = %self.identity,
+            token_kind = "agent",
+            verb = "bind",
+            object = %name,
+            code = 200u16,
+            "account bound"
+        );
         if st.registry.owns(name) {
             fx.ops.push(StoreOp::PutBinding {
                 account: name.to_string(),
