@@ -1055,3 +1055,51 @@ async fn the_levers_and_first_bindings_are_audited() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// F17: disabling an identity ends what its streams carry at once: an open watch through the
+/// Kubernetes API proxy ends while the (compromised) agent would happily go on.
+#[tokio::test]
+async fn disabling_an_identity_ends_its_proxy_sessions_at_once() {
+    let pki = Pki::new();
+    let dir = data_dir("identity-sessions");
+    let hub = start_hub(&pki, &dir, |c| serve_https(&pki, c)).await;
+    let h1 = Https::for_hub(&pki, &hub, Proto::H1);
+    let admin = admin_token(&dir);
+    let mut a = tunnel_agent(&hub, &pki, "agent-a.test", "pod-1").await;
+    assert_eq!(a.register("prod", HOST).await.role, Role::Streaming as i32);
+    let token = token_for(&h1, &admin, "prod").await;
+    let request = h1
+        .request(
+            "GET",
+            "/clusters/prod/api/v1/configmaps?watch=true&resourceVersion=5",
+        )
+        .header("authorization", format!("Bearer {token}"))
+        .body(empty())
+        .unwrap();
+    let send = {
+        let h1 = h1.clone();
+        tokio::spawn(async move { h1.send(request).await })
+    };
+    let (id, _) = a.request().await;
+    a.respond_head(id, 200, &[("content-type", "application/json")], false)
+        .await;
+    let event = b"{\"type\":\"ADDED\",\"object\":{}}\n";
+    a.send_data(id, event, false).await;
+    let response = send.await.unwrap();
+    assert_eq!(response.status(), 200);
+
+    let (status, body) = post(&h1, &admin, "/api/v1/agent-identities/agent-a.test/disable").await;
+    assert_eq!(status, 200, "{body}");
+    let (bytes, _) =
+        tokio::time::timeout(Duration::from_secs(5), read_to_end(response.into_body()))
+            .await
+            .expect("the watch outlived the disabled identity");
+    assert_eq!(bytes, event);
+    // The agent (still running) was cut off by the hub.
+    let ended = tokio::time::timeout(Duration::from_secs(5), a.error())
+        .await
+        .unwrap();
+    assert_eq!(ended.code(), Code::PermissionDenied, "{ended:?}");
+    hub.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
