@@ -83,6 +83,10 @@ pub fn test_hub_config(dir: &Path) -> anyhow::Result<scale_agent_hub::Config> {
     config.listeners.http_addr = "127.0.0.1:0".parse()?;
     config.streams.heartbeat_period = Duration::from_secs(2);
     config.api.api_tokens_file = Some(write_api_tokens(dir)?);
+    // The agents are `anonymous` here (plaintext gRPC), and identities without an account pattern of their own (anonymous, certificates of --client-ca) register only what an --allow rule names (issue 28, F7):
+    // every name, as these tests expect.
+    config.agents.allow =
+        vec![scale_agent_hub::identity::AllowRule::parse("*=*").map_err(anyhow::Error::msg)?];
     Ok(config)
 }
 

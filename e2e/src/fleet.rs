@@ -178,6 +178,8 @@ impl HubProcess {
             format!("--grpc-addr={grpc}"),
             format!("--http-addr={http}"),
             "--insecure-plaintext".into(),
+            // Every agent is `anonymous`, which registers only what an --allow rule names.
+            "--allow=*=*".into(),
             "--http-plaintext".into(),
             format!("--data-dir={}", data_dir.display()),
             "--heartbeat-period=1s".into(),

@@ -394,7 +394,7 @@ const COMMANDS: &[(&str, &str, &[&str])] = &[
     (
         "scale-agent-hub",
         env!("CARGO_BIN_EXE_e2e-hub"),
-        &["kubeconfig", "token", "agent-token", "account"],
+        &["kubeconfig", "token", "agent-token", "agent", "account"],
     ),
     ("scale-agent", env!("CARGO_BIN_EXE_e2e-agent"), &[]),
     (

@@ -224,6 +224,8 @@ async fn start_replica(url: &str, name: &str) -> Replica {
     let _ = std::fs::remove_dir_all(&dir);
     let port = scale_agent_e2e::local_agent::free_port().unwrap();
     let mut config = Config::new(GrpcSecurity::InsecurePlaintext, &dir);
+    // `anonymous` registers only what an --allow rule names.
+    config.agents.allow = vec![scale_agent_hub::identity::AllowRule::parse("*=*").unwrap()];
     config.listeners.grpc_addr = "127.0.0.1:0".parse().unwrap();
     config.listeners.http_addr = format!("127.0.0.1:{port}").parse().unwrap();
     config.replicas.id = name.into();

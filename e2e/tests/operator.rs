@@ -1631,6 +1631,9 @@ async fn full_flow_agent_process_registers_with_the_hub_and_survives_an_operator
     );
     hub_config.listeners.grpc_addr = "127.0.0.1:0".parse()?;
     hub_config.listeners.http_addr = "127.0.0.1:0".parse()?;
+    // Operator-signed identities (--client-ca) register only what an --allow rule names.
+    hub_config.agents.allow =
+        vec![scale_agent_hub::identity::AllowRule::parse("*=*").map_err(anyhow::Error::msg)?];
     hub_config.api.api_tokens_file = Some(scale_agent_e2e::fixtures::write_api_tokens(&dir)?);
     let hub = scale_agent_hub::start(hub_config).await?;
 
@@ -2544,6 +2547,9 @@ async fn the_agent_writes_the_hubs_verdict_into_the_status() -> anyhow::Result<(
     );
     hub_config.listeners.grpc_addr = "127.0.0.1:0".parse()?;
     hub_config.listeners.http_addr = "127.0.0.1:0".parse()?;
+    // Operator-signed identities (--client-ca) register only what an --allow rule names.
+    hub_config.agents.allow =
+        vec![scale_agent_hub::identity::AllowRule::parse("*=*").map_err(anyhow::Error::msg)?];
     hub_config.api.api_tokens_file = Some(scale_agent_e2e::fixtures::write_api_tokens(&dir)?);
     let hub = scale_agent_hub::start(hub_config).await?;
 

@@ -180,7 +180,9 @@ impl Hub {
     /// heartbeats, and `extra` flags; waits for `/readyz`.
     async fn start(dir: &Path, pki: &Pki, extra: &[&str]) -> anyhow::Result<Self> {
         let client_ca = format!("--client-ca={}", pki.ca_file.display());
-        let extra: Vec<&str> = std::iter::once(client_ca.as_str())
+        // Identities of --client-ca register only what an --allow rule names.
+        let extra: Vec<&str> = [client_ca.as_str(), "--allow=*=*"]
+            .into_iter()
             .chain(extra.iter().copied())
             .collect();
         Self::start_trusting_only_itself(dir, pki, &extra).await

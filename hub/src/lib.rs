@@ -8,7 +8,7 @@
 //! call [`RunningHub::shutdown`] at the end. The binary calls [`run`].
 
 pub use scale_agent_hub_api::admin_api;
-pub use scale_agent_hub_api::agent_admin;
+pub use scale_agent_hub_api::{agent_admin, identity_admin};
 pub use scale_agent_hub_auth::agent_auth;
 pub use scale_agent_hub_auth::agent_ca;
 pub use scale_agent_hub_auth::agent_renewal;

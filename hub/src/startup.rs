@@ -9,7 +9,7 @@ use std::{
     sync::Arc,
 };
 
-use scale_agent_hub_auth::AuthBook;
+use scale_agent_hub_auth::{AuthBook, identity_states::IdentityStates};
 use scale_agent_hub_replicas::Replicas;
 use scale_agent_hub_store::{Loaded, Store};
 use tokio::net::TcpListener;
@@ -117,14 +117,16 @@ pub(crate) async fn load_auth(
         )?),
         GrpcSecurity::InsecurePlaintext => None,
     };
-    Ok(AuthBook::new(
+    let book = AuthBook::new(
         tokens,
         admin_token,
         agent_ca,
         client_certificates,
         agent_tokens,
         api_tokens_file,
-    ))
+    );
+    *book.identity_states() = IdentityStates::load(std::mem::take(&mut loaded.identity_states));
+    Ok(book)
 }
 
 /// The admin token of `path`, made there the first time.

@@ -29,6 +29,9 @@ pub(crate) fn replica_settings(config: &Config) -> ReplicaSettings {
 /// an address range is trusted too).
 pub(crate) fn proxy_listener(builder: Server, proxy: &ProxyMode) -> Result<Server> {
     let header = proxy.trust.header();
+    if !proxy.trust.trusts_identities() {
+        tracing::warn!(%header, "gRPC proxy trusted by source address only: anyone who can connect from the trusted ranges can send any agent's (public) certificate in the header; the hub renews no certificate on such streams. Trust the proxy by its client certificate (--trusted-proxy-identity, --trusted-proxy-ca) and admit only it to the gRPC port (a NetworkPolicy)");
+    }
     let Some(hop) = &proxy.hop_tls else {
         tracing::info!(%header, "gRPC behind a TLS-terminating proxy: plaintext hop; agents are identified by the forwarded certificate from trusted proxies only");
         return Ok(builder);
@@ -75,6 +78,7 @@ pub(crate) fn stream_settings(config: &Config) -> service::StreamSettings {
             allow: config.agents.allow.clone(),
         },
         agent_cert_lifetime: config.agents.agent_cert_lifetime,
+        agent_max_enrolment_age: config.agents.agent_max_enrolment_age,
         trusted_proxy: match &config.agents.security {
             GrpcSecurity::TrustedProxy(proxy) => Some(proxy.trust.clone()),
             GrpcSecurity::MutualTls(_) | GrpcSecurity::InsecurePlaintext => None,

@@ -158,6 +158,9 @@ pub(super) async fn start(
         format!("--tls-cert={}", files.cert.display()),
         format!("--tls-key={}", files.key.display()),
         format!("--client-ca={}", files.client_ca.display()),
+        // The demo's agents carry certificates of that CA, whose identities register only
+        // what an --allow rule names: every name, on this local demo.
+        "--allow=*=*".to_string(),
         format!("--serving-ca={}", files.serving_ca.display()),
         format!("--public-url={url}"),
         format!("--data-dir={}", files.data_dir.display()),

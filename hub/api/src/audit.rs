@@ -9,6 +9,10 @@
 //! - `object`: `kind/namespace/name` where known (the resource, for the proxy), else the path;
 //! - `code`: the HTTP status answered; `duration_ms`.
 //!
+//! The admin levers on agent identities and accounts ([`admin`]: disable, enable,
+//! deny-certificate, delete-account) write one line each with `who`, `token_kind`, `verb`,
+//! `object` (the identity or account) and `code`.
+//!
 //! With `--log-format json` each is one JSON line whose `target` is `audit`, so a log
 //! pipeline can route them apart.
 
@@ -89,6 +93,21 @@ pub fn account_change(
         code,
         duration_ms = millis(duration),
         "account change"
+    );
+}
+
+/// Audits an admin's change of an agent identity or account (issue 28, F17): `verb` is
+/// `disable`, `enable`, `deny-certificate` or `delete-account`, `object` the identity or
+/// account.
+pub fn admin(caller: &Caller, verb: &str, object: &str, code: u16) {
+    tracing::info!(
+        target: TARGET,
+        who = %caller.name,
+        token_kind = caller.kind(),
+        verb,
+        object = %object,
+        code,
+        "admin"
     );
 }
 

@@ -2,8 +2,9 @@
 //! HTTP routes under `/api/v1/...` (and the health, readiness and metrics routes), each
 //! behind the role it needs: the router and its groups of routes ([`http`]), the admin routes
 //! for tokens and kubeconfigs ([`admin_api`], rendered by [`kubeconfig`]), for agent tokens
-//! and bindings ([`agent_admin`]) and for dynamic accounts ([`dynamic_accounts`]), Armory's
-//! plugin routes for accounts mapped onto them ([`armory`]), the
+//! and bindings ([`agent_admin`]), for disabling identities, denying certificates and
+//! deleting orphaned accounts ([`identity_admin`]) and for dynamic accounts
+//! ([`dynamic_accounts`]), Armory's plugin routes for accounts mapped onto them ([`armory`]), the
 //! listings of every replica ([`fleet`]), the audit lines of operations ([`audit`]) and the
 //! authentication layer in front of the routes ([`api_auth`]).
 //!
@@ -26,6 +27,7 @@ pub mod audit;
 pub mod dynamic_accounts;
 pub mod fleet;
 pub mod http;
+pub mod identity_admin;
 pub mod kubeconfig;
 
 pub use http::{ApiSettings, ApiState, Health, Readiness, router};

@@ -23,14 +23,15 @@ use rustls::{
 };
 use scale_agent_hub_model::{
     error::{HubError, Result},
-    identity::{ANONYMOUS, identity_from_der},
+    identity::{ANONYMOUS, certificate_serial, identity_from_der},
+    names::AccountGrant,
 };
 use scale_agent_hub_net::serve;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::{TlsAcceptor, server::TlsStream};
 use tonic::{Status, metadata::MetadataMap};
 
-use crate::{agent_tokens::AgentTokenKind, book::AuthBook};
+use crate::{agent_tokens::AgentTokenKind, book::AuthBook, identity_states};
 
 /// Handshaken connections waiting for the gRPC server.
 const ACCEPTED_QUEUE: usize = 64;
@@ -239,16 +240,43 @@ pub fn tls_incoming(
     tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
+/// How the client certificate of a stream reached the hub, which says whether its holder
+/// proved it has the certificate's key (issue 28, F5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Presented {
+    /// In the stream's own TLS handshake: the holder signed with the key.
+    Direct,
+    /// Forwarded by a proxy the hub trusts by its client certificate, which checked the
+    /// agent's possession of the key in its own handshake.
+    ByCertifiedProxy,
+    /// Forwarded by a proxy trusted by its source address only: anyone who can connect
+    /// from that range can send any (public) certificate in the header, so nothing proves
+    /// possession of the key. Such a stream is never given a certificate (no renewal).
+    ByProxyAddress,
+}
+
 /// An authenticated agent.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Authenticated {
     pub identity: String,
-    /// Account-name globs its credentials allow (all must match; `--allow` applies too).
-    pub account_patterns: Vec<String>,
+    /// The account names its credentials grant (`--allow` applies too).
+    pub grant: AccountGrant,
     /// Set when a client certificate authenticated it.
     pub certificate: Option<CertificateOrigin>,
+    /// The serial of that certificate (lowercase hex).
+    pub serial: Option<String>,
+    /// How the certificate reached the hub (`Direct` without one).
+    pub presented: Presented,
     /// How, for logs: "certificate (hub)", "token", ...
     pub via: String,
+}
+
+impl Authenticated {
+    /// Whether the stream's holder proved possession of its certificate's key, directly or
+    /// through a proxy trusted by its certificate: the condition for a renewal on it.
+    pub fn key_proven(&self) -> bool {
+        self.presented != Presented::ByProxyAddress
+    }
 }
 
 /// The bearer token in `authorization` metadata, if any.
@@ -260,19 +288,40 @@ fn bearer(metadata: &MetadataMap) -> Option<&str> {
         .then_some(token.trim())
 }
 
+/// The identity a stream claims, before anything is verified: its certificate's, else its
+/// bearer token's (as this replica knows the token). For looking the identity's state up
+/// in a shared store before [`authenticate`] decides.
+pub fn claimed_identity(
+    book: &AuthBook,
+    chain: Option<&[CertificateDer<'_>]>,
+    metadata: &MetadataMap,
+) -> Option<String> {
+    if let Some(leaf) = chain.and_then(|c| c.first()) {
+        return identity_from_der(leaf.as_ref()).ok();
+    }
+    let token = bearer(metadata)?;
+    book.agent_tokens().find(token).map(|r| r.identity.clone())
+}
+
 /// Authenticates a stream from its client certificate chain (the TLS peer's, or one a
-/// trusted proxy forwarded) and its bearer token. When both are presented their identities
-/// must agree.
+/// trusted proxy forwarded, as `presented` says) and its bearer token. When both are
+/// presented their identities must agree. A disabled identity and a denied certificate are
+/// refused; a certificate of the external CA may not take an identity this hub issues
+/// credentials for (F6); what the credentials grant is decided here (F7: nothing unless
+/// something grants it).
 pub fn authenticate(
     book: &AuthBook,
     chain: Option<&[CertificateDer<'_>]>,
     metadata: &MetadataMap,
+    presented: Presented,
 ) -> Result<Authenticated, Status> {
     let chain = chain.filter(|c| !c.is_empty());
     let clients = book.client_certificates();
     let from_certificate = match (chain, &clients) {
         (Some(chain), Some(clients)) => {
-            Some(clients.verify(chain).map_err(Status::unauthenticated)?)
+            let (identity, origin) = clients.verify(chain).map_err(Status::unauthenticated)?;
+            let serial = certificate_serial(chain[0].as_ref()).map_err(Status::unauthenticated)?;
+            Some((identity, origin, serial))
         }
         _ => None,
     };
@@ -288,26 +337,30 @@ pub fn authenticate(
             Some(record)
         }
     };
-    let mut account_patterns = Vec::new();
-    let (identity, certificate, via) = match (from_certificate, &from_token) {
-        (Some((cert_identity, _)), Some(token)) if cert_identity != token.identity => {
+    let (identity, certificate, serial, via) = match (from_certificate, &from_token) {
+        (Some((cert_identity, _, _)), Some(token)) if cert_identity != token.identity => {
             return Err(Status::permission_denied(format!(
                 "the client certificate is for identity {cert_identity:?} but the bearer token \
                  {} is for {:?}; present credentials of one identity (or only one of them)",
                 token.id, token.identity
             )));
         }
-        (Some((identity, origin)), token) => {
+        (Some((identity, origin, serial)), token) => {
             let via = match (origin, token) {
                 (CertificateOrigin::Hub, None) => "certificate (hub-issued)",
                 (CertificateOrigin::External, None) => "certificate (--client-ca)",
                 (_, Some(_)) => "certificate and token",
             };
-            (identity, Some(origin), via)
+            (identity, Some(origin), Some(serial), via)
         }
-        (None, Some(token)) => (token.identity.clone(), None, "token"),
+        (None, Some(token)) => (token.identity.clone(), None, None, "token"),
         (None, None) => match clients {
-            None => (ANONYMOUS.to_string(), None, "none (--insecure-plaintext)"),
+            None => (
+                ANONYMOUS.to_string(),
+                None,
+                None,
+                "no credentials (--insecure-plaintext)",
+            ),
             Some(_) => {
                 return Err(Status::unauthenticated(
                     "the stream needs a client certificate this hub issued (enrol the agent \
@@ -318,19 +371,58 @@ pub fn authenticate(
             }
         },
     };
-    if let Some(token) = &from_token {
-        account_patterns.push(token.accounts.clone());
-    }
-    if certificate == Some(CertificateOrigin::Hub)
-        && let Some(enrolled) = book.agent_tokens().enrolled(&identity)
+    identity_states::check(
+        book.identity_states().get(&identity),
+        &identity,
+        serial.as_deref(),
+    )
+    .map_err(Status::permission_denied)?;
+    let tokens = book.agent_tokens();
+    if certificate == Some(CertificateOrigin::External)
+        && from_token.is_none()
+        && tokens.issued_to(&identity)
     {
-        account_patterns.push(enrolled.accounts.clone());
+        return Err(Status::permission_denied(format!(
+            "identity {identity:?} belongs to this hub (it enrolled, or holds an agent token), \
+             and a certificate of the external CA (--client-ca) may not take it; give the \
+             operator-signed agent another identity, or enrol it with a one-time token"
+        )));
     }
-    account_patterns.dedup();
+    let mut patterns = Vec::new();
+    if let Some(token) = &from_token {
+        patterns.push(token.accounts.clone());
+    }
+    let grant = match certificate {
+        Some(CertificateOrigin::Hub) => match tokens.enrolled(&identity) {
+            Some(enrolled) => {
+                patterns.push(enrolled.accounts.clone());
+                patterns.dedup();
+                AccountGrant::Patterns(patterns)
+            }
+            None => AccountGrant::Nothing(format!(
+                "its certificate was issued by this hub's CA, but the hub holds no enrolment of \
+                 {identity:?} (another hub sharing the CA, or a store rebuilt): enrol the agent \
+                 here with a one-time token (`scale-agent-hub agent-token create --identity \
+                 {identity} --accounts <pattern> --ttl 1h --once`)"
+            )),
+        },
+        _ if !patterns.is_empty() => AccountGrant::Patterns(patterns),
+        _ => AccountGrant::AllowRuleOnly {
+            via: via.to_string(),
+        },
+    };
+    drop(tokens);
+    let presented = if certificate.is_some() {
+        presented
+    } else {
+        Presented::Direct
+    };
     Ok(Authenticated {
         identity,
-        account_patterns,
+        grant,
         certificate,
+        serial,
+        presented,
         via: via.to_string(),
     })
 }

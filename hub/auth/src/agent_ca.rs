@@ -39,6 +39,9 @@ pub struct Issued {
     pub identity: String,
     /// Unix seconds.
     pub not_after: i64,
+    /// The certificate's serial number (lowercase hex, as `agent deny-certificate` takes
+    /// it): random, so that each certificate can be denied on its own.
+    pub serial: String,
 }
 
 /// The CA.
@@ -189,13 +192,22 @@ impl AgentCa {
         params.not_before = epoch + since_epoch(now - 5);
         let not_after = now + secs(lifetime);
         params.not_after = epoch + since_epoch(not_after);
+        // rcgen's default serial is a hash of the public key: a renewal with the same key
+        // would repeat it. A random one (MSB clear: a positive integer of 16 bytes).
+        let mut serial = crate::tokens::random_bytes::<16>()
+            .map_err(|e| format!("cannot draw a serial number ({e})"))?;
+        serial[0] &= 0x7f;
+        serial[0] |= 0x01;
+        params.serial_number = Some(rcgen::SerialNumber::from_slice(&serial));
         let cert = params
             .signed_by(&csr.public_key, &self.issuer)
             .map_err(|e| format!("cannot sign the certificate ({e})"))?;
+        let serial = scale_agent_hub_model::identity::certificate_serial(cert.der())?;
         Ok(Issued {
             certificate_pem: cert.pem(),
             identity: identity.to_string(),
             not_after,
+            serial,
         })
     }
 }

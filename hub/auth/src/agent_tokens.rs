@@ -237,6 +237,14 @@ impl AgentTokens {
         self.enrolled.get(identity)
     }
 
+    /// Whether this hub issues credentials to `identity`: it enrolled, or an agent token
+    /// (of either kind, in any state) names it. Such an identity is the hub's own, and a
+    /// certificate of the external CA may not take it.
+    pub fn issued_to(&self, identity: &str) -> bool {
+        self.enrolled.contains_key(identity)
+            || self.records.values().any(|r| r.identity == identity)
+    }
+
     /// Every token, oldest first.
     pub fn list(&self) -> Vec<AgentTokenRecord> {
         let mut list: Vec<_> = self.records.values().cloned().collect();
@@ -314,5 +322,10 @@ mod tests {
             &["prod-*".into(), "*-us".into()],
             "prod-eu"
         ));
+        // Alternatives: the exact name and the names below it, not a longer sibling.
+        let exact_or_below = ["prod-eu-west-1,prod-eu-west-1-*".to_string()];
+        assert!(accounts_allow(&exact_or_below, "prod-eu-west-1"));
+        assert!(accounts_allow(&exact_or_below, "prod-eu-west-1-team-a"));
+        assert!(!accounts_allow(&exact_or_below, "prod-eu-west-10"));
     }
 }

@@ -11,6 +11,7 @@ use crate::{
     agent_ca::AgentCa,
     agent_tokens::AgentTokens,
     api_auth::TokensFile,
+    identity_states::IdentityStates,
     tokens::{AdminToken, Tokens},
 };
 
@@ -30,6 +31,9 @@ pub struct AuthBook {
     agent_tokens: Mutex<AgentTokens>,
     /// The API tokens file (`--api-tokens-file`), re-read in the background.
     api_tokens_file: Option<Arc<TokensFile>>,
+    /// Identities an admin disabled, certificates denied (loaded at start-up with
+    /// [`Self::identity_states`]).
+    identity_states: Mutex<IdentityStates>,
 }
 
 impl AuthBook {
@@ -48,7 +52,15 @@ impl AuthBook {
             client_certificates: client_certificates.map(|c| RwLock::new(Arc::new(c))),
             agent_tokens: Mutex::new(agent_tokens),
             api_tokens_file,
+            identity_states: Mutex::new(IdentityStates::default()),
         }
+    }
+
+    /// Identities an admin disabled, certificates denied, as this replica knows them.
+    pub fn identity_states(&self) -> MutexGuard<'_, IdentityStates> {
+        self.identity_states
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// The tokens the hub issued (the proxy's and the API's).

@@ -11,6 +11,7 @@ use std::{
     sync::Arc,
 };
 
+use crate::agent_auth::Presented;
 use percent_encoding::percent_decode_str;
 use rustls::{
     RootCertStore,
@@ -253,12 +254,16 @@ impl ProxyTrust {
         let by_addr = peer
             .addr
             .is_some_and(|a| self.cidrs.iter().any(|c| c.contains(a.ip())));
-        let by_identity = || {
-            peer.certificate
-                .and_then(|der| identity_from_der(der).ok())
-                .is_some_and(|id| self.identities.iter().any(|p| glob_match(p, &id)))
-        };
-        by_addr || by_identity()
+        by_addr || self.trusted_by_certificate(peer)
+    }
+
+    /// Whether `peer` is trusted by the identity of the client certificate it presented
+    /// on the hop (then it checked the agent's possession of the key in its own handshake;
+    /// a proxy trusted by address only proves nothing of the kind: issue 28, F5).
+    pub fn trusted_by_certificate(&self, peer: Peer<'_>) -> bool {
+        peer.certificate
+            .and_then(|der| identity_from_der(der).ok())
+            .is_some_and(|id| self.identities.iter().any(|p| glob_match(p, &id)))
     }
 
     /// The agent's identity on a stream that arrived from `peer` with `header_values` (every
@@ -346,10 +351,12 @@ impl ProxyTrust {
     /// [`Self::forwarded_chain`] for a gRPC request; a refusal is logged at warn with the
     /// peer's address and becomes `unauthenticated` with the refusal's message. The chain is
     /// then verified like a directly presented one.
+    /// With the chain: how it was presented (by a proxy trusted by its certificate, or by
+    /// address only).
     pub fn request_chain<T>(
         &self,
         request: &tonic::Request<T>,
-    ) -> Result<Vec<CertificateDer<'static>>, tonic::Status> {
+    ) -> Result<(Vec<CertificateDer<'static>>, Presented), tonic::Status> {
         let certs = request.peer_certs();
         let peer = Peer {
             addr: request.remote_addr(),
@@ -361,11 +368,18 @@ impl ProxyTrust {
             .iter()
             .filter_map(|v| v.to_str().ok())
             .collect();
-        self.forwarded_chain(peer, &values).map_err(|refusal| {
-            let peer = peer.addr.map(|a| a.to_string()).unwrap_or_default();
-            tracing::warn!(%peer, header = %self.header, "agent refused: {refusal}");
-            tonic::Status::unauthenticated(refusal.to_string())
-        })
+        let presented = if self.trusted_by_certificate(peer) {
+            Presented::ByCertifiedProxy
+        } else {
+            Presented::ByProxyAddress
+        };
+        self.forwarded_chain(peer, &values)
+            .map(|chain| (chain, presented))
+            .map_err(|refusal| {
+                let peer = peer.addr.map(|a| a.to_string()).unwrap_or_default();
+                tracing::warn!(%peer, header = %self.header, "agent refused: {refusal}");
+                tonic::Status::unauthenticated(refusal.to_string())
+            })
     }
 }
 

@@ -18,6 +18,7 @@ pub mod api_auth;
 pub mod book;
 pub mod forwarded;
 pub mod grpc_security;
+pub mod identity_states;
 pub mod tokens;
 
 pub use book::AuthBook;

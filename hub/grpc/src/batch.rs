@@ -258,7 +258,7 @@ impl StreamTask {
             send(tx, Out::KindStatus(status)).await?;
         }
         for csr_pem in fx.renewals {
-            let renewal = enrolment::renew(&self.grpc, &self.auth, &csr_pem);
+            let renewal = enrolment::renew(&self.grpc, &self.auth, &csr_pem).await;
             send(tx, Out::CertificateRenewal(renewal)).await?;
         }
         Ok(())

@@ -9,8 +9,9 @@ use scale_agent_hub_auth::{
     agent_ca::Issued,
     agent_renewal,
     agent_tokens::AgentTokenKind,
+    identity_states,
 };
-use scale_agent_hub_model::{error::Chain, store_op::StoreOp};
+use scale_agent_hub_model::{error::Chain, identity::identity_from_der, store_op::StoreOp};
 use scale_agent_hub_replicas::sync;
 use scale_agent_proto::v1 as pb;
 use tonic::{Request, Response, Status};
@@ -31,28 +32,80 @@ pub(super) async fn answer(
     let request = request.into_inner();
     // An empty token with a client certificate is a renewal (item 9 of the contract).
     let result = match peer_certs.as_deref().filter(|chain| !chain.is_empty()) {
-        Some(chain) if request.token.is_empty() => agent_renewal::renew_by_certificate(
-            grpc.auth.client_certificates().as_deref(),
-            grpc.auth.agent_ca(),
-            grpc.settings.agent_cert_lifetime,
-            chain,
-            &request.csr_pem,
-        )
-        .map(|issued| issued_certificate(grpc, issued)),
+        Some(chain) if request.token.is_empty() => {
+            renew_by_certificate(grpc, chain, &request.csr_pem).await
+        }
         _ => enroll(grpc, request).await,
     };
     match &result {
-        Ok(issued) => {
-            tracing::info!(%peer, identity = %issued.identity, not_after = issued.not_after_unix, "certificate issued (enrolment or renewal by certificate)");
+        Ok((issued, serial)) => {
+            tracing::info!(%peer, identity = %issued.identity, %serial, not_after = issued.not_after_unix, "certificate issued (enrolment or renewal by certificate)");
         }
         Err(status) => {
             tracing::warn!(%peer, code = ?status.code(), reason = status.message(), "enrolment or renewal refused");
         }
     }
-    result.map(|certificate| {
+    result.map(|(certificate, _)| {
         Response::new(pb::EnrollResponse {
             certificate: Some(certificate),
         })
+    })
+}
+
+/// Replicas sharing a store: `identity`'s state (disabled, certificates denied) and
+/// enrolment as the store holds them now, in place of this replica's, before a stream,
+/// an enrolment or a renewal of it is decided. A read that fails refuses (issue 28, F7):
+/// the hub cannot tell whether an admin disabled the identity.
+pub(super) async fn refresh_identity(grpc: &GrpcState, identity: &str) -> Result<(), Status> {
+    let Some(shared) = &grpc.replicas.shared else {
+        return Ok(());
+    };
+    let unavailable = |e: scale_agent_hub_model::HubError| {
+        Status::unavailable(format!(
+            "the hub cannot read the state of agent identity {identity:?} from its shared store              ({}), and refuses rather than admit an identity an admin may have disabled; the              agent tries again",
+            Chain(&e)
+        ))
+    };
+    let state = shared
+        .find_identity_state(identity)
+        .await
+        .map_err(unavailable)?;
+    grpc.auth.identity_states().learn(identity, state);
+    if let Some(enrolled) = shared.find_enrolled(identity).await.map_err(unavailable)? {
+        grpc.auth.agent_tokens().learn_enrolled(enrolled);
+    }
+    Ok(())
+}
+
+/// Enroll with no token and a client certificate: a certificate for the certificate's
+/// identity, if its state, serial and enrolment allow a renewal.
+async fn renew_by_certificate(
+    grpc: &GrpcState,
+    chain: &[tonic::transport::CertificateDer<'static>],
+    csr_pem: &str,
+) -> Result<(pb::IssuedCertificate, String), Status> {
+    if let Some(identity) = chain
+        .first()
+        .and_then(|leaf| identity_from_der(leaf.as_ref()).ok())
+    {
+        refresh_identity(grpc, &identity).await?;
+    }
+    agent_renewal::renew_by_certificate(
+        grpc.auth.client_certificates().as_deref(),
+        grpc.auth.agent_ca(),
+        grpc.settings.renewal_policy(),
+        chain,
+        csr_pem,
+        |identity| {
+            (
+                grpc.auth.identity_states().get(identity).cloned(),
+                grpc.auth.agent_tokens().enrolled(identity).cloned(),
+            )
+        },
+    )
+    .map(|issued| {
+        let serial = issued.serial.clone();
+        (issued_certificate(grpc, issued), serial)
     })
 }
 
@@ -61,7 +114,7 @@ pub(super) async fn answer(
 async fn enroll(
     grpc: &GrpcState,
     request: pb::EnrollRequest,
-) -> Result<pb::IssuedCertificate, Status> {
+) -> Result<(pb::IssuedCertificate, String), Status> {
     if request.token.is_empty() {
         return Err(Status::unauthenticated(
             "Enroll needs a one-time enrolment token (`scale-agent-hub agent-token create \
@@ -81,6 +134,15 @@ async fn enroll(
         .check(&request.token, AgentTokenKind::Enrolment, now)
         .map_err(|r| r.to_status())?
         .clone();
+    // A disabled identity enrols with no token (a token issued before the admin disabled
+    // it, or one issued by mistake since).
+    refresh_identity(grpc, &record.identity).await?;
+    identity_states::check(
+        grpc.auth.identity_states().get(&record.identity),
+        &record.identity,
+        None,
+    )
+    .map_err(Status::permission_denied)?;
     let issued = grpc
         .auth
         .agent_ca()
@@ -119,7 +181,8 @@ async fn enroll(
             Chain(&e)
         ))
     })?;
-    Ok(issued_certificate(grpc, issued))
+    let serial = issued.serial.clone();
+    Ok((issued_certificate(grpc, issued), serial))
 }
 
 /// The answer carrying a certificate the agent CA issued.
@@ -132,42 +195,67 @@ fn issued_certificate(grpc: &GrpcState, issued: Issued) -> pb::IssuedCertificate
     }
 }
 
-/// Answers a RenewCertificate (sent on a stream): a certificate for the stream's identity, for a stream that a
-/// certificate of the hub authenticated.
-pub(super) fn renew(
+/// Answers a RenewCertificate (sent on a stream): a certificate for the stream's identity,
+/// for a stream that a certificate of the hub authenticated, presented by its holder (not
+/// forwarded by a proxy trusted by address only: F5), whose identity is enabled, whose
+/// certificate is not denied and whose enrolment is younger than the maximum age (F4).
+pub(super) async fn renew(
     grpc: &GrpcState,
     auth: &Authenticated,
     csr_pem: &str,
 ) -> pb::CertificateRenewal {
-    if auth.certificate != Some(CertificateOrigin::Hub) {
-        return pb::CertificateRenewal {
+    let refused = |reason: String| {
+        tracing::warn!(identity = %auth.identity, %reason, "certificate renewal refused");
+        pb::CertificateRenewal {
             certificate: None,
-            refused: format!(
-                "identity {:?} authenticated with {}, not with a certificate this hub issued: \
-                 renewal extends hub-issued certificates only; enrol with a one-time token \
-                 (clouddriver.auth.enrolmentTokenFile) to get one",
-                auth.identity, auth.via
-            ),
-        };
+            refused: reason,
+        }
+    };
+    if auth.certificate != Some(CertificateOrigin::Hub) {
+        return refused(format!(
+            "identity {:?} authenticated with {}, not with a certificate this hub issued: \
+             renewal extends hub-issued certificates only; enrol with a one-time token \
+             (clouddriver.auth.enrolmentTokenFile) to get one",
+            auth.identity, auth.via
+        ));
     }
+    if !auth.key_proven() {
+        return refused(format!(
+            "the certificate of identity {:?} reached the hub in a header from a proxy trusted \
+             by its address only, which proves nothing of the agent holding the key: the hub \
+             renews no certificate on such a stream; trust the proxy by its client certificate \
+             (--trusted-proxy-identity with --trusted-proxy-ca; the chart's \
+             hub.grpcProxy.trustedProxyIdentities) or renew by Enroll directly",
+            auth.identity
+        ));
+    }
+    if let Err(status) = refresh_identity(grpc, &auth.identity).await {
+        return refused(status.message().to_string());
+    }
+    let lifetime = agent_renewal::renewal_lifetime(
+        &auth.identity,
+        auth.serial.as_deref(),
+        grpc.auth.identity_states().get(&auth.identity),
+        grpc.auth.agent_tokens().enrolled(&auth.identity),
+        grpc.settings.renewal_policy(),
+        jiff::Timestamp::now().as_second(),
+    );
+    let lifetime = match lifetime {
+        Ok(lifetime) => lifetime,
+        Err(status) => return refused(status.message().to_string()),
+    };
     match grpc
         .auth
         .agent_ca()
-        .issue(csr_pem, &auth.identity, grpc.settings.agent_cert_lifetime)
+        .issue(csr_pem, &auth.identity, lifetime)
     {
         Ok(issued) => {
-            tracing::info!(identity = %auth.identity, not_after = issued.not_after, "agent certificate renewed");
+            tracing::info!(identity = %auth.identity, serial = %issued.serial, not_after = issued.not_after, "agent certificate renewed");
             pb::CertificateRenewal {
                 certificate: Some(issued_certificate(grpc, issued)),
                 refused: String::new(),
             }
         }
-        Err(reason) => {
-            tracing::warn!(identity = %auth.identity, %reason, "certificate renewal refused");
-            pb::CertificateRenewal {
-                certificate: None,
-                refused: reason,
-            }
-        }
+        Err(reason) => refused(reason),
     }
 }

@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 use scale_agent_hub_auth::{
     AuthBook,
-    agent_auth::{Authenticated, CertificateOrigin, authenticate},
+    agent_auth::{Authenticated, Presented, authenticate, claimed_identity},
 };
 use scale_agent_hub_model::time::now;
 use scale_agent_hub_operations::Operations;
@@ -115,13 +115,17 @@ impl AgentHub for AgentHubService {
             .unwrap_or_default();
         // Behind a TLS-terminating proxy the agent's certificate arrives in a header, from a
         // trusted proxy only; it is then verified like one presented directly.
-        let peer_certs = match &self.state.settings.trusted_proxy {
-            Some(trust) => Some(Arc::new(trust.request_chain(&request)?)),
-            None => request.peer_certs(),
+        let (peer_certs, presented) = match &self.state.settings.trusted_proxy {
+            Some(trust) => {
+                let (chain, presented) = trust.request_chain(&request)?;
+                (Some(Arc::new(chain)), presented)
+            }
+            None => (request.peer_certs(), Presented::Direct),
         };
         let auth = self
             .authenticate(
                 peer_certs.as_deref().map(Vec::as_slice),
+                presented,
                 request.metadata(),
                 &peer,
             )
@@ -173,12 +177,14 @@ impl AgentHub for AgentHubService {
 }
 
 impl AgentHubService {
-    /// Who opens a stream: its certificate (`peer_certs`) or bearer token (`metadata`).
-    /// Replicas sharing a store look the token or the enrolment up there first, as it may
-    /// have been made through another replica.
+    /// Who opens a stream: its certificate (`peer_certs`, as `presented`) or bearer token
+    /// (`metadata`). Replicas sharing a store look the token up there first, as it may have
+    /// been issued through another replica, and read the identity's state and enrolment
+    /// as the store holds them now (a failed read refuses the stream).
     async fn authenticate(
         &self,
         peer_certs: Option<&[tonic::transport::CertificateDer<'static>]>,
+        presented: Presented,
         metadata: &MetadataMap,
         peer: &str,
     ) -> Result<Authenticated, Status> {
@@ -190,15 +196,15 @@ impl AgentHubService {
         {
             sync::learn_agent_token(&self.state.replicas, &self.state.auth, &token, false).await;
         }
-        let auth = authenticate(&self.state.auth, peer_certs, metadata).inspect_err(|status| {
+        let refused = |status: &Status| {
             tracing::warn!(%peer, code = ?status.code(), reason = status.message(), "agent stream refused");
-        })?;
-        if auth.certificate == Some(CertificateOrigin::Hub)
-            && sync::learn_enrolled(&self.state.replicas, &self.state.auth, &auth.identity).await
-        {
-            return authenticate(&self.state.auth, peer_certs, metadata);
+        };
+        if let Some(identity) = claimed_identity(&self.state.auth, peer_certs, metadata) {
+            enrolment::refresh_identity(&self.state, &identity)
+                .await
+                .inspect_err(refused)?;
         }
-        Ok(auth)
+        authenticate(&self.state.auth, peer_certs, metadata, presented).inspect_err(refused)
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use scale_agent_hub_auth::forwarded::ProxyTrust;
+use scale_agent_hub_auth::{agent_renewal::RenewalPolicy, forwarded::ProxyTrust};
 use scale_agent_hub_state::session::Limits;
 
 /// The heartbeat periods the hub grants to a stream.
@@ -42,12 +42,22 @@ pub struct StreamSettings {
     /// Lifetime of the certificates issued to agents, by enrolment or renewal
     /// (`--agent-cert-lifetime`).
     pub agent_cert_lifetime: Duration,
+    /// How long renewals may extend one enrolment (`--agent-max-enrolment-age`).
+    pub agent_max_enrolment_age: Duration,
     /// Behind a TLS-terminating proxy: who may forward an agent's certificate in a header,
     /// and how it is read. `None`: the certificate is the one the TLS connection presents.
     pub trusted_proxy: Option<ProxyTrust>,
 }
 
 impl StreamSettings {
+    /// The lifetimes of the certificates issued by renewal.
+    pub fn renewal_policy(&self) -> RenewalPolicy {
+        RenewalPolicy {
+            lifetime: self.agent_cert_lifetime,
+            max_enrolment_age: self.agent_max_enrolment_age,
+        }
+    }
+
     /// The largest AgentMessage the hub decodes: an object of `--max-object-bytes` with room
     /// for its envelope. Agents that know it (Welcome.max_message_bytes) split operation
     /// results into parts below it.

@@ -96,8 +96,7 @@ impl StreamTask {
         } = register(&grpc, identity, hello, &out)?;
         tracing::info!(version = %hello.agent_version, "agent connected");
 
-        let session = Session::new(id, identity.to_string())
-            .with_account_patterns(auth.account_patterns.clone());
+        let session = Session::new(id, identity.to_string()).with_grant(auth.grant.clone());
         let period = granted_period(&grpc, hello);
         let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -136,6 +135,7 @@ impl StreamTask {
                     self.on_store_progress(changed).await
                 }
                 _ = self.heartbeat.tick() => {
+                    self.still_admitted().await?;
                     self.send_heartbeat();
                     Ok(Step::Continue(()))
                 }
@@ -273,6 +273,29 @@ impl StreamTask {
     }
 
     /// A heartbeat, skipped when the agent is not reading: it has messages to read anyway.
+    /// Whether the stream's identity and certificate are still admitted (an admin may have
+    /// disabled the identity or denied the certificate through another replica since the
+    /// stream opened; through this one, the stream was closed at once). Checked at every
+    /// heartbeat: with a shared store, the identity's state is read from it first; a read
+    /// that fails keeps the stream (the decision this replica knows still applies).
+    async fn still_admitted(&self) -> Result<(), Status> {
+        let identity = &self.auth.identity;
+        if let Some(shared) = &self.grpc.replicas.shared {
+            match shared.find_identity_state(identity).await {
+                Ok(state) => self.grpc.auth.identity_states().learn(identity, state),
+                Err(e) => {
+                    tracing::warn!(error = %scale_agent_hub_model::error::Chain(&e), "cannot read the identity's state from the shared store; the stream goes on");
+                }
+            }
+        }
+        scale_agent_hub_auth::identity_states::check(
+            self.grpc.auth.identity_states().get(identity),
+            identity,
+            self.auth.serial.as_deref(),
+        )
+        .map_err(Status::permission_denied)
+    }
+
     fn send_heartbeat(&self) {
         let _ = self.out.control.try_send(Ok(pb::HubMessage {
             kind: Some(Out::Heartbeat(pb::Heartbeat {

@@ -30,6 +30,20 @@ pub fn identity_from_der(der: &[u8]) -> Result<String, String> {
         })
 }
 
+/// The serial number of a DER certificate: lowercase hex without leading zeros (the form
+/// [`crate::records::AgentIdentityState`] keeps denied serials in).
+pub fn certificate_serial(der: &[u8]) -> Result<String, String> {
+    let (_, cert) = X509Certificate::from_der(der)
+        .map_err(|e| format!("cannot parse the client certificate: {e}"))?;
+    let hex: String = cert
+        .raw_serial()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let stripped = hex.trim_start_matches('0');
+    Ok(if stripped.is_empty() { "0" } else { stripped }.to_string())
+}
+
 /// `*` matches any run of characters (including none); everything else matches itself.
 pub fn glob_match(pattern: &str, text: &str) -> bool {
     let parts: Vec<&str> = pattern.split('*').collect();

@@ -151,3 +151,53 @@ pub struct EnrolledIdentity {
     /// The enrolment token's id.
     pub token_id: String,
 }
+
+/// What an admin decided about an agent identity (issue 28, F4/F17): disabled, or some of
+/// its certificates denied by serial. Checked at stream authentication, at enrolment and at
+/// every renewal; kept in the store so that it holds across restarts and replicas. An
+/// identity without a record is enabled with no certificate denied.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentIdentityState {
+    pub identity: String,
+    /// When an admin disabled the identity (Unix seconds); `None`: enabled. A disabled
+    /// identity opens no stream, enrols with no token and renews no certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disabled: Option<i64>,
+    /// Why, as the admin said (shown in the refusals).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    /// Serial numbers (lowercase hex, no leading zeros) of this identity's certificates
+    /// that are refused wherever they are presented.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub denied_serials: Vec<String>,
+    /// Unix seconds of the last change.
+    pub updated: i64,
+}
+
+impl AgentIdentityState {
+    /// Normalizes a serial as an admin may write it (`0A:1b`, `0x0a1b`, `a1b`) to the form
+    /// kept: lowercase hex without separators or leading zeros. `None` when it is not hex.
+    pub fn normalize_serial(serial: &str) -> Option<String> {
+        let trimmed = serial.trim();
+        let trimmed = trimmed
+            .strip_prefix("0x")
+            .or_else(|| trimmed.strip_prefix("0X"))
+            .unwrap_or(trimmed);
+        let hex: String = trimmed
+            .chars()
+            .filter(|c| !matches!(c, ':' | ' ' | '-'))
+            .collect();
+        if hex.is_empty() || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
+            return None;
+        }
+        let hex = hex.to_ascii_lowercase();
+        let stripped = hex.trim_start_matches('0');
+        Some(if stripped.is_empty() { "0" } else { stripped }.to_string())
+    }
+
+    /// Whether the certificate of serial `serial` (normalized) is denied.
+    pub fn denies_serial(&self, serial: &str) -> bool {
+        self.denied_serials.iter().any(|s| s == serial)
+    }
+}

@@ -7,7 +7,10 @@ use std::sync::Arc;
 use crate::{
     dynamic_accounts::DynamicAccountRecord,
     object::{CachedObject, KindInfo, KindKey},
-    records::{AccountBinding, AccountRecord, AgentTokenRecord, EnrolledIdentity, TokenRecord},
+    records::{
+        AccountBinding, AccountRecord, AgentIdentityState, AgentTokenRecord, EnrolledIdentity,
+        TokenRecord,
+    },
 };
 
 /// One change to persist.
@@ -76,6 +79,14 @@ pub enum StoreOp {
         account: String,
         binding: AccountBinding,
     },
+    /// An admin released an orphaned account's binding (the name is free to bind again).
+    DeleteBinding {
+        account: String,
+    },
+    /// An admin disabled or enabled an identity, or denied one of its certificates.
+    PutIdentityState {
+        record: AgentIdentityState,
+    },
     PutDynamicAccount {
         record: DynamicAccountRecord,
     },
@@ -97,6 +108,8 @@ impl StoreOp {
                 | StoreOp::DeleteAgentToken { .. }
                 | StoreOp::PutEnrolledIdentity { .. }
                 | StoreOp::PutBinding { .. }
+                | StoreOp::DeleteBinding { .. }
+                | StoreOp::PutIdentityState { .. }
                 | StoreOp::PutDynamicAccount { .. }
                 | StoreOp::DeleteDynamicAccount { .. }
         )

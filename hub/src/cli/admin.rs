@@ -25,7 +25,7 @@ use crate::{
 pub fn is_admin_command(first: Option<&str>) -> bool {
     matches!(
         first,
-        Some("kubeconfig" | "token" | "agent-token" | "account")
+        Some("kubeconfig" | "token" | "agent-token" | "agent" | "account")
     )
 }
 
@@ -71,6 +71,12 @@ pub enum Admin {
         #[command(subcommand)]
         action: AgentTokenAction,
     },
+    /// Agent identities: list them, disable (ending their streams at once) or enable one,
+    /// deny one of its certificates by serial.
+    Agent {
+        #[command(subcommand)]
+        action: super::identity::AgentAction,
+    },
     /// Account bindings: which agent identity may serve an account.
     Account {
         #[command(subcommand)]
@@ -85,7 +91,9 @@ pub enum AgentTokenAction {
         /// The identity an agent using the token gets (a lowercase DNS name).
         #[arg(long)]
         identity: String,
-        /// Glob of the account names that identity may register, e.g. 'prod-*'.
+        /// Glob of the account names that identity may register; comma-separated
+        /// alternatives, e.g. 'prod-eu-west-1,prod-eu-west-1-*' (an exact name, or a
+        /// separator: 'prod-eu-west-1*' would also match prod-eu-west-10).
         #[arg(long)]
         accounts: String,
         /// How long the token is valid: seconds, or a number with s, m or h.
@@ -126,6 +134,14 @@ pub enum AccountAction {
     },
     /// Every account binding.
     Bindings {
+        #[command(flatten)]
+        hub: HubAccess,
+    },
+    /// Delete an account no agent streams (a retired or squatted cluster): its record and
+    /// its binding, so the name is free to bind again. Refused while a stream serves it.
+    Delete {
+        /// The account.
+        name: String,
         #[command(flatten)]
         hub: HubAccess,
     },
@@ -345,7 +361,22 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
                 Ok(())
             }
         },
+        Admin::Agent { action } => super::identity::run(action).await,
         Admin::Account { action } => match action {
+            AccountAction::Delete { name, hub } => {
+                let path = format!("/api/v1/accounts/{}/binding", encode_query(&name));
+                let body = hub.call("DELETE", &path).await?;
+                let deleted: crate::identity_admin::DeletedAccountView =
+                    serde_json::from_str(&body).context("the hub's answer")?;
+                match deleted.released_identity {
+                    Some(identity) => println!(
+                        "deleted account {}; its binding to identity {identity} is released",
+                        deleted.account
+                    ),
+                    None => println!("deleted account {} (it had no binding)", deleted.account),
+                }
+                Ok(())
+            }
             AccountAction::Rebind {
                 name,
                 identity,
@@ -385,7 +416,7 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
 }
 
 /// Rows as aligned columns.
-fn table(rows: &[Vec<String>]) -> String {
+pub(super) fn table(rows: &[Vec<String>]) -> String {
     let columns = rows.first().map_or(0, Vec::len);
     let widths: Vec<usize> = (0..columns)
         .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
@@ -404,7 +435,7 @@ fn table(rows: &[Vec<String>]) -> String {
         .join("\n")
 }
 
-fn encode_query(value: &str) -> String {
+pub(super) fn encode_query(value: &str) -> String {
     value
         .bytes()
         .map(|b| match b {
@@ -487,7 +518,7 @@ impl HubAccess {
 
     /// `method path` with the admin token; the body of a 2xx answer, else an error with the
     /// hub's message.
-    async fn call(&self, method: &str, path: &str) -> anyhow::Result<String> {
+    pub(super) async fn call(&self, method: &str, path: &str) -> anyhow::Result<String> {
         self.call_with(method, path, Vec::new()).await
     }
 

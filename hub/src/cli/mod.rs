@@ -4,6 +4,7 @@
 //! command under another name.
 
 pub mod admin;
+pub mod identity;
 
 use clap::Parser as _;
 

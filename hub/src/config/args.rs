@@ -123,9 +123,22 @@ pub struct AgentArgs {
     #[arg(long, env = "SCALE_AGENT_HUB_AGENT_CERT_LIFETIME", default_value = "720h", value_parser = parse_duration)]
     pub agent_cert_lifetime: Duration,
 
+    /// How long renewals may extend one enrolment: no certificate the hub issues outlives
+    /// the agent's last enrolment by more than this, after which the agent enrols again with
+    /// a one-time token. Bounds what a stolen agent key is worth, however often it renews.
+    /// Same duration syntax as --agent-cert-lifetime; at least that lifetime.
+    #[arg(long, env = "SCALE_AGENT_HUB_AGENT_MAX_ENROLMENT_AGE", default_value = "8784h", value_parser = parse_duration)]
+    pub agent_max_enrolment_age: Duration,
+
     /// Serve gRPC without TLS and without authenticating agents (every agent is
-    /// "anonymous"). For local experiments only.
-    #[arg(long, env = "SCALE_AGENT_HUB_INSECURE_PLAINTEXT")]
+    /// "anonymous", which registers only the accounts an `--allow anonymous=...` rule
+    /// names). For local experiments only; refused together with the flags of an
+    /// authenticating mode (--client-ca, --tls-cert, --tls-key, --forwarded-client-cert).
+    #[arg(
+        long,
+        env = "SCALE_AGENT_HUB_INSECURE_PLAINTEXT",
+        conflicts_with_all = ["client_ca", "tls_cert", "tls_key"]
+    )]
     pub insecure_plaintext: bool,
 
     /// Run behind a gRPC proxy that terminates the agents' mutual TLS and forwards their
@@ -176,9 +189,12 @@ pub struct AgentArgs {
     pub trusted_proxy_ca: Option<PathBuf>,
 
     /// IDENTITY=PATTERN: the agent identity (from its client certificate or agent token) may
-    /// register accounts whose name matches PATTERN. Both sides accept `*` wildcards.
-    /// Repeatable; with no rule, only the account patterns of agent tokens and enrolments
-    /// apply. Comma-separated in the environment variable.
+    /// register accounts whose name matches PATTERN. Both sides accept `*` wildcards; prefer
+    /// exact names or a separator (`prod-eu-west-1-*`, not `prod-eu-west-1*`, which also
+    /// matches prod-eu-west-10). Repeatable; with no rule, only the account patterns of agent
+    /// tokens and enrolments apply. Identities whose credentials carry no pattern (a
+    /// certificate of --client-ca, `anonymous`) register only what a rule names.
+    /// Comma-separated in the environment variable.
     #[arg(long, env = "SCALE_AGENT_HUB_ALLOW", value_delimiter = ',', value_parser = AllowRule::parse)]
     pub allow: Vec<AllowRule>,
 }

@@ -209,6 +209,7 @@ impl AgentArgs {
             agent_ca_cert,
             agent_ca_key,
             agent_cert_lifetime,
+            agent_max_enrolment_age,
             allow,
             // Read by `grpc_security`.
             client_ca: _,
@@ -228,6 +229,7 @@ impl AgentArgs {
             _ => AgentCaSource::DataDir,
         };
         config.agents.agent_cert_lifetime = agent_cert_lifetime;
+        config.agents.agent_max_enrolment_age = agent_max_enrolment_age;
         config.agents.allow = allow;
         Ok(())
     }
@@ -652,6 +654,66 @@ mod tests {
             "{err}"
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// F24: --insecure-plaintext no longer silently wins over the flags of an
+    /// authenticating mode; the refusal names both. And the enrolment's maximum age cannot
+    /// be shorter than a certificate's lifetime.
+    #[test]
+    fn conflicting_agent_authentication_flags_are_refused_naming_both() {
+        for flag in ["--client-ca", "--tls-cert", "--tls-key"] {
+            let err = Args::try_parse_from([
+                "scale-agent-hub",
+                "--http-plaintext",
+                "--insecure-plaintext",
+                flag,
+                "/etc/some.pem",
+            ])
+            .unwrap_err()
+            .to_string();
+            assert!(
+                err.contains("--insecure-plaintext") && err.contains(flag),
+                "{flag}: {err}"
+            );
+        }
+        let err = Args::try_parse_from([
+            "scale-agent-hub",
+            "--http-plaintext",
+            "--insecure-plaintext",
+            "--forwarded-client-cert",
+            "xfcc",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("--insecure-plaintext") && err.contains("--forwarded-client-cert"),
+            "{err}"
+        );
+        let args = Args::try_parse_from([
+            "scale-agent-hub",
+            "--http-plaintext",
+            "--insecure-plaintext",
+            "--agent-cert-lifetime",
+            "720h",
+            "--agent-max-enrolment-age",
+            "24h",
+        ])
+        .unwrap();
+        let err = args.into_config().unwrap_err().to_string();
+        assert!(
+            err.contains("--agent-max-enrolment-age") && err.contains("--agent-cert-lifetime"),
+            "{err}"
+        );
+        let args = Args::try_parse_from([
+            "scale-agent-hub",
+            "--http-plaintext",
+            "--insecure-plaintext",
+        ])
+        .unwrap();
+        assert_eq!(
+            args.agents.agent_max_enrolment_age,
+            crate::config::DEFAULT_AGENT_MAX_ENROLMENT_AGE
+        );
     }
 
     #[test]

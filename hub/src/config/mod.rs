@@ -29,6 +29,8 @@ pub const TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Default lifetime of the certificates the hub issues to agents.
 pub const DEFAULT_AGENT_CERT_LIFETIME: Duration = Duration::from_secs(30 * 24 * 3600);
+/// Default `--agent-max-enrolment-age`: 366 days (an agent enrols again once a year).
+pub const DEFAULT_AGENT_MAX_ENROLMENT_AGE: Duration = Duration::from_secs(366 * 24 * 3600);
 
 /// Default of `--min-heartbeat-period`.
 pub const DEFAULT_MIN_HEARTBEAT_PERIOD: Duration = Duration::from_secs(1);
@@ -85,6 +87,8 @@ pub struct AgentConfig {
     pub agent_ca: AgentCaSource,
     /// Lifetime of the certificates the hub issues to agents.
     pub agent_cert_lifetime: Duration,
+    /// How long renewals may extend one enrolment (`--agent-max-enrolment-age`).
+    pub agent_max_enrolment_age: Duration,
 }
 
 /// The REST API and the kubeconfigs it hands out.
@@ -215,6 +219,7 @@ impl Config {
                 allow: Vec::new(),
                 agent_ca: AgentCaSource::DataDir,
                 agent_cert_lifetime: DEFAULT_AGENT_CERT_LIFETIME,
+                agent_max_enrolment_age: DEFAULT_AGENT_MAX_ENROLMENT_AGE,
             },
             api: ApiConfig {
                 public_url: None,
@@ -323,6 +328,13 @@ impl AgentConfig {
             return Err(HubError::Config(format!(
                 "--agent-cert-lifetime must be at least 10s, not {:?}",
                 self.agent_cert_lifetime
+            )));
+        }
+        if self.agent_max_enrolment_age < self.agent_cert_lifetime {
+            return Err(HubError::Config(format!(
+                "--agent-max-enrolment-age ({:?}) must be at least --agent-cert-lifetime \
+                 ({:?}): renewals would cut every certificate short",
+                self.agent_max_enrolment_age, self.agent_cert_lifetime
             )));
         }
         if let GrpcSecurity::TrustedProxy(proxy) = &self.security {

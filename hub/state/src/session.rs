@@ -262,9 +262,9 @@ fn staged_size(object: &CachedObject) -> u64 {
 pub struct Session {
     pub id: SessionId,
     pub identity: String,
-    /// Account-name globs the stream's credentials allow (its agent token's, its enrolled
-    /// identity's); every one must match, besides `--allow`.
-    account_patterns: Vec<String>,
+    /// The account names the stream's credentials grant (its agent token's and enrolled
+    /// identity's patterns, or only what `--allow` names, or nothing), besides `--allow`.
+    grant: scale_agent_hub_model::names::AccountGrant,
     next_seq: u64,
     /// Open snapshots by (account, kind, watch namespace).
     staging: BTreeMap<(String, KindKey, String), Staged>,
@@ -279,16 +279,18 @@ impl Session {
         Session {
             id,
             identity,
-            account_patterns: Vec::new(),
+            // What the session's tests start with; the gRPC service always sets the grant of
+            // the stream's credentials (`with_grant`).
+            grant: scale_agent_hub_model::names::AccountGrant::Patterns(Vec::new()),
             next_seq: 2,
             staging: BTreeMap::new(),
             unregistered: BTreeSet::new(),
         }
     }
 
-    /// Limits the accounts this stream may register to names matching every pattern.
-    pub fn with_account_patterns(mut self, patterns: Vec<String>) -> Self {
-        self.account_patterns = patterns;
+    /// Limits the accounts this stream may register to what its credentials grant.
+    pub fn with_grant(mut self, grant: scale_agent_hub_model::names::AccountGrant) -> Self {
+        self.grant = grant;
         self
     }
 

@@ -43,7 +43,10 @@ use scale_agent_hub_cache::{AccountCache, Cache, CachedObject, PackedJson};
 use scale_agent_hub_model::{
     HubError, Result,
     dynamic_accounts::DynamicAccountRecord,
-    records::{AccountBinding, AccountRecord, AgentTokenRecord, EnrolledIdentity, TokenRecord},
+    records::{
+        AccountBinding, AccountRecord, AgentIdentityState, AgentTokenRecord, EnrolledIdentity,
+        TokenRecord,
+    },
 };
 
 pub use self::metrics::StoreMetrics;
@@ -124,6 +127,8 @@ pub struct Loaded {
     pub enrolled: Vec<EnrolledIdentity>,
     pub bindings: Vec<(String, AccountBinding)>,
     pub dynamic_accounts: Vec<(String, DynamicAccountRecord)>,
+    /// Identities an admin disabled, certificates denied.
+    pub identity_states: Vec<AgentIdentityState>,
 }
 
 /// The small tables replicas sharing a store keep in memory and read again periodically

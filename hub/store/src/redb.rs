@@ -41,6 +41,9 @@ const AGENT_IDENTITIES: TableDefinition<&str, &[u8]> = TableDefinition::new("age
 /// account → AccountBinding (JSON): the identity an account is bound to. Kept when the
 /// account's cache is removed after the grace period.
 const ACCOUNT_BINDINGS: TableDefinition<&str, &[u8]> = TableDefinition::new("account_bindings");
+/// identity → AgentIdentityState (JSON): identities an admin disabled, certificates denied.
+const AGENT_IDENTITY_STATES: TableDefinition<&str, &[u8]> =
+    TableDefinition::new("agent_identity_states");
 /// account → DynamicAccountRecord (JSON): accounts added through the dynamic accounts API.
 const DYNAMIC_ACCOUNTS: TableDefinition<&str, &[u8]> = TableDefinition::new("dynamic_accounts");
 
@@ -115,6 +118,7 @@ impl RedbStore {
                 AGENT_IDENTITIES,
                 ACCOUNT_BINDINGS,
                 DYNAMIC_ACCOUNTS,
+                AGENT_IDENTITY_STATES,
             ] {
                 txn.open_table(table).map_err(|e| store_err("open", e))?;
             }
@@ -241,6 +245,10 @@ impl RedbStore {
             .collect();
         loaded.bindings = load_json(&txn, ACCOUNT_BINDINGS, "account_bindings")?;
         loaded.dynamic_accounts = load_json(&txn, DYNAMIC_ACCOUNTS, "dynamic_accounts")?;
+        loaded.identity_states = load_json(&txn, AGENT_IDENTITY_STATES, "agent_identity_states")?
+            .into_iter()
+            .map(|(_, v)| v)
+            .collect();
         // Cached data of accounts without a binding (should not happen) is dropped.
         let known: std::collections::BTreeSet<&String> =
             loaded.accounts.iter().map(|(a, _)| a).collect();
@@ -514,6 +522,7 @@ fn write_batch(db: &Database, ops: &[StoreOp], durable: bool) -> Result<()> {
         let mut agent_identities = txn.open_table(AGENT_IDENTITIES).map_err(commit_err)?;
         let mut bindings = txn.open_table(ACCOUNT_BINDINGS).map_err(commit_err)?;
         let mut dynamic_accounts = txn.open_table(DYNAMIC_ACCOUNTS).map_err(commit_err)?;
+        let mut identity_states = txn.open_table(AGENT_IDENTITY_STATES).map_err(commit_err)?;
         for op in ops {
             match op {
                 StoreOp::PutAccount { account, record } => {
@@ -617,6 +626,15 @@ fn write_batch(db: &Database, ops: &[StoreOp], durable: bool) -> Result<()> {
                     let bytes = serde_json::to_vec(&binding).unwrap_or_default();
                     bindings
                         .insert(account.as_str(), bytes.as_slice())
+                        .map_err(commit_err)?;
+                }
+                StoreOp::DeleteBinding { account } => {
+                    bindings.remove(account.as_str()).map_err(commit_err)?;
+                }
+                StoreOp::PutIdentityState { record } => {
+                    let bytes = serde_json::to_vec(&record).unwrap_or_default();
+                    identity_states
+                        .insert(record.identity.as_str(), bytes.as_slice())
                         .map_err(commit_err)?;
                 }
                 StoreOp::PutDynamicAccount { record } => {

@@ -122,6 +122,7 @@ pub fn router(api: ApiState) -> Router {
     let admin = crate::admin_api::router()
         .merge(crate::agent_admin::router())
         .merge(crate::armory::changes())
+        .merge(crate::identity_admin::router())
         .route_layer(role(Role::Admin));
     Router::new()
         .merge(health::probes(api.health.clone()))

@@ -3,7 +3,7 @@
 
 use std::time::{Instant, SystemTime};
 
-use scale_agent_hub_model::{identity::is_allowed, store_op::StoreOp};
+use scale_agent_hub_model::store_op::StoreOp;
 use scale_agent_proto::v1::{
     self as pb, account_assignment::Role as PbRole, hub_message::Kind as Out,
 };
@@ -28,8 +28,10 @@ impl Session {
     ) {
         let name = unavailable.account;
         let may_register = validate_account_name(&name).is_ok()
-            && is_allowed(&limits.allow, &self.identity, &name)
-            && scale_agent_hub_model::names::accounts_allow(&self.account_patterns, &name)
+            && self
+                .grant
+                .allows(&limits.allow, &self.identity, &name)
+                .is_ok()
             && st.registry.check_binding(&self.identity, &name).is_ok();
         if !may_register {
             tracing::debug!(account = %name, "AccountUnavailable for an account this stream may not register; ignored");
@@ -94,28 +96,8 @@ impl Session {
             st.registry.note_rejection(self.id, &name, &reason);
             fx.replies.push(assignment(&name, PbRole::Rejected, reason));
         };
-        if !is_allowed(&limits.allow, &self.identity, &name) {
-            return reject(
-                st,
-                format!(
-                    "identity {:?} may not register account {name:?} (no --allow rule matches)",
-                    self.identity
-                ),
-                fx,
-            );
-        }
-        if !scale_agent_hub_model::names::accounts_allow(&self.account_patterns, &name) {
-            return reject(
-                st,
-                format!(
-                    "identity {:?} may register accounts matching {} only (the pattern of its \
-                     agent token or enrolment); issue a token with a wider --accounts pattern \
-                     to serve {name:?}",
-                    self.identity,
-                    self.account_patterns.join(" and ")
-                ),
-                fx,
-            );
+        if let Err(reason) = self.grant.allows(&limits.allow, &self.identity, &name) {
+            return reject(st, reason, fx);
         }
         let unbound = match st.registry.check_binding(&self.identity, &name) {
             Ok(unbound) => unbound,
@@ -184,6 +166,17 @@ impl Session {
             .unwrap_or_default();
         let binding = st.registry.bind(name, &self.identity, since);
         tracing::info!(account = %name, "account bound to the identity that first registered it");
+        // An audit line too (issue 28, F15): a name bound for the first time is what an
+        // alert on squatting watches for (target `audit`, as the API's and the proxy's).
+        tracing::info!(
+            target: "audit",
+            who = %self.identity,
+            token_kind = "agent",
+            verb = "bind",
+            object = %name,
+            code = 200u16,
+            "account bound"
+        );
         if st.registry.owns(name) {
             fx.ops.push(StoreOp::PutBinding {
                 account: name.to_string(),

@@ -263,6 +263,12 @@ impl PostgresStore {
         loaded.enrolled = tables.enrolled;
         loaded.bindings = tables.bindings;
         loaded.dynamic_accounts = tables.dynamic_accounts;
+        for row in rows("SELECT identity, record FROM agent_identity_states").await? {
+            let identity: &str = row.get(0);
+            let record = serde_json::from_slice(row.get(1))
+                .map_err(corrupt(format!("agent_identity_states/{identity}")))?;
+            loaded.identity_states.push(record);
+        }
         Ok(loaded)
     }
 

@@ -59,6 +59,13 @@ const MIGRATIONS: &[Migration] = &[
             replica text PRIMARY KEY, address text NOT NULL, seen_at timestamptz NOT NULL);
     ",
     },
+    Migration {
+        version: 3,
+        name: "agent identities an admin disabled, and certificates denied by serial",
+        sql: "
+        CREATE TABLE agent_identity_states (identity text PRIMARY KEY, record bytea NOT NULL);
+    ",
+    },
 ];
 
 /// The advisory lock that serializes migrations of replicas starting together ("scale-agent

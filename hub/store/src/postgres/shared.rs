@@ -12,7 +12,10 @@ use tokio_postgres::Client;
 
 use scale_agent_hub_model::{
     Result,
-    records::{AccountBinding, AccountRecord, AgentTokenRecord, EnrolledIdentity, TokenRecord},
+    records::{
+        AccountBinding, AccountRecord, AgentIdentityState, AgentTokenRecord, EnrolledIdentity,
+        TokenRecord,
+    },
 };
 
 use super::{Connection, corrupt, lock_key, pg};
@@ -142,6 +145,27 @@ impl SharedStore {
         serde_json::from_slice(row.get(0))
             .map(Some)
             .map_err(corrupt(format!("agent_identities/{identity}")))
+    }
+
+    /// What an admin decided about `identity` (disabled, certificates denied), as the store
+    /// holds it now: read at every stream authentication and renewal, so that a decision
+    /// taken through any replica holds at once on every replica.
+    pub async fn find_identity_state(&self, identity: &str) -> Result<Option<AgentIdentityState>> {
+        let conn = self.0.get().await?;
+        let Some(row) = conn
+            .client
+            .query_opt(
+                "SELECT record FROM agent_identity_states WHERE identity = $1",
+                &[&identity],
+            )
+            .await
+            .map_err(pg("look up an agent identity's state"))?
+        else {
+            return Ok(None);
+        };
+        serde_json::from_slice(row.get(0))
+            .map(Some)
+            .map_err(corrupt(format!("agent_identity_states/{identity}")))
     }
 
     /// `account`'s record and binding, as far as the store holds them.

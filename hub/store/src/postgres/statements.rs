@@ -30,6 +30,8 @@ pub(super) enum Which {
     DeleteAgentToken,
     PutIdentity,
     PutBinding,
+    DeleteBinding,
+    PutIdentityState,
     PutDynamicAccount,
     DeleteDynamicAccount,
 }
@@ -115,6 +117,15 @@ const SQL: &[(Which, &str)] = &[
         Which::PutBinding,
         "INSERT INTO account_bindings (account, binding) VALUES ($1, $2) \
          ON CONFLICT (account) DO UPDATE SET binding = EXCLUDED.binding",
+    ),
+    (
+        Which::DeleteBinding,
+        "DELETE FROM account_bindings WHERE account = $1",
+    ),
+    (
+        Which::PutIdentityState,
+        "INSERT INTO agent_identity_states (identity, record) VALUES ($1, $2) \
+         ON CONFLICT (identity) DO UPDATE SET record = EXCLUDED.record",
     ),
     (
         Which::PutDynamicAccount,
@@ -243,6 +254,11 @@ pub(super) fn encode(op: &StoreOp) -> Vec<(Which, Vec<Param>)> {
         StoreOp::PutBinding { account, binding } => {
             one(Which::PutBinding, vec![text(account), json(binding)])
         }
+        StoreOp::DeleteBinding { account } => one(Which::DeleteBinding, vec![text(account)]),
+        StoreOp::PutIdentityState { record } => one(
+            Which::PutIdentityState,
+            vec![text(&record.identity), json(record)],
+        ),
         StoreOp::PutDynamicAccount { record } => one(
             Which::PutDynamicAccount,
             vec![text(&record.spec.name), json(record)],
