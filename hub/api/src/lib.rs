@@ -21,6 +21,7 @@ pub mod admin_api;
 pub mod agent_admin;
 pub mod api_auth;
 pub mod audit;
+pub mod credential;
 pub mod dynamic_accounts;
 pub mod fleet;
 pub mod http;

@@ -11,6 +11,7 @@ use crate::{
     agent_ca::AgentCa,
     agent_tokens::AgentTokens,
     api_auth::TokensFile,
+    oidc::Oidc,
     tokens::{AdminToken, Tokens},
 };
 
@@ -30,6 +31,8 @@ pub struct AuthBook {
     agent_tokens: Mutex<AgentTokens>,
     /// The API tokens file (`--api-tokens-file`), re-read in the background.
     api_tokens_file: Option<Arc<TokensFile>>,
+    /// The OIDC issuers and access rules (`--authentication-config`, `--oidc-access`).
+    oidc: Option<Arc<Oidc>>,
 }
 
 impl AuthBook {
@@ -48,7 +51,19 @@ impl AuthBook {
             client_certificates: client_certificates.map(|c| RwLock::new(Arc::new(c))),
             agent_tokens: Mutex::new(agent_tokens),
             api_tokens_file,
+            oidc: None,
         }
+    }
+
+    /// Accepts OIDC ID tokens of `oidc`'s issuers from now on.
+    pub fn with_oidc(mut self, oidc: Option<Arc<Oidc>>) -> Self {
+        self.oidc = oidc;
+        self
+    }
+
+    /// The OIDC issuers and access rules, when `--authentication-config` is set.
+    pub fn oidc(&self) -> Option<&Arc<Oidc>> {
+        self.oidc.as_ref()
     }
 
     /// The tokens the hub issued (the proxy's and the API's).

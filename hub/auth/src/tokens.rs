@@ -103,6 +103,38 @@ fn encode(bytes: &[u8]) -> String {
     )
 }
 
+/// What an issued token is limited to besides its account or role.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// Unix seconds after which it opens nothing; `None`: it does not expire.
+    pub expires: Option<i64>,
+    /// API tokens: globs of the accounts it may address; empty: every account.
+    pub accounts: Vec<String>,
+}
+
+/// What distinguishes a record [`Tokens::put`] writes: derived, API (a role), limited.
+struct Fields {
+    generation: Option<u32>,
+    role: Option<Role>,
+    limits: Limits,
+}
+
+/// How long a token issued for a person (a kubeconfig's, an API token) lasts unless the
+/// request says otherwise: a working day, the way `kubectl oidc-login` sessions and cloud
+/// consoles end. `0` asks for a token that does not expire.
+pub const DEFAULT_PERSON_TTL_SECONDS: i64 = 12 * 3600;
+
+/// A refusal of an expired token, with what to do: the text the proxy's 401 `Status` and the
+/// API's 401 carry (kubectl prints it).
+pub fn expired_message(record: &TokenRecord, get_new: &str) -> String {
+    let when = record
+        .expires
+        .and_then(|at| jiff::Timestamp::from_second(at).ok())
+        .map(|t| t.to_string())
+        .unwrap_or_default();
+    format!("the token {:?} expired at {when}: {get_new}", record.name)
+}
+
 /// The tokens the hub has issued, indexed by hash (every proxy request) and by account and
 /// name (rotation, and the Clouddriver kubeconfigs checked at every maintenance tick).
 pub struct Tokens {
@@ -269,11 +301,17 @@ impl Tokens {
         name: &str,
         role: Role,
         now_unix: i64,
+        limits: Limits,
     ) -> Result<(String, TokenRecord, Vec<StoreOp>)> {
         let token = encode(&random_bytes::<32>()?);
         // API tokens are indexed under the empty account, which no proxy token has (account
         // names are never empty).
-        self.put("", name, &token, None, Some(role), now_unix)
+        let what = Fields {
+            generation: None,
+            role: Some(role),
+            limits,
+        };
+        self.put("", name, &token, now_unix, what)
     }
 
     /// The token of `account` named `name`, if any.
@@ -291,9 +329,62 @@ impl Tokens {
         account: &str,
         name: &str,
         now_unix: i64,
+        expires: Option<i64>,
     ) -> Result<(String, TokenRecord, Vec<StoreOp>)> {
         let token = encode(&random_bytes::<32>()?);
-        self.put(account, name, &token, None, None, now_unix)
+        let limits = Limits {
+            expires,
+            accounts: Vec::new(),
+        };
+        let what = Fields {
+            generation: None,
+            role: None,
+            limits,
+        };
+        self.put(account, name, &token, now_unix, what)
+    }
+
+    /// Issues a random token of `account` named `name` that expires at `expires`, beside the
+    /// account's other tokens of that name rather than replacing them: an exec credential
+    /// plugin's (`scale-agent-hub token credential`), which each kubectl process may call,
+    /// and which must not end the tokens other processes still hold. Expired tokens of the
+    /// account are dropped in the same ops, so these do not pile up.
+    pub fn issue_session(
+        &mut self,
+        account: &str,
+        name: &str,
+        now_unix: i64,
+        expires: i64,
+    ) -> Result<(String, TokenRecord, Vec<StoreOp>)> {
+        let expired: Vec<String> = self
+            .records
+            .values()
+            .filter(|r| r.account == account && r.expired_at(now_unix))
+            .map(|r| r.id.clone())
+            .collect();
+        let mut ops = Vec::new();
+        for id in expired {
+            self.remove(&id);
+            ops.push(StoreOp::DeleteToken { id });
+        }
+        let token = encode(&random_bytes::<32>()?);
+        let record = TokenRecord {
+            id: hex(&random_bytes::<8>()?),
+            account: account.to_string(),
+            name: name.to_string(),
+            sha256: hex(&hash(&token)),
+            created: now_unix,
+            generation: None,
+            role: None,
+            revoked: false,
+            expires: Some(expires),
+            accounts: Vec::new(),
+        };
+        ops.push(StoreOp::PutToken {
+            record: record.clone(),
+        });
+        self.insert(record.clone());
+        Ok((token, record, ops))
     }
 
     /// The derived token of `account` named `name` (see the module docs), creating its
@@ -327,7 +418,12 @@ impl Tokens {
             );
         }
         let token = self.derive(account, name, generation);
-        self.put(account, name, &token, Some(generation), None, now_unix)
+        let what = Fields {
+            generation: Some(generation),
+            role: None,
+            limits: Limits::default(),
+        };
+        self.put(account, name, &token, now_unix, what)
     }
 
     /// Replaces the derived token of `account` named `name` with the next generation.
@@ -344,7 +440,12 @@ impl Tokens {
             .max(self.revoked_generation(account, name))
             .saturating_add(1);
         let token = self.derive(account, name, generation);
-        self.put(account, name, &token, Some(generation), None, now_unix)
+        let what = Fields {
+            generation: Some(generation),
+            role: None,
+            limits: Limits::default(),
+        };
+        self.put(account, name, &token, now_unix, what)
     }
 
     fn derive(&self, account: &str, name: &str, generation: u32) -> String {
@@ -357,10 +458,14 @@ impl Tokens {
         account: &str,
         name: &str,
         token: &str,
-        generation: Option<u32>,
-        role: Option<Role>,
         now_unix: i64,
+        what: Fields,
     ) -> Result<(String, TokenRecord, Vec<StoreOp>)> {
+        let Fields {
+            generation,
+            role,
+            limits,
+        } = what;
         let mut ops = Vec::new();
         if let Some(id) = self.find(account, name).map(|r| r.id.clone()) {
             self.remove(&id);
@@ -375,6 +480,8 @@ impl Tokens {
             generation,
             role,
             revoked: false,
+            expires: limits.expires,
+            accounts: limits.accounts,
         };
         ops.push(StoreOp::PutToken {
             record: record.clone(),
@@ -482,9 +589,49 @@ mod tests {
     }
 
     #[test]
+    fn tokens_carry_their_expiry_and_records_without_one_never_expire() {
+        let mut t = tokens();
+        let (token, record, _) = t.issue("prod", "alice", 100, Some(200)).unwrap();
+        assert_eq!(record.expires, Some(200));
+        let found = t.verify(&token).unwrap();
+        assert!(!found.expired_at(199) && found.expired_at(200));
+        let message = expired_message(found, "get a new kubeconfig");
+        assert!(
+            message.contains("\"alice\" expired at 1970-01-01T00:03:20Z")
+                && message.contains("get a new kubeconfig"),
+            "{message}"
+        );
+        // A record stored before tokens had an expiry reads back without one.
+        let old: TokenRecord = serde_json::from_str(
+            r#"{"id":"1","account":"prod","name":"old","sha256":"00","created":1}"#,
+        )
+        .unwrap();
+        assert_eq!((old.expires, old.accounts.len()), (None, 0));
+        assert!(!old.expired_at(i64::MAX));
+    }
+
+    #[test]
+    fn session_tokens_sit_beside_each_other_and_expired_ones_are_dropped() {
+        let mut t = tokens();
+        let (first, _, _) = t.issue_session("prod", "alice", 100, 150).unwrap();
+        let (second, _, ops) = t.issue_session("prod", "alice", 120, 170).unwrap();
+        assert_eq!(ops.len(), 1, "nothing expired yet: {ops:?}");
+        assert!(t.verify(&first).is_some() && t.verify(&second).is_some());
+        let (_, _, ops) = t.issue_session("prod", "alice", 160, 260).unwrap();
+        assert!(
+            matches!(
+                &ops[..],
+                [StoreOp::DeleteToken { .. }, StoreOp::PutToken { .. }]
+            ),
+            "the first, expired at 150, is dropped: {ops:?}"
+        );
+        assert!(t.verify(&first).is_none() && t.verify(&second).is_some());
+    }
+
+    #[test]
     fn issued_tokens_verify_by_hash_and_rotate_by_name() {
         let mut t = tokens();
-        let (prod, record, ops) = t.issue("prod", "alice", 1).unwrap();
+        let (prod, record, ops) = t.issue("prod", "alice", 1, None).unwrap();
         assert!(prod.starts_with(TOKEN_PREFIX) && prod.len() > 40, "{prod}");
         assert_eq!(ops.len(), 1);
         assert!(
@@ -499,8 +646,8 @@ mod tests {
             "the prefix is part of the token"
         );
 
-        let (bob, _, _) = t.issue("prod", "bob", 2).unwrap();
-        let (rotated, _, ops) = t.issue("prod", "alice", 3).unwrap();
+        let (bob, _, _) = t.issue("prod", "bob", 2, None).unwrap();
+        let (rotated, _, ops) = t.issue("prod", "alice", 3, None).unwrap();
         assert_eq!(
             ops.len(),
             2,
@@ -521,8 +668,10 @@ mod tests {
     #[test]
     fn api_tokens_have_a_role_rotate_by_name_and_never_open_the_proxy() {
         let mut t = tokens();
-        let (proxy, _, _) = t.issue("prod", "ci", 1).unwrap();
-        let (api, record, ops) = t.issue_api("ci", Role::Operator, 2).unwrap();
+        let (proxy, _, _) = t.issue("prod", "ci", 1, None).unwrap();
+        let (api, record, ops) = t
+            .issue_api("ci", Role::Operator, 2, Limits::default())
+            .unwrap();
         assert_eq!((record.kind(), record.role), ("api", Some(Role::Operator)));
         assert!(record.account.is_empty());
         assert!(
@@ -543,7 +692,9 @@ mod tests {
             "same name, other kind: both kept"
         );
 
-        let (rotated, _, ops) = t.issue_api("ci", Role::Reader, 3).unwrap();
+        let (rotated, _, ops) = t
+            .issue_api("ci", Role::Reader, 3, Limits::default())
+            .unwrap();
         assert_eq!(ops.len(), 2, "old deleted, new stored: {ops:?}");
         assert!(t.verify_api(&api).is_none());
         assert_eq!(
@@ -687,6 +838,8 @@ mod tests {
             generation: Some(3),
             role: None,
             revoked: false,
+            expires: None,
+            accounts: Vec::new(),
         });
         reloaded.replace_records(stale);
         assert!(reloaded.verify(&third).is_none());

@@ -916,6 +916,8 @@ mod tests {
             generation: None,
             role: None,
             revoked: false,
+            expires: None,
+            accounts: Vec::new(),
         };
         {
             let mut store = RedbStore::open(&dir).unwrap();
