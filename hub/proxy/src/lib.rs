@@ -263,8 +263,9 @@ async fn authenticate(
             Status::unauthorized(scale_agent_hub_auth::tokens::expired_message(
                 &record,
                 &format!(
-                    "{get_one} --token-name {}, or write an exec-plugin kubeconfig \
-                     (`--exec`) that fetches fresh tokens itself",
+                    "get a new one with `scale-agent-hub kubeconfig --account {account} \
+                     --token-name {}`, or write an exec-plugin kubeconfig (`scale-agent-hub \
+                     kubeconfig --exec`) that fetches fresh tokens itself",
                     record.name
                 ),
             )),
@@ -306,7 +307,7 @@ async fn authenticate_oidc(
 
 /// Answers a request: from another replica that owns the account, the discovery cache, the
 /// cache, or an agent; `Err` is the hub's own refusal.
-async fn answer(proxy: &Arc<Proxy>, request: Request) -> Result<(Response, Served), Status> {
+async fn answer(proxy: &Arc<Proxy>, mut request: Request) -> Result<(Response, Served), Status> {
     let (account, api_path) = split_path(request.uri().path())
         .map(|(a, p)| (a.to_string(), p.to_string()))
         .ok_or_else(|| Status::not_found("not a proxy path: use /clusters/<account>/..."))?;
@@ -320,6 +321,8 @@ async fn answer(proxy: &Arc<Proxy>, request: Request) -> Result<(Response, Serve
     {
         let caller = authenticate(&proxy.auth, request.headers(), &account).await?;
         tracing::debug!(user = %caller.user, person = caller.person, "proxy caller authenticated");
+        // Who called travels with the request, for what replays it in the target cluster.
+        request.extensions_mut().insert(caller);
     }
     // The account's agents stream to its owner, which also keeps its cache: everything,
     // cached reads included, is served there.
@@ -395,7 +398,6 @@ async fn answer(proxy: &Arc<Proxy>, request: Request) -> Result<(Response, Serve
         return Err(degraded.refuse_write(&account, &proxy.metrics));
     }
     let changes_kinds = discovery::changes_kinds(&method, api_path);
-    let mut request = request;
     // exec, attach, port-forward: after the API server's 101 the exchange carries the
     // connection's bytes both ways.
     let upgrade = headers::is_upgrade(request.headers()).then(|| hyper::upgrade::on(&mut request));

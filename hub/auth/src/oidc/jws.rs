@@ -193,4 +193,65 @@ mod tests {
             "{error}"
         );
     }
+
+    /// RS256, what most identity providers sign with: a 2048-bit key made by openssl now
+    /// (ring signs RSA but does not make keys), signed with ring, checked from n and e.
+    #[test]
+    fn rs256_signatures_verify() {
+        let dir = std::env::temp_dir().join(format!("hub-jws-rsa-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let der = dir.join("key.der");
+        let made = std::process::Command::new("openssl")
+            .args([
+                "genpkey",
+                "-algorithm",
+                "RSA",
+                "-pkeyopt",
+                "rsa_keygen_bits:2048",
+            ])
+            .args(["-outform", "DER", "-out"])
+            .arg(&der)
+            .output()
+            .expect("openssl makes the test's RSA key");
+        assert!(made.status.success(), "{made:?}");
+        let der = std::fs::read(&der).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        // OpenSSL 3 writes a DER RSA key as PKCS#1; older ones as PKCS#8.
+        let pair = signature::RsaKeyPair::from_der(&der)
+            .or_else(|_| signature::RsaKeyPair::from_pkcs8(&der))
+            .unwrap();
+        let public = pair.public();
+        let components = RsaPublicKeyComponents::<Vec<u8>>::from(public);
+        let key = Jwk {
+            kty: "RSA".into(),
+            kid: None,
+            use_: None,
+            alg: Some("RS256".into()),
+            n: Some(enc(&components.n)),
+            e: Some(enc(&components.e)),
+            crv: None,
+            x: None,
+            y: None,
+        };
+        let signed = format!(
+            "{}.{}",
+            enc(br#"{"alg":"RS256"}"#),
+            enc(br#"{"sub":"alice"}"#)
+        );
+        let mut sig = vec![0; public.modulus_len()];
+        pair.sign(
+            &signature::RSA_PKCS1_SHA256,
+            &ring::rand::SystemRandom::new(),
+            signed.as_bytes(),
+            &mut sig,
+        )
+        .unwrap();
+        let token = format!("{signed}.{}", enc(&sig));
+        let jws = parse(&token).unwrap();
+        assert!(key_fits(&key, "RS256") && !key_fits(&key, "RS384"));
+        verify(&jws, &key).unwrap();
+        sig[0] ^= 1;
+        let tampered = format!("{signed}.{}", enc(&sig));
+        assert!(verify(&parse(&tampered).unwrap(), &key).is_err());
+    }
 }
