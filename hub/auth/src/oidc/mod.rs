@@ -46,7 +46,7 @@ impl std::fmt::Debug for Oidc {
 }
 
 impl Oidc {
-    /// From the two files' texts (`origin`s name them in errors).
+    /// From the two files' texts: `--authentication-config`'s and `--oidc-access`'s.
     pub fn from_texts(config: &str, access: Option<&str>) -> Result<Self, String> {
         let issuers = config::parse(config)?
             .into_iter()
