@@ -210,6 +210,51 @@ async fn scoped_tokens_the_metrics_role_and_clouddrivers_token() {
         reply.text()
     );
 
+    // An operation on staging-x is not found by id for an operator limited to prod-*.
+    let submit = {
+        let (http, admin) = (http.clone(), admin.clone());
+        tokio::spawn(async move {
+            let body = serde_json::json!({"type": "get", "kind": "ConfigMap", "namespace": "default", "name": "web"});
+            http.with_token(
+                "POST",
+                "/api/v1/accounts/staging-x/operations",
+                &admin,
+                body.to_string(),
+            )
+            .await
+        })
+    };
+    let op = agent.operation().await;
+    assert_eq!(op.account, "staging-x");
+    agent
+        .send(scale_agent_proto::v1::agent_message::Kind::OperationResult(
+            scale_agent_proto::v1::OperationResult {
+                id: op.id.clone(),
+                ok: true,
+                status: Some(scale_agent_proto::v1::OperationStatus {
+                    code: 200,
+                    ..Default::default()
+                }),
+                executed: true,
+                replica: "pod-1".into(),
+                account: "staging-x".into(),
+                ..Default::default()
+            },
+        ))
+        .await;
+    let reply = submit.await.unwrap();
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let deployer = create_api_token(
+        &http,
+        &admin,
+        serde_json::json!({"name": "deployer", "role": "operator", "accounts": ["prod-*"]}),
+    )
+    .await;
+    let by_id = format!("/api/v1/operations/{}", op.id);
+    assert_eq!(http.get(&by_id, Some(&admin)).await.status, 200);
+    let reply = http.get(&by_id, Some(&deployer)).await;
+    assert_eq!(reply.status, 404, "{}", reply.text());
+
     // Role metrics: /metrics, and nothing else.
     let scraper = create_api_token(
         &http,
