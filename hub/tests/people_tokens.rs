@@ -162,7 +162,22 @@ async fn an_expired_token_is_refused_and_an_exec_kubeconfig_fetches_fresh_ones()
 async fn scoped_tokens_the_metrics_role_and_clouddrivers_token() {
     let pki = Pki::new();
     let dir = data_dir("people-tokens-scopes");
-    let hub = start_hub(&pki, &dir, |c| serve_https(&pki, c)).await;
+    std::fs::create_dir_all(&dir).unwrap();
+    let tokens_file = dir.join("api-tokens.yaml");
+    write(
+        &tokens_file,
+        &scale_agent_hub::api_auth::scoped_file_entry(
+            "grafana-eu",
+            scale_agent_hub::api_auth::Role::Reader,
+            &["prod-*".to_string()],
+            "file-secret",
+        ),
+    );
+    let hub = start_hub(&pki, &dir, |c| {
+        serve_https(&pki, c);
+        c.api.api_tokens_file = Some(tokens_file.clone());
+    })
+    .await;
     let http = Https::for_hub(&pki, &hub, Proto::H2);
     let admin = admin_token(&dir);
     let mut agent = tunnel_agent(&hub, &pki, "agent-a.test", "pod-1").await;
@@ -209,6 +224,16 @@ async fn scoped_tokens_the_metrics_role_and_clouddrivers_token() {
         "every route of the account: {}",
         reply.text()
     );
+    // The same limit from the tokens file.
+    let reply = http
+        .get("/api/v1/accounts/staging-x", Some("file-secret"))
+        .await;
+    assert_eq!(reply.status, 403, "{}", reply.text());
+    assert!(reply.text().contains("grafana-eu"), "{}", reply.text());
+    let reply = http
+        .get("/api/v1/accounts/prod-eu", Some("file-secret"))
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
 
     // An operation on staging-x is not found by id for an operator limited to prod-*.
     let submit = {

@@ -16,7 +16,7 @@ use axum::{
 use scale_agent_hub_auth::AuthBook;
 pub use scale_agent_hub_auth::api_auth::{
     Caller, FileToken, Refused, Role, Source, TOKENS_FILE_POLL, TokensFile, authorize,
-    authorize_request, check, file_entry, parse_tokens_file,
+    authorize_request, check, file_entry, parse_tokens_file, scoped_file_entry,
 };
 use scale_agent_hub_replicas::Replicas;
 

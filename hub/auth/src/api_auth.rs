@@ -399,9 +399,22 @@ impl TokensFile {
 
 /// A tokens-file entry (one YAML list item) for `name` with `role` whose secret is `token`.
 pub fn file_entry(name: &str, role: Role, token: &str) -> String {
+    scoped_file_entry(name, role, &[], token)
+}
+
+/// [`file_entry`] limited to the account globs `accounts` (none: every account).
+pub fn scoped_file_entry(name: &str, role: Role, accounts: &[String], token: &str) -> String {
     let name = serde_json::to_string(name).unwrap_or_default();
+    let accounts = if accounts.is_empty() {
+        String::new()
+    } else {
+        format!(
+            ", accounts: {}",
+            serde_json::to_string(accounts).unwrap_or_default()
+        )
+    };
     format!(
-        "- {{name: {name}, role: {role}, sha256: {}}}\n",
+        "- {{name: {name}, role: {role}, sha256: {}{accounts}}}\n",
         tokens::sha256_hex(token)
     )
 }
@@ -497,6 +510,9 @@ mod tests {
         let entry = file_entry("ci", Role::Operator, "sat_secret");
         let parsed = parse_tokens_file(&entry).unwrap();
         assert_eq!(parsed[&tokens::sha256("sat_secret")].name, "ci");
+        let entry = scoped_file_entry("ci", Role::Reader, &["prod-*".into()], "sat_secret");
+        let parsed = parse_tokens_file(&entry).unwrap();
+        assert_eq!(parsed[&tokens::sha256("sat_secret")].accounts, ["prod-*"]);
     }
 
     #[test]

@@ -187,6 +187,10 @@ pub enum TokenAction {
         name: String,
         #[arg(long, value_enum)]
         role: Role,
+        /// Globs of the accounts it may address (`prod-*`), comma-separated. Default: every
+        /// account.
+        #[arg(long, value_delimiter = ',')]
+        accounts: Vec<String>,
         /// Make a new random token instead of reading one.
         #[arg(long)]
         generate: bool,
@@ -313,6 +317,7 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
             TokenAction::Hash {
                 name,
                 role,
+                accounts,
                 generate,
             } => {
                 let token = if generate {
@@ -330,7 +335,10 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
                     );
                     secret
                 };
-                print!("{}", crate::api_auth::file_entry(&name, role, &token));
+                print!(
+                    "{}",
+                    crate::api_auth::scoped_file_entry(&name, role, &accounts, &token)
+                );
                 Ok(())
             }
             TokenAction::List { hub } => {
