@@ -161,6 +161,8 @@ fn the_chart_lints_clean_with_default_and_non_default_values() -> anyhow::Result
             "--set=hub.enabled=true",
             "--set=monitoring.enabled=true",
             "--set=operator.watchNamespaces={a,b}",
+            "--set=hub.oidcSecret=people-oidc",
+            "--set=hub.tokenTtl=8h",
         ][..],
         &[
             "--set=hub.enabled=true",
@@ -285,6 +287,7 @@ fn the_values_schema_refuses_wrong_values_and_names_them() -> anyhow::Result<()>
             "/operator/nodeSelector",
         ),
         ("--set=hub.env[0].value=x", "/hub/env/0"),
+        ("--set=hub.tokenTtl=forever", "/hub/tokenTtl"),
     ] {
         let output = run(
             &helm,

@@ -170,6 +170,8 @@ fn token(id: &str) -> TokenRecord {
         generation: Some(2),
         role: None,
         revoked: false,
+        expires: None,
+        accounts: Vec::new(),
     }
 }
 

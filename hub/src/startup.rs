@@ -9,7 +9,7 @@ use std::{
     sync::Arc,
 };
 
-use scale_agent_hub_auth::{AuthBook, identity_states::IdentityStates};
+use scale_agent_hub_auth::{AuthBook, identity_states::IdentityStates, oidc::Oidc};
 use scale_agent_hub_replicas::Replicas;
 use scale_agent_hub_store::{Loaded, Store};
 use tokio::net::TcpListener;
@@ -117,6 +117,13 @@ pub(crate) async fn load_auth(
         )?),
         GrpcSecurity::InsecurePlaintext => None,
     };
+    let oidc = config
+        .api
+        .authentication_config
+        .as_deref()
+        .map(|path| Oidc::open(path, config.api.oidc_access.as_deref()))
+        .transpose()?
+        .map(Arc::new);
     let book = AuthBook::new(
         tokens,
         admin_token,
@@ -124,7 +131,8 @@ pub(crate) async fn load_auth(
         client_certificates,
         agent_tokens,
         api_tokens_file,
-    );
+    )
+    .with_oidc(oidc);
     *book.identity_states() = IdentityStates::load(std::mem::take(&mut loaded.identity_states));
     Ok(book)
 }

@@ -95,6 +95,7 @@ pub(crate) fn api_settings(config: &Config) -> http::ApiSettings {
         max_request_bytes: config.api.max_request_bytes,
         operation_retention: config.operations.retention,
         metrics_unauthenticated: config.api.metrics_unauthenticated,
+        token_ttl: config.api.token_ttl,
     }
 }
 

@@ -538,10 +538,11 @@ pub async fn start_contract_for(hub_url: &str) -> (Arc<Contract>, String) {
     (contract, format!("http://{addr}"))
 }
 
-/// A TLS listener (the server certificate is signed by a test CA).
-struct TlsListener {
-    inner: TcpListener,
-    acceptor: tokio_rustls::TlsAcceptor,
+/// A TLS listener (the server certificate is signed by a test CA); the OIDC issuer uses it
+/// too.
+pub(crate) struct TlsListener {
+    pub(crate) inner: TcpListener,
+    pub(crate) acceptor: tokio_rustls::TlsAcceptor,
 }
 
 impl axum::serve::Listener for TlsListener {

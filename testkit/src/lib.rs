@@ -12,6 +12,7 @@
 //! - [`wait`]: polling until something holds;
 //! - [`metrics`]: reading Prometheus text;
 //! - [`contract`]: the Clouddriver contract server (written from Clouddriver's source);
+//! - [`oidc`]: a local OIDC issuer (discovery, JWKS over TLS, ES256 ID tokens);
 //! - `properties` (feature `proptest`): the property tests' proptest configuration;
 //! - [`free_port`].
 
@@ -19,6 +20,7 @@ pub mod contract;
 pub mod http;
 pub mod https;
 pub mod metrics;
+pub mod oidc;
 pub mod pki;
 #[cfg(feature = "proptest")]
 pub mod properties;

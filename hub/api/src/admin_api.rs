@@ -14,7 +14,7 @@ use axum::{
     routing::{delete, get, post},
 };
 
-use scale_agent_hub_auth::tokens::{CLOUDDRIVER_TOKEN, TokenRecord};
+use scale_agent_hub_auth::tokens::{CLOUDDRIVER_TOKEN, Limits, TokenRecord};
 use scale_agent_hub_model::{error::Chain, names::validate_account_name};
 use serde::{Deserialize, Serialize};
 
@@ -43,6 +43,21 @@ pub struct KubeconfigQuery {
     /// For `clouddriver`: make a new token (the old one stops working).
     #[serde(default)]
     pub rotate: bool,
+    /// How long the token lasts (`90m`, `12h`; `0s`: no expiry); default `--token-ttl`.
+    /// Clouddriver's token never expires.
+    pub ttl: Option<String>,
+}
+
+/// The expiry (Unix seconds) of a token issued at `now` for `ttl` (the request's, else the
+/// hub's `--token-ttl`); `None` for a zero ttl. The error is the 400's message.
+pub(crate) fn expiry(api: &ApiState, ttl: Option<&str>, now: i64) -> Result<Option<i64>, String> {
+    let ttl = match ttl {
+        Some(text) => scale_agent_hub_model::time::parse_duration(text)
+            .map_err(|e| format!("ttl {text:?}: {e}"))?,
+        None => api.settings.token_ttl,
+    };
+    let seconds = i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX);
+    Ok((seconds > 0).then(|| now.saturating_add(seconds)))
 }
 
 /// The URL clients reach the hub's HTTP listener at.
@@ -75,6 +90,7 @@ pub(crate) async fn kubeconfig_for(
     token_name: &str,
     rotate: bool,
     public_url: &str,
+    expires: Option<i64>,
 ) -> scale_agent_hub_model::Result<(String, TokenRecord)> {
     let now = jiff::Timestamp::now().as_second();
     let mut store = api.store.lock().await;
@@ -88,7 +104,7 @@ pub(crate) async fn kubeconfig_for(
         } else if token_name == CLOUDDRIVER_TOKEN {
             tokens.derived(account, token_name, now)?
         } else {
-            tokens.issue(account, token_name, now)?
+            tokens.issue(account, token_name, now, expires)?
         }
     };
     store.commit(ops).await?;
@@ -137,7 +153,12 @@ async fn issue_kubeconfig(
             "cannot tell the hub's URL from the request: start the hub with --public-url".into(),
         );
     };
-    match kubeconfig_for(&api, &name, &token_name, query.rotate, &url).await {
+    let now = jiff::Timestamp::now().as_second();
+    let expires = match expiry(&api, query.ttl.as_deref(), now) {
+        Ok(expires) => expires,
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
+    };
+    match kubeconfig_for(&api, &name, &token_name, query.rotate, &url, expires).await {
         Ok((yaml, record)) => {
             tracing::info!(account = %name, token = %record.name, id = %record.id, "issued a proxy token and its kubeconfig");
             let mut response = (StatusCode::OK, yaml).into_response();
@@ -179,6 +200,12 @@ pub struct TokenView {
     pub created: String,
     /// Derived from the hub's key (the Clouddriver token): the hub can render it again.
     pub derived: bool,
+    /// When it stops working (RFC 3339); empty: never.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub expires: String,
+    /// API tokens: the account globs it is limited to; empty: every account.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub accounts: Vec<String>,
 }
 
 impl From<TokenRecord> for TokenView {
@@ -188,7 +215,13 @@ impl From<TokenRecord> for TokenView {
                 .map(|t| t.to_string())
                 .unwrap_or_default(),
             derived: r.generation.is_some(),
+            expires: r
+                .expires
+                .and_then(|at| jiff::Timestamp::from_second(at).ok())
+                .map(|t| t.to_string())
+                .unwrap_or_default(),
             kind: r.kind().into(),
+            accounts: r.accounts,
             source: "hub".into(),
             role: r.role,
             id: r.id,
@@ -209,6 +242,8 @@ fn external_view(kind: &str, source: &str, name: &str, role: Role) -> TokenView 
         name: name.into(),
         created: String::new(),
         derived: false,
+        expires: String::new(),
+        accounts: Vec::new(),
     }
 }
 
@@ -239,6 +274,12 @@ async fn list_tokens(State(api): State<Arc<ApiState>>) -> Response {
 pub struct CreateToken {
     pub name: String,
     pub role: Role,
+    /// How long it lasts (`90m`, `12h`; `0s`: no expiry); default `--token-ttl`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<String>,
+    /// Globs of the accounts it may address on the account routes; empty: every account.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub accounts: Vec<String>,
 }
 
 /// Answer of `POST /api/v1/tokens`: the token, shown this once.
@@ -258,7 +299,7 @@ async fn create_token(State(api): State<Arc<ApiState>>, body: axum::body::Bytes)
             return error(
                 StatusCode::BAD_REQUEST,
                 format!(
-                    "the body must be {{\"name\": \"<who>\", \"role\": \"reader|operator|admin\"}}: {e}"
+                    "the body must be {{\"name\": \"<who>\", \"role\": \"metrics|reader|operator|admin\", \"ttl\": \"12h\", \"accounts\": [\"prod-*\"]}} (ttl and accounts optional): {e}"
                 ),
             );
         }
@@ -270,11 +311,29 @@ async fn create_token(State(api): State<Arc<ApiState>>, body: axum::body::Bytes)
             format!("token name {name:?} must be 1 to 63 printable characters"),
         );
     }
+    if let Some(bad) = request.accounts.iter().find(|a| {
+        a.is_empty()
+            || a.chars()
+                .any(|c| !(c.is_ascii_alphanumeric() || "-_.*".contains(c)))
+    }) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "accounts: {bad:?} is not an account name or glob (letters, digits, - _ . and *)"
+            ),
+        );
+    }
+    let now = jiff::Timestamp::now().as_second();
+    let expires = match expiry(&api, request.ttl.as_deref(), now) {
+        Ok(expires) => expires,
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
+    };
+    let limits = Limits {
+        expires,
+        accounts: request.accounts.clone(),
+    };
     let mut store = api.store.lock().await;
-    let issued =
-        api.auth
-            .tokens()
-            .issue_api(name, request.role, jiff::Timestamp::now().as_second());
+    let issued = api.auth.tokens().issue_api(name, request.role, now, limits);
     let (token, record, ops) = match issued {
         Ok(issued) => issued,
         Err(e) => {

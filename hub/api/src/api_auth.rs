@@ -15,8 +15,8 @@ use axum::{
 };
 use scale_agent_hub_auth::AuthBook;
 pub use scale_agent_hub_auth::api_auth::{
-    Caller, FileToken, Refused, Role, Source, TOKENS_FILE_POLL, TokensFile, authorize, check,
-    file_entry, parse_tokens_file,
+    Caller, FileToken, Refused, Role, Source, TOKENS_FILE_POLL, TokensFile, authorize,
+    authorize_request, check, file_entry, parse_tokens_file, scoped_file_entry,
 };
 use scale_agent_hub_replicas::Replicas;
 
@@ -31,11 +31,37 @@ pub(crate) async fn require(
 ) -> Response {
     let what = format!("{} {}", request.method(), request.uri().path());
     scale_agent_hub_replicas::sync::learn_bearer(&replicas, &auth, request.headers()).await;
-    match authorize(&auth, request.headers(), needed, &what) {
+    let account = account_of(request.uri().path());
+    match authorize_request(&auth, request.headers(), needed, &what, account).await {
         Ok(caller) => {
             request.extensions_mut().insert(caller);
             next.run(request).await
         }
         Err(refused) => refused.into_response(),
+    }
+}
+
+/// The account an account route addresses (`/api/v1/accounts/<name>/...`), whose name the
+/// caller's account globs must admit.
+fn account_of(path: &str) -> Option<&str> {
+    path.strip_prefix("/api/v1/accounts/")
+        .map(|rest| rest.split('/').next().unwrap_or(rest))
+        .filter(|name| !name.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn account_routes_name_their_account() {
+        assert_eq!(
+            super::account_of("/api/v1/accounts/prod-eu/operations"),
+            Some("prod-eu")
+        );
+        assert_eq!(
+            super::account_of("/api/v1/accounts/prod-eu"),
+            Some("prod-eu")
+        );
+        assert_eq!(super::account_of("/api/v1/accounts"), None);
+        assert_eq!(super::account_of("/api/v1/agents"), None);
     }
 }

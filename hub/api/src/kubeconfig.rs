@@ -60,7 +60,29 @@ struct User<'a> {
 
 #[derive(Serialize)]
 struct UserSpec<'a> {
-    token: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    exec: Option<ExecSpec<'a>>,
+}
+
+/// `users[].user.exec` of a kubeconfig: the command kubectl runs for a credential.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ExecSpec<'a> {
+    api_version: &'static str,
+    command: &'a str,
+    args: &'a [String],
+    /// Required by `client.authentication.k8s.io/v1`: the command never prompts.
+    interactive_mode: &'static str,
+}
+
+/// The command an exec-plugin kubeconfig runs to get a token (kubectl runs it and reads an
+/// `ExecCredential` from its standard output).
+#[derive(Clone, Debug)]
+pub struct ExecCommand<'a> {
+    pub command: &'a str,
+    pub args: &'a [String],
 }
 
 #[derive(Serialize)]
@@ -81,6 +103,33 @@ pub fn server_url(public_url: &str, account: &str) -> String {
 
 /// The kubeconfig YAML.
 pub fn render(k: &KubeconfigFor<'_>) -> String {
+    render_user(
+        k,
+        UserSpec {
+            token: Some(k.token),
+            exec: None,
+        },
+    )
+}
+
+/// A kubeconfig whose user holds no token but runs `exec` for one
+/// (`client.authentication.k8s.io/v1`); `k.token` is ignored.
+pub fn render_exec(k: &KubeconfigFor<'_>, exec: &ExecCommand<'_>) -> String {
+    render_user(
+        k,
+        UserSpec {
+            token: None,
+            exec: Some(ExecSpec {
+                api_version: "client.authentication.k8s.io/v1",
+                command: exec.command,
+                args: exec.args,
+                interactive_mode: "Never",
+            }),
+        },
+    )
+}
+
+fn render_user(k: &KubeconfigFor<'_>, spec: UserSpec<'_>) -> String {
     let user = format!("scale-agent-{}", k.account);
     let config = Kubeconfig {
         api_version: "v1",
@@ -98,9 +147,7 @@ pub fn render(k: &KubeconfigFor<'_>) -> String {
         }],
         users: vec![Named {
             name: &user,
-            value: User {
-                user: UserSpec { token: k.token },
-            },
+            value: User { user: spec },
         }],
         contexts: vec![Named {
             name: k.account,
@@ -174,5 +221,32 @@ mod tests {
             !without_ca.contains("certificate-authority"),
             "{without_ca}"
         );
+    }
+
+    #[test]
+    fn an_exec_kubeconfig_holds_the_command_not_a_token() {
+        let args = vec!["token".to_string(), "credential".to_string()];
+        let yaml = render_exec(
+            &KubeconfigFor {
+                account: "prod",
+                public_url: "https://hub",
+                ca_pem: None,
+                token: "sat_never",
+            },
+            &ExecCommand {
+                command: "/usr/bin/scale-agent-hub",
+                args: &args,
+            },
+        );
+        let value: serde_json::Value = serde_saphyr::from_str(&yaml).unwrap();
+        let user = &value["users"][0]["user"];
+        assert!(user.get("token").is_none(), "{yaml}");
+        assert_eq!(
+            user["exec"]["apiVersion"],
+            "client.authentication.k8s.io/v1"
+        );
+        assert_eq!(user["exec"]["command"], "/usr/bin/scale-agent-hub");
+        assert_eq!(user["exec"]["args"][1], "credential");
+        assert_eq!(user["exec"]["interactiveMode"], "Never");
     }
 }

@@ -24,6 +24,7 @@ pub mod agent_admin;
 pub mod api_auth;
 pub mod armory;
 pub mod audit;
+pub mod credential;
 pub mod dynamic_accounts;
 pub mod fleet;
 pub mod http;

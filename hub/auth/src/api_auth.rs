@@ -8,7 +8,12 @@
 //! - a token the hub issued (`scale-agent-hub token create`), kept hashed in its store
 //!   ([`crate::tokens::Tokens`]).
 //!
-//! Roles are ordered: `reader` < `operator` < `admin`. [`authorize`] is the one check every
+//! An OIDC ID token of `--authentication-config`'s issuers, its role from `--oidc-access`
+//! ([`authorize_request`]).
+//!
+//! Roles are ordered: `metrics` (`GET /metrics` only) < `reader` < `operator` < `admin`. An
+//! issued or file token may be limited to account globs: the account routes
+//! (`/api/v1/accounts/<name>/...`) of other accounts answer 403. [`authorize`] is the one check every
 //! handler (or the hub's per-route `api_auth::require` layer) calls; it answers 401 for a
 //! missing or unknown token and 403 for a role that is too small. The proxy's per-account
 //! tokens are a separate kind and open no API route, and API tokens open no proxy route.
@@ -33,7 +38,7 @@ pub use scale_agent_hub_model::auth::{Caller, Role, Source};
 
 /// How a caller gets a token, for 401 messages.
 const GET_A_TOKEN: &str = "ask the hub's administrator for one (`scale-agent-hub token create \
-     --name <who> --role <reader|operator|admin>`, or an entry of the hub's --api-tokens-file)";
+     --name <who> --role <metrics|reader|operator|admin>`, or an entry of the hub's --api-tokens-file)";
 
 /// Why a request was refused: 401 or 403, with a message that says what to change.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -98,43 +103,60 @@ pub fn check(
 }
 
 /// Who the bearer token in `headers` belongs to, if it is an API token; `presented` tells
-/// whether there was a bearer token at all.
-fn identify(book: &AuthBook, headers: &HeaderMap) -> (bool, Option<Caller>) {
-    let Some(token) = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(tokens::bearer)
-    else {
-        return (false, None);
+/// whether there was a bearer token at all. An issued token past its expiry is refused here,
+/// with its expiry in the message.
+fn identify(book: &AuthBook, headers: &HeaderMap) -> Result<(bool, Option<Caller>), Refused> {
+    let Some(token) = bearer_of(headers) else {
+        return Ok((false, None));
     };
     if book.admin_token().is_some_and(|a| a.matches(token)) {
-        return (
+        return Ok((
             true,
             Some(Caller {
                 name: "admin".into(),
                 role: Role::Admin,
                 source: Source::AdminTokenFile,
+                accounts: Vec::new(),
             }),
-        );
+        ));
     }
     if let Some(entry) = book.api_tokens_file().and_then(|f| f.verify(token)) {
-        return (
+        return Ok((
             true,
             Some(Caller {
                 name: entry.name,
                 role: entry.role,
                 source: Source::TokensFile,
+                accounts: entry.accounts,
             }),
-        );
+        ));
     }
-    let issued = book.tokens().verify_api(token).and_then(|r| {
-        r.role.map(|role| Caller {
-            name: r.name.clone(),
-            role,
-            source: Source::Hub,
-        })
+    let Some(record) = book.tokens().verify_api(token).cloned() else {
+        return Ok((true, None));
+    };
+    if record.expired_at(jiff::Timestamp::now().as_second()) {
+        return Err(Refused {
+            status: StatusCode::UNAUTHORIZED,
+            message: tokens::expired_message(
+                &record,
+                &format!("ask the hub's administrator for a new one ({GET_A_TOKEN})"),
+            ),
+        });
+    }
+    let caller = record.role.map(|role| Caller {
+        name: record.name.clone(),
+        role,
+        source: Source::Hub,
+        accounts: record.accounts.clone(),
     });
-    (true, issued)
+    Ok((true, caller))
+}
+
+fn bearer_of(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(tokens::bearer)
 }
 
 /// The guard every API handler calls: the caller, if its token has at least `needed`.
@@ -145,10 +167,62 @@ pub fn authorize(
     needed: Role,
     what: &str,
 ) -> Result<Caller, Refused> {
-    let (presented, caller) = identify(book, headers);
-    check(presented, caller, needed, what).inspect_err(|refused| {
-        tracing::debug!(status = refused.status.as_u16(), %what, "API request refused");
-    })
+    identify(book, headers)
+        .and_then(|(presented, caller)| check(presented, caller, needed, what))
+        .inspect_err(|refused| {
+            tracing::debug!(status = refused.status.as_u16(), %what, "API request refused");
+        })
+}
+
+/// [`authorize`], plus OIDC ID tokens (their issuer's keys may have to be fetched, hence
+/// async) and the caller's account globs: a request addressing `account` (the account
+/// routes) is refused with 403 naming the globs when none admits it.
+pub async fn authorize_request(
+    book: &AuthBook,
+    headers: &HeaderMap,
+    needed: Role,
+    what: &str,
+    account: Option<&str>,
+) -> Result<Caller, Refused> {
+    let caller = match (bearer_of(headers), book.oidc()) {
+        (Some(token), Some(oidc)) if crate::oidc::looks_like_jwt(token) => {
+            let person = oidc.authenticate(token).await.map_err(|reason| Refused {
+                status: StatusCode::UNAUTHORIZED,
+                message: format!("the OIDC ID token is refused: {reason}"),
+            })?;
+            let Some((role, accounts)) = oidc.access().api_role(&person) else {
+                return Err(Refused {
+                    status: StatusCode::FORBIDDEN,
+                    message: format!(
+                        "{what}: {} (groups {:?}) has no API role: no rule of the hub's \
+                         --oidc-access file with a role applies to that user or those groups",
+                        person.user, person.groups
+                    ),
+                });
+            };
+            let caller = Caller {
+                name: person.user,
+                role,
+                source: Source::Oidc,
+                accounts,
+            };
+            check(true, Some(caller), needed, what)?
+        }
+        _ => authorize(book, headers, needed, what)?,
+    };
+    if let Some(account) = account
+        && caller.refuses_account(account)
+    {
+        return Err(Refused {
+            status: StatusCode::FORBIDDEN,
+            message: format!(
+                "{what}: {:?} is limited to accounts {:?}, which do not include {account:?}; \
+                 use a token whose accounts do",
+                caller.name, caller.accounts
+            ),
+        });
+    }
+    Ok(caller)
 }
 
 /// One entry of the tokens file.
@@ -159,6 +233,9 @@ pub struct FileToken {
     pub role: Role,
     /// SHA-256 of the token, lowercase or uppercase hex (`scale-agent-hub token hash`).
     pub sha256: String,
+    /// Globs of the accounts the token may address on the account routes; absent: all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub accounts: Vec<String>,
 }
 
 /// Parses the tokens file (YAML, of which JSON is a subset): a list of [`FileToken`]s, indexed
@@ -322,9 +399,22 @@ impl TokensFile {
 
 /// A tokens-file entry (one YAML list item) for `name` with `role` whose secret is `token`.
 pub fn file_entry(name: &str, role: Role, token: &str) -> String {
+    scoped_file_entry(name, role, &[], token)
+}
+
+/// [`file_entry`] limited to the account globs `accounts` (none: every account).
+pub fn scoped_file_entry(name: &str, role: Role, accounts: &[String], token: &str) -> String {
     let name = serde_json::to_string(name).unwrap_or_default();
+    let accounts = if accounts.is_empty() {
+        String::new()
+    } else {
+        format!(
+            ", accounts: {}",
+            serde_json::to_string(accounts).unwrap_or_default()
+        )
+    };
     format!(
-        "- {{name: {name}, role: {role}, sha256: {}}}\n",
+        "- {{name: {name}, role: {role}, sha256: {}{accounts}}}\n",
         tokens::sha256_hex(token)
     )
 }
@@ -338,6 +428,7 @@ mod tests {
             name: "ci".into(),
             role,
             source: Source::TokensFile,
+            accounts: Vec::new(),
         }
     }
 
@@ -419,6 +510,9 @@ mod tests {
         let entry = file_entry("ci", Role::Operator, "sat_secret");
         let parsed = parse_tokens_file(&entry).unwrap();
         assert_eq!(parsed[&tokens::sha256("sat_secret")].name, "ci");
+        let entry = scoped_file_entry("ci", Role::Reader, &["prod-*".into()], "sat_secret");
+        let parsed = parse_tokens_file(&entry).unwrap();
+        assert_eq!(parsed[&tokens::sha256("sat_secret")].accounts, ["prod-*"]);
     }
 
     #[test]

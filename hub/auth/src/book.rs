@@ -12,6 +12,7 @@ use crate::{
     agent_tokens::AgentTokens,
     api_auth::TokensFile,
     identity_states::IdentityStates,
+    oidc::Oidc,
     tokens::{AdminToken, Tokens},
 };
 
@@ -34,6 +35,8 @@ pub struct AuthBook {
     /// Identities an admin disabled, certificates denied (loaded at start-up with
     /// [`Self::identity_states`]).
     identity_states: Mutex<IdentityStates>,
+    /// The OIDC issuers and access rules (`--authentication-config`, `--oidc-access`).
+    oidc: Option<Arc<Oidc>>,
 }
 
 impl AuthBook {
@@ -53,7 +56,19 @@ impl AuthBook {
             agent_tokens: Mutex::new(agent_tokens),
             api_tokens_file,
             identity_states: Mutex::new(IdentityStates::default()),
+            oidc: None,
         }
+    }
+
+    /// Accepts OIDC ID tokens of `oidc`'s issuers from now on.
+    pub fn with_oidc(mut self, oidc: Option<Arc<Oidc>>) -> Self {
+        self.oidc = oidc;
+        self
+    }
+
+    /// The OIDC issuers and access rules, when `--authentication-config` is set.
+    pub fn oidc(&self) -> Option<&Arc<Oidc>> {
+        self.oidc.as_ref()
     }
 
     /// Identities an admin disabled, certificates denied, as this replica knows them.

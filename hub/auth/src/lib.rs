@@ -3,7 +3,7 @@
 //! ([`agent_tokens`]); the CA that issues agents' certificates ([`agent_ca`]) and renewal by
 //! certificate ([`agent_renewal`]); how an agent stream is authenticated ([`agent_auth`],
 //! [`grpc_security`], and [`forwarded`] certificates from a trusted proxy); the HTTP API's
-//! roles check and tokens file ([`api_auth`]). [`AuthBook`] holds the hub's credentials as
+//! roles check and tokens file ([`api_auth`]); OIDC ID tokens of people ([`oidc`]). [`AuthBook`] holds the hub's credentials as
 //! one handle, which whatever authenticates or issues takes instead of the whole hub.
 //!
 //! Layer L2: it depends on `scale-agent-hub-model` and `scale-agent-hub-net` only. The HTTP
@@ -19,6 +19,7 @@ pub mod book;
 pub mod forwarded;
 pub mod grpc_security;
 pub mod identity_states;
+pub mod oidc;
 pub mod tokens;
 
 pub use book::AuthBook;

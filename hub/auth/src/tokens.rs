@@ -103,6 +103,38 @@ fn encode(bytes: &[u8]) -> String {
     )
 }
 
+/// What an issued token is limited to besides its account or role.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// Unix seconds after which it opens nothing; `None`: it does not expire.
+    pub expires: Option<i64>,
+    /// API tokens: globs of the accounts it may address; empty: every account.
+    pub accounts: Vec<String>,
+}
+
+/// What distinguishes a record [`Tokens::put`] writes: derived, API (a role), limited.
+struct Fields {
+    generation: Option<u32>,
+    role: Option<Role>,
+    limits: Limits,
+}
+
+/// How long a token issued for a person (a kubeconfig's, an API token) lasts unless the
+/// request says otherwise: a working day, the way `kubectl oidc-login` sessions and cloud
+/// consoles end. `0` asks for a token that does not expire.
+pub const DEFAULT_PERSON_TTL_SECONDS: i64 = 12 * 3600;
+
+/// A refusal of an expired token, with what to do: the text the proxy's 401 `Status` and the
+/// API's 401 carry (kubectl prints it).
+pub fn expired_message(record: &TokenRecord, get_new: &str) -> String {
+    let when = record
+        .expires
+        .and_then(|at| jiff::Timestamp::from_second(at).ok())
+        .map(|t| t.to_string())
+        .unwrap_or_default();
+    format!("the token {:?} expired at {when}: {get_new}", record.name)
+}
+
 /// The tokens the hub has issued, indexed by hash (every proxy request) and by account and
 /// name (rotation, and the Clouddriver kubeconfigs checked at every maintenance tick).
 pub struct Tokens {
@@ -269,11 +301,17 @@ impl Tokens {
         name: &str,
         role: Role,
         now_unix: i64,
+        limits: Limits,
     ) -> Result<(String, TokenRecord, Vec<StoreOp>)> {
         let token = encode(&random_bytes::<32>()?);
         // API tokens are indexed under the empty account, which no proxy token has (account
         // names are never empty).
-        self.put("", name, &token, None, Some(role), now_unix)
+        let what = Fields {
+            generation: None,
+            role: Some(role),
+            limits,
+        };
+        self.put("", name, &token, now_unix, what)
     }
 
     /// The token of `account` named `name`, if any.
@@ -291,9 +329,62 @@ impl Tokens {
         account: &str,
         name: &str,
         now_unix: i64,
+        expires: Option<i64>,
     ) -> Result<(String, TokenRecord, Vec<StoreOp>)> {
         let token = encode(&random_bytes::<32>()?);
-        self.put(account, name, &token, None, None, now_unix)
+        let limits = Limits {
+            expires,
+            accounts: Vec::new(),
+        };
+        let what = Fields {
+            generation: None,
+            role: None,
+            limits,
+        };
+        self.put(account, name, &token, now_unix, what)
+    }
+
+    /// Issues a random token of `account` named `name` that expires at `expires`, beside the
+    /// account's other tokens of that name rather than replacing them: an exec credential
+    /// plugin's (`scale-agent-hub token credential`), which each kubectl process may call,
+    /// and which must not end the tokens other processes still hold. Expired tokens of the
+    /// account are dropped in the same ops, so these do not pile up.
+    pub fn issue_session(
+        &mut self,
+        account: &str,
+        name: &str,
+        now_unix: i64,
+        expires: i64,
+    ) -> Result<(String, TokenRecord, Vec<StoreOp>)> {
+        let expired: Vec<String> = self
+            .records
+            .values()
+            .filter(|r| r.account == account && r.expired_at(now_unix))
+            .map(|r| r.id.clone())
+            .collect();
+        let mut ops = Vec::new();
+        for id in expired {
+            self.remove(&id);
+            ops.push(StoreOp::DeleteToken { id });
+        }
+        let token = encode(&random_bytes::<32>()?);
+        let record = TokenRecord {
+            id: hex(&random_bytes::<8>()?),
+            account: account.to_string(),
+            name: name.to_string(),
+            sha256: hex(&hash(&token)),
+            created: now_unix,
+            generation: None,
+            role: None,
+            revoked: false,
+            expires: Some(expires),
+            accounts: Vec::new(),
+        };
+        ops.push(StoreOp::PutToken {
+            record: record.clone(),
+        });
+        self.insert(record.clone());
+        Ok((token, record, ops))
     }
 
     /// The derived token of `account` named `name` (see the module docs), creating its
@@ -327,7 +418,12 @@ impl Tokens {
             );
         }
         let token = self.derive(account, name, generation);
-        self.put(account, name, &token, Some(generation), None, now_unix)
+        let what = Fields {
+            generation: Some(generation),
+            role: None,
+            limits: Limits::default(),
+        };
+        self.put(account, name, &token, now_unix, what)
     }
 
     /// Replaces the derived token of `account` named `name` with the next generation.
@@ -344,7 +440,12 @@ impl Tokens {
             .max(self.revoked_generation(account, name))
             .saturating_add(1);
         let token = self.derive(account, name, generation);
-        self.put(account, name, &token, Some(generation), None, now_unix)
+        let what = Fields {
+            generation: Some(generation),
+            role: None,
+            limits: Limits::default(),
+        };
+        self.put(account, name, &token, now_unix, what)
     }
 
     fn derive(&self, account: &str, name: &str, generation: u32) -> String {
@@ -357,10 +458,14 @@ impl Tokens {
         account: &str,
         name: &str,
         token: &str,
-        generation: Option<u32>,
-        role: Option<Role>,
         now_unix: i64,
+        what: Fields,
     ) -> Result<(String, TokenRecord, Vec<StoreOp>)> {
+        let Fields {
+            generation,
+            role,
+            limits,
+        } = what;
         let mut ops = Vec::new();
         if let Some(id) = self.find(account, name).map(|r| r.id.clone()) {
             self.remove(&id);
@@ -375,6 +480,8 @@ impl Tokens {
             generation,
             role,
             revoked: false,
+            expires: limits.expires,
+            accounts: limits.accounts,
         };
         ops.push(StoreOp::PutToken {
             record: record.clone(),
@@ -474,260 +581,4 @@ pub fn bearer(header: &str) -> Option<&str> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn tokens() -> Tokens {
-        Tokens::load(Vec::new(), None).unwrap().0
-    }
-
-    #[test]
-    fn issued_tokens_verify_by_hash_and_rotate_by_name() {
-        let mut t = tokens();
-        let (prod, record, ops) = t.issue("prod", "alice", 1).unwrap();
-        assert!(prod.starts_with(TOKEN_PREFIX) && prod.len() > 40, "{prod}");
-        assert_eq!(ops.len(), 1);
-        assert!(
-            !format!("{ops:?}").contains(&prod),
-            "the token itself is never stored"
-        );
-        assert_eq!(t.verify(&prod).map(|r| r.account.as_str()), Some("prod"));
-        assert_eq!(record.sha256, hex(&hash(&prod)));
-        assert!(t.verify("sat_wrong").is_none());
-        assert!(
-            t.verify(&prod[4..]).is_none(),
-            "the prefix is part of the token"
-        );
-
-        let (bob, _, _) = t.issue("prod", "bob", 2).unwrap();
-        let (rotated, _, ops) = t.issue("prod", "alice", 3).unwrap();
-        assert_eq!(
-            ops.len(),
-            2,
-            "old alice token deleted, new one stored: {ops:?}"
-        );
-        assert!(t.verify(&prod).is_none(), "rotation revokes the old token");
-        assert!(t.verify(&rotated).is_some() && t.verify(&bob).is_some());
-        assert_eq!(t.list().len(), 2);
-
-        let id = t.verify(&bob).map(|r| r.id.clone()).unwrap();
-        let (revoked, ops) = t.revoke(&id).unwrap();
-        assert_eq!(revoked.name, "bob");
-        assert!(matches!(&ops[..], [StoreOp::DeleteToken { id: x }] if *x == id));
-        assert!(t.verify(&bob).is_none());
-        assert!(t.revoke(&id).is_none());
-    }
-
-    #[test]
-    fn api_tokens_have_a_role_rotate_by_name_and_never_open_the_proxy() {
-        let mut t = tokens();
-        let (proxy, _, _) = t.issue("prod", "ci", 1).unwrap();
-        let (api, record, ops) = t.issue_api("ci", Role::Operator, 2).unwrap();
-        assert_eq!((record.kind(), record.role), ("api", Some(Role::Operator)));
-        assert!(record.account.is_empty());
-        assert!(
-            !format!("{ops:?}").contains(&api),
-            "the token itself is never stored"
-        );
-        assert!(
-            t.verify(&api).is_none(),
-            "an API token opens no proxy route"
-        );
-        assert!(
-            t.verify_api(&proxy).is_none(),
-            "a proxy token opens no API route"
-        );
-        assert_eq!(t.verify_api(&api).map(|r| r.name.as_str()), Some("ci"));
-        assert!(
-            t.verify(&proxy).is_some(),
-            "same name, other kind: both kept"
-        );
-
-        let (rotated, _, ops) = t.issue_api("ci", Role::Reader, 3).unwrap();
-        assert_eq!(ops.len(), 2, "old deleted, new stored: {ops:?}");
-        assert!(t.verify_api(&api).is_none());
-        assert_eq!(
-            t.verify_api(&rotated).and_then(|r| r.role),
-            Some(Role::Reader)
-        );
-        assert_eq!(t.list().len(), 2);
-
-        let json = serde_json::to_string(&t.verify_api(&rotated).unwrap()).unwrap();
-        assert!(
-            json.contains("\"role\":\"reader\"") && !json.contains("account"),
-            "{json}"
-        );
-        let proxy_record = serde_json::to_string(&t.verify(&proxy).unwrap()).unwrap();
-        assert!(
-            !proxy_record.contains("role"),
-            "stored proxy tokens are unchanged: {proxy_record}"
-        );
-        assert_eq!(
-            parse_sha256(&sha256_hex("x").to_uppercase()),
-            Some(sha256("x"))
-        );
-        assert_eq!(parse_sha256("abc"), None);
-    }
-
-    #[test]
-    fn derived_tokens_survive_a_reload_and_rotate_by_generation() {
-        let (mut t, key_ops) = Tokens::load(Vec::new(), None).unwrap();
-        let key = match &key_ops[..] {
-            [StoreOp::PutMeta { key, value }] if key == DERIVATION_KEY => value.clone(),
-            other => panic!("a new store gets a derivation key: {other:?}"),
-        };
-        let (first, _, ops) = t.derived("prod", CLOUDDRIVER_TOKEN, 1).unwrap();
-        assert_eq!(ops.len(), 1);
-        let (again, record, ops) = t.derived("prod", CLOUDDRIVER_TOKEN, 2).unwrap();
-        assert_eq!(record.generation, Some(1));
-        assert_eq!(first, again);
-        assert!(ops.is_empty(), "nothing to store the second time");
-
-        // A restart: the records and the key come back from the store.
-        let (mut reloaded, ops) = Tokens::load(t.list(), Some(&key)).unwrap();
-        assert!(ops.is_empty());
-        let (after_restart, _, ops) = reloaded.derived("prod", CLOUDDRIVER_TOKEN, 3).unwrap();
-        assert_eq!(after_restart, first, "same token after a restart");
-        assert!(ops.is_empty());
-        assert!(reloaded.verify(&first).is_some());
-
-        let (rotated, record, _) = reloaded
-            .rotate_derived("prod", CLOUDDRIVER_TOKEN, 4)
-            .unwrap();
-        assert_eq!(record.generation, Some(2));
-        assert_ne!(rotated, first);
-        assert!(reloaded.verify(&first).is_none());
-        assert_eq!(
-            reloaded.verify(&rotated).and_then(|r| r.generation),
-            Some(2)
-        );
-        // Another account's derived token differs, and another key derives other tokens.
-        let (staging, _, _) = reloaded.derived("staging", CLOUDDRIVER_TOKEN, 5).unwrap();
-        assert_ne!(staging, rotated);
-        let (mut other_hub, _) = Tokens::load(Vec::new(), None).unwrap();
-        assert_ne!(
-            other_hub.derived("prod", CLOUDDRIVER_TOKEN, 1).unwrap().0,
-            first
-        );
-    }
-
-    /// What a store holds after `ops`, as records (a restart or another replica reads these).
-    fn apply(store: &mut BTreeMap<String, TokenRecord>, ops: Vec<StoreOp>) {
-        for op in ops {
-            match op {
-                StoreOp::PutToken { record } => {
-                    store.insert(record.id.clone(), record);
-                }
-                StoreOp::DeleteToken { id } => {
-                    store.remove(&id);
-                }
-                _ => {}
-            }
-        }
-    }
-
-    #[test]
-    fn a_revoked_derived_token_never_comes_back() {
-        let mut store = BTreeMap::new();
-        let (mut t, key_ops) = Tokens::load(Vec::new(), None).unwrap();
-        let key = match &key_ops[..] {
-            [StoreOp::PutMeta { value, .. }] => value.clone(),
-            other => panic!("{other:?}"),
-        };
-        let (first, record, ops) = t.derived("prod", CLOUDDRIVER_TOKEN, 1).unwrap();
-        apply(&mut store, ops);
-        let (_, ops) = t.revoke(&record.id).unwrap();
-        apply(&mut store, ops);
-        assert!(t.verify(&first).is_none());
-        assert!(t.list().is_empty(), "a tombstone is not a token to list");
-        assert!(t.find("prod", CLOUDDRIVER_TOKEN).is_none());
-
-        // The registrar derives again at once: a new generation, never the revoked one.
-        let (second, record, ops) = t.derived("prod", CLOUDDRIVER_TOKEN, 2).unwrap();
-        apply(&mut store, ops);
-        assert_eq!(record.generation, Some(2));
-        assert_ne!(second, first);
-        assert!(t.verify(&first).is_none());
-
-        // Rotate, then revoke the rotated one: neither earlier generation returns.
-        let (third, record, ops) = t.rotate_derived("prod", CLOUDDRIVER_TOKEN, 3).unwrap();
-        apply(&mut store, ops);
-        assert_eq!(record.generation, Some(3));
-        let (_, ops) = t.revoke(&record.id).unwrap();
-        apply(&mut store, ops);
-        let (fourth, record, ops) = t.derived("prod", CLOUDDRIVER_TOKEN, 4).unwrap();
-        apply(&mut store, ops);
-        assert_eq!(record.generation, Some(4));
-        for old in [&first, &second, &third] {
-            assert!(t.verify(old).is_none());
-            assert_ne!(old, &fourth);
-        }
-
-        // A restart (or another replica) reads the tombstone from the store.
-        let records: Vec<TokenRecord> = store.values().cloned().collect();
-        assert_eq!(
-            records.iter().filter(|r| r.revoked).count(),
-            1,
-            "one tombstone per account and name: {records:?}"
-        );
-        let (mut reloaded, _) = Tokens::load(records.clone(), Some(&key)).unwrap();
-        assert_eq!(reloaded.revoked_generation("prod", CLOUDDRIVER_TOKEN), 3);
-        assert_eq!(
-            reloaded.derived("prod", CLOUDDRIVER_TOKEN, 5).unwrap().0,
-            fourth
-        );
-        // A replica that had not seen the revocation wrote generation 3 back: still refused.
-        let mut stale = records;
-        stale.push(TokenRecord {
-            id: "stale".into(),
-            account: "prod".into(),
-            name: CLOUDDRIVER_TOKEN.into(),
-            sha256: sha256_hex(&third),
-            created: 3,
-            generation: Some(3),
-            role: None,
-            revoked: false,
-        });
-        reloaded.replace_records(stale);
-        assert!(reloaded.verify(&third).is_none());
-        // Revoking everything and a new store record: the floor holds on a fresh load too.
-        let (mut fresh, _) = Tokens::load(store.values().cloned().collect(), Some(&key)).unwrap();
-        let id = fresh.find("prod", CLOUDDRIVER_TOKEN).unwrap().id.clone();
-        let (_, ops) = fresh.revoke(&id).unwrap();
-        apply(&mut store, ops);
-        let (mut after, _) = Tokens::load(store.values().cloned().collect(), Some(&key)).unwrap();
-        let (fifth, record, _) = after.derived("prod", CLOUDDRIVER_TOKEN, 6).unwrap();
-        assert_eq!(record.generation, Some(5));
-        assert!(after.verify(&fourth).is_none());
-        assert!(after.verify(&fifth).is_some());
-    }
-
-    #[test]
-    fn admin_token_file_is_created_private_and_read_back() {
-        use std::os::unix::fs::PermissionsExt as _;
-        let dir = std::env::temp_dir().join(format!("hub-admin-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let path = dir.join("sub").join("admin-token");
-        let (token, created) = AdminToken::read_or_create(&path).unwrap();
-        assert!(created);
-        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o600);
-        let (again, created) = AdminToken::read_or_create(&path).unwrap();
-        assert!(!created);
-        assert_eq!(token, again);
-        let admin = AdminToken::new(&token);
-        assert!(admin.matches(&token) && admin.matches(&format!("{token}\n")));
-        assert!(!admin.matches("sat_other"));
-        assert!(!format!("{admin:?}").contains(&token));
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn bearer_headers() {
-        assert_eq!(bearer("Bearer abc"), Some("abc"));
-        assert_eq!(bearer("bearer  abc "), Some("abc"));
-        assert_eq!(bearer("Basic abc"), None);
-        assert_eq!(bearer("Bearer "), None);
-        assert_eq!(bearer("abc"), None);
-    }
-}
+mod tests;

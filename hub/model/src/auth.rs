@@ -19,6 +19,8 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
+    /// `GET /metrics` and nothing else (a Prometheus scraper).
+    Metrics,
     /// Agents, accounts, objects, Clouddriver registration status, metrics.
     Reader,
     /// Plus submitting and reading operations.
@@ -30,6 +32,7 @@ pub enum Role {
 impl Role {
     pub fn as_str(self) -> &'static str {
         match self {
+            Role::Metrics => "metrics",
             Role::Reader => "reader",
             Role::Operator => "operator",
             Role::Admin => "admin",
@@ -52,6 +55,9 @@ pub enum Source {
     TokensFile,
     /// Issued by the hub and kept in its store.
     Hub,
+    /// An OIDC ID token from an issuer of `--authentication-config`, its role from
+    /// `--oidc-access`.
+    Oidc,
 }
 
 /// Who called: the token's name, role and source. Handlers find it in the request's
@@ -61,6 +67,9 @@ pub struct Caller {
     pub name: String,
     pub role: Role,
     pub source: Source,
+    /// Globs of the accounts the caller may address on the account routes; empty: every
+    /// account.
+    pub accounts: Vec<String>,
 }
 
 impl Caller {
@@ -69,6 +78,28 @@ impl Caller {
         match self.source {
             Source::AdminTokenFile => "admin",
             Source::TokensFile | Source::Hub => "api",
+            Source::Oidc => "oidc",
         }
     }
+
+    /// Whether the caller has account globs and none admits `account`.
+    pub fn refuses_account(&self, account: &str) -> bool {
+        !self.accounts.is_empty()
+            && !self
+                .accounts
+                .iter()
+                .any(|p| crate::identity::glob_match(p, account))
+    }
+}
+
+/// Who reached an account through the proxy, as the hub authenticated them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProxyCaller {
+    /// The token's name for a hub-issued token (the agent's own identity for Clouddriver's
+    /// account token), or the OIDC username after the issuer's prefix is applied.
+    pub user: String,
+    /// Groups: the OIDC groups claim after its prefix; empty for hub-issued tokens.
+    pub groups: Vec<String>,
+    /// A person (OIDC, or a token issued for a person) rather than Clouddriver's machine token.
+    pub person: bool,
 }

@@ -80,6 +80,15 @@ pub struct TokenRecord {
     /// now or after a restart, derives that generation or an earlier one again.
     #[serde(default, skip_serializing_if = "is_false")]
     pub revoked: bool,
+    /// Unix seconds after which the token opens nothing. `None`: it does not expire (the
+    /// Clouddriver token, and every record written before tokens had an expiry, which keep
+    /// working as they did).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires: Option<i64>,
+    /// API tokens only: globs (`*` any run of characters) of the accounts the token may
+    /// address on the account routes (`/api/v1/accounts/<name>/...`); empty: every account.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub accounts: Vec<String>,
 }
 
 fn is_false(value: &bool) -> bool {
@@ -90,6 +99,11 @@ impl TokenRecord {
     /// `proxy` or `api`.
     pub fn kind(&self) -> &'static str {
         if self.role.is_some() { "api" } else { "proxy" }
+    }
+
+    /// Whether the token has expired at `now_unix` (Unix seconds).
+    pub fn expired_at(&self, now_unix: i64) -> bool {
+        self.expires.is_some_and(|expires| now_unix >= expires)
     }
 }
 

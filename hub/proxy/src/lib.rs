@@ -58,6 +58,7 @@ use axum::{
     routing::any,
 };
 use scale_agent_hub_auth::AuthBook;
+use scale_agent_hub_model::auth::ProxyCaller;
 use scale_agent_hub_replicas::Replicas;
 use scale_agent_hub_state::Live;
 
@@ -222,7 +223,14 @@ pub fn split_path(path: &str) -> Option<(&str, &str)> {
     Some((account, api_path))
 }
 
-fn authenticate(auth: &AuthBook, headers: &HeaderMap, account: &str) -> Result<(), Status> {
+/// Who presents the request's bearer token, if it opens `account`: a token the hub issued
+/// for the account (not expired), or an OIDC ID token whose user or groups `--oidc-access`
+/// admits to it. The refusal is the `Status` kubectl prints.
+async fn authenticate(
+    auth: &AuthBook,
+    headers: &HeaderMap,
+    account: &str,
+) -> Result<ProxyCaller, Status> {
     let get_one =
         format!("get a kubeconfig for it with `scale-agent-hub kubeconfig --account {account}`");
     let Some(value) = headers.get(header::AUTHORIZATION) else {
@@ -239,21 +247,67 @@ fn authenticate(auth: &AuthBook, headers: &HeaderMap, account: &str) -> Result<(
             "the Authorization header must be `Bearer <token>`: {get_one}"
         )));
     };
-    let owner = auth.tokens().verify(token).map(|r| r.account.clone());
-    match owner {
+    if scale_agent_hub_auth::oidc::looks_like_jwt(token) {
+        return authenticate_oidc(auth, token, account).await;
+    }
+    let record = auth.tokens().verify(token).cloned();
+    match record {
         None => Err(Status::unauthorized(format!(
             "the token is not valid here (unknown, revoked, or issued by another hub): {get_one}"
         ))),
-        Some(owner) if owner != account => Err(Status::forbidden(format!(
-            "this token belongs to account {owner:?} and cannot reach account {account:?}"
+        Some(record) if record.account != account => Err(Status::forbidden(format!(
+            "this token belongs to account {:?} and cannot reach account {account:?}",
+            record.account
         ))),
-        Some(_) => Ok(()),
+        Some(record) if record.expired_at(jiff::Timestamp::now().as_second()) => Err(
+            Status::unauthorized(scale_agent_hub_auth::tokens::expired_message(
+                &record,
+                &format!(
+                    "get a new one with `scale-agent-hub kubeconfig --account {account} \
+                     --token-name {}`, or write an exec-plugin kubeconfig (`scale-agent-hub \
+                     kubeconfig --exec`) that fetches fresh tokens itself",
+                    record.name
+                ),
+            )),
+        ),
+        Some(record) => Ok(ProxyCaller {
+            person: record.name != scale_agent_hub_auth::tokens::CLOUDDRIVER_TOKEN,
+            user: record.name,
+            groups: Vec::new(),
+        }),
+    }
+}
+
+/// An OIDC ID token: verified against its issuer's keys, then admitted to `account` by the
+/// access rules.
+async fn authenticate_oidc(
+    auth: &AuthBook,
+    token: &str,
+    account: &str,
+) -> Result<ProxyCaller, Status> {
+    let Some(oidc) = auth.oidc() else {
+        return Err(Status::unauthorized(
+            "this hub accepts no OIDC ID tokens: start it with --authentication-config \
+             naming the issuer, or use a token the hub issued (`scale-agent-hub kubeconfig`)",
+        ));
+    };
+    let person = oidc
+        .authenticate(token)
+        .await
+        .map_err(|e| Status::unauthorized(format!("the OIDC ID token is refused: {e}")))?;
+    match oidc.access().admits(&person, account) {
+        Ok(()) => Ok(ProxyCaller {
+            user: person.user,
+            groups: person.groups,
+            person: true,
+        }),
+        Err(reason) => Err(Status::forbidden(reason)),
     }
 }
 
 /// Answers a request: from another replica that owns the account, the discovery cache, the
 /// cache, or an agent; `Err` is the hub's own refusal.
-async fn answer(proxy: &Arc<Proxy>, request: Request) -> Result<(Response, Served), Status> {
+async fn answer(proxy: &Arc<Proxy>, mut request: Request) -> Result<(Response, Served), Status> {
     let (account, api_path) = split_path(request.uri().path())
         .map(|(a, p)| (a.to_string(), p.to_string()))
         .ok_or_else(|| Status::not_found("not a proxy path: use /clusters/<account>/..."))?;
@@ -265,7 +319,10 @@ async fn answer(proxy: &Arc<Proxy>, request: Request) -> Result<(Response, Serve
         .get::<scale_agent_hub_replicas::owners::forward::Forwarded>()
         .is_none()
     {
-        authenticate(&proxy.auth, request.headers(), &account)?;
+        let caller = authenticate(&proxy.auth, request.headers(), &account).await?;
+        tracing::debug!(user = %caller.user, person = caller.person, "proxy caller authenticated");
+        // Who called travels with the request, for what replays it in the target cluster.
+        request.extensions_mut().insert(caller);
     }
     // The account's agents stream to its owner, which also keeps its cache: everything,
     // cached reads included, is served there.
@@ -341,7 +398,6 @@ async fn answer(proxy: &Arc<Proxy>, request: Request) -> Result<(Response, Serve
         return Err(degraded.refuse_write(&account, &proxy.metrics));
     }
     let changes_kinds = discovery::changes_kinds(&method, api_path);
-    let mut request = request;
     // exec, attach, port-forward: after the API server's 101 the exchange carries the
     // connection's bytes both ways.
     let upgrade = headers::is_upgrade(request.headers()).then(|| hyper::upgrade::on(&mut request));

@@ -55,6 +55,17 @@ pub enum Admin {
         /// With --token-name clouddriver: replace that token (the old one stops working).
         #[arg(long)]
         rotate: bool,
+        /// How long the token lasts (`90m`, `12h`; `0s`: no expiry). Default: the hub's
+        /// --token-ttl (12 h). Clouddriver's token never expires.
+        #[arg(long)]
+        ttl: Option<String>,
+        /// Write a kubeconfig that embeds no token: kubectl runs `scale-agent-hub token
+        /// credential` (an exec credential plugin) for a fresh one whenever the last expired.
+        /// The plugin presents --token-file (an API token with role operator, which may be
+        /// limited to this account) or the admin token file; the hub names the token after
+        /// that token's owner.
+        #[arg(long, conflicts_with_all = ["rotate", "token_name"])]
+        exec: bool,
         /// Write the kubeconfig to this file (mode 0600) instead of standard output.
         #[arg(long, short = 'o')]
         output: Option<PathBuf>,
@@ -155,10 +166,32 @@ pub enum TokenAction {
         /// Who or what the token is for (it names the caller in 403 messages and audit lines).
         #[arg(long)]
         name: String,
-        /// reader (agents, accounts, objects, metrics), operator (plus operations) or admin
-        /// (plus tokens and kubeconfigs).
+        /// metrics (GET /metrics only), reader (agents, accounts, objects, metrics),
+        /// operator (plus operations and exec credentials) or admin (plus tokens and
+        /// kubeconfigs).
         #[arg(long, value_enum)]
         role: Role,
+        /// How long it lasts (`90m`, `12h`; `0s`: no expiry). Default: the hub's
+        /// --token-ttl (12 h).
+        #[arg(long)]
+        ttl: Option<String>,
+        /// Globs of the accounts it may address (`prod-*`), comma-separated; routes of
+        /// other accounts answer 403. Default: every account.
+        #[arg(long, value_delimiter = ',')]
+        accounts: Vec<String>,
+        #[command(flatten)]
+        hub: HubAccess,
+    },
+    /// Print a `client.authentication.k8s.io/v1` ExecCredential with a fresh proxy token for
+    /// an account (what `kubeconfig --exec` kubeconfigs run; kubectl calls it again when the
+    /// token expires).
+    Credential {
+        /// The Spinnaker account.
+        #[arg(long)]
+        account: String,
+        /// How long the token lasts. Default: the hub's --token-ttl.
+        #[arg(long)]
+        ttl: Option<String>,
         #[command(flatten)]
         hub: HubAccess,
     },
@@ -170,6 +203,10 @@ pub enum TokenAction {
         name: String,
         #[arg(long, value_enum)]
         role: Role,
+        /// Globs of the accounts it may address (`prod-*`), comma-separated. Default: every
+        /// account.
+        #[arg(long, value_delimiter = ',')]
+        accounts: Vec<String>,
         /// Make a new random token instead of reading one.
         #[arg(long)]
         generate: bool,
@@ -209,6 +246,10 @@ pub struct HubAccess {
     /// File with the admin token. Default: <data-dir>/admin-token.
     #[arg(long, env = "SCALE_AGENT_HUB_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
+    /// File with an API token to present instead of the admin token (a person's token
+    /// for `token credential`).
+    #[arg(long, env = "SCALE_AGENT_HUB_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
     /// The hub's data directory (for the default admin token file).
     #[arg(long, env = "SCALE_AGENT_HUB_DATA_DIR", default_value = "data")]
     pub data_dir: PathBuf,
@@ -221,15 +262,24 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
             account,
             token_name,
             rotate,
+            ttl,
+            exec,
             output,
             hub,
         } => {
-            let path = format!(
-                "/api/v1/accounts/{account}/kubeconfig?tokenName={}{}",
-                encode_query(&token_name),
-                if rotate { "&rotate=true" } else { "" }
-            );
-            let yaml = hub.call("POST", &path).await?;
+            let yaml = if exec {
+                exec_kubeconfig(&account, ttl.as_deref(), &hub)?
+            } else {
+                let path = format!(
+                    "/api/v1/accounts/{account}/kubeconfig?tokenName={}{}{}",
+                    encode_query(&token_name),
+                    if rotate { "&rotate=true" } else { "" },
+                    ttl.as_deref()
+                        .map(|t| format!("&ttl={}", encode_query(t)))
+                        .unwrap_or_default()
+                );
+                hub.call("POST", &path).await?
+            };
             match output {
                 Some(file) => {
                     scale_agent_runtime::write_private(&file, yaml.as_bytes())
@@ -246,8 +296,30 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
             Ok(())
         }
         Admin::Token { action } => match action {
-            TokenAction::Create { name, role, hub } => {
-                let body = serde_json::to_vec(&CreateToken { name, role })?;
+            TokenAction::Credential { account, ttl, hub } => {
+                let path = format!(
+                    "/api/v1/accounts/{}/credential{}",
+                    encode_query(&account),
+                    ttl.as_deref()
+                        .map(|t| format!("?ttl={}", encode_query(t)))
+                        .unwrap_or_default()
+                );
+                println!("{}", hub.call("POST", &path).await?);
+                Ok(())
+            }
+            TokenAction::Create {
+                name,
+                role,
+                ttl,
+                accounts,
+                hub,
+            } => {
+                let body = serde_json::to_vec(&CreateToken {
+                    name,
+                    role,
+                    ttl,
+                    accounts,
+                })?;
                 let answer = hub.call_with("POST", "/api/v1/tokens", body).await?;
                 let created: CreatedToken =
                     serde_json::from_str(&answer).context("the hub's answer")?;
@@ -261,6 +333,7 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
             TokenAction::Hash {
                 name,
                 role,
+                accounts,
                 generate,
             } => {
                 let token = if generate {
@@ -278,7 +351,10 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
                     );
                     secret
                 };
-                print!("{}", crate::api_auth::file_entry(&name, role, &token));
+                print!(
+                    "{}",
+                    crate::api_auth::scoped_file_entry(&name, role, &accounts, &token)
+                );
                 Ok(())
             }
             TokenAction::List { hub } => {
@@ -415,6 +491,56 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
     }
 }
 
+/// The kubeconfig of `kubeconfig --exec`: this program, with the same hub access, as the
+/// exec credential plugin.
+fn exec_kubeconfig(account: &str, ttl: Option<&str>, hub: &HubAccess) -> anyhow::Result<String> {
+    let program = std::env::current_exe().context("cannot tell this program's own path")?;
+    let absolute = |path: &PathBuf| -> anyhow::Result<String> {
+        let path = std::path::absolute(path)
+            .with_context(|| format!("cannot make {} absolute", path.display()))?;
+        Ok(path.display().to_string())
+    };
+    let mut args = vec![
+        "token".to_string(),
+        "credential".to_string(),
+        format!("--account={account}"),
+        format!("--hub-url={}", hub.hub_url),
+    ];
+    if let Some(ttl) = ttl {
+        args.push(format!("--ttl={ttl}"));
+    }
+    if let Some(ca) = &hub.ca_file {
+        args.push(format!("--ca-file={}", absolute(ca)?));
+    }
+    if let Some(name) = &hub.server_name {
+        args.push(format!("--server-name={name}"));
+    }
+    match (&hub.token_file, &hub.admin_token_file) {
+        (Some(file), _) => args.push(format!("--token-file={}", absolute(file)?)),
+        (None, Some(file)) => args.push(format!("--admin-token-file={}", absolute(file)?)),
+        (None, None) => args.push(format!("--data-dir={}", absolute(&hub.data_dir)?)),
+    }
+    let ca_pem = hub
+        .ca_file
+        .as_ref()
+        .map(|path| {
+            std::fs::read(path).with_context(|| format!("cannot read --ca-file {}", path.display()))
+        })
+        .transpose()?;
+    Ok(crate::kubeconfig::render_exec(
+        &crate::kubeconfig::KubeconfigFor {
+            account,
+            public_url: &hub.hub_url,
+            ca_pem: ca_pem.as_deref(),
+            token: "",
+        },
+        &crate::kubeconfig::ExecCommand {
+            command: &program.display().to_string(),
+            args: &args,
+        },
+    ))
+}
+
 /// Rows as aligned columns.
 pub(super) fn table(rows: &[Vec<String>]) -> String {
     let columns = rows.first().map_or(0, Vec::len);
@@ -465,17 +591,24 @@ pub fn token_table(tokens: &[TokenView]) -> String {
         "SOURCE".to_string(),
         "CREATED".to_string(),
         "DERIVED".to_string(),
+        "EXPIRES".to_string(),
     ]];
     for t in tokens {
         rows.push(vec![
             dash(&t.id),
             dash(&t.kind),
             t.role.map_or("-".to_string(), |r| r.to_string()),
-            dash(&t.account),
+            // An API token's account globs stand where a proxy token's account does.
+            dash(&if t.account.is_empty() {
+                t.accounts.join(",")
+            } else {
+                t.account.clone()
+            }),
             t.name.clone(),
             dash(&t.source),
             dash(&t.created),
             t.derived.to_string(),
+            dash(&t.expires),
         ]);
     }
     table(&rows)
@@ -483,6 +616,11 @@ pub fn token_table(tokens: &[TokenView]) -> String {
 
 impl HubAccess {
     fn admin_token(&self) -> anyhow::Result<String> {
+        if let Some(path) = &self.token_file {
+            let token = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read --token-file {}", path.display()))?;
+            return Ok(token.trim().to_string());
+        }
         let path = self
             .admin_token_file
             .clone()
@@ -589,133 +727,4 @@ impl hyper_rustls::ResolveServerName for FixedName {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn admin_commands_are_recognised_by_their_first_word() {
-        assert!(is_admin_command(Some("kubeconfig")));
-        assert!(is_admin_command(Some("token")));
-        assert!(!is_admin_command(Some("--grpc-addr")));
-        assert!(is_admin_command(Some("agent-token")));
-        assert!(is_admin_command(Some("account")));
-        let parsed = AdminCommand::try_parse_from([
-            "scale-agent-hub",
-            "agent-token",
-            "create",
-            "--identity",
-            "prod-agent",
-            "--accounts",
-            "prod-*",
-            "--ttl",
-            "1h",
-            "--once",
-        ])
-        .unwrap();
-        assert!(matches!(
-            parsed.command,
-            Admin::AgentToken { action: AgentTokenAction::Create { ref identity, once: true, .. } } if identity == "prod-agent"
-        ));
-        let parsed = AdminCommand::try_parse_from([
-            "scale-agent-hub",
-            "account",
-            "rebind",
-            "prod",
-            "--identity",
-            "prod-agent-2",
-        ])
-        .unwrap();
-        assert!(matches!(
-            parsed.command,
-            Admin::Account { action: AccountAction::Rebind { ref name, ref identity, .. } } if name == "prod" && identity == "prod-agent-2"
-        ));
-        assert!(!is_admin_command(None));
-        let parsed = AdminCommand::try_parse_from([
-            "scale-agent-hub",
-            "kubeconfig",
-            "--account",
-            "prod",
-            "--hub-url",
-            "https://hub:8443",
-        ])
-        .unwrap();
-        assert!(
-            matches!(parsed.command, Admin::Kubeconfig { ref account, .. } if account == "prod")
-        );
-        assert!(AdminCommand::try_parse_from(["scale-agent-hub", "kubeconfig"]).is_err());
-        let parsed = AdminCommand::try_parse_from([
-            "scale-agent-hub",
-            "token",
-            "create",
-            "--name",
-            "ci",
-            "--role",
-            "operator",
-        ])
-        .unwrap();
-        assert!(
-            matches!(parsed.command, Admin::Token { action: TokenAction::Create { ref name, role: Role::Operator, .. } } if name == "ci")
-        );
-        assert!(
-            AdminCommand::try_parse_from([
-                "scale-agent-hub",
-                "token",
-                "create",
-                "--name",
-                "ci",
-                "--role",
-                "root",
-            ])
-            .is_err()
-        );
-        let parsed =
-            AdminCommand::try_parse_from(["scale-agent-hub", "token", "revoke", "abc"]).unwrap();
-        assert!(
-            matches!(parsed.command, Admin::Token { action: TokenAction::Revoke { ref id, .. } } if id == "abc")
-        );
-        let parsed = AdminCommand::try_parse_from([
-            "scale-agent-hub",
-            "token",
-            "list",
-            "--hub-url",
-            "https://hub:8443",
-        ])
-        .unwrap();
-        assert!(
-            matches!(parsed.command, Admin::Token { action: TokenAction::List { ref hub } } if hub.hub_url == "https://hub:8443")
-        );
-    }
-
-    #[test]
-    fn token_tables_align() {
-        let table = token_table(&[
-            TokenView {
-                id: "0123".into(),
-                kind: "proxy".into(),
-                source: "hub".into(),
-                role: None,
-                account: "prod".into(),
-                name: "clouddriver".into(),
-                created: "2026-11-23T00:00:00Z".into(),
-                derived: true,
-            },
-            TokenView {
-                id: String::new(),
-                kind: "api".into(),
-                source: "file".into(),
-                role: Some(Role::Operator),
-                account: String::new(),
-                name: "ci".into(),
-                created: String::new(),
-                derived: false,
-            },
-        ]);
-        assert_eq!(
-            table,
-            "ID    KIND   ROLE      ACCOUNT  NAME         SOURCE  CREATED               DERIVED\n\
-             0123  proxy  -         prod     clouddriver  hub     2026-11-23T00:00:00Z  true\n\
-             -     api    operator  -        ci           file    -                     false"
-        );
-        assert_eq!(encode_query("a b/c"), "a%20b%2Fc");
-    }
-}
+mod tests;

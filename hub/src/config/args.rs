@@ -221,14 +221,39 @@ pub struct ApiArgs {
     #[arg(long, env = "SCALE_AGENT_HUB_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
 
-    /// YAML or JSON list of API tokens, `[{name, role, sha256}]` with role reader, operator
-    /// or admin and the token's SHA-256 in hex (`scale-agent-hub token hash`); re-read when it
+    /// YAML or JSON list of API tokens, `[{name, role, sha256, accounts}]` with role metrics,
+    /// reader, operator or admin, optional account globs limiting the account routes it
+    /// opens, and the token's SHA-256 in hex (`scale-agent-hub token hash`); re-read when it
     /// changes (a broken file keeps the previous tokens). A missing file holds no tokens
     /// until it appears.
     #[arg(long, env = "SCALE_AGENT_HUB_API_TOKENS_FILE")]
     pub api_tokens_file: Option<PathBuf>,
 
-    /// Serve /metrics without a bearer token (by default it needs role reader).
+    /// The Kubernetes API server's structured authentication configuration
+    /// (`kind: AuthenticationConfiguration`, `jwt:` issuers with url, audiences,
+    /// certificateAuthority and username/groups claim mappings): the proxy and the REST API
+    /// accept those issuers' OIDC ID tokens. Fields the hub does not support are refused by
+    /// name. See the hub README, "People and teams".
+    #[arg(long, env = "SCALE_AGENT_HUB_AUTHENTICATION_CONFIG")]
+    pub authentication_config: Option<PathBuf>,
+
+    /// YAML list of rules giving people signed in with OIDC their accounts and API role:
+    /// `[{groups: [...], users: [...], accounts: [globs], role: reader}]` (names after the
+    /// issuer's prefixes). Without it they reach nothing.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_HUB_OIDC_ACCESS",
+        requires = "authentication_config"
+    )]
+    pub oidc_access: Option<PathBuf>,
+
+    /// How long a token the hub issues for a person lasts (a kubeconfig's token other than
+    /// Clouddriver's, an API token) unless the request asks for another `ttl`; `0s`: no
+    /// expiry. Clouddriver's token never expires: the hub renders and rotates it itself.
+    #[arg(long, env = "SCALE_AGENT_HUB_TOKEN_TTL", default_value = "12h", value_parser = parse_duration)]
+    pub token_ttl: std::time::Duration,
+
+    /// Serve /metrics without a bearer token (by default it needs role metrics or more).
     #[arg(long, env = "SCALE_AGENT_HUB_METRICS_UNAUTHENTICATED")]
     pub metrics_unauthenticated: bool,
 
@@ -487,7 +512,7 @@ mod tests {
             .get_arguments()
             .filter(|arg| !matches!(arg.get_id().as_str(), "help" | "version"))
             .collect();
-        assert_eq!(flags.len(), 52);
+        assert_eq!(flags.len(), 55);
         for arg in flags {
             let id = arg.get_id().as_str();
             let long = arg

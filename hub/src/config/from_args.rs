@@ -300,6 +300,9 @@ impl ApiArgs {
             serving_ca,
             admin_token_file,
             api_tokens_file,
+            authentication_config,
+            oidc_access,
+            token_ttl,
             metrics_unauthenticated,
             max_request_bytes,
         } = self;
@@ -318,6 +321,9 @@ impl ApiArgs {
         config.api.admin_token_file =
             Some(admin_token_file.unwrap_or_else(|| config.store.data_dir.join("admin-token")));
         config.api.api_tokens_file = api_tokens_file;
+        config.api.authentication_config = authentication_config;
+        config.api.oidc_access = oidc_access;
+        config.api.token_ttl = token_ttl;
         config.api.metrics_unauthenticated = metrics_unauthenticated;
         config.api.max_request_bytes = max_request_bytes;
         Ok(())

@@ -105,6 +105,12 @@ pub struct ApiConfig {
     pub admin_token_file: Option<PathBuf>,
     /// YAML or JSON list of API tokens (`{name, role, sha256}`), re-read when it changes.
     pub api_tokens_file: Option<PathBuf>,
+    /// `--authentication-config`: the OIDC issuers whose ID tokens the hub accepts.
+    pub authentication_config: Option<PathBuf>,
+    /// `--oidc-access`: the accounts and API role of people signed in with OIDC.
+    pub oidc_access: Option<PathBuf>,
+    /// Default lifetime of the tokens the hub issues for people; zero: no expiry.
+    pub token_ttl: std::time::Duration,
     /// Serve `/metrics` without a token (for a scraper that cannot send one).
     pub metrics_unauthenticated: bool,
     /// Largest body of a REST API request (an operation's manifests).
@@ -226,6 +232,9 @@ impl Config {
                 serving_ca_pem: None,
                 admin_token_file: Some(data_dir.join("admin-token")),
                 api_tokens_file: None,
+                authentication_config: None,
+                oidc_access: None,
+                token_ttl: DEFAULT_TOKEN_TTL,
                 metrics_unauthenticated: false,
                 max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             },
@@ -434,6 +443,9 @@ pub use scale_agent_runtime::LogFormat;
 /// Default of `--max-staged-bytes`: 512 MiB.
 pub const DEFAULT_MAX_STAGED_BYTES: u64 = 512 * 1024 * 1024;
 /// Default of `--max-request-bytes`: 8 MiB.
+/// Default lifetime of the tokens the hub issues for people (`--token-ttl`): a working day.
+pub const DEFAULT_TOKEN_TTL: std::time::Duration =
+    std::time::Duration::from_secs(scale_agent_hub_auth::tokens::DEFAULT_PERSON_TTL_SECONDS as u64);
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 8 * 1024 * 1024;
 
 pub use scale_agent_hub_model::time::parse_duration;

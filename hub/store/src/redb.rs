@@ -934,6 +934,8 @@ mod tests {
             generation: None,
             role: None,
             revoked: false,
+            expires: None,
+            accounts: Vec::new(),
         };
         {
             let mut store = RedbStore::open(&dir).unwrap();

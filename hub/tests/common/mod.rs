@@ -17,6 +17,8 @@ use std::{
     time::Duration,
 };
 
+pub mod kubectl;
+
 use bytes::Bytes;
 use scale_agent_hub::{Config, GrpcSecurity, HttpSecurity, RunningHub, TlsMaterial};
 use scale_agent_proto::v1::{

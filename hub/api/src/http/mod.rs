@@ -57,6 +57,8 @@ pub struct ApiSettings {
     pub operation_retention: Duration,
     /// Serve `/metrics` without a token.
     pub metrics_unauthenticated: bool,
+    /// Default lifetime of the tokens issued for people (`--token-ttl`); zero: no expiry.
+    pub token_ttl: Duration,
 }
 
 /// What the REST API's routes work with: the handles the hub's wiring builds at start-up
@@ -101,7 +103,7 @@ pub fn router(api: ApiState) -> Router {
     let metrics_route = if api.settings.metrics_unauthenticated {
         metrics_route
     } else {
-        metrics_route.route_layer(role(Role::Reader))
+        metrics_route.route_layer(role(Role::Metrics))
     };
     let reader = Router::new()
         .route("/api/v1/agents", get(agents))
@@ -117,6 +119,10 @@ pub fn router(api: ApiState) -> Router {
             post(submit_operation).layer(DefaultBodyLimit::max(max_request_bytes)),
         )
         .route("/api/v1/operations/{id}", get(operation))
+        .route(
+            "/api/v1/accounts/{name}/credential",
+            axum::routing::post(crate::credential::issue_credential),
+        )
         .merge(account_operations(&api))
         .route_layer(role(Role::Operator));
     let admin = crate::admin_api::router()

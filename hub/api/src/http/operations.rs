@@ -108,13 +108,21 @@ pub(super) async fn submit_operation(
     (status, Json(body)).into_response()
 }
 
-/// An operation by id alone: a hub-made id, or a client id that one account has.
+/// An operation by id alone: a hub-made id, or a client id that one account has. A caller
+/// limited to account globs sees only operations of accounts they admit (the others are
+/// not found, as if they did not exist).
 pub(super) async fn operation(
     State(api): State<Arc<ApiState>>,
     Path(id): Path<String>,
+    axum::Extension(caller): axum::Extension<Caller>,
 ) -> Response {
     let retention = api.settings.operation_retention;
     let mut found = api.operations.operations.lookup(None, &id, retention);
+    found.retain(|op| {
+        op.account
+            .as_deref()
+            .is_none_or(|account| !caller.refuses_account(account))
+    });
     match found.len() {
         0 => operation_not_found(&id, retention),
         1 => Json(found.remove(0)).into_response(),

@@ -396,6 +396,7 @@ pub async fn internal_auth(
             format!("{caller} (through replica {from})")
         },
         role: Role::Operator,
+        accounts: Vec::new(),
         source: Source::Hub,
     });
     request.extensions_mut().insert(Forwarded { from });
