@@ -300,6 +300,7 @@ impl ApiArgs {
             api_tokens_file,
             metrics_unauthenticated,
             max_request_bytes,
+            proxy_audit_reads,
         } = self;
         if let Some(url) = &public_url
             && !(url.starts_with("https://") || url.starts_with("http://"))
@@ -318,6 +319,7 @@ impl ApiArgs {
         config.api.api_tokens_file = api_tokens_file;
         config.api.metrics_unauthenticated = metrics_unauthenticated;
         config.api.max_request_bytes = max_request_bytes;
+        config.api.proxy_audit_reads = proxy_audit_reads;
         Ok(())
     }
 }
