@@ -68,6 +68,22 @@ pub fn acting(account: &AccountConfig, caller: Option<&pb::ProxyCaller>) -> Acti
         .caller_prefix
         .as_deref()
         .unwrap_or(DEFAULT_CALLER_PREFIX);
+    // The CRD's pattern, for configs written by hand: any other prefix could name the
+    // cluster's own users and groups.
+    let tail = prefix
+        .strip_prefix("scale-agent")
+        .and_then(|t| t.strip_suffix(':'));
+    if !tail.is_some_and(|t| {
+        t.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+    }) {
+        return Acting::Refused(format!(
+            "account {:?} has callerPrefix {prefix:?}, which must start with `scale-agent` and \
+             end with `:` (e.g. `scale-agent:`) so that no caller is impersonated as one of the \
+             cluster's own users or groups: fix the agent's config",
+            account.name
+        ));
+    }
     Acting::Person(Impersonation {
         user: format!("{prefix}{}", caller.user),
         groups: caller
@@ -132,13 +148,23 @@ mod tests {
             ]
         );
         let custom = AccountConfig {
-            caller_prefix: Some("hub:".into()),
+            caller_prefix: Some("scale-agent-prod:".into()),
             ..account.clone()
         };
         let Acting::Person(identity) = acting(&custom, Some(&alice)) else {
             panic!("alice is admitted");
         };
-        assert_eq!(identity.user, "hub:alice");
+        assert_eq!(identity.user, "scale-agent-prod:alice");
+        for prefix in ["system:", "", "scale-agent", "scale-agent:x:"] {
+            let unsafe_prefix = AccountConfig {
+                caller_prefix: Some(prefix.into()),
+                ..account.clone()
+            };
+            assert!(
+                matches!(acting(&unsafe_prefix, Some(&alice)), Acting::Refused(_)),
+                "{prefix:?}"
+            );
+        }
     }
 
     #[test]

@@ -33,6 +33,7 @@ use scale_agent_crds::{
 
 use crate::error::{Error, Result};
 
+pub mod callers;
 pub mod pod;
 
 /// Key of the agent config in its ConfigMap.

@@ -212,10 +212,13 @@ pub struct AgentAccountSpec {
     pub callers: Callers,
 
     /// Put before every user and group name the agent impersonates for `callers: impersonate`,
-    /// so a person can never be mistaken for one of the cluster's own users or groups (e.g.
-    /// `system:masters`). Default: `scale-agent:`.
+    /// so a person can never be mistaken for one of the cluster's own users or groups. It
+    /// must start with `scale-agent` and end with `:` (e.g. `scale-agent-prod:`, one per
+    /// account when the same name may mean different people on different accounts): any
+    /// other prefix could make the agent impersonate the cluster's own groups (`system:` +
+    /// `masters`). Default: `scale-agent:`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 63))]
+    #[schemars(length(min = 12, max = 63), pattern(CALLER_PREFIX_PATTERN))]
     pub caller_prefix: Option<String>,
 
     /// `callers: impersonate`: the people admitted, by user name as the hub knows them
@@ -249,6 +252,10 @@ impl Callers {
         *self == Callers::Agent
     }
 }
+
+/// What an [`AgentAccountSpec::caller_prefix`] looks like: `scale-agent`, then lowercase
+/// letters, digits, `-` or `.`, then `:`.
+pub const CALLER_PREFIX_PATTERN: &str = "^scale-agent[a-z0-9.-]*:$";
 
 /// The default [`AgentAccountSpec::caller_prefix`].
 pub const DEFAULT_CALLER_PREFIX: &str = "scale-agent:";
