@@ -179,4 +179,54 @@ mod tests {
             Acting::Person(_)
         ));
     }
+
+    fn header(name: &str, value: &str) -> pb::HttpHeader {
+        pb::HttpHeader {
+            name: name.into(),
+            value: value.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn the_agent_adds_its_own_identity_and_the_hubs_audit_id() {
+        let head = pb::HttpRequestHead {
+            account: "a".into(),
+            method: "GET".into(),
+            path_and_query: "/api/v1/namespaces/x/pods".into(),
+            headers: vec![
+                header("Impersonate-User", "admin"),
+                header("Impersonate-Group", "system:masters"),
+                header("Audit-ID", "made-up-by-the-client"),
+            ],
+            end_of_body: true,
+            audit_id: "hub-request-1".into(),
+            ..Default::default()
+        };
+        let identity = Impersonation {
+            user: "scale-agent:alice".into(),
+            groups: vec!["scale-agent:team-a".into()],
+        };
+        let request =
+            crate::tunnel::build_request(&head, bytes::Bytes::new(), Some(&identity)).unwrap();
+        let values = |name: &str| -> Vec<&str> {
+            request
+                .headers()
+                .get_all(name)
+                .iter()
+                .map(|v| v.to_str().unwrap())
+                .collect()
+        };
+        assert_eq!(values("impersonate-user"), ["scale-agent:alice"]);
+        assert_eq!(values("impersonate-group"), ["scale-agent:team-a"]);
+        assert_eq!(values("audit-id"), ["hub-request-1"]);
+        // Without the hub's id, a client's Audit-ID passes as before; without an identity,
+        // no Impersonate-* header at all.
+        let as_agent = pb::HttpRequestHead {
+            audit_id: String::new(),
+            ..head
+        };
+        let request = crate::tunnel::build_request(&as_agent, bytes::Bytes::new(), None).unwrap();
+        let names: Vec<&str> = request.headers().keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["audit-id"]);
+    }
 }

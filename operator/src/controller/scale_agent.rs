@@ -3,6 +3,7 @@
 //! client certificate (enrolment with the hub, or the operator's own CA) is planned in
 //! `certificate`.
 
+mod callers;
 mod certificate;
 
 use std::{
@@ -314,30 +315,7 @@ async fn reconcile_rbac(
     }
     // The right to impersonate exactly the people the accounts admit (`callers:
     // impersonate`), cluster-wide as users and groups are.
-    let callers_name = desired::callers::callers_rbac_name(agent);
-    let admitted = if agent_mode {
-        desired::callers::admitted(accepted)
-    } else {
-        Default::default()
-    };
-    match desired::callers::callers_rbac(agent, &admitted) {
-        Some((role, binding)) => {
-            note(
-                applied,
-                apply(&cluster_roles, &role).await?.1,
-                "ClusterRole",
-            );
-            note(
-                applied,
-                apply(&cluster_bindings, &binding).await?.1,
-                "ClusterRoleBinding",
-            );
-        }
-        None => {
-            delete_existing(&cluster_bindings, &callers_name).await?;
-            delete_existing(&cluster_roles, &callers_name).await?;
-        }
-    }
+    callers::reconcile(agent, client, agent_mode, accepted, applied).await?;
     // Roles no longer wanted: namespaces the scope no longer lists (or all of them for
     // Cluster scope), and impersonation no account asks for any more.
     let roles_everywhere = Api::<Role>::all(client.clone());
