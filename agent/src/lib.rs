@@ -8,6 +8,7 @@ pub mod account;
 pub mod admin;
 pub mod backoff;
 pub mod budget;
+pub mod callers;
 pub mod cli;
 pub mod config;
 pub mod config_armory;

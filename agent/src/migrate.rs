@@ -626,6 +626,10 @@ fn agent_account(
         pod_metrics: account.metrics,
         impersonate_service_account: account.impersonate_service_account.clone(),
         allow_secret_data: account.allow_secret_data,
+        callers: account.callers,
+        caller_prefix: account.caller_prefix.clone(),
+        caller_users: account.caller_users.clone(),
+        caller_groups: account.caller_groups.clone(),
     }
 }
 

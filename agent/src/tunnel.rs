@@ -28,7 +28,7 @@ use tokio::{
 
 use tracing::Instrument as _;
 
-use crate::state::Shared;
+use crate::{callers::Impersonation, state::Shared};
 
 pub use scale_agent_proto::tunnel::{DEFAULT_WINDOW_BYTES, MAX_FRAME_BYTES};
 /// Largest request body the agent replays.
@@ -96,10 +96,17 @@ pub fn status_body(code: u16, reason: &str, message: &str) -> Vec<u8> {
     .unwrap_or_default()
 }
 
-/// Builds the request to replay.
+/// The header carrying the hub's request id, which the API server takes as its audit id
+/// (`Audit-ID`, kube-apiserver's `WithAuditInit`).
+pub const AUDIT_ID_HEADER: &str = "Audit-ID";
+
+/// Builds the request to replay: the client's headers the API server may see, the
+/// identity the agent asks for when it impersonates the caller ([`crate::callers`]), and the
+/// hub's request id as `Audit-ID`.
 pub fn build_request(
     head: &pb::HttpRequestHead,
     body: Bytes,
+    identity: Option<&Impersonation>,
 ) -> Result<http::Request<Body>, String> {
     let upgrade = is_upgrade(head);
     if !head.path_and_query.starts_with('/') {
@@ -111,10 +118,21 @@ pub fn build_request(
     let mut builder = http::Request::builder()
         .method(head.method.as_str())
         .uri(head.path_and_query.as_str());
+    let hub_audit_id = !head.audit_id.is_empty();
     for header in &head.headers {
-        if replay_request_header(&header.name, upgrade) {
+        // The hub's id wins over one the client made up, so both audit logs agree.
+        let client_audit_id = hub_audit_id && header.name.eq_ignore_ascii_case(AUDIT_ID_HEADER);
+        if replay_request_header(&header.name, upgrade) && !client_audit_id {
             builder = builder.header(header.name.as_str(), header.value.as_slice());
         }
+    }
+    if let Some(identity) = identity {
+        for (name, value) in identity.headers() {
+            builder = builder.header(name, value);
+        }
+    }
+    if hub_audit_id {
+        builder = builder.header(AUDIT_ID_HEADER, head.audit_id.as_str());
     }
     builder
         .body(Body::from(body))
@@ -123,8 +141,12 @@ pub fn build_request(
 
 /// What to do with a tunnelled request ([`Tunnel::handle`]).
 pub enum Route {
-    /// Replay it with this client of the account's API server.
-    Replay(kube::Client),
+    /// Replay it with this client of the account's API server, as the caller when
+    /// `identity` is set (the account impersonates its callers, [`crate::callers`]).
+    Replay {
+        client: kube::Client,
+        identity: Option<Impersonation>,
+    },
     /// Answer 503: the account is not served here, or not ready.
     NotServed,
     /// Answer 403 with this message: outside the account's scope.
@@ -326,7 +348,9 @@ impl Tunnel {
                 let account = head.account.clone();
                 let method = head.method.clone();
                 let result = match route {
-                    Route::Replay(client) => exchange(&frames, head, client, body_rx, credit).await,
+                    Route::Replay { client, identity } => {
+                        exchange(&frames, head, &client, identity.as_ref(), body_rx, credit).await
+                    }
                     Route::Refused(message) => {
                         tracing::info!(%method, path = %head.path_and_query, %message, "tunnelled request refused: outside the account's scope");
                         frames
@@ -375,12 +399,13 @@ impl Tunnel {
 async fn exchange(
     frames: &Frames,
     head: pb::HttpRequestHead,
-    client: kube::Client,
+    client: &kube::Client,
+    identity: Option<&Impersonation>,
     body_rx: Option<mpsc::UnboundedReceiver<Vec<u8>>>,
     credit: Arc<Semaphore>,
 ) -> Result<u16, Gone> {
     if is_upgrade(&head) {
-        return upgraded(frames, head, client, body_rx, credit).await;
+        return upgraded(frames, head, client, identity, body_rx, credit).await;
     }
     let body = match body_rx {
         None => Bytes::new(),
@@ -408,7 +433,7 @@ async fn exchange(
             Bytes::from(body)
         }
     };
-    match replay(frames, &client, &head, body).await? {
+    match replay(frames, client, &head, body, identity).await? {
         Replayed::Answer(response) => stream_response(frames, response, credit).await,
         Replayed::Refused(code) => Ok(code),
     }
@@ -429,8 +454,9 @@ async fn replay(
     client: &kube::Client,
     head: &pb::HttpRequestHead,
     body: Bytes,
+    identity: Option<&Impersonation>,
 ) -> Result<Replayed, Gone> {
-    let request = match build_request(head, body) {
+    let request = match build_request(head, body, identity) {
         Ok(request) => request,
         Err(message) => {
             frames.answer(400, "BadRequest", &message).await?;
@@ -512,12 +538,13 @@ async fn stream_response(
 async fn upgraded(
     frames: &Frames,
     head: pb::HttpRequestHead,
-    client: kube::Client,
+    client: &kube::Client,
+    identity: Option<&Impersonation>,
     body_rx: Option<mpsc::UnboundedReceiver<Vec<u8>>>,
     credit: Arc<Semaphore>,
 ) -> Result<u16, Gone> {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut response = match replay(frames, &client, &head, Bytes::new()).await? {
+    let mut response = match replay(frames, client, &head, Bytes::new(), identity).await? {
         Replayed::Answer(response) => response,
         Replayed::Refused(code) => return Ok(code),
     };
@@ -625,8 +652,9 @@ mod tests {
                 header("Content-Length", "2"),
             ],
             end_of_body: false,
+            ..Default::default()
         };
-        let request = build_request(&head, Bytes::from_static(b"{}")).unwrap();
+        let request = build_request(&head, Bytes::from_static(b"{}"), None).unwrap();
         assert_eq!(request.method(), "PATCH");
         assert_eq!(
             request.uri(),
@@ -639,7 +667,7 @@ mod tests {
             ..head
         };
         assert!(
-            build_request(&bad, Bytes::new()).is_err(),
+            build_request(&bad, Bytes::new(), None).is_err(),
             "only paths of this API server"
         );
     }
@@ -658,7 +686,7 @@ mod tests {
             ..Default::default()
         };
         assert!(is_upgrade(&head));
-        let request = build_request(&head, Bytes::new()).unwrap();
+        let request = build_request(&head, Bytes::new(), None).unwrap();
         assert_eq!(request.headers()["upgrade"], "SPDY/3.1");
         assert_eq!(request.headers()["connection"], "Upgrade");
         assert!(!request.headers().contains_key("authorization"));

@@ -259,6 +259,19 @@ pub struct AccountConfig {
     /// watches and reads stay the account's own credentials.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub impersonate_service_account: Option<crate::v1alpha1::ServiceAccountRef>,
+    /// Who the cluster sees for a person's request through the hub's proxy (the
+    /// AgentAccount's `callers`): `agent` (default) or `impersonate`. Not in Armory's file.
+    #[serde(skip_serializing_if = "crate::v1alpha1::Callers::is_agent")]
+    pub callers: crate::v1alpha1::Callers,
+    /// Put before impersonated user and group names; `scale-agent:` when unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub caller_prefix: Option<String>,
+    /// The people admitted for `callers: impersonate` (unprefixed; `*`: every person).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub caller_users: Vec<String>,
+    /// The groups passed on for `callers: impersonate` (unprefixed).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub caller_groups: Vec<String>,
     /// Let Secret data through the hub's Kubernetes API proxy (the AgentAccount's
     /// `allowSecretData`); the hub reads it from the account's registration. Not in Armory's
     /// file.
@@ -498,6 +511,10 @@ const KNOWN_KEYS: &[(&str, &[&str])] = &[
             "permissions",
             "impersonateServiceAccount",
             "allowSecretData",
+            "callers",
+            "callerPrefix",
+            "callerUsers",
+            "callerGroups",
             "agentAccount",
         ],
     ),
@@ -884,6 +901,10 @@ server:
                 name: "s".into(),
             }),
             allow_secret_data: true,
+            callers: crate::v1alpha1::Callers::Impersonate,
+            caller_prefix: Some("p:".into()),
+            caller_users: vec!["u".into()],
+            caller_groups: vec!["g".into()],
             agent_account: Some("aa".into()),
         });
         config.status = Some(StatusTarget {

@@ -207,6 +207,12 @@ pub struct AuditEvent {
     #[serde(default)]
     pub user_agent: String,
     pub user: AuditUser,
+    /// Who the request acted as when it impersonated (`Impersonate-User`, `-Group`).
+    #[serde(default)]
+    pub impersonated_user: Option<AuditUser>,
+    /// The request's audit id: the `Audit-ID` header it came with, else the server's own.
+    #[serde(default, rename = "auditID")]
+    pub audit_id: String,
     #[serde(default)]
     pub response_status: Option<AuditStatus>,
 }
@@ -215,6 +221,8 @@ pub struct AuditEvent {
 #[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
 pub struct AuditUser {
     pub username: String,
+    #[serde(default)]
+    pub groups: Vec<String>,
 }
 
 /// How an audited request was answered.
@@ -1117,5 +1125,20 @@ mod tests {
             swapped.contains("server: https://127.0.0.1:1\n"),
             "{swapped}"
         );
+    }
+}
+
+#[cfg(test)]
+mod audit_event_tests {
+    /// An impersonated request's event: who impersonated, as whom, under which audit id.
+    #[test]
+    fn impersonated_events_name_both_users_and_the_audit_id() {
+        let line = r#"{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"hub-id-1","stage":"ResponseComplete","requestURI":"/api/v1/namespaces/a/configmaps?limit=500","verb":"list","user":{"username":"system:serviceaccount:a:agent","groups":["system:authenticated"],"extra":{"k":["v"]}},"impersonatedUser":{"username":"scale-agent:alice","groups":["system:authenticated"]},"sourceIPs":["127.0.0.1"],"userAgent":"kubectl","responseStatus":{"metadata":{},"code":200}}"#;
+        let event: super::AuditEvent = serde_json::from_str(line).unwrap();
+        assert_eq!(event.audit_id, "hub-id-1");
+        assert_eq!(event.user.username, "system:serviceaccount:a:agent");
+        let as_whom = event.impersonated_user.unwrap();
+        assert_eq!(as_whom.username, "scale-agent:alice");
+        assert_eq!(as_whom.groups, ["system:authenticated"]);
     }
 }

@@ -231,6 +231,7 @@ impl Hub {
             metrics: self.metrics.proxy.clone(),
             shutdown: self.shutdown.clone(),
             commits: self.commits.clone(),
+            audit_reads: self.config.api.proxy_audit_reads,
         })
     }
 

@@ -76,6 +76,47 @@ fn streamed_body(len: usize) -> (ReqBody, Vec<u8>) {
     (body, bytes)
 }
 
+/// The head names who called (issue 31): the token's name, a person unless it is
+/// Clouddriver's token, and the hub's request id, which the agent sends the API server as
+/// Audit-ID; an answer without its own `audit-id` gets the hub's.
+#[tokio::test]
+async fn the_head_names_the_caller_and_the_request_id() {
+    let s = setup("tunnel-caller").await;
+    let mut a = tunnel_agent(&s.hub, &s.pki, "agent-a.test", "pod-1").await;
+    a.register("prod", "https://10.0.0.1:6443").await;
+    for (token_name, person) in [("alice", true), ("clouddriver", false)] {
+        let token =
+            kubeconfig_token(&issue_kubeconfig(&s.http, &s.admin, "prod", token_name).await);
+        let call = {
+            let http = s.http.clone();
+            tokio::spawn(async move {
+                http.with_token(
+                    "DELETE",
+                    "/clusters/prod/api/v1/namespaces/default/configmaps/x",
+                    &token,
+                    Bytes::new(),
+                )
+                .await
+            })
+        };
+        let (id, head) = a.request().await;
+        let caller = head.caller.clone().expect("the hub names the caller");
+        assert_eq!(
+            (caller.user.as_str(), caller.person, caller.groups.len()),
+            (token_name, person, 0)
+        );
+        assert_eq!(head.audit_id.len(), 36, "a UUID: {head:?}");
+        a.respond_head(id, 204, &[], true).await;
+        let reply = call.await.unwrap();
+        assert_eq!(reply.status, 204);
+        assert_eq!(
+            reply.header("audit-id").as_deref(),
+            Some(head.audit_id.as_str())
+        );
+    }
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn requests_and_answers_cross_the_tunnel_as_sent() {
     let s = setup("tunnel-semantics").await;

@@ -33,6 +33,7 @@ use scale_agent_crds::{
 
 use crate::error::{Error, Result};
 
+pub mod callers;
 pub mod pod;
 
 /// Key of the agent config in its ConfigMap.
@@ -309,6 +310,10 @@ fn account_config(
         no_proxy: false,
         permissions,
         impersonate_service_account: spec.impersonate_service_account.clone(),
+        callers: spec.callers,
+        caller_prefix: spec.caller_prefix.clone(),
+        caller_users: spec.caller_users.clone(),
+        caller_groups: spec.caller_groups.clone(),
         allow_secret_data: spec.allow_secret_data,
     }
 }

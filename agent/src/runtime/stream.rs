@@ -15,6 +15,7 @@ use super::{
     stopped,
 };
 use crate::{
+    callers::Acting,
     enrolment::{self, CertificateFiles},
     error::{Error, Result},
     hub_conn::{WELCOME_TIMEOUT, await_welcome, connect},
@@ -315,11 +316,21 @@ impl Runtime {
                     ) {
                         return Route::Refused(message);
                     }
-                    match entry.prepared.as_ref() {
-                        Some(prepared) => {
-                            Route::Replay(prepared.proxy_client_for(crate::tunnel::is_write(head)))
-                        }
-                        None => Route::NotServed,
+                    let Some(prepared) = entry.prepared.as_ref() else {
+                        return Route::NotServed;
+                    };
+                    match crate::callers::acting(&entry.config, head.caller.as_ref()) {
+                        Acting::Agent => Route::Replay {
+                            client: prepared.proxy_client_for(crate::tunnel::is_write(head)),
+                            identity: None,
+                        },
+                        // The person's own rights decide, reads and writes alike: the
+                        // agent's credentials without its ServiceAccount impersonation.
+                        Acting::Person(identity) => Route::Replay {
+                            client: prepared.proxy_client.clone(),
+                            identity: Some(identity),
+                        },
+                        Acting::Refused(message) => Route::Refused(message),
                     }
                 });
             }

@@ -87,6 +87,12 @@ use super::common::{DNS1123_LABEL_PATTERN, is_false};
 .message("set either namespaces (watch only these) or omitNamespaces (watch all but these), not both")
 .field_path(".omitNamespaces")
 .reason(Reason::FieldValueForbidden))]
+#[x_kube(validation = Rule::new(
+    "!has(self.callers) || self.callers != 'impersonate' || (has(self.callerUsers) && size(self.callerUsers) > 0)"
+)
+.message("callers: impersonate needs callerUsers: the people admitted (or [\"*\"] for every person)")
+.field_path(".callerUsers")
+.reason(Reason::FieldValueRequired))]
 #[serde(rename_all = "camelCase")]
 pub struct AgentAccountSpec {
     /// Name of the ScaleAgent, in this namespace, that serves this account. Required.
@@ -193,7 +199,71 @@ pub struct AgentAccountSpec {
     /// Default: unset, everything runs as the agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub impersonate_service_account: Option<ServiceAccountRef>,
+
+    /// Who this account's cluster sees for requests through the hub's Kubernetes API proxy.
+    /// `agent` (default): every caller acts as the agent (its writes as
+    /// `impersonateServiceAccount` when set). `impersonate`: a person's request (signed in
+    /// through the hub's identity provider, or with a token issued by `scale-agent-hub
+    /// kubeconfig --token-name <person>`) is replayed impersonating `<callerPrefix><user>`
+    /// and `<callerPrefix><group>` for each of the person's groups listed in `callerGroups`,
+    /// so the cluster's own RBAC decides (RoleBindings to those prefixed names) and its audit
+    /// log names the person; Clouddriver's own token keeps acting as the agent. A person whose
+    /// user is not in `callerUsers` is refused. The operator grants the agent `impersonate` on
+    /// exactly the prefixed users and groups listed.
+    #[serde(default, skip_serializing_if = "Callers::is_agent")]
+    pub callers: Callers,
+
+    /// Put before every user and group name the agent impersonates for `callers: impersonate`,
+    /// so a person can never be mistaken for one of the cluster's own users or groups. It
+    /// must start with `scale-agent` and end with `:` (e.g. `scale-agent-prod:`, one per
+    /// account when the same name may mean different people on different accounts): any
+    /// other prefix could make the agent impersonate the cluster's own groups (`system:` +
+    /// `masters`). Default: `scale-agent:`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 12, max = 63), pattern(CALLER_PREFIX_PATTERN))]
+    pub caller_prefix: Option<String>,
+
+    /// `callers: impersonate`: the people admitted, by user name as the hub knows them
+    /// (without `callerPrefix`), e.g. `[alice, bob]`; `["*"]` admits every person the hub
+    /// authenticates, and then the operator grants `impersonate` on every user name (RBAC
+    /// cannot grant a prefix), so only list `*` when that is acceptable. Required (non-empty)
+    /// with `callers: impersonate`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub caller_users: Vec<String>,
+
+    /// `callers: impersonate`: the groups passed on (without `callerPrefix`), e.g.
+    /// `[team-a]`; a person's other groups are left out. Default: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub caller_groups: Vec<String>,
 }
+
+/// Who the target cluster sees for a request through the hub's proxy
+/// ([`AgentAccountSpec::callers`]).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Callers {
+    /// Every caller acts as the agent (today's behaviour).
+    #[default]
+    Agent,
+    /// A person is impersonated (prefixed); Clouddriver's token acts as the agent.
+    Impersonate,
+}
+
+impl Callers {
+    pub fn is_agent(&self) -> bool {
+        *self == Callers::Agent
+    }
+}
+
+/// What an [`AgentAccountSpec::caller_prefix`] looks like: `scale-agent`, then lowercase
+/// letters, digits, `-` or `.`, then `:`.
+pub const CALLER_PREFIX_PATTERN: &str = "^scale-agent[a-z0-9.-]*:$";
+
+/// The default [`AgentAccountSpec::caller_prefix`].
+pub const DEFAULT_CALLER_PREFIX: &str = "scale-agent:";
+
+/// A `callerUsers` entry admitting every person.
+pub const ANY_CALLER: &str = "*";
 
 /// A ServiceAccount, by namespace and name.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]

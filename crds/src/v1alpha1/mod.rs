@@ -6,9 +6,9 @@ mod common;
 mod scale_agent;
 
 pub use agent_account::{
-    AccountHubStatus, AgentAccount, AgentAccountSpec, AgentAccountStatus, Credentials,
-    CredentialsType, CustomResourceKind, ForbiddenKind, KubeconfigSecretRef, Permissions,
-    ServiceAccountRef,
+    ANY_CALLER, AccountHubStatus, AgentAccount, AgentAccountSpec, AgentAccountStatus,
+    CALLER_PREFIX_PATTERN, Callers, Credentials, CredentialsType, CustomResourceKind,
+    DEFAULT_CALLER_PREFIX, ForbiddenKind, KubeconfigSecretRef, Permissions, ServiceAccountRef,
 };
 pub use agent_pod::{
     AgentDisruptionBudget, AgentPod, RESERVED_ENV, RESERVED_KEY_PREFIX, RESERVED_POD_LABELS,

@@ -64,6 +64,10 @@ pub(crate) struct Exchange {
     /// The client's connection, once the API server switches protocols (exec, attach,
     /// port-forward).
     pub(crate) upgrade: Option<hyper::upgrade::OnUpgrade>,
+    /// Who called ([`crate::caller`]); `None` for the hub's own requests (discovery).
+    pub(crate) caller: Option<pb::ProxyCaller>,
+    /// The request id the agent sends the API server as `Audit-ID`; empty: none.
+    pub(crate) audit_id: String,
 }
 
 /// Carries a request to an agent of `account` and streams its answer back. When the agent
@@ -81,6 +85,8 @@ pub(crate) async fn forward(
     let Exchange {
         ends_cleanly,
         mut upgrade,
+        caller,
+        audit_id,
     } = exchange_kind;
     let mut body = body;
     let once = body.is_some() || upgrade.is_some();
@@ -97,7 +103,7 @@ pub(crate) async fn forward(
             id: exchange.id,
             tx: tx.clone(),
         };
-        let request_head = request_head(
+        let mut request_head = request_head(
             account,
             method,
             path_and_query,
@@ -105,6 +111,8 @@ pub(crate) async fn forward(
             body.is_some(),
             upgrade.is_some(),
         );
+        request_head.caller = caller.clone();
+        request_head.audit_id = audit_id.clone();
         if !send_request(&tx, &exchange, request_head, &mut body).await {
             proxy.state.tunnels.close(exchange.id);
             if !once && tried.len() < MAX_ATTEMPTS {
@@ -187,6 +195,7 @@ fn request_head(
         headers: request_headers,
         // An upgrade's client-to-server bytes follow the API server's 101.
         end_of_body: !body_follows && !upgrade,
+        ..Default::default()
     }
 }
 

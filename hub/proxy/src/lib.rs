@@ -19,7 +19,8 @@
 //! - `upgrade`: an upgraded connection's bytes both ways after the API server's 101;
 //! - `discovery_request`: discovery and OpenAPI requests through [`discovery`]'s documents;
 //! - [`cached`]: LIST, GET and WATCH answered from the cache;
-//! - [`audit`]: the audit lines of writes;
+//! - [`audit`]: the audit line of every request (reads as `--proxy-audit-reads` says);
+//! - [`caller`]: who called, carried to the agent (and to the account's owner replica);
 //! - [`ProxyState`] (what the proxy keeps between requests), its [`events`] from the live
 //!   state, and [`ProxyMetrics`].
 //!
@@ -33,6 +34,7 @@
 
 pub mod audit;
 pub mod cached;
+pub mod caller;
 pub mod degraded;
 pub mod discovery;
 mod discovery_request;
@@ -79,6 +81,9 @@ pub const MAX_ATTEMPTS: usize = 3;
 /// through an agent), `hub` (an error of the hub's own); discovery and OpenAPI documents
 /// also say `miss` (fetched and kept), `stale` and `revalidated`.
 pub const CACHE_HEADER: &str = "x-scale-agent-cache";
+/// Response header naming the request's audit id: the API server's own (which is the hub's
+/// request id, the agent sends it) or, for the hub's own answers, the hub's request id.
+pub const AUDIT_ID_HEADER: &str = "audit-id";
 
 /// What the proxy's routes work with: the live state (accounts, their agents' streams, the
 /// cache), the credentials, the other replicas, the proxy's own state and metrics, and the
@@ -95,6 +100,8 @@ pub struct Proxy {
     /// The store's commit queue, whose health says whether the cache still advances
     /// ([`degraded`]).
     pub commits: Arc<scale_agent_hub_store::writer::Commits>,
+    /// Which reads get an audit line (`--proxy-audit-reads`); writes always do.
+    pub audit_reads: audit::AuditReads,
 }
 
 /// The proxy's routes, with their state: they merge into a router of any state.
@@ -133,7 +140,7 @@ impl Served {
 /// One proxied request; its span names the account of the URL (empty when the path has
 /// none), so every event of the request, its body pump and its upgraded connection carry it.
 #[tracing::instrument(name = "proxy", skip_all, fields(account = split_path(request.uri().path()).map_or("", |(account, _)| account)))]
-async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
+async fn handle(State(proxy): State<Arc<Proxy>>, mut request: Request) -> Response {
     let started = Instant::now();
     let method = request.method().clone();
     let discovery_path = split_path(request.uri().path())
@@ -143,18 +150,32 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
     // before it is judged (and named in the audit).
     scale_agent_hub_replicas::sync::learn_bearer(&proxy.replicas, &proxy.auth, request.headers())
         .await;
-    // Writes are audited: who (the token's name), what, and how it ended.
-    let audit = self::audit::is_proxy_write(&method, upgrade).then(|| {
-        let (account, api_path) = split_path(request.uri().path()).unwrap_or_default();
-        let who = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(scale_agent_hub_auth::tokens::bearer)
-            .and_then(|token| proxy.auth.tokens().verify(token).map(|r| r.name.clone()));
-        (account.to_string(), api_path.to_string(), who)
-    });
-    let (response, served) = match answer(&proxy, request).await {
+    // A request another replica forwarded keeps the caller and request id it had there.
+    let (forwarded_caller, forwarded_id) = caller::take_forwarded(&mut request);
+    let request_id = forwarded_id.unwrap_or_else(audit::request_id);
+    let (account, path) = split_path(request.uri().path())
+        .map(|(account, api_path)| {
+            let path = match request.uri().query() {
+                Some(query) => format!("{api_path}?{query}"),
+                None => api_path.to_string(),
+            };
+            (account.to_string(), path)
+        })
+        .unwrap_or_default();
+    // Who a refused request's line names: the token's name when it is valid (for another
+    // account), the forwarding replica's caller on the owner.
+    let token_name = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(scale_agent_hub_auth::tokens::bearer)
+        .and_then(|token| proxy.auth.tokens().verify(token).map(|r| r.name.clone()));
+    let forwarded_who = request
+        .extensions()
+        .get::<scale_agent_hub_model::auth::Caller>()
+        .map(|c| c.name.clone());
+    let mut caller = forwarded_caller;
+    let (response, served) = match answer(&proxy, request, &request_id, &mut caller).await {
         Ok(answer) => answer,
         Err(status) => {
             tracing::debug!(
@@ -181,6 +202,13 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
             .headers_mut()
             .insert(CACHE_HEADER, HeaderValue::from_static(who));
     }
+    // The API server's own answers carry it already (the id the agent sent); the hub's
+    // answers name the audit line the same way.
+    if !response.headers().contains_key(AUDIT_ID_HEADER)
+        && let Ok(id) = HeaderValue::from_str(&request_id)
+    {
+        response.headers_mut().insert(AUDIT_ID_HEADER, id);
+    }
     if proxy.replicas.forwarder.is_some()
         && !response
             .headers()
@@ -198,18 +226,33 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
         response.status().as_u16(),
         started.elapsed(),
     );
-    if let Some((account, api_path, who)) = audit {
-        self::audit::proxy_write(
-            who.as_deref(),
-            &account,
-            &method,
-            &api_path,
-            upgrade,
-            response.status().as_u16(),
-            started.elapsed(),
-        );
-    }
-    response
+    let sampled = if audit::is_proxy_write(&method, upgrade) {
+        Some(1)
+    } else {
+        proxy.audit_reads.read_line(&proxy.state.audited_reads)
+    };
+    let Some(sampled) = sampled else {
+        return response;
+    };
+    let line = audit::ProxyRequest {
+        request_id,
+        who: caller
+            .as_ref()
+            .map(|c| c.user.clone())
+            .or(forwarded_who)
+            .or(token_name),
+        person: caller.as_ref().is_some_and(|c| c.person),
+        account,
+        method,
+        path,
+        upgrade,
+        sampled,
+        started,
+    };
+    let code = response.status().as_u16();
+    // The line is written when the body ends (or the client leaves): its bytes and the
+    // whole duration of a watch or a download.
+    response.map(|body| Body::new(audit::AuditedBody::new(body, line, code, served.as_str())))
 }
 
 /// `(account, API path)` of a proxy URL path, the API path kept exactly as sent (still
@@ -306,8 +349,15 @@ async fn authenticate_oidc(
 }
 
 /// Answers a request: from another replica that owns the account, the discovery cache, the
-/// cache, or an agent; `Err` is the hub's own refusal.
-async fn answer(proxy: &Arc<Proxy>, mut request: Request) -> Result<(Response, Served), Status> {
+/// cache, or an agent; `Err` is the hub's own refusal. `caller` is who called: set here once
+/// authenticated (already set for a request another replica forwarded); `request_id` goes
+/// to the agent for the target's audit log.
+async fn answer(
+    proxy: &Arc<Proxy>,
+    request: Request,
+    request_id: &str,
+    caller: &mut Option<ProxyCaller>,
+) -> Result<(Response, Served), Status> {
     let (account, api_path) = split_path(request.uri().path())
         .map(|(a, p)| (a.to_string(), p.to_string()))
         .ok_or_else(|| Status::not_found("not a proxy path: use /clusters/<account>/..."))?;
@@ -319,10 +369,7 @@ async fn answer(proxy: &Arc<Proxy>, mut request: Request) -> Result<(Response, S
         .get::<scale_agent_hub_replicas::owners::forward::Forwarded>()
         .is_none()
     {
-        let caller = authenticate(&proxy.auth, request.headers(), &account).await?;
-        tracing::debug!(user = %caller.user, person = caller.person, "proxy caller authenticated");
-        // Who called travels with the request, for what replays it in the target cluster.
-        request.extensions_mut().insert(caller);
+        *caller = Some(authenticate(&proxy.auth, request.headers(), &account).await?);
     }
     // The account's agents stream to its owner, which also keeps its cache: everything,
     // cached reads included, is served there.
@@ -333,6 +380,8 @@ async fn answer(proxy: &Arc<Proxy>, mut request: Request) -> Result<(Response, S
         && proxy.replicas.forwarder.is_some()
     {
         let ends_cleanly = is_long_running(request.method(), api_path, request.uri().query());
+        let mut request = request;
+        caller::put_for_owner(&mut request, caller.as_ref(), request_id);
         let response = proxy
             .replicas
             .forward(&owner, &account, None, request, ends_cleanly)
@@ -345,6 +394,10 @@ async fn answer(proxy: &Arc<Proxy>, mut request: Request) -> Result<(Response, S
              was removed after its grace period); check the agents with GET /api/v1/agents"
         )));
     }
+    // A person on an account that impersonates its callers reads what the target's RBAC
+    // lets them: the cache, which holds what the agent sees, does not answer them.
+    let as_person =
+        caller.as_ref().is_some_and(|c| c.person) && caller::impersonates_callers(proxy, &account);
     // Secret data stays home unless the account opted in.
     if let Some(response) = secrets::guard(
         proxy,
@@ -356,6 +409,15 @@ async fn answer(proxy: &Arc<Proxy>, mut request: Request) -> Result<(Response, S
     )
     .await?
     {
+        if as_person {
+            return Err(Status::forbidden(format!(
+                "account {account:?} keeps Secret data in its cluster, where the hub answers \
+                 Secrets from its cache, and impersonates its callers: the cache cannot tell \
+                 which Secrets you may see, so Secrets are not served to people on this \
+                 account (allowSecretData: true on its AgentAccount sends them to the cluster, \
+                 whose RBAC then decides)"
+            )));
+        }
         return Ok((response, Served::Cache));
     }
     let path_and_query = match request.uri().query() {
@@ -368,7 +430,7 @@ async fn answer(proxy: &Arc<Proxy>, mut request: Request) -> Result<(Response, S
     }
     let upgrade_requested = headers::is_upgrade(request.headers());
     let degraded = degraded::Degraded::of(&proxy.live, &proxy.commits, &account);
-    if method == Method::GET && !upgrade_requested {
+    if method == Method::GET && !upgrade_requested && !as_person {
         let query = request.uri().query();
         if degraded.is_none()
             && let Some(response) =
@@ -415,6 +477,8 @@ async fn answer(proxy: &Arc<Proxy>, mut request: Request) -> Result<(Response, S
         Exchange {
             ends_cleanly,
             upgrade,
+            caller: caller.as_ref().map(caller::to_proto),
+            audit_id: request_id.to_string(),
         },
     )
     .await?;

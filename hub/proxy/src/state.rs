@@ -1,7 +1,7 @@
 //! [`ProxyState`], what the Kubernetes API proxy keeps between requests: its open exchanges,
 //! the discovery documents and the cached reads' snapshots and awaited writes.
 
-use std::sync::Arc;
+use std::sync::{Arc, atomic::AtomicU64};
 
 use scale_agent_hub_state::tunnel::Tunnels;
 
@@ -18,4 +18,6 @@ pub struct ProxyState {
     pub discovery: DiscoveryCache,
     /// The reads from the cache: continue-token snapshots, writes awaited.
     pub cached_reads: CachedReads,
+    /// Reads seen, for `--proxy-audit-reads sample:N`.
+    pub audited_reads: AtomicU64,
 }

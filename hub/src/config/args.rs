@@ -261,6 +261,12 @@ pub struct ApiArgs {
     /// requests get 413.
     #[arg(long, env = "SCALE_AGENT_HUB_MAX_REQUEST_BYTES", default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
     pub max_request_bytes: usize,
+
+    /// Which reads through the Kubernetes API proxy get an audit line (every write does):
+    /// all, writes-only, or sample:N (one read in N, its line saying sampled=N). Lines are
+    /// JSON with --log-format json, target `audit`.
+    #[arg(long, env = "SCALE_AGENT_HUB_PROXY_AUDIT_READS", default_value = "all")]
+    pub proxy_audit_reads: crate::proxy::audit::AuditReads,
 }
 
 /// Registration of accounts in Clouddriver.
@@ -512,7 +518,7 @@ mod tests {
             .get_arguments()
             .filter(|arg| !matches!(arg.get_id().as_str(), "help" | "version"))
             .collect();
-        assert_eq!(flags.len(), 55);
+        assert_eq!(flags.len(), 56);
         for arg in flags {
             let id = arg.get_id().as_str();
             let long = arg

@@ -305,6 +305,7 @@ impl ApiArgs {
             token_ttl,
             metrics_unauthenticated,
             max_request_bytes,
+            proxy_audit_reads,
         } = self;
         if let Some(url) = &public_url
             && !(url.starts_with("https://") || url.starts_with("http://"))
@@ -326,6 +327,7 @@ impl ApiArgs {
         config.api.token_ttl = token_ttl;
         config.api.metrics_unauthenticated = metrics_unauthenticated;
         config.api.max_request_bytes = max_request_bytes;
+        config.api.proxy_audit_reads = proxy_audit_reads;
         Ok(())
     }
 }
@@ -538,6 +540,34 @@ mod tests {
 
     /// An agent's requested heartbeat period is granted within the hub's bounds; no request
     /// gets the hub's period; bounds that exclude the default period are refused.
+    #[test]
+    fn proxy_audit_reads_flag() {
+        use crate::proxy::audit::AuditReads;
+        let parse = |extra: &[&str]| {
+            let mut argv = vec![
+                "scale-agent-hub",
+                "--insecure-plaintext",
+                "--http-plaintext",
+            ];
+            argv.extend_from_slice(extra);
+            Args::try_parse_from(argv)
+        };
+        let config = parse(&[]).unwrap().into_config().unwrap();
+        assert_eq!(config.api.proxy_audit_reads, AuditReads::All);
+        let config = parse(&["--proxy-audit-reads=sample:10"])
+            .unwrap()
+            .into_config()
+            .unwrap();
+        assert_eq!(config.api.proxy_audit_reads, AuditReads::Sample(10));
+        let err = parse(&["--proxy-audit-reads=some"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--proxy-audit-reads") && err.contains("writes-only"),
+            "{err}"
+        );
+    }
+
     #[test]
     fn heartbeat_requests_are_clamped_to_the_bounds() {
         let args = Args::try_parse_from([

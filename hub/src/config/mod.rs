@@ -115,6 +115,8 @@ pub struct ApiConfig {
     pub metrics_unauthenticated: bool,
     /// Largest body of a REST API request (an operation's manifests).
     pub max_request_bytes: usize,
+    /// Which proxied reads get an audit line (`--proxy-audit-reads`).
+    pub proxy_audit_reads: crate::proxy::audit::AuditReads,
 }
 
 /// Where the hub keeps its state.
@@ -237,6 +239,7 @@ impl Config {
                 token_ttl: DEFAULT_TOKEN_TTL,
                 metrics_unauthenticated: false,
                 max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+                proxy_audit_reads: Default::default(),
             },
             clouddriver: ClouddriverSettings::default(),
             store: StoreConfig {

@@ -3,6 +3,7 @@
 //! client certificate (enrolment with the hub, or the operator's own CA) is planned in
 //! `certificate`.
 
+mod callers;
 mod certificate;
 
 use std::{
@@ -318,6 +319,9 @@ async fn reconcile_rbac(
         }
         keep.insert((namespace.clone(), impersonation_name.clone()));
     }
+    // The right to impersonate exactly the people the accounts admit (`callers:
+    // impersonate`), cluster-wide as users and groups are.
+    callers::reconcile(agent, client, agent_mode, accepted, applied).await?;
     // Roles no longer wanted: namespaces the scope no longer lists (or all of them for
     // Cluster scope), and impersonation no account asks for any more.
     let roles_everywhere = Api::<Role>::all(client.clone());
@@ -739,8 +743,11 @@ async fn cleanup(agent: &ScaleAgent, ctx: &Context) -> Result<Action> {
     let client = &ctx.client;
     let name = desired::rbac_name(agent);
     let selector = desired::rbac_selector(agent);
-    delete_if_exists(&Api::<ClusterRoleBinding>::all(client.clone()), &name).await?;
-    delete_if_exists(&Api::<ClusterRole>::all(client.clone()), &name).await?;
+    let callers = desired::callers::callers_rbac_name(agent);
+    for name in [&name, &callers] {
+        delete_if_exists(&Api::<ClusterRoleBinding>::all(client.clone()), name).await?;
+        delete_if_exists(&Api::<ClusterRole>::all(client.clone()), name).await?;
+    }
     for role in list(&Api::<Role>::all(client.clone()), &selector).await? {
         let api = Api::<Role>::namespaced(client.clone(), &role.namespace().unwrap_or_default());
         delete_if_exists(&api, &role.name_any()).await?;

@@ -1015,6 +1015,28 @@ pub struct HttpRequestHead {
     /// No body follows.
     #[prost(bool, tag = "5")]
     pub end_of_body: bool,
+    /// Who called, as the hub authenticated them; unset from hubs that predate the field (the
+    /// agent then acts as itself). For an account with `callers: impersonate` the agent replays
+    /// a person's request impersonating them (prefixed), and Clouddriver's as itself.
+    #[prost(message, optional, tag = "6")]
+    pub caller: ::core::option::Option<ProxyCaller>,
+    /// The hub's id of this request, also in the hub's audit line; the agent sends it as the
+    /// `Audit-ID` header, which the API server takes as its own audit id. Empty: none.
+    #[prost(string, tag = "7")]
+    pub audit_id: ::prost::alloc::string::String,
+}
+/// Who reached an account through the hub's proxy.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ProxyCaller {
+    /// The token's name (hub-issued tokens) or the OIDC username after the issuer's prefix.
+    #[prost(string, tag = "1")]
+    pub user: ::prost::alloc::string::String,
+    /// The OIDC groups after their prefix; empty for hub-issued tokens.
+    #[prost(string, repeated, tag = "2")]
+    pub groups: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// A person (OIDC, or a token issued for a person), not Clouddriver's machine token.
+    #[prost(bool, tag = "3")]
+    pub person: bool,
 }
 /// The API server's answer (agent to hub), or the agent's own when it could not reach the
 /// API server (502 with a Kubernetes Status saying why).
