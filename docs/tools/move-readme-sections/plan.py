@@ -192,7 +192,7 @@ page('tasks/connect-a-cluster.md', 'Connect a cluster', None, [
 page('tasks/connect-spinnaker.md', 'Connect Spinnaker', None, [
     (R, 'Spinnaker, kubectl and Helm through the hub'), (H, 'Clouddriver registration')])
 page('tasks/give-people-access.md', 'Give people access', None, [
-    (H, 'Tokens and kubeconfigs'), (H, 'Authentication and roles')])
+    (H, 'People and teams'), (H, 'Tokens and kubeconfigs'), (H, 'Authentication and roles')])
 page('tasks/migrate-from-armory.md', 'Migrate from Armory', None, [
     (A, 'Migrating from Armory: `scale-agent migrate`'), (A, 'Armory keys')])
 page('tasks/run-three-replicas.md', 'Run three hub replicas', None, [(None, '''
@@ -328,11 +328,6 @@ FIXES = {
   "for as long as PostgreSQL keeps its session (no keepalive or lease is set yet; features review\n"
   "C3, issue 29). The shipped default is one replica with a volume (`Recreate`); three replicas\n"
   "need the PostgreSQL store ([Run three hub replicas](../tasks/run-three-replicas.md)).")],
- 'concepts/identities.md': [
-  ("(revoke the agent's\ntokens and rebind its accounts; keep `--agent-cert-lifetime` short)",
-   "(revoke the agent's\ntokens and rebind its accounts; a short `--agent-cert-lifetime` does not help: the hub\nrenews any unexpired certificate it issued, so a stolen key renews itself; features review C5)"),
-  ("(revoke the agent's tokens and rebind its\naccounts; keep `--agent-cert-lifetime` short)",
-   "(revoke the agent's tokens and rebind its\naccounts; a short `--agent-cert-lifetime` does not help, since the hub renews any unexpired\ncertificate it issued)")],
  'reference/operator.md': [(
   "An account without `kinds` watches everything: RBAC cannot\n  subtract, so that is",
   "An account without `kinds` is granted more than the agent watches\n  (the agent watches its default kinds; features review C6): RBAC cannot subtract, so the grant is")],
