@@ -61,8 +61,8 @@ use tokio::{
 
 pub use crate::{
     config::{
-        Args, Config, GrpcSecurity, HttpSecurity, LogFormat, ProxyHopTls, ProxyMode, TlsFiles,
-        TlsMaterial,
+        Args, Config, GrpcSecurity, HttpSecurity, ListenerLimits, LogFormat, ProxyHopTls,
+        ProxyMode, TlsFiles, TlsMaterial,
     },
     error::{HubError, Result},
 };

@@ -4,6 +4,7 @@
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::Parser;
+use scale_agent_hub_net::limits;
 
 use super::{DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_STAGED_BYTES, LogFormat, parse_duration};
 use crate::{
@@ -92,6 +93,24 @@ pub struct ListenerArgs {
     /// For tests, or behind a TLS-terminating ingress on the same host only.
     #[arg(long, env = "SCALE_AGENT_HUB_HTTP_PLAINTEXT")]
     pub http_plaintext: bool,
+
+    /// Most connections the gRPC listener serves at once (TLS handshakes included); one more
+    /// is closed at accept and counted in scale_agent_hub_listener_connections_refused_total.
+    /// Each agent process keeps one.
+    #[arg(long, env = "SCALE_AGENT_HUB_GRPC_MAX_CONNECTIONS", default_value_t = limits::DEFAULT_GRPC_MAX_CONNECTIONS as u32, value_parser = clap::value_parser!(u32).range(1..))]
+    pub grpc_max_connections: u32,
+
+    /// Most connections the HTTP listener serves at once (TLS handshakes included); one more
+    /// is closed at accept and counted in scale_agent_hub_listener_connections_refused_total.
+    #[arg(long, env = "SCALE_AGENT_HUB_HTTP_MAX_CONNECTIONS", default_value_t = limits::DEFAULT_HTTP_MAX_CONNECTIONS as u32, value_parser = clap::value_parser!(u32).range(1..))]
+    pub http_max_connections: u32,
+
+    /// How long a connection to either listener may take, from its accept, to send the
+    /// start of its first request (the TLS handshake included), and on HTTP/1.1 how long
+    /// each request head may take: slower clients are disconnected (slowloris). Seconds, or
+    /// a duration (1m30s, 250ms).
+    #[arg(long, env = "SCALE_AGENT_HUB_HEADER_READ_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub header_read_timeout: Duration,
 }
 
 /// How agents are authenticated and what they may register: the CAs of their certificates,

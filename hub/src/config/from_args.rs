@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 
 use super::{
     AgentArgs, ApiArgs, Args, ClouddriverArgs, Config, GrpcSecurity, HttpSecurity, ListenerArgs,
-    OperationArgs, OperationConfig, POSTGRES_URL_ENV, ProxyHopTls, ProxyMode, ReplicaArgs,
-    ReplicaConfig, StoreArgs, StoreConfig, StoreKind, StreamArgs, StreamConfig, TlsMaterial,
+    ListenerLimits, OperationArgs, OperationConfig, POSTGRES_URL_ENV, ProxyHopTls, ProxyMode,
+    ReplicaArgs, ReplicaConfig, StoreArgs, StoreConfig, StoreKind, StreamArgs, StreamConfig,
+    TlsMaterial,
     tls_files::{read_certs, read_key},
 };
 use crate::{
@@ -239,6 +240,14 @@ impl ListenerArgs {
     fn into_listeners(self, config: &mut Config, client_ca: Option<&Path>) -> Result<()> {
         config.listeners.grpc_addr = self.grpc_addr;
         config.listeners.http_addr = self.http_addr;
+        config.listeners.grpc_limits = ListenerLimits {
+            max_connections: self.grpc_max_connections as usize,
+            header_read_timeout: self.header_read_timeout,
+        };
+        config.listeners.http_limits = ListenerLimits {
+            max_connections: self.http_max_connections as usize,
+            header_read_timeout: self.header_read_timeout,
+        };
         // The gRPC listener's files are reloaded in the mutual-TLS mode only.
         if let (GrpcSecurity::MutualTls(_), Some(cert), Some(key)) =
             (&config.agents.security, &self.tls_cert, &self.tls_key)
@@ -261,6 +270,9 @@ impl ListenerArgs {
             // Set by `into_listeners`, which calls this.
             grpc_addr: _,
             http_addr: _,
+            grpc_max_connections: _,
+            http_max_connections: _,
+            header_read_timeout: _,
         } = self;
         if http_plaintext {
             config.listeners.http_security = HttpSecurity::Plaintext;

@@ -21,7 +21,10 @@ pub use args::{
     POSTGRES_URL_ENV, ReplicaArgs, StoreArgs, StoreKind, StreamArgs,
 };
 pub use scale_agent_hub_auth::grpc_security::{GrpcSecurity, ProxyMode};
-pub use scale_agent_hub_net::tls::{HttpSecurity, ProxyHopTls, TlsFiles, TlsMaterial};
+pub use scale_agent_hub_net::{
+    limits::ListenerLimits,
+    tls::{HttpSecurity, ProxyHopTls, TlsFiles, TlsMaterial},
+};
 
 /// How often the TLS files are checked for changes by default (a Secret's mounted files
 /// change within about a minute of the Secret itself).
@@ -71,6 +74,10 @@ pub struct ListenerConfig {
     pub tls_files: TlsFiles,
     /// How often `tls_files` are checked for changes.
     pub tls_reload_interval: Duration,
+    /// The gRPC listener's connection cap and header-read timeout.
+    pub grpc_limits: ListenerLimits,
+    /// The HTTP listener's connection cap and header-read timeout.
+    pub http_limits: ListenerLimits,
 }
 
 /// How agents are authenticated, what they may register, and the certificates the hub
@@ -209,6 +216,8 @@ impl Config {
                 http_security: HttpSecurity::Plaintext,
                 tls_files: TlsFiles::default(),
                 tls_reload_interval: TLS_RELOAD_INTERVAL,
+                grpc_limits: ListenerLimits::grpc_default(),
+                http_limits: ListenerLimits::http_default(),
             },
             agents: AgentConfig {
                 security,
