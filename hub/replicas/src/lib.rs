@@ -50,6 +50,10 @@ pub struct ReplicaSettings {
     /// How long an account may have no owner before it is swept out of the shared store
     /// (`--grace-period`).
     pub grace_period: Duration,
+    /// Whether this replica's HTTP listener serves TLS: then it forwards only to https://.
+    pub serves_tls: bool,
+    /// `--replica-peer-cidrs`: the only hosts it forwards to, when given.
+    pub peer_cidrs: Vec<scale_agent_hub_auth::forwarded::Cidr>,
 }
 
 /// What this replica knows of the others.
@@ -93,6 +97,11 @@ impl Replicas {
                 &replica.id,
                 serving_ca_pem,
                 settings.server_name.as_deref(),
+                owners::peers::PeerRule::new(
+                    &replica.address,
+                    settings.serves_tls,
+                    settings.peer_cidrs.clone(),
+                )?,
             )?),
             _ => None,
         };
@@ -150,6 +159,8 @@ mod tests {
             secret: Some(ReplicaSecret::new("0123456789abcdef0123456789abcdef").unwrap()),
             sync_period: Duration::from_secs(2),
             grace_period: Duration::from_secs(600),
+            serves_tls: true,
+            peer_cidrs: Vec::new(),
         }
     }
 

@@ -352,6 +352,13 @@ pub struct ReplicaArgs {
     /// `openssl rand -hex 32`, mounted from a Secret). Needed when replicas share a store.
     #[arg(long, env = "SCALE_AGENT_HUB_REPLICA_SECRET_FILE")]
     pub replica_secret_file: Option<PathBuf>,
+
+    /// The IP ranges (CIDR, comma-separated; e.g. the cluster's pod CIDR) of the other
+    /// replicas' --replica-address hosts: a replica forwards requests, with the replica
+    /// secret, only to owner addresses inside them. Default: any host of this replica's own
+    /// scheme (https:// unless --http-plaintext), verified against --serving-ca only.
+    #[arg(long, env = "SCALE_AGENT_HUB_REPLICA_PEER_CIDRS", value_delimiter = ',', value_parser = Cidr::parse)]
+    pub replica_peer_cidrs: Vec<Cidr>,
 }
 
 /// The agents' streams: heartbeats, flow control, how long an account outlives its agent, and

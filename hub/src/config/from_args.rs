@@ -369,6 +369,7 @@ impl ReplicaArgs {
             replica_server_name,
             replica_sync_period,
             replica_secret_file,
+            replica_peer_cidrs,
         } = self;
         Ok(ReplicaConfig {
             id: replica_id.unwrap_or_else(crate::owners::hostname),
@@ -380,6 +381,7 @@ impl ReplicaArgs {
                 .as_deref()
                 .map(crate::owners::forward::ReplicaSecret::read)
                 .transpose()?,
+            peer_cidrs: replica_peer_cidrs,
         })
     }
 }

@@ -145,6 +145,9 @@ pub struct ReplicaConfig {
     /// The secret replicas present to each other's internal routes
     /// (`--replica-secret-file`); needed when replicas share a store.
     pub secret: Option<crate::owners::forward::ReplicaSecret>,
+    /// The only hosts (IP ranges) this replica forwards to (`--replica-peer-cidrs`); empty:
+    /// any host of its own scheme.
+    pub peer_cidrs: Vec<crate::forwarded::Cidr>,
 }
 
 /// Agents' streams: heartbeats, flow control and the limits of what one stream may send.
@@ -246,6 +249,7 @@ impl Config {
                 sync_period: Duration::from_secs(2),
                 ownership: crate::owners::OwnershipSource::Embedded,
                 secret: None,
+                peer_cidrs: Vec::new(),
             },
             streams: StreamConfig {
                 grace_period: Duration::from_secs(600),
