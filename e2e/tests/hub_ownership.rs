@@ -991,6 +991,8 @@ async fn a_replica_partitioned_from_postgres_stops_serving_before_another_takes_
         std::fs::write(&url_file, url).unwrap();
         let flags = [
             "--store=postgres".to_string(),
+            // The harness\'s PostgreSQL is plaintext on loopback.
+            "--postgres-insecure-tls".to_string(),
             format!("--postgres-url-file={}", url_file.display()),
             format!("--replica-id=hub-{i}"),
             "--replica-address=http://{http}".to_string(),
@@ -1267,6 +1269,8 @@ async fn hub_processes(
     for i in 0..count {
         let mut flags = vec![
             "--store=postgres".to_string(),
+            // The harness\'s PostgreSQL is plaintext on loopback.
+            "--postgres-insecure-tls".to_string(),
             format!("--postgres-url-file={}", url_file.display()),
             format!("--replica-id=hub-{i}"),
             "--replica-address=http://{http}".to_string(),

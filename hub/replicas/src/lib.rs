@@ -154,12 +154,13 @@ mod tests {
     fn settings(id: &str) -> ReplicaSettings {
         ReplicaSettings {
             id: id.to_string(),
-            address: Some(format!("https://{id}.example:8443")),
+            address: Some(format!("http://{id}.example:8443")),
             server_name: None,
             secret: Some(ReplicaSecret::new("0123456789abcdef0123456789abcdef").unwrap()),
             sync_period: Duration::from_secs(2),
             grace_period: Duration::from_secs(600),
-            serves_tls: true,
+            // No TLS in these tests: nothing is forwarded for real.
+            serves_tls: false,
             peer_cidrs: Vec::new(),
         }
     }
@@ -198,7 +199,7 @@ mod tests {
             "the embedded store is read at start-up only"
         );
         assert_eq!(replicas.id(), "a");
-        assert_eq!(replicas.replica.address, "https://a.example:8443");
+        assert_eq!(replicas.replica.address, "http://a.example:8443");
         let live = sharing_live();
         assert_eq!(
             replicas
@@ -235,7 +236,7 @@ mod tests {
         let owner = a.owner_elsewhere(&live, "prod", &none).await.unwrap();
         assert_eq!(
             (owner.replica.as_str(), owner.address.as_str()),
-            ("b", "https://b.example:8443")
+            ("b", "http://b.example:8443")
         );
         // Forwarded once already: served where it arrived, never sent on.
         let mut forwarded = http::Extensions::new();

@@ -307,6 +307,14 @@ pub struct StoreArgs {
     #[arg(long, env = "SCALE_AGENT_HUB_POSTGRES_CA")]
     pub postgres_ca: Option<PathBuf>,
 
+    /// Accept a PostgreSQL connection below sslmode=verify-full (disable, prefer, require,
+    /// verify-ca; no sslmode means prefer): without it the hub refuses to start, since
+    /// whoever sits on the path to PostgreSQL could then read and write the store (tokens,
+    /// bindings, owners' addresses). A warning is logged at start either way. For a
+    /// database on the same host or a network you trust, and tests.
+    #[arg(long, env = "SCALE_AGENT_HUB_POSTGRES_INSECURE_TLS")]
+    pub postgres_insecure_tls: bool,
+
     /// redb's page cache of the store, in MiB. The hub reads its store only at start-up;
     /// commits read the pages they change from this cache or else from the file (the
     /// kernel's page cache). A larger cache makes commits of very large stores read less
@@ -497,7 +505,7 @@ mod tests {
             .get_arguments()
             .filter(|arg| !matches!(arg.get_id().as_str(), "help" | "version"))
             .collect();
-        assert_eq!(flags.len(), 52);
+        assert_eq!(flags.len(), 57);
         for arg in flags {
             let id = arg.get_id().as_str();
             let long = arg

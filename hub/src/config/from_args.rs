@@ -17,7 +17,7 @@ use crate::{
     error::{HubError, Result},
     forwarded::{ForwardedFormat, ProxyTrust},
     owners::OwnershipSource,
-    store::{Backend, PostgresOptions},
+    store::{Backend, PostgresOptions, postgres_tls::SslMode},
 };
 
 impl Args {
@@ -79,10 +79,32 @@ impl StoreArgs {
                  store is embedded: add --store postgres, or unset it"
             ))),
             (StoreKind::Postgres, Some(url)) if !url.is_empty() => {
-                Ok(Backend::Postgres(PostgresOptions {
+                let options = PostgresOptions {
                     url,
                     ca_file: self.postgres_ca.clone(),
-                }))
+                };
+                // Reads the URL's sslmode (and the CA file) now: a refusal at start-up.
+                let mode = options.target()?.mode();
+                if mode != SslMode::VerifyFull && !self.postgres_insecure_tls {
+                    return Err(HubError::Config(format!(
+                        "the PostgreSQL URL's sslmode is {} (no sslmode means prefer): the \
+                         server's certificate or host is not checked, so whoever sits on the \
+                         path to PostgreSQL could read and change the store. Put \
+                         sslmode=verify-full in the URL with the server's CA (sslrootcert= \
+                         or --postgres-ca), or pass --postgres-insecure-tls to accept it",
+                        mode.as_str()
+                    )));
+                }
+                if mode != SslMode::VerifyFull {
+                    tracing::warn!(
+                        sslmode = mode.as_str(),
+                        "--postgres-insecure-tls: PostgreSQL connections below \
+                         sslmode=verify-full; the server's certificate or host name is not \
+                         checked, so whoever sits on the path to PostgreSQL can read and \
+                         change the store"
+                    );
+                }
+                Ok(Backend::Postgres(options))
             }
             (StoreKind::Postgres, _) => Err(HubError::Config(format!(
                 "--store postgres needs the database's URL: put \
@@ -101,6 +123,7 @@ impl StoreArgs {
             store: _,
             postgres_url_file: _,
             postgres_ca: _,
+            postgres_insecure_tls: _,
         } = self;
         StoreConfig {
             backend,
@@ -459,6 +482,25 @@ mod tests {
         let args = Args::try_parse_from(["scale-agent-hub", "--store", "postgres"]).unwrap();
         let err = args.store.backend(None).unwrap_err().to_string();
         assert!(err.contains("--postgres-url-file"), "{err}");
+        // Below verify-full only with --postgres-insecure-tls (review F11).
+        for url in ["postgres://u:p@h/d", "postgres://u:p@h/d?sslmode=require"] {
+            let err = args
+                .store
+                .backend(Some(url.into()))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("--postgres-insecure-tls") && err.contains("sslmode=verify-full"),
+                "{err}"
+            );
+        }
+        let args = Args::try_parse_from([
+            "scale-agent-hub",
+            "--store",
+            "postgres",
+            "--postgres-insecure-tls",
+        ])
+        .unwrap();
         let Backend::Postgres(options) = args
             .store
             .backend(Some(" postgres://u:p@h/d\n".into()))
@@ -477,6 +519,7 @@ mod tests {
             "postgres",
             "--postgres-url-file",
             file.to_str().unwrap(),
+            "--postgres-insecure-tls",
         ])
         .unwrap();
         let backend = args.store.backend(Some("postgres://env/x".into())).unwrap();

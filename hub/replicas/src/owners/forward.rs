@@ -114,7 +114,8 @@ impl Forwarder {
             }
             (None, "https") => {
                 return Err(HubError::Config(
-                    "replicas forward to each other over HTTPS trusting only --serving-ca: give                      it the CA of the replicas' serving certificates"
+                    "replicas forward to each other over HTTPS trusting only --serving-ca: give \
+                     it the CA of the replicas' serving certificates"
                         .into(),
                 ));
             }
