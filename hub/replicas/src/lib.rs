@@ -20,6 +20,7 @@
 
 pub mod owners;
 pub mod sync;
+pub mod unknown;
 
 use std::{sync::Arc, time::Duration};
 
@@ -72,6 +73,8 @@ pub struct Replicas {
     pub settings: ReplicaSettings,
     /// The owners of accounts it forwarded to, kept a short while ([`owners::lookup`]).
     pub owner_lookups: owners::lookup::OwnerLookups,
+    /// Bounds the store lookups of credentials nobody knows ([`unknown`]).
+    pub unknown: unknown::UnknownCredentials,
 }
 
 impl Replicas {
@@ -126,6 +129,7 @@ impl Replicas {
             shared,
             settings,
             owner_lookups: owners::lookup::OwnerLookups::default(),
+            unknown: unknown::UnknownCredentials::default(),
         })
     }
 
