@@ -412,7 +412,7 @@ pub struct StreamArgs {
     #[arg(long, env = "SCALE_AGENT_HUB_MAX_STAGED_BYTES", default_value_t = DEFAULT_MAX_STAGED_BYTES)]
     pub max_staged_bytes: u64,
 
-    /// Most objects the hub caches for one account; 0 (the default) means no limit. A kind
+    /// Most objects the hub caches for one account (0: no limit). A kind
     /// whose objects would take an account past it is not cached at all (state OVER_QUOTA
     /// in /api/v1/accounts, sent to the agent; the proxy reads it from the cluster) until a
     /// relist of it fits. The hub keeps about as much memory per cached object as its
@@ -420,7 +420,7 @@ pub struct StreamArgs {
     #[arg(
         long,
         env = "SCALE_AGENT_HUB_MAX_OBJECTS_PER_ACCOUNT",
-        default_value_t = 0
+        default_value_t = super::DEFAULT_MAX_OBJECTS_PER_ACCOUNT
     )]
     pub max_objects_per_account: u64,
 

@@ -542,6 +542,7 @@ mod tests {
         assert_eq!(args.streams.max_object_bytes, 2 * 1024 * 1024);
         assert_eq!(args.store.store_cache_mib, 2);
         assert_eq!(args.streams.watch_history_mib, 256);
+        assert_eq!(args.streams.max_objects_per_account, 250_000);
         assert_eq!(args.agents.agent_cert_lifetime, DEFAULT_AGENT_CERT_LIFETIME);
         let err = args.into_config().unwrap_err().to_string();
         assert!(err.contains("--tls-cert, --tls-key"), "{err}");
