@@ -235,6 +235,24 @@ pub struct ApiArgs {
     #[arg(long, env = "SCALE_AGENT_HUB_METRICS_UNAUTHENTICATED")]
     pub metrics_unauthenticated: bool,
 
+    /// File with the key that derives the Clouddriver tokens (32 bytes as 64 hex
+    /// characters, e.g. `openssl rand -hex 32`, mounted from a Secret), kept out of the store
+    /// so that a reader of the store cannot derive them. Default: the key is kept in the
+    /// store. A store that holds the same key has it removed; one holding another key is
+    /// refused unless --token-key-replaces-stored.
+    #[arg(long, env = "SCALE_AGENT_HUB_TOKEN_KEY_FILE")]
+    pub token_key_file: Option<PathBuf>,
+
+    /// With --token-key-file: when the store holds another derivation key, remove it and
+    /// derive with the file's key (every Clouddriver token changes; the registrar registers
+    /// the new kubeconfigs). Without it such a start is refused.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_HUB_TOKEN_KEY_REPLACES_STORED",
+        requires = "token_key_file"
+    )]
+    pub token_key_replaces_stored: bool,
+
     /// Largest body of a REST API request, in bytes (an operation's manifests); larger
     /// requests get 413.
     #[arg(long, env = "SCALE_AGENT_HUB_MAX_REQUEST_BYTES", default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
@@ -505,7 +523,7 @@ mod tests {
             .get_arguments()
             .filter(|arg| !matches!(arg.get_id().as_str(), "help" | "version"))
             .collect();
-        assert_eq!(flags.len(), 57);
+        assert_eq!(flags.len(), 59);
         for arg in flags {
             let id = arg.get_id().as_str();
             let long = arg

@@ -335,7 +335,14 @@ impl ApiArgs {
             api_tokens_file,
             metrics_unauthenticated,
             max_request_bytes,
+            token_key_file,
+            token_key_replaces_stored,
         } = self;
+        config.api.token_key = token_key_file
+            .as_deref()
+            .map(crate::token_key::TokenKeyFile::read)
+            .transpose()?
+            .map(|key| key.replacing_stored(token_key_replaces_stored));
         if let Some(url) = &public_url
             && !(url.starts_with("https://") || url.starts_with("http://"))
         {

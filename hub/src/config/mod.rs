@@ -112,6 +112,9 @@ pub struct ApiConfig {
     pub metrics_unauthenticated: bool,
     /// Largest body of a REST API request (an operation's manifests).
     pub max_request_bytes: usize,
+    /// The Clouddriver tokens' derivation key from `--token-key-file`; `None`: kept in the
+    /// store.
+    pub token_key: Option<crate::token_key::TokenKeyFile>,
 }
 
 /// Where the hub keeps its state.
@@ -235,6 +238,7 @@ impl Config {
                 api_tokens_file: None,
                 metrics_unauthenticated: false,
                 max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+                token_key: None,
             },
             clouddriver: ClouddriverSettings::default(),
             store: StoreConfig {
