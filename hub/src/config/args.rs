@@ -328,7 +328,7 @@ pub struct StoreArgs {
     /// Accept a PostgreSQL connection below sslmode=verify-full (disable, prefer, require,
     /// verify-ca; no sslmode means prefer): without it the hub refuses to start, since
     /// whoever sits on the path to PostgreSQL could then read and write the store (tokens,
-    /// bindings, owners' addresses). A warning is logged at start either way. For a
+    /// bindings, owners' addresses). With it a warning is logged at start. For a
     /// database on the same host or a network you trust, and tests.
     #[arg(long, env = "SCALE_AGENT_HUB_POSTGRES_INSECURE_TLS")]
     pub postgres_insecure_tls: bool,
