@@ -141,6 +141,8 @@ impl Env {
         std::fs::write(&url_file, url)?;
         let args = vec![
             "--store=postgres".into(),
+            // The bench's PostgreSQL is plaintext on loopback.
+            "--postgres-insecure-tls".into(),
             format!("--postgres-url-file={}", url_file.display()),
         ];
         self.hub_with(name, HttpListener::Plaintext, args).await
@@ -155,6 +157,8 @@ impl Env {
         let http_addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
         let args = vec![
             "--store=postgres".into(),
+            // The bench's PostgreSQL is plaintext on loopback.
+            "--postgres-insecure-tls".into(),
             format!("--postgres-url-file={}", url_file.display()),
             format!("--replica-id={name}"),
             format!("--replica-address=http://{http_addr}"),

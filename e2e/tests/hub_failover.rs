@@ -669,6 +669,8 @@ async fn start(dir: &Path) -> anyhow::Result<World> {
     for name in &names {
         let flags = [
             "--store=postgres".to_string(),
+            // The harness\'s PostgreSQL is plaintext on loopback.
+            "--postgres-insecure-tls".to_string(),
             format!("--postgres-url-file={}", url_file.display()),
             format!("--replica-id={name}"),
             "--replica-address=http://{http}".to_string(),

@@ -309,3 +309,66 @@ async fn every_session_of_a_hub_process_is_encrypted() {
     drop(hub);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Review F11: below `verify-full` (here `require`, TLS without checking the server's
+/// certificate) the hub process refuses to start, saying which flag accepts it; with
+/// `--postgres-insecure-tls` it starts, warns, and its sessions are still encrypted. The
+/// `verify-full` process above needs no flag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hub_process_refuses_sslmode_require_unless_told_to_accept_it() {
+    use scale_agent_e2e::fleet::HubProcess;
+    let server = PostgresServer::start_with_tls(ServerTls::new(true).unwrap())
+        .await
+        .unwrap();
+    let dir = scale_agent_e2e::fixtures::temp_dir("pg-tls-insecure").unwrap();
+    let url_file = dir.join("postgres-url");
+    std::fs::write(&url_file, with(&server.url(), "sslmode=require")).unwrap();
+    let mut flags = vec![
+        "--store=postgres".to_string(),
+        format!("--postgres-url-file={}", url_file.display()),
+    ];
+    let refused = {
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let error = HubProcess::start(&dir.join("refused"), &flags).await;
+        assert!(
+            error.is_err(),
+            "sslmode=require without --postgres-insecure-tls must not start"
+        );
+        // The hub's own words, from its log (the error's tail may be its backtrace).
+        let mut log = String::new();
+        for entry in std::fs::read_dir(dir.join("refused")).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "log") {
+                log.push_str(&std::fs::read_to_string(path).unwrap());
+            }
+        }
+        log
+    };
+    assert!(
+        refused.contains("sslmode is require")
+            && refused.contains("sslmode=verify-full")
+            && refused.contains("--postgres-insecure-tls"),
+        "{refused}"
+    );
+    assert!(!refused.contains(&password_of(&server.url())), "{refused}");
+    assert!(hub_sessions(&server).await.is_empty());
+
+    flags.push("--postgres-insecure-tls".into());
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let hub = HubProcess::start(&dir.join("accepted"), &flags)
+        .await
+        .unwrap();
+    let log = hub.log_tail(200);
+    assert!(
+        log.contains("--postgres-insecure-tls: PostgreSQL connections below sslmode=verify-full")
+            && log.contains("require"),
+        "{log}"
+    );
+    let sessions = hub_sessions(&server).await;
+    assert!(
+        !sessions.is_empty() && sessions.iter().all(|(_, ssl, _)| *ssl),
+        "{sessions:?}"
+    );
+    drop(hub);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1173,6 +1173,8 @@ async fn hub_on_postgres_restarts_and_resumes_without_relisting() -> anyhow::Res
     std::fs::write(&url_file, format!("{}\n", postgres.url()))?;
     let flags = [
         "--store=postgres".to_string(),
+        // The harness\'s PostgreSQL is plaintext on loopback.
+        "--postgres-insecure-tls".to_string(),
         format!("--postgres-url-file={}", url_file.display()),
     ];
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();

@@ -40,6 +40,7 @@ pub use scale_agent_hub_grpc as service;
 pub use scale_agent_hub_net::serve;
 pub use scale_agent_hub_replicas::sync as shared;
 mod startup;
+pub mod token_key;
 pub use scale_agent_hub_state::registry;
 pub use scale_agent_hub_state::session;
 pub use scale_agent_hub_store as store;
@@ -61,8 +62,8 @@ use tokio::{
 
 pub use crate::{
     config::{
-        Args, Config, GrpcSecurity, HttpSecurity, LogFormat, ProxyHopTls, ProxyMode, TlsFiles,
-        TlsMaterial,
+        Args, Config, GrpcSecurity, HttpSecurity, ListenerLimits, LogFormat, ProxyHopTls,
+        ProxyMode, TlsFiles, TlsMaterial,
     },
     error::{HubError, Result},
 };

@@ -5,6 +5,7 @@ use prometheus_client::{
     metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
+use scale_agent_hub_net::limits::ListenerMetrics;
 use scale_agent_hub_operations::OperationMetrics;
 use scale_agent_hub_state::StreamMetrics;
 use scale_agent_hub_store::StoreMetrics;
@@ -39,6 +40,10 @@ pub struct Metrics {
     pub store: StoreMetrics,
     /// The process's RSS, CPU seconds, open files and threads, read at each scrape.
     pub process: ProcessMetrics,
+    /// Both listeners' open, refused and timed-out connections (`listener_connections`,
+    /// `listener_connections_refused_total`, `listener_header_timeouts_total`): defined by
+    /// the net crate, registered here.
+    pub listeners: ListenerMetrics,
     /// Seconds until the notAfter of each serving certificate file, by listener (grpc,
     /// http) and file; negative once expired. Set at each scrape from
     /// [`Metrics::certificate_not_after`].
@@ -75,6 +80,8 @@ impl Metrics {
         let store = StoreMetrics::default();
         let process = ProcessMetrics::default();
         process.register(&mut registry);
+        let listeners = ListenerMetrics::default();
+        listeners.register(&mut registry);
         let tls_certificate_expiry = Family::default();
         store.register(&mut registry);
         grpc.register_acks_held(&mut registry);
@@ -138,6 +145,7 @@ impl Metrics {
             proxy,
             store,
             process,
+            listeners,
             tls_certificate_expiry,
             certificate_not_after: Default::default(),
         }

@@ -7,12 +7,13 @@ use std::{
     time::Duration,
 };
 
+use scale_agent_hub_net::{incoming, limits::ConnectionGate};
 use scale_agent_proto::v1::agent_hub_server::AgentHubServer;
 use tokio::{
     sync::{mpsc, watch},
     task::JoinHandle,
 };
-use tonic::transport::{Server, server::TcpIncoming};
+use tonic::transport::Server;
 
 use crate::{
     GrpcSecurity, Hub, HubError, Result, agent_auth,
@@ -100,21 +101,28 @@ fn spawn_grpc(
         .max_decoding_message_size(hub.stream_settings.max_message_bytes());
     let router = builder.add_service(service);
     let shutdown = hub.shutdown.clone();
+    let gate = ConnectionGate::new(
+        "grpc",
+        hub.config.listeners.grpc_limits,
+        hub.metrics.listeners.clone(),
+    );
     let Bound { listener, addr } = bound;
     let task = tokio::spawn(async move {
         let result = match tls {
             Some(tls) => {
                 router
                     .serve_with_incoming_shutdown(
-                        agent_auth::tls_incoming(listener, tls),
+                        incoming::tls_incoming(listener, tls, gate),
                         shutting_down(shutdown),
                     )
                     .await
             }
             None => {
-                let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
                 router
-                    .serve_with_incoming_shutdown(incoming, shutting_down(shutdown))
+                    .serve_with_incoming_shutdown(
+                        incoming::tcp_incoming(listener, gate),
+                        shutting_down(shutdown),
+                    )
                     .await
             }
         }
@@ -138,6 +146,11 @@ fn spawn_http(
 ) -> ServerTask {
     let app = http_routes(hub);
     let shutdown = hub.shutdown.clone();
+    let gate = ConnectionGate::new(
+        "http",
+        hub.config.listeners.http_limits,
+        hub.metrics.listeners.clone(),
+    );
     let with_tls = tls.is_some();
     if !with_tls {
         tracing::warn!(
@@ -147,7 +160,7 @@ fn spawn_http(
     }
     let Bound { listener, addr } = bound;
     let task = tokio::spawn(async move {
-        let result = serve::serve(listener, app, tls, shutting_down(shutdown)).await;
+        let result = serve::serve(listener, app, tls, gate, shutting_down(shutdown)).await;
         if let Err(e) = &result {
             let _ = failed.try_send(HubError::Task(format!(
                 "HTTP server: {}",

@@ -81,10 +81,13 @@ pub(crate) async fn load_auth(
     loaded: &mut Loaded,
     store: &mut Store,
 ) -> Result<AuthBook> {
-    let (tokens, token_ops) = Tokens::load(
-        std::mem::take(&mut loaded.tokens),
+    let (key_hex, mut token_ops) = crate::token_key::derivation_key(
+        config.api.token_key.as_ref(),
         loaded.meta.get(tokens::DERIVATION_KEY).map(String::as_str),
     )?;
+    let (tokens, new_key_ops) =
+        Tokens::load(std::mem::take(&mut loaded.tokens), key_hex.as_deref())?;
+    token_ops.extend(new_key_ops);
     store.commit(token_ops).await?;
     let admin_token = config
         .api

@@ -21,6 +21,8 @@ pub(crate) fn replica_settings(config: &Config) -> ReplicaSettings {
         secret: config.replicas.secret.clone(),
         sync_period: config.replicas.sync_period,
         grace_period: config.streams.grace_period,
+        serves_tls: matches!(config.listeners.http_security, HttpSecurity::Tls { .. }),
+        peer_cidrs: config.replicas.peer_cidrs.clone(),
     }
 }
 

@@ -305,18 +305,31 @@ async fn a_forwarded_watch_ends_cleanly_when_its_owner_dies() {
     let directory = Directory::new();
     let b = replica(&pki, &directory, "hub-b").await;
     // The owner: answers the head and a first event, then its connection is cut.
+    // It serves HTTPS with a certificate of the serving CA, as replicas do: the only
+    // addresses a replica serving TLS forwards to (review F12).
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let ghost = directory.member(ReplicaIdentity {
         id: "hub-ghost".into(),
-        address: format!("http://{}", listener.local_addr().unwrap()),
+        address: format!(
+            "https://localhost:{}",
+            listener.local_addr().unwrap().port()
+        ),
     });
+    let acceptor = tokio_rustls::TlsAcceptor::from(
+        scale_agent_hub::serve::tls_config(
+            pki.serving_cert_pem.as_bytes(),
+            pki.serving_key_pem.as_bytes(),
+        )
+        .unwrap(),
+    );
     assert_eq!(
         ghost.try_acquire("prod").await.unwrap(),
         Claim::Acquired { epoch: 1 }
     );
     let server = tokio::spawn(async move {
         for _ in 0..2 {
-            let (mut socket, _) = listener.accept().await.unwrap();
+            let (socket, _) = listener.accept().await.unwrap();
+            let mut socket = acceptor.accept(socket).await.unwrap();
             let mut head = Vec::new();
             let mut buf = [0u8; 4096];
             while !head.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -443,4 +456,204 @@ async fn replicas_verify_each_other_for_the_replica_server_name() {
     for replica in [a, b, c] {
         replica.stop().await;
     }
+}
+
+/// An owner "replica" for the forwarding tests: a listener that owns `account` in
+/// `directory` under `address` (a format string's result given the port), and counts the
+/// connections it gets. With `tls`, it serves that certificate and key.
+async fn fake_owner(
+    directory: &Arc<Directory>,
+    account: &str,
+    address: impl FnOnce(u16) -> String,
+    tls: Option<(&str, &str)>,
+) -> (
+    scale_agent_hub::owners::directory::Member,
+    Arc<std::sync::atomic::AtomicUsize>,
+    tokio::task::JoinHandle<()>,
+) {
+    use scale_agent_hub::owners::{Claim, Ownership as _, ReplicaIdentity};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let member = directory.member(ReplicaIdentity {
+        id: "hub-evil".into(),
+        address: address(port),
+    });
+    assert_eq!(
+        member.try_acquire(account).await.unwrap(),
+        Claim::Acquired { epoch: 1 }
+    );
+    let acceptor = tls.map(|(cert, key)| {
+        tokio_rustls::TlsAcceptor::from(
+            scale_agent_hub::serve::tls_config(cert.as_bytes(), key.as_bytes()).unwrap(),
+        )
+    });
+    let reached = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = reached.clone();
+    let server = tokio::spawn(async move {
+        use tokio::io::AsyncReadExt as _;
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            let mut buf = [0u8; 4096];
+            let got = match &acceptor {
+                Some(acceptor) => match acceptor.accept(socket).await {
+                    Ok(mut tls) => tls.read(&mut buf).await.unwrap_or(0),
+                    Err(_) => 0,
+                },
+                None => socket.read(&mut buf).await.unwrap_or(0),
+            };
+            // Only a connection that delivered request bytes (the secret) counts.
+            if got > 0 {
+                seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+    });
+    (member, reached, server)
+}
+
+/// Review F12: whoever writes an owner's address into the store (`account_owners`) could
+/// point a replica at itself and receive the replica secret with the client's request. A
+/// replica serving HTTPS forwards only to https:// addresses whose certificate the serving
+/// CA issued, inside `--replica-peer-cidrs` when given; the client gets a 502 saying why,
+/// and the address gets nothing. Forwarding to a real replica keeps working
+/// (`requests_reach_the_owner_and_a_standby_replica_takes_over_when_it_dies`).
+#[tokio::test]
+async fn a_replica_refuses_to_forward_to_an_owner_address_outside_its_rule() {
+    let pki = Pki::new();
+
+    async fn proxied(b: &Replica, account: &str) -> (u16, String) {
+        let token = token_for(&b.http, &b.admin, account).await;
+        let reply = b
+            .http
+            .get(
+                &format!("/clusters/{account}/api/v1/namespaces/default/configmaps"),
+                Some(&token),
+            )
+            .await;
+        (reply.status, reply.text())
+    }
+
+    // 1. An http:// owner address on replicas serving HTTPS.
+    let directory = Directory::new();
+    let (_member, reached, server) = fake_owner(
+        &directory,
+        "prod",
+        |port| format!("http://127.0.0.1:{port}"),
+        None,
+    )
+    .await;
+    let b = replica(&pki, &directory, "hub-b").await;
+    let mut y = tunnel_agent(&b.hub, &pki, "agent.test", "pod-y").await;
+    assert_eq!(
+        role(&y.register("prod", "https://10.0.0.1:6443").await),
+        Role::Standby
+    );
+    let (code, text) = proxied(&b, "prod").await;
+    assert_eq!(code, 502, "{text}");
+    assert!(
+        text.contains("its scheme is http://")
+            && text.contains("only to addresses of its own scheme (https://)"),
+        "{text}"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(reached.load(std::sync::atomic::Ordering::SeqCst), 0);
+    server.abort();
+    drop(y);
+    b.stop().await;
+
+    // 2. An https:// owner whose certificate another CA issued (the agents' CA here; a
+    // public CA's for a host the attacker controls alike): TLS refuses it before a byte of
+    // the request is sent.
+    let directory = Directory::new();
+    let (_member, reached, server) = fake_owner(
+        &directory,
+        "prod",
+        |port| format!("https://localhost:{port}"),
+        Some((&pki.server_cert_pem, &pki.server_key_pem)),
+    )
+    .await;
+    let b = replica(&pki, &directory, "hub-b").await;
+    let mut y = tunnel_agent(&b.hub, &pki, "agent.test", "pod-y").await;
+    y.register("prod", "https://10.0.0.1:6443").await;
+    let (code, text) = proxied(&b, "prod").await;
+    assert_eq!(code, 503, "{text}");
+    assert!(text.contains("cannot be reached"), "{text}");
+    assert_eq!(reached.load(std::sync::atomic::Ordering::SeqCst), 0);
+    server.abort();
+    drop(y);
+    b.stop().await;
+
+    // 3. With --replica-peer-cidrs, an https:// owner with a serving-CA certificate but
+    // outside the ranges.
+    let directory = Directory::new();
+    let (_member, reached, server) = fake_owner(
+        &directory,
+        "prod",
+        |port| format!("https://127.0.0.1:{port}"),
+        Some((&pki.serving_cert_pem, &pki.serving_key_pem)),
+    )
+    .await;
+    let dir = data_dir("replicas-cidrs");
+    let hub = start_hub(&pki, &dir, |c| {
+        serve_https(&pki, c);
+        c.replicas.id = "hub-b".into();
+        c.replicas.address = Some(format!("https://10.0.0.2:{}", free_port()));
+        c.replicas.secret = Some(ReplicaSecret::new(SECRET).unwrap());
+        c.replicas.ownership = OwnershipSource::Directory(directory.clone());
+        c.replicas.peer_cidrs =
+            vec![scale_agent_hub::forwarded::Cidr::parse("10.0.0.0/8").unwrap()];
+    })
+    .await;
+    let b = Replica {
+        http: Https::for_hub(&pki, &hub, Proto::H2),
+        admin: admin_token(&dir),
+        hub,
+        dir,
+    };
+    let mut y = tunnel_agent(&b.hub, &pki, "agent.test", "pod-y").await;
+    y.register("prod", "https://10.0.0.1:6443").await;
+    let (code, text) = proxied(&b, "prod").await;
+    assert_eq!(code, 502, "{text}");
+    assert!(
+        text.contains("127.0.0.1 is outside the allowed ranges")
+            && text.contains("inside --replica-peer-cidrs (10.0.0.0/8)"),
+        "{text}"
+    );
+    assert_eq!(reached.load(std::sync::atomic::Ordering::SeqCst), 0);
+    server.abort();
+    drop(y);
+    b.stop().await;
+}
+
+/// A replica whose HTTP listener serves TLS but whose `--replica-address` is http:// would
+/// receive the secret in clear from the others: it does not start.
+#[tokio::test]
+async fn an_http_replica_address_on_a_tls_listener_is_refused_at_start() {
+    let pki = Pki::new();
+    let directory = Directory::new();
+    let dir = data_dir("replicas-http-address");
+    let mut config = scale_agent_hub::Config::new(
+        scale_agent_hub::GrpcSecurity::MutualTls(scale_agent_hub::TlsMaterial {
+            cert_pem: pki.server_cert_pem.clone().into_bytes(),
+            key_pem: pki.server_key_pem.clone().into_bytes(),
+            client_ca_pem: Some(pki.ca_pem.clone().into_bytes()),
+        }),
+        &dir,
+    );
+    config.listeners.grpc_addr = "127.0.0.1:0".parse().unwrap();
+    config.listeners.http_addr = "127.0.0.1:0".parse().unwrap();
+    serve_https(&pki, &mut config);
+    config.replicas.id = "hub-x".into();
+    config.replicas.address = Some("http://127.0.0.1:8443".into());
+    config.replicas.secret = Some(ReplicaSecret::new(SECRET).unwrap());
+    config.replicas.ownership = OwnershipSource::Directory(directory);
+    let Err(error) = scale_agent_hub::start(config).await else {
+        panic!("a replica with an http:// address on a TLS listener must not start");
+    };
+    let message = error.to_string();
+    assert!(
+        message.contains("is http:// but the HTTP listener serves TLS"),
+        "{message}"
+    );
 }

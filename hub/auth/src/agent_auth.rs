@@ -9,9 +9,8 @@
 //! same check serves a chain that reaches the hub another way (a forwarded client certificate
 //! from a trusted proxy). Every RPC that needs an identity must go through [`authenticate`].
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
-use futures::Stream;
 use rustls::{
     DistinguishedName, RootCertStore, SignatureScheme,
     client::danger::HandshakeSignatureValid,
@@ -27,14 +26,9 @@ use scale_agent_hub_model::{
     names::AccountGrant,
 };
 use scale_agent_hub_net::serve;
-use tokio::net::{TcpListener, TcpStream};
-use tokio_rustls::{TlsAcceptor, server::TlsStream};
 use tonic::{Status, metadata::MetadataMap};
 
 use crate::{agent_tokens::AgentTokenKind, book::AuthBook, identity_states};
-
-/// Handshaken connections waiting for the gRPC server.
-const ACCEPTED_QUEUE: usize = 64;
 
 /// Which CA vouched for a client certificate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -198,46 +192,6 @@ pub fn server_tls_config(
     );
     let verifier = Arc::new(ChainCheckedLater(clients.any.clone()));
     serve::server_config(cert_pem, key_pem, names, Some(verifier), &[b"h2"])
-}
-
-/// Accepts TCP connections and completes their TLS handshakes concurrently; yields the
-/// connections that made it. A failed handshake is logged with the peer and the reason.
-/// Each connection is handshaken with the configuration `config` holds when it arrives, so a
-/// reloaded certificate or client CA applies to new connections.
-pub fn tls_incoming(
-    listener: TcpListener,
-    config: tokio::sync::watch::Receiver<Arc<rustls::ServerConfig>>,
-) -> impl Stream<Item = std::io::Result<TlsStream<TcpStream>>> {
-    let (tx, rx) = tokio::sync::mpsc::channel(ACCEPTED_QUEUE);
-    tokio::spawn(async move {
-        loop {
-            let (tcp, peer) = tokio::select! {
-                () = tx.closed() => return,
-                accepted = listener.accept() => match accepted {
-                    Ok(accepted) => accepted,
-                    Err(e) => {
-                        // Out of file descriptors and the like: wait instead of spinning.
-                        tracing::warn!(error = %e, "gRPC listener cannot accept a connection");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                },
-            };
-            let _ = tcp.set_nodelay(true);
-            let acceptor = TlsAcceptor::from(config.borrow().clone());
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                match tokio::time::timeout(serve::HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                    Ok(Ok(tls)) => {
-                        let _ = tx.send(Ok(tls)).await;
-                    }
-                    Ok(Err(e)) => serve::log_handshake_failure("gRPC", peer, &e),
-                    Err(_) => serve::log_handshake_timeout("gRPC", peer),
-                }
-            });
-        }
-    });
-    tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
 /// How the client certificate of a stream reached the hub, which says whether its holder

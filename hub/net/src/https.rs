@@ -55,6 +55,24 @@ pub fn client_tls_config(extra: Option<(String, &[u8])>) -> Result<ClientConfig,
         .map_err(|e| e.to_string())
 }
 
+/// A TLS client configuration trusting nothing but the certificates of a PEM bundle (named
+/// by its origin in errors): no public roots, for a peer whose certificates only a private
+/// CA issues (the other replicas).
+pub fn private_client_tls_config(origin: &str, pem: &[u8]) -> Result<ClientConfig, String> {
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(pem) {
+        let cert = cert.map_err(|e| format!("{origin}: {e}"))?;
+        roots.add(cert).map_err(|e| format!("{origin}: {e}"))?;
+    }
+    if roots.is_empty() {
+        return Err(format!("{origin}: no PEM certificate in it"));
+    }
+    ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map(|b| b.with_root_certificates(roots).with_no_client_auth())
+        .map_err(|e| e.to_string())
+}
+
 /// An HTTP/1.1 client for https and http URLs trusting `tls`, connecting as `options` say;
 /// idle connections are pooled for 30 s.
 pub fn client<B>(tls: ClientConfig, options: ClientOptions) -> HttpsClient<B>

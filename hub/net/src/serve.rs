@@ -8,7 +8,7 @@ use std::{future::Future, sync::Arc, time::Duration};
 
 use axum::Router;
 use hyper_util::{
-    rt::{TokioExecutor, TokioIo},
+    rt::{TokioExecutor, TokioIo, TokioTimer},
     server::{conn::auto, graceful::GracefulShutdown},
     service::TowerToHyperService,
 };
@@ -17,6 +17,11 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use scale_agent_hub_model::error::{HubError, Result};
+
+use crate::{
+    incoming::accept,
+    limits::{ConnectionGate, HTTP_FIRST_BYTES},
+};
 
 /// How long a client has to finish its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -98,36 +103,38 @@ pub fn log_handshake_timeout(listener: &'static str, peer: std::net::SocketAddr)
 
 /// Serves `router` on `listener` until `shutdown` resolves. With TLS, each connection is
 /// handshaken with the configuration `tls` holds when it arrives (a reloaded certificate
-/// applies to new connections).
+/// applies to new connections). `gate` caps the connections open at once and closes those
+/// that send no request head within its header-read timeout (HTTP/1.1 request heads after
+/// the first too).
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     tls: Option<tokio::sync::watch::Receiver<Arc<rustls::ServerConfig>>>,
+    gate: ConnectionGate,
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
     let graceful = GracefulShutdown::new();
+    let header_read_timeout = gate.limits().header_read_timeout;
     tokio::pin!(shutdown);
     loop {
         let (tcp, peer) = tokio::select! {
             () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(%error, "cannot accept an HTTP connection");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
+            accepted = accept(&listener) => accepted,
         };
-        let _ = tcp.set_nodelay(true);
+        let Some(admission) = gate.admit(peer, HTTP_FIRST_BYTES) else {
+            continue;
+        };
         let service = TowerToHyperService::new(router.clone());
         let watcher = graceful.watcher();
         let acceptor = tls
             .as_ref()
             .map(|tls| TlsAcceptor::from(tls.borrow().clone()));
         tokio::spawn(async move {
-            let builder = auto::Builder::new(TokioExecutor::new());
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_read_timeout);
             let result = match acceptor {
                 Some(acceptor) => {
                     let stream =
@@ -143,13 +150,16 @@ pub async fn serve(
                             }
                         };
                     let conn = builder
-                        .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                        .serve_connection_with_upgrades(
+                            TokioIo::new(admission.wrap(stream)),
+                            service,
+                        )
                         .into_owned();
                     watcher.watch(conn).await
                 }
                 None => {
                     let conn = builder
-                        .serve_connection_with_upgrades(TokioIo::new(tcp), service)
+                        .serve_connection_with_upgrades(TokioIo::new(admission.wrap(tcp)), service)
                         .into_owned();
                     watcher.watch(conn).await
                 }

@@ -20,6 +20,7 @@
 
 pub mod owners;
 pub mod sync;
+pub mod unknown;
 
 use std::{sync::Arc, time::Duration};
 
@@ -50,6 +51,10 @@ pub struct ReplicaSettings {
     /// How long an account may have no owner before it is swept out of the shared store
     /// (`--grace-period`).
     pub grace_period: Duration,
+    /// Whether this replica's HTTP listener serves TLS: then it forwards only to https://.
+    pub serves_tls: bool,
+    /// `--replica-peer-cidrs`: the only hosts it forwards to, when given.
+    pub peer_cidrs: Vec<scale_agent_hub_auth::forwarded::Cidr>,
 }
 
 /// What this replica knows of the others.
@@ -68,6 +73,8 @@ pub struct Replicas {
     pub settings: ReplicaSettings,
     /// The owners of accounts it forwarded to, kept a short while ([`owners::lookup`]).
     pub owner_lookups: owners::lookup::OwnerLookups,
+    /// Bounds the store lookups of credentials nobody knows ([`unknown`]).
+    pub unknown: unknown::UnknownCredentials,
 }
 
 impl Replicas {
@@ -93,6 +100,11 @@ impl Replicas {
                 &replica.id,
                 serving_ca_pem,
                 settings.server_name.as_deref(),
+                owners::peers::PeerRule::new(
+                    &replica.address,
+                    settings.serves_tls,
+                    settings.peer_cidrs.clone(),
+                )?,
             )?),
             _ => None,
         };
@@ -117,6 +129,7 @@ impl Replicas {
             shared,
             settings,
             owner_lookups: owners::lookup::OwnerLookups::default(),
+            unknown: unknown::UnknownCredentials::default(),
         })
     }
 
@@ -145,11 +158,14 @@ mod tests {
     fn settings(id: &str) -> ReplicaSettings {
         ReplicaSettings {
             id: id.to_string(),
-            address: Some(format!("https://{id}.example:8443")),
+            address: Some(format!("http://{id}.example:8443")),
             server_name: None,
             secret: Some(ReplicaSecret::new("0123456789abcdef0123456789abcdef").unwrap()),
             sync_period: Duration::from_secs(2),
             grace_period: Duration::from_secs(600),
+            // No TLS in these tests: nothing is forwarded for real.
+            serves_tls: false,
+            peer_cidrs: Vec::new(),
         }
     }
 
@@ -187,7 +203,7 @@ mod tests {
             "the embedded store is read at start-up only"
         );
         assert_eq!(replicas.id(), "a");
-        assert_eq!(replicas.replica.address, "https://a.example:8443");
+        assert_eq!(replicas.replica.address, "http://a.example:8443");
         let live = sharing_live();
         assert_eq!(
             replicas
@@ -224,7 +240,7 @@ mod tests {
         let owner = a.owner_elsewhere(&live, "prod", &none).await.unwrap();
         assert_eq!(
             (owner.replica.as_str(), owner.address.as_str()),
-            ("b", "https://b.example:8443")
+            ("b", "http://b.example:8443")
         );
         // Forwarded once already: served where it arrived, never sent on.
         let mut forwarded = http::Extensions::new();

@@ -161,15 +161,17 @@ pub async fn learn_token(replicas: &Replicas, auth: &AuthBook, token: &str) {
     {
         return;
     }
-    match store
-        .find_token(&scale_agent_hub_auth::tokens::sha256_hex(token))
-        .await
-    {
+    let hash = scale_agent_hub_auth::tokens::sha256_hex(token);
+    let remember = replicas.settings.sync_period;
+    if !replicas.unknown.may_look_up(&hash, remember) {
+        return;
+    }
+    match store.find_token(&hash).await {
         Ok(Some(record)) => {
             tracing::debug!(id = %record.id, "token issued on another replica, found in the shared store");
             auth.tokens().learn(record);
         }
-        Ok(None) => {}
+        Ok(None) => replicas.unknown.missed(&hash, remember),
         Err(e) => {
             tracing::warn!(error = %Chain(&e), "cannot look a token up in the shared store")
         }
@@ -194,16 +196,23 @@ pub async fn learn_agent_token(replicas: &Replicas, auth: &AuthBook, token: &str
     let Some(store) = &replicas.shared else {
         return;
     };
-    if !token.starts_with(scale_agent_hub_auth::agent_tokens::AGENT_TOKEN_PREFIX)
-        || (!fresh && auth.agent_tokens().find(token).is_some())
-    {
+    if !token.starts_with(scale_agent_hub_auth::agent_tokens::AGENT_TOKEN_PREFIX) {
         return;
     }
-    match store
-        .find_agent_token(&scale_agent_hub_auth::tokens::sha256_hex(token))
-        .await
-    {
+    let known = auth.agent_tokens().find(token).is_some();
+    if known && !fresh {
+        return;
+    }
+    let hash = scale_agent_hub_auth::tokens::sha256_hex(token);
+    let remember = replicas.settings.sync_period;
+    // A known token is always looked up when fresh (its revocation elsewhere must be
+    // seen); an unknown one within the guard's bounds (review F10).
+    if !known && !replicas.unknown.may_look_up(&hash, remember) {
+        return;
+    }
+    match store.find_agent_token(&hash).await {
         Ok(Some(record)) => auth.agent_tokens().learn(record),
+        Ok(None) if !known => replicas.unknown.missed(&hash, remember),
         Ok(None) => {
             // Revoked through another replica since the last refresh.
             let mut tokens = auth.agent_tokens();

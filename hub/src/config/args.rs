@@ -4,6 +4,7 @@
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::Parser;
+use scale_agent_hub_net::limits;
 
 use super::{DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_STAGED_BYTES, LogFormat, parse_duration};
 use crate::{
@@ -92,6 +93,24 @@ pub struct ListenerArgs {
     /// For tests, or behind a TLS-terminating ingress on the same host only.
     #[arg(long, env = "SCALE_AGENT_HUB_HTTP_PLAINTEXT")]
     pub http_plaintext: bool,
+
+    /// Most connections the gRPC listener serves at once (TLS handshakes included); one more
+    /// is closed at accept and counted in scale_agent_hub_listener_connections_refused_total.
+    /// Each agent process keeps one.
+    #[arg(long, env = "SCALE_AGENT_HUB_GRPC_MAX_CONNECTIONS", default_value_t = limits::DEFAULT_GRPC_MAX_CONNECTIONS as u32, value_parser = clap::value_parser!(u32).range(1..))]
+    pub grpc_max_connections: u32,
+
+    /// Most connections the HTTP listener serves at once (TLS handshakes included); one more
+    /// is closed at accept and counted in scale_agent_hub_listener_connections_refused_total.
+    #[arg(long, env = "SCALE_AGENT_HUB_HTTP_MAX_CONNECTIONS", default_value_t = limits::DEFAULT_HTTP_MAX_CONNECTIONS as u32, value_parser = clap::value_parser!(u32).range(1..))]
+    pub http_max_connections: u32,
+
+    /// How long a connection to either listener may take, from its accept, to send the
+    /// start of its first request (the TLS handshake included), and on HTTP/1.1 how long
+    /// each request head may take: slower clients are disconnected (slowloris). Seconds, or
+    /// a duration (1m30s, 250ms).
+    #[arg(long, env = "SCALE_AGENT_HUB_HEADER_READ_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub header_read_timeout: Duration,
 }
 
 /// How agents are authenticated and what they may register: the CAs of their certificates,
@@ -257,6 +276,24 @@ pub struct ApiArgs {
     #[arg(long, env = "SCALE_AGENT_HUB_METRICS_UNAUTHENTICATED")]
     pub metrics_unauthenticated: bool,
 
+    /// File with the key that derives the Clouddriver tokens (32 bytes as 64 hex
+    /// characters, e.g. `openssl rand -hex 32`, mounted from a Secret), kept out of the store
+    /// so that a reader of the store cannot derive them. Default: the key is kept in the
+    /// store. A store that holds the same key has it removed; one holding another key is
+    /// refused unless --token-key-replaces-stored.
+    #[arg(long, env = "SCALE_AGENT_HUB_TOKEN_KEY_FILE")]
+    pub token_key_file: Option<PathBuf>,
+
+    /// With --token-key-file: when the store holds another derivation key, remove it and
+    /// derive with the file's key (every Clouddriver token changes; the registrar registers
+    /// the new kubeconfigs). Without it such a start is refused.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_HUB_TOKEN_KEY_REPLACES_STORED",
+        requires = "token_key_file"
+    )]
+    pub token_key_replaces_stored: bool,
+
     /// Largest body of a REST API request, in bytes (an operation's manifests); larger
     /// requests get 413.
     #[arg(long, env = "SCALE_AGENT_HUB_MAX_REQUEST_BYTES", default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
@@ -335,6 +372,14 @@ pub struct StoreArgs {
     #[arg(long, env = "SCALE_AGENT_HUB_POSTGRES_CA")]
     pub postgres_ca: Option<PathBuf>,
 
+    /// Accept a PostgreSQL connection below sslmode=verify-full (disable, prefer, require,
+    /// verify-ca; no sslmode means prefer): without it the hub refuses to start, since
+    /// whoever sits on the path to PostgreSQL could then read and write the store (tokens,
+    /// bindings, owners' addresses). With it a warning is logged at start. For a
+    /// database on the same host or a network you trust, and tests.
+    #[arg(long, env = "SCALE_AGENT_HUB_POSTGRES_INSECURE_TLS")]
+    pub postgres_insecure_tls: bool,
+
     /// redb's page cache of the store, in MiB. The hub reads its store only at start-up;
     /// commits read the pages they change from this cache or else from the file (the
     /// kernel's page cache). A larger cache makes commits of very large stores read less
@@ -380,6 +425,13 @@ pub struct ReplicaArgs {
     /// `openssl rand -hex 32`, mounted from a Secret). Needed when replicas share a store.
     #[arg(long, env = "SCALE_AGENT_HUB_REPLICA_SECRET_FILE")]
     pub replica_secret_file: Option<PathBuf>,
+
+    /// The IP ranges (CIDR, comma-separated; e.g. the cluster's pod CIDR) of the other
+    /// replicas' --replica-address hosts: a replica forwards requests, with the replica
+    /// secret, only to owner addresses inside them. Default: any host of this replica's own
+    /// scheme (https:// unless --http-plaintext), verified against --serving-ca only.
+    #[arg(long, env = "SCALE_AGENT_HUB_REPLICA_PEER_CIDRS", value_delimiter = ',', value_parser = Cidr::parse)]
+    pub replica_peer_cidrs: Vec<Cidr>,
 }
 
 /// The agents' streams: heartbeats, flow control, how long an account outlives its agent, and
@@ -425,7 +477,7 @@ pub struct StreamArgs {
     #[arg(long, env = "SCALE_AGENT_HUB_MAX_STAGED_BYTES", default_value_t = DEFAULT_MAX_STAGED_BYTES)]
     pub max_staged_bytes: u64,
 
-    /// Most objects the hub caches for one account; 0 (the default) means no limit. A kind
+    /// Most objects the hub caches for one account (0: no limit). A kind
     /// whose objects would take an account past it is not cached at all (state OVER_QUOTA
     /// in /api/v1/accounts, sent to the agent; the proxy reads it from the cluster) until a
     /// relist of it fits. The hub keeps about as much memory per cached object as its
@@ -433,7 +485,7 @@ pub struct StreamArgs {
     #[arg(
         long,
         env = "SCALE_AGENT_HUB_MAX_OBJECTS_PER_ACCOUNT",
-        default_value_t = 0
+        default_value_t = super::DEFAULT_MAX_OBJECTS_PER_ACCOUNT
     )]
     pub max_objects_per_account: u64,
 
@@ -518,7 +570,7 @@ mod tests {
             .get_arguments()
             .filter(|arg| !matches!(arg.get_id().as_str(), "help" | "version"))
             .collect();
-        assert_eq!(flags.len(), 56);
+        assert_eq!(flags.len(), 63);
         for arg in flags {
             let id = arg.get_id().as_str();
             let long = arg

@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 
 use super::{
     AgentArgs, ApiArgs, Args, ClouddriverArgs, Config, GrpcSecurity, HttpSecurity, ListenerArgs,
-    OperationArgs, OperationConfig, POSTGRES_URL_ENV, ProxyHopTls, ProxyMode, ReplicaArgs,
-    ReplicaConfig, StoreArgs, StoreConfig, StoreKind, StreamArgs, StreamConfig, TlsMaterial,
+    ListenerLimits, OperationArgs, OperationConfig, POSTGRES_URL_ENV, ProxyHopTls, ProxyMode,
+    ReplicaArgs, ReplicaConfig, StoreArgs, StoreConfig, StoreKind, StreamArgs, StreamConfig,
+    TlsMaterial,
     tls_files::{read_certs, read_key},
 };
 use crate::{
@@ -16,7 +17,7 @@ use crate::{
     error::{HubError, Result},
     forwarded::{ForwardedFormat, ProxyTrust},
     owners::OwnershipSource,
-    store::{Backend, PostgresOptions},
+    store::{Backend, PostgresOptions, postgres_tls::SslMode},
 };
 
 impl Args {
@@ -78,10 +79,32 @@ impl StoreArgs {
                  store is embedded: add --store postgres, or unset it"
             ))),
             (StoreKind::Postgres, Some(url)) if !url.is_empty() => {
-                Ok(Backend::Postgres(PostgresOptions {
+                let options = PostgresOptions {
                     url,
                     ca_file: self.postgres_ca.clone(),
-                }))
+                };
+                // Reads the URL's sslmode (and the CA file) now: a refusal at start-up.
+                let mode = options.target()?.mode();
+                if mode != SslMode::VerifyFull && !self.postgres_insecure_tls {
+                    return Err(HubError::Config(format!(
+                        "the PostgreSQL URL's sslmode is {} (no sslmode means prefer): the \
+                         server's certificate or host is not checked, so whoever sits on the \
+                         path to PostgreSQL could read and change the store. Put \
+                         sslmode=verify-full in the URL with the server's CA (sslrootcert= \
+                         or --postgres-ca), or pass --postgres-insecure-tls to accept it",
+                        mode.as_str()
+                    )));
+                }
+                if mode != SslMode::VerifyFull {
+                    tracing::warn!(
+                        sslmode = mode.as_str(),
+                        "--postgres-insecure-tls: PostgreSQL connections below \
+                         sslmode=verify-full; the server's certificate or host name is not \
+                         checked, so whoever sits on the path to PostgreSQL can read and \
+                         change the store"
+                    );
+                }
+                Ok(Backend::Postgres(options))
             }
             (StoreKind::Postgres, _) => Err(HubError::Config(format!(
                 "--store postgres needs the database's URL: put \
@@ -100,6 +123,7 @@ impl StoreArgs {
             store: _,
             postgres_url_file: _,
             postgres_ca: _,
+            postgres_insecure_tls: _,
         } = self;
         StoreConfig {
             backend,
@@ -241,6 +265,14 @@ impl ListenerArgs {
     fn into_listeners(self, config: &mut Config, client_ca: Option<&Path>) -> Result<()> {
         config.listeners.grpc_addr = self.grpc_addr;
         config.listeners.http_addr = self.http_addr;
+        config.listeners.grpc_limits = ListenerLimits {
+            max_connections: self.grpc_max_connections as usize,
+            header_read_timeout: self.header_read_timeout,
+        };
+        config.listeners.http_limits = ListenerLimits {
+            max_connections: self.http_max_connections as usize,
+            header_read_timeout: self.header_read_timeout,
+        };
         // The gRPC listener's files are reloaded in the mutual-TLS mode only.
         if let (GrpcSecurity::MutualTls(_), Some(cert), Some(key)) =
             (&config.agents.security, &self.tls_cert, &self.tls_key)
@@ -263,6 +295,9 @@ impl ListenerArgs {
             // Set by `into_listeners`, which calls this.
             grpc_addr: _,
             http_addr: _,
+            grpc_max_connections: _,
+            http_max_connections: _,
+            header_read_timeout: _,
         } = self;
         if http_plaintext {
             config.listeners.http_security = HttpSecurity::Plaintext;
@@ -306,7 +341,14 @@ impl ApiArgs {
             metrics_unauthenticated,
             max_request_bytes,
             proxy_audit_reads,
+            token_key_file,
+            token_key_replaces_stored,
         } = self;
+        config.api.token_key = token_key_file
+            .as_deref()
+            .map(crate::token_key::TokenKeyFile::read)
+            .transpose()?
+            .map(|key| key.replacing_stored(token_key_replaces_stored));
         if let Some(url) = &public_url
             && !(url.starts_with("https://") || url.starts_with("http://"))
         {
@@ -367,6 +409,7 @@ impl ReplicaArgs {
             replica_server_name,
             replica_sync_period,
             replica_secret_file,
+            replica_peer_cidrs,
         } = self;
         Ok(ReplicaConfig {
             id: replica_id.unwrap_or_else(crate::owners::hostname),
@@ -378,6 +421,7 @@ impl ReplicaArgs {
                 .as_deref()
                 .map(crate::owners::forward::ReplicaSecret::read)
                 .transpose()?,
+            peer_cidrs: replica_peer_cidrs,
         })
     }
 }
@@ -455,6 +499,25 @@ mod tests {
         let args = Args::try_parse_from(["scale-agent-hub", "--store", "postgres"]).unwrap();
         let err = args.store.backend(None).unwrap_err().to_string();
         assert!(err.contains("--postgres-url-file"), "{err}");
+        // Below verify-full only with --postgres-insecure-tls (review F11).
+        for url in ["postgres://u:p@h/d", "postgres://u:p@h/d?sslmode=require"] {
+            let err = args
+                .store
+                .backend(Some(url.into()))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("--postgres-insecure-tls") && err.contains("sslmode=verify-full"),
+                "{err}"
+            );
+        }
+        let args = Args::try_parse_from([
+            "scale-agent-hub",
+            "--store",
+            "postgres",
+            "--postgres-insecure-tls",
+        ])
+        .unwrap();
         let Backend::Postgres(options) = args
             .store
             .backend(Some(" postgres://u:p@h/d\n".into()))
@@ -473,6 +536,7 @@ mod tests {
             "postgres",
             "--postgres-url-file",
             file.to_str().unwrap(),
+            "--postgres-insecure-tls",
         ])
         .unwrap();
         let backend = args.store.backend(Some("postgres://env/x".into())).unwrap();
@@ -495,6 +559,7 @@ mod tests {
         assert_eq!(args.streams.max_object_bytes, 2 * 1024 * 1024);
         assert_eq!(args.store.store_cache_mib, 2);
         assert_eq!(args.streams.watch_history_mib, 256);
+        assert_eq!(args.streams.max_objects_per_account, 250_000);
         assert_eq!(args.agents.agent_cert_lifetime, DEFAULT_AGENT_CERT_LIFETIME);
         let err = args.into_config().unwrap_err().to_string();
         assert!(err.contains("--tls-cert, --tls-key"), "{err}");

@@ -21,7 +21,10 @@ pub use args::{
     POSTGRES_URL_ENV, ReplicaArgs, StoreArgs, StoreKind, StreamArgs,
 };
 pub use scale_agent_hub_auth::grpc_security::{GrpcSecurity, ProxyMode};
-pub use scale_agent_hub_net::tls::{HttpSecurity, ProxyHopTls, TlsFiles, TlsMaterial};
+pub use scale_agent_hub_net::{
+    limits::ListenerLimits,
+    tls::{HttpSecurity, ProxyHopTls, TlsFiles, TlsMaterial},
+};
 
 /// How often the TLS files are checked for changes by default (a Secret's mounted files
 /// change within about a minute of the Secret itself).
@@ -73,6 +76,10 @@ pub struct ListenerConfig {
     pub tls_files: TlsFiles,
     /// How often `tls_files` are checked for changes.
     pub tls_reload_interval: Duration,
+    /// The gRPC listener's connection cap and header-read timeout.
+    pub grpc_limits: ListenerLimits,
+    /// The HTTP listener's connection cap and header-read timeout.
+    pub http_limits: ListenerLimits,
 }
 
 /// How agents are authenticated, what they may register, and the certificates the hub
@@ -117,6 +124,9 @@ pub struct ApiConfig {
     pub max_request_bytes: usize,
     /// Which proxied reads get an audit line (`--proxy-audit-reads`).
     pub proxy_audit_reads: crate::proxy::audit::AuditReads,
+    /// The Clouddriver tokens' derivation key from `--token-key-file`; `None`: kept in the
+    /// store.
+    pub token_key: Option<crate::token_key::TokenKeyFile>,
 }
 
 /// Where the hub keeps its state.
@@ -150,6 +160,9 @@ pub struct ReplicaConfig {
     /// The secret replicas present to each other's internal routes
     /// (`--replica-secret-file`); needed when replicas share a store.
     pub secret: Option<crate::owners::forward::ReplicaSecret>,
+    /// The only hosts (IP ranges) this replica forwards to (`--replica-peer-cidrs`); empty:
+    /// any host of its own scheme.
+    pub peer_cidrs: Vec<crate::forwarded::Cidr>,
 }
 
 /// Agents' streams: heartbeats, flow control and the limits of what one stream may send.
@@ -221,6 +234,8 @@ impl Config {
                 http_security: HttpSecurity::Plaintext,
                 tls_files: TlsFiles::default(),
                 tls_reload_interval: TLS_RELOAD_INTERVAL,
+                grpc_limits: ListenerLimits::grpc_default(),
+                http_limits: ListenerLimits::http_default(),
             },
             agents: AgentConfig {
                 security,
@@ -240,6 +255,7 @@ impl Config {
                 metrics_unauthenticated: false,
                 max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
                 proxy_audit_reads: Default::default(),
+                token_key: None,
             },
             clouddriver: ClouddriverSettings::default(),
             store: StoreConfig {
@@ -254,6 +270,7 @@ impl Config {
                 sync_period: Duration::from_secs(2),
                 ownership: crate::owners::OwnershipSource::Embedded,
                 secret: None,
+                peer_cidrs: Vec::new(),
             },
             streams: StreamConfig {
                 grace_period: Duration::from_secs(600),
@@ -263,7 +280,7 @@ impl Config {
                 max_unacked: 1000,
                 max_object_bytes: 2 * 1024 * 1024,
                 max_staged_bytes: DEFAULT_MAX_STAGED_BYTES,
-                max_objects_per_account: 0,
+                max_objects_per_account: DEFAULT_MAX_OBJECTS_PER_ACCOUNT,
                 watch_history_bytes: crate::cache::history::DEFAULT_BUDGET_BYTES,
             },
             operations: OperationConfig {
@@ -445,6 +462,12 @@ pub use scale_agent_runtime::LogFormat;
 
 /// Default of `--max-staged-bytes`: 512 MiB.
 pub const DEFAULT_MAX_STAGED_BYTES: u64 = 512 * 1024 * 1024;
+
+/// Default `--max-objects-per-account` (review F14: one agent must not grow the hub's
+/// memory without bound): far above any account of the benchmarks (50,000 in measure 3,
+/// 2,000 in the fleet) and of a Clouddriver-cached cluster, about 0.5 GB of JSON at 2 KiB
+/// an object.
+pub const DEFAULT_MAX_OBJECTS_PER_ACCOUNT: u64 = 250_000;
 /// Default of `--max-request-bytes`: 8 MiB.
 /// Default lifetime of the tokens the hub issues for people (`--token-ttl`): a working day.
 pub const DEFAULT_TOKEN_TTL: std::time::Duration =

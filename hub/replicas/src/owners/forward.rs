@@ -24,7 +24,7 @@ use scale_agent_hub_model::{
 use scale_agent_hub_net::{https, status::Status};
 use scale_agent_hub_state::Live;
 
-use super::OwnerInfo;
+use super::{OwnerInfo, peers::PeerRule};
 use crate::Replicas;
 
 /// The prefix of the routes other replicas forward to.
@@ -91,22 +91,38 @@ pub struct Forwarder {
     secret: ReplicaSecret,
     /// This replica's `--replica-id`, which the owner is told the request came from.
     replica: String,
+    /// The addresses the secret may be sent to.
+    peers: PeerRule,
 }
 
 impl Forwarder {
-    /// A client trusting the public roots and `--serving-ca` (the replicas' serving
-    /// certificates are the hub's own), verifying them for `server_name`
-    /// (`--replica-server-name`) or else for the host of each owner's address. `replica`
-    /// is this replica's `--replica-id`.
+    /// A client sending to the addresses `peers` allows, over HTTPS trusting nothing but
+    /// `--serving-ca` (the replicas' serving certificates are the hub's own: a public CA's
+    /// certificate for a host an attacker wrote into the store must not do), verifying them
+    /// for `server_name` (`--replica-server-name`) or else for the host of each owner's
+    /// address. `replica` is this replica's `--replica-id`.
     pub fn new(
         secret: ReplicaSecret,
         replica: &str,
         serving_ca_pem: Option<&[u8]>,
         server_name: Option<&str>,
+        peers: PeerRule,
     ) -> Result<Self> {
-        let tls =
-            https::client_tls_config(serving_ca_pem.map(|pem| ("--serving-ca".to_string(), pem)))
-                .map_err(HubError::Config)?;
+        let tls = match (serving_ca_pem, peers.scheme()) {
+            (Some(pem), _) => {
+                https::private_client_tls_config("--serving-ca", pem).map_err(HubError::Config)?
+            }
+            (None, "https") => {
+                return Err(HubError::Config(
+                    "replicas forward to each other over HTTPS trusting only --serving-ca: give \
+                     it the CA of the replicas' serving certificates"
+                        .into(),
+                ));
+            }
+            // Plaintext replicas (--http-plaintext): the rule refuses https:// addresses, so
+            // this configuration is never used for a connection.
+            (None, _) => https::client_tls_config(None).map_err(HubError::Config)?,
+        };
         let server_name = server_name
             .map(|name| {
                 ServerName::try_from(name.to_string())
@@ -127,6 +143,7 @@ impl Forwarder {
             client,
             secret,
             replica: replica.to_string(),
+            peers,
         })
     }
 
@@ -157,6 +174,13 @@ impl Forwarder {
                 owner.replica, owner.address
             ))
         };
+        if let Err(why) = self.peers.check(&owner.address) {
+            tracing::warn!(owner = %owner.replica, address = %owner.address, %why, "owner address refused: nothing forwarded");
+            return Err(Status::bad_gateway(format!(
+                "hub replica {} owns this account, but the hub {why}",
+                owner.replica
+            )));
+        }
         let uri: http::Uri = uri
             .parse()
             .map_err(|e| unreachable(format!("not a URL: {e}")))?;
@@ -230,6 +254,10 @@ impl Forwarder {
         use http_body_util::BodyExt as _;
         let unreachable =
             |why: String| format!("hub replica {replica} cannot be asked at {address}: {why}");
+        if let Err(why) = self.peers.check(address) {
+            tracing::warn!(%replica, %address, %why, "replica address refused: not asked");
+            return Err(format!("hub replica {replica}: {why}"));
+        }
         let uri: http::Uri = format!("{}{INTERNAL_PREFIX}{path}", address.trim_end_matches('/'))
             .parse()
             .map_err(|e| unreachable(format!("not a URL: {e}")))?;

@@ -28,6 +28,7 @@ pub mod directory;
 pub mod duty;
 pub mod forward;
 pub mod lookup;
+pub mod peers;
 pub mod postgres;
 pub mod singleton;
 
