@@ -104,14 +104,3 @@ pub struct ProxyCaller {
     pub person: bool,
 }
 
-/// Who reached an account through the proxy, as the hub authenticated them.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProxyCaller {
-    /// The token's name for a hub-issued token (the agent's own identity for Clouddriver's
-    /// account token), or the OIDC username after the issuer's prefix is applied.
-    pub user: String,
-    /// Groups: the OIDC groups claim after its prefix; empty for hub-issued tokens.
-    pub groups: Vec<String>,
-    /// A person (OIDC, or a token issued for a person) rather than Clouddriver's machine token.
-    pub person: bool,
-}
