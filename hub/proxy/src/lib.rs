@@ -354,7 +354,7 @@ async fn authenticate_oidc(
 /// to the agent for the target's audit log.
 async fn answer(
     proxy: &Arc<Proxy>,
-    request: Request,
+    mut request: Request,
     request_id: &str,
     caller: &mut Option<ProxyCaller>,
 ) -> Result<(Response, Served), Status> {
