@@ -103,4 +103,3 @@ pub struct ProxyCaller {
     /// A person (OIDC, or a token issued for a person) rather than Clouddriver's machine token.
     pub person: bool,
 }
-
