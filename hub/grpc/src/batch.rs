@@ -97,7 +97,28 @@ impl StreamTask {
     /// [`StreamTask::acknowledge`] once the store allows it.
     async fn process_batch(&mut self, batch: Vec<pb::AgentMessage>) -> Result<(), Status> {
         learn_registered_accounts(&self.grpc, &batch).await;
+        let unregisters = batch
+            .iter()
+            .any(|m| matches!(m.kind, Some(Msg::UnregisterAccount(_))));
         let (mut fx, protocol_error) = self.apply(batch);
+        if unregisters {
+            // The Ack of an UnregisterAccount goes after every request head the proxy
+            // queued before the unregistration took the registry's write lock: the
+            // draining agent counts those in flight (see `tunnel::flushed`). Bounded by
+            // the silence that ends a stream: an agent that stops reading is not waited
+            // for longer than one that stops talking.
+            let silence = self.period * 2;
+            if tokio::time::timeout(silence, tunnel::flushed(&self.out.tunnel))
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    waited_s = silence.as_secs(),
+                    "the agent did not read its tunnel frames; acknowledging its \
+                     UnregisterAccount without them"
+                );
+            }
+        }
         self.propagate(&mut fx);
         self.answer(fx).await?;
         if let Some(e) = protocol_error {

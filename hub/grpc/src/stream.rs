@@ -47,7 +47,7 @@ pub(super) struct StreamTask {
     /// Promotions, operations, account states, replacement: from the rest of the hub.
     control: mpsc::Receiver<Control>,
     /// The heartbeat period granted to this stream.
-    period: Duration,
+    pub(super) period: Duration,
     heartbeat: tokio::time::Interval,
     /// When the agent's last message arrived: two periods of silence end the stream.
     pub(super) last_heard: tokio::time::Instant,

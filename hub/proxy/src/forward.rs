@@ -21,11 +21,14 @@ use http_body_util::BodyExt as _;
 use prometheus_client::metrics::counter::Counter;
 use scale_agent_hub_state::{
     Live,
-    registry::SessionId,
-    tunnel::{self, AgentSender, BodyEvent, HeadError, OpenExchange, Tunnels},
+    registry::{Registry, SessionId},
+    tunnel::{self, AgentSender, BodyEvent, HeadError, OpenExchange, OutboundMessage, Tunnels},
 };
 use scale_agent_proto::v1::{self as pb, tunnel_frame::Frame};
-use tokio::sync::oneshot;
+use tokio::sync::{
+    mpsc::{OwnedPermit, error::TrySendError},
+    oneshot,
+};
 use tracing::Instrument as _;
 
 use super::{
@@ -33,9 +36,16 @@ use super::{
 };
 
 /// A connected agent replica of `account` that can tunnel, skipping `tried`; round-robin
-/// with the operations (the same rotation as the operations' `pick_replica`).
-fn pick(live: &Live, account: &str, tried: &[SessionId]) -> Option<(SessionId, AgentSender, u32)> {
-    let candidates = live.registry_read().replicas(account);
+/// with the operations (the same rotation as the operations' `pick_replica`), except that
+/// `prefer` is taken when it is one of them. Reads the registry through the caller's guard.
+fn pick(
+    live: &Live,
+    registry: &Registry,
+    account: &str,
+    tried: &[SessionId],
+    prefer: Option<SessionId>,
+) -> Option<(SessionId, AgentSender, u32)> {
+    let candidates = registry.replicas(account);
     let sessions = live.sessions();
     let usable: Vec<(SessionId, AgentSender, u32)> = candidates
         .into_iter()
@@ -48,11 +58,91 @@ fn pick(live: &Live, account: &str, tried: &[SessionId]) -> Option<(SessionId, A
         })
         .collect();
     drop(sessions);
+    if let Some(i) = usable.iter().position(|(id, _, _)| Some(*id) == prefer) {
+        return usable.into_iter().nth(i);
+    }
     if usable.is_empty() {
         return None;
     }
     let i = live.pick(usable.len());
     usable.into_iter().nth(i)
+}
+
+/// What came of picking a replica for a request and queueing its head.
+enum Queued {
+    /// The head is queued on the replica's stream, ahead of anything the hub answers to a
+    /// later UnregisterAccount of that replica.
+    Head {
+        session: SessionId,
+        tx: AgentSender,
+        window: u32,
+        exchange: OpenExchange,
+    },
+    /// No connected replica of the account can tunnel (besides those tried).
+    NoAgent,
+    /// The replica picked has no stream any more.
+    Gone(SessionId),
+}
+
+/// Picks a replica of `account` ([`pick`]), opens the exchange and queues the request head
+/// on the replica's stream, all under the registry's read guard that the pick used.
+///
+/// A draining agent unregisters its account under the registry's write lock, and its Ack
+/// goes out only after every tunnel frame queued before is written
+/// ([`tunnel::flushed`]). So a head queued under the read guard either precedes the
+/// unregistration, and reaches the agent ahead of the Ack (the agent counts it in flight),
+/// or follows it, and then the pick no longer sees that replica. A head queued after the
+/// guard was dropped could reach the agent after the Ack, when the agent believes nothing
+/// more will come, and be lost (issue 27).
+///
+/// The guard is a std lock, held across no await: the head is queued through a permit
+/// taken without waiting. When the replica's tunnel queue is full, its capacity is awaited
+/// with the guard dropped, and the pick is done again under the guard, preferring that
+/// replica, whose permit then queues the head (another replica is picked when it left).
+async fn pick_and_queue(
+    proxy: &Proxy,
+    account: &str,
+    tried: &[SessionId],
+    ends_cleanly: bool,
+    head: &pb::HttpRequestHead,
+) -> Queued {
+    let mut waited: Option<(SessionId, OwnedPermit<OutboundMessage>)> = None;
+    loop {
+        let full = {
+            let registry = proxy.live.registry_read();
+            let prefer = waited.as_ref().map(|(session, _)| *session);
+            let Some((session, tx, window)) = pick(&proxy.live, &registry, account, tried, prefer)
+            else {
+                return Queued::NoAgent;
+            };
+            let permit = match waited.take() {
+                Some((waited_on, permit)) if waited_on == session => Ok(permit),
+                _ => tx.clone().try_reserve_owned(),
+            };
+            match permit {
+                Ok(permit) => {
+                    let exchange = proxy.state.tunnels.open(session, window, ends_cleanly);
+                    permit.send(Ok(tunnel::frame_message(
+                        exchange.id,
+                        Frame::Request(head.clone()),
+                    )));
+                    return Queued::Head {
+                        session,
+                        tx,
+                        window,
+                        exchange,
+                    };
+                }
+                Err(TrySendError::Closed(_)) => return Queued::Gone(session),
+                Err(TrySendError::Full(tx)) => (session, tx),
+            }
+        };
+        let (session, tx) = full;
+        match tx.reserve_owned().await {
+            Ok(permit) => waited = Some((session, permit)),
+            Err(_) => return Queued::Gone(session),
+        }
+    }
 }
 
 /// How an exchange behaves besides its request.
@@ -93,16 +183,6 @@ pub(crate) async fn forward(
     let mut tried = Vec::new();
     let mut last_error = None;
     loop {
-        let Some((session, tx, window)) = pick(&proxy.live, account, &tried) else {
-            return Err(last_error.unwrap_or_else(|| no_agent(&proxy.live, account)));
-        };
-        tried.push(session);
-        let exchange = proxy.state.tunnels.open(session, window, ends_cleanly);
-        let guard = ExchangeGuard {
-            tunnels: proxy.state.tunnels.clone(),
-            id: exchange.id,
-            tx: tx.clone(),
-        };
         let mut request_head = request_head(
             account,
             method,
@@ -113,14 +193,43 @@ pub(crate) async fn forward(
         );
         request_head.caller = caller.clone();
         request_head.audit_id = audit_id.clone();
-        if !send_request(&tx, &exchange, request_head, &mut body).await {
-            proxy.state.tunnels.close(exchange.id);
-            if !once && tried.len() < MAX_ATTEMPTS {
-                continue;
-            }
-            return Err(Status::unavailable(format!(
-                "the agent of account {account:?} disconnected before the request was sent"
-            )));
+        let (session, tx, window, exchange) =
+            match pick_and_queue(proxy, account, &tried, ends_cleanly, &request_head).await {
+                Queued::Head {
+                    session,
+                    tx,
+                    window,
+                    exchange,
+                } => (session, tx, window, exchange),
+                Queued::NoAgent => {
+                    return Err(last_error.unwrap_or_else(|| no_agent(&proxy.live, account)));
+                }
+                Queued::Gone(session) => {
+                    tried.push(session);
+                    if !once && tried.len() < MAX_ATTEMPTS {
+                        continue;
+                    }
+                    return Err(Status::unavailable(format!(
+                        "the agent of account {account:?} disconnected before the request was sent"
+                    )));
+                }
+            };
+        tried.push(session);
+        let guard = ExchangeGuard {
+            tunnels: proxy.state.tunnels.clone(),
+            id: exchange.id,
+            tx: tx.clone(),
+        };
+        if let Some(body) = body.take() {
+            tokio::spawn(
+                pump_request_body(
+                    body,
+                    exchange.id,
+                    exchange.request_credit.clone(),
+                    tx.clone(),
+                )
+                .in_current_span(),
+            );
         }
         let OpenExchange {
             id,
@@ -197,31 +306,6 @@ fn request_head(
         end_of_body: !body_follows && !upgrade,
         ..Default::default()
     }
-}
-
-/// Sends the request head on the agent's stream and then the body, if any, in a task of its
-/// own ([`pump_request_body`]); `false` when the agent's stream is gone (the body is kept).
-async fn send_request(
-    tx: &AgentSender,
-    exchange: &OpenExchange,
-    head: pb::HttpRequestHead,
-    body: &mut Option<Body>,
-) -> bool {
-    if !tunnel::send_frame(tx, exchange.id, Frame::Request(head)).await {
-        return false;
-    }
-    if let Some(body) = body.take() {
-        tokio::spawn(
-            pump_request_body(
-                body,
-                exchange.id,
-                exchange.request_credit.clone(),
-                tx.clone(),
-            )
-            .in_current_span(),
-        );
-    }
-    true
 }
 
 /// Why an exchange has no response head.

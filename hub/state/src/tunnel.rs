@@ -29,21 +29,41 @@ use crate::registry::SessionId;
 pub const WINDOW_BYTES: u32 = scale_agent_proto::tunnel::DEFAULT_WINDOW_BYTES;
 pub use scale_agent_proto::tunnel::MAX_FRAME_BYTES;
 
+/// What an agent stream's outbound queue carries: a message, or the status that ends it.
+pub type OutboundMessage = Result<pb::HubMessage, tonic::Status>;
+
 /// The outbound queue of one agent stream.
-pub type AgentSender = mpsc::Sender<Result<pb::HubMessage, tonic::Status>>;
+pub type AgentSender = mpsc::Sender<OutboundMessage>;
 
 /// Sends a frame of `exchange` to an agent; false when its stream is gone.
 pub async fn send_frame(tx: &AgentSender, exchange: u64, frame: Frame) -> bool {
     tx.send(Ok(frame_message(exchange, frame))).await.is_ok()
 }
 
-fn frame_message(exchange: u64, frame: Frame) -> pb::HubMessage {
+/// The message that carries a frame of `exchange` (for a caller that queues it through a
+/// permit it reserved, see the proxy's pick).
+pub fn frame_message(exchange: u64, frame: Frame) -> pb::HubMessage {
     pb::HubMessage {
         kind: Some(Out::Tunnel(pb::TunnelFrame {
             exchange,
             frame: Some(frame),
         })),
     }
+}
+
+/// Waits until every frame queued on `tx` before the call has been taken off the queue by the
+/// stream that writes it, so that whatever the stream's loop queues next on its control queue
+/// (an Ack) reaches the agent after those frames, although the two queues are interleaved.
+/// The queue hands out its capacity in the order it was asked for and gets a slot back only
+/// when a frame is taken off, so holding all of its capacity means it is empty and no frame
+/// queued after the call went ahead. Returns at once when the stream is gone.
+///
+/// Used before acknowledging an UnregisterAccount: a request head the proxy queued before
+/// the registry's write lock was taken for the unregistration then reaches the draining
+/// agent ahead of the Ack, and the agent counts it in flight (issue 27).
+pub async fn flushed(tx: &AgentSender) {
+    // The permits go back to the queue as they are dropped, at once.
+    let _ = tx.reserve_many(tx.max_capacity()).await;
 }
 
 /// Sends a frame without waiting: from `Drop` and from places that must not block. When the
