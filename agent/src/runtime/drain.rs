@@ -8,9 +8,9 @@
 //! 2. once the hub acknowledges the last UnregisterAccount (it has applied it), what it had
 //!    already routed here is on the stream ahead of the Ack: the agent finishes those
 //!    operations and tunnelled exchanges, sends their results, and keeps its heartbeats;
-//! 3. after a short settling wait (work the hub picked this replica for just before it
-//!    applied the UnregisterAccount can arrive behind the Ack; see `SETTLE`), it closes its
-//!    side of the stream and waits for the hub to close its side, so nothing queued is cut.
+//! 3. after a short settling wait (for hubs older than the fix described at `SETTLE`), it
+//!    closes its side of the stream and waits for the hub to close its side, so nothing
+//!    queued is cut.
 //!
 //! All of it is bounded by `--drain-timeout-seconds`, below the pod's
 //! terminationGracePeriodSeconds: what still runs then is cut, as without a drain (the hub
@@ -36,8 +36,11 @@ const POLL: Duration = Duration::from_millis(50);
 /// replica's stream, so a request it picked this replica for just before it applied the
 /// UnregisterAccount can reach the stream behind the Ack (seen on the real node: a
 /// `kubectl apply` through the hub answered 503 "disconnected before answering" during a
-/// rolling update). The wait lets such a request in and served; the hub-side fix is to
-/// order the pick before the Ack.
+/// rolling update). Hubs since this release order it: the proxy queues the request under the
+/// registry guard it picked with, and the stream sends its Ack only after every tunnel frame
+/// queued before the UnregisterAccount has left (`hub/tests/proxy_drain_order.rs`). The wait
+/// stays for older hubs; operations are routed through the control queue and are not yet
+/// covered by that ordering.
 const SETTLE: Duration = Duration::from_secs(1);
 
 impl Runtime {
