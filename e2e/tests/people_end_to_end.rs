@@ -339,6 +339,22 @@ async fn alice_signs_in_with_oidc_and_acts_as_herself_in_the_target_cluster() ->
     );
     assert_eq!(event.verb, "create", "{event:?}");
     assert_eq!(event.response_status.map(|s| s.code), Some(201));
+    // A person's reads on such an account go to the cluster, never the hub's cache (which
+    // answers what the agent may see).
+    let list = hub_line(&lines, "alice's list in team-a", |l| {
+        l["who"] == ALICE && l["verb"] == "list" && l["object"] == format!("deployments/{team_a}")
+    })
+    .await?;
+    assert_eq!(list["served"], "tunnel", "{list}");
+    let listed_event = target_event(
+        control_plane,
+        list["request_id"].as_str().unwrap_or_default(),
+    )
+    .await?;
+    assert_eq!(
+        listed_event.impersonated_user.map(|u| u.username),
+        Some(ALICE_IN_TARGET.to_string())
+    );
     let read = hub_line(&lines, "alice's list in team-b", |l| {
         l["who"] == ALICE && l["verb"] == "list" && l["object"] == format!("configmaps/{team_b}")
     })
@@ -421,6 +437,17 @@ async fn alice_signs_in_with_oidc_and_acts_as_herself_in_the_target_cluster() ->
             && message.contains("--oidc-access"),
         "kubectl shows the hub's reason: {message}"
     );
+
+    // Both refusals are the hub's own: the requests reached no agent (lines are written just
+    // after kubectl read the answer, so they are waited for).
+    hub_line(&lines, "the expired token's refusal", |l| {
+        l["served"] == "hub" && l["code"] == 401 && l["account"] == prod.as_str()
+    })
+    .await?;
+    hub_line(&lines, "the refusal on staging", |l| {
+        l["served"] == "hub" && l["code"] == 403 && l["account"] == staging.as_str()
+    })
+    .await?;
 
     // 6. Clouddriver's token on the same account keeps acting as the agent: it reads team-b,
     // its rules are the agent's, and the target sees nobody impersonated.
