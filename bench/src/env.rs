@@ -213,6 +213,9 @@ impl Env {
                 format!("--tls-cert={}", self.pki.hub_cert.display()),
                 format!("--tls-key={}", self.pki.hub_key.display()),
                 format!("--client-ca={}", self.pki.ca_file.display()),
+                // The bench's agents carry certificates of --client-ca, which grant no account
+                // by themselves (issue 28, F7): an --allow rule names what they may serve.
+                "--allow=*=*".to_string(),
             ],
             listener,
             extra_args,
