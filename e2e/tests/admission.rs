@@ -2,7 +2,8 @@
 //! with `scope.type: Cluster` or `access: Deploy`, and changes of a privileged one's hub,
 //! enrolment, certificate, image or scope, only for members of `scale-agent-admins`; scope
 //! namespaces, Secret references, AgentAccount impersonation targets and namespaces only
-//! where the author holds those rights already (issue 28, F1/F9). The users are impersonated
+//! where the author holds those rights already (issue 28, F1/F9); AgentAccounts'
+//! `callers: impersonate` and whom it names only for the admin group (issue 31). The users are impersonated
 //! by the admin client; RBAC lets both write ScaleAgents and AgentAccounts in the test's
 //! namespace and read its Secrets like a namespace `edit` user, so every refusal here is the
 //! policy's.
@@ -503,5 +504,153 @@ async fn a_tenant_cannot_escalate_through_scale_agents_or_agent_accounts() -> an
         Ok(()),
         "alice, in {ADMIN_GROUP}: every namespace, deployKinds, Secret data"
     );
+    Ok(())
+}
+
+/// Issue 31 (issue 28's policy, extended): `callers: impersonate` makes the agent impersonate
+/// `scale-agent:<user>` and `scale-agent:<group>` for the people an AgentAccount lists, with
+/// whatever the cluster's RoleBindings give those names. A tenant (bob) may not turn it on or
+/// change whom it names; an admin (alice) may; bob's unrelated edit of alice's account
+/// passes, and turning it off (back to `agent`) narrows and passes. The API server's stored
+/// object proves a refused change left nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn impersonating_callers_are_reserved_to_the_admin_group() -> anyhow::Result<()> {
+    let control_plane = control_plane()?;
+    let admin = control_plane.client().await?;
+    crds::install(&admin, &crds::read_crds(&crds::manifests_dir())?).await?;
+    let namespace = control_plane.namespace(&admin, "callers").await?;
+    may_write_scale_agents(&admin, &namespace).await?;
+    install_policy(control_plane)?;
+    let bob = acting_as(control_plane, "bob", &[]).await?;
+    let alice = acting_as(control_plane, "alice", &[ADMIN_GROUP]).await?;
+
+    let people = agent_account(
+        "people",
+        json!({
+            "namespaces": [namespace],
+            "callers": "impersonate",
+            "callerUsers": ["alice", "bob"],
+            "callerGroups": ["team-a"],
+        }),
+    )?;
+    // The API server takes a moment to load a new policy.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let refused = loop {
+        let outcome = create(&bob, &namespace, &people, false).await?;
+        if outcome.is_err() || tokio::time::Instant::now() > deadline {
+            break outcome;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_refused_by(
+        refused,
+        AGENTACCOUNT_POLICY,
+        &format!(
+            "sets spec.callers: impersonate, which makes the agent impersonate the users and groups of spec.callerUsers and spec.callerGroups (with callerPrefix) in its cluster: reserved to members of group {ADMIN_GROUP}. Remove spec.callers (or set it to agent), or ask a cluster administrator"
+        ),
+        "bob: callers impersonate",
+    );
+    // Only the prefix, on an account that impersonates: still the admin's.
+    let prefixed = agent_account(
+        "prefixed",
+        json!({
+            "namespaces": [namespace],
+            "callers": "impersonate",
+            "callerUsers": ["bob"],
+            "callerPrefix": "scale-agent-bob:",
+        }),
+    )?;
+    assert_refused_by(
+        create(&bob, &namespace, &prefixed, false).await?,
+        AGENTACCOUNT_POLICY,
+        "sets spec.callers: impersonate",
+        "bob: callers impersonate with his own prefix",
+    );
+    // callerUsers without callers: impersonate impersonates no one.
+    let dormant = agent_account(
+        "dormant",
+        json!({ "namespaces": [namespace], "callerUsers": ["bob"] }),
+    )?;
+    assert_eq!(
+        create(&bob, &namespace, &dormant, false).await?,
+        Ok(()),
+        "bob: callerUsers with callers agent (the default)"
+    );
+    assert_eq!(
+        create(&alice, &namespace, &people, true).await?,
+        Ok(()),
+        "alice, in {ADMIN_GROUP}: callers impersonate"
+    );
+
+    let accounts = Api::<AgentAccount>::namespaced(bob.clone(), &namespace);
+    let params = PatchParams::default();
+    accounts
+        .patch(
+            "people",
+            &params,
+            &Patch::Merge(json!({
+                "metadata": { "labels": { "team": "a" } },
+                "spec": { "kinds": ["Deployment", "ConfigMap"] },
+            })),
+        )
+        .await?;
+    for (field, patch) in [
+        (
+            "callerUsers",
+            json!({ "spec": { "callerUsers": ["alice", "bob", "mallory"] } }),
+        ),
+        (
+            "callerGroups",
+            json!({ "spec": { "callerGroups": ["admins"] } }),
+        ),
+        (
+            "callerPrefix",
+            json!({ "spec": { "callerPrefix": "scale-agent-x:" } }),
+        ),
+    ] {
+        match accounts
+            .patch("people", &params, &Patch::Merge(patch))
+            .await
+        {
+            Err(kube::Error::Api(status)) => assert_refused_by(
+                Err((status.code, status.message)),
+                AGENTACCOUNT_POLICY,
+                &format!(
+                    "changes spec.callerUsers, spec.callerGroups or spec.callerPrefix while spec.callers is impersonate, which changes whom the agent impersonates: reserved to members of group {ADMIN_GROUP}. Leave callerUsers, callerGroups and callerPrefix as they were, or ask a cluster administrator to change them"
+                ),
+                &format!("bob: {field} of an impersonating account"),
+            ),
+            other => panic!("bob changed {field} of an impersonating account: {other:?}"),
+        }
+    }
+    // The API server's view: bob's edit landed, his refused changes did not.
+    let stored = Api::<AgentAccount>::namespaced(admin.clone(), &namespace)
+        .get("people")
+        .await?;
+    assert_eq!(stored.spec.kinds, ["Deployment", "ConfigMap"]);
+    assert_eq!(stored.spec.caller_users, ["alice", "bob"]);
+    assert_eq!(stored.spec.caller_groups, ["team-a"]);
+    assert_eq!(stored.spec.caller_prefix, None);
+
+    // alice may change whom it names; bob may turn it off (the agent then impersonates no one).
+    Api::<AgentAccount>::namespaced(alice.clone(), &namespace)
+        .patch(
+            "people",
+            &params,
+            &Patch::Merge(json!({ "spec": { "callerUsers": ["alice", "bob", "carol"] } })),
+        )
+        .await?;
+    accounts
+        .patch(
+            "people",
+            &params,
+            &Patch::Merge(json!({ "spec": { "callers": "agent" } })),
+        )
+        .await?;
+    let stored = Api::<AgentAccount>::namespaced(admin.clone(), &namespace)
+        .get("people")
+        .await?;
+    assert_eq!(stored.spec.caller_users, ["alice", "bob", "carol"]);
+    assert!(stored.spec.callers.is_agent(), "{stored:?}");
     Ok(())
 }
