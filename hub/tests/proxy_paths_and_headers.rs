@@ -95,3 +95,87 @@ async fn paths_with_dot_segments_or_encoded_separators_are_refused_before_anythi
     hub.shutdown().await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// F20: a client's identity claims (`X-Remote-*`, `X-Forwarded-*`, `Forwarded`) do not reach
+/// the agent, and an agent cannot make a tunnelled answer look like the hub's own: the
+/// hub's `x-scale-agent-*` headers on an agent's answer are replaced or dropped.
+#[tokio::test]
+async fn identity_claims_stay_behind_and_agents_cannot_set_the_hubs_headers() {
+    let pki = Pki::new();
+    let dir = data_dir("proxy-header-claims");
+    let hub = start_hub(&pki, &dir, |c| serve_https(&pki, c)).await;
+    let http = Https::for_hub(&pki, &hub, Proto::H2);
+    let admin = admin_token(&dir);
+    let mut agent = tunnel_agent(&hub, &pki, "agent-a.test", "pod-1").await;
+    agent.register("prod", "https://10.0.0.1:6443").await;
+    let token = token_for(&http, &admin, "prod").await;
+
+    let api_path = "/api/v1/namespaces/x/configmaps/web";
+    let request = http
+        .request("GET", &format!("/clusters/prod{api_path}"))
+        .header("authorization", format!("Bearer {token}"))
+        .header("x-remote-user", "system:admin")
+        .header("x-remote-group", "system:masters")
+        .header("x-remote-extra-scopes", "cluster-admin")
+        .header("x-forwarded-for", "10.0.0.1")
+        .header("x-forwarded-user", "system:admin")
+        .header("forwarded", "for=10.0.0.1;proto=https")
+        .header("x-scale-agent-forwarded-by", "hub-0")
+        .header("accept", "application/json")
+        .header("user-agent", "kubectl/v1.37.1 (linux/amd64)")
+        .header("kubectl-command", "kubectl get")
+        .body(empty())
+        .unwrap();
+    let call = {
+        let http = http.clone();
+        tokio::spawn(async move { http.call(request).await })
+    };
+    let (id, head) = agent.request().await;
+    assert_eq!(head.path_and_query, api_path);
+    let mut names: Vec<&str> = head.headers.iter().map(|h| h.name.as_str()).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["accept", "kubectl-command", "user-agent"],
+        "only what the API server needs: {head:?}"
+    );
+
+    // The agent claims the answer came from the hub's cache, through another replica.
+    agent
+        .respond(
+            id,
+            200,
+            &[
+                ("content-type", "application/json"),
+                ("x-scale-agent-cache", "hit"),
+                ("x-scale-agent-cache-age", "3"),
+                ("x-scale-agent-replica", "hub-elsewhere"),
+                ("audit-id", "from-the-api-server"),
+            ],
+            br#"{"kind":"ConfigMap"}"#,
+        )
+        .await;
+    let reply = call.await.unwrap();
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let cache: Vec<&str> = reply
+        .headers
+        .get_all("x-scale-agent-cache")
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect();
+    assert_eq!(cache, ["tunnel"], "the hub says who answered");
+    assert_eq!(reply.header("x-scale-agent-cache-age"), None);
+    assert_eq!(
+        reply.header("x-scale-agent-replica"),
+        None,
+        "a hub without replicas names none"
+    );
+    assert_eq!(
+        reply.header("audit-id").as_deref(),
+        Some("from-the-api-server"),
+        "the API server's own headers pass"
+    );
+
+    hub.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
