@@ -18,7 +18,7 @@ use bytes::Bytes;
 use http_body_util::BodyExt as _;
 use kube::client::Body;
 use scale_agent_proto::{
-    tunnel::HOP_BY_HOP,
+    tunnel::{HOP_BY_HOP, claims_identity},
     v1::{self as pb, AgentMessage, agent_message, tunnel_frame::Frame},
 };
 use tokio::{
@@ -34,9 +34,10 @@ pub use scale_agent_proto::tunnel::{DEFAULT_WINDOW_BYTES, MAX_FRAME_BYTES};
 /// Largest request body the agent replays.
 pub const MAX_REQUEST_BODY_BYTES: usize = 8 * 1024 * 1024;
 
-/// Request headers never replayed besides the hop-by-hop ones: the caller's credentials and
-/// identity claims (the agent acts as itself), and the length hyper sets from the body.
-const DROPPED_REQUEST_HEADERS: &[&str] = &["authorization", "cookie", "content-length"];
+/// Request headers never replayed besides the hop-by-hop ones and the caller's credentials
+/// and identity claims ([`claims_identity`]: the agent acts as itself): the length hyper
+/// sets from the body. The hub drops all of these too; the agent does not rely on it.
+const DROPPED_REQUEST_HEADERS: &[&str] = &["content-length"];
 
 /// Whether a request header from the hub may be replayed; for an upgrade (exec, attach,
 /// port-forward) `Connection` and `Upgrade` ask the API server to switch protocols.
@@ -47,7 +48,8 @@ pub fn replay_request_header(name: &str, upgrade: bool) -> bool {
     }
     !(HOP_BY_HOP.contains(&name.as_str())
         || DROPPED_REQUEST_HEADERS.contains(&name.as_str())
-        || name.starts_with("impersonate-"))
+        || claims_identity(&name)
+        || name.starts_with("x-scale-agent-"))
 }
 
 /// Whether the request asks the API server to switch protocols.
@@ -647,6 +649,12 @@ mod tests {
             headers: vec![
                 header("Authorization", "Bearer sat_x"),
                 header("Impersonate-User", "admin"),
+                header("X-Remote-User", "system:admin"),
+                header("X-Remote-Group", "system:masters"),
+                header("X-Remote-Extra-Scopes", "all"),
+                header("X-Forwarded-For", "10.0.0.1"),
+                header("Forwarded", "for=10.0.0.1"),
+                header("X-Scale-Agent-Caller-User", "admin"),
                 header("Content-Type", "application/strategic-merge-patch+json"),
                 header("Connection", "keep-alive"),
                 header("Content-Length", "2"),

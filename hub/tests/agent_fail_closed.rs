@@ -2,7 +2,8 @@
 //! hub's real gRPC listener with real TLS and hub-issued certificates: no renewal of a
 //! certificate an address-trusted proxy forwarded; certificates of --client-ca and the
 //! `anonymous` identity get no accounts without an --allow rule, and cannot take an
-//! identity the hub enrolled; a hub-CA certificate without an enrolment here gets nothing.
+//! identity the hub enrolled; a hub-CA certificate without an enrolment here gets nothing;
+//! an `escaped-pem` header sent twice (a proxy that appends) refuses the stream (F22).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -32,12 +33,13 @@ use tonic::{
 };
 
 /// A stream through a proxy: the hub's gRPC port over plaintext (`hop`: `None`) or over a
-/// mutual-TLS hop presenting `hop`, with the agent's certificate in `x-ssl-client-cert`.
+/// mutual-TLS hop presenting `hop`, with the agent's certificate in `x-ssl-client-cert`
+/// (one header line per certificate given: a proxy that appends sends two).
 async fn forwarded_stream(
     hub: &RunningHub,
     pki: &Pki,
     hop: Option<&(String, String)>,
-    agent_cert_pem: &str,
+    agent_cert_pems: &[&str],
 ) -> Result<FakeAgentRaw, Status> {
     let endpoint = match hop {
         None => Endpoint::from_shared(format!("http://{}", hub.grpc_addr)).unwrap(),
@@ -59,13 +61,15 @@ async fn forwarded_stream(
         .map_err(|e| Status::unavailable(format!("connect: {e:?}")))?;
     let (tx, rx) = tokio::sync::mpsc::channel(8);
     let mut request = tonic::Request::new(ReceiverStream::new(rx));
-    let encoded =
-        percent_encoding::utf8_percent_encode(agent_cert_pem, percent_encoding::NON_ALPHANUMERIC)
-            .to_string();
-    request.metadata_mut().insert(
-        "x-ssl-client-cert",
-        MetadataValue::try_from(encoded).unwrap(),
-    );
+    for pem in agent_cert_pems {
+        let encoded =
+            percent_encoding::utf8_percent_encode(pem, percent_encoding::NON_ALPHANUMERIC)
+                .to_string();
+        request.metadata_mut().append(
+            "x-ssl-client-cert",
+            MetadataValue::try_from(encoded).unwrap(),
+        );
+    }
     let inbound = AgentHubClient::new(channel)
         .session(request)
         .await?
@@ -126,7 +130,7 @@ async fn certificates_forwarded_by_an_address_trusted_proxy_are_never_renewed() 
     })
     .await;
     // The attacker holds the certificate only, and its own key.
-    let mut stolen = forwarded_stream(&hub, &pki, None, &agent_cert)
+    let mut stolen = forwarded_stream(&hub, &pki, None, &[&agent_cert])
         .await
         .unwrap();
     let (_, attacker_csr) = csr();
@@ -169,7 +173,7 @@ async fn certificates_forwarded_by_an_address_trusted_proxy_are_never_renewed() 
         });
     })
     .await;
-    let mut proxied = forwarded_stream(&hub, &pki, Some(&proxy), &agent_cert)
+    let mut proxied = forwarded_stream(&hub, &pki, Some(&proxy), &[&agent_cert])
         .await
         .unwrap();
     let (_, csr_pem) = csr();
@@ -349,4 +353,53 @@ async fn anonymous_agents_register_only_what_a_rule_names() {
         hub.shutdown().await.unwrap();
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+/// F22: behind a proxy that appends its `x-ssl-client-cert` line to one the client sent,
+/// the hub used to join the lines and take the first certificate, the client's choice. In
+/// escaped-pem mode two values now refuse the stream, naming the header, whichever comes
+/// first; one value still names its agent.
+#[tokio::test]
+async fn an_escaped_pem_header_sent_twice_refuses_the_stream() {
+    let pki = Pki::new();
+    let dir = data_dir("identity-escaped-pem-twice");
+    let trust = ProxyTrust::new(
+        ForwardedFormat::EscapedPem,
+        None,
+        pki.ca_pem.as_bytes(),
+        vec![Cidr::parse("127.0.0.1/32").unwrap()],
+        Vec::new(),
+    )
+    .unwrap();
+    let hub = start_hub(&pki, &dir, |c| {
+        c.agents.security = GrpcSecurity::TrustedProxy(ProxyMode {
+            trust,
+            client_ca_pem: pki.ca_pem.clone().into_bytes(),
+            hop_tls: None,
+        });
+    })
+    .await;
+    let (chosen, _) = pki.client("agent-chosen.test");
+    let (real, _) = pki.client("agent-real.test");
+    for lines in [[&chosen, &real], [&real, &chosen]] {
+        let lines = [lines[0].as_str(), lines[1].as_str()];
+        let Err(status) = forwarded_stream(&hub, &pki, None, &lines).await else {
+            panic!("two x-ssl-client-cert lines were accepted");
+        };
+        assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+        assert!(
+            status.message().contains("x-ssl-client-cert") && status.message().contains("2 values"),
+            "{}",
+            status.message()
+        );
+    }
+    let one = forwarded_stream(&hub, &pki, None, &[&real]).await;
+    assert!(
+        one.is_ok(),
+        "one line is a proxy that replaces: {:?}",
+        one.err()
+    );
+    drop(one);
+    hub.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -128,7 +128,7 @@ async fn requests_and_answers_cross_the_tunnel_as_sent() {
 
     // A POST with everything a proxy must not pass on, over HTTP/1.1 (hop-by-hop headers
     // exist only there), and a body three times the window.
-    let path = "/api/v1/namespaces/team%2Fa/configmaps?fieldManager=kubectl-client-side-apply&labelSelector=app%3Dweb%2Ctier+in+%28x%29&limit=500";
+    let path = "/api/v1/namespaces/team%3Aa/configmaps?fieldManager=kubectl-client-side-apply&labelSelector=app%3Dweb%2Ctier+in+%28x%29&limit=500";
     let (body, sent) = streamed_body(3 * window + 12_345);
     let request =
         s.h1.request("POST", &format!("/clusters/prod{path}"))

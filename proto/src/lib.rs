@@ -69,6 +69,23 @@ pub mod tunnel {
         "expect",
     ];
 
+    /// Whether a request header claims who the caller is or where it came from, and so is
+    /// never carried to the API server: the caller's credentials (`Authorization`, `Cookie`),
+    /// impersonation (`Impersonate-*`), the front-proxy authenticator's identity headers
+    /// (`X-Remote-User`, `X-Remote-Group`, `X-Remote-Extra-*`, the API server's defaults for
+    /// `--requestheader-*-headers`) and the forwarding chain an authenticating proxy trusts
+    /// (`X-Forwarded-*`, `Forwarded`, `X-Real-Ip`). The agent replays every request as its
+    /// own identity; if that identity is a front-proxy certificate, or an authenticating
+    /// proxy sits before the API server, such headers from a client would be believed.
+    /// `name` is compared without regard to case.
+    pub fn claims_identity(name: &str) -> bool {
+        let name = name.to_ascii_lowercase();
+        ["authorization", "cookie", "forwarded", "x-real-ip"].contains(&name.as_str())
+            || ["impersonate-", "x-remote-", "x-forwarded-"]
+                .iter()
+                .any(|prefix| name.starts_with(prefix))
+    }
+
     /// Tunnel frames waiting to be written to one stream, on either side.
     pub const QUEUE: usize = 16;
 

@@ -109,6 +109,9 @@ pub enum Refusal {
     Malformed { header: String, reason: String },
     /// The forwarded certificate does not verify against the client CA.
     Invalid { reason: String },
+    /// In `escaped-pem` mode, the header came more than once (or as a list): a proxy that
+    /// appends its value to the client's own instead of replacing it.
+    SeveralValues { header: String, count: usize },
 }
 
 impl fmt::Display for Refusal {
@@ -142,6 +145,14 @@ impl fmt::Display for Refusal {
                 "the {header} header holds no usable client certificate ({reason}): check \
                  --forwarded-client-cert (xfcc for Envoy, escaped-pem for nginx's \
                  $ssl_client_escaped_cert) against what the proxy sends"
+            ),
+            Refusal::SeveralValues { header, count } => write!(
+                f,
+                "the {header} header came with {count} values, and in escaped-pem mode the hub \
+                 takes exactly one: the proxy appends its certificate to one the client sent \
+                 instead of replacing it, so the client could choose its identity. Make the \
+                 proxy set the header (nginx: grpc_set_header {header} \
+                 $ssl_client_escaped_cert, which replaces the client's own)"
             ),
             Refusal::Invalid { reason } => write!(
                 f,
@@ -314,6 +325,27 @@ impl ProxyTrust {
             header: self.header.clone(),
             reason,
         };
+        // escaped-pem carries one certificate and no list syntax (the escaped PEM holds no
+        // `,`): several lines, or a list in one, mean the proxy appended its value to one the
+        // client sent, and the first would be the client's choice (F22). XFCC is a list by
+        // design; its last element is the trusted proxy's.
+        if self.format == ForwardedFormat::EscapedPem {
+            let count = header_values
+                .iter()
+                .map(|v| {
+                    v.split(',')
+                        .filter(|part| !part.trim().is_empty())
+                        .count()
+                        .max(1)
+                })
+                .sum::<usize>();
+            if count > 1 {
+                return Err(Refusal::SeveralValues {
+                    header: self.header.clone(),
+                    count,
+                });
+            }
+        }
         // Several header lines are one comma-separated list (RFC 9110, 5.3).
         let value = header_values.join(",");
         let (leaf_pem, chain_pem) = match self.format {
@@ -592,6 +624,44 @@ mod tests {
         assert!(unquote("\"open").is_err());
         assert!(last_xfcc_element("Cert").is_err());
         assert!(last_xfcc_element(" , ").is_err());
+    }
+
+    /// F22: a proxy that appends its escaped PEM to the one the client sent (a second header
+    /// line, or a list in one line) would hand the hub the client's choice first; in
+    /// escaped-pem mode more than one value is refused, naming the header, whichever of
+    /// the two certificates comes first.
+    #[test]
+    fn escaped_pem_refuses_more_than_one_value() {
+        let agents = ca("agents");
+        let chosen = escaped(&client_pem(&agents, "agent-chosen.example"));
+        let real = escaped(&client_pem(&agents, "agent-a.example"));
+        let nginx = trust(ForwardedFormat::EscapedPem, &agents.pem());
+        let appended_in_one_line = format!("{chosen}, {real}");
+        let sent: [&[&str]; 3] = [
+            &[&chosen, &real],
+            &[&real, &chosen],
+            &[&appended_in_one_line],
+        ];
+        for values in sent {
+            let refusal = nginx.identity(from_proxy(), values).unwrap_err();
+            assert_eq!(
+                refusal,
+                Refusal::SeveralValues {
+                    header: "x-ssl-client-cert".into(),
+                    count: 2
+                }
+            );
+            let message = refusal.to_string();
+            assert!(
+                message.contains("x-ssl-client-cert") && message.contains("2 values"),
+                "{message}"
+            );
+        }
+        // One value still names its agent; XFCC keeps taking lists (its last element).
+        assert_eq!(
+            nginx.identity(from_proxy(), &[&real]).unwrap(),
+            "agent-a.example"
+        );
     }
 
     #[test]

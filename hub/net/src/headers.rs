@@ -1,16 +1,32 @@
-//! Which headers cross the tunnel. The caller's credentials never do (the agent replays the
-//! request as its own identity), nor do hop-by-hop headers, which belong to one connection.
+//! Which headers cross the tunnel. The caller's credentials and identity claims never do
+//! (the agent replays the request as its own identity), nor do hop-by-hop headers, which
+//! belong to one connection, nor the hub's own headers (`x-scale-agent-*`) either way: the
+//! hub sets those on its answers, and an agent must not be able to say that an answer came
+//! from the hub's cache or another replica (issue 28, F20).
+//!
+//! Request headers are a deny-list, not an allow-list: kubectl, client-go, Helm and
+//! Clouddriver send many headers the API server acts on (`Accept`, `Content-Type`,
+//! `Content-Encoding`, `If-None-Match`, `X-Stream-Protocol-Version`, `Sec-WebSocket-*`,
+//! `Kubectl-Command`, `Kubectl-Session`, `Audit-Id`, ...) and new releases add more; an
+//! allow-list would silently break each new one (port-forward's protocol negotiation is a
+//! header). What gives a request authority at the API server is a short, documented family
+//! ([`claims_identity`]), and that is what is dropped.
 
 use http::{HeaderMap, HeaderName, HeaderValue, header};
-use scale_agent_proto::{tunnel::HOP_BY_HOP, v1 as pb};
+use scale_agent_proto::{
+    tunnel::{HOP_BY_HOP, claims_identity},
+    v1 as pb,
+};
+
+/// Prefix of the headers the hub itself sets (`x-scale-agent-cache`, `-cache-age`,
+/// `-replica`, the replicas' `-caller-*` and `-forwarded-*`): never taken from an agent's
+/// answer nor sent to one.
+pub const HUB_HEADER_PREFIX: &str = "x-scale-agent-";
 
 /// Whether a request header may be forwarded to the agent.
 fn forward_request_header(name: &HeaderName) -> bool {
     let name = name.as_str();
-    !(HOP_BY_HOP.contains(&name)
-        || name == "authorization"
-        || name == "cookie"
-        || name.starts_with("impersonate-"))
+    !(HOP_BY_HOP.contains(&name) || claims_identity(name) || name.starts_with(HUB_HEADER_PREFIX))
 }
 
 /// Headers named in `Connection` are hop-by-hop too.
@@ -48,7 +64,7 @@ pub fn response_headers(headers: &[pb::HttpHeader]) -> HeaderMap {
         let Ok(name) = HeaderName::from_bytes(h.name.as_bytes()) else {
             continue;
         };
-        if HOP_BY_HOP.contains(&name.as_str()) {
+        if HOP_BY_HOP.contains(&name.as_str()) || name.as_str().starts_with(HUB_HEADER_PREFIX) {
             continue;
         }
         if let Ok(value) = HeaderValue::from_bytes(&h.value) {
@@ -128,6 +144,22 @@ mod tests {
         );
         h.insert("user-agent", HeaderValue::from_static("kubectl/v1.37.1"));
         h.insert("accept-encoding", HeaderValue::from_static("gzip"));
+        for claim in [
+            "x-remote-user",
+            "x-remote-group",
+            "x-remote-extra-scopes",
+            "x-forwarded-for",
+            "x-forwarded-proto",
+            "x-forwarded-client-cert",
+            "forwarded",
+            "x-real-ip",
+            "x-scale-agent-caller-user",
+        ] {
+            h.insert(
+                HeaderName::from_static(claim),
+                HeaderValue::from_static("system:admin"),
+            );
+        }
         let mut names: Vec<String> = request_headers(&h).into_iter().map(|h| h.name).collect();
         names.sort();
         assert_eq!(
@@ -151,6 +183,8 @@ mod tests {
             header("connection", b"close"),
             header("bad name", b"x"),
             header("audit-id", b"\x01"),
+            header("x-scale-agent-cache", b"hit"),
+            header("X-Scale-Agent-Replica", b"hub-0"),
         ]);
         assert_eq!(map.get_all("warning").iter().count(), 2);
         assert!(map.contains_key("etag") && map.contains_key("content-type"));

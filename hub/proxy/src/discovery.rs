@@ -41,7 +41,12 @@ pub fn is_discovery(method: &Method, path: &str) -> bool {
         return false;
     }
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    if segments.iter().any(|s| s.is_empty()) {
+    // `..` under `openapi/v3` must not make any path a discovery document (F21); the proxy
+    // refuses such paths before this, this keeps the match safe on its own.
+    if segments
+        .iter()
+        .any(|s| s.is_empty() || *s == "." || *s == ".." || s.contains('%'))
+    {
         return false;
     }
     matches!(
@@ -353,6 +358,9 @@ mod tests {
             "/openapi",
             "/api//v1",
             "/",
+            "/openapi/v3/../../api/v1/namespaces/x/secrets",
+            "/openapi/v3/./apis",
+            "/openapi/v3/%2E%2E/api/v1/secrets",
         ];
         for path in no {
             assert!(!is_discovery(&Method::GET, path), "{path}");

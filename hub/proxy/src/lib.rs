@@ -21,6 +21,7 @@
 //! - [`cached`]: LIST, GET and WATCH answered from the cache;
 //! - [`audit`]: the audit line of every request (reads as `--proxy-audit-reads` says);
 //! - [`caller`]: who called, carried to the agent (and to the account's owner replica);
+//! - [`path`]: the refusal of paths that are not canonical (`.`, `..`, encoded `/` or `.`);
 //! - [`ProxyState`] (what the proxy keeps between requests), its [`events`] from the live
 //!   state, and [`ProxyMetrics`].
 //!
@@ -41,6 +42,7 @@ mod discovery_request;
 pub mod events;
 mod forward;
 mod metrics;
+pub mod path;
 pub mod secrets;
 mod state;
 mod upgrade;
@@ -371,6 +373,10 @@ async fn answer(
     {
         *caller = Some(authenticate(&proxy.auth, request.headers(), &account).await?);
     }
+    // Before anything matches the path (discovery, the cache, the Secret guard) or sends it
+    // on: a path something downstream would resolve differently is refused (the caller is
+    // known by now, so the audit line names who sent it).
+    path::check_canonical(&account, api_path)?;
     // The account's agents stream to its owner, which also keeps its cache: everything,
     // cached reads included, is served there.
     if let Some(owner) = proxy
