@@ -1,4 +1,3 @@
-
 use super::*;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use rcgen::{

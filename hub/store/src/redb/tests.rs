@@ -1,4 +1,3 @@
-
 use super::*;
 use scale_agent_hub_cache::CachedObject;
 use scale_agent_hub_model::records::ClusterRecord;
