@@ -27,16 +27,13 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{capture_audit_lines, deployment, hub_line, kubectl, target_event};
+use common::{capture_audit_lines, deployment, grant_edit, hub_line, kubectl, target_event};
 use k8s_openapi::api::{
     apps::v1::Deployment,
     core::v1::ConfigMap,
-    rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject},
+    rbac::v1::{ClusterRole, ClusterRoleBinding},
 };
-use kube::{
-    Api, Client,
-    api::{ObjectMeta, PostParams},
-};
+use kube::{Api, Client, api::PostParams};
 use scale_agent_e2e::{
     ControlPlane, ControlPlaneOptions,
     fixtures::{self, TlsHub, temp_dir},
@@ -171,48 +168,15 @@ async fn alice_signs_in_with_oidc_and_acts_as_herself_in_the_target_cluster() ->
     Api::<ClusterRoleBinding>::all(admin.clone())
         .create(&pp, &binding)
         .await?;
-    // Her group may edit team-a (the RoleBinding a GitOps repository would hold), nothing
-    // else. A Role of its own: the built-in `edit` is aggregated by the controller manager,
-    // which this control plane does not run.
-    Api::<Role>::namespaced(admin.clone(), &team_a)
-        .create(
-            &pp,
-            &Role {
-                metadata: ObjectMeta {
-                    name: Some("edit".into()),
-                    ..Default::default()
-                },
-                rules: Some(vec![PolicyRule {
-                    api_groups: Some(vec![String::new(), "apps".into()]),
-                    resources: Some(vec!["configmaps".into(), "deployments".into()]),
-                    verbs: vec!["*".into()],
-                    ..Default::default()
-                }]),
-            },
-        )
-        .await?;
-    Api::<RoleBinding>::namespaced(admin.clone(), &team_a)
-        .create(
-            &pp,
-            &RoleBinding {
-                metadata: ObjectMeta {
-                    name: Some("team-a-edit".into()),
-                    ..Default::default()
-                },
-                role_ref: RoleRef {
-                    api_group: Some("rbac.authorization.k8s.io".into()),
-                    kind: "Role".into(),
-                    name: "edit".into(),
-                },
-                subjects: Some(vec![Subject {
-                    api_group: Some("rbac.authorization.k8s.io".into()),
-                    kind: "Group".into(),
-                    name: TEAM_A_IN_TARGET.into(),
-                    ..Default::default()
-                }]),
-            },
-        )
-        .await?;
+    // Her group may edit team-a, nothing else.
+    grant_edit(
+        &admin,
+        &team_a,
+        "edit",
+        "team-a-edit",
+        ("Group", TEAM_A_IN_TARGET),
+    )
+    .await?;
     Api::<ConfigMap>::namespaced(admin.clone(), &team_b)
         .create(
             &pp,

@@ -14,15 +14,12 @@
 
 mod common;
 
-use common::{capture_audit_lines, deployment, hub_line, kubectl, target_event};
+use common::{capture_audit_lines, deployment, grant_edit, hub_line, kubectl, target_event};
 use k8s_openapi::api::{
     core::v1::ConfigMap,
-    rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject},
+    rbac::v1::{ClusterRole, ClusterRoleBinding},
 };
-use kube::{
-    Api, Client,
-    api::{ObjectMeta, PostParams},
-};
+use kube::{Api, Client, api::PostParams};
 use scale_agent_e2e::{
     ControlPlane, ControlPlaneOptions,
     fixtures::{self, TlsHub, temp_dir},
@@ -83,49 +80,16 @@ async fn a_person_acts_as_themselves_in_the_target_cluster() -> anyhow::Result<(
     Api::<ClusterRoleBinding>::all(admin.clone())
         .create(&pp, &binding)
         .await?;
-    // Alice may edit team-a (the RoleBinding a GitOps repository would hold), nothing else.
-    // A Role of its own: the built-in `edit` is aggregated by the controller manager, which
-    // this control plane does not run.
+    // Alice may edit team-a, nothing else.
     let alice_user = "scale-agent:alice";
-    Api::<Role>::namespaced(admin.clone(), &team_a)
-        .create(
-            &pp,
-            &Role {
-                metadata: ObjectMeta {
-                    name: Some("edits".into()),
-                    ..Default::default()
-                },
-                rules: Some(vec![PolicyRule {
-                    api_groups: Some(vec![String::new(), "apps".into()]),
-                    resources: Some(vec!["configmaps".into(), "deployments".into()]),
-                    verbs: vec!["*".into()],
-                    ..Default::default()
-                }]),
-            },
-        )
-        .await?;
-    Api::<RoleBinding>::namespaced(admin.clone(), &team_a)
-        .create(
-            &pp,
-            &RoleBinding {
-                metadata: ObjectMeta {
-                    name: Some("alice-edits".into()),
-                    ..Default::default()
-                },
-                role_ref: RoleRef {
-                    api_group: Some("rbac.authorization.k8s.io".into()),
-                    kind: "Role".into(),
-                    name: "edits".into(),
-                },
-                subjects: Some(vec![Subject {
-                    api_group: Some("rbac.authorization.k8s.io".into()),
-                    kind: "User".into(),
-                    name: alice_user.into(),
-                    ..Default::default()
-                }]),
-            },
-        )
-        .await?;
+    grant_edit(
+        &admin,
+        &team_a,
+        "edits",
+        "alice-edits",
+        ("User", alice_user),
+    )
+    .await?;
     Api::<ConfigMap>::namespaced(admin.clone(), &team_b)
         .create(
             &pp,

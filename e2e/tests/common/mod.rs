@@ -13,6 +13,11 @@ use std::{
     time::Duration,
 };
 
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use kube::{
+    Api, Client,
+    api::{ObjectMeta, PostParams},
+};
 use scale_agent_e2e::{
     ControlPlane,
     control_plane::AuditEvent,
@@ -135,4 +140,58 @@ pub async fn target_event(
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Lets `subject` (`kind` `User` or `Group`, as the agent names the caller) edit ConfigMaps and
+/// Deployments in `namespace` and nothing else: the RoleBinding a GitOps repository would hold.
+/// A Role of its own (`role`): the built-in `edit` is aggregated by the controller manager,
+/// which this control plane does not run.
+pub async fn grant_edit(
+    admin: &Client,
+    namespace: &str,
+    role: &str,
+    binding: &str,
+    (kind, subject): (&str, &str),
+) -> anyhow::Result<()> {
+    let pp = PostParams::default();
+    Api::<Role>::namespaced(admin.clone(), namespace)
+        .create(
+            &pp,
+            &Role {
+                metadata: ObjectMeta {
+                    name: Some(role.into()),
+                    ..Default::default()
+                },
+                rules: Some(vec![PolicyRule {
+                    api_groups: Some(vec![String::new(), "apps".into()]),
+                    resources: Some(vec!["configmaps".into(), "deployments".into()]),
+                    verbs: vec!["*".into()],
+                    ..Default::default()
+                }]),
+            },
+        )
+        .await?;
+    Api::<RoleBinding>::namespaced(admin.clone(), namespace)
+        .create(
+            &pp,
+            &RoleBinding {
+                metadata: ObjectMeta {
+                    name: Some(binding.into()),
+                    ..Default::default()
+                },
+                role_ref: RoleRef {
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    kind: "Role".into(),
+                    name: role.into(),
+                },
+                subjects: Some(vec![Subject {
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    kind: kind.into(),
+                    name: subject.into(),
+                    ..Default::default()
+                }]),
+            },
+        )
+        .await?;
+    Ok(())
 }
