@@ -304,15 +304,17 @@ async fn scoped_tokens_the_metrics_role_and_clouddrivers_token() {
         );
     }
 
-    // An API token that ended.
+    // An API token that ended. Expiry is kept in whole seconds from the second it was
+    // issued in, so a `2s` token lasts more than 1 s and at most 2 s (a `1s` one could end
+    // a millisecond after it was issued, and did on a loaded machine).
     let brief = create_api_token(
         &http,
         &admin,
-        serde_json::json!({"name": "brief", "role": "reader", "ttl": "1s"}),
+        serde_json::json!({"name": "brief", "role": "reader", "ttl": "2s"}),
     )
     .await;
     assert_eq!(http.get("/api/v1/agents", Some(&brief)).await.status, 200);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
     let reply = http.get("/api/v1/agents", Some(&brief)).await;
     assert_eq!(reply.status, 401, "{}", reply.text());
     assert!(

@@ -50,6 +50,9 @@ pub const HEARTBEAT: Duration = Duration::from_secs(3);
 /// A heartbeat slower than this gives the lock session up (this side first: see the module
 /// docs).
 pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest a statement on the lock session waits for a row lock: well under
+/// [`HEARTBEAT_TIMEOUT`], so a wait never costs the heartbeat.
+const LOCK_WAIT: Duration = Duration::from_secs(2);
 
 fn pg_error(action: &str, error: &tokio_postgres::Error) -> HubError {
     HubError::Ownership(format!(
@@ -150,6 +153,14 @@ impl PostgresOwnership {
         if let Err(error) = client.batch_execute(&lease).await {
             tracing::warn!(error = %Chain(&error), "PostgreSQL does not end silent sessions (idle_session_timeout needs PostgreSQL 14): a frozen replica keeps its accounts until TCP gives up");
         }
+        // A row lock held by a replica cut off mid-transaction (its store's fencing check)
+        // must not hang this session: the heartbeat shares it and would give every account
+        // up. The acquisition fails instead and is tried again at the next poll.
+        let wait = format!("SET lock_timeout = '{}ms'", LOCK_WAIT.as_millis());
+        client
+            .batch_execute(&wait)
+            .await
+            .map_err(|e| pg_error("bound lock waits on the lock session", &e))?;
         Ok(client)
     }
 

@@ -146,6 +146,37 @@ impl Connection {
     }
 }
 
+/// How long PostgreSQL keeps a store session that went silent inside a transaction. The
+/// writer sends a batch's statements back to back, so a transaction idle this long belongs
+/// to a replica cut off (a partition) or stopped mid-commit. Its row locks (the fencing
+/// check's `FOR SHARE` on `account_owners` among them) would otherwise stay until TCP gives
+/// up, hours later, and the replica taking its accounts over would wait on them as long. It
+/// is shorter than the ownership lease, so the locks are gone by the time the accounts are
+/// free.
+pub const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(10);
+
+/// Makes PostgreSQL end a store session idle inside a transaction after
+/// [`IDLE_IN_TRANSACTION`] (set at connection start-up, so it holds from the first
+/// statement and costs no round trip), and makes TCP notice a dead peer within seconds.
+/// Options already in the URL are kept.
+fn bound_silent_sessions(config: &mut tokio_postgres::Config) {
+    let bound = format!(
+        "-c idle_in_transaction_session_timeout={}",
+        IDLE_IN_TRANSACTION.as_millis()
+    );
+    let options = match config.get_options() {
+        Some(given) if !given.trim().is_empty() => format!("{given} {bound}"),
+        _ => bound,
+    };
+    config
+        .options(&options)
+        .keepalives(true)
+        .keepalives_idle(Duration::from_secs(5))
+        .keepalives_interval(Duration::from_secs(1))
+        .keepalives_retries(3)
+        .tcp_user_timeout(IDLE_IN_TRANSACTION);
+}
+
 /// The PostgreSQL store.
 pub struct PostgresStore {
     /// Commits and reads.
@@ -190,6 +221,7 @@ impl PostgresStore {
         if config.get_application_name().is_none() {
             config.application_name("scale-agent-hub");
         }
+        bound_silent_sessions(config);
         let location = location(&target.config);
         tracing::debug!(%location, sslmode = target.mode().as_str(), "connecting to PostgreSQL");
         let writer = Connection::new(target.clone(), location.clone());
