@@ -80,8 +80,12 @@ pub async fn migrate(client: &mut Client) -> Result<Vec<i64>> {
     let mut applied = Vec::new();
     for migration in MIGRATIONS {
         let txn = client.transaction().await.map_err(pg("migrate"))?;
+        // A replica migrating beside this one holds the lock for as long as its migration
+        // takes: wait for it, whatever bound the session puts on lock waits (the ownership
+        // session's is 2 s).
         txn.batch_execute(&format!(
-            "SELECT pg_advisory_xact_lock({MIGRATION_LOCK});
+            "SET LOCAL lock_timeout = 0;
+             SELECT pg_advisory_xact_lock({MIGRATION_LOCK});
              CREATE TABLE IF NOT EXISTS schema_migrations (
                  version bigint PRIMARY KEY, name text NOT NULL,
                  applied_at timestamptz NOT NULL DEFAULT now());"
