@@ -20,7 +20,10 @@ use scale_agent_crds::{
     v1alpha1::{ANY_CALLER, Callers, CredentialsType, DEFAULT_CALLER_PREFIX},
 };
 
-use super::{cluster_meta, rbac_name, subject};
+use super::{
+    rbac::{cluster_meta, subject},
+    rbac_name,
+};
 
 /// Name of the ClusterRole(Binding): `scale-agent:<namespace>:<scaleagent>:callers`.
 pub fn callers_rbac_name(agent: &ScaleAgent) -> String {
