@@ -2,7 +2,8 @@
 //! either refused (the agent would behave differently in a way that matters, e.g. TLS not
 //! verified as asked) or reported at start-up as having no effect, always with what to use
 //! instead. Keys that are honoured are plain fields of
-//! [`scale_agent_crds::agent_config::AgentConfig`]; the table in `agent/README.md` lists both.
+//! [`scale_agent_crds::agent_config::AgentConfig`]; the table in the guide's
+//! `docs/src/tasks/migrate-from-armory.md` lists both.
 //!
 //! Pure: works on the file's YAML as a [`serde_json::Value`].
 
@@ -294,6 +295,11 @@ pub struct ArmoryNotice {
 impl std::fmt::Display for ArmoryNotice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.verdict {
+            // troubleshooting: the agent exits at start-up on an Armory key
+            // An Armory key the agent would honour differently in a way that matters (TLS not
+            // verified, a token command, secret engines) is refused, with what to use instead;
+            // [Migrate from Armory](../tasks/migrate-from-armory.md) lists every key. Keys with no
+            // effect are only reported.
             Verdict::Refused => write!(f, "{} is not supported: {}", self.path, self.message),
             Verdict::NoEffect => write!(f, "{} has no effect: {}", self.path, self.message),
         }

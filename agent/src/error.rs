@@ -18,17 +18,29 @@ pub enum Error {
         source: std::io::Error,
     },
     #[error(
+        // troubleshooting: the agent exits at start-up
+        // A `--config` path given explicitly must exist (without one, the agent tries Armory's
+        // paths and otherwise starts on the defaults).
         "the config file {path} does not exist: create it, or point --config (SCALE_AGENT_CONFIG) at the agent's config file"
     )]
     ConfigMissing { path: PathBuf },
+    // troubleshooting: the agent exits at start-up, or keeps its last good config
+    // A config file that does not parse stops the agent at start-up; on a hot reload the previous
+    // config stays, and `/accounts` shows the problem under `config.problem`.
     #[error("the config file {path} is not valid: {message}")]
     ParseConfig { path: PathBuf, message: String },
     #[error("invalid config: {0}")]
     InvalidConfig(String),
     #[error(
+        // troubleshooting: AgentAccount `Connected=False`, reason `AccountFailing`
+        // An account in a config file needs credentials: its ServiceAccount (in the cluster the
+        // agent runs in) or a kubeconfig file.
         "account {account}: no credentials; set `serviceAccount: true` or `kubeconfigFile` in its config"
     )]
     NoCredentials { account: String },
+    // troubleshooting: AgentAccount `Connected=False`, reason `AccountFailing`
+    // The kubeconfig file is missing, unreadable or invalid. The agent retries with backoff and
+    // serves its other accounts meanwhile.
     #[error("account {account}: cannot load kubeconfig {path}: {message}")]
     Kubeconfig {
         account: String,
@@ -54,6 +66,8 @@ pub enum Error {
         source: std::io::Error,
     },
     #[error(
+        // troubleshooting: the agent exits at start-up
+        // `clouddriver.grpc` or `--hub` must be `host:port`.
         "invalid hub address {address:?}: {message}; write it as host:port (or https://host:port)"
     )]
     HubAddress { address: String, message: String },

@@ -45,6 +45,10 @@ pub fn refusal(account: &AccountConfig, method: &str, path_and_query: &str) -> O
             if !account.namespaces.is_empty() && !account.namespaces.iter().any(|n| n == namespace)
             {
                 Some(format!(
+                    // troubleshooting: proxy: HTTP 403 (from the agent)
+                    // An account with `namespaces` reaches only those; the agent refuses a
+                    // tunnelled request for another namespace, since sibling accounts share its
+                    // ServiceAccount.
                     "account {name:?} serves namespaces {:?} only, and this request is for \
                      namespace {namespace:?}: use the account that serves it (its own \
                      kubeconfig), or ask for the namespace to be added to this account's \
@@ -62,6 +66,9 @@ pub fn refusal(account: &AccountConfig, method: &str, path_and_query: &str) -> O
         }
         None if account.namespaces.is_empty() || harmless_cluster_request(method, &s) => None,
         None => Some(format!(
+            // troubleshooting: proxy: HTTP 403 (from the agent)
+            // A request across all namespaces, or on cluster-scoped objects, is refused for an
+            // account limited to namespaces: name a namespace.
             "account {name:?} serves namespaces {:?} only: {method} {path} is a request across \
              all namespaces or on cluster-scoped objects, refused for it; name a namespace \
              (kubectl -n <namespace>)",

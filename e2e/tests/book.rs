@@ -12,6 +12,9 @@ use std::process::Command;
 
 use anyhow::{Context, bail, ensure};
 
+#[path = "book/messages.rs"]
+mod messages;
+
 const MDBOOK_VERSION: &str = include_str!("../../docs/tools/mdbook-version");
 
 fn repo() -> PathBuf {
@@ -272,7 +275,7 @@ fn joined(source: &str) -> String {
 
 /// Where the binaries' messages are written: the Rust sources of the product (not its tests)
 /// and the manifests (the admission policy's messages are CEL in YAML).
-fn product_sources() -> anyhow::Result<Vec<(PathBuf, String)>> {
+fn product_files() -> anyhow::Result<Vec<PathBuf>> {
     let root = repo();
     let mut files = Vec::new();
     for dir in ["agent", "crds", "hub", "operator", "runtime"] {
@@ -285,12 +288,17 @@ fn product_sources() -> anyhow::Result<Vec<(PathBuf, String)>> {
         );
     }
     files_under(&root.join("manifests"), "yaml", &mut files)?;
-    files
+    Ok(files)
+}
+
+/// [`product_files`] with string continuations joined and `\"` read as `"`, as printed.
+fn product_sources() -> anyhow::Result<Vec<(PathBuf, String)>> {
+    product_files()?
         .into_iter()
         .map(|path| {
             let text = std::fs::read_to_string(&path)
                 .with_context(|| format!("read {}", path.display()))?;
-            Ok((path, joined(&text)))
+            Ok((path, joined(&text).replace("\\\"", "\"")))
         })
         .collect()
 }
@@ -491,6 +499,32 @@ fn the_command_line_reference_is_each_binarys_help() -> anyhow::Result<()> {
         current == page,
         "{COMMAND_LINE_PAGE} is not what the binaries' --help prints now: run `make \
          book-reference` and commit it"
+    );
+    Ok(())
+}
+
+/// The page of error messages, generated from the markers in the code (see `book/messages.rs`).
+const MESSAGES_PAGE: &str = "docs/src/troubleshooting/messages.md";
+
+#[test]
+fn the_messages_page_is_generated_from_the_code() -> anyhow::Result<()> {
+    let root = normalise(&repo());
+    let files: Vec<PathBuf> = product_files()?.iter().map(|f| normalise(f)).collect();
+    let page = messages::page(&messages::sources(&root, &files)?)?;
+    ensure!(
+        page.matches("```message").count() > 30,
+        "the generated page has few messages:\n{page}"
+    );
+    let path = repo().join(MESSAGES_PAGE);
+    if std::env::var_os(WRITE_ENV).is_some() {
+        std::fs::write(&path, &page).with_context(|| format!("write {}", path.display()))?;
+        return Ok(());
+    }
+    let current = std::fs::read_to_string(&path).unwrap_or_default();
+    ensure!(
+        current == page,
+        "{MESSAGES_PAGE} is not what the code's `// troubleshooting:` markers and the admission \
+         policies say now: run `make book-reference` and commit it"
     );
     Ok(())
 }

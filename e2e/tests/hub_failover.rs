@@ -679,7 +679,7 @@ async fn start(dir: &Path) -> anyhow::Result<World> {
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
         let hub = HubProcess::start(&dir.join(name), &flags).await?;
         if tokens.is_empty() {
-            // Proxy tokens are read from the store at start-up only (hub/README.md): issue
+            // Proxy tokens are read from the store at start-up only (the guide's docs/src/concepts/replicas.md): issue
             // them on the first replica before the others start.
             for (_, account) in &account_names {
                 tokens.insert(account.clone(), proxy_token(&hub, account).await?);

@@ -244,11 +244,19 @@ pub fn failure_message(
 ) -> String {
     match failure {
         Failure::Refused { code, message } => format!(
+            // troubleshooting: ScaleAgent `Degraded=True`, reason `EnrolmentRefused`
+            // The message carries the hub's own reason (used before, expired, unknown, or outside
+            // the identity's account pattern; see the hub's section below). The operator does not
+            // present that token again: issue a new one-time token on the hub and put it in the
+            // Secret the ScaleAgent names; the operator enrols again.
             "the hub refused the enrolment token in Secret {namespace}/{secret} ({code:?}): \
              {message}; the operator does not present that token again: {}",
             new_token_hint(namespace, secret, key, "<identity>")
         ),
         Failure::Unreachable(reason) => format!(
+            // troubleshooting: ScaleAgent `Degraded=True`, reason `EnrolmentRefused` (no hub)
+            // The operator could not reach the hub to enrol the agent (DNS, network, TLS: the hub's
+            // certificate must verify with the CA of `spec.hub.tls`). It retries with backoff.
             "enrolment with the hub at {hub_address} failed: {reason}; check spec.hub.address \
              and spec.hub.tls (caSecretRef, serverName); the operator retries with backoff"
         ),

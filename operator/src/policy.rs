@@ -61,9 +61,15 @@ impl WatchNamespaces {
     /// The message an object in an unwatched `namespace` gets.
     pub fn refusal(&self, kind: &str, namespace: &str) -> String {
         format!(
+            // troubleshooting: ScaleAgent or AgentAccount `Ready=False`, reason `NamespaceNotWatched`
+            // The operator reconciles ScaleAgents and AgentAccounts only in the namespaces of its
+            // `--watch-namespaces` (default: its own, `scale-agent-system`); nothing was created.
+            // Create the object there, or have a cluster administrator add the namespace (Helm: the
+            // operator's watched namespaces value).
             "this operator reconciles {kind}s only in [{self}], not in {namespace}: create it \
              in one of those, or add {namespace} to the operator's --watch-namespaces \
-             (creating a ScaleAgent is a cluster-administrator act; see the operator's README)"
+             (creating a ScaleAgent is a cluster-administrator act; see the user guide's \
+             Identities and security page, docs/src/concepts/identities.md)"
         )
     }
 }
@@ -104,6 +110,10 @@ pub fn check_image(image: &str, prefixes: &[String]) -> Option<Problem> {
         return None;
     }
     Some(Problem {
+        // troubleshooting: ScaleAgent `Degraded=True`, `Ready=False`
+        // `spec.image` names an image outside the operator's `--allowed-image-prefixes`. Unset
+        // `spec.image` for the default agent image, or have its repository added to the allowed
+        // prefixes.
         reason: "ImageNotAllowed",
         message: format!(
             "spec.image {image} is not under an allowed prefix ({}): use an image from one of \
@@ -226,6 +236,10 @@ impl Grants {
     /// The problem of a ScaleAgent in `own` whose `spec.scope.namespaces` names `refused`.
     pub fn namespace_refusal(&self, own: &str, refused: &[&str]) -> Problem {
         Problem {
+            // troubleshooting: ScaleAgent `Degraded=True`
+            // The operator gives agents Roles only in the namespaces of its
+            // `--grantable-namespaces` (and its own); the control plane's namespaces never unless
+            // named.
             reason: "NamespaceNotGrantable",
             message: format!(
                 "spec.scope.namespaces names {}, where this operator grants no Roles ({}; never \

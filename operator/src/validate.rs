@@ -69,6 +69,9 @@ pub fn check(
     let namespace = account.namespace().unwrap_or_default();
     let Some(agent) = agent.filter(|a| a.meta().deletion_timestamp.is_none()) else {
         return Err(Rejection {
+            // troubleshooting: AgentAccount `Accepted=False`
+            // The account names a ScaleAgent (`spec.agentRef`) that does not exist in its
+            // namespace, or is being deleted. Nothing is rendered for the account until it does.
             reason: "AgentNotFound",
             message: format!(
                 "ScaleAgent {} not found in namespace {namespace}: create it, or set \
@@ -79,6 +82,9 @@ pub fn check(
     };
     let Some(name) = account.account_name().filter(|n| is_dns1123_label(n)) else {
         return Err(Rejection {
+            // troubleshooting: AgentAccount `Accepted=False`
+            // The Spinnaker account name (`spec.accountName`, else the object's name) must be a
+            // lowercase DNS label, as Spinnaker and the hub's `/clusters/<account>` paths need.
             reason: "InvalidAccountName",
             message: "the account name must be a lowercase DNS label: set spec.accountName, \
                       e.g. prod-eu-west-1"
@@ -87,6 +93,9 @@ pub fn check(
     };
     if let Some(other) = duplicate_of(account, all) {
         return Err(Rejection {
+            // troubleshooting: AgentAccount `Accepted=False`
+            // Account names are unique across the cluster (the hub binds each name to one cluster).
+            // The older AgentAccount keeps the name.
             reason: "DuplicateAccountName",
             message: format!(
                 "account name {name} is already used by AgentAccount {}/{}: set \
@@ -98,6 +107,9 @@ pub fn check(
     }
     let mode = agent.spec.mode;
     match (mode, account.spec.credentials.type_) {
+        // troubleshooting: AgentAccount `Accepted=False`
+        // A mode `Agent` ScaleAgent reaches its own cluster with its ServiceAccount; kubeconfig
+        // credentials belong to `Infrastructure` and `SpinnakerService` agents.
         (Mode::Agent, CredentialsType::Kubeconfig) => {
             return Err(Rejection {
                 reason: "CredentialsModeMismatch",
@@ -110,6 +122,9 @@ pub fn check(
                 ),
             });
         }
+        // troubleshooting: AgentAccount `Accepted=False`
+        // An `Infrastructure` or `SpinnakerService` agent reaches other clusters through kubeconfig
+        // Secrets, so each of its accounts needs one.
         (Mode::Infrastructure | Mode::SpinnakerService, CredentialsType::ServiceAccount) => {
             return Err(Rejection {
                 reason: "CredentialsModeMismatch",
@@ -140,6 +155,9 @@ pub fn check(
     if let Some(secret_ref) = &account.spec.credentials.kubeconfig_secret_ref {
         let Some(secret) = kubeconfig else {
             return Err(Rejection {
+                // troubleshooting: AgentAccount `Accepted=False`
+                // The kubeconfig Secret the account names (`spec.credentials.kubeconfigSecretRef`)
+                // is not in the account's namespace.
                 reason: "KubeconfigSecretNotFound",
                 message: format!(
                     "Secret {} not found in namespace {namespace}: create it with the kubeconfig \
@@ -158,6 +176,8 @@ pub fn check(
                 .is_some_and(|d| d.contains_key(&secret_ref.key));
         if !has_key {
             return Err(Rejection {
+                // troubleshooting: AgentAccount `Accepted=False`
+                // The kubeconfig Secret exists but holds no entry under the key the account names.
                 reason: "KubeconfigKeyMissing",
                 message: format!(
                     "Secret {} in namespace {namespace} has no key {}: add the kubeconfig under \
@@ -186,6 +206,9 @@ fn outside_scope(account: &AgentAccount, agent: &ScaleAgent) -> Option<Rejection
         .map(String::as_str)
         .collect();
     (!outside.is_empty()).then(|| Rejection {
+        // troubleshooting: AgentAccount `Accepted=False`
+        // The account's namespaces must lie within its ScaleAgent's `spec.scope.namespaces`: the
+        // operator grants the agent Roles there only, so a watch elsewhere would only be refused.
         reason: "NamespaceOutOfScope",
         message: format!(
             "spec.namespaces names {} outside ScaleAgent {}'s spec.scope.namespaces [{}], where \

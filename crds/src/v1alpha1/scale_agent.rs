@@ -176,7 +176,8 @@ pub struct ScaleAgentSpec {
     /// Spinnaker; `Deploy` also grants create, update, patch and delete on each account's
     /// `deployKinds` (default: its watched kinds), their `scale` subresource, and exec,
     /// attach and port-forward when Pods are deployable, so Spinnaker pipelines can deploy
-    /// through the agent. The full table is in operator/README.md.
+    /// through the agent. The full table is in the user
+    /// guide's Operator reference (docs/src/reference/operator.md).
     #[serde(default)]
     pub access: Access,
 

@@ -116,6 +116,10 @@ impl ClientCertificates {
                 },
                 None => {
                     return Err(format!(
+                        // troubleshooting: an agent's stream refused: gRPC `UNAUTHENTICATED`
+                        // The agent's certificate is signed by a CA the hub does not trust. Enrol
+                        // the agent, or start the hub with `--client-ca` to trust the CA that
+                        // signed it (the operator-signed mode, an explicit opt-in).
                         "the client certificate was not issued by this hub ({hub_error}); enrol \
                          the agent with a one-time token (`scale-agent-hub agent-token create \
                          --once`), or start the hub with --client-ca to also trust the CA that \
@@ -317,6 +321,11 @@ pub fn authenticate(
             ),
             Some(_) => {
                 return Err(Status::unauthenticated(
+                    // troubleshooting: an agent's stream refused: gRPC `UNAUTHENTICATED`
+                    // The agent presented neither a certificate the hub issued nor an agent token.
+                    // Enrol it (the ScaleAgent's `spec.enrolment.tokenSecretRef`, or the agent's
+                    // `clouddriver.auth.enrolmentTokenFile`) with a one-time token from
+                    // `scale-agent-hub agent-token create --once`, or give it a bearer token file.
                     "the stream needs a client certificate this hub issued (enrol the agent \
                      with a one-time token: clouddriver.auth.enrolmentTokenFile) or an agent \
                      bearer token (clouddriver.auth.tokenFile); the hub's admin issues both \

@@ -189,6 +189,9 @@ impl AgentTokens {
         }
         if let Some(used) = record.used {
             return Err(TokenRefusal::Unusable(format!(
+                // troubleshooting: enrolment refused: gRPC `PERMISSION_DENIED`
+                // An enrolment token works once. Issue a new one (`scale-agent-hub agent-token
+                // create --once`); see [Identities and security](../concepts/identities.md).
                 "enrolment token {} was already used at {} (an enrolment token works once); {}",
                 record.id,
                 time(used),
@@ -197,6 +200,8 @@ impl AgentTokens {
         }
         if now_unix >= record.expires {
             return Err(TokenRefusal::Unusable(format!(
+                // troubleshooting: enrolment or stream refused: gRPC `PERMISSION_DENIED`
+                // Agent tokens carry the `--ttl` they were issued with. Issue a new one.
                 "{} token {} for identity {:?} expired at {}; {}",
                 kind.as_str(),
                 record.id,

@@ -73,6 +73,10 @@ pub fn check(
             return Err(Refused {
                 status: StatusCode::UNAUTHORIZED,
                 message: format!(
+                    // troubleshooting: REST API: HTTP 401
+                    // Every route but health needs an API token. An admin issues one with
+                    // `scale-agent-hub token create --name <who> --role <role>`; see [Give people
+                    // access](../tasks/give-people-access.md).
                     "{what} needs `Authorization: Bearer <token>` with role {needed} or more: \
                      {GET_A_TOKEN}"
                 ),
@@ -82,6 +86,9 @@ pub fn check(
             return Err(Refused {
                 status: StatusCode::UNAUTHORIZED,
                 message: format!(
+                    // troubleshooting: REST API: HTTP 401
+                    // The token is unknown, revoked, or a proxy token (proxy tokens open only
+                    // `/clusters/<account>/`).
                     "the bearer token is not an API token of this hub (unknown, revoked, or a \
                      proxy token, which opens only /clusters/<account>/...); {what} needs role \
                      {needed} or more: {GET_A_TOKEN}"
@@ -93,6 +100,9 @@ pub fn check(
         return Err(Refused {
             status: StatusCode::FORBIDDEN,
             message: format!(
+                // troubleshooting: REST API: HTTP 403
+                // Roles are ordered `metrics` < `reader` < `operator` < `admin`; the route needs a
+                // larger one than the token has.
                 "{what} needs role {needed}; token {:?} has role {}: use a token with role \
                  {needed} or more",
                 caller.name, caller.role

@@ -42,6 +42,9 @@ pub fn check(
             format!(" ({})", state.reason)
         };
         return Err(format!(
+            // troubleshooting: stream, enrolment or renewal refused: gRPC `PERMISSION_DENIED`
+            // The hub's admin disabled the identity (`scale-agent-hub agent disable`); a live
+            // stream ends with this message. Only the admin can enable it again.
             "agent identity {identity:?} was disabled by the hub's admin at {}{reason}; it \
              opens no stream, enrols and renews nothing until the admin enables it again \
              (`scale-agent-hub agent enable {identity}`)",
@@ -52,6 +55,9 @@ pub fn check(
         && state.denies_serial(serial)
     {
         return Err(format!(
+            // troubleshooting: stream or renewal refused: gRPC `PERMISSION_DENIED`
+            // The hub's admin denied this certificate (a lost or stolen key). The agent must enrol
+            // again with a new one-time token to get a new certificate.
             "the certificate of serial {serial} (identity {identity:?}) was denied by the hub's \
              admin; enrol the agent again with a one-time token (`scale-agent-hub agent-token \
              create --identity {identity} --accounts <pattern> --ttl 1h --once`) to get a new \

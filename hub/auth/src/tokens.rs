@@ -132,6 +132,9 @@ pub fn expired_message(record: &TokenRecord, get_new: &str) -> String {
         .and_then(|at| jiff::Timestamp::from_second(at).ok())
         .map(|t| t.to_string())
         .unwrap_or_default();
+    // troubleshooting: proxy or REST API: HTTP 401
+    // Issued tokens expire (proxy tokens after 12 h by default). Get a new one, or use an
+    // exec-plugin kubeconfig that fetches fresh tokens (`scale-agent-hub kubeconfig --exec`).
     format!("the token {:?} expired at {when}: {get_new}", record.name)
 }
 

@@ -69,6 +69,10 @@ impl AccountGrant {
         match self {
             AccountGrant::Patterns(patterns) if accounts_allow(patterns, account) => Ok(()),
             AccountGrant::Patterns(patterns) => Err(format!(
+                // troubleshooting: AgentAccount `Connected=False`, reason `Rejected`
+                // Each agent token or enrolment limits the account names its identity may register
+                // (`--accounts`). Rename the account into the pattern, or issue a token with a
+                // wider one.
                 "identity {identity:?} may register accounts matching {} only (the pattern of \
                  its agent token or enrolment); issue a token with a wider --accounts pattern \
                  to serve {account:?}",
@@ -76,6 +80,10 @@ impl AccountGrant {
             )),
             AccountGrant::AllowRuleOnly { .. } if explicit => Ok(()),
             AccountGrant::AllowRuleOnly { via } => Err(format!(
+                // troubleshooting: AgentAccount `Connected=False`, reason `Rejected`
+                // An identity from an operator-signed certificate (`--client-ca`) or an
+                // unauthenticated plaintext agent carries no account pattern, so the hub admits its
+                // accounts only by an explicit `--allow` rule.
                 "identity {identity:?} authenticated with {via}, which carries no account \
                  pattern, and no --allow rule names it: start the hub with --allow \
                  '{identity}={account}' (or a pattern with a separator, e.g. \

@@ -102,6 +102,10 @@ impl Degraded {
     /// The `Warning` header's text (RFC 7234 form, code 299 as the API server uses).
     pub fn warning(&self, account: &str) -> String {
         let text = format!(
+            // troubleshooting: proxy: a `Warning` header on a read
+            // No agent has streamed the account for a while (or the hub's store cannot commit), and
+            // the read was answered from the hub's cache. kubectl and client-go print the warning;
+            // `x-scale-agent-cache-age` carries the age.
             "{}: this answer is the hub's cache as of {} s ago and may be stale",
             self.why(account),
             self.age().as_secs()

@@ -276,6 +276,11 @@ fn no_agent(live: &Live, account: &str) -> Status {
         )
     } else {
         format!(
+            // troubleshooting: proxy: HTTP 503
+            // No agent serves the account right now and the request cannot be answered from the
+            // cache (a write, or a kind the agent does not stream). `GET /api/v1/agents` lists the
+            // connected agents; the AgentAccount's `Connected` condition in the target cluster says
+            // why its agent is away.
             "no agent of account {account:?} is connected to the hub: the cluster \
              is unreachable until one reconnects (check its agent's logs and GET \
              /api/v1/agents on the hub)"

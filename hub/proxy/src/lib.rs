@@ -298,6 +298,9 @@ async fn authenticate(
     let record = auth.tokens().verify(token).cloned();
     match record {
         None => Err(Status::unauthorized(format!(
+            // troubleshooting: proxy: HTTP 401
+            // The kubeconfig's token was revoked, rotated, or comes from another hub. Get a new
+            // kubeconfig: `scale-agent-hub kubeconfig --account <account>`.
             "the token is not valid here (unknown, revoked, or issued by another hub): {get_one}"
         ))),
         Some(record) if record.account != account => Err(Status::forbidden(format!(

@@ -40,6 +40,9 @@ pub fn check_canonical(account: &str, api_path: &str) -> Result<(), Status> {
         400,
         "BadRequest",
         format!(
+            // troubleshooting: proxy: HTTP 400
+            // A `.` or `..` segment, or a percent-encoded `/` or `.`, would be resolved differently
+            // by whatever normalises the path; kubectl and client-go never send one.
             "the path {api_path:?} of account {account:?} is not canonical: its segment \
              {segment:?} is refused ({why}); send the path as kubectl and client-go do, \
              without `.` or `..` segments and without percent-encoded `/` or `.` \

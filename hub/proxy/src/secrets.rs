@@ -64,6 +64,11 @@ pub(crate) async fn guard(
     })?;
     let refuse = |why: &str| {
         Status::forbidden(format!(
+            // troubleshooting: proxy: HTTP 403
+            // By default the proxy answers Secrets only from the cache, which holds no Secret data,
+            // and refuses what would carry it. A cluster administrator opts an account in with
+            // `allowSecretData: true` on its AgentAccount (Helm keeps releases in Secrets and needs
+            // it).
             "account {account:?} keeps Secret data in its cluster: the hub serves Secrets \
              only as it caches them (metadata and type, no data), and {why}. To let Secret \
              reads and writes through the proxy for this account (Helm keeps its releases \

@@ -291,6 +291,10 @@ impl Registry {
             None => Ok(true),
             Some(b) if b.identity == identity => Ok(false),
             Some(b) => Err(format!(
+                // troubleshooting: AgentAccount `Connected=False`, reason `Rejected`
+                // An account name is bound to the first agent identity that registered it, so
+                // another agent cannot take it over. If the account really moved, an admin moves
+                // the binding (`scale-agent-hub account rebind`).
                 "account {name:?} is bound to agent identity {:?} (the first identity that \
                  registered it); this agent's identity is {identity:?}. If the account really \
                  moved to this agent, an admin moves the binding: `scale-agent-hub account \
@@ -355,6 +359,10 @@ impl Registry {
             Some(account) => {
                 if !account.record.cluster.same_cluster(&record.cluster) {
                     let reason = format!(
+                        // troubleshooting: AgentAccount `Connected=False`, reason `Rejected`
+                        // An account name is bound to the first cluster (API server and CA) that
+                        // registered it, until its grace period ends with no agent. Rename one of
+                        // the two accounts.
                         "account {name:?} is bound to cluster {}; this agent's cluster is {}. \
                          Rename the account, or remove it from the agent that serves the other \
                          cluster and wait for the hub's grace period to expire",

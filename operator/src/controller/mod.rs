@@ -408,6 +408,10 @@ pub async fn run_controllers(
 /// missing permission stops the operator with an error that names it instead of leaving a
 /// controller retrying in the background.
 async fn check_watch_access(client: &Client, watch: &WatchNamespaces) -> Result<()> {
+    // troubleshooting: the operator exits at start-up
+    // The operator lists every kind it watches once before it starts; a missing CRD stops it,
+    // naming the kind and namespace. Apply the CRDs (`kubectl apply --server-side -k manifests/`,
+    // or the chart).
     const CRDS_HINT: &str = "are the CRDs installed? kubectl apply --server-side -f manifests/crds/; \
         does the operator's ServiceAccount have the rules of manifests/operator/rbac.yaml?";
     const RBAC_HINT: &str =

@@ -176,6 +176,10 @@ fn resolve_kinds<'a>(
         match account_kinds {
             Ok(account_kinds) => resolved.push((*account, account_kinds)),
             Err(unknown) => problems.push(Problem {
+                // troubleshooting: ScaleAgent `Degraded=True`
+                // A kind in an account's `kinds`, `omitKinds` or `deployKinds` is not served by the
+                // cluster (a typo, a CRD not installed), or is served by several API groups. The
+                // other accounts and kinds are granted meanwhile.
                 reason: "UnknownKind",
                 message: format!(
                     "AgentAccount {} names kinds this cluster does not serve, or that several \
@@ -275,6 +279,9 @@ async fn reconcile_rbac(
                 problems.push(Problem {
                     reason: "NamespaceNotFound",
                     message: format!(
+                        // troubleshooting: ScaleAgent `Degraded=True`, reason `NamespaceNotFound`
+                        // The operator cannot create the agent's Role in a namespace that does not
+                        // exist; it retries when the namespace appears.
                         "namespace {namespace} in spec.scope.namespaces does not exist: \
                          create it, or remove it from spec.scope.namespaces"
                     ),
@@ -310,6 +317,10 @@ async fn reconcile_rbac(
             problems.push(Problem {
                 reason: "NamespaceNotFound",
                 message: format!(
+                    // troubleshooting: ScaleAgent `Degraded=True`, reason `NamespaceNotFound`
+                    // An account impersonates a ServiceAccount (`spec.impersonateServiceAccount`)
+                    // in a namespace that does not exist, so the operator cannot grant the
+                    // impersonation there.
                     "namespace {namespace} of an AgentAccount's \
                      spec.impersonateServiceAccount does not exist: create it (and the \
                      ServiceAccount), or fix impersonateServiceAccount.namespace"

@@ -367,14 +367,14 @@ fn deploying_everything_writes_no_privileges_unless_they_are_named() {
     );
 }
 
-/// The operator README says which groups the default Deploy account cannot write.
+/// The guide's operator reference says which groups the default Deploy account cannot write.
 #[test]
 fn the_readme_lists_the_privilege_groups() {
-    let readme = include_str!("../../README.md");
+    let readme = include_str!("../../../docs/src/reference/operator.md");
     let line = readme
         .lines()
         .find(|l| l.contains("Deploy without `kinds`"))
-        .expect("README: the line on what Deploy without `kinds` grants");
+        .expect("docs/src/reference/operator.md: the line on what Deploy without `kinds` grants");
     for group in PRIVILEGE_GROUPS {
         assert!(
             line.contains(&format!("`{group}`")),

@@ -64,6 +64,8 @@ pub(super) async fn submit_operation(
             let status = rejection.status();
             let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
                 format!(
+                    // troubleshooting: REST API: HTTP 413
+                    // Split the manifests into several operations, or raise `--max-request-bytes`.
                     "the operation request is larger than the hub's limit of {} bytes \
                      (--max-request-bytes): split the manifests into several operations, or \
                      raise the limit",

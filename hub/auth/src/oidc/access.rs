@@ -88,6 +88,9 @@ impl Access {
             return Ok(());
         }
         Err(format!(
+            // troubleshooting: proxy: HTTP 403 for an OIDC user
+            // The OIDC ID token is valid but no rule of the hub's `--oidc-access` file admits the
+            // user or one of their groups to this account.
             "{} (groups {:?}) may not reach account {account:?}: no rule of the hub's \
              --oidc-access file admits that user or one of those groups to it",
             person.user, person.groups

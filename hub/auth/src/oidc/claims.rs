@@ -59,6 +59,9 @@ pub fn judge(payload: &[u8], issuer: &IssuerConfig, now: i64) -> Result<Person, 
             .map(|t| t.to_string())
             .unwrap_or_else(|_| expires.to_string());
         return Err(format!(
+            // troubleshooting: proxy or REST API: HTTP 401 for an OIDC token
+            // Follows `the OIDC ID token is refused: `. Sign in again; the other reasons name the
+            // audience, issuer or key the hub expected.
             "it expired at {when}: sign in again (your credential plugin, e.g. kubelogin, \
              fetches a new one)"
         ));

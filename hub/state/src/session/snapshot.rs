@@ -44,6 +44,10 @@ impl Session {
         if others + staged.bytes + size > limits.max_staged_bytes {
             let (account, kind, namespace) = scope;
             return Err(ProtocolError::ResourceExhausted(format!(
+                // troubleshooting: an agent's stream ended by the hub
+                // The hub holds each kind's snapshot until it ends, so it can replace the kind's
+                // contents at once; the open snapshots of one stream may hold at most
+                // `--max-staged-bytes`. The stream ends with gRPC `RESOURCE_EXHAUSTED`.
                 "the snapshots this stream has open hold more than the hub's limit of {} bytes \
                  (--max-staged-bytes), reached in the snapshot of account {account:?}, kind \
                  {kind}{}: raise --max-staged-bytes on the hub, or narrow the account's kinds \

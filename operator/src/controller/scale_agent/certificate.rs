@@ -205,6 +205,9 @@ async fn read_issuer(
         .map_err(kube_err(format!("get Secret {namespace}/{}", issuer.name)))?
     else {
         return Ok(Err(Problem {
+            // troubleshooting: ScaleAgent `Degraded=True`
+            // In the operator-signed mode (`spec.clientCertificate`), the CA Secret that signs the
+            // agent's certificate is missing.
             reason: "IssuerSecretNotFound",
             message: format!(
                 "issuer Secret {} not found in namespace {namespace}: create it with the CA \
@@ -221,6 +224,9 @@ async fn read_issuer(
         return Ok(Err(Problem {
             reason: "IssuerSecretInvalid",
             message: format!(
+                // troubleshooting: ScaleAgent `Degraded=True`, reason `IssuerSecretInvalid`
+                // The issuer Secret lacks the CA certificate or its key under the keys
+                // `spec.clientCertificate.issuerSecretRef` names.
                 "issuer Secret {} in namespace {namespace} lacks key {} or {}: add the PEM CA \
                  certificate and its PKCS#8 private key under them",
                 issuer.name, issuer.cert_key, issuer.key_key
@@ -277,6 +283,9 @@ async fn hub_endpoint(
             Some(pem) => Some(pem),
             None => {
                 return Ok(Err(Problem {
+                    // troubleshooting: ScaleAgent `Degraded=True`
+                    // The operator checks the hub's serving certificate when it enrols the agent,
+                    // with the CA of `spec.hub.tls.caSecretRef`; that Secret or key is missing.
                     reason: "HubCaSecretNotFound",
                     message: format!(
                         "Secret {} with key {} (spec.hub.tls.caSecretRef) not found in \
@@ -417,6 +426,11 @@ async fn renew(
         Err(failure) => {
             // The current certificate still works: keep it, report, retry.
             problems.push(Problem {
+                // troubleshooting: ScaleAgent `Degraded=True`
+                // Renewing the hub-issued certificate failed; the current certificate still works
+                // and the operator retries. The message carries the hub's reason (a disabled
+                // identity, an enrolment past `--agent-max-enrolment-age`, the hub unreachable) and
+                // what to do.
                 reason: "CertificateRenewalFailed",
                 message: format!(
                     "renewing the agent certificate (valid until {}) failed: {}",
@@ -484,6 +498,11 @@ async fn read_token(
     let token_ref = &enrolment.token_secret_ref;
     let Some(token_secret) = get_secret(secrets, token_ref.name.clone()).await? else {
         return Ok(Err(Problem {
+            // troubleshooting: ScaleAgent `Degraded=True`
+            // The agent has no hub-issued certificate yet and the Secret that should hold its
+            // one-time enrolment token (`spec.enrolment.tokenSecretRef`) does not exist. Issue a
+            // token on the hub (`scale-agent-hub agent-token create --identity … --accounts '…'
+            // --ttl 1h --once`) and put it in that Secret.
             reason: "EnrolmentTokenSecretNotFound",
             message: format!(
                 "enrolment token Secret {} not found in namespace {namespace} \
@@ -498,6 +517,9 @@ async fn read_token(
         .filter(|t| !t.is_empty())
     else {
         return Ok(Err(Problem {
+            // troubleshooting: ScaleAgent `Degraded=True`
+            // The enrolment token Secret exists but holds no token under the key
+            // `spec.enrolment.tokenSecretRef` names.
             reason: "EnrolmentTokenMissing",
             message: format!(
                 "Secret {namespace}/{} has no key {} with an enrolment token: {}",
@@ -542,6 +564,10 @@ fn token_presented(
             message,
         },
         None => Problem {
+            // troubleshooting: ScaleAgent `Degraded=True`
+            // An enrolment token works once, and this one was presented already; the agent needs a
+            // new certificate (a new identity, an expired or lost certificate). Put a new one-time
+            // token in the Secret.
             reason: "EnrolmentTokenUsed",
             message: format!(
                 "the agent needs a new certificate ({reason}) but the enrolment token in \
