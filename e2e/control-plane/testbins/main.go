@@ -1,8 +1,9 @@
 // Command kube-testbins is a multi-call binary (hyperkube style) holding the
 // parts of a real Kubernetes control plane that Scale Agent's tests and demo
 // run: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
-// kubectl, and the node components of the real-node tests, kubelet and
-// kube-proxy. Linking them into one binary compiles and links the shared
+// kubectl, the node components of the real-node tests, kubelet and
+// kube-proxy, and metrics-server (the aggregated metrics.k8s.io API that
+// `kubectl top` reads, scraping the real node's kubelet). Linking them into one binary compiles and links the shared
 // Kubernetes dependencies once, which roughly halves the cold build on a
 // 2-core machine.
 //
@@ -30,6 +31,7 @@ import (
 
 	"go.etcd.io/etcd/server/v3/etcdmain"
 	corev1 "k8s.io/api/core/v1"
+	genericapiserver "k8s.io/apiserver/pkg/server"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -46,6 +48,7 @@ import (
 	proxy "k8s.io/kubernetes/cmd/kube-proxy/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
 	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
+	metricsserver "sigs.k8s.io/metrics-server/cmd/metrics-server/app"
 )
 
 var components = map[string]func() int{
@@ -69,6 +72,11 @@ var components = map[string]func() int{
 	},
 	"kube-proxy": func() int {
 		return cli.Run(proxy.NewProxyCommand())
+	},
+	"metrics-server": func() int {
+		// metrics-server's own main, compiled against this release's libraries; it stops
+		// on SIGTERM through the generic API server's signal handler (set up once).
+		return cli.Run(metricsserver.NewMetricsServerCommand(genericapiserver.SetupSignalHandler()))
 	},
 	"watchlist-informer": watchListInformer,
 	"kubectl": func() int {
