@@ -10,7 +10,7 @@
 use std::{
     fmt, fs,
     io::Write as _,
-    net::{IpAddr, Ipv4Addr},
+    net::Ipv4Addr,
     path::{Path, PathBuf},
     sync::{Mutex, OnceLock},
     time::{Duration, Instant},
@@ -27,12 +27,18 @@ use kube::{
 };
 use rand::Rng;
 
+mod audit;
+mod certificates;
+
+pub use audit::{AuditEvent, AuditStatus, AuditUser};
+use certificates::Certificates;
+
 use crate::{
     binaries::{Binaries, KUBERNETES_VERSION},
     error::{Error, Result, io_err},
     kwok::{self, PodLog},
     local_agent::free_port,
-    pki::{self, CertificateAuthority},
+    pki::CertificateAuthority,
     process::{self, ManagedProcess},
     real_node,
 };
@@ -196,42 +202,6 @@ pub struct ControlPlane {
     ready_timeout: Duration,
 }
 
-/// One request as the API server's audit log recorded it.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AuditEvent {
-    /// Path and query as the server received them.
-    #[serde(rename = "requestURI")]
-    pub request_uri: String,
-    pub verb: String,
-    #[serde(default)]
-    pub user_agent: String,
-    pub user: AuditUser,
-    /// Who the request acted as when it impersonated (`Impersonate-User`, `-Group`).
-    #[serde(default)]
-    pub impersonated_user: Option<AuditUser>,
-    /// The request's audit id: the `Audit-ID` header it came with, else the server's own.
-    #[serde(default, rename = "auditID")]
-    pub audit_id: String,
-    #[serde(default)]
-    pub response_status: Option<AuditStatus>,
-}
-
-/// Who made an audited request.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
-pub struct AuditUser {
-    pub username: String,
-    #[serde(default)]
-    pub groups: Vec<String>,
-}
-
-/// How an audited request was answered.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
-pub struct AuditStatus {
-    #[serde(default)]
-    pub code: u16,
-}
-
 /// Where a running kwok serves the kubelet API, and where pod log files go.
 #[derive(Clone, Debug)]
 struct KwokRun {
@@ -326,29 +296,16 @@ impl ControlPlane {
             Ok(path)
         };
 
-        let ca = CertificateAuthority::new("scale-agent-e2e-ca")?;
-        let serving = match options.node_address {
-            // Pods reach the API server through the `kubernetes` Service's ClusterIP, which
-            // kube-proxy sends to the bridge address.
-            Some(address) => ca.serving_with_ips(
-                "kube-apiserver",
-                &real_node::APISERVER_NAMES,
-                &[
-                    IpAddr::V4(address),
-                    IpAddr::V4(real_node::KUBERNETES_SERVICE_IP),
-                ],
-            )?,
-            None => ca.serving("kube-apiserver", &["kubernetes", "kubernetes.default.svc"])?,
-        };
-        let admin = ca.client("scale-agent-e2e-admin", &["system:masters"])?;
-        let ca_file = write("ca.crt", &ca.cert_pem)?;
-        let serving_cert = write("apiserver.crt", &serving.cert_pem)?;
-        let serving_key = write("apiserver.key", &serving.key_pem)?;
-        let admin_cert = write("admin.crt", &admin.cert_pem)?;
-        let admin_key = write("admin.key", &admin.key_pem)?;
-        let (sa_private, sa_public) = pki::signing_key_pair_pem()?;
-        let sa_key = write("service-account.key", &sa_private)?;
-        let sa_pub = write("service-account.pub", &sa_public)?;
+        let Certificates {
+            ca,
+            ca_file,
+            serving_cert,
+            serving_key,
+            admin_cert,
+            admin_key,
+            sa_key,
+            sa_pub,
+        } = Certificates::write(&run_dir, options.node_address)?;
 
         let mut processes = Vec::new();
 
@@ -437,22 +394,7 @@ impl ControlPlane {
         ];
         let audit_log = options.audit.then(|| run_dir.join("audit.log"));
         if let Some(log) = &audit_log {
-            let policy = run_dir.join("audit-policy.yaml");
-            // Metadata of every request once it completed: enough to count requests by URI,
-            // user and user agent, without bodies.
-            fs::write(
-                &policy,
-                "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\n\
-                 rules:\n- level: Metadata\n",
-            )
-            .map_err(io_err("write the audit policy"))?;
-            apiserver_args.extend([
-                format!("--audit-policy-file={}", policy.display()),
-                format!("--audit-log-path={}", log.display()),
-                "--audit-log-format=json".into(),
-                // Written before the response, so a test reads what was answered.
-                "--audit-log-mode=blocking".into(),
-            ]);
+            apiserver_args.extend(audit::apiserver_args(&run_dir, log)?);
         }
         if options.kwok {
             // `pods/log` goes to "the kubelet", which is kwok at 127.0.0.1 serving with a
@@ -793,11 +735,7 @@ impl ControlPlane {
         let Some(log) = &self.audit_log else {
             return Ok(Vec::new());
         };
-        let text = fs::read_to_string(log).map_err(io_err(format!("read {}", log.display())))?;
-        Ok(text
-            .lines()
-            .filter_map(|line| serde_json::from_str(line).ok())
-            .collect())
+        audit::read_events(log)
     }
 
     /// Compacts etcd's history up to its current revision, so older resourceVersions are
@@ -1125,20 +1063,5 @@ mod tests {
             swapped.contains("server: https://127.0.0.1:1\n"),
             "{swapped}"
         );
-    }
-}
-
-#[cfg(test)]
-mod audit_event_tests {
-    /// An impersonated request's event: who impersonated, as whom, under which audit id.
-    #[test]
-    fn impersonated_events_name_both_users_and_the_audit_id() {
-        let line = r#"{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"hub-id-1","stage":"ResponseComplete","requestURI":"/api/v1/namespaces/a/configmaps?limit=500","verb":"list","user":{"username":"system:serviceaccount:a:agent","groups":["system:authenticated"],"extra":{"k":["v"]}},"impersonatedUser":{"username":"scale-agent:alice","groups":["system:authenticated"]},"sourceIPs":["127.0.0.1"],"userAgent":"kubectl","responseStatus":{"metadata":{},"code":200}}"#;
-        let event: super::AuditEvent = serde_json::from_str(line).unwrap();
-        assert_eq!(event.audit_id, "hub-id-1");
-        assert_eq!(event.user.username, "system:serviceaccount:a:agent");
-        let as_whom = event.impersonated_user.unwrap();
-        assert_eq!(as_whom.username, "scale-agent:alice");
-        assert_eq!(as_whom.groups, ["system:authenticated"]);
     }
 }
