@@ -89,7 +89,8 @@ pub struct ControlPlaneOptions {
     /// this address of the node's bridge (the `kubernetes` Service's endpoint, published by
     /// the lease endpoint reconciler, so pods reach it through the Service's ClusterIP),
     /// authorizes kubelets with the Node authorizer, reaches them with a client certificate
-    /// and checks theirs, and admits pods with their ServiceAccount's token.
+    /// and checks theirs, admits pods with their ServiceAccount's token, and serves
+    /// aggregated APIs (the front proxy's flags: the real node's metrics-server).
     pub node_address: Option<Ipv4Addr>,
 }
 
@@ -407,6 +408,7 @@ impl ControlPlane {
         }
         if options.node_address.is_some() {
             apiserver_args.extend(real_node::apiserver_kubelet_args(&ca, &run_dir)?);
+            apiserver_args.extend(certificates::aggregation_args(&run_dir)?);
         }
         let apiserver_started = Instant::now();
         processes.push(ManagedProcess::spawn(

@@ -72,3 +72,40 @@ impl Certificates {
         })
     }
 }
+
+/// The front proxy's client certificate's name: the only one the API server's request-header
+/// authenticator accepts (`--requestheader-allowed-names`).
+const FRONT_PROXY_CLIENT: &str = "front-proxy-client";
+
+/// The API server's flags for aggregated APIs (a real node's metrics-server serves
+/// `metrics.k8s.io`), with their certificates written into `run_dir`: the aggregator calls an
+/// extension API server with the client certificate of [`FRONT_PROXY_CLIENT`], signed by a
+/// CA of its own (the front-proxy CA, as kubeadm makes it, so no other client certificate of
+/// the cluster can pass for the proxy), and names the user it acts for in the
+/// `X-Remote-*` headers, which the extension server trusts because it finds the front-proxy
+/// CA and the headers' names in the `kube-system/extension-apiserver-authentication`
+/// ConfigMap the API server publishes. `--enable-aggregator-routing` sends the aggregator to
+/// the Service's endpoint address directly, as a control plane without kube-proxy on its
+/// host needs (here the API server runs on the node's host anyway).
+pub(super) fn aggregation_args(run_dir: &Path) -> Result<Vec<String>> {
+    let front_proxy_ca = CertificateAuthority::new("scale-agent-e2e-front-proxy-ca")?;
+    let client = front_proxy_ca.client(FRONT_PROXY_CLIENT, &[])?;
+    let write = |name: &str, contents: &str| -> Result<PathBuf> {
+        let path = run_dir.join(name);
+        fs::write(&path, contents).map_err(io_err(format!("write {}", path.display())))?;
+        Ok(path)
+    };
+    let ca_file = write("front-proxy-ca.crt", &front_proxy_ca.cert_pem)?;
+    let client_cert = write("front-proxy-client.crt", &client.cert_pem)?;
+    let client_key = write("front-proxy-client.key", &client.key_pem)?;
+    Ok(vec![
+        format!("--requestheader-client-ca-file={}", ca_file.display()),
+        format!("--requestheader-allowed-names={FRONT_PROXY_CLIENT}"),
+        "--requestheader-username-headers=X-Remote-User".into(),
+        "--requestheader-group-headers=X-Remote-Group".into(),
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
+        format!("--proxy-client-cert-file={}", client_cert.display()),
+        format!("--proxy-client-key-file={}", client_key.display()),
+        "--enable-aggregator-routing=true".into(),
+    ])
+}
