@@ -4,7 +4,9 @@
 #   - etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubectl, and the node
 #     components kubelet and kube-proxy (the real-node tests), at the version pinned in
 #     ./kubernetes-version (the only place it is written), linked into one multi-call binary
-#     (testbins/main.go) with one symlink per component;
+#     (testbins/main.go) with one symlink per component; metrics-server at ./metrics-server-version
+#     is a command of the same binary (the metrics.k8s.io API on the real node), compiled
+#     against the pinned release's libraries;
 #   - KWOK at ./kwok-version (fake nodes that run pods: Running, Ready, logs), plus its default
 #     node and pod stages and its Logs CRD copied from the same module into bin/kwok-config/;
 #   - the older kubectl clients listed in ./kubectl-client-versions (Spinnaker's Clouddriver
@@ -34,12 +36,13 @@ patch=${BASH_REMATCH[2]}
 staging_version="v0.$minor.$patch"
 kwok_version=$(tr -d '[:space:]' <"$here/kwok-version")
 helm_version=$(tr -d '[:space:]' <"$here/helm-version")
+metrics_server_version=$(tr -d '[:space:]' <"$here/metrics-server-version")
 mapfile -t kubectl_clients < <(grep -o 'v1\.[0-9]*\.[0-9]*' "$here/kubectl-client-versions")
 
 cache_root=${SCALE_AGENT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/scale-agent}
 out=$cache_root/control-plane/$version
 bin=$out/bin
-components=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
+components=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy metrics-server)
 
 if [[ ${1:-} == --print-bin-dir ]]; then
   echo "$bin"
@@ -50,7 +53,7 @@ fi
 # version or this script rebuilds, and an interrupted build (no stamp) is never mistaken for
 # a finished one.
 stamp=$(cat "$here/kubernetes-version" "$here/helm-version" "$here/kwok-version" \
-  "$here/kubectl-client-versions" "$here/testbins/main.go" "$here"/kubectl-clients/*/main.go \
+  "$here/kubectl-client-versions" "$here/metrics-server-version" "$here/testbins/main.go" "$here"/kubectl-clients/*/main.go \
   "$here/build.sh" | sha256sum | cut -c1-16)
 if [[ ${1:-} != --force && -f $bin/.stamp && $(cat "$bin/.stamp") == "$stamp" ]]; then
   echo "control plane $version: cached in $bin"
@@ -146,6 +149,8 @@ cp "$here/testbins/main.go" "$src/testbins/main.go"
   echo
   echo "require ("
   echo "	k8s.io/kubernetes $version"
+  # Pinned: go mod tidy would otherwise take the newest release.
+  echo "	sigs.k8s.io/metrics-server $metrics_server_version"
   echo ")"
   echo
   echo "replace ("

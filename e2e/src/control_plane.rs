@@ -10,7 +10,7 @@
 use std::{
     fmt, fs,
     io::Write as _,
-    net::{IpAddr, Ipv4Addr},
+    net::Ipv4Addr,
     path::{Path, PathBuf},
     sync::{Mutex, OnceLock},
     time::{Duration, Instant},
@@ -27,12 +27,22 @@ use kube::{
 };
 use rand::Rng;
 
+mod audit;
+mod certificates;
+mod etcd;
+mod options;
+
+pub use audit::{AuditEvent, AuditStatus, AuditUser};
+use certificates::Certificates;
+use etcd::Etcd;
+pub use options::{ControlPlaneOptions, DEFAULT_CONTROLLERS, StartupTimes};
+
 use crate::{
     binaries::{Binaries, KUBERNETES_VERSION},
     error::{Error, Result, io_err},
     kwok::{self, PodLog},
     local_agent::free_port,
-    pki::{self, CertificateAuthority},
+    pki::CertificateAuthority,
     process::{self, ManagedProcess},
     real_node,
 };
@@ -44,135 +54,6 @@ pub const UNCACHED_RESOURCE: &str = "podtemplates";
 
 /// Label put on every namespace made by [`ControlPlane::namespace`].
 pub const TEST_NAMESPACE_LABEL: &str = "scaleagent.dev/e2e";
-
-/// Controllers run when the controller manager is on: enough for Deployments to roll out,
-/// for owner references to garbage-collect, and for namespaces to finish deleting.
-pub const DEFAULT_CONTROLLERS: &[&str] = &[
-    "deployment-controller",
-    "replicaset-controller",
-    "statefulset-controller",
-    "daemonset-controller",
-    "job-controller",
-    "garbage-collector-controller",
-    "namespace-controller",
-    "serviceaccount-token-controller",
-];
-
-/// How to start a control plane.
-#[derive(Clone, Debug)]
-pub struct ControlPlaneOptions {
-    /// Also run kube-controller-manager with [`Self::controllers`].
-    pub controller_manager: bool,
-    /// The controllers kube-controller-manager runs (`--controllers`).
-    pub controllers: Vec<String>,
-    /// Also run kube-scheduler and KWOK with the fake nodes of [`kwok::NODES`], so pods are
-    /// bound, become Running and Ready, and can have logs. Needs [`Self::controller_manager`]
-    /// for anything but bare pods; [`Self::with_kwok`] sets both.
-    pub kwok: bool,
-    /// Write the API server's audit log (every request's URI, verb, user and user agent,
-    /// as JSON lines), so tests can prove from the server's side what it received
-    /// ([`ControlPlane::audit_events`]).
-    pub audit: bool,
-    /// Budget for each component to become ready; contended 2-core machines have been seen
-    /// to need 35 s for the apiserver.
-    pub ready_timeout: Duration,
-    /// Where certificates, kubeconfigs, logs and (unless on tmpfs already) etcd data go.
-    /// By default a fresh directory under `/dev/shm`, removed when the process exits.
-    pub run_dir: Option<PathBuf>,
-    /// Serve a real node ([`crate::real_node`]): the API server listens and advertises on
-    /// this address of the node's bridge (the `kubernetes` Service's endpoint, published by
-    /// the lease endpoint reconciler, so pods reach it through the Service's ClusterIP),
-    /// authorizes kubelets with the Node authorizer, reaches them with a client certificate
-    /// and checks theirs, and admits pods with their ServiceAccount's token.
-    pub node_address: Option<Ipv4Addr>,
-}
-
-impl Default for ControlPlaneOptions {
-    fn default() -> Self {
-        Self {
-            controller_manager: false,
-            controllers: DEFAULT_CONTROLLERS.iter().map(|c| c.to_string()).collect(),
-            kwok: false,
-            audit: false,
-            ready_timeout: Duration::from_secs(60),
-            run_dir: None,
-            node_address: None,
-        }
-    }
-}
-
-impl ControlPlaneOptions {
-    /// Also write the API server's audit log.
-    pub fn with_audit(mut self) -> Self {
-        self.audit = true;
-        self
-    }
-
-    /// Also run kube-controller-manager.
-    pub fn with_controller_manager(mut self) -> Self {
-        self.controller_manager = true;
-        self
-    }
-
-    /// A control plane for a real node on `address` ([`Self::node_address`]): with
-    /// kube-scheduler and kube-controller-manager running every controller (the root CA
-    /// publisher for projected tokens, the ServiceAccount controller, the node lifecycle
-    /// controller that lifts the not-ready taint, the PersistentVolume binder).
-    pub fn with_real_node(mut self, address: Ipv4Addr) -> Self {
-        self.controller_manager = true;
-        self.controllers = vec!["*".into()];
-        self.node_address = Some(address);
-        self
-    }
-
-    /// Also run kube-controller-manager, kube-scheduler and KWOK, so Deployments roll out to
-    /// pods that run: `availableReplicas` counts them and `kubectl rollout status` finishes.
-    pub fn with_kwok(mut self) -> Self {
-        self.controller_manager = true;
-        self.kwok = true;
-        self
-    }
-}
-
-/// How long each component took to become ready.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct StartupTimes {
-    pub etcd: Duration,
-    pub kube_apiserver: Duration,
-    pub kube_controller_manager: Option<Duration>,
-    /// Until `/readyz` answers ok (informers synced).
-    pub kube_scheduler: Option<Duration>,
-    /// From installing kwok's `Logs` CRD until every fake node is Ready.
-    pub kwok: Option<Duration>,
-    pub total: Duration,
-}
-
-impl fmt::Display for StartupTimes {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "ready in {:.2} s (etcd {:.2} s, kube-apiserver {:.2} s",
-            self.total.as_secs_f64(),
-            self.etcd.as_secs_f64(),
-            self.kube_apiserver.as_secs_f64()
-        )?;
-        if let Some(kcm) = self.kube_controller_manager {
-            write!(f, ", kube-controller-manager {:.2} s", kcm.as_secs_f64())?;
-        }
-        if let Some(scheduler) = self.kube_scheduler {
-            write!(f, ", kube-scheduler {:.2} s", scheduler.as_secs_f64())?;
-        }
-        if let Some(kwok) = self.kwok {
-            write!(
-                f,
-                ", kwok with {} nodes Ready {:.2} s",
-                kwok::NODES.len(),
-                kwok.as_secs_f64()
-            )?;
-        }
-        write!(f, ")")
-    }
-}
 
 /// A running control plane. Dropping it stops the components in reverse start order (kwok,
 /// scheduler, controller manager, apiserver, etcd) and removes its run directory.
@@ -194,42 +75,6 @@ pub struct ControlPlane {
     /// What kube-apiserver was started with, for [`Self::restart_apiserver`].
     apiserver_args: Vec<String>,
     ready_timeout: Duration,
-}
-
-/// One request as the API server's audit log recorded it.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AuditEvent {
-    /// Path and query as the server received them.
-    #[serde(rename = "requestURI")]
-    pub request_uri: String,
-    pub verb: String,
-    #[serde(default)]
-    pub user_agent: String,
-    pub user: AuditUser,
-    /// Who the request acted as when it impersonated (`Impersonate-User`, `-Group`).
-    #[serde(default)]
-    pub impersonated_user: Option<AuditUser>,
-    /// The request's audit id: the `Audit-ID` header it came with, else the server's own.
-    #[serde(default, rename = "auditID")]
-    pub audit_id: String,
-    #[serde(default)]
-    pub response_status: Option<AuditStatus>,
-}
-
-/// Who made an audited request.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
-pub struct AuditUser {
-    pub username: String,
-    #[serde(default)]
-    pub groups: Vec<String>,
-}
-
-/// How an audited request was answered.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
-pub struct AuditStatus {
-    #[serde(default)]
-    pub code: u16,
 }
 
 /// Where a running kwok serves the kubelet API, and where pod log files go.
@@ -326,29 +171,16 @@ impl ControlPlane {
             Ok(path)
         };
 
-        let ca = CertificateAuthority::new("scale-agent-e2e-ca")?;
-        let serving = match options.node_address {
-            // Pods reach the API server through the `kubernetes` Service's ClusterIP, which
-            // kube-proxy sends to the bridge address.
-            Some(address) => ca.serving_with_ips(
-                "kube-apiserver",
-                &real_node::APISERVER_NAMES,
-                &[
-                    IpAddr::V4(address),
-                    IpAddr::V4(real_node::KUBERNETES_SERVICE_IP),
-                ],
-            )?,
-            None => ca.serving("kube-apiserver", &["kubernetes", "kubernetes.default.svc"])?,
-        };
-        let admin = ca.client("scale-agent-e2e-admin", &["system:masters"])?;
-        let ca_file = write("ca.crt", &ca.cert_pem)?;
-        let serving_cert = write("apiserver.crt", &serving.cert_pem)?;
-        let serving_key = write("apiserver.key", &serving.key_pem)?;
-        let admin_cert = write("admin.crt", &admin.cert_pem)?;
-        let admin_key = write("admin.key", &admin.key_pem)?;
-        let (sa_private, sa_public) = pki::signing_key_pair_pem()?;
-        let sa_key = write("service-account.key", &sa_private)?;
-        let sa_pub = write("service-account.pub", &sa_public)?;
+        let Certificates {
+            ca,
+            ca_file,
+            serving_cert,
+            serving_key,
+            admin_cert,
+            admin_key,
+            sa_key,
+            sa_pub,
+        } = Certificates::write(&run_dir, options.node_address)?;
 
         let mut processes = Vec::new();
 
@@ -437,22 +269,7 @@ impl ControlPlane {
         ];
         let audit_log = options.audit.then(|| run_dir.join("audit.log"));
         if let Some(log) = &audit_log {
-            let policy = run_dir.join("audit-policy.yaml");
-            // Metadata of every request once it completed: enough to count requests by URI,
-            // user and user agent, without bodies.
-            fs::write(
-                &policy,
-                "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\n\
-                 rules:\n- level: Metadata\n",
-            )
-            .map_err(io_err("write the audit policy"))?;
-            apiserver_args.extend([
-                format!("--audit-policy-file={}", policy.display()),
-                format!("--audit-log-path={}", log.display()),
-                "--audit-log-format=json".into(),
-                // Written before the response, so a test reads what was answered.
-                "--audit-log-mode=blocking".into(),
-            ]);
+            apiserver_args.extend(audit::apiserver_args(&run_dir, log)?);
         }
         if options.kwok {
             // `pods/log` goes to "the kubelet", which is kwok at 127.0.0.1 serving with a
@@ -465,6 +282,7 @@ impl ControlPlane {
         }
         if options.node_address.is_some() {
             apiserver_args.extend(real_node::apiserver_kubelet_args(&ca, &run_dir)?);
+            apiserver_args.extend(certificates::aggregation_args(&run_dir)?);
         }
         let apiserver_started = Instant::now();
         processes.push(ManagedProcess::spawn(
@@ -793,11 +611,7 @@ impl ControlPlane {
         let Some(log) = &self.audit_log else {
             return Ok(Vec::new());
         };
-        let text = fs::read_to_string(log).map_err(io_err(format!("read {}", log.display())))?;
-        Ok(text
-            .lines()
-            .filter_map(|line| serde_json::from_str(line).ok())
-            .collect())
+        audit::read_events(log)
     }
 
     /// Compacts etcd's history up to its current revision, so older resourceVersions are
@@ -1036,74 +850,6 @@ pub async fn token_request(
         })
 }
 
-/// How long one call to etcd may take.
-const ETCD_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The few calls the harness makes to etcd, through its JSON gateway (gRPC-gateway on the
-/// client URL), which needs no etcd client library.
-struct Etcd {
-    endpoint: String,
-}
-
-impl Etcd {
-    fn new(endpoint: &str) -> Self {
-        Self {
-            endpoint: endpoint.to_string(),
-        }
-    }
-
-    fn error(&self, message: impl Into<String>) -> Error {
-        Error::Etcd {
-            endpoint: self.endpoint.clone(),
-            message: message.into(),
-        }
-    }
-
-    async fn healthy(&self) -> std::result::Result<(), ()> {
-        match self.post("/health", None).await {
-            Ok(body) if body.get("health").and_then(|h| h.as_str()) == Some("true") => Ok(()),
-            _ => Err(()),
-        }
-    }
-
-    async fn compact_to_current(&self) -> Result<i64> {
-        // Any range answers with the store's current revision in its header.
-        let range = self
-            .post(
-                "/v3/kv/range",
-                Some(serde_json::json!({ "key": "AA==", "limit": 1 })),
-            )
-            .await?;
-        let revision = range
-            .pointer("/header/revision")
-            .and_then(|r| r.as_str().and_then(|s| s.parse().ok()).or(r.as_i64()))
-            .ok_or_else(|| self.error(format!("no revision in {range}")))?;
-        self.post(
-            "/v3/kv/compaction",
-            Some(serde_json::json!({ "revision": revision.to_string(), "physical": true })),
-        )
-        .await?;
-        Ok(revision)
-    }
-
-    async fn post(&self, path: &str, body: Option<serde_json::Value>) -> Result<serde_json::Value> {
-        let authority = self.endpoint.trim_start_matches("http://");
-        let method = if body.is_some() { "POST" } else { "GET" };
-        let body = body.map(|b| b.to_string());
-        let response = crate::http::request(method, authority, path, body.as_deref(), ETCD_TIMEOUT)
-            .await
-            .map_err(|e| self.error(e.to_string()))?;
-        if !(200..300).contains(&response.status) {
-            return Err(self.error(format!(
-                "{method} {path}: {}: {}",
-                response.status, response.body
-            )));
-        }
-        serde_json::from_str(&response.body)
-            .map_err(|e| self.error(format!("{method} {path}: {e}")))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1125,20 +871,5 @@ mod tests {
             swapped.contains("server: https://127.0.0.1:1\n"),
             "{swapped}"
         );
-    }
-}
-
-#[cfg(test)]
-mod audit_event_tests {
-    /// An impersonated request's event: who impersonated, as whom, under which audit id.
-    #[test]
-    fn impersonated_events_name_both_users_and_the_audit_id() {
-        let line = r#"{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"hub-id-1","stage":"ResponseComplete","requestURI":"/api/v1/namespaces/a/configmaps?limit=500","verb":"list","user":{"username":"system:serviceaccount:a:agent","groups":["system:authenticated"],"extra":{"k":["v"]}},"impersonatedUser":{"username":"scale-agent:alice","groups":["system:authenticated"]},"sourceIPs":["127.0.0.1"],"userAgent":"kubectl","responseStatus":{"metadata":{},"code":200}}"#;
-        let event: super::AuditEvent = serde_json::from_str(line).unwrap();
-        assert_eq!(event.audit_id, "hub-id-1");
-        assert_eq!(event.user.username, "system:serviceaccount:a:agent");
-        let as_whom = event.impersonated_user.unwrap();
-        assert_eq!(as_whom.username, "scale-agent:alice");
-        assert_eq!(as_whom.groups, ["system:authenticated"]);
     }
 }

@@ -19,8 +19,10 @@
 //! none is missing after, and the standby resumes the watches without a LIST;
 //! `real_node/rollout.rs`); the hub pod replaced on the same volume, resuming without the
 //! agents listing again (the API server's audit log); `helm upgrade` with changed values
-//! rolling the operator and hub pods, again without a LIST (`real_node/upgrade.rs`); no
-//! container restarted; and `helm uninstall` as the chart's README documents it, leaving
+//! rolling the operator and hub pods, again without a LIST (`real_node/upgrade.rs`);
+//! `kubectl top pod --containers` against the node's metrics-server, directly and through
+//! the hub for the account, and the API server's 403 once `podMetrics` is off
+//! (`real_node/pod_metrics.rs`); no container restarted; and `helm uninstall` as the chart's README documents it, leaving
 //! nothing of the release, its operator's Lease included.
 //!
 //! Needs root; without it the test says why and passes without running.
@@ -41,6 +43,8 @@ use scale_agent_e2e::{
     },
 };
 
+#[path = "real_node/pod_metrics.rs"]
+mod pod_metrics;
 #[path = "real_node/rollout.rs"]
 mod rollout;
 #[path = "real_node/upgrade.rs"]
@@ -291,8 +295,11 @@ async fn the_chart_installs_and_agents_connect_on_a_real_node() -> anyhow::Resul
     let _remove_dir = RemoveOnDrop(dir.clone());
     let images = build_images(&dir.join("images"))?;
     step(started, "images built from this build's binaries");
-    let node = RealNode::start(&images).await?;
+    let mut node = RealNode::start(&images).await?;
     step(started, "node Ready");
+    // Started now, so it has scraped the pods by the time `kubectl top` is tried.
+    node.start_metrics_server().await?;
+    step(started, "metrics-server serves metrics.k8s.io");
     let control_plane = node.control_plane();
     let home = dir.join("home");
     std::fs::create_dir_all(&home)?;
@@ -459,25 +466,10 @@ spec:
     }
     step(started, "agentaccount/real-node Connected");
     // podMetrics: the operator granted the agents the metrics API's reads in team-a (the API
-    // server's own answer; no metrics-server runs here, so `kubectl top` is not tried).
-    // (A SubjectAccessReview: `kubectl auth can-i` resolves the resource through discovery,
-    // which has no metrics.k8s.io without a metrics-server.)
-    let can_read_metrics = cli.run(
-        &cli.kubectl,
-        &["create", "-f", "-", "-o", "jsonpath={.status.allowed}"],
-        Some(&format!(
-            "apiVersion: authorization.k8s.io/v1
-kind: SubjectAccessReview
-spec:
-  user: system:serviceaccount:{NAMESPACE}:real-node-agent
-  groups: [system:serviceaccounts, system:serviceaccounts:{NAMESPACE}, system:authenticated]
-  resourceAttributes: {{group: metrics.k8s.io, resource: pods, verb: list, namespace: team-a}}
-"
-        )),
-    )?;
+    // server's own answer; `kubectl top` through the hub comes at the end, real_node/pod_metrics.rs).
     ensure!(
-        can_read_metrics.trim() == "true",
-        "the agents may not list pods.metrics.k8s.io in team-a with podMetrics on: {can_read_metrics}"
+        pod_metrics::agents_may_read_pod_metrics(&cli)?,
+        "the agents may not list pods.metrics.k8s.io in team-a with podMetrics on"
     );
     let agents = cli.kubectl(&[
         "-n",
@@ -538,10 +530,15 @@ spec:
     spec:
       containers:
         - name: web
-          image: {}
+          image: {pause}
+          imagePullPolicy: Never
+        # A second container, so `kubectl top pod --containers` (real_node/pod_metrics.rs)
+        # has more than one line per pod to match.
+        - name: sidecar
+          image: {pause}
           imagePullPolicy: Never
 ",
-            real_node::PAUSE_IMAGE
+            pause = real_node::PAUSE_IMAGE
         )),
     )?;
     hub.run(
@@ -683,6 +680,17 @@ spec:
     step(
         started,
         "helm upgrade rolled the operator and hub pods; the agents resumed without a LIST",
+    );
+
+    // Last of the agents' checks: turning podMetrics off changes the agents' config.
+    let metrics = pod_metrics::top_through_the_hub(&node, &cli, &hub)?;
+    step(
+        started,
+        &format!(
+            "kubectl top pod --containers: {} containers directly and through the hub (kubectl 1.37 and 1.22), metrics {:.1} s after asking; refused with the API server's 403 without podMetrics",
+            metrics.containers,
+            metrics.first_metrics.as_secs_f64()
+        ),
     );
 
     no_restarts(&cli)?;

@@ -1,8 +1,9 @@
 // Command kube-testbins is a multi-call binary (hyperkube style) holding the
 // parts of a real Kubernetes control plane that Scale Agent's tests and demo
 // run: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
-// kubectl, and the node components of the real-node tests, kubelet and
-// kube-proxy. Linking them into one binary compiles and links the shared
+// kubectl, the node components of the real-node tests, kubelet and
+// kube-proxy, and metrics-server (the aggregated metrics.k8s.io API that
+// `kubectl top` reads, scraping the real node's kubelet). Linking them into one binary compiles and links the shared
 // Kubernetes dependencies once, which roughly halves the cold build on a
 // 2-core machine.
 //
@@ -28,17 +29,23 @@ import (
 
 	_ "time/tzdata"
 
+	"github.com/spf13/cobra"
+
 	"go.etcd.io/etcd/server/v3/etcdmain"
 	corev1 "k8s.io/api/core/v1"
+	genericapiserver "k8s.io/apiserver/pkg/server"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	clientversion "k8s.io/client-go/pkg/version"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/component-base/cli"
+	"k8s.io/component-base/logs"
 	_ "k8s.io/component-base/logs/json/register"
 	_ "k8s.io/component-base/metrics/prometheus/clientgo"
 	_ "k8s.io/component-base/metrics/prometheus/version"
 	"k8s.io/klog/v2"
+	openapicommon "k8s.io/kube-openapi/pkg/common"
 	kubectlcmd "k8s.io/kubectl/pkg/cmd"
 	kubectlutil "k8s.io/kubectl/pkg/cmd/util"
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
@@ -46,6 +53,7 @@ import (
 	proxy "k8s.io/kubernetes/cmd/kube-proxy/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
 	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
+	metricsserver "sigs.k8s.io/metrics-server/cmd/metrics-server/app/options"
 )
 
 var components = map[string]func() int{
@@ -70,6 +78,9 @@ var components = map[string]func() int{
 	"kube-proxy": func() int {
 		return cli.Run(proxy.NewProxyCommand())
 	},
+	"metrics-server": func() int {
+		return cli.Run(metricsServerCommand())
+	},
 	"watchlist-informer": watchListInformer,
 	"kubectl": func() int {
 		if err := cli.RunNoErrOutput(kubectlcmd.NewDefaultKubectlCommand()); err != nil {
@@ -77,6 +88,82 @@ var components = map[string]func() int{
 		}
 		return 0
 	},
+}
+
+// metricsServerCommand is metrics-server's own command (its options, flags and server, as
+// its cmd/metrics-server/app builds them) with one change: its OpenAPI definitions,
+// generated against the Kubernetes 1.33 libraries and keyed by Go type name
+// ("k8s.io/metrics/pkg/apis/metrics/v1beta1.NodeMetrics"), are also offered under the
+// model names the libraries of this release look them up by
+// ("io.k8s.metrics.pkg.apis.metrics.v1beta1.NodeMetrics", the types' OpenAPIModelName).
+// Without it metrics-server exits at start: "cannot find model definition for
+// io.k8s.metrics.pkg.apis.metrics.v1beta1.NodeMetrics".
+func metricsServerCommand() *cobra.Command {
+	opts := metricsserver.NewOptions()
+	cmd := &cobra.Command{
+		Use:   "metrics-server",
+		Short: "Launch metrics-server",
+		RunE: func(*cobra.Command, []string) error {
+			if opts.ShowVersion {
+				fmt.Println(clientversion.Get().GitVersion)
+				return nil
+			}
+			if errs := opts.Validate(); len(errs) > 0 {
+				return errs[0]
+			}
+			config, err := opts.ServerConfig()
+			if err != nil {
+				return err
+			}
+			// The v3 configuration also holds the definitions already made (Definitions),
+			// which take precedence over GetDefinitions.
+			v2, v3 := config.Apiserver.OpenAPIConfig, config.Apiserver.OpenAPIV3Config
+			v2.GetDefinitions, v2.Definitions = withModelNames(v2.GetDefinitions), addModelNames(v2.Definitions)
+			v3.GetDefinitions, v3.Definitions = withModelNames(v3.GetDefinitions), addModelNames(v3.Definitions)
+			server, err := config.Complete()
+			if err != nil {
+				return err
+			}
+			// Stops on SIGTERM (the handler can be set up once per process).
+			return server.RunUntil(genericapiserver.SetupSignalHandler())
+		},
+	}
+	for _, set := range opts.Flags().FlagSets {
+		cmd.Flags().AddFlagSet(set)
+	}
+	goFlags := flag.NewFlagSet(os.Args[0], flag.ExitOnError)
+	logs.AddGoFlags(goFlags)
+	cmd.Flags().AddGoFlagSet(goFlags)
+	return cmd
+}
+
+// withModelNames offers every definition also under its model name (see addModelNames).
+func withModelNames(definitions openapicommon.GetOpenAPIDefinitions) openapicommon.GetOpenAPIDefinitions {
+	return func(ref openapicommon.ReferenceCallback) map[string]openapicommon.OpenAPIDefinition {
+		return addModelNames(definitions(ref))
+	}
+}
+
+// addModelNames returns the definitions keyed by Go type name and also by REST-friendly
+// model name: the Go package path's host reversed, and dots for slashes (as apimachinery's
+// toOpenAPIDefinitionName does).
+func addModelNames(byGoName map[string]openapicommon.OpenAPIDefinition) map[string]openapicommon.OpenAPIDefinition {
+	if byGoName == nil {
+		return nil
+	}
+	all := make(map[string]openapicommon.OpenAPIDefinition, 2*len(byGoName))
+	for name, definition := range byGoName {
+		all[name] = definition
+		parts := strings.Split(name, "/")
+		if host := strings.Split(parts[0], "."); len(host) > 1 {
+			for i, j := 0, len(host)-1; i < j; i, j = i+1, j-1 {
+				host[i], host[j] = host[j], host[i]
+			}
+			parts[0] = strings.Join(host, ".")
+		}
+		all[strings.Join(parts, ".")] = definition
+	}
+	return all
 }
 
 // watchListInformer runs a client-go informer of the ConfigMaps of one namespace

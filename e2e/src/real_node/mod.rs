@@ -21,6 +21,7 @@
 
 mod config;
 mod host;
+pub mod metrics_server;
 pub mod user;
 
 use std::{

@@ -221,9 +221,21 @@ impl HubKubectl {
         args: &[&str],
         stdin: Option<&str>,
     ) -> Result<String> {
+        self.run_with(cli, &cli.kubectl, forward, args, stdin)
+    }
+
+    /// Like [`Self::run`] with another kubectl (e.g. an older release, as Clouddriver ships).
+    pub fn run_with(
+        &self,
+        cli: &Cli,
+        kubectl: &Path,
+        forward: &PortForward,
+        args: &[&str],
+        stdin: Option<&str>,
+    ) -> Result<String> {
         let all = self.args(forward, args);
         let all: Vec<&str> = all.iter().map(String::as_str).collect();
         // KUBECONFIG is overridden by --kubeconfig: nothing of the admin's is used.
-        cli.run(&cli.kubectl, &all, stdin)
+        cli.run(kubectl, &all, stdin)
     }
 }
