@@ -235,6 +235,61 @@ async fn scoped_tokens_the_metrics_role_and_clouddrivers_token() {
         .await;
     assert_eq!(reply.status, 200, "{}", reply.text());
 
+    // The listings show a scoped token its accounts only, and only the agents serving them,
+    // each with only those accounts; the admin token sees everything.
+    let mut staging_only = tunnel_agent(&hub, &pki, "agent-b.test", "pod-1").await;
+    staging_only
+        .register("staging-y", "https://10.0.0.3:6443")
+        .await;
+    let names = |list: &serde_json::Value| -> Vec<String> {
+        let mut names: Vec<String> = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["name"].as_str().unwrap().to_string())
+            .collect();
+        names.sort();
+        names
+    };
+    let agents = |list: &serde_json::Value| -> Vec<(String, Vec<String>)> {
+        let mut agents: Vec<(String, Vec<String>)> = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| {
+                (
+                    a["identity"].as_str().unwrap().to_string(),
+                    names(&a["accounts"]),
+                )
+            })
+            .collect();
+        agents.sort();
+        agents
+    };
+    let everything = http.get("/api/v1/accounts", Some(&admin)).await;
+    assert_eq!(everything.status, 200, "{}", everything.text());
+    assert_eq!(
+        names(&everything.json()),
+        ["prod-eu", "staging-x", "staging-y"]
+    );
+    let all_agents = http.get("/api/v1/agents", Some(&admin)).await.json();
+    assert_eq!(agents(&all_agents).len(), 2, "{all_agents}");
+    for token in [scoped.as_str(), "file-secret"] {
+        let reply = http.get("/api/v1/accounts", Some(token)).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert_eq!(names(&reply.json()), ["prod-eu"], "{}", reply.text());
+        let reply = http.get("/api/v1/agents", Some(token)).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let seen = agents(&reply.json());
+        assert_eq!(seen.len(), 1, "agent-b serves staging-y only: {seen:?}");
+        assert_eq!(
+            seen[0].1,
+            ["prod-eu"],
+            "agent-a without staging-x: {seen:?}"
+        );
+    }
+    drop(staging_only);
+
     // An operation on staging-x is not found by id for an operator limited to prod-*.
     let submit = {
         let (http, admin) = (http.clone(), admin.clone());
