@@ -6,9 +6,10 @@
 //! The hub says who called in the request head ([`pb::ProxyCaller`]); a hub that predates
 //! the field sends none, and the request then runs as the agent, as before. Clouddriver's
 //! machine token (`person: false`) always runs as the agent (its writes as the account's
-//! `impersonateServiceAccount` when set). A person whose user the account does not admit
-//! (`callerUsers`) is refused by the agent: running them as the agent would give them more
-//! than the account meant to.
+//! `impersonateServiceAccount` when set). A person is admitted when their user is in
+//! `callerUsers` (`*`: everyone) or one of their groups is in `callerGroups`, names as the
+//! hub knows them (before `callerPrefix`). A person the account does not admit is refused by
+//! the agent: running them as the agent would give them more than the account meant to.
 
 use scale_agent_crds::{
     agent_config::AccountConfig,
@@ -53,15 +54,20 @@ pub fn acting(account: &AccountConfig, caller: Option<&pb::ProxyCaller>) -> Acti
     let Some(caller) = caller.filter(|c| c.person) else {
         return Acting::Agent;
     };
-    let admitted = account
+    let admitted_user = account
         .caller_users
         .iter()
         .any(|u| u == ANY_CALLER || *u == caller.user);
-    if !admitted {
+    let admitted_group = caller
+        .groups
+        .iter()
+        .any(|g| account.caller_groups.contains(g));
+    if !admitted_user && !admitted_group {
         return Acting::Refused(format!(
-            "{:?} may not use account {:?} through the Scale Agent hub: the account \
-             impersonates its callers and admits only {:?} (its AgentAccount's callerUsers)",
-            caller.user, account.name, account.caller_users
+            "{:?} (groups {:?}) may not use account {:?} through the Scale Agent hub: the \
+             account impersonates its callers and admits only the users {:?} (its \
+             AgentAccount's callerUsers) and the members of the groups {:?} (callerGroups)",
+            caller.user, caller.groups, account.name, account.caller_users, account.caller_groups
         ));
     }
     let prefix = account
@@ -178,6 +184,29 @@ mod tests {
             acting(&impersonating(&["*"], &[]), Some(&bob)),
             Acting::Person(_)
         ));
+    }
+
+    #[test]
+    fn a_person_is_admitted_by_group_alone() {
+        let account = impersonating(&[], &["team-a"]);
+        let carol = caller("carol", &["team-b", "team-a"], true);
+        let Acting::Person(identity) = acting(&account, Some(&carol)) else {
+            panic!("carol is admitted by team-a");
+        };
+        assert_eq!(identity.user, "scale-agent:carol");
+        assert_eq!(identity.groups, ["scale-agent:team-a"]);
+        // Another group, or a group only as a prefix of a listed one, admits nobody.
+        for groups in [&["team-b"][..], &["team"], &[]] {
+            let dave = caller("dave", groups, true);
+            let Acting::Refused(message) = acting(&account, Some(&dave)) else {
+                panic!("dave in {groups:?} is not admitted");
+            };
+            assert!(message.contains("callerGroups"), "{message}");
+            assert!(message.contains("\"dave\""), "{message}");
+        }
+        // A machine token in the group still acts as the agent.
+        let machine = caller("clouddriver", &["team-a"], false);
+        assert_eq!(acting(&account, Some(&machine)), Acting::Agent);
     }
 
     fn header(name: &str, value: &str) -> pb::HttpHeader {

@@ -1,9 +1,10 @@
 //! The operator's grant for `callers: impersonate` (issue 31), against a real control plane
 //! with RBAC: the agent's ServiceAccount may impersonate exactly the prefixed users and
 //! groups its AgentAccount admits, asked of the API server (SubjectAccessReview), not of the
-//! operator; nothing once the account goes back to `callers: agent`. The CRD itself refuses
-//! `callers: impersonate` without `callerUsers`, and a prefix that could name the cluster's
-//! own groups.
+//! operator; every user name (and still exactly the listed groups) once the account admits
+//! by `callerGroups`; nothing once the account goes back to `callers: agent`. The CRD itself
+//! refuses `callers: impersonate` without `callerUsers` or `callerGroups`, and a prefix that
+//! could name the cluster's own groups.
 
 use k8s_openapi::api::{
     authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec},
@@ -99,7 +100,7 @@ async fn the_agent_may_impersonate_exactly_the_people_its_account_admits() -> an
         .await;
     let message = format!("{no_users:?}");
     assert!(
-        no_users.is_err() && message.contains("callerUsers"),
+        no_users.is_err() && message.contains("callerUsers or callerGroups"),
         "{message}"
     );
     let masters = accounts
@@ -122,7 +123,7 @@ async fn the_agent_may_impersonate_exactly_the_people_its_account_admits() -> an
             &post,
             &account(
                 "people",
-                json!({ "callers": "impersonate", "callerUsers": ["alice"], "callerGroups": ["team-a"] }),
+                json!({ "callers": "impersonate", "callerUsers": ["alice"] }),
             )?,
         )
         .await?;
@@ -134,7 +135,7 @@ async fn the_agent_may_impersonate_exactly_the_people_its_account_admits() -> an
     })
     .await?;
     let rules = role.rules.unwrap_or_default();
-    assert_eq!(rules.len(), 2, "{rules:?}");
+    assert_eq!(rules.len(), 1, "{rules:?}");
     for rule in &rules {
         assert_eq!(rule.verbs, ["impersonate"], "{rule:?}");
     }
@@ -150,10 +151,9 @@ async fn the_agent_may_impersonate_exactly_the_people_its_account_admits() -> an
     .await?;
     for (resource, target, expected) in [
         ("users", "scale-agent:alice", true),
-        ("groups", "scale-agent:team-a", true),
         ("users", "scale-agent:bob", false),
         ("users", "alice", false),
-        ("groups", "team-a", false),
+        ("groups", "scale-agent:team-a", false),
         ("groups", "system:masters", false),
         ("serviceaccounts", "default", false),
     ] {
@@ -161,6 +161,39 @@ async fn the_agent_may_impersonate_exactly_the_people_its_account_admits() -> an
             may_impersonate(&client, agent_sa, resource, target).await?,
             expected,
             "impersonate {resource}/{target}"
+        );
+    }
+
+    // Admitting team-a's members: the group, and every user name (the members' names are
+    // not known in advance; RBAC has no prefixes), never another group.
+    accounts
+        .patch(
+            "people",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "callerGroups": ["team-a"] } })),
+        )
+        .await?;
+    wait_for(
+        "the agent may impersonate group scale-agent:team-a",
+        || async {
+            Ok(
+                may_impersonate(&client, agent_sa, "groups", "scale-agent:team-a")
+                    .await?
+                    .then_some(()),
+            )
+        },
+    )
+    .await?;
+    for (resource, target, expected) in [
+        ("users", "scale-agent:carol", true),
+        ("groups", "team-a", false),
+        ("groups", "system:masters", false),
+        ("serviceaccounts", "default", false),
+    ] {
+        assert_eq!(
+            may_impersonate(&client, agent_sa, resource, target).await?,
+            expected,
+            "impersonate {resource}/{target} with callerGroups"
         );
     }
 

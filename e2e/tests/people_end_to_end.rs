@@ -16,7 +16,10 @@
 //! 5. an expired ID token is refused with a message kubectl prints, and her token on an
 //!    account the access rule does not name (`staging-<n>`) is refused by the hub;
 //! 6. Clouddriver's hub-issued token keeps acting as the agent (no impersonation in the
-//!    target's audit event).
+//!    target's audit event);
+//! 7. Carol (`carol@example.com`, group `team-a`), whom `callerUsers` does not list, is
+//!    admitted by her group alone: she lists in team-a as herself, and the target's audit log
+//!    names her.
 //!
 //! How the names compose: the hub's `AuthenticationConfiguration` prefixes the username and
 //! groups `oidc:` (`oidc:alice@example.com`, `oidc:team-a`); `--oidc-access`,
@@ -46,6 +49,9 @@ use serde_json::json;
 const AUDIENCE: &str = "scale-agent-hub";
 /// Alice as the hub names her (the configuration's `oidc:` username prefix on `email`).
 const ALICE: &str = "oidc:alice@example.com";
+/// Carol, in Alice's group but not in `callerUsers`.
+const CAROL: &str = "oidc:carol@example.com";
+const CAROL_IN_TARGET: &str = "scale-agent:oidc:carol@example.com";
 /// Her group as the hub names it (the `oidc:` groups prefix).
 const TEAM_A: &str = "oidc:team-a";
 /// What the agent sends for them: `callerPrefix` (the default `scale-agent:`) on each.
@@ -139,7 +145,8 @@ async fn alice_signs_in_with_oidc_and_acts_as_herself_in_the_target_cluster() ->
     }))?;
     account.metadata.uid = Some("u2".into());
     // The operator's impersonation grant for this account, applied as the operator would:
-    // exactly the prefixed names the agent sends.
+    // the prefixed group, and every user name (the group admits its members, whoever they
+    // are; RBAC cannot grant a prefix).
     let admitted = scale_agent_operator::desired::callers::admitted(&[&account]);
     let (role, binding) =
         scale_agent_operator::desired::callers::callers_rbac(&scale_agent, &admitted)
@@ -151,9 +158,10 @@ async fn alice_signs_in_with_oidc_and_acts_as_herself_in_the_target_cluster() ->
             .find(|r| r.resources.as_deref() == Some(&[resource.to_string()][..]))
             .and_then(|r| r.resource_names.clone())
     };
-    assert_eq!(
-        granted("users"),
-        Some(vec![ALICE_IN_TARGET.to_string()]),
+    assert!(
+        role.rules.iter().flatten().any(|r| r.resources.as_deref()
+            == Some(&["users".to_string()][..])
+            && r.resource_names.is_none()),
         "{role:?}"
     );
     assert_eq!(
@@ -465,6 +473,45 @@ async fn alice_signs_in_with_oidc_and_acts_as_herself_in_the_target_cluster() ->
         machine_event.user.username,
         format!("system:serviceaccount:{team_a}:people-agent")
     );
+
+    // 7. Carol, not in callerUsers, is admitted by her group: she lists in team-a as herself
+    // (with the group), and the target's audit log names her.
+    let carol_token = issuer.id_token("carol@example.com", &["team-a"], AUDIENCE);
+    let carol = exec_kubeconfig(&dir, "carol", &hub, &prod, &carol_token)?;
+    let listed = kubectl(
+        &kubectl_bin,
+        &carol,
+        &["get", "deployments", "-n", &team_a, "-o", "name"],
+        None,
+    )
+    .await?;
+    assert!(listed.success(), "{}", listed.messages());
+    assert!(
+        listed.stdout.contains("deployment.apps/by-alice"),
+        "{}",
+        listed.stdout
+    );
+    let carol_list = hub_line(&lines, "carol's list in team-a", |l| {
+        l["who"] == CAROL && l["verb"] == "list" && l["object"] == format!("deployments/{team_a}")
+    })
+    .await?;
+    assert_eq!(carol_list["code"], 200, "{carol_list}");
+    assert_eq!(carol_list["served"], "tunnel", "{carol_list}");
+    let carol_event = target_event(
+        control_plane,
+        carol_list["request_id"].as_str().unwrap_or_default(),
+    )
+    .await?;
+    let impersonated = carol_event
+        .impersonated_user
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("carol's list impersonated nobody: {carol_event:?}"))?;
+    assert_eq!(impersonated.username, CAROL_IN_TARGET, "{carol_event:?}");
+    assert!(
+        impersonated.groups.iter().any(|g| g == TEAM_A_IN_TARGET),
+        "{carol_event:?}"
+    );
+    assert_eq!(carol_event.response_status.map(|s| s.code), Some(200));
 
     agent.stop().await?;
     hub.hub.shutdown().await?;

@@ -1967,13 +1967,21 @@ fn audit_lines(log: &str) -> Vec<Value> {
 /// proxy with a proxy token are each one JSON line with target `audit` naming who (token and
 /// kind), the account, the verb, the object, the API server's code and the duration; with
 /// `--proxy-audit-reads writes-only` a read through the proxy is not audited (reads are by
-/// default: e2e/tests/proxy_callers.rs).
+/// default: e2e/tests/proxy_callers.rs). With `--audit-log-path` the binary writes the same
+/// lines (their fields) to the audit file.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operations_and_proxied_writes_are_audited() -> anyhow::Result<()> {
     let (control_plane, admin, ns) = cluster("audit").await?;
+    let audit_dir = fixtures::temp_dir("scale-agent-e2e-audit-file")?;
+    let audit_file = audit_dir.join("audit.log");
+    let audit_flag = format!("--audit-log-path={}", audit_file.display());
     let s = setup(
         "audit",
-        &["--log-format=json", "--proxy-audit-reads=writes-only"],
+        &[
+            "--log-format=json",
+            "--proxy-audit-reads=writes-only",
+            &audit_flag,
+        ],
     )
     .await?;
     let writer = k8s_openapi::api::rbac::v1::PolicyRule {
@@ -2128,7 +2136,26 @@ async fn operations_and_proxied_writes_are_audited() -> anyhow::Result<()> {
         !hub.log().contains(fixtures::API_TOKEN) && !hub.log().contains(&proxy_token),
         "a token in the hub's log"
     );
+    // The audit file holds the same lines, field for field (the request ids included).
+    let in_file: Vec<Value> = std::fs::read_to_string(&audit_file)?
+        .lines()
+        .map(serde_json::from_str::<Value>)
+        .collect::<Result<_, _>>()?;
+    let file_fields: Vec<&Value> = in_file
+        .iter()
+        .inspect(|l| assert_eq!(l["target"], "audit", "{l}"))
+        .map(|l| &l["fields"])
+        .filter(|f| f["message"] != "account bound")
+        .collect();
+    assert_eq!(file_fields, fields, "the audit file and the log disagree");
+    assert!(
+        write["request_id"]
+            .as_str()
+            .is_some_and(|id| id.len() == 36),
+        "{write}"
+    );
     drop(agent);
+    let _ = std::fs::remove_dir_all(&audit_dir);
     Ok(())
 }
 

@@ -109,6 +109,7 @@ impl Hub {
             names
         };
         self.observe_states();
+        self.prune_expired_tokens();
         for name in &expired {
             self.live.account_forgotten(name);
             tracing::info!(account = %name, grace_period = ?self.config.streams.grace_period, "account removed: no agent within the grace period");
@@ -118,6 +119,19 @@ impl Hub {
             self.store.lock().await.commit(Vec::new()).await?;
         }
         self.sync_clouddriver().await
+    }
+
+    /// Drops tokens expired longer than the retention from memory and the store. Every
+    /// replica does it (deletions by id are idempotent, see [`Tokens::prune_expired`]); the
+    /// others' memory follows at their next read of the shared store.
+    fn prune_expired_tokens(&self) {
+        let retention =
+            i64::try_from(self.config.api.expired_token_retention.as_secs()).unwrap_or(i64::MAX);
+        let ops = self
+            .tokens()
+            .prune_expired(jiff::Timestamp::now().as_second(), retention);
+        // Queued like the streams' changes; ids are never reused, so no order matters.
+        self.commits.enqueue(ops);
     }
 
     /// Hands the registrar the accounts, when this replica registers them (see

@@ -16,6 +16,7 @@ pub use scale_agent_hub_auth::agent_tokens;
 pub mod allocator;
 pub use scale_agent_hub_api::api_auth;
 pub mod audit;
+pub mod audit_log;
 pub use scale_agent_hub_cache as cache;
 pub mod cli;
 pub use scale_agent_hub_clouddriver as clouddriver;

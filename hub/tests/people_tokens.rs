@@ -235,6 +235,61 @@ async fn scoped_tokens_the_metrics_role_and_clouddrivers_token() {
         .await;
     assert_eq!(reply.status, 200, "{}", reply.text());
 
+    // The listings show a scoped token its accounts only, and only the agents serving them,
+    // each with only those accounts; the admin token sees everything.
+    let mut staging_only = tunnel_agent(&hub, &pki, "agent-b.test", "pod-1").await;
+    staging_only
+        .register("staging-y", "https://10.0.0.3:6443")
+        .await;
+    let names = |list: &serde_json::Value| -> Vec<String> {
+        let mut names: Vec<String> = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["name"].as_str().unwrap().to_string())
+            .collect();
+        names.sort();
+        names
+    };
+    let agents = |list: &serde_json::Value| -> Vec<(String, Vec<String>)> {
+        let mut agents: Vec<(String, Vec<String>)> = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| {
+                (
+                    a["identity"].as_str().unwrap().to_string(),
+                    names(&a["accounts"]),
+                )
+            })
+            .collect();
+        agents.sort();
+        agents
+    };
+    let everything = http.get("/api/v1/accounts", Some(&admin)).await;
+    assert_eq!(everything.status, 200, "{}", everything.text());
+    assert_eq!(
+        names(&everything.json()),
+        ["prod-eu", "staging-x", "staging-y"]
+    );
+    let all_agents = http.get("/api/v1/agents", Some(&admin)).await.json();
+    assert_eq!(agents(&all_agents).len(), 2, "{all_agents}");
+    for token in [scoped.as_str(), "file-secret"] {
+        let reply = http.get("/api/v1/accounts", Some(token)).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert_eq!(names(&reply.json()), ["prod-eu"], "{}", reply.text());
+        let reply = http.get("/api/v1/agents", Some(token)).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let seen = agents(&reply.json());
+        assert_eq!(seen.len(), 1, "agent-b serves staging-y only: {seen:?}");
+        assert_eq!(
+            seen[0].1,
+            ["prod-eu"],
+            "agent-a without staging-x: {seen:?}"
+        );
+    }
+    drop(staging_only);
+
     // An operation on staging-x is not found by id for an operator limited to prod-*.
     let submit = {
         let (http, admin) = (http.clone(), admin.clone());
@@ -355,4 +410,88 @@ async fn scoped_tokens_the_metrics_role_and_clouddrivers_token() {
     let expires: jiff::Timestamp = bob["expires"].as_str().unwrap().parse().unwrap();
     let hours = (expires.as_second() - jiff::Timestamp::now().as_second()) / 3600;
     assert!((11..=12).contains(&hours), "{bob}");
+}
+
+/// Expired tokens leave the store once past the retention (issue 31): listed, with their
+/// expiry, while recent; gone from `token list` and from the store itself after it; tokens
+/// that have not expired (or never do) stay.
+#[tokio::test]
+async fn expired_tokens_leave_the_store_after_the_retention() {
+    let pki = Pki::new();
+    let dir = data_dir("people-tokens-prune");
+    let retention = Duration::from_secs(3);
+    let hub = start_hub(&pki, &dir, |c| {
+        serve_https(&pki, c);
+        c.api.expired_token_retention = retention;
+    })
+    .await;
+    let http = Https::for_hub(&pki, &hub, Proto::H1);
+    let admin = admin_token(&dir);
+    let issued_at = std::time::Instant::now();
+    let issued = http
+        .with_token(
+            "POST",
+            "/api/v1/accounts/prod-a/kubeconfig?tokenName=alice&ttl=1s",
+            &admin,
+            Bytes::new(),
+        )
+        .await;
+    assert_eq!(issued.status, 200, "{}", issued.text());
+    create_api_token(
+        &http,
+        &admin,
+        serde_json::json!({"name": "short", "role": "reader", "ttl": "1s"}),
+    )
+    .await;
+    create_api_token(
+        &http,
+        &admin,
+        serde_json::json!({"name": "lasting", "role": "reader", "ttl": "0s"}),
+    )
+    .await;
+    let names = async || -> Vec<String> {
+        let reply = http.get("/api/v1/tokens", Some(&admin)).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        reply
+            .json()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    // Expired (1 s), within the retention: still listed, so whoever asks why it was refused
+    // finds it.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let listed = names().await;
+    assert!(
+        listed.contains(&"alice".to_string()) && listed.contains(&"short".to_string()),
+        "{listed:?}"
+    );
+    wait_for("the expired tokens dropped", async || {
+        let listed = names().await;
+        !listed.contains(&"alice".to_string()) && !listed.contains(&"short".to_string())
+    })
+    .await;
+    let gone_after = issued_at.elapsed();
+    eprintln!(
+        "expired tokens dropped {gone_after:?} after they were issued (ttl 1 s, retention 3 s)"
+    );
+    assert!(
+        gone_after >= Duration::from_secs(3),
+        "not before the retention: {gone_after:?}"
+    );
+    assert!(names().await.contains(&"lasting".to_string()));
+    hub.shutdown().await.unwrap();
+
+    // The store itself no longer holds them (not only the hub's memory).
+    let mut store = scale_agent_hub::store::Store::open(&dir).unwrap();
+    let loaded = store.load().await.unwrap();
+    store.close().await.unwrap();
+    let stored: Vec<&str> = loaded.tokens.iter().map(|t| t.name.as_str()).collect();
+    assert!(
+        !stored.contains(&"alice") && !stored.contains(&"short"),
+        "{stored:?}"
+    );
+    assert!(stored.contains(&"lasting"), "{stored:?}");
 }

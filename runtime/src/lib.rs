@@ -43,6 +43,28 @@ pub fn init_tracing(format: LogFormat) {
     }
 }
 
+/// A tracing layer installed beside the log's own ([`init_tracing_with`]).
+pub type ExtraLayer =
+    Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync>;
+
+/// [`init_tracing`], plus `extra` (the hub's audit file) beside the log. `RUST_LOG` filters
+/// the log only: `extra` brings its own filter, so what it writes does not depend on how
+/// quiet the log is.
+pub fn init_tracing_with(format: LogFormat, extra: Option<ExtraLayer>) {
+    use std::io::IsTerminal as _;
+    use tracing_subscriber::{Layer as _, layer::SubscriberExt as _, util::SubscriberInitExt as _};
+    let Some(extra) = extra else {
+        return init_tracing(format);
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let log = tracing_subscriber::fmt::layer().with_ansi(std::io::stdout().is_terminal());
+    let log: ExtraLayer = match format {
+        LogFormat::Text => log.with_filter(filter).boxed(),
+        LogFormat::Json => log.json().with_filter(filter).boxed(),
+    };
+    tracing_subscriber::registry().with(vec![log, extra]).init();
+}
+
 /// Completes on SIGTERM or Ctrl-C (SIGINT), whichever comes first. If a signal handler
 /// cannot be installed, only the other one ends it.
 pub async fn shutdown_signal() {

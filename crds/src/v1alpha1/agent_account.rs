@@ -88,9 +88,9 @@ use super::common::{DNS1123_LABEL_PATTERN, is_false};
 .field_path(".omitNamespaces")
 .reason(Reason::FieldValueForbidden))]
 #[x_kube(validation = Rule::new(
-    "!has(self.callers) || self.callers != 'impersonate' || (has(self.callerUsers) && size(self.callerUsers) > 0)"
+    "!has(self.callers) || self.callers != 'impersonate' || (has(self.callerUsers) && size(self.callerUsers) > 0) || (has(self.callerGroups) && size(self.callerGroups) > 0)"
 )
-.message("callers: impersonate needs callerUsers: the people admitted (or [\"*\"] for every person)")
+.message("callers: impersonate needs callerUsers or callerGroups: the people admitted, by user (or [\"*\"] for every person) or by group")
 .field_path(".callerUsers")
 .reason(Reason::FieldValueRequired))]
 #[serde(rename_all = "camelCase")]
@@ -208,8 +208,9 @@ pub struct AgentAccountSpec {
     /// and `<callerPrefix><group>` for each of the person's groups listed in `callerGroups`,
     /// so the cluster's own RBAC decides (RoleBindings to those prefixed names) and its audit
     /// log names the person; Clouddriver's own token keeps acting as the agent. A person whose
-    /// user is not in `callerUsers` is refused. The operator grants the agent `impersonate` on
-    /// exactly the prefixed users and groups listed.
+    /// user is not in `callerUsers` and who is in none of `callerGroups` is refused. The
+    /// operator grants the agent `impersonate` on exactly the prefixed users and groups
+    /// listed (on every user name when `callerUsers` is `["*"]` or `callerGroups` is set).
     #[serde(default, skip_serializing_if = "Callers::is_agent")]
     pub callers: Callers,
 
@@ -226,13 +227,17 @@ pub struct AgentAccountSpec {
     /// `callers: impersonate`: the people admitted, by user name as the hub knows them
     /// (without `callerPrefix`), e.g. `[alice, bob]`; `["*"]` admits every person the hub
     /// authenticates, and then the operator grants `impersonate` on every user name (RBAC
-    /// cannot grant a prefix), so only list `*` when that is acceptable. Required (non-empty)
-    /// with `callers: impersonate`.
+    /// cannot grant a prefix), so only list `*` when that is acceptable. With
+    /// `callers: impersonate`, this or `callerGroups` must be non-empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub caller_users: Vec<String>,
 
-    /// `callers: impersonate`: the groups passed on (without `callerPrefix`), e.g.
-    /// `[team-a]`; a person's other groups are left out. Default: none.
+    /// `callers: impersonate`: the groups whose members are admitted (whatever their user
+    /// name) and passed on (without `callerPrefix`), e.g. `[team-a]`; a person's other groups
+    /// are left out. The operator then grants the agent `impersonate` on these groups and on
+    /// every user name (a group's members are not known in advance, and RBAC cannot grant a
+    /// prefix); the agent still only sends `<callerPrefix><user>` of a person it admits.
+    /// Default: none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub caller_groups: Vec<String>,
 }

@@ -124,6 +124,13 @@ struct Fields {
 /// consoles end. `0` asks for a token that does not expire.
 pub const DEFAULT_PERSON_TTL_SECONDS: i64 = 12 * 3600;
 
+/// How long an expired token stays in the store (and in `token list`, with its `expires`)
+/// before the maintenance tick drops it: a week, so that whoever is asked on Monday why a
+/// person's token was refused on Friday still finds it (its name, account and expiry), and
+/// short enough that the tokens of `scale-agent-hub token credential`, one per kubectl
+/// process and 12 h each, do not pile up (`--token-ttl` 12 h: a few dozen per person a week).
+pub const EXPIRED_TOKEN_RETENTION_SECONDS: i64 = 7 * 24 * 3600;
+
 /// A refusal of an expired token, with what to do: the text the proxy's 401 `Status` and the
 /// API's 401 carry (kubectl prints it).
 pub fn expired_message(record: &TokenRecord, get_new: &str) -> String {
@@ -516,6 +523,32 @@ impl Tokens {
             self.remember_tombstone(tombstone);
         }
         Some((record, ops))
+    }
+
+    /// Drops the tokens that expired `retention_seconds` or more before `now_unix` (see
+    /// [`EXPIRED_TOKEN_RETENTION_SECONDS`]); returns the ops that delete them from the store.
+    /// Deleting by id is idempotent and an id is never reused (rotation and re-issue make new
+    /// ids), so replicas sharing a store may all prune: a replica whose view is behind
+    /// deletes a row already gone, or one that expired all the same.
+    pub fn prune_expired(&mut self, now_unix: i64, retention_seconds: i64) -> Vec<StoreOp> {
+        let cutoff = now_unix.saturating_sub(retention_seconds);
+        let old: Vec<String> = self
+            .records
+            .values()
+            .filter(|r| r.expires.is_some_and(|expires| expires <= cutoff))
+            .map(|r| r.id.clone())
+            .collect();
+        old.into_iter()
+            .filter_map(|id| self.remove(&id))
+            .map(|record| {
+                tracing::info!(
+                    account = %record.account, token = %record.name, id = %record.id,
+                    expired = record.expires.unwrap_or_default(),
+                    "expired token dropped from the store after its retention"
+                );
+                StoreOp::DeleteToken { id: record.id }
+            })
+            .collect()
     }
 
     /// Every token, ordered by account (API tokens, with none, first), then name.

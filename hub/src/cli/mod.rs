@@ -25,7 +25,17 @@ pub fn main() -> anyhow::Result<()> {
     // Before the runtime's threads allocate.
     let allocator = crate::allocator::configure();
     let args = Args::parse();
-    scale_agent_runtime::init_tracing(args.logging.log_format);
+    // The audit file is opened before the log starts, so a path the hub cannot write stops
+    // it at once, saying so.
+    let audit_file = args
+        .logging
+        .audit_log()
+        .map(|options| {
+            crate::audit_log::layer(options)
+                .map(|l| -> scale_agent_runtime::ExtraLayer { Box::new(l) })
+        })
+        .transpose()?;
+    scale_agent_runtime::init_tracing_with(args.logging.log_format, audit_file);
     tracing::debug!(
         allocator,
         mmap_threshold = crate::allocator::MMAP_THRESHOLD,

@@ -534,6 +534,35 @@ pub struct LogArgs {
         default_value = "text"
     )]
     pub log_format: LogFormat,
+
+    /// Also write every audit line (proxied requests, operations, account changes, admin
+    /// levers) to this file, one JSON object a line with the fields of the log's audit
+    /// lines, whatever RUST_LOG and --log-format say. Default: the hub's log only.
+    #[arg(long, env = "SCALE_AGENT_HUB_AUDIT_LOG_PATH")]
+    pub audit_log_path: Option<PathBuf>,
+
+    /// With --audit-log-path: before the file would grow past this many MiB it becomes
+    /// <path>.1 (the older ones <path>.2, ...) and a new one starts; 0: never rotated.
+    #[arg(long, env = "SCALE_AGENT_HUB_AUDIT_LOG_MAX_SIZE", default_value_t = crate::audit_log::DEFAULT_MAX_SIZE_MIB)]
+    pub audit_log_max_size: u64,
+
+    /// With --audit-log-path: how many rotated files to keep (<path>.1 is the newest); 0:
+    /// none, the file starts over.
+    #[arg(long, env = "SCALE_AGENT_HUB_AUDIT_LOG_MAX_BACKUPS", default_value_t = crate::audit_log::DEFAULT_MAX_BACKUPS)]
+    pub audit_log_max_backups: usize,
+}
+
+impl LogArgs {
+    /// What `--audit-log-path` and its limits ask for (`None`: no audit file).
+    pub fn audit_log(&self) -> Option<crate::audit_log::AuditLogOptions> {
+        self.audit_log_path
+            .clone()
+            .map(|path| crate::audit_log::AuditLogOptions {
+                path,
+                max_bytes: self.audit_log_max_size.saturating_mul(1024 * 1024),
+                max_backups: self.audit_log_max_backups,
+            })
+    }
 }
 
 /// `--store`.
@@ -570,7 +599,7 @@ mod tests {
             .get_arguments()
             .filter(|arg| !matches!(arg.get_id().as_str(), "help" | "version"))
             .collect();
-        assert_eq!(flags.len(), 64);
+        assert_eq!(flags.len(), 67);
         for arg in flags {
             let id = arg.get_id().as_str();
             let long = arg

@@ -118,6 +118,10 @@ pub struct ApiConfig {
     pub oidc_access: Option<PathBuf>,
     /// Default lifetime of the tokens the hub issues for people; zero: no expiry.
     pub token_ttl: std::time::Duration,
+    /// How long an expired token stays in the store (and `token list`) before the
+    /// maintenance tick drops it ([`DEFAULT_EXPIRED_TOKEN_RETENTION`]; not a flag, tests
+    /// shorten it).
+    pub expired_token_retention: std::time::Duration,
     /// Serve `/metrics` without a token (for a scraper that cannot send one).
     pub metrics_unauthenticated: bool,
     /// Largest body of a REST API request (an operation's manifests).
@@ -252,6 +256,7 @@ impl Config {
                 authentication_config: None,
                 oidc_access: None,
                 token_ttl: DEFAULT_TOKEN_TTL,
+                expired_token_retention: DEFAULT_EXPIRED_TOKEN_RETENTION,
                 metrics_unauthenticated: false,
                 max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
                 proxy_audit_reads: Default::default(),
@@ -473,6 +478,11 @@ pub const DEFAULT_MAX_OBJECTS_PER_ACCOUNT: u64 = 250_000;
 pub const DEFAULT_TOKEN_TTL: std::time::Duration =
     std::time::Duration::from_secs(scale_agent_hub_auth::tokens::DEFAULT_PERSON_TTL_SECONDS as u64);
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 8 * 1024 * 1024;
+/// How long expired tokens stay in the store: a week (see
+/// [`scale_agent_hub_auth::tokens::EXPIRED_TOKEN_RETENTION_SECONDS`] for why).
+pub const DEFAULT_EXPIRED_TOKEN_RETENTION: std::time::Duration = std::time::Duration::from_secs(
+    scale_agent_hub_auth::tokens::EXPIRED_TOKEN_RETENTION_SECONDS as u64,
+);
 
 pub use scale_agent_hub_model::time::parse_duration;
 

@@ -6,8 +6,11 @@
 //! Why this is the least grant: users and groups are cluster-scoped in the API server's
 //! impersonation check (no namespace), so a Role cannot hold it; RBAC matches
 //! `resourceNames` exactly and has no prefixes, so the names are listed one by one
-//! (`<callerPrefix><user>`, `<callerPrefix><group>`). Only `callerUsers: ["*"]` needs the
-//! rule without `resourceNames` (every user name; never groups, which are always listed).
+//! (`<callerPrefix><user>`, `<callerPrefix><group>`). Only `callerUsers: ["*"]` and
+//! `callerGroups` need the rule on users without `resourceNames` (every user name; never
+//! groups, which are always listed): a group admits its members, whose user names the
+//! operator cannot know, and the API server checks `impersonate` on the user name too. The
+//! agent still only ever sends `<callerPrefix><user>` of a person it admits.
 //! The API server adds `system:authenticated` to an impersonated user itself, without a
 //! grant. Accounts with kubeconfig credentials impersonate with that identity, which is the
 //! other cluster's business, as for `impersonateServiceAccount`.
@@ -33,7 +36,7 @@ pub fn callers_rbac_name(agent: &ScaleAgent) -> String {
 /// Whom the accounts of an agent let it impersonate, names prefixed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Admitted {
-    /// Every user name (an account lists `*`).
+    /// Every user name (an account lists `*`, or admits the members of `callerGroups`).
     pub any_user: bool,
     pub users: BTreeSet<String>,
     pub groups: BTreeSet<String>,
@@ -41,7 +44,7 @@ pub struct Admitted {
 
 impl Admitted {
     pub fn is_empty(&self) -> bool {
-        !self.any_user && self.users.is_empty()
+        !self.any_user && self.users.is_empty() && self.groups.is_empty()
     }
 }
 
@@ -66,6 +69,10 @@ pub fn admitted(accounts: &[&AgentAccount]) -> Admitted {
             } else {
                 admitted.users.insert(format!("{prefix}{user}"));
             }
+        }
+        if !spec.caller_groups.is_empty() {
+            // The members of these groups are admitted under their own user names.
+            admitted.any_user = true;
         }
         admitted
             .groups
@@ -142,7 +149,7 @@ mod tests {
 
     #[test]
     fn exactly_the_prefixed_users_and_groups_the_accounts_admit() {
-        let a = impersonating("a", None, &["alice"], &["team-a"]);
+        let a = impersonating("a", None, &["alice"], &[]);
         let b = impersonating("b", Some("scale-agent-b:"), &["bob"], &[]);
         let mut as_agent = account("c", "prod");
         as_agent.spec.caller_users = strings(&["carol"]);
@@ -156,16 +163,11 @@ mod tests {
             Some("scale-agent:ns:prod:callers")
         );
         let rules = role.rules.unwrap();
-        assert_eq!(rules.len(), 2, "{rules:?}");
+        assert_eq!(rules.len(), 1, "{rules:?}");
         assert_eq!(rules[0].resources, Some(strings(&["users"])));
         assert_eq!(
             rules[0].resource_names,
             Some(strings(&["scale-agent-b:bob", "scale-agent:alice"]))
-        );
-        assert_eq!(rules[1].resources, Some(strings(&["groups"])));
-        assert_eq!(
-            rules[1].resource_names,
-            Some(strings(&["scale-agent:team-a"]))
         );
         for rule in &rules {
             assert_eq!(rule.verbs, ["impersonate"]);
@@ -184,5 +186,24 @@ mod tests {
         let rules = role.rules.unwrap();
         assert_eq!(rules.len(), 1, "no groups listed, none granted: {rules:?}");
         assert_eq!(rules[0].resource_names, None);
+    }
+
+    #[test]
+    fn admitting_by_group_grants_the_listed_groups_and_every_user_name() {
+        let a = impersonating("a", None, &["alice"], &["team-a"]);
+        let by_group = impersonating("b", Some("scale-agent-b:"), &[], &["team-b"]);
+        let (role, _) = callers_rbac(&agent("prod"), &admitted(&[&a, &by_group])).unwrap();
+        let rules = role.rules.unwrap();
+        assert_eq!(rules.len(), 2, "{rules:?}");
+        assert_eq!(rules[0].resources, Some(strings(&["users"])));
+        assert_eq!(
+            rules[0].resource_names, None,
+            "the members of team-a and team-b, whoever they are"
+        );
+        assert_eq!(rules[1].resources, Some(strings(&["groups"])));
+        assert_eq!(
+            rules[1].resource_names,
+            Some(strings(&["scale-agent-b:team-b", "scale-agent:team-a"]))
+        );
     }
 }

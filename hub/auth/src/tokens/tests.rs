@@ -45,6 +45,49 @@ fn session_tokens_sit_beside_each_other_and_expired_ones_are_dropped() {
 }
 
 #[test]
+fn expired_tokens_are_pruned_after_the_retention_only() {
+    let mut t = tokens();
+    let (_, old, _) = t.issue("prod", "old", 0, Some(100)).unwrap();
+    let (_, recent, _) = t.issue("prod", "recent", 0, Some(150)).unwrap();
+    let (_, forever, _) = t.issue("prod", "forever", 0, None).unwrap();
+    let (_, api, _) = t
+        .issue_api(
+            "ci",
+            Role::Operator,
+            0,
+            Limits {
+                expires: Some(90),
+                accounts: vec![],
+            },
+        )
+        .unwrap();
+    // At 160 with a retention of 60: old (100) and the API token (90) expired at or before
+    // 100; recent (150) stays listed, expired but within the retention.
+    let ops = t.prune_expired(160, 60);
+    let mut deleted: Vec<&str> = ops
+        .iter()
+        .map(|op| match op {
+            StoreOp::DeleteToken { id } => id.as_str(),
+            other => panic!("only deletions: {other:?}"),
+        })
+        .collect();
+    deleted.sort();
+    let mut expected = vec![old.id.as_str(), api.id.as_str()];
+    expected.sort();
+    assert_eq!(deleted, expected);
+    let listed: Vec<String> = t.list().into_iter().map(|r| r.id).collect();
+    assert!(
+        listed.contains(&recent.id) && listed.contains(&forever.id),
+        "{listed:?}"
+    );
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert!(t.find("prod", "old").is_none());
+    // Nothing left to prune: no ops (every tick runs it).
+    assert!(t.prune_expired(160, 60).is_empty());
+    assert_eq!(t.prune_expired(210, 60).len(), 1, "recent, once 60 s past");
+}
+
+#[test]
 fn issued_tokens_verify_by_hash_and_rotate_by_name() {
     let mut t = tokens();
     let (prod, record, ops) = t.issue("prod", "alice", 1, None).unwrap();
