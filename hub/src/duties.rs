@@ -104,7 +104,15 @@ async fn spawn_replica_duties(hub: &Arc<Hub>) {
         let hub = hub.clone();
         tokio::spawn(async move {
             let shutdown = hub.shutdown.clone();
-            shared::run(&hub.replicas, &hub.live, &hub.auth, &hub.store, shutdown).await;
+            shared::run(
+                &hub.replicas,
+                &hub.live,
+                &hub.auth,
+                &hub.commits,
+                &hub.store,
+                shutdown,
+            )
+            .await;
         });
     }
 }
