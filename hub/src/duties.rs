@@ -1,5 +1,5 @@
 //! The hub's background duties, spawned by `start` once both servers run: the API tokens
-//! file's watch, the Clouddriver registrar (and its hand-over between replicas), the
+//! file's, the admin token file's and the replica secret file's watches, the Clouddriver registrar (and its hand-over between replicas), the
 //! grace-period sweep, the store writer, and with replicas the ownership duty and the
 //! shared store's reads.
 
@@ -20,6 +20,21 @@ pub(crate) struct Duties {
 pub(crate) async fn spawn(hub: &Arc<Hub>) -> Duties {
     if let Some(file) = hub.auth.api_tokens_file().cloned() {
         tokio::spawn(file.watch(hub.shutdown.clone()));
+    }
+    // The admin token is read again as often as the TLS files (issue 28, F25).
+    if let Some(file) = hub.auth.admin_token().cloned() {
+        let period = hub.config.listeners.tls_reload_interval;
+        tokio::spawn(file.watch(period, hub.shutdown.clone()));
+    }
+    // So is the replicas' secret, which rotates with an overlap (`owners::secret`).
+    if let Some(forwarder) = &hub.replicas.forwarder {
+        let period = hub.config.listeners.tls_reload_interval;
+        tokio::spawn(
+            forwarder
+                .secret()
+                .clone()
+                .watch(period, hub.shutdown.clone()),
+        );
     }
     let registrar = hub.registrar.clone().map(|registrar| {
         if matches!(
@@ -89,7 +104,15 @@ async fn spawn_replica_duties(hub: &Arc<Hub>) {
         let hub = hub.clone();
         tokio::spawn(async move {
             let shutdown = hub.shutdown.clone();
-            shared::run(&hub.replicas, &hub.live, &hub.auth, &hub.store, shutdown).await;
+            shared::run(
+                &hub.replicas,
+                &hub.live,
+                &hub.auth,
+                &hub.commits,
+                &hub.store,
+                shutdown,
+            )
+            .await;
         });
     }
 }

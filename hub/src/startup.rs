@@ -9,7 +9,9 @@ use std::{
     sync::Arc,
 };
 
-use scale_agent_hub_auth::{AuthBook, identity_states::IdentityStates, oidc::Oidc};
+use scale_agent_hub_auth::{
+    AuthBook, admin_token::AdminTokenFile, identity_states::IdentityStates, oidc::Oidc,
+};
 use scale_agent_hub_replicas::Replicas;
 use scale_agent_hub_store::{Loaded, Store};
 use tokio::net::TcpListener;
@@ -140,8 +142,8 @@ pub(crate) async fn load_auth(
     Ok(book)
 }
 
-/// The admin token of `path`, made there the first time.
-fn admin_token(path: &Path) -> Result<AdminToken> {
+/// The admin token of `path`, made there the first time (re-read in the background).
+fn admin_token(path: &Path) -> Result<Arc<AdminTokenFile>> {
     let (token, created) = AdminToken::read_or_create(path).map_err(|source| HubError::Io {
         context: format!(
             "cannot read or create the admin token file {}",
@@ -152,7 +154,9 @@ fn admin_token(path: &Path) -> Result<AdminToken> {
     if created {
         tracing::info!(path = %path.display(), "created an admin token (it issues proxy tokens: `scale-agent-hub kubeconfig --account <name>`)");
     }
-    Ok(AdminToken::new(&token))
+    // The bytes as they are, so that only a later change of the file counts.
+    let content = std::fs::read(path).unwrap_or_else(|_| format!("{token}\n").into_bytes());
+    Ok(Arc::new(AdminTokenFile::new(path, &token, content)))
 }
 
 /// The registry and cache as the store left them: the accounts with their bindings, each

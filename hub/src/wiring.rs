@@ -19,6 +19,7 @@ pub(crate) fn replica_settings(config: &Config) -> ReplicaSettings {
         address: config.replicas.address.clone(),
         server_name: config.replicas.server_name.clone(),
         secret: config.replicas.secret.clone(),
+        secret_overlap: config.replicas.secret_overlap,
         sync_period: config.replicas.sync_period,
         grace_period: config.streams.grace_period,
         serves_tls: matches!(config.listeners.http_security, HttpSecurity::Tls { .. }),

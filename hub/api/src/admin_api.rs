@@ -249,7 +249,7 @@ fn external_view(kind: &str, source: &str, name: &str, role: Role) -> TokenView 
 
 async fn list_tokens(State(api): State<Arc<ApiState>>) -> Response {
     let mut list = Vec::new();
-    if api.auth.admin_token().is_some() {
+    if api.auth.admin_token().is_some_and(|a| a.present()) {
         list.push(external_view(
             "admin",
             "admin-token-file",

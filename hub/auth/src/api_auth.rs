@@ -20,7 +20,7 @@
 
 use std::{
     collections::HashMap,
-    path::{Path, PathBuf},
+    path::Path,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -32,7 +32,11 @@ use axum::{
 use scale_agent_hub_model::{HubError, time::shutting_down};
 use serde::{Deserialize, Serialize};
 
-use crate::{book::AuthBook, tokens};
+use crate::{
+    book::AuthBook,
+    tokens,
+    watched_file::{self, Change, WatchedFile},
+};
 
 pub use scale_agent_hub_model::auth::{Caller, Role, Source};
 
@@ -285,18 +289,12 @@ pub fn parse_tokens_file(text: &str) -> Result<HashMap<[u8; 32], FileToken>, Str
 }
 
 /// The tokens file, re-read when its content changes; a broken file keeps the previous good
-/// set (and logs why).
+/// set (and logs why), a deleted one holds no tokens once it has been missing for
+/// [`watched_file::MISSING_GRACE`] (issue 28, F25).
 #[derive(Debug)]
 pub struct TokensFile {
-    path: PathBuf,
-    state: Mutex<FileState>,
-}
-
-#[derive(Debug, Default)]
-struct FileState {
-    /// The content last read, to notice changes.
-    content: Option<Vec<u8>>,
-    by_hash: HashMap<[u8; 32], FileToken>,
+    file: Mutex<WatchedFile>,
+    by_hash: Mutex<HashMap<[u8; 32], FileToken>>,
 }
 
 /// How often the tokens file is checked for changes.
@@ -306,11 +304,7 @@ impl TokensFile {
     /// The file at `path`, read once now: a broken file is an error at start; a missing one
     /// holds no tokens until it appears (a Kubernetes Secret mounted as optional).
     pub fn open(path: &Path) -> scale_agent_hub_model::Result<Self> {
-        let file = TokensFile {
-            path: path.to_path_buf(),
-            state: Mutex::new(FileState::default()),
-        };
-        match std::fs::read(path) {
+        let (content, by_hash) = match std::fs::read(path) {
             Ok(content) => {
                 let parsed = std::str::from_utf8(&content)
                     .map_err(|e| e.to_string())
@@ -319,13 +313,11 @@ impl TokensFile {
                         HubError::Config(format!("the API tokens file {}: {e}", path.display()))
                     })?;
                 tracing::info!(path = %path.display(), tokens = parsed.len(), "API tokens file loaded");
-                *file.lock() = FileState {
-                    content: Some(content),
-                    by_hash: parsed,
-                };
+                (Some(content), parsed)
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 tracing::warn!(path = %path.display(), "the API tokens file does not exist (yet); it holds no tokens until it appears");
+                (None, HashMap::new())
             }
             Err(source) => {
                 return Err(HubError::ReadFile {
@@ -333,57 +325,61 @@ impl TokensFile {
                     source,
                 });
             }
-        }
-        Ok(file)
+        };
+        Ok(TokensFile {
+            file: Mutex::new(WatchedFile::new(path, content)),
+            by_hash: Mutex::new(by_hash),
+        })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, FileState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn tokens(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], FileToken>> {
+        self.by_hash.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The entry whose hash is the presented token's.
     pub fn verify(&self, token: &str) -> Option<FileToken> {
-        self.lock().by_hash.get(&tokens::sha256(token)).cloned()
+        self.tokens().get(&tokens::sha256(token)).cloned()
     }
 
     /// Every entry, ordered by name.
     pub fn list(&self) -> Vec<FileToken> {
-        let mut all: Vec<FileToken> = self.lock().by_hash.values().cloned().collect();
+        let mut all: Vec<FileToken> = self.tokens().values().cloned().collect();
         all.sort_by(|a, b| a.name.cmp(&b.name));
         all
     }
 
     /// Reads the file again; takes the new set when it changed and parses, keeps the old one
-    /// (logging why) when it does not parse. A file that disappeared keeps the old set too:
-    /// a Secret volume briefly empties while Kubernetes swaps its content.
+    /// (logging why) when it does not parse. A file missing for a moment keeps the old set
+    /// (a Secret volume's symlink swap); one missing for [`watched_file::MISSING_GRACE`]
+    /// was deleted, and its tokens stop working.
     pub fn reload(&self) {
-        let content = match std::fs::read(&self.path) {
-            Ok(content) => content,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
-            Err(error) => {
-                tracing::error!(path = %self.path.display(), %error, "cannot read the API tokens file; keeping the tokens read before");
+        let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        let path = file.path().display().to_string();
+        let content = match file.read() {
+            Change::Unchanged => return,
+            Change::Changed(content) => content,
+            Change::Gone => {
+                let revoked = std::mem::take(&mut *self.tokens()).len();
+                tracing::warn!(%path, revoked, grace = ?watched_file::MISSING_GRACE, "the API tokens file is gone; its tokens no longer work");
+                return;
+            }
+            Change::Unreadable(error) => {
+                tracing::error!(%path, %error, "cannot read the API tokens file; keeping the tokens read before");
                 return;
             }
         };
-        if self.lock().content.as_deref() == Some(content.as_slice()) {
-            return;
-        }
-        let parsed = std::str::from_utf8(&content)
+        // The broken content is remembered by the watched file, so it is reported once, not
+        // every poll.
+        match std::str::from_utf8(&content)
             .map_err(|e| e.to_string())
-            .and_then(parse_tokens_file);
-        let mut state = self.lock();
-        match parsed {
+            .and_then(parse_tokens_file)
+        {
             Ok(by_hash) => {
-                tracing::info!(path = %self.path.display(), tokens = by_hash.len(), "API tokens file reloaded");
-                *state = FileState {
-                    content: Some(content),
-                    by_hash,
-                };
+                tracing::info!(%path, tokens = by_hash.len(), "API tokens file reloaded");
+                *self.tokens() = by_hash;
             }
             Err(error) => {
-                tracing::error!(path = %self.path.display(), %error, "the API tokens file is broken; keeping the tokens read before");
-                // Remember the broken content, so it is reported once, not every poll.
-                state.content = Some(content);
+                tracing::error!(%path, %error, "the API tokens file is broken; keeping the tokens read before");
             }
         }
     }

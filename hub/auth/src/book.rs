@@ -7,13 +7,9 @@
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use crate::{
-    agent_auth::ClientCertificates,
-    agent_ca::AgentCa,
-    agent_tokens::AgentTokens,
-    api_auth::TokensFile,
-    identity_states::IdentityStates,
-    oidc::Oidc,
-    tokens::{AdminToken, Tokens},
+    admin_token::AdminTokenFile, agent_auth::ClientCertificates, agent_ca::AgentCa,
+    agent_tokens::AgentTokens, api_auth::TokensFile, identity_states::IdentityStates, oidc::Oidc,
+    tokens::Tokens,
 };
 
 /// The hub's credentials (locks poisoned by a panic are taken over: each critical section
@@ -21,8 +17,9 @@ use crate::{
 pub struct AuthBook {
     /// The tokens the hub issued: the proxy's per-account tokens and API tokens.
     tokens: Mutex<Tokens>,
-    /// The admin token (the admin token file); `None` without one.
-    admin_token: Option<AdminToken>,
+    /// The admin token (the admin token file, re-read in the background); `None` without
+    /// one.
+    admin_token: Option<Arc<AdminTokenFile>>,
     /// The CA that issues agents' certificates (enrolment, renewal).
     agent_ca: AgentCa,
     /// The issuers trusted for client certificates; `None` with `--insecure-plaintext`.
@@ -42,7 +39,7 @@ pub struct AuthBook {
 impl AuthBook {
     pub fn new(
         tokens: Tokens,
-        admin_token: Option<AdminToken>,
+        admin_token: Option<Arc<AdminTokenFile>>,
         agent_ca: AgentCa,
         client_certificates: Option<ClientCertificates>,
         agent_tokens: AgentTokens,
@@ -104,8 +101,8 @@ impl AuthBook {
         }
     }
 
-    /// The admin token, when the hub has an admin token file.
-    pub fn admin_token(&self) -> Option<&AdminToken> {
+    /// The admin token file, when the hub has one.
+    pub fn admin_token(&self) -> Option<&Arc<AdminTokenFile>> {
         self.admin_token.as_ref()
     }
 

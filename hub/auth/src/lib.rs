@@ -10,6 +10,7 @@
 //! middleware that also asks the replicas' shared store about unknown tokens stays above it,
 //! in the hub's `api_auth`.
 
+pub mod admin_token;
 pub mod agent_auth;
 pub mod agent_ca;
 pub mod agent_renewal;
@@ -21,5 +22,6 @@ pub mod grpc_security;
 pub mod identity_states;
 pub mod oidc;
 pub mod tokens;
+pub mod watched_file;
 
 pub use book::AuthBook;

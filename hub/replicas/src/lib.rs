@@ -45,6 +45,9 @@ pub struct ReplicaSettings {
     /// The secret replicas present to each other's internal routes
     /// (`--replica-secret-file`); with none, nothing is forwarded.
     pub secret: Option<forward::ReplicaSecret>,
+    /// How long the previous replica secret stays valid after the file changes
+    /// ([`owners::secret::ROTATION_OVERLAP`]).
+    pub secret_overlap: Duration,
     /// How often the small tables are read again, the replica says it is alive and the
     /// orphans are swept (`--replica-sync-period`).
     pub sync_period: Duration,
@@ -96,7 +99,10 @@ impl Replicas {
         let ownership = owners::open(source, &replica).await?;
         let forwarder = match (&settings.secret, ownership.owns_everything()) {
             (Some(secret), false) => Some(forward::Forwarder::new(
-                secret.clone(),
+                Arc::new(owners::secret::RotatingSecret::new(
+                    secret,
+                    settings.secret_overlap,
+                )),
                 &replica.id,
                 serving_ca_pem,
                 settings.server_name.as_deref(),
@@ -161,6 +167,7 @@ mod tests {
             address: Some(format!("http://{id}.example:8443")),
             server_name: None,
             secret: Some(ReplicaSecret::new("0123456789abcdef0123456789abcdef").unwrap()),
+            secret_overlap: crate::owners::secret::ROTATION_OVERLAP,
             sync_period: Duration::from_secs(2),
             grace_period: Duration::from_secs(600),
             // No TLS in these tests: nothing is forwarded for real.

@@ -2,7 +2,8 @@
 //! the small tables in memory (proxy and API tokens, agent tokens and enrolled identities,
 //! account bindings, dynamic accounts) and
 //! - reads them again every `--replica-sync-period` ([`run`]), so that what another
-//!   replica issued, revoked, rebound or changed takes effect here within that period;
+//!   replica issued, revoked, rebound, released or changed takes effect here within that
+//!   period;
 //! - looks a credential (or an account's record and binding) it does not know up in the
 //!   store before refusing it ([`learn_token`], [`learn_agent_token`], [`learn_enrolled`],
 //!   [`learn_accounts`]), so that a token issued on another replica works here at once;
@@ -19,7 +20,7 @@ use std::time::Duration;
 use scale_agent_hub_auth::AuthBook;
 use scale_agent_hub_model::{Result, error::Chain};
 use scale_agent_hub_state::{Control, Live};
-use scale_agent_hub_store::{SharedStore, Store};
+use scale_agent_hub_store::{SharedStore, Store, writer::Commits};
 use tokio::sync::watch;
 
 use crate::Replicas;
@@ -39,11 +40,13 @@ pub fn alive_within(period: Duration) -> Duration {
 
 /// Runs until `shutdown` says the hub stops; nothing with one replica (no shared store).
 /// What it reads goes into `live` (bindings, dynamic accounts) and `auth` (tokens), under
-/// `writers`, the store's lock that this replica's writers of those tables hold.
+/// `writers`, the store's lock that this replica's writers of those tables hold; `commits`
+/// says when this replica's own changes are stored.
 pub async fn run(
     replicas: &Replicas,
     live: &Live,
     auth: &AuthBook,
+    commits: &Commits,
     writers: &tokio::sync::Mutex<Store>,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -61,7 +64,7 @@ pub async fn run(
                 }
             }
         }
-        if let Err(e) = sync(replicas, live, auth, writers, store).await {
+        if let Err(e) = sync(replicas, live, auth, commits, writers, store).await {
             tracing::warn!(error = %Chain(&e), "cannot read what the other replicas wrote to the shared store; trying again");
         }
     }
@@ -72,6 +75,7 @@ async fn sync(
     replicas: &Replicas,
     live: &Live,
     auth: &AuthBook,
+    commits: &Commits,
     writers: &tokio::sync::Mutex<Store>,
     store: &SharedStore,
 ) -> Result<()> {
@@ -79,7 +83,7 @@ async fn sync(
     store
         .heartbeat(&replica.id, &replica.address, FORGET_AFTER)
         .await?;
-    refresh(live, auth, writers, store).await?;
+    refresh(live, auth, commits, writers, store).await?;
     let grace_period = replicas.settings.grace_period;
     for account in store.sweep_orphans(grace_period).await? {
         tracing::info!(%account, ?grace_period, "account removed from the shared store: no replica owned it within the grace period (its binding stays)");
@@ -91,9 +95,28 @@ async fn sync(
 async fn refresh(
     live: &Live,
     auth: &AuthBook,
+    commits: &Commits,
     writers: &tokio::sync::Mutex<Store>,
     store: &SharedStore,
 ) -> Result<()> {
+    // Bindings the store no longer has were released (an admin deleted an orphaned account
+    // through another replica): dropped here too, or this replica would refuse the name to
+    // every other identity until it restarts. But a binding made here may not be stored
+    // yet: its change is queued for the store in the critical section that made it, so
+    // the bindings held now are all stored once the last change queued now is. Taken
+    // together, in one critical section; a binding that differs from this snapshot when the
+    // store's rows are applied was made since, and stays until the next round.
+    let (before, queued) = {
+        let registry = live.registry();
+        (registry.bindings.clone(), commits.last_ticket())
+    };
+    let settled = match commits.committed_or_failing(queued).await {
+        Ok(()) => true,
+        Err(failure) => {
+            tracing::debug!(%failure, "changes not stored yet; no binding is dropped this round");
+            false
+        }
+    };
     // Under the store's lock: the writers of these tables hold it from their change in
     // memory to their commit, so a read here never undoes a change of this replica that is
     // not stored yet.
@@ -106,9 +129,12 @@ async fn refresh(
         let identities = live.dynamic_accounts().replace(tables.dynamic_accounts);
         let mut evicted = Vec::new();
         let mut registry = live.registry();
+        let stored: std::collections::BTreeSet<String> = tables
+            .bindings
+            .iter()
+            .map(|(account, _)| account.clone())
+            .collect();
         for (account, binding) in tables.bindings {
-            // Bindings are never deleted; one made here and not stored yet (its account is
-            // owned elsewhere) stays until its owner stores it.
             let moved = registry
                 .bindings
                 .get(&account)
@@ -119,6 +145,25 @@ async fn refresh(
                 }
             }
             registry.bindings.insert(account, binding);
+        }
+        if settled {
+            let released: Vec<(String, String)> = registry
+                .bindings
+                .iter()
+                .filter(|(account, binding)| {
+                    !stored.contains(*account)
+                        && before.get(*account) == Some(*binding)
+                        // One made here for an account another replica owns is stored by
+                        // the owner (or by this replica once it owns the account): kept
+                        // while the stream that made it is here.
+                        && !registry.has_stream_of(account, &binding.identity)
+                })
+                .map(|(account, binding)| (account.clone(), binding.identity.clone()))
+                .collect();
+            for (account, identity) in released {
+                tracing::info!(%account, %identity, "account binding released on another replica; released here too");
+                registry.bindings.remove(&account);
+            }
         }
         (evicted, identities)
     };

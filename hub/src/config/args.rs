@@ -236,7 +236,8 @@ pub struct ApiArgs {
 
     /// File with the admin token, which issues and revokes proxy tokens
     /// (`scale-agent-hub kubeconfig`, `scale-agent-hub token`). Created with a new random
-    /// token (mode 0600) when missing. Default: <data-dir>/admin-token.
+    /// token (mode 0600) when missing. Read again every 10 s: a new token there replaces the
+    /// old one; a file deleted for 5 s leaves no admin token. Default: <data-dir>/admin-token.
     #[arg(long, env = "SCALE_AGENT_HUB_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
 
@@ -244,7 +245,7 @@ pub struct ApiArgs {
     /// reader, operator or admin, optional account globs limiting the account routes it
     /// opens, and the token's SHA-256 in hex (`scale-agent-hub token hash`); re-read when it
     /// changes (a broken file keeps the previous tokens). A missing file holds no tokens
-    /// until it appears.
+    /// until it appears; one deleted for 5 s holds none from then on.
     #[arg(long, env = "SCALE_AGENT_HUB_API_TOKENS_FILE")]
     pub api_tokens_file: Option<PathBuf>,
 
@@ -423,6 +424,9 @@ pub struct ReplicaArgs {
     /// File with the secret the hub's replicas present to each other when one forwards a
     /// request to the owner of its account (one word of at least 32 characters, e.g. from
     /// `openssl rand -hex 32`, mounted from a Secret). Needed when replicas share a store.
+    /// Read again every 10 s: after a change the previous secret stays accepted, and is sent
+    /// beside the new one, for 5 minutes, so that replicas keep forwarding while each one's
+    /// copy of the Secret changes.
     #[arg(long, env = "SCALE_AGENT_HUB_REPLICA_SECRET_FILE")]
     pub replica_secret_file: Option<PathBuf>,
 

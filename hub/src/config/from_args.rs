@@ -421,6 +421,7 @@ impl ReplicaArgs {
                 .as_deref()
                 .map(crate::owners::forward::ReplicaSecret::read)
                 .transpose()?,
+            secret_overlap: crate::owners::secret::ROTATION_OVERLAP,
             peer_cidrs: replica_peer_cidrs,
         })
     }

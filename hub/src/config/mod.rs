@@ -164,6 +164,11 @@ pub struct ReplicaConfig {
     /// The secret replicas present to each other's internal routes
     /// (`--replica-secret-file`); needed when replicas share a store.
     pub secret: Option<crate::owners::forward::ReplicaSecret>,
+    /// How long the previous replica secret stays accepted (and offered) after this
+    /// replica reads a new one from `--replica-secret-file` (no flag:
+    /// [`crate::owners::secret::ROTATION_OVERLAP`]; the file is read every
+    /// `tls_reload_interval`).
+    pub secret_overlap: Duration,
     /// The only hosts (IP ranges) this replica forwards to (`--replica-peer-cidrs`); empty:
     /// any host of its own scheme.
     pub peer_cidrs: Vec<crate::forwarded::Cidr>,
@@ -275,6 +280,7 @@ impl Config {
                 sync_period: Duration::from_secs(2),
                 ownership: crate::owners::OwnershipSource::Embedded,
                 secret: None,
+                secret_overlap: crate::owners::secret::ROTATION_OVERLAP,
                 peer_cidrs: Vec::new(),
             },
             streams: StreamConfig {

@@ -433,6 +433,15 @@ impl Registry {
             .unwrap_or_default()
     }
 
+    /// Whether a stream of `identity` serves or stands by for `account` on this replica.
+    pub fn has_stream_of(&self, account: &str, identity: &str) -> bool {
+        self.replicas(account).into_iter().any(|id| {
+            self.sessions
+                .get(&id)
+                .is_some_and(|s| s.identity == identity)
+        })
+    }
+
     /// `identity/replica` of a session, as logs and operation bodies name it; empty when
     /// the session is gone.
     pub fn replica_label(&self, session: SessionId) -> String {

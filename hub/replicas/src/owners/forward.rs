@@ -5,7 +5,7 @@
 //! again, and never forwards it further: a request carries the [`Forwarded`] mark on the
 //! owner, so two replicas that disagree about the owner cannot bounce it between them.
 
-use std::{path::Path, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use axum::{
     body::Body,
@@ -24,7 +24,12 @@ use scale_agent_hub_model::{
 use scale_agent_hub_net::{https, status::Status};
 use scale_agent_hub_state::Live;
 
-use super::{OwnerInfo, peers::PeerRule};
+pub use super::secret::ReplicaSecret;
+use super::{
+    OwnerInfo,
+    peers::PeerRule,
+    secret::{PREVIOUS_HEADER, RotatingSecret},
+};
 use crate::Replicas;
 
 /// The prefix of the routes other replicas forward to.
@@ -38,46 +43,6 @@ pub const REPLICA_HEADER: &str = "x-scale-agent-replica";
 /// How long connecting to the owner may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The secret the replicas share (`--replica-secret-file`); never printed.
-#[derive(Clone)]
-pub struct ReplicaSecret(String);
-
-impl std::fmt::Debug for ReplicaSecret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ReplicaSecret(<redacted>)")
-    }
-}
-
-impl ReplicaSecret {
-    /// At least 32 characters (e.g. `openssl rand -hex 32`), so it cannot be guessed.
-    pub fn new(secret: &str) -> Result<Self> {
-        let secret = secret.trim();
-        if secret.len() < 32 || secret.contains(char::is_whitespace) {
-            return Err(HubError::Config(
-                "the replica secret (--replica-secret-file) must be one word of at least 32 \
-                 characters, e.g. from `openssl rand -hex 32`"
-                    .into(),
-            ));
-        }
-        Ok(ReplicaSecret(secret.to_string()))
-    }
-
-    /// Reads `--replica-secret-file`.
-    pub fn read(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|source| HubError::ReadFile {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::new(&text)
-    }
-
-    /// Compares in constant time (of digests: the time says nothing about the secret).
-    fn matches(&self, presented: &str) -> bool {
-        let digest = |t: &str| ring::digest::digest(&ring::digest::SHA256, t.as_bytes());
-        digest(&self.0).as_ref() == digest(presented).as_ref()
-    }
-}
-
 /// Marks a request that another replica forwarded: it is served here, never forwarded.
 #[derive(Clone, Debug)]
 pub struct Forwarded {
@@ -88,7 +53,8 @@ pub struct Forwarded {
 /// Sends requests to the replicas that own their accounts.
 pub struct Forwarder {
     client: https::HttpsClient<Body>,
-    secret: ReplicaSecret,
+    /// The replicas' secret, following its file ([`super::secret`]).
+    secret: Arc<RotatingSecret>,
     /// This replica's `--replica-id`, which the owner is told the request came from.
     replica: String,
     /// The addresses the secret may be sent to.
@@ -102,7 +68,7 @@ impl Forwarder {
     /// for `server_name` (`--replica-server-name`) or else for the host of each owner's
     /// address. `replica` is this replica's `--replica-id`.
     pub fn new(
-        secret: ReplicaSecret,
+        secret: Arc<RotatingSecret>,
         replica: &str,
         serving_ca_pem: Option<&[u8]>,
         server_name: Option<&str>,
@@ -147,6 +113,27 @@ impl Forwarder {
         })
     }
 
+    /// The replicas' secret, read again by [`RotatingSecret::watch`].
+    pub fn secret(&self) -> &Arc<RotatingSecret> {
+        &self.secret
+    }
+
+    /// Puts the secret in `headers`: the current one as the bearer token, and during a
+    /// rotation's overlap the previous one beside it (for replicas that have not seen the
+    /// new one yet).
+    fn present_secret(&self, headers: &mut HeaderMap) -> std::result::Result<(), ()> {
+        let (current, previous) = self.secret.offered();
+        let bearer = HeaderValue::from_str(&format!("Bearer {current}")).map_err(|_| ())?;
+        headers.insert(header::AUTHORIZATION, bearer);
+        if let Some(previous) = previous {
+            headers.insert(
+                PREVIOUS_HEADER,
+                HeaderValue::from_str(&previous).map_err(|_| ())?,
+            );
+        }
+        Ok(())
+    }
+
     /// Sends `request` to `owner` and hands back its answer, its body streamed.
     /// `caller` names who the client was here, for the owner's audit. A watch (or a log
     /// follow: `ends_cleanly`) whose owner goes away in the middle ends cleanly, as a watch
@@ -188,9 +175,8 @@ impl Forwarder {
             .then(|| hyper::upgrade::on(&mut request));
         let (parts, body) = request.into_parts();
         let mut headers = forwarded_headers(&parts.headers, upgrade.is_some());
-        let bearer = HeaderValue::from_str(&format!("Bearer {}", self.secret.0))
+        self.present_secret(&mut headers)
             .map_err(|_| unreachable("the replica secret is not a header value".into()))?;
-        headers.insert(header::AUTHORIZATION, bearer);
         if let Ok(replica) = HeaderValue::from_str(&self.replica) {
             headers.insert(FORWARDED_BY, replica);
         }
@@ -264,9 +250,8 @@ impl Forwarder {
         let mut request = http::Request::get(uri)
             .body(Body::empty())
             .map_err(|e| unreachable(e.to_string()))?;
-        let bearer = HeaderValue::from_str(&format!("Bearer {}", self.secret.0))
+        self.present_secret(request.headers_mut())
             .map_err(|_| unreachable("the replica secret is not a header value".into()))?;
-        request.headers_mut().insert(header::AUTHORIZATION, bearer);
         if let Ok(id) = HeaderValue::from_str(&self.replica) {
             request.headers_mut().insert(FORWARDED_BY, id);
         }
@@ -308,6 +293,7 @@ fn forwarded_headers(headers: &HeaderMap, upgrade: bool) -> HeaderMap {
     }
     out.remove(FORWARDED_BY);
     out.remove(FORWARDED_FOR);
+    out.remove(PREVIOUS_HEADER);
     strip_hop_by_hop(&mut out, http::StatusCode::OK);
     if upgrade {
         out.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
@@ -388,15 +374,17 @@ pub async fn internal_auth(
     mut request: Request,
     next: Next,
 ) -> Response {
-    let presented = request
-        .headers()
+    let headers = request.headers();
+    let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(scale_agent_hub_auth::tokens::bearer);
-    let admitted = match (&replicas.forwarder, presented) {
-        (Some(forwarder), Some(token)) => forwarder.secret.matches(token),
-        _ => false,
-    };
+        .and_then(scale_agent_hub_auth::tokens::bearer)
+        .into_iter()
+        .chain(headers.get(PREVIOUS_HEADER).and_then(|v| v.to_str().ok()));
+    let admitted = replicas
+        .forwarder
+        .as_ref()
+        .is_some_and(|forwarder| forwarder.secret.accepts(presented));
     if !admitted {
         return Status::unauthorized(
             "the internal routes of the hub are for its other replicas, with the secret of \
@@ -414,7 +402,7 @@ pub async fn internal_auth(
     let from = header(request.headers(), FORWARDED_BY);
     let caller = header(request.headers(), FORWARDED_FOR);
     // The channel's own headers stop here: the agent replays what the client sent.
-    for name in [FORWARDED_BY, FORWARDED_FOR] {
+    for name in [FORWARDED_BY, FORWARDED_FOR, PREVIOUS_HEADER] {
         request.headers_mut().remove(name);
     }
     request.extensions_mut().insert(Caller {

@@ -30,6 +30,7 @@ pub mod forward;
 pub mod lookup;
 pub mod peers;
 pub mod postgres;
+pub mod secret;
 pub mod singleton;
 
 use std::sync::Arc;
