@@ -848,6 +848,19 @@ async fn a_client_id_retried_on_another_replica_after_the_owner_died_runs_once()
         .unwrap()
         .get(0);
     assert_eq!(stored, 1, "the claim is in the shared store");
+    let submitter: String = sql
+        .query_one(
+            "SELECT submitter FROM operation_records WHERE account = 'a0' AND id = 'deploy-42'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        submitter,
+        format!("api:{}", scale_agent_e2e::fixtures::API_TOKEN_NAME),
+        "the claim is the caller's (F18)"
+    );
 
     hubs[0].kill();
     let promoted = tokio::time::timeout(WAIT, standby.assignment())

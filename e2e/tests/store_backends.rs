@@ -458,16 +458,17 @@ async fn an_abandoned_commit_leaves_all_or_nothing(backend: &impl Backend) -> an
 }
 
 /// Operation records: written, replaced, removed, swept when expired, and read back by
-/// `account\0id`.
+/// `account\0submitter\0id`; the same id of another submitter is another record (F18).
 async fn operation_records_round_trip_and_expire(backend: &impl Backend) -> anyhow::Result<()> {
     let store = backend.open().await?;
     let records = store.operation_records().expect("an open store");
     for (key, value) in [
-        ("prod\0op-1", "old"),
-        ("prod\0op-2", "keep"),
-        ("dev\0op-1", "expired"),
-        ("prod\0op-1", "new"),
-        ("dev\0op-3", "gone"),
+        ("prod\0api:ci\0op-1", "old"),
+        ("prod\0api:ci\0op-2", "keep"),
+        ("prod\0api:other\0op-1", "other's"),
+        ("dev\0api:ci\0op-1", "expired"),
+        ("prod\0api:ci\0op-1", "new"),
+        ("dev\0api:ci\0op-3", "gone"),
     ] {
         records
             .clone()
@@ -476,12 +477,18 @@ async fn operation_records_round_trip_and_expire(backend: &impl Backend) -> anyh
     }
     records
         .clone()
-        .write("dev\0op-3".into(), None, None)
+        .write("dev\0api:ci\0op-3".into(), None, None)
         .await?;
+    // Another submitter's op-2 is free to claim.
+    let fresh = records
+        .clone()
+        .claim("prod\0api:third\0op-2".into(), b"third's".to_vec())
+        .await?;
+    assert_eq!(fresh, None);
     // A write that sweeps removes what the check calls expired, its own row included if so.
     records
         .write(
-            "prod\0op-4".into(),
+            "prod\0api:ci\0op-4".into(),
             Some(b"fresh".to_vec()),
             Some(Box::new(|bytes: &[u8]| bytes == b"expired")),
         )
@@ -492,14 +499,17 @@ async fn operation_records_round_trip_and_expire(backend: &impl Backend) -> anyh
         .into_iter()
         .map(|(k, v)| (k, String::from_utf8(v).unwrap()))
         .collect();
-    assert_eq!(
-        rows,
-        [
-            ("prod\0op-1".to_string(), "new".to_string()),
-            ("prod\0op-2".to_string(), "keep".to_string()),
-            ("prod\0op-4".to_string(), "fresh".to_string()),
-        ]
-    );
+    let expected: Vec<(String, String)> = [
+        ("prod\0api:ci\0op-1", "new"),
+        ("prod\0api:ci\0op-2", "keep"),
+        ("prod\0api:ci\0op-4", "fresh"),
+        ("prod\0api:other\0op-1", "other's"),
+        ("prod\0api:third\0op-2", "third's"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    assert_eq!(rows, expected);
     Ok(())
 }
 

@@ -23,7 +23,7 @@ async fn postgres_migrations_from_empty_are_idempotent_and_refuse_a_newer_schema
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
-    assert_eq!(first.iter().map(|v| v.0).collect::<Vec<_>>(), [1, 2, 3]);
+    assert_eq!(first.iter().map(|v| v.0).collect::<Vec<_>>(), [1, 2, 3, 4]);
     let count: i64 = sql.query_one(tables, &[]).await?.get(0);
     assert!(count >= 15, "{count} tables");
     for table in [

@@ -92,6 +92,55 @@ impl Caller {
     }
 }
 
+/// Who submitted an operation, as the operations remember it (issue 28, F18): the caller's
+/// token kind and name (`api:ci`, `oidc:alice@example.com`, `admin:admin`). Operation ids and
+/// client ids are scoped to it: another caller looking one up finds nothing (404, so an id is
+/// not even confirmed), and the same client id from two callers is two operations. A caller
+/// with the admin role sees every caller's operations.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Submitter {
+    /// `<kind>:<name>`, as [`Caller::kind`] and [`Caller::name`].
+    pub key: String,
+    /// The caller has the admin role: lookups see every submitter's operations.
+    pub admin: bool,
+}
+
+impl Submitter {
+    /// The submitter a caller authenticated on this replica is.
+    pub fn of(caller: &Caller) -> Self {
+        Submitter {
+            key: format!("{}:{}", caller.kind(), caller.name),
+            admin: caller.role >= Role::Admin,
+        }
+    }
+
+    /// Whether this caller may see an operation `key` submitted.
+    pub fn sees(&self, key: &str) -> bool {
+        self.admin || self.key == key
+    }
+
+    /// The form replicas forward it in (`<role>;<key>`; the key may hold any character but
+    /// control characters, which a header value cannot carry).
+    pub fn to_header(&self) -> String {
+        let role = if self.admin { "admin" } else { "operator" };
+        format!("{role};{}", self.key)
+    }
+
+    /// Reads [`Submitter::to_header`]'s form; `None` when it is not that.
+    pub fn from_header(value: &str) -> Option<Self> {
+        let (role, key) = value.split_once(';')?;
+        let admin = match role {
+            "admin" => true,
+            "operator" => false,
+            _ => return None,
+        };
+        (!key.is_empty()).then(|| Submitter {
+            key: key.to_string(),
+            admin,
+        })
+    }
+}
+
 /// Who reached an account through the proxy, as the hub authenticated them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProxyCaller {

@@ -38,7 +38,7 @@ mod request;
 mod submit;
 
 pub use metrics::OperationMetrics;
-pub use registry::{Bounds, Claim, Operations, Outcome};
+pub use registry::{Bounds, Claim, Operations, Outcome, Owner};
 pub use render::{Cause, OperationResponse, State, Status, Subject};
 pub use request::{OperationRequest, idempotent};
 pub use submit::{Driver, deadline_millis, submit};

@@ -10,7 +10,7 @@ use scale_agent_hub_model::error::Chain;
 use scale_agent_hub_store as store;
 use serde::{Deserialize, Serialize};
 
-use super::{Driver, OperationResponse, Operations, State, Status};
+use super::{Driver, OperationResponse, Operations, Owner, State, Status};
 
 /// Writes between two sweeps of expired rows from the store.
 const SWEEP_EVERY: u64 = 128;
@@ -26,8 +26,18 @@ struct Row {
     body: OperationResponse,
 }
 
-fn key(account: &str, id: &str) -> String {
-    format!("{account}\0{id}")
+/// A record's key in the store: account, submitter and id, so that a client id is claimed
+/// per caller across replicas too (F18). Rows of hubs before that have no submitter: they
+/// are restored as nobody's (only an admin sees them), and claim no caller's id.
+fn key(owner: Owner<'_>, id: &str) -> String {
+    format!("{}\0{}\0{id}", owner.account, owner.submitter)
+}
+
+/// The owner and id of a stored key ([`key`], or an older `account\0id`).
+fn parse_key(key: &str) -> Option<(Owner<'_>, &str)> {
+    let (account, rest) = key.split_once('\0')?;
+    let (submitter, id) = rest.split_once('\0').unwrap_or(("", rest));
+    Some((Owner { account, submitter }, id))
 }
 
 /// Whether a stored row is past `retention` (a running row is kept as long as a finished one,
@@ -50,7 +60,7 @@ fn expired(bytes: &[u8], retention: Duration, now: i64) -> bool {
 /// id from running twice while this hub runs.
 pub(crate) async fn save(
     driver: &Driver,
-    account: &str,
+    owner: Owner<'_>,
     id: &str,
     code: Option<u16>,
     body: &OperationResponse,
@@ -61,7 +71,7 @@ pub(crate) async fn save(
     let Some(records) = driver.store.lock().await.operation_records() else {
         return;
     };
-    let key = key(account, id);
+    let key = key(owner, id);
     let retention = driver.settings.retention;
     let sweep = driver.operations.count_write().is_multiple_of(SWEEP_EVERY);
     let now = jiff::Timestamp::now().as_millisecond();
@@ -90,7 +100,7 @@ pub(crate) enum Stored {
 /// registry in memory still keeps it from running twice on this replica (as [`save`]).
 pub(crate) async fn claim(
     driver: &Driver,
-    account: &str,
+    owner: Owner<'_>,
     id: &str,
     running: &OperationResponse,
 ) -> Stored {
@@ -100,7 +110,7 @@ pub(crate) async fn claim(
     let Some(records) = driver.store.lock().await.operation_records() else {
         return Stored::Claimed;
     };
-    let key = key(account, id);
+    let key = key(owner, id);
     let existing = match records.clone().claim(key.clone(), bytes.clone()).await {
         Ok(existing) => existing,
         Err(error) => {
@@ -130,11 +140,11 @@ pub(crate) async fn claim(
 /// The stored outcome of a client id another replica runs (or ran), once it has one.
 pub(crate) async fn stored_outcome(
     driver: &Driver,
-    account: &str,
+    owner: Owner<'_>,
     id: &str,
 ) -> Option<(u16, OperationResponse)> {
     let records = driver.store.lock().await.operation_records()?;
-    let bytes = records.read(key(account, id)).await.ok()??;
+    let bytes = records.read(key(owner, id)).await.ok()??;
     let row = serde_json::from_slice::<Row>(&bytes).ok()?;
     Some((row.code?, row.body))
 }
@@ -164,9 +174,10 @@ pub fn restore(operations: &Operations, rows: Vec<(String, Vec<u8>)>, retention:
     rows.sort_by_key(|(_, row)| row.at_unix_millis);
     let mut restored = 0;
     for (key, row) in rows {
-        let Some((account, id)) = key.split_once('\0') else {
+        let Some((owner, id)) = parse_key(&key) else {
             continue;
         };
+        let account = owner.account;
         let age = Duration::from_millis(u64::try_from(now - row.at_unix_millis).unwrap_or(0));
         let at = Instant::now().checked_sub(age).unwrap_or_else(Instant::now);
         let (code, body) = match row.code {
@@ -193,7 +204,7 @@ pub fn restore(operations: &Operations, rows: Vec<(String, Vec<u8>)>, retention:
                 (503, body)
             }
         };
-        operations.restore(account, id, code, body, at, retention);
+        operations.restore(owner, id, code, body, at, retention);
         restored += 1;
     }
     if restored > 0 {
@@ -251,14 +262,47 @@ mod tests {
             body: running,
         };
         let ops = Operations::default();
-        let rows = vec![(
-            "prod\0deploy-1".to_string(),
-            serde_json::to_vec(&row).unwrap(),
-        )];
+        let ci = Owner {
+            account: "prod",
+            submitter: "api:ci",
+        };
+        let rows = vec![
+            (key(ci, "deploy-1"), serde_json::to_vec(&row).unwrap()),
+            // A row of a hub before submitters were kept: nobody's.
+            (
+                "prod\0deploy-2".to_string(),
+                serde_json::to_vec(&row).unwrap(),
+            ),
+        ];
         restore(&ops, rows, Duration::from_secs(60));
         let retention = Duration::from_secs(60);
+        let free = |ops: &Operations, id| {
+            matches!(
+                ops.claim(
+                    ci,
+                    id,
+                    OperationResponse::bad_request(String::new()),
+                    retention
+                ),
+                super::super::Claim::New
+            )
+        };
+        assert!(free(&ops, "deploy-2"), "an older row claims no caller's id");
+        let other = Owner {
+            account: "prod",
+            submitter: "api:other",
+        };
+        assert!(matches!(
+            ops.claim(
+                other,
+                "deploy-1",
+                OperationResponse::bad_request(String::new()),
+                retention
+            ),
+            super::super::Claim::New
+        ));
         let claimed = ops.claim(
-            "prod",
+            ci,
             "deploy-1",
             OperationResponse::bad_request(String::new()),
             retention,

@@ -3,9 +3,12 @@
 //! finished operations, kept for lookups for the retention period and bounded in number and
 //! in bytes.
 //!
-//! Records are keyed by account and id: a client-given id is the client's, per account. An id
-//! is claimed (recorded as running) before anything is sent, under the same lock as the
-//! lookup, so concurrent submissions of one id run it once.
+//! Records are keyed by id, account and submitter: a client-given id is the client's, per
+//! account and per caller (issue 28, F18: another caller's id is another operation, and its
+//! lookups do not see this one). An id is claimed (recorded as running) before anything is
+//! sent, under the same lock as the lookup, so concurrent submissions of one id run it once.
+//! Ids the hub makes are 128 random bits: nobody finds another caller's operation by
+//! guessing.
 
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
@@ -17,7 +20,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use scale_agent_hub_model::records::SessionId;
+use scale_agent_hub_model::{auth::Submitter, records::SessionId};
 use scale_agent_proto::v1 as pb;
 use tokio::sync::{Notify, oneshot};
 
@@ -56,8 +59,27 @@ struct Record {
     bytes: usize,
 }
 
-/// (id, account): the ids of all accounts are next to each other, for lookups by id alone.
-type Key = (String, String);
+/// (id, account, submitter key): the ids of all accounts and submitters are next to each
+/// other, for lookups by id alone.
+type Key = (String, String, String);
+
+/// Whose operation a record is: its account and the key of its submitter
+/// ([`Submitter::key`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Owner<'a> {
+    pub account: &'a str,
+    pub submitter: &'a str,
+}
+
+impl Owner<'_> {
+    fn key(&self, id: &str) -> Key {
+        (
+            id.to_string(),
+            self.account.to_string(),
+            self.submitter.to_string(),
+        )
+    }
+}
 
 #[derive(Default)]
 struct Inner {
@@ -92,7 +114,8 @@ pub struct Bounds {
 pub struct Operations {
     inner: Mutex<Inner>,
     bounds: Bounds,
-    next: AtomicU64,
+    /// Where the hub's operation ids come from.
+    random: ring::rand::SystemRandom,
     /// Woken when an operation finishes (submissions of a running id wait on it).
     finished: Notify,
     /// Records written to the store (see `persist`).
@@ -158,7 +181,7 @@ impl Operations {
         Operations {
             inner: Mutex::new(Inner::default()),
             bounds,
-            next: AtomicU64::new(0),
+            random: ring::rand::SystemRandom::new(),
             finished: Notify::new(),
             writes: AtomicU64::new(0),
         }
@@ -168,11 +191,18 @@ impl Operations {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A new operation id, unique in this hub.
+    /// A new operation id: `op-` and 128 random bits in hex, unique across replicas and
+    /// restarts, and not guessable from the ids a caller saw (they were `op-<ms>-<n>`
+    /// before, F18). The system's CSPRNG failing is not something to run on without.
     pub fn new_id(&self) -> String {
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let millis = jiff::Timestamp::now().as_millisecond();
-        format!("op-{millis:x}-{n}")
+        use ring::rand::SecureRandom as _;
+        let mut bytes = [0u8; 16];
+        #[allow(clippy::expect_used)]
+        self.random
+            .fill(&mut bytes)
+            .expect("the system's random number generator failed");
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        format!("op-{hex}")
     }
 
     /// Registers an attempt on a session under its wire id; the receiver hears its outcome.
@@ -347,18 +377,18 @@ impl Operations {
         );
     }
 
-    /// Claims `id` for `account`: records `running` unless the id is known (running, or
+    /// Claims `id` for `owner`: records `running` unless the id is known (running, or
     /// finished within `retention`). The lookup and the claim are one step, so of concurrent
     /// submissions of one id exactly one gets [`Claim::New`].
     pub fn claim(
         &self,
-        account: &str,
+        owner: Owner<'_>,
         id: &str,
         running: OperationResponse,
         retention: Duration,
     ) -> Claim {
         let mut inner = self.lock();
-        let key = (id.to_string(), account.to_string());
+        let key = owner.key(id);
         if let Some(r) = inner.records.get(&key) {
             match r.finished {
                 None => return Claim::Running(r.body.clone()),
@@ -377,7 +407,7 @@ impl Operations {
     /// Records an operation's state: running (an attempt started) or finished with `code`.
     pub fn record(
         &self,
-        account: &str,
+        owner: Owner<'_>,
         id: &str,
         body: OperationResponse,
         finished: Option<u16>,
@@ -387,7 +417,7 @@ impl Operations {
             let mut inner = self.lock();
             let room = json_size(&body).min(self.bounds.max_records_bytes / 8);
             self.evict(&mut inner, retention, room);
-            let key = (id.to_string(), account.to_string());
+            let key = owner.key(id);
             self.insert(
                 &mut inner,
                 key,
@@ -401,34 +431,41 @@ impl Operations {
         }
     }
 
-    /// The recorded states of operation `id`: of `account`, or of every account that has
-    /// one when `account` is `None`.
+    /// The recorded states of operation `id` that `viewer` may see (their own, or every
+    /// one for an admin): of `account`, or of every account that has one when `account` is
+    /// `None`.
     pub fn lookup(
         &self,
         account: Option<&str>,
         id: &str,
+        viewer: &Submitter,
         retention: Duration,
     ) -> Vec<OperationResponse> {
         let inner = self.lock();
-        let from = (id.to_string(), account.unwrap_or_default().to_string());
+        let from = (
+            id.to_string(),
+            account.unwrap_or_default().to_string(),
+            String::new(),
+        );
         inner
             .records
             .range(from..)
-            .take_while(|((i, a), _)| i == id && account.is_none_or(|want| want == a))
+            .take_while(|((i, a, _), _)| i == id && account.is_none_or(|want| want == a))
+            .filter(|((_, _, submitter), _)| viewer.sees(submitter))
             .filter(|(_, r)| r.finished.is_none_or(|f| f.elapsed() <= retention))
             .map(|(_, r)| r.body.clone())
             .collect()
     }
 
-    /// Waits until `id` of `account` finishes, or `until`: its code and body, or `None` when
+    /// Waits until `id` of `owner` finishes, or `until`: its code and body, or `None` when
     /// it is still running (or no longer known) then.
     pub async fn wait_finished(
         &self,
-        account: &str,
+        owner: Owner<'_>,
         id: &str,
         until: Instant,
     ) -> Option<(u16, OperationResponse)> {
-        let key = (id.to_string(), account.to_string());
+        let key = owner.key(id);
         loop {
             let woken = self.finished.notified();
             tokio::pin!(woken);
@@ -454,7 +491,7 @@ impl Operations {
     /// Puts back a record of a previous run of the hub, finished at `at`.
     pub(crate) fn restore(
         &self,
-        account: &str,
+        owner: Owner<'_>,
         id: &str,
         code: u16,
         body: OperationResponse,
@@ -464,7 +501,7 @@ impl Operations {
         let mut inner = self.lock();
         let room = json_size(&body).min(self.bounds.max_records_bytes / 8);
         self.evict(&mut inner, retention, room);
-        let key = (id.to_string(), account.to_string());
+        let key = owner.key(id);
         self.insert(&mut inner, key.clone(), code, body, true);
         if let Some(r) = inner.records.get_mut(&key) {
             r.finished = Some(at);
@@ -477,10 +514,10 @@ impl Operations {
     }
 
     /// The state of a running or finished record (for tests).
-    pub fn state_of(&self, account: &str, id: &str) -> Option<State> {
+    pub fn state_of(&self, owner: Owner<'_>, id: &str) -> Option<State> {
         self.lock()
             .records
-            .get(&(id.to_string(), account.to_string()))
+            .get(&owner.key(id))
             .map(|r| r.body.state)
     }
 }
@@ -490,12 +527,44 @@ mod tests {
     use super::*;
     use crate::{State, Subject};
 
+    /// Operations of account `account` submitted by `api:ci`.
+    fn ci(account: &'static str) -> Owner<'static> {
+        Owner {
+            account,
+            submitter: "api:ci",
+        }
+    }
+
+    fn admin() -> Submitter {
+        Submitter {
+            key: "admin:admin".into(),
+            admin: true,
+        }
+    }
+
     fn subject(id: &'static str) -> Subject<'static> {
         Subject {
             id,
             account: "a",
             op_type: "list",
         }
+    }
+
+    #[test]
+    fn hub_made_ids_are_random() {
+        let ops = Operations::default();
+        let (a, b) = (ops.new_id(), ops.new_id());
+        assert_ne!(a, b);
+        for id in [&a, &b] {
+            let hex = id.strip_prefix("op-").expect(id);
+            assert_eq!(hex.len(), 32, "{id}");
+            assert!(hex.chars().all(|c| c.is_ascii_hexdigit()), "{id}");
+        }
+        // 128 random bits: no two of many share their first half (a time or counter
+        // prefix would).
+        let prefixes: std::collections::HashSet<String> =
+            (0..1000).map(|_| ops.new_id()[..19].to_string()).collect();
+        assert_eq!(prefixes.len(), 1000);
     }
 
     #[test]
@@ -525,14 +594,14 @@ mod tests {
         assert!(matches!(rx.try_recv(), Ok(Outcome::Result(r)) if r.ok));
         let retention = Duration::from_secs(60);
         ops.record(
-            "a",
+            ci("a"),
             "y",
             OperationResponse::running(subject("y"), "agent/r", 1),
             None,
             retention,
         );
         assert_eq!(
-            ops.lookup(Some("a"), "y", Duration::ZERO)
+            ops.lookup(Some("a"), "y", &admin(), Duration::ZERO)
                 .first()
                 .map(|b| b.state),
             Some(State::Running),
@@ -544,18 +613,20 @@ mod tests {
             ..Default::default()
         };
         ops.record(
-            "a",
+            ci("a"),
             "y",
             OperationResponse::finished(subject("y"), &done, 1),
             Some(200),
             retention,
         );
         assert_eq!(
-            ops.lookup(None, "y", retention).first().map(|b| b.state),
+            ops.lookup(None, "y", &admin(), retention)
+                .first()
+                .map(|b| b.state),
             Some(State::Succeeded)
         );
-        assert!(ops.lookup(Some("b"), "y", retention).is_empty());
-        assert!(ops.lookup(None, "z", retention).is_empty());
+        assert!(ops.lookup(Some("b"), "y", &admin(), retention).is_empty());
+        assert!(ops.lookup(None, "z", &admin(), retention).is_empty());
     }
 
     #[test]
@@ -564,28 +635,57 @@ mod tests {
         let retention = Duration::from_secs(60);
         let running = || OperationResponse::running(subject("same"), "", 0);
         assert!(matches!(
-            ops.claim("a", "same", running(), retention),
+            ops.claim(ci("a"), "same", running(), retention),
             Claim::New
         ));
         assert!(matches!(
-            ops.claim("a", "same", running(), retention),
+            ops.claim(ci("a"), "same", running(), retention),
             Claim::Running(_)
         ));
         // Another account's id of the same name is another operation.
         assert!(matches!(
-            ops.claim("b", "same", running(), retention),
+            ops.claim(ci("b"), "same", running(), retention),
             Claim::New
         ));
-        assert_eq!(ops.lookup(None, "same", retention).len(), 2);
+        assert_eq!(ops.lookup(None, "same", &admin(), retention).len(), 2);
+        // Another caller's id of the same name in the same account is another operation,
+        // and neither caller sees the other's (F18).
+        let other = Owner {
+            account: "a",
+            submitter: "api:other",
+        };
+        assert!(matches!(
+            ops.claim(other, "same", running(), retention),
+            Claim::New
+        ));
+        let viewer = |key: &str| Submitter {
+            key: key.into(),
+            admin: false,
+        };
+        assert_eq!(
+            ops.lookup(Some("a"), "same", &viewer("api:ci"), retention)
+                .len(),
+            1
+        );
+        assert_eq!(
+            ops.lookup(Some("a"), "same", &viewer("api:other"), retention)
+                .len(),
+            1
+        );
+        assert!(
+            ops.lookup(None, "same", &viewer("api:third"), retention)
+                .is_empty()
+        );
+        assert_eq!(ops.lookup(None, "same", &admin(), retention).len(), 3);
         ops.record(
-            "a",
+            ci("a"),
             "same",
             OperationResponse::finished(subject("same"), &pb::OperationResult::default(), 1),
             Some(201),
             retention,
         );
         assert!(matches!(
-            ops.claim("a", "same", running(), retention),
+            ops.claim(ci("a"), "same", running(), retention),
             Claim::Finished(201, _)
         ));
     }
@@ -643,7 +743,7 @@ mod tests {
         for i in 0..100 {
             let id = format!("op-{i}");
             ops.record(
-                "a",
+                ci("a"),
                 &id,
                 OperationResponse::finished(
                     Subject {
@@ -664,8 +764,8 @@ mod tests {
             );
         }
         // The newest are kept, the oldest went.
-        assert_eq!(ops.lookup(None, "op-99", retention).len(), 1);
-        assert!(ops.lookup(None, "op-0", retention).is_empty());
+        assert_eq!(ops.lookup(None, "op-99", &admin(), retention).len(), 1);
+        assert!(ops.lookup(None, "op-0", &admin(), retention).is_empty());
         // A body past an eighth of the bound is kept without its payload.
         let big = pb::OperationResult {
             ok: true,
@@ -673,13 +773,13 @@ mod tests {
             ..Default::default()
         };
         ops.record(
-            "a",
+            ci("a"),
             "big",
             OperationResponse::finished(subject("big"), &big, 1),
             Some(200),
             retention,
         );
-        let kept = ops.lookup(None, "big", retention);
+        let kept = ops.lookup(None, "big", &admin(), retention);
         assert_eq!(kept[0].text.as_deref(), Some(""));
         assert!(
             kept[0]

@@ -7,7 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use scale_agent_hub_model::records::SessionId;
+use scale_agent_hub_model::{auth::Submitter, records::SessionId};
 use scale_agent_hub_state::{Control, Live};
 use scale_agent_hub_store::Store;
 use scale_agent_proto::v1 as pb;
@@ -16,7 +16,7 @@ use tokio::{sync::oneshot, time::error::Elapsed};
 use super::{
     DEADLINE_GRACE, MAX_ATTEMPTS, OperationMetrics, OperationRequest, OperationResponse,
     OperationSettings, Operations, Outcome, State, Status, Subject, idempotent, pick_replica,
-    registry::Claim,
+    registry::{Claim, Owner},
 };
 
 /// What the driver works with, handed over by the hub's wiring: the registry, the live state
@@ -68,6 +68,8 @@ struct Submission<'a> {
     /// The id on the wire: unique in the hub, since client ids are only unique per account.
     wire_id: String,
     account: &'a str,
+    /// Who submitted it ([`Submitter::key`]): its id is theirs.
+    submitter: &'a str,
     kind: &'static str,
     idempotent: bool,
     timeout: Duration,
@@ -75,6 +77,13 @@ struct Submission<'a> {
 }
 
 impl Submission<'_> {
+    fn owner(&self) -> Owner<'_> {
+        Owner {
+            account: self.account,
+            submitter: self.submitter,
+        }
+    }
+
     fn subject(&self) -> Subject<'_> {
         Subject {
             id: &self.id,
@@ -228,7 +237,7 @@ impl Submission<'_> {
     ) -> Option<(u16, OperationResponse)> {
         use super::persist::{Stored, claim, stored_outcome};
         let (driver, account, id) = (self.driver, self.account, self.id.as_str());
-        match claim(driver, account, id, waiting).await {
+        match claim(driver, self.owner(), id, waiting).await {
             Stored::Claimed => return None,
             Stored::Finished(code, body) => {
                 tracing::info!(
@@ -242,7 +251,7 @@ impl Submission<'_> {
         let until = self.deadline + DEADLINE_GRACE;
         while Instant::now() < until {
             tokio::time::sleep(STORED_POLL).await;
-            if let Some(answer) = stored_outcome(driver, account, id).await {
+            if let Some(answer) = stored_outcome(driver, self.owner(), id).await {
                 return Some(answer);
             }
         }
@@ -305,7 +314,7 @@ impl Submission<'_> {
             let running = OperationResponse::running(self.subject(), &replica, tried.len());
             self.driver
                 .operations
-                .record(self.account, &self.id, running, None, retention);
+                .record(self.owner(), &self.id, running, None, retention);
             let rx = self.driver.operations.register(&self.wire_id, session);
             if !self.driver.live.sessions().contains_key(&session) {
                 self.driver.operations.forget(&self.wire_id);
@@ -339,12 +348,16 @@ impl Submission<'_> {
 /// answers what it answered, a running one waits for that answer up to this submission's
 /// deadline (202 with its running state when it has none by then).
 ///
+/// The operation is `submitter`'s: a client id is claimed for them (the same id from another
+/// caller is another operation), and lookups by another caller do not find it.
+///
 /// Its span names the account and, once known, the operation's id (the client's, or the
 /// hub's) and the id on the wire.
 #[tracing::instrument(name = "operation", skip_all, fields(%account, id = tracing::field::Empty, wire_id = tracing::field::Empty))]
 pub async fn submit(
     driver: &Driver,
     account: &str,
+    submitter: &Submitter,
     request: OperationRequest,
 ) -> (u16, OperationResponse) {
     let retention = driver.settings.retention;
@@ -361,6 +374,7 @@ pub async fn submit(
         id: request.id.clone().unwrap_or_else(|| wire_id.clone()),
         wire_id,
         account,
+        submitter: &submitter.key,
         kind: op.name(),
         idempotent: idempotent(&op),
         timeout,
@@ -379,9 +393,10 @@ pub async fn submit(
         return (404, submission.hub_made(State::NoAgent, false, status, 0));
     }
     let waiting = OperationResponse::running(submission.subject(), "", 0);
+    let owner = submission.owner();
     match driver
         .operations
-        .claim(account, id, waiting.clone(), retention)
+        .claim(owner, id, waiting.clone(), retention)
     {
         Claim::New => {
             // A client id is claimed in the store before anything is sent, so that after a
@@ -390,7 +405,7 @@ pub async fn submit(
             if client_id && let Some(answer) = submission.claimed_elsewhere(&waiting).await {
                 driver
                     .operations
-                    .record(account, id, answer.1.clone(), Some(answer.0), retention);
+                    .record(owner, id, answer.1.clone(), Some(answer.0), retention);
                 return answer;
             }
         }
@@ -398,7 +413,7 @@ pub async fn submit(
         Claim::Running(body) => {
             // Another submission runs this id: its answer is this one's too.
             let until = submission.deadline + DEADLINE_GRACE;
-            return match driver.operations.wait_finished(account, id, until).await {
+            return match driver.operations.wait_finished(owner, id, until).await {
                 Some(answer) => answer,
                 None => (202, body),
             };
@@ -426,9 +441,9 @@ pub async fn submit(
     );
     driver
         .operations
-        .record(account, id, body.clone(), Some(code), retention);
+        .record(owner, id, body.clone(), Some(code), retention);
     if client_id {
-        super::persist::save(driver, account, id, Some(code), &body).await;
+        super::persist::save(driver, owner, id, Some(code), &body).await;
     }
     (code, body)
 }

@@ -346,7 +346,7 @@ impl Store {
         }
     }
 
-    /// Every operation record, `(account\0id, bytes)`.
+    /// Every operation record, `(account\0submitter\0id, bytes)`.
     pub async fn load_operation_records(&self) -> Result<Vec<(String, Vec<u8>)>> {
         match self {
             Store::Embedded(s) => match s.database() {
@@ -373,7 +373,8 @@ impl Store {
 /// Writes operation records: operations submitted with a client id, kept across restarts for
 /// the retention period so that a resubmitted id does not run again. Outside the stream
 /// batches: the operations API writes them (see `operations::persist`), which also owns the
-/// rows' format; here they are bytes under `account\0id`.
+/// rows' format; here they are bytes under `account\0submitter\0id` (rows of hubs before
+/// submitters were kept: `account\0id`).
 #[derive(Clone)]
 pub enum OperationRecords {
     /// Hold it for one write only: [`Store::close`] waits until every holder has let go.

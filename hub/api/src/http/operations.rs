@@ -14,6 +14,8 @@ use serde_json::json;
 
 use scale_agent_hub_operations::{self as operations, OperationRequest, OperationResponse};
 
+use scale_agent_hub_model::auth::Submitter;
+
 use crate::api_auth::Caller;
 
 use super::{ApiState, error};
@@ -28,12 +30,23 @@ fn too_large(message: String) -> Response {
     (StatusCode::PAYLOAD_TOO_LARGE, Json(body)).into_response()
 }
 
+/// Who an operation (or a lookup) is for: the caller authenticated here, or, on the owner
+/// of an account, the caller the forwarding replica authenticated.
+fn submitter_of(caller: &Caller, forwarded: Option<axum::Extension<Submitter>>) -> Submitter {
+    match forwarded {
+        Some(axum::Extension(submitter)) => submitter,
+        None => Submitter::of(caller),
+    }
+}
+
 pub(super) async fn submit_operation(
     State(api): State<Arc<ApiState>>,
     Path(name): Path<String>,
     axum::Extension(caller): axum::Extension<Caller>,
+    forwarded: Option<axum::Extension<Submitter>>,
     request: axum::extract::Request,
 ) -> Response {
+    let submitter = submitter_of(&caller, forwarded);
     let started = std::time::Instant::now();
     // Operations run where the account's agents stream: on its owner.
     if let Some(owner) = api
@@ -44,7 +57,7 @@ pub(super) async fn submit_operation(
     {
         let answer = api
             .replicas
-            .forward(&owner, &name, Some(&caller.name), request, false)
+            .forward(&owner, &name, Some(&caller), request, false)
             .await
             .unwrap_or_else(IntoResponse::into_response);
         let subject = crate::audit::OperationSubject::of(None);
@@ -95,7 +108,7 @@ pub(super) async fn submit_operation(
     // Run apart from the request: a client that goes away does not abandon the operation,
     // which still finishes, is recorded for GET /api/v1/operations/{id}, and is audited.
     let task = tokio::spawn(async move {
-        let answer = operations::submit(&api.operations, &name, request).await;
+        let answer = operations::submit(&api.operations, &name, &submitter, request).await;
         crate::audit::operation(&caller, &name, &subject, answer.0, started.elapsed());
         answer
     });
@@ -111,15 +124,20 @@ pub(super) async fn submit_operation(
 }
 
 /// An operation by id alone: a hub-made id, or a client id that one account has. A caller
-/// limited to account globs sees only operations of accounts they admit (the others are
-/// not found, as if they did not exist).
+/// sees only the operations they submitted (an admin sees all), and a caller limited to
+/// account globs only those of accounts they admit: the others are not found, as if they
+/// did not exist (404, not 403, so an id is not confirmed; F18).
 pub(super) async fn operation(
     State(api): State<Arc<ApiState>>,
     Path(id): Path<String>,
     axum::Extension(caller): axum::Extension<Caller>,
 ) -> Response {
     let retention = api.settings.operation_retention;
-    let mut found = api.operations.operations.lookup(None, &id, retention);
+    let viewer = Submitter::of(&caller);
+    let mut found = api
+        .operations
+        .operations
+        .lookup(None, &id, &viewer, retention);
     found.retain(|op| {
         op.account
             .as_deref()
@@ -129,33 +147,53 @@ pub(super) async fn operation(
         0 => operation_not_found(&id, retention),
         1 => Json(found.remove(0)).into_response(),
         _ => {
-            let accounts: Vec<String> = found.into_iter().filter_map(|b| b.account).collect();
-            error(
-                StatusCode::CONFLICT,
+            let mut accounts: Vec<String> = found.into_iter().filter_map(|b| b.account).collect();
+            accounts.dedup();
+            let message = if accounts.len() > 1 {
                 format!(
                     "operation id {id:?} is used by several accounts ({}): ids are per account, \
                      so ask GET /api/v1/accounts/{{account}}/operations/{id}",
                     accounts.join(", ")
-                ),
-            )
+                )
+            } else {
+                format!(
+                    "operation id {id:?} of account {} was submitted by several callers: \
+                     client ids are per caller, so ask with the token of the one whose \
+                     operation you want",
+                    accounts.join(", ")
+                )
+            };
+            error(StatusCode::CONFLICT, message)
         }
     }
 }
 
-/// An operation of one account (client ids are per account).
+/// An operation of one account (client ids are per account and caller): the caller's own
+/// (an admin's lookup sees every caller's; several answer 409).
 pub(super) async fn account_operation(
     State(api): State<Arc<ApiState>>,
     Path((name, id)): Path<(String, String)>,
+    axum::Extension(caller): axum::Extension<Caller>,
+    forwarded: Option<axum::Extension<Submitter>>,
 ) -> Response {
     let retention = api.settings.operation_retention;
+    let viewer = submitter_of(&caller, forwarded);
     let mut found = api
         .operations
         .operations
-        .lookup(Some(&name), &id, retention);
-    if found.is_empty() {
-        return operation_not_found(&id, retention);
+        .lookup(Some(&name), &id, &viewer, retention);
+    match found.len() {
+        0 => operation_not_found(&id, retention),
+        1 => Json(found.remove(0)).into_response(),
+        n => error(
+            StatusCode::CONFLICT,
+            format!(
+                "operation id {id:?} of account {name:?} was submitted by several callers \
+                 ({n}): client ids are per caller, so ask with the token of the one whose operation you \
+                 want"
+            ),
+        ),
     }
-    Json(found.remove(0)).into_response()
 }
 
 fn operation_not_found(id: &str, retention: Duration) -> Response {

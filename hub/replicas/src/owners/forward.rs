@@ -18,7 +18,7 @@ use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use scale_agent_hub_model::{
     HubError, Result,
-    auth::{Caller, Role, Source},
+    auth::{Caller, Role, Source, Submitter},
     error::Chain,
 };
 use scale_agent_hub_net::{https, status::Status};
@@ -38,6 +38,9 @@ pub const INTERNAL_PREFIX: &str = "/internal";
 pub const FORWARDED_BY: &str = "x-scale-agent-forwarded-by";
 /// The name of the caller the forwarding replica authenticated (for the owner's audit).
 pub const FORWARDED_FOR: &str = "x-scale-agent-forwarded-for";
+/// Who the caller is to the operations ([`Submitter::to_header`]): an operation forwarded
+/// to the owner is the caller's there too, and so are its lookups (F18).
+pub const FORWARDED_SUBMITTER: &str = "x-scale-agent-forwarded-submitter";
 /// On answers of the Kubernetes API proxy: the replica that served the request.
 pub const REPLICA_HEADER: &str = "x-scale-agent-replica";
 /// How long connecting to the owner may take.
@@ -135,13 +138,14 @@ impl Forwarder {
     }
 
     /// Sends `request` to `owner` and hands back its answer, its body streamed.
-    /// `caller` names who the client was here, for the owner's audit. A watch (or a log
+    /// `caller` is who the client was here: named for the owner's audit, and the submitter
+    /// its operations and their lookups are scoped to there. A watch (or a log
     /// follow: `ends_cleanly`) whose owner goes away in the middle ends cleanly, as a watch
     /// the API server ends, so that its client watches again (through the next owner).
     pub async fn send(
         &self,
         owner: &OwnerInfo,
-        caller: Option<&str>,
+        caller: Option<&Caller>,
         mut request: Request,
         ends_cleanly: bool,
     ) -> Result<Response, Status> {
@@ -180,8 +184,23 @@ impl Forwarder {
         if let Ok(replica) = HeaderValue::from_str(&self.replica) {
             headers.insert(FORWARDED_BY, replica);
         }
-        if let Some(caller) = caller.and_then(|c| HeaderValue::from_str(c).ok()) {
-            headers.insert(FORWARDED_FOR, caller);
+        if let Some(caller) = caller {
+            if let Ok(name) = HeaderValue::from_str(&caller.name) {
+                headers.insert(FORWARDED_FOR, name);
+            }
+            // Bytes, not a str: an OIDC name may be any UTF-8.
+            let submitter = Submitter::of(caller).to_header();
+            let value = HeaderValue::from_bytes(submitter.as_bytes()).map_err(|_| {
+                Status::failure(
+                    400,
+                    "BadRequest",
+                    format!(
+                    "the caller's name {:?} holds a control character, which cannot be                      forwarded to hub replica {}, the account's owner",
+                    caller.name, owner.replica
+                ),
+                )
+            })?;
+            headers.insert(FORWARDED_SUBMITTER, value);
         }
         let mut outbound = http::Request::new(body);
         *outbound.method_mut() = parts.method;
@@ -291,9 +310,11 @@ fn forwarded_headers(headers: &HeaderMap, upgrade: bool) -> HeaderMap {
     for name in [header::AUTHORIZATION, header::COOKIE, header::HOST] {
         out.remove(name);
     }
+    // A client's own channel headers never cross: only this replica says who called.
     out.remove(FORWARDED_BY);
     out.remove(FORWARDED_FOR);
     out.remove(PREVIOUS_HEADER);
+    out.remove(FORWARDED_SUBMITTER);
     strip_hop_by_hop(&mut out, http::StatusCode::OK);
     if upgrade {
         out.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
@@ -349,7 +370,7 @@ impl Replicas {
         &self,
         owner: &OwnerInfo,
         account: &str,
-        caller: Option<&str>,
+        caller: Option<&Caller>,
         request: Request,
         ends_cleanly: bool,
     ) -> Result<Response, Status> {
@@ -401,9 +422,22 @@ pub async fn internal_auth(
     };
     let from = header(request.headers(), FORWARDED_BY);
     let caller = header(request.headers(), FORWARDED_FOR);
+    let submitter = request
+        .headers()
+        .get(FORWARDED_SUBMITTER)
+        .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
+        .and_then(Submitter::from_header);
     // The channel's own headers stop here: the agent replays what the client sent.
-    for name in [FORWARDED_BY, FORWARDED_FOR, PREVIOUS_HEADER] {
+    for name in [
+        FORWARDED_BY,
+        FORWARDED_FOR,
+        PREVIOUS_HEADER,
+        FORWARDED_SUBMITTER,
+    ] {
         request.headers_mut().remove(name);
+    }
+    if let Some(submitter) = submitter {
+        request.extensions_mut().insert(submitter);
     }
     request.extensions_mut().insert(Caller {
         name: if caller.is_empty() {
@@ -438,9 +472,9 @@ pub async fn to_owner(
     };
     match (owner, params.get("name"), &replicas.forwarder) {
         (Some(owner), Some(account), Some(_)) => {
-            let caller = request.extensions().get::<Caller>().map(|c| c.name.clone());
+            let caller = request.extensions().get::<Caller>().cloned();
             replicas
-                .forward(&owner, account, caller.as_deref(), request, false)
+                .forward(&owner, account, caller.as_ref(), request, false)
                 .await
                 .unwrap_or_else(IntoResponse::into_response)
         }

@@ -521,20 +521,24 @@ impl PostgresStore {
         (!self.closed).then(|| PostgresRecords(self.records.clone()))
     }
 
-    /// Every operation record, `(account\0id, bytes)`.
+    /// Every operation record, `(account\0submitter\0id, bytes)`.
     pub async fn load_operation_records(&self) -> Result<Vec<(String, Vec<u8>)>> {
         self.check_open()?;
         let conn = self.records.get().await?;
         let rows = conn
             .client
-            .query("SELECT account, id, record FROM operation_records", &[])
+            .query(
+                "SELECT account, submitter, id, record FROM operation_records",
+                &[],
+            )
             .await
             .map_err(pg("load operation records"))?;
         Ok(rows
             .iter()
             .map(|row| {
-                let (account, id): (&str, &str) = (row.get(0), row.get(1));
-                (format!("{account}\0{id}"), row.get(2))
+                let (account, submitter, id): (&str, &str, &str) =
+                    (row.get(0), row.get(1), row.get(2));
+                (format!("{account}\0{submitter}\0{id}"), row.get(3))
             })
             .collect())
     }
@@ -544,18 +548,31 @@ impl PostgresStore {
 #[derive(Clone)]
 pub struct PostgresRecords(Arc<Connection>);
 
+/// The columns of an operation record's key, `account\0submitter\0id` (PostgreSQL's text
+/// cannot hold the NUL that separates them in the embedded store); an older key without a
+/// submitter, `account\0id`, is nobody's (submitter `''`).
+fn record_key(key: &str) -> (&str, &str, &str) {
+    let Some((account, rest)) = key.split_once('\0') else {
+        return ("", "", key);
+    };
+    match rest.split_once('\0') {
+        Some((submitter, id)) => (account, submitter, id),
+        None => (account, "", rest),
+    }
+}
+
 impl PostgresRecords {
     /// Inserts the record unless one exists; returns the existing one (see
     /// [`super::OperationRecords::claim`]).
     pub async fn claim(&self, key: &str, value: &[u8]) -> Result<Option<Vec<u8>>> {
-        let (account, id) = key.split_once('\0').unwrap_or(("", key));
+        let (account, submitter, id) = record_key(key);
         let conn = self.0.get().await?;
         let inserted = conn
             .client
             .execute(
-                "INSERT INTO operation_records (account, id, record) VALUES ($1, $2, $3) \
-                 ON CONFLICT (account, id) DO NOTHING",
-                &[&account, &id, &value],
+                "INSERT INTO operation_records (account, submitter, id, record) \
+                 VALUES ($1, $2, $3, $4) ON CONFLICT (account, submitter, id) DO NOTHING",
+                &[&account, &submitter, &id, &value],
             )
             .await
             .map_err(pg("claim an operation id"))?;
@@ -565,8 +582,9 @@ impl PostgresRecords {
         let row = conn
             .client
             .query_opt(
-                "SELECT record FROM operation_records WHERE account = $1 AND id = $2",
-                &[&account, &id],
+                "SELECT record FROM operation_records \
+                 WHERE account = $1 AND submitter = $2 AND id = $3",
+                &[&account, &submitter, &id],
             )
             .await
             .map_err(pg("claim an operation id"))?;
@@ -575,13 +593,14 @@ impl PostgresRecords {
 
     /// The record of `key`, if stored.
     pub async fn read(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        let (account, id) = key.split_once('\0').unwrap_or(("", key));
+        let (account, submitter, id) = record_key(key);
         let conn = self.0.get().await?;
         let row = conn
             .client
             .query_opt(
-                "SELECT record FROM operation_records WHERE account = $1 AND id = $2",
-                &[&account, &id],
+                "SELECT record FROM operation_records \
+                 WHERE account = $1 AND submitter = $2 AND id = $3",
+                &[&account, &submitter, &id],
             )
             .await
             .map_err(pg("read an operation record"))?;
@@ -594,8 +613,7 @@ impl PostgresRecords {
         value: Option<&[u8]>,
         expired: Option<&Expired>,
     ) -> Result<()> {
-        // PostgreSQL's text cannot hold the NUL that separates them in the embedded store.
-        let (account, id) = key.split_once('\0').unwrap_or(("", key));
+        let (account, submitter, id) = record_key(key);
         let mut conn = self.0.get().await?;
         let txn = conn
             .client
@@ -605,30 +623,37 @@ impl PostgresRecords {
         match value {
             Some(bytes) => txn
                 .execute(
-                    "INSERT INTO operation_records (account, id, record) VALUES ($1, $2, $3) \
-                     ON CONFLICT (account, id) DO UPDATE SET record = EXCLUDED.record",
-                    &[&account, &id, &bytes],
+                    "INSERT INTO operation_records (account, submitter, id, record) \
+                     VALUES ($1, $2, $3, $4) \
+                     ON CONFLICT (account, submitter, id) DO UPDATE SET record = EXCLUDED.record",
+                    &[&account, &submitter, &id, &bytes],
                 )
                 .await
                 .map_err(pg("operation record"))?,
             None => txn
                 .execute(
-                    "DELETE FROM operation_records WHERE account = $1 AND id = $2",
-                    &[&account, &id],
+                    "DELETE FROM operation_records \
+                     WHERE account = $1 AND submitter = $2 AND id = $3",
+                    &[&account, &submitter, &id],
                 )
                 .await
                 .map_err(pg("operation record"))?,
         };
         if let Some(expired) = expired {
             let rows = txn
-                .query("SELECT account, id, record FROM operation_records", &[])
+                .query(
+                    "SELECT account, submitter, id, record FROM operation_records",
+                    &[],
+                )
                 .await
                 .map_err(pg("operation record"))?;
-            for row in rows.iter().filter(|row| expired(row.get(2))) {
-                let (account, id): (&str, &str) = (row.get(0), row.get(1));
+            for row in rows.iter().filter(|row| expired(row.get(3))) {
+                let (account, submitter, id): (&str, &str, &str) =
+                    (row.get(0), row.get(1), row.get(2));
                 txn.execute(
-                    "DELETE FROM operation_records WHERE account = $1 AND id = $2",
-                    &[&account, &id],
+                    "DELETE FROM operation_records \
+                     WHERE account = $1 AND submitter = $2 AND id = $3",
+                    &[&account, &submitter, &id],
                 )
                 .await
                 .map_err(pg("operation record"))?;

@@ -66,6 +66,15 @@ const MIGRATIONS: &[Migration] = &[
         CREATE TABLE agent_identity_states (identity text PRIMARY KEY, record bytea NOT NULL);
     ",
     },
+    Migration {
+        version: 4,
+        name: "operation records keyed by their submitter too: client ids are per caller",
+        sql: "
+        ALTER TABLE operation_records ADD COLUMN submitter text NOT NULL DEFAULT '';
+        ALTER TABLE operation_records DROP CONSTRAINT operation_records_pkey;
+        ALTER TABLE operation_records ADD PRIMARY KEY (account, submitter, id);
+    ",
+    },
 ];
 
 /// The advisory lock that serializes migrations of replicas starting together ("scale-agent
