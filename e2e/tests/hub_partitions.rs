@@ -629,3 +629,217 @@ async fn a_replica_cut_off_from_its_agents_hands_their_accounts_over_without_rel
     fleet.passed = true;
     Ok(())
 }
+
+/// How long PostgreSQL stays down in the store outage test.
+const OUTAGE: Duration = Duration::from_secs(60);
+
+/// What the hubs answer to writes and about their state while the store is down: the
+/// proxy's write and the operations API's answer through `hub` for `account` (status and
+/// body each), the account's `cacheStale`, and whether `/metrics` says the store fails.
+async fn during_outage(
+    hub: &HubProcess,
+    account: &Account,
+) -> anyhow::Result<((u16, String), (u16, String), Value, bool)> {
+    let url = format!(
+        "http://{}/clusters/{}/api/v1/namespaces/{}/configmaps",
+        hub.http, account.name, account.namespace
+    );
+    let mut create = Call::new("POST", url)
+        .bearer(&account.token)
+        .header("content-type", "application/json")
+        .timeout(Duration::from_secs(20));
+    create.body = Some(
+        br#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"during-the-outage"}}"#
+            .to_vec(),
+    );
+    let proxied = create.send().await?;
+    let mut operation = fixtures::hub_call(
+        "POST",
+        hub.http,
+        &format!("/api/v1/accounts/{}/operations", account.name),
+    )
+    .header("content-type", "application/json")
+    .timeout(Duration::from_secs(40));
+    operation.body = Some(
+        json!({"type": "apply", "manifest": {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "during-the-outage", "namespace": account.namespace}}})
+        .to_string()
+        .into_bytes(),
+    );
+    let operated = operation.send().await?;
+    let view = hub.account(&account.name).await?.unwrap_or_default();
+    let metrics = fixtures::hub_call("GET", hub.http, "/metrics")
+        .send()
+        .await?
+        .body;
+    Ok((
+        (proxied.status, proxied.body),
+        (operated.status, operated.body),
+        view["cacheStale"].clone(),
+        metrics.contains("scale_agent_hub_store_failing 1"),
+    ))
+}
+
+/// PostgreSQL stopped for a minute under churn and read load (issue 29). Both replicas lose
+/// the accounts' ownership with their lock sessions, so no agent streams; each replica that
+/// held an account's cache answers its reads from it with a Warning that names the store
+/// (not the agents, which are connected and stand by) and the cache's age; writes through the
+/// proxy and the operations API answer 503 with the store's error; the account's
+/// `cacheStale` and `scale_agent_hub_store_failing` say so. After PostgreSQL returns the
+/// accounts stream again, resumed without a LIST, and every replica's cache equals the API
+/// server: nothing the agents sent before, or the churn made during, the outage is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_stopped_for_a_minute_serves_reads_flagged_refuses_writes_and_loses_nothing()
+-> anyhow::Result<()> {
+    let began = Instant::now();
+    let dir = fixtures::temp_dir("scale-agent-store-outage")?;
+    let mut fleet = Fleet::start(&dir).await?;
+    let sql = postgres::connect(&fleet.postgres.superuser_url()).await?;
+    fleet
+        .all_streaming(&sql, began, Duration::from_secs(120), |_, _| true)
+        .await?;
+    fleet.converged().await?;
+    let lists_before = fleet.lists()?;
+    let before = owners(&sql).await?;
+    drop(sql);
+
+    let churn = Churn::start(fleet.namespaces(), 61);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    fleet.postgres.stop().await;
+    let stopped = Instant::now();
+    let stop_reads = Arc::new(AtomicBool::new(false));
+    let loads: Vec<_> = fleet
+        .hubs
+        .iter()
+        .map(|hub| {
+            read_load(
+                hub.http,
+                fleet
+                    .accounts
+                    .iter()
+                    .map(|a| (a.name.clone(), a.namespace.clone(), a.token.clone()))
+                    .collect(),
+                stopped,
+                stop_reads.clone(),
+            )
+        })
+        .collect();
+
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let mut answers = Vec::new();
+    for account in &fleet.accounts {
+        let owner = &fleet.hubs[fleet.index(&before[&account.name])];
+        answers.push((account.name.clone(), during_outage(owner, account).await?));
+    }
+    let left = OUTAGE.saturating_sub(stopped.elapsed());
+    tokio::time::sleep(left).await;
+    let down = stopped.elapsed();
+    fleet.postgres.start_again().await?;
+    let restarted = Instant::now();
+    stop_reads.store(true, Ordering::SeqCst);
+    let mut reads = Vec::new();
+    for (i, load) in loads.into_iter().enumerate() {
+        reads.extend(load.await?.into_iter().map(|r| (i, r)));
+    }
+
+    for (account, ((proxied, body), (operated, operation), stale, failing)) in &answers {
+        eprintln!(
+            "[store-outage] {account}: proxy write {proxied} {body}; operation {operated} \
+             {operation}; cacheStale {stale}; store_failing 1: {failing}"
+        );
+        assert_eq!(*proxied, 503, "{account}: {body}");
+        assert!(body.contains("store"), "{account}: {body}");
+        assert_eq!(*operated, 503, "{account}: {operation}");
+        assert!(operation.contains("store"), "{account}: {operation}");
+        assert!(
+            stale.as_str().is_some_and(|s| !s.is_empty()),
+            "{account}: {stale}"
+        );
+        assert!(
+            *failing,
+            "{account}: the metrics do not say the store fails"
+        );
+    }
+    // Reads through the replica that held each account's cache: answered, and flagged as
+    // the store's failure once the replica noticed it (its lock session ended at the stop).
+    let noticed = Duration::from_secs(5);
+    for account in &fleet.accounts {
+        let owner = fleet.index(&before[&account.name]);
+        let through_owner: Vec<&Read> = reads
+            .iter()
+            .filter(|(i, r)| *i == owner && r.account == account.name)
+            .filter(|(_, r)| r.at > noticed && r.at < down)
+            .map(|(_, r)| r)
+            .collect();
+        let answered = through_owner.iter().filter(|r| r.status == 200).count();
+        eprintln!(
+            "[store-outage] {}: {answered} of {} reads through its owner {} answered during \
+             the outage (first: {:?})",
+            account.name,
+            through_owner.len(),
+            before[&account.name],
+            through_owner.first()
+        );
+        assert!(
+            answered * 10 >= through_owner.len() * 9 && answered > 0,
+            "{}: {through_owner:?}",
+            account.name
+        );
+        for read in through_owner.iter().filter(|r| r.status == 200) {
+            let warning = read.warning.as_deref().unwrap_or_default();
+            assert!(
+                warning.contains("store has not committed") && read.age.is_some(),
+                "{}: a read during the outage not flagged as the store's: {read:?}",
+                account.name
+            );
+        }
+    }
+    let through_other = reads
+        .iter()
+        .filter(|(i, r)| *i != fleet.index(&before[&r.account]))
+        .filter(|(_, r)| r.at > noticed && r.at < down)
+        .map(|(_, r)| (r.status, r.cache.clone(), r.warning.is_some()))
+        .fold(BTreeMap::new(), |mut counts, key| {
+            *counts.entry(key).or_insert(0) += 1;
+            counts
+        });
+    eprintln!(
+        "[store-outage] reads through the other replica (status, x-scale-agent-cache, flagged): \
+         {through_other:?}"
+    );
+
+    // PostgreSQL is back.
+    let sql = postgres::connect(&fleet.postgres.superuser_url()).await?;
+    let again = fleet
+        .all_streaming(&sql, restarted, Duration::from_secs(60), |_, _| true)
+        .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let changes = churn.finish().await?;
+    let caught_up = fleet.converged().await?;
+    eprintln!(
+        "[store-outage] PostgreSQL down {OUTAGE:?}; streaming again {again:?} after it \
+         returned; {changes} changes; caches equal {caught_up:?} after the churn stopped"
+    );
+    assert_eq!(
+        fleet.lists()?,
+        lists_before,
+        "the agents LISTed again after the outage"
+    );
+    for hub in &fleet.hubs {
+        let metrics = fixtures::hub_call("GET", hub.http, "/metrics")
+            .send()
+            .await?
+            .body;
+        assert!(
+            metrics.contains("scale_agent_hub_store_failing 0"),
+            "{metrics}"
+        );
+    }
+    let history = postgres::ownership_history(&sql).await?;
+    for (account, tenures) in &history {
+        postgres::assert_no_overlap(account, tenures);
+    }
+    eprintln!("[store-outage] passed in {:?}", began.elapsed());
+    fleet.passed = true;
+    Ok(())
+}

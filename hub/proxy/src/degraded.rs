@@ -53,9 +53,18 @@ pub enum Degraded {
 }
 
 impl Degraded {
-    /// The account's degraded mode now, if any: the agent being away first (it says more
-    /// about the account), then its streaming agent being silent, then the store.
+    /// The account's degraded mode now, if any: the store failing first (the cause of the
+    /// rest), then the agent being away, then its streaming agent being silent.
     pub fn of(live: &Live, commits: &Commits, account: &str) -> Option<Degraded> {
+        // The store first: when it fails, replicas lose the accounts' ownership and their
+        // agents stand by, so "no agent" would name the symptom, not the cause.
+        let health = commits.health();
+        if let Some(reason) = health.failure {
+            return Some(Degraded::StoreFailing {
+                since: health.failing_since.unwrap_or_else(Instant::now),
+                reason,
+            });
+        }
         let away = {
             live.registry_read()
                 .accounts
@@ -69,15 +78,8 @@ impl Degraded {
         if let Some(since) = away {
             return Some(Degraded::AgentAway { since });
         }
-        if let Some((since, period)) = live.streaming_silent(account) {
-            return Some(Degraded::AgentSilent { since, period });
-        }
-        let health = commits.health();
-        let reason = health.failure?;
-        Some(Degraded::StoreFailing {
-            since: health.failing_since.unwrap_or_else(Instant::now),
-            reason,
-        })
+        live.streaming_silent(account)
+            .map(|(since, period)| Degraded::AgentSilent { since, period })
     }
 
     fn since(&self) -> Instant {
@@ -115,8 +117,8 @@ impl Degraded {
                 period.as_secs()
             ),
             Degraded::StoreFailing { reason, .. } => format!(
-                "the hub's store has not committed for {age} s ({}), so the hub holds the \
-                 agents' stream of account {account}",
+                "the hub's store has not committed for {age} s ({}), so the agents of account \
+                 {account} cannot stream it to the hub",
                 one_line(reason)
             ),
         }
