@@ -93,8 +93,12 @@ pub async fn connect_with(hub: &HubConnection, client_certificate: bool) -> Resu
     let mut endpoint = Endpoint::from_shared(url.clone())
         .map_err(|e| address_error(e.to_string()))?
         .connect_timeout(Duration::from_secs(10))
-        .http2_keep_alive_interval(Duration::from_secs(30))
-        .keep_alive_timeout(Duration::from_secs(20))
+        // A PING after 5 s without a byte from the hub, unanswered after 10 s, ends the
+        // connection: a hub replica cut off by a silent partition is left within 15 s (the
+        // two heartbeat periods of silence that end a stream otherwise are 30 s by default),
+        // and the agent reconnects to another replica.
+        .http2_keep_alive_interval(Duration::from_secs(5))
+        .keep_alive_timeout(Duration::from_secs(10))
         .keep_alive_while_idle(true);
     if !hub.plaintext() {
         let host = endpoint

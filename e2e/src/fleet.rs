@@ -159,7 +159,8 @@ impl Drop for Restartable {
 }
 
 /// The hub as a process: plaintext gRPC and HTTP on fixed loopback ports, its store in
-/// `<dir>/hub-data`, 1 s heartbeats, the tests' API token.
+/// `<dir>/hub-data`, 1 s heartbeats (unless `extra` sets `--heartbeat-period`), the tests'
+/// API token.
 #[derive(Debug)]
 pub struct HubProcess {
     pub grpc: SocketAddr,
@@ -182,12 +183,14 @@ impl HubProcess {
             "--allow=*=*".into(),
             "--http-plaintext".into(),
             format!("--data-dir={}", data_dir.display()),
-            "--heartbeat-period=1s".into(),
             format!(
                 "--api-tokens-file={}",
                 fixtures::write_api_tokens(dir)?.display()
             ),
         ];
+        if !extra.iter().any(|a| a.starts_with("--heartbeat-period")) {
+            args.push("--heartbeat-period=1s".into());
+        }
         args.extend(extra.iter().map(|a| a.replace("{http}", &http.to_string())));
         let mut hub = Self {
             grpc,

@@ -15,6 +15,7 @@
 
 pub mod argocd;
 pub mod binaries;
+pub mod churn;
 pub mod control_plane;
 pub mod crds;
 pub mod demo;

@@ -594,6 +594,12 @@ impl PostgresServer {
         self.launch().await
     }
 
+    /// Starts the server again after [`Self::stop`] or [`Self::kill`], on the same port and
+    /// data, and waits until its user can connect.
+    pub async fn start_again(&mut self) -> Result<()> {
+        self.launch().await
+    }
+
     async fn launch(&mut self) -> Result<()> {
         self.starts += 1;
         let mut command = self.install.command("postgres", &self.dir);

@@ -251,6 +251,10 @@ impl Hub {
 
     /// Refreshes the gauges from the state.
     pub(crate) fn refresh_gauges(&self) {
+        // The writer sets it on commits; the ownership finding the store unreachable counts
+        // too, although nothing was committed meanwhile.
+        let failing = self.commits.health().failure.is_some();
+        self.metrics.store.failing.set(i64::from(failing));
         let registry = self.live.registry_read();
         self.metrics
             .connected_agents

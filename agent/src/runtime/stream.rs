@@ -222,12 +222,15 @@ impl Runtime {
                         return failed(error);
                     }
                 }
+                // At two periods of silence exactly, not at the next heartbeat after them (up
+                // to a period later): a hub cut off by a silent partition is left in time for
+                // another replica to take the accounts over within the lease's bounds.
+                () = tokio::time::sleep_until(last_heard + period * 2) => {
+                    return failed(Error::Protocol(format!(
+                        "the hub sent nothing for {} s (two heartbeat periods)", last_heard.elapsed().as_secs()
+                    )));
+                }
                 _ = heartbeat.tick() => {
-                    if last_heard.elapsed() > period * 2 {
-                        return failed(Error::Protocol(format!(
-                            "the hub sent nothing for {} s (two heartbeat periods)", last_heard.elapsed().as_secs()
-                        )));
-                    }
                     if let Err(error) = session.heartbeat().await {
                         return failed(error);
                     }

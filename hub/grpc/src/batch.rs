@@ -40,6 +40,7 @@ impl StreamTask {
             }
         };
         self.last_heard = tokio::time::Instant::now();
+        self.hearing.heard();
         let (batch, ended) = self.gather(first)?;
         if !batch.is_empty() {
             self.process_batch(batch).await?;

@@ -27,6 +27,14 @@ impl HeartbeatBounds {
             secs => Duration::from_secs(u64::from(secs)).clamp(self.min, self.max),
         }
     }
+
+    /// The gRPC server's keepalive (interval, timeout): see [`StreamSettings::keepalive`].
+    pub fn keepalive(&self) -> (Duration, Duration) {
+        (
+            self.default.min(KEEPALIVE_INTERVAL),
+            (self.default * 2).min(KEEPALIVE_TIMEOUT),
+        )
+    }
 }
 
 /// The settings of the agents' streams and of the Enroll RPC.
@@ -49,6 +57,11 @@ pub struct StreamSettings {
     pub trusted_proxy: Option<ProxyTrust>,
 }
 
+/// The longest an agent's connection stays without a byte before the hub PINGs it.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+/// The longest the hub waits for the agent's answer to a PING before closing the connection.
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl StreamSettings {
     /// The lifetimes of the certificates issued by renewal.
     pub fn renewal_policy(&self) -> RenewalPolicy {
@@ -67,11 +80,15 @@ impl StreamSettings {
             .saturating_add(1024 * 1024)
     }
 
-    /// Keepalive settings of the gRPC server (interval, timeout), derived from the default
-    /// heartbeat period.
+    /// Keepalive settings of the gRPC server (interval, timeout): an HTTP/2 PING after
+    /// [`KEEPALIVE_INTERVAL`] without a byte from the agent (or the default heartbeat period
+    /// when shorter), unanswered after [`KEEPALIVE_TIMEOUT`] (or two periods), closes the
+    /// connection. A PING is answered by the agent's transport whatever its load, so this
+    /// bounds how long a silent partition between this replica and its agents keeps their
+    /// streams, and their accounts, here: at most the two, well under the two heartbeat
+    /// periods of silence that end a stream otherwise (30 s by default).
     pub fn keepalive(&self) -> (Duration, Duration) {
-        let period = self.heartbeat.default;
-        (period, period * 2)
+        self.heartbeat.keepalive()
     }
 }
 
@@ -91,5 +108,18 @@ mod tests {
         assert_eq!(bounds.grant(1), secs(5));
         assert_eq!(bounds.grant(20), secs(20));
         assert_eq!(bounds.grant(3600), secs(60));
+    }
+
+    #[test]
+    fn keepalive_is_bounded_whatever_the_heartbeat_period() {
+        let secs = Duration::from_secs;
+        let bounds = |default| HeartbeatBounds {
+            default,
+            min: secs(1),
+            max: secs(300),
+        };
+        assert_eq!(bounds(secs(15)).keepalive(), (secs(5), secs(10)));
+        assert_eq!(bounds(secs(1)).keepalive(), (secs(1), secs(2)));
+        assert_eq!(bounds(secs(300)).keepalive(), (secs(5), secs(10)));
     }
 }

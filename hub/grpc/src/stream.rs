@@ -13,7 +13,7 @@ use prost::Message as _;
 use scale_agent_hub_auth::agent_auth::Authenticated;
 use scale_agent_hub_model::time::shutting_down;
 use scale_agent_hub_state::{
-    Control, SessionHandle,
+    Control, Hearing, SessionHandle,
     registry::SessionId,
     session::{Session, check_hello, message_type, streaming_assignment},
     tunnel,
@@ -51,6 +51,8 @@ pub(super) struct StreamTask {
     heartbeat: tokio::time::Interval,
     /// When the agent's last message arrived: two periods of silence end the stream.
     pub(super) last_heard: tokio::time::Instant,
+    /// The same, for the rest of the hub (the proxy flags the reads of a silent stream).
+    pub(super) hearing: Arc<Hearing>,
     /// The Ack owed, and this stream's changes still queued for the store.
     pub(super) acks: AckGate,
     /// The commit writer's progress, which releases Acks.
@@ -89,15 +91,16 @@ impl StreamTask {
         hello: &pb::Hello,
     ) -> Result<Self, Status> {
         let identity = auth.identity.as_str();
+        let period = granted_period(&grpc, hello);
+        let hearing = Arc::new(Hearing::new(period));
         let Registered {
             id,
             control,
             session_token,
-        } = register(&grpc, identity, hello, &out)?;
+        } = register(&grpc, identity, hello, &out, hearing.clone())?;
         tracing::info!(version = %hello.agent_version, "agent connected");
 
         let session = Session::new(id, identity.to_string()).with_grant(auth.grant.clone());
-        let period = granted_period(&grpc, hello);
         let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let store_progress = grpc.commits.subscribe();
@@ -114,6 +117,7 @@ impl StreamTask {
             period,
             heartbeat,
             last_heard: tokio::time::Instant::now(),
+            hearing,
             acks: AckGate::default(),
             store_progress,
             shutdown,
@@ -349,6 +353,7 @@ fn register(
     identity: &str,
     hello: &pb::Hello,
     out: &StreamOut,
+    hearing: Arc<Hearing>,
 ) -> Result<Registered, Status> {
     let tunnelled = hello.capabilities.iter().any(|c| c == TUNNEL_CAPABILITY);
     let (ctrl_tx, control) = mpsc::channel(CONTROL_BUFFER);
@@ -372,6 +377,7 @@ fn register(
             control: ctrl_tx,
             outbound: out.tunnel.clone(),
             tunnel_window: tunnelled.then_some(tunnel::WINDOW_BYTES),
+            hearing,
         },
     );
     if let Some(old) = replaced {

@@ -1,5 +1,7 @@
 //! Degraded modes that say what they are. While an account's agent is away (the hub keeps
-//! its cache for the grace period) or while the store cannot commit (PostgreSQL down, a full
+//! its cache for the grace period), while its streaming agent is silent (its heartbeat
+//! overdue: a partition between this replica and its agents, until the stream ends), or
+//! while the store cannot commit (PostgreSQL down, a full
 //! volume: agents' Acks are held, so the cache stops moving), reads the cache can answer are
 //! still answered from it, but flagged: a Kubernetes `Warning` header, which kubectl and
 //! client-go print (`Warning: ...`), and [`CACHE_AGE_HEADER`], how old the data may be. Writes
@@ -32,6 +34,16 @@ pub enum Degraded {
         /// Since when (this replica's clock).
         since: Instant,
     },
+    /// The agent streaming the account here has sent nothing for half a heartbeat period
+    /// longer than its heartbeat: its stream may be cut off (a silent network partition
+    /// between this replica and its agents) and the cache may have stopped moving, although
+    /// the stream ends only after two periods of silence.
+    AgentSilent {
+        /// Its last message (this replica's clock).
+        since: Instant,
+        /// The heartbeat period granted to its stream.
+        period: Duration,
+    },
     /// The store cannot commit: agents' acknowledgements are held, the cache stops moving.
     StoreFailing {
         since: Instant,
@@ -41,9 +53,18 @@ pub enum Degraded {
 }
 
 impl Degraded {
-    /// The account's degraded mode now, if any: the agent being away first (it says more
-    /// about the account), then the store.
+    /// The account's degraded mode now, if any: the store failing first (the cause of the
+    /// rest), then the agent being away, then its streaming agent being silent.
     pub fn of(live: &Live, commits: &Commits, account: &str) -> Option<Degraded> {
+        // The store first: when it fails, replicas lose the accounts' ownership and their
+        // agents stand by, so "no agent" would name the symptom, not the cause.
+        let health = commits.health();
+        if let Some(reason) = health.failure {
+            return Some(Degraded::StoreFailing {
+                since: health.failing_since.unwrap_or_else(Instant::now),
+                reason,
+            });
+        }
         let away = {
             live.registry_read()
                 .accounts
@@ -57,17 +78,15 @@ impl Degraded {
         if let Some(since) = away {
             return Some(Degraded::AgentAway { since });
         }
-        let health = commits.health();
-        let reason = health.failure?;
-        Some(Degraded::StoreFailing {
-            since: health.failing_since.unwrap_or_else(Instant::now),
-            reason,
-        })
+        live.streaming_silent(account)
+            .map(|(since, period)| Degraded::AgentSilent { since, period })
     }
 
     fn since(&self) -> Instant {
         match self {
-            Degraded::AgentAway { since } | Degraded::StoreFailing { since, .. } => *since,
+            Degraded::AgentAway { since }
+            | Degraded::AgentSilent { since, .. }
+            | Degraded::StoreFailing { since, .. } => *since,
         }
     }
 
@@ -80,6 +99,7 @@ impl Degraded {
     pub fn label(&self) -> &'static str {
         match self {
             Degraded::AgentAway { .. } => "agent_away",
+            Degraded::AgentSilent { .. } => "agent_silent",
             Degraded::StoreFailing { .. } => "store_failing",
         }
     }
@@ -91,9 +111,14 @@ impl Degraded {
             Degraded::AgentAway { .. } => {
                 format!("no agent of account {account} has been connected to the hub for {age} s")
             }
+            Degraded::AgentSilent { period, .. } => format!(
+                "the agent streaming account {account} has sent nothing for {age} s (its \
+                 heartbeat is every {} s; the hub ends a stream silent for two periods)",
+                period.as_secs()
+            ),
             Degraded::StoreFailing { reason, .. } => format!(
-                "the hub's store has not committed for {age} s ({}), so the hub holds the \
-                 agents' stream of account {account}",
+                "the hub's store has not committed for {age} s ({}), so the agents of account \
+                 {account} cannot stream it to the hub",
                 one_line(reason)
             ),
         }
@@ -137,6 +162,10 @@ impl Degraded {
             Degraded::AgentAway { .. } => {
                 "writes need a connected agent: start or fix the account's agent (GET \
                  /api/v1/agents shows who is connected), then retry"
+            }
+            Degraded::AgentSilent { .. } => {
+                "writes need an agent that answers: retry once its stream ended (the account \
+                 then moves to an agent that is heard from)"
             }
             Degraded::StoreFailing { .. } => {
                 "writes are refused until the store commits again (their result could be \
@@ -183,6 +212,17 @@ mod tests {
             "{}",
             status.message()
         );
+        let silent = Degraded::AgentSilent {
+            since,
+            period: Duration::from_secs(15),
+        };
+        let warning = silent.warning("prod");
+        assert!(
+            warning.contains("the agent streaming account prod has sent nothing for 42 s"),
+            "{warning}"
+        );
+        assert!(warning.contains("every 15 s"), "{warning}");
+        assert_eq!(silent.refuse_write("prod", &metrics).code(), 503);
         let mut response = Response::new(axum::body::Body::empty());
         away.flag("prod", &mut response, &metrics);
         assert_eq!(response.headers()[CACHE_AGE_HEADER], "42");

@@ -31,7 +31,7 @@ pub struct ProxyMetrics {
     /// Tunnelled exchanges open now (set when the gauges are refreshed, from the proxy's
     /// open exchanges).
     pub exchanges_open: Gauge,
-    /// Reads answered from a cache that may be stale, by why (`agent_away`,
+    /// Reads answered from a cache that may be stale, by why (`agent_away`, `agent_silent`,
     /// `store_failing`): see [`crate::degraded`].
     pub stale_reads: Family<[(&'static str, &'static str); 1], Counter>,
     /// Writes refused with 503 because the account is degraded, by why.
@@ -79,13 +79,13 @@ impl ProxyMetrics {
             "proxy_stale_reads",
             "Reads answered from the hub's cache while it may be stale, with a Warning \
              header, by reason (agent_away: no agent connected, within the grace period; \
-             store_failing: the store cannot commit, so the agents' streams are held)",
+             agent_silent: the streaming agent's heartbeat is overdue; store_failing: the store cannot commit, so the agents' streams are held)",
             self.stale_reads.clone(),
         );
         registry.register(
             "proxy_refused_writes",
-            "Writes answered 503 because the account's agent is away or the store cannot \
-             commit, by reason",
+            "Writes answered 503 because the account's agent is away or silent or the \
+             store cannot commit, by reason",
             self.refused_writes.clone(),
         );
         registry.register(

@@ -10,11 +10,13 @@
 //! proxy's caches hear of changes through the [`CacheEvents`] they implement.
 
 pub mod dynamic_accounts;
+mod hearing;
 mod live;
 pub mod metrics;
 pub mod registry;
 pub mod session;
 pub mod tunnel;
 
+pub use hearing::Hearing;
 pub use live::{CacheEvents, Control, Live, SessionHandle, account_state_message};
 pub use metrics::StreamMetrics;

@@ -19,6 +19,7 @@ use tokio::sync::{Notify, mpsc};
 
 use crate::{
     dynamic_accounts::DynamicAccounts,
+    hearing::Hearing,
     metrics::StreamMetrics,
     registry::{self, Promotion, Registry, SessionId},
     session::HubState,
@@ -51,6 +52,8 @@ pub struct SessionHandle {
     pub outbound: tunnel::AgentSender,
     /// The tunnel window when the agent announced the `http-tunnel` capability.
     pub tunnel_window: Option<u32>,
+    /// When the stream last heard from its agent (its loop notes each message).
+    pub hearing: std::sync::Arc<Hearing>,
 }
 
 /// An account's state as the wire carries it.
@@ -284,6 +287,17 @@ impl Live {
             .iter()
             .filter_map(|a| registry.states.get(a).map(|r| account_state_message(a, r)))
             .collect()
+    }
+
+    /// The streaming agent of `account` here, when its heartbeat is overdue (see
+    /// [`Hearing::silent_since`]): since when it has been silent, and its heartbeat period.
+    /// `None` when it is heard from, or no agent streams the account here.
+    pub fn streaming_silent(&self, account: &str) -> Option<(Instant, std::time::Duration)> {
+        let session = self.registry_read().accounts.get(account)?.streaming?;
+        let hearing = self.sessions().get(&session)?.hearing.clone();
+        hearing
+            .silent_since()
+            .map(|since| (since, hearing.period()))
     }
 
     /// A rotating index for choosing among `n` replicas: anything that sends work to an

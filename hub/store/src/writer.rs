@@ -96,6 +96,10 @@ struct Queue {
     queued_bytes: u64,
     failure: Option<String>,
     failing_since: Option<std::time::Instant>,
+    /// Set while the replicas' ownership cannot reach the same PostgreSQL ([`Commits::unreachable`]):
+    /// nothing may be committed for the accounts no replica can own, although no commit
+    /// failed (nothing was queued).
+    unreachable: Option<(std::time::Instant, String)>,
 }
 
 /// The queue of changes to commit, and the writer's progress.
@@ -183,12 +187,52 @@ impl Commits {
         }
     }
 
+    /// The commits' health; a store the ownership cannot reach counts as failing too.
     pub fn health(&self) -> Health {
         let q = self.queue();
+        let unreachable = q.unreachable.as_ref();
         Health {
-            failure: q.failure.clone(),
-            failing_since: q.failing_since,
+            failure: q
+                .failure
+                .clone()
+                .or_else(|| unreachable.map(|(_, reason)| reason.clone())),
+            failing_since: match (q.failing_since, unreachable.map(|(since, _)| *since)) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            },
             queued: q.queued_ops,
+        }
+    }
+
+    /// The replicas' ownership cannot reach the store (PostgreSQL down or cut off): no
+    /// replica can take the accounts, so their agents stand by and nothing of theirs is
+    /// committed. Reported as the store failing (readiness, `store_failing`, the proxy's
+    /// stale reads) until [`Self::reachable`], although no commit failed.
+    pub fn unreachable(&self, reason: String) {
+        let first = {
+            let mut q = self.queue();
+            let first = q.unreachable.is_none();
+            let since = q
+                .unreachable
+                .as_ref()
+                .map_or_else(std::time::Instant::now, |(since, _)| *since);
+            q.unreachable = Some((since, reason.clone()));
+            first
+        };
+        if first {
+            tracing::error!(error = %reason, "the store cannot be reached for the accounts' ownership; reads are served from memory, flagged as stale, writes refused");
+        }
+    }
+
+    /// Whether the ownership found the store unreachable last (see [`Self::unreachable`]).
+    pub fn is_unreachable(&self) -> bool {
+        self.queue().unreachable.is_some()
+    }
+
+    /// The ownership reached the store again (see [`Self::unreachable`]).
+    pub fn reachable(&self) {
+        if self.queue().unreachable.take().is_some() {
+            tracing::info!("the store is reachable again for the accounts' ownership");
         }
     }
 

@@ -70,6 +70,21 @@ pub(super) async fn submit_operation(
         );
         return answer;
     }
+    // As the proxy refuses writes while the store fails: the outcome could be neither
+    // recorded (client ids, GET /api/v1/operations/{id}) nor shown, and the account's agents
+    // stand by while no replica can take it, so the operation would only wait for none.
+    if let Some(failure) = api.commits.health().failure {
+        let subject = crate::audit::OperationSubject::of(None);
+        crate::audit::operation(&caller, &name, &subject, 503, started.elapsed());
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "the hub's store is failing ({failure}): operations are refused until it \
+                 commits again; fix the store (PostgreSQL up and reachable, volume not full), \
+                 then retry"
+            ),
+        );
+    }
     let body = axum::body::Bytes::from_request(request, &()).await;
     let body = match body {
         Ok(body) => body,

@@ -17,6 +17,10 @@ use crate::Replicas;
 /// after its owner died (the lock frees when the owner's database session ends).
 pub const POLL: Duration = Duration::from_secs(1);
 
+/// An account name no agent can register (names are DNS labels): looked up to find out
+/// whether the store answers again.
+const PROBE_ACCOUNT: &str = "-probe-";
+
 /// Runs until `shutdown` says the hub stops (which releases everything once the store is
 /// flushed). Ownership comes from `replicas`; the standbys and owned accounts are `live`'s
 /// registry; what an account taken over was registered with is queued in `commits`;
@@ -31,6 +35,13 @@ pub async fn run(
     let mut losses = replicas.ownership.losses();
     loop {
         let to_acquire = live.registry().to_acquire();
+        if to_acquire.is_empty() && commits.is_unreachable() {
+            // Nothing to take that would find out: a look-up says whether the store answers.
+            match replicas.ownership.owner(PROBE_ACCOUNT).await {
+                Ok(_) => commits.reachable(),
+                Err(e) => commits.unreachable(Chain(&e).to_string()),
+            }
+        }
         for account in to_acquire {
             acquire(replicas, live, commits, source, &account).await;
         }
@@ -44,6 +55,10 @@ pub async fn run(
             changed = losses.changed() => {
                 if changed.is_ok() {
                     lost_all(live);
+                    commits.unreachable(
+                        "the connection to PostgreSQL that holds the accounts' ownership broke"
+                            .into(),
+                    );
                 }
             }
             _ = shutdown.changed() => {
@@ -64,7 +79,12 @@ async fn acquire(
     source: &dyn AccountSource,
     account: &str,
 ) {
-    let epoch = match replicas.ownership.try_acquire(account).await {
+    let claim = replicas.ownership.try_acquire(account).await;
+    match &claim {
+        Ok(_) => commits.reachable(),
+        Err(e) => commits.unreachable(format!("cannot take account {account}: {}", Chain(e))),
+    }
+    let epoch = match claim {
         Ok(Claim::Acquired { epoch }) => epoch,
         Ok(Claim::HeldElsewhere(owner)) => {
             tracing::trace!(owner = ?owner.map(|o| o.replica), "account owned by another replica");
