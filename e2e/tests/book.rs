@@ -1,6 +1,8 @@
 //! The user guide in `docs/` (issue 32): it builds with the pinned mdBook, every relative link
 //! and anchor in the built book resolves (mdBook's own build checks neither), every page is in
-//! `SUMMARY.md`, and every error message the troubleshooting pages quote is still in the code.
+//! `SUMMARY.md`, every error message the troubleshooting pages quote is still in the code, and
+//! the generated pages (the command-line reference from `--help`, the error messages from the
+//! code's `// troubleshooting:` markers, see `book/messages.rs`) are what the code says now.
 //!
 //! mdBook comes from crates.io through `docs/tools/install-mdbook.sh` (`make book`; `make test`
 //! runs it first), cached outside the repository like the control plane; this test only finds
