@@ -1,6 +1,8 @@
 //! The user guide in `docs/` (issue 32): it builds with the pinned mdBook, every relative link
 //! and anchor in the built book resolves (mdBook's own build checks neither), every page is in
-//! `SUMMARY.md`, and every error message the troubleshooting pages quote is still in the code.
+//! `SUMMARY.md`, every error message the troubleshooting pages quote is still in the code, and
+//! the generated pages (the command-line reference from `--help`, the error messages from the
+//! code's `// troubleshooting:` markers, see `book/messages.rs`) are what the code says now.
 //!
 //! mdBook comes from crates.io through `docs/tools/install-mdbook.sh` (`make book`; `make test`
 //! runs it first), cached outside the repository like the control plane; this test only finds
@@ -349,9 +351,9 @@ fn every_quoted_message_is_in_the_code() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Each getting-started page names the tests that run its commands (issue 32: "a page and the
-/// test that runs it name each other"); a renamed or deleted test file fails here, so a page
-/// cannot keep pointing at a test that no longer runs it.
+/// Each getting-started page names the tests that run its commands, and one of them names the
+/// page back (issue 32: "a page and the test that runs it name each other"); a renamed or
+/// deleted test file or page fails here, so neither can keep pointing at the other in vain.
 #[test]
 fn getting_started_pages_name_tests_that_exist() -> anyhow::Result<()> {
     let dir = repo().join("docs/src/getting-started");
@@ -379,10 +381,18 @@ fn getting_started_pages_name_tests_that_exist() -> anyhow::Result<()> {
                 "{shown} names no test (`e2e/tests/<file>.rs`) that runs it"
             ));
         }
+        let mut named_back = false;
         for test in named {
-            if !repo().join(test).is_file() {
-                problems.push(format!("{shown} names {test}, which does not exist"));
+            match std::fs::read_to_string(repo().join(test)) {
+                Ok(source) => named_back |= source.contains(&shown),
+                Err(_) => problems.push(format!("{shown} names {test}, which does not exist")),
             }
+        }
+        if !named_back {
+            problems.push(format!(
+                "{shown}: none of the tests it names names it back (write `{shown}` in the \
+                 module doc of the test that runs its commands)"
+            ));
         }
     }
     ensure!(problems.is_empty(), "{}", problems.join("\n"));

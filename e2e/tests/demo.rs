@@ -4,6 +4,9 @@
 //! it waits, this test uses what it printed for real (the kubeconfig, the hub's HTTPS API,
 //! the admin command, the cluster directly); then it sends SIGTERM, as Ctrl-C would, and
 //! checks that everything stopped.
+//!
+//! The guide's pages that this test runs: `docs/src/getting-started/laptop.md` and step 2 of
+//! `docs/src/getting-started/walk-through.md`.
 
 use std::{
     io::{BufRead, BufReader, Read},

@@ -3,7 +3,9 @@
 //! hub, embedded store), a ScaleAgent and an AgentAccount applied with kubectl, and real agent
 //! pods run by kubelet under the chart's and the operator's probes, security contexts and
 //! resources, enrolling with the hub pod through its Service, until
-//! `kubectl wait --for=condition=Connected` succeeds.
+//! `kubectl wait --for=condition=Connected` succeeds. These are the steps of the guide's
+//! `docs/src/getting-started/real-cluster.md` (step 4 of
+//! `docs/src/getting-started/walk-through.md`).
 //!
 //! What a bare node lacks, done the way a platform team would: the hub's volume claim is
 //! bound to a hostPath PersistentVolume made here (no provisioner), and there is no cluster

@@ -344,6 +344,14 @@ pub fn policy_entries(source: &str, text: &str) -> Vec<Entry> {
     entries
 }
 
+/// `text` with its first letter upper-case, as a heading starts.
+fn capitalised(text: &str) -> String {
+    let mut chars = text.chars();
+    chars.next().map_or_else(String::new, |first| {
+        first.to_uppercase().chain(chars).collect()
+    })
+}
+
 /// The page, from every source file (`(path relative to the repository, text)`).
 pub fn page(sources: &[(String, String)]) -> anyhow::Result<String> {
     let mut entries: Vec<Entry> = Vec::new();
@@ -386,7 +394,7 @@ pub fn page(sources: &[(String, String)]) -> anyhow::Result<String> {
         for entry in section {
             let heading = match &entry.reason {
                 Some(reason) => format!("`{reason}`: {}", entry.heading),
-                None => entry.heading.clone(),
+                None => capitalised(&entry.heading),
             };
             page.push_str(&format!(
                 "\n### {heading}\n\n```message\n{}\n```\n\n",
