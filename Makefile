@@ -10,7 +10,7 @@ CARGO ?= cargo
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-control-plane: ## Build etcd, kube-apiserver, controller manager, scheduler, kubectl (and 1.29, 1.22), kubelet, kube-proxy, KWOK and Helm (cached)
+control-plane: ## Build etcd, kube-apiserver, controller manager, scheduler, kubectl (and 1.29, 1.22), kubelet, kube-proxy, metrics-server, KWOK and Helm (cached)
 	@e2e/control-plane/build.sh
 
 nginx: ## Unpack nginx from Debian's packages for the gRPC proxy tests (cached, no system-wide install)
