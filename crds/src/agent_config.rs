@@ -266,10 +266,11 @@ pub struct AccountConfig {
     /// Put before impersonated user and group names; `scale-agent:` when unset.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub caller_prefix: Option<String>,
-    /// The people admitted for `callers: impersonate` (unprefixed; `*`: every person).
+    /// The people admitted by user for `callers: impersonate` (unprefixed; `*`: every person).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub caller_users: Vec<String>,
-    /// The groups passed on for `callers: impersonate` (unprefixed).
+    /// The groups whose members are admitted, and which are passed on, for `callers:
+    /// impersonate` (unprefixed).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub caller_groups: Vec<String>,
     /// Let Secret data through the hub's Kubernetes API proxy (the AgentAccount's

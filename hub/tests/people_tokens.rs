@@ -287,7 +287,23 @@ async fn scoped_tokens_the_metrics_role_and_clouddrivers_token() {
             ["prod-eu"],
             "agent-a without staging-x: {seen:?}"
         );
+        // Armory's account routes read the same accounts: the same limits.
+        let reply = http.get("/armory/accounts", Some(token)).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let armory = reply.json();
+        assert_eq!(names(&armory["items"]), ["prod-eu"], "{armory}");
+        assert_eq!(armory["total"], 1, "{armory}");
+        for path in [
+            "/armory/accounts/staging-x",
+            "/agents/kubernetes/accounts/staging-x",
+            "/agents/kubernetes/accounts/staging-x/namespaces",
+        ] {
+            let reply = http.get(path, Some(token)).await;
+            assert_eq!(reply.status, 403, "{path}: {}", reply.text());
+        }
     }
+    let armory = http.get("/armory/accounts", Some(&admin)).await.json();
+    assert_eq!(armory["total"], 3, "{armory}");
     drop(staging_only);
 
     // An operation on staging-x is not found by id for an operator limited to prod-*.

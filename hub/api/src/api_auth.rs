@@ -41,10 +41,21 @@ pub(crate) async fn require(
     }
 }
 
+/// Prefixes of the routes that address one account by name in their next segment: the
+/// hub's own, and Armory's account routes (`/armory/accounts/<name>`,
+/// `/agents/kubernetes/accounts/<name>[/namespaces]`), which read the same accounts.
+const ACCOUNT_ROUTES: [&str; 3] = [
+    "/api/v1/accounts/",
+    "/armory/accounts/",
+    "/agents/kubernetes/accounts/",
+];
+
 /// The account an account route addresses (`/api/v1/accounts/<name>/...`), whose name the
 /// caller's account globs must admit.
 fn account_of(path: &str) -> Option<&str> {
-    path.strip_prefix("/api/v1/accounts/")
+    ACCOUNT_ROUTES
+        .iter()
+        .find_map(|prefix| path.strip_prefix(prefix))
         .map(|rest| rest.split('/').next().unwrap_or(rest))
         .filter(|name| !name.is_empty())
 }
@@ -63,5 +74,14 @@ mod tests {
         );
         assert_eq!(super::account_of("/api/v1/accounts"), None);
         assert_eq!(super::account_of("/api/v1/agents"), None);
+        assert_eq!(
+            super::account_of("/armory/accounts/staging-x"),
+            Some("staging-x")
+        );
+        assert_eq!(
+            super::account_of("/agents/kubernetes/accounts/staging-x/namespaces"),
+            Some("staging-x")
+        );
+        assert_eq!(super::account_of("/armory/accounts"), None);
     }
 }

@@ -357,8 +357,10 @@ impl Tokens {
     /// Issues a random token of `account` named `name` that expires at `expires`, beside the
     /// account's other tokens of that name rather than replacing them: an exec credential
     /// plugin's (`scale-agent-hub token credential`), which each kubectl process may call,
-    /// and which must not end the tokens other processes still hold. Expired tokens of the
-    /// account are dropped in the same ops, so these do not pile up.
+    /// and which must not end the tokens other processes still hold. The expired tokens of
+    /// the same account and name are dropped in the same ops, so these (one per kubectl
+    /// command) do not pile up; other people's expired tokens stay listed until
+    /// [`Tokens::prune_expired`] drops them after the retention.
     pub fn issue_session(
         &mut self,
         account: &str,
@@ -369,7 +371,7 @@ impl Tokens {
         let expired: Vec<String> = self
             .records
             .values()
-            .filter(|r| r.account == account && r.expired_at(now_unix))
+            .filter(|r| r.account == account && r.name == name && r.expired_at(now_unix))
             .map(|r| r.id.clone())
             .collect();
         let mut ops = Vec::new();

@@ -93,6 +93,7 @@ fn query_number(
 pub(crate) async fn list(
     State(api): State<Arc<ApiState>>,
     Query(query): Query<HashMap<String, String>>,
+    axum::Extension(caller): axum::Extension<scale_agent_hub_model::auth::Caller>,
 ) -> Response {
     let page = match query_number(&query, "page", DEFAULT_PAGE) {
         Ok(page) => page,
@@ -108,7 +109,9 @@ pub(crate) async fn list(
         Ok(limit) => limit,
         Err(response) => return *response,
     };
-    let names = agent_accounts::all_names(&api.live);
+    let mut names = agent_accounts::all_names(&api.live);
+    // A caller limited to account globs lists only those (the pages and `total` too).
+    names.retain(|name| !caller.refuses_account(name));
     let total = names.len();
     let items: Vec<Value> = names
         .iter()

@@ -29,6 +29,7 @@ fn tokens_carry_their_expiry_and_records_without_one_never_expire() {
 #[test]
 fn session_tokens_sit_beside_each_other_and_expired_ones_are_dropped() {
     let mut t = tokens();
+    t.issue_session("prod", "bob", 100, 150).unwrap();
     let (first, _, _) = t.issue_session("prod", "alice", 100, 150).unwrap();
     let (second, _, ops) = t.issue_session("prod", "alice", 120, 170).unwrap();
     assert_eq!(ops.len(), 1, "nothing expired yet: {ops:?}");
@@ -42,6 +43,9 @@ fn session_tokens_sit_beside_each_other_and_expired_ones_are_dropped() {
         "the first, expired at 150, is dropped: {ops:?}"
     );
     assert!(t.verify(&first).is_none() && t.verify(&second).is_some());
+    // Bob's expired token is not Alice's to drop: listed until the retention ends.
+    assert!(t.list().iter().any(|r| r.name == "bob"));
+    assert_eq!(t.prune_expired(160, 0).len(), 1, "bob's, at the retention");
 }
 
 #[test]
