@@ -22,16 +22,15 @@ use k8s_openapi::api::{
     core::v1::{ConfigMap, Pod, Secret, Service},
 };
 use kube::{
-    Api, Client, Config,
+    Api, Client,
     api::{DynamicObject, ListParams, Patch, PatchParams, PostParams},
-    config::{KubeConfigOptions, Kubeconfig},
     core::{ApiResource, GroupVersionKind},
 };
 use scale_agent_e2e::{
-    ControlPlane, ControlPlaneOptions,
-    fixtures::{self, TlsHub, temp_dir},
-    kubectl::{Kubectl, Outcome},
+    fixtures::{self, TlsHub},
+    kubectl::Kubectl,
     process::ManagedProcess,
+    proxy_stack::{ProxyStack, args, audited_control_plane, client_for, ensure_ok},
 };
 use serde_json::{Value, json};
 
@@ -60,27 +59,8 @@ const KINDS: &[&str] = &[
     "customresourcedefinitions",
 ];
 
-fn control_plane() -> anyhow::Result<&'static ControlPlane> {
-    Ok(ControlPlane::shared_with(|| {
-        ControlPlaneOptions::default().with_audit()
-    })?)
-}
-
 fn init_logs() {
     scale_agent_e2e::fixtures::init_logs("warn,scale_agent_hub_proxy=info");
-}
-
-fn args(list: &[&str]) -> Vec<String> {
-    list.iter().map(|s| s.to_string()).collect()
-}
-
-async fn client_for(kubeconfig: &Path) -> anyhow::Result<Client> {
-    let config = Config::from_custom_kubeconfig(
-        Kubeconfig::read_from(kubeconfig)?,
-        &KubeConfigOptions::default(),
-    )
-    .await?;
-    Ok(Client::try_from(config)?)
 }
 
 /// A hub, one agent streaming [`KINDS`] and the widget kind cluster-wide (or, with
@@ -127,42 +107,19 @@ impl Setup {
         Fut: std::future::Future<Output = anyhow::Result<()>>,
     {
         init_logs();
-        let control_plane = control_plane()?;
-        let admin = control_plane.client().await?;
-        let home = control_plane
-            .namespace(&admin, &format!("cache-{name}"))
-            .await?;
-        let namespace = control_plane
-            .namespace(&admin, &format!("cache-{name}-objects"))
-            .await?;
-        let widget_group = format!("{home}.example.com");
+        let identity = ProxyStack::identity(&format!("cache-{name}")).await?;
+        let (control_plane, admin) = (identity.control_plane, identity.admin.clone());
+        let namespace = identity.namespace.clone();
+        let widget_group = format!("{}.example.com", identity.home);
         install_widget_crd(&admin, &widget_group).await?;
         seed(admin.clone(), namespace.clone(), widget_group.clone()).await?;
-        let dir = temp_dir(&format!("cache-{name}"))?;
-        let direct = fixtures::service_account_identity(
-            control_plane,
-            &admin,
-            &home,
-            "agent",
-            fixtures::Scope::Cluster,
-            fixtures::admin_rules(),
-            dir.join("agent.kubeconfig"),
-        )
-        .await?;
-        let hub = TlsHub::start(&dir, |_| {}).await?;
-        let account = format!(
-            "cache-{name}-{}-{:04x}",
-            std::process::id(),
-            rand::random::<u16>()
-        );
+        let account = identity.account_name();
         let mut kinds: Vec<String> = KINDS.iter().map(|k| k.to_string()).collect();
         kinds.push(format!("widgets.{widget_group}"));
         // Opted in to Secret data through the proxy: these tests compare every read with
         // the API server's, Secrets' data included (tunnelled); the default is in
         // hub/tests/proxy_secrets.rs.
         let mut account_config = json!({
-            "name": account,
-            "kubeconfigFile": direct.display().to_string(),
             "kinds": kinds,
             "allowSecretData": true,
         });
@@ -180,30 +137,20 @@ impl Setup {
         } else {
             Self::cluster_wide_collections(&namespace, &widget_group)
         };
-        let config = dir.join("agent.yaml");
-        fixtures::write_plaintext_agent_config(
-            &config,
-            hub.hub.grpc_addr,
-            json!([account_config]),
-            2,
-        )?;
-        let agent = fixtures::start_agent_replica(&config, &format!("{name}-0")).await?;
-        hub.wait_connected(&account, 1).await?;
-        let proxied = hub
-            .kubeconfig(&account, "cache", &dir.join("proxied.kubeconfig"))
+        let stack = identity
+            .start(account, account_config, &format!("{name}-0"), "cache")
             .await?;
-        let token = proxy_token(&proxied)?;
         let setup = Setup {
-            dir,
-            hub,
-            account,
+            dir: stack.dir,
+            hub: stack.hub,
+            account: stack.account,
             namespace,
             widget_group,
-            direct,
-            proxied,
-            token,
-            user: format!("system:serviceaccount:{home}:agent"),
-            agent: Some(agent),
+            direct: stack.direct,
+            proxied: stack.proxied,
+            token: stack.token,
+            user: stack.user,
+            agent: stack.agent,
             collections,
         };
         setup.wait_synced().await?;
@@ -265,7 +212,7 @@ impl Setup {
 
     fn kubectl(&self, side: &str) -> anyhow::Result<Kubectl> {
         Ok(Kubectl::new(
-            control_plane()?.binaries().kubectl(),
+            audited_control_plane()?.binaries().kubectl(),
             self.dir.join(format!("home-{side}")),
         ))
     }
@@ -278,15 +225,6 @@ impl Setup {
         let _ = std::fs::remove_dir_all(&self.dir);
         Ok(())
     }
-}
-
-/// The bearer token of a proxy kubeconfig.
-fn proxy_token(kubeconfig: &Path) -> anyhow::Result<String> {
-    let text = std::fs::read_to_string(kubeconfig)?;
-    text.lines()
-        .find_map(|l| l.trim().strip_prefix("token: "))
-        .map(|t| t.trim_matches('"').to_string())
-        .ok_or_else(|| anyhow::anyhow!("no token in {}", kubeconfig.display()))
 }
 
 async fn install_widget_crd(admin: &Client, group: &str) -> anyhow::Result<()> {
@@ -427,17 +365,6 @@ fn masked_table(text: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-fn ensure_ok(what: &str, outcome: &Outcome) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        outcome.success(),
-        "{what}: exit {:?}\nstdout: {}\nstderr: {}",
-        outcome.code,
-        outcome.stdout,
-        outcome.stderr
-    );
-    Ok(())
 }
 
 /// The lines of a finished watch: (type, name, resourceVersion, code of an ERROR).

@@ -11,23 +11,19 @@
 //!   the proxy (and does show the direct control's); the combinations the API server refuses
 //!   are refused with its own status.
 
-use std::{
-    path::{Path, PathBuf},
-    time::Duration,
-};
+use std::{path::PathBuf, time::Duration};
 
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
-    Api, Client, Config,
+    Api, Client,
     api::{Patch, PatchParams, PostParams},
-    config::{KubeConfigOptions, Kubeconfig},
     runtime::watcher,
 };
 use scale_agent_e2e::{
-    ControlPlane, ControlPlaneOptions,
-    fixtures::{self, TlsHub, temp_dir},
-    kubectl::{Kubectl, Outcome},
+    fixtures::{self, TlsHub},
+    kubectl::Kubectl,
+    proxy_stack::{ProxyStack, args, audited_control_plane, client_for, ensure_ok},
 };
 use serde_json::{Value, json};
 
@@ -36,25 +32,6 @@ const WAIT: Duration = Duration::from_secs(60);
 const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
 /// A finalizer no controller removes: the test does.
 const HOLD: &str = "example.com/hold";
-
-fn control_plane() -> anyhow::Result<&'static ControlPlane> {
-    Ok(ControlPlane::shared_with(|| {
-        ControlPlaneOptions::default().with_audit()
-    })?)
-}
-
-fn args(list: &[&str]) -> Vec<String> {
-    list.iter().map(|s| s.to_string()).collect()
-}
-
-async fn client_for(kubeconfig: &Path) -> anyhow::Result<Client> {
-    let config = Config::from_custom_kubeconfig(
-        Kubeconfig::read_from(kubeconfig)?,
-        &KubeConfigOptions::default(),
-    )
-    .await?;
-    Ok(Client::try_from(config)?)
-}
 
 /// A hub and one agent streaming ConfigMaps and Deployments cluster-wide with a
 /// ServiceAccount of its own; direct commands use the same identity.
@@ -75,63 +52,26 @@ struct Setup {
 impl Setup {
     async fn new(name: &str) -> anyhow::Result<Setup> {
         fixtures::init_logs("warn");
-        let control_plane = control_plane()?;
-        let admin = control_plane.client().await?;
-        let home = control_plane
-            .namespace(&admin, &format!("clients-{name}"))
+        let identity = ProxyStack::identity(&format!("clients-{name}")).await?;
+        let account = identity.account_name();
+        let stack = identity
+            .start(
+                account,
+                json!({ "kinds": ["configmaps", "deployments"] }),
+                &format!("{name}-0"),
+                "clients",
+            )
             .await?;
-        let namespace = control_plane
-            .namespace(&admin, &format!("clients-{name}-objects"))
-            .await?;
-        let dir = temp_dir(&format!("clients-{name}"))?;
-        let direct = fixtures::service_account_identity(
-            control_plane,
-            &admin,
-            &home,
-            "agent",
-            fixtures::Scope::Cluster,
-            fixtures::admin_rules(),
-            dir.join("agent.kubeconfig"),
-        )
-        .await?;
-        let hub = TlsHub::start(&dir, |_| {}).await?;
-        let account = format!(
-            "clients-{name}-{}-{:04x}",
-            std::process::id(),
-            rand::random::<u16>()
-        );
-        let config = dir.join("agent.yaml");
-        fixtures::write_plaintext_agent_config(
-            &config,
-            hub.hub.grpc_addr,
-            json!([{
-                "name": account,
-                "kubeconfigFile": direct.display().to_string(),
-                "kinds": ["configmaps", "deployments"],
-            }]),
-            2,
-        )?;
-        let agent = fixtures::start_agent_replica(&config, &format!("{name}-0")).await?;
-        hub.wait_connected(&account, 1).await?;
-        let proxied = hub
-            .kubeconfig(&account, "clients", &dir.join("proxied.kubeconfig"))
-            .await?;
-        let text = std::fs::read_to_string(&proxied)?;
-        let token = text
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("token: "))
-            .map(|t| t.trim_matches('"').to_string())
-            .ok_or_else(|| anyhow::anyhow!("no token in {}", proxied.display()))?;
         Ok(Setup {
-            dir,
-            hub,
-            account,
-            namespace,
-            direct,
-            proxied,
-            token,
-            user: format!("system:serviceaccount:{home}:agent"),
-            agent: Some(agent),
+            dir: stack.dir,
+            hub: stack.hub,
+            account: stack.account,
+            namespace: stack.namespace,
+            direct: stack.direct,
+            proxied: stack.proxied,
+            token: stack.token,
+            user: stack.user,
+            agent: stack.agent,
         })
     }
 
@@ -183,17 +123,6 @@ impl Setup {
         let _ = std::fs::remove_dir_all(&self.dir);
         Ok(())
     }
-}
-
-fn ensure_ok(what: &str, outcome: &Outcome) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        outcome.success(),
-        "{what}: exit {:?}\nstdout: {}\nstderr: {}",
-        outcome.code,
-        outcome.stdout,
-        outcome.stderr
-    );
-    Ok(())
 }
 
 /// `kubectl diff`'s output with what differs by nature between two runs masked: the
@@ -376,19 +305,19 @@ async fn patch_and_diff_match(version: &str, binary: PathBuf) -> anyhow::Result<
 #[tokio::test]
 async fn patch_without_change_and_diff_match_direct_with_the_current_kubectl() -> anyhow::Result<()>
 {
-    let binaries = control_plane()?.binaries();
+    let binaries = audited_control_plane()?.binaries();
     patch_and_diff_match(scale_agent_e2e::KUBERNETES_VERSION, binaries.kubectl()).await
 }
 
 #[tokio::test]
 async fn patch_without_change_and_diff_match_direct_with_kubectl_1_29() -> anyhow::Result<()> {
-    let binaries = control_plane()?.binaries();
+    let binaries = audited_control_plane()?.binaries();
     patch_and_diff_match("v1.29", binaries.kubectl_client(29)).await
 }
 
 #[tokio::test]
 async fn patch_without_change_and_diff_match_direct_with_kubectl_1_22() -> anyhow::Result<()> {
-    let binaries = control_plane()?.binaries();
+    let binaries = audited_control_plane()?.binaries();
     patch_and_diff_match("v1.22", binaries.kubectl_client(22)).await
 }
 
@@ -423,7 +352,7 @@ async fn direct_get(client: &Client, path: &str) -> anyhow::Result<(u16, String)
 
 /// Requests as the agent's identity the API server received with `sendInitialEvents`.
 fn streaming_lists_seen(user: &str) -> anyhow::Result<Vec<String>> {
-    Ok(control_plane()?
+    Ok(audited_control_plane()?
         .audit_events()?
         .into_iter()
         .filter(|e| e.user.username == user && e.request_uri.contains("sendInitialEvents"))
@@ -435,7 +364,7 @@ fn streaming_lists_seen(user: &str) -> anyhow::Result<Vec<String>> {
 async fn streaming_lists_come_from_the_cache() -> anyhow::Result<()> {
     let setup = Setup::new("stream").await?;
     let ns = setup.namespace.clone();
-    let admin = control_plane()?.client().await?;
+    let admin = audited_control_plane()?.client().await?;
     let configmaps: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
     for name in ["c", "a", "b"] {
         let cm: ConfigMap = serde_json::from_value(json!({
@@ -540,7 +469,7 @@ async fn streaming_lists_come_from_the_cache() -> anyhow::Result<()> {
     // kubectl 1.37's delete waits for the object to go with a streaming list (its -v=6 log
     // shows the request).
     let kubectl = Kubectl::new(
-        control_plane()?.binaries().kubectl(),
+        audited_control_plane()?.binaries().kubectl(),
         setup.dir.join("home-proxy"),
     );
     let delete = args(&[
@@ -678,7 +607,7 @@ async fn streaming_lists_come_from_the_cache() -> anyhow::Result<()> {
 async fn a_client_go_informer_in_watch_list_mode_syncs_from_the_cache() -> anyhow::Result<()> {
     let setup = Setup::new("informer").await?;
     let ns = setup.namespace.clone();
-    let admin = control_plane()?.client().await?;
+    let admin = audited_control_plane()?.client().await?;
     let configmaps: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
     for name in ["b", "a"] {
         let cm: ConfigMap = serde_json::from_value(json!({ "metadata": { "name": name } }))?;
@@ -740,15 +669,16 @@ async fn run_informer(
 ) -> anyhow::Result<Vec<String>> {
     use tokio::io::AsyncBufReadExt as _;
     let stderr_path = setup.dir.join(format!("informer-{protobuf}.stderr"));
-    let mut child = tokio::process::Command::new(control_plane()?.binaries().path("kube-testbins"))
-        .args(["watchlist-informer", "--seconds=90", "-v=6"])
-        .arg(format!("--protobuf={protobuf}"))
-        .arg(format!("--kubeconfig={}", setup.proxied.display()))
-        .arg(format!("--namespace={}", setup.namespace))
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::fs::File::create(&stderr_path)?)
-        .kill_on_drop(true)
-        .spawn()?;
+    let mut child =
+        tokio::process::Command::new(audited_control_plane()?.binaries().path("kube-testbins"))
+            .args(["watchlist-informer", "--seconds=90", "-v=6"])
+            .arg(format!("--protobuf={protobuf}"))
+            .arg(format!("--kubeconfig={}", setup.proxied.display()))
+            .arg(format!("--namespace={}", setup.namespace))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(&stderr_path)?)
+            .kill_on_drop(true)
+            .spawn()?;
     let stdout = child
         .stdout
         .take()
@@ -779,7 +709,7 @@ async fn run_informer(
 /// received (the agent's own watch is cluster-wide).
 fn configmap_lists_seen(user: &str, namespace: &str) -> anyhow::Result<Vec<String>> {
     let path = format!("/api/v1/namespaces/{namespace}/configmaps");
-    Ok(control_plane()?
+    Ok(audited_control_plane()?
         .audit_events()?
         .into_iter()
         .filter(|e| e.user.username == user && e.request_uri.starts_with(&path))

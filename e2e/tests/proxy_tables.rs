@@ -13,9 +13,9 @@
 use std::{path::PathBuf, time::Duration};
 
 use scale_agent_e2e::{
-    ControlPlane, ControlPlaneOptions,
-    fixtures::{self, TlsHub, temp_dir},
-    kubectl::{Kubectl, Outcome},
+    fixtures::{self, TlsHub},
+    kubectl::Kubectl,
+    proxy_stack::{ProxyStack, args, audited_control_plane, ensure_ok},
 };
 use serde_json::json;
 
@@ -53,16 +53,6 @@ const NAMESPACED: &[&str] = &[
 /// Cluster-scoped kinds, besides the CRDs the agent streams for the printer columns.
 const CLUSTER: &[&str] = &["namespaces", "nodes", "clusterroles", "clusterrolebindings"];
 
-fn control_plane() -> anyhow::Result<&'static ControlPlane> {
-    Ok(ControlPlane::shared_with(|| {
-        ControlPlaneOptions::default().with_audit()
-    })?)
-}
-
-fn args(list: &[&str]) -> Vec<String> {
-    list.iter().map(|s| s.to_string()).collect()
-}
-
 struct Setup {
     dir: PathBuf,
     hub: TlsHub,
@@ -82,30 +72,18 @@ struct Setup {
 impl Setup {
     async fn new() -> anyhow::Result<Setup> {
         fixtures::init_logs("warn,scale_agent_hub_proxy=info");
-        let control_plane = control_plane()?;
-        let admin = control_plane.client().await?;
-        let home = control_plane.namespace(&admin, "tables").await?;
-        let namespace = control_plane.namespace(&admin, "tables-objects").await?;
+        let identity = ProxyStack::identity("tables").await?;
+        let namespace = identity.namespace.clone();
         let label = format!("tables={namespace}");
-        let widget_group = format!("{home}.example.com");
-        let dir = temp_dir("tables")?;
-        seed(control_plane, &dir, &namespace, &widget_group).await?;
-        let direct = fixtures::service_account_identity(
-            control_plane,
-            &admin,
-            &home,
-            "agent",
-            fixtures::Scope::Cluster,
-            fixtures::admin_rules(),
-            dir.join("agent.kubeconfig"),
+        let widget_group = format!("{}.example.com", identity.home);
+        seed(
+            identity.control_plane,
+            &identity.dir,
+            &namespace,
+            &widget_group,
         )
         .await?;
-        let hub = TlsHub::start(&dir, |_| {}).await?;
-        let account = format!(
-            "tables-{}-{:04x}",
-            std::process::id(),
-            rand::random::<u16>()
-        );
+        let account = identity.account_name();
         let mut kinds: Vec<String> = NAMESPACED
             .iter()
             .chain(CLUSTER)
@@ -113,40 +91,21 @@ impl Setup {
             .collect();
         kinds.push("customresourcedefinitions".into());
         kinds.push(format!("widgets.{widget_group}"));
-        let config = dir.join("agent.yaml");
-        fixtures::write_plaintext_agent_config(
-            &config,
-            hub.hub.grpc_addr,
-            json!([{
-                "name": account,
-                "kubeconfigFile": direct.display().to_string(),
-                "kinds": kinds,
-            }]),
-            2,
-        )?;
-        let agent = fixtures::start_agent_replica(&config, "tables-0").await?;
-        hub.wait_connected(&account, 1).await?;
-        let proxied = hub
-            .kubeconfig(&account, "tables", &dir.join("proxied.kubeconfig"))
+        let stack = identity
+            .start(account, json!({ "kinds": kinds }), "tables-0", "tables")
             .await?;
-        let text = std::fs::read_to_string(&proxied)?;
-        let token = text
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("token: "))
-            .map(|t| t.trim_matches('"').to_string())
-            .ok_or_else(|| anyhow::anyhow!("no token in {}", proxied.display()))?;
         let setup = Setup {
-            dir,
-            hub,
-            account,
+            dir: stack.dir,
+            hub: stack.hub,
+            account: stack.account,
             namespace,
             label,
             widget_group,
-            direct,
-            proxied,
-            token,
-            user: format!("system:serviceaccount:{home}:agent"),
-            agent: Some(agent),
+            direct: stack.direct,
+            proxied: stack.proxied,
+            token: stack.token,
+            user: stack.user,
+            agent: stack.agent,
         };
         setup.wait_synced().await?;
         Ok(setup)
@@ -294,7 +253,7 @@ impl Setup {
 /// Resource reads (not discovery) the API server received as the agent's identity from
 /// kubectl, after `skip` audit events.
 fn kubectl_reads(user: &str, skip: usize) -> anyhow::Result<(usize, Vec<String>)> {
-    let events = control_plane()?.audit_events()?;
+    let events = audited_control_plane()?.audit_events()?;
     let total = events.len();
     let reads = events
         .into_iter()
@@ -314,23 +273,12 @@ fn kubectl_reads(user: &str, skip: usize) -> anyhow::Result<(usize, Vec<String>)
     Ok((total, reads))
 }
 
-fn ensure_ok(what: &str, outcome: &Outcome) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        outcome.success(),
-        "{what}: exit {:?}\nstdout: {}\nstderr: {}",
-        outcome.code,
-        outcome.stdout,
-        outcome.stderr
-    );
-    Ok(())
-}
-
 /// Every `kubectl get` form of every printed kind, with kubectl 1.37, 1.29 and 1.22: the
 /// same output through the proxy as directly, and no proxied read reaches the API server.
 #[tokio::test]
 async fn kubectl_get_tables_equal_the_api_servers() -> anyhow::Result<()> {
     let setup = Setup::new().await?;
-    let binaries = control_plane()?.binaries();
+    let binaries = audited_control_plane()?.binaries();
     let clients = [
         ("1.37", binaries.kubectl()),
         ("1.29", binaries.kubectl_client(29)),

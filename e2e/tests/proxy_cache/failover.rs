@@ -50,7 +50,7 @@ async fn watch_across<T>(
         Some("hit"),
         "the watch is the cache's"
     );
-    let admin = control_plane()?.client().await?;
+    let admin = audited_control_plane()?.client().await?;
     let direct: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
     let writer = tokio::spawn(async move {
         for i in 0..FAILOVER_CHANGES {
@@ -380,7 +380,7 @@ async fn a_watch_across_a_hub_restart_ends_cleanly_and_resumes() -> anyhow::Resu
     let mut setup = Setup::new("hubrestart", |_, _, _| async { Ok(()) }).await?;
     let ns = setup.namespace.clone();
     let path = format!("/api/v1/namespaces/{ns}/configmaps");
-    let admin = control_plane()?.client().await?;
+    let admin = audited_control_plane()?.client().await?;
     let direct: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
     let create = |name: String| {
         let direct = direct.clone();
@@ -486,7 +486,7 @@ async fn a_watch_across_a_hub_restart_ends_cleanly_and_resumes() -> anyhow::Resu
     let last_before = create("r-05".into()).await?;
     // Changes elsewhere in the cluster move the account's resume point past the last
     // event either watch has seen (as other workloads do on a real cluster).
-    let elsewhere = control_plane()?
+    let elsewhere = audited_control_plane()?
         .namespace(&admin, "cache-hubrestart-elsewhere")
         .await?;
     let elsewhere_api: Api<ConfigMap> = Api::namespaced(admin.clone(), &elsewhere);

@@ -365,7 +365,7 @@ async fn paging_returns_each_object_once_and_expired_tokens_are_gone() -> anyhow
 
 /// LIST requests for the test's kinds the API server received as the agent's identity.
 fn lists_seen_by_the_api_server(user: &str) -> anyhow::Result<Vec<String>> {
-    Ok(control_plane()?
+    Ok(audited_control_plane()?
         .audit_events()?
         .into_iter()
         .filter(|e| e.user.username == user)

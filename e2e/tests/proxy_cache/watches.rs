@@ -22,7 +22,7 @@ const DIRECT_WATCH_MARK: &str = "timeout=42s";
 
 /// WATCH requests as the agent's identity the API server received with `mark` in the query.
 fn watches_seen_by_the_api_server(user: &str, mark: &str) -> anyhow::Result<Vec<String>> {
-    Ok(control_plane()?
+    Ok(audited_control_plane()?
         .audit_events()?
         .into_iter()
         .filter(|e| e.user.username == user && e.verb == "watch")
@@ -43,7 +43,7 @@ async fn replay_watches(setup: &Setup) -> anyhow::Result<()> {
         .unwrap_or_default()
         .to_string();
     // Changes directly on the API server: the agent's watch brings them to the cache.
-    let admin = control_plane()?.client().await?;
+    let admin = audited_control_plane()?.client().await?;
     let api: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
     let cm = |name: &str, app: &str, v: &str| -> anyhow::Result<ConfigMap> {
         Ok(serde_json::from_value(json!({
@@ -175,7 +175,7 @@ async fn watches_of_namespaces_watched_one_by_one_come_from_the_cache() -> anyho
         .unwrap_or_default()
         .to_string();
     let second_ns = second.split('/').nth(4).unwrap_or_default().to_string();
-    let admin = control_plane()?.client().await?;
+    let admin = audited_control_plane()?.client().await?;
     let created = Api::<ConfigMap>::namespaced(admin, &second_ns)
         .create(
             &PostParams::default(),
@@ -235,7 +235,7 @@ async fn a_watch_from_a_version_ahead_of_a_quiet_namespace_comes_from_the_cache(
     let path = format!("/api/v1/namespaces/{}/configmaps", setup.namespace);
     let second = setup.collections[2].clone();
     let second_ns = second.split('/').nth(4).unwrap_or_default().to_string();
-    let admin = control_plane()?.client().await?;
+    let admin = audited_control_plane()?.client().await?;
     let direct = client_for(&setup.direct).await?;
     let listed = setup.get(&path, None).await?;
     assert_eq!(listed.header("x-scale-agent-cache"), Some("hit"));
