@@ -10,11 +10,7 @@
 //! the seeding and comparison helpers; the tests are in child modules by theme: `reads`,
 //! `watches`, `failover` and `degraded`.
 
-use std::{
-    collections::BTreeSet,
-    path::{Path, PathBuf},
-    time::Duration,
-};
+use std::{collections::BTreeSet, path::Path, time::Duration};
 
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::{
@@ -67,19 +63,8 @@ fn init_logs() {
 /// [`Setup::per_namespace`], ConfigMaps and Deployments in two namespaces, one watch each)
 /// with the credentials of a ServiceAccount of its own, and clients of both sides.
 struct Setup {
-    dir: PathBuf,
-    hub: TlsHub,
-    account: String,
-    /// The namespace the test's objects live in.
-    namespace: String,
+    stack: ProxyStack,
     widget_group: String,
-    /// The agent's own kubeconfig: direct reads use it, so both sides read as one identity.
-    direct: PathBuf,
-    proxied: PathBuf,
-    token: String,
-    /// `system:serviceaccount:<ns>:agent`, as the audit log names the agent.
-    user: String,
-    agent: Option<scale_agent::AgentHandle>,
     /// The collection paths of every streamed kind the cache answers.
     collections: Vec<String>,
 }
@@ -141,16 +126,8 @@ impl Setup {
             .start(account, account_config, &format!("{name}-0"), "cache")
             .await?;
         let setup = Setup {
-            dir: stack.dir,
-            hub: stack.hub,
-            account: stack.account,
-            namespace,
+            stack,
             widget_group,
-            direct: stack.direct,
-            proxied: stack.proxied,
-            token: stack.token,
-            user: stack.user,
-            agent: stack.agent,
             collections,
         };
         setup.wait_synced().await?;
@@ -200,9 +177,10 @@ impl Setup {
         accept: Option<&str>,
     ) -> anyhow::Result<scale_agent_e2e::http::Response> {
         let mut call = self
+            .stack
             .hub
-            .call("GET", &format!("/clusters/{}{path}", self.account))
-            .bearer(&self.token)
+            .call("GET", &format!("/clusters/{}{path}", self.stack.account))
+            .bearer(&self.stack.token)
             .timeout(KUBECTL_TIMEOUT);
         if let Some(accept) = accept {
             call = call.header("accept", accept);
@@ -213,17 +191,12 @@ impl Setup {
     fn kubectl(&self, side: &str) -> anyhow::Result<Kubectl> {
         Ok(Kubectl::new(
             audited_control_plane()?.binaries().kubectl(),
-            self.dir.join(format!("home-{side}")),
+            self.stack.dir.join(format!("home-{side}")),
         ))
     }
 
-    async fn stop(mut self) -> anyhow::Result<()> {
-        if let Some(agent) = self.agent.take() {
-            agent.stop().await?;
-        }
-        self.hub.hub.shutdown().await?;
-        let _ = std::fs::remove_dir_all(&self.dir);
-        Ok(())
+    async fn stop(self) -> anyhow::Result<()> {
+        self.stack.stop().await
     }
 }
 

@@ -21,7 +21,7 @@ use kube::{
     runtime::watcher,
 };
 use scale_agent_e2e::{
-    fixtures::{self, TlsHub},
+    fixtures,
     kubectl::Kubectl,
     proxy_stack::{ProxyStack, args, audited_control_plane, client_for, ensure_ok},
 };
@@ -36,17 +36,7 @@ const HOLD: &str = "example.com/hold";
 /// A hub and one agent streaming ConfigMaps and Deployments cluster-wide with a
 /// ServiceAccount of its own; direct commands use the same identity.
 struct Setup {
-    dir: PathBuf,
-    hub: TlsHub,
-    account: String,
-    namespace: String,
-    direct: PathBuf,
-    proxied: PathBuf,
-    token: String,
-    /// `system:serviceaccount:<ns>:agent`, as the audit log names the agent (and the proxy's
-    /// requests, made with the agent's credentials).
-    user: String,
-    agent: Option<scale_agent::AgentHandle>,
+    stack: ProxyStack,
 }
 
 impl Setup {
@@ -62,25 +52,16 @@ impl Setup {
                 "clients",
             )
             .await?;
-        Ok(Setup {
-            dir: stack.dir,
-            hub: stack.hub,
-            account: stack.account,
-            namespace: stack.namespace,
-            direct: stack.direct,
-            proxied: stack.proxied,
-            token: stack.token,
-            user: stack.user,
-            agent: stack.agent,
-        })
+        Ok(Setup { stack })
     }
 
     /// `GET <path>` through the proxy with the account's token.
     async fn get(&self, path: &str) -> anyhow::Result<scale_agent_e2e::http::Response> {
         Ok(self
+            .stack
             .hub
-            .call("GET", &format!("/clusters/{}{path}", self.account))
-            .bearer(&self.token)
+            .call("GET", &format!("/clusters/{}{path}", self.stack.account))
+            .bearer(&self.stack.token)
             .timeout(KUBECTL_TIMEOUT)
             .send()
             .await?)
@@ -115,13 +96,8 @@ impl Setup {
         }
     }
 
-    async fn stop(mut self) -> anyhow::Result<()> {
-        if let Some(agent) = self.agent.take() {
-            agent.stop().await?;
-        }
-        self.hub.hub.shutdown().await?;
-        let _ = std::fs::remove_dir_all(&self.dir);
-        Ok(())
+    async fn stop(self) -> anyhow::Result<()> {
+        self.stack.stop().await
     }
 }
 
@@ -186,15 +162,15 @@ const DEPLOYMENT: &str = r#"{"apiVersion":"apps/v1","kind":"Deployment","metadat
 /// managedFields entry) and the cache holds them at the API server's resourceVersion.
 async fn patch_and_diff_match(version: &str, binary: PathBuf) -> anyhow::Result<()> {
     let setup = Setup::new(&format!("patch-{}", version.replace('.', "-"))).await?;
-    let ns = setup.namespace.clone();
-    let direct = Kubectl::new(binary.clone(), setup.dir.join("home-direct"));
-    let proxy = Kubectl::new(binary, setup.dir.join("home-proxy"));
+    let ns = setup.stack.namespace.clone();
+    let direct = Kubectl::new(binary.clone(), setup.stack.dir.join("home-direct"));
+    let proxy = Kubectl::new(binary, setup.stack.dir.join("home-proxy"));
     for manifest in [CONFIGMAP, DEPLOYMENT] {
         ensure_ok(
             "kubectl apply",
             &direct
                 .run(
-                    &setup.direct,
+                    &setup.stack.direct,
                     &args(&["apply", "-n", &ns, "-f", "-"]),
                     Some(manifest),
                     KUBECTL_TIMEOUT,
@@ -202,7 +178,7 @@ async fn patch_and_diff_match(version: &str, binary: PathBuf) -> anyhow::Result<
                 .await?,
         )?;
     }
-    let direct_client = client_for(&setup.direct).await?;
+    let direct_client = client_for(&setup.stack.direct).await?;
     setup
         .wait_cached(
             &direct_client,
@@ -252,10 +228,10 @@ async fn patch_and_diff_match(version: &str, binary: PathBuf) -> anyhow::Result<
     ];
     for (command, stdin) in &commands {
         let a = direct
-            .run(&setup.direct, command, *stdin, KUBECTL_TIMEOUT)
+            .run(&setup.stack.direct, command, *stdin, KUBECTL_TIMEOUT)
             .await?;
         let b = proxy
-            .run(&setup.proxied, command, *stdin, KUBECTL_TIMEOUT)
+            .run(&setup.stack.proxied, command, *stdin, KUBECTL_TIMEOUT)
             .await?;
         anyhow::ensure!(
             a.code == b.code
@@ -286,7 +262,7 @@ async fn patch_and_diff_match(version: &str, binary: PathBuf) -> anyhow::Result<
     // The changed ConfigMap's diff is not empty (the comparison compared something).
     let changed = proxy
         .run(
-            &setup.proxied,
+            &setup.stack.proxied,
             &args(&["diff", "-n", &ns, "-f", "-"]),
             Some(&changed_configmap),
             KUBECTL_TIMEOUT,
@@ -363,7 +339,7 @@ fn streaming_lists_seen(user: &str) -> anyhow::Result<Vec<String>> {
 #[tokio::test]
 async fn streaming_lists_come_from_the_cache() -> anyhow::Result<()> {
     let setup = Setup::new("stream").await?;
-    let ns = setup.namespace.clone();
+    let ns = setup.stack.namespace.clone();
     let admin = audited_control_plane()?.client().await?;
     let configmaps: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
     for name in ["c", "a", "b"] {
@@ -372,7 +348,7 @@ async fn streaming_lists_come_from_the_cache() -> anyhow::Result<()> {
         }))?;
         configmaps.create(&PostParams::default(), &cm).await?;
     }
-    let direct_client = client_for(&setup.direct).await?;
+    let direct_client = client_for(&setup.stack.direct).await?;
     setup
         .wait_cached(
             &direct_client,
@@ -382,7 +358,7 @@ async fn streaming_lists_come_from_the_cache() -> anyhow::Result<()> {
     let path = format!("/api/v1/namespaces/{ns}/configmaps");
     let streaming =
         "watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&timeoutSeconds=2";
-    let before = streaming_lists_seen(&setup.user)?.len();
+    let before = streaming_lists_seen(&setup.stack.user)?.len();
 
     // Raw: ADDED for each object in key order, then the annotated bookmark at the list's
     // resourceVersion; without allowWatchBookmarks no bookmark; sendInitialEvents=false no
@@ -432,7 +408,7 @@ async fn streaming_lists_come_from_the_cache() -> anyhow::Result<()> {
 
     // kube-rs's watcher with streaming lists: the three objects, the end of the initial
     // events, then a change made directly.
-    let proxy_client = client_for(&setup.proxied).await?;
+    let proxy_client = client_for(&setup.stack.proxied).await?;
     let proxied: Api<ConfigMap> = Api::namespaced(proxy_client, &ns);
     let mut stream = watcher(proxied, watcher::Config::default().streaming_lists()).boxed();
     let mut initial = Vec::new();
@@ -470,7 +446,7 @@ async fn streaming_lists_come_from_the_cache() -> anyhow::Result<()> {
     // shows the request).
     let kubectl = Kubectl::new(
         audited_control_plane()?.binaries().kubectl(),
-        setup.dir.join("home-proxy"),
+        setup.stack.dir.join("home-proxy"),
     );
     let delete = args(&[
         "delete",
@@ -507,7 +483,7 @@ async fn streaming_lists_come_from_the_cache() -> anyhow::Result<()> {
         anyhow::Ok(())
     };
     let (deleted, released) = tokio::join!(
-        kubectl.run(&setup.proxied, &delete, None, KUBECTL_TIMEOUT),
+        kubectl.run(&setup.stack.proxied, &delete, None, KUBECTL_TIMEOUT),
         release
     );
     released?;
@@ -534,7 +510,7 @@ async fn streaming_lists_come_from_the_cache() -> anyhow::Result<()> {
     );
 
     // No streaming list from the proxy reached the API server.
-    let seen = streaming_lists_seen(&setup.user)?;
+    let seen = streaming_lists_seen(&setup.stack.user)?;
     anyhow::ensure!(
         seen.len() == before,
         "streaming lists reached the API server: {:#?}",
@@ -568,7 +544,7 @@ async fn streaming_lists_come_from_the_cache() -> anyhow::Result<()> {
         "{body}"
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let seen = streaming_lists_seen(&setup.user)?;
+    let seen = streaming_lists_seen(&setup.stack.user)?;
     anyhow::ensure!(
         seen.len() > before,
         "the direct streaming list is not in the audit log: the check above proves nothing"
@@ -606,14 +582,14 @@ async fn streaming_lists_come_from_the_cache() -> anyhow::Result<()> {
 #[tokio::test]
 async fn a_client_go_informer_in_watch_list_mode_syncs_from_the_cache() -> anyhow::Result<()> {
     let setup = Setup::new("informer").await?;
-    let ns = setup.namespace.clone();
+    let ns = setup.stack.namespace.clone();
     let admin = audited_control_plane()?.client().await?;
     let configmaps: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
     for name in ["b", "a"] {
         let cm: ConfigMap = serde_json::from_value(json!({ "metadata": { "name": name } }))?;
         configmaps.create(&PostParams::default(), &cm).await?;
     }
-    let direct_client = client_for(&setup.direct).await?;
+    let direct_client = client_for(&setup.stack.direct).await?;
     setup
         .wait_cached(
             &direct_client,
@@ -621,8 +597,8 @@ async fn a_client_go_informer_in_watch_list_mode_syncs_from_the_cache() -> anyho
         )
         .await?;
     for (protobuf, synced, created) in [(false, "a,b", "c"), (true, "a,b,c", "d")] {
-        let before = streaming_lists_seen(&setup.user)?.len();
-        let lists_before = configmap_lists_seen(&setup.user, &ns)?.len();
+        let before = streaming_lists_seen(&setup.stack.user)?.len();
+        let lists_before = configmap_lists_seen(&setup.stack.user, &ns)?.len();
         let requests = run_informer(&setup, &configmaps, protobuf, synced, created).await?;
         anyhow::ensure!(
             requests
@@ -634,8 +610,8 @@ async fn a_client_go_informer_in_watch_list_mode_syncs_from_the_cache() -> anyho
             requests.iter().all(|l| l.contains("watch=true")),
             "the informer (protobuf: {protobuf}) listed: {requests:#?}"
         );
-        let seen = streaming_lists_seen(&setup.user)?;
-        let lists = configmap_lists_seen(&setup.user, &ns)?;
+        let seen = streaming_lists_seen(&setup.stack.user)?;
+        let lists = configmap_lists_seen(&setup.stack.user, &ns)?;
         if protobuf {
             anyhow::ensure!(
                 seen.len() > before,
@@ -668,13 +644,13 @@ async fn run_informer(
     created: &str,
 ) -> anyhow::Result<Vec<String>> {
     use tokio::io::AsyncBufReadExt as _;
-    let stderr_path = setup.dir.join(format!("informer-{protobuf}.stderr"));
+    let stderr_path = setup.stack.dir.join(format!("informer-{protobuf}.stderr"));
     let mut child =
         tokio::process::Command::new(audited_control_plane()?.binaries().path("kube-testbins"))
             .args(["watchlist-informer", "--seconds=90", "-v=6"])
             .arg(format!("--protobuf={protobuf}"))
-            .arg(format!("--kubeconfig={}", setup.proxied.display()))
-            .arg(format!("--namespace={}", setup.namespace))
+            .arg(format!("--kubeconfig={}", setup.stack.proxied.display()))
+            .arg(format!("--namespace={}", setup.stack.namespace))
             .stdout(std::process::Stdio::piped())
             .stderr(std::fs::File::create(&stderr_path)?)
             .kill_on_drop(true)

@@ -35,13 +35,13 @@ async fn get_until(
 #[tokio::test]
 async fn degraded_reads_carry_a_warning_and_writes_say_why_not() -> anyhow::Result<()> {
     let mut setup = Setup::new("degraded", |_, _, _| async { Ok(()) }).await?;
-    let ns = setup.namespace.clone();
+    let ns = setup.stack.namespace.clone();
     let path = format!("/api/v1/namespaces/{ns}/configmaps");
     let proxy = setup.kubectl("proxy")?;
     let kubectl = |args: &[&str]| {
         let args = args.iter().map(|a| a.to_string()).collect::<Vec<_>>();
         let proxy = &proxy;
-        let proxied = setup.proxied.clone();
+        let proxied = setup.stack.proxied.clone();
         async move { proxy.run(&proxied, &args, None, KUBECTL_TIMEOUT).await }
     };
     let fresh = setup.get(&path, None).await?;
@@ -54,13 +54,14 @@ async fn degraded_reads_carry_a_warning_and_writes_say_why_not() -> anyhow::Resu
 
     // 1. The store cannot commit: the next change the agent streams fails to commit.
     setup
+        .stack
         .hub
         .hub
         .set_store_commit_hook(Some(std::sync::Arc::new(|_| {
             Err("injected: the volume is full".to_string())
         })))
         .await;
-    let direct = client_for(&setup.direct).await?;
+    let direct = client_for(&setup.stack.direct).await?;
     let configmaps: Api<ConfigMap> = Api::namespaced(direct, &ns);
     configmaps
         .create(
@@ -102,8 +103,9 @@ async fn degraded_reads_carry_a_warning_and_writes_say_why_not() -> anyhow::Resu
     );
 
     // The account's state says the same.
-    let account_path = format!("/api/v1/accounts/{}", setup.account);
+    let account_path = format!("/api/v1/accounts/{}", setup.stack.account);
     let view = setup
+        .stack
         .hub
         .api("GET", &account_path)
         .send()
@@ -117,7 +119,7 @@ async fn degraded_reads_carry_a_warning_and_writes_say_why_not() -> anyhow::Resu
     );
 
     // The store recovers: nothing lost, no warning.
-    setup.hub.hub.set_store_commit_hook(None).await;
+    setup.stack.hub.hub.set_store_commit_hook(None).await;
     let recovered = get_until(
         &setup,
         &path,
@@ -127,6 +129,7 @@ async fn degraded_reads_carry_a_warning_and_writes_say_why_not() -> anyhow::Resu
     .await?;
     assert_eq!(recovered.header("x-scale-agent-cache-age"), None);
     let view = setup
+        .stack
         .hub
         .api("GET", &account_path)
         .send()
@@ -135,7 +138,7 @@ async fn degraded_reads_carry_a_warning_and_writes_say_why_not() -> anyhow::Resu
     assert_eq!(view["cacheStale"], Value::Null, "{view}");
 
     // 2. The agent goes away: reads from the held cache, flagged; writes 503.
-    if let Some(agent) = setup.agent.take() {
+    if let Some(agent) = setup.stack.agent.take() {
         agent.stop().await?;
     }
     let away = get_until(
@@ -166,7 +169,7 @@ async fn degraded_reads_carry_a_warning_and_writes_say_why_not() -> anyhow::Resu
         write.messages()
     );
 
-    let metrics = setup.hub.api("GET", "/metrics").send().await?.body;
+    let metrics = setup.stack.hub.api("GET", "/metrics").send().await?.body;
     for line in [
         "scale_agent_hub_proxy_stale_reads_total{reason=\"store_failing\"}",
         "scale_agent_hub_proxy_stale_reads_total{reason=\"agent_away\"}",

@@ -29,9 +29,9 @@ async fn watch_across<T>(
     setup: &Setup,
     fail_over: impl std::future::Future<Output = anyhow::Result<T>>,
 ) -> anyhow::Result<T> {
-    let ns = setup.namespace.clone();
+    let ns = setup.stack.namespace.clone();
     let path = format!("/api/v1/namespaces/{ns}/configmaps");
-    let proxy_client = client_for(&setup.proxied).await?;
+    let proxy_client = client_for(&setup.stack.proxied).await?;
     let proxied: Api<ConfigMap> = Api::namespaced(proxy_client, &ns);
     let start = proxied
         .list(&ListParams::default())
@@ -121,8 +121,9 @@ async fn watch_across<T>(
     tracing::info!(restarts, "watch across the failover");
     // The failover did happen: the replica left streams the account now.
     let view = setup
+        .stack
         .hub
-        .api("GET", &format!("/api/v1/accounts/{}", setup.account))
+        .api("GET", &format!("/api/v1/accounts/{}", setup.stack.account))
         .send()
         .await?
         .json_or_null();
@@ -169,11 +170,15 @@ async fn streaming_replica(hub: &TlsHub, account: &str) -> anyhow::Result<String
 async fn a_watch_across_agent_failover_misses_and_repeats_nothing() -> anyhow::Result<()> {
     let mut setup = Setup::new("failover", |_, _, _| async { Ok(()) }).await?;
     let standby =
-        fixtures::start_agent_replica(&setup.dir.join("agent.yaml"), "failover-1").await?;
-    setup.hub.wait_connected(&setup.account, 2).await?;
-    let first = setup.agent.take();
+        fixtures::start_agent_replica(&setup.stack.dir.join("agent.yaml"), "failover-1").await?;
+    setup
+        .stack
+        .hub
+        .wait_connected(&setup.stack.account, 2)
+        .await?;
+    let first = setup.stack.agent.take();
     let kept = watch_across(&setup, async {
-        let streaming = streaming_replica(&setup.hub, &setup.account).await?;
+        let streaming = streaming_replica(&setup.stack.hub, &setup.stack.account).await?;
         let (gone, kept) = if streaming == "failover-1" {
             (Some(standby), first)
         } else {
@@ -185,7 +190,7 @@ async fn a_watch_across_agent_failover_misses_and_repeats_nothing() -> anyhow::R
         anyhow::Ok(kept)
     })
     .await?;
-    setup.agent = kept;
+    setup.stack.agent = kept;
     setup.stop().await
 }
 
@@ -203,18 +208,22 @@ async fn a_watch_across_a_killed_streaming_agent_misses_and_repeats_nothing() ->
         "e2e-agent",
         Path::new(AGENT),
         &args(&[
-            &format!("--config={}", setup.dir.join("agent.yaml").display()),
+            &format!("--config={}", setup.stack.dir.join("agent.yaml").display()),
             "--replica=killed-process",
             &format!("--admin-addr=127.0.0.1:{admin_port}"),
         ]),
-        setup.dir.join("agent-process.log"),
+        setup.stack.dir.join("agent-process.log"),
     )?;
-    setup.hub.wait_connected(&setup.account, 2).await?;
-    if let Some(agent) = setup.agent.take() {
+    setup
+        .stack
+        .hub
+        .wait_connected(&setup.stack.account, 2)
+        .await?;
+    if let Some(agent) = setup.stack.agent.take() {
         agent.stop().await?;
     }
     let deadline = tokio::time::Instant::now() + WAIT;
-    while streaming_replica(&setup.hub, &setup.account).await? != "killed-process" {
+    while streaming_replica(&setup.stack.hub, &setup.stack.account).await? != "killed-process" {
         process.ensure_running()?;
         anyhow::ensure!(
             tokio::time::Instant::now() < deadline,
@@ -223,9 +232,15 @@ async fn a_watch_across_a_killed_streaming_agent_misses_and_repeats_nothing() ->
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    setup.agent =
-        Some(fixtures::start_agent_replica(&setup.dir.join("agent.yaml"), "killed-standby").await?);
-    setup.hub.wait_connected(&setup.account, 2).await?;
+    setup.stack.agent = Some(
+        fixtures::start_agent_replica(&setup.stack.dir.join("agent.yaml"), "killed-standby")
+            .await?,
+    );
+    setup
+        .stack
+        .hub
+        .wait_connected(&setup.stack.account, 2)
+        .await?;
     let pid = process.pid();
     watch_across(&setup, async {
         scale_agent_e2e::process::send_signal(pid, libc::SIGKILL);
@@ -237,7 +252,7 @@ async fn a_watch_across_a_killed_streaming_agent_misses_and_repeats_nothing() ->
         "the agent process survived SIGKILL"
     );
     assert_eq!(
-        streaming_replica(&setup.hub, &setup.account).await?,
+        streaming_replica(&setup.stack.hub, &setup.stack.account).await?,
         "killed-standby",
         "the standby was promoted"
     );
@@ -378,7 +393,7 @@ async fn api_state(
 async fn a_watch_across_a_hub_restart_ends_cleanly_and_resumes() -> anyhow::Result<()> {
     use tokio::io::AsyncReadExt as _;
     let mut setup = Setup::new("hubrestart", |_, _, _| async { Ok(()) }).await?;
-    let ns = setup.namespace.clone();
+    let ns = setup.stack.namespace.clone();
     let path = format!("/api/v1/namespaces/{ns}/configmaps");
     let admin = audited_control_plane()?.client().await?;
     let direct: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
@@ -394,7 +409,7 @@ async fn a_watch_across_a_hub_restart_ends_cleanly_and_resumes() -> anyhow::Resu
     let kubectl = setup.kubectl("proxied")?;
     std::fs::create_dir_all(&kubectl.home)?;
     let mut watch = tokio::process::Command::new(&kubectl.binary)
-        .arg(format!("--kubeconfig={}", setup.proxied.display()))
+        .arg(format!("--kubeconfig={}", setup.stack.proxied.display()))
         .args(["get", "configmaps", "-n", &ns, "-w", "-o", "json"])
         .arg("--output-watch-events")
         .env("HOME", &kubectl.home)
@@ -436,7 +451,7 @@ async fn a_watch_across_a_hub_restart_ends_cleanly_and_resumes() -> anyhow::Resu
     let reflector = tokio::spawn({
         use kube::runtime::{WatchStreamExt as _, watcher};
         let reflected = reflected.clone();
-        let api: Api<ConfigMap> = Api::namespaced(client_for(&setup.proxied).await?, &ns);
+        let api: Api<ConfigMap> = Api::namespaced(client_for(&setup.stack.proxied).await?, &ns);
         async move {
             let mut events = watcher(api, watcher::Config::default())
                 .default_backoff()
@@ -524,6 +539,7 @@ async fn a_watch_across_a_hub_restart_ends_cleanly_and_resumes() -> anyhow::Resu
     }
     // The hub restarts; while it is down, more changes happen on the cluster.
     let (hub, (exit, stderr)) = setup
+        .stack
         .hub
         .restart(async {
             let exit = tokio::time::timeout(WAIT, watch.wait())
@@ -542,7 +558,7 @@ async fn a_watch_across_a_hub_restart_ends_cleanly_and_resumes() -> anyhow::Resu
             anyhow::Ok((exit, stderr))
         })
         .await?;
-    setup.hub = hub;
+    setup.stack.hub = hub;
     // kubectl's watch ended cleanly: every event it printed is whole, and it says nothing
     // about a broken stream.
     let printed = kubectl_watch_events(&printed_now()?, true)?;
@@ -569,7 +585,11 @@ async fn a_watch_across_a_hub_restart_ends_cleanly_and_resumes() -> anyhow::Resu
         .cloned()
         .ok_or_else(|| anyhow::anyhow!("kubectl printed nothing"))?;
     assert_eq!(last.to_string(), last_before);
-    setup.hub.wait_connected(&setup.account, 1).await?;
+    setup
+        .stack
+        .hub
+        .wait_connected(&setup.stack.account, 1)
+        .await?;
     let newest = create("r-09".into()).await?;
     // Until the cache has caught up, a watch from `last` is tunnelled or waits: wait for it.
     loop {
@@ -590,7 +610,7 @@ async fn a_watch_across_a_hub_restart_ends_cleanly_and_resumes() -> anyhow::Resu
     // reflector does (with bookmarks allowed).
     let resumed = kubectl
         .run(
-            &setup.proxied,
+            &setup.stack.proxied,
             &args(&[
                 "get",
                 "--raw",
@@ -612,7 +632,7 @@ async fn a_watch_across_a_hub_restart_ends_cleanly_and_resumes() -> anyhow::Resu
         // 410: list again (from the cache) and have the API server's state.
         let listed = kubectl
             .run(
-                &setup.proxied,
+                &setup.stack.proxied,
                 &args(&["get", "configmaps", "-n", &ns, "-o", "json"]),
                 None,
                 KUBECTL_TIMEOUT,

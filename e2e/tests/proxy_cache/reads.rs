@@ -8,7 +8,7 @@ use super::*;
 #[tokio::test]
 async fn every_read_form_equals_the_api_servers() -> anyhow::Result<()> {
     let setup = Setup::new("forms", seed_objects).await?;
-    let ns = setup.namespace.clone();
+    let ns = setup.stack.namespace.clone();
     let widgets = format!("widgets.{}", setup.widget_group);
     let direct = setup.kubectl("direct")?;
     let proxy = setup.kubectl("proxy")?;
@@ -60,10 +60,10 @@ async fn every_read_form_equals_the_api_servers() -> anyhow::Result<()> {
     ));
     for (form, json) in &forms {
         let a = direct
-            .run(&setup.direct, form, None, KUBECTL_TIMEOUT)
+            .run(&setup.stack.direct, form, None, KUBECTL_TIMEOUT)
             .await?;
         let b = proxy
-            .run(&setup.proxied, form, None, KUBECTL_TIMEOUT)
+            .run(&setup.stack.proxied, form, None, KUBECTL_TIMEOUT)
             .await?;
         anyhow::ensure!(
             a.code == b.code,
@@ -103,8 +103,8 @@ async fn every_read_form_equals_the_api_servers() -> anyhow::Result<()> {
     }
 
     // A kube client: typed lists, gets and metadata-only reads.
-    let direct_client = client_for(&setup.direct).await?;
-    let proxy_client = client_for(&setup.proxied).await?;
+    let direct_client = client_for(&setup.stack.direct).await?;
+    let proxy_client = client_for(&setup.stack.proxied).await?;
     let same = |what: &str, a: Value, b: Value| -> anyhow::Result<()> {
         let (mut a, mut b) = (normalized(a), normalized(b));
         if what.starts_with("Secret") {
@@ -250,7 +250,7 @@ async fn paging_returns_each_object_once_and_expired_tokens_are_gone() -> anyhow
         Ok(())
     })
     .await?;
-    let ns = setup.namespace.clone();
+    let ns = setup.stack.namespace.clone();
     let path = format!("/api/v1/namespaces/{ns}/configmaps");
     let mut names = Vec::new();
     let mut pages = 0;
@@ -301,8 +301,8 @@ async fn paging_returns_each_object_once_and_expired_tokens_are_gone() -> anyhow
     assert_eq!(names, sorted, "the API server's order");
 
     // The kube client pages the same way through the proxy and directly.
-    let proxy_client = client_for(&setup.proxied).await?;
-    let direct_client = client_for(&setup.direct).await?;
+    let proxy_client = client_for(&setup.stack.proxied).await?;
+    let direct_client = client_for(&setup.stack.direct).await?;
     for client in [&proxy_client, &direct_client] {
         let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
         let mut lp = ListParams::default().limit(500).labels("even=true");
@@ -380,7 +380,7 @@ fn lists_seen_by_the_api_server(user: &str) -> anyhow::Result<Vec<String>> {
 #[tokio::test]
 async fn caching_cycles_send_no_list_to_the_api_server() -> anyhow::Result<()> {
     let setup = Setup::new("cycles", seed_objects).await?;
-    let ns = setup.namespace.clone();
+    let ns = setup.stack.namespace.clone();
     let kinds = format!(
         "deployments,replicasets,pods,services,configmaps,widgets.{}",
         setup.widget_group
@@ -394,31 +394,31 @@ async fn caching_cycles_send_no_list_to_the_api_server() -> anyhow::Result<()> {
     ];
     let direct = setup.kubectl("direct")?;
     let proxy = setup.kubectl("proxy")?;
-    let before = lists_seen_by_the_api_server(&setup.user)?.len();
+    let before = lists_seen_by_the_api_server(&setup.stack.user)?.len();
     for command in &cycle {
         ensure_ok(
             "direct",
             &direct
-                .run(&setup.direct, command, None, KUBECTL_TIMEOUT)
+                .run(&setup.stack.direct, command, None, KUBECTL_TIMEOUT)
                 .await?,
         )?;
     }
-    let direct_lists = lists_seen_by_the_api_server(&setup.user)?.len() - before;
+    let direct_lists = lists_seen_by_the_api_server(&setup.stack.user)?.len() - before;
     anyhow::ensure!(
         direct_lists >= 9,
         "a direct cycle sent {direct_lists} LISTs as {}: the audit log does not see them",
-        setup.user
+        setup.stack.user
     );
-    let before = lists_seen_by_the_api_server(&setup.user)?;
+    let before = lists_seen_by_the_api_server(&setup.stack.user)?;
     for round in 0..3 {
         for command in &cycle {
             let outcome = proxy
-                .run(&setup.proxied, command, None, KUBECTL_TIMEOUT)
+                .run(&setup.stack.proxied, command, None, KUBECTL_TIMEOUT)
                 .await?;
             ensure_ok(&format!("round {round} through the proxy"), &outcome)?;
         }
     }
-    let after = lists_seen_by_the_api_server(&setup.user)?;
+    let after = lists_seen_by_the_api_server(&setup.stack.user)?;
     let new: Vec<&String> = after[before.len()..].iter().collect();
     // Secrets' data is only on the API server: that one list per round goes through.
     let unexpected: Vec<&&String> = new.iter().filter(|l| !l.contains("/secrets")).collect();
@@ -439,8 +439,8 @@ async fn caching_cycles_send_no_list_to_the_api_server() -> anyhow::Result<()> {
 #[tokio::test]
 async fn reads_right_after_writes_through_the_proxy_see_them() -> anyhow::Result<()> {
     let setup = Setup::new("ryw", |_, _, _| async { Ok(()) }).await?;
-    let ns = setup.namespace.clone();
-    let client = client_for(&setup.proxied).await?;
+    let ns = setup.stack.namespace.clone();
+    let client = client_for(&setup.stack.proxied).await?;
     let api: Api<ConfigMap> = Api::namespaced(client, &ns);
     let params = PatchParams::apply("cache-test").force();
     let mut from_cache = 0;

@@ -34,7 +34,7 @@ fn watches_seen_by_the_api_server(user: &str, mark: &str) -> anyhow::Result<Vec<
 /// The body of [`watches_replay_the_same_events_as_the_api_server`], for any account
 /// whose agent watches the test namespace's ConfigMaps (cluster-wide or per namespace).
 async fn replay_watches(setup: &Setup) -> anyhow::Result<()> {
-    let ns = setup.namespace.clone();
+    let ns = setup.stack.namespace.clone();
     let path = format!("/api/v1/namespaces/{ns}/configmaps");
     let listed = setup.get(&path, None).await?;
     assert_eq!(listed.header("x-scale-agent-cache"), Some("hit"));
@@ -84,7 +84,7 @@ async fn replay_watches(setup: &Setup) -> anyhow::Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let direct = client_for(&setup.direct).await?;
+    let direct = client_for(&setup.stack.direct).await?;
     for selector in ["", "&labelSelector=app%3Dweb"] {
         let query = format!("?watch=true&resourceVersion={from}&timeoutSeconds=3{selector}");
         let proxied = setup
@@ -141,14 +141,14 @@ async fn replay_watches(setup: &Setup) -> anyhow::Result<()> {
         "{line}"
     );
     // The API server's own word: it saw the direct watches, and none of the proxy's.
-    let direct_watches = watches_seen_by_the_api_server(&setup.user, DIRECT_WATCH_MARK)?;
+    let direct_watches = watches_seen_by_the_api_server(&setup.stack.user, DIRECT_WATCH_MARK)?;
     // (A watch is logged when its response starts and when it completes.)
     anyhow::ensure!(
         direct_watches.len() >= 3,
         "the audit log shows {direct_watches:#?} of the 3 direct watches: it would not see the \
          proxy's either"
     );
-    let proxied_watches = watches_seen_by_the_api_server(&setup.user, PROXIED_WATCH_MARK)?;
+    let proxied_watches = watches_seen_by_the_api_server(&setup.stack.user, PROXIED_WATCH_MARK)?;
     anyhow::ensure!(
         proxied_watches.is_empty(),
         "the proxy's watches reached the API server: {proxied_watches:#?}"
@@ -232,11 +232,11 @@ async fn direct_version(client: &Client, path: &str) -> anyhow::Result<String> {
 async fn a_watch_from_a_version_ahead_of_a_quiet_namespace_comes_from_the_cache()
 -> anyhow::Result<()> {
     let setup = Setup::per_namespace("ahead").await?;
-    let path = format!("/api/v1/namespaces/{}/configmaps", setup.namespace);
+    let path = format!("/api/v1/namespaces/{}/configmaps", setup.stack.namespace);
     let second = setup.collections[2].clone();
     let second_ns = second.split('/').nth(4).unwrap_or_default().to_string();
     let admin = audited_control_plane()?.client().await?;
-    let direct = client_for(&setup.direct).await?;
+    let direct = client_for(&setup.stack.direct).await?;
     let listed = setup.get(&path, None).await?;
     assert_eq!(listed.header("x-scale-agent-cache"), Some("hit"));
     let before: u64 = listed.json_or_null()["metadata"]["resourceVersion"]
@@ -268,7 +268,7 @@ async fn a_watch_from_a_version_ahead_of_a_quiet_namespace_comes_from_the_cache(
     assert_eq!(watch_events(&watched.body)?, []);
     // A change in the namespace after that version: the API server's events, and the
     // other namespace's change (between the resume point and the version) is not one.
-    let created = Api::<ConfigMap>::namespaced(admin.clone(), &setup.namespace)
+    let created = Api::<ConfigMap>::namespaced(admin.clone(), &setup.stack.namespace)
         .create(
             &PostParams::default(),
             &serde_json::from_value(json!({ "metadata": { "name": "after" } }))?,
@@ -290,7 +290,7 @@ async fn a_watch_from_a_version_ahead_of_a_quiet_namespace_comes_from_the_cache(
         )]
     );
     assert_eq!(watch_events(&watched.body)?, expected);
-    let proxied = watches_seen_by_the_api_server(&setup.user, PROXIED_WATCH_MARK)?;
+    let proxied = watches_seen_by_the_api_server(&setup.stack.user, PROXIED_WATCH_MARK)?;
     anyhow::ensure!(
         proxied.is_empty(),
         "the proxy's watches reached the API server: {proxied:#?}"
