@@ -33,6 +33,7 @@ pub mod operator;
 pub mod pki;
 pub mod postgres;
 pub mod process;
+pub mod proxy_stack;
 pub mod real_node;
 pub mod relay;
 pub mod tinyproxy;

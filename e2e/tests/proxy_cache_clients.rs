@@ -11,23 +11,19 @@
 //!   the proxy (and does show the direct control's); the combinations the API server refuses
 //!   are refused with its own status.
 
-use std::{
-    path::{Path, PathBuf},
-    time::Duration,
-};
+use std::{path::PathBuf, time::Duration};
 
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
-    Api, Client, Config,
+    Api, Client,
     api::{Patch, PatchParams, PostParams},
-    config::{KubeConfigOptions, Kubeconfig},
     runtime::watcher,
 };
 use scale_agent_e2e::{
-    ControlPlane, ControlPlaneOptions,
-    fixtures::{self, TlsHub, temp_dir},
-    kubectl::{Kubectl, Outcome},
+    fixtures,
+    kubectl::Kubectl,
+    proxy_stack::{ProxyStack, args, audited_control_plane, client_for, ensure_ok},
 };
 use serde_json::{Value, json};
 
@@ -37,110 +33,35 @@ const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
 /// A finalizer no controller removes: the test does.
 const HOLD: &str = "example.com/hold";
 
-fn control_plane() -> anyhow::Result<&'static ControlPlane> {
-    Ok(ControlPlane::shared_with(|| {
-        ControlPlaneOptions::default().with_audit()
-    })?)
-}
-
-fn args(list: &[&str]) -> Vec<String> {
-    list.iter().map(|s| s.to_string()).collect()
-}
-
-async fn client_for(kubeconfig: &Path) -> anyhow::Result<Client> {
-    let config = Config::from_custom_kubeconfig(
-        Kubeconfig::read_from(kubeconfig)?,
-        &KubeConfigOptions::default(),
-    )
-    .await?;
-    Ok(Client::try_from(config)?)
-}
-
 /// A hub and one agent streaming ConfigMaps and Deployments cluster-wide with a
 /// ServiceAccount of its own; direct commands use the same identity.
 struct Setup {
-    dir: PathBuf,
-    hub: TlsHub,
-    account: String,
-    namespace: String,
-    direct: PathBuf,
-    proxied: PathBuf,
-    token: String,
-    /// `system:serviceaccount:<ns>:agent`, as the audit log names the agent (and the proxy's
-    /// requests, made with the agent's credentials).
-    user: String,
-    agent: Option<scale_agent::AgentHandle>,
+    stack: ProxyStack,
 }
 
 impl Setup {
     async fn new(name: &str) -> anyhow::Result<Setup> {
         fixtures::init_logs("warn");
-        let control_plane = control_plane()?;
-        let admin = control_plane.client().await?;
-        let home = control_plane
-            .namespace(&admin, &format!("clients-{name}"))
+        let identity = ProxyStack::identity(&format!("clients-{name}")).await?;
+        let account = identity.account_name();
+        let stack = identity
+            .start(
+                account,
+                json!({ "kinds": ["configmaps", "deployments"] }),
+                &format!("{name}-0"),
+                "clients",
+            )
             .await?;
-        let namespace = control_plane
-            .namespace(&admin, &format!("clients-{name}-objects"))
-            .await?;
-        let dir = temp_dir(&format!("clients-{name}"))?;
-        let direct = fixtures::service_account_identity(
-            control_plane,
-            &admin,
-            &home,
-            "agent",
-            fixtures::Scope::Cluster,
-            fixtures::admin_rules(),
-            dir.join("agent.kubeconfig"),
-        )
-        .await?;
-        let hub = TlsHub::start(&dir, |_| {}).await?;
-        let account = format!(
-            "clients-{name}-{}-{:04x}",
-            std::process::id(),
-            rand::random::<u16>()
-        );
-        let config = dir.join("agent.yaml");
-        fixtures::write_plaintext_agent_config(
-            &config,
-            hub.hub.grpc_addr,
-            json!([{
-                "name": account,
-                "kubeconfigFile": direct.display().to_string(),
-                "kinds": ["configmaps", "deployments"],
-            }]),
-            2,
-        )?;
-        let agent = fixtures::start_agent_replica(&config, &format!("{name}-0")).await?;
-        hub.wait_connected(&account, 1).await?;
-        let proxied = hub
-            .kubeconfig(&account, "clients", &dir.join("proxied.kubeconfig"))
-            .await?;
-        let text = std::fs::read_to_string(&proxied)?;
-        let token = text
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("token: "))
-            .map(|t| t.trim_matches('"').to_string())
-            .ok_or_else(|| anyhow::anyhow!("no token in {}", proxied.display()))?;
-        Ok(Setup {
-            dir,
-            hub,
-            account,
-            namespace,
-            direct,
-            proxied,
-            token,
-            user: format!("system:serviceaccount:{home}:agent"),
-            agent: Some(agent),
-        })
+        Ok(Setup { stack })
     }
 
     /// `GET <path>` through the proxy with the account's token.
     async fn get(&self, path: &str) -> anyhow::Result<scale_agent_e2e::http::Response> {
         Ok(self
+            .stack
             .hub
-            .call("GET", &format!("/clusters/{}{path}", self.account))
-            .bearer(&self.token)
+            .call("GET", &format!("/clusters/{}{path}", self.stack.account))
+            .bearer(&self.stack.token)
             .timeout(KUBECTL_TIMEOUT)
             .send()
             .await?)
@@ -175,25 +96,9 @@ impl Setup {
         }
     }
 
-    async fn stop(mut self) -> anyhow::Result<()> {
-        if let Some(agent) = self.agent.take() {
-            agent.stop().await?;
-        }
-        self.hub.hub.shutdown().await?;
-        let _ = std::fs::remove_dir_all(&self.dir);
-        Ok(())
+    async fn stop(self) -> anyhow::Result<()> {
+        self.stack.stop().await
     }
-}
-
-fn ensure_ok(what: &str, outcome: &Outcome) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        outcome.success(),
-        "{what}: exit {:?}\nstdout: {}\nstderr: {}",
-        outcome.code,
-        outcome.stdout,
-        outcome.stderr
-    );
-    Ok(())
 }
 
 /// `kubectl diff`'s output with what differs by nature between two runs masked: the
@@ -257,15 +162,15 @@ const DEPLOYMENT: &str = r#"{"apiVersion":"apps/v1","kind":"Deployment","metadat
 /// managedFields entry) and the cache holds them at the API server's resourceVersion.
 async fn patch_and_diff_match(version: &str, binary: PathBuf) -> anyhow::Result<()> {
     let setup = Setup::new(&format!("patch-{}", version.replace('.', "-"))).await?;
-    let ns = setup.namespace.clone();
-    let direct = Kubectl::new(binary.clone(), setup.dir.join("home-direct"));
-    let proxy = Kubectl::new(binary, setup.dir.join("home-proxy"));
+    let ns = setup.stack.namespace.clone();
+    let direct = Kubectl::new(binary.clone(), setup.stack.dir.join("home-direct"));
+    let proxy = Kubectl::new(binary, setup.stack.dir.join("home-proxy"));
     for manifest in [CONFIGMAP, DEPLOYMENT] {
         ensure_ok(
             "kubectl apply",
             &direct
                 .run(
-                    &setup.direct,
+                    &setup.stack.direct,
                     &args(&["apply", "-n", &ns, "-f", "-"]),
                     Some(manifest),
                     KUBECTL_TIMEOUT,
@@ -273,7 +178,7 @@ async fn patch_and_diff_match(version: &str, binary: PathBuf) -> anyhow::Result<
                 .await?,
         )?;
     }
-    let direct_client = client_for(&setup.direct).await?;
+    let direct_client = client_for(&setup.stack.direct).await?;
     setup
         .wait_cached(
             &direct_client,
@@ -323,10 +228,10 @@ async fn patch_and_diff_match(version: &str, binary: PathBuf) -> anyhow::Result<
     ];
     for (command, stdin) in &commands {
         let a = direct
-            .run(&setup.direct, command, *stdin, KUBECTL_TIMEOUT)
+            .run(&setup.stack.direct, command, *stdin, KUBECTL_TIMEOUT)
             .await?;
         let b = proxy
-            .run(&setup.proxied, command, *stdin, KUBECTL_TIMEOUT)
+            .run(&setup.stack.proxied, command, *stdin, KUBECTL_TIMEOUT)
             .await?;
         anyhow::ensure!(
             a.code == b.code
@@ -357,7 +262,7 @@ async fn patch_and_diff_match(version: &str, binary: PathBuf) -> anyhow::Result<
     // The changed ConfigMap's diff is not empty (the comparison compared something).
     let changed = proxy
         .run(
-            &setup.proxied,
+            &setup.stack.proxied,
             &args(&["diff", "-n", &ns, "-f", "-"]),
             Some(&changed_configmap),
             KUBECTL_TIMEOUT,
@@ -376,19 +281,19 @@ async fn patch_and_diff_match(version: &str, binary: PathBuf) -> anyhow::Result<
 #[tokio::test]
 async fn patch_without_change_and_diff_match_direct_with_the_current_kubectl() -> anyhow::Result<()>
 {
-    let binaries = control_plane()?.binaries();
+    let binaries = audited_control_plane()?.binaries();
     patch_and_diff_match(scale_agent_e2e::KUBERNETES_VERSION, binaries.kubectl()).await
 }
 
 #[tokio::test]
 async fn patch_without_change_and_diff_match_direct_with_kubectl_1_29() -> anyhow::Result<()> {
-    let binaries = control_plane()?.binaries();
+    let binaries = audited_control_plane()?.binaries();
     patch_and_diff_match("v1.29", binaries.kubectl_client(29)).await
 }
 
 #[tokio::test]
 async fn patch_without_change_and_diff_match_direct_with_kubectl_1_22() -> anyhow::Result<()> {
-    let binaries = control_plane()?.binaries();
+    let binaries = audited_control_plane()?.binaries();
     patch_and_diff_match("v1.22", binaries.kubectl_client(22)).await
 }
 
@@ -423,7 +328,7 @@ async fn direct_get(client: &Client, path: &str) -> anyhow::Result<(u16, String)
 
 /// Requests as the agent's identity the API server received with `sendInitialEvents`.
 fn streaming_lists_seen(user: &str) -> anyhow::Result<Vec<String>> {
-    Ok(control_plane()?
+    Ok(audited_control_plane()?
         .audit_events()?
         .into_iter()
         .filter(|e| e.user.username == user && e.request_uri.contains("sendInitialEvents"))
@@ -434,8 +339,8 @@ fn streaming_lists_seen(user: &str) -> anyhow::Result<Vec<String>> {
 #[tokio::test]
 async fn streaming_lists_come_from_the_cache() -> anyhow::Result<()> {
     let setup = Setup::new("stream").await?;
-    let ns = setup.namespace.clone();
-    let admin = control_plane()?.client().await?;
+    let ns = setup.stack.namespace.clone();
+    let admin = audited_control_plane()?.client().await?;
     let configmaps: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
     for name in ["c", "a", "b"] {
         let cm: ConfigMap = serde_json::from_value(json!({
@@ -443,7 +348,7 @@ async fn streaming_lists_come_from_the_cache() -> anyhow::Result<()> {
         }))?;
         configmaps.create(&PostParams::default(), &cm).await?;
     }
-    let direct_client = client_for(&setup.direct).await?;
+    let direct_client = client_for(&setup.stack.direct).await?;
     setup
         .wait_cached(
             &direct_client,
@@ -453,7 +358,7 @@ async fn streaming_lists_come_from_the_cache() -> anyhow::Result<()> {
     let path = format!("/api/v1/namespaces/{ns}/configmaps");
     let streaming =
         "watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&timeoutSeconds=2";
-    let before = streaming_lists_seen(&setup.user)?.len();
+    let before = streaming_lists_seen(&setup.stack.user)?.len();
 
     // Raw: ADDED for each object in key order, then the annotated bookmark at the list's
     // resourceVersion; without allowWatchBookmarks no bookmark; sendInitialEvents=false no
@@ -503,7 +408,7 @@ async fn streaming_lists_come_from_the_cache() -> anyhow::Result<()> {
 
     // kube-rs's watcher with streaming lists: the three objects, the end of the initial
     // events, then a change made directly.
-    let proxy_client = client_for(&setup.proxied).await?;
+    let proxy_client = client_for(&setup.stack.proxied).await?;
     let proxied: Api<ConfigMap> = Api::namespaced(proxy_client, &ns);
     let mut stream = watcher(proxied, watcher::Config::default().streaming_lists()).boxed();
     let mut initial = Vec::new();
@@ -540,8 +445,8 @@ async fn streaming_lists_come_from_the_cache() -> anyhow::Result<()> {
     // kubectl 1.37's delete waits for the object to go with a streaming list (its -v=6 log
     // shows the request).
     let kubectl = Kubectl::new(
-        control_plane()?.binaries().kubectl(),
-        setup.dir.join("home-proxy"),
+        audited_control_plane()?.binaries().kubectl(),
+        setup.stack.dir.join("home-proxy"),
     );
     let delete = args(&[
         "delete",
@@ -578,7 +483,7 @@ async fn streaming_lists_come_from_the_cache() -> anyhow::Result<()> {
         anyhow::Ok(())
     };
     let (deleted, released) = tokio::join!(
-        kubectl.run(&setup.proxied, &delete, None, KUBECTL_TIMEOUT),
+        kubectl.run(&setup.stack.proxied, &delete, None, KUBECTL_TIMEOUT),
         release
     );
     released?;
@@ -605,7 +510,7 @@ async fn streaming_lists_come_from_the_cache() -> anyhow::Result<()> {
     );
 
     // No streaming list from the proxy reached the API server.
-    let seen = streaming_lists_seen(&setup.user)?;
+    let seen = streaming_lists_seen(&setup.stack.user)?;
     anyhow::ensure!(
         seen.len() == before,
         "streaming lists reached the API server: {:#?}",
@@ -639,7 +544,7 @@ async fn streaming_lists_come_from_the_cache() -> anyhow::Result<()> {
         "{body}"
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let seen = streaming_lists_seen(&setup.user)?;
+    let seen = streaming_lists_seen(&setup.stack.user)?;
     anyhow::ensure!(
         seen.len() > before,
         "the direct streaming list is not in the audit log: the check above proves nothing"
@@ -677,14 +582,14 @@ async fn streaming_lists_come_from_the_cache() -> anyhow::Result<()> {
 #[tokio::test]
 async fn a_client_go_informer_in_watch_list_mode_syncs_from_the_cache() -> anyhow::Result<()> {
     let setup = Setup::new("informer").await?;
-    let ns = setup.namespace.clone();
-    let admin = control_plane()?.client().await?;
+    let ns = setup.stack.namespace.clone();
+    let admin = audited_control_plane()?.client().await?;
     let configmaps: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
     for name in ["b", "a"] {
         let cm: ConfigMap = serde_json::from_value(json!({ "metadata": { "name": name } }))?;
         configmaps.create(&PostParams::default(), &cm).await?;
     }
-    let direct_client = client_for(&setup.direct).await?;
+    let direct_client = client_for(&setup.stack.direct).await?;
     setup
         .wait_cached(
             &direct_client,
@@ -692,8 +597,8 @@ async fn a_client_go_informer_in_watch_list_mode_syncs_from_the_cache() -> anyho
         )
         .await?;
     for (protobuf, synced, created) in [(false, "a,b", "c"), (true, "a,b,c", "d")] {
-        let before = streaming_lists_seen(&setup.user)?.len();
-        let lists_before = configmap_lists_seen(&setup.user, &ns)?.len();
+        let before = streaming_lists_seen(&setup.stack.user)?.len();
+        let lists_before = configmap_lists_seen(&setup.stack.user, &ns)?.len();
         let requests = run_informer(&setup, &configmaps, protobuf, synced, created).await?;
         anyhow::ensure!(
             requests
@@ -705,8 +610,8 @@ async fn a_client_go_informer_in_watch_list_mode_syncs_from_the_cache() -> anyho
             requests.iter().all(|l| l.contains("watch=true")),
             "the informer (protobuf: {protobuf}) listed: {requests:#?}"
         );
-        let seen = streaming_lists_seen(&setup.user)?;
-        let lists = configmap_lists_seen(&setup.user, &ns)?;
+        let seen = streaming_lists_seen(&setup.stack.user)?;
+        let lists = configmap_lists_seen(&setup.stack.user, &ns)?;
         if protobuf {
             anyhow::ensure!(
                 seen.len() > before,
@@ -739,16 +644,17 @@ async fn run_informer(
     created: &str,
 ) -> anyhow::Result<Vec<String>> {
     use tokio::io::AsyncBufReadExt as _;
-    let stderr_path = setup.dir.join(format!("informer-{protobuf}.stderr"));
-    let mut child = tokio::process::Command::new(control_plane()?.binaries().path("kube-testbins"))
-        .args(["watchlist-informer", "--seconds=90", "-v=6"])
-        .arg(format!("--protobuf={protobuf}"))
-        .arg(format!("--kubeconfig={}", setup.proxied.display()))
-        .arg(format!("--namespace={}", setup.namespace))
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::fs::File::create(&stderr_path)?)
-        .kill_on_drop(true)
-        .spawn()?;
+    let stderr_path = setup.stack.dir.join(format!("informer-{protobuf}.stderr"));
+    let mut child =
+        tokio::process::Command::new(audited_control_plane()?.binaries().path("kube-testbins"))
+            .args(["watchlist-informer", "--seconds=90", "-v=6"])
+            .arg(format!("--protobuf={protobuf}"))
+            .arg(format!("--kubeconfig={}", setup.stack.proxied.display()))
+            .arg(format!("--namespace={}", setup.stack.namespace))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(&stderr_path)?)
+            .kill_on_drop(true)
+            .spawn()?;
     let stdout = child
         .stdout
         .take()
@@ -779,7 +685,7 @@ async fn run_informer(
 /// received (the agent's own watch is cluster-wide).
 fn configmap_lists_seen(user: &str, namespace: &str) -> anyhow::Result<Vec<String>> {
     let path = format!("/api/v1/namespaces/{namespace}/configmaps");
-    Ok(control_plane()?
+    Ok(audited_control_plane()?
         .audit_events()?
         .into_iter()
         .filter(|e| e.user.username == user && e.request_uri.starts_with(&path))

@@ -10,12 +10,12 @@
 //! requires the proxied output to equal one of the two direct ones exactly, sampling again
 //! (at most [`SAMPLES`] times) only when a second boundary fell between the runs.
 
-use std::{path::PathBuf, time::Duration};
+use std::time::Duration;
 
 use scale_agent_e2e::{
-    ControlPlane, ControlPlaneOptions,
-    fixtures::{self, TlsHub, temp_dir},
-    kubectl::{Kubectl, Outcome},
+    fixtures,
+    kubectl::Kubectl,
+    proxy_stack::{ProxyStack, args, audited_control_plane, ensure_ok},
 };
 use serde_json::json;
 
@@ -53,59 +53,28 @@ const NAMESPACED: &[&str] = &[
 /// Cluster-scoped kinds, besides the CRDs the agent streams for the printer columns.
 const CLUSTER: &[&str] = &["namespaces", "nodes", "clusterroles", "clusterrolebindings"];
 
-fn control_plane() -> anyhow::Result<&'static ControlPlane> {
-    Ok(ControlPlane::shared_with(|| {
-        ControlPlaneOptions::default().with_audit()
-    })?)
-}
-
-fn args(list: &[&str]) -> Vec<String> {
-    list.iter().map(|s| s.to_string()).collect()
-}
-
 struct Setup {
-    dir: PathBuf,
-    hub: TlsHub,
-    account: String,
-    namespace: String,
+    stack: ProxyStack,
     /// The label every object of the test carries (`tables=<id>`).
     label: String,
     widget_group: String,
-    direct: PathBuf,
-    proxied: PathBuf,
-    token: String,
-    /// `system:serviceaccount:<ns>:agent`: the identity of direct and tunnelled reads.
-    user: String,
-    agent: Option<scale_agent::AgentHandle>,
 }
 
 impl Setup {
     async fn new() -> anyhow::Result<Setup> {
         fixtures::init_logs("warn,scale_agent_hub_proxy=info");
-        let control_plane = control_plane()?;
-        let admin = control_plane.client().await?;
-        let home = control_plane.namespace(&admin, "tables").await?;
-        let namespace = control_plane.namespace(&admin, "tables-objects").await?;
+        let identity = ProxyStack::identity("tables").await?;
+        let namespace = identity.namespace.clone();
         let label = format!("tables={namespace}");
-        let widget_group = format!("{home}.example.com");
-        let dir = temp_dir("tables")?;
-        seed(control_plane, &dir, &namespace, &widget_group).await?;
-        let direct = fixtures::service_account_identity(
-            control_plane,
-            &admin,
-            &home,
-            "agent",
-            fixtures::Scope::Cluster,
-            fixtures::admin_rules(),
-            dir.join("agent.kubeconfig"),
+        let widget_group = format!("{}.example.com", identity.home);
+        seed(
+            identity.control_plane,
+            &identity.dir,
+            &namespace,
+            &widget_group,
         )
         .await?;
-        let hub = TlsHub::start(&dir, |_| {}).await?;
-        let account = format!(
-            "tables-{}-{:04x}",
-            std::process::id(),
-            rand::random::<u16>()
-        );
+        let account = identity.account_name();
         let mut kinds: Vec<String> = NAMESPACED
             .iter()
             .chain(CLUSTER)
@@ -113,40 +82,13 @@ impl Setup {
             .collect();
         kinds.push("customresourcedefinitions".into());
         kinds.push(format!("widgets.{widget_group}"));
-        let config = dir.join("agent.yaml");
-        fixtures::write_plaintext_agent_config(
-            &config,
-            hub.hub.grpc_addr,
-            json!([{
-                "name": account,
-                "kubeconfigFile": direct.display().to_string(),
-                "kinds": kinds,
-            }]),
-            2,
-        )?;
-        let agent = fixtures::start_agent_replica(&config, "tables-0").await?;
-        hub.wait_connected(&account, 1).await?;
-        let proxied = hub
-            .kubeconfig(&account, "tables", &dir.join("proxied.kubeconfig"))
+        let stack = identity
+            .start(account, json!({ "kinds": kinds }), "tables-0", "tables")
             .await?;
-        let text = std::fs::read_to_string(&proxied)?;
-        let token = text
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("token: "))
-            .map(|t| t.trim_matches('"').to_string())
-            .ok_or_else(|| anyhow::anyhow!("no token in {}", proxied.display()))?;
         let setup = Setup {
-            dir,
-            hub,
-            account,
-            namespace,
+            stack,
             label,
             widget_group,
-            direct,
-            proxied,
-            token,
-            user: format!("system:serviceaccount:{home}:agent"),
-            agent: Some(agent),
         };
         setup.wait_synced().await?;
         Ok(setup)
@@ -154,7 +96,7 @@ impl Setup {
 
     /// Waits until the cache answers a Table of every kind the test prints.
     async fn wait_synced(&self) -> anyhow::Result<()> {
-        let ns = &self.namespace;
+        let ns = &self.stack.namespace;
         let mut paths: Vec<String> = vec![
             "/api/v1/namespaces".into(),
             "/apis/rbac.authorization.k8s.io/v1/clusterroles".into(),
@@ -192,9 +134,10 @@ impl Setup {
         for path in &paths {
             loop {
                 let reply = self
+                    .stack
                     .hub
-                    .call("GET", &format!("/clusters/{}{path}", self.account))
-                    .bearer(&self.token)
+                    .call("GET", &format!("/clusters/{}{path}", self.stack.account))
+                    .bearer(&self.stack.token)
                     .header("accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
                     .timeout(KUBECTL_TIMEOUT)
                     .send()
@@ -217,18 +160,13 @@ impl Setup {
         Ok(())
     }
 
-    async fn stop(mut self) -> anyhow::Result<()> {
-        if let Some(agent) = self.agent.take() {
-            agent.stop().await?;
-        }
-        self.hub.hub.shutdown().await?;
-        let _ = std::fs::remove_dir_all(&self.dir);
-        Ok(())
+    async fn stop(self) -> anyhow::Result<()> {
+        self.stack.stop().await
     }
 
     /// The `kubectl get` forms compared, each with its arguments.
     fn commands(&self) -> Vec<Vec<String>> {
-        let ns = self.namespace.as_str();
+        let ns = self.stack.namespace.as_str();
         let kinds = format!("{},widgets.{}", NAMESPACED.join(","), self.widget_group);
         let cluster = CLUSTER.join(",");
         let mut commands = Vec::new();
@@ -294,7 +232,7 @@ impl Setup {
 /// Resource reads (not discovery) the API server received as the agent's identity from
 /// kubectl, after `skip` audit events.
 fn kubectl_reads(user: &str, skip: usize) -> anyhow::Result<(usize, Vec<String>)> {
-    let events = control_plane()?.audit_events()?;
+    let events = audited_control_plane()?.audit_events()?;
     let total = events.len();
     let reads = events
         .into_iter()
@@ -314,23 +252,12 @@ fn kubectl_reads(user: &str, skip: usize) -> anyhow::Result<(usize, Vec<String>)
     Ok((total, reads))
 }
 
-fn ensure_ok(what: &str, outcome: &Outcome) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        outcome.success(),
-        "{what}: exit {:?}\nstdout: {}\nstderr: {}",
-        outcome.code,
-        outcome.stdout,
-        outcome.stderr
-    );
-    Ok(())
-}
-
 /// Every `kubectl get` form of every printed kind, with kubectl 1.37, 1.29 and 1.22: the
 /// same output through the proxy as directly, and no proxied read reaches the API server.
 #[tokio::test]
 async fn kubectl_get_tables_equal_the_api_servers() -> anyhow::Result<()> {
     let setup = Setup::new().await?;
-    let binaries = control_plane()?.binaries();
+    let binaries = audited_control_plane()?.binaries();
     let clients = [
         ("1.37", binaries.kubectl()),
         ("1.29", binaries.kubectl_client(29)),
@@ -340,11 +267,11 @@ async fn kubectl_get_tables_equal_the_api_servers() -> anyhow::Result<()> {
     for (version, binary) in &clients {
         let direct = Kubectl::new(
             binary.clone(),
-            setup.dir.join(format!("home-direct-{version}")),
+            setup.stack.dir.join(format!("home-direct-{version}")),
         );
         let proxy = Kubectl::new(
             binary.clone(),
-            setup.dir.join(format!("home-proxy-{version}")),
+            setup.stack.dir.join(format!("home-proxy-{version}")),
         );
         // Served from the cache: every proxied form once, the API server's audit log
         // watched meanwhile (discovery warms up first: kubectl caches it).
@@ -352,28 +279,28 @@ async fn kubectl_get_tables_equal_the_api_servers() -> anyhow::Result<()> {
             "discovery through the proxy",
             &proxy
                 .run(
-                    &setup.proxied,
+                    &setup.stack.proxied,
                     &args(&["api-resources"]),
                     None,
                     KUBECTL_TIMEOUT,
                 )
                 .await?,
         )?;
-        let (before, _) = kubectl_reads(&setup.user, 0)?;
+        let (before, _) = kubectl_reads(&setup.stack.user, 0)?;
         let mut printed = String::new();
         for command in &commands {
             let outcome = proxy
-                .run(&setup.proxied, command, None, KUBECTL_TIMEOUT)
+                .run(&setup.stack.proxied, command, None, KUBECTL_TIMEOUT)
                 .await?;
             if !outcome.success() {
                 // The exchange, for the failure's message.
                 let mut verbose = command.clone();
                 verbose.push("-v=8".into());
                 let trace = proxy
-                    .run(&setup.proxied, &verbose, None, KUBECTL_TIMEOUT)
+                    .run(&setup.stack.proxied, &verbose, None, KUBECTL_TIMEOUT)
                     .await?;
                 let direct_run = direct
-                    .run(&setup.direct, command, None, KUBECTL_TIMEOUT)
+                    .run(&setup.stack.direct, command, None, KUBECTL_TIMEOUT)
                     .await?;
                 anyhow::bail!(
                     "kubectl {version} {} failed through the proxy: {}\n{}\ndirectly: {:?} {}{}",
@@ -414,25 +341,25 @@ async fn kubectl_get_tables_equal_the_api_servers() -> anyhow::Result<()> {
                 "kubectl {version}: no {expected:?} in what the proxy printed:\n{printed}"
             );
         }
-        let (_, reached) = kubectl_reads(&setup.user, before)?;
+        let (_, reached) = kubectl_reads(&setup.stack.user, before)?;
         anyhow::ensure!(
             reached.is_empty(),
             "kubectl {version}: proxied Table reads reached the API server:\n{}",
             reached.join("\n")
         );
         // The same output both ways.
-        let (before_direct, _) = kubectl_reads(&setup.user, 0)?;
+        let (before_direct, _) = kubectl_reads(&setup.stack.user, 0)?;
         for command in &commands {
             let mut last = None;
             for _ in 0..SAMPLES {
                 let first = direct
-                    .run(&setup.direct, command, None, KUBECTL_TIMEOUT)
+                    .run(&setup.stack.direct, command, None, KUBECTL_TIMEOUT)
                     .await?;
                 let proxied = proxy
-                    .run(&setup.proxied, command, None, KUBECTL_TIMEOUT)
+                    .run(&setup.stack.proxied, command, None, KUBECTL_TIMEOUT)
                     .await?;
                 let second = direct
-                    .run(&setup.direct, command, None, KUBECTL_TIMEOUT)
+                    .run(&setup.stack.direct, command, None, KUBECTL_TIMEOUT)
                     .await?;
                 ensure_ok(&format!("kubectl {version} direct"), &first)?;
                 ensure_ok(&format!("kubectl {version} through the proxy"), &proxied)?;
@@ -452,7 +379,7 @@ async fn kubectl_get_tables_equal_the_api_servers() -> anyhow::Result<()> {
         }
         // The control: the same filter sees the direct reads, so an empty result above
         // means the proxied ones were answered by the hub.
-        let (_, direct_reads) = kubectl_reads(&setup.user, before_direct)?;
+        let (_, direct_reads) = kubectl_reads(&setup.stack.user, before_direct)?;
         anyhow::ensure!(
             direct_reads.len() >= commands.len(),
             "kubectl {version}: the audit log shows only {} direct reads for {} commands",
@@ -463,12 +390,13 @@ async fn kubectl_get_tables_equal_the_api_servers() -> anyhow::Result<()> {
     // The Table itself, includeObject and v1beta1, from the hub directly.
     let path = format!(
         "/clusters/{}/api/v1/namespaces/{}/pods?includeObject=Object&limit=1",
-        setup.account, setup.namespace
+        setup.stack.account, setup.stack.namespace
     );
     let reply = setup
+        .stack
         .hub
         .call("GET", &path)
-        .bearer(&setup.token)
+        .bearer(&setup.stack.token)
         .header(
             "accept",
             "application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json",
@@ -487,7 +415,7 @@ async fn kubectl_get_tables_equal_the_api_servers() -> anyhow::Result<()> {
     let kubectl_accept = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json";
     let pods = format!(
         "/clusters/{}/api/v1/namespaces/{}/pods",
-        setup.account, setup.namespace
+        setup.stack.account, setup.stack.namespace
     );
     for (query, status, who) in [
         // No objects in the rows.
@@ -498,9 +426,10 @@ async fn kubectl_get_tables_equal_the_api_servers() -> anyhow::Result<()> {
         ("/missing", 404, "hit"),
     ] {
         let reply = setup
+            .stack
             .hub
             .call("GET", &format!("{pods}{query}"))
-            .bearer(&setup.token)
+            .bearer(&setup.stack.token)
             .header("accept", kubectl_accept)
             .send()
             .await?;
