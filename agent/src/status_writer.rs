@@ -51,6 +51,8 @@ use crate::state::{
     AccountView, AgentView, KindState, ROLE_REJECTED, ROLE_STANDBY, ROLE_STREAMING, Shared,
 };
 
+/// `status.hub.state` while the writing replica cannot reach the hub.
+pub const HUB_STATE_UNKNOWN: &str = "Unknown";
 /// How often the writer looks at the agent's state.
 pub const TICK: Duration = Duration::from_secs(1);
 /// Authoritative verdicts are written again this often even when unchanged.
@@ -229,26 +231,41 @@ pub fn account_desired(
         return Some(Desired {
             status: STATUS_FALSE,
             reason: REASON_HUB_UNREACHABLE,
+            fields: fields(&unknown_to_the_hub(hub, &message)),
             message,
-            fields: fields(&hub),
             authoritative: false,
         });
     }
     if !view.hub_connected && owned {
+        let message = format!(
+            "replica {} lost the hub at {}: {}",
+            view.replica,
+            view.hub,
+            view.hub_error.as_deref().unwrap_or("no answer")
+        );
         return Some(Desired {
             status: STATUS_FALSE,
             reason: REASON_HUB_UNREACHABLE,
-            message: format!(
-                "replica {} lost the hub at {}: {}",
-                view.replica,
-                view.hub,
-                view.hub_error.as_deref().unwrap_or("no answer")
-            ),
-            fields: fields(&hub),
+            fields: fields(&unknown_to_the_hub(hub, &message)),
+            message,
             authoritative: false,
         });
     }
     None
+}
+
+/// `status.hub` of a replica that cannot reach the hub: the hub's last verdict (ACTIVE,
+/// typically) no longer stands beside `Connected=False`, so the state says it is unknown,
+/// and why; since when is the `Connected` condition's `lastTransitionTime`, written with it.
+fn unknown_to_the_hub(hub: AccountHubStatus, why: &str) -> AccountHubStatus {
+    AccountHubStatus {
+        state: Some(HUB_STATE_UNKNOWN.into()),
+        state_reason: Some(format!(
+            "the hub's state of the account is unknown: {why} (the hub may still hold the \
+             account, and will say ORPHANED after its grace period with no agent)"
+        )),
+        ..hub
+    }
 }
 
 /// What this replica may write about its ScaleAgent; `owned`: its last write there said it
@@ -704,6 +721,28 @@ mod tests {
         // Once welcomed, the usual rules apply (HubUnreachable only where it spoke last).
         never.hub_identity = "prod-agent".into();
         assert!(account_desired(&never, &a, None, None).is_none());
+    }
+
+    #[test]
+    fn a_replica_that_lost_the_hub_says_the_hub_state_is_unknown() {
+        let streaming =
+            account_desired(&view(true), &account(ROLE_STREAMING), None, Some("t")).unwrap();
+        assert_eq!(streaming.fields["hub"]["state"], "ACTIVE");
+        let lost = account_desired(
+            &view(false),
+            &account(ROLE_STREAMING),
+            Some(&streaming),
+            Some("t"),
+        )
+        .unwrap();
+        assert_eq!(lost.reason, REASON_HUB_UNREACHABLE);
+        let hub = &lost.fields["hub"];
+        assert_eq!(hub["state"], HUB_STATE_UNKNOWN, "{hub}");
+        let reason = hub["stateReason"].as_str().unwrap();
+        assert!(reason.contains("lost the hub at hub:9091"), "{reason}");
+        assert!(reason.contains("connection refused"), "{reason}");
+        // What it knows of its own watches stays.
+        assert_eq!(hub["kindsWatched"], json!(["deployments.apps"]));
     }
 
     #[test]

@@ -4,6 +4,8 @@
 //! - an agent that never reaches its hub writes `Connected=False` `HubUnreachable` with its
 //!   last connection error into both, so a wrong hub address shows in `kubectl get` instead
 //!   of an empty column;
+//! - a replica that lost the hub writes `status.hub.state` `Unknown` with why, not the hub's
+//!   last verdict beside `Connected=False`;
 //! - a replica the hub demotes (the streaming one loses the hub for a few seconds, the hub
 //!   promotes the other) writes `Connected=True` `Standby`, and the promoted replica's
 //!   `Streaming` is the account's verdict again within the writer's resync.
@@ -243,6 +245,55 @@ async fn an_agent_that_never_reaches_the_hub_says_so_in_the_status() -> anyhow::
     assert_eq!(status["connected"], 0, "{status}");
 
     agent.stop(Duration::from_secs(20));
+    process::remove_at_exit(s.dir);
+    Ok(())
+}
+
+/// `status.hub` while no agent reaches the hub (issue 29): the only replica of an account
+/// streams it (`status.hub.state` ACTIVE, the hub's verdict), then its connection to the hub
+/// is cut and refused; it writes `Connected=False/HubUnreachable` and `status.hub.state`
+/// `Unknown` with why, instead of leaving the stale ACTIVE beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_lost_the_hub_says_the_hub_state_is_unknown() -> anyhow::Result<()> {
+    let mut rules = fixtures::read_rules(&["configmaps"]);
+    rules.extend(status_rules());
+    let s = Setup::new("hub-unknown", rules).await?;
+    let hub = fixtures::start_plaintext_hub(&s.dir).await?;
+    let relay = Relay::start(hub.grpc_addr).await?;
+    let account = format!("one-{}", s.ns);
+    replica_config(
+        &s.dir.join("a-0.yaml"),
+        relay.addr(),
+        &account,
+        &s.ns,
+        &s.kubeconfig,
+    )?;
+    let admin = SocketAddr::from(([127, 0, 0, 1], local_agent::free_port()?));
+    let mut agent = spawn_replica(&s.dir, "a-0", admin, &s.kubeconfig)?;
+    let log = s.dir.join("a-0.log");
+    wait_for("status.hub.state ACTIVE", || async {
+        let (condition, status) = connected(&s.admin, &s.ns, &s.agent_accounts, "one").await?;
+        Ok((condition.is_some_and(|(state, _, _)| state == "True")
+            && status["hub"]["state"] == "ACTIVE")
+            .then_some(()))
+    })
+    .await
+    .with_context(|| format!("agent log:\n{}", process::tail(&log, 30)))?;
+
+    relay.cut();
+    let (message, status) =
+        wait_unreachable(&s.admin, &s.ns, &s.agent_accounts, "one", &log).await?;
+    assert!(message.contains("a-0 lost the hub"), "{message}");
+    assert_eq!(status["hub"]["state"], "Unknown", "{status}");
+    let reason = status["hub"]["stateReason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("unknown") && reason.contains("lost the hub"),
+        "{status}"
+    );
+
+    agent.stop(Duration::from_secs(20));
+    drop(relay);
+    hub.shutdown().await?;
     process::remove_at_exit(s.dir);
     Ok(())
 }

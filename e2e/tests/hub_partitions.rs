@@ -545,7 +545,8 @@ async fn a_replica_cut_off_from_its_agents_hands_their_accounts_over_without_rel
         .filter(|r| r.warning.is_some())
         .collect();
     eprintln!(
-        "[partitions] {} reads through {victim}: answered as fresh until {fresh_until:?}, then          {} flagged ({:?}), the first answer of the new owner at {:?}",
+        "[partitions] {} reads through {victim}: answered as fresh until {fresh_until:?}, \
+         then {} flagged ({:?}), the first answer of the new owner at {:?}",
         reads.len(),
         flagged.len(),
         flagged.first(),

@@ -480,11 +480,13 @@ pub struct AccountHubStatus {
     #[serde(default)]
     pub replica: String,
 
-    /// The account's state in the hub: `ACTIVE`, `INACTIVE`, `FAILED` or `ORPHANED`.
+    /// The account's state in the hub: `ACTIVE`, `INACTIVE`, `FAILED` or `ORPHANED`; `Unknown`
+    /// while the writing replica cannot reach the hub (`Connected=False`, `HubUnreachable`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<String>,
 
-    /// Why the account entered `state`, as the hub says it.
+    /// Why the account entered `state`, as the hub says it (for `Unknown`: why the replica
+    /// cannot reach the hub).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_reason: Option<String>,
 

@@ -466,6 +466,22 @@ mod tests {
     }
 
     #[test]
+    fn an_unreachable_store_counts_as_failing_until_reached_again() {
+        let commits = Commits::new(PathBuf::from("/nowhere"));
+        assert!(commits.health().failure.is_none());
+        commits.unreachable("connection refused".into());
+        let since = commits.health().failing_since.expect("failing");
+        commits.unreachable("still refused".into());
+        let health = commits.health();
+        assert_eq!(health.failure.as_deref(), Some("still refused"));
+        assert_eq!(health.failing_since, Some(since), "since the first failure");
+        assert!(commits.is_unreachable());
+        commits.reachable();
+        assert!(commits.health().failure.is_none());
+        assert!(commits.health().failing_since.is_none());
+    }
+
+    #[test]
     fn acks_wait_for_a_failing_store_or_a_large_backlog() {
         let mut gate = AckGate::default();
         let healthy = Progress {

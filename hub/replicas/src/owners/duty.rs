@@ -82,7 +82,8 @@ async fn acquire(
     let claim = replicas.ownership.try_acquire(account).await;
     match &claim {
         Ok(_) => commits.reachable(),
-        Err(e) => commits.unreachable(format!("cannot take account {account}: {}", Chain(e))),
+        // Not naming the account: the reason shows on every account's reads.
+        Err(e) => commits.unreachable(format!("cannot take accounts' ownership: {}", Chain(e))),
     }
     let epoch = match claim {
         Ok(Claim::Acquired { epoch }) => epoch,
