@@ -493,6 +493,17 @@ pub struct StreamArgs {
     )]
     pub max_objects_per_account: u64,
 
+    /// Most accounts one agent identity may have bound to it (the names it registered
+    /// first, kept until an admin releases them). A registration past it is rejected with a
+    /// message naming this flag, so that one compromised identity cannot register names
+    /// without end, each holding up to --max-objects-per-account objects. 0 means no limit.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_HUB_MAX_ACCOUNTS_PER_IDENTITY",
+        default_value_t = super::DEFAULT_MAX_ACCOUNTS_PER_IDENTITY
+    )]
+    pub max_accounts_per_identity: u64,
+
     /// Most MiB of objects the watch histories of all accounts and kinds hold together
     /// (what the Kubernetes API proxy serves watches from; each kind also keeps at most the
     /// last 4096 events or 32 MiB). A history whose event takes the total past it drops its
