@@ -253,13 +253,15 @@ pub struct ApiArgs {
     /// (`kind: AuthenticationConfiguration`, `jwt:` issuers with url, audiences,
     /// certificateAuthority and username/groups claim mappings): the proxy and the REST API
     /// accept those issuers' OIDC ID tokens. Fields the hub does not support are refused by
-    /// name. See the hub README, "People and teams".
+    /// name. Read again every 10 s: a changed file that parses replaces the issuers, a broken
+    /// or missing one keeps them. See the hub README, "People and teams".
     #[arg(long, env = "SCALE_AGENT_HUB_AUTHENTICATION_CONFIG")]
     pub authentication_config: Option<PathBuf>,
 
     /// YAML list of rules giving people signed in with OIDC their accounts and API role:
     /// `[{groups: [...], users: [...], accounts: [globs], role: reader}]` (names after the
-    /// issuer's prefixes). Without it they reach nothing.
+    /// issuer's prefixes). Without it they reach nothing. Read again every 10 s, as
+    /// --authentication-config.
     #[arg(
         long,
         env = "SCALE_AGENT_HUB_OIDC_ACCESS",
