@@ -587,7 +587,7 @@ mod tests {
             .get_arguments()
             .filter(|arg| !matches!(arg.get_id().as_str(), "help" | "version"))
             .collect();
-        assert_eq!(flags.len(), 64);
+        assert_eq!(flags.len(), 65);
         for arg in flags {
             let id = arg.get_id().as_str();
             let long = arg
