@@ -1,5 +1,5 @@
 //! The hub's background duties, spawned by `start` once both servers run: the API tokens
-//! file's, the admin token file's and the replica secret file's watches, the Clouddriver registrar (and its hand-over between replicas), the
+//! file's, the admin token file's, the OIDC files' and the replica secret file's watches, the Clouddriver registrar (and its hand-over between replicas), the
 //! grace-period sweep, the store writer, and with replicas the ownership duty and the
 //! shared store's reads.
 
@@ -25,6 +25,27 @@ pub(crate) async fn spawn(hub: &Arc<Hub>) -> Duties {
     if let Some(file) = hub.auth.admin_token().cloned() {
         let period = hub.config.listeners.tls_reload_interval;
         tokio::spawn(file.watch(period, hub.shutdown.clone()));
+    }
+    // And the OIDC issuers and access rules.
+    if hub.auth.oidc_files().is_some() {
+        let (auth, period) = (hub.auth.clone(), hub.config.listeners.tls_reload_interval);
+        let shutdown = hub.shutdown.clone();
+        tokio::spawn(async move {
+            let mut interval = tokio::time::interval(period);
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let stop = crate::shutting_down(shutdown);
+            tokio::pin!(stop);
+            loop {
+                tokio::select! {
+                    () = &mut stop => return,
+                    _ = interval.tick() => {
+                        let auth = auth.clone();
+                        // Blocking file I/O off the runtime's workers.
+                        let _ = tokio::task::spawn_blocking(move || auth.reload_oidc()).await;
+                    }
+                }
+            }
+        });
     }
     // So is the replicas' secret, which rotates with an overlap (`owners::secret`).
     if let Some(forwarder) = &hub.replicas.forwarder {

@@ -137,7 +137,15 @@ pub(crate) async fn load_auth(
         agent_tokens,
         api_tokens_file,
     )
-    .with_oidc(oidc);
+    .with_oidc(
+        oidc,
+        config.api.authentication_config.as_deref().map(|path| {
+            scale_agent_hub_auth::oidc::reload::OidcFiles::new(
+                path,
+                config.api.oidc_access.as_deref(),
+            )
+        }),
+    );
     *book.identity_states() = IdentityStates::load(std::mem::take(&mut loaded.identity_states));
     Ok(book)
 }

@@ -78,6 +78,7 @@ pub(crate) fn stream_settings(config: &Config) -> service::StreamSettings {
             max_object_bytes: config.streams.max_object_bytes,
             max_staged_bytes: config.streams.max_staged_bytes,
             max_objects_per_account: config.streams.max_objects_per_account,
+            max_accounts_per_identity: config.streams.max_accounts_per_identity,
             allow: config.agents.allow.clone(),
         },
         agent_cert_lifetime: config.agents.agent_cert_lifetime,

@@ -40,6 +40,7 @@ fn limits() -> Limits {
         max_staged_bytes: 4 * 1024,
         // Small, so that generated snapshots also reach the quota's paths.
         max_objects_per_account: 64,
+        max_accounts_per_identity: 0,
         allow: vec![AllowRule::parse("agent=prod-*").unwrap()],
     }
 }

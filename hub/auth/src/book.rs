@@ -7,8 +7,13 @@
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use crate::{
-    admin_token::AdminTokenFile, agent_auth::ClientCertificates, agent_ca::AgentCa,
-    agent_tokens::AgentTokens, api_auth::TokensFile, identity_states::IdentityStates, oidc::Oidc,
+    admin_token::AdminTokenFile,
+    agent_auth::ClientCertificates,
+    agent_ca::AgentCa,
+    agent_tokens::AgentTokens,
+    api_auth::TokensFile,
+    identity_states::IdentityStates,
+    oidc::{Oidc, reload::OidcFiles},
     tokens::Tokens,
 };
 
@@ -32,8 +37,11 @@ pub struct AuthBook {
     /// Identities an admin disabled, certificates denied (loaded at start-up with
     /// [`Self::identity_states`]).
     identity_states: Mutex<IdentityStates>,
-    /// The OIDC issuers and access rules (`--authentication-config`, `--oidc-access`).
-    oidc: Option<Arc<Oidc>>,
+    /// The OIDC issuers and access rules (`--authentication-config`, `--oidc-access`),
+    /// replaced when the files change.
+    oidc: Option<RwLock<Arc<Oidc>>>,
+    /// The files they come from, read again in the background.
+    oidc_files: Option<Arc<OidcFiles>>,
 }
 
 impl AuthBook {
@@ -54,18 +62,39 @@ impl AuthBook {
             api_tokens_file,
             identity_states: Mutex::new(IdentityStates::default()),
             oidc: None,
+            oidc_files: None,
         }
     }
 
-    /// Accepts OIDC ID tokens of `oidc`'s issuers from now on.
-    pub fn with_oidc(mut self, oidc: Option<Arc<Oidc>>) -> Self {
-        self.oidc = oidc;
+    /// Accepts OIDC ID tokens of `oidc`'s issuers from now on; `files` are where they
+    /// come from, read again by [`Self::reload_oidc`].
+    pub fn with_oidc(mut self, oidc: Option<Arc<Oidc>>, files: Option<OidcFiles>) -> Self {
+        self.oidc = oidc.map(RwLock::new);
+        self.oidc_files = files.map(Arc::new);
         self
     }
 
-    /// The OIDC issuers and access rules, when `--authentication-config` is set.
-    pub fn oidc(&self) -> Option<&Arc<Oidc>> {
-        self.oidc.as_ref()
+    /// The OIDC issuers and access rules now, when `--authentication-config` is set.
+    pub fn oidc(&self) -> Option<Arc<Oidc>> {
+        self.oidc
+            .as_ref()
+            .map(|lock| lock.read().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+
+    /// The files of the OIDC issuers and access rules, when `--authentication-config` is
+    /// set.
+    pub fn oidc_files(&self) -> Option<&Arc<OidcFiles>> {
+        self.oidc_files.as_ref()
+    }
+
+    /// Takes the issuers and rules `files` read, when they changed and parse.
+    pub fn reload_oidc(&self) {
+        let (Some(lock), Some(files)) = (&self.oidc, &self.oidc_files) else {
+            return;
+        };
+        if let Some(oidc) = files.reload() {
+            *lock.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(oidc);
+        }
     }
 
     /// Identities an admin disabled, certificates denied, as this replica knows them.

@@ -253,13 +253,15 @@ pub struct ApiArgs {
     /// (`kind: AuthenticationConfiguration`, `jwt:` issuers with url, audiences,
     /// certificateAuthority and username/groups claim mappings): the proxy and the REST API
     /// accept those issuers' OIDC ID tokens. Fields the hub does not support are refused by
-    /// name. See the hub README, "People and teams".
+    /// name. Read again every 10 s: a changed file that parses replaces the issuers, a broken
+    /// or missing one keeps them. See the hub README, "People and teams".
     #[arg(long, env = "SCALE_AGENT_HUB_AUTHENTICATION_CONFIG")]
     pub authentication_config: Option<PathBuf>,
 
     /// YAML list of rules giving people signed in with OIDC their accounts and API role:
     /// `[{groups: [...], users: [...], accounts: [globs], role: reader}]` (names after the
-    /// issuer's prefixes). Without it they reach nothing.
+    /// issuer's prefixes). Without it they reach nothing. Read again every 10 s, as
+    /// --authentication-config.
     #[arg(
         long,
         env = "SCALE_AGENT_HUB_OIDC_ACCESS",
@@ -493,6 +495,17 @@ pub struct StreamArgs {
     )]
     pub max_objects_per_account: u64,
 
+    /// Most accounts one agent identity may have bound to it (the names it registered
+    /// first, kept until an admin releases them). A registration past it is rejected with a
+    /// message naming this flag, so that one compromised identity cannot register names
+    /// without end, each holding up to --max-objects-per-account objects. 0 means no limit.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_HUB_MAX_ACCOUNTS_PER_IDENTITY",
+        default_value_t = super::DEFAULT_MAX_ACCOUNTS_PER_IDENTITY
+    )]
+    pub max_accounts_per_identity: u64,
+
     /// Most MiB of objects the watch histories of all accounts and kinds hold together
     /// (what the Kubernetes API proxy serves watches from; each kind also keeps at most the
     /// last 4096 events or 32 MiB). A history whose event takes the total past it drops its
@@ -603,7 +616,7 @@ mod tests {
             .get_arguments()
             .filter(|arg| !matches!(arg.get_id().as_str(), "help" | "version"))
             .collect();
-        assert_eq!(flags.len(), 67);
+        assert_eq!(flags.len(), 68);
         for arg in flags {
             let id = arg.get_id().as_str();
             let long = arg

@@ -439,6 +439,7 @@ impl StreamArgs {
             max_object_bytes,
             max_staged_bytes,
             max_objects_per_account,
+            max_accounts_per_identity,
             watch_history_mib,
         } = self;
         StreamConfig {
@@ -450,6 +451,7 @@ impl StreamArgs {
             max_object_bytes,
             max_staged_bytes,
             max_objects_per_account,
+            max_accounts_per_identity,
             watch_history_bytes: watch_history_mib.saturating_mul(1024 * 1024),
         }
     }

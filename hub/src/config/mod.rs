@@ -192,6 +192,9 @@ pub struct StreamConfig {
     pub max_staged_bytes: u64,
     /// Most objects cached for one account (0: no limit).
     pub max_objects_per_account: u64,
+    /// Most accounts bound to one agent identity (`--max-accounts-per-identity`; 0: no
+    /// limit).
+    pub max_accounts_per_identity: u64,
     /// Bytes all the watch histories may hold together (`--watch-history-mib`; 0: only the
     /// per-kind limits).
     pub watch_history_bytes: usize,
@@ -292,6 +295,7 @@ impl Config {
                 max_object_bytes: 2 * 1024 * 1024,
                 max_staged_bytes: DEFAULT_MAX_STAGED_BYTES,
                 max_objects_per_account: DEFAULT_MAX_OBJECTS_PER_ACCOUNT,
+                max_accounts_per_identity: DEFAULT_MAX_ACCOUNTS_PER_IDENTITY,
                 watch_history_bytes: crate::cache::history::DEFAULT_BUDGET_BYTES,
             },
             operations: OperationConfig {
@@ -479,6 +483,11 @@ pub const DEFAULT_MAX_STAGED_BYTES: u64 = 512 * 1024 * 1024;
 /// 2,000 in the fleet) and of a Clouddriver-cached cluster, about 0.5 GB of JSON at 2 KiB
 /// an object.
 pub const DEFAULT_MAX_OBJECTS_PER_ACCOUNT: u64 = 250_000;
+/// Default of `--max-accounts-per-identity`: well above what one agent serves (an
+/// infrastructure-mode agent has one account per namespace or kubeconfig Secret it is given,
+/// tens to a few hundred), while one compromised identity registering names without end
+/// (review F14: each account may hold --max-objects-per-account objects) is stopped.
+pub const DEFAULT_MAX_ACCOUNTS_PER_IDENTITY: u64 = 1000;
 /// Default of `--max-request-bytes`: 8 MiB.
 /// Default lifetime of the tokens the hub issues for people (`--token-ttl`): a working day.
 pub const DEFAULT_TOKEN_TTL: std::time::Duration =

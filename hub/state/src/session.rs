@@ -156,6 +156,9 @@ pub struct Limits {
     pub max_staged_bytes: u64,
     /// Most objects cached per account (0: no limit).
     pub max_objects_per_account: u64,
+    /// Most accounts bound to one agent identity (`--max-accounts-per-identity`; 0: no
+    /// limit).
+    pub max_accounts_per_identity: u64,
     pub allow: Vec<AllowRule>,
 }
 

@@ -6,7 +6,8 @@
 //! - [`keys`]: each issuer's discovery and JWKS, fetched over TLS and refreshed;
 //! - [`jws`]: the token's signature, checked with `ring`;
 //! - [`claims`]: `iss`, `aud`, `exp`, `nbf`, and the username and groups with prefixes;
-//! - [`access`]: `--oidc-access`, which accounts and API role a person gets.
+//! - [`access`]: `--oidc-access`, which accounts and API role a person gets;
+//! - [`reload`]: both files read again while the hub runs.
 //!
 //! Verification is offline: nothing is asked of the issuer per token, only its keys are
 //! fetched now and then.
@@ -16,6 +17,7 @@ pub mod claims;
 pub mod config;
 pub mod jws;
 pub mod keys;
+pub mod reload;
 
 use std::path::Path;
 

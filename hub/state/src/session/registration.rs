@@ -103,6 +103,9 @@ impl Session {
             Ok(unbound) => unbound,
             Err(reason) => return reject(st, reason, fx),
         };
+        if unbound && let Err(reason) = self.within_account_cap(st, limits) {
+            return reject(st, reason, fx);
+        }
         let Some(cluster) = reg.cluster.filter(|c| !c.api_server_host.is_empty()) else {
             return reject(
                 st,
@@ -151,6 +154,32 @@ impl Session {
                 self.answer_assignment(st, &name, role, fx);
             }
         }
+    }
+
+    /// Whether this stream's identity may have one more account bound to it
+    /// (`--max-accounts-per-identity`, review F14). Counts the bindings this replica knows,
+    /// which with replicas include the others' (read from the shared store).
+    fn within_account_cap(&self, st: &Control<'_>, limits: &Limits) -> Result<(), String> {
+        let max = limits.max_accounts_per_identity;
+        if max == 0 {
+            return Ok(());
+        }
+        let bound = st
+            .registry
+            .bindings
+            .values()
+            .filter(|b| b.identity == self.identity)
+            .count() as u64;
+        if bound < max {
+            return Ok(());
+        }
+        Err(format!(
+            "agent identity {:?} already has {bound} accounts bound to it, the most the hub \
+             allows one identity (--max-accounts-per-identity {max}): release accounts it no \
+             longer serves (`scale-agent-hub account delete <name>`), or raise \
+             --max-accounts-per-identity on the hub",
+            self.identity
+        ))
     }
 
     /// Binds an account to this stream's identity (its first registration).

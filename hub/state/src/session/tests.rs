@@ -34,6 +34,7 @@ fn limits() -> Limits {
         max_object_bytes: 1024,
         max_staged_bytes: 64 * 1024,
         max_objects_per_account: 0,
+        max_accounts_per_identity: 0,
         allow: vec![AllowRule::parse("agent=prod-*").unwrap()],
     }
 }
@@ -393,6 +394,7 @@ fn open_snapshots_are_bounded_in_bytes() {
         max_object_bytes: 1024,
         max_staged_bytes: 2000,
         max_objects_per_account: 0,
+        max_accounts_per_identity: 0,
         allow: vec![],
     };
     let mut seq = 1;
