@@ -8,7 +8,8 @@
 //! account would multiply the agent's connections and the operator's RBAC objects, and a
 //! kubeconfig account (Infrastructure mode) has one credential per cluster anyway. The check
 //! is on the path the API server routes by, percent-decoded; a path that is not canonical
-//! (`.`, `..`, empty or encoded-`/` segments) is refused for a scoped account.
+//! (`.`, `..`, empty or encoded-`/` segments) is refused for a scoped account, by the rule the
+//! hub's proxy applies too (`scale_agent_proto::path`).
 //!
 //! For an account with `namespaces`, a request is allowed when it names one of them, or is
 //! one of the few cluster-level requests that read no namespaced data: discovery and
@@ -30,7 +31,7 @@ pub fn refusal(account: &AccountConfig, method: &str, path_and_query: &str) -> O
     let path = path_and_query
         .split_once('?')
         .map_or(path_and_query, |(p, _)| p);
-    let segments = match decoded_segments(path) {
+    let segments = match scale_agent_proto::path::decoded_segments(path) {
         Ok(segments) => segments,
         Err(why) => {
             return Some(format!(
@@ -116,33 +117,6 @@ fn harmless_cluster_request(method: &str, s: &[&str]) -> bool {
         ] => method == "POST",
         _ => false,
     }
-}
-
-/// The path's segments, percent-decoded; an error for `.`, `..`, empty segments (but a
-/// trailing `/`) and segments that decode to something holding `/` or not UTF-8.
-fn decoded_segments(path: &str) -> Result<Vec<String>, &'static str> {
-    let trimmed = path.strip_prefix('/').unwrap_or(path);
-    let trimmed = trimmed.strip_suffix('/').unwrap_or(trimmed);
-    if trimmed.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut out = Vec::new();
-    for raw in trimmed.split('/') {
-        let segment = percent_encoding::percent_decode_str(raw)
-            .decode_utf8()
-            .map_err(|_| "a segment is not UTF-8 once decoded")?;
-        if segment.is_empty() {
-            return Err("an empty segment");
-        }
-        if segment == "." || segment == ".." {
-            return Err("a `.` or `..` segment");
-        }
-        if segment.contains('/') {
-            return Err("an encoded `/`");
-        }
-        out.push(segment.into_owned());
-    }
-    Ok(out)
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! What the proxy refuses to pass on either way (issue 28, F20 and F21): paths that are not
-//! canonical (`.`, `..`, a percent-encoded `/` or `.`) are refused with a 400 `Status`
+//! canonical (`.`, `..`, empty segments, a percent-encoded `/` or `.`) are refused with a 400 `Status`
 //! naming the segment before discovery, the cache or the agent see them, while a normal
 //! path still crosses the tunnel. The hub serves HTTPS; the client sends raw paths (as
 //! `curl --path-as-is` does, which hyper's client keeps); the agent is a fake speaking the
@@ -35,6 +35,9 @@ async fn paths_with_dot_segments_or_encoded_separators_are_refused_before_anythi
             "/openapi/v3/%2E%2E/%2E%2E/api/v1/namespaces/x/secrets",
             "%2E%2E",
         ),
+        // An empty segment: the API server reads it as an empty namespace, every namespace.
+        ("/api/v1/namespaces//configmaps", ""),
+        ("/api//v1/namespaces/x/secrets", ""),
     ];
     for (api_path, segment) in refused {
         for client in [&http, &h1] {

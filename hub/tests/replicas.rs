@@ -177,15 +177,26 @@ async fn requests_reach_the_owner_and_a_standby_replica_takes_over_when_it_dies(
     let refused = b.http.get(path, Some("not-a-token")).await;
     assert_eq!(refused.status, 401, "{}", refused.text());
 
-    // An operation submitted on hub-b runs on the owner's agent.
+    // An operation submitted on hub-b (by an operator token) runs on the owner's agent.
+    let issue = async |name: &str| {
+        let body = format!(r#"{{"name":"{name}","role":"operator"}}"#);
+        let reply = b
+            .http
+            .with_token("POST", "/api/v1/tokens", &b.admin, body)
+            .await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        reply.json()["token"].as_str().unwrap().to_string()
+    };
+    let ci = issue("ci").await;
+    let other = issue("other").await;
     let submit = {
         let http = b.http.clone();
-        let admin = b.admin.clone();
+        let ci = ci.clone();
         tokio::spawn(async move {
             http.with_token(
                 "POST",
                 "/api/v1/accounts/prod/operations",
-                &admin,
+                &ci,
                 r#"{"type":"apply","manifest":{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"two"}}}"#,
             )
             .await
@@ -210,6 +221,20 @@ async fn requests_reach_the_owner_and_a_standby_replica_takes_over_when_it_dies(
     .await;
     let answer = submit.await.unwrap();
     assert_eq!(answer.status, 200, "{}", answer.text());
+    // It is ci's on the owner too (F18): lookups forwarded there find it for ci and for
+    // the admin, not for another operator.
+    let lookup = format!(
+        "/api/v1/accounts/prod/operations/{}",
+        answer.json()["id"].as_str().unwrap()
+    );
+    for (who, token, status) in [
+        ("ci", &ci, 200),
+        ("admin", &b.admin, 200),
+        ("other", &other, 404),
+    ] {
+        let reply = b.http.get(&lookup, Some(token)).await;
+        assert_eq!(reply.status, status, "{who}: {}", reply.text());
+    }
 
     // The internal routes want the replicas' secret...
     let internal = b.http.get(&format!("/internal{path}"), Some(&token)).await;

@@ -48,6 +48,8 @@ impl v1::operation::Op {
 }
 
 /// What both ends of a tunnelled HTTP exchange agree on (item 7 of the stream contract).
+pub mod path;
+
 pub mod tunnel {
     /// Largest body chunk in one `TunnelData` frame.
     pub const MAX_FRAME_BYTES: usize = 64 * 1024;

@@ -3,11 +3,7 @@
 //! control messages, the store's progress for Acks, the heartbeat, the agent's silence and
 //! the agent's messages, the last in [`super::batch`]), and the stream unregistered.
 
-use std::{
-    ops::ControlFlow,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{ops::ControlFlow, sync::Arc, time::Duration};
 
 use prost::Message as _;
 use scale_agent_hub_auth::agent_auth::Authenticated;
@@ -192,22 +188,6 @@ impl StreamTask {
         let tx = &self.out.control;
         match ctrl {
             Some(Control::Close(status)) => return Err(status),
-            Some(Control::Operation(mut op, deadline)) => {
-                // The time left now, not when it was submitted: an operation that waited
-                // in a full control queue must not run past its submitter's deadline. One
-                // with (almost) no time left is not sent, as the agent would not start it;
-                // its submitter answers 504 not executed.
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.as_millis() < u128::from(scale_agent_proto::MIN_OPERATION_MILLIS) {
-                    tracing::debug!(id = %op.id, left_ms = left.as_millis() as u64, "operation not sent: its deadline passed while queued");
-                    return Ok(Step::Continue(()));
-                }
-                op.timeout_millis = u64::try_from(left.as_millis()).unwrap_or(u64::MAX).max(1);
-                op.deadline_unix_millis = scale_agent_hub_operations::deadline_millis(left);
-                let id = op.id.clone();
-                send(tx, Out::Operation(*op)).await?;
-                self.grpc.operations.mark_sent(&id);
-            }
             Some(Control::AccountState(state)) => {
                 send(tx, Out::AccountState(state)).await?;
             }

@@ -152,3 +152,37 @@ pub struct ProxyCaller {
     /// A person (OIDC, or a token issued for a person) rather than Clouddriver's machine token.
     pub person: bool,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caller(name: &str, role: Role, source: Source) -> Caller {
+        Caller {
+            name: name.into(),
+            role,
+            source,
+            accounts: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn submitters_cross_replicas_as_they_are() {
+        let ci = Submitter::of(&caller("ci", Role::Operator, Source::Hub));
+        assert_eq!(ci.key, "api:ci");
+        assert!(!ci.admin && ci.sees("api:ci") && !ci.sees("api:other"));
+        // An OIDC name may hold `;`, `:` and any UTF-8.
+        let alice = Submitter::of(&caller("oidc:al;ice é", Role::Admin, Source::Oidc));
+        assert_eq!(alice.key, "oidc:oidc:al;ice é");
+        assert!(alice.admin && alice.sees("api:ci"));
+        for submitter in [ci, alice] {
+            assert_eq!(
+                Submitter::from_header(&submitter.to_header()),
+                Some(submitter)
+            );
+        }
+        for bad in ["", "admin", "root;api:x", "operator;"] {
+            assert_eq!(Submitter::from_header(bad), None, "{bad}");
+        }
+    }
+}

@@ -12,8 +12,9 @@
 //! - `persist`: the records of client ids in the store;
 //! - `metrics`: [`OperationMetrics`].
 //!
-//! [`pick_replica`] chooses the agent replica for anything sent to an account (operations,
-//! and other features that send work to agents).
+//! The replica an operation goes to is picked, and the operation queued on its stream, under
+//! one registry guard (`scale_agent_hub_state::dispatch`, as the proxy's requests), so a
+//! draining agent gets it before the Ack of its UnregisterAccount or is not picked.
 //!
 //! Read-your-writes: the objects a result carries enter the cache in the same batch as the
 //! result (the cache crate's `apply_result_to_cache`, called by the stream), before the
@@ -26,9 +27,6 @@
 //! answer.
 
 use std::time::Duration;
-
-use scale_agent_hub_model::records::SessionId;
-use scale_agent_hub_state::Live;
 
 mod metrics;
 pub mod persist;
@@ -66,29 +64,4 @@ pub struct OperationSettings {
     /// How long finished operations stay visible for lookups, and client ids stay claimed
     /// (`--operation-retention`).
     pub retention: Duration,
-}
-
-/// The next replica to send a request for `account` to, round-robin over its STREAMING and
-/// STANDBY sessions that are not in `tried`: the session and its `identity/replica` label.
-/// `None` when every replica was tried (or the account has none).
-///
-/// Each call advances the hub-wide rotation, so consecutive requests spread over the
-/// replicas. Anything that sends work to an account's agents (operations, API requests)
-/// picks with this, keeping the list of sessions it already tried.
-pub fn pick_replica(
-    live: &Live,
-    account: &str,
-    tried: &[SessionId],
-) -> Option<(SessionId, String)> {
-    let registry = live.registry_read();
-    let candidates: Vec<SessionId> = registry
-        .replicas(account)
-        .into_iter()
-        .filter(|s| !tried.contains(s))
-        .collect();
-    if candidates.is_empty() {
-        return None;
-    }
-    let session = *candidates.get(live.pick(candidates.len()))?;
-    Some((session, registry.replica_label(session)))
 }

@@ -8,14 +8,14 @@ use std::{
 };
 
 use scale_agent_hub_model::{auth::Submitter, records::SessionId};
-use scale_agent_hub_state::{Control, Live};
+use scale_agent_hub_state::{Live, dispatch};
 use scale_agent_hub_store::Store;
 use scale_agent_proto::v1 as pb;
 use tokio::{sync::oneshot, time::error::Elapsed};
 
 use super::{
     DEADLINE_GRACE, MAX_ATTEMPTS, OperationMetrics, OperationRequest, OperationResponse,
-    OperationSettings, Operations, Outcome, State, Status, Subject, idempotent, pick_replica,
+    OperationSettings, Operations, Outcome, State, Status, Subject, idempotent,
     registry::{Claim, Owner},
 };
 
@@ -265,6 +265,43 @@ impl Submission<'_> {
         Some((503, self.hub_made(State::Failed, true, status, 0)))
     }
 
+    /// Picks a replica not in `tried` and queues the operation on its stream, both under
+    /// the registry's read guard ([`dispatch::pick_and_queue`], as the proxy's requests):
+    /// a draining replica gets it before the Ack of its UnregisterAccount, or is not picked
+    /// (issue 27). The attempt is registered (and counts as sent) under that guard too, so
+    /// its result, or the stream's end, is heard. The operation carries the time left when
+    /// it is queued; with less than it needs to reach the cluster it is not sent (declined).
+    /// Sent: the replica's `identity/replica` label and the attempt's receiver.
+    async fn pick_and_queue(
+        &self,
+        operation: &pb::Operation,
+        tried: &[SessionId],
+    ) -> dispatch::Queued<(String, oneshot::Receiver<Outcome>), ()> {
+        let pick = dispatch::Pick {
+            account: self.account,
+            tried,
+            tunnel_only: false,
+        };
+        let operations = &self.driver.operations;
+        dispatch::pick_and_queue(&self.driver.live, pick, |picked| {
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            if left < MIN_OPERATION {
+                return Err(());
+            }
+            let mut operation = operation.clone();
+            operation.timeout_millis = u64::try_from(left.as_millis()).unwrap_or(u64::MAX).max(1);
+            operation.deadline_unix_millis = deadline_millis(left);
+            let replica = picked.registry.replica_label(picked.session);
+            let rx = operations.register(&self.wire_id, picked.session);
+            operations.mark_sent(&self.wire_id);
+            let message = pb::HubMessage {
+                kind: Some(pb::hub_message::Kind::Operation(operation)),
+            };
+            Ok((Ok(message), (replica, rx)))
+        })
+        .await
+    }
+
     /// Whether the account has a replica not in `tried` (without advancing the rotation).
     fn has_untried_replica(&self, tried: &[SessionId]) -> bool {
         self.driver
@@ -292,41 +329,46 @@ impl Submission<'_> {
                     .take()
                     .unwrap_or_else(|| self.no_agent(&notes, attempts));
             }
-            let Some((session, replica)) = pick_replica(&self.driver.live, self.account, &tried)
-            else {
-                if let Some(answer) = fallback.take() {
-                    break answer;
+            let (session, replica, rx) = match self.pick_and_queue(operation, &tried).await {
+                dispatch::Queued::Sent {
+                    session,
+                    made: (replica, rx),
+                    ..
+                } => (session, replica, rx),
+                dispatch::Queued::NoAgent => {
+                    if let Some(answer) = fallback.take() {
+                        break answer;
+                    }
+                    let came = self
+                        .driver
+                        .live
+                        .wait_for_replicas(self.deadline, || self.has_untried_replica(&tried))
+                        .await;
+                    if came {
+                        continue;
+                    }
+                    break self.no_agent(&notes, attempts);
                 }
-                let came = self
-                    .driver
-                    .live
-                    .wait_for_replicas(self.deadline, || self.has_untried_replica(&tried))
-                    .await;
-                if came {
+                dispatch::Queued::Declined(..) => {
+                    // Too little time left to send it (see `too_late`).
+                    let answer = self
+                        .too_late(attempts)
+                        .unwrap_or_else(|| self.no_agent(&notes, attempts));
+                    break fallback.take().unwrap_or(answer);
+                }
+                dispatch::Queued::Gone(session) => {
+                    tried.push(session);
+                    notes.push(format!(
+                        "a replica (session {session}) left before the operation was sent"
+                    ));
                     continue;
                 }
-                break self.no_agent(&notes, attempts);
             };
-            if let Some(answer) = self.too_late(attempts) {
-                break fallback.take().unwrap_or(answer);
-            }
             tried.push(session);
             let running = OperationResponse::running(self.subject(), &replica, tried.len());
             self.driver
                 .operations
                 .record(self.owner(), &self.id, running, None, retention);
-            let rx = self.driver.operations.register(&self.wire_id, session);
-            if !self.driver.live.sessions().contains_key(&session) {
-                self.driver.operations.forget(&self.wire_id);
-                notes.push(format!(
-                    "replica {replica} left before the operation was sent"
-                ));
-                continue;
-            }
-            self.driver.live.control(
-                session,
-                Control::Operation(Box::new(operation.clone()), self.deadline),
-            );
             let wait = self.deadline.saturating_duration_since(Instant::now()) + DEADLINE_GRACE;
             let heard = tokio::time::timeout(wait, rx).await;
             match self.interpret(heard, &replica, tried.len()) {

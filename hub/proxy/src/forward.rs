@@ -20,53 +20,17 @@ use futures::Stream;
 use http_body_util::BodyExt as _;
 use prometheus_client::metrics::counter::Counter;
 use scale_agent_hub_state::{
-    Live,
-    registry::{Registry, SessionId},
-    tunnel::{self, AgentSender, BodyEvent, HeadError, OpenExchange, OutboundMessage, Tunnels},
+    Live, dispatch,
+    registry::SessionId,
+    tunnel::{self, AgentSender, BodyEvent, HeadError, OpenExchange, Tunnels},
 };
 use scale_agent_proto::v1::{self as pb, tunnel_frame::Frame};
-use tokio::sync::{
-    mpsc::{OwnedPermit, error::TrySendError},
-    oneshot,
-};
+use tokio::sync::oneshot;
 use tracing::Instrument as _;
 
 use super::{
     MAX_ATTEMPTS, Proxy, RESPONSE_HEAD_TIMEOUT, headers, status::Status, upgrade::Upgraded,
 };
-
-/// A connected agent replica of `account` that can tunnel, skipping `tried`; round-robin
-/// with the operations (the same rotation as the operations' `pick_replica`), except that
-/// `prefer` is taken when it is one of them. Reads the registry through the caller's guard.
-fn pick(
-    live: &Live,
-    registry: &Registry,
-    account: &str,
-    tried: &[SessionId],
-    prefer: Option<SessionId>,
-) -> Option<(SessionId, AgentSender, u32)> {
-    let candidates = registry.replicas(account);
-    let sessions = live.sessions();
-    let usable: Vec<(SessionId, AgentSender, u32)> = candidates
-        .into_iter()
-        .filter(|s| !tried.contains(s))
-        .filter_map(|id| {
-            let handle = sessions.get(&id)?;
-            handle
-                .tunnel_window
-                .map(|window| (id, handle.outbound.clone(), window))
-        })
-        .collect();
-    drop(sessions);
-    if let Some(i) = usable.iter().position(|(id, _, _)| Some(*id) == prefer) {
-        return usable.into_iter().nth(i);
-    }
-    if usable.is_empty() {
-        return None;
-    }
-    let i = live.pick(usable.len());
-    usable.into_iter().nth(i)
-}
 
 /// What came of picking a replica for a request and queueing its head.
 enum Queued {
@@ -84,21 +48,11 @@ enum Queued {
     Gone(SessionId),
 }
 
-/// Picks a replica of `account` ([`pick`]), opens the exchange and queues the request head
-/// on the replica's stream, all under the registry's read guard that the pick used.
-///
-/// A draining agent unregisters its account under the registry's write lock, and its Ack
-/// goes out only after every tunnel frame queued before is written
-/// ([`tunnel::flushed`]). So a head queued under the read guard either precedes the
-/// unregistration, and reaches the agent ahead of the Ack (the agent counts it in flight),
-/// or follows it, and then the pick no longer sees that replica. A head queued after the
-/// guard was dropped could reach the agent after the Ack, when the agent believes nothing
-/// more will come, and be lost (issue 27).
-///
-/// The guard is a std lock, held across no await: the head is queued through a permit
-/// taken without waiting. When the replica's tunnel queue is full, its capacity is awaited
-/// with the guard dropped, and the pick is done again under the guard, preferring that
-/// replica, whose permit then queues the head (another replica is picked when it left).
+/// Picks a replica of `account` that can tunnel, round-robin with the operations, opens the
+/// exchange and queues the request head on the replica's stream, all under the registry's
+/// read guard that the pick used ([`dispatch::pick_and_queue`], which the operations use
+/// too): a draining agent gets the head before the Ack of its UnregisterAccount, or is not
+/// picked (issue 27).
 async fn pick_and_queue(
     proxy: &Proxy,
     account: &str,
@@ -106,41 +60,38 @@ async fn pick_and_queue(
     ends_cleanly: bool,
     head: &pb::HttpRequestHead,
 ) -> Queued {
-    let mut waited: Option<(SessionId, OwnedPermit<OutboundMessage>)> = None;
-    loop {
-        let full = {
-            let registry = proxy.live.registry_read();
-            let prefer = waited.as_ref().map(|(session, _)| *session);
-            let Some((session, tx, window)) = pick(&proxy.live, &registry, account, tried, prefer)
-            else {
-                return Queued::NoAgent;
-            };
-            let permit = match waited.take() {
-                Some((waited_on, permit)) if waited_on == session => Ok(permit),
-                _ => tx.clone().try_reserve_owned(),
-            };
-            match permit {
-                Ok(permit) => {
-                    let exchange = proxy.state.tunnels.open(session, window, ends_cleanly);
-                    permit.send(Ok(tunnel::frame_message(
-                        exchange.id,
-                        Frame::Request(head.clone()),
-                    )));
-                    return Queued::Head {
-                        session,
-                        tx,
-                        window,
-                        exchange,
-                    };
-                }
-                Err(TrySendError::Closed(_)) => return Queued::Gone(session),
-                Err(TrySendError::Full(tx)) => (session, tx),
-            }
+    let pick = dispatch::Pick {
+        account,
+        tried,
+        tunnel_only: true,
+    };
+    let queued = dispatch::pick_and_queue(&proxy.live, pick, |picked| {
+        let Some(window) = picked.tunnel_window else {
+            // Not picked: the pick takes only replicas that tunnel.
+            return Err(());
         };
-        let (session, tx) = full;
-        match tx.reserve_owned().await {
-            Ok(permit) => waited = Some((session, permit)),
-            Err(_) => return Queued::Gone(session),
+        let exchange = proxy
+            .state
+            .tunnels
+            .open(picked.session, window, ends_cleanly);
+        let message = tunnel::frame_message(exchange.id, Frame::Request(head.clone()));
+        Ok((Ok(message), (window, exchange)))
+    })
+    .await;
+    match queued {
+        dispatch::Queued::Sent {
+            session,
+            tx,
+            made: (window, exchange),
+        } => Queued::Head {
+            session,
+            tx,
+            window,
+            exchange,
+        },
+        dispatch::Queued::NoAgent => Queued::NoAgent,
+        dispatch::Queued::Gone(session) | dispatch::Queued::Declined(session, ()) => {
+            Queued::Gone(session)
         }
     }
 }

@@ -1,6 +1,8 @@
-//! Proxy paths must be canonical (issue 28, F21): a `.` or `..` segment, or a segment
-//! holding a percent-encoded `/` or `.`, is refused with 400 before the path is matched
-//! against the discovery documents, the cache or the Secret guard.
+//! Proxy paths must be canonical (issue 28, F21): a `.` or `..` segment, an empty segment
+//! (`//`), or a segment holding a percent-encoded `/` or `.`, is refused with 400 before the
+//! path is matched against the discovery documents, the cache or the Secret guard. The
+//! Secret guard and the agent's tunnel scope read the segments with the same rule
+//! (`scale_agent_proto::path::decoded_segments`).
 //!
 //! The hub reads the path literally, but something between the agent and the API server
 //! (an HTTP library, a load balancer, the API server's own mux) may resolve it: then
@@ -14,6 +16,12 @@ use crate::status::Status;
 
 /// Why a segment of a proxy path is not canonical, if one is not.
 fn non_canonical(segment: &str) -> Option<&'static str> {
+    if segment.is_empty() {
+        return Some(
+            "an empty segment (`//`) is an empty name or namespace to the API server, which \
+             does not clean paths: `namespaces//pods` lists every namespace's pods",
+        );
+    }
     if segment == "." || segment == ".." {
         return Some("a `.` or `..` segment would be resolved by whatever normalises the path");
     }
@@ -29,8 +37,14 @@ fn non_canonical(segment: &str) -> Option<&'static str> {
 
 /// Refuses the proxy path `api_path` (the part after `/clusters/<account>`, still
 /// percent-encoded) when one of its segments is not canonical; the 400 names the segment.
+/// A leading and a trailing `/` are not empty segments.
 pub fn check_canonical(account: &str, api_path: &str) -> Result<(), Status> {
-    let Some((segment, why)) = api_path
+    let inner = api_path.strip_prefix('/').unwrap_or(api_path);
+    let inner = inner.strip_suffix('/').unwrap_or(inner);
+    if inner.is_empty() {
+        return Ok(());
+    }
+    let Some((segment, why)) = inner
         .split('/')
         .find_map(|segment| non_canonical(segment).map(|why| (segment, why)))
     else {
@@ -45,7 +59,7 @@ pub fn check_canonical(account: &str, api_path: &str) -> Result<(), Status> {
             // by whatever normalises the path; kubectl and client-go never send one.
             "the path {api_path:?} of account {account:?} is not canonical: its segment \
              {segment:?} is refused ({why}); send the path as kubectl and client-go do, \
-             without `.` or `..` segments and without percent-encoded `/` or `.` \
+             without `.`, `..` or empty segments and without percent-encoded `/` or `.` \
              (curl: drop --path-as-is)"
         ),
     ))
@@ -64,6 +78,8 @@ mod tests {
             ("/api/v1/namespaces/x/%2e%2e/y", "%2e%2e"),
             ("/openapi/v3/%2E./api", "%2E."),
             ("/api/v1/..", ".."),
+            ("/api/v1/namespaces//pods", ""),
+            ("//api/v1/pods", ""),
         ];
         for (path, segment) in refused {
             let status = check_canonical("ro", path).expect_err(path);
@@ -82,6 +98,8 @@ mod tests {
             "/api/v1/namespaces/x/pods/web-1/log",
             "/api/v1/namespaces/x/configmaps/name%20with%20space",
             "/api/v1/namespaces/x/configmaps/...",
+            "/api/v1/namespaces/x/pods/",
+            "",
         ];
         for path in accepted {
             assert!(check_canonical("ro", path).is_ok(), "{path}");

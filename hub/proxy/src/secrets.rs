@@ -51,7 +51,7 @@ pub(crate) async fn guard(
     if !may_name_secrets(api_path) {
         return Ok(None);
     }
-    let segments = decoded_segments(api_path).map_err(|why| {
+    let segments = scale_agent_proto::path::decoded_segments(api_path).map_err(|why| {
         Status::failure(
             400,
             "BadRequest",
@@ -120,30 +120,6 @@ pub(crate) async fn guard(
     Ok(Some(response))
 }
 
-/// The path's segments, percent-decoded; an error for `.`, `..`, empty segments (but a
-/// trailing `/`) and segments that decode to something holding `/` or not UTF-8.
-fn decoded_segments(api_path: &str) -> Result<Vec<String>, &'static str> {
-    let trimmed = api_path.strip_prefix('/').unwrap_or(api_path);
-    let trimmed = trimmed.strip_suffix('/').unwrap_or(trimmed);
-    let mut out = Vec::new();
-    for raw in trimmed.split('/') {
-        let segment = percent_encoding::percent_decode_str(raw)
-            .decode_utf8()
-            .map_err(|_| "a segment is not UTF-8 once decoded")?;
-        if segment.is_empty() {
-            return Err("an empty segment");
-        }
-        if segment == "." || segment == ".." {
-            return Err("a `.` or `..` segment");
-        }
-        if segment.contains('/') {
-            return Err("an encoded `/`");
-        }
-        out.push(segment.into_owned());
-    }
-    Ok(out)
-}
-
 /// Whether the path names core Secrets, read literally (percent-decoded, an encoded `/`
 /// splitting its segment, empty segments dropped) or resolved the way a path cleaner would
 /// (`.` dropped, `..` taking the segment before it): whichever of the two the API server
@@ -205,7 +181,7 @@ mod tests {
         if !may_name_secrets(path) {
             return Ok(false);
         }
-        decoded_segments(path).map(|s| names_secrets(&s))
+        scale_agent_proto::path::decoded_segments(path).map(|s| names_secrets(&s))
     }
 
     #[test]

@@ -33,9 +33,6 @@ pub enum Control {
     Promote(String),
     /// End the stream with this status.
     Close(tonic::Status),
-    /// Send this operation to the agent, unless its deadline (the submitter's) has passed
-    /// by the time it is written: it then carries the time left (see the hub's `service`).
-    Operation(Box<pb::Operation>, Instant),
     /// Tell the agent an account's state.
     AccountState(pb::AccountState),
     /// Tell the agent which replicas of its identity are connected.
@@ -46,9 +43,10 @@ pub enum Control {
 
 /// What the rest of the hub holds of one agent stream.
 pub struct SessionHandle {
-    /// Promotions, replacement, operations: handled by the stream's loop.
+    /// Promotions, replacement, account states: handled by the stream's loop.
     pub control: mpsc::Sender<Control>,
-    /// The stream's outbound queue, for tunnel frames that must not wait for that loop.
+    /// The stream's outbound queue, for tunnel frames and operations, which must not wait
+    /// for that loop (see `dispatch`).
     pub outbound: tunnel::AgentSender,
     /// The tunnel window when the agent announced the `http-tunnel` capability.
     pub tunnel_window: Option<u32>,
@@ -301,7 +299,7 @@ impl Live {
     }
 
     /// A rotating index for choosing among `n` replicas: anything that sends work to an
-    /// account's agents (the operations' `pick_replica`, the proxy's `pick`) shares this
+    /// account's agents (`dispatch::pick_and_queue`, for the operations and the proxy) shares this
     /// rotation, so consecutive requests spread over the replicas.
     pub fn pick(&self, n: usize) -> usize {
         if n == 0 {
