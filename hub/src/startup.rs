@@ -180,7 +180,9 @@ pub(crate) fn live_state(
     for (name, record) in accounts {
         state.registry.load(name, record, now);
     }
-    state.registry.bindings = std::mem::take(&mut loaded.bindings).into_iter().collect();
+    state
+        .registry
+        .set_bindings(std::mem::take(&mut loaded.bindings).into_iter().collect());
     tracing::info!(store = %location, accounts = loaded_accounts, objects = state.cache.object_count(), "store loaded");
     state
 }

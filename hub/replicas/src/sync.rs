@@ -118,7 +118,7 @@ async fn refresh(
                     evicted.push((session, account.clone(), binding.identity.clone()));
                 }
             }
-            registry.bindings.insert(account, binding);
+            registry.set_binding(account, binding);
         }
         (evicted, identities)
     };
@@ -273,7 +273,7 @@ pub async fn learn_accounts(replicas: &Replicas, live: &Live, accounts: &[String
                     registry.load(account.clone(), record, scale_agent_hub_model::time::now());
                 }
                 if let Some(binding) = binding {
-                    registry.bindings.entry(account.clone()).or_insert(binding);
+                    registry.set_binding_if_none(account, binding);
                 }
             }
             Err(e) => {
