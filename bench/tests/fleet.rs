@@ -53,6 +53,8 @@ async fn a_tiny_fleet_reports_every_figure_beside_the_api_server() -> anyhow::Re
         );
     }
     let cycles = row("fleet-cycles");
+    assert_eq!(cycles["failed_reads"].as_u64(), Some(0), "{table}");
+    assert_eq!(cycles["baseline_failed_reads"].as_u64(), Some(0), "{table}");
     assert!(cycles["cycles"].as_u64() >= Some(3), "{cycles}");
     assert!(cycles["baseline_cycles"].as_u64() >= Some(1), "{cycles}");
     Ok(())

@@ -192,7 +192,9 @@ pub(crate) fn live_state(
     for (name, record) in accounts {
         state.registry.load(name, record, now);
     }
-    state.registry.bindings = std::mem::take(&mut loaded.bindings).into_iter().collect();
+    state
+        .registry
+        .set_bindings(std::mem::take(&mut loaded.bindings).into_iter().collect());
     tracing::info!(store = %location, accounts = loaded_accounts, objects = state.cache.object_count(), "store loaded");
     state
 }
@@ -205,11 +207,26 @@ pub(crate) fn http_tls(config: &Config) -> Result<Option<Arc<rustls::ServerConfi
     }
 }
 
-/// A listener bound to `addr`, and the address it got (the port, with port 0).
+/// Connections the kernel queues for `accept` on each listener (it caps this at
+/// `net.core.somaxconn`, 4096 by default on current kernels). tokio's `TcpListener::bind`
+/// asks for 1024: with 10,000 agents connecting at once (issue 26's fleet benchmark), the
+/// queue overflowed while the hub was busy accepting and handshaking, and agents' connections
+/// were reset by the kernel with nothing in the hub's log.
+pub(crate) const LISTEN_BACKLOG: u32 = 4096;
+
+/// A listener bound to `addr` (address reuse on, as `TcpListener::bind` sets it, and a
+/// backlog of [`LISTEN_BACKLOG`]), and the address it got (the port, with port 0).
 pub(crate) async fn bind(addr: SocketAddr, what: &str) -> Result<(TcpListener, SocketAddr)> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| HubError::Bind { addr, source })?;
+    let bind_error = |source| HubError::Bind { addr, source };
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }
+    .map_err(bind_error)?;
+    socket.set_reuseaddr(true).map_err(bind_error)?;
+    socket.bind(addr).map_err(bind_error)?;
+    let listener = socket.listen(LISTEN_BACKLOG).map_err(bind_error)?;
     let local = listener.local_addr().map_err(|source| HubError::Io {
         context: format!("{what} listener address"),
         source,

@@ -313,7 +313,7 @@ async fn delete_orphan(
                 ),
             );
         }
-        let released = registry.bindings.remove(&name).map(|b| b.identity);
+        let released = registry.remove_binding(&name).map(|b| b.identity);
         let known = registry.accounts.contains_key(&name);
         if released.is_none() && !known {
             crate::audit::admin(&caller, "delete-account", &name, 404);

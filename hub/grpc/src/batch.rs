@@ -29,12 +29,20 @@ impl StreamTask {
     ) -> Result<Step, Status> {
         let first = match msg {
             Ok(Some(m)) => m,
-            Ok(None) => return Ok(Step::Break(())),
+            Ok(None) => {
+                tracing::info!("agent stream closed by the agent");
+                return Ok(Step::Break(()));
+            }
             Err(status) => {
-                tracing::debug!(%status, "agent stream broke");
                 self.too_large = too_large_message(&status);
-                if let Some(message) = self.too_large.as_deref() {
-                    tracing::warn!(%message, "agent stream ended by an oversized message");
+                match self.too_large.as_deref() {
+                    Some(message) => {
+                        tracing::warn!(%message, "agent stream ended by an oversized message")
+                    }
+                    // The connection broke under the stream (the agent went away, a
+                    // proxy cut it, HTTP/2 keepalive found it dead): said at the default
+                    // level, as the agent will reconnect and someone may ask why.
+                    None => tracing::info!(%status, "agent stream broke"),
                 }
                 return Ok(Step::Break(()));
             }
@@ -82,9 +90,18 @@ impl StreamTask {
             }
             match self.inbound.message().now_or_never() {
                 Some(Ok(Some(m))) => next = Some(m),
-                Some(Ok(None)) => ended = true,
+                Some(Ok(None)) => {
+                    tracing::info!("agent stream closed by the agent");
+                    ended = true;
+                }
                 Some(Err(status)) => {
                     self.too_large = too_large_message(&status);
+                    match self.too_large.as_deref() {
+                        Some(message) => {
+                            tracing::warn!(%message, "agent stream ended by an oversized message")
+                        }
+                        None => tracing::info!(%status, "agent stream broke"),
+                    }
                     ended = true;
                 }
                 None => {}

@@ -155,10 +155,8 @@ impl AgentHub for AgentHubService {
         tokio::spawn(
             async move {
                 if let Err(status) = StreamTask::run(state, auth, inbound, out).await {
-                    tracing::info!(code = ?status.code(), message = status.message(), "agent stream ended");
+                    log_end(&status);
                     let _ = control.send(Err(status)).await;
-                } else {
-                    tracing::info!("agent stream closed by the agent");
                 }
             }
             .instrument(span),
@@ -205,6 +203,23 @@ impl AgentHubService {
                 .inspect_err(refused)?;
         }
         authenticate(&self.state.auth, peer_certs, metadata, presented).inspect_err(refused)
+    }
+}
+
+/// Says why the hub ended a stream, at the hub's default level: a replacement, the hub's
+/// shutdown or the agent going away are the ordinary course of things (info); anything else
+/// (the agent silent for two heartbeat periods, a protocol violation, a refused identity, the
+/// store failing) is something an operator looks into (warn), and the agent sees the same
+/// status.
+fn log_end(status: &Status) {
+    use tonic::Code;
+    match status.code() {
+        Code::Aborted | Code::Unavailable | Code::Cancelled => {
+            tracing::info!(code = ?status.code(), reason = status.message(), "agent stream ended by the hub");
+        }
+        _ => {
+            tracing::warn!(code = ?status.code(), reason = status.message(), "agent stream ended by the hub");
+        }
     }
 }
 

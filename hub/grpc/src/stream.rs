@@ -5,6 +5,7 @@
 
 use std::{ops::ControlFlow, sync::Arc, time::Duration};
 
+use futures::FutureExt as _;
 use prost::Message as _;
 use scale_agent_hub_auth::agent_auth::Authenticated;
 use scale_agent_hub_model::time::shutting_down;
@@ -69,6 +70,7 @@ impl StreamTask {
         out: StreamOut,
     ) -> Result<(), Status> {
         let Some(hello) = read_hello(&grpc, &mut inbound).await? else {
+            tracing::info!("agent stream closed by the agent before Hello");
             return Ok(());
         };
         let mut task = Self::connect(grpc, auth, inbound, out, &hello)?;
@@ -140,9 +142,15 @@ impl StreamTask {
                     Ok(Step::Continue(()))
                 }
                 () = tokio::time::sleep_until(self.last_heard + silence) => {
-                    Err(Status::deadline_exceeded(format!(
-                        "no message from the agent for {silence:?} (two heartbeat periods)"
-                    )))
+                    // A hub short of CPU (thousands of agents connecting at once on a busy
+                    // machine) wakes this task late, with the timer and the agent's next
+                    // message ready together: the message wins, as the agent did speak.
+                    match self.inbound.message().now_or_never() {
+                        Some(msg) => self.on_message(msg).await,
+                        None => Err(Status::deadline_exceeded(format!(
+                            "no message from the agent for {silence:?} (two heartbeat periods)"
+                        ))),
+                    }
                 }
                 msg = self.inbound.message() => self.on_message(msg).await,
             };

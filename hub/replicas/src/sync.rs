@@ -144,7 +144,7 @@ async fn refresh(
                     evicted.push((session, account.clone(), binding.identity.clone()));
                 }
             }
-            registry.bindings.insert(account, binding);
+            registry.set_binding(account, binding);
         }
         if settled {
             let released: Vec<(String, String)> = registry
@@ -162,7 +162,7 @@ async fn refresh(
                 .collect();
             for (account, identity) in released {
                 tracing::info!(%account, %identity, "account binding released on another replica; released here too");
-                registry.bindings.remove(&account);
+                registry.remove_binding(&account);
             }
         }
         (evicted, identities)
@@ -318,7 +318,7 @@ pub async fn learn_accounts(replicas: &Replicas, live: &Live, accounts: &[String
                     registry.load(account.clone(), record, scale_agent_hub_model::time::now());
                 }
                 if let Some(binding) = binding {
-                    registry.bindings.entry(account.clone()).or_insert(binding);
+                    registry.set_binding_if_none(account, binding);
                 }
             }
             Err(e) => {

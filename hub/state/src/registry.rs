@@ -4,7 +4,7 @@
 //! FAILED, ORPHANED) with the time and reason of its last transition.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet, HashMap},
     time::{Duration, Instant, SystemTime},
 };
 
@@ -79,6 +79,8 @@ pub struct Promotion {
 /// many names it may not serve cannot grow the hub's memory.
 pub const MAX_REJECTIONS: usize = 1024;
 
+#[cfg(test)]
+mod observe_tests;
 mod states;
 
 pub use states::{AccountState, StateRecord, Transition, credentials_refused};
@@ -108,7 +110,33 @@ pub struct Registry {
     /// (one replica, the embedded store). Only an owned account has a STREAMING session;
     /// the sessions of an account owned elsewhere all stand by.
     owned: Option<std::collections::BTreeSet<String>>,
+    /// The accounts whose state may have changed since the last [`Registry::observe`],
+    /// which looks at these only: with 10,000 accounts, deriving every account's state on
+    /// every stream's registration made each registration cost O(accounts) under the
+    /// registry's lock (issue 26).
+    changed: Changed,
+    /// identity → its streams (in `sessions`): a stream's Hello looks up the streams of its
+    /// identity three times, which was a walk over every stream of the hub.
+    by_identity: HashMap<String, Vec<SessionId>>,
     next_id: SessionId,
+}
+
+/// Which accounts [`Registry::observe`] looks at.
+#[derive(Debug)]
+struct Changed {
+    /// Every account: at start, before the first look (the store's bindings and accounts
+    /// are loaded into the public fields directly).
+    all: bool,
+    names: BTreeSet<String>,
+}
+
+impl Default for Changed {
+    fn default() -> Self {
+        Changed {
+            all: true,
+            names: BTreeSet::new(),
+        }
+    }
 }
 
 impl Registry {
@@ -119,6 +147,40 @@ impl Registry {
             owned: Some(Default::default()),
             ..Registry::default()
         }
+    }
+
+    /// `name`'s state may have changed: the next [`Registry::observe`] looks at it. Every
+    /// method of the registry that changes what an account's state derives from calls it;
+    /// code changing the public fields directly calls it too.
+    pub fn mark_changed(&mut self, name: &str) {
+        if !self.changed.all && !self.changed.names.contains(name) {
+            self.changed.names.insert(name.to_string());
+        }
+    }
+
+    /// Sets `name`'s binding (as the store holds it).
+    pub fn set_binding(&mut self, name: String, binding: AccountBinding) {
+        self.mark_changed(&name);
+        self.bindings.insert(name, binding);
+    }
+
+    /// Replaces every binding (the store's, at start): every account is looked at next.
+    pub fn set_bindings(&mut self, bindings: BTreeMap<String, AccountBinding>) {
+        self.bindings = bindings;
+        self.changed.all = true;
+    }
+
+    /// Sets `name`'s binding unless it has one.
+    pub fn set_binding_if_none(&mut self, name: &str, binding: AccountBinding) {
+        if !self.bindings.contains_key(name) {
+            self.set_binding(name.to_string(), binding);
+        }
+    }
+
+    /// Removes `name`'s binding; returns it.
+    pub fn remove_binding(&mut self, name: &str) -> Option<AccountBinding> {
+        self.mark_changed(name);
+        self.bindings.remove(name)
     }
 
     /// Whether this replica owns `account` (always, with one replica).
@@ -160,6 +222,7 @@ impl Registry {
     /// This replica took ownership of `account`: its first standby streams it.
     pub fn acquired(&mut self, name: &str) -> Option<Promotion> {
         self.owned.as_mut()?.insert(name.to_string());
+        self.mark_changed(name);
         let account = self.accounts.get_mut(name)?;
         if account.streaming.is_some() || account.standbys.is_empty() {
             return None;
@@ -177,6 +240,7 @@ impl Registry {
     /// (returned, to be ended so its agent reconnects) stands by.
     pub fn released(&mut self, name: &str) -> Option<SessionId> {
         self.owned.as_mut()?.remove(name);
+        self.mark_changed(name);
         let account = self.accounts.get_mut(name)?;
         let streaming = account.streaming.take()?;
         account.standbys.insert(0, streaming);
@@ -202,6 +266,7 @@ impl Registry {
     /// An account loaded from the store at start-up: no agent yet, so its grace period
     /// starts now.
     pub fn load(&mut self, name: String, record: AccountRecord, now: (Instant, SystemTime)) {
+        self.mark_changed(&name);
         self.accounts.insert(
             name,
             Account {
@@ -222,14 +287,14 @@ impl Registry {
         agent_version: &str,
         now: (Instant, SystemTime),
     ) -> (SessionId, Option<SessionId>, Vec<Promotion>) {
-        let old = self
-            .sessions
-            .values()
-            .find(|s| s.identity == identity && s.replica == replica)
-            .map(|s| s.id);
+        let old = self.session_of(identity, replica).map(|s| s.id);
         let promotions = old.map(|id| self.disconnect(id, now)).unwrap_or_default();
         self.next_id += 1;
         let id = self.next_id;
+        self.by_identity
+            .entry(identity.to_string())
+            .or_default()
+            .push(id);
         self.sessions.insert(
             id,
             AgentSession {
@@ -253,11 +318,7 @@ impl Registry {
         replica: &str,
         session_token: &str,
     ) -> Result<(), String> {
-        let Some(live) = self
-            .sessions
-            .values()
-            .find(|s| s.identity == identity && s.replica == replica)
-        else {
+        let Some(live) = self.session_of(identity, replica) else {
             return Ok(());
         };
         // Digests are compared, so the time the comparison takes says nothing about the token.
@@ -274,6 +335,15 @@ impl Registry {
              stream ends (two heartbeat periods after it went silent). Two agents sharing an \
              identity need distinct replica names (the pod name)"
         ))
+    }
+
+    /// The live stream of `identity` and `replica`, if any.
+    fn session_of(&self, identity: &str, replica: &str) -> Option<&AgentSession> {
+        self.by_identity
+            .get(identity)?
+            .iter()
+            .filter_map(|id| self.sessions.get(id))
+            .find(|s| s.replica == replica)
     }
 
     /// Records the session token handed to a stream in Welcome.
@@ -310,6 +380,7 @@ impl Registry {
             identity: identity.to_string(),
             since: now_unix,
         };
+        self.mark_changed(name);
         self.bindings.insert(name.to_string(), binding.clone());
         binding
     }
@@ -341,6 +412,7 @@ impl Registry {
                 None,
             );
         }
+        self.mark_changed(name);
         if self
             .rejections
             .get(name)
@@ -484,6 +556,7 @@ impl Registry {
         name: &str,
         now: (Instant, SystemTime),
     ) -> Vec<Promotion> {
+        self.mark_changed(name);
         let Some(account) = self.accounts.get_mut(name) else {
             return Vec::new();
         };
@@ -520,12 +593,32 @@ impl Registry {
 
     /// A stream ended: its accounts are handed to standbys or start their grace period.
     pub fn disconnect(&mut self, session: SessionId, now: (Instant, SystemTime)) -> Vec<Promotion> {
-        if self.sessions.remove(&session).is_none() {
+        let Some(removed) = self.sessions.remove(&session) else {
             return Vec::new();
+        };
+        if let Some(ids) = self.by_identity.get_mut(&removed.identity) {
+            ids.retain(|id| *id != session);
+            if ids.is_empty() {
+                self.by_identity.remove(&removed.identity);
+            }
         }
-        self.rejections.retain(|_, (s, _)| *s != session);
-        self.credential_failures.retain(|_, (s, _)| *s != session);
-        self.unavailable.retain(|_, (s, _)| *s != session);
+        let mut forgotten = Vec::new();
+        for reports in [
+            &mut self.rejections,
+            &mut self.credential_failures,
+            &mut self.unavailable,
+        ] {
+            reports.retain(|name, (s, _)| {
+                let keep = *s != session;
+                if !keep {
+                    forgotten.push(name.clone());
+                }
+                keep
+            });
+        }
+        for name in forgotten {
+            self.mark_changed(&name);
+        }
         let names: Vec<String> = self
             .accounts
             .iter()
@@ -551,15 +644,18 @@ impl Registry {
     }
 
     pub fn remove_account(&mut self, name: &str) {
+        self.mark_changed(name);
         self.accounts.remove(name);
     }
 
     /// Streams of `identity` and their replica names, sorted by replica.
     pub fn replicas_of_identity(&self, identity: &str) -> Vec<(SessionId, String)> {
         let mut replicas: Vec<(SessionId, String)> = self
-            .sessions
-            .values()
-            .filter(|s| s.identity == identity)
+            .by_identity
+            .get(identity)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.sessions.get(id))
             .map(|s| (s.id, s.replica.clone()))
             .collect();
         replicas.sort_by(|a, b| a.1.cmp(&b.1));

@@ -25,13 +25,26 @@ pub(super) fn report(
     sizes: &Sizes,
     f: Figures,
 ) -> Result<()> {
+    // Failed reads are reported, not fatal: a run at the size takes many minutes,
+    // and a few reads failing under the load is itself a figure (the test of the tiny fleet
+    // asserts none failed).
     let errors: Vec<&String> = f.fleet.errors.iter().chain(&f.direct.errors).collect();
-    if let Some(first) = errors.first() {
-        bail!(
-            "{} reads of measure 12 failed, the first: {first}",
-            errors.len()
-        );
-    }
+    let failed = match errors.first() {
+        Some(first) => {
+            eprintln!(
+                "[bench] fleet: {} reads failed (hub {}, API server {}), the first: {first}",
+                errors.len(),
+                f.fleet.errors.len(),
+                f.direct.errors.len()
+            );
+            format!(
+                "; {} reads FAILED through the hub and {} straight to the API server, the first: {first}",
+                f.fleet.errors.len(),
+                f.direct.errors.len()
+            )
+        }
+        None => String::new(),
+    };
     let title_load = format!(
         "{n} accounts × {} objects over {} namespaces, {} % churn/min, a caching cycle every {} and a GET every {} per account, {} requests in flight, {}",
         sizes.objects,
@@ -150,12 +163,13 @@ pub(super) fn report(
         baseline_name: "one account's cycles straight from its API server (CPU: kube-apiserver + etcd)".into(),
         baseline: cycles(&f.direct, server_cpu),
         note: format!(
-            "hub CPU {hub_cpu:.1} s over the window (ingest of the churn and the watches included); the bench's own (clients, fake agents) {:.1} s on the same cores; every account's cycle inside its period: {}",
+            "hub CPU {hub_cpu:.1} s over the window (ingest of the churn and the watches included); the bench's own (clients, fake agents) {:.1} s on the same cores; every account's cycle inside its period: {}{failed}",
             f.fleet_cpu.get("bench").copied().unwrap_or(0.0),
             if f.fleet.cycles_late == 0 { "yes" } else { "no" },
         ),
         values: json!({
             "cycles": f.fleet.cycle_secs.len(), "cycles_late": f.fleet.cycles_late,
+            "failed_reads": f.fleet.errors.len(), "baseline_failed_reads": f.direct.errors.len(),
             "baseline_cycles": f.direct.cycle_secs.len(), "baseline_cycles_late": f.direct.cycles_late,
             "hub_cpu_secs": hub_cpu, "hub_cpu_secs_per_cycle": hub_cpu / f.fleet.cycle_secs.len().max(1) as f64,
             "baseline_cpu": f.direct_cpu, "fleet_cpu": f.fleet_cpu,

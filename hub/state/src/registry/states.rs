@@ -78,6 +78,7 @@ impl Registry {
         if self.rejections.len() >= MAX_REJECTIONS && !self.rejections.contains_key(name) {
             return;
         }
+        self.mark_changed(name);
         self.rejections
             .insert(name.to_string(), (session, reason.to_string()));
     }
@@ -94,6 +95,7 @@ impl Registry {
         now: (Instant, SystemTime),
     ) -> Vec<Promotion> {
         let promotions = self.stop_serving(session, name, now);
+        self.mark_changed(name);
         if self.unavailable.len() < MAX_REJECTIONS || self.unavailable.contains_key(name) {
             self.unavailable
                 .insert(name.to_string(), (session, reason.to_string()));
@@ -111,6 +113,7 @@ impl Registry {
         state: KindStatusState,
         message: &str,
     ) {
+        self.mark_changed(name);
         match state {
             KindStatusState::Failing if credentials_refused(message) => {
                 self.credential_failures
@@ -205,20 +208,33 @@ impl Registry {
         })
     }
 
-    /// Brings every account's state up to date; returns the transitions, oldest state first.
+    /// Brings the state of every account changed since the last look
+    /// ([`Registry::mark_changed`]) up to date; returns the transitions, oldest state first.
     /// Call after anything that changes sessions, accounts, bindings or rejections.
     pub fn observe(&mut self, now: SystemTime) -> Vec<Transition> {
-        let mut names: Vec<String> = self
-            .accounts
-            .keys()
-            .chain(self.bindings.keys())
-            .chain(self.rejections.keys())
-            .chain(self.unavailable.keys())
-            .chain(self.states.keys())
-            .cloned()
-            .collect();
-        names.sort();
-        names.dedup();
+        let changed = std::mem::replace(
+            &mut self.changed,
+            super::Changed {
+                all: false,
+                names: Default::default(),
+            },
+        );
+        let names: Vec<String> = if changed.all {
+            let mut names: Vec<String> = self
+                .accounts
+                .keys()
+                .chain(self.bindings.keys())
+                .chain(self.rejections.keys())
+                .chain(self.unavailable.keys())
+                .chain(self.states.keys())
+                .cloned()
+                .collect();
+            names.sort();
+            names.dedup();
+            names
+        } else {
+            changed.names.into_iter().collect()
+        };
         let mut transitions = Vec::new();
         for name in names {
             let cluster = self.accounts.get(&name).map(|a| a.record.cluster.clone());
