@@ -254,7 +254,7 @@ pub struct ApiArgs {
     /// certificateAuthority and username/groups claim mappings): the proxy and the REST API
     /// accept those issuers' OIDC ID tokens. Fields the hub does not support are refused by
     /// name. Read again every 10 s: a changed file that parses replaces the issuers, a broken
-    /// or missing one keeps them. See the hub README, "People and teams".
+    /// or missing one keeps them. See the guide, "Give people access".
     #[arg(long, env = "SCALE_AGENT_HUB_AUTHENTICATION_CONFIG")]
     pub authentication_config: Option<PathBuf>,
 
