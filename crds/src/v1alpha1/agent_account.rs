@@ -173,10 +173,11 @@ pub struct AgentAccountSpec {
     #[serde(default, skip_serializing_if = "Permissions::is_empty")]
     pub permissions: Permissions,
 
-    /// Send pod CPU and memory usage (from the metrics API, which must be installed) to
-    /// Spinnaker for its UI (Armory's `metrics: true`). The operator then grants the agent
-    /// get and list on `metrics.k8s.io` pods (and nodes, cluster-wide scope) so Clouddriver's
-    /// `kubectl top pod --containers` through the hub is allowed. Default: false.
+    /// Let Spinnaker show pod CPU and memory usage (Armory's `metrics: true`): Clouddriver's
+    /// `kubectl top pod --containers` reaches the cluster's metrics API (metrics-server must
+    /// be installed) through the hub, tunnelled; the agent itself sends nothing. The operator
+    /// grants the agent get and list on `metrics.k8s.io` pods (and nodes, cluster-wide scope).
+    /// Default: false.
     #[serde(default, skip_serializing_if = "is_false")]
     pub pod_metrics: bool,
 
