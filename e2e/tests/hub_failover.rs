@@ -20,10 +20,6 @@ use std::{
     collections::BTreeMap,
     net::SocketAddr,
     path::{Path, PathBuf},
-    sync::{
-        Arc,
-        atomic::{AtomicBool, AtomicUsize, Ordering},
-    },
     time::{Duration, Instant, SystemTime},
 };
 
@@ -33,11 +29,11 @@ use k8s_openapi::api::{
 };
 use kube::{
     Api, Client,
-    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    api::{ListParams, PostParams},
 };
-use rand::{Rng, SeedableRng, rngs::StdRng};
 use scale_agent_e2e::{
     ControlPlane, ControlPlaneOptions,
+    churn::Churn,
     fixtures::{self, Scope},
     fleet::{AgentProcess, HubProcess},
     http::Call,
@@ -61,8 +57,6 @@ const AGENT_REPLICAS: usize = 2;
 const STREAMS_AGAIN: Duration = Duration::from_secs(30);
 /// How long the caches may take to equal the API servers once the churn stopped.
 const CONVERGE: Duration = Duration::from_secs(60);
-/// Names the churn draws from: few, so it updates and deletes often.
-const NAMES: usize = 6;
 /// The replicas' shared secret (`--replica-secret-file`).
 const SECRET: &str = "0123456789abcdef0123456789abcdef-failover";
 
@@ -164,85 +158,6 @@ fn assert_never_two_owners(history: &BTreeMap<String, Vec<Tenure>>, deaths: &Dea
     }
 }
 
-/// Churns ConfigMaps (create, update, delete) in one namespace until `stop`; counts changes.
-async fn churn(
-    admin: Client,
-    namespace: String,
-    seed: u64,
-    stop: Arc<AtomicBool>,
-    changes: Arc<AtomicUsize>,
-) -> anyhow::Result<()> {
-    let api = Api::<ConfigMap>::namespaced(admin, &namespace);
-    let mut rng = StdRng::seed_from_u64(seed);
-    while !stop.load(Ordering::SeqCst) {
-        let name = format!("cm-{}", rng.random_range(0..NAMES));
-        let value = rng.random_range(0..1_000_000u32).to_string();
-        let exists = api.get_opt(&name).await?.is_some();
-        match (exists, rng.random_bool(0.3)) {
-            (true, true) => {
-                api.delete(&name, &DeleteParams::default()).await?;
-            }
-            (true, false) => {
-                let change = json!({ "data": { "v": value } });
-                api.patch(&name, &PatchParams::default(), &Patch::Merge(change))
-                    .await?;
-            }
-            (false, _) => {
-                let object: ConfigMap = serde_json::from_value(json!({
-                    "metadata": { "name": name },
-                    "data": { "v": value },
-                }))?;
-                api.create(&PostParams::default(), &object).await?;
-            }
-        }
-        changes.fetch_add(1, Ordering::SeqCst);
-        tokio::time::sleep(Duration::from_millis(rng.random_range(20..120))).await;
-    }
-    Ok(())
-}
-
-/// Churn in every account's namespace, until [`Churn::finish`].
-struct Churn {
-    stop: Arc<AtomicBool>,
-    changes: Arc<AtomicUsize>,
-    tasks: Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
-}
-
-impl Churn {
-    fn start(world: &World, seed: u64) -> Churn {
-        let stop = Arc::new(AtomicBool::new(false));
-        let changes = Arc::new(AtomicUsize::new(0));
-        let tasks = world
-            .accounts
-            .iter()
-            .enumerate()
-            .map(|(i, account)| {
-                tokio::spawn(churn(
-                    world.admins[account.cluster].clone(),
-                    account.namespace.clone(),
-                    seed + i as u64,
-                    stop.clone(),
-                    changes.clone(),
-                ))
-            })
-            .collect();
-        Churn {
-            stop,
-            changes,
-            tasks,
-        }
-    }
-
-    /// Stops it; the number of changes made.
-    async fn finish(self) -> anyhow::Result<usize> {
-        self.stop.store(true, Ordering::SeqCst);
-        for task in self.tasks {
-            task.await??;
-        }
-        Ok(self.changes.load(Ordering::SeqCst))
-    }
-}
-
 /// Everything the test runs.
 struct World {
     dir: PathBuf,
@@ -255,6 +170,18 @@ struct World {
     balancer: Balancer,
     accounts: Vec<Account>,
     passed: bool,
+}
+
+impl World {
+    /// Churn in every account's namespace, until [`Churn::finish`].
+    fn churn(&self, seed: u64) -> Churn {
+        Churn::start(
+            self.accounts
+                .iter()
+                .map(|a| (self.admins[a.cluster].clone(), a.namespace.clone())),
+            seed,
+        )
+    }
 }
 
 impl Drop for World {
@@ -797,7 +724,7 @@ async fn a_replica_killed_and_postgres_restarted_under_churn_lose_nothing_and_re
         .map(|(name, n)| (name.to_string(), *n))
         .unwrap_or_default();
     let victim_index = world.names.iter().position(|n| *n == victim).unwrap_or(0);
-    let churn = Churn::start(&world, 16);
+    let churn = world.churn(16);
     tokio::time::sleep(Duration::from_secs(1)).await;
     if let Some(hub) = world.hubs[victim_index].as_mut() {
         hub.kill();
@@ -839,7 +766,7 @@ async fn a_replica_killed_and_postgres_restarted_under_churn_lose_nothing_and_re
     assert_never_two_owners(&postgres::ownership_history(&sql).await?, &deaths);
 
     // PostgreSQL restarts while the agents stream and the churn goes on.
-    let churn = Churn::start(&world, 61);
+    let churn = world.churn(61);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let restarting = Instant::now();
     deaths.push((SystemTime::now(), None));
