@@ -30,22 +30,11 @@ pub(crate) async fn spawn(hub: &Arc<Hub>) -> Duties {
     if hub.auth.oidc_files().is_some() {
         let (auth, period) = (hub.auth.clone(), hub.config.listeners.tls_reload_interval);
         let shutdown = hub.shutdown.clone();
-        tokio::spawn(async move {
-            let mut interval = tokio::time::interval(period);
-            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let stop = crate::shutting_down(shutdown);
-            tokio::pin!(stop);
-            loop {
-                tokio::select! {
-                    () = &mut stop => return,
-                    _ = interval.tick() => {
-                        let auth = auth.clone();
-                        // Blocking file I/O off the runtime's workers.
-                        let _ = tokio::task::spawn_blocking(move || auth.reload_oidc()).await;
-                    }
-                }
-            }
-        });
+        tokio::spawn(scale_agent_hub_model::time::reload_every(
+            period,
+            shutdown,
+            move || auth.reload_oidc(),
+        ));
     }
     // So is the replicas' secret, which rotates with an overlap (`owners::secret`).
     if let Some(forwarder) = &hub.replicas.forwarder {

@@ -10,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use scale_agent_hub_model::time::shutting_down;
+use scale_agent_hub_model::time::reload_every;
 
 use crate::{
     tokens::AdminToken,
@@ -85,19 +85,6 @@ impl AdminTokenFile {
         period: Duration,
         shutdown: tokio::sync::watch::Receiver<bool>,
     ) {
-        let mut interval = tokio::time::interval(period);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let stop = shutting_down(shutdown);
-        tokio::pin!(stop);
-        loop {
-            tokio::select! {
-                () = &mut stop => return,
-                _ = interval.tick() => {
-                    let file = self.clone();
-                    // Blocking file I/O off the runtime's workers.
-                    let _ = tokio::task::spawn_blocking(move || file.reload()).await;
-                }
-            }
-        }
+        reload_every(period, shutdown, move || self.reload()).await;
     }
 }

@@ -29,7 +29,7 @@ use axum::{
     http::{HeaderMap, StatusCode, header},
     response::{IntoResponse, Response},
 };
-use scale_agent_hub_model::{HubError, time::shutting_down};
+use scale_agent_hub_model::{HubError, time::reload_every};
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -386,20 +386,7 @@ impl TokensFile {
 
     /// Re-reads the file every [`TOKENS_FILE_POLL`] until shutdown.
     pub async fn watch(self: Arc<Self>, shutdown: tokio::sync::watch::Receiver<bool>) {
-        let mut interval = tokio::time::interval(TOKENS_FILE_POLL);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let stop = shutting_down(shutdown);
-        tokio::pin!(stop);
-        loop {
-            tokio::select! {
-                () = &mut stop => return,
-                _ = interval.tick() => {
-                    let file = self.clone();
-                    // Blocking file I/O off the runtime's workers.
-                    let _ = tokio::task::spawn_blocking(move || file.reload()).await;
-                }
-            }
-        }
+        reload_every(TOKENS_FILE_POLL, shutdown, move || self.reload()).await;
     }
 }
 

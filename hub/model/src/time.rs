@@ -34,3 +34,25 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 pub async fn shutting_down(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|s| *s).await;
 }
+
+/// Runs `reload` every `period` (first at once) until shutdown, each run on the blocking
+/// pool: the files the hub re-reads by content are read with blocking I/O, kept off the
+/// runtime's workers.
+pub async fn reload_every(
+    period: std::time::Duration,
+    shutdown: watch::Receiver<bool>,
+    reload: impl Fn() + Clone + Send + 'static,
+) {
+    let mut interval = tokio::time::interval(period);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let stop = shutting_down(shutdown);
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            () = &mut stop => return,
+            _ = interval.tick() => {
+                let _ = tokio::task::spawn_blocking(reload.clone()).await;
+            }
+        }
+    }
+}

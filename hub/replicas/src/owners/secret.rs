@@ -22,7 +22,7 @@ use std::{
 };
 
 use scale_agent_hub_auth::watched_file::{Change, WatchedFile};
-use scale_agent_hub_model::{HubError, Result, time::shutting_down};
+use scale_agent_hub_model::{HubError, Result, time::reload_every};
 
 /// How long the previous secret stays valid after a replica reads a new one: twice the
 /// kubelet's default propagation of a Secret's change to every node (up to about two
@@ -194,20 +194,7 @@ impl RotatingSecret {
         if self.file.is_none() {
             return;
         }
-        let mut interval = tokio::time::interval(period);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let stop = shutting_down(shutdown);
-        tokio::pin!(stop);
-        loop {
-            tokio::select! {
-                () = &mut stop => return,
-                _ = interval.tick() => {
-                    let secret = self.clone();
-                    // Blocking file I/O off the runtime's workers.
-                    let _ = tokio::task::spawn_blocking(move || secret.reload()).await;
-                }
-            }
-        }
+        reload_every(period, shutdown, move || self.reload()).await;
     }
 }
 
