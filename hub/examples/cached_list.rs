@@ -154,6 +154,22 @@ fn list_items_unpacked(
     Ok(items)
 }
 
+/// The objects as the cache holds them.
+fn packed(objects: &[Unpacked]) -> Vec<CachedObject> {
+    objects
+        .iter()
+        .enumerate()
+        .map(|(i, o)| CachedObject {
+            namespace: o.namespace.clone(),
+            name: o.name.clone(),
+            uid: format!("uid-{i}"),
+            resource_version: (100_000 + i).to_string(),
+            json: PackedJson::pack(&o.json),
+            truncated: false,
+        })
+        .collect()
+}
+
 fn median(mut d: Vec<Duration>) -> Duration {
     d.sort();
     d[d.len() / 2]
@@ -211,26 +227,27 @@ fn main() -> anyhow::Result<()> {
             }
         })
         .collect();
-    let packed: Vec<CachedObject> = unpacked
-        .iter()
-        .enumerate()
-        .map(|(i, o)| CachedObject {
-            namespace: o.namespace.clone(),
-            name: o.name.clone(),
-            uid: format!("uid-{i}"),
-            resource_version: (100_000 + i).to_string(),
-            json: PackedJson::pack(&o.json),
-            truncated: false,
+    let packed = packed(&unpacked);
+    let pods_unpacked: Vec<Unpacked> = (0..n)
+        .map(|i| Unpacked {
+            namespace: "shop".into(),
+            name: format!("web-7d4b9c8f5-{i:05x}"),
+            json: pod(i),
         })
         .collect();
+    let pods_packed = self::packed(&pods_unpacked);
     let fields = FieldSelector::default();
     println!();
     println!(
-        "| LIST of {n} ConfigMaps rendered (copy out + list_items), median of {runs} | JSON kept as it is (before) | packed (after) |"
+        "| LIST of {n} objects rendered (copy out + list_items), median of {runs} | JSON kept as it is (before) | packed (after) |"
     );
     println!("|---|---|---|");
-    for selector in ["", "shard=3"] {
+    for (what, selector) in [("ConfigMaps", ""), ("ConfigMaps", "shard=3"), ("Pods", "")] {
         let labels = LabelSelector::parse(selector).context("selector")?;
+        let (unpacked, packed) = match what {
+            "Pods" => (&pods_unpacked, &pods_packed),
+            _ => (&unpacked, &packed),
+        };
         let (mut before, mut after) = (Vec::new(), Vec::new());
         let mut counts = (0, 0);
         for run in 0..runs + 1 {
@@ -270,7 +287,7 @@ fn main() -> anyhow::Result<()> {
             "the two sides rendered {counts:?} items"
         );
         println!(
-            "| {} ({} items) | {:.1} ms | {:.1} ms |",
+            "| {what}, {} ({} items) | {:.1} ms | {:.1} ms |",
             if selector.is_empty() {
                 "no selector".to_string()
             } else {

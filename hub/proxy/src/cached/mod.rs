@@ -15,6 +15,7 @@
 //!   after waiting up to [`READ_WAIT`] for the cache to catch up ([`consistency`]).
 
 pub mod consistency;
+mod members;
 pub mod paging;
 pub mod render;
 pub mod request;
