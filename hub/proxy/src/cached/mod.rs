@@ -64,6 +64,36 @@ pub struct ListContext {
     form: Form,
     /// Set for a Table: the items are its rows.
     table: Option<TableContext>,
+    /// What the list's tokens stay good for.
+    continuity: Continuity,
+}
+
+/// The watch history a list was taken from, and its generation then: the list's tokens are
+/// good while the generation is the same (the kind's events since the list are one
+/// unbroken sequence); a relist, a dropped scope or the account leaving is a real
+/// resourceVersion gap, and the tokens expire (410), as the API server's do once etcd
+/// compacted the list's revision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Continuity {
+    account: String,
+    kind: KindKey,
+    /// The watch scope whose resume point the list was at ("" for the cluster-wide one).
+    scope: String,
+    generation: Option<u64>,
+}
+
+impl Continuity {
+    /// Whether the kind's events since the list are unbroken in `live`'s cache.
+    fn unbroken(&self, live: &Live) -> bool {
+        let Some(slot) = live.cache().account(&self.account) else {
+            return false;
+        };
+        let cache = lock(&slot);
+        cache
+            .kinds
+            .get(&self.kind)
+            .is_some_and(|kind| kind.history(&self.scope).map(|h| h.generation) == self.generation)
+    }
 }
 
 impl ListContext {
@@ -155,6 +185,7 @@ struct Held {
     resource_version: String,
     /// Shared with the cache: copying them out under the state lock is cheap.
     objects: Vec<Arc<CachedObject>>,
+    continuity: Continuity,
 }
 
 /// What the cache can do for a read right now.
@@ -233,7 +264,7 @@ async fn read_from_cache(
         if !paging::is_hub_token(token) || options.resource_version.is_some() {
             return None;
         }
-        return Some(next_page(reads, token, &list_key, options.limit));
+        return Some(next_page(live, reads, token, &list_key, options.limit));
     }
     let deadline = tokio::time::Instant::now() + READ_WAIT;
     let mut advanced = reads.advanced.subscribe();
@@ -281,6 +312,7 @@ async fn read_from_cache(
                 fields: held.fields,
                 form,
                 table,
+                continuity: held.continuity,
             },
             list: list_key,
             resource_version: held.resource_version.clone(),
@@ -392,7 +424,7 @@ fn plan(
     let scope = target.namespace.as_deref().or(fields
         .namespace()
         .filter(|ns| kind.info.namespaced && !ns.is_empty()));
-    let Some(resume) = consistency::synced_resume_point(kind, scope, &omit) else {
+    let Some((watch_scope, resume)) = consistency::synced_scope(kind, scope, &omit) else {
         return Plan::Tunnel("kind not synced for the scope");
     };
     let list = target.name.is_none();
@@ -428,14 +460,38 @@ fn plan(
                 fields,
                 resource_version: resume.to_string(),
                 objects,
+                continuity: Continuity {
+                    account: account.to_string(),
+                    kind: kind.info.key(),
+                    scope: watch_scope.to_string(),
+                    generation: kind.history(watch_scope).map(|h| h.generation),
+                },
             })
         }
     }
 }
 
-fn next_page(reads: &CachedReads, token: &str, list_key: &str, limit: Option<usize>) -> Response {
+fn next_page(
+    live: &Live,
+    reads: &CachedReads,
+    token: &str,
+    list_key: &str,
+    limit: Option<usize>,
+) -> Response {
     let now = Instant::now();
     let found = reads.snapshots().resume(token, list_key, now);
+    // Checked outside the snapshots' lock (it takes the account's).
+    let found = found.and_then(|cursor| {
+        if cursor.snapshot.context.continuity.unbroken(live) {
+            return Ok(cursor);
+        }
+        tracing::debug!(
+            account = %cursor.snapshot.context.continuity.account,
+            "a paged list's kind was relisted since its first page: its token expired"
+        );
+        reads.snapshots().end(cursor);
+        Err(TokenError::Expired)
+    });
     let rendered = found.map(|cursor| {
         let snapshot = cursor.snapshot.clone();
         let page = paging::page(&reads.snapshots, cursor, limit, now, |o| {

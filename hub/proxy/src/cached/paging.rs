@@ -2,12 +2,19 @@
 //! list's objects: pointers to the cached objects of its scope at its resourceVersion, in
 //! the list's order, not copies and not rendered; each page renders only its own items,
 //! and every continue token points into the pinned list, so the pages of one list are
-//! consistent with each other as on the API server. A pinned list costs a pointer per
-//! object (the objects themselves are the cache's, shared; an object replaced meanwhile
-//! stays alive until the list's pages are done or expire). So concurrent big lists do not
-//! push each other out: a token expires when its list is older than the API server's
-//! compaction window, or (only past [`MAX_PINNED`] pointers, 64 million objects) when the
-//! oldest lists are dropped; an expired or unknown token is answered `410 Expired`.
+//! exactly the objects of its resourceVersion, whatever was written meanwhile, as on the
+//! API server. A pinned list costs a pointer per object (the objects themselves are the
+//! cache's, shared; an object replaced meanwhile stays alive until the list's pages are
+//! done). No budget is shared by the lists: one list never expires another.
+//!
+//! A token expires (`410 Expired`, start the list again) only
+//! - on a real resourceVersion gap: the kind's events since the list stopped being one
+//!   unbroken sequence (the agent relisted it, its scope was dropped, the account left); the
+//!   caller checks that when a token comes back ([`Snapshots::end`] drops a list it finds
+//!   broken), as the API server answers 410 once etcd compacted the list's revision;
+//! - or when its list was abandoned: no page asked for [`ABANDONED_AFTER`] (a client that
+//!   stops half-way through a list never says so; the API server's tokens do not outlive
+//!   its compaction window, 5 minutes, either).
 
 use std::{
     collections::BTreeMap,
@@ -17,12 +24,10 @@ use std::{
 
 use bytes::Bytes;
 
-/// How long a list's continue tokens stay valid (the API server's are valid until etcd
-/// compacts their revision, every 5 minutes by default).
-pub const SNAPSHOT_TTL: Duration = Duration::from_secs(300);
-/// The objects all kept lists may pin together (a pointer each); beyond it the oldest
-/// lists are dropped first.
-pub const MAX_PINNED: usize = 64 * 1024 * 1024;
+/// How long a list's tokens stay valid after its last page was asked for.
+pub const ABANDONED_AFTER: Duration = Duration::from_secs(300);
+/// How often at most the kept lists are swept for abandoned ones.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// The prefix that marks a continue token as the hub's (other tokens are the API
 /// server's, from a list the tunnel answered).
 pub const TOKEN_PREFIX: &str = "scale-agent-hub.";
@@ -67,9 +72,11 @@ pub enum TokenError {
 #[derive(Debug)]
 pub struct Snapshots<T, C> {
     next_id: u64,
-    /// By id: (created, snapshot).
+    /// By id: (last page asked for, snapshot).
     kept: BTreeMap<u64, (Instant, Arc<Snapshot<T, C>>)>,
+    /// Pointers the kept lists hold.
     pinned: usize,
+    swept: Option<Instant>,
 }
 
 impl<T, C> Default for Snapshots<T, C> {
@@ -78,6 +85,7 @@ impl<T, C> Default for Snapshots<T, C> {
             next_id: 0,
             kept: BTreeMap::new(),
             pinned: 0,
+            swept: None,
         }
     }
 }
@@ -105,15 +113,28 @@ pub struct Cursor<T, C> {
 }
 
 impl<T, C> Snapshots<T, C> {
+    /// Drops the abandoned lists (at most once per [`SWEEP_EVERY`]).
     fn expire(&mut self, now: Instant) {
-        while let Some((&id, (created, snapshot))) = self.kept.iter().next() {
-            let too_old = now.saturating_duration_since(*created) >= SNAPSHOT_TTL;
-            if !too_old && self.pinned <= MAX_PINNED {
-                break;
-            }
-            self.pinned -= snapshot.objects.len();
-            self.kept.remove(&id);
+        if self
+            .swept
+            .is_some_and(|at| now.saturating_duration_since(at) < SWEEP_EVERY)
+        {
+            return;
         }
+        self.swept = Some(now);
+        let pinned = &mut self.pinned;
+        self.kept.retain(|_, (used, snapshot)| {
+            let abandoned = now.saturating_duration_since(*used) >= ABANDONED_AFTER;
+            if abandoned {
+                *pinned -= snapshot.objects.len();
+            }
+            !abandoned
+        });
+    }
+
+    /// Pointers the kept lists hold (what their tokens cost).
+    pub fn pinned(&self) -> usize {
+        self.pinned
     }
 
     /// The start of a new list. Kept only once its first page leaves items for a token
@@ -132,7 +153,6 @@ impl<T, C> Snapshots<T, C> {
         self.next_id += 1;
         self.pinned += snapshot.objects.len();
         self.kept.insert(id, (now, snapshot.clone()));
-        self.expire(now);
         id
     }
 
@@ -145,15 +165,23 @@ impl<T, C> Snapshots<T, C> {
     ) -> Result<Cursor<T, C>, TokenError> {
         self.expire(now);
         let (id, offset) = parse_token(token).ok_or(TokenError::Expired)?;
-        let (_, snapshot) = self.kept.get(&id).ok_or(TokenError::Expired)?;
+        let (used, snapshot) = self.kept.get_mut(&id).ok_or(TokenError::Expired)?;
         if snapshot.list != list {
             return Err(TokenError::OtherList);
         }
+        *used = now;
         Ok(Cursor {
             id: Some(id),
             offset,
             snapshot: snapshot.clone(),
         })
+    }
+
+    /// Drops the list of `cursor` (a gap found since it was taken): its tokens expire.
+    pub fn end(&mut self, cursor: Cursor<T, C>) {
+        if let Some(id) = cursor.id {
+            self.release(id);
+        }
     }
 
     fn release(&mut self, id: u64) {
@@ -320,6 +348,65 @@ mod tests {
         assert_eq!(s.lock().unwrap().pinned, 200 * 10_000);
     }
 
+    /// No budget is shared by the lists: lists pinning far more pointers than the cap they
+    /// once shared (64 Mi, past which the oldest lists were dropped) all keep their tokens.
+    #[test]
+    fn no_pinned_budget_expires_a_list() {
+        let now = Instant::now();
+        let s = Mutex::new(Snapshots::default());
+        let big = |_| Snapshot {
+            context: (),
+            list: LIST.into(),
+            resource_version: "7".into(),
+            list_type: ("ConfigMapList".into(), "v1".into()),
+            objects: vec![0u8; 1 << 20],
+            count_remaining: true,
+        };
+        let one = |_: &u8| -> Result<Option<Bytes>, Infallible> { Ok(Some(Bytes::new())) };
+        let tokens: Vec<String> = (0..80)
+            .map(|i| {
+                page(&s, Snapshots::start(big(i)), Some(500), now, one)
+                    .unwrap()
+                    .continue_token
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(s.lock().unwrap().pinned(), 80 << 20);
+        for token in &tokens {
+            assert!(s.lock().unwrap().resume(token, LIST, now).is_ok());
+        }
+    }
+
+    /// A list whose pages keep being asked for outlives [`ABANDONED_AFTER`]; one ended (a
+    /// gap found by the caller) expires at once.
+    #[test]
+    fn lists_in_use_stay_and_ended_lists_expire() {
+        let now = Instant::now();
+        let s = Mutex::new(Snapshots::default());
+        let mut cursor = Snapshots::start(snapshot(100));
+        let mut at = now;
+        for _ in 0..5 {
+            let token = page(&s, cursor, Some(10), at, render)
+                .unwrap()
+                .continue_token
+                .unwrap();
+            at += ABANDONED_AFTER / 2;
+            cursor = s.lock().unwrap().resume(&token, LIST, at).unwrap();
+        }
+        assert!(at.duration_since(now) > ABANDONED_AFTER * 2);
+        let token = page(&s, cursor, Some(10), at, render)
+            .unwrap()
+            .continue_token
+            .unwrap();
+        let cursor = s.lock().unwrap().resume(&token, LIST, at).unwrap();
+        s.lock().unwrap().end(cursor);
+        assert_eq!(
+            s.lock().unwrap().resume(&token, LIST, at).unwrap_err(),
+            TokenError::Expired
+        );
+        assert_eq!(s.lock().unwrap().pinned(), 0);
+    }
+
     #[test]
     fn tokens_expire_and_belong_to_their_list() {
         let now = Instant::now();
@@ -334,8 +421,10 @@ mod tests {
             TokenError::OtherList
         );
         assert_eq!(
-            kept.resume(&token, LIST, now + SNAPSHOT_TTL).unwrap_err(),
-            TokenError::Expired
+            kept.resume(&token, LIST, now + ABANDONED_AFTER)
+                .unwrap_err(),
+            TokenError::Expired,
+            "abandoned"
         );
         assert_eq!(
             kept.resume("scale-agent-hub.x", "l", now).unwrap_err(),
