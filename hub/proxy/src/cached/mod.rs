@@ -190,7 +190,8 @@ struct Held {
 
 /// What the cache can do for a read right now.
 enum Plan {
-    Ready(Held),
+    /// Boxed: the other variants are a few words.
+    Ready(Box<Held>),
     /// For the cache to reach a resourceVersion, or to drop an object deleted (`None`).
     WaitFor(Option<u64>),
     Tunnel(&'static str),
@@ -271,7 +272,7 @@ async fn read_from_cache(
     let held = loop {
         advanced.borrow_and_update();
         match plan(live, reads, account, &target, &options) {
-            Plan::Ready(held) => break held,
+            Plan::Ready(held) => break *held,
             Plan::Tunnel(why) => {
                 tracing::debug!(path = %api_path, why, "read tunnelled");
                 return None;
@@ -455,7 +456,7 @@ fn plan(
                     .collect(),
                 None => kind.objects.in_scope(scope).cloned().collect(),
             };
-            Plan::Ready(Held {
+            Plan::Ready(Box::new(Held {
                 info: kind.info.clone(),
                 fields,
                 resource_version: resume.to_string(),
@@ -466,7 +467,7 @@ fn plan(
                     scope: watch_scope.to_string(),
                     generation: kind.history(watch_scope).map(|h| h.generation),
                 },
-            })
+            }))
         }
     }
 }
