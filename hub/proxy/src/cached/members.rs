@@ -2,10 +2,10 @@
 //! each member and its value lie, nothing parsed into values and nothing validated. Only for
 //! JSON known to be a well-formed object (the cache parsed it when it packed it:
 //! `PackedJson::selectable` is `Some`): a list item is the object less two members, or its
-//! metadata alone, and finding those needs no parse of the rest. Scanning is a few times
-//! cheaper than serde_json's `RawValue` parse (which checks every number and string), and
-//! it stops at the members it looks for: the agent's JSON has its keys sorted, so
-//! `apiVersion` and `kind` come before `metadata`, `spec` and `status`.
+//! metadata alone, and finding those needs no parse of the rest. Unlike serde_json's
+//! `RawValue` parse, the scan checks no number or string (the cache already did), and it
+//! stops at the members it looks for: the agent's JSON has its keys sorted, so `apiVersion`
+//! and `kind` come before `metadata`, `spec` and `status`. (Its saving is not measured yet.)
 
 use std::ops::Range;
 
