@@ -5,8 +5,14 @@
 
 use std::{sync::Arc, time::Duration};
 
-use k8s_openapi::api::events::v1::Event;
-use kube::{Api, Client, api::ListParams};
+use k8s_openapi::api::{
+    authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec},
+    events::v1::Event,
+};
+use kube::{
+    Api, Client,
+    api::{ListParams, PostParams},
+};
 use scale_agent_operator::{
     Config, Metrics,
     policy::{Grants, WatchNamespaces},
@@ -111,4 +117,30 @@ pub async fn wait_for_event(
         },
     )
     .await
+}
+
+/// Whether the API server lets ServiceAccount `namespace/name` do what `attributes` say: a
+/// SubjectAccessReview, the API server's own answer (its RBAC), not the operator's.
+pub async fn service_account_may(
+    admin: &Client,
+    (namespace, name): (&str, &str),
+    attributes: ResourceAttributes,
+) -> anyhow::Result<bool> {
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(format!("system:serviceaccount:{namespace}:{name}")),
+            groups: Some(vec![
+                "system:serviceaccounts".into(),
+                format!("system:serviceaccounts:{namespace}"),
+                "system:authenticated".into(),
+            ]),
+            resource_attributes: Some(attributes),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let answer = Api::<SubjectAccessReview>::all(admin.clone())
+        .create(&PostParams::default(), &review)
+        .await?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
 }

@@ -1454,6 +1454,43 @@ async fn kustomize_manifests_render_and_the_operator_rbac_suffices() -> anyhow::
         .delete("anything", &DeleteParams::default())
         .await;
     assert_eq!(api_code(&forbidden), Some(403), "{forbidden:?}");
+    // Granting the agent's Roles there, and the ClusterRoles of its Cluster-scope ScaleAgent
+    // prod: the RoleBinding and the cluster grants rbac.yaml says to add
+    // (e2e/tests/operator_rbac.rs proves what the operator may not do without them).
+    kubectl(
+        control_plane,
+        &[
+            "-n",
+            &ns,
+            "create",
+            "rolebinding",
+            "scale-agent-operator-grants",
+            "--clusterrole=scale-agent-operator-grants",
+            "--serviceaccount=scale-agent-system:scale-agent-operator",
+        ],
+    )?;
+    let names = json!([
+        format!("scale-agent:{ns}:prod"),
+        format!("scale-agent:{ns}:prod:callers")
+    ]);
+    let cluster_grants = json!([{ "op": "add", "path": "/rules", "value": [
+        { "apiGroups": ["rbac.authorization.k8s.io"],
+          "resources": ["clusterroles", "clusterrolebindings"],
+          "verbs": ["patch", "delete"], "resourceNames": names },
+        { "apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"],
+          "verbs": ["escalate", "bind"], "resourceNames": names },
+    ]}]);
+    kubectl(
+        control_plane,
+        &[
+            "patch",
+            "clusterrole",
+            "scale-agent-operator-cluster-grants",
+            "--type=json",
+            "-p",
+            &cluster_grants.to_string(),
+        ],
+    )?;
 
     create_ca_secret(&client, &ns).await?;
     let operator = Operator::start(as_operator, operator_config(&ns));
