@@ -421,12 +421,14 @@ async fn apply_agent(agent: &ScaleAgent, ctx: &Context) -> Result<Action> {
     .await?;
     record_metrics(agent, ctx, &certificate.state, &applied);
     publish_events(agent, ctx, &certificate, &applied, &new_status, wrote).await;
+    let grace_ends = super::hub_status::reconcile(agent, ctx, Some(&deployment), &accepted).await?;
     Ok(next_visit(
         ctx,
         &key(agent),
         &problems,
         &certificate.state,
         now,
+        grace_ends,
     ))
 }
 
@@ -694,19 +696,22 @@ async fn publish_condition_events(
     }
 }
 
-/// Next visit: retry with backoff while degraded, else before the renewal is due.
+/// Next visit: retry with backoff while degraded, else before the renewal is due; and no
+/// later than `grace_ends` (the end of the grace period without a ready agent pod).
 fn next_visit(
     ctx: &Context,
     key: &str,
     problems: &[Problem],
     certificate: &CertificateState,
     now: i64,
+    grace_ends: Option<Duration>,
 ) -> Action {
+    let sooner = |next: Duration| grace_ends.map_or(next, |grace| next.min(grace));
     if !problems.is_empty() {
-        return Action::requeue(ctx.next_backoff(key));
+        return Action::requeue(sooner(ctx.next_backoff(key)));
     }
     ctx.reset_backoff(key);
-    let mut next = ctx.config.resync;
+    let mut next = sooner(ctx.config.resync);
     if let CertificateState::Valid { renew_at, .. } = certificate {
         let until = Duration::from_secs(u64::try_from(renew_at.saturating_sub(now)).unwrap_or(0))
             + Duration::from_secs(1);
@@ -761,6 +766,11 @@ async fn cleanup(agent: &ScaleAgent, ctx: &Context) -> Result<Action> {
         delete_if_exists(&api, &binding.name_any()).await?;
     }
     ctx.reset_backoff(&key(agent));
+    ctx.agent_present(&format!(
+        "{}/{}",
+        agent.namespace().unwrap_or_default(),
+        agent.name_any()
+    ));
     ctx.metrics.certificate(
         &agent.namespace().unwrap_or_default(),
         &agent.name_any(),
