@@ -12,13 +12,13 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::{
-    Api, Client,
+    Api,
     api::{Patch, PatchParams},
 };
 use scale_agent_crds::{AGENT_FIELD_MANAGER, AgentAccount, ScaleAgent};
 use scale_agent_e2e::{
     ControlPlane, ControlPlaneOptions, crds,
-    operator::Operator,
+    operator::{Operator, apply_in},
     wait::{EVERY, wait_for_within},
 };
 use scale_agent_operator::controller::hub_status::HUB_FIELD_MANAGER;
@@ -47,25 +47,6 @@ fn scale_agent(node_selector: Option<Value>) -> Value {
         "apiVersion": "scaleagent.dev/v1alpha1", "kind": "ScaleAgent",
         "metadata": { "name": "prod" }, "spec": spec,
     })
-}
-
-async fn apply<K>(client: &Client, namespace: &str, value: &Value) -> anyhow::Result<()>
-where
-    K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + serde::Serialize,
-{
-    let name = value["metadata"]["name"].as_str().unwrap_or_default();
-    Api::<K>::namespaced(client.clone(), namespace)
-        .patch(
-            name,
-            &PatchParams::apply("scale-agent-e2e").force(),
-            &Patch::Apply(value),
-        )
-        .await?;
-    Ok(())
 }
 
 /// What a streaming agent replica writes: the hub's verdict, with the agent's field manager.
@@ -135,7 +116,7 @@ async fn an_account_without_a_ready_agent_pod_says_unknown_until_the_agent_write
     let deployments = Api::<Deployment>::namespaced(client.clone(), &ns);
 
     // An agent that ran and streamed: its last verdict is ACTIVE.
-    apply::<AgentAccount>(
+    apply_in::<AgentAccount>(
         &client,
         &ns,
         &json!({
@@ -147,7 +128,7 @@ async fn an_account_without_a_ready_agent_pod_says_unknown_until_the_agent_write
     .await?;
     // Its pod can be scheduled nowhere: no agent pod is ever ready.
     let nowhere = json!({ "scale-agent-e2e/pool": "nowhere" });
-    apply::<ScaleAgent>(&client, &ns, &scale_agent(Some(nowhere))).await?;
+    apply_in::<ScaleAgent>(&client, &ns, &scale_agent(Some(nowhere))).await?;
     let config = scale_agent_operator::Config {
         agent_absent_grace: GRACE,
         ..Operator::config(&ns)
@@ -207,7 +188,7 @@ async fn an_account_without_a_ready_agent_pod_says_unknown_until_the_agent_write
     assert!(account.status.as_ref().is_some_and(|s| s.accepted));
 
     // The pod can run again: KWOK makes it Ready, and the agent's first write is the state.
-    apply::<ScaleAgent>(&client, &ns, &scale_agent(None)).await?;
+    apply_in::<ScaleAgent>(&client, &ns, &scale_agent(None)).await?;
     wait_for_within("an agent pod ready", TIMEOUT, EVERY, || async {
         Ok((ready_pods(&deployments).await? > 0).then_some(()))
     })
@@ -233,7 +214,7 @@ async fn an_account_without_a_ready_agent_pod_says_unknown_until_the_agent_write
         if !touched && ready_since.elapsed() > GRACE / 2 {
             let mut agent = scale_agent(None);
             agent["metadata"]["annotations"] = json!({ "e2e/poke": "1" });
-            apply::<ScaleAgent>(&client, &ns, &agent).await?;
+            apply_in::<ScaleAgent>(&client, &ns, &agent).await?;
             touched = true;
         }
         let account = accounts.get("web").await?;

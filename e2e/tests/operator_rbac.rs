@@ -19,7 +19,7 @@ use k8s_openapi::api::{
 };
 use kube::{
     Api, Client,
-    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    api::{DeleteParams, ListParams, PostParams},
 };
 use scale_agent_crds::{
     AgentAccount, ScaleAgent,
@@ -27,7 +27,10 @@ use scale_agent_crds::{
 };
 use scale_agent_e2e::{
     ControlPlane, ControlPlaneOptions, crds,
-    operator::{Operator, service_account_may},
+    operator::{
+        Operator, apply_in, bind_operator, list_in_cluster_grants, service_account_may,
+        shipped_operator,
+    },
     wait::wait_for,
 };
 use scale_agent_operator::policy::Grants;
@@ -37,20 +40,6 @@ const OPERATOR: (&str, &str) = ("scale-agent-system", "scale-agent-operator");
 
 fn control_plane() -> anyhow::Result<&'static ControlPlane> {
     Ok(ControlPlane::shared_with(ControlPlaneOptions::default)?)
-}
-
-fn kubectl(control_plane: &ControlPlane, args: &[&str]) -> anyhow::Result<String> {
-    let output = std::process::Command::new(control_plane.binaries().kubectl())
-        .arg("--kubeconfig")
-        .arg(control_plane.kubeconfig_path())
-        .args(args)
-        .output()?;
-    anyhow::ensure!(
-        output.status.success(),
-        "kubectl {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(String::from_utf8(output.stdout)?)
 }
 
 fn scale_agent(name: &str, spec: Value) -> Value {
@@ -72,28 +61,6 @@ fn agent_account(name: &str, spec: Value) -> Value {
         "apiVersion": "scaleagent.dev/v1alpha1", "kind": "AgentAccount",
         "metadata": { "name": name }, "spec": spec,
     })
-}
-
-async fn apply<K>(client: &Client, namespace: &str, value: Value) -> anyhow::Result<()>
-where
-    K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + serde::Serialize,
-{
-    let name = value["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    Api::<K>::namespaced(client.clone(), namespace)
-        .patch(
-            &name,
-            &PatchParams::apply("scale-agent-e2e").force(),
-            &Patch::Apply(&value),
-        )
-        .await?;
-    Ok(())
 }
 
 /// A `rbac.authorization.k8s.io` request of `verb` on `resource` named `name`, in
@@ -148,72 +115,29 @@ async fn the_shipped_rbac_grants_every_shape_and_escalates_nothing_else() -> any
     // The shipped RBAC, as a user applies it, and the bindings rbac.yaml says to add: the
     // test namespace is watched (namespaced + grants), `granted` is grantable (grants only),
     // and ScaleAgent ns/wide is listed in the cluster grants with the documented patch.
-    let operator_dir = crds::manifests_dir()
-        .parent()
-        .map(|root| root.join("operator"))
-        .ok_or_else(|| anyhow::anyhow!("no manifests directory"))?;
-    kubectl(
-        control_plane,
-        &[
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "-k",
-            &operator_dir.to_string_lossy(),
-        ],
-    )?;
-    let service_account = format!("{}:{}", OPERATOR.0, OPERATOR.1);
-    for (namespace, role) in [
-        (&ns, "scale-agent-operator"),
-        (&ns, "scale-agent-operator-grants"),
-        (&granted, "scale-agent-operator-grants"),
+    let as_operator = shipped_operator(control_plane, &admin).await?;
+    for (namespace, binding, cluster_role) in [
+        (
+            &ns,
+            "scale-agent-operator",
+            "scale-agent-operator-namespaced",
+        ),
+        (
+            &ns,
+            "scale-agent-operator-grants",
+            "scale-agent-operator-grants",
+        ),
+        (
+            &granted,
+            "scale-agent-operator-grants",
+            "scale-agent-operator-grants",
+        ),
     ] {
-        kubectl(
-            control_plane,
-            &[
-                "-n",
-                namespace,
-                "create",
-                "rolebinding",
-                role,
-                &format!(
-                    "--clusterrole={}",
-                    if role == "scale-agent-operator" {
-                        "scale-agent-operator-namespaced"
-                    } else {
-                        role
-                    }
-                ),
-                &format!("--serviceaccount={service_account}"),
-            ],
-        )?;
+        bind_operator(control_plane, namespace, binding, cluster_role)?;
     }
     let wide = format!("scale-agent:{ns}:wide");
     let wide_callers = format!("{wide}:callers");
-    let names = json!([wide, wide_callers]);
-    let cluster_grants = json!([{ "op": "add", "path": "/rules", "value": [
-        { "apiGroups": ["rbac.authorization.k8s.io"],
-          "resources": ["clusterroles", "clusterrolebindings"],
-          "verbs": ["patch", "delete"], "resourceNames": names },
-        { "apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"],
-          "verbs": ["escalate", "bind"], "resourceNames": names },
-    ]}]);
-    kubectl(
-        control_plane,
-        &[
-            "patch",
-            "clusterrole",
-            "scale-agent-operator-cluster-grants",
-            "--type=json",
-            "-p",
-            &cluster_grants.to_string(),
-        ],
-    )?;
-
-    let token = control_plane
-        .service_account_token(&admin, OPERATOR.0, OPERATOR.1)
-        .await?;
-    let as_operator = control_plane.client_for_token(&token).await?;
+    list_in_cluster_grants(control_plane, &ns, "wide")?;
 
     // What the operator's RBAC no longer lets it do, asked of the API server.
     let may = |attributes: ResourceAttributes| service_account_may(&admin, OPERATOR, attributes);
@@ -318,46 +242,46 @@ async fn the_shipped_rbac_grants_every_shape_and_escalates_nothing_else() -> any
         ..Operator::config(&ns)
     };
     let operator = Operator::start(as_operator, config);
-    apply::<ScaleAgent>(
+    apply_in::<ScaleAgent>(
         &admin,
         &ns,
-        scale_agent("wide", json!({ "access": "Deploy" })),
+        &scale_agent("wide", json!({ "access": "Deploy" })),
     )
     .await?;
-    apply::<AgentAccount>(
+    apply_in::<AgentAccount>(
         &admin,
         &ns,
-        agent_account(
+        &agent_account(
             "wide-people",
             json!({ "agentRef": "wide", "accountName": format!("{ns}-wide"), "kinds": ["ConfigMap"],
                     "callers": "impersonate", "callerUsers": ["alice"] }),
         ),
     )
     .await?;
-    apply::<ScaleAgent>(
+    apply_in::<ScaleAgent>(
         &admin,
         &ns,
-        scale_agent(
+        &scale_agent(
             "narrow",
             json!({ "scope": { "type": "Namespaces", "namespaces": [ns, granted] } }),
         ),
     )
     .await?;
-    apply::<AgentAccount>(
+    apply_in::<AgentAccount>(
         &admin,
         &ns,
-        agent_account(
+        &agent_account(
             "narrow-deployer",
             json!({ "agentRef": "narrow", "accountName": format!("{ns}-narrow"), "kinds": ["ConfigMap"],
                     "impersonateServiceAccount": { "namespace": ns, "name": "spinnaker" } }),
         ),
     )
     .await?;
-    apply::<ScaleAgent>(&admin, &ns, scale_agent("unlisted", json!({}))).await?;
-    apply::<ScaleAgent>(
+    apply_in::<ScaleAgent>(&admin, &ns, &scale_agent("unlisted", json!({}))).await?;
+    apply_in::<ScaleAgent>(
         &admin,
         &ns,
-        scale_agent(
+        &scale_agent(
             "elsewhere",
             json!({ "scope": { "type": "Namespaces", "namespaces": [unbound] } }),
         ),
