@@ -83,7 +83,7 @@ fn owned_hub_fields(account: &AgentAccount, manager: &str) -> Vec<String> {
         .filter(|entry| entry.manager.as_deref() == Some(manager))
         .filter_map(|entry| entry.fields_v1.as_ref())
         .filter_map(|fields| fields.0.pointer("/f:status/f:hub")?.as_object())
-        .flat_map(|hub| hub.keys().cloned())
+        .flat_map(|hub| hub.keys().filter(|key| *key != ".").cloned())
         .collect()
 }
 

@@ -69,11 +69,12 @@ pub fn absent_reason(agent: &ScaleAgent, deployment: Option<&Deployment>, since:
     };
     format!(
         // troubleshooting: AgentAccount `status.hub.state` `Unknown`, "no agent pod of ScaleAgent … is ready"
-        // No pod of the agent's Deployment has been ready for the operator's grace period (a
-        // minute): nothing streams the account, and the hub's state of it is unknown (after its
-        // own grace period the hub says ORPHANED). Look at the agent's pods and Deployment: image
-        // pull errors, crash loops, unschedulable pods, a quota. The agent's own value returns
-        // with its first write once a pod streams again.
+        // No pod of the agent's Deployment has been ready for the operator's grace period
+        // (`--agent-absent-grace-seconds`, a minute by default): nothing streams the account, and
+        // the hub's state of it is unknown (after its own grace period the hub says ORPHANED).
+        // Look at the agent's pods and Deployment: image pull errors, crash loops, unschedulable
+        // pods, a quota. The agent's own value returns with its first write once a pod streams
+        // again.
         "no agent pod of ScaleAgent {namespace}/{name} is ready since {since} ({pods}): nothing \
          streams this account to the hub, so its state there is unknown (the hub says ORPHANED \
          after its grace period without an agent). Check the agent's pods and Deployment: \
