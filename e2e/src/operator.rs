@@ -35,7 +35,11 @@ pub struct Operator {
 impl Operator {
     /// The tests' configuration: only `namespace` watched, Roles grantable in every
     /// namespace but the reserved ones (the tests give agents rights in namespaces of their
-    /// own), retries from 500 ms to 4 s, and an instance label of its own.
+    /// own), retries from 500 ms to 4 s, an instance label of its own, and an hour before an
+    /// AgentAccount's `status.hub` says no agent pod is ready: most tests run their agents
+    /// as local processes ([`crate::local_agent`]) beside a Deployment whose pods never run,
+    /// which the operator cannot tell from an absent agent (`operator_hub_status.rs` sets
+    /// its own).
     pub fn config(namespace: &str) -> Config {
         Config {
             watch_namespaces: WatchNamespaces::Only([namespace.to_owned()].into()),
@@ -43,6 +47,7 @@ impl Operator {
             retry_base: Duration::from_millis(500),
             retry_max: Duration::from_secs(4),
             instance: Some(format!("e2e-{namespace}")),
+            agent_absent_grace: Duration::from_secs(3600),
             ..Config::default()
         }
     }
