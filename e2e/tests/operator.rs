@@ -35,7 +35,9 @@ use scale_agent_crds::{
     },
 };
 use scale_agent_e2e::{
-    ControlPlane, ControlPlaneOptions, crds, operator::Operator, pki::CertificateAuthority,
+    ControlPlane, ControlPlaneOptions, crds,
+    operator::{self, Operator, kubectl},
+    pki::CertificateAuthority,
     wait::wait_for,
 };
 use scale_agent_operator::{Config, pki};
@@ -229,20 +231,6 @@ fn assert_owned_by<K: Resource>(obj: &K, owner: &ScaleAgent) {
         "{:?} is not controlled by the ScaleAgent: {refs:?}",
         obj.meta().name
     );
-}
-
-fn kubectl(control_plane: &ControlPlane, args: &[&str]) -> anyhow::Result<String> {
-    let output = std::process::Command::new(control_plane.binaries().kubectl())
-        .arg("--kubeconfig")
-        .arg(control_plane.kubeconfig_path())
-        .args(args)
-        .output()?;
-    anyhow::ensure!(
-        output.status.success(),
-        "kubectl {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(String::from_utf8(output.stdout)?)
 }
 
 /// Creates an empty ConfigMap `name` in `namespace` as `client`; the API server's answer.
@@ -1415,21 +1403,7 @@ async fn kustomize_manifests_render_and_the_operator_rbac_suffices() -> anyhow::
             );
         }
     }
-    let operator_dir = root.join("operator");
-    kubectl(
-        control_plane,
-        &[
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "-k",
-            &operator_dir.to_string_lossy(),
-        ],
-    )?;
-    let token = control_plane
-        .service_account_token(&client, "scale-agent-system", "scale-agent-operator")
-        .await?;
-    let as_operator = control_plane.client_for_token(&token).await?;
+    let as_operator = operator::shipped_operator(control_plane, &client).await?;
     // The operator's token really is restricted: no Secrets outside the namespaces it
     // watches, and none deleted anywhere.
     let forbidden = Api::<Secret>::namespaced(as_operator.clone(), &ns)
@@ -1438,22 +1412,26 @@ async fn kustomize_manifests_render_and_the_operator_rbac_suffices() -> anyhow::
     assert_eq!(api_code(&forbidden), Some(403), "{forbidden:?}");
     // Watching the test's namespace: the RoleBinding manifests/operator/rbac.yaml says to
     // add for each namespace in --watch-namespaces.
-    kubectl(
+    operator::bind_operator(
         control_plane,
-        &[
-            "-n",
-            &ns,
-            "create",
-            "rolebinding",
-            "scale-agent-operator",
-            "--clusterrole=scale-agent-operator-namespaced",
-            "--serviceaccount=scale-agent-system:scale-agent-operator",
-        ],
+        &ns,
+        "scale-agent-operator",
+        "scale-agent-operator-namespaced",
     )?;
     let forbidden = Api::<Secret>::namespaced(as_operator.clone(), &ns)
         .delete("anything", &DeleteParams::default())
         .await;
     assert_eq!(api_code(&forbidden), Some(403), "{forbidden:?}");
+    // Granting the agent's Roles there, and the ClusterRoles of its Cluster-scope ScaleAgent
+    // prod: the RoleBinding and the cluster grants rbac.yaml says to add
+    // (e2e/tests/operator_rbac.rs proves what the operator may not do without them).
+    operator::bind_operator(
+        control_plane,
+        &ns,
+        "scale-agent-operator-grants",
+        "scale-agent-operator-grants",
+    )?;
+    operator::list_in_cluster_grants(control_plane, &ns, "prod")?;
 
     create_ca_secret(&client, &ns).await?;
     let operator = Operator::start(as_operator, operator_config(&ns));

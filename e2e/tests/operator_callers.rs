@@ -6,17 +6,16 @@
 //! refuses `callers: impersonate` without `callerUsers` or `callerGroups`, and a prefix that
 //! could name the cluster's own groups.
 
-use k8s_openapi::api::{
-    authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec},
-    rbac::v1::ClusterRole,
-};
+use k8s_openapi::api::{authorization::v1::ResourceAttributes, rbac::v1::ClusterRole};
 use kube::{
     Api, Client,
     api::{Patch, PatchParams, PostParams},
 };
 use scale_agent_crds::{AgentAccount, ScaleAgent};
 use scale_agent_e2e::{
-    ControlPlane, ControlPlaneOptions, crds, operator::Operator, wait::wait_for,
+    ControlPlane, ControlPlaneOptions, crds,
+    operator::{self, Operator},
+    wait::wait_for,
 };
 use serde_json::json;
 
@@ -28,32 +27,17 @@ fn control_plane() -> anyhow::Result<&'static ControlPlane> {
 /// named `target`: cluster-wide, as the API server checks impersonation.
 async fn may_impersonate(
     admin: &Client,
-    (namespace, name): (&str, &str),
+    service_account: (&str, &str),
     resource: &str,
     target: &str,
 ) -> anyhow::Result<bool> {
-    let review = SubjectAccessReview {
-        spec: SubjectAccessReviewSpec {
-            user: Some(format!("system:serviceaccount:{namespace}:{name}")),
-            groups: Some(vec![
-                "system:serviceaccounts".into(),
-                format!("system:serviceaccounts:{namespace}"),
-                "system:authenticated".into(),
-            ]),
-            resource_attributes: Some(ResourceAttributes {
-                verb: Some("impersonate".into()),
-                resource: Some(resource.into()),
-                name: Some(target.into()),
-                ..Default::default()
-            }),
-            ..Default::default()
-        },
+    let attributes = ResourceAttributes {
+        verb: Some("impersonate".into()),
+        resource: Some(resource.into()),
+        name: Some(target.into()),
         ..Default::default()
     };
-    let answer = Api::<SubjectAccessReview>::all(admin.clone())
-        .create(&PostParams::default(), &review)
-        .await?;
-    Ok(answer.status.is_some_and(|s| s.allowed))
+    operator::service_account_may(admin, service_account, attributes).await
 }
 
 fn account(name: &str, spec: serde_json::Value) -> anyhow::Result<AgentAccount> {

@@ -6,10 +6,7 @@
 //! kube-system controller to impersonate is not accepted and gets no Role. The agent's
 //! ServiceAccount is asked of the API server (SubjectAccessReview), not of the operator.
 
-use k8s_openapi::api::{
-    authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec},
-    rbac::v1::Role,
-};
+use k8s_openapi::api::{authorization::v1::ResourceAttributes, rbac::v1::Role};
 use kube::{
     Api, Client,
     api::{ListParams, PostParams},
@@ -20,7 +17,7 @@ use scale_agent_crds::{
 };
 use scale_agent_e2e::{
     ControlPlane, ControlPlaneOptions, crds,
-    operator::{Operator, wait_for_event},
+    operator::{self, Operator, wait_for_event},
     wait::wait_for,
 };
 use scale_agent_operator::policy::Grants;
@@ -34,35 +31,20 @@ fn control_plane() -> anyhow::Result<&'static ControlPlane> {
 /// (named `resource_name`, if any) in `in_namespace`.
 async fn service_account_may(
     admin: &Client,
-    (namespace, name): (&str, &str),
+    service_account: (&str, &str),
     verb: &str,
     resource: &str,
     in_namespace: &str,
     resource_name: Option<&str>,
 ) -> anyhow::Result<bool> {
-    let review = SubjectAccessReview {
-        spec: SubjectAccessReviewSpec {
-            user: Some(format!("system:serviceaccount:{namespace}:{name}")),
-            groups: Some(vec![
-                "system:serviceaccounts".into(),
-                format!("system:serviceaccounts:{namespace}"),
-                "system:authenticated".into(),
-            ]),
-            resource_attributes: Some(ResourceAttributes {
-                namespace: Some(in_namespace.into()),
-                verb: Some(verb.into()),
-                resource: Some(resource.into()),
-                name: resource_name.map(str::to_owned),
-                ..Default::default()
-            }),
-            ..Default::default()
-        },
+    let attributes = ResourceAttributes {
+        namespace: Some(in_namespace.into()),
+        verb: Some(verb.into()),
+        resource: Some(resource.into()),
+        name: resource_name.map(str::to_owned),
         ..Default::default()
     };
-    let answer = Api::<SubjectAccessReview>::all(admin.clone())
-        .create(&PostParams::default(), &review)
-        .await?;
-    Ok(answer.status.is_some_and(|s| s.allowed))
+    operator::service_account_may(admin, service_account, attributes).await
 }
 
 /// The operator's Roles for ScaleAgent `ns/prod` in `namespace`.

@@ -314,6 +314,8 @@ async fn the_chart_installs_and_agents_connect_on_a_real_node() -> anyhow::Resul
 
     // As the README installs it: the hub's Secret first, then the chart with the hub on.
     cli.kubectl(&["create", "namespace", NAMESPACE])?;
+    // Before the chart: it binds the operator's grants in each grantable namespace.
+    cli.kubectl(&["create", "namespace", "team-a"])?;
     hub_tls_secret(&cli, NAMESPACE, &dir)?;
     hub_volume(&cli, NAMESPACE, &dir)?;
     let chart = repo_root().join("manifests/helm/scale-agent");
@@ -419,7 +421,6 @@ async fn the_chart_installs_and_agents_connect_on_a_real_node() -> anyhow::Resul
         "-o",
         "jsonpath={.spec.clusterIP}",
     ])?;
-    cli.kubectl(&["create", "namespace", "team-a"])?;
     cli.apply(&format!(
         "apiVersion: scaleagent.dev/v1alpha1
 kind: ScaleAgent

@@ -42,6 +42,15 @@ struct Args {
     )]
     retry_max_seconds: u64,
 
+    /// How long no pod of a ScaleAgent's agent may be ready before its AgentAccounts'
+    /// status.hub says state Unknown and why, in seconds.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_OPERATOR_AGENT_ABSENT_GRACE_SECONDS",
+        default_value_t = 60
+    )]
+    agent_absent_grace_seconds: u64,
+
     /// Reconcile ScaleAgents and AgentAccounts only in these namespaces (comma-separated),
     /// or `*` for every namespace; those elsewhere get a condition saying so. Default: the
     /// operator's own namespace (its pod's, or the kubeconfig context's).
@@ -198,6 +207,7 @@ async fn run_from_args(args: Args) -> anyhow::Result<()> {
             .map(Duration::from_secs),
         resync: Duration::from_secs(args.resync_seconds),
         retry_max: Duration::from_secs(args.retry_max_seconds),
+        agent_absent_grace: Duration::from_secs(args.agent_absent_grace_seconds),
         instance: args.instance,
         watch_namespaces: WatchNamespaces::parse(&watch_namespaces).map_err(anyhow::Error::msg)?,
         allowed_image_prefixes,

@@ -3,6 +3,7 @@
 pub mod agent_account;
 #[cfg(test)]
 pub(crate) mod fixtures;
+pub mod hub_status;
 pub mod scale_agent;
 pub mod unwatched;
 
@@ -96,6 +97,9 @@ pub struct Config {
     /// [`crate::policy::Grants`]). Default: a ScaleAgent's own namespace only, never the
     /// reserved namespaces.
     pub grants: policy::Grants,
+    /// How long no agent pod of a ScaleAgent may be ready before its AgentAccounts'
+    /// `status.hub` says so (see [`hub_status`]).
+    pub agent_absent_grace: Duration,
 }
 
 impl Default for Config {
@@ -110,6 +114,7 @@ impl Default for Config {
             allowed_image_prefixes: policy::default_image_prefixes(),
             allow_operator_signed_certificates: false,
             grants: policy::Grants::default(),
+            agent_absent_grace: hub_status::DEFAULT_AGENT_ABSENT_GRACE,
         }
     }
 }
@@ -131,6 +136,8 @@ pub struct Context {
     accounts: Vec<AccountCache>,
     /// The kinds the cluster serves, and when discovery said so.
     served: tokio::sync::Mutex<Option<(Instant, Arc<Vec<rbac::ServedKind>>)>>,
+    /// When this process first saw no ready agent pod, per ScaleAgent (`namespace/name`).
+    absent_since: Mutex<HashMap<String, k8s_openapi::jiff::Timestamp>>,
 }
 
 impl Context {
@@ -153,7 +160,32 @@ impl Context {
             failures: Mutex::default(),
             accounts,
             served: tokio::sync::Mutex::default(),
+            absent_since: Mutex::default(),
         }
+    }
+
+    /// When no agent pod of ScaleAgent `key` was first seen ready by this process, `now`
+    /// (to the second) if this is the first time.
+    pub fn agent_absent_since(
+        &self,
+        key: &str,
+        now: k8s_openapi::jiff::Timestamp,
+    ) -> k8s_openapi::jiff::Timestamp {
+        let mut absent = self
+            .absent_since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *absent.entry(key.to_owned()).or_insert_with(|| {
+            k8s_openapi::jiff::Timestamp::from_second(now.as_second()).unwrap_or(now)
+        })
+    }
+
+    /// ScaleAgent `key` has a ready agent pod (or is gone).
+    pub fn agent_present(&self, key: &str) {
+        self.absent_since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(key);
     }
 
     /// The readable AgentAccounts in the watched namespaces, from the controllers' cache,

@@ -5,6 +5,7 @@
 
 mod callers;
 mod certificate;
+mod grants;
 
 use std::{
     collections::BTreeSet,
@@ -23,7 +24,7 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 use kube::{
-    Api, Client, Resource, ResourceExt,
+    Api, Resource, ResourceExt,
     core::DeserializeGuard,
     runtime::{
         controller::Action,
@@ -37,12 +38,15 @@ use scale_agent_crds::{
     v1alpha1::{Mode, ScaleAgentStatus},
 };
 
-use self::certificate::{CertificatePlan, plan_certificate};
+use self::{
+    certificate::{CertificatePlan, plan_certificate},
+    grants::InNamespace,
+};
 use super::Context;
 use crate::{
     apply::{Outcome, apply, delete_if_exists, list},
     desired::{self, FINALIZER},
-    error::{Chain, Error, Result, is_not_found, kube_err},
+    error::{Chain, Error, Result, kube_err},
     policy, rbac,
     status::{self, CertificateState, Observed, Problem},
     validate,
@@ -255,17 +259,15 @@ async fn reconcile_rbac(
         let kinds: Vec<rbac::AccountKinds> = accounts.into_iter().map(|(_, kinds)| kinds).collect();
         let mut rules = rbac::rules(&kinds, true, &groups);
         rules.extend(rbac::metrics_rule(pod_metrics, true));
-        let (role, binding) = desired::cluster_rbac(agent, rules);
-        note(
+        grants::apply_cluster(
+            agent,
+            client,
+            desired::cluster_rbac(agent, rules),
+            "spec.scope.type Cluster, the default",
             applied,
-            apply(&cluster_roles, &role).await?.1,
-            "ClusterRole",
-        );
-        note(
-            applied,
-            apply(&cluster_bindings, &binding).await?.1,
-            "ClusterRoleBinding",
-        );
+            problems,
+        )
+        .await?;
     } else {
         delete_existing(&cluster_bindings, &name).await?;
         delete_existing(&cluster_roles, &name).await?;
@@ -275,7 +277,9 @@ async fn reconcile_rbac(
         for namespace in &want_namespaces {
             let rules = namespace_rules(&accounts, namespace, &groups);
             let rbac = desired::namespaced_rbac(agent, namespace, rules)?;
-            if !apply_in_namespace(client, namespace, rbac, applied).await? {
+            let outcome =
+                grants::apply_in_namespace(client, namespace, rbac, applied, problems).await?;
+            if outcome == InNamespace::NamespaceNotFound {
                 problems.push(Problem {
                     reason: "NamespaceNotFound",
                     message: format!(
@@ -313,7 +317,9 @@ async fn reconcile_rbac(
     };
     for (namespace, service_accounts) in &impersonated {
         let rbac = desired::impersonation_rbac(agent, namespace, service_accounts)?;
-        if !apply_in_namespace(client, namespace, rbac, applied).await? {
+        let outcome =
+            grants::apply_in_namespace(client, namespace, rbac, applied, problems).await?;
+        if outcome == InNamespace::NamespaceNotFound {
             problems.push(Problem {
                 reason: "NamespaceNotFound",
                 message: format!(
@@ -332,7 +338,7 @@ async fn reconcile_rbac(
     }
     // The right to impersonate exactly the people the accounts admit (`callers:
     // impersonate`), cluster-wide as users and groups are.
-    callers::reconcile(agent, client, agent_mode, accepted, applied).await?;
+    callers::reconcile(agent, client, agent_mode, accepted, applied, problems).await?;
     // Roles no longer wanted: namespaces the scope no longer lists (or all of them for
     // Cluster scope), and impersonation no account asks for any more.
     let roles_everywhere = Api::<Role>::all(client.clone());
@@ -352,25 +358,6 @@ async fn reconcile_rbac(
         }
     }
     Ok(())
-}
-
-/// Applies a Role and then its RoleBinding in `namespace`; `false` (nothing applied) when the
-/// namespace does not exist.
-async fn apply_in_namespace(
-    client: &Client,
-    namespace: &str,
-    (role, binding): (Role, RoleBinding),
-    applied: &mut Vec<String>,
-) -> Result<bool> {
-    let roles = Api::<Role>::namespaced(client.clone(), namespace);
-    match apply(&roles, &role).await {
-        Ok((_, outcome)) => note(applied, outcome, "Role"),
-        Err(Error::Kube { source, .. }) if is_not_found(&source) => return Ok(false),
-        Err(e) => return Err(e),
-    }
-    let bindings = Api::<RoleBinding>::namespaced(client.clone(), namespace);
-    note(applied, apply(&bindings, &binding).await?.1, "RoleBinding");
-    Ok(true)
 }
 
 /// Deletes a cluster-scoped object only when it exists (a read, not a write, otherwise).
@@ -434,12 +421,14 @@ async fn apply_agent(agent: &ScaleAgent, ctx: &Context) -> Result<Action> {
     .await?;
     record_metrics(agent, ctx, &certificate.state, &applied);
     publish_events(agent, ctx, &certificate, &applied, &new_status, wrote).await;
+    let grace_ends = super::hub_status::reconcile(agent, ctx, Some(&deployment), &accepted).await?;
     Ok(next_visit(
         ctx,
         &key(agent),
         &problems,
         &certificate.state,
         now,
+        grace_ends,
     ))
 }
 
@@ -707,19 +696,22 @@ async fn publish_condition_events(
     }
 }
 
-/// Next visit: retry with backoff while degraded, else before the renewal is due.
+/// Next visit: retry with backoff while degraded, else before the renewal is due; and no
+/// later than `grace_ends` (the end of the grace period without a ready agent pod).
 fn next_visit(
     ctx: &Context,
     key: &str,
     problems: &[Problem],
     certificate: &CertificateState,
     now: i64,
+    grace_ends: Option<Duration>,
 ) -> Action {
+    let sooner = |next: Duration| grace_ends.map_or(next, |grace| next.min(grace));
     if !problems.is_empty() {
-        return Action::requeue(ctx.next_backoff(key));
+        return Action::requeue(sooner(ctx.next_backoff(key)));
     }
     ctx.reset_backoff(key);
-    let mut next = ctx.config.resync;
+    let mut next = sooner(ctx.config.resync);
     if let CertificateState::Valid { renew_at, .. } = certificate {
         let until = Duration::from_secs(u64::try_from(renew_at.saturating_sub(now)).unwrap_or(0))
             + Duration::from_secs(1);
@@ -755,9 +747,12 @@ async fn cleanup(agent: &ScaleAgent, ctx: &Context) -> Result<Action> {
     let name = desired::rbac_name(agent);
     let selector = desired::rbac_selector(agent);
     let callers = desired::callers::callers_rbac_name(agent);
+    // Looked at before deleted: the operator may delete only the ClusterRoles of the
+    // ScaleAgents listed in its cluster grants, and a DELETE of any other name is refused
+    // (403) before the API server would say it does not exist.
     for name in [&name, &callers] {
-        delete_if_exists(&Api::<ClusterRoleBinding>::all(client.clone()), name).await?;
-        delete_if_exists(&Api::<ClusterRole>::all(client.clone()), name).await?;
+        delete_existing(&Api::<ClusterRoleBinding>::all(client.clone()), name).await?;
+        delete_existing(&Api::<ClusterRole>::all(client.clone()), name).await?;
     }
     for role in list(&Api::<Role>::all(client.clone()), &selector).await? {
         let api = Api::<Role>::namespaced(client.clone(), &role.namespace().unwrap_or_default());
@@ -771,6 +766,11 @@ async fn cleanup(agent: &ScaleAgent, ctx: &Context) -> Result<Action> {
         delete_if_exists(&api, &binding.name_any()).await?;
     }
     ctx.reset_backoff(&key(agent));
+    ctx.agent_present(&format!(
+        "{}/{}",
+        agent.namespace().unwrap_or_default(),
+        agent.name_any()
+    ));
     ctx.metrics.certificate(
         &agent.namespace().unwrap_or_default(),
         &agent.name_any(),

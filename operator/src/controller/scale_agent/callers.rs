@@ -7,8 +7,8 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::{Api, Client};
 use scale_agent_crds::{AgentAccount, ScaleAgent};
 
-use super::{delete_existing, note};
-use crate::{apply::apply, desired, error::Result};
+use super::{delete_existing, grants};
+use crate::{desired, error::Result, status::Problem};
 
 pub(super) async fn reconcile(
     agent: &ScaleAgent,
@@ -16,6 +16,7 @@ pub(super) async fn reconcile(
     agent_mode: bool,
     accepted: &[&AgentAccount],
     applied: &mut Vec<String>,
+    problems: &mut Vec<Problem>,
 ) -> Result<()> {
     let cluster_roles = Api::<ClusterRole>::all(client.clone());
     let cluster_bindings = Api::<ClusterRoleBinding>::all(client.clone());
@@ -26,17 +27,16 @@ pub(super) async fn reconcile(
         Default::default()
     };
     match desired::callers::callers_rbac(agent, &admitted) {
-        Some((role, binding)) => {
-            note(
+        Some(rbac) => {
+            grants::apply_cluster(
+                agent,
+                client,
+                rbac,
+                "an account's callers: impersonate",
                 applied,
-                apply(&cluster_roles, &role).await?.1,
-                "ClusterRole",
-            );
-            note(
-                applied,
-                apply(&cluster_bindings, &binding).await?.1,
-                "ClusterRoleBinding",
-            );
+                problems,
+            )
+            .await?;
         }
         None => {
             delete_existing(&cluster_bindings, &name).await?;
