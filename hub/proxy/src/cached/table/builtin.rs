@@ -199,8 +199,15 @@ impl Builtin {
                     json!(selector),
                 ]
             }
-            Builtin::ReplicaSet => {
+            Builtin::ReplicaSet | Builtin::ReplicationController => {
                 let (names, images) = template_containers("/spec/template/spec/containers");
+                // A ReplicaSet's selector is a label selector, a ReplicationController's a
+                // label map.
+                let selector = if self == Builtin::ReplicaSet {
+                    format::format_label_selector(o.pointer("/spec/selector"))
+                } else {
+                    format::labels(o.pointer("/spec/selector"))
+                };
                 vec![
                     name,
                     json!(int(o.pointer("/spec/replicas"))),
@@ -209,7 +216,7 @@ impl Builtin {
                     age,
                     json!(names),
                     json!(images),
-                    json!(format::format_label_selector(o.pointer("/spec/selector"))),
+                    json!(selector),
                 ]
             }
             Builtin::StatefulSet => {
@@ -390,19 +397,6 @@ impl Builtin {
                     json!(format::labels(o.pointer("/template/metadata/labels"))),
                 ]
             }
-            Builtin::ReplicationController => {
-                let (names, images) = template_containers("/spec/template/spec/containers");
-                vec![
-                    name,
-                    json!(int(o.pointer("/spec/replicas"))),
-                    json!(int(o.pointer("/status/replicas"))),
-                    json!(int(o.pointer("/status/readyReplicas"))),
-                    age,
-                    json!(names),
-                    json!(images),
-                    json!(format::labels(o.pointer("/spec/selector"))),
-                ]
-            }
             Builtin::IngressClass => ingress_class(o, age),
             Builtin::Endpoints => super::endpoints::endpoints(o, name, age),
             Builtin::EndpointSlice => super::endpoints::endpoint_slice(o, name, age),
@@ -551,14 +545,7 @@ fn ingress_hosts(rules: Option<&Value>) -> String {
 }
 
 fn pvc(o: &Value, name: Value, age: Value) -> Vec<Value> {
-    let deleting = o
-        .pointer("/metadata/deletionTimestamp")
-        .is_some_and(|d| !d.is_null());
-    let phase = if deleting {
-        "Terminating"
-    } else {
-        string(o.pointer("/status/phase"))
-    };
+    let phase = storage::phase(o);
     let volume = string(o.pointer("/spec/volumeName"));
     let (capacity, access_modes) = if volume.is_empty() {
         (String::new(), String::new())
@@ -571,14 +558,7 @@ fn pvc(o: &Value, name: Value, age: Value) -> Vec<Value> {
         let short = storage::access_modes(o.pointer("/status/accessModes"));
         (capacity, short)
     };
-    let class = match o
-        .pointer("/metadata/annotations")
-        .and_then(|a| a.get("volume.beta.kubernetes.io/storage-class"))
-        .and_then(Value::as_str)
-    {
-        Some(class) => class,
-        None => string(o.pointer("/spec/storageClassName")),
-    };
+    let class = storage::class_of(o);
     let or_unset = |p: &str| {
         o.pointer(p)
             .and_then(Value::as_str)

@@ -25,6 +25,31 @@ pub fn access_modes(modes: Option<&Value>) -> String {
     .join(",")
 }
 
+/// A volume's or claim's phase, `Terminating` while it is deleted.
+pub fn phase(o: &Value) -> &str {
+    let deleting = o
+        .pointer("/metadata/deletionTimestamp")
+        .is_some_and(|d| !d.is_null());
+    if deleting {
+        "Terminating"
+    } else {
+        string(o.pointer("/status/phase"))
+    }
+}
+
+/// `GetPersistentVolumeClass` / `GetPersistentVolumeClaimClass`: the beta annotation first,
+/// then `spec.storageClassName`.
+pub fn class_of(o: &Value) -> &str {
+    match o
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get("volume.beta.kubernetes.io/storage-class"))
+        .and_then(Value::as_str)
+    {
+        Some(class) => class,
+        None => string(o.pointer("/spec/storageClassName")),
+    }
+}
+
 /// A boolean field behind a pointer, `default` when absent.
 fn bool_or(value: Option<&Value>, default: bool) -> bool {
     value.and_then(Value::as_bool).unwrap_or(default)
@@ -39,22 +64,7 @@ pub fn persistent_volume(o: &Value, name: Value, age: Value) -> Vec<Value> {
         }
         _ => String::new(),
     };
-    let deleting = o
-        .pointer("/metadata/deletionTimestamp")
-        .is_some_and(|d| !d.is_null());
-    let phase = if deleting {
-        "Terminating"
-    } else {
-        string(o.pointer("/status/phase"))
-    };
-    let class = match o
-        .pointer("/metadata/annotations")
-        .and_then(|a| a.get("volume.beta.kubernetes.io/storage-class"))
-        .and_then(Value::as_str)
-    {
-        Some(class) => class,
-        None => string(o.pointer("/spec/storageClassName")),
-    };
+    let (phase, class) = (phase(o), class_of(o));
     let or_unset = |p: &str| o.pointer(p).and_then(Value::as_str).unwrap_or("<unset>");
     vec![
         name,
