@@ -17,16 +17,6 @@ use scale_agent_proto::v1::{
 };
 use serde_json::{Value, json};
 
-fn configmaps() -> pb::Kind {
-    pb::Kind {
-        group: String::new(),
-        version: "v1".into(),
-        kind: "ConfigMap".into(),
-        plural: "configmaps".into(),
-        namespaced: true,
-    }
-}
-
 fn applied(account: &str, name: &str, rv: u64, keys: usize) -> Msg {
     let data: serde_json::Map<String, Value> =
         (0..keys).map(|k| (format!("k{k}"), json!("v"))).collect();
