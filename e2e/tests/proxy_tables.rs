@@ -23,6 +23,11 @@ use serde_json::json;
 #[path = "proxy_tables/seed.rs"]
 mod seed;
 use seed::seed;
+#[path = "proxy_tables/seed_cluster.rs"]
+mod seed_cluster;
+#[path = "proxy_tables/watch.rs"]
+mod watch;
+use seed_cluster::seed_cluster_kinds;
 
 const KUBECTL_TIMEOUT: Duration = Duration::from_secs(90);
 const WAIT: Duration = Duration::from_secs(120);
@@ -49,9 +54,38 @@ const NAMESPACED: &[&str] = &[
     "horizontalpodautoscalers",
     "events",
     "pods",
+    "podtemplates",
+    "replicationcontrollers",
+    "endpoints",
+    "endpointslices",
+    "resourcequotas",
+    "leases",
+    "controllerrevisions",
+    "events.events.k8s.io",
 ];
 /// Cluster-scoped kinds, besides the CRDs the agent streams for the printer columns.
-const CLUSTER: &[&str] = &["namespaces", "nodes", "clusterroles", "clusterrolebindings"];
+const CLUSTER: &[&str] = &[
+    "namespaces",
+    "nodes",
+    "clusterroles",
+    "clusterrolebindings",
+    "persistentvolumes",
+    "storageclasses",
+    "volumeattachments",
+    "csidrivers",
+    "csinodes",
+    "priorityclasses",
+    "runtimeclasses",
+    "ingressclasses",
+    "certificatesigningrequests",
+    "validatingwebhookconfigurations",
+    "mutatingwebhookconfigurations",
+    "customresourcedefinitions",
+];
+/// Cluster-scoped kinds printed whole (with their API server's own selection), each with
+/// the path the cache answers them at.
+const UNLABELLED: &[(&str, &str)] =
+    &[("apiservices", "/apis/apiregistration.k8s.io/v1/apiservices")];
 
 struct Setup {
     stack: ProxyStack,
@@ -74,13 +108,20 @@ impl Setup {
             &widget_group,
         )
         .await?;
+        seed_cluster_kinds(
+            identity.control_plane,
+            &identity.dir,
+            &namespace,
+            &widget_group,
+        )
+        .await?;
         let account = identity.account_name();
         let mut kinds: Vec<String> = NAMESPACED
             .iter()
             .chain(CLUSTER)
+            .chain(UNLABELLED.iter().map(|(k, _)| k))
             .map(|k| k.to_string())
             .collect();
-        kinds.push("customresourcedefinitions".into());
         kinds.push(format!("widgets.{widget_group}"));
         let stack = identity
             .start(account, json!({ "kinds": kinds }), "tables-0", "tables")
@@ -104,6 +145,25 @@ impl Setup {
             "/api/v1/nodes".into(),
             format!("/apis/{}/v1/namespaces/{ns}/widgets", self.widget_group),
         ];
+        for path in [
+            "/api/v1/persistentvolumes",
+            "/apis/storage.k8s.io/v1/storageclasses",
+            "/apis/storage.k8s.io/v1/volumeattachments",
+            "/apis/storage.k8s.io/v1/csidrivers",
+            "/apis/storage.k8s.io/v1/csinodes",
+            "/apis/scheduling.k8s.io/v1/priorityclasses",
+            "/apis/node.k8s.io/v1/runtimeclasses",
+            "/apis/networking.k8s.io/v1/ingressclasses",
+            "/apis/certificates.k8s.io/v1/certificatesigningrequests",
+            "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
+            "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+        ]
+        .into_iter()
+        .chain(UNLABELLED.iter().map(|(_, path)| *path))
+        {
+            paths.push(path.into());
+        }
         for (group, resource) in [
             ("apps/v1", "deployments"),
             ("apps/v1", "replicasets"),
@@ -123,6 +183,14 @@ impl Setup {
             ("autoscaling/v2", "horizontalpodautoscalers"),
             ("", "events"),
             ("", "pods"),
+            ("", "podtemplates"),
+            ("", "replicationcontrollers"),
+            ("", "endpoints"),
+            ("discovery.k8s.io/v1", "endpointslices"),
+            ("", "resourcequotas"),
+            ("coordination.k8s.io/v1", "leases"),
+            ("apps/v1", "controllerrevisions"),
+            ("events.k8s.io/v1", "events"),
         ] {
             paths.push(if group.is_empty() {
                 format!("/api/v1/namespaces/{ns}/{resource}")
@@ -182,6 +250,17 @@ impl Setup {
             let mut c = args(&["get", &cluster, "-l", &self.label]);
             c.extend(args(extra));
             commands.push(c);
+            // The aggregator's own APIServices (a set no test changes).
+            for (kind, _) in UNLABELLED {
+                let mut c = args(&[
+                    "get",
+                    kind,
+                    "-l",
+                    "kube-aggregator.kubernetes.io/automanaged=onstart",
+                ]);
+                c.extend(args(extra));
+                commands.push(c);
+            }
         }
         // `--sort-by` (includeObject=Object) one kind at a time: over several kinds at once
         // kubectl fails the same way against the API server ("couldn't find any field").
@@ -335,6 +414,27 @@ async fn kubectl_get_tables_equal_the_api_servers() -> anyhow::Result<()> {
             "pod/running",
             "Back-off restarting failed container",
             "deployment-controller, kcm-1",
+            // The cluster's other kinds.
+            "daemonset.apps/node-agent",
+            "limits.cpu: 500m/4",
+            "pods: 3/20, requests.memory: 0/1Gi",
+            "10.1.2.3:8080,10.1.2.4:8080,10.1.2.3:9090 + 2 more...",
+            "80,443,3000 + 1 more...",
+            "RWO,RWX",
+            "RecyclerFailed",
+            "WaitForFirstConsumer",
+            "vault,api",
+            "Persistent,Ephemeral",
+            "IngressParameters.k8s.example.com/external-lb",
+            "example.com/tables",
+            "Approved",
+            "120m",
+            "runsc",
+            "kcm-1",
+            "tables.example.com/controller, controller-1",
+            "Synced the web deployment",
+            "v1(storage)",
+            "Local",
         ] {
             anyhow::ensure!(
                 printed.contains(expected),
@@ -385,6 +485,55 @@ async fn kubectl_get_tables_equal_the_api_servers() -> anyhow::Result<()> {
             "kubectl {version}: the audit log shows only {} direct reads for {} commands",
             direct_reads.len(),
             commands.len()
+        );
+        watch::kubectl_get_watch_equal(&setup, version, binary).await?;
+    }
+    // A Table watch from the hub directly: an ADDED Table per object, the columns in the
+    // first only; one that allows bookmarks is tunnelled.
+    let configmaps = format!(
+        "/clusters/{}/api/v1/namespaces/{}/configmaps?watch=true&timeoutSeconds=2&labelSelector=tables%3D{}",
+        setup.stack.account, setup.stack.namespace, setup.stack.namespace
+    );
+    for (extra, who) in [("", "hit"), ("&allowWatchBookmarks=true", "tunnel")] {
+        let reply = setup
+            .stack
+            .hub
+            .call("GET", &format!("{configmaps}{extra}"))
+            .bearer(&setup.stack.token)
+            .header(
+                "accept",
+                "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
+            )
+            .timeout(KUBECTL_TIMEOUT)
+            .send()
+            .await?;
+        assert_eq!(
+            (reply.status, reply.header("x-scale-agent-cache")),
+            (200, Some(who)),
+            "{extra}: {}",
+            reply.body
+        );
+        let events: Vec<serde_json::Value> = reply
+            .body
+            .lines()
+            .map(serde_json::from_str)
+            .collect::<Result<_, _>>()?;
+        // The API server may add a BOOKMARK to the tunnelled one.
+        let added = events.iter().filter(|e| e["type"] == "ADDED").count();
+        assert_eq!(added, 5, "{}", reply.body);
+        assert!(
+            events.iter().all(|e| e["object"]["kind"] == "Table"),
+            "{}",
+            reply.body
+        );
+        assert_eq!(events[0]["object"]["columnDefinitions"][1]["name"], "Data");
+        assert_eq!(
+            events[1]["object"]["columnDefinitions"],
+            serde_json::Value::Null
+        );
+        assert_eq!(
+            events[0]["object"]["rows"].as_array().map(Vec::len),
+            Some(1)
         );
     }
     // The Table itself, includeObject and v1beta1, from the hub directly.

@@ -277,24 +277,7 @@ pub async fn seed(
             hpa_status,
         ),
     ] {
-        let mut command = args(&[
-            "patch",
-            kind,
-            &name,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            &status.to_string(),
-        ]);
-        if let Some(namespace) = namespace {
-            command.extend(args(&["-n", namespace]));
-        }
-        ensure_ok(
-            &format!("status of {kind}/{name}"),
-            &admin_kubectl
-                .run(&kubeconfig, &command, None, KUBECTL_TIMEOUT)
-                .await?,
-        )?;
+        patch_status(&admin_kubectl, &kubeconfig, kind, &name, namespace, &status).await?;
     }
     ensure_ok(
         "label the namespace",
@@ -308,4 +291,33 @@ pub async fn seed(
             .await?,
     )?;
     Ok(())
+}
+
+/// Writes an object's status through the status subresource, as its controller would.
+pub async fn patch_status(
+    kubectl: &Kubectl,
+    kubeconfig: &Path,
+    kind: &str,
+    name: &str,
+    namespace: Option<&str>,
+    status: &serde_json::Value,
+) -> anyhow::Result<()> {
+    let mut command = args(&[
+        "patch",
+        kind,
+        name,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &status.to_string(),
+    ]);
+    if let Some(namespace) = namespace {
+        command.extend(args(&["-n", namespace]));
+    }
+    ensure_ok(
+        &format!("status of {kind}/{name}"),
+        &kubectl
+            .run(kubeconfig, &command, None, KUBECTL_TIMEOUT)
+            .await?,
+    )
 }

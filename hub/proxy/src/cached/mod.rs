@@ -125,7 +125,7 @@ impl ListContext {
         match &self.table {
             Some(table) => table::table_body(
                 table.form.version,
-                &table.printer.columns(),
+                Some(&table.printer.columns()),
                 resource_version,
                 continue_token,
                 remaining,

@@ -42,6 +42,11 @@ use super::{
     render,
     request::{self, Form, Target},
     selector::{FieldSelector, LabelSelector},
+    table::{
+        self, Negotiated, TableContext, TableForm,
+        negotiate::{include_object, negotiate},
+        watch_events::TableEvents,
+    },
     watch_query::{Start as From, bookmark_line, event_line, gone_line, initial_events_end_line},
 };
 use crate::{CACHE_HEADER, Proxy};
@@ -208,12 +213,26 @@ async fn watch_from_cache(
     secrets_as_cached: bool,
 ) -> Option<Response> {
     let target = request::parse_path(api_path)?;
-    let options = parse_watch_query(query)?;
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    // `kubectl get -w` asks for Tables: `includeObject` is the Table's parameter.
+    let (table_form, query) = match negotiate(accept) {
+        Negotiated::NotTable => (None, query.map(str::to_string)),
+        Negotiated::Tunnel => return None,
+        Negotiated::Table(version) => {
+            let (include, rest) = include_object(query)?;
+            (Some(TableForm { version, include }), Some(rest))
+        }
+    };
+    let options = parse_watch_query(query.as_deref())?;
     if target.name.is_some() || !options.accepted() {
         return None;
     }
-    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
-    if request::parse_accept(accept, false)? != Form::Full
+    // A Table watch's bookmarks are Tables too, of a row printed from an empty object
+    // ([`table::watch_events`]): not imitated.
+    if table_form.is_some() && options.allow_bookmarks {
+        return None;
+    }
+    if (table_form.is_none() && request::parse_accept(accept, false)? != Form::Full)
         || (target.group.is_empty() && target.resource == "secrets" && !secrets_as_cached)
     {
         return None;
@@ -227,6 +246,13 @@ async fn watch_from_cache(
         &options,
         labels,
     )?;
+    let mut tables = match table_form {
+        Some(form) => {
+            let printer = table::printer(&proxy.live, account, &info).ok()?;
+            Some(TableEvents::new(TableContext { form, printer }))
+        }
+        None => None,
+    };
     // Rendered out of the state lock: parsing every object under it would stall the agents'
     // batches.
     objects.sort_by_cached_key(|o| format!("{}/{}", o.namespace, o.name));
@@ -242,7 +268,7 @@ async fn watch_from_cache(
         }
         let json = object.json.unpack().ok()?;
         if selected == Some(true) || filter.matches(&json) {
-            initial.push(event_line("ADDED", &json));
+            initial.push(encode(&mut tables, "ADDED", &json)?);
         }
     }
     drop(objects);
@@ -288,6 +314,7 @@ async fn watch_from_cache(
             info,
             filter,
             bookmarks: options.allow_bookmarks,
+            tables,
             tx,
         };
         watcher.run(position, timeout).await;
@@ -434,17 +461,28 @@ fn start(
     }
 }
 
+/// An event's watch line: its object as is, or as a Table for a Table watch (`None` when
+/// it cannot be printed).
+fn encode(tables: &mut Option<TableEvents>, event_type: &str, json: &[u8]) -> Option<Bytes> {
+    match tables {
+        Some(tables) => tables.line(event_type, json, jiff::Timestamp::now()).ok(),
+        None => Some(event_line(event_type, json)),
+    }
+}
+
 struct Watcher {
     proxy: Arc<Proxy>,
     account: String,
     info: KindInfo,
     filter: Filter,
     bookmarks: bool,
+    /// Set for a Table watch (no bookmarks then).
+    tables: Option<TableEvents>,
     tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
 }
 
 impl Watcher {
-    async fn run(self, mut position: Position, timeout: Duration) {
+    async fn run(mut self, mut position: Position, timeout: Duration) {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut advanced = self.proxy.state.cached_reads.advanced.subscribe();
         let mut last_sent = position.resource_version;
@@ -470,12 +508,13 @@ impl Watcher {
                 Step::Events(events, now_at) => {
                     for event in events {
                         if let Some(event_type) = self.filter.view(&event) {
-                            if self
-                                .tx
-                                .send(Ok(event_line(event_type, &event.json)))
-                                .await
-                                .is_err()
-                            {
+                            // An object the printer cannot print ends the watch; the
+                            // client watches again (and is tunnelled if it persists).
+                            let Some(line) = encode(&mut self.tables, event_type, &event.json)
+                            else {
+                                return;
+                            };
+                            if self.tx.send(Ok(line)).await.is_err() {
                                 return;
                             }
                             last_sent = event.resource_version;
@@ -513,7 +552,7 @@ impl Watcher {
     /// persisted resume point: a bookmark short of it, or a batch stored after it, would
     /// make the client's next watch 410 and relist. A client that does not read is not
     /// waited for past [`FINISH_WAIT`].
-    async fn finish(self, mut position: Position, mut last_sent: u64, shutting_down: bool) {
+    async fn finish(mut self, mut position: Position, mut last_sent: u64, shutting_down: bool) {
         let deadline = tokio::time::Instant::now() + FINISH_WAIT;
         while shutting_down
             && streaming(&self.proxy.live, &self.account)
@@ -526,7 +565,9 @@ impl Watcher {
         {
             for event in events {
                 if let Some(event_type) = self.filter.view(&event) {
-                    let line = event_line(event_type, &event.json);
+                    let Some(line) = encode(&mut self.tables, event_type, &event.json) else {
+                        return;
+                    };
                     match tokio::time::timeout_at(deadline, self.tx.send(Ok(line))).await {
                         Ok(Ok(())) => last_sent = event.resource_version,
                         _ => return,

@@ -3,17 +3,23 @@
 //! `Wide: true` (`pkg/printers/storage`), so every row has the priority-1 cells too; kubectl
 //! hides those columns unless `-o wide`.
 //!
+//! The CRDs' and APIServices' Tables come from their own servers' convertors
+//! (apiextensions-apiserver, kube-aggregator), ported the same way; `events.k8s.io` Events
+//! are printed by the core printer over their other field names.
+//!
 //! Left out on purpose (their Tables are tunnelled): Secrets, whose Data column counts data
-//! the hub never holds (the agent sends Secrets as metadata only); `events.k8s.io` Events
-//! (the core Events are printed) and HorizontalPodAutoscalers of another version than
-//! `autoscaling/v2`, whose fields the printers read under other names.
+//! the hub never holds (the agent sends Secrets as metadata only); HorizontalPodAutoscalers
+//! of another version than `autoscaling/v2`, whose metrics `autoscaling/v1` keeps in
+//! annotations the API server converts; and the printers not ported yet (see the module
+//! doc of [`super`]).
 
 use jiff::Timestamp;
 use serde_json::{Value, json};
 
 use super::{
-    Column, columns,
+    Column, columns, control_plane, events,
     format::{self, int, since, string},
+    storage,
 };
 
 /// A built-in kind the hub renders Tables of.
@@ -39,6 +45,28 @@ pub enum Builtin {
     Node,
     Event,
     HorizontalPodAutoscaler,
+    /// `events.k8s.io` Events: the core printer over their other field names.
+    EventV1,
+    PodTemplate,
+    ReplicationController,
+    IngressClass,
+    Endpoints,
+    EndpointSlice,
+    PersistentVolume,
+    StorageClass,
+    VolumeAttachment,
+    CsiDriver,
+    CsiNode,
+    ResourceQuota,
+    Lease,
+    PriorityClass,
+    RuntimeClass,
+    ControllerRevision,
+    CertificateSigningRequest,
+    MutatingWebhookConfiguration,
+    ValidatingWebhookConfiguration,
+    CustomResourceDefinition,
+    ApiService,
 }
 
 impl Builtin {
@@ -65,6 +93,35 @@ impl Builtin {
             ("", "nodes") => Builtin::Node,
             ("", "events") => Builtin::Event,
             ("autoscaling", "horizontalpodautoscalers") => Builtin::HorizontalPodAutoscaler,
+            ("events.k8s.io", "events") => Builtin::EventV1,
+            ("", "podtemplates") => Builtin::PodTemplate,
+            ("", "replicationcontrollers") => Builtin::ReplicationController,
+            ("networking.k8s.io", "ingressclasses") => Builtin::IngressClass,
+            ("", "endpoints") => Builtin::Endpoints,
+            ("discovery.k8s.io", "endpointslices") => Builtin::EndpointSlice,
+            ("", "persistentvolumes") => Builtin::PersistentVolume,
+            ("storage.k8s.io", "storageclasses") => Builtin::StorageClass,
+            ("storage.k8s.io", "volumeattachments") => Builtin::VolumeAttachment,
+            ("storage.k8s.io", "csidrivers") => Builtin::CsiDriver,
+            ("storage.k8s.io", "csinodes") => Builtin::CsiNode,
+            ("", "resourcequotas") => Builtin::ResourceQuota,
+            ("coordination.k8s.io", "leases") => Builtin::Lease,
+            ("scheduling.k8s.io", "priorityclasses") => Builtin::PriorityClass,
+            ("node.k8s.io", "runtimeclasses") => Builtin::RuntimeClass,
+            ("apps", "controllerrevisions") => Builtin::ControllerRevision,
+            ("certificates.k8s.io", "certificatesigningrequests") => {
+                Builtin::CertificateSigningRequest
+            }
+            ("admissionregistration.k8s.io", "mutatingwebhookconfigurations") => {
+                Builtin::MutatingWebhookConfiguration
+            }
+            ("admissionregistration.k8s.io", "validatingwebhookconfigurations") => {
+                Builtin::ValidatingWebhookConfiguration
+            }
+            ("apiextensions.k8s.io", "customresourcedefinitions") => {
+                Builtin::CustomResourceDefinition
+            }
+            ("apiregistration.k8s.io", "apiservices") => Builtin::ApiService,
             _ => return None,
         })
     }
@@ -91,6 +148,28 @@ impl Builtin {
             Builtin::Node => columns::NODE,
             Builtin::Event => columns::EVENT,
             Builtin::HorizontalPodAutoscaler => columns::HORIZONTAL_POD_AUTOSCALER,
+            Builtin::EventV1 => columns::EVENT,
+            Builtin::PodTemplate => columns::POD_TEMPLATE,
+            Builtin::ReplicationController => columns::REPLICATION_CONTROLLER,
+            Builtin::IngressClass => columns::INGRESS_CLASS,
+            Builtin::Endpoints => columns::ENDPOINTS,
+            Builtin::EndpointSlice => columns::ENDPOINT_SLICE,
+            Builtin::PersistentVolume => columns::PERSISTENT_VOLUME,
+            Builtin::StorageClass => columns::STORAGE_CLASS,
+            Builtin::VolumeAttachment => columns::VOLUME_ATTACHMENT,
+            Builtin::CsiDriver => columns::CSI_DRIVER,
+            Builtin::CsiNode => columns::CSI_NODE,
+            Builtin::ResourceQuota => columns::RESOURCE_QUOTA,
+            Builtin::Lease => columns::LEASE,
+            Builtin::PriorityClass => columns::PRIORITY_CLASS,
+            Builtin::RuntimeClass => columns::RUNTIME_CLASS,
+            Builtin::ControllerRevision => columns::CONTROLLER_REVISION,
+            Builtin::CertificateSigningRequest => columns::CERTIFICATE_SIGNING_REQUEST,
+            Builtin::MutatingWebhookConfiguration | Builtin::ValidatingWebhookConfiguration => {
+                columns::WEBHOOK_CONFIGURATION
+            }
+            Builtin::CustomResourceDefinition => columns::CUSTOM_RESOURCE_DEFINITION,
+            Builtin::ApiService => columns::API_SERVICE,
         }
     }
 
@@ -120,8 +199,15 @@ impl Builtin {
                     json!(selector),
                 ]
             }
-            Builtin::ReplicaSet => {
+            Builtin::ReplicaSet | Builtin::ReplicationController => {
                 let (names, images) = template_containers("/spec/template/spec/containers");
+                // A ReplicaSet's selector is a label selector, a ReplicationController's a
+                // label map.
+                let selector = if self == Builtin::ReplicaSet {
+                    format::format_label_selector(o.pointer("/spec/selector"))
+                } else {
+                    format::labels(o.pointer("/spec/selector"))
+                };
                 vec![
                     name,
                     json!(int(o.pointer("/spec/replicas"))),
@@ -130,7 +216,7 @@ impl Builtin {
                     age,
                     json!(names),
                     json!(images),
-                    json!(format::format_label_selector(o.pointer("/spec/selector"))),
+                    json!(selector),
                 ]
             }
             Builtin::StatefulSet => {
@@ -299,29 +385,53 @@ impl Builtin {
                 ]
             }
             Builtin::Node => node(o, name, age),
-            Builtin::Event => event(o, now),
-            Builtin::HorizontalPodAutoscaler => {
-                let min = match o.pointer("/spec/minReplicas").and_then(Value::as_i64) {
-                    Some(n) => n.to_string(),
-                    None => "<unset>".into(),
-                };
+            Builtin::Event => events::event(o, now),
+            Builtin::HorizontalPodAutoscaler => super::autoscaler::cells(o, name, age),
+            Builtin::EventV1 => events::event(&events::core_event_of(o), now),
+            Builtin::PodTemplate => {
+                let (names, images) = template_containers("/template/spec/containers");
                 vec![
                     name,
-                    json!(format!(
-                        "{}/{}",
-                        string(o.pointer("/spec/scaleTargetRef/kind")),
-                        string(o.pointer("/spec/scaleTargetRef/name"))
-                    )),
-                    json!(hpa_metrics(
-                        o.pointer("/spec/metrics"),
-                        o.pointer("/status/currentMetrics")
-                    )),
-                    json!(min),
-                    json!(int(o.pointer("/spec/maxReplicas"))),
-                    json!(int(o.pointer("/status/currentReplicas"))),
-                    age,
+                    json!(names),
+                    json!(images),
+                    json!(format::labels(o.pointer("/template/metadata/labels"))),
                 ]
             }
+            Builtin::IngressClass => ingress_class(o, age),
+            Builtin::Endpoints => super::endpoints::endpoints(o, name, age),
+            Builtin::EndpointSlice => super::endpoints::endpoint_slice(o, name, age),
+            Builtin::PersistentVolume => storage::persistent_volume(o, name, age),
+            Builtin::StorageClass => storage::storage_class(o, name, age),
+            Builtin::VolumeAttachment => storage::volume_attachment(o, name, age),
+            Builtin::CsiDriver => storage::csi_driver(o, name, age),
+            Builtin::CsiNode => storage::csi_node(o, name, age),
+            Builtin::ResourceQuota => control_plane::resource_quota(o, name, age),
+            Builtin::Lease => vec![name, json!(string(o.pointer("/spec/holderIdentity"))), age],
+            Builtin::PriorityClass => vec![
+                name,
+                json!(int(o.get("value"))),
+                json!(
+                    o.get("globalDefault")
+                        .and_then(Value::as_bool)
+                        .unwrap_or(false)
+                ),
+                age,
+                json!(string(o.get("preemptionPolicy"))),
+            ],
+            Builtin::RuntimeClass => vec![name, json!(string(o.get("handler"))), age],
+            Builtin::ControllerRevision => control_plane::controller_revision(o, name, age),
+            Builtin::CertificateSigningRequest => {
+                control_plane::certificate_signing_request(o, name, age)
+            }
+            Builtin::MutatingWebhookConfiguration | Builtin::ValidatingWebhookConfiguration => {
+                let webhooks = o
+                    .get("webhooks")
+                    .and_then(Value::as_array)
+                    .map_or(0, Vec::len);
+                vec![name, json!(webhooks), age]
+            }
+            Builtin::CustomResourceDefinition => control_plane::custom_resource_definition(o, name),
+            Builtin::ApiService => control_plane::api_service(o, name, age),
         };
         (cells, None)
     }
@@ -435,14 +545,7 @@ fn ingress_hosts(rules: Option<&Value>) -> String {
 }
 
 fn pvc(o: &Value, name: Value, age: Value) -> Vec<Value> {
-    let deleting = o
-        .pointer("/metadata/deletionTimestamp")
-        .is_some_and(|d| !d.is_null());
-    let phase = if deleting {
-        "Terminating"
-    } else {
-        string(o.pointer("/status/phase"))
-    };
+    let phase = storage::phase(o);
     let volume = string(o.pointer("/spec/volumeName"));
     let (capacity, access_modes) = if volume.is_empty() {
         (String::new(), String::new())
@@ -452,32 +555,10 @@ fn pvc(o: &Value, name: Value, age: Value) -> Vec<Value> {
             .and_then(Value::as_str)
             .unwrap_or("0")
             .to_string();
-        let modes: Vec<&str> = o
-            .pointer("/status/accessModes")
-            .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
-        let short = [
-            ("ReadWriteOnce", "RWO"),
-            ("ReadOnlyMany", "ROX"),
-            ("ReadWriteMany", "RWX"),
-            ("ReadWriteOncePod", "RWOP"),
-        ]
-        .iter()
-        .filter(|(long, _)| modes.contains(long))
-        .map(|(_, s)| *s)
-        .collect::<Vec<_>>()
-        .join(",");
+        let short = storage::access_modes(o.pointer("/status/accessModes"));
         (capacity, short)
     };
-    let class = match o
-        .pointer("/metadata/annotations")
-        .and_then(|a| a.get("volume.beta.kubernetes.io/storage-class"))
-        .and_then(Value::as_str)
-    {
-        Some(class) => class,
-        None => string(o.pointer("/spec/storageClassName")),
-    };
+    let class = storage::class_of(o);
     let or_unset = |p: &str| {
         o.pointer(p)
             .and_then(Value::as_str)
@@ -585,189 +666,32 @@ fn node(o: &Value, name: Value, age: Value) -> Vec<Value> {
     ]
 }
 
-/// `printEvent` (core/v1 Events): last and first seen (the event time or the series' last
-/// observation when set), the involved object as `kind/name`, the source, the count.
-fn event(o: &Value, now: Timestamp) -> Vec<Value> {
-    let seen = |t: Option<Timestamp>| match t {
-        Some(t) => format::human_duration(now.duration_since(t)),
-        None => "<unknown>".to_string(),
-    };
-    let first_time = format::timestamp(o.get("firstTimestamp"));
-    let first = match first_time {
-        Some(t) => seen(Some(t)),
-        None => seen(format::timestamp(o.get("eventTime"))),
-    };
-    let mut last = match format::timestamp(o.get("lastTimestamp")) {
-        Some(t) => seen(Some(t)),
-        None => first.clone(),
-    };
-    let mut count = int(o.get("count"));
-    match o.get("series").filter(|s| !s.is_null()) {
-        Some(series) => {
-            last = seen(format::timestamp(series.get("lastObservedTime")));
-            count = int(series.get("count"));
-        }
-        None if count == 0 => count = 1,
-        None => {}
+/// `printIngressClass`: the name marked ` (default)` by the is-default-class annotation,
+/// the controller, the parameters as `Kind[.apiGroup]/name` (`<none>` without).
+fn ingress_class(o: &Value, age: Value) -> Vec<Value> {
+    let mut name = string(o.pointer("/metadata/name")).to_string();
+    let default = o
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get("ingressclass.kubernetes.io/is-default-class"))
+        .and_then(Value::as_str);
+    if default == Some("true") {
+        name.push_str(" (default)");
     }
-    let kind = string(o.pointer("/involvedObject/kind")).to_lowercase();
-    let target = match string(o.pointer("/involvedObject/name")) {
-        "" => kind,
-        name => format!("{kind}/{name}"),
-    };
-    let first_non_empty = |a: &str, b: &str| {
-        if a.is_empty() {
-            b.to_string()
-        } else {
-            a.to_string()
+    let parameters = match o.pointer("/spec/parameters") {
+        Some(p) if !p.is_null() => {
+            let mut kind = string(p.get("kind")).to_string();
+            // A pointer in Go: present but empty still adds the dot.
+            if let Some(group) = p.get("apiGroup").and_then(Value::as_str) {
+                kind = format!("{kind}.{group}");
+            }
+            format!("{kind}/{}", string(p.get("name")))
         }
-    };
-    let component = first_non_empty(
-        string(o.pointer("/source/component")),
-        // The core/v1 JSON name of `ReportingController`.
-        string(o.get("reportingComponent")),
-    );
-    let instance = first_non_empty(
-        string(o.pointer("/source/host")),
-        string(o.get("reportingInstance")),
-    );
-    let source = if instance.is_empty() {
-        component
-    } else {
-        format!("{component}, {instance}")
+        _ => "<none>".into(),
     };
     vec![
-        json!(last),
-        json!(string(o.get("type"))),
-        json!(string(o.get("reason"))),
-        json!(target),
-        json!(string(o.pointer("/involvedObject/fieldPath"))),
-        json!(source),
-        json!(string(o.get("message")).trim()),
-        json!(first),
-        json!(count),
-        json!(string(o.pointer("/metadata/name"))),
+        json!(name),
+        json!(string(o.pointer("/spec/controller"))),
+        json!(parameters),
+        age,
     ]
-}
-
-/// `formatHPAMetrics` (autoscaling/v2): each metric's current value over its target, at most
-/// two, then `+ N more...`; quantities as the API server stored them (canonical strings).
-fn hpa_metrics(specs: Option<&Value>, statuses: Option<&Value>) -> String {
-    let specs = specs
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    if specs.is_empty() {
-        return "<none>".into();
-    }
-    let statuses = statuses
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    // Go's `(*Quantity).String()`: `<nil>` for a missing pointer, `0` for a zero value.
-    let quantity = |v: Option<&Value>, missing: &str| match v {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Number(n)) => n.to_string(),
-        _ => missing.to_string(),
-    };
-    let mut list = Vec::with_capacity(specs.len());
-    for (i, spec) in specs.iter().enumerate() {
-        let status = statuses.get(i);
-        let source = |key: &str| -> (Option<&Value>, Option<&Value>) {
-            (
-                spec.get(key),
-                status.and_then(|s| s.get(key)).filter(|s| !s.is_null()),
-            )
-        };
-        let text = match string(spec.get("type")) {
-            kind @ ("External" | "Object") => {
-                let key = if kind == "External" {
-                    "external"
-                } else {
-                    "object"
-                };
-                let (spec, status) = source(key);
-                let target = spec.and_then(|s| s.get("target"));
-                let current = status.and_then(|s| s.get("current"));
-                match target
-                    .and_then(|t| t.get("averageValue"))
-                    .filter(|v| !v.is_null())
-                {
-                    Some(average) => {
-                        let current = current
-                            .and_then(|c| c.get("averageValue"))
-                            .filter(|v| !v.is_null())
-                            .map_or("<unknown>".to_string(), |v| quantity(Some(v), "0"));
-                        format!("{current}/{} (avg)", quantity(Some(average), "0"))
-                    }
-                    None => {
-                        let current = match status {
-                            Some(_) => quantity(current.and_then(|c| c.get("value")), "<nil>"),
-                            None => "<unknown>".into(),
-                        };
-                        format!(
-                            "{current}/{}",
-                            quantity(target.and_then(|t| t.get("value")), "<nil>")
-                        )
-                    }
-                }
-            }
-            "Pods" => {
-                let (spec, status) = source("pods");
-                let current = match status {
-                    Some(s) => quantity(s.pointer("/current/averageValue"), "<nil>"),
-                    None => "<unknown>".into(),
-                };
-                format!(
-                    "{current}/{}",
-                    quantity(
-                        spec.and_then(|s| s.pointer("/target/averageValue")),
-                        "<nil>"
-                    )
-                )
-            }
-            kind @ ("Resource" | "ContainerResource") => {
-                let key = if kind == "Resource" {
-                    "resource"
-                } else {
-                    "containerResource"
-                };
-                let (spec, status) = source(key);
-                let resource = string(spec.and_then(|s| s.get("name")));
-                let target = spec.and_then(|s| s.get("target"));
-                match target
-                    .and_then(|t| t.get("averageValue"))
-                    .filter(|v| !v.is_null())
-                {
-                    Some(average) => {
-                        let current = match status {
-                            Some(s) => quantity(s.pointer("/current/averageValue"), "<nil>"),
-                            None => "<unknown>".into(),
-                        };
-                        format!("{resource}: {current}/{}", quantity(Some(average), "0"))
-                    }
-                    None => {
-                        let current = status
-                            .and_then(|s| s.pointer("/current/averageUtilization"))
-                            .and_then(Value::as_i64)
-                            .map_or("<unknown>".to_string(), |u| format!("{u}%"));
-                        let target = target
-                            .and_then(|t| t.get("averageUtilization"))
-                            .and_then(Value::as_i64)
-                            .map_or("<auto>".to_string(), |u| format!("{u}%"));
-                        format!("{resource}: {current}/{target}")
-                    }
-                }
-            }
-            _ => "<unknown type>".into(),
-        };
-        list.push(text);
-    }
-    let count = list.len();
-    if count > 2 {
-        list.truncate(2);
-        format!("{} + {} more...", list.join(", "), count - 2)
-    } else {
-        list.join(", ")
-    }
 }

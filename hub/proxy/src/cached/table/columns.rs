@@ -271,3 +271,205 @@ pub const HORIZONTAL_POD_AUTOSCALER: &[Column] = &[
     col("Replicas", "string", "", 0, "currentReplicas is current number of replicas of pods managed by this autoscaler, as last seen by the autoscaler."),
     col("Age", "string", "", 0, CREATED_DOC),
 ];
+
+/// "Names of each container in the template." (several kinds' Containers column).
+const CONTAINERS_DOC: &str = "Names of each container in the template.";
+/// "Images referenced by each container in the template." (several kinds' Images column).
+const IMAGES_DOC: &str = "Images referenced by each container in the template.";
+/// The Webhooks column of both webhook configurations.
+const WEBHOOKS_DOC: &str =
+    "Webhooks indicates the number of webhooks registered in this configuration";
+
+/// `podTemplateColumnDefinitions`.
+#[rustfmt::skip]
+pub const POD_TEMPLATE: &[Column] = &[
+    col("Name", "string", "name", 0, NAME_DOC),
+    col("Containers", "string", "", 0, CONTAINERS_DOC),
+    col("Images", "string", "", 0, IMAGES_DOC),
+    col("Pod Labels", "string", "", 0, "The labels for the pod template."),
+];
+
+/// `replicationControllerColumnDefinitions`.
+#[rustfmt::skip]
+pub const REPLICATION_CONTROLLER: &[Column] = &[
+    col("Name", "string", "name", 0, NAME_DOC),
+    col("Desired", "integer", "", 0, "Replicas is the number of desired replicas. This is a pointer to distinguish between explicit zero and unspecified. Defaults to 1. More info: https://kubernetes.io/docs/concepts/workloads/controllers/replicationcontroller#what-is-a-replicationcontroller"),
+    col("Current", "integer", "", 0, "Replicas is the most recently observed number of replicas. More info: https://kubernetes.io/docs/concepts/workloads/controllers/replicationcontroller#what-is-a-replicationcontroller"),
+    col("Ready", "integer", "", 0, "The number of ready replicas for this replication controller."),
+    col("Age", "string", "", 0, CREATED_DOC),
+    col("Containers", "string", "", 1, CONTAINERS_DOC),
+    col("Images", "string", "", 1, IMAGES_DOC),
+    col("Selector", "string", "", 1, "Selector is a label query over pods that should match the Replicas count. If Selector is empty, it is defaulted to the labels present on the Pod template. Label keys and values that must match in order to be controlled by this replication controller, if empty defaulted to labels on Pod template. More info: https://kubernetes.io/docs/concepts/overview/working-with-objects/labels/#label-selectors"),
+];
+
+/// `ingressClassColumnDefinitions`.
+#[rustfmt::skip]
+pub const INGRESS_CLASS: &[Column] = &[
+    col("Name", "string", "name", 0, NAME_DOC),
+    col("Controller", "string", "", 0, "Controller that is responsible for handling this class"),
+    col("Parameters", "string", "", 0, "A reference to a resource with additional parameters"),
+    col("Age", "string", "", 0, CREATED_DOC),
+];
+
+/// `endpointColumnDefinitions`.
+#[rustfmt::skip]
+pub const ENDPOINTS: &[Column] = &[
+    col("Name", "string", "name", 0, NAME_DOC),
+    col("Endpoints", "string", "", 0, "The set of all endpoints is the union of all subsets. Addresses are placed into subsets according to the IPs they share. A single address with multiple ports, some of which are ready and some of which are not (because they come from different containers) will result in the address being displayed in different subsets for the different ports. No address will appear in both Addresses and NotReadyAddresses in the same subset. Sets of addresses and ports that comprise a service."),
+    col("Age", "string", "", 0, CREATED_DOC),
+];
+
+/// `persistentVolumeColumnDefinitions`.
+#[rustfmt::skip]
+pub const PERSISTENT_VOLUME: &[Column] = &[
+    col("Name", "string", "name", 0, NAME_DOC),
+    col("Capacity", "string", "", 0, "capacity is the description of the persistent volume's resources and capacity. More info: https://kubernetes.io/docs/concepts/storage/persistent-volumes#capacity"),
+    col("Access Modes", "string", "", 0, "accessModes contains all ways the volume can be mounted. More info: https://kubernetes.io/docs/concepts/storage/persistent-volumes#access-modes"),
+    col("Reclaim Policy", "string", "", 0, "persistentVolumeReclaimPolicy defines what happens to a persistent volume when released from its claim. Valid options are Retain (default for manually created PersistentVolumes), Delete (default for dynamically provisioned PersistentVolumes), and Recycle (deprecated). Recycle must be supported by the volume plugin underlying this PersistentVolume. More info: https://kubernetes.io/docs/concepts/storage/persistent-volumes#reclaiming"),
+    col("Status", "string", "", 0, "phase indicates if a volume is available, bound to a claim, or released by a claim. More info: https://kubernetes.io/docs/concepts/storage/persistent-volumes#phase"),
+    col("Claim", "string", "", 0, "claimRef is part of a bi-directional binding between PersistentVolume and PersistentVolumeClaim. Expected to be non-nil when bound. claim.VolumeName is the authoritative bind between PV and PVC. More info: https://kubernetes.io/docs/concepts/storage/persistent-volumes#binding"),
+    col("StorageClass", "string", "", 0, "StorageClass of the pv"),
+    col("VolumeAttributesClass", "string", "", 0, "VolumeAttributesClass of the pv"),
+    col("Reason", "string", "", 0, "reason is a brief CamelCase string that describes any failure and is meant for machine parsing and tidy display in the CLI."),
+    col("Age", "string", "", 0, CREATED_DOC),
+    col("VolumeMode", "string", "", 1, "volumeMode defines if a volume is intended to be used with a formatted filesystem or to remain in raw block state. Value of Filesystem is implied when not included in spec."),
+];
+
+/// `certificateSigningRequestColumnDefinitions` (the docs of `certificates/v1beta1`).
+#[rustfmt::skip]
+pub const CERTIFICATE_SIGNING_REQUEST: &[Column] = &[
+    col("Name", "string", "name", 0, NAME_DOC),
+    col("Age", "string", "", 0, CREATED_DOC),
+    col("SignerName", "string", "", 0, "Requested signer for the request. It is a qualified name in the form: `scope-hostname.io/name`. If empty, it will be defaulted:\n 1. If it's a kubelet client certificate, it is assigned\n    \"kubernetes.io/kube-apiserver-client-kubelet\".\n 2. If it's a kubelet serving certificate, it is assigned\n    \"kubernetes.io/kubelet-serving\".\n 3. Otherwise, it is assigned \"kubernetes.io/legacy-unknown\".\nDistribution of trust for signers happens out of band. You can select on this field using `spec.signerName`."),
+    col("Requestor", "string", "", 0, "Base64-encoded PKCS#10 CSR data"),
+    col("RequestedDuration", "string", "", 0, "expirationSeconds is the requested duration of validity of the issued certificate. The certificate signer may issue a certificate with a different validity duration so a client must check the delta between the notBefore and and notAfter fields in the issued certificate to determine the actual duration.\n\nThe v1.22+ in-tree implementations of the well-known Kubernetes signers will honor this field as long as the requested duration is not greater than the maximum duration they will honor per the --cluster-signing-duration CLI flag to the Kubernetes controller manager.\n\nCertificate signers may not honor this field for various reasons:\n\n  1. Old signer that is unaware of the field (such as the in-tree\n     implementations prior to v1.22)\n  2. Signer whose configured maximum is shorter than the requested duration\n  3. Signer whose configured minimum is longer than the requested duration\n\nThe minimum valid value for expirationSeconds is 600, i.e. 10 minutes."),
+    col("Condition", "string", "", 0, "Conditions applied to the request, such as approval or denial."),
+];
+
+/// `leaseColumnDefinitions`.
+#[rustfmt::skip]
+pub const LEASE: &[Column] = &[
+    col("Name", "string", "name", 0, NAME_DOC),
+    col("Holder", "string", "", 0, "holderIdentity contains the identity of the holder of a current lease. If Coordinated Leader Election is used, the holder identity must be equal to the elected LeaseCandidate.metadata.name field."),
+    col("Age", "string", "", 0, CREATED_DOC),
+];
+
+/// `storageClassColumnDefinitions`.
+#[rustfmt::skip]
+pub const STORAGE_CLASS: &[Column] = &[
+    col("Name", "string", "name", 0, NAME_DOC),
+    col("Provisioner", "string", "", 0, "provisioner indicates the type of the provisioner."),
+    col("ReclaimPolicy", "string", "", 0, "reclaimPolicy controls the reclaimPolicy for dynamically provisioned PersistentVolumes of this storage class. Defaults to Delete."),
+    col("VolumeBindingMode", "string", "", 0, "volumeBindingMode indicates how PersistentVolumeClaims should be provisioned and bound.  When unset, VolumeBindingImmediate is used. This field is only honored by servers that enable the VolumeScheduling feature."),
+    col("AllowVolumeExpansion", "string", "", 0, "allowVolumeExpansion shows whether the storage class allow volume expand."),
+    col("Age", "string", "", 0, CREATED_DOC),
+];
+
+/// `controllerRevisionColumnDefinition`.
+#[rustfmt::skip]
+pub const CONTROLLER_REVISION: &[Column] = &[
+    col("Name", "string", "name", 0, NAME_DOC),
+    col("Controller", "string", "", 0, "Controller of the object"),
+    col("Revision", "string", "", 0, "Revision indicates the revision of the state represented by Data."),
+    col("Age", "string", "", 0, CREATED_DOC),
+];
+
+/// `resourceQuotaColumnDefinitions`.
+#[rustfmt::skip]
+pub const RESOURCE_QUOTA: &[Column] = &[
+    col("Name", "string", "name", 0, NAME_DOC),
+    col("Request", "string", "", 0, "Request represents a minimum amount of cpu/memory that a container may consume."),
+    col("Limit", "string", "", 0, "Limits control the maximum amount of cpu/memory that a container may use independent of contention on the node."),
+    col("Age", "string", "", 0, CREATED_DOC),
+];
+
+/// `priorityClassColumnDefinitions` (PreemptionPolicy without priority 1, as declared).
+#[rustfmt::skip]
+pub const PRIORITY_CLASS: &[Column] = &[
+    col("Name", "string", "name", 0, NAME_DOC),
+    col("Value", "integer", "", 0, "value represents the integer value of this priority class. This is the actual priority that pods receive when they have the name of this class in their pod spec."),
+    col("Global-Default", "boolean", "", 0, "globalDefault specifies whether this PriorityClass should be considered as the default priority for pods that do not have any priority class. Only one PriorityClass can be marked as `globalDefault`. However, if more than one PriorityClasses exists with their `globalDefault` field set to true, the smallest value of such global default PriorityClasses will be used as the default priority."),
+    col("Age", "string", "", 0, CREATED_DOC),
+    col("PreemptionPolicy", "string", "", 0, "preemptionPolicy is the Policy for preempting pods with lower priority. One of Never, PreemptLowerPriority. Defaults to PreemptLowerPriority if unset."),
+];
+
+/// `runtimeClassColumnDefinitions` (its Handler's doc is `ObjectMeta`'s "handler", which
+/// does not exist: empty).
+#[rustfmt::skip]
+pub const RUNTIME_CLASS: &[Column] = &[
+    col("Name", "string", "name", 0, NAME_DOC),
+    col("Handler", "string", "", 0, ""),
+    col("Age", "string", "", 0, CREATED_DOC),
+];
+
+/// `volumeAttachmentColumnDefinitions`.
+#[rustfmt::skip]
+pub const VOLUME_ATTACHMENT: &[Column] = &[
+    col("Name", "string", "name", 0, NAME_DOC),
+    col("Attacher", "string", "name", 0, "attacher indicates the name of the volume driver that MUST handle this request. This is the name returned by GetPluginName()."),
+    col("PV", "string", "", 0, "persistentVolumeName represents the name of the persistent volume to attach."),
+    col("Node", "string", "", 0, "nodeName represents the node that the volume should be attached to."),
+    col("Attached", "boolean", "", 0, "attached indicates the volume is successfully attached. This field must only be set by the entity completing the attach operation, i.e. the external-attacher."),
+    col("Age", "string", "", 0, CREATED_DOC),
+];
+
+/// `endpointSliceColumnDefinitions`.
+#[rustfmt::skip]
+pub const ENDPOINT_SLICE: &[Column] = &[
+    col("Name", "string", "name", 0, NAME_DOC),
+    col("AddressType", "string", "", 0, "addressType specifies the type of address carried by this EndpointSlice. All addresses in this slice must be the same type. This field is immutable after creation. The following address types are currently supported: * IPv4: Represents an IPv4 Address. * IPv6: Represents an IPv6 Address. * FQDN: Represents a Fully Qualified Domain Name. (Deprecated) The EndpointSlice controller only generates, and kube-proxy only processes, slices of addressType \"IPv4\" and \"IPv6\". No semantics are defined for the \"FQDN\" type."),
+    col("Ports", "string", "", 0, "ports specifies the list of network ports exposed by each endpoint in this slice. Each port must have a unique name. Each slice may include a maximum of 100 ports. Services always have at least 1 port, so EndpointSlices generated by the EndpointSlice controller will likewise always have at least 1 port. EndpointSlices used for other purposes may have an empty ports list."),
+    col("Endpoints", "string", "", 0, "endpoints is a list of unique endpoints in this slice. Each slice may include a maximum of 1000 endpoints."),
+    col("Age", "string", "", 0, CREATED_DOC),
+];
+
+/// `csiNodeColumnDefinitions`.
+#[rustfmt::skip]
+pub const CSI_NODE: &[Column] = &[
+    col("Name", "string", "name", 0, NAME_DOC),
+    col("Drivers", "integer", "", 0, "Drivers indicates the number of CSI drivers registered on the node"),
+    col("Age", "string", "", 0, CREATED_DOC),
+];
+
+/// `csiDriverColumnDefinitions`.
+#[rustfmt::skip]
+pub const CSI_DRIVER: &[Column] = &[
+    col("Name", "string", "name", 0, NAME_DOC),
+    col("AttachRequired", "boolean", "", 0, "attachRequired indicates this CSI volume driver requires an attach operation (because it implements the CSI ControllerPublishVolume() method), and that the Kubernetes attach detach controller should call the attach volume interface which checks the volumeattachment status and waits until the volume is attached before proceeding to mounting. The CSI external-attacher coordinates with CSI volume driver and updates the volumeattachment status when the attach operation is complete. If the value is specified to false, the attach operation will be skipped. Otherwise the attach operation will be called.\n\nThis field is immutable."),
+    col("PodInfoOnMount", "boolean", "", 0, "podInfoOnMount indicates this CSI volume driver requires additional pod information (like podName, podUID, etc.) during mount operations, if set to true. If set to false, pod information will not be passed on mount. Default is false.\n\nThe CSI driver specifies podInfoOnMount as part of driver deployment. If true, Kubelet will pass pod information as VolumeContext in the CSI NodePublishVolume() calls. The CSI driver is responsible for parsing and validating the information passed in as VolumeContext.\n\nThe following VolumeContext will be passed if podInfoOnMount is set to true. This list might grow, but the prefix will be used. \"csi.storage.k8s.io/pod.name\": pod.Name \"csi.storage.k8s.io/pod.namespace\": pod.Namespace \"csi.storage.k8s.io/pod.uid\": string(pod.UID) \"csi.storage.k8s.io/ephemeral\": \"true\" if the volume is an ephemeral inline volume\n                                defined by a CSIVolumeSource, otherwise \"false\"\n\n\"csi.storage.k8s.io/ephemeral\" is a new feature in Kubernetes 1.16. It is only required for drivers which support both the \"Persistent\" and \"Ephemeral\" VolumeLifecycleMode. Other drivers can leave pod info disabled and/or ignore this field. As Kubernetes 1.15 doesn't support this field, drivers can only support one mode when deployed on such a cluster and the deployment determines which mode that is, for example via a command line parameter of the driver.\n\nThis field was immutable in Kubernetes < 1.29 and now is mutable."),
+    col("StorageCapacity", "boolean", "", 0, "storageCapacity indicates that the CSI volume driver wants pod scheduling to consider the storage capacity that the driver deployment will report by creating CSIStorageCapacity objects with capacity information, if set to true.\n\nThe check can be enabled immediately when deploying a driver. In that case, provisioning new volumes with late binding will pause until the driver deployment has published some suitable CSIStorageCapacity object.\n\nAlternatively, the driver can be deployed with the field unset or false and it can be flipped later when storage capacity information has been published.\n\nThis field was immutable in Kubernetes <= 1.22 and now is mutable."),
+    col("TokenRequests", "string", "", 0, "tokenRequests indicates the CSI driver needs pods' service account tokens it is mounting volume for to do necessary authentication. Kubelet will pass the tokens in VolumeContext in the CSI NodePublishVolume calls. The CSI driver should parse and validate the following VolumeContext: \"csi.storage.k8s.io/serviceAccount.tokens\": {\n  \"<audience>\": {\n    \"token\": <token>,\n    \"expirationTimestamp\": <expiration timestamp in RFC3339>,\n  },\n  ...\n}\n\nNote: Audience in each TokenRequest should be different and at most one token is empty string. To receive a new token after expiry, RequiresRepublish can be used to trigger NodePublishVolume periodically."),
+    col("RequiresRepublish", "boolean", "", 0, "requiresRepublish indicates the CSI driver wants `NodePublishVolume` being periodically called to reflect any possible change in the mounted volume. This field defaults to false.\n\nNote: After a successful initial NodePublishVolume call, subsequent calls to NodePublishVolume should only update the contents of the volume. New mount points will not be seen by a running container."),
+    col("Modes", "string", "", 0, "volumeLifecycleModes defines what kind of volumes this CSI volume driver supports. The default if the list is empty is \"Persistent\", which is the usage defined by the CSI specification and implemented in Kubernetes via the usual PV/PVC mechanism.\n\nThe other mode is \"Ephemeral\". In this mode, volumes are defined inline inside the pod spec with CSIVolumeSource and their lifecycle is tied to the lifecycle of that pod. A driver has to be aware of this because it is only going to get a NodePublishVolume call for such a volume.\n\nFor more information about implementing this mode, see https://kubernetes-csi.github.io/docs/ephemeral-local-volumes.html A driver can support one or more of these modes and more modes may be added in the future.\n\nThis field is beta. This field is immutable."),
+    col("Age", "string", "", 0, CREATED_DOC),
+];
+
+/// `mutatingWebhookColumnDefinitions` and `validatingWebhookColumnDefinitions`.
+#[rustfmt::skip]
+pub const WEBHOOK_CONFIGURATION: &[Column] = &[
+    col("Name", "string", "name", 0, NAME_DOC),
+    col("Webhooks", "integer", "", 0, WEBHOOKS_DOC),
+    col("Age", "string", "", 0, CREATED_DOC),
+];
+
+/// The CRDs' own Table (`apiextensions-apiserver`'s `customresourcedefinition/tableconvertor`).
+#[rustfmt::skip]
+pub const CUSTOM_RESOURCE_DEFINITION: &[Column] = &[
+    col("Name", "string", "name", 0, NAME_DOC),
+    col("Scope", "string", "", 0, "Cluster/Namespaced"),
+    col("Versions", "string", "", 0, "Served versions"),
+    col("Created At", "date", "", 0, CREATED_DOC),
+    col("Group", "string", "", 1, "API group"),
+    col("Kind", "string", "", 1, "CustomResource kind"),
+    col("ShortNames", "string", "", 1, "Short names"),
+    col("Established", "boolean", "", 1, "Established status"),
+];
+
+/// APIServices' Table (`kube-aggregator`'s `apiservice/etcd`).
+#[rustfmt::skip]
+pub const API_SERVICE: &[Column] = &[
+    col("Name", "string", "name", 0, NAME_DOC),
+    col("Service", "string", "", 0, "The reference to the service that hosts this API endpoint."),
+    col("Available", "string", "", 0, "Whether this service is available."),
+    col("Age", "string", "", 0, CREATED_DOC),
+];

@@ -78,6 +78,14 @@ pub fn since(value: Option<&Value>, now: Timestamp) -> String {
     }
 }
 
+/// `Time.UTC().Format(time.RFC3339)` of a timestamp field: Go formats the zero time too,
+/// `0001-01-01T00:00:00Z`.
+pub fn rfc3339(value: Option<&Value>) -> String {
+    timestamp(value)
+        .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+        .unwrap_or_else(|| "0001-01-01T00:00:00Z".into())
+}
+
 /// `labels.FormatLabels`: `k=v,...` sorted by key, `<none>` for none.
 pub fn labels(map: Option<&Value>) -> String {
     let mut pairs: Vec<(&str, &str)> = map

@@ -5,24 +5,38 @@
 //! - [`builtin`] with [`columns`]: the built-in kinds' printers, ported from Kubernetes;
 //! - [`printer_columns`]: custom resources' `additionalPrinterColumns` and their JSONPaths;
 //! - the API server's default Table (Name, Created At) for the built-in kinds registered
-//!   with it (Roles, ClusterRoles, LimitRanges).
+//!   with it (Roles, ClusterRoles, LimitRanges, CSIStorageCapacities).
 //!
-//! A kind with none of these is tunnelled: another built-in kind has a printer of its own
-//! on the API server that the hub has not ported, and a custom resource's columns are known
-//! only from its CRD, which the hub sees only when the account's agent streams
+//! A kind with none of these is tunnelled: a custom resource's columns are known only from
+//! its CRD, which the hub sees only when the account's agent streams
 //! `customresourcedefinitions` (name it in `kinds`, or use `*`; the default kinds do not
 //! include it, nor custom resources). Without the CRD the answer would be a guess, so the
 //! Table is tunnelled; caching printer columns from discovery is not an option, as
-//! discovery does not carry them.
+//! discovery does not carry them. The built-in kinds still tunnelled: Secrets (their Data
+//! column counts keys the hub never holds), `autoscaling/v1` HorizontalPodAutoscalers, and
+//! those whose printers the hub has not ported: ComponentStatuses, ClusterTrustBundles,
+//! PodCertificateRequests, LeaseCandidates, VolumeAttributesClasses,
+//! Validating/MutatingAdmissionPolicies and their bindings, FlowSchemas,
+//! PriorityLevelConfigurations, StorageVersions, ServiceCIDRs, IPAddresses, the
+//! `resource.k8s.io` kinds (DeviceClasses, ResourceClaims, ResourceClaimTemplates,
+//! ResourceSlices, DeviceTaintRules), StorageVersionMigrations, and the scheduling and
+//! eviction kinds of 1.37 (Workloads, PodGroups, EvictionRequests).
 //!
-//! Watches with `as=Table` stay tunnelled (the cache serves no watch in a Table form).
+//! Watches with `as=Table` ([`watch_events`]) are served from the cache too, those that
+//! allow bookmarks aside.
 
+pub mod autoscaler;
 pub mod builtin;
 pub mod columns;
+pub mod control_plane;
+pub mod endpoints;
+pub mod events;
 pub mod format;
 pub mod negotiate;
 pub mod pod;
 pub mod printer_columns;
+pub mod storage;
+pub mod watch_events;
 
 use std::sync::Arc;
 
@@ -118,10 +132,7 @@ impl Printer {
             Printer::Builtin(b) => b.cells(o, now),
             Printer::Crd(c) => (c.cells(o, now), None),
             Printer::Default => {
-                // Go formats the zero time too: 0001-01-01T00:00:00Z.
-                let created = format::timestamp(o.pointer("/metadata/creationTimestamp"))
-                    .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
-                    .unwrap_or_else(|| "0001-01-01T00:00:00Z".into());
+                let created = format::rfc3339(o.pointer("/metadata/creationTimestamp"));
                 (
                     vec![
                         json!(format::string(o.pointer("/metadata/name"))),
@@ -147,9 +158,9 @@ pub fn printer(live: &Live, account: &str, info: &KindInfo) -> Result<Printer, &
             return Ok(Printer::Builtin(b));
         }
         return match (info.group.as_str(), info.plural.as_str()) {
-            ("rbac.authorization.k8s.io", "roles" | "clusterroles") | ("", "limitranges") => {
-                Ok(Printer::Default)
-            }
+            ("rbac.authorization.k8s.io", "roles" | "clusterroles")
+            | ("", "limitranges")
+            | ("storage.k8s.io", "csistoragecapacities") => Ok(Printer::Default),
             ("", "secrets") => Err("a Secret's Table counts its data, which the hub never holds"),
             _ => Err("a built-in kind whose printer the hub has not ported"),
         };
@@ -241,10 +252,10 @@ pub fn row(context: &TableContext, o: &Value, now: Timestamp) -> Result<Vec<u8>,
 }
 
 /// A Table's body around rendered rows. Go's field order: kind, apiVersion, metadata,
-/// columnDefinitions, rows.
+/// columnDefinitions (`null` without: a watch's events after the first), rows.
 pub fn table_body(
     version: TableVersion,
-    columns: &[OwnedColumn],
+    columns: Option<&[OwnedColumn]>,
     resource_version: &str,
     continue_token: Option<&str>,
     remaining: Option<usize>,
@@ -264,7 +275,12 @@ pub fn table_body(
     body.extend_from_slice(br#","metadata":"#);
     let _ = serde_json::to_writer(&mut body, &metadata);
     body.extend_from_slice(br#","columnDefinitions":"#);
-    let _ = serde_json::to_writer(&mut body, columns);
+    match columns {
+        Some(columns) => {
+            let _ = serde_json::to_writer(&mut body, columns);
+        }
+        None => body.extend_from_slice(b"null"),
+    }
     body.extend_from_slice(br#","rows":["#);
     for (i, r) in rows.iter().enumerate() {
         if i > 0 {
@@ -290,7 +306,7 @@ pub fn object_table(
     let row = row(context, &value, now)?;
     Ok(table_body(
         context.form.version,
-        &context.printer.columns(),
+        Some(&context.printer.columns()),
         format::string(value.pointer("/metadata/resourceVersion")),
         None,
         None,
@@ -298,5 +314,7 @@ pub fn object_table(
     ))
 }
 
+#[cfg(test)]
+mod cluster_kinds_tests;
 #[cfg(test)]
 mod tests;

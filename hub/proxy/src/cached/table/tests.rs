@@ -432,7 +432,7 @@ fn rows_and_tables_as_the_api_server_writes_them() {
     assert_eq!(row_of(IncludeObject::Object)["object"], o);
     let body = table_body(
         TableVersion::V1beta1,
-        &Printer::Default.columns(),
+        Some(&Printer::Default.columns()),
         "42",
         Some("tok"),
         Some(5),
