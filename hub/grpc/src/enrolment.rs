@@ -193,7 +193,7 @@ fn check_enrolment_token(
     grpc.auth
         .agent_tokens()
         .check(token, AgentTokenKind::Enrolment, now)
-        .map(Clone::clone)
+        .cloned()
         .map_err(|r| r.to_status())
 }
 
