@@ -89,7 +89,14 @@ pub(crate) async fn assemble(config: Config) -> Result<Assembled> {
             retention: config.operations.retention,
         },
     };
-    let proxy = Arc::new(proxy::ProxyState::default());
+    let proxy = Arc::new(proxy::ProxyState {
+        discovery: proxy::discovery::DiscoveryCache::with_limits(
+            proxy::discovery::MAX_ENTRY_BYTES,
+            proxy::discovery::MAX_ACCOUNT_BYTES,
+            config.streams.discovery_cache_bytes,
+        ),
+        ..Default::default()
+    });
     let hub = Arc::new(Hub {
         stream_settings: stream_settings(&config),
         live,

@@ -273,6 +273,9 @@ impl Hub {
             .set(self.live.cache().object_count() as i64);
         let budget = self.live.cache().history_budget();
         self.metrics.watch_history_bytes.set(budget.held() as i64);
+        self.metrics
+            .discovery_cache_bytes
+            .set(self.proxy.discovery.bytes() as i64);
         {
             // Under the registry's exclusive lock (briefly): two scrapes do not add the
             // same evictions twice.
@@ -281,6 +284,10 @@ impl Hub {
             self.metrics
                 .watch_history_evicted
                 .inc_by(budget.evicted().saturating_sub(counted));
+            let counted = self.metrics.discovery_cache_evicted.get();
+            self.metrics
+                .discovery_cache_evicted
+                .inc_by(self.proxy.discovery.stats().evicted.saturating_sub(counted));
         }
         self.metrics
             .proxy

@@ -26,6 +26,11 @@ pub struct Metrics {
     pub watch_history_bytes: Gauge,
     /// Watch history events dropped for `--watch-history-mib` (not the per-kind limits).
     pub watch_history_evicted: Counter,
+    /// Bytes of discovery and OpenAPI documents the proxy keeps (against
+    /// `--discovery-cache-mib`).
+    pub discovery_cache_bytes: Gauge,
+    /// Discovery documents dropped for `--discovery-cache-mib`.
+    pub discovery_cache_evicted: Counter,
     /// What the gRPC service records (messages received, resumes, relists, Acks held):
     /// defined by the service, registered here.
     pub grpc: GrpcMetrics,
@@ -74,6 +79,8 @@ impl Metrics {
         let objects_cached = Gauge::default();
         let watch_history_bytes = Gauge::default();
         let watch_history_evicted = Counter::default();
+        let discovery_cache_bytes = Gauge::default();
+        let discovery_cache_evicted = Counter::default();
         let grpc = GrpcMetrics::default();
         let operations = OperationMetrics::default();
         let proxy = ProxyMetrics::default();
@@ -130,6 +137,17 @@ impl Metrics {
             "Watch history events dropped to stay within --watch-history-mib",
             watch_history_evicted.clone(),
         );
+        registry.register(
+            "discovery_cache_bytes",
+            "Bytes of discovery and OpenAPI documents the Kubernetes API proxy keeps for all \
+             accounts (bounded by --discovery-cache-mib)",
+            discovery_cache_bytes.clone(),
+        );
+        registry.register(
+            "discovery_cache_evicted",
+            "Discovery and OpenAPI documents dropped to stay within --discovery-cache-mib",
+            discovery_cache_evicted.clone(),
+        );
         grpc.register(&mut registry);
         Metrics {
             registry: std::sync::Mutex::new(registry),
@@ -140,6 +158,8 @@ impl Metrics {
             objects_cached,
             watch_history_bytes,
             watch_history_evicted,
+            discovery_cache_bytes,
+            discovery_cache_evicted,
             grpc,
             operations,
             proxy,

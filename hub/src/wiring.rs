@@ -81,6 +81,7 @@ pub(crate) fn stream_settings(config: &Config) -> service::StreamSettings {
             max_accounts_per_identity: config.streams.max_accounts_per_identity,
             allow: config.agents.allow.clone(),
         },
+        max_streams_per_identity: config.streams.max_streams_per_identity,
         agent_cert_lifetime: config.agents.agent_cert_lifetime,
         agent_max_enrolment_age: config.agents.agent_max_enrolment_age,
         trusted_proxy: match &config.agents.security {

@@ -255,3 +255,84 @@ async fn discovery_is_cached_until_the_kinds_change() {
     hub.shutdown().await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Review F14: the documents of all accounts together stay within --discovery-cache-mib.
+/// Two accounts' agents answer a 200 KiB OpenAPI document each under a 350 KiB hub-wide
+/// limit (documents below half the tunnel window, so the hub sends the agent no window
+/// credit the cache check would take for a request): the second one pushes the first out (the gauge stays under the limit, the
+/// eviction is counted), the second is served from the cache, and the first account's
+/// next request goes to its cluster again and is answered whole: nothing breaks, the hub's
+/// memory is bounded.
+#[tokio::test]
+async fn all_accounts_documents_stay_within_the_hub_wide_discovery_limit() {
+    let pki = Pki::new();
+    let dir = data_dir("proxy-discovery-budget");
+    let hub = start_hub(&pki, &dir, |c| {
+        serve_https(&pki, c);
+        c.streams.discovery_cache_bytes = 350 * 1024;
+    })
+    .await;
+    let http = Https::for_hub(&pki, &hub, Proto::H2);
+    let admin = admin_token(&dir);
+    let mut a = tunnel_agent(&hub, &pki, "agent-a.test", "pod-1").await;
+    a.register("prod", "https://10.0.0.1:6443").await;
+    a.register("dev", "https://10.0.0.2:6443").await;
+    let prod = token_for(&http, &admin, "prod").await;
+    let dev = token_for(&http, &admin, "dev").await;
+    let document = |fill: u8| vec![fill; 200 * 1024];
+    let json = "application/json";
+
+    let (_, first) = from_agent(
+        &http,
+        &mut a,
+        "/clusters/prod/openapi/v2",
+        &prod,
+        json,
+        (json, "\"p-1\"", &document(b'p')),
+    )
+    .await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.body.len(), 200 * 1024);
+    let (_, second) = from_agent(
+        &http,
+        &mut a,
+        "/clusters/dev/openapi/v2",
+        &dev,
+        json,
+        (json, "\"d-1\"", &document(b'd')),
+    )
+    .await;
+    assert_eq!(second.status, 200);
+    // dev's document is kept: served by the hub alone.
+    let cached = from_cache(&http, &mut a, "/clusters/dev/openapi/v2", &dev, json, None).await;
+    assert_eq!(cached.header("x-scale-agent-cache").as_deref(), Some("hit"));
+    assert_eq!(&cached.body[..], &document(b'd')[..]);
+    // prod's went to stay within the limit: its next request reaches the cluster again.
+    let (head, again) = from_agent(
+        &http,
+        &mut a,
+        "/clusters/prod/openapi/v2",
+        &prod,
+        json,
+        (json, "\"p-2\"", &document(b'p')),
+    )
+    .await;
+    assert_eq!(head.path_and_query, "/openapi/v2");
+    assert_eq!(again.status, 200);
+    assert_eq!(again.header("x-scale-agent-cache").as_deref(), Some("miss"));
+    assert_eq!(again.body.len(), 200 * 1024);
+
+    let metrics = http.get("/metrics", Some(&admin)).await.text();
+    let value = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{name} missing"))
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(value("scale_agent_hub_discovery_cache_bytes"), 200 * 1024);
+    assert_eq!(value("scale_agent_hub_discovery_cache_evicted_total"), 2);
+    hub.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -23,7 +23,10 @@ async fn postgres_migrations_from_empty_are_idempotent_and_refuse_a_newer_schema
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
-    assert_eq!(first.iter().map(|v| v.0).collect::<Vec<_>>(), [1, 2, 3, 4]);
+    assert_eq!(
+        first.iter().map(|v| v.0).collect::<Vec<_>>(),
+        [1, 2, 3, 4, 5]
+    );
     let count: i64 = sql.query_one(tables, &[]).await?.get(0);
     assert!(count >= 15, "{count} tables");
     for table in [
@@ -66,6 +69,117 @@ async fn postgres_migrations_from_empty_are_idempotent_and_refuse_a_newer_schema
         message.contains("version 999") && message.contains("run a hub at least as new"),
         "{message}"
     );
+    Ok(())
+}
+
+/// Schema version 5 (review F10): a database at version 4 holding tokens and agent tokens
+/// gets their `sha256` column filled from the records, so that the tokens issued before
+/// the upgrade are found by the indexed lookup (and the lookup is an index scan); records
+/// written since carry the column too, a tombstone's empty hash finds nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_version_5_backfills_the_token_hashes_a_version_4_database_holds()
+-> anyhow::Result<()> {
+    let pg = Postgres::new().await?;
+    let sql = pg.sql().await?;
+    let mut store = pg.open().await?;
+    let mut tombstone = token("t-revoked");
+    tombstone.sha256 = String::new();
+    tombstone.revoked = true;
+    store
+        .commit(vec![
+            StoreOp::PutToken {
+                record: token("t1"),
+            },
+            StoreOp::PutToken { record: tombstone },
+            StoreOp::PutAgentToken {
+                record: agent_token("at1"),
+            },
+        ])
+        .await?;
+    store.close().await?;
+    // Back to version 4 as a hub of that version left it: no column, no index, no row of
+    // version 5.
+    sql.batch_execute(
+        "ALTER TABLE tokens DROP COLUMN sha256;
+         ALTER TABLE agent_tokens DROP COLUMN sha256;
+         DELETE FROM schema_migrations WHERE version = 5;",
+    )
+    .await?;
+
+    let mut store = pg.open().await?;
+    let hashes = |table: &'static str| {
+        let sql = &sql;
+        async move {
+            sql.query(&format!("SELECT id, sha256 FROM {table} ORDER BY id"), &[])
+                .await
+                .map(|rows| {
+                    rows.iter()
+                        .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
+                        .collect::<Vec<_>>()
+                })
+        }
+    };
+    assert_eq!(
+        hashes("tokens").await?,
+        [
+            ("t-revoked".to_string(), String::new()),
+            ("t1".to_string(), "00ff".to_string())
+        ]
+    );
+    assert_eq!(
+        hashes("agent_tokens").await?,
+        [("at1".to_string(), "aa".to_string())]
+    );
+    let shared = store.shared().expect("PostgreSQL has shared reads");
+    assert_eq!(shared.find_token("00ff").await?, Some(token("t1")));
+    assert_eq!(shared.find_token("").await?, None);
+    assert_eq!(
+        shared.find_agent_token("aa").await?,
+        Some(agent_token("at1"))
+    );
+
+    // Written since the upgrade: the column follows the record, on insert and on update.
+    let mut later = agent_token("at2");
+    later.sha256 = "bb".into();
+    store
+        .commit(vec![StoreOp::PutAgentToken {
+            record: later.clone(),
+        }])
+        .await?;
+    assert_eq!(shared.find_agent_token("bb").await?, Some(later.clone()));
+    later.sha256 = "cc".into();
+    store
+        .commit(vec![StoreOp::PutAgentToken {
+            record: later.clone(),
+        }])
+        .await?;
+    assert_eq!(shared.find_agent_token("bb").await?, None);
+    assert_eq!(shared.find_agent_token("cc").await?, Some(later));
+
+    // The lookup is an index scan (sequential scans off: the tables are tiny, and the
+    // planner would scan them whole otherwise).
+    for (table, index) in [
+        ("tokens", "tokens_sha256"),
+        ("agent_tokens", "agent_tokens_sha256"),
+    ] {
+        let plan: Vec<String> = sql
+            .simple_query(&format!(
+                "SET enable_seqscan = off; \
+                 EXPLAIN SELECT id, record FROM {table} WHERE sha256 = 'aa' LIMIT 1"
+            ))
+            .await?
+            .into_iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_string),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            plan.iter().any(|line| line.contains(index)),
+            "{table}: {plan:?}"
+        );
+    }
+    store.close().await?;
     Ok(())
 }
 

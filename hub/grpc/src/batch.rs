@@ -140,6 +140,9 @@ impl StreamTask {
         self.propagate(&mut fx);
         self.answer(fx).await?;
         if let Some(e) = protocol_error {
+            if matches!(e, ProtocolError::ResourceExhausted(_)) {
+                self.grpc.metrics.identity_limit_refused("staged_bytes");
+            }
             tracing::warn!(error = ?e, "protocol error; ending the stream");
             return Err(e.to_status());
         }

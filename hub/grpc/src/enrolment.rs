@@ -121,22 +121,20 @@ async fn enroll(
              --identity <id> --accounts <pattern> --ttl 1h --once`)",
         ));
     }
-    // The store lock is held from the check to the durable commit, so two enrolments with
-    // one token cannot both succeed.
-    let mut store = grpc.store.lock().await;
-    // Replicas sharing a store: the token as the store holds it now (issued, used or
-    // revoked through another replica).
+    // The token is learnt from the shared store and checked before the store lock: an
+    // unknown or spent token (anyone reaching the port may send one, review F10) never
+    // waits for the lock nor holds up the commits and enrolments queued behind it.
     sync::learn_agent_token(&grpc.replicas, &grpc.auth, &request.token, true).await;
-    let now = jiff::Timestamp::now().as_second();
-    let record = grpc
-        .auth
-        .agent_tokens()
-        .check(&request.token, AgentTokenKind::Enrolment, now)
-        .map_err(|r| r.to_status())?
-        .clone();
+    let record = check_enrolment_token(grpc, &request.token)?;
     // A disabled identity enrols with no token (a token issued before the admin disabled
     // it, or one issued by mistake since).
     refresh_identity(grpc, &record.identity).await?;
+    // The store lock is held from the re-check to the durable commit, so two enrolments
+    // with one token cannot both succeed: the one that takes the lock second finds the
+    // token used in memory.
+    let mut store = grpc.store.lock().await;
+    let record = check_enrolment_token(grpc, &request.token)?;
+    let now = jiff::Timestamp::now().as_second();
     identity_states::check(
         grpc.auth.identity_states().get(&record.identity),
         &record.identity,
@@ -183,6 +181,20 @@ async fn enroll(
     })?;
     let serial = issued.serial.clone();
     Ok((issued_certificate(grpc, issued), serial))
+}
+
+/// The enrolment token's record if `token` is an enrolment token this replica holds,
+/// unused and unexpired now; the refusal saying why not otherwise.
+fn check_enrolment_token(
+    grpc: &GrpcState,
+    token: &str,
+) -> Result<scale_agent_hub_model::records::AgentTokenRecord, Status> {
+    let now = jiff::Timestamp::now().as_second();
+    grpc.auth
+        .agent_tokens()
+        .check(token, AgentTokenKind::Enrolment, now)
+        .cloned()
+        .map_err(|r| r.to_status())
 }
 
 /// The answer carrying a certificate the agent CA issued.

@@ -16,6 +16,9 @@ pub struct GrpcMetrics {
     pub relists: Counter,
     /// Acks a stream held because the store was behind or failing.
     pub acks_held: Counter,
+    /// Streams refused or ended at a limit of their agent identity (review F14), by limit
+    /// (`streams`: `--max-streams-per-identity`; `staged_bytes`: `--max-staged-bytes`).
+    pub identity_limit_refusals: Family<[(&'static str, &'static str); 1], Counter>,
 }
 
 impl GrpcMetrics {
@@ -23,6 +26,13 @@ impl GrpcMetrics {
     pub fn received(&self, kind: &'static str, bytes: usize) {
         self.events_received.get_or_create(&[("type", kind)]).inc();
         self.bytes_received.inc_by(bytes as u64);
+    }
+
+    /// Counts a stream refused or ended at its identity's `limit`.
+    pub fn identity_limit_refused(&self, limit: &'static str) {
+        self.identity_limit_refusals
+            .get_or_create(&[("limit", limit)])
+            .inc();
     }
 
     /// Adds `acks_held_total` to `registry` (the hub's, prefixed `scale_agent_hub`). Apart
@@ -58,6 +68,12 @@ impl GrpcMetrics {
             "Snapshots started by agents (a kind listed instead of resumed)",
             self.relists.clone(),
         );
+        registry.register(
+            "agent_identity_limit_refusals",
+            "Agent streams refused or ended at a limit of their identity, by limit (streams: \
+             --max-streams-per-identity; staged_bytes: --max-staged-bytes)",
+            self.identity_limit_refusals.clone(),
+        );
     }
 }
 
@@ -78,6 +94,7 @@ mod tests {
         m.resumes.inc_by(2);
         m.relists.inc();
         m.acks_held.inc();
+        m.identity_limit_refused("streams");
         let mut text = String::new();
         encode(&mut text, &registry).unwrap();
         for line in [
@@ -86,6 +103,7 @@ mod tests {
             "scale_agent_hub_bytes_received_total 15",
             "scale_agent_hub_resumes_total 2",
             "scale_agent_hub_relists_total 1",
+            "scale_agent_hub_agent_identity_limit_refusals_total{limit=\"streams\"} 1",
         ] {
             assert!(text.contains(line), "{line} missing in\n{text}");
         }

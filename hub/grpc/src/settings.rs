@@ -43,7 +43,11 @@ pub struct StreamSettings {
     pub heartbeat: HeartbeatBounds,
     /// Messages an agent may send ahead of the hub's Ack (`--max-unacked`; sent in Welcome).
     pub max_unacked: u32,
-    /// What one stream may send and hold (`--max-object-bytes`, `--max-staged-bytes`,
+    /// Most streams one agent identity may have open at once (`--max-streams-per-identity`;
+    /// 0: no limit).
+    pub max_streams_per_identity: u64,
+    /// What one stream may send and hold (`--max-object-bytes`, `--max-staged-bytes` with
+    /// the identity's other streams,
     /// `--max-objects-per-account`, `--allow`), checked by the session protocol; the first
     /// and third are also sent in Welcome.
     pub limits: Limits,

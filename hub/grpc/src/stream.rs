@@ -11,6 +11,7 @@ use scale_agent_hub_auth::agent_auth::Authenticated;
 use scale_agent_hub_model::time::shutting_down;
 use scale_agent_hub_state::{
     Control, Hearing, SessionHandle,
+    identity_use::StreamShare,
     registry::SessionId,
     session::{Session, check_hello, message_type, streaming_assignment},
     tunnel,
@@ -89,6 +90,7 @@ impl StreamTask {
         hello: &pb::Hello,
     ) -> Result<Self, Status> {
         let identity = auth.identity.as_str();
+        let share = join_identity(&grpc, identity, &hello.replica)?;
         let period = granted_period(&grpc, hello);
         let hearing = Arc::new(Hearing::new(period));
         let Registered {
@@ -98,7 +100,9 @@ impl StreamTask {
         } = register(&grpc, identity, hello, &out, hearing.clone())?;
         tracing::info!(version = %hello.agent_version, "agent connected");
 
-        let session = Session::new(id, identity.to_string()).with_grant(auth.grant.clone());
+        let session = Session::new(id, identity.to_string())
+            .with_grant(auth.grant.clone())
+            .with_share(share);
         let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let store_progress = grpc.commits.subscribe();
@@ -336,6 +340,38 @@ struct Registered {
 /// Registers the stream of `identity` in the registry and among the streams, replacing an
 /// older one of the same replica, and tells the rest of the hub (promotions, accounts'
 /// states, the agent's replicas, its dynamic accounts).
+/// The stream's place among its identity's streams, within `--max-streams-per-identity`
+/// (review F14). A replica reconnecting replaces its own stream, which still counts until
+/// it is replaced: that one is let in past the limit.
+fn join_identity(grpc: &GrpcState, identity: &str, replica: &str) -> Result<StreamShare, Status> {
+    let book = grpc.live.identity_use();
+    let max = grpc.settings.max_streams_per_identity;
+    let refused = match book.join(identity, max) {
+        Ok(share) => return Ok(share),
+        Err(refused) => refused,
+    };
+    if grpc.live.registry_read().has_session(identity, replica) {
+        // 0: no limit, so the join cannot be refused.
+        if let Ok(share) = book.join(identity, 0) {
+            return Ok(share);
+        }
+    }
+    grpc.metrics.identity_limit_refused("streams");
+    tracing::warn!(%identity, %replica, open = refused.open, limit = refused.max, "agent stream refused: its identity has as many streams open as --max-streams-per-identity");
+    Err(Status::resource_exhausted(format!(
+        // troubleshooting: an agent's stream refused by the hub
+        // One agent identity may have at most `--max-streams-per-identity` streams open on a
+        // hub replica (default 16): each agent pod holds one, so more means more pods than
+        // that, or a client making up replica names. The new stream is refused with gRPC
+        // `RESOURCE_EXHAUSTED`; the identity's other streams go on.
+        "agent identity {identity:?} already has {} streams open on this hub replica, the \
+         limit of --max-streams-per-identity {}: each agent pod holds one stream; raise \
+         --max-streams-per-identity on the hub if this identity runs more pods, or find what \
+         else presents its credential",
+        refused.open, refused.max
+    )))
+}
+
 fn register(
     grpc: &GrpcState,
     identity: &str,

@@ -34,6 +34,10 @@ pub const QUIET_AFTER_CHANGE: Duration = Duration::from_secs(30);
 pub const MAX_ENTRY_BYTES: usize = 64 * 1024 * 1024;
 /// Most bytes kept per account; the oldest entries go first.
 pub const MAX_ACCOUNT_BYTES: usize = 256 * 1024 * 1024;
+/// Default of the most bytes kept for all accounts together (`--discovery-cache-mib`):
+/// review F14, the per-account bound alone lets agents of many accounts (or one identity
+/// with many) grow the hub by 256 MiB each.
+pub const DEFAULT_TOTAL_BYTES: usize = 512 * 1024 * 1024;
 
 /// Whether a request reads a discovery, version or OpenAPI document.
 pub fn is_discovery(method: &Method, path: &str) -> bool {
@@ -182,6 +186,8 @@ pub struct Stats {
     pub hits: u64,
     pub revalidated: u64,
     pub misses: u64,
+    /// Documents dropped to keep all accounts within the hub-wide limit.
+    pub evicted: u64,
 }
 
 /// Per-account documents.
@@ -191,24 +197,41 @@ pub struct DiscoveryCache {
     stats: Mutex<Stats>,
     max_entry_bytes: usize,
     max_account_bytes: usize,
+    /// All accounts together (`usize::MAX`: no hub-wide limit).
+    max_total_bytes: usize,
 }
 
 impl Default for DiscoveryCache {
     fn default() -> Self {
-        Self::with_limits(MAX_ENTRY_BYTES, MAX_ACCOUNT_BYTES)
+        Self::with_limits(MAX_ENTRY_BYTES, MAX_ACCOUNT_BYTES, DEFAULT_TOTAL_BYTES)
     }
 }
 
 impl DiscoveryCache {
-    /// A cache keeping documents up to `max_entry_bytes`, and up to `max_account_bytes` per
-    /// account.
-    pub fn with_limits(max_entry_bytes: usize, max_account_bytes: usize) -> Self {
+    /// A cache keeping documents up to `max_entry_bytes`, up to `max_account_bytes` per
+    /// account, and up to `max_total_bytes` for all accounts together (0: no hub-wide
+    /// limit).
+    pub fn with_limits(
+        max_entry_bytes: usize,
+        max_account_bytes: usize,
+        max_total_bytes: usize,
+    ) -> Self {
         DiscoveryCache {
             accounts: Mutex::default(),
             stats: Mutex::default(),
             max_entry_bytes,
             max_account_bytes,
+            max_total_bytes: if max_total_bytes == 0 {
+                usize::MAX
+            } else {
+                max_total_bytes
+            },
         }
+    }
+
+    /// Bytes of the documents kept for all accounts.
+    pub fn bytes(&self) -> usize {
+        self.lock().values().map(|d| d.bytes).sum()
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<String, AccountDocuments>> {
@@ -286,6 +309,31 @@ impl DiscoveryCache {
             if let Some(old) = documents.entries.remove(&oldest) {
                 documents.bytes -= old.document.body.len();
             }
+        }
+        // Past the hub-wide limit, the documents used longest ago go, whichever account
+        // holds them: an account re-fetches a dropped one from its cluster, the hub's
+        // memory stays bounded however many accounts fill theirs.
+        let mut total: usize = accounts.values().map(|d| d.bytes).sum();
+        let mut evicted = 0;
+        while total > self.max_total_bytes {
+            let Some((account, key)) = accounts
+                .iter()
+                .flat_map(|(account, d)| d.entries.iter().map(move |(k, e)| (account, k, e)))
+                .min_by_key(|(_, _, e)| e.last_used)
+                .map(|(account, k, _)| (account.clone(), k.clone()))
+            else {
+                break;
+            };
+            if let Some(documents) = accounts.get_mut(&account)
+                && let Some(old) = documents.entries.remove(&key)
+            {
+                documents.bytes -= old.document.body.len();
+                total -= old.document.body.len();
+                evicted += 1;
+            }
+        }
+        if evicted > 0 {
+            self.count(|s| s.evicted += evicted);
         }
     }
 
@@ -454,7 +502,8 @@ mod tests {
             Stats {
                 hits: 3,
                 revalidated: 1,
-                misses: 3
+                misses: 3,
+                evicted: 0
             }
         );
     }
@@ -491,7 +540,7 @@ mod tests {
     #[test]
     fn oversized_documents_are_not_kept_and_accounts_are_bounded() {
         let (max_entry, max_account) = (100, 350);
-        let cache = DiscoveryCache::with_limits(max_entry, max_account);
+        let cache = DiscoveryCache::with_limits(max_entry, max_account, 0);
         let t0 = Instant::now();
         let big = Document {
             headers: Vec::new(),
@@ -522,5 +571,42 @@ mod tests {
             ),
             "the oldest went first"
         );
+    }
+
+    #[test]
+    fn all_accounts_together_stay_within_the_hub_wide_limit() {
+        let cache = DiscoveryCache::with_limits(100, 1000, 250);
+        let t0 = Instant::now();
+        let doc = || Document {
+            headers: Vec::new(),
+            body: Bytes::from(vec![0u8; 100]),
+            etag: None,
+        };
+        let k = |i: usize| key(&format!("/openapi/v3/apis/g{i}/v1"), "application/json");
+        cache.store("quiet", k(0), doc(), t0);
+        cache.store("quiet", k(1), doc(), t0 + Duration::from_millis(1));
+        // Another account's documents, used since: the least recently used go first,
+        // whichever account holds them.
+        for i in 0..3 {
+            cache.store(
+                "busy",
+                k(i),
+                doc(),
+                t0 + Duration::from_millis(10 + i as u64),
+            );
+        }
+        assert_eq!(cache.bytes(), 200);
+        assert_eq!((cache.len("quiet"), cache.len("busy")), (0, 2));
+        assert_eq!(cache.stats().evicted, 3);
+        assert!(matches!(
+            cache.lookup("busy", &k(2), t0 + Duration::from_millis(20)),
+            Lookup::Fresh(_)
+        ));
+        // 0: no hub-wide limit (only the per-account one).
+        let unbounded = DiscoveryCache::with_limits(100, 1000, 0);
+        for account in ["a", "b", "c", "d"] {
+            unbounded.store(account, k(0), doc(), t0);
+        }
+        assert_eq!(unbounded.bytes(), 400);
     }
 }

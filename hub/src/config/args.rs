@@ -477,9 +477,10 @@ pub struct StreamArgs {
     #[arg(long, env = "SCALE_AGENT_HUB_MAX_OBJECT_BYTES", default_value_t = 2 * 1024 * 1024)]
     pub max_object_bytes: u64,
 
-    /// Most bytes of objects one agent stream may hold in snapshots it has begun and not
-    /// ended (a relist is staged whole before it replaces the cache). A stream past it is
-    /// ended with RESOURCE_EXHAUSTED naming the account and kind.
+    /// Most bytes of objects the streams of one agent identity may hold together in
+    /// snapshots they have begun and not ended (a relist is staged whole before it replaces
+    /// the cache). The stream that goes past it is ended with RESOURCE_EXHAUSTED naming the
+    /// identity, account and kind.
     #[arg(long, env = "SCALE_AGENT_HUB_MAX_STAGED_BYTES", default_value_t = DEFAULT_MAX_STAGED_BYTES)]
     pub max_staged_bytes: u64,
 
@@ -506,6 +507,17 @@ pub struct StreamArgs {
     )]
     pub max_accounts_per_identity: u64,
 
+    /// Most streams one agent identity may have open on this hub replica at once (replica
+    /// names are the agent's to choose, so without it one identity could open streams
+    /// without end, each staging snapshots). A stream past it is refused with
+    /// RESOURCE_EXHAUSTED naming this flag. 0 means no limit.
+    #[arg(
+        long,
+        env = "SCALE_AGENT_HUB_MAX_STREAMS_PER_IDENTITY",
+        default_value_t = super::DEFAULT_MAX_STREAMS_PER_IDENTITY
+    )]
+    pub max_streams_per_identity: u64,
+
     /// Most MiB of objects the watch histories of all accounts and kinds hold together
     /// (what the Kubernetes API proxy serves watches from; each kind also keeps at most the
     /// last 4096 events or 32 MiB). A history whose event takes the total past it drops its
@@ -513,6 +525,13 @@ pub struct StreamArgs {
     /// Gone ("too old resource version") and lists again. 0 means no hub-wide limit.
     #[arg(long, env = "SCALE_AGENT_HUB_WATCH_HISTORY_MIB", default_value_t = crate::cache::history::DEFAULT_BUDGET_BYTES / (1024 * 1024))]
     pub watch_history_mib: usize,
+
+    /// Most MiB of discovery and OpenAPI documents the Kubernetes API proxy keeps for all
+    /// accounts together (each account keeps at most 256 MiB, each document at most 64 MiB).
+    /// Past it the documents used longest ago go, whichever account holds them, and are
+    /// fetched from their cluster again when asked for. 0 means no hub-wide limit.
+    #[arg(long, env = "SCALE_AGENT_HUB_DISCOVERY_CACHE_MIB", default_value_t = crate::proxy::discovery::DEFAULT_TOTAL_BYTES / (1024 * 1024))]
+    pub discovery_cache_mib: usize,
 }
 
 /// Operations (`POST /api/v1/accounts/{name}/operations`): how large their results and
@@ -616,7 +635,7 @@ mod tests {
             .get_arguments()
             .filter(|arg| !matches!(arg.get_id().as_str(), "help" | "version"))
             .collect();
-        assert_eq!(flags.len(), 68);
+        assert_eq!(flags.len(), 70);
         for arg in flags {
             let id = arg.get_id().as_str();
             let long = arg

@@ -440,7 +440,9 @@ impl StreamArgs {
             max_staged_bytes,
             max_objects_per_account,
             max_accounts_per_identity,
+            max_streams_per_identity,
             watch_history_mib,
+            discovery_cache_mib,
         } = self;
         StreamConfig {
             grace_period,
@@ -452,7 +454,9 @@ impl StreamArgs {
             max_staged_bytes,
             max_objects_per_account,
             max_accounts_per_identity,
+            max_streams_per_identity,
             watch_history_bytes: watch_history_mib.saturating_mul(1024 * 1024),
+            discovery_cache_bytes: discovery_cache_mib.saturating_mul(1024 * 1024),
         }
     }
 }

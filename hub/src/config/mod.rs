@@ -188,16 +188,23 @@ pub struct StreamConfig {
     pub max_heartbeat_period: Duration,
     pub max_unacked: u32,
     pub max_object_bytes: u64,
-    /// Most bytes of objects one stream may hold in snapshots not yet ended.
+    /// Most bytes of objects the streams of one agent identity may hold together in
+    /// snapshots not yet ended.
     pub max_staged_bytes: u64,
     /// Most objects cached for one account (0: no limit).
     pub max_objects_per_account: u64,
     /// Most accounts bound to one agent identity (`--max-accounts-per-identity`; 0: no
     /// limit).
     pub max_accounts_per_identity: u64,
+    /// Most streams one agent identity may have open at once (`--max-streams-per-identity`;
+    /// 0: no limit).
+    pub max_streams_per_identity: u64,
     /// Bytes all the watch histories may hold together (`--watch-history-mib`; 0: only the
     /// per-kind limits).
     pub watch_history_bytes: usize,
+    /// Bytes of discovery documents the proxy keeps for all accounts
+    /// (`--discovery-cache-mib`; 0: only the per-account limit).
+    pub discovery_cache_bytes: usize,
 }
 
 /// How long operations are kept and how large they may be.
@@ -296,7 +303,9 @@ impl Config {
                 max_staged_bytes: DEFAULT_MAX_STAGED_BYTES,
                 max_objects_per_account: DEFAULT_MAX_OBJECTS_PER_ACCOUNT,
                 max_accounts_per_identity: DEFAULT_MAX_ACCOUNTS_PER_IDENTITY,
+                max_streams_per_identity: DEFAULT_MAX_STREAMS_PER_IDENTITY,
                 watch_history_bytes: crate::cache::history::DEFAULT_BUDGET_BYTES,
+                discovery_cache_bytes: crate::proxy::discovery::DEFAULT_TOTAL_BYTES,
             },
             operations: OperationConfig {
                 retention: Duration::from_secs(15 * 60),
@@ -488,6 +497,11 @@ pub const DEFAULT_MAX_OBJECTS_PER_ACCOUNT: u64 = 250_000;
 /// tens to a few hundred), while one compromised identity registering names without end
 /// (review F14: each account may hold --max-objects-per-account objects) is stopped.
 pub const DEFAULT_MAX_ACCOUNTS_PER_IDENTITY: u64 = 1000;
+/// Default of `--max-streams-per-identity` (review F14): an agent runs one stream per pod
+/// (two or three replicas, one more for a moment while a pod is replaced), so 16 leaves room
+/// for rollouts and reconnections, while one identity cannot multiply the staging limit
+/// and the hub's per-stream state without end.
+pub const DEFAULT_MAX_STREAMS_PER_IDENTITY: u64 = 16;
 /// Default of `--max-request-bytes`: 8 MiB.
 /// Default lifetime of the tokens the hub issues for people (`--token-ttl`): a working day.
 pub const DEFAULT_TOKEN_TTL: std::time::Duration =

@@ -13,6 +13,7 @@
 pub mod dispatch;
 pub mod dynamic_accounts;
 mod hearing;
+pub mod identity_use;
 mod live;
 pub mod metrics;
 pub mod registry;

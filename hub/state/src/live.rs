@@ -124,6 +124,8 @@ pub struct Live {
     owners_wake: Notify,
     /// The caches above that hear of changes ([`Live::set_cache_events`]).
     cache_events: std::sync::RwLock<std::sync::Arc<dyn CacheEvents>>,
+    /// The streams and staged bytes of each agent identity (review F14).
+    identity_use: std::sync::Arc<crate::identity_use::IdentityUse>,
 }
 
 impl Live {
@@ -146,6 +148,7 @@ impl Live {
             owns_everything,
             owners_wake: Notify::new(),
             cache_events: std::sync::RwLock::new(std::sync::Arc::new(NoCacheEvents)),
+            identity_use: Default::default(),
         }
     }
 
@@ -177,6 +180,12 @@ impl Live {
     /// ([`CacheEvents::kinds_changed`]).
     pub fn kinds_changed(&self, account: &str) {
         self.cache_events().kinds_changed(account);
+    }
+
+    /// The streams and staged bytes of each agent identity: a stream joins at its start
+    /// (`--max-streams-per-identity`) and its session counts what it stages.
+    pub fn identity_use(&self) -> &std::sync::Arc<crate::identity_use::IdentityUse> {
+        &self.identity_use
     }
 
     /// The registry, exclusively: for what changes it (a poisoned lock is taken over: the

@@ -338,6 +338,11 @@ impl Registry {
     }
 
     /// The live stream of `identity` and `replica`, if any.
+    /// Whether `identity` has a stream of `replica` (which a new one of it replaces).
+    pub fn has_session(&self, identity: &str, replica: &str) -> bool {
+        self.session_of(identity, replica).is_some()
+    }
+
     fn session_of(&self, identity: &str, replica: &str) -> Option<&AgentSession> {
         self.by_identity
             .get(identity)?

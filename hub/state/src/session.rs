@@ -25,7 +25,10 @@ use scale_agent_hub_cache::{
 };
 use scale_agent_hub_model::{identity::AllowRule, store_op::StoreOp};
 
-use crate::registry::{Promotion, Registry, Role, SessionId};
+use crate::{
+    identity_use::StreamShare,
+    registry::{Promotion, Registry, Role, SessionId},
+};
 
 /// Registry and cache in one place: the state as the store loads it, and the
 /// single-threaded form [`Session::handle`] works on (tests). The running hub keeps them
@@ -274,6 +277,9 @@ pub struct Session {
     /// Accounts this stream served and then unregistered (an agent draining on shutdown):
     /// results of the operations routed to it before still update the cache.
     unregistered: BTreeSet<String>,
+    /// The stream's place among its identity's streams: what they stage together is held
+    /// to `--max-staged-bytes` (`None`: the session's tests, one stream alone).
+    share: Option<StreamShare>,
 }
 
 impl Session {
@@ -288,6 +294,27 @@ impl Session {
             next_seq: 2,
             staging: BTreeMap::new(),
             unregistered: BTreeSet::new(),
+            share: None,
+        }
+    }
+
+    /// Counts what this stream stages with its identity's other streams (`share`, from
+    /// [`crate::identity_use::IdentityUse::join`]).
+    pub fn with_share(mut self, share: StreamShare) -> Self {
+        self.share = Some(share);
+        self
+    }
+
+    /// What the identity's other streams stage (0 without a share).
+    fn others_staged(&self) -> u64 {
+        self.share.as_ref().map_or(0, StreamShare::others_staged)
+    }
+
+    /// Tells the identity's share what this stream stages now (after a message, which may
+    /// have begun, filled, ended or dropped snapshots).
+    fn report_staged(&mut self) {
+        if let Some(share) = &mut self.share {
+            share.set_staged(self.staging.values().map(|s| s.bytes).sum());
         }
     }
 
@@ -393,6 +420,19 @@ impl Session {
         now: (Instant, SystemTime),
         fx: &mut Effects,
     ) -> Result<(), ProtocolError> {
+        let handled = self.control_message(st, limits, msg, now, fx);
+        self.report_staged();
+        handled
+    }
+
+    fn control_message(
+        &mut self,
+        st: &mut Control<'_>,
+        limits: &Limits,
+        msg: pb::AgentMessage,
+        now: (Instant, SystemTime),
+        fx: &mut Effects,
+    ) -> Result<(), ProtocolError> {
         match self.next(msg)? {
             Msg::RegisterAccount(reg) => {
                 self.register(st, limits, reg, now, fx);
@@ -420,6 +460,19 @@ impl Session {
     /// Handles any other message ([`Route::Data`]); `prepared` is what [`prepare`] made of
     /// it before the lock was taken (`None`: it is prepared here).
     pub fn handle_data(
+        &mut self,
+        st: &mut Data<'_>,
+        limits: &Limits,
+        msg: pb::AgentMessage,
+        prepared: Option<Result<PreparedObject, ProtocolError>>,
+        fx: &mut Effects,
+    ) -> Result<(), ProtocolError> {
+        let handled = self.data_message(st, limits, msg, prepared, fx);
+        self.report_staged();
+        handled
+    }
+
+    fn data_message(
         &mut self,
         st: &mut Data<'_>,
         limits: &Limits,

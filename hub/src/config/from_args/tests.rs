@@ -85,8 +85,10 @@ fn defaults_and_missing_tls() {
     assert_eq!(args.streams.max_object_bytes, 2 * 1024 * 1024);
     assert_eq!(args.store.store_cache_mib, 2);
     assert_eq!(args.streams.watch_history_mib, 256);
+    assert_eq!(args.streams.discovery_cache_mib, 512);
     assert_eq!(args.streams.max_objects_per_account, 250_000);
     assert_eq!(args.streams.max_accounts_per_identity, 1000);
+    assert_eq!(args.streams.max_streams_per_identity, 16);
     assert_eq!(args.agents.agent_cert_lifetime, DEFAULT_AGENT_CERT_LIFETIME);
     let err = args.into_config().unwrap_err().to_string();
     assert!(err.contains("--tls-cert, --tls-key"), "{err}");

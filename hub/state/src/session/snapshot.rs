@@ -14,7 +14,8 @@ use super::{
 };
 
 impl Session {
-    /// Adds an object event to an open snapshot, within the stream's staging limit.
+    /// Adds an object event to an open snapshot, within the staging limit of the stream's
+    /// identity (all its streams together).
     pub(super) fn stage(
         &mut self,
         scope: (String, KindKey, String),
@@ -22,12 +23,13 @@ impl Session {
         deleted: bool,
         limits: &Limits,
     ) -> Result<(), ProtocolError> {
-        let others: u64 = self
-            .staging
-            .iter()
-            .filter(|(k, _)| **k != scope)
-            .map(|(_, s)| s.bytes)
-            .sum();
+        let others: u64 = self.others_staged()
+            + self
+                .staging
+                .iter()
+                .filter(|(k, _)| **k != scope)
+                .map(|(_, s)| s.bytes)
+                .sum::<u64>();
         let Some(staged) = self.staging.get_mut(&scope) else {
             return Ok(());
         };
@@ -46,12 +48,14 @@ impl Session {
             return Err(ProtocolError::ResourceExhausted(format!(
                 // troubleshooting: an agent's stream ended by the hub
                 // The hub holds each kind's snapshot until it ends, so it can replace the kind's
-                // contents at once; the open snapshots of one stream may hold at most
-                // `--max-staged-bytes`. The stream ends with gRPC `RESOURCE_EXHAUSTED`.
-                "the snapshots this stream has open hold more than the hub's limit of {} bytes \
-                 (--max-staged-bytes), reached in the snapshot of account {account:?}, kind \
-                 {kind}{}: raise --max-staged-bytes on the hub, or narrow the account's kinds \
-                 or namespaces",
+                // contents at once; the open snapshots of all the streams of one agent identity
+                // may hold at most `--max-staged-bytes` together. The stream whose object goes
+                // past it ends with gRPC `RESOURCE_EXHAUSTED`.
+                "the snapshots the streams of agent identity {:?} have open hold more than the \
+                 hub's limit of {} bytes per identity (--max-staged-bytes), reached in the \
+                 snapshot of account {account:?}, kind {kind}{}: raise --max-staged-bytes on \
+                 the hub, or narrow the account's kinds or namespaces",
+                self.identity,
                 limits.max_staged_bytes,
                 if namespace.is_empty() {
                     String::new()

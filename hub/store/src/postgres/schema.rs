@@ -75,6 +75,25 @@ const MIGRATIONS: &[Migration] = &[
         ALTER TABLE operation_records ADD PRIMARY KEY (account, submitter, id);
     ",
     },
+    Migration {
+        version: 5,
+        name: "tokens and agent tokens looked up by an indexed hash, not a scan parsing every record",
+        // Review F10: a credential a replica does not know (anyone reaching a port may send
+        // one) was found by parsing every record's JSON. The column is the record's
+        // `sha256`, backfilled here and written with every record since. A plain index, not
+        // a unique one: a revoked derived token's tombstone keeps an empty hash (several
+        // do), and two replicas deriving one account's Clouddriver token together store
+        // the same hash under two ids; a lookup takes either, as the scan did.
+        sql: "
+        ALTER TABLE tokens ADD COLUMN sha256 text NOT NULL DEFAULT '';
+        UPDATE tokens SET sha256 = coalesce(convert_from(record, 'UTF8')::jsonb ->> 'sha256', '');
+        CREATE INDEX tokens_sha256 ON tokens (sha256);
+        ALTER TABLE agent_tokens ADD COLUMN sha256 text NOT NULL DEFAULT '';
+        UPDATE agent_tokens
+            SET sha256 = coalesce(convert_from(record, 'UTF8')::jsonb ->> 'sha256', '');
+        CREATE INDEX agent_tokens_sha256 ON agent_tokens (sha256);
+    ",
+    },
 ];
 
 /// The advisory lock that serializes migrations of replicas starting together ("scale-agent

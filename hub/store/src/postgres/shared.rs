@@ -102,18 +102,19 @@ impl SharedStore {
         self.find_by_hash("agent_tokens", sha256_hex).await
     }
 
-    /// A scan of a small table (its records are JSON holding their hash): the lookup of a
-    /// credential this replica does not know yet.
+    /// The lookup of a credential this replica does not know yet, by the table's indexed
+    /// `sha256` column (schema version 5; review F10: no scan parsing every record).
     async fn find_by_hash<T: serde::de::DeserializeOwned>(
         &self,
         table: &'static str,
         sha256_hex: &str,
     ) -> Result<Option<T>> {
+        // Tombstones of revoked derived tokens keep an empty hash; no token hashes to it.
+        if sha256_hex.is_empty() {
+            return Ok(None);
+        }
         let conn = self.0.get().await?;
-        let sql = format!(
-            "SELECT id, record FROM {table} \
-             WHERE convert_from(record, 'UTF8')::jsonb ->> 'sha256' = $1 LIMIT 1"
-        );
+        let sql = format!("SELECT id, record FROM {table} WHERE sha256 = $1 LIMIT 1");
         let Some(row) = conn
             .client
             .query_opt(&sql, &[&sha256_hex])

@@ -81,8 +81,8 @@ const SQL: &[(Which, &str)] = &[
     ),
     (
         Which::PutToken,
-        "INSERT INTO tokens (id, record) VALUES ($1, $2) \
-         ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record",
+        "INSERT INTO tokens (id, record, sha256) VALUES ($1, $2, $3) \
+         ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record, sha256 = EXCLUDED.sha256",
     ),
     (Which::DeleteToken, "DELETE FROM tokens WHERE id = $1"),
     (
@@ -101,8 +101,8 @@ const SQL: &[(Which, &str)] = &[
     ),
     (
         Which::PutAgentToken,
-        "INSERT INTO agent_tokens (id, record) VALUES ($1, $2) \
-         ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record",
+        "INSERT INTO agent_tokens (id, record, sha256) VALUES ($1, $2, $3) \
+         ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record, sha256 = EXCLUDED.sha256",
     ),
     (
         Which::DeleteAgentToken,
@@ -234,7 +234,10 @@ pub(super) fn encode(op: &StoreOp) -> Vec<(Which, Vec<Param>)> {
                 text(watch_namespace),
             ],
         ),
-        StoreOp::PutToken { record } => one(Which::PutToken, vec![text(&record.id), json(record)]),
+        StoreOp::PutToken { record } => one(
+            Which::PutToken,
+            vec![text(&record.id), json(record), text(&record.sha256)],
+        ),
         StoreOp::DeleteToken { id } => one(Which::DeleteToken, vec![text(id)]),
         StoreOp::PutMeta { key, value } => one(Which::PutMeta, vec![text(key), text(value)]),
         StoreOp::PutRegistration { account, body_hash } => {
@@ -243,9 +246,10 @@ pub(super) fn encode(op: &StoreOp) -> Vec<(Which, Vec<Param>)> {
         StoreOp::DeleteRegistration { account } => {
             one(Which::DeleteRegistration, vec![text(account)])
         }
-        StoreOp::PutAgentToken { record } => {
-            one(Which::PutAgentToken, vec![text(&record.id), json(record)])
-        }
+        StoreOp::PutAgentToken { record } => one(
+            Which::PutAgentToken,
+            vec![text(&record.id), json(record), text(&record.sha256)],
+        ),
         StoreOp::DeleteAgentToken { id } => one(Which::DeleteAgentToken, vec![text(id)]),
         StoreOp::PutEnrolledIdentity { record } => one(
             Which::PutIdentity,
