@@ -258,10 +258,15 @@ impl ControlPlane {
             format!(
                 "--disable-admission-plugins={}",
                 match (options.node_address, options.kwok) {
-                    (Some(_), _) => "",
-                    (None, true) => "ServiceAccount,TaintNodesByCondition",
-                    (None, false) => "ServiceAccount",
+                    (Some(_), _) => &[][..],
+                    (None, true) => &["ServiceAccount", "TaintNodesByCondition"][..],
+                    (None, false) => &["ServiceAccount"][..],
                 }
+                .iter()
+                .map(|plugin| plugin.to_string())
+                .chain(options.disable_admission_plugins.iter().cloned())
+                .collect::<Vec<_>>()
+                .join(",")
             ),
             format!(
                 "--endpoint-reconciler-type={}",

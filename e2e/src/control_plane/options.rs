@@ -61,6 +61,9 @@ pub struct ControlPlaneOptions {
     /// `admissionregistration.k8s.io/v1/validatingadmissionpolicies=false` for a server
     /// without ValidatingAdmissionPolicy v1.
     pub runtime_config: Option<String>,
+    /// More admission plugins to switch off (`--disable-admission-plugins`), beside the ones
+    /// a test cluster without a kubelet needs off.
+    pub disable_admission_plugins: Vec<String>,
 }
 
 impl Default for ControlPlaneOptions {
@@ -75,6 +78,7 @@ impl Default for ControlPlaneOptions {
             node_address: None,
             older_api_server: std::env::var(OLDER_API_SERVER_ENV).is_ok_and(|v| v == "1"),
             runtime_config: None,
+            disable_admission_plugins: Vec::new(),
         }
     }
 }
@@ -113,6 +117,22 @@ impl ControlPlaneOptions {
     /// Start kube-apiserver with `--runtime-config=<config>` ([`Self::runtime_config`]).
     pub fn with_runtime_config(mut self, config: &str) -> Self {
         self.runtime_config = Some(config.into());
+        self
+    }
+
+    /// Serve no ValidatingAdmissionPolicy API, as Kubernetes 1.28/1.29 without their beta API:
+    /// the v1 kinds off (`--runtime-config`) and the admission plugin off. With the kinds off
+    /// and the plugin on, the plugin's informer never syncs, every write is refused with
+    /// "not yet ready to handle request" and the API server exits at its post-start hooks
+    /// (seen on v1.32.13).
+    pub fn without_validating_admission_policy(mut self) -> Self {
+        self.runtime_config = Some(
+            "admissionregistration.k8s.io/v1/validatingadmissionpolicies=false,\
+             admissionregistration.k8s.io/v1/validatingadmissionpolicybindings=false"
+                .into(),
+        );
+        self.disable_admission_plugins
+            .push("ValidatingAdmissionPolicy".into());
         self
     }
 
