@@ -43,6 +43,9 @@ test: control-plane nginx tinyproxy lua postgres node mdbook ## Formatting, lint
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 	$(CARGO) test --workspace --locked --no-fail-fast
+	@# The operator and the agent again on the older API server (e2e/control-plane/older-kubernetes-version).
+	SCALE_AGENT_E2E_OLDER_API_SERVER=1 $(CARGO) test --locked -p scale-agent-e2e --test operator --test rbac_operations -- \
+		full_flow_agent_process every_documented_operation
 
 ROUNDS ?= 20
 .PHONY: chaos

@@ -11,7 +11,12 @@
 #     node and pod stages and its Logs CRD copied from the same module into bin/kwok-config/;
 #   - the older kubectl clients listed in ./kubectl-client-versions (Spinnaker's Clouddriver
 #     ships kubectl 1.22 to 1.29), installed as kubectl-1.<minor> (kubectl-clients/*/main.go);
-#   - Helm at ./helm-version (to render the chart in tests).
+#   - Helm at ./helm-version (to render the chart in tests);
+#   - an older kube-apiserver, kube-controller-manager and kube-scheduler (for KWOK) at
+#     ./older-kubernetes-version
+#     (older-apiserver/main.go; a target cluster still in a major cloud's support window), in
+#     control-plane/<that version>/bin with a stamp of its own, so the main build and this
+#     one are rebuilt independently.
 #
 # Everything lands in
 #   ${SCALE_AGENT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/scale-agent}/control-plane/<version>/bin
@@ -20,9 +25,11 @@
 #
 # Cold, on 2 cores: about 6 min for the multi-call binary (kubelet and kube-proxy add about
 # 1 min with the rest of it in Go's build cache), 1 to 1.5 min for kwok, 1 to
-# 2.5 min per old kubectl (depending on what else runs), 2 min for Helm.
+# 2.5 min per old kubectl (depending on what else runs), 2 min for Helm; the older API server
+# (2,253 packages) took 13.5 min of CPU (user and system) from an empty Go build cache, 40 min
+# on the clock while eight other builds shared the two cores.
 #
-# Usage: e2e/control-plane/build.sh [--print-bin-dir] [--force]
+# Usage: e2e/control-plane/build.sh [--print-bin-dir | --print-older-bin-dir] [--force]
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -37,6 +44,11 @@ staging_version="v0.$minor.$patch"
 kwok_version=$(tr -d '[:space:]' <"$here/kwok-version")
 helm_version=$(tr -d '[:space:]' <"$here/helm-version")
 metrics_server_version=$(tr -d '[:space:]' <"$here/metrics-server-version")
+older_version=$(tr -d '[:space:]' <"$here/older-kubernetes-version")
+if [[ ! $older_version =~ ^v1\.([0-9]+)\.([0-9]+)$ ]]; then
+  echo "build.sh: $here/older-kubernetes-version must hold a release like v1.32.13, not '$older_version'" >&2
+  exit 2
+fi
 mapfile -t kubectl_clients < <(grep -o 'v1\.[0-9]*\.[0-9]*' "$here/kubectl-client-versions")
 
 cache_root=${SCALE_AGENT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/scale-agent}
@@ -44,26 +56,22 @@ out=$cache_root/control-plane/$version
 bin=$out/bin
 components=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy metrics-server)
 
+older_bin=$cache_root/control-plane/$older_version/bin
 if [[ ${1:-} == --print-bin-dir ]]; then
   echo "$bin"
   exit 0
 fi
-
-# The stamp covers everything the binaries are made from, so editing a main.go, a pinned
-# version or this script rebuilds, and an interrupted build (no stamp) is never mistaken for
-# a finished one.
-stamp=$(cat "$here/kubernetes-version" "$here/helm-version" "$here/kwok-version" \
-  "$here/kubectl-client-versions" "$here/metrics-server-version" "$here/testbins/main.go" "$here"/kubectl-clients/*/main.go \
-  "$here/build.sh" | sha256sum | cut -c1-16)
-if [[ ${1:-} != --force && -f $bin/.stamp && $(cat "$bin/.stamp") == "$stamp" ]]; then
-  echo "control plane $version: cached in $bin"
+if [[ ${1:-} == --print-older-bin-dir ]]; then
+  echo "$older_bin"
   exit 0
 fi
 
-if ! command -v go >/dev/null; then
-  echo "build.sh: Go is needed to build the control plane (any Go >= 1.21 fetches the exact toolchain Kubernetes $version names)." >&2
-  exit 1
-fi
+require_go() {
+  if ! command -v go >/dev/null; then
+    echo "build.sh: Go is needed to build the control plane (any Go >= 1.21 fetches the exact toolchain Kubernetes $version names)." >&2
+    exit 1
+  fi
+}
 
 started=$SECONDS
 step() { printf '[control-plane %s] %4ds  %s\n' "$version" $((SECONDS - started)) "$*"; }
@@ -117,6 +125,89 @@ version_ldflags() {
   echo "$flags"
 }
 
+# k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces them with local
+# directories, which do not exist in the published module; a consumer has to replace each
+# with its published v0.<minor>.<patch>. The list is read from the tree itself, so staging
+# modules added in later releases need no edit here.
+# Usage: staging_replaces <k8s.io/kubernetes go.mod> v0.<minor>.<patch>
+staging_replaces() {
+  echo "replace ("
+  sed -n 's|^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/src/k8s.io/.*$|	\1 => \1 '"$2"'|p' "$1"
+  echo ")"
+}
+
+# The older API server (older-apiserver/main.go) at ./older-kubernetes-version, in a module
+# of its own (its dependency graph is that release's) and a subshell of its own (it sets the
+# Go toolchain that release names). Its stamp covers its inputs and this function's text.
+build_older() {
+  local version=$older_version out=$cache_root/control-plane/$older_version bin=$older_bin
+  step "building kube-apiserver, kube-controller-manager and kube-scheduler $version into $bin"
+  export GOFLAGS=-mod=mod CGO_ENABLED=0 GOTOOLCHAIN=local
+  mkdir -p "$bin" "$out/src/kube-older"
+  local kube_dir kube_gomod
+  kube_dir=$(module_field "k8s.io/kubernetes@$version" Dir)
+  kube_gomod=$(module_field "k8s.io/kubernetes@$version" GoMod)
+  [[ -d $kube_dir && -f $kube_gomod ]] || { echo "build.sh: could not download k8s.io/kubernetes@$version" >&2; exit 1; }
+  export GOTOOLCHAIN="go$(tr -d '[:space:]' <"$kube_dir/.go-version")"
+  step "using $(go version)"
+  cp "$here/older-apiserver/main.go" "$out/src/kube-older/main.go"
+  {
+    echo "module scale-agent.invalid/kube-older"
+    echo
+    sed -n 's/^go \(.*\)$/go \1/p' "$kube_gomod"
+    echo
+    echo "require k8s.io/kubernetes $version"
+    echo
+    staging_replaces "$kube_gomod" "v0.${version#v1.}"
+  } >"$out/src/kube-older/go.mod"
+  cd "$out/src/kube-older"
+  # A module proxy may lack a staging module at this exact patch release (proxy.golang.org
+  # answered 403 for k8s.io/endpointslice@v0.32.13, which kube-controller-manager imports):
+  # take the newest patch of the same minor it has. The patch releases of one minor change
+  # no API between staging modules.
+  local module wanted=v0.${version#v1.} newest
+  for module in $(sed -n 's|^	\(k8s.io/[a-z0-9-]*\) => .*|\1|p' go.mod); do
+    if ! (cd "$out" && GOFLAGS= go mod download "$module@$wanted" 2>/dev/null); then
+      # None at all (k8s.io/sample-cli-plugin): left as it is; nothing imports it, and if
+      # something did, go mod tidy below would name it.
+      newest=$( (go list -m -versions "$module" 2>/dev/null || true) | tr ' ' '\n' | grep "^${wanted%.*}\." | sort -t. -k3 -n | tail -1 || true)
+      [[ -n $newest ]] || continue
+      step "$module@$wanted is not on the module proxy: using $newest"
+      sed -i "s|^	$module => $module $wanted\$|	$module => $module $newest|" go.mod
+    fi
+  done
+  step "resolving the module graph and downloading modules (go mod tidy)"
+  fetch_modules
+  build_with_progress "$bin/kube-older" "$(version_ldflags "$version")" \
+    "about 13.5 min of CPU from an empty Go build cache"
+  local c
+  for c in kube-apiserver kube-controller-manager kube-scheduler; do
+    ln -sfn kube-older "$bin/$c"
+  done
+  step "done: $("$bin/kube-apiserver" --version 2>&1) in $bin"
+}
+
+older_stamp=$( (cat "$here/older-kubernetes-version" "$here/older-apiserver/main.go"; declare -f build_older staging_replaces build_with_progress fetch_modules) | sha256sum | cut -c1-16)
+if [[ ${1:-} != --force && -f $older_bin/.stamp && $(cat "$older_bin/.stamp") == "$older_stamp" ]]; then
+  echo "control plane $older_version (older API server): cached in $older_bin"
+else
+  require_go
+  (build_older)
+  echo "$older_stamp" >"$older_bin/.stamp"
+fi
+
+# The stamp covers everything the binaries are made from, so editing a main.go, a pinned
+# version or this script rebuilds, and an interrupted build (no stamp) is never mistaken for
+# a finished one.
+stamp=$(cat "$here/kubernetes-version" "$here/helm-version" "$here/kwok-version" \
+  "$here/kubectl-client-versions" "$here/metrics-server-version" "$here/testbins/main.go" "$here"/kubectl-clients/*/main.go \
+  "$here/build.sh" | sha256sum | cut -c1-16)
+if [[ ${1:-} != --force && -f $bin/.stamp && $(cat "$bin/.stamp") == "$stamp" ]]; then
+  echo "control plane $version: cached in $bin"
+  exit 0
+fi
+require_go
+
 step "building ${components[*]}, kwok $kwok_version, kubectl ${kubectl_clients[*]} and helm $helm_version into $bin"
 export GOFLAGS=-mod=mod CGO_ENABLED=0 GOTOOLCHAIN=local
 
@@ -138,10 +229,7 @@ rm -rf "$src"
 mkdir -p "$src/testbins"
 cp "$here/testbins/main.go" "$src/testbins/main.go"
 
-# k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces them with local
-# directories, which do not exist in the published module; a consumer has to replace each
-# with its published v0.<minor>.<patch>. The list is read from the tree itself, so staging
-# modules added in later releases need no edit here.
+# k8s.io/kubernetes names its staging modules at v0.0.0 (staging_replaces above).
 {
   echo "module scale-agent.invalid/kube-testbins"
   echo
@@ -153,9 +241,7 @@ cp "$here/testbins/main.go" "$src/testbins/main.go"
   echo "	sigs.k8s.io/metrics-server $metrics_server_version"
   echo ")"
   echo
-  echo "replace ("
-  sed -n 's|^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/src/k8s.io/.*$|	\1 => \1 '"$staging_version"'|p' "$kube_gomod"
-  echo ")"
+  staging_replaces "$kube_gomod" "$staging_version"
 } >"$src/testbins/go.mod"
 
 cd "$src/testbins"

@@ -10,6 +10,12 @@ use crate::error::{Error, Result};
 /// The pinned Kubernetes release, e.g. `v1.37.1`.
 pub const KUBERNETES_VERSION: &str = str_trim(include_str!("../control-plane/kubernetes-version"));
 
+/// The older Kubernetes release whose kube-apiserver, kube-controller-manager and
+/// kube-scheduler `build.sh` builds beside the pinned one (e.g. `v1.32.13`, a target cluster
+/// still in a major cloud's support window): see [`Binaries::with_older_api_server`].
+pub const OLDER_KUBERNETES_VERSION: &str =
+    str_trim(include_str!("../control-plane/older-kubernetes-version"));
+
 /// The pinned KWOK release, e.g. `v0.8.0`.
 pub const KWOK_VERSION: &str = str_trim(include_str!("../control-plane/kwok-version"));
 
@@ -71,6 +77,11 @@ pub fn cached_program(relative: &str, missing: fn(PathBuf) -> Error) -> Result<P
 #[derive(Clone, Debug)]
 pub struct Binaries {
     pub dir: PathBuf,
+    /// Where kube-apiserver, kube-controller-manager and kube-scheduler come from: [`Self::dir`],
+    /// or the older release's directory ([`Self::with_older_api_server`]).
+    server_dir: PathBuf,
+    /// The release of the binaries in `server_dir`.
+    server_version: &'static str,
 }
 
 /// The binaries every control plane needs; the rest (kube-scheduler, kwok, older kubectls,
@@ -96,9 +107,67 @@ impl Binaries {
 
     /// Takes the binaries from `dir`, or says which command builds them.
     pub fn locate_in(dir: PathBuf) -> Result<Self> {
-        let binaries = Self { dir };
+        let binaries = Self {
+            server_dir: dir.clone(),
+            dir,
+            server_version: KUBERNETES_VERSION,
+        };
         binaries.require(CORE)?;
         Ok(binaries)
+    }
+
+    /// Binaries in `dir`, not checked for (unit tests of command lines).
+    #[cfg(test)]
+    pub(crate) fn unchecked(dir: PathBuf) -> Self {
+        Self {
+            server_dir: dir.clone(),
+            dir,
+            server_version: KUBERNETES_VERSION,
+        }
+    }
+
+    /// The same binaries, but kube-apiserver, kube-controller-manager and kube-scheduler of
+    /// [`OLDER_KUBERNETES_VERSION`] (`build.sh` puts them in
+    /// `control-plane/<that version>/bin` beside the pinned release's directory). etcd,
+    /// kubectl and kwok stay the pinned build's.
+    pub fn with_older_api_server(self) -> Result<Self> {
+        let server_dir = self
+            .dir
+            .parent()
+            .and_then(Path::parent)
+            .map(|root| root.join(OLDER_KUBERNETES_VERSION).join("bin"))
+            .unwrap_or_else(|| {
+                cache_root()
+                    .join("control-plane")
+                    .join(OLDER_KUBERNETES_VERSION)
+                    .join("bin")
+            });
+        let missing: Vec<&str> = [
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+        ]
+        .into_iter()
+        .filter(|name| !server_dir.join(name).is_file())
+        .collect();
+        if !missing.is_empty() {
+            return Err(Error::BinariesMissing {
+                version: OLDER_KUBERNETES_VERSION,
+                dir: server_dir,
+                missing: missing.join(", "),
+            });
+        }
+        Ok(Self {
+            server_dir,
+            server_version: OLDER_KUBERNETES_VERSION,
+            ..self
+        })
+    }
+
+    /// The release of kube-apiserver, kube-controller-manager and kube-scheduler:
+    /// [`KUBERNETES_VERSION`] or [`OLDER_KUBERNETES_VERSION`].
+    pub fn server_version(&self) -> &'static str {
+        self.server_version
     }
 
     /// Fails with [`Error::BinariesMissing`] (which says how to build them) unless every
@@ -130,16 +199,16 @@ impl Binaries {
     }
 
     pub fn kube_apiserver(&self) -> PathBuf {
-        self.path("kube-apiserver")
+        self.server_dir.join("kube-apiserver")
     }
 
     pub fn kube_controller_manager(&self) -> PathBuf {
-        self.path("kube-controller-manager")
+        self.server_dir.join("kube-controller-manager")
     }
 
-    /// The kube-scheduler of the pinned release (a symlink into the multi-call binary).
+    /// The kube-scheduler of the API server's release (a symlink into a multi-call binary).
     pub fn kube_scheduler(&self) -> PathBuf {
-        self.path("kube-scheduler")
+        self.server_dir.join("kube-scheduler")
     }
 
     /// The kubectl of the pinned release.
@@ -231,9 +300,7 @@ mod tests {
         let clients = kubectl_client_versions();
         assert!(clients.contains(&"v1.22.17"), "{clients:?}");
         assert!(clients.contains(&"v1.29.0"), "{clients:?}");
-        let binaries = Binaries {
-            dir: PathBuf::from("/bin-dir"),
-        };
+        let binaries = Binaries::unchecked(PathBuf::from("/bin-dir"));
         assert_eq!(
             binaries.kubectl_client(22),
             Path::new("/bin-dir/kubectl-1.22")

@@ -35,10 +35,10 @@ mod options;
 pub use audit::{AuditEvent, AuditStatus, AuditUser};
 use certificates::Certificates;
 use etcd::Etcd;
-pub use options::{ControlPlaneOptions, DEFAULT_CONTROLLERS, StartupTimes};
+pub use options::{ControlPlaneOptions, DEFAULT_CONTROLLERS, OLDER_API_SERVER_ENV, StartupTimes};
 
 use crate::{
-    binaries::{Binaries, KUBERNETES_VERSION},
+    binaries::{Binaries, KUBERNETES_VERSION, OLDER_KUBERNETES_VERSION},
     error::{Error, Result, io_err},
     kwok::{self, PodLog},
     local_agent::free_port,
@@ -127,7 +127,8 @@ impl ControlPlane {
                 // Written straight to stderr so it shows in `cargo test` output uncaptured.
                 let _ = writeln!(
                     std::io::stderr(),
-                    "[e2e] Kubernetes {KUBERNETES_VERSION} control plane at {} {}",
+                    "[e2e] Kubernetes {} control plane at {} {}",
+                    control_plane.binaries.server_version(),
                     control_plane.server,
                     control_plane.startup
                 );
@@ -142,7 +143,16 @@ impl ControlPlane {
     /// Starts etcd, kube-apiserver and (if asked) kube-controller-manager, kube-scheduler and
     /// kwok with its fake nodes, and waits until each is ready.
     pub async fn start(options: ControlPlaneOptions) -> Result<ControlPlane> {
-        let binaries = Binaries::locate()?;
+        let mut binaries = Binaries::locate()?;
+        if options.older_api_server {
+            if options.node_address.is_some() {
+                return Err(Error::OlderApiServerWithRealNode {
+                    older: OLDER_KUBERNETES_VERSION,
+                    pinned: KUBERNETES_VERSION,
+                });
+            }
+            binaries = binaries.with_older_api_server()?;
+        }
         if options.kwok {
             binaries.require(&[
                 "kube-scheduler",
@@ -248,10 +258,15 @@ impl ControlPlane {
             format!(
                 "--disable-admission-plugins={}",
                 match (options.node_address, options.kwok) {
-                    (Some(_), _) => "",
-                    (None, true) => "ServiceAccount,TaintNodesByCondition",
-                    (None, false) => "ServiceAccount",
+                    (Some(_), _) => &[][..],
+                    (None, true) => &["ServiceAccount", "TaintNodesByCondition"][..],
+                    (None, false) => &["ServiceAccount"][..],
                 }
+                .iter()
+                .map(|plugin| plugin.to_string())
+                .chain(options.disable_admission_plugins.iter().cloned())
+                .collect::<Vec<_>>()
+                .join(",")
             ),
             format!(
                 "--endpoint-reconciler-type={}",
@@ -267,6 +282,9 @@ impl ControlPlane {
             "--profiling=false".into(),
             "--v=1".into(),
         ];
+        if let Some(config) = &options.runtime_config {
+            apiserver_args.push(format!("--runtime-config={config}"));
+        }
         let audit_log = options.audit.then(|| run_dir.join("audit.log"));
         if let Some(log) = &audit_log {
             apiserver_args.extend(audit::apiserver_args(&run_dir, log)?);

@@ -97,6 +97,18 @@ pub enum Error {
     #[error("{what} needs KWOK: start the control plane with `ControlPlaneOptions::with_kwok()`")]
     KwokNotRunning { what: &'static str },
 
+    /// The older API server was asked for with a real node, whose kubelet and kube-proxy are
+    /// the pinned (newer) release: the version skew policy forbids a kubelet newer than its
+    /// API server.
+    #[error(
+        "the older API server ({older}) runs with KWOK only: the real node's kubelet is \
+         {pinned}, newer than the API server"
+    )]
+    OlderApiServerWithRealNode {
+        older: &'static str,
+        pinned: &'static str,
+    },
+
     #[error("invalid manifest {path}: {message}")]
     Manifest { path: PathBuf, message: String },
 

@@ -420,9 +420,7 @@ mod tests {
 
     #[test]
     fn kwok_serves_the_kubelet_api_where_the_nodes_say() {
-        let binaries = Binaries {
-            dir: PathBuf::from("/bin-dir"),
-        };
+        let binaries = Binaries::unchecked(PathBuf::from("/bin-dir"));
         let args = args(
             &binaries,
             Path::new("/run/admin.kubeconfig"),

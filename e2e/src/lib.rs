@@ -39,7 +39,9 @@ pub mod relay;
 pub mod tinyproxy;
 pub mod wait;
 
-pub use binaries::{Binaries, KUBERNETES_VERSION, KWOK_VERSION};
-pub use control_plane::{AuditEvent, ControlPlane, ControlPlaneOptions, StartupTimes};
+pub use binaries::{Binaries, KUBERNETES_VERSION, KWOK_VERSION, OLDER_KUBERNETES_VERSION};
+pub use control_plane::{
+    AuditEvent, ControlPlane, ControlPlaneOptions, OLDER_API_SERVER_ENV, StartupTimes,
+};
 pub use error::{Error, Result};
 pub use kwok::PodLog;

@@ -5,6 +5,11 @@ use std::{fmt, net::Ipv4Addr, path::PathBuf, time::Duration};
 
 use crate::kwok;
 
+/// Set to `1` to start every control plane of a test run with the older API server
+/// ([`ControlPlaneOptions::older_api_server`]): any KWOK test binary can then run against it,
+/// e.g. `SCALE_AGENT_E2E_OLDER_API_SERVER=1 cargo test -p scale-agent-e2e --test operator`.
+pub const OLDER_API_SERVER_ENV: &str = "SCALE_AGENT_E2E_OLDER_API_SERVER";
+
 /// Controllers run when the controller manager is on: enough for Deployments to roll out,
 /// for owner references to garbage-collect, and for namespaces to finish deleting.
 pub const DEFAULT_CONTROLLERS: &[&str] = &[
@@ -46,6 +51,19 @@ pub struct ControlPlaneOptions {
     /// and checks theirs, admits pods with their ServiceAccount's token, and serves
     /// aggregated APIs (the front proxy's flags: the real node's metrics-server).
     pub node_address: Option<Ipv4Addr>,
+    /// Run kube-apiserver, kube-controller-manager and kube-scheduler of
+    /// [`OLDER_KUBERNETES_VERSION`](crate::OLDER_KUBERNETES_VERSION) (a target cluster still in a major cloud's support
+    /// window) instead of the pinned release; etcd and kwok stay the same. KWOK only: the
+    /// real node's kubelet would be newer than the API server. Defaults to
+    /// [`OLDER_API_SERVER_ENV`] being `1`.
+    pub older_api_server: bool,
+    /// kube-apiserver's `--runtime-config`, e.g.
+    /// `admissionregistration.k8s.io/v1/validatingadmissionpolicies=false` for a server
+    /// without ValidatingAdmissionPolicy v1.
+    pub runtime_config: Option<String>,
+    /// More admission plugins to switch off (`--disable-admission-plugins`), beside the ones
+    /// a test cluster without a kubelet needs off.
+    pub disable_admission_plugins: Vec<String>,
 }
 
 impl Default for ControlPlaneOptions {
@@ -58,6 +76,9 @@ impl Default for ControlPlaneOptions {
             ready_timeout: Duration::from_secs(60),
             run_dir: None,
             node_address: None,
+            older_api_server: std::env::var(OLDER_API_SERVER_ENV).is_ok_and(|v| v == "1"),
+            runtime_config: None,
+            disable_admission_plugins: Vec::new(),
         }
     }
 }
@@ -83,6 +104,35 @@ impl ControlPlaneOptions {
         self.controller_manager = true;
         self.controllers = vec!["*".into()];
         self.node_address = Some(address);
+        self
+    }
+
+    /// Run the API server (and controller manager and scheduler) of
+    /// [`OLDER_KUBERNETES_VERSION`](crate::OLDER_KUBERNETES_VERSION) ([`Self::older_api_server`]).
+    pub fn with_older_api_server(mut self) -> Self {
+        self.older_api_server = true;
+        self
+    }
+
+    /// Start kube-apiserver with `--runtime-config=<config>` ([`Self::runtime_config`]).
+    pub fn with_runtime_config(mut self, config: &str) -> Self {
+        self.runtime_config = Some(config.into());
+        self
+    }
+
+    /// Serve no ValidatingAdmissionPolicy API, as Kubernetes 1.28/1.29 without their beta API:
+    /// the v1 kinds off (`--runtime-config`) and the admission plugin off. With the kinds off
+    /// and the plugin on, the plugin's informer never syncs, every write is refused with
+    /// "not yet ready to handle request" and the API server exits at its post-start hooks
+    /// (seen on v1.32.13).
+    pub fn without_validating_admission_policy(mut self) -> Self {
+        self.runtime_config = Some(
+            "admissionregistration.k8s.io/v1/validatingadmissionpolicies=false,\
+             admissionregistration.k8s.io/v1/validatingadmissionpolicybindings=false"
+                .into(),
+        );
+        self.disable_admission_plugins
+            .push("ValidatingAdmissionPolicy".into());
         self
     }
 
