@@ -349,7 +349,7 @@ fn the_audit_file_is_on_a_volume_of_its_own_in_both_installs() {
             "--set=hub.auditLog.path=/var/lib/scale-agent-hub/audit/audit.log",
             "a directory of the data volume the hub does not create",
         ),
-        ("--set=hub.auditLog.path=audit.log", "auditLog.path"),
+        ("--set=hub.auditLog.path=audit.log", "/hub/auditLog/path"),
     ] {
         let output = hub_render(&binaries, &["--set=hub.auditLog.enabled=true", value]);
         let stderr = String::from_utf8_lossy(&output.stderr);
