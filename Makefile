@@ -36,8 +36,8 @@ mdbook: ## Install mdBook from crates.io for the user guide (pinned in docs/tool
 book: mdbook ## Build the user guide into docs/book (open docs/book/index.html; e2e/tests/book.rs checks its links)
 	$$(docs/tools/install-mdbook.sh --print-bin) build docs
 
-book-reference: ## Regenerate the guide's generated pages: the command-line reference (from the binaries' --help) and the error messages (from the code's `// troubleshooting:` markers)
-	SCALE_AGENT_WRITE_BOOK_REFERENCE=1 $(CARGO) test --locked -p scale-agent-e2e --test book -- the_command_line_reference the_messages_page
+book-reference: ## Regenerate the guide's generated pages: the command-line reference (from the binaries' --help), the error messages (from the code's `// troubleshooting:` markers) and the Armory keys table (from the agent's ARMORY_KEYS)
+	SCALE_AGENT_WRITE_BOOK_REFERENCE=1 $(CARGO) test --locked -p scale-agent-e2e --test book -- the_command_line_reference the_messages_page the_armory_keys_table
 
 test: control-plane nginx tinyproxy lua postgres node mdbook ## Formatting, lints, and every test including the end-to-end ones
 	$(CARGO) fmt --all -- --check

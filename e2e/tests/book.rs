@@ -2,7 +2,8 @@
 //! and anchor in the built book resolves (mdBook's own build checks neither), every page is in
 //! `SUMMARY.md`, every error message the troubleshooting pages quote is still in the code, and
 //! the generated pages (the command-line reference from `--help`, the error messages from the
-//! code's `// troubleshooting:` markers, see `book/messages.rs`) are what the code says now.
+//! code's `// troubleshooting:` markers, see `book/messages.rs`, and the table of Armory keys
+//! from the agent's `ARMORY_KEYS`, see `book/armory_keys.rs`) are what the code says now.
 //!
 //! mdBook comes from crates.io through `docs/tools/install-mdbook.sh` (`make book`; `make test`
 //! runs it first), cached outside the repository like the control plane; this test only finds
@@ -14,6 +15,8 @@ use std::process::Command;
 
 use anyhow::{Context, bail, ensure};
 
+#[path = "book/armory_keys.rs"]
+mod armory_keys;
 #[path = "book/messages.rs"]
 mod messages;
 
@@ -293,14 +296,19 @@ fn product_files() -> anyhow::Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// [`product_files`] with string continuations joined and `\"` read as `"`, as printed.
+/// [`product_files`] with string continuations joined, `\"` read as `"` and a format
+/// string's `{{` and `}}` as `{` and `}`, as printed.
 fn product_sources() -> anyhow::Result<Vec<(PathBuf, String)>> {
     product_files()?
         .into_iter()
         .map(|path| {
             let text = std::fs::read_to_string(&path)
                 .with_context(|| format!("read {}", path.display()))?;
-            Ok((path, joined(&text).replace("\\\"", "\"")))
+            let printed = joined(&text)
+                .replace("\\\"", "\"")
+                .replace("{{", "{")
+                .replace("}}", "}");
+            Ok((path, printed))
         })
         .collect()
 }
@@ -535,6 +543,37 @@ fn the_messages_page_is_generated_from_the_code() -> anyhow::Result<()> {
         current == page,
         "{MESSAGES_PAGE} is not what the code's `// troubleshooting:` markers and the admission \
          policies say now: run `make book-reference` and commit it"
+    );
+    Ok(())
+}
+
+/// The page with the table of Armory keys, and the code it is generated from (see
+/// `book/armory_keys.rs`).
+const ARMORY_KEYS_PAGE: &str = "docs/src/tasks/migrate-from-armory.md";
+const ARMORY_KEYS_SOURCE: &str = "agent/src/config_armory.rs";
+
+#[test]
+fn the_armory_keys_table_is_generated_from_the_code() -> anyhow::Result<()> {
+    let source = std::fs::read_to_string(repo().join(ARMORY_KEYS_SOURCE))
+        .with_context(|| format!("read {ARMORY_KEYS_SOURCE}"))?;
+    let keys = armory_keys::keys(&source)?;
+    ensure!(
+        keys.len() > 30,
+        "only {} entries read from ARMORY_KEYS in {ARMORY_KEYS_SOURCE}",
+        keys.len()
+    );
+    let path = repo().join(ARMORY_KEYS_PAGE);
+    let current =
+        std::fs::read_to_string(&path).with_context(|| format!("read {ARMORY_KEYS_PAGE}"))?;
+    let page = armory_keys::page_with(&current, &armory_keys::table(&keys)?)?;
+    if std::env::var_os(WRITE_ENV).is_some() {
+        std::fs::write(&path, &page).with_context(|| format!("write {}", path.display()))?;
+        return Ok(());
+    }
+    ensure!(
+        current == page,
+        "the Armory keys table of {ARMORY_KEYS_PAGE} is not what ARMORY_KEYS in \
+         {ARMORY_KEYS_SOURCE} says now: run `make book-reference` and commit it"
     );
     Ok(())
 }

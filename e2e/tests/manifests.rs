@@ -198,6 +198,168 @@ fn helm_chart_renders_what_kustomize_renders() {
     );
 }
 
+/// `helm template` of the chart with the hub on and `extra` values.
+fn hub_render(binaries: &Binaries, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "template",
+        "scale-agent",
+        "manifests/helm/scale-agent",
+        "--namespace=scale-agent-system",
+        "--include-crds",
+        SERVES_POLICY_V1,
+        "--set=hub.enabled=true",
+    ];
+    args.extend_from_slice(extra);
+    Command::new(binaries.helm())
+        .args(&args)
+        .current_dir(repo())
+        .output()
+        .expect("run helm")
+}
+
+/// The hub's container and pod volumes in a render.
+fn hub_pod(yaml: &str) -> (Value, Value) {
+    let objects = objects(yaml);
+    let pod = &objects[&("Deployment".to_string(), "scale-agent-hub".to_string())]["spec"]["template"]
+        ["spec"];
+    (pod["containers"][0].clone(), pod["volumes"].clone())
+}
+
+/// The audit file (issue 31): the chart's `hub.auditLog` and kustomize's `hub/audit-log`
+/// component render the same hub (the flags, an emptyDir of its own sized to the file and
+/// its backups, the root filesystem still read-only); a path on the data volume mounts
+/// nothing more; a path among the read-only mounts is refused.
+#[test]
+fn the_audit_file_is_on_a_volume_of_its_own_in_both_installs() {
+    let binaries = Binaries::locate().expect("control-plane binaries (make control-plane)");
+    let text = |output: std::process::Output| {
+        assert!(
+            output.status.success(),
+            "helm template: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).expect("rendered YAML is UTF-8")
+    };
+    let with_audit = text(hub_render(&binaries, &["--set=hub.auditLog.enabled=true"]));
+    let overlay = run(
+        &binaries.kubectl(),
+        &["kustomize", "manifests/overlays/spinnaker-audit-log"],
+    );
+    assert_same(
+        &with_audit,
+        &overlay,
+        "hub.auditLog.enabled=true vs overlays/spinnaker-audit-log",
+    );
+    let (container, volumes) = hub_pod(&with_audit);
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for flag in [
+        "--audit-log-path=/var/log/scale-agent-hub/audit.log",
+        "--audit-log-max-size=100",
+        "--audit-log-max-backups=5",
+    ] {
+        assert!(args.contains(&flag), "{flag} in {args:?}");
+    }
+    assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
+    assert!(
+        container["volumeMounts"]
+            .as_array()
+            .expect("mounts")
+            .iter()
+            .any(|m| m["name"] == "audit-log"
+                && m["mountPath"] == "/var/log/scale-agent-hub"
+                && m["readOnly"].is_null()),
+        "{}",
+        container["volumeMounts"]
+    );
+    let audit_volume = |volumes: &Value| {
+        volumes
+            .as_array()
+            .expect("volumes")
+            .iter()
+            .find(|v| v["name"] == "audit-log")
+            .cloned()
+    };
+    assert_eq!(
+        audit_volume(&volumes).expect("an audit-log volume")["emptyDir"]["sizeLimit"],
+        "600Mi"
+    );
+
+    // Other limits size the volume; no rotation, no limit.
+    for (limits, empty_dir) in [
+        (
+            [
+                "--set=hub.auditLog.maxSizeMiB=10",
+                "--set=hub.auditLog.maxBackups=2",
+            ],
+            serde_json::json!({ "sizeLimit": "30Mi" }),
+        ),
+        (
+            [
+                "--set=hub.auditLog.maxSizeMiB=0",
+                "--set=hub.auditLog.maxBackups=2",
+            ],
+            serde_json::json!({}),
+        ),
+    ] {
+        let mut values = vec!["--set=hub.auditLog.enabled=true"];
+        values.extend(limits);
+        let (_, volumes) = hub_pod(&text(hub_render(&binaries, &values)));
+        assert_eq!(
+            audit_volume(&volumes).expect("an audit-log volume")["emptyDir"],
+            empty_dir,
+            "{limits:?}"
+        );
+    }
+
+    // On the data volume (the embedded store's claim): the flag, no other volume.
+    let (container, volumes) = hub_pod(&text(hub_render(
+        &binaries,
+        &[
+            "--set=hub.auditLog.enabled=true",
+            "--set=hub.auditLog.path=/var/lib/scale-agent-hub/audit.log",
+        ],
+    )));
+    assert!(
+        container["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .any(|a| a == "--audit-log-path=/var/lib/scale-agent-hub/audit.log")
+    );
+    assert!(audit_volume(&volumes).is_none(), "{volumes}");
+    // Off by default.
+    let (container, volumes) = hub_pod(&text(hub_render(&binaries, &[])));
+    assert!(
+        !container["args"].to_string().contains("--audit-log") && audit_volume(&volumes).is_none(),
+        "{container}"
+    );
+
+    // Refused: among the read-only mounts, or not an absolute file path.
+    for (value, expected) in [
+        (
+            "--set=hub.auditLog.path=/var/run/scale-agent-hub/audit.log",
+            "is among the hub's read-only mounts",
+        ),
+        (
+            "--set=hub.auditLog.path=/var/lib/scale-agent-hub/audit/audit.log",
+            "a directory of the data volume the hub does not create",
+        ),
+        ("--set=hub.auditLog.path=audit.log", "/hub/auditLog/path"),
+    ] {
+        let output = hub_render(&binaries, &["--set=hub.auditLog.enabled=true", value]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !output.status.success() && stderr.contains(expected),
+            "{value}: {stderr}"
+        );
+    }
+}
+
 /// The premise check above: two empty renders are not "the same objects".
 #[test]
 #[should_panic(expected = "the chart rendered no Deployment (0 objects)")]

@@ -11,13 +11,9 @@
 
 mod common;
 
-use std::{
-    sync::{Mutex, OnceLock},
-    time::Duration,
-};
+use std::sync::{Mutex, OnceLock};
 
 use common::{contract::start_contract, *};
-use scale_agent_hub::clouddriver::{Backoff, ClouddriverSettings};
 use serde_json::{Value, json};
 
 // ------------------------------------------------------------------ audit lines
@@ -168,16 +164,7 @@ async fn armorys_account_routes_answer_with_armorys_shapes_and_codes() {
     }
     let configure = |c: &mut scale_agent_hub::Config| {
         c.api.public_url = Some(common::contract::HUB.into());
-        c.clouddriver = ClouddriverSettings {
-            api_url: Some(contract_url.clone()),
-            request_timeout: Duration::from_secs(5),
-            backoff: Backoff {
-                initial: Duration::from_millis(50),
-                factor: 2,
-                max: Duration::from_secs(1),
-            },
-            ..ClouddriverSettings::default()
-        };
+        c.clouddriver = contract_clouddriver(&contract_url);
     };
     let hub = start_hub(&pki, &dir, configure).await;
     let admin = api(&hub);

@@ -17,10 +17,7 @@ use std::{os::unix::fs::MetadataExt as _, path::Path, time::Duration};
 use base64::Engine as _;
 use bytes::Bytes;
 use common::{contract::start_contract_for, *};
-use scale_agent_hub::{
-    Config,
-    clouddriver::{Backoff, ClouddriverSettings},
-};
+use scale_agent_hub::{Config, clouddriver::ClouddriverSettings};
 use serde_json::{Value, json};
 
 /// The accounts in the dynamic-config file, by name.
@@ -99,15 +96,8 @@ async fn connected_accounts_are_registered_and_removed_after_their_grace_period(
         c.api.public_url = Some(public_url.clone());
         c.streams.grace_period = Duration::from_secs(2);
         c.clouddriver = ClouddriverSettings {
-            api_url: Some(contract_url.clone()),
             accounts_file: Some(accounts_file.clone()),
-            request_timeout: Duration::from_secs(5),
-            backoff: Backoff {
-                initial: Duration::from_millis(50),
-                factor: 2,
-                max: Duration::from_secs(1),
-            },
-            ..ClouddriverSettings::default()
+            ..contract_clouddriver(&contract_url)
         };
     };
     let hub = start_hub(&pki, &dir, configure).await;

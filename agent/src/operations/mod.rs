@@ -502,6 +502,9 @@ pub fn split(result: v1::OperationResult, max_message_bytes: u64) -> Vec<v1::Ope
     let room = max.saturating_sub(PART_OVERHEAD).max(1024);
     if let Some(big) = result.objects_json.iter().map(Vec::len).find(|l| *l > room) {
         let message = format!(
+            // troubleshooting: operation: HTTP 413 (from the agent)
+            // One object of the result does not fit in one message to the hub even alone, so it
+            // cannot be sent in parts either.
             "an object of the result is {big} bytes, more than fits in a message to the hub \
              ({max} bytes): raise the hub's --max-object-bytes (its message limit is that \
              plus 1 MiB)"

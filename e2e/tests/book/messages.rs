@@ -68,7 +68,19 @@ const SECTIONS: &[(&str, &str, &str)] = &[
         "The hub",
         "What the hub answers: a gRPC status or a `REJECTED` assignment for agents (the agent \
          writes it into the AgentAccount's `Connected` condition), an HTTP error for the REST \
-         API and the proxy (a Kubernetes `Status` that kubectl prints), or its log at start-up.",
+         API and the proxy (a Kubernetes `Status` that kubectl prints), or its log at start-up. \
+         gRPC refusals end the call (or the stream) with the status shown; a refused \
+         registration is a `REJECTED` assignment and the stream goes on; REST API refusals are \
+         JSON `{\"error\": ...}` (a 401 carries `WWW-Authenticate: Bearer`). An HTTP refusal \
+         of a request with a body (a missing or foreign token, a role too small) is sent once \
+         the hub has read that body (and thrown it away), up to 1 MiB and 5 s: answering \
+         earlier makes HTTP/2 reset the stream, and curl 7.88 then fails with error 92 and no \
+         message. Two refusals on the way are not the hub's own words: behind a \
+         TLS-terminating gRPC proxy (nginx), an agent certificate the proxy's CA did not sign \
+         is refused by nginx (HTTP 400, gRPC `INTERNAL`; its log says \"client SSL \
+         certificate verify error\") before the hub sees the stream; and a write through the \
+         proxy that the target cluster's RBAC forbids to the agent's (or the impersonated) \
+         ServiceAccount or person is the API server's 403, passed on as it is.",
     ),
     (
         "runtime",
@@ -377,9 +389,9 @@ pub fn page(sources: &[(String, String)]) -> anyhow::Result<String> {
          `messageExpression`).\n\n\
          `e2e/tests/book.rs` (`the_messages_page_is_generated_from_the_code`) fails when this \
          page is not what the code says now, and `make book-reference` rewrites it. To add a \
-         message, put the comment above it in the code and run `make book-reference`. The \
-         hub's full table of refusals, with their codes, is [Every refusal, by \
-         component](refusals.md).\n",
+         message, put the comment above it in the code and run `make book-reference`. Every \
+         refusal of the hub is here, with the code it answers with in its heading (the \
+         hand-written table of refusals it replaces could drift from the code, and had).\n",
     );
     for (top, title, intro) in SECTIONS {
         let mut section: Vec<&Entry> = entries

@@ -263,6 +263,10 @@ async fn rebind(
         api.live.control(
             *session,
             Control::Close(tonic::Status::permission_denied(format!(
+                // troubleshooting: an agent's stream ended by the hub: gRPC `PERMISSION_DENIED`
+                // An admin moved the account to another agent identity (`scale-agent-hub account
+                // rebind`); this agent's identity may no longer serve it. Remove the account from
+                // this agent's config.
                 "account {name:?} was rebound to identity {identity:?} by an admin; this \
                  agent's identity may no longer serve it"
             ))),

@@ -31,7 +31,7 @@ pub(crate) async fn require(
 ) -> Response {
     let what = format!("{} {}", request.method(), request.uri().path());
     scale_agent_hub_replicas::sync::learn_bearer(&replicas, &auth, request.headers()).await;
-    let account = account_of(request.uri().path());
+    let account = account_of(request.method(), request.uri().path());
     match authorize_request(&auth, request.headers(), needed, &what, account).await {
         Ok(caller) => {
             request.extensions_mut().insert(caller);
@@ -50,9 +50,19 @@ const ACCOUNT_ROUTES: [&str; 3] = [
     "/agents/kubernetes/accounts/",
 ];
 
+/// Armory's routes that add and update accounts named in their bodies, not in the path
+/// (their handlers check each name against the caller's globs).
+const ARMORY_DYNAMIC: &str = "/armory/accounts/dynamic";
+
 /// The account an account route addresses (`/api/v1/accounts/<name>/...`), whose name the
 /// caller's account globs must admit.
-fn account_of(path: &str) -> Option<&str> {
+fn account_of<'p>(method: &axum::http::Method, path: &'p str) -> Option<&'p str> {
+    use axum::http::Method;
+    // `dynamic` there is a route, not an account: without this a scoped token was refused
+    // for not admitting an account named "dynamic".
+    if path == ARMORY_DYNAMIC && (*method == Method::POST || *method == Method::PUT) {
+        return None;
+    }
     ACCOUNT_ROUTES
         .iter()
         .find_map(|prefix| path.strip_prefix(prefix))
@@ -62,26 +72,31 @@ fn account_of(path: &str) -> Option<&str> {
 
 #[cfg(test)]
 mod tests {
+    use axum::http::Method;
+
+    fn account_of(path: &str) -> Option<&str> {
+        super::account_of(&Method::GET, path)
+    }
+
     #[test]
     fn account_routes_name_their_account() {
         assert_eq!(
-            super::account_of("/api/v1/accounts/prod-eu/operations"),
+            account_of("/api/v1/accounts/prod-eu/operations"),
             Some("prod-eu")
         );
+        assert_eq!(account_of("/api/v1/accounts/prod-eu"), Some("prod-eu"));
+        assert_eq!(account_of("/api/v1/accounts"), None);
+        assert_eq!(account_of("/api/v1/agents"), None);
+        assert_eq!(account_of("/armory/accounts/staging-x"), Some("staging-x"));
         assert_eq!(
-            super::account_of("/api/v1/accounts/prod-eu"),
-            Some("prod-eu")
-        );
-        assert_eq!(super::account_of("/api/v1/accounts"), None);
-        assert_eq!(super::account_of("/api/v1/agents"), None);
-        assert_eq!(
-            super::account_of("/armory/accounts/staging-x"),
+            account_of("/agents/kubernetes/accounts/staging-x/namespaces"),
             Some("staging-x")
         );
-        assert_eq!(
-            super::account_of("/agents/kubernetes/accounts/staging-x/namespaces"),
-            Some("staging-x")
-        );
-        assert_eq!(super::account_of("/armory/accounts"), None);
+        assert_eq!(account_of("/armory/accounts"), None);
+        // Armory's add and update name their accounts in the body; a GET reads "dynamic".
+        for method in [Method::POST, Method::PUT] {
+            assert_eq!(super::account_of(&method, "/armory/accounts/dynamic"), None);
+        }
+        assert_eq!(account_of("/armory/accounts/dynamic"), Some("dynamic"));
     }
 }

@@ -298,6 +298,8 @@ pub fn authenticate(
     let (identity, certificate, serial, via) = match (from_certificate, &from_token) {
         (Some((cert_identity, _, _)), Some(token)) if cert_identity != token.identity => {
             return Err(Status::permission_denied(format!(
+                // troubleshooting: an agent's stream refused: gRPC `PERMISSION_DENIED`
+                // The agent presented a certificate and a bearer token of two different identities.
                 "the client certificate is for identity {cert_identity:?} but the bearer token \
                  {} is for {:?}; present credentials of one identity (or only one of them)",
                 token.id, token.identity
@@ -346,6 +348,10 @@ pub fn authenticate(
         && tokens.issued_to(&identity)
     {
         return Err(Status::permission_denied(format!(
+            // troubleshooting: an agent's stream refused: gRPC `PERMISSION_DENIED`
+            // An operator-signed certificate (the CA of `--client-ca`) names an identity that
+            // enrolled at this hub or holds an agent token: the external CA may not take over a hub
+            // identity.
             "identity {identity:?} belongs to this hub (it enrolled, or holds an agent token), \
              and a certificate of the external CA (--client-ca) may not take it; give the \
              operator-signed agent another identity, or enrol it with a one-time token"

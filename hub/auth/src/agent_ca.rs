@@ -173,6 +173,9 @@ impl AgentCa {
         lifetime: Duration,
     ) -> Result<Issued, String> {
         let csr = CertificateSigningRequestParams::from_pem(csr_pem).map_err(|e| {
+            // troubleshooting: enrolment refused: gRPC `INVALID_ARGUMENT`
+            // The agent's certificate signing request does not parse or its signature does not
+            // verify (a corrupted or hand-made request); the agent makes one itself.
             format!("the CSR is not a valid PEM PKCS#10 request with a verifying signature ({e})")
         })?;
         let mut params = CertificateParams::default();

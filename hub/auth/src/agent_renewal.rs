@@ -60,6 +60,9 @@ pub fn renewal_lifetime(
     );
     let Some(enrolled) = enrolled else {
         return Err(Status::permission_denied(format!(
+            // troubleshooting: certificate renewal refused: gRPC `PERMISSION_DENIED`, `CertificateRenewal.refused`
+            // The certificate was issued by the agent CA, but this hub has no record of the
+            // identity's enrolment, so it cannot tell whether the enrolment still holds.
             "the hub holds no enrolment of identity {identity:?} (another hub sharing the agent \
              CA issued the certificate, or the store was rebuilt), so it renews nothing for it; \
              {enrol_again}"
@@ -105,6 +108,9 @@ pub fn renew_by_certificate(
     })?;
     if origin != CertificateOrigin::Hub {
         return Err(Status::permission_denied(format!(
+            // troubleshooting: certificate renewal refused: gRPC `PERMISSION_DENIED`
+            // Renewal by certificate (Enroll without a token) extends hub-issued certificates only;
+            // operator-signed certificates (`--client-ca`) are renewed by their own CA.
             "renewal by certificate extends certificates this hub issued, and the one for \
              identity {identity:?} was signed by the CA of --client-ca; enrol with a one-time \
              token instead (`scale-agent-hub agent-token create --identity {identity} \

@@ -180,6 +180,10 @@ impl AgentTokens {
         })?;
         if record.kind != kind {
             return Err(TokenRefusal::Unusable(format!(
+                // troubleshooting: an agent's stream or enrolment refused: gRPC `PERMISSION_DENIED`
+                // An enrolment token was presented as a bearer token (`clouddriver.auth.tokenFile`)
+                // or the reverse (`clouddriver.auth.enrolmentTokenFile`). Put it where its kind
+                // goes, or issue one of the right kind.
                 "token {} is {}, not {}; {}",
                 record.id,
                 record.kind.with_article(),

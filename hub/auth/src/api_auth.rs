@@ -230,6 +230,11 @@ pub async fn authorize_request(
         return Err(Refused {
             status: StatusCode::FORBIDDEN,
             message: format!(
+                // troubleshooting: REST API: HTTP 403 on an account route
+                // The API token (or the OIDC user's `--oidc-access` rule) is limited to account
+                // globs, and the account in the path is outside them; listings show such a token
+                // its accounts only. Use a token whose `accounts` admit the account (`scale-agent-
+                // hub token create --accounts`).
                 "{what}: {:?} is limited to accounts {:?}, which do not include {account:?}; \
                  use a token whose accounts do",
                 caller.name, caller.accounts

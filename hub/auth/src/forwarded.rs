@@ -119,6 +119,9 @@ impl fmt::Display for Refusal {
         match self {
             Refusal::UntrustedHeader { header, peer } => write!(
                 f,
+                // troubleshooting: an agent's stream refused (behind a gRPC proxy): gRPC `UNAUTHENTICATED`
+                // The forwarded-certificate header came from a peer that is not a trusted proxy
+                // (`--trusted-proxy-cidr`, `--trusted-proxy-identity`).
                 "the {header} header is honoured only from a trusted proxy, and {peer} is not \
                  one: connect agents through the TLS-terminating gRPC proxy, or, if {peer} is \
                  that proxy, add its address range to --trusted-proxy-cidr or its certificate \
@@ -126,6 +129,9 @@ impl fmt::Display for Refusal {
             ),
             Refusal::NotThroughProxy { peer } => write!(
                 f,
+                // troubleshooting: an agent's stream refused (behind a gRPC proxy): gRPC `UNAUTHENTICATED`
+                // The hub runs with `--forwarded-client-cert`, and an agent connected directly, not
+                // through the proxy.
                 "this hub accepts agents only through its TLS-terminating gRPC proxy, and \
                  {peer} is not a trusted proxy: connect the agent to the proxy's address, or, \
                  if {peer} is that proxy, add its address range to --trusted-proxy-cidr or its \
@@ -133,6 +139,9 @@ impl fmt::Display for Refusal {
             ),
             Refusal::MissingHeader { header } => write!(
                 f,
+                // troubleshooting: an agent's stream refused (behind a gRPC proxy): gRPC `UNAUTHENTICATED`
+                // A trusted proxy sent the stream without the forwarded-certificate header: the
+                // proxy does not require client certificates, or uses another header.
                 "the trusted proxy forwarded no client certificate in the {header} header: \
                  make the proxy require client certificates and forward them (nginx: \
                  ssl_verify_client on; grpc_set_header {header} $ssl_client_escaped_cert; \
@@ -142,12 +151,18 @@ impl fmt::Display for Refusal {
             ),
             Refusal::Malformed { header, reason } => write!(
                 f,
+                // troubleshooting: an agent's stream refused (behind a gRPC proxy): gRPC `UNAUTHENTICATED`
+                // The forwarded-certificate header does not hold a certificate in the format
+                // `--forwarded-client-cert` names.
                 "the {header} header holds no usable client certificate ({reason}): check \
                  --forwarded-client-cert (xfcc for Envoy, escaped-pem for nginx's \
                  $ssl_client_escaped_cert) against what the proxy sends"
             ),
             Refusal::SeveralValues { header, count } => write!(
                 f,
+                // troubleshooting: an agent's stream refused (behind a gRPC proxy): gRPC `UNAUTHENTICATED`
+                // The header came more than once (or as a list in one line): a proxy that appends
+                // its value to the client's own.
                 "the {header} header came with {count} values, and in escaped-pem mode the hub \
                  takes exactly one: the proxy appends its certificate to one the client sent \
                  instead of replacing it, so the client could choose its identity. Make the \
@@ -156,6 +171,9 @@ impl fmt::Display for Refusal {
             ),
             Refusal::Invalid { reason } => write!(
                 f,
+                // troubleshooting: an agent's stream refused (behind a gRPC proxy): gRPC `UNAUTHENTICATED`
+                // The forwarded certificate is of another CA, expired, or not for client
+                // authentication.
                 "the forwarded client certificate is not valid ({reason}): the agent needs a \
                  current certificate for client authentication signed by the CA the hub's \
                  --client-ca names"

@@ -355,6 +355,10 @@ pub(super) fn too_large_message(status: &Status) -> Option<String> {
     (status.code() == tonic::Code::OutOfRange && status.message().contains("too large")).then(
         || {
             format!(
+                // troubleshooting: operation: HTTP 413 (an older agent; its stream ends)
+                // An agent that does not send large results in parts sent one past the hub's gRPC
+                // message limit (`--max-object-bytes` plus 1 MiB); the stream ended, and the
+                // operations in flight on it end with this message rather than being resent.
                 "the agent sent a message larger than the hub decodes ({}), which ended its \
              stream; upgrade the agent (newer agents send large results in parts), narrow \
              the question, or raise the hub's --max-object-bytes (the limit is that plus 1 MiB)",

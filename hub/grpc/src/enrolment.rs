@@ -62,7 +62,13 @@ pub(super) async fn refresh_identity(grpc: &GrpcState, identity: &str) -> Result
     };
     let unavailable = |e: scale_agent_hub_model::HubError| {
         Status::unavailable(format!(
-            "the hub cannot read the state of agent identity {identity:?} from its shared store              ({}), and refuses rather than admit an identity an admin may have disabled; the              agent tries again",
+            // troubleshooting: an agent's stream, enrolment or renewal refused: gRPC `UNAVAILABLE`
+            // With several replicas the hub reads an identity's state (disabled, denied
+            // certificates) from PostgreSQL before admitting it, and refuses when it cannot; the
+            // agent retries. Check the store's health.
+            "the hub cannot read the state of agent identity {identity:?} from its shared store \
+             ({}), and refuses rather than admit an identity an admin may have disabled; the \
+             agent tries again",
             Chain(&e)
         ))
     };
@@ -225,6 +231,9 @@ pub(super) async fn renew(
     };
     if auth.certificate != Some(CertificateOrigin::Hub) {
         return refused(format!(
+            // troubleshooting: certificate renewal on the stream refused: `CertificateRenewal.refused`
+            // The agent authenticated with a bearer token or an operator-signed certificate, so
+            // there is no hub-issued certificate to renew.
             "identity {:?} authenticated with {}, not with a certificate this hub issued: \
              renewal extends hub-issued certificates only; enrol with a one-time token \
              (clouddriver.auth.enrolmentTokenFile) to get one",
@@ -233,6 +242,10 @@ pub(super) async fn renew(
     }
     if !auth.key_proven() {
         return refused(format!(
+            // troubleshooting: certificate renewal on the stream refused: `CertificateRenewal.refused`
+            // Behind a TLS-terminating proxy trusted by address only, the forwarded certificate
+            // proves nothing of the agent holding its key, so the hub renews nothing on that
+            // stream.
             "the certificate of identity {:?} reached the hub in a header from a proxy trusted \
              by its address only, which proves nothing of the agent holding the key: the hub \
              renews no certificate on such a stream; trust the proxy by its client certificate \

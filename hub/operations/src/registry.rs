@@ -252,6 +252,9 @@ impl Operations {
             };
             drop(inner);
             let message = format!(
+                // troubleshooting: operation: HTTP 413, `state: failed`, reason `RequestEntityTooLarge`
+                // The agent's result (a list, logs) grew past `--max-operation-result-bytes` while
+                // it was being sent; what was sent so far is dropped.
                 "the result is larger than the hub's limit of {} bytes (--max-operation-result-bytes; \
                  {bytes} bytes so far): narrow the question (a namespace, a label or field \
                  selector, a list limit with continue, logs with tailLines or limitBytes) or \

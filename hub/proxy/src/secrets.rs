@@ -52,6 +52,10 @@ pub(crate) async fn guard(
         return Ok(None);
     }
     let segments = scale_agent_proto::path::decoded_segments(api_path).map_err(|why| {
+        // troubleshooting: proxy: HTTP 400
+        // For an account that keeps Secret data in its cluster, a path naming Secrets must be
+        // canonical (its segments UTF-8 once decoded), so that what the hub checks is what the API
+        // server serves.
         Status::failure(
             400,
             "BadRequest",

@@ -329,6 +329,10 @@ impl Registry {
             return Ok(());
         }
         Err(format!(
+            // troubleshooting: an agent's stream refused: gRPC `PERMISSION_DENIED`
+            // Another process with the same identity and replica name holds a live stream. Usually
+            // two pods sharing a replica name, or a process started while the old stream has not
+            // yet timed out.
             "a stream of identity {identity:?} and replica {replica:?} is live, and this one did \
              not present its session token (Hello.session_token, from that stream's Welcome). \
              An agent reconnecting presents it itself; a new agent process waits until the old \

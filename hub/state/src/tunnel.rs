@@ -226,6 +226,10 @@ impl Tunnels {
                 let pending = exchange.unconsumed.fetch_add(len, Ordering::AcqRel) + len;
                 if pending > exchange.window || data.data.len() > MAX_FRAME_BYTES {
                     let reason = format!(
+                        // troubleshooting: an agent's stream ended by the hub: gRPC `RESOURCE_EXHAUSTED`
+                        // The agent sent proxied response data past the credit the hub gave it (a
+                        // bug in the agent, or an agent of another implementation); the stream
+                        // ends, and the proxied request with it.
                         "flow control: the agent sent {pending} response bytes on exchange \
                          {id} not yet consumed, past the window of {} bytes the hub announced \
                          in Welcome (tunnel_window_bytes; frames of at most {MAX_FRAME_BYTES} \

@@ -99,6 +99,22 @@ pub fn admin_token(dir: &Path) -> String {
         .to_string()
 }
 
+/// The hub's Clouddriver settings for the contract server at `url` (its Account Management
+/// API): short timeouts and fast retries, so that a test does not wait on backoff.
+pub fn contract_clouddriver(url: &str) -> scale_agent_hub::clouddriver::ClouddriverSettings {
+    use scale_agent_hub::clouddriver::{Backoff, ClouddriverSettings};
+    ClouddriverSettings {
+        api_url: Some(url.to_string()),
+        request_timeout: Duration::from_secs(5),
+        backoff: Backoff {
+            initial: Duration::from_millis(50),
+            factor: 2,
+            max: Duration::from_secs(1),
+        },
+        ..ClouddriverSettings::default()
+    }
+}
+
 /// A port free right now, for a hub whose public URL must be known before it starts.
 pub fn free_port() -> u16 {
     scale_agent_testkit::free_port().unwrap()

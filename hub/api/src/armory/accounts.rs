@@ -17,7 +17,7 @@ use scale_agent_hub_clouddriver::definitions::DefinitionError;
 use scale_agent_hub_model::dynamic_accounts::SOURCE_CLOUDDRIVER;
 
 use super::{
-    Put, Refusal, agent_accounts, bad_body, commit, json_body,
+    Put, Refusal, agent_accounts, bad_body, commit, json_body, out_of_scope,
     shape::{self, Overrides},
 };
 use crate::http::{ApiState, error};
@@ -188,6 +188,9 @@ pub(crate) async fn migrate(
         Err(response) => return refused(&caller, ROUTE, "migrate", &[], started, *response),
     };
     let names: Vec<String> = items.iter().map(|(n, _)| n.clone()).collect();
+    if let Some(response) = out_of_scope(&caller, ROUTE, &names) {
+        return refused(&caller, ROUTE, "migrate", &names, started, response);
+    }
     let Some(registrar) = api.registrar.clone() else {
         let response = error(
             StatusCode::NOT_IMPLEMENTED,
@@ -296,6 +299,9 @@ pub(crate) async fn set_state(
             error(status, message),
         )
     };
+    if let Some(response) = out_of_scope(&caller, ROUTE, &names) {
+        return refused(&caller, ROUTE, "activate", &names, started, response);
+    }
     let mut puts = Vec::new();
     let (mut missing, mut declared) = (Vec::new(), Vec::new());
     for (name, item) in &items {
@@ -363,6 +369,9 @@ pub(crate) async fn set_state(
 /// names that are not dynamic accounts; 409 for accounts an agent declares in its config.
 async fn delete(api: &ApiState, caller: &Caller, route: &str, names: Vec<String>) -> Response {
     let started = Instant::now();
+    if let Some(response) = out_of_scope(caller, route, &names) {
+        return refused(caller, route, "delete", &names, started, response);
+    }
     let (mut missing, mut declared) = (Vec::new(), Vec::new());
     for name in &names {
         if api.live.dynamic_accounts().get(name).is_some() {

@@ -20,7 +20,7 @@ use scale_agent_hub_model::dynamic_accounts::SOURCE_DYNAMIC;
 use super::{
     Put, Refusal,
     accounts::{declared_by_agent, refused},
-    bad_body, commit, json_body,
+    bad_body, commit, json_body, out_of_scope,
     shape::{self, Overrides},
 };
 use crate::http::{ApiState, error};
@@ -80,6 +80,9 @@ pub(crate) async fn add(
         Err(response) => return refused(&caller, ROUTE, "add", &[], started, *response),
     };
     let names: Vec<String> = accounts.iter().map(name_of).collect();
+    if let Some(response) = out_of_scope(&caller, ROUTE, &names) {
+        return refused(&caller, ROUTE, "add", &names, started, response);
+    }
     let (mut puts, mut conflicts, mut problems) = (Vec::new(), Vec::new(), Vec::new());
     for account in accounts {
         let name = name_of(&account);
@@ -144,6 +147,9 @@ pub(crate) async fn update(
             error(status, message),
         )
     };
+    if let Some(response) = out_of_scope(&caller, ROUTE, &names) {
+        return refused(&caller, ROUTE, "update", &names, started, response);
+    }
     let mut puts = Vec::new();
     for account in &accounts {
         let name = name_of(account);

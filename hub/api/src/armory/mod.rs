@@ -210,6 +210,36 @@ async fn store(
     Ok(identities)
 }
 
+/// 403 when the caller's account globs leave out any of `names` (a token limited to
+/// `team-a-*` changes no `team-b`). A body naming several accounts is refused whole, naming
+/// those outside, so that a bulk request never half-applies; nothing is read from
+/// Clouddriver or stored first. `route` names the request, as the API's other 403s do.
+pub(crate) fn out_of_scope(caller: &Caller, route: &str, names: &[String]) -> Option<Response> {
+    let outside: Vec<&str> = names
+        .iter()
+        .filter(|name| caller.refuses_account(name))
+        .map(String::as_str)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    if outside.is_empty() {
+        return None;
+    }
+    // troubleshooting: REST API: HTTP 403 on an Armory account change
+    // `POST`, `PATCH` or `DELETE /armory/accounts` or `POST`/`PUT /armory/accounts/dynamic`
+    // named an account outside the token's account globs; a body naming several accounts
+    // changes none when one is outside. Send those accounts with a token whose globs admit
+    // them (an admin token without `accounts`), or leave them out of the body.
+    Some(error(
+        StatusCode::FORBIDDEN,
+        format!(
+            "{route}: {:?} is limited to accounts {:?}, which do not include {outside:?}; \
+             nothing was changed: send those accounts with a token whose accounts do",
+            caller.name, caller.accounts
+        ),
+    ))
+}
+
 /// A refusal, boxed (a `Response` is large for an `Err`).
 pub(crate) type Refusal = Box<Response>;
 
