@@ -47,6 +47,8 @@ use scale_agent_e2e::{
 
 #[path = "real_node/pod_metrics.rs"]
 mod pod_metrics;
+#[path = "real_node/previous_release.rs"]
+mod previous_release;
 #[path = "real_node/rollout.rs"]
 mod rollout;
 #[path = "real_node/upgrade.rs"]
@@ -284,24 +286,112 @@ fn step(started: Instant, what: &str) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_chart_installs_and_agents_connect_on_a_real_node() -> anyhow::Result<()> {
-    if let Some(reason) = real_node::unavailable() {
-        eprintln!("skipping the real-node test: {reason}");
-        return Ok(());
-    }
-    let started = Instant::now();
-    let dir = temp_dir("real-node-test")?;
-    // Declared before the node, so dropped after it (the hub's hostPath volume is in it),
-    // also when the test fails.
-    let _remove_dir = RemoveOnDrop(dir.clone());
+/// Secret `real-node-enrolment` with a one-time enrolment token from the hub's pod (exec
+/// through kubelet) for identity `real-node` and accounts `real-node*`.
+fn enrolment_secret(cli: &Cli) -> anyhow::Result<()> {
+    let token = cli
+        .kubectl(&[
+            "-n",
+            NAMESPACE,
+            "exec",
+            "deploy/scale-agent-hub",
+            "--",
+            "scale-agent-hub",
+            "agent-token",
+            "create",
+            "--identity",
+            "real-node",
+            "--accounts",
+            "real-node*",
+            "--ttl",
+            "1h",
+            "--once",
+        ])?
+        .trim()
+        .to_string();
+    ensure!(!token.is_empty(), "agent-token create printed no token");
+    cli.kubectl(&[
+        "-n",
+        NAMESPACE,
+        "create",
+        "secret",
+        "generic",
+        "real-node-enrolment",
+        &format!("--from-literal=token={token}"),
+    ])?;
+    Ok(())
+}
+
+/// No cluster DNS: agents dial the hub Service's ClusterIP (with the name in its
+/// certificate as `tls.serverName`).
+fn hub_cluster_ip(cli: &Cli) -> anyhow::Result<String> {
+    cli.kubectl(&[
+        "-n",
+        NAMESPACE,
+        "get",
+        "service",
+        "scale-agent-hub",
+        "-o",
+        "jsonpath={.spec.clusterIP}",
+    ])
+}
+
+/// ScaleAgent `real-node` (two enrolled agents dialling the hub at `hub_ip` with `access`
+/// over `namespace`, watching `kinds`) and AgentAccount `real-node` (with `account_fields`,
+/// YAML lines of its spec), in the release namespace.
+fn real_node_agent(
+    hub_ip: &str,
+    access: &str,
+    namespace: &str,
+    kinds: &str,
+    account_fields: &str,
+) -> String {
+    format!(
+        "apiVersion: scaleagent.dev/v1alpha1
+kind: ScaleAgent
+metadata:
+  name: real-node
+  namespace: {NAMESPACE}
+spec:
+  mode: Agent
+  hub:
+    address: {hub_ip}:9091
+    tls:
+      serverName: scale-agent-hub
+      caSecretRef:
+        name: hub-ca
+  enrolment:
+    tokenSecretRef:
+      name: real-node-enrolment
+  replicas: 2
+  access: {access}
+  scope:
+    type: Namespaces
+    namespaces: [{namespace}]
+  defaults:
+    kinds: {kinds}
+---
+apiVersion: scaleagent.dev/v1alpha1
+kind: AgentAccount
+metadata:
+  name: real-node
+  namespace: {NAMESPACE}
+spec:
+  agentRef: real-node
+{account_fields}"
+    )
+}
+
+/// Each test starts a node of its own (containerd, kubelet and the machine's network
+/// tables): one at a time.
+static ONE_NODE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A node running this build's images, and the user's kubectl and helm for it.
+async fn start_node(dir: &Path, started: Instant) -> anyhow::Result<(RealNode, Cli)> {
     let images = build_images(&dir.join("images"))?;
     step(started, "images built from this build's binaries");
-    let mut node = RealNode::start(&images).await?;
+    let node = RealNode::start(&images).await?;
     step(started, "node Ready");
-    // Started now, so it has scraped the pods by the time `kubectl top` is tried.
-    node.start_metrics_server().await?;
-    step(started, "metrics-server serves metrics.k8s.io");
     let control_plane = node.control_plane();
     let home = dir.join("home");
     std::fs::create_dir_all(&home)?;
@@ -311,6 +401,25 @@ async fn the_chart_installs_and_agents_connect_on_a_real_node() -> anyhow::Resul
         kubeconfig: control_plane.kubeconfig_path().to_path_buf(),
         home,
     };
+    Ok((node, cli))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_installs_and_agents_connect_on_a_real_node() -> anyhow::Result<()> {
+    if let Some(reason) = real_node::unavailable() {
+        eprintln!("skipping the real-node test: {reason}");
+        return Ok(());
+    }
+    let _one_node = ONE_NODE_AT_A_TIME.lock().await;
+    let started = Instant::now();
+    let dir = temp_dir("real-node-test")?;
+    // Declared before the node, so dropped after it (the hub's hostPath volume is in it),
+    // also when the test fails.
+    let _remove_dir = RemoveOnDrop(dir.clone());
+    let (mut node, cli) = start_node(&dir, started).await?;
+    // Started now, so it has scraped the pods by the time `kubectl top` is tried.
+    node.start_metrics_server().await?;
+    step(started, "metrics-server serves metrics.k8s.io");
 
     // As the README installs it: the hub's Secret first, then the chart with the hub on.
     cli.kubectl(&["create", "namespace", NAMESPACE])?;
@@ -379,82 +488,14 @@ async fn the_chart_installs_and_agents_connect_on_a_real_node() -> anyhow::Resul
         "a hub-only second release installed beside it and uninstalled",
     );
 
-    // A one-time enrolment token from the hub's pod (exec through kubelet).
-    let token = cli
-        .kubectl(&[
-            "-n",
-            NAMESPACE,
-            "exec",
-            "deploy/scale-agent-hub",
-            "--",
-            "scale-agent-hub",
-            "agent-token",
-            "create",
-            "--identity",
-            "real-node",
-            "--accounts",
-            "real-node*",
-            "--ttl",
-            "1h",
-            "--once",
-        ])?
-        .trim()
-        .to_string();
-    ensure!(!token.is_empty(), "agent-token create printed no token");
-    cli.kubectl(&[
-        "-n",
-        NAMESPACE,
-        "create",
-        "secret",
-        "generic",
-        "real-node-enrolment",
-        &format!("--from-literal=token={token}"),
-    ])?;
-
-    // No cluster DNS: the hub Service's ClusterIP, and the name in its certificate.
-    let hub_ip = cli.kubectl(&[
-        "-n",
-        NAMESPACE,
-        "get",
-        "service",
-        "scale-agent-hub",
-        "-o",
-        "jsonpath={.spec.clusterIP}",
-    ])?;
-    cli.apply(&format!(
-        "apiVersion: scaleagent.dev/v1alpha1
-kind: ScaleAgent
-metadata:
-  name: real-node
-  namespace: {NAMESPACE}
-spec:
-  mode: Agent
-  hub:
-    address: {hub_ip}:9091
-    tls:
-      serverName: scale-agent-hub
-      caSecretRef:
-        name: hub-ca
-  enrolment:
-    tokenSecretRef:
-      name: real-node-enrolment
-  replicas: 2
-  access: Deploy
-  scope:
-    type: Namespaces
-    namespaces: [team-a]
-  defaults:
-    kinds: [Deployment, ReplicaSet, Service, ConfigMap, Pod]
----
-apiVersion: scaleagent.dev/v1alpha1
-kind: AgentAccount
-metadata:
-  name: real-node
-  namespace: {NAMESPACE}
-spec:
-  agentRef: real-node
-  podMetrics: true
-"
+    enrolment_secret(&cli)?;
+    let hub_ip = hub_cluster_ip(&cli)?;
+    cli.apply(&real_node_agent(
+        &hub_ip,
+        "Deploy",
+        "team-a",
+        "[Deployment, ReplicaSet, Service, ConfigMap, Pod]",
+        "  podMetrics: true\n",
     ))?;
     step(started, "ScaleAgent and AgentAccount applied");
     if let Err(error) = cli.kubectl(&[

@@ -14,7 +14,7 @@ use scale_agent_e2e::real_node::{
 use super::{NAMESPACE, agent_lists, config_map, wait_rollout};
 
 /// The names of the pods of a chart component (`operator` or `hub`).
-fn component_pods(cli: &Cli, component: &str) -> anyhow::Result<Vec<String>> {
+pub(super) fn component_pods(cli: &Cli, component: &str) -> anyhow::Result<Vec<String>> {
     let mut pods: Vec<String> = cli
         .kubectl(&[
             "-n",
@@ -110,21 +110,42 @@ pub fn upgrade_release(
 
     // The agents are back with the new hub pod: a ConfigMap written to the cluster after the
     // upgrade is in the hub's list, the account is Connected, and nothing was listed again.
+    agents_resumed(
+        node,
+        cli,
+        hub,
+        "team-a",
+        "after-helm-upgrade",
+        &lists_before,
+    )
+}
+
+/// The agents are back with the (new) hub pod after an upgrade: ConfigMap `name` written to
+/// `namespace` now is in the hub's list through them, the account is Connected, and they
+/// listed nothing since `lists_before` ([`agent_lists`]).
+pub(super) fn agents_resumed(
+    node: &RealNode,
+    cli: &Cli,
+    hub: &HubKubectl,
+    namespace: &str,
+    name: &str,
+    lists_before: &[String],
+) -> anyhow::Result<()> {
     let forward = PortForward::start(cli, NAMESPACE, "scale-agent-hub", 8443)?;
-    cli.apply(&config_map("after-helm-upgrade"))?;
+    cli.apply(&config_map(name).replace("namespace: team-a", &format!("namespace: {namespace}")))?;
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let listed = hub.run(
             cli,
             &forward,
-            &["-n", "team-a", "get", "configmaps", "-o", "name"],
+            &["-n", namespace, "get", "configmaps", "-o", "name"],
             None,
         );
         match listed {
-            Ok(listed) if listed.contains("configmap/after-helm-upgrade\n") => break,
+            Ok(listed) if listed.contains(&format!("configmap/{name}\n")) => break,
             other => ensure!(
                 Instant::now() < deadline,
-                "the upgraded hub does not list team-a's ConfigMaps through the agents 2 min after helm upgrade: {other:?}"
+                "the upgraded hub does not list {namespace}'s ConfigMaps through the agents 2 min after the upgrade: {other:?}"
             ),
         }
         std::thread::sleep(Duration::from_secs(1));
@@ -140,7 +161,7 @@ pub fn upgrade_release(
     let lists_after = agent_lists(node)?;
     ensure!(
         lists_after == lists_before,
-        "the agents listed again after helm upgrade: {:?}",
+        "the agents listed again after the upgrade: {:?}",
         &lists_after[lists_before.len().min(lists_after.len())..]
     );
     Ok(())
