@@ -328,30 +328,26 @@ impl Chaos {
                     self.fleet.names[owner]
                 ));
             }
-            Disruption::PartitionFromPostgres => {
+            Disruption::PartitionFromPostgres | Disruption::PartitionFromAgents => {
                 let owner = self.owner().await?;
-                self.fleet.postgres_relays[owner].blackhole();
+                let (relays, from) = if disruption == Disruption::PartitionFromPostgres {
+                    (&self.fleet.postgres_relays, "PostgreSQL")
+                } else {
+                    (&self.fleet.relays, "its agents")
+                };
+                relays[owner].blackhole();
                 let cut = Instant::now();
                 let took = self.taken_over(owner, cut).await;
                 let more = self.pause_for(0, 3000).await;
-                self.fleet.postgres_relays[owner].restore();
+                let relays = if disruption == Disruption::PartitionFromPostgres {
+                    &self.fleet.postgres_relays
+                } else {
+                    &self.fleet.relays
+                };
+                relays[owner].restore();
                 let took = took?;
                 self.log.push(format!(
-                    "  {} (the owner) cut off from PostgreSQL; the account streamed elsewhere \
-                     after {took:?}; healed {more:?} later",
-                    self.fleet.names[owner]
-                ));
-            }
-            Disruption::PartitionFromAgents => {
-                let owner = self.owner().await?;
-                self.fleet.relays[owner].blackhole();
-                let cut = Instant::now();
-                let took = self.taken_over(owner, cut).await;
-                let more = self.pause_for(0, 3000).await;
-                self.fleet.relays[owner].restore();
-                let took = took?;
-                self.log.push(format!(
-                    "  {} (the owner) cut off from its agents; the account streamed elsewhere \
+                    "  {} (the owner) cut off from {from}; the account streamed elsewhere \
                      after {took:?}; healed {more:?} later",
                     self.fleet.names[owner]
                 ));
