@@ -49,7 +49,7 @@ test: control-plane nginx tinyproxy lua postgres node mdbook ## Formatting, lint
 
 ROUNDS ?= 20
 .PHONY: chaos
-chaos: control-plane ## Long chaos runs: make chaos ROUNDS=100 (a random seed, printed; SCALE_AGENT_CHAOS_SEED=<seed> replays one)
+chaos: control-plane postgres ## Long chaos runs on hub replicas on PostgreSQL: make chaos ROUNDS=100 (a random seed, printed; SCALE_AGENT_CHAOS_SEED=<seed> replays one)
 	ROUNDS=$(ROUNDS) SCALE_AGENT_CHAOS_SEED=$${SCALE_AGENT_CHAOS_SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')} \
 		$(CARGO) test --locked -p scale-agent-e2e --test chaos -- --nocapture
 

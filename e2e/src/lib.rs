@@ -23,6 +23,7 @@ pub mod error;
 pub mod fixtures;
 pub mod fleet;
 pub mod http;
+pub mod hub_replica;
 pub mod kubectl;
 pub mod kwok;
 pub mod local_agent;
@@ -36,6 +37,7 @@ pub mod process;
 pub mod proxy_stack;
 pub mod real_node;
 pub mod relay;
+pub mod replica_fleet;
 pub mod tinyproxy;
 pub mod wait;
 

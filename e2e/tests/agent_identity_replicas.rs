@@ -8,13 +8,13 @@
 // Test code: a failed set-up should panic.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::{path::PathBuf, time::Duration};
+use std::time::Duration;
 
-use scale_agent_e2e::{http::Call, postgres::PostgresServer};
-use scale_agent_hub::{
-    Config, GrpcSecurity, RunningHub, identity::AllowRule, owners::OwnershipSource,
-    owners::forward::ReplicaSecret,
+use scale_agent_e2e::{
+    hub_replica::{self, InProcessReplica as Replica},
+    postgres::PostgresServer,
 };
+use scale_agent_hub::identity::AllowRule;
 use scale_agent_proto::v1::{
     self as pb, agent_hub_client::AgentHubClient, agent_message::Kind as Msg,
     hub_message::Kind as Out,
@@ -25,43 +25,15 @@ use tonic::{Code, Status, metadata::MetadataValue};
 const SECRET: &str = "replica-secret-of-the-identity-test-0123456789";
 const WAIT: Duration = Duration::from_secs(20);
 
-struct Replica {
-    hub: RunningHub,
-    dir: PathBuf,
-    admin: String,
-}
-
 async fn start_replica(url: &str, name: &str, dir: &std::path::Path) -> Replica {
-    let dir = dir.join(name);
-    let port = scale_agent_e2e::local_agent::free_port().unwrap();
-    let mut config = Config::new(GrpcSecurity::InsecurePlaintext, &dir);
+    let mut config = hub_replica::config(url, name, &dir.join(name), SECRET).unwrap();
     config.agents.allow = vec![AllowRule::parse("prod-agent=prod-*").unwrap()];
-    config.listeners.grpc_addr = "127.0.0.1:0".parse().unwrap();
-    config.listeners.http_addr = format!("127.0.0.1:{port}").parse().unwrap();
     config.streams.heartbeat_period = Duration::from_secs(1);
-    config.replicas.id = name.into();
-    config.replicas.address = Some(format!("http://127.0.0.1:{port}"));
-    config.replicas.secret = Some(ReplicaSecret::new(SECRET).unwrap());
-    let options = scale_agent_hub::store::PostgresOptions::new(url);
-    config.replicas.ownership = OwnershipSource::Postgres {
-        options: options.clone(),
-    };
-    config.store.backend = scale_agent_hub::store::Backend::Postgres(options);
-    let hub = scale_agent_hub::start(config).await.unwrap();
-    let admin = std::fs::read_to_string(hub.admin_token_file().unwrap())
-        .unwrap()
-        .trim()
-        .to_string();
-    Replica { hub, dir, admin }
+    hub_replica::start(config).await.unwrap()
 }
 
 async fn admin_call(replica: &Replica, method: &str, path: &str) -> (u16, String) {
-    let response = Call::new(method, format!("http://{}{path}", replica.hub.http_addr))
-        .bearer(&replica.admin)
-        .send()
-        .await
-        .unwrap();
-    (response.status, response.body)
+    replica.admin_call(method, path).await.unwrap()
 }
 
 /// A stream presenting an agent bearer token, kept alive by heartbeats (its own task)

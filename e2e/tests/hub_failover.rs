@@ -42,6 +42,7 @@ use scale_agent_e2e::{
     pki::CertificateAuthority,
     postgres::{self, PostgresServer, Tenure},
     relay::{Balancer, TlsFront},
+    replica_fleet::proxy_token,
 };
 use serde_json::{Value, json};
 
@@ -544,28 +545,6 @@ fn proxy_kubeconfig(
     .to_string()
 }
 
-/// Issues a kubeconfig of `account` on `hub` with its admin token; returns its token.
-async fn proxy_token(hub: &HubProcess, account: &str) -> anyhow::Result<String> {
-    let admin = std::fs::read_to_string(hub.data_dir.join("admin-token"))?;
-    let response = Call::new(
-        "POST",
-        format!(
-            "http://{}/api/v1/accounts/{account}/kubeconfig?tokenName=failover",
-            hub.http
-        ),
-    )
-    .bearer(admin.trim())
-    .send()
-    .await?;
-    anyhow::ensure!(response.status == 200, "{response:?}");
-    response
-        .body
-        .lines()
-        .find_map(|line| line.trim().strip_prefix("token:"))
-        .map(|token| token.trim().trim_matches('"').to_string())
-        .ok_or_else(|| anyhow::anyhow!("no token in {}", response.body))
-}
-
 async fn start(dir: &Path) -> anyhow::Result<World> {
     let started = Instant::now();
     let (postgres, one, two) = tokio::try_join!(
@@ -609,7 +588,10 @@ async fn start(dir: &Path) -> anyhow::Result<World> {
             // Proxy tokens are read from the store at start-up only (the guide's docs/src/concepts/replicas.md): issue
             // them on the first replica before the others start.
             for (_, account) in &account_names {
-                tokens.insert(account.clone(), proxy_token(&hub, account).await?);
+                tokens.insert(
+                    account.clone(),
+                    proxy_token(&hub, account, "failover").await?,
+                );
             }
         }
         hubs.push(Some(hub));

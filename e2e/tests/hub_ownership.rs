@@ -18,10 +18,9 @@ use scale_agent_e2e::{
     wait,
 };
 use scale_agent_hub::{
-    Config, GrpcSecurity, RunningHub,
+    RunningHub,
     owners::{
-        Claim, Ownership, OwnershipSource, ReplicaIdentity,
-        forward::ReplicaSecret,
+        Claim, Ownership, ReplicaIdentity,
         postgres::{PostgresOwnership, lock_key},
     },
     store::PostgresOptions,
@@ -69,6 +68,42 @@ async fn wait_changed(losses: &mut tokio::sync::watch::Receiver<u64>) {
         .await
         .expect("the loss was noticed in time")
         .unwrap();
+}
+
+/// The probe the ownership task sends while the store was unreachable and no account waits
+/// to be acquired (issue 29): a read of the owners' table on the lock session, naming no
+/// account. It answers while PostgreSQL is up, fails while it is stopped, answers again once
+/// it is back (the lock session opened anew), and leaves nothing in the ownership tables.
+#[tokio::test]
+async fn the_ownership_probe_fails_while_postgres_is_down_and_answers_once_it_is_back() {
+    let mut server = PostgresServer::start().await.unwrap();
+    let url = server.url();
+    let ownership = PostgresOwnership::connect(&PostgresOptions::new(&url), replica("hub-a"))
+        .await
+        .unwrap();
+    ownership.probe().await.unwrap();
+
+    server.stop().await;
+    let error = ownership
+        .probe()
+        .await
+        .expect_err("the probe fails while PostgreSQL is stopped")
+        .to_string();
+    eprintln!("the probe while PostgreSQL is stopped: {error}");
+    assert!(error.contains("PostgreSQL"), "{error}");
+
+    server.start_again().await.unwrap();
+    let started = std::time::Instant::now();
+    while let Err(e) = ownership.probe().await {
+        assert!(started.elapsed() < WAIT, "the probe still fails: {e}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let sql = postgres::connect(&server.superuser_url()).await.unwrap();
+    for table in ["account_owners", "ownership_history"] {
+        let statement = format!("SELECT count(*) FROM {table}");
+        let rows: i64 = sql.query_one(statement.as_str(), &[]).await.unwrap().get(0);
+        assert_eq!(rows, 0, "the probe wrote to {table}");
+    }
 }
 
 #[tokio::test]
@@ -210,11 +245,7 @@ async fn one_owner_at_a_time_and_a_dead_owners_lock_frees_at_once() {
 
 const SECRET: &str = "0123456789abcdef0123456789abcdef-e2e";
 
-struct Replica {
-    hub: RunningHub,
-    dir: PathBuf,
-    admin: String,
-}
+type Replica = scale_agent_e2e::hub_replica::InProcessReplica;
 
 async fn start_replica(url: &str, name: &str) -> Replica {
     let dir = std::env::temp_dir().join(format!(
@@ -222,36 +253,12 @@ async fn start_replica(url: &str, name: &str) -> Replica {
         std::process::id()
     ));
     let _ = std::fs::remove_dir_all(&dir);
-    let port = scale_agent_e2e::local_agent::free_port().unwrap();
-    let mut config = Config::new(GrpcSecurity::InsecurePlaintext, &dir);
+    let mut config = scale_agent_e2e::hub_replica::config(url, name, &dir, SECRET).unwrap();
     // `anonymous` registers only what an --allow rule names.
     config.agents.allow = vec![scale_agent_hub::identity::AllowRule::parse("*=*").unwrap()];
-    config.listeners.grpc_addr = "127.0.0.1:0".parse().unwrap();
-    config.listeners.http_addr = format!("127.0.0.1:{port}").parse().unwrap();
-    config.replicas.id = name.into();
-    config.replicas.address = Some(format!("http://127.0.0.1:{port}"));
-    config.replicas.secret = Some(ReplicaSecret::new(SECRET).unwrap());
-    let options = scale_agent_hub::store::PostgresOptions::new(url);
-    config.replicas.ownership = OwnershipSource::Postgres {
-        options: options.clone(),
-    };
-    config.store.backend = scale_agent_hub::store::Backend::Postgres(options);
-    let hub = scale_agent_hub::start(config).await.unwrap();
-    let admin = std::fs::read_to_string(hub.admin_token_file().unwrap())
-        .unwrap()
-        .trim()
-        .to_string();
-    Replica { hub, dir, admin }
+    scale_agent_e2e::hub_replica::start(config).await.unwrap()
 }
 
-impl Replica {
-    async fn stop(self) {
-        let _ = self.hub.shutdown().await;
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// Just enough of an agent: Hello, registrations, and what the hub sends.
 struct MiniAgent {
     tx: mpsc::Sender<pb::AgentMessage>,
     inbound: tonic::Streaming<pb::HubMessage>,

@@ -26,6 +26,16 @@ impl http::Health for Hub {
                     self.config.store.data_dir.display(),
                     health.queued
                 ),
+                Backend::Postgres(_)
+                    if health.failing
+                        == Some(scale_agent_hub_store::writer::Failing::Ownership) =>
+                {
+                    format!(
+                        "the accounts' ownership cannot reach PostgreSQL ({error}); no replica can \
+                 take the accounts, so their agents stand by: check that PostgreSQL is up and \
+                 reachable from this replica"
+                    )
+                }
                 Backend::Postgres(_) => format!(
                     "the store cannot commit to PostgreSQL ({error}); {} changes are queued and \
                  retried, agents' acknowledgements are held until they are committed: check \

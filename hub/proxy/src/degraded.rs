@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use axum::{http::HeaderValue, response::Response};
 use scale_agent_hub_state::Live;
-use scale_agent_hub_store::writer::Commits;
+use scale_agent_hub_store::writer::{Commits, Failing};
 
 use crate::{ProxyMetrics, status::Status};
 
@@ -44,9 +44,12 @@ pub enum Degraded {
         /// The heartbeat period granted to its stream.
         period: Duration,
     },
-    /// The store cannot commit: agents' acknowledgements are held, the cache stops moving.
+    /// The store cannot commit, or the accounts' ownership cannot reach it: agents'
+    /// acknowledgements are held or their streams ended, the cache stops moving.
     StoreFailing {
         since: Instant,
+        /// Which of the two, for the message.
+        what: Failing,
         /// The store's last error.
         reason: String,
     },
@@ -62,6 +65,7 @@ impl Degraded {
         if let Some(reason) = health.failure {
             return Some(Degraded::StoreFailing {
                 since: health.failing_since.unwrap_or_else(Instant::now),
+                what: health.failing.unwrap_or(Failing::Commits),
                 reason,
             });
         }
@@ -116,9 +120,10 @@ impl Degraded {
                  heartbeat is every {} s; the hub ends a stream silent for two periods)",
                 period.as_secs()
             ),
-            Degraded::StoreFailing { reason, .. } => format!(
-                "the hub's store has not committed for {age} s ({}), so the agents of account \
-                 {account} cannot stream it to the hub",
+            Degraded::StoreFailing { what, reason, .. } => format!(
+                "the hub's store {} ({}), so the agents of account {account} cannot stream it \
+                 to the hub",
+                what.for_seconds(age),
                 one_line(reason)
             ),
         }
@@ -196,9 +201,14 @@ mod tests {
         assert!(warning.contains("42 s"), "{warning}");
         let store = Degraded::StoreFailing {
             since,
+            what: Failing::Commits,
             reason: "connection \"refused\"\n by PostgreSQL".into(),
         };
         let warning = store.warning("prod");
+        assert!(
+            warning.contains("the hub's store has not committed for 42 s"),
+            "{warning}"
+        );
         assert!(HeaderValue::from_str(&warning).is_ok(), "{warning}");
         assert!(
             warning.contains("connection 'refused' by PostgreSQL"),
@@ -212,6 +222,20 @@ mod tests {
             "{}",
             status.message()
         );
+        let ownership = Degraded::StoreFailing {
+            since,
+            what: Failing::Ownership,
+            reason: "cannot take accounts' ownership: connection refused".into(),
+        };
+        let warning = ownership.warning("prod");
+        assert!(
+            warning.contains(
+                "the hub's store could not be reached for the accounts' ownership for 42 s \
+                 (cannot take accounts' ownership: connection refused)"
+            ),
+            "{warning}"
+        );
+        assert!(!warning.contains("committed"), "{warning}");
         let silent = Degraded::AgentSilent {
             since,
             period: Duration::from_secs(15),

@@ -67,11 +67,38 @@ pub struct Progress {
     pub failing: bool,
 }
 
+/// What of the store fails, so that the messages built from [`Health`] name it: a replica
+/// whose ownership look-ups fail has often committed nothing at all (nothing was queued), and
+/// "has not committed" would send its operator to the wrong place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failing {
+    /// Commits of the queued changes fail.
+    Commits,
+    /// The accounts' ownership cannot reach the store (a look-up or an acquisition failed,
+    /// or the connection holding the locks broke), although no commit failed.
+    Ownership,
+}
+
+impl Failing {
+    /// What fails, for `seconds`: "the store {this} (its error)".
+    pub fn for_seconds(self, seconds: u64) -> String {
+        match self {
+            Failing::Commits => format!("has not committed for {seconds} s"),
+            Failing::Ownership => {
+                format!("could not be reached for the accounts' ownership for {seconds} s")
+            }
+        }
+    }
+}
+
 /// What the store's health looks like from outside (readiness, logs).
 #[derive(Clone, Debug, Default)]
 pub struct Health {
-    /// Why the last commit failed, while commits fail.
+    /// Why the last commit failed, while commits fail (else why the ownership could not
+    /// reach the store, while it cannot).
     pub failure: Option<String>,
+    /// Which of the two `failure` is (a failing commit first).
+    pub failing: Option<Failing>,
     /// When the first of the failing commits failed, while commits fail: the cache has not
     /// been durable since (what the proxy's stale answers say).
     pub failing_since: Option<std::time::Instant>,
@@ -196,6 +223,11 @@ impl Commits {
                 .failure
                 .clone()
                 .or_else(|| unreachable.map(|(_, reason)| reason.clone())),
+            failing: match (&q.failure, unreachable) {
+                (Some(_), _) => Some(Failing::Commits),
+                (None, Some(_)) => Some(Failing::Ownership),
+                (None, None) => None,
+            },
             failing_since: match (q.failing_since, unreachable.map(|(since, _)| *since)) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
@@ -474,11 +506,21 @@ mod tests {
         commits.unreachable("still refused".into());
         let health = commits.health();
         assert_eq!(health.failure.as_deref(), Some("still refused"));
+        assert_eq!(
+            health.failing,
+            Some(Failing::Ownership),
+            "nothing failed to commit: the ownership did"
+        );
+        assert_eq!(
+            Failing::Ownership.for_seconds(3),
+            "could not be reached for the accounts' ownership for 3 s"
+        );
         assert_eq!(health.failing_since, Some(since), "since the first failure");
         assert!(commits.is_unreachable());
         commits.reachable();
         assert!(commits.health().failure.is_none());
         assert!(commits.health().failing_since.is_none());
+        assert!(commits.health().failing.is_none());
     }
 
     #[test]

@@ -126,14 +126,18 @@ impl AccountView {
         commits: &scale_agent_hub_store::writer::Commits,
     ) -> Self {
         let health = commits.health();
+        let what = health
+            .failing
+            .unwrap_or(scale_agent_hub_store::writer::Failing::Commits);
         self.cache_stale = health.failure.map(|failure| {
             let since = health
                 .failing_since
                 .map(|s| s.elapsed().as_secs())
                 .unwrap_or_default();
             format!(
-                "the store has not committed for {since} s ({failure}): the agents' streams \
-                 are held, reads through the proxy are flagged stale and writes refused"
+                "the store {} ({failure}): the agents' streams are held, reads through the \
+                 proxy are flagged stale and writes refused",
+                what.for_seconds(since)
             )
         });
         self

@@ -17,10 +17,6 @@ use crate::Replicas;
 /// after its owner died (the lock frees when the owner's database session ends).
 pub const POLL: Duration = Duration::from_secs(1);
 
-/// An account name no agent can register (names are DNS labels): looked up to find out
-/// whether the store answers again.
-const PROBE_ACCOUNT: &str = "-probe-";
-
 /// Runs until `shutdown` says the hub stops (which releases everything once the store is
 /// flushed). Ownership comes from `replicas`; the standbys and owned accounts are `live`'s
 /// registry; what an account taken over was registered with is queued in `commits`;
@@ -36,10 +32,13 @@ pub async fn run(
     loop {
         let to_acquire = live.registry().to_acquire();
         if to_acquire.is_empty() && commits.is_unreachable() {
-            // Nothing to take that would find out: a look-up says whether the store answers.
-            match replicas.ownership.owner(PROBE_ACCOUNT).await {
-                Ok(_) => commits.reachable(),
-                Err(e) => commits.unreachable(Chain(&e).to_string()),
+            // Nothing to take that would find out: the probe says whether the store answers.
+            match replicas.ownership.probe().await {
+                Ok(()) => commits.reachable(),
+                Err(e) => commits.unreachable(format!(
+                    "the ownership's probe of the store failed: {}",
+                    Chain(&e)
+                )),
             }
         }
         for account in to_acquire {

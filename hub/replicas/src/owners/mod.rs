@@ -75,6 +75,12 @@ pub trait Ownership: Send + Sync {
     /// The replica that owns `account` now, `None` when nobody does.
     async fn owner(&self, account: &str) -> Result<Option<OwnerInfo>>;
 
+    /// Whether the ownership's store answers now: what the ownership task asks, while the
+    /// store was unreachable and no account waits to be acquired, to find out that it is
+    /// back. It reads what a look-up reads, on the same connection, without naming an
+    /// account.
+    async fn probe(&self) -> Result<()>;
+
     /// The epoch this replica holds `account` at, `None` when it does not own it: what the
     /// shared store's fencing checks every write against.
     fn held_epoch(&self, account: &str) -> Option<i64>;
@@ -117,6 +123,10 @@ impl Ownership for Embedded {
 
     async fn owner(&self, _account: &str) -> Result<Option<OwnerInfo>> {
         Ok(None)
+    }
+
+    async fn probe(&self) -> Result<()> {
+        Ok(())
     }
 
     fn held_epoch(&self, _account: &str) -> Option<i64> {

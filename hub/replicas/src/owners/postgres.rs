@@ -377,6 +377,18 @@ impl Ownership for PostgresOwnership {
         Self::owner_on(client, account).await
     }
 
+    async fn probe(&self) -> Result<()> {
+        let mut slot = self.lock_connection.lock().await;
+        let client = self.client(&mut slot).await?;
+        // The table the look-ups read, on the lock session (reopened above if it broke): it
+        // fails when they would, for the connection or for the hub's user's grants.
+        client
+            .query("SELECT 1 FROM account_owners LIMIT 1", &[])
+            .await
+            .map_err(|e| pg_error("read the accounts' owners", &e))?;
+        Ok(())
+    }
+
     fn held_epoch(&self, account: &str) -> Option<i64> {
         self.owned().get(account).copied()
     }
