@@ -62,7 +62,7 @@ pub async fn seed_cluster_kinds(
         json!({ "apiVersion": "v1", "kind": "Endpoints",
                 "metadata": { "name": "manual", "labels": labels },
                 "subsets": [
-                    { "addresses": [{ "ip": "10.1.2.3" }, { "ip": "10.1.2.4" }], "ports": [{ "port": 8080 }, { "port": 9090 }] },
+                    { "addresses": [{ "ip": "10.1.2.3" }, { "ip": "10.1.2.4" }], "ports": [{ "name": "http", "port": 8080 }, { "name": "metrics", "port": 9090 }] },
                     { "addresses": [{ "ip": "10.1.2.5" }] },
                 ] }),
         json!({ "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
