@@ -275,6 +275,60 @@ async fn a_scoped_token_changes_only_the_accounts_its_globs_admit() {
     assert_eq!(list["total"], 0, "{list}");
     let (_, list) = call(&http, &admin, "GET", "/armory/accounts", &Value::Null).await;
     assert_eq!(list["total"], 1, "{list}");
+
+    // The hub's own dynamic accounts API: the same token, the same limit (the name in the
+    // body of a POST, in the path of the others).
+    let hub_account = |name: &str| {
+        json!({
+            "name": name,
+            "agent": "infra.test",
+            "kubeconfigSecret": { "namespace": "infra", "name": format!("{name}-kubeconfig") },
+        })
+    };
+    let accounts = "/api/v1/dynamic-accounts";
+    let (status, answer) = call(&http, TEAM_A, "POST", accounts, &hub_account("team-a-own")).await;
+    assert_eq!(status, 201, "in scope: {answer}");
+    assert_out_of_scope(
+        "the hub's POST",
+        call(&http, TEAM_A, "POST", accounts, &hub_account("team-b-own")).await,
+        &["team-b-own"],
+    );
+    let (status, answer) = call(
+        &http,
+        &admin,
+        "GET",
+        &format!("{accounts}/team-b-own"),
+        &Value::Null,
+    )
+    .await;
+    assert_eq!(status, 404, "the refused POST stored nothing: {answer}");
+    for method in ["GET", "PUT", "DELETE"] {
+        let (status, answer) = call(
+            &http,
+            TEAM_A,
+            method,
+            &format!("{accounts}/team-b"),
+            &hub_account("team-b"),
+        )
+        .await;
+        assert_eq!(
+            status, 403,
+            "{method} {accounts}/team-b with the scoped token: {answer}"
+        );
+    }
+    let (_, listed) = call(&http, TEAM_A, "GET", accounts, &Value::Null).await;
+    let names: Vec<&str> = listed
+        .as_array()
+        .map(|all| all.iter().filter_map(|a| a["name"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(names, ["team-a-own"], "the scoped listing: {listed}");
+    let (_, listed) = call(&http, &admin, "GET", accounts, &Value::Null).await;
+    assert!(
+        listed
+            .as_array()
+            .is_some_and(|all| all.iter().any(|a| a["name"] == "team-b")),
+        "the admin lists team-b: {listed}"
+    );
     hub.shutdown().await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -44,8 +44,9 @@ pub(crate) async fn require(
 /// Prefixes of the routes that address one account by name in their next segment: the
 /// hub's own, and Armory's account routes (`/armory/accounts/<name>`,
 /// `/agents/kubernetes/accounts/<name>[/namespaces]`), which read the same accounts.
-const ACCOUNT_ROUTES: [&str; 3] = [
+const ACCOUNT_ROUTES: [&str; 4] = [
     "/api/v1/accounts/",
+    "/api/v1/dynamic-accounts/",
     "/armory/accounts/",
     "/agents/kubernetes/accounts/",
 ];
@@ -88,6 +89,8 @@ mod tests {
         assert_eq!(account_of("/api/v1/accounts"), None);
         assert_eq!(account_of("/api/v1/agents"), None);
         assert_eq!(account_of("/armory/accounts/staging-x"), Some("staging-x"));
+        assert_eq!(account_of("/api/v1/dynamic-accounts/dyn"), Some("dyn"));
+        assert_eq!(account_of("/api/v1/dynamic-accounts"), None);
         assert_eq!(
             account_of("/agents/kubernetes/accounts/staging-x/namespaces"),
             Some("staging-x")

@@ -6,12 +6,14 @@
 //! so no kubeconfig ever passes through the hub, and reports how each account fares.
 //!
 //! Routes (role admin, see `router`): `GET`/`POST /api/v1/dynamic-accounts`,
-//! `GET`/`PUT`/`DELETE /api/v1/dynamic-accounts/{name}`.
+//! `GET`/`PUT`/`DELETE /api/v1/dynamic-accounts/{name}`. A token limited to account globs
+//! reaches only the accounts they admit: the route layer checks the name in the path, the
+//! listing leaves the others out, and `POST` checks the name in its body.
 
 use std::sync::Arc;
 
 use axum::{
-    Json, Router,
+    Extension, Json, Router,
     extract::{Path, State},
     http::StatusCode,
     response::{IntoResponse, Response},
@@ -19,7 +21,7 @@ use axum::{
 };
 use serde::{Deserialize, Serialize};
 
-use scale_agent_hub_model::{error::Chain, store_op::StoreOp};
+use scale_agent_hub_model::{auth::Caller, error::Chain, store_op::StoreOp};
 use scale_agent_hub_state::Live;
 
 use crate::http::{ApiState, error};
@@ -102,8 +104,17 @@ pub(crate) fn router() -> Router<Arc<ApiState>> {
         )
 }
 
-async fn list_accounts(State(api): State<Arc<ApiState>>) -> Response {
-    let records: Vec<DynamicAccountRecord> = api.live.dynamic_accounts().list().cloned().collect();
+async fn list_accounts(
+    State(api): State<Arc<ApiState>>,
+    Extension(caller): Extension<Caller>,
+) -> Response {
+    let records: Vec<DynamicAccountRecord> = api
+        .live
+        .dynamic_accounts()
+        .list()
+        .filter(|record| !caller.refuses_account(&record.spec.name))
+        .cloned()
+        .collect();
     let views: Vec<DynamicAccountView> = records.iter().map(|r| view(&api.live, r)).collect();
     Json(views).into_response()
 }
@@ -126,11 +137,23 @@ fn not_found(name: &str) -> Response {
     )
 }
 
-async fn create_account(State(api): State<Arc<ApiState>>, body: axum::body::Bytes) -> Response {
+async fn create_account(
+    State(api): State<Arc<ApiState>>,
+    Extension(caller): Extension<Caller>,
+    body: axum::body::Bytes,
+) -> Response {
     let spec = match parse_spec(&body) {
         Ok(spec) => spec,
         Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
+    // The name is in the body, where the route layer does not look.
+    if let Some(refusal) = crate::armory::out_of_scope(
+        &caller,
+        "POST /api/v1/dynamic-accounts",
+        std::slice::from_ref(&spec.name),
+    ) {
+        return refusal;
+    }
     if api.live.dynamic_accounts().get(&spec.name).is_some() {
         return error(
             StatusCode::CONFLICT,
