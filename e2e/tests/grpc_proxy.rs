@@ -116,12 +116,19 @@ fn direct(hub: SocketAddr, source: &str) -> anyhow::Result<Endpoint> {
         .connect_timeout(WAIT))
 }
 
-/// An endpoint at nginx over TLS with `client` as the client certificate.
-fn via_nginx(nginx: SocketAddr, ca_pem: &str, client: &CertifiedKey) -> anyhow::Result<Endpoint> {
-    let tls = ClientTlsConfig::new()
+/// An endpoint at nginx over TLS with `client` as the client certificate (none: an agent
+/// that has not enrolled yet).
+fn via_nginx(
+    nginx: SocketAddr,
+    ca_pem: &str,
+    client: Option<&CertifiedKey>,
+) -> anyhow::Result<Endpoint> {
+    let mut tls = ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(ca_pem))
-        .domain_name("localhost")
-        .identity(Identity::from_pem(&client.cert_pem, &client.key_pem));
+        .domain_name("localhost");
+    if let Some(client) = client {
+        tls = tls.identity(Identity::from_pem(&client.cert_pem, &client.key_pem));
+    }
     Ok(Endpoint::from_shared(format!("https://{nginx}"))?
         .tls_config(tls)?
         .connect_timeout(WAIT))
@@ -287,7 +294,7 @@ async fn agents_reach_the_hub_through_nginx_with_their_certificate_identity() ->
     // replaces the header, so the hub names agent-b.
     assert_eq!(
         hello(
-            via_nginx(listen, &agents_ca.cert_pem, &agent_b)?,
+            via_nginx(listen, &agents_ca.cert_pem, Some(&agent_b))?,
             Some(&forged)
         )
         .await
@@ -297,7 +304,11 @@ async fn agents_reach_the_hub_through_nginx_with_their_certificate_identity() ->
     // Through nginx with a certificate of another CA: nginx refuses it (HTTP 400 after the
     // handshake) and the hub never sees the stream.
     assert_refused(
-        hello(via_nginx(listen, &agents_ca.cert_pem, &stranger)?, None).await,
+        hello(
+            via_nginx(listen, &agents_ca.cert_pem, Some(&stranger))?,
+            None,
+        )
+        .await,
         Code::Internal,
         &["400 Bad Request"],
     );
@@ -305,6 +316,44 @@ async fn agents_reach_the_hub_through_nginx_with_their_certificate_identity() ->
     assert!(
         log.contains("client SSL certificate verify error"),
         "nginx did not log the bad certificate: {log}"
+    );
+
+    // Review F27: an agent with no certificate yet enrols through nginx with its one-time
+    // token (nginx asks for a certificate without requiring one) ...
+    let issued = hub
+        .call(
+            "POST",
+            "/api/v1/agent-tokens?identity=edge-agent&accounts=edge-*&ttl=1h&once=true",
+        )
+        .bearer(&hub.admin_token)
+        .send()
+        .await?;
+    assert_eq!(issued.status, 201, "{}", issued.body);
+    let token = issued.json_or_null()["token"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no token in {}", issued.body))
+        .to_string();
+    let key = rcgen::KeyPair::generate()?;
+    let csr_pem = rcgen::CertificateParams::new(vec!["edge-agent".to_string()])?
+        .serialize_request(&key)?
+        .pem()?;
+    let channel = via_nginx(listen, &agents_ca.cert_pem, None)?
+        .connect()
+        .await?;
+    let enrolled = AgentHubClient::new(channel)
+        .enroll(pb::EnrollRequest { token, csr_pem })
+        .await
+        .map_err(|s| anyhow::anyhow!("enrolment through nginx without a certificate: {s:?}"))?
+        .into_inner();
+    assert_eq!(
+        enrolled.certificate.map(|c| c.identity).as_deref(),
+        Some("edge-agent")
+    );
+    // ... and a stream without a certificate through nginx is still refused by the hub.
+    assert_refused(
+        hello(via_nginx(listen, &agents_ca.cert_pem, None)?, None).await,
+        Code::Unauthenticated,
+        &["forwarded no client certificate"],
     );
 
     agent.stop().await?;

@@ -143,8 +143,9 @@ impl fmt::Display for Refusal {
                 // A trusted proxy sent the stream without the forwarded-certificate header: the
                 // proxy does not require client certificates, or uses another header.
                 "the trusted proxy forwarded no client certificate in the {header} header: \
-                 make the proxy require client certificates and forward them (nginx: \
-                 ssl_verify_client on; grpc_set_header {header} $ssl_client_escaped_cert; \
+                 make the proxy ask for client certificates and forward them (nginx: \
+                 ssl_verify_client optional or on; grpc_set_header {header} \
+                 $ssl_client_escaped_cert; \
                  Envoy: forward_client_cert_details: SANITIZE_SET with \
                  set_current_client_cert_details: {{cert: true}}), or set \
                  --forwarded-client-cert-header to the header it uses"
