@@ -173,7 +173,7 @@ const ARMORY_KEYS: &[ArmoryKey] = &[
     no_effect(
         "kubernetes.accounts[].metrics",
         When::Set,
-        "pod metrics are not sent to the hub yet; set it to false or remove it",
+        "in the agent's own config it grants nothing: `kubectl top` through the hub is tunnelled to the cluster's metrics-server, and the AgentAccount's podMetrics grants the reads (scale-agent migrate sets it from this key); set it to false or remove it",
     ),
     no_effect(
         "tasks.queueCheckFrequencyMs",
