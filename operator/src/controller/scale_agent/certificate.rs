@@ -107,6 +107,9 @@ pub(super) async fn plan_certificate(
         return Ok(failed_plan(
             problems,
             "OperatorSignedCertificatesNotAllowed",
+            // troubleshooting: ScaleAgent `Degraded=True`, reason `OperatorSignedCertificatesNotAllowed`
+            // The ScaleAgent asks the operator to sign its agents' certificate, and the operator
+            // runs without the opt-in: enrol through the hub with a one-time token instead.
             "spec.clientCertificate (a certificate the operator signs with a CA key held in \
              this cluster, for an identity chosen here) is refused: this operator runs without \
              --allow-operator-signed-certificates. Replace spec.clientCertificate with \
