@@ -47,8 +47,6 @@ use scale_agent_e2e::{
 
 #[path = "real_node/pod_metrics.rs"]
 mod pod_metrics;
-#[path = "real_node/previous_release.rs"]
-mod previous_release;
 #[path = "real_node/rollout.rs"]
 mod rollout;
 #[path = "real_node/upgrade.rs"]
