@@ -177,13 +177,15 @@ pub fn roll_agents_under_load(
                 }
             });
         }
-        // A client whose requests last: watches of team-a's Events (a kind the hub does not
-        // cache, so tunnelled to an agent) that the API server ends after 4 s. One is nearly
-        // always running at an agent, so a stopping pod has one in flight at SIGTERM, which
-        // its drain must let finish.
-        {
+        // Clients whose requests last: watches of team-a's Events (a kind the hub does not
+        // cache, so tunnelled to an agent) that the API server ends after 4 s, so a stopping
+        // pod has one in flight at SIGTERM, which its drain must let finish. Two clients, 2 s
+        // apart: with one, the gap while kubectl starts its next watch left both stopping pods
+        // with nothing in flight in 1 of 3 runs.
+        for offset in [Duration::ZERO, Duration::from_secs(2)] {
             let (rolling, failures, operations) = (&rolling, &failures, &operations);
             scope.spawn(move || {
+                std::thread::sleep(offset);
                 while rolling.load(Ordering::Relaxed) {
                     let watch = hub.run(
                         cli,
