@@ -13,13 +13,20 @@ use axum::{
 };
 use serde::{Deserialize, Serialize};
 
-use scale_agent_hub_auth::agent_tokens::{AgentTokenKind, AgentTokenRecord};
+use scale_agent_hub_auth::{
+    agent_tokens::{AgentTokenKind, AgentTokenRecord},
+    api_auth::Caller,
+    credential_sessions::Credential,
+};
 use scale_agent_hub_model::{
     error::Chain, names::validate_account_name, store_op::StoreOp, time::parse_duration,
 };
 use scale_agent_hub_state::Control;
 
-use crate::http::{ApiState, error};
+use crate::{
+    admin_api::Revoked,
+    http::{ApiState, error},
+};
 
 /// Longest lifetime of an agent token.
 const MAX_TTL_SECONDS: i64 = 366 * 24 * 3600;
@@ -177,10 +184,17 @@ async fn list_tokens(State(api): State<Arc<ApiState>>) -> Response {
     Json(list).into_response()
 }
 
-async fn revoke_token(State(api): State<Arc<ApiState>>, Path(id): Path<String>) -> Response {
+/// Revokes an agent token; a bearer token's live streams on this replica end at once (F17),
+/// whether or not the store took the change (it holds in memory here either way).
+async fn revoke_token(
+    State(api): State<Arc<ApiState>>,
+    Path(id): Path<String>,
+    axum::Extension(caller): axum::Extension<Caller>,
+) -> Response {
     let mut store = api.store.lock().await;
     let revoked = api.auth.agent_tokens().revoke(&id);
     let Some((record, ops)) = revoked else {
+        crate::audit::revocation(&caller, "revoke-agent-token", &id, 404, 0);
         return error(
             StatusCode::NOT_FOUND,
             format!(
@@ -188,7 +202,14 @@ async fn revoke_token(State(api): State<Arc<ApiState>>, Path(id): Path<String>) 
             ),
         );
     };
-    if let Err(e) = store.commit(ops).await {
+    let stored = store.commit(ops).await;
+    drop(store);
+    let ended = api
+        .auth
+        .credential_sessions()
+        .end(&Credential::AgentToken(id.clone()));
+    if let Err(e) = stored {
+        crate::audit::revocation(&caller, "revoke-agent-token", &id, 500, ended);
         return error(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!(
@@ -197,8 +218,13 @@ async fn revoke_token(State(api): State<Arc<ApiState>>, Path(id): Path<String>) 
             ),
         );
     }
-    tracing::info!(%id, identity = %record.identity, "revoked an agent token");
-    Json(AgentTokenView::from(record)).into_response()
+    crate::audit::revocation(&caller, "revoke-agent-token", &id, 200, ended);
+    tracing::info!(%id, identity = %record.identity, ended, "revoked an agent token");
+    Json(Revoked {
+        token: AgentTokenView::from(record),
+        ended_sessions: ended,
+    })
+    .into_response()
 }
 
 /// Query of `POST /api/v1/accounts/{name}/rebind`.
