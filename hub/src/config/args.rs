@@ -538,7 +538,7 @@ pub struct StreamArgs {
     /// take the hub's memory. A snapshot or object that would take the cache past it is
     /// refused like one past --max-objects-per-account: its kind is not cached for that
     /// account (state OVER_QUOTA, sent to the agent; the proxy reads it from the cluster)
-    /// until a relist of it fits; nothing already cached is dropped. The default, 8 GiB,
+    /// until a relist of it fits; other accounts and kinds keep their cache. The default, 8 GiB,
     /// is more than twice what the largest fleet measured counts (2 million objects of
     /// about 2.5 KB of JSON: about 3 GiB of hub memory in all, see the sizing page), so it
     /// refuses no such fleet; set it below the hub's memory limit. 0 means no limit.
@@ -647,7 +647,7 @@ mod tests {
             .get_arguments()
             .filter(|arg| !matches!(arg.get_id().as_str(), "help" | "version"))
             .collect();
-        assert_eq!(flags.len(), 70);
+        assert_eq!(flags.len(), 71);
         for arg in flags {
             let id = arg.get_id().as_str();
             let long = arg

@@ -402,9 +402,9 @@ fn within_cached_bytes(
     let reason = format!(
         // troubleshooting: a kind not cached: KindStatus `OVER_QUOTA` (`/api/v1/accounts`, the agent's log)
         // All accounts' cached objects together would take the hub past `--max-cached-mib`.
-        // The kind's reads go to the cluster through the agent; what is cached stays. Raise
-        // `--max-cached-mib` (and the hub's memory with it), narrow the largest accounts' kinds
-        // or namespaces, or remove accounts no longer used.
+        // The kind's reads go to the cluster through the agent; other accounts and kinds keep
+        // their cache. Raise `--max-cached-mib` (and the hub's memory with it), narrow the
+        // largest accounts' kinds or namespaces, or remove accounts no longer used.
         "the hub's cache would hold {after} bytes of objects with kind {} of account \
          {account:?}, more than the hub-wide --max-cached-mib of {limit_mib} MiB (all \
          accounts together): the kind is not cached (the proxy reads it from the cluster) \
