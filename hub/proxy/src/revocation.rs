@@ -39,12 +39,10 @@ pub(crate) fn lease(auth: &AuthBook, headers: &HeaderMap) -> Option<Lease> {
 }
 
 /// Resolves when the lease's token is revoked; never without a lease.
-pub(crate) fn revoked(lease: Option<Lease>) -> impl Future<Output = ()> + Send + 'static {
-    async move {
-        match lease {
-            Some(lease) => lease.ended().await,
-            None => std::future::pending().await,
-        }
+pub(crate) async fn revoked(lease: Option<Lease>) {
+    match lease {
+        Some(lease) => lease.ended().await,
+        None => std::future::pending().await,
     }
 }
 
