@@ -377,8 +377,7 @@ pub struct Revoked<T> {
 }
 
 /// Revokes a token, and ends what it holds open on this replica (F17): watches, followed
-/// logs, exec/attach/port-forward sessions. Ended whether or not the store took the change,
-/// since it holds in memory here either way.
+/// logs, exec/attach/port-forward sessions.
 async fn revoke_token(
     State(api): State<Arc<ApiState>>,
     Path(id): Path<String>,
@@ -392,12 +391,33 @@ async fn revoke_token(
     };
     let stored = store.commit(ops).await;
     drop(store);
-    let ended = api
-        .auth
-        .credential_sessions()
-        .end(&Credential::Token(id.clone()));
+    tracing::info!(account = %record.account, token = %record.name, kind = record.kind(), %id, "revoked a token");
+    end_revoked(
+        &api,
+        &caller,
+        "revoke-token",
+        Credential::Token(id),
+        stored,
+        TokenView::from(record),
+    )
+}
+
+/// After a revocation was made in memory and committed (`stored`): ends what the
+/// credential holds open on this replica, whether or not the store took the change (it
+/// holds in memory here either way), writes the audit line, and answers the token's view
+/// with how many it ended.
+pub(crate) fn end_revoked<T: Serialize>(
+    api: &ApiState,
+    caller: &Caller,
+    verb: &str,
+    credential: Credential,
+    stored: scale_agent_hub_model::Result<()>,
+    token: T,
+) -> Response {
+    let ended = api.auth.credential_sessions().end(&credential);
+    let id = credential.id();
     if let Err(e) = stored {
-        crate::audit::revocation(&caller, "revoke-token", &id, 500, ended);
+        crate::audit::revocation(caller, verb, id, 500, ended);
         return error(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!(
@@ -406,10 +426,10 @@ async fn revoke_token(
             ),
         );
     }
-    crate::audit::revocation(&caller, "revoke-token", &id, 200, ended);
-    tracing::info!(account = %record.account, token = %record.name, kind = record.kind(), %id, ended, "revoked a token");
+    crate::audit::revocation(caller, verb, id, 200, ended);
+    tracing::info!(kind = credential.kind(), %id, ended, "what the revoked token held open is ended");
     Json(Revoked {
-        token: TokenView::from(record),
+        token,
         ended_sessions: ended,
     })
     .into_response()

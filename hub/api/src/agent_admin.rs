@@ -24,7 +24,7 @@ use scale_agent_hub_model::{
 use scale_agent_hub_state::Control;
 
 use crate::{
-    admin_api::Revoked,
+    admin_api::end_revoked,
     http::{ApiState, error},
 };
 
@@ -184,8 +184,7 @@ async fn list_tokens(State(api): State<Arc<ApiState>>) -> Response {
     Json(list).into_response()
 }
 
-/// Revokes an agent token; a bearer token's live streams on this replica end at once (F17),
-/// whether or not the store took the change (it holds in memory here either way).
+/// Revokes an agent token; a bearer token's live streams on this replica end at once (F17).
 async fn revoke_token(
     State(api): State<Arc<ApiState>>,
     Path(id): Path<String>,
@@ -204,27 +203,15 @@ async fn revoke_token(
     };
     let stored = store.commit(ops).await;
     drop(store);
-    let ended = api
-        .auth
-        .credential_sessions()
-        .end(&Credential::AgentToken(id.clone()));
-    if let Err(e) = stored {
-        crate::audit::revocation(&caller, "revoke-agent-token", &id, 500, ended);
-        return error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!(
-                "the token is revoked in memory but could not be stored: {}",
-                Chain(&e)
-            ),
-        );
-    }
-    crate::audit::revocation(&caller, "revoke-agent-token", &id, 200, ended);
-    tracing::info!(%id, identity = %record.identity, ended, "revoked an agent token");
-    Json(Revoked {
-        token: AgentTokenView::from(record),
-        ended_sessions: ended,
-    })
-    .into_response()
+    tracing::info!(%id, identity = %record.identity, "revoked an agent token");
+    end_revoked(
+        &api,
+        &caller,
+        "revoke-agent-token",
+        Credential::AgentToken(id),
+        stored,
+        AgentTokenView::from(record),
+    )
 }
 
 /// Query of `POST /api/v1/accounts/{name}/rebind`.

@@ -364,21 +364,38 @@ fn within_quota(
          account's kinds or namespaces",
         info.key()
     );
+    if let Some(dropped) = leave_kind_out(st, account, info, reason, fx) {
+        tracing::warn!(%account, kind = %info.key(), objects = after, limit = max, dropped, "account over its object quota; kind left out of the cache");
+    }
+    false
+}
+
+/// Leaves `info` out of `account`'s cache for `reason` ([`Cache::exceed_quota`]) and gives
+/// its bytes back to the hub-wide budget; the first time, tells the agent (KindStatus
+/// OVER_QUOTA) and returns how many objects were dropped, for the caller's log line.
+fn leave_kind_out(
+    st: &mut Data<'_>,
+    account: &str,
+    info: &KindInfo,
+    reason: String,
+    fx: &mut Effects,
+) -> Option<usize> {
     let already = st.cache.is_over_quota(&info.key());
     let dropped = st
         .cache
         .exceed_quota(account, info, reason.clone(), &mut fx.ops);
-    if !already {
-        tracing::warn!(%account, kind = %info.key(), objects = after, limit = max, dropped, "account over its object quota; kind left out of the cache");
-        fx.kind_statuses.push(pb::KindStatus {
-            account: account.to_string(),
-            kind: Some(info.to_proto()),
-            state: PbKindState::OverQuota as i32,
-            message: reason,
-            namespaces: Vec::new(),
-        });
+    st.cached_bytes.settle(st.cache);
+    if already {
+        return None;
     }
-    false
+    fx.kind_statuses.push(pb::KindStatus {
+        account: account.to_string(),
+        kind: Some(info.to_proto()),
+        state: PbKindState::OverQuota as i32,
+        message: reason,
+        namespaces: Vec::new(),
+    });
+    Some(dropped)
 }
 
 /// Whether `adding` bytes of objects of `info` may enter `account`'s cache in place of
@@ -412,20 +429,8 @@ fn within_cached_bytes(
          narrow the largest accounts' kinds or namespaces",
         info.key()
     );
-    let already = st.cache.is_over_quota(&info.key());
-    let dropped = st
-        .cache
-        .exceed_quota(account, info, reason.clone(), &mut fx.ops);
-    st.cached_bytes.settle(st.cache);
-    if !already {
+    if let Some(dropped) = leave_kind_out(st, account, info, reason, fx) {
         tracing::warn!(%account, kind = %info.key(), bytes = after, limit_mib, dropped, "hub-wide cached bytes budget reached; kind left out of the account's cache");
-        fx.kind_statuses.push(pb::KindStatus {
-            account: account.to_string(),
-            kind: Some(info.to_proto()),
-            state: PbKindState::OverQuota as i32,
-            message: reason,
-            namespaces: Vec::new(),
-        });
     }
     false
 }
