@@ -110,6 +110,9 @@ impl Hub {
         };
         self.observe_states();
         self.prune_expired_tokens();
+        // A token rotated (reissued under its name) opens nothing any more: what it holds
+        // open ends here too, as a revocation's does at once (F17).
+        self.auth.end_revoked_sessions();
         for name in &expired {
             self.live.account_forgotten(name);
             tracing::info!(account = %name, grace_period = ?self.config.streams.grace_period, "account removed: no agent within the grace period");
@@ -276,6 +279,10 @@ impl Hub {
         self.metrics
             .discovery_cache_bytes
             .set(self.proxy.discovery.bytes() as i64);
+        let cached_bytes = self.live.cache().cached_bytes();
+        self.metrics
+            .cached_object_bytes
+            .set(i64::try_from(cached_bytes.held()).unwrap_or(i64::MAX));
         {
             // Under the registry's exclusive lock (briefly): two scrapes do not add the
             // same evictions twice.
@@ -288,6 +295,10 @@ impl Hub {
             self.metrics
                 .discovery_cache_evicted
                 .inc_by(self.proxy.discovery.stats().evicted.saturating_sub(counted));
+            let counted = self.metrics.cached_bytes_refusals.get();
+            self.metrics
+                .cached_bytes_refusals
+                .inc_by(cached_bytes.refusals().saturating_sub(counted));
         }
         self.metrics
             .proxy

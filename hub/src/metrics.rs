@@ -31,6 +31,10 @@ pub struct Metrics {
     pub discovery_cache_bytes: Gauge,
     /// Discovery documents dropped for `--discovery-cache-mib`.
     pub discovery_cache_evicted: Counter,
+    /// Bytes the cache holds for objects, all accounts (against `--max-cached-mib`).
+    pub cached_object_bytes: Gauge,
+    /// Snapshots and objects refused for `--max-cached-mib`.
+    pub cached_bytes_refusals: Counter,
     /// What the gRPC service records (messages received, resumes, relists, Acks held):
     /// defined by the service, registered here.
     pub grpc: GrpcMetrics,
@@ -81,6 +85,8 @@ impl Metrics {
         let watch_history_evicted = Counter::default();
         let discovery_cache_bytes = Gauge::default();
         let discovery_cache_evicted = Counter::default();
+        let cached_object_bytes = Gauge::default();
+        let cached_bytes_refusals = Counter::default();
         let grpc = GrpcMetrics::default();
         let operations = OperationMetrics::default();
         let proxy = ProxyMetrics::default();
@@ -148,6 +154,18 @@ impl Metrics {
             "Discovery and OpenAPI documents dropped to stay within --discovery-cache-mib",
             discovery_cache_evicted.clone(),
         );
+        registry.register(
+            "cached_object_bytes",
+            "Bytes the cache holds for objects, all accounts together: packed JSON, names and \
+             indexes (bounded by --max-cached-mib)",
+            cached_object_bytes.clone(),
+        );
+        registry.register(
+            "cached_bytes_refusals",
+            "Snapshots and objects left out of the cache because they would take it past \
+             --max-cached-mib (their kind is then OVER_QUOTA for that account)",
+            cached_bytes_refusals.clone(),
+        );
         grpc.register(&mut registry);
         Metrics {
             registry: std::sync::Mutex::new(registry),
@@ -160,6 +178,8 @@ impl Metrics {
             watch_history_evicted,
             discovery_cache_bytes,
             discovery_cache_evicted,
+            cached_object_bytes,
+            cached_bytes_refusals,
             grpc,
             operations,
             proxy,

@@ -178,6 +178,7 @@ pub(crate) fn live_state(
 ) -> HubState {
     let mut cache = std::mem::take(&mut loaded.cache);
     cache.history_budget = cache::HistoryBudget::new(config.streams.watch_history_bytes);
+    cache.cached_bytes = cache::CachedBytes::new(config.streams.max_cached_bytes);
     let mut state = HubState {
         cache,
         registry: if replicas.ownership.owns_everything() {

@@ -14,7 +14,11 @@ use axum::{
     routing::{delete, get, post},
 };
 
-use scale_agent_hub_auth::tokens::{CLOUDDRIVER_TOKEN, Limits, TokenRecord};
+use scale_agent_hub_auth::{
+    api_auth::Caller,
+    credential_sessions::Credential,
+    tokens::{CLOUDDRIVER_TOKEN, Limits, TokenRecord},
+};
 use scale_agent_hub_model::{error::Chain, names::validate_account_name};
 use serde::{Deserialize, Serialize};
 
@@ -361,13 +365,59 @@ async fn create_token(State(api): State<Arc<ApiState>>, body: axum::body::Bytes)
     .into_response()
 }
 
-async fn revoke_token(State(api): State<Arc<ApiState>>, Path(id): Path<String>) -> Response {
+/// Answer of a token's revocation: the token, and how many of the watches and upgraded
+/// connections opened with it were ended on the replica that answered.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Revoked<T> {
+    #[serde(flatten)]
+    pub token: T,
+    #[serde(default)]
+    pub ended_sessions: usize,
+}
+
+/// Revokes a token, and ends what it holds open on this replica (F17): watches, followed
+/// logs, exec/attach/port-forward sessions.
+async fn revoke_token(
+    State(api): State<Arc<ApiState>>,
+    Path(id): Path<String>,
+    axum::Extension(caller): axum::Extension<Caller>,
+) -> Response {
     let mut store = api.store.lock().await;
     let revoked = api.auth.tokens().revoke(&id);
     let Some((record, ops)) = revoked else {
+        crate::audit::revocation(&caller, "revoke-token", &id, 404, 0);
         return error(StatusCode::NOT_FOUND, format!("no token with id {id:?}"));
     };
-    if let Err(e) = store.commit(ops).await {
+    let stored = store.commit(ops).await;
+    drop(store);
+    tracing::info!(account = %record.account, token = %record.name, kind = record.kind(), %id, "revoked a token");
+    end_revoked(
+        &api,
+        &caller,
+        "revoke-token",
+        Credential::Token(id),
+        stored,
+        TokenView::from(record),
+    )
+}
+
+/// After a revocation was made in memory and committed (`stored`): ends what the
+/// credential holds open on this replica, whether or not the store took the change (it
+/// holds in memory here either way), writes the audit line, and answers the token's view
+/// with how many it ended.
+pub(crate) fn end_revoked<T: Serialize>(
+    api: &ApiState,
+    caller: &Caller,
+    verb: &str,
+    credential: Credential,
+    stored: scale_agent_hub_model::Result<()>,
+    token: T,
+) -> Response {
+    let ended = api.auth.credential_sessions().end(&credential);
+    let id = credential.id();
+    if let Err(e) = stored {
+        crate::audit::revocation(caller, verb, id, 500, ended);
         return error(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!(
@@ -376,6 +426,11 @@ async fn revoke_token(State(api): State<Arc<ApiState>>, Path(id): Path<String>) 
             ),
         );
     }
-    tracing::info!(account = %record.account, token = %record.name, kind = record.kind(), %id, "revoked a token");
-    Json(TokenView::from(record)).into_response()
+    crate::audit::revocation(caller, verb, id, 200, ended);
+    tracing::info!(kind = credential.kind(), %id, ended, "what the revoked token held open is ended");
+    Json(Revoked {
+        token,
+        ended_sessions: ended,
+    })
+    .into_response()
 }

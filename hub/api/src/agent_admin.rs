@@ -13,13 +13,20 @@ use axum::{
 };
 use serde::{Deserialize, Serialize};
 
-use scale_agent_hub_auth::agent_tokens::{AgentTokenKind, AgentTokenRecord};
+use scale_agent_hub_auth::{
+    agent_tokens::{AgentTokenKind, AgentTokenRecord},
+    api_auth::Caller,
+    credential_sessions::Credential,
+};
 use scale_agent_hub_model::{
     error::Chain, names::validate_account_name, store_op::StoreOp, time::parse_duration,
 };
 use scale_agent_hub_state::Control;
 
-use crate::http::{ApiState, error};
+use crate::{
+    admin_api::end_revoked,
+    http::{ApiState, error},
+};
 
 /// Longest lifetime of an agent token.
 const MAX_TTL_SECONDS: i64 = 366 * 24 * 3600;
@@ -177,10 +184,16 @@ async fn list_tokens(State(api): State<Arc<ApiState>>) -> Response {
     Json(list).into_response()
 }
 
-async fn revoke_token(State(api): State<Arc<ApiState>>, Path(id): Path<String>) -> Response {
+/// Revokes an agent token; a bearer token's live streams on this replica end at once (F17).
+async fn revoke_token(
+    State(api): State<Arc<ApiState>>,
+    Path(id): Path<String>,
+    axum::Extension(caller): axum::Extension<Caller>,
+) -> Response {
     let mut store = api.store.lock().await;
     let revoked = api.auth.agent_tokens().revoke(&id);
     let Some((record, ops)) = revoked else {
+        crate::audit::revocation(&caller, "revoke-agent-token", &id, 404, 0);
         return error(
             StatusCode::NOT_FOUND,
             format!(
@@ -188,17 +201,17 @@ async fn revoke_token(State(api): State<Arc<ApiState>>, Path(id): Path<String>) 
             ),
         );
     };
-    if let Err(e) = store.commit(ops).await {
-        return error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!(
-                "the token is revoked in memory but could not be stored: {}",
-                Chain(&e)
-            ),
-        );
-    }
+    let stored = store.commit(ops).await;
+    drop(store);
     tracing::info!(%id, identity = %record.identity, "revoked an agent token");
-    Json(AgentTokenView::from(record)).into_response()
+    end_revoked(
+        &api,
+        &caller,
+        "revoke-agent-token",
+        Credential::AgentToken(id),
+        stored,
+        AgentTokenView::from(record),
+    )
 }
 
 /// Query of `POST /api/v1/accounts/{name}/rebind`.

@@ -13,6 +13,9 @@
 //! deny-certificate, delete-account) write one line each with `who`, `token_kind`, `verb`,
 //! `object` (the identity or account) and `code`.
 //!
+//! Revoking a token or an agent token ([`revocation`]) writes one line with the same fields
+//! and `ended`: the streams and sessions it ended.
+//!
 //! With `--log-format json` each is one JSON line whose `target` is `audit`, so a log
 //! pipeline can route them apart.
 
@@ -107,6 +110,23 @@ pub fn admin(caller: &Caller, verb: &str, object: &str, code: u16) {
         verb,
         object = %object,
         code,
+        "admin"
+    );
+}
+
+/// Audits the revocation of a token the hub issued or of an agent token (issue 28, F17):
+/// `verb` is `revoke-token` or `revoke-agent-token`, `object` the token's id, `ended` how
+/// many agent streams, watches and exec/attach/port-forward sessions opened with it were
+/// ended on this replica (other replicas end theirs at their next read of the store).
+pub fn revocation(caller: &Caller, verb: &str, object: &str, code: u16, ended: usize) {
+    tracing::info!(
+        target: TARGET,
+        who = %caller.name,
+        token_kind = caller.kind(),
+        verb,
+        object = %object,
+        code,
+        ended,
         "admin"
     );
 }

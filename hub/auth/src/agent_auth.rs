@@ -227,6 +227,9 @@ pub struct Authenticated {
     pub presented: Presented,
     /// How, for logs: "certificate (hub)", "token", ...
     pub via: String,
+    /// The id of the agent bearer token it presented, if any: revoking that token ends the
+    /// stream (F17).
+    pub token_id: Option<String>,
 }
 
 impl Authenticated {
@@ -393,6 +396,7 @@ pub fn authenticate(
         serial,
         presented,
         via: via.to_string(),
+        token_id: from_token.map(|t| t.id),
     })
 }
 

@@ -261,6 +261,11 @@ impl AgentTokens {
         list
     }
 
+    /// Whether the token with this id is held (not revoked).
+    pub fn holds(&self, id: &str) -> bool {
+        self.records.contains_key(id)
+    }
+
     /// Forgets a token.
     pub fn revoke(&mut self, id: &str) -> Option<(AgentTokenRecord, Vec<StoreOp>)> {
         let record = self.records.remove(id)?;

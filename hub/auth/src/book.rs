@@ -12,6 +12,7 @@ use crate::{
     agent_ca::AgentCa,
     agent_tokens::AgentTokens,
     api_auth::TokensFile,
+    credential_sessions::{Credential, CredentialSessions},
     identity_states::IdentityStates,
     oidc::{Oidc, reload::OidcFiles},
     tokens::Tokens,
@@ -42,6 +43,8 @@ pub struct AuthBook {
     oidc: Option<RwLock<Arc<Oidc>>>,
     /// The files they come from, read again in the background.
     oidc_files: Option<Arc<OidcFiles>>,
+    /// What each revocable credential holds open (streams, watches, exec sessions).
+    sessions: Arc<CredentialSessions>,
 }
 
 impl AuthBook {
@@ -63,7 +66,37 @@ impl AuthBook {
             identity_states: Mutex::new(IdentityStates::default()),
             oidc: None,
             oidc_files: None,
+            sessions: Arc::default(),
         }
+    }
+
+    /// What each revocable credential holds open ([`CredentialSessions`]).
+    pub fn credential_sessions(&self) -> &Arc<CredentialSessions> {
+        &self.sessions
+    }
+
+    /// Ends what credentials that no longer open anything still hold open: revoked (here,
+    /// or on another replica, once this replica read the store again) or rotated. Returns
+    /// how many streams and requests it ended.
+    pub fn end_revoked_sessions(&self) -> usize {
+        let mut ended = 0;
+        for credential in self.sessions.credentials() {
+            let valid = match &credential {
+                Credential::Token(id) => self.tokens().opens(id),
+                Credential::AgentToken(id) => self.agent_tokens().holds(id),
+            };
+            if !valid {
+                let n = self.sessions.end(&credential);
+                tracing::info!(
+                    kind = credential.kind(),
+                    id = credential.id(),
+                    ended = n,
+                    "credential no longer valid: what it held open is ended"
+                );
+                ended += n;
+            }
+        }
+        ended
     }
 
     /// Accepts OIDC ID tokens of `oidc`'s issuers from now on; `files` are where they

@@ -17,6 +17,7 @@ pub mod agent_renewal;
 pub mod agent_tokens;
 pub mod api_auth;
 pub mod book;
+pub mod credential_sessions;
 pub mod forwarded;
 pub mod grpc_security;
 pub mod identity_states;

@@ -274,6 +274,16 @@ impl Tokens {
         self.insert(record);
     }
 
+    /// Whether the token with this id still opens anything: held, and (derived) above its
+    /// name's revoked generation. False once it was revoked, rotated or pruned.
+    pub fn opens(&self, id: &str) -> bool {
+        self.records.get(id).is_some_and(|r| {
+            !r.revoked
+                && r.generation
+                    .is_none_or(|g| g > self.revoked_generation(&r.account, &r.name))
+        })
+    }
+
     /// Whether `token` is one of the records held (proxy or API).
     pub fn knows(&self, token: &str) -> bool {
         self.verify_any(token).is_some()

@@ -13,6 +13,7 @@ use serde::Serialize;
 use scale_agent_hub_model::store_op::StoreOp;
 
 mod account;
+mod cached_bytes;
 pub mod history;
 mod objects;
 pub use scale_agent_hub_model::packed;
@@ -21,8 +22,9 @@ pub mod selector;
 mod shared;
 
 use bytes::Bytes;
+pub use cached_bytes::CachedBytes;
 pub use history::{EventType, History, HistoryBudget, HistoryEvent};
-pub use objects::Objects;
+pub use objects::{Objects, object_bytes};
 pub use packed::PackedJson;
 pub use results::{apply_result_to_account, apply_result_to_cache};
 pub use shared::{AccountSlot, SharedCache, lock};
@@ -129,11 +131,19 @@ impl KindCache {
 #[derive(Clone, Debug, Default)]
 pub struct AccountCache {
     pub kinds: BTreeMap<KindKey, KindCache>,
+    /// What this account last added to the hub-wide total of cached bytes
+    /// ([`CachedBytes::settle`]).
+    counted_bytes: u64,
 }
 
 impl AccountCache {
     pub fn object_count(&self) -> usize {
         self.kinds.values().map(|k| k.objects.len()).sum()
+    }
+
+    /// What the account's objects hold in memory, all kinds together.
+    pub fn object_bytes(&self) -> u64 {
+        self.kinds.values().map(|k| k.objects.bytes()).sum()
     }
 }
 
@@ -170,6 +180,9 @@ pub struct Cache {
     pub accounts: BTreeMap<String, AccountCache>,
     /// The bytes all the watch histories hold, against `--watch-history-mib`.
     pub history_budget: HistoryBudget,
+    /// The bytes all accounts' objects hold, against `--max-cached-mib` (settled when the
+    /// running hub's [`SharedCache`] is made of this cache).
+    pub cached_bytes: CachedBytes,
 }
 
 impl Cache {

@@ -120,6 +120,21 @@ impl NameKey for Probe<'_> {
 pub struct Objects {
     by_uid: BTreeSet<ByUid>,
     by_name: BTreeSet<ByName>,
+    /// What the objects hold in memory ([`object_bytes`]), kept as they come and go: the
+    /// hub-wide budget of cached bytes ([`crate::CachedBytes`]) sums it per account.
+    bytes: u64,
+}
+
+/// What one cached object holds in memory, as the hub-wide budget counts it: its packed
+/// JSON and strings, the object's own struct and `Arc`, and its place in both indexes.
+pub fn object_bytes(object: &CachedObject) -> u64 {
+    const FIXED: usize = std::mem::size_of::<CachedObject>() + 16 + 2 * 16;
+    (FIXED
+        + object.json.packed_len()
+        + object.namespace.len()
+        + object.name.len()
+        + object.uid.len()
+        + object.resource_version.len()) as u64
 }
 
 impl PartialEq for Objects {
@@ -137,6 +152,11 @@ impl Objects {
         self.by_uid.is_empty()
     }
 
+    /// What the objects hold in memory ([`object_bytes`] of each).
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
     /// The object with this uid.
     pub fn get(&self, uid: &str) -> Option<&Arc<CachedObject>> {
         self.by_uid.get(uid).map(|o| &o.0)
@@ -149,7 +169,9 @@ impl Objects {
     /// Adds the object, or replaces the one with its uid; returns the replaced one.
     pub fn insert(&mut self, object: Arc<CachedObject>) -> Option<Arc<CachedObject>> {
         let old = self.by_uid.replace(ByUid(object.clone())).map(|o| o.0);
+        self.bytes += object_bytes(&object);
         if let Some(old) = &old {
+            self.bytes -= object_bytes(old);
             // A uid keeps its namespace and name in Kubernetes; removed by its own key all
             // the same, so that the indexes never disagree.
             self.by_name
@@ -162,6 +184,7 @@ impl Objects {
     /// Removes the object with this uid.
     pub fn remove(&mut self, uid: &str) -> Option<Arc<CachedObject>> {
         let old = self.by_uid.take(uid)?.0;
+        self.bytes -= object_bytes(&old);
         self.by_name
             .remove(&Probe(&old.namespace, &old.name, &old.uid) as &dyn NameKey);
         Some(old)
@@ -264,6 +287,7 @@ impl FromIterator<Arc<CachedObject>> for Objects {
         let by_uid: BTreeSet<ByUid> = objects.iter().cloned().map(ByUid).collect();
         if by_uid.len() == objects.len() {
             Objects {
+                bytes: objects.iter().map(|o| object_bytes(o)).sum(),
                 by_name: objects.into_iter().map(ByName).collect(),
                 by_uid,
             }

@@ -13,7 +13,7 @@ use std::{
 
 use scale_agent_proto::v1 as pb;
 
-use crate::{AccountCache, Cache, HistoryBudget};
+use crate::{AccountCache, Cache, CachedBytes, HistoryBudget};
 
 /// One account's cache behind its own lock.
 pub type AccountSlot = Arc<Mutex<AccountCache>>;
@@ -30,26 +30,38 @@ pub fn lock(slot: &Mutex<AccountCache>) -> MutexGuard<'_, AccountCache> {
 pub struct SharedCache {
     accounts: RwLock<BTreeMap<String, AccountSlot>>,
     history_budget: HistoryBudget,
+    /// The bytes all accounts' objects hold, against `--max-cached-mib`.
+    cached_bytes: CachedBytes,
 }
 
 impl SharedCache {
     /// The running form of a loaded cache.
     pub fn new(cache: Cache) -> Self {
+        let cached_bytes = cache.cached_bytes;
         SharedCache {
             accounts: RwLock::new(
                 cache
                     .accounts
                     .into_iter()
-                    .map(|(name, account)| (name, Arc::new(Mutex::new(account))))
+                    .map(|(name, mut account)| {
+                        cached_bytes.settle(&mut account);
+                        (name, Arc::new(Mutex::new(account)))
+                    })
                     .collect(),
             ),
             history_budget: cache.history_budget,
+            cached_bytes,
         }
     }
 
     /// The bytes all the watch histories hold, against `--watch-history-mib`.
     pub fn history_budget(&self) -> &HistoryBudget {
         &self.history_budget
+    }
+
+    /// The bytes all accounts' objects hold, against `--max-cached-mib`.
+    pub fn cached_bytes(&self) -> &CachedBytes {
+        &self.cached_bytes
     }
 
     fn directory(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, AccountSlot>> {
@@ -86,7 +98,11 @@ impl SharedCache {
     /// Puts an account's cache in place (one loaded from the store on a takeover).
     pub fn insert_account(&self, account: &str, cache: AccountCache) {
         let slot = self.account_or_create(account);
-        *lock(&slot) = cache;
+        let mut cache = cache;
+        self.cached_bytes.settle(&mut cache);
+        let mut held = lock(&slot);
+        self.cached_bytes.release(&mut held);
+        *held = cache;
     }
 
     /// Forgets an account.
@@ -94,8 +110,11 @@ impl SharedCache {
         let removed = self.directory_mut().remove(account);
         if let Some(slot) = removed {
             // Emptied too, so that a batch that took its slot before the removal cannot
-            // keep its objects alive; their histories give their bytes back now.
-            *lock(&slot) = AccountCache::default();
+            // keep its objects alive; their histories give their bytes back now, and its
+            // objects theirs to the hub-wide budget.
+            let mut held = lock(&slot);
+            self.cached_bytes.release(&mut held);
+            *held = AccountCache::default();
         }
     }
 

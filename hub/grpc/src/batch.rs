@@ -202,6 +202,9 @@ impl StreamTask {
                         cache: &mut cache,
                     };
                     let handled = session.handle_control(&mut st, limits, msg, now, &mut fx);
+                    // Whatever the message dropped (a forbidden kind, an unregistered
+                    // account) gives its bytes back to the hub-wide budget.
+                    live.cache().cached_bytes().settle(st.cache);
                     queue(&mut fx.ops, session.last_seq());
                     if let Err(e) = handled {
                         break Some(e);
@@ -216,16 +219,20 @@ impl StreamTask {
                         registry: &registry,
                         cache: &mut cache,
                         budget: live.cache().history_budget(),
+                        cached_bytes: live.cache().cached_bytes(),
                     };
                     // The run of this account's messages (and messages of no account).
                     while let Some((msg, prepared)) = messages.next_if(|(m, _)| {
                         matches!(session::route(m), Route::Data(a) if a.is_none() || a == account.as_deref())
                     }) {
                         if let Err(e) = session.handle_data(&mut st, limits, msg, prepared, &mut fx) {
+                            st.cached_bytes.settle(st.cache);
                             queue(&mut fx.ops, session.last_seq());
                             break 'batch Some(e);
                         }
                     }
+                    // Operation results and the proxy's writes change the cache too.
+                    st.cached_bytes.settle(st.cache);
                     queue(&mut fx.ops, session.last_seq());
                 }
             }

@@ -7,7 +7,10 @@ use std::{ops::ControlFlow, sync::Arc, time::Duration};
 
 use futures::FutureExt as _;
 use prost::Message as _;
-use scale_agent_hub_auth::agent_auth::Authenticated;
+use scale_agent_hub_auth::{
+    agent_auth::Authenticated,
+    credential_sessions::{Credential, Lease},
+};
 use scale_agent_hub_model::time::shutting_down;
 use scale_agent_hub_state::{
     Control, Hearing, SessionHandle,
@@ -59,6 +62,9 @@ pub(super) struct StreamTask {
     /// Why operations in flight end when the stream broke on a message past the decode
     /// limit (see [`super::batch::too_large_message`]).
     pub(super) too_large: Option<String>,
+    /// The stream's hold on the agent bearer token it authenticated with: revoking the
+    /// token ends the stream (F17).
+    token_lease: Option<Lease>,
 }
 
 impl StreamTask {
@@ -90,6 +96,7 @@ impl StreamTask {
         hello: &pb::Hello,
     ) -> Result<Self, Status> {
         let identity = auth.identity.as_str();
+        let token_lease = lease_token(&grpc, &auth)?;
         let share = join_identity(&grpc, identity, &hello.replica)?;
         let period = granted_period(&grpc, hello);
         let hearing = Arc::new(Hearing::new(period));
@@ -124,6 +131,7 @@ impl StreamTask {
             store_progress,
             shutdown,
             too_large: None,
+            token_lease,
         })
     }
 
@@ -131,11 +139,17 @@ impl StreamTask {
     async fn serve(&mut self) -> Result<(), Status> {
         self.welcome().await?;
         let silence = self.period * 2;
+        let revoked = match &self.token_lease {
+            Some(lease) => futures::future::Either::Left(lease.ended()),
+            None => futures::future::Either::Right(std::future::pending()),
+        };
+        tokio::pin!(revoked);
         loop {
             let step = tokio::select! {
                 () = shutting_down(self.shutdown.clone()) => {
                     Err(Status::unavailable("the hub is shutting down"))
                 }
+                () = &mut revoked => Err(token_revoked(self.auth.token_id.as_deref())),
                 ctrl = self.control.recv() => self.on_control(ctrl).await,
                 changed = self.store_progress.changed(), if self.acks.owes() => {
                     self.on_store_progress(changed).await
@@ -424,6 +438,36 @@ fn register(
         control,
         session_token: token,
     })
+}
+
+/// The stream's lease on the agent bearer token it authenticated with, if any; refused when
+/// the token was revoked since (between authentication and now).
+fn lease_token(grpc: &GrpcState, auth: &Authenticated) -> Result<Option<Lease>, Status> {
+    let Some(id) = &auth.token_id else {
+        return Ok(None);
+    };
+    let lease = grpc
+        .auth
+        .credential_sessions()
+        .open(Credential::AgentToken(id.clone()));
+    if !grpc.auth.agent_tokens().holds(id) {
+        return Err(token_revoked(Some(id)));
+    }
+    Ok(Some(lease))
+}
+
+/// The end of a stream whose agent bearer token was revoked.
+fn token_revoked(id: Option<&str>) -> Status {
+    Status::unauthenticated(format!(
+        // troubleshooting: an agent's stream ended by the hub: gRPC `UNAUTHENTICATED`
+        // The agent bearer token the stream authenticated with was revoked (`scale-agent-hub
+        // agent-token revoke`). Give the agent a new token (`scale-agent-hub agent-token create`)
+        // or enrol it for a certificate.
+        "the agent bearer token {} this stream authenticated with was revoked by the hub's \
+         admin; the agent needs a new token (`scale-agent-hub agent-token create`) or a \
+         certificate (enrolment)",
+        id.unwrap_or("")
+    ))
 }
 
 /// Waits for Hello (two default heartbeat periods at most) and checks it; `None` when the

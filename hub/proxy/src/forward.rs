@@ -19,6 +19,7 @@ use bytes::Bytes;
 use futures::Stream;
 use http_body_util::BodyExt as _;
 use prometheus_client::metrics::counter::Counter;
+use scale_agent_hub_auth::credential_sessions::Lease;
 use scale_agent_hub_state::{
     Live, dispatch,
     registry::SessionId,
@@ -109,6 +110,8 @@ pub(crate) struct Exchange {
     pub(crate) caller: Option<pb::ProxyCaller>,
     /// The request id the agent sends the API server as `Audit-ID`; empty: none.
     pub(crate) audit_id: String,
+    /// An upgrade's hold on its token: the connection ends when the token is revoked.
+    pub(crate) lease: Option<Lease>,
 }
 
 /// Carries a request to an agent of `account` and streams its answer back. When the agent
@@ -128,6 +131,7 @@ pub(crate) async fn forward(
         mut upgrade,
         caller,
         audit_id,
+        lease,
     } = exchange_kind;
     let mut body = body;
     let once = body.is_some() || upgrade.is_some();
@@ -213,7 +217,7 @@ pub(crate) async fn forward(
             window: u64::from(window),
             guard,
         };
-        return Ok(answer.respond(head, upgrade.take(), proxy.metrics.bytes.clone()));
+        return Ok(answer.respond(head, upgrade.take(), lease, proxy.metrics.bytes.clone()));
     }
 }
 
@@ -311,6 +315,7 @@ impl Answered {
         self,
         head: pb::HttpResponseHead,
         upgrade: Option<hyper::upgrade::OnUpgrade>,
+        lease: Option<Lease>,
         bytes_passed: Counter,
     ) -> Response {
         let Answered {
@@ -334,6 +339,7 @@ impl Answered {
                 credit: request_credit,
                 window,
                 guard,
+                lease,
             };
             tokio::spawn(pump.run(on_upgrade).in_current_span());
             return response;

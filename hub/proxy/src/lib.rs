@@ -43,6 +43,7 @@ pub mod events;
 mod forward;
 mod metrics;
 pub mod path;
+mod revocation;
 pub mod secrets;
 mod state;
 mod upgrade;
@@ -61,7 +62,7 @@ use axum::{
     response::{IntoResponse, Response},
     routing::any,
 };
-use scale_agent_hub_auth::AuthBook;
+use scale_agent_hub_auth::{AuthBook, credential_sessions::Lease};
 use scale_agent_hub_model::auth::ProxyCaller;
 use scale_agent_hub_replicas::Replicas;
 use scale_agent_hub_state::Live;
@@ -152,6 +153,18 @@ async fn handle(State(proxy): State<Arc<Proxy>>, mut request: Request) -> Respon
     // before it is judged (and named in the audit).
     scale_agent_hub_replicas::sync::learn_bearer(&proxy.replicas, &proxy.auth, request.headers())
         .await;
+    // A watch, log follow or upgraded connection holds its token open until it ends, so
+    // that revoking the token ends it (F17); taken before authentication, which then
+    // refuses a token revoked in between.
+    let long_running = upgrade
+        || split_path(request.uri().path())
+            .is_some_and(|(_, path)| is_long_running(&method, path, request.uri().query()));
+    let lease = long_running
+        .then(|| revocation::lease(&proxy.auth, request.headers()))
+        .flatten();
+    if let Some(lease) = &lease {
+        request.extensions_mut().insert(lease.clone());
+    }
     // A request another replica forwarded keeps the caller and request id it had there.
     let (forwarded_caller, forwarded_id) = caller::take_forwarded(&mut request);
     let request_id = forwarded_id.unwrap_or_else(audit::request_id);
@@ -193,7 +206,13 @@ async fn handle(State(proxy): State<Arc<Proxy>>, mut request: Request) -> Respon
             (response, Served::Hub)
         }
     };
-    let mut response = response;
+    let mut response = match lease {
+        // An upgrade's bytes are carried elsewhere, with a clone of the lease.
+        Some(lease) if !upgrade => {
+            response.map(|body| Body::new(revocation::EndsOnRevocation::new(body, lease)))
+        }
+        _ => response,
+    };
     if !response.headers().contains_key(CACHE_HEADER) {
         let who = match served {
             Served::Cache => "hit",
@@ -472,6 +491,9 @@ async fn answer(
     // exec, attach, port-forward: after the API server's 101 the exchange carries the
     // connection's bytes both ways.
     let upgrade = headers::is_upgrade(request.headers()).then(|| hyper::upgrade::on(&mut request));
+    let lease = upgrade
+        .as_ref()
+        .and_then(|_| request.extensions().get::<Lease>().cloned());
     let ends_cleanly =
         upgrade.is_some() || is_long_running(&method, api_path, request.uri().query());
     let (parts, body) = request.into_parts();
@@ -488,6 +510,7 @@ async fn answer(
             upgrade,
             caller: caller.as_ref().map(caller::to_proto),
             audit_id: request_id.to_string(),
+            lease,
         },
     )
     .await?;

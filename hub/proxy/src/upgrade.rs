@@ -10,6 +10,8 @@ use std::sync::{
 use scale_agent_hub_state::tunnel::{self, BodyEvent};
 use scale_agent_proto::v1::{self as pb, tunnel_frame::Frame};
 
+use scale_agent_hub_auth::credential_sessions::Lease;
+
 use super::forward::ExchangeGuard;
 
 /// An upgraded connection (exec, attach, port-forward) carried by an exchange: the client's
@@ -21,6 +23,9 @@ pub(crate) struct Upgraded {
     pub(crate) credit: Arc<tokio::sync::Semaphore>,
     pub(crate) window: u64,
     pub(crate) guard: ExchangeGuard,
+    /// The hold on the token the connection was opened with: revoking it ends the
+    /// connection (F17).
+    pub(crate) lease: Option<Lease>,
 }
 
 impl Upgraded {
@@ -32,7 +37,10 @@ impl Upgraded {
             credit,
             window,
             guard,
+            lease,
         } = self;
+        let revoked = crate::revocation::revoked(lease);
+        tokio::pin!(revoked);
         let io = match on_upgrade.await {
             Ok(upgraded) => hyper_util::rt::TokioIo::new(upgraded),
             Err(error) => {
@@ -65,7 +73,17 @@ impl Upgraded {
         });
         // Agent to client; the connection ends when the API server's side does.
         let mut consumed = 0u64;
-        while let Some(event) = events.recv().await {
+        loop {
+            let event = tokio::select! {
+                event = events.recv() => event,
+                () = &mut revoked => {
+                    tracing::info!("the token of an upgraded connection was revoked; the connection ends");
+                    break;
+                }
+            };
+            let Some(event) = event else {
+                break;
+            };
             match event {
                 BodyEvent::Data(bytes) => {
                     if to_client.write_all(&bytes).await.is_err() {

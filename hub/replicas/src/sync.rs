@@ -9,6 +9,8 @@
 //!   [`learn_accounts`]), so that a token issued on another replica works here at once;
 //! - says it is alive (`hub_replicas`), for the listings that ask every replica
 //!   (the hub's `fleet`);
+//! - ends the agent streams, watches and exec sessions of tokens revoked or rotated on
+//!   another replica, once it read them gone ([`AuthBook::end_revoked_sessions`]);
 //! - sweeps the accounts no replica has owned for the grace period out of the store
 //!   ([`SharedStore::sweep_orphans`]: once, under each account's lock).
 //!
@@ -179,6 +181,15 @@ async fn refresh(
     }
     for identity in identities {
         scale_agent_hub_state::dynamic_accounts::push(live, &identity);
+    }
+    // Tokens revoked or rotated through another replica: what they hold open here ends now
+    // (F17), within one sync period of the revocation.
+    let ended = auth.end_revoked_sessions();
+    if ended > 0 {
+        tracing::info!(
+            ended,
+            "streams and sessions of tokens revoked on another replica ended"
+        );
     }
     live.observe_states();
     Ok(())

@@ -16,7 +16,7 @@ use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject as _};
 
 use crate::{
-    admin_api::{CreateToken, CreatedToken, TokenView},
+    admin_api::{CreateToken, CreatedToken, Revoked, TokenView},
     agent_admin::{AgentTokenView, BindingView},
     api_auth::Role,
 };
@@ -366,10 +366,13 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
             }
             TokenAction::Revoke { id, hub } => {
                 let body = hub.call("DELETE", &format!("/api/v1/tokens/{id}")).await?;
-                let token: TokenView = serde_json::from_str(&body).context("the hub's answer")?;
+                let revoked: Revoked<TokenView> =
+                    serde_json::from_str(&body).context("the hub's answer")?;
+                let token = revoked.token;
                 println!(
-                    "revoked token {} ({:?} of account {})",
-                    token.id, token.name, token.account
+                    "revoked token {} ({:?} of account {}); ended {} open watch(es) and \
+                     session(s) on the hub replica that answered",
+                    token.id, token.name, token.account, revoked.ended_sessions
                 );
                 Ok(())
             }
@@ -428,11 +431,13 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
                         &format!("/api/v1/agent-tokens/{}", encode_query(&id)),
                     )
                     .await?;
-                let token: AgentTokenView =
+                let revoked: Revoked<AgentTokenView> =
                     serde_json::from_str(&body).context("the hub's answer")?;
+                let token = revoked.token;
                 println!(
-                    "revoked {} token {} of identity {}",
-                    token.kind, token.id, token.identity
+                    "revoked {} token {} of identity {}; ended {} live stream(s) on the hub \
+                     replica that answered",
+                    token.kind, token.id, token.identity, revoked.ended_sessions
                 );
                 Ok(())
             }

@@ -532,6 +532,18 @@ pub struct StreamArgs {
     /// fetched from their cluster again when asked for. 0 means no hub-wide limit.
     #[arg(long, env = "SCALE_AGENT_HUB_DISCOVERY_CACHE_MIB", default_value_t = crate::proxy::discovery::DEFAULT_TOTAL_BYTES / (1024 * 1024))]
     pub discovery_cache_mib: usize,
+
+    /// Most MiB the cache holds for objects, all accounts together (their packed JSON,
+    /// names and indexes), so that many agent identities, or one with many accounts, cannot
+    /// take the hub's memory. A snapshot or object that would take the cache past it is
+    /// refused like one past --max-objects-per-account: its kind is not cached for that
+    /// account (state OVER_QUOTA, sent to the agent; the proxy reads it from the cluster)
+    /// until a relist of it fits; other accounts and kinds keep their cache. The default, 8 GiB,
+    /// is more than twice what the largest fleet measured counts (2 million objects of
+    /// about 2.5 KB of JSON: about 3 GiB of hub memory in all, see the sizing page), so it
+    /// refuses no such fleet; set it below the hub's memory limit. 0 means no limit.
+    #[arg(long, env = "SCALE_AGENT_HUB_MAX_CACHED_MIB", default_value_t = super::DEFAULT_MAX_CACHED_MIB)]
+    pub max_cached_mib: u64,
 }
 
 /// Operations (`POST /api/v1/accounts/{name}/operations`): how large their results and
@@ -635,7 +647,7 @@ mod tests {
             .get_arguments()
             .filter(|arg| !matches!(arg.get_id().as_str(), "help" | "version"))
             .collect();
-        assert_eq!(flags.len(), 70);
+        assert_eq!(flags.len(), 71);
         for arg in flags {
             let id = arg.get_id().as_str();
             let long = arg

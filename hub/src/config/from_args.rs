@@ -443,6 +443,7 @@ impl StreamArgs {
             max_streams_per_identity,
             watch_history_mib,
             discovery_cache_mib,
+            max_cached_mib,
         } = self;
         StreamConfig {
             grace_period,
@@ -457,6 +458,7 @@ impl StreamArgs {
             max_streams_per_identity,
             watch_history_bytes: watch_history_mib.saturating_mul(1024 * 1024),
             discovery_cache_bytes: discovery_cache_mib.saturating_mul(1024 * 1024),
+            max_cached_bytes: max_cached_mib.saturating_mul(1024 * 1024),
         }
     }
 }

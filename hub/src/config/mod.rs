@@ -205,6 +205,9 @@ pub struct StreamConfig {
     /// Bytes of discovery documents the proxy keeps for all accounts
     /// (`--discovery-cache-mib`; 0: only the per-account limit).
     pub discovery_cache_bytes: usize,
+    /// Bytes the cache may hold for objects, all accounts together (`--max-cached-mib`;
+    /// 0: no limit).
+    pub max_cached_bytes: u64,
 }
 
 /// How long operations are kept and how large they may be.
@@ -306,6 +309,7 @@ impl Config {
                 max_streams_per_identity: DEFAULT_MAX_STREAMS_PER_IDENTITY,
                 watch_history_bytes: crate::cache::history::DEFAULT_BUDGET_BYTES,
                 discovery_cache_bytes: crate::proxy::discovery::DEFAULT_TOTAL_BYTES,
+                max_cached_bytes: DEFAULT_MAX_CACHED_MIB * 1024 * 1024,
             },
             operations: OperationConfig {
                 retention: Duration::from_secs(15 * 60),
@@ -492,6 +496,13 @@ pub const DEFAULT_MAX_STAGED_BYTES: u64 = 512 * 1024 * 1024;
 /// 2,000 in the fleet) and of a Clouddriver-cached cluster, about 0.5 GB of JSON at 2 KiB
 /// an object.
 pub const DEFAULT_MAX_OBJECTS_PER_ACCOUNT: u64 = 250_000;
+/// Default `--max-cached-mib` (review F14: many identities together must not take the
+/// hub's memory): 8 GiB of cached objects as the cache counts them (packed JSON, strings,
+/// indexes). The sizing page's largest fleet, 2 million objects of about 2.5 KB of JSON,
+/// held about 3 GiB of RSS (1,579 B per object, all of the hub), so it counts well under
+/// 3.2 GB here: the default never refuses it, with room for objects twice as large,
+/// and stops a hub from caching without end past what such a fleet needs.
+pub const DEFAULT_MAX_CACHED_MIB: u64 = 8192;
 /// Default of `--max-accounts-per-identity`: well above what one agent serves (an
 /// infrastructure-mode agent has one account per namespace or kubeconfig Secret it is given,
 /// tens to a few hundred), while one compromised identity registering names without end

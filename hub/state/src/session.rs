@@ -21,7 +21,7 @@ use scale_agent_proto::v1::{
 };
 
 use scale_agent_hub_cache::{
-    AccountCache, Cache, CachedObject, HistoryBudget, KindInfo, KindKey, KindState,
+    AccountCache, Cache, CachedBytes, CachedObject, HistoryBudget, KindInfo, KindKey, KindState,
 };
 use scale_agent_hub_model::{identity::AllowRule, store_op::StoreOp};
 
@@ -54,6 +54,8 @@ pub struct Data<'a> {
     pub registry: &'a Registry,
     pub cache: &'a mut AccountCache,
     pub budget: &'a HistoryBudget,
+    /// The hub-wide budget of cached object bytes (`--max-cached-mib`).
+    pub cached_bytes: &'a CachedBytes,
 }
 
 /// Which lock a message needs ([`route`]).
@@ -380,6 +382,7 @@ impl Session {
         fx: &mut Effects,
     ) -> Result<(), ProtocolError> {
         let budget = st.cache.history_budget.clone();
+        let cached_bytes = st.cache.cached_bytes.clone();
         let mut scratch = AccountCache::default();
         let account = match route(&msg) {
             Route::Control(a) | Route::Data(Some(a)) => Some(a.to_string()),
@@ -400,14 +403,19 @@ impl Session {
                 registry: &mut st.registry,
                 cache,
             };
-            self.handle_control(&mut control, limits, msg, now, fx)
+            let handled = self.handle_control(&mut control, limits, msg, now, fx);
+            cached_bytes.settle(control.cache);
+            handled
         } else {
             let mut data = Data {
                 registry: &st.registry,
                 cache,
                 budget: &budget,
+                cached_bytes: &cached_bytes,
             };
-            self.handle_data(&mut data, limits, msg, None, fx)
+            let handled = self.handle_data(&mut data, limits, msg, None, fx);
+            cached_bytes.settle(data.cache);
+            handled
         }
     }
 

@@ -16,6 +16,7 @@ use axum::{
 };
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
+use scale_agent_hub_auth::credential_sessions::Lease;
 use scale_agent_hub_model::{
     HubError, Result,
     auth::{Caller, Role, Source, Submitter},
@@ -177,6 +178,9 @@ impl Forwarder {
             .map_err(|e| unreachable(format!("not a URL: {e}")))?;
         let upgrade = scale_agent_hub_net::headers::is_upgrade(request.headers())
             .then(|| hyper::upgrade::on(&mut request));
+        // The proxy's hold on the token an upgrade was opened with (F17): revoking the
+        // token ends the forwarded connection too.
+        let lease = request.extensions().get::<Lease>().cloned();
         let (parts, body) = request.into_parts();
         let mut headers = forwarded_headers(&parts.headers, upgrade.is_some());
         self.present_secret(&mut headers)
@@ -223,7 +227,18 @@ impl Forwarder {
                 };
                 let mut client = TokioIo::new(client);
                 let mut owner = TokioIo::new(owner);
-                let _ = tokio::io::copy_bidirectional(&mut client, &mut owner).await;
+                let revoked = async move {
+                    match lease {
+                        Some(lease) => lease.ended().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    _ = tokio::io::copy_bidirectional(&mut client, &mut owner) => {}
+                    () = revoked => {
+                        tracing::info!("the token of a forwarded upgraded connection was revoked; the connection ends");
+                    }
+                }
             });
         }
         let (mut parts, body) = response.into_parts();

@@ -4,7 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use scale_agent_hub_cache::{Applied, CachedObject, Event, KindInfo, KindKey, PackedJson};
+use scale_agent_hub_cache::{
+    Applied, CachedObject, Event, KindInfo, KindKey, PackedJson, object_bytes,
+};
 use scale_agent_proto::v1::{
     self as pb, kind_status::State as PbKindState, object_event::Type as PbType,
 };
@@ -147,6 +149,16 @@ impl Session {
             // Discarded whole: a snapshot is applied entirely or not at all.
             return Ok(());
         }
+        let adding: u64 = staged.objects.values().map(object_bytes).sum();
+        let freeing: u64 = st.cache.kinds.get(&key).map_or(0, |k| {
+            k.objects
+                .in_scope((!end.watch_namespace.is_empty()).then_some(&*end.watch_namespace))
+                .map(|o| object_bytes(o))
+                .sum()
+        });
+        if !within_cached_bytes(st, &end.account, &staged.info, adding, freeing, fx) {
+            return Ok(());
+        }
         let was_over = st
             .cache
             .kinds
@@ -161,6 +173,7 @@ impl Session {
             &end.resource_version,
             &mut fx.ops,
         );
+        st.cached_bytes.settle(st.cache);
         if was_over {
             tracing::info!(account = %end.account, kind = %key, "kind cached again: its relist fits the account's object quota");
             fx.kind_statuses.push(pb::KindStatus {
@@ -168,7 +181,7 @@ impl Session {
                 kind: Some(staged.info.to_proto()),
                 state: PbKindState::Watching as i32,
                 message: "cached again: the kind's relist fits the hub's \
-                          --max-objects-per-account"
+                          --max-objects-per-account and --max-cached-mib"
                     .into(),
                 namespaces: Vec::new(),
             });
@@ -202,13 +215,21 @@ impl Session {
             fx.stale += 1;
             return Ok(());
         }
-        if !deleted && limits.max_objects_per_account > 0 {
+        if !deleted {
             let known = st
                 .cache
                 .kinds
                 .get(&scope.1)
-                .is_some_and(|k| k.objects.contains_key(&object.uid));
-            if !known && !within_quota(st, limits, &ev.account, &info, 1, 0, fx) {
+                .and_then(|k| k.objects.get(&object.uid))
+                .map(|o| object_bytes(o));
+            if limits.max_objects_per_account > 0
+                && known.is_none()
+                && !within_quota(st, limits, &ev.account, &info, 1, 0, fx)
+            {
+                return Ok(());
+            }
+            let (adding, freeing) = (object_bytes(&object), known.unwrap_or(0));
+            if !within_cached_bytes(st, &ev.account, &info, adding, freeing, fx) {
                 return Ok(());
             }
         }
@@ -223,6 +244,7 @@ impl Session {
             st.budget,
             &mut fx.ops,
         );
+        st.cached_bytes.settle(st.cache);
         if applied == Applied::Stale {
             fx.stale += 1;
         }
@@ -342,19 +364,73 @@ fn within_quota(
          account's kinds or namespaces",
         info.key()
     );
+    if let Some(dropped) = leave_kind_out(st, account, info, reason, fx) {
+        tracing::warn!(%account, kind = %info.key(), objects = after, limit = max, dropped, "account over its object quota; kind left out of the cache");
+    }
+    false
+}
+
+/// Leaves `info` out of `account`'s cache for `reason` ([`Cache::exceed_quota`]) and gives
+/// its bytes back to the hub-wide budget; the first time, tells the agent (KindStatus
+/// OVER_QUOTA) and returns how many objects were dropped, for the caller's log line.
+fn leave_kind_out(
+    st: &mut Data<'_>,
+    account: &str,
+    info: &KindInfo,
+    reason: String,
+    fx: &mut Effects,
+) -> Option<usize> {
     let already = st.cache.is_over_quota(&info.key());
     let dropped = st
         .cache
         .exceed_quota(account, info, reason.clone(), &mut fx.ops);
-    if !already {
-        tracing::warn!(%account, kind = %info.key(), objects = after, limit = max, dropped, "account over its object quota; kind left out of the cache");
-        fx.kind_statuses.push(pb::KindStatus {
-            account: account.to_string(),
-            kind: Some(info.to_proto()),
-            state: PbKindState::OverQuota as i32,
-            message: reason,
-            namespaces: Vec::new(),
-        });
+    st.cached_bytes.settle(st.cache);
+    if already {
+        return None;
+    }
+    fx.kind_statuses.push(pb::KindStatus {
+        account: account.to_string(),
+        kind: Some(info.to_proto()),
+        state: PbKindState::OverQuota as i32,
+        message: reason,
+        namespaces: Vec::new(),
+    });
+    Some(dropped)
+}
+
+/// Whether `adding` bytes of objects of `info` may enter `account`'s cache in place of
+/// `freeing` bytes within the hub-wide `--max-cached-mib`. Past it the kind is left out of
+/// the account's cache as past the object quota ([`within_quota`]): the agent is told
+/// (KindStatus OVER_QUOTA), the proxy reads the kind from the cluster, and what every other
+/// account and kind has cached stays, until a relist of the kind fits.
+fn within_cached_bytes(
+    st: &mut Data<'_>,
+    account: &str,
+    info: &KindInfo,
+    adding: u64,
+    freeing: u64,
+    fx: &mut Effects,
+) -> bool {
+    if st.cached_bytes.fits(adding, freeing) {
+        return true;
+    }
+    let limit_mib = st.cached_bytes.limit().unwrap_or(u64::MAX) / (1024 * 1024);
+    let after = st.cached_bytes.after(adding, freeing);
+    let reason = format!(
+        // troubleshooting: a kind not cached: KindStatus `OVER_QUOTA` (`/api/v1/accounts`, the agent's log)
+        // All accounts' cached objects together would take the hub past `--max-cached-mib`.
+        // The kind's reads go to the cluster through the agent; other accounts and kinds keep
+        // their cache. Raise `--max-cached-mib` (and the hub's memory with it), narrow the
+        // largest accounts' kinds or namespaces, or remove accounts no longer used.
+        "the hub's cache would hold {after} bytes of objects with kind {} of account \
+         {account:?}, more than the hub-wide --max-cached-mib of {limit_mib} MiB (all \
+         accounts together): the kind is not cached (the proxy reads it from the cluster) \
+         until a relist of it fits; raise --max-cached-mib on the hub (with its memory), or \
+         narrow the largest accounts' kinds or namespaces",
+        info.key()
+    );
+    if let Some(dropped) = leave_kind_out(st, account, info, reason, fx) {
+        tracing::warn!(%account, kind = %info.key(), bytes = after, limit_mib, dropped, "hub-wide cached bytes budget reached; kind left out of the account's cache");
     }
     false
 }
