@@ -235,7 +235,7 @@ async fn protobuf_reads_of_a_cached_kind_are_tunnelled_whole() {
                     .header("authorization", format!("Bearer {token}"))
                     .header("accept", CLIENT_GO)
                     .header("content-type", PROTOBUF_ONLY)
-                    .body(full(&PROTOBUF_BODY[..]))
+                    .body(full(PROTOBUF_BODY))
                     .unwrap(),
                 )
                 .await,
