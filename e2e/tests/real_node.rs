@@ -24,7 +24,8 @@
 //! rolling the operator and hub pods, again without a LIST (`real_node/upgrade.rs`);
 //! `kubectl top pod --containers` against the node's metrics-server, directly and through
 //! the hub for the account, and the API server's 403 once `podMetrics` is off
-//! (`real_node/pod_metrics.rs`); no container restarted; and `helm uninstall` as the chart's README documents it, leaving
+//! (`real_node/pod_metrics.rs`; `kubectl top node` and `top pod -A` for a Cluster-scoped
+//! agent are a test of their own, `real_node/cluster_metrics.rs`); no container restarted; and `helm uninstall` as the chart's README documents it, leaving
 //! nothing of the release, its operator's Lease included.
 //!
 //! Needs root; without it the test says why and passes without running.
@@ -45,6 +46,8 @@ use scale_agent_e2e::{
     },
 };
 
+#[path = "real_node/cluster_metrics.rs"]
+mod cluster_metrics;
 #[path = "real_node/pod_metrics.rs"]
 mod pod_metrics;
 #[path = "real_node/rollout.rs"]
@@ -287,6 +290,13 @@ fn step(started: Instant, what: &str) {
 /// Secret `real-node-enrolment` with a one-time enrolment token from the hub's pod (exec
 /// through kubelet) for identity `real-node` and accounts `real-node*`.
 fn enrolment_secret(cli: &Cli) -> anyhow::Result<()> {
+    enrolment_secret_for(cli, "real-node-enrolment", "real-node")
+}
+
+/// Secret `secret` with a one-time enrolment token from the hub's pod (exec through
+/// kubelet) for `identity` and the accounts `<identity>*`.
+fn enrolment_secret_for(cli: &Cli, secret: &str, identity: &str) -> anyhow::Result<()> {
+    let accounts = format!("{identity}*");
     let token = cli
         .kubectl(&[
             "-n",
@@ -298,9 +308,9 @@ fn enrolment_secret(cli: &Cli) -> anyhow::Result<()> {
             "agent-token",
             "create",
             "--identity",
-            "real-node",
+            identity,
             "--accounts",
-            "real-node*",
+            &accounts,
             "--ttl",
             "1h",
             "--once",
@@ -314,7 +324,7 @@ fn enrolment_secret(cli: &Cli) -> anyhow::Result<()> {
         "create",
         "secret",
         "generic",
-        "real-node-enrolment",
+        secret,
         &format!("--from-literal=token={token}"),
     ])?;
     Ok(())

@@ -559,20 +559,29 @@ pub fn rules(
 
 /// The pod metrics reads an account with `podMetrics: true` needs (Armory's `metrics: true`:
 /// Clouddriver runs `kubectl top pod --containers -n <namespace>` through the hub): get and
-/// list of `metrics.k8s.io` pods, and of nodes in a ClusterRole (nodes are cluster-scoped,
-/// so a Role cannot grant them). None when no account asks for metrics.
-pub fn metrics_rule(pod_metrics: bool, cluster_scoped: bool) -> Option<PolicyRule> {
-    let resources = if cluster_scoped {
-        vec!["nodes".to_owned(), "pods".to_owned()]
-    } else {
-        vec!["pods".to_owned()]
-    };
-    pod_metrics.then(|| PolicyRule {
-        api_groups: Some(vec!["metrics.k8s.io".to_owned()]),
-        resources: Some(resources),
+/// list of `metrics.k8s.io` pods. Cluster-wide, also what `kubectl top node` reads: the
+/// metrics of nodes and the Node objects themselves (their allocatable, the column's 100 %;
+/// kubectl 1.37 asks in protobuf, which the hub tunnels, so the agent needs the read even
+/// when it watches Nodes). A Role cannot grant either (nodes are cluster-scoped). Empty when
+/// no account asks for metrics.
+pub fn metrics_rules(pod_metrics: bool, cluster_scoped: bool) -> Vec<PolicyRule> {
+    if !pod_metrics {
+        return Vec::new();
+    }
+    let read = |group: &str, resources: &[&str]| PolicyRule {
+        api_groups: Some(vec![group.to_owned()]),
+        resources: Some(resources.iter().map(|r| (*r).to_owned()).collect()),
         verbs: vec!["get".to_owned(), "list".to_owned()],
         ..Default::default()
-    })
+    };
+    if cluster_scoped {
+        vec![
+            read("metrics.k8s.io", &["nodes", "pods"]),
+            read("", &["nodes"]),
+        ]
+    } else {
+        vec![read("metrics.k8s.io", &["pods"])]
+    }
 }
 
 #[cfg(test)]

@@ -176,8 +176,8 @@ pub struct AgentAccountSpec {
     /// Let Spinnaker show pod CPU and memory usage (Armory's `metrics: true`): Clouddriver's
     /// `kubectl top pod --containers` reaches the cluster's metrics API (metrics-server must
     /// be installed) through the hub, tunnelled; the agent itself sends nothing. The operator
-    /// grants the agent get and list on `metrics.k8s.io` pods (and nodes, cluster-wide scope).
-    /// Default: false.
+    /// grants the agent get and list on `metrics.k8s.io` pods; with the Cluster scope also on
+    /// `metrics.k8s.io` nodes and core Nodes, which `kubectl top node` reads. Default: false.
     #[serde(default, skip_serializing_if = "is_false")]
     pub pod_metrics: bool,
 

@@ -187,7 +187,8 @@ pub fn top_through_the_hub(
     })
 }
 
-fn kubectl_name(kubectl: &Path) -> String {
+/// A kubectl binary's file name (`kubectl`, `kubectl-1.22`), for messages.
+pub fn kubectl_name(kubectl: &Path) -> String {
     kubectl
         .file_name()
         .map_or_else(String::new, |name| name.to_string_lossy().into_owned())

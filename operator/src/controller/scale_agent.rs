@@ -212,7 +212,7 @@ fn namespace_rules(
     let pod_metrics = here.iter().any(|(account, _)| account.spec.pod_metrics);
     let kinds: Vec<rbac::AccountKinds> = here.into_iter().map(|(_, kinds)| kinds.clone()).collect();
     let mut rules = rbac::rules(&kinds, false, groups);
-    rules.extend(rbac::metrics_rule(pod_metrics, false));
+    rules.extend(rbac::metrics_rules(pod_metrics, false));
     rules
 }
 
@@ -258,7 +258,7 @@ async fn reconcile_rbac(
         let pod_metrics = accounts.iter().any(|(account, _)| account.spec.pod_metrics);
         let kinds: Vec<rbac::AccountKinds> = accounts.into_iter().map(|(_, kinds)| kinds).collect();
         let mut rules = rbac::rules(&kinds, true, &groups);
-        rules.extend(rbac::metrics_rule(pod_metrics, true));
+        rules.extend(rbac::metrics_rules(pod_metrics, true));
         grants::apply_cluster(
             agent,
             client,

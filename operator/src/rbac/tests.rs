@@ -50,19 +50,37 @@ fn served() -> Vec<ServedKind> {
 
 #[test]
 fn pod_metrics_grant_metrics_reads_only_when_asked() {
-    assert_eq!(metrics_rule(false, true), None);
-    let cluster = metrics_rule(true, true).unwrap();
+    assert!(metrics_rules(false, true).is_empty());
+    assert!(metrics_rules(false, false).is_empty());
+    let cluster = metrics_rules(true, true);
+    let read = |rule: &PolicyRule| {
+        (
+            rule.api_groups.clone().unwrap_or_default(),
+            rule.resources.clone().unwrap_or_default(),
+            rule.verbs.clone(),
+        )
+    };
+    // `kubectl top node` reads nodes' metrics and the Node objects (their allocatable).
     assert_eq!(
-        cluster.api_groups.as_deref(),
-        Some(&["metrics.k8s.io".to_string()][..])
+        cluster.iter().map(read).collect::<Vec<_>>(),
+        [
+            (
+                names(&["metrics.k8s.io"]),
+                names(&["nodes", "pods"]),
+                names(&["get", "list"])
+            ),
+            (names(&[""]), names(&["nodes"]), names(&["get", "list"])),
+        ]
     );
+    let namespaced = metrics_rules(true, false);
     assert_eq!(
-        cluster.resources.as_deref(),
-        Some(&names(&["nodes", "pods"])[..])
+        namespaced.iter().map(read).collect::<Vec<_>>(),
+        [(
+            names(&["metrics.k8s.io"]),
+            names(&["pods"]),
+            names(&["get", "list"])
+        )]
     );
-    assert_eq!(cluster.verbs, names(&["get", "list"]));
-    let namespaced = metrics_rule(true, false).unwrap();
-    assert_eq!(namespaced.resources.as_deref(), Some(&names(&["pods"])[..]));
 }
 
 #[test]
