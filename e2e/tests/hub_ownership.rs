@@ -1640,6 +1640,56 @@ async fn a_revoked_clouddriver_token_is_never_derived_again_on_any_replica() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
+/// Issue 28, F17, on replicas: a watch held open on one replica with a Clouddriver token
+/// ends when the token is revoked on the other one, within the replicas' sync period (the
+/// watching replica reads the revocation from the shared store and ends what the token
+/// holds open there), and the token's next request there is refused.
+#[tokio::test]
+async fn a_watch_on_one_replica_ends_when_its_token_is_revoked_on_another() {
+    let server = PostgresServer::start().await.unwrap();
+    let (root, hubs) = hub_processes(&server, "revoked-watch", 2, &[]).await;
+    let (a, b) = (&hubs[0], &hubs[1]);
+    let admin_a = admin_token(a);
+    // hub-1 streams the account, so the account's requests are its own.
+    let mut agent = MiniAgent::connect_asking(b.grpc, "pod-w", 30).await;
+    agent.register_streaming("prod").await;
+    agent.snapshot("prod", "100").await;
+    let token = kubeconfig_token_at(a.http, &admin_a, "prod", "tokenName=clouddriver").await;
+    let path = "/clusters/prod/api/v1/namespaces/default/configmaps";
+    let watch = {
+        let (token, hub) = (token.clone(), b.http);
+        tokio::spawn(async move {
+            let watch = format!("{path}?watch=true&resourceVersion=100&timeoutSeconds=300");
+            call("GET", hub, &watch, &token).await
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !watch.is_finished(),
+        "the watch on hub-1 ended before any revocation: {:?}",
+        watch.await.map(|r| (r.status, r.body))
+    );
+
+    let id = clouddriver_token_id(a.http, &admin_a, "prod").await;
+    let revoked = call("DELETE", a.http, &format!("/api/v1/tokens/{id}"), &admin_a).await;
+    assert_eq!(revoked.status, 200, "{}", revoked.body);
+    let limit = SYNC * 2 + Duration::from_secs(2);
+    let ended = tokio::time::timeout(limit, watch)
+        .await
+        .expect("the watch on hub-1 outlived its token, revoked on hub-0")
+        .unwrap();
+    // The mini agent answers no tunnel, so the watch was still waiting for its answer's
+    // head: it is refused whole, as its next request would be (a watch already answering
+    // ends its body instead: hub/tests/token_sessions.rs).
+    assert_eq!(ended.status, 401, "{}", ended.body);
+    assert!(ended.body.contains("revoked"), "{}", ended.body);
+    let refused = call("GET", b.http, path, &token).await;
+    assert_eq!(refused.status, 401, "{}", refused.body);
+    drop(agent);
+    drop(hubs);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
 /// Lines of a hub process's log holding every one of `needles`.
 fn log_lines(hub: &scale_agent_e2e::fleet::HubProcess, needles: &[&str]) -> usize {
     hub.log_tail(100_000)

@@ -190,7 +190,25 @@ async fn handle(State(proxy): State<Arc<Proxy>>, mut request: Request) -> Respon
         .get::<scale_agent_hub_model::auth::Caller>()
         .map(|c| c.name.clone());
     let mut caller = forwarded_caller;
-    let (response, served) = match answer(&proxy, request, &request_id, &mut caller).await {
+    // Revoked before its answer began (a tunnelled watch waits for the agent's response
+    // head; a read waits for the cache): refused as the next request would be. After it
+    // began, the body ends instead (below).
+    let mut revoked_before_answer = false;
+    let answered = async {
+        match lease.clone() {
+            Some(lease) => tokio::select! {
+                answer = answer(&proxy, request, &request_id, &mut caller) => answer,
+                () = revocation::revoked(Some(lease)) => {
+                    revoked_before_answer = true;
+                    Err(Status::unauthorized(
+                        "the token was revoked while the request waited for its answer",
+                    ))
+                }
+            },
+            None => answer(&proxy, request, &request_id, &mut caller).await,
+        }
+    };
+    let (response, served) = match answered.await {
         Ok(answer) => answer,
         Err(status) => {
             tracing::debug!(
@@ -207,8 +225,9 @@ async fn handle(State(proxy): State<Arc<Proxy>>, mut request: Request) -> Respon
         }
     };
     let mut response = match lease {
-        // An upgrade's bytes are carried elsewhere, with a clone of the lease.
-        Some(lease) if !upgrade => {
+        // An upgrade's bytes are carried elsewhere, with a clone of the lease; the refusal
+        // of a request revoked before its answer is sent whole.
+        Some(lease) if !upgrade && !revoked_before_answer => {
             response.map(|body| Body::new(revocation::EndsOnRevocation::new(body, lease)))
         }
         _ => response,
