@@ -163,7 +163,7 @@ fn every_image_runs_its_entrypoint_as_nonroot_and_prints_the_version() -> anyhow
     Ok(())
 }
 
-/// The release images of `make images`, when it has run (CI runs it before `make test`).
+/// The release images of `make images`, when it has run (CI no longer does: `.ci/run`).
 #[test]
 fn the_images_make_images_built_are_sound() -> anyhow::Result<()> {
     let target = std::env::var_os("CARGO_TARGET_DIR")
