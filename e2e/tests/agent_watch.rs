@@ -564,7 +564,14 @@ async fn snapshot_then_deltas_and_secret_data_never_leaves() -> anyhow::Result<(
         json!({
             "metadata": {
                 "name": "db",
-                "annotations": { "kubectl.kubernetes.io/last-applied-configuration": last_applied },
+                // Every annotation known to carry an applied manifest, each holding the
+                // data (review F16): none may reach the hub.
+                "annotations": {
+                    "kubectl.kubernetes.io/last-applied-configuration": last_applied,
+                    "kapp.k14s.io/original": last_applied,
+                    "kapp.k14s.io/original-diff": last_applied,
+                    "objectset.rio.cattle.io/applied": last_applied,
+                },
             },
             "stringData": secret_data,
         }),
@@ -643,6 +650,10 @@ async fn snapshot_then_deltas_and_secret_data_never_leaves() -> anyhow::Result<(
     let secret_body: serde_json::Value = serde_json::from_slice(&secret_event.object_json)?;
     assert_eq!(secret_body["kind"], "Secret");
     assert!(secret_body.get("data").is_none(), "{secret_body}");
+    let annotations = secret_body["metadata"]["annotations"].to_string();
+    for manifest in ["last-applied-configuration", "kapp.k14s.io", "cattle.io"] {
+        assert!(!annotations.contains(manifest), "{annotations}");
+    }
     // Every message as text: payloads decoded, everything else by its Debug form.
     let sent_text: String = hub
         .messages()
