@@ -258,6 +258,16 @@ async fn the_shipped_rbac_grants_every_shape_and_escalates_nothing_else() -> any
         ),
     )
     .await?;
+    // Review F26: an account without `kinds` deploys every kind but the privileges.
+    apply_in::<AgentAccount>(
+        &admin,
+        &ns,
+        &agent_account(
+            "wide-everything",
+            json!({ "agentRef": "wide", "accountName": format!("{ns}-wide-everything") }),
+        ),
+    )
+    .await?;
     apply_in::<ScaleAgent>(
         &admin,
         &ns,
@@ -318,7 +328,7 @@ async fn the_shipped_rbac_grants_every_shape_and_escalates_nothing_else() -> any
         .await?;
     }
     let agents = Api::<ScaleAgent>::namespaced(admin.clone(), &ns);
-    for name in ["wide", "narrow"] {
+    for (name, accounts) in [("wide", 2), ("narrow", 1)] {
         wait_for(
             &format!("ScaleAgent {name} reconciled, not degraded"),
             || async {
@@ -326,7 +336,7 @@ async fn the_shipped_rbac_grants_every_shape_and_escalates_nothing_else() -> any
                 let status = agent.status.unwrap_or_default();
                 let degraded = find_condition(&status.conditions, DEGRADED);
                 Ok(
-                    (status.accounts == 1 && degraded.is_some_and(|c| c.status == "False"))
+                    (status.accounts == accounts && degraded.is_some_and(|c| c.status == "False"))
                         .then_some(()),
                 )
             },
@@ -343,6 +353,55 @@ async fn the_shipped_rbac_grants_every_shape_and_escalates_nothing_else() -> any
     assert!(service_account_may(&admin, (&ns, "wide-agent"), configmaps(&unbound)).await?);
     assert!(service_account_may(&admin, (&ns, "narrow-agent"), configmaps(&granted)).await?);
     assert!(!service_account_may(&admin, (&ns, "narrow-agent"), configmaps(&unbound)).await?);
+    // Review F26, asked of the API server: `wide-everything` (Deploy, no `kinds`) lets the
+    // agent create any kind anywhere except RBAC objects, admission webhooks, APIServices
+    // and CRDs, which an account must name in its kinds.
+    let create = |group: &str, resource: &str, namespace: Option<&str>| ResourceAttributes {
+        group: Some(group.into()),
+        verb: Some("create".into()),
+        resource: Some(resource.into()),
+        namespace: namespace.map(str::to_owned),
+        ..Default::default()
+    };
+    let wide_agent = (ns.as_str(), "wide-agent");
+    for (group, resource) in [
+        ("apps", "deployments"),
+        ("", "configmaps"),
+        ("batch", "jobs"),
+    ] {
+        assert!(
+            service_account_may(&admin, wide_agent, create(group, resource, Some(&unbound)))
+                .await?,
+            "an account without kinds cannot create {group}/{resource}"
+        );
+    }
+    for (group, resource, namespace) in [
+        ("rbac.authorization.k8s.io", "clusterroles", None),
+        ("rbac.authorization.k8s.io", "clusterrolebindings", None),
+        ("rbac.authorization.k8s.io", "roles", Some(unbound.as_str())),
+        (
+            "rbac.authorization.k8s.io",
+            "rolebindings",
+            Some(unbound.as_str()),
+        ),
+        (
+            "admissionregistration.k8s.io",
+            "validatingwebhookconfigurations",
+            None,
+        ),
+        (
+            "admissionregistration.k8s.io",
+            "mutatingwebhookconfigurations",
+            None,
+        ),
+        ("apiregistration.k8s.io", "apiservices", None),
+        ("apiextensions.k8s.io", "customresourcedefinitions", None),
+    ] {
+        assert!(
+            !service_account_may(&admin, wide_agent, create(group, resource, namespace)).await?,
+            "an account without kinds may create {group}/{resource}: cluster-admin in effect"
+        );
+    }
 
     let message = degraded_with(&admin, &ns, "unlisted", "ClusterGrantNotAllowed").await?;
     assert!(
