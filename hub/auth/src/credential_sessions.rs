@@ -165,6 +165,15 @@ impl Lease {
     }
 }
 
+/// Resolves when `lease`'s credential is revoked; never without a lease (a stream or request
+/// its credential cannot revoke: a certificate, an OIDC ID token).
+pub async fn revoked(lease: Option<Lease>) {
+    match lease {
+        Some(lease) => lease.ended().await,
+        None => std::future::pending().await,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

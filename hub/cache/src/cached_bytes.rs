@@ -70,8 +70,7 @@ impl CachedBytes {
     /// Whether `adding` bytes may enter the cache in place of `freeing` bytes it holds;
     /// a refusal is counted.
     pub fn fits(&self, adding: u64, freeing: u64) -> bool {
-        let after = self.held().saturating_sub(freeing).saturating_add(adding);
-        let fits = adding <= freeing || after <= self.inner.limit;
+        let fits = adding <= freeing || self.after(adding, freeing) <= self.inner.limit;
         if !fits {
             self.inner.refusals.fetch_add(1, Ordering::Relaxed);
         }

@@ -9,7 +9,7 @@ use futures::FutureExt as _;
 use prost::Message as _;
 use scale_agent_hub_auth::{
     agent_auth::Authenticated,
-    credential_sessions::{Credential, Lease},
+    credential_sessions::{self, Credential, Lease},
 };
 use scale_agent_hub_model::time::shutting_down;
 use scale_agent_hub_state::{
@@ -139,10 +139,7 @@ impl StreamTask {
     async fn serve(&mut self) -> Result<(), Status> {
         self.welcome().await?;
         let silence = self.period * 2;
-        let revoked = match &self.token_lease {
-            Some(lease) => futures::future::Either::Left(lease.ended()),
-            None => futures::future::Either::Right(std::future::pending()),
-        };
+        let revoked = credential_sessions::revoked(self.token_lease.clone());
         tokio::pin!(revoked);
         loop {
             let step = tokio::select! {

@@ -62,7 +62,10 @@ use axum::{
     response::{IntoResponse, Response},
     routing::any,
 };
-use scale_agent_hub_auth::{AuthBook, credential_sessions::Lease};
+use scale_agent_hub_auth::{
+    AuthBook,
+    credential_sessions::{self, Lease},
+};
 use scale_agent_hub_model::auth::ProxyCaller;
 use scale_agent_hub_replicas::Replicas;
 use scale_agent_hub_state::Live;
@@ -194,21 +197,17 @@ async fn handle(State(proxy): State<Arc<Proxy>>, mut request: Request) -> Respon
     // head; a read waits for the cache): refused as the next request would be. After it
     // began, the body ends instead (below).
     let mut revoked_before_answer = false;
-    let answered = async {
-        match lease.clone() {
-            Some(lease) => tokio::select! {
-                answer = answer(&proxy, request, &request_id, &mut caller) => answer,
-                () = revocation::revoked(Some(lease)) => {
-                    revoked_before_answer = true;
-                    Err(Status::unauthorized(
-                        "the token was revoked while the request waited for its answer",
-                    ))
-                }
-            },
-            None => answer(&proxy, request, &request_id, &mut caller).await,
+    let answered = tokio::select! {
+        biased;
+        answer = answer(&proxy, request, &request_id, &mut caller) => answer,
+        () = credential_sessions::revoked(lease.clone()) => {
+            revoked_before_answer = true;
+            Err(Status::unauthorized(
+                "the token was revoked while the request waited for its answer",
+            ))
         }
     };
-    let (response, served) = match answered.await {
+    let (response, served) = match answered {
         Ok(answer) => answer,
         Err(status) => {
             tracing::debug!(

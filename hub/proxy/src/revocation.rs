@@ -24,7 +24,7 @@ use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 use scale_agent_hub_auth::{
     AuthBook,
-    credential_sessions::{Credential, Lease},
+    credential_sessions::{Credential, Lease, revoked},
 };
 
 /// The lease of a long-running request on the hub-issued token it presents, if it presents
@@ -36,14 +36,6 @@ pub(crate) fn lease(auth: &AuthBook, headers: &HeaderMap) -> Option<Lease> {
         .and_then(scale_agent_hub_auth::tokens::bearer)?;
     let id = auth.tokens().verify(token).map(|r| r.id.clone())?;
     Some(auth.credential_sessions().open(Credential::Token(id)))
-}
-
-/// Resolves when the lease's token is revoked; never without a lease.
-pub(crate) async fn revoked(lease: Option<Lease>) {
-    match lease {
-        Some(lease) => lease.ended().await,
-        None => std::future::pending().await,
-    }
 }
 
 /// A response body that ends cleanly when its request's token is revoked.

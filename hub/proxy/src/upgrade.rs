@@ -39,7 +39,7 @@ impl Upgraded {
             guard,
             lease,
         } = self;
-        let revoked = crate::revocation::revoked(lease);
+        let revoked = scale_agent_hub_auth::credential_sessions::revoked(lease);
         tokio::pin!(revoked);
         let io = match on_upgrade.await {
             Ok(upgraded) => hyper_util::rt::TokioIo::new(upgraded),

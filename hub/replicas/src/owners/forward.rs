@@ -16,7 +16,7 @@ use axum::{
 };
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
-use scale_agent_hub_auth::credential_sessions::Lease;
+use scale_agent_hub_auth::credential_sessions::{self, Lease};
 use scale_agent_hub_model::{
     HubError, Result,
     auth::{Caller, Role, Source, Submitter},
@@ -227,15 +227,9 @@ impl Forwarder {
                 };
                 let mut client = TokioIo::new(client);
                 let mut owner = TokioIo::new(owner);
-                let revoked = async move {
-                    match lease {
-                        Some(lease) => lease.ended().await,
-                        None => std::future::pending().await,
-                    }
-                };
                 tokio::select! {
                     _ = tokio::io::copy_bidirectional(&mut client, &mut owner) => {}
-                    () = revoked => {
+                    () = credential_sessions::revoked(lease) => {
                         tracing::info!("the token of a forwarded upgraded connection was revoked; the connection ends");
                     }
                 }
