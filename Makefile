@@ -1,11 +1,11 @@
-# The commands of this repository. `make images` and `make test` are what CI runs (.ci/run); `make demo` runs
-# the whole system locally. Both build what they need on a fresh machine, once.
+# The commands of this repository. `make test` is what CI runs (.ci/run); `make demo` runs the whole
+# system locally (`make demo-node`: its real-node option). Both build what they need on a fresh machine, once.
 
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
 
-.PHONY: help test demo bench control-plane nginx tinyproxy postgres toxiproxy fmt lint unit crds proto book mdbook book-reference
+.PHONY: help test demo demo-node bench control-plane nginx tinyproxy postgres toxiproxy fmt lint unit crds proto book mdbook book-reference
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -57,6 +57,10 @@ demo: control-plane ## Run Scale Agent locally on a real control plane (Ctrl-C s
 	@# The demo starts the hub, operator and agent binaries built beside it.
 	$(CARGO) build --locked -p scale-agent-e2e --bins
 	$(CARGO) run --locked -p scale-agent-e2e --bin scale-agent-demo
+
+demo-node: control-plane node ## The demo's real-node option (root): a one-node cluster with a real kubelet and this build's images, to follow the guide's "On a real cluster" page on (Ctrl-C stops it)
+	$(CARGO) build --locked -p scale-agent-e2e --bins
+	$(CARGO) run --locked -p scale-agent-e2e --bin scale-agent-demo -- --real-node
 
 toxiproxy: ## Build Toxiproxy, the latency proxy of the benchmark's far rows (cached; not needed by `make test`)
 	@bench/toxiproxy/build.sh

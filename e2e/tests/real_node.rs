@@ -8,7 +8,7 @@
 //! `docs/src/getting-started/walk-through.md`).
 //!
 //! What a bare node lacks, done the way a platform team would: the hub's volume claim is
-//! bound to a hostPath PersistentVolume made here (no provisioner), and there is no cluster
+//! bound to a hostPath PersistentVolume made for it (no provisioner), and there is no cluster
 //! DNS, so the ScaleAgent dials the hub Service's ClusterIP with `tls.serverName` set to the
 //! name in the hub's certificate.
 //!
@@ -24,24 +24,28 @@
 //! rolling the operator and hub pods, again without a LIST (`real_node/upgrade.rs`);
 //! `kubectl top pod --containers` against the node's metrics-server, directly and through
 //! the hub for the account, and the API server's 403 once `podMetrics` is off
-//! (`real_node/pod_metrics.rs`; `kubectl top node` and `top pod -A` for a Cluster-scoped
-//! agent are a test of their own, `real_node/cluster_metrics.rs`); no container restarted; and `helm uninstall` as the chart's README documents it, leaving
-//! nothing of the release, its operator's Lease included.
+//! (`real_node/pod_metrics.rs`); `kubectl top node` and `top pod -A` through a
+//! Cluster-scoped agent, and the namespace-scoped account's refusal
+//! (`real_node/cluster_metrics.rs`); no container restarted; and `helm uninstall` as the
+//! chart's README documents it, leaving nothing of the release, its operator's Lease
+//! included.
+//!
+//! The node is readied for the chart by `scale_agent_e2e::real_node::install::prepare`, the
+//! same function `make demo-node` runs for a person to follow the guide on.
 //!
 //! Needs root; without it the test says why and passes without running.
 
 use std::{
-    path::{Path, PathBuf},
-    process::Command,
+    path::PathBuf,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, bail, ensure};
 use scale_agent_e2e::{
     fixtures::temp_dir,
-    pki::CertificateAuthority,
     real_node::{
-        self, NodeImage, RealNode,
+        self, RealNode,
+        install::{self, HubTlsFiles, PreparedNode},
         user::{Cli, HubKubectl, PortForward},
     },
 };
@@ -57,130 +61,39 @@ mod upgrade;
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 const NAMESPACE: &str = "scale-agent-system";
-const HUB_DATA_UID: &str = "65532:65532";
-
-/// Each image: its repository, the product binary's name in it, and this build's binary
-/// that is the same command.
-const IMAGES: [(&str, &str, &str); 3] = [
-    (
-        "ghcr.io/scale-agent/operator",
-        "scale-agent-operator",
-        env!("CARGO_BIN_EXE_e2e-operator"),
-    ),
-    (
-        "ghcr.io/scale-agent/agent",
-        "scale-agent",
-        env!("CARGO_BIN_EXE_e2e-agent"),
-    ),
-    (
-        "ghcr.io/scale-agent/hub",
-        "scale-agent-hub",
-        env!("CARGO_BIN_EXE_e2e-hub"),
-    ),
-];
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+/// `e2e-hub` and its siblings, as this test's build made them.
+fn test_binary(name: &str) -> anyhow::Result<PathBuf> {
+    Ok(PathBuf::from(match name {
+        "e2e-operator" => env!("CARGO_BIN_EXE_e2e-operator"),
+        "e2e-agent" => env!("CARGO_BIN_EXE_e2e-agent"),
+        "e2e-hub" => env!("CARGO_BIN_EXE_e2e-hub"),
+        other => bail!("no binary {other} in this build"),
+    }))
 }
 
-/// The images `make images` makes, from this build's binaries (`images/image.sh layout`,
-/// the same script; a fast gzip, as the binaries are debug builds).
-fn build_images(dir: &Path) -> anyhow::Result<Vec<NodeImage>> {
-    IMAGES
-        .iter()
-        .map(|(repository, name, binary)| {
-            let layout = dir.join(name);
-            let output = Command::new(repo_root().join("images/image.sh"))
-                .args(["layout", binary, name])
-                .arg(&layout)
-                .env("SCALE_AGENT_IMAGE_GZIP_LEVEL", "1")
-                .output()?;
-            ensure!(
-                output.status.success(),
-                "images/image.sh layout {binary}: {}{}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            );
-            Ok(NodeImage {
-                repository: repository.to_string(),
-                layout,
-            })
-        })
-        .collect()
-}
-
-/// The hub's serving certificate (the chart's `scale-agent-hub-tls`): for the Service's
-/// names, signed by a CA the agents are given.
-fn hub_tls_secret(cli: &Cli, namespace: &str, dir: &Path) -> anyhow::Result<String> {
-    let ca = CertificateAuthority::new("scale-agent-hub-ca")?;
-    let (short, service) = (
-        format!("scale-agent-hub.{namespace}"),
-        format!("scale-agent-hub.{namespace}.svc"),
-    );
-    let serving = ca.serving("scale-agent-hub", &["scale-agent-hub", &short, &service])?;
-    let dir = dir.join(format!("hub-tls-{namespace}"));
-    std::fs::create_dir_all(&dir)?;
-    let files = [
-        ("tls.crt", &serving.cert_pem),
-        ("tls.key", &serving.key_pem),
-        ("ca.crt", &ca.cert_pem),
+/// The hub's Secret `scale-agent-hub-tls` and the agents' `hub-ca` in `namespace`, from the
+/// certificate files, with the guide's commands (steps 2 and 4).
+fn hub_tls_secret(cli: &Cli, namespace: &str, tls: &HubTlsFiles) -> anyhow::Result<()> {
+    let secrets = [
+        (
+            "scale-agent-hub-tls",
+            vec![
+                ("tls.crt", tls.cert()),
+                ("tls.key", tls.key()),
+                ("ca.crt", tls.ca()),
+            ],
+        ),
+        ("hub-ca", vec![("ca.crt", tls.ca())]),
     ];
-    let mut args = vec![
-        "-n".to_string(),
-        namespace.into(),
-        "create".into(),
-        "secret".into(),
-        "generic".into(),
-        "scale-agent-hub-tls".into(),
-    ];
-    for (name, pem) in files {
-        let path = dir.join(name);
-        std::fs::write(&path, pem)?;
-        args.push(format!("--from-file={name}={}", path.display()));
+    for (secret, files) in secrets {
+        let from_files: Vec<String> = files
+            .iter()
+            .map(|(key, path)| format!("--from-file={key}={}", path.display()))
+            .collect();
+        let mut args = vec!["-n", namespace, "create", "secret", "generic", secret];
+        args.extend(from_files.iter().map(String::as_str));
+        cli.kubectl(&args)?;
     }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    cli.kubectl(&args)?;
-    cli.kubectl(&[
-        "-n",
-        namespace,
-        "create",
-        "secret",
-        "generic",
-        "hub-ca",
-        &format!("--from-file=ca.crt={}", dir.join("ca.crt").display()),
-    ])?;
-    Ok(ca.cert_pem)
-}
-
-/// A node without a provisioner: a hostPath PersistentVolume reserved for the hub's claim,
-/// its directory owned by the hub's user (hostPath volumes get no fsGroup).
-fn hub_volume(cli: &Cli, namespace: &str, dir: &Path) -> anyhow::Result<()> {
-    let path = dir.join(format!("hub-data-{namespace}"));
-    std::fs::create_dir_all(&path)?;
-    let chown = Command::new("chown")
-        .arg(HUB_DATA_UID)
-        .arg(&path)
-        .status()?;
-    ensure!(chown.success(), "chown {HUB_DATA_UID} {}", path.display());
-    cli.apply(&format!(
-        "apiVersion: v1
-kind: PersistentVolume
-metadata:
-  name: scale-agent-hub-data-{namespace}
-spec:
-  capacity:
-    storage: 1Gi
-  accessModes: [ReadWriteOnce]
-  persistentVolumeReclaimPolicy: Retain
-  claimRef:
-    namespace: {namespace}
-    name: scale-agent-hub-data
-  hostPath:
-    path: {}
-    type: Directory
-",
-        path.display()
-    ))?;
     Ok(())
 }
 
@@ -390,41 +303,22 @@ spec:
     )
 }
 
-/// Each test starts a node of its own (containerd, kubelet and the machine's network
-/// tables): one at a time.
-static ONE_NODE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// A node running this build's images, and the user's kubectl and helm for it.
-async fn start_node(dir: &Path, started: Instant) -> anyhow::Result<(RealNode, Cli)> {
-    let images = build_images(&dir.join("images"))?;
-    step(started, "images built from this build's binaries");
-    let node = RealNode::start(&images).await?;
-    step(started, "node Ready");
-    let control_plane = node.control_plane();
-    let home = dir.join("home");
-    std::fs::create_dir_all(&home)?;
-    let cli = Cli {
-        kubectl: control_plane.binaries().kubectl(),
-        helm: control_plane.binaries().helm(),
-        kubeconfig: control_plane.kubeconfig_path().to_path_buf(),
-        home,
-    };
-    Ok((node, cli))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_installs_and_agents_connect_on_a_real_node() -> anyhow::Result<()> {
     if let Some(reason) = real_node::unavailable() {
         eprintln!("skipping the real-node test: {reason}");
         return Ok(());
     }
-    let _one_node = ONE_NODE_AT_A_TIME.lock().await;
     let started = Instant::now();
     let dir = temp_dir("real-node-test")?;
     // Declared before the node, so dropped after it (the hub's hostPath volume is in it),
     // also when the test fails.
     let _remove_dir = RemoveOnDrop(dir.clone());
-    let (mut node, cli) = start_node(&dir, started).await?;
+    let PreparedNode {
+        mut node,
+        cli,
+        hub_tls,
+    } = install::prepare(&dir, test_binary, &mut |what| step(started, what)).await?;
     // Started now, so it has scraped the pods by the time `kubectl top` is tried.
     node.start_metrics_server().await?;
     step(started, "metrics-server serves metrics.k8s.io");
@@ -433,9 +327,8 @@ async fn the_chart_installs_and_agents_connect_on_a_real_node() -> anyhow::Resul
     cli.kubectl(&["create", "namespace", NAMESPACE])?;
     // Before the chart: it binds the operator's grants in each grantable namespace.
     cli.kubectl(&["create", "namespace", "team-a"])?;
-    hub_tls_secret(&cli, NAMESPACE, &dir)?;
-    hub_volume(&cli, NAMESPACE, &dir)?;
-    let chart = repo_root().join("manifests/helm/scale-agent");
+    hub_tls_secret(&cli, NAMESPACE, &hub_tls)?;
+    let chart = install::repo_root().join("manifests/helm/scale-agent");
     let installed = cli.helm(&[
         "install",
         "scale-agent",
@@ -448,6 +341,13 @@ async fn the_chart_installs_and_agents_connect_on_a_real_node() -> anyhow::Resul
         // grants Roles outside a ScaleAgent's own namespace only where it is told it may.
         "--set",
         "operator.grantableNamespaces={team-a}",
+        // A ClusterRole for the Cluster-scoped agent of `kubectl top node`
+        // (real_node/cluster_metrics.rs), as a cluster administrator allows it.
+        "--set",
+        &format!(
+            "operator.clusterGrants={{{NAMESPACE}/{}}}",
+            cluster_metrics::CLUSTER
+        ),
         "--timeout",
         "5m",
     ])?;
@@ -464,8 +364,7 @@ async fn the_chart_installs_and_agents_connect_on_a_real_node() -> anyhow::Resul
     // found it failing on the admission policy the first release owns.
     let spinnaker = "spinnaker";
     cli.kubectl(&["create", "namespace", spinnaker])?;
-    hub_tls_secret(&cli, spinnaker, &dir)?;
-    hub_volume(&cli, spinnaker, &dir)?;
+    hub_tls_secret(&cli, spinnaker, &hub_tls)?;
     cli.helm(&[
         "install",
         "scale-agent-hub",
@@ -745,6 +644,15 @@ spec:
         ),
     );
 
+    // `kubectl top node` for a Cluster-scoped agent, refused for a namespace-scoped one.
+    let top = cluster_metrics::top_node_through_the_hub(&node, &cli, &dir, &hub_ip)?;
+    step(
+        started,
+        &format!(
+            "kubectl top node, top node NAME and top pod -A --containers through a Cluster-scoped agent equal in shape to directly ({top}); the namespace-scoped account's kubectl top node refused by its agent at once"
+        ),
+    );
+
     no_restarts(&cli)?;
     // For the record (a failing probe before a pod is Ready is a Warning too).
     let warnings = cli.kubectl(&[
@@ -832,6 +740,8 @@ spec:
         "secret/scale-agent-hub-tls",
         "secret/hub-ca",
         "secret/real-node-enrolment",
+        "secret/cluster-metrics-enrolment",
+        "secret/team-metrics-enrolment",
         "secret/registry-credentials",
         "serviceaccount/default",
     ];

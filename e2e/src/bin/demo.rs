@@ -21,11 +21,24 @@ struct Args {
     /// Set everything up, then stop at once instead of waiting for Ctrl-C.
     #[arg(long)]
     once: bool,
+
+    /// Instead of the demo: a one-node cluster with a real kubelet, containerd and runc,
+    /// this build's images loaded, readied for the chart and left running to follow the
+    /// guide's "On a real cluster" page on (`make demo-node`; needs root). Its directory
+    /// defaults to /dev/shm/scale-agent-demo-node.
+    #[arg(long)]
+    real_node: bool,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if args.real_node {
+        let run_dir = args
+            .run_dir
+            .unwrap_or_else(demo::real_node::default_run_dir);
+        return demo::real_node::run(&run_dir, args.once, &mut std::io::stdout()).await;
+    }
     let options = DemoOptions {
         run_dir: args.run_dir.unwrap_or_else(demo::default_run_dir),
         once: args.once,

@@ -27,6 +27,7 @@ mod kubectl_through_hub;
 mod operations;
 mod operator;
 mod ready;
+pub mod real_node;
 mod support;
 
 use std::{

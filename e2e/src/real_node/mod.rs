@@ -21,6 +21,7 @@
 
 mod config;
 mod host;
+pub mod install;
 pub mod metrics_server;
 pub mod user;
 

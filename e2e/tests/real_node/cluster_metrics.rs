@@ -16,6 +16,10 @@
 //! its agent's own 403 for `kubectl top node` (a cluster-level request of an account limited
 //! to namespaces, `agent/src/tunnel_scope.rs`), printed by kubectl, promptly; the API server
 //! never sees the request.
+//!
+//! A step of the main real-node test, near its end, on its node and release: the chart's
+//! `operator.clusterGrants` lists the Cluster-scoped agent (it had a node and a chart
+//! install of its own until the fresh-clone time of `make test` asked for one fewer).
 
 use std::{
     collections::BTreeSet,
@@ -24,19 +28,15 @@ use std::{
 };
 
 use anyhow::{bail, ensure};
-use scale_agent_e2e::{
-    fixtures::temp_dir,
-    real_node::user::{Cli, HubKubectl, PortForward},
+use scale_agent_e2e::real_node::{
+    RealNode,
+    user::{Cli, HubKubectl, PortForward},
 };
 
-use super::{
-    NAMESPACE, ONE_NODE_AT_A_TIME, RemoveOnDrop, enrolment_secret_for, hub_cluster_ip,
-    hub_tls_secret, hub_volume, pod_metrics::kubectl_name, repo_root, start_node, step,
-    wait_rollout,
-};
+use super::{NAMESPACE, enrolment_secret_for, pod_metrics::kubectl_name};
 
 /// The Cluster-scoped agent and its account (also the enrolment identity).
-const CLUSTER: &str = "cluster-metrics";
+pub const CLUSTER: &str = "cluster-metrics";
 /// The namespace-scoped agent and its account, reading team-a.
 const TEAM: &str = "team-metrics";
 
@@ -166,11 +166,7 @@ fn same_shape(
 
 /// The agent's requests on `prefix` made for kubectl (the tunnel replays kubectl's
 /// User-Agent), as "verb URI status".
-fn tunnelled_reads(
-    node: &scale_agent_e2e::real_node::RealNode,
-    agent: &str,
-    prefix: &str,
-) -> anyhow::Result<Vec<String>> {
+fn tunnelled_reads(node: &RealNode, agent: &str, prefix: &str) -> anyhow::Result<Vec<String>> {
     let user = format!("system:serviceaccount:{NAMESPACE}:{agent}-agent");
     Ok(node
         .control_plane()
@@ -192,56 +188,21 @@ fn tunnelled_reads(
         .collect())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubectl_top_node_through_the_hub_for_a_cluster_scoped_agent() -> anyhow::Result<()> {
-    if let Some(reason) = scale_agent_e2e::real_node::unavailable() {
-        eprintln!("skipping the real-node test: {reason}");
-        return Ok(());
-    }
-    let _one_node = ONE_NODE_AT_A_TIME.lock().await;
-    top_through_the_hub().await
-}
-
-async fn top_through_the_hub() -> anyhow::Result<()> {
-    let started = Instant::now();
-    let dir = temp_dir("real-node-cluster-metrics")?;
-    let _remove_dir = RemoveOnDrop(dir.clone());
-    let (mut node, cli) = start_node(&dir, started).await?;
-    node.start_metrics_server().await?;
-    step(started, "metrics-server serves metrics.k8s.io");
-
-    cli.kubectl(&["create", "namespace", NAMESPACE])?;
-    cli.kubectl(&["create", "namespace", "team-a"])?;
-    hub_tls_secret(&cli, NAMESPACE, &dir)?;
-    hub_volume(&cli, NAMESPACE, &dir)?;
-    let chart = repo_root().join("manifests/helm/scale-agent");
-    cli.helm(&[
-        "install",
-        "scale-agent",
-        &chart.to_string_lossy(),
-        "-n",
-        NAMESPACE,
-        "--set",
-        "hub.enabled=true",
-        "--set",
-        "operator.grantableNamespaces={team-a}",
-        // A ClusterRole for the Cluster-scoped agent, as a cluster administrator allows it.
-        "--set",
-        &format!("operator.clusterGrants={{{NAMESPACE}/{CLUSTER}}}"),
-        "--timeout",
-        "5m",
-    ])?;
-    wait_rollout(&cli, "scale-agent-operator")?;
-    wait_rollout(&cli, "scale-agent-hub")?;
-    step(started, "chart installed; operator and hub pods Ready");
-
-    let hub_ip = hub_cluster_ip(&cli)?;
+/// The step, on the node of the main test with the chart installed (its
+/// `operator.clusterGrants` lists [`CLUSTER`]): both agents applied and Connected, then
+/// `kubectl top` compared; returns a summary of the rows compared.
+pub fn top_node_through_the_hub(
+    node: &RealNode,
+    cli: &Cli,
+    dir: &Path,
+    hub_ip: &str,
+) -> anyhow::Result<String> {
     for (name, scope) in [
         (CLUSTER, "{type: Cluster}".to_string()),
         (TEAM, "{type: Namespaces, namespaces: [team-a]}".to_string()),
     ] {
-        enrolment_secret_for(&cli, &format!("{name}-enrolment"), name)?;
-        cli.apply(&agent_with_metrics(name, &hub_ip, &scope))?;
+        enrolment_secret_for(cli, &format!("{name}-enrolment"), name)?;
+        cli.apply(&agent_with_metrics(name, hub_ip, &scope))?;
     }
     for name in [CLUSTER, TEAM] {
         if let Err(error) = cli.kubectl(&[
@@ -255,7 +216,7 @@ async fn top_through_the_hub() -> anyhow::Result<()> {
             bail!("{error}\n{}", cli.describe(NAMESPACE));
         }
     }
-    step(started, "both agent accounts Connected");
+    eprintln!("[real-node test] both cluster-metrics agent accounts Connected");
 
     // Directly first, until metrics-server has node and pod metrics (two scrapes).
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -274,18 +235,18 @@ async fn top_through_the_hub() -> anyhow::Result<()> {
         );
         std::thread::sleep(Duration::from_secs(2));
     }
-    step(started, "kubectl top node and pod -A directly show metrics");
+    eprintln!("[real-node test] kubectl top node and pod -A directly show metrics");
     let node_name = cli.kubectl(&["get", "nodes", "-o", "jsonpath={.items[0].metadata.name}"])?;
 
-    let forward = PortForward::start(&cli, NAMESPACE, "scale-agent-hub", 8443)?;
-    let hub = HubKubectl::new(&cli, NAMESPACE, &dir, CLUSTER, "scale-agent-hub")?;
+    let forward = PortForward::start(cli, NAMESPACE, "scale-agent-hub", 8443)?;
+    let hub = HubKubectl::new(cli, NAMESPACE, dir, CLUSTER, "scale-agent-hub")?;
     let old_kubectl = cli.kubectl.with_file_name("kubectl-1.22");
     let mut rows = Vec::new();
     for kubectl in [cli.kubectl.as_path(), old_kubectl.as_path()] {
         let name = kubectl_name(kubectl);
-        let (nodes, _) = same_shape(&cli, kubectl, &hub, &forward, &["top", "node"], 1)?;
+        let (nodes, _) = same_shape(cli, kubectl, &hub, &forward, &["top", "node"], 1)?;
         let (named, out) = same_shape(
-            &cli,
+            cli,
             kubectl,
             &hub,
             &forward,
@@ -297,7 +258,7 @@ async fn top_through_the_hub() -> anyhow::Result<()> {
             "kubectl top node {node_name} ({name}) through the hub:\n{out}"
         );
         let (containers, _) = same_shape(
-            &cli,
+            cli,
             kubectl,
             &hub,
             &forward,
@@ -308,29 +269,22 @@ async fn top_through_the_hub() -> anyhow::Result<()> {
     }
     // From the API server's side: the agent made kubectl's reads, and was answered.
     for prefix in ["/apis/metrics.k8s.io/v1beta1/nodes", "/api/v1/nodes"] {
-        let reads = tunnelled_reads(&node, CLUSTER, prefix)?;
+        let reads = tunnelled_reads(node, CLUSTER, prefix)?;
         eprintln!("[real-node test] the agent's reads of {prefix} for kubectl: {reads:?}");
         ensure!(
             reads.len() >= 4 && reads.iter().all(|read| read.ends_with(" 200")),
             "the audit log should show the Cluster-scoped agent reading {prefix} for kubectl (two commands, two kubectls), each answered 200: {reads:?}"
         );
     }
-    step(
-        started,
-        &format!(
-            "kubectl top node, top node NAME and top pod -A --containers through the hub equal in shape to directly ({})",
-            rows.join("; ")
-        ),
-    );
 
     // The namespace-scoped account: its agent refuses a cluster-level request itself
     // (`agent/src/tunnel_scope.rs`: the accounts of one agent share its ServiceAccount), with
     // a 403 kubectl prints, at once, and the API server never sees it.
-    let team = HubKubectl::new(&cli, NAMESPACE, &dir, TEAM, "scale-agent-hub")?;
-    let reads_before = tunnelled_reads(&node, TEAM, "/apis/metrics.k8s.io")?;
+    let team = HubKubectl::new(cli, NAMESPACE, dir, TEAM, "scale-agent-hub")?;
+    let reads_before = tunnelled_reads(node, TEAM, "/apis/metrics.k8s.io")?;
     for kubectl in [cli.kubectl.as_path(), old_kubectl.as_path()] {
         let asked = Instant::now();
-        let refused = match team.run_with(&cli, kubectl, &forward, &["top", "node"], None) {
+        let refused = match team.run_with(cli, kubectl, &forward, &["top", "node"], None) {
             Ok(out) => {
                 bail!("kubectl top node through a namespace-scoped account succeeded:\n{out}")
             }
@@ -352,17 +306,11 @@ async fn top_through_the_hub() -> anyhow::Result<()> {
             took.as_secs_f64()
         );
     }
-    let reads = tunnelled_reads(&node, TEAM, "/apis/metrics.k8s.io")?;
+    let reads = tunnelled_reads(node, TEAM, "/apis/metrics.k8s.io")?;
     ensure!(
         reads == reads_before,
         "the namespace-scoped agent sent kubectl's metrics reads to the API server: {reads:?}"
     );
-    step(
-        started,
-        "kubectl top node through the namespace-scoped account: the agent's 403, promptly",
-    );
     drop(forward);
-    drop(node);
-    step(started, "done");
-    Ok(())
+    Ok(rows.join("; "))
 }
