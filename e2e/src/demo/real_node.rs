@@ -89,7 +89,8 @@ pub async fn run(run_dir: &Path, once: bool, out: &mut dyn Write) -> Result<()> 
     - one cluster: Spinnaker's cluster is also the target, so the guide's step 4 skips its
       helm install (the release of step 2 runs the operator)
 
-    Then follow docs/src/getting-started/real-cluster.md from step 2.",
+    Then follow docs/src/getting-started/real-cluster.md from step 2, with the adaptations its
+    section \"No cluster at hand: make demo-node\" lists (publicUrl, namespaces, full paths).",
         kubeconfig = kubeconfig.display(),
         bin = bin.display(),
         repo = repo.display(),
