@@ -106,9 +106,14 @@ pub async fn idle_footprint(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Resu
     tokio::time::sleep(Duration::from_secs(2)).await;
     let window = Duration::from_secs(o.idle_seconds.max(1));
     let (agent_rss, agent_cpu) = idle(agent.pid(), window).await?;
+    // The anonymous part (heap, stacks) apart from the pages of the executable the process
+    // touched: the two binaries differ in size, the state they keep per watched kind is
+    // what the comparison is about.
+    let agent_anon = proc_stats(agent.pid())?.rss_anon_kib;
     let floor = floor_process(env, "idle-floor", &ns, floor::TEN_KINDS).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (floor_rss, floor_cpu) = idle(floor.pid(), window).await?;
+    let floor_anon = proc_stats(floor.pid())?.rss_anon_kib;
     rows.push(Row {
         id: "footprint-idle".into(),
         measure: 5,
@@ -116,8 +121,13 @@ pub async fn idle_footprint(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Resu
         system: footprint_text(agent_rss, agent_cpu, window),
         baseline_name: "process with kube-runtime reflectors of the same 10 kinds".into(),
         baseline: footprint_text(floor_rss, floor_cpu, window),
-        note: format!("agent as a process (RSS from /proc/<pid>/status, CPU over {} s idle)", window.as_secs()),
-        values: json!({ "agent_rss_kib": agent_rss, "agent_cpu_share": agent_cpu, "floor_rss_kib": floor_rss, "floor_cpu_share": floor_cpu }),
+        note: format!(
+            "agent as a process (RSS from /proc/<pid>/status, CPU over {} s idle); anonymous (RssAnon: heap and stacks, without the executable's pages): agent {}, reflectors {}",
+            window.as_secs(),
+            mib(agent_anon),
+            mib(floor_anon)
+        ),
+        values: json!({ "agent_rss_kib": agent_rss, "agent_rss_anon_kib": agent_anon, "agent_cpu_share": agent_cpu, "floor_rss_kib": floor_rss, "floor_rss_anon_kib": floor_anon, "floor_cpu_share": floor_cpu }),
     });
     drop(floor);
     drop(agent);
@@ -133,6 +143,9 @@ pub async fn sync_and_resume(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Res
     let largest = sizes.last().copied().unwrap_or(0);
     // (objects, hub VmRSS and RssAnon growth in KiB) per sync size, for the slope.
     let mut growth: Vec<(usize, u64, u64)> = Vec::new();
+    // (objects, sync seconds, LIST seconds) per sync size, for the split of the sync's time
+    // into what any sync costs once and what each object costs.
+    let mut timings: Vec<(usize, f64, f64)> = Vec::new();
     for n in sizes {
         let ns = env.namespace(&format!("bench-sync-{n}")).await?;
         let created = env
@@ -157,6 +170,19 @@ pub async fn sync_and_resume(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Res
             .await?;
         let done = hub.wait_objects(&account, n as u64, LONG).await?;
         let sync_secs = done.duration_since(started).as_secs_f64();
+        timings.push((n, sync_secs, list_secs));
+        let split = time_split(&timings)
+            .map(|split| {
+                format!(
+                    "; from the two largest sizes: {} once (process start, discovery, connections) and {:.1} µs per object, against the LIST's {} once and {:.1} µs per object ({:.2}× per object)",
+                    secs(split.sync_once),
+                    split.sync_per_object * 1e6,
+                    secs(split.list_once),
+                    split.list_per_object * 1e6,
+                    split.sync_per_object / split.list_per_object
+                )
+            })
+            .unwrap_or_default();
         rows.push(Row {
             id: format!("sync-{n}"),
             measure: 3,
@@ -165,7 +191,7 @@ pub async fn sync_and_resume(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Res
             baseline_name: "plain paginated LIST (500 per page) of the same objects".into(),
             baseline: format!("{} ({:.0} objects/s)", secs(list_secs), n as f64 / list_secs),
             note: format!(
-                "includes the agent process start, discovery, LIST, stream and hub store; objects created at {:.0}/s",
+                "includes the agent process start, discovery, LIST, stream and hub store; objects created at {:.0}/s{split}",
                 n as f64 / created.as_secs_f64()
             ),
             values: json!({ "objects": n, "sync_seconds": sync_secs, "list_seconds": list_secs, "list_json_bytes": list_bytes }),
@@ -256,6 +282,35 @@ pub async fn sync_and_resume(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Res
 /// Hub memory per object between the two largest sync sizes: (the smaller size, VmRSS
 /// bytes per object, RssAnon bytes per object), from (objects, VmRSS growth KiB, RssAnon
 /// growth KiB) per size, sorted by size; `None` with fewer than two sizes.
+/// An initial sync's time and the LIST's as a cost paid once plus a cost per object, from
+/// the two largest sizes measured: the line through them.
+struct TimeSplit {
+    sync_once: f64,
+    sync_per_object: f64,
+    list_once: f64,
+    list_per_object: f64,
+}
+
+fn time_split(timings: &[(usize, f64, f64)]) -> Option<TimeSplit> {
+    let [
+        ..,
+        (small, sync_small, list_small),
+        (large, sync_large, list_large),
+    ] = timings
+    else {
+        return None;
+    };
+    let objects = large.checked_sub(*small).filter(|d| *d > 0)? as f64;
+    let sync_per_object = (sync_large - sync_small) / objects;
+    let list_per_object = (list_large - list_small) / objects;
+    (sync_per_object > 0.0 && list_per_object > 0.0).then(|| TimeSplit {
+        sync_once: sync_small - sync_per_object * *small as f64,
+        sync_per_object,
+        list_once: list_small - list_per_object * *small as f64,
+        list_per_object,
+    })
+}
+
 fn memory_slope(growth: &[(usize, u64, u64)]) -> Option<(usize, f64, f64)> {
     let [
         ..,
@@ -448,7 +503,22 @@ impl ResumeRound<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::memory_slope;
+    use super::{memory_slope, time_split};
+
+    #[test]
+    fn a_sync_splits_into_a_cost_paid_once_and_one_per_object() {
+        assert!(time_split(&[(10_000, 0.5, 0.2)]).is_none(), "one size");
+        // 0.1 s once and 40 µs per object; the LIST nothing once and 20 µs per object.
+        let split = time_split(&[(1_000, 0.14, 0.02), (10_000, 0.5, 0.2)]).expect("two sizes");
+        assert!((split.sync_once - 0.1).abs() < 1e-9, "{}", split.sync_once);
+        assert!((split.sync_per_object - 40e-6).abs() < 1e-12);
+        assert!(split.list_once.abs() < 1e-9, "{}", split.list_once);
+        assert!((split.list_per_object - 20e-6).abs() < 1e-12);
+        assert!(
+            time_split(&[(1_000, 0.2, 0.02), (10_000, 0.1, 0.2)]).is_none(),
+            "a larger sync that took less time has no per-object cost to give"
+        );
+    }
 
     #[test]
     fn the_slope_leaves_out_what_does_not_grow_with_the_objects() {
