@@ -567,6 +567,20 @@ fn printers_of_the_cluster_kinds() {
         ),
         ("apiextensions.k8s.io", "customresourcedefinitions"),
         ("apiregistration.k8s.io", "apiservices"),
+        (
+            "admissionregistration.k8s.io",
+            "validatingadmissionpolicies",
+        ),
+        (
+            "admissionregistration.k8s.io",
+            "mutatingadmissionpolicybindings",
+        ),
+        ("flowcontrol.apiserver.k8s.io", "flowschemas"),
+        ("networking.k8s.io", "ipaddresses"),
+        ("certificates.k8s.io", "clustertrustbundles"),
+        ("resource.k8s.io", "resourceslices"),
+        ("storage.k8s.io", "volumeattributesclasses"),
+        ("storagemigration.k8s.io", "storageversionmigrations"),
     ] {
         assert!(
             Builtin::of(group, resource).is_some(),
@@ -576,8 +590,12 @@ fn printers_of_the_cluster_kinds() {
     for (group, resource) in [
         ("", "secrets"),
         ("", "componentstatuses"),
-        ("flowcontrol.apiserver.k8s.io", "flowschemas"),
         ("storage.k8s.io", "csistoragecapacities"),
+        ("coordination.k8s.io", "leasecandidates"),
+        ("internal.apiserver.k8s.io", "storageversions"),
+        ("resource.k8s.io", "resourcepoolstatusrequests"),
+        ("scheduling.k8s.io", "workloads"),
+        ("networking.k8s.io", "somethingelse"),
     ] {
         assert_eq!(Builtin::of(group, resource), None, "{group}/{resource}");
     }
