@@ -6,12 +6,12 @@ use serde_json::{Value, json};
 
 use super::*;
 
-fn now() -> Timestamp {
+pub(super) fn now() -> Timestamp {
     "2026-01-01T12:00:00Z".parse().unwrap()
 }
 
 /// Object `o` with a name and a creation time five minutes before [`now`].
-fn object(mut o: Value) -> Value {
+pub(super) fn object(mut o: Value) -> Value {
     let meta = o
         .as_object_mut()
         .unwrap()

@@ -7,23 +7,17 @@
 
 use serde_json::{Value, json};
 
-use super::*;
+use super::{
+    cluster_kinds_tests::{now, object},
+    *,
+};
 
-fn now() -> Timestamp {
-    "2026-01-01T12:00:00Z".parse().unwrap()
-}
-
-/// The cells of `o` (named `x`, created five minutes before [`now`]) as a `group/resource`.
-fn cells(group: &str, resource: &str, mut o: Value) -> Vec<Value> {
-    let meta = o
-        .as_object_mut()
-        .unwrap()
-        .entry("metadata")
-        .or_insert(json!({}));
-    meta["name"] = json!("x");
-    meta["creationTimestamp"] = json!("2026-01-01T11:55:00Z");
+/// The cells of `o` (named `x`, created five minutes before [`now`]) as a `group/resource`
+/// (unlike the built-in kinds' older printers, some write more cells than they declare
+/// columns: IPAddresses).
+fn cells(group: &str, resource: &str, o: Value) -> Vec<Value> {
     let kind = Builtin::of(group, resource).unwrap();
-    let (cells, conditions) = kind.cells(&o, now());
+    let (cells, conditions) = kind.cells(&object(o), now());
     assert_eq!(conditions, None);
     cells
 }
@@ -690,4 +684,46 @@ fn every_printer_prints_the_empty_object_of_a_bookmark_as_kubernetes_does() {
             "{group}/{resource}"
         );
     }
+}
+
+/// A page of FlowSchemas is printed by matching precedence, then name, as
+/// `printFlowSchemaList` sorts it; other kinds' rows stay in list order.
+#[test]
+fn flow_schema_pages_are_ordered_by_precedence_then_name() {
+    let context = |printer| TableContext {
+        form: TableForm {
+            version: TableVersion::V1,
+            include: IncludeObject::None,
+        },
+        printer,
+    };
+    let schemas = context(Printer::Builtin(Builtin::FlowControl(
+        flow_control::FlowControl::FlowSchema,
+    )));
+    let rows: Vec<Bytes> = [("a", 20), ("b", 10), ("global-default", 9900), ("c", 10)]
+        .iter()
+        .map(|(name, precedence)| {
+            let o = json!({"metadata": {"name": name},
+                           "spec": {"matchingPrecedence": precedence,
+                                    "priorityLevelConfiguration": {"name": "pl"}}});
+            Bytes::from(row(&schemas, &o, now()).unwrap())
+        })
+        .collect();
+    let names = |rows: &[Bytes]| -> Vec<String> {
+        rows.iter()
+            .map(|r| {
+                let r: Value = serde_json::from_slice(r).unwrap();
+                r["cells"][0].as_str().unwrap().to_string()
+            })
+            .collect()
+    };
+    assert_eq!(
+        names(&schemas.page_order(&rows)),
+        ["b", "c", "a", "global-default"]
+    );
+    let config_maps = context(Printer::Builtin(Builtin::ConfigMap));
+    assert_eq!(
+        names(&config_maps.page_order(&rows)),
+        ["a", "b", "global-default", "c"]
+    );
 }

@@ -46,7 +46,7 @@ pub mod printer_columns;
 pub mod storage;
 pub mod watch_events;
 
-use std::sync::Arc;
+use std::{borrow::Cow, sync::Arc};
 
 use bytes::Bytes;
 use jiff::Timestamp;
@@ -56,7 +56,7 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 pub use self::negotiate::{IncludeObject, Negotiated, TableVersion};
-use self::{builtin::Builtin, printer_columns::CrdColumns};
+use self::{builtin::Builtin, flow_control::FlowControl, printer_columns::CrdColumns};
 use super::{
     render::{self, Unrenderable},
     selector::{FieldSelector, LabelSelector},
@@ -112,6 +112,12 @@ pub enum Printer {
 }
 
 impl Printer {
+    /// Whether every Table it prints carries the column definitions, a watch's events after
+    /// the first included: kube-aggregator's APIService convertor ignores `NoHeaders`.
+    pub fn always_headed(&self) -> bool {
+        matches!(self, Printer::Builtin(Builtin::ApiService))
+    }
+
     pub fn columns(&self) -> Vec<OwnedColumn> {
         match self {
             Printer::Builtin(b) => b.columns().iter().map(OwnedColumn::from).collect(),
@@ -205,6 +211,34 @@ pub fn printer(live: &Live, account: &str, info: &KindInfo) -> Result<Printer, &
 pub struct TableContext {
     pub form: TableForm,
     pub printer: Printer,
+}
+
+impl TableContext {
+    /// The rows of one page in the order the API server's list printer writes them: as
+    /// listed, but FlowSchemas by matching precedence, then name (`printFlowSchemaList`
+    /// sorts each page it prints with `FlowSchemaSequence`).
+    pub fn page_order<'a>(&self, rows: &'a [Bytes]) -> Cow<'a, [Bytes]> {
+        if !matches!(
+            self.printer,
+            Printer::Builtin(Builtin::FlowControl(FlowControl::FlowSchema))
+        ) {
+            return Cow::Borrowed(rows);
+        }
+        // The cells are the name and the precedence (an integer), as printed.
+        let precedence_and_name = |row: &Bytes| {
+            let row: Value = serde_json::from_slice(row).unwrap_or_default();
+            let cell = |i: usize| row.pointer(&format!("/cells/{i}")).cloned();
+            (
+                cell(2).and_then(|c| c.as_i64()).unwrap_or_default(),
+                cell(0)
+                    .and_then(|c| c.as_str().map(str::to_string))
+                    .unwrap_or_default(),
+            )
+        };
+        let mut sorted = rows.to_vec();
+        sorted.sort_by_cached_key(precedence_and_name);
+        Cow::Owned(sorted)
+    }
 }
 
 /// One object as a Table row, `None` when the selectors leave it out.

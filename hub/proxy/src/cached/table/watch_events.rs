@@ -2,7 +2,8 @@
 //! server's `watchEmbeddedEncoder` writes them: each event's object is a Table of that one
 //! object (its `metadata.resourceVersion` the object's), and only the first event carries
 //! the column definitions; later ones have `"columnDefinitions":null` (the encoder sets
-//! `NoHeaders` after its first object).
+//! `NoHeaders` after its first object), but for APIServices, whose convertor
+//! (kube-aggregator's) writes them whatever `NoHeaders` says.
 //!
 //! BOOKMARK events are Tables too: the watch cache's bookmark object is an empty object of
 //! the kind carrying only its resourceVersion (and, for the bookmark that ends a streaming
@@ -81,9 +82,11 @@ impl TableEvents {
         Ok(event_line("BOOKMARK", &self.table_of(&empty, row)))
     }
 
-    /// The Table of one event's row, the column definitions in the watch's first only.
+    /// The Table of one event's row, the column definitions in the watch's first only (in
+    /// every one for the printers that ignore `NoHeaders`).
     fn table_of(&mut self, object: &Value, row: Vec<u8>) -> Vec<u8> {
-        let columns = (!self.columns_sent).then(|| self.context.printer.columns());
+        let headed = !self.columns_sent || self.context.printer.always_headed();
+        let columns = headed.then(|| self.context.printer.columns());
         self.columns_sent = true;
         table_body(
             self.context.form.version,
@@ -148,6 +151,39 @@ mod tests {
         assert_eq!(
             events.line("DELETED", b"not json", now),
             Err(Unrenderable::Corrupt)
+        );
+    }
+
+    /// kube-aggregator's APIService convertor ignores `NoHeaders`: every event, bookmarks
+    /// too, carries the column definitions.
+    #[test]
+    fn api_service_events_all_carry_the_columns() {
+        let now: Timestamp = "2026-01-01T12:00:00Z".parse().unwrap();
+        let mut events = TableEvents::new(TableContext {
+            form: TableForm {
+                version: TableVersion::V1,
+                include: IncludeObject::Metadata,
+            },
+            printer: Printer::Builtin(Builtin::ApiService),
+        });
+        let service = json!({"metadata": {"name": "v1.apps", "resourceVersion": "3"}}).to_string();
+        let parse = |line: Bytes| -> Value { serde_json::from_slice(&line).unwrap() };
+        for line in [
+            events.line("ADDED", service.as_bytes(), now).unwrap(),
+            events.line("MODIFIED", service.as_bytes(), now).unwrap(),
+            events.bookmark(4, true, now).unwrap(),
+        ] {
+            let event = parse(line);
+            assert_eq!(
+                event["object"]["columnDefinitions"][1]["name"], "Service",
+                "{event}"
+            );
+        }
+        let bookmark = parse(events.bookmark(5, false, now).unwrap());
+        assert_eq!(
+            bookmark["object"]["rows"][0]["cells"],
+            json!(["", "Local", "Unknown", "<unknown>"]),
+            "as the API server printed it"
         );
     }
 
