@@ -70,6 +70,8 @@ const NAMESPACED: &[&str] = &[
     "events.events.k8s.io",
     "resourceclaims",
     "resourceclaimtemplates",
+    "limitranges",
+    "csistoragecapacities",
 ];
 /// Cluster-scoped kinds, besides the CRDs the agent streams for the printer columns.
 const CLUSTER: &[&str] = &[
@@ -290,6 +292,8 @@ impl Setup {
             ("events.k8s.io/v1", "events"),
             ("resource.k8s.io/v1", "resourceclaims"),
             ("resource.k8s.io/v1", "resourceclaimtemplates"),
+            ("", "limitranges"),
+            ("storage.k8s.io/v1", "csistoragecapacities"),
         ] {
             paths.push(if group.is_empty() {
                 format!("/api/v1/namespaces/{ns}/{resource}")

@@ -1,6 +1,7 @@
 //! The objects of the built-in groups whose printers the hub ported last (admission
 //! policies, flow control, `resource.k8s.io`, ClusterTrustBundles, VolumeAttributesClasses,
-//! StorageVersionMigrations), seeded as the admin: namespaced ones in the test's namespace,
+//! StorageVersionMigrations) and of the kinds printed with the API server's default Table
+//! (LimitRanges, CSIStorageCapacities), seeded as the admin: namespaced ones in the test's namespace,
 //! cluster-scoped ones named after it and labelled `tables=<namespace>`. Nothing here acts
 //! on anything: the policies match only namespaces labelled `never=<namespace>` (none is),
 //! the FlowSchema only a user nobody is, the migration a resource no controller migrates
@@ -50,6 +51,14 @@ pub async fn seed_group_kinds(
     let flow = "flowcontrol.apiserver.k8s.io/v1";
     let dra = "resource.k8s.io/v1";
     let items = vec![
+        // The kinds with the API server's default Table (Name, Created At). The range
+        // bounds claims only, after the test's claims are made, and defaults nothing.
+        json!({ "apiVersion": "v1", "kind": "LimitRange",
+                "metadata": { "name": "claims", "labels": labels },
+                "spec": { "limits": [{ "type": "PersistentVolumeClaim", "max": { "storage": "100Gi" } }] } }),
+        json!({ "apiVersion": "storage.k8s.io/v1", "kind": "CSIStorageCapacity",
+                "metadata": { "name": "fast-capacity", "labels": labels },
+                "storageClassName": name("fast"), "capacity": "10Gi" }),
         json!({ "apiVersion": dra, "kind": "ResourceClaimTemplate",
                 "metadata": { "name": "gpu-template", "labels": labels },
                 "spec": { "spec": { "devices": { "requests": [
