@@ -1,8 +1,9 @@
 //! Tables from the hub's cache (issue 30), on a real control plane with real kubectl 1.37,
 //! 1.29 and 1.22: `kubectl get` of every built-in kind the hub prints and of a custom
 //! resource with printer columns, plain, `-o wide`, `--show-labels`, `-L`, `--sort-by`,
-//! paged and by name, prints the same through the proxy as directly; and the API server's
-//! own audit log shows that the proxied reads never reached it.
+//! paged and by name, prints the same through the proxy as directly; `kubectl get -w` and
+//! Table streaming lists with bookmarks of every kind give the same events; and the API
+//! server's own audit log shows that the proxied reads never reached it.
 //!
 //! Ages: the API server and the hub each print ages at the moment they answer, so the AGE
 //! column (and a restart's "(5m ago)") can tick between the direct run and the proxied one.
@@ -23,11 +24,16 @@ use serde_json::json;
 #[path = "proxy_tables/seed.rs"]
 mod seed;
 use seed::seed;
+#[path = "proxy_tables/bookmarks.rs"]
+mod bookmarks;
 #[path = "proxy_tables/seed_cluster.rs"]
 mod seed_cluster;
+#[path = "proxy_tables/seed_groups.rs"]
+mod seed_groups;
 #[path = "proxy_tables/watch.rs"]
 mod watch;
 use seed_cluster::seed_cluster_kinds;
+use seed_groups::seed_group_kinds;
 
 const KUBECTL_TIMEOUT: Duration = Duration::from_secs(90);
 const WAIT: Duration = Duration::from_secs(120);
@@ -62,6 +68,10 @@ const NAMESPACED: &[&str] = &[
     "leases",
     "controllerrevisions",
     "events.events.k8s.io",
+    "resourceclaims",
+    "resourceclaimtemplates",
+    "limitranges",
+    "csistoragecapacities",
 ];
 /// Cluster-scoped kinds, besides the CRDs the agent streams for the printer columns.
 const CLUSTER: &[&str] = &[
@@ -81,7 +91,22 @@ const CLUSTER: &[&str] = &[
     "validatingwebhookconfigurations",
     "mutatingwebhookconfigurations",
     "customresourcedefinitions",
+    "validatingadmissionpolicies",
+    "validatingadmissionpolicybindings",
+    "mutatingadmissionpolicies",
+    "mutatingadmissionpolicybindings",
+    "flowschemas",
+    "prioritylevelconfigurations",
+    "volumeattributesclasses",
+    "clustertrustbundles",
+    "deviceclasses",
+    "resourceslices",
+    "devicetaintrules",
+    "storageversionmigrations",
 ];
+/// Cluster-scoped kinds printed by name: the API server's own ServiceCIDR and the seeded
+/// Service's cluster IP (the IPAddress the API server allocated for it).
+const BY_NAME: &[&str] = &["servicecidrs", "ipaddresses"];
 /// Cluster-scoped kinds printed whole (with their API server's own selection), each with
 /// the path the cache answers them at.
 const UNLABELLED: &[(&str, &str)] =
@@ -92,6 +117,8 @@ struct Setup {
     /// The label every object of the test carries (`tables=<id>`).
     label: String,
     widget_group: String,
+    /// The cluster IP of the seeded Service `web`: the name of its IPAddress.
+    web_ip: String,
 }
 
 impl Setup {
@@ -115,10 +142,28 @@ impl Setup {
             &widget_group,
         )
         .await?;
+        seed_group_kinds(
+            identity.control_plane,
+            &identity.dir,
+            &namespace,
+            &widget_group,
+        )
+        .await?;
+        let web = kube::Api::<k8s_openapi::api::core::v1::Service>::namespaced(
+            identity.admin.clone(),
+            &namespace,
+        )
+        .get("web")
+        .await?;
+        let web_ip = web
+            .spec
+            .and_then(|s| s.cluster_ip)
+            .ok_or_else(|| anyhow::anyhow!("the Service web has no cluster IP"))?;
         let account = identity.account_name();
         let mut kinds: Vec<String> = NAMESPACED
             .iter()
             .chain(CLUSTER)
+            .chain(BY_NAME)
             .chain(UNLABELLED.iter().map(|(k, _)| k))
             .map(|k| k.to_string())
             .collect();
@@ -130,6 +175,7 @@ impl Setup {
             stack,
             label,
             widget_group,
+            web_ip,
         };
         setup.wait_synced().await?;
         Ok(setup)
@@ -137,69 +183,8 @@ impl Setup {
 
     /// Waits until the cache answers a Table of every kind the test prints.
     async fn wait_synced(&self) -> anyhow::Result<()> {
-        let ns = &self.stack.namespace;
-        let mut paths: Vec<String> = vec![
-            "/api/v1/namespaces".into(),
-            "/apis/rbac.authorization.k8s.io/v1/clusterroles".into(),
-            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings".into(),
-            "/api/v1/nodes".into(),
-            format!("/apis/{}/v1/namespaces/{ns}/widgets", self.widget_group),
-        ];
-        for path in [
-            "/api/v1/persistentvolumes",
-            "/apis/storage.k8s.io/v1/storageclasses",
-            "/apis/storage.k8s.io/v1/volumeattachments",
-            "/apis/storage.k8s.io/v1/csidrivers",
-            "/apis/storage.k8s.io/v1/csinodes",
-            "/apis/scheduling.k8s.io/v1/priorityclasses",
-            "/apis/node.k8s.io/v1/runtimeclasses",
-            "/apis/networking.k8s.io/v1/ingressclasses",
-            "/apis/certificates.k8s.io/v1/certificatesigningrequests",
-            "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
-            "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
-            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-        ]
-        .into_iter()
-        .chain(UNLABELLED.iter().map(|(_, path)| *path))
-        {
-            paths.push(path.into());
-        }
-        for (group, resource) in [
-            ("apps/v1", "deployments"),
-            ("apps/v1", "replicasets"),
-            ("apps/v1", "statefulsets"),
-            ("apps/v1", "daemonsets"),
-            ("batch/v1", "jobs"),
-            ("batch/v1", "cronjobs"),
-            ("", "services"),
-            ("networking.k8s.io/v1", "ingresses"),
-            ("", "configmaps"),
-            ("", "serviceaccounts"),
-            ("", "persistentvolumeclaims"),
-            ("networking.k8s.io/v1", "networkpolicies"),
-            ("rbac.authorization.k8s.io/v1", "roles"),
-            ("rbac.authorization.k8s.io/v1", "rolebindings"),
-            ("policy/v1", "poddisruptionbudgets"),
-            ("autoscaling/v2", "horizontalpodautoscalers"),
-            ("", "events"),
-            ("", "pods"),
-            ("", "podtemplates"),
-            ("", "replicationcontrollers"),
-            ("", "endpoints"),
-            ("discovery.k8s.io/v1", "endpointslices"),
-            ("", "resourcequotas"),
-            ("coordination.k8s.io/v1", "leases"),
-            ("apps/v1", "controllerrevisions"),
-            ("events.k8s.io/v1", "events"),
-        ] {
-            paths.push(if group.is_empty() {
-                format!("/api/v1/namespaces/{ns}/{resource}")
-            } else {
-                format!("/apis/{group}/namespaces/{ns}/{resource}")
-            });
-        }
         let deadline = tokio::time::Instant::now() + WAIT;
-        for path in &paths {
+        for path in &self.paths() {
             loop {
                 let reply = self
                     .stack
@@ -228,6 +213,97 @@ impl Setup {
         Ok(())
     }
 
+    /// The collection of every kind the test prints, narrowed to the test's objects: the
+    /// test's namespace, its label for cluster-scoped kinds (the aggregator's own
+    /// APIServices, the `kubernetes` ServiceCIDR and the Service's IPAddress by name).
+    fn paths(&self) -> Vec<String> {
+        let ns = &self.stack.namespace;
+        let selector = format!("?labelSelector=tables%3D{ns}");
+        let mut paths: Vec<String> = vec![
+            format!("/apis/{}/v1/namespaces/{ns}/widgets", self.widget_group),
+            "/apis/apiregistration.k8s.io/v1/apiservices\
+             ?labelSelector=kube-aggregator.kubernetes.io%2Fautomanaged%3Donstart"
+                .into(),
+            "/apis/networking.k8s.io/v1/servicecidrs?fieldSelector=metadata.name%3Dkubernetes"
+                .into(),
+            format!(
+                "/apis/networking.k8s.io/v1/ipaddresses?fieldSelector=metadata.name%3D{}",
+                self.web_ip
+            ),
+        ];
+        for path in [
+            "/api/v1/namespaces",
+            "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+            "/api/v1/nodes",
+            "/api/v1/persistentvolumes",
+            "/apis/storage.k8s.io/v1/storageclasses",
+            "/apis/storage.k8s.io/v1/volumeattachments",
+            "/apis/storage.k8s.io/v1/csidrivers",
+            "/apis/storage.k8s.io/v1/csinodes",
+            "/apis/scheduling.k8s.io/v1/priorityclasses",
+            "/apis/node.k8s.io/v1/runtimeclasses",
+            "/apis/networking.k8s.io/v1/ingressclasses",
+            "/apis/certificates.k8s.io/v1/certificatesigningrequests",
+            "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
+            "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+            "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies",
+            "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings",
+            "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicies",
+            "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicybindings",
+            "/apis/flowcontrol.apiserver.k8s.io/v1/flowschemas",
+            "/apis/flowcontrol.apiserver.k8s.io/v1/prioritylevelconfigurations",
+            "/apis/storage.k8s.io/v1/volumeattributesclasses",
+            "/apis/certificates.k8s.io/v1/clustertrustbundles",
+            "/apis/resource.k8s.io/v1/deviceclasses",
+            "/apis/resource.k8s.io/v1/resourceslices",
+            "/apis/resource.k8s.io/v1/devicetaintrules",
+            "/apis/storagemigration.k8s.io/v1/storageversionmigrations",
+        ] {
+            paths.push(format!("{path}{selector}"));
+        }
+        for (group, resource) in [
+            ("apps/v1", "deployments"),
+            ("apps/v1", "replicasets"),
+            ("apps/v1", "statefulsets"),
+            ("apps/v1", "daemonsets"),
+            ("batch/v1", "jobs"),
+            ("batch/v1", "cronjobs"),
+            ("", "services"),
+            ("networking.k8s.io/v1", "ingresses"),
+            ("", "configmaps"),
+            ("", "serviceaccounts"),
+            ("", "persistentvolumeclaims"),
+            ("networking.k8s.io/v1", "networkpolicies"),
+            ("rbac.authorization.k8s.io/v1", "roles"),
+            ("rbac.authorization.k8s.io/v1", "rolebindings"),
+            ("policy/v1", "poddisruptionbudgets"),
+            ("autoscaling/v2", "horizontalpodautoscalers"),
+            ("", "events"),
+            ("", "pods"),
+            ("", "podtemplates"),
+            ("", "replicationcontrollers"),
+            ("", "endpoints"),
+            ("discovery.k8s.io/v1", "endpointslices"),
+            ("", "resourcequotas"),
+            ("coordination.k8s.io/v1", "leases"),
+            ("apps/v1", "controllerrevisions"),
+            ("events.k8s.io/v1", "events"),
+            ("resource.k8s.io/v1", "resourceclaims"),
+            ("resource.k8s.io/v1", "resourceclaimtemplates"),
+            ("", "limitranges"),
+            ("storage.k8s.io/v1", "csistoragecapacities"),
+        ] {
+            paths.push(if group.is_empty() {
+                format!("/api/v1/namespaces/{ns}/{resource}")
+            } else {
+                format!("/apis/{group}/namespaces/{ns}/{resource}")
+            });
+        }
+        paths
+    }
+
     async fn stop(self) -> anyhow::Result<()> {
         self.stack.stop().await
     }
@@ -250,6 +326,15 @@ impl Setup {
             let mut c = args(&["get", &cluster, "-l", &self.label]);
             c.extend(args(extra));
             commands.push(c);
+            // The API server's own ServiceCIDR and the Service's IPAddress, by name.
+            for (kind, name) in [
+                ("servicecidr", "kubernetes"),
+                ("ipaddress", self.web_ip.as_str()),
+            ] {
+                let mut c = args(&["get", kind, name]);
+                c.extend(args(extra));
+                commands.push(c);
+            }
             // The aggregator's own APIServices (a set no test changes).
             for (kind, _) in UNLABELLED {
                 let mut c = args(&[
@@ -435,6 +520,20 @@ async fn kubectl_get_tables_equal_the_api_servers() -> anyhow::Result<()> {
             "Synced the web deployment",
             "v1(storage)",
             "Local",
+            // The groups ported last.
+            "v1/ConfigMap",
+            "&LabelSelector{MatchLabels:map[string]string{app: web,},MatchExpressions:[]LabelSelectorRequirement{LabelSelectorRequirement{Key:tier,Operator:In,Values:[front back],},},}",
+            "-queued",
+            "ByUser",
+            "9000",
+            "example.com/tables",
+            "gpu.example.com",
+            "pool-a",
+            "example.com/broken",
+            "NoSchedule",
+            "pending",
+            "Succeeded",
+            "services/",
         ] {
             anyhow::ensure!(
                 printed.contains(expected),
@@ -488,13 +587,21 @@ async fn kubectl_get_tables_equal_the_api_servers() -> anyhow::Result<()> {
         );
         watch::kubectl_get_watch_equal(&setup, version, binary).await?;
     }
+    // Streaming lists in Table form, bookmarks included, of every kind.
+    bookmarks::table_streaming_lists_equal(&setup, &setup.paths()).await?;
     // A Table watch from the hub directly: an ADDED Table per object, the columns in the
-    // first only; one that allows bookmarks is tunnelled.
+    // first only, with or without bookmarks; one whose rows carry whole objects and that
+    // allows bookmarks is tunnelled (the API server's bookmark rows carry the empty object
+    // as its Go type writes it).
     let configmaps = format!(
         "/clusters/{}/api/v1/namespaces/{}/configmaps?watch=true&timeoutSeconds=2&labelSelector=tables%3D{}",
         setup.stack.account, setup.stack.namespace, setup.stack.namespace
     );
-    for (extra, who) in [("", "hit"), ("&allowWatchBookmarks=true", "tunnel")] {
+    for (extra, who) in [
+        ("", "hit"),
+        ("&allowWatchBookmarks=true", "hit"),
+        ("&allowWatchBookmarks=true&includeObject=Object", "tunnel"),
+    ] {
         let reply = setup
             .stack
             .hub

@@ -2,7 +2,8 @@
 //! (`watch=true`, `Accept: ...;as=Table;...`) gets one event per object, each a one-row Table
 //! of that object at its resourceVersion, the column definitions in the first event only
 //! (`null` after, as the API server's watch encoder writes them), and a change streamed
-//! while it watches arrives as a row too. The hub serves HTTPS; the agent is a fake speaking
+//! while it watches arrives as a row too; a streaming list ends with its bookmark as a
+//! Table. The hub serves HTTPS; the agent is a fake speaking
 //! the real gRPC protocol over mutual TLS. (The e2e `proxy_tables` test compares kubectl's
 //! output with the API server's.)
 
@@ -142,6 +143,35 @@ async fn kubectl_get_w_is_answered_with_tables_from_the_cache() {
             &second["rows"][0]["cells"][1]
         ),
         (&json!("two"), &json!(2))
+    );
+
+    // A streaming list in Table form (as the API server accepts it): the objects, then the
+    // initial-events-end BOOKMARK at the resume point, a Table whose row is printed from
+    // the empty object the API server's watch cache sends (no name, no data, no age).
+    let (reply, events) = watch_events(
+        &http,
+        "/clusters/a/api/v1/namespaces/web/configmaps?watch=true&sendInitialEvents=true\
+         &resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&timeoutSeconds=1",
+        &token,
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.header("x-scale-agent-cache").as_deref(), Some("hit"));
+    let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(types, ["ADDED", "ADDED", "BOOKMARK"], "{events:?}");
+    assert!(events[0]["object"]["columnDefinitions"].is_array());
+    let bookmark = &events[2]["object"];
+    assert_eq!(bookmark["kind"], "Table");
+    assert_eq!(bookmark["metadata"], json!({"resourceVersion": "20"}));
+    assert_eq!(bookmark["columnDefinitions"], Value::Null);
+    assert_eq!(
+        bookmark["rows"],
+        json!([{
+            "cells": ["", 0, "<unknown>"],
+            "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                       "metadata": {"resourceVersion": "20",
+                                    "annotations": {"k8s.io/initial-events-end": "true"}}},
+        }])
     );
 
     // From the list's resourceVersion (kubectl's watch after its list): a change streamed

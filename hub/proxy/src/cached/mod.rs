@@ -129,7 +129,7 @@ impl ListContext {
                 resource_version,
                 continue_token,
                 remaining,
-                items,
+                &table.page_order(items),
             ),
             None => render::list_body(
                 list_type,

@@ -3,7 +3,9 @@
 //! stream's events; none opens a watch on the target cluster.
 //!
 //! Served only for a collection (`watch=true`, or a `metadata.name` field selector for one
-//! object) of a kind the agent has synced for the watch's scope, as JSON. The scope is one
+//! object) of a kind the agent has synced for the watch's scope, as JSON or as Tables
+//! ([`table::watch_events`]: each event and bookmark a one-row Table; a Table watch with
+//! bookmarks and `includeObject=Object` is tunnelled). The scope is one
 //! of the agent's watches ([`consistency::synced_scope`]): its cluster-wide watch, or, for
 //! a watch of one namespace of an account with `namespaces:`, its watch of that namespace,
 //! whose own resume point is the watch's resourceVersion. A watch no single scope covers
@@ -45,7 +47,7 @@ use super::{
     table::{
         self, Negotiated, TableContext, TableForm,
         negotiate::{include_object, negotiate},
-        watch_events::TableEvents,
+        watch_events::{self, TableEvents},
     },
     watch_query::{Start as From, bookmark_line, event_line, gone_line, initial_events_end_line},
 };
@@ -228,8 +230,11 @@ async fn watch_from_cache(
         return None;
     }
     // A Table watch's bookmarks are Tables too, of a row printed from an empty object
-    // ([`table::watch_events`]): not imitated.
-    if table_form.is_some() && options.allow_bookmarks {
+    // ([`table::watch_events`]); rows carrying that whole object are left to the API server.
+    if let Some(form) = table_form
+        && options.allow_bookmarks
+        && !watch_events::bookmarks_served(form)
+    {
         return None;
     }
     if (table_form.is_none() && request::parse_accept(accept, false)? != Form::Full)
@@ -294,9 +299,12 @@ async fn watch_from_cache(
             });
             return Some(response);
         }
-        Opening::Initial { end_bookmark: true } => {
-            Some(initial_events_end_line(&info, position.resource_version))
-        }
+        Opening::Initial { end_bookmark: true } => Some(encode_bookmark(
+            &mut tables,
+            &info,
+            position.resource_version,
+            true,
+        )?),
         Opening::Initial {
             end_bookmark: false,
         }
@@ -470,13 +478,30 @@ fn encode(tables: &mut Option<TableEvents>, event_type: &str, json: &[u8]) -> Op
     }
 }
 
+/// A BOOKMARK line at `rv` (`initial_events_end`: the one that ends a streaming list's
+/// initial events), a Table for a Table watch.
+fn encode_bookmark(
+    tables: &mut Option<TableEvents>,
+    info: &KindInfo,
+    rv: u64,
+    initial_events_end: bool,
+) -> Option<Bytes> {
+    match tables {
+        Some(tables) => tables
+            .bookmark(rv, initial_events_end, jiff::Timestamp::now())
+            .ok(),
+        None if initial_events_end => Some(initial_events_end_line(info, rv)),
+        None => Some(bookmark_line(info, rv)),
+    }
+}
+
 struct Watcher {
     proxy: Arc<Proxy>,
     account: String,
     info: KindInfo,
     filter: Filter,
     bookmarks: bool,
-    /// Set for a Table watch (no bookmarks then).
+    /// Set for a Table watch: its events and bookmarks are Tables.
     tables: Option<TableEvents>,
     tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
 }
@@ -527,7 +552,14 @@ impl Watcher {
                 && position.resource_version > last_sent
                 && last_bookmark.elapsed() >= BOOKMARK_EVERY
             {
-                let line = bookmark_line(&self.info, position.resource_version);
+                let Some(line) = encode_bookmark(
+                    &mut self.tables,
+                    &self.info,
+                    position.resource_version,
+                    false,
+                ) else {
+                    return;
+                };
                 if self.tx.send(Ok(line)).await.is_err() {
                     return;
                 }
@@ -577,8 +609,9 @@ impl Watcher {
             position.resource_version = now_at;
         }
         if let Some(rv) = closing_bookmark_at(self.bookmarks, position.resource_version, last_sent)
+            && let Some(line) = encode_bookmark(&mut self.tables, &self.info, rv, false)
         {
-            let _ = self.tx.try_send(Ok(bookmark_line(&self.info, rv)));
+            let _ = self.tx.try_send(Ok(line));
         }
     }
 }

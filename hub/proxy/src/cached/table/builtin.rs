@@ -7,18 +7,30 @@
 //! (apiextensions-apiserver, kube-aggregator), ported the same way; `events.k8s.io` Events
 //! are printed by the core printer over their other field names.
 //!
+//! The groups with kinds of their own in other modules: [`super::admission`],
+//! [`super::flow_control`], [`super::networking`] (ServiceCIDRs, IPAddresses),
+//! [`super::certificates`] (ClusterTrustBundles, PodCertificateRequests) and
+//! [`super::dynamic_resources`] (`resource.k8s.io`).
+//!
 //! Left out on purpose (their Tables are tunnelled): Secrets, whose Data column counts data
 //! the hub never holds (the agent sends Secrets as metadata only); HorizontalPodAutoscalers
 //! of another version than `autoscaling/v2`, whose metrics `autoscaling/v1` keeps in
-//! annotations the API server converts; and the printers not ported yet (see the module
-//! doc of [`super`]).
+//! annotations the API server converts; and the printers not ported (see the module doc
+//! of [`super`]).
 
 use jiff::Timestamp;
 use serde_json::{Value, json};
 
 use super::{
-    Column, columns, control_plane, events,
+    Column,
+    admission::AdmissionPolicy,
+    certificates::Certificates,
+    columns, control_plane,
+    dynamic_resources::DynamicResource,
+    events,
+    flow_control::FlowControl,
     format::{self, int, since, string},
+    networking::ServiceNetwork,
     storage,
 };
 
@@ -67,6 +79,13 @@ pub enum Builtin {
     ValidatingWebhookConfiguration,
     CustomResourceDefinition,
     ApiService,
+    VolumeAttributesClass,
+    StorageVersionMigration,
+    Admission(AdmissionPolicy),
+    FlowControl(FlowControl),
+    ServiceNetwork(ServiceNetwork),
+    Certificates(Certificates),
+    DynamicResource(DynamicResource),
 }
 
 impl Builtin {
@@ -122,6 +141,23 @@ impl Builtin {
                 Builtin::CustomResourceDefinition
             }
             ("apiregistration.k8s.io", "apiservices") => Builtin::ApiService,
+            ("storage.k8s.io", "volumeattributesclasses") => Builtin::VolumeAttributesClass,
+            ("storagemigration.k8s.io", "storageversionmigrations") => {
+                Builtin::StorageVersionMigration
+            }
+            ("admissionregistration.k8s.io", resource) => {
+                Builtin::Admission(AdmissionPolicy::of(resource)?)
+            }
+            ("flowcontrol.apiserver.k8s.io", resource) => {
+                Builtin::FlowControl(FlowControl::of(resource)?)
+            }
+            ("networking.k8s.io", resource) => {
+                Builtin::ServiceNetwork(ServiceNetwork::of(resource)?)
+            }
+            ("certificates.k8s.io", resource) => Builtin::Certificates(Certificates::of(resource)?),
+            ("resource.k8s.io", resource) => {
+                Builtin::DynamicResource(DynamicResource::of(resource)?)
+            }
             _ => return None,
         })
     }
@@ -170,6 +206,13 @@ impl Builtin {
             }
             Builtin::CustomResourceDefinition => columns::CUSTOM_RESOURCE_DEFINITION,
             Builtin::ApiService => columns::API_SERVICE,
+            Builtin::VolumeAttributesClass => columns::VOLUME_ATTRIBUTES_CLASS,
+            Builtin::StorageVersionMigration => columns::STORAGE_VERSION_MIGRATION,
+            Builtin::Admission(k) => k.columns(),
+            Builtin::FlowControl(k) => k.columns(),
+            Builtin::ServiceNetwork(k) => k.columns(),
+            Builtin::Certificates(k) => k.columns(),
+            Builtin::DynamicResource(k) => k.columns(),
         }
     }
 
@@ -432,6 +475,15 @@ impl Builtin {
             }
             Builtin::CustomResourceDefinition => control_plane::custom_resource_definition(o, name),
             Builtin::ApiService => control_plane::api_service(o, name, age),
+            Builtin::VolumeAttributesClass => {
+                vec![name, json!(string(o.get("driverName"))), age]
+            }
+            Builtin::StorageVersionMigration => control_plane::storage_version_migration(o, name),
+            Builtin::Admission(k) => k.cells(o, name, age),
+            Builtin::FlowControl(k) => k.cells(o, name, age),
+            Builtin::ServiceNetwork(k) => k.cells(o, name, age),
+            Builtin::Certificates(k) => k.cells(o, name),
+            Builtin::DynamicResource(k) => k.cells(o, name, age, now),
         };
         (cells, None)
     }

@@ -6,12 +6,12 @@ use serde_json::{Value, json};
 
 use super::*;
 
-fn now() -> Timestamp {
+pub(super) fn now() -> Timestamp {
     "2026-01-01T12:00:00Z".parse().unwrap()
 }
 
 /// Object `o` with a name and a creation time five minutes before [`now`].
-fn object(mut o: Value) -> Value {
+pub(super) fn object(mut o: Value) -> Value {
     let meta = o
         .as_object_mut()
         .unwrap()
@@ -567,6 +567,20 @@ fn printers_of_the_cluster_kinds() {
         ),
         ("apiextensions.k8s.io", "customresourcedefinitions"),
         ("apiregistration.k8s.io", "apiservices"),
+        (
+            "admissionregistration.k8s.io",
+            "validatingadmissionpolicies",
+        ),
+        (
+            "admissionregistration.k8s.io",
+            "mutatingadmissionpolicybindings",
+        ),
+        ("flowcontrol.apiserver.k8s.io", "flowschemas"),
+        ("networking.k8s.io", "ipaddresses"),
+        ("certificates.k8s.io", "clustertrustbundles"),
+        ("resource.k8s.io", "resourceslices"),
+        ("storage.k8s.io", "volumeattributesclasses"),
+        ("storagemigration.k8s.io", "storageversionmigrations"),
     ] {
         assert!(
             Builtin::of(group, resource).is_some(),
@@ -576,8 +590,12 @@ fn printers_of_the_cluster_kinds() {
     for (group, resource) in [
         ("", "secrets"),
         ("", "componentstatuses"),
-        ("flowcontrol.apiserver.k8s.io", "flowschemas"),
         ("storage.k8s.io", "csistoragecapacities"),
+        ("coordination.k8s.io", "leasecandidates"),
+        ("internal.apiserver.k8s.io", "storageversions"),
+        ("resource.k8s.io", "resourcepoolstatusrequests"),
+        ("scheduling.k8s.io", "workloads"),
+        ("networking.k8s.io", "somethingelse"),
     ] {
         assert_eq!(Builtin::of(group, resource), None, "{group}/{resource}");
     }

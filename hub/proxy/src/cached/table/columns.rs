@@ -11,7 +11,7 @@ pub const NAME_DOC: &str = "Name must be unique within a namespace. Is required 
 pub const CREATED_DOC: &str = "CreationTimestamp is a timestamp representing the server time when this object was created. It is not guaranteed to be set in happens-before order across separate operations. Clients may not set this value. It is represented in RFC3339 form and is in UTC.\n\nPopulated by the system. Read-only. Null for lists. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#metadata";
 
 /// One column definition (a line each, as in `printers.go`).
-const fn col(
+pub(super) const fn col(
     name: &'static str,
     kind: &'static str,
     format: &'static str,
@@ -442,6 +442,22 @@ pub const CSI_DRIVER: &[Column] = &[
     col("RequiresRepublish", "boolean", "", 0, "requiresRepublish indicates the CSI driver wants `NodePublishVolume` being periodically called to reflect any possible change in the mounted volume. This field defaults to false.\n\nNote: After a successful initial NodePublishVolume call, subsequent calls to NodePublishVolume should only update the contents of the volume. New mount points will not be seen by a running container."),
     col("Modes", "string", "", 0, "volumeLifecycleModes defines what kind of volumes this CSI volume driver supports. The default if the list is empty is \"Persistent\", which is the usage defined by the CSI specification and implemented in Kubernetes via the usual PV/PVC mechanism.\n\nThe other mode is \"Ephemeral\". In this mode, volumes are defined inline inside the pod spec with CSIVolumeSource and their lifecycle is tied to the lifecycle of that pod. A driver has to be aware of this because it is only going to get a NodePublishVolume call for such a volume.\n\nFor more information about implementing this mode, see https://kubernetes-csi.github.io/docs/ephemeral-local-volumes.html A driver can support one or more of these modes and more modes may be added in the future.\n\nThis field is beta. This field is immutable."),
     col("Age", "string", "", 0, CREATED_DOC),
+];
+
+/// `volumeAttributesClassColumnDefinitions`.
+#[rustfmt::skip]
+pub const VOLUME_ATTRIBUTES_CLASS: &[Column] = &[
+    col("Name", "string", "name", 0, NAME_DOC),
+    col("DriverName", "string", "", 0, "driverName is the name of the CSI driver This field is immutable."),
+    col("Age", "string", "", 0, CREATED_DOC),
+];
+
+/// `storageVersionMigrationColumnDefinitions` (its Name column has no `name` format).
+#[rustfmt::skip]
+pub const STORAGE_VERSION_MIGRATION: &[Column] = &[
+    col("Name", "string", "", 0, NAME_DOC),
+    col("Resource", "string", "", 0, "GroupResource to migrate"),
+    col("Status", "string", "", 0, "Status of the migration"),
 ];
 
 /// `mutatingWebhookColumnDefinitions` and `validatingWebhookColumnDefinitions`.

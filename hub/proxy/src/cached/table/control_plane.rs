@@ -1,7 +1,8 @@
 //! Cells of the kinds that describe the cluster itself rather than workloads:
 //! CustomResourceDefinitions (apiextensions-apiserver's own convertor), APIServices
 //! (kube-aggregator's), CertificateSigningRequests, ControllerRevisions and ResourceQuotas
-//! (`pkg/printers/internalversion/printers.go`), all of Kubernetes 1.37 (sans-IO).
+//! (`pkg/printers/internalversion/printers.go`), StorageVersionMigrations (the same), all of
+//! Kubernetes 1.37 (sans-IO).
 
 use jiff::SignedDuration;
 use serde_json::{Value, json};
@@ -173,4 +174,23 @@ pub fn resource_quota(o: &Value, name: Value, age: Value) -> Vec<Value> {
         json!(limit.join(", ")),
         age,
     ]
+}
+
+/// `printStorageVersionMigration`: the resource as `resource.group`, and the last condition
+/// that is true among Running, Failed and Succeeded (`Unknown` without). No age.
+pub fn storage_version_migration(o: &Value, name: Value) -> Vec<Value> {
+    let resource = super::networking::group_resource(
+        string(o.pointer("/spec/resource/group")),
+        string(o.pointer("/spec/resource/resource")),
+    );
+    let status = array(o.pointer("/status/conditions"))
+        .iter()
+        .rev()
+        .filter(|c| string(c.get("status")) == "True")
+        .find_map(|c| match string(c.get("type")) {
+            t @ ("Running" | "Failed" | "Succeeded") => Some(t),
+            _ => None,
+        })
+        .unwrap_or("Unknown");
+    vec![name, json!(resource), json!(status)]
 }

@@ -2,7 +2,9 @@
 //! `kubectl get` and dashboards ask for) rendered from the cache, as the API server renders
 //! them (sans-IO except [`printer`], which reads a CRD from the cache):
 //! - [`negotiate`]: the Accept header (v1 and v1beta1, skipped versions) and `includeObject`;
-//! - [`builtin`] with [`columns`]: the built-in kinds' printers, ported from Kubernetes;
+//! - [`builtin`] with [`columns`]: the built-in kinds' printers, ported from Kubernetes,
+//!   with the groups of [`admission`], [`flow_control`], [`networking`], [`certificates`]
+//!   and [`dynamic_resources`] in modules of their own;
 //! - [`printer_columns`]: custom resources' `additionalPrinterColumns` and their JSONPaths;
 //! - the API server's default Table (Name, Created At) for the built-in kinds registered
 //!   with it (Roles, ClusterRoles, LimitRanges, CSIStorageCapacities).
@@ -14,31 +16,37 @@
 //! Table is tunnelled; caching printer columns from discovery is not an option, as
 //! discovery does not carry them. The built-in kinds still tunnelled: Secrets (their Data
 //! column counts keys the hub never holds), `autoscaling/v1` HorizontalPodAutoscalers, and
-//! those whose printers the hub has not ported: ComponentStatuses, ClusterTrustBundles,
-//! PodCertificateRequests, LeaseCandidates, VolumeAttributesClasses,
-//! Validating/MutatingAdmissionPolicies and their bindings, FlowSchemas,
-//! PriorityLevelConfigurations, StorageVersions, ServiceCIDRs, IPAddresses, the
-//! `resource.k8s.io` kinds (DeviceClasses, ResourceClaims, ResourceClaimTemplates,
-//! ResourceSlices, DeviceTaintRules), StorageVersionMigrations, and the scheduling and
-//! eviction kinds of 1.37 (Workloads, PodGroups, EvictionRequests).
+//! those whose printers the hub has not ported, none of which a Kubernetes 1.37 API server
+//! serves by default: LeaseCandidates (`coordination.k8s.io/v1beta1`), StorageVersions
+//! (`internal.apiserver.k8s.io/v1alpha1`), `resource.k8s.io/v1alpha3`'s
+//! ResourcePoolStatusRequests, and the scheduling and eviction kinds of 1.37 (Workloads,
+//! PodGroups, CompositePodGroups in `scheduling.k8s.io/v1beta1`/`v1alpha3`,
+//! EvictionRequests in `lifecycle.k8s.io/v1alpha1`). ComponentStatuses cannot be watched,
+//! so no agent caches them.
 //!
-//! Watches with `as=Table` ([`watch_events`]) are served from the cache too, those that
+//! Watches with `as=Table` ([`watch_events`]) are served from the cache too, their
+//! bookmarks as Tables, those whose rows carry whole objects (`includeObject=Object`) and
 //! allow bookmarks aside.
 
+pub mod admission;
 pub mod autoscaler;
 pub mod builtin;
+pub mod certificates;
 pub mod columns;
 pub mod control_plane;
+pub mod dynamic_resources;
 pub mod endpoints;
 pub mod events;
+pub mod flow_control;
 pub mod format;
 pub mod negotiate;
+pub mod networking;
 pub mod pod;
 pub mod printer_columns;
 pub mod storage;
 pub mod watch_events;
 
-use std::sync::Arc;
+use std::{borrow::Cow, sync::Arc};
 
 use bytes::Bytes;
 use jiff::Timestamp;
@@ -48,7 +56,7 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 pub use self::negotiate::{IncludeObject, Negotiated, TableVersion};
-use self::{builtin::Builtin, printer_columns::CrdColumns};
+use self::{builtin::Builtin, flow_control::FlowControl, printer_columns::CrdColumns};
 use super::{
     render::{self, Unrenderable},
     selector::{FieldSelector, LabelSelector},
@@ -104,6 +112,12 @@ pub enum Printer {
 }
 
 impl Printer {
+    /// Whether every Table it prints carries the column definitions, a watch's events after
+    /// the first included: kube-aggregator's APIService convertor ignores `NoHeaders`.
+    pub fn always_headed(&self) -> bool {
+        matches!(self, Printer::Builtin(Builtin::ApiService))
+    }
+
     pub fn columns(&self) -> Vec<OwnedColumn> {
         match self {
             Printer::Builtin(b) => b.columns().iter().map(OwnedColumn::from).collect(),
@@ -197,6 +211,34 @@ pub fn printer(live: &Live, account: &str, info: &KindInfo) -> Result<Printer, &
 pub struct TableContext {
     pub form: TableForm,
     pub printer: Printer,
+}
+
+impl TableContext {
+    /// The rows of one page in the order the API server's list printer writes them: as
+    /// listed, but FlowSchemas by matching precedence, then name (`printFlowSchemaList`
+    /// sorts each page it prints with `FlowSchemaSequence`).
+    pub fn page_order<'a>(&self, rows: &'a [Bytes]) -> Cow<'a, [Bytes]> {
+        if !matches!(
+            self.printer,
+            Printer::Builtin(Builtin::FlowControl(FlowControl::FlowSchema))
+        ) {
+            return Cow::Borrowed(rows);
+        }
+        // The cells are the name and the precedence (an integer), as printed.
+        let precedence_and_name = |row: &Bytes| {
+            let row: Value = serde_json::from_slice(row).unwrap_or_default();
+            let cell = |i: usize| row.pointer(&format!("/cells/{i}")).cloned();
+            (
+                cell(2).and_then(|c| c.as_i64()).unwrap_or_default(),
+                cell(0)
+                    .and_then(|c| c.as_str().map(str::to_string))
+                    .unwrap_or_default(),
+            )
+        };
+        let mut sorted = rows.to_vec();
+        sorted.sort_by_cached_key(precedence_and_name);
+        Cow::Owned(sorted)
+    }
 }
 
 /// One object as a Table row, `None` when the selectors leave it out.
@@ -316,5 +358,7 @@ pub fn object_table(
 
 #[cfg(test)]
 mod cluster_kinds_tests;
+#[cfg(test)]
+mod group_kinds_tests;
 #[cfg(test)]
 mod tests;
