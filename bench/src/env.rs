@@ -19,7 +19,9 @@ use serde_json::json;
 
 use crate::procs::{self, API_TOKEN, Proc, free_port, get_json, http, metric_sum, wait_for};
 
-const READY: Duration = Duration::from_secs(120);
+/// How long a process may take to be ready: a hub restarted on the store of measure 11's
+/// failover at the size reloads 2 million objects first.
+const READY: Duration = Duration::from_secs(600);
 
 /// Files of the hub's and the agents' certificates.
 pub struct PkiFiles {

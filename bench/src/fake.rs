@@ -40,6 +40,9 @@ impl Drop for FakeAgent {
     }
 }
 
+/// Bytes of data in each ConfigMap of [`FakeAgent::snapshot`] (and of the soak's updates).
+pub const CONFIGMAP_BYTES: usize = 64;
+
 pub fn configmaps() -> pb::Kind {
     pb::Kind {
         group: String::new(),
@@ -281,22 +284,19 @@ impl FakeAgent {
         }
     }
 
-    /// A snapshot of `objects` small ConfigMaps.
-    pub async fn snapshot(&mut self, account: &str, objects: usize, rv: u64) -> Result<()> {
+    /// A snapshot of `objects` small ConfigMaps; returns the JSON bytes of the objects sent.
+    pub async fn snapshot(&mut self, account: &str, objects: usize, rv: u64) -> Result<usize> {
         self.send(Msg::SnapshotBegin(pb::SnapshotBegin {
             account: account.into(),
             kind: Some(configmaps()),
             watch_namespace: String::new(),
         }))
         .await?;
+        let mut sent = 0;
         for i in 0..objects {
-            self.send(Msg::Object(object_event(
-                account,
-                &format!("cm-{i}"),
-                rv,
-                64,
-            )))
-            .await?;
+            let event = object_event(account, &format!("cm-{i}"), rv, CONFIGMAP_BYTES);
+            sent += event.object_json.len();
+            self.send(Msg::Object(event)).await?;
         }
         self.send(Msg::SnapshotEnd(pb::SnapshotEnd {
             account: account.into(),
@@ -306,7 +306,7 @@ impl FakeAgent {
             watch_namespace: String::new(),
         }))
         .await?;
-        Ok(())
+        Ok(sent)
     }
 }
 

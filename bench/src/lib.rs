@@ -99,6 +99,13 @@ pub struct Options {
     /// Measure 11: seconds after the kill an account may take to stream again before the
     /// failover row reports it as not streaming.
     pub ha_failover_timeout_secs: u64,
+    /// Measure 11: objects of measure 12's mix (over `fleet_namespaces` namespaces) each
+    /// simulated agent of the fleet and failover rows streams; None: `agent_objects`
+    /// ConfigMaps.
+    pub ha_objects: Option<usize>,
+    /// Measure 11: seconds of the fleet's churn (`fleet_churn_percent`) on each side of the
+    /// fleet row once it synced; 0 runs none.
+    pub ha_churn_seconds: u64,
     /// Measure 12 (the fleet): simulated agents, one account each.
     pub fleet_agents: usize,
     /// Measure 12: objects per account (a mix of kinds and sizes).
@@ -169,6 +176,8 @@ impl Options {
             ha_fleet_agents: 1000,
             ha_failover_agents: 200,
             ha_failover_timeout_secs: 120,
+            ha_objects: None,
+            ha_churn_seconds: 30,
             fleet_agents: 100,
             fleet_objects: 2000,
             fleet_namespaces: 20,
@@ -219,6 +228,7 @@ impl Options {
             ha_fleet_agents: 9,
             ha_failover_agents: 6,
             ha_failover_timeout_secs: 60,
+            ha_churn_seconds: 3,
             fleet_agents: 3,
             fleet_objects: 100,
             fleet_namespaces: 4,
@@ -247,6 +257,17 @@ fn fleet_settings(o: &Options) -> serde_json::Value {
         "churn_percent": o.fleet_churn_percent,
         "clients": o.fleet_clients,
         "watch_accounts": o.fleet_watch_accounts,
+    })
+}
+
+/// Measure 11's settings, apart for the same reason.
+fn ha_settings(o: &Options) -> serde_json::Value {
+    json!({
+        "fleet_agents": o.ha_fleet_agents,
+        "failover_agents": o.ha_failover_agents,
+        "failover_timeout_secs": o.ha_failover_timeout_secs,
+        "objects": o.ha_objects,
+        "churn_seconds": o.ha_churn_seconds,
     })
 }
 
@@ -290,10 +311,10 @@ pub async fn run(options: &Options) -> Result<Report> {
     if on(11) {
         step("11. events into the hub on PostgreSQL and on the embedded store");
         measures::store_backends(&env, options, &mut rows).await?;
-        step("11. simulated agents over three hub replicas on PostgreSQL and on one embedded hub");
-        measures::replicas::fleet(&env, options, &mut rows).await?;
-        step("11. failover: one of three replicas killed");
-        measures::replicas::failover(&env, options, &mut rows).await?;
+        step(
+            "11. simulated agents over three hub replicas on PostgreSQL and on one embedded hub; failover: one of three replicas killed",
+        );
+        measures::replicas::replicas(&env, options, &mut rows).await?;
     }
     if on(3) || on(4) || on(5) {
         step("3-5. initial sync, resume, footprint with objects");
@@ -360,9 +381,6 @@ pub async fn run(options: &Options) -> Result<Report> {
             "soak_seconds": options.soak_seconds,
             "soak_events_per_second": options.soak_events_per_second,
             "soak_reconnects_per_minute": options.soak_reconnects_per_minute,
-            "ha_fleet_agents": options.ha_fleet_agents,
-            "ha_failover_agents": options.ha_failover_agents,
-            "ha_failover_timeout_secs": options.ha_failover_timeout_secs,
             "agent_objects": options.agent_objects,
             "operations": options.operations,
             "proxy_requests": options.proxy_requests,
@@ -383,6 +401,7 @@ pub async fn run(options: &Options) -> Result<Report> {
             "reads_watch_rate_per_sec": options.reads_watch_rate,
             "reads_round_trip_ms": options.reads_round_trip_ms,
             "fleet": fleet_settings(options),
+            "ha": ha_settings(options),
             "measures": options.measures,
         }),
         rows,

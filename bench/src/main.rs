@@ -208,6 +208,16 @@ struct Args {
         default_value_t = 120
     )]
     ha_failover_timeout_secs: u64,
+    /// Measure 11: objects of measure 12's mix (over `--fleet-namespaces` namespaces, eight
+    /// kinds) each simulated agent of the fleet and failover rows streams, instead of
+    /// `--agent-objects` ConfigMaps: `--ha-fleet-agents 1000 --ha-failover-agents 1000
+    /// --ha-objects 2000` is issue 26's three replicas holding the 2-million-object fleet.
+    #[arg(long, env = "SCALE_AGENT_BENCH_HA_OBJECTS")]
+    ha_objects: Option<usize>,
+    /// Measure 11: seconds of the fleet's churn (`--fleet-churn-percent` of the objects per
+    /// minute) on each side of the fleet row once it synced; 0 runs none.
+    #[arg(long, env = "SCALE_AGENT_BENCH_HA_CHURN_SECONDS", default_value_t = 30)]
+    ha_churn_seconds: u64,
     /// Measure 12 (the fleet): simulated agents, one account each.
     #[arg(long, env = "SCALE_AGENT_BENCH_FLEET_AGENTS", default_value_t = 100)]
     fleet_agents: usize,
@@ -339,6 +349,8 @@ fn main() -> anyhow::Result<()> {
         ha_fleet_agents: args.ha_fleet_agents,
         ha_failover_agents: args.ha_failover_agents,
         ha_failover_timeout_secs: args.ha_failover_timeout_secs,
+        ha_objects: args.ha_objects,
+        ha_churn_seconds: args.ha_churn_seconds,
         fleet_agents,
         fleet_objects: args.fleet_objects,
         fleet_namespaces: args.fleet_namespaces,

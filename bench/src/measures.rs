@@ -5,6 +5,7 @@
 //! report. This file keeps what several measures share: the patch pacing and the latency
 //! bookkeeping of measures 1, 8 and 9, and the agent's metric names.
 
+pub mod agent_objects;
 pub mod fleet;
 pub mod fleet_objects;
 pub mod footprint;

@@ -1,7 +1,8 @@
 //! Measure 12, the fleet, with tiny sizes (3 accounts of 100 objects over 4 namespaces, 6 s
 //! of load with a cycle every 2 s): every row has both figures, every read through the
 //! proxy was answered by the hub's cache, each side made cycles, GETs and matched watch
-//! events, and the hub's memory figures were read. No timing or memory figure is asserted.
+//! events, and the hub's memory figures were read, its RSS through the load too. No timing or
+//! memory figure is asserted.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tiny_fleet_reports_every_figure_beside_the_api_server() -> anyhow::Result<()> {
@@ -34,6 +35,22 @@ async fn a_tiny_fleet_reports_every_figure_beside_the_api_server() -> anyhow::Re
     let memory = row("fleet-memory");
     assert!(memory["hub_rss_synced_kib"].as_u64() > Some(0), "{memory}");
     assert!(memory["json_bytes"].as_u64() > Some(0), "{memory}");
+    // The RSS trajectory of the 6 s load: sampled at its start and end at least, the
+    // warm-up's end (2 s in) and the end read.
+    let trajectory = &memory["trajectory"];
+    assert!(
+        trajectory["samples_taken"].as_u64() >= Some(2),
+        "{trajectory}"
+    );
+    assert!(
+        trajectory["warm"]["hub_rss_kib"].as_u64() > Some(0),
+        "{trajectory}"
+    );
+    assert!(
+        trajectory["end"]["hub_rss_kib"].as_u64() > Some(0),
+        "{trajectory}"
+    );
+    assert!(trajectory["growth_percent"].is_f64(), "{trajectory}");
     for id in ["fleet-watch", "fleet-list-page", "fleet-get"] {
         let v = row(id);
         assert!(v["system"]["count"].as_u64() > Some(0), "{id}: {v}");

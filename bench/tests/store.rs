@@ -1,12 +1,15 @@
 //! Measure 11 with tiny sizes: the hub on PostgreSQL (from the e2e harness) and on its
-//! embedded store, a few simulated agents over three replicas beside one embedded hub, and
-//! the failover of one killed replica beside an embedded hub killed and restarted, each row
-//! with both figures. No timing is asserted: the machines are shared.
+//! embedded store, a few simulated agents over three replicas beside one embedded hub, then
+//! the fleet's churn, and the failover of one killed replica beside an embedded hub killed
+//! and restarted, each row with both figures. The agents stream measure 12's mix of eight
+//! kinds (`--ha-objects`, issue 26's run), so a failover resumes or relists each kind. No
+//! timing is asserted: the machines are shared.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tiny_run_reports_the_hub_on_postgres_beside_embedded() -> anyhow::Result<()> {
     let options = scale_agent_bench::Options {
         measures: vec![11],
+        ha_objects: Some(40),
         ..scale_agent_bench::Options::tiny(env!("CARGO_BIN_EXE_scale-agent-bench").into())
     };
     let report = scale_agent_bench::run(&options).await?;
@@ -41,6 +44,18 @@ async fn tiny_run_reports_the_hub_on_postgres_beside_embedded() -> anyhow::Resul
             .map(|a| a.iter().filter_map(|c| c.as_u64()).sum())
             .unwrap_or_default();
         assert_eq!(connected, agents, "{key} in\n{table}");
+    }
+    // Each side's store committed the fleet, and the churn's updates were all sent on live
+    // streams (acknowledged, or the run would have failed).
+    for side in ["replicated", "embedded"] {
+        let s = &fleet[side];
+        assert!(s["stored_seconds"].as_f64() > Some(0.0), "{side}: {s}");
+        assert!(
+            s["objects_per_sec_stored"].as_f64() > Some(0.0),
+            "{side}: {s}"
+        );
+        assert_eq!(s["churn"]["lost"].as_u64(), Some(0), "{side}: {s}");
+        assert!(s["churn"]["sent"].as_u64() > Some(0), "{side}: {s}");
     }
     // The failover row accounts for every agent of the killed hub on each side: streaming
     // again, or named among the failures (the row reports them rather than failing).

@@ -42,15 +42,17 @@ use kube::{
     core::{WatchEvent, params::PostParams},
 };
 use rand::{Rng as _, SeedableRng as _, rngs::StdRng};
-use scale_agent_proto::v1::{self as pb, agent_message::Kind as Msg};
+use scale_agent_proto::v1::agent_message::Kind as Msg;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
 mod report;
+mod trajectory;
 use report::{Figures, report};
 
 use super::{
     LONG,
+    agent_objects::{AgentObjects, object_event},
     fleet_objects::{self, KINDS, METADATA_ACCEPT},
     proxy::client_for,
     reads::cache_header,
@@ -59,7 +61,7 @@ use crate::{
     Options,
     env::Env,
     fake::FakeAgent,
-    procs::{CpuWindow, proc_stats},
+    procs::CpuWindow,
     report::{Percentiles, Row, bytes, mib, ms, secs},
 };
 
@@ -69,22 +71,12 @@ const PAGE: u32 = 500;
 const CONNECTING: usize = 64;
 /// Churn is sent every tick (the rate spread over them).
 const TICK: Duration = Duration::from_millis(100);
-/// The hub's RSS is sampled this often during the load.
-const SAMPLE_EVERY: Duration = Duration::from_secs(5);
+/// The baseline's load runs `--fleet-seconds` up to this long: its figures are per request
+/// and per cycle of one account, not a trajectory, and a soak's window would double the run.
+const BASELINE_WINDOW: Duration = Duration::from_secs(120);
 /// The kinds watched (with objects and served in full: not Secrets, not StatefulSets).
 fn watched_kinds() -> impl Iterator<Item = usize> {
     (0..KINDS.len()).filter(|k| KINDS[*k].share > 0 && !KINDS[*k].metadata_only())
-}
-
-fn proto_kind(k: usize) -> pb::Kind {
-    let info = &KINDS[k];
-    pb::Kind {
-        group: info.group.into(),
-        version: info.version.into(),
-        kind: info.kind.into(),
-        plural: info.plural.into(),
-        namespaced: true,
-    }
 }
 
 fn api_resource(k: usize) -> ApiResource {
@@ -181,31 +173,6 @@ impl Churn {
     }
 }
 
-/// Object `i` of `account` as the agent streams it.
-fn object_event(
-    account: &str,
-    i: usize,
-    namespaces: usize,
-    stamp: u64,
-    rv: u64,
-) -> pb::ObjectEvent {
-    let slot = fleet_objects::slot(i, namespaces);
-    let uid = format!("{account}-{i}");
-    let body = fleet_objects::streamed(i, namespaces, stamp, &uid, rv);
-    pb::ObjectEvent {
-        account: account.into(),
-        kind: Some(proto_kind(slot.kind)),
-        r#type: pb::object_event::Type::Applied as i32,
-        namespace: slot.namespace,
-        name: slot.name,
-        uid,
-        resource_version: rv.to_string(),
-        object_json: serde_json::to_vec(&body).unwrap_or_default(),
-        truncated: false,
-        watch_namespace: String::new(),
-    }
-}
-
 /// Connects one fake agent, registers its account with every kind WATCHING and sends each
 /// kind's snapshot; returns the agent and the JSON bytes it sent.
 async fn connect_agent(
@@ -220,40 +187,11 @@ async fn connect_agent(
         FakeAgent::connect(hub, ca, &issued.cert_pem, &issued.key_pem, "fleet-0").await?;
     fake.register(account, &format!("https://{account}.bench:443"))
         .await?;
-    let mut sent = 0;
-    for k in 0..KINDS.len() {
-        let kind = proto_kind(k);
-        fake.send(Msg::KindStatus(pb::KindStatus {
-            account: account.into(),
-            kind: Some(kind.clone()),
-            state: pb::kind_status::State::Watching as i32,
-            message: String::new(),
-            namespaces: vec![],
-        }))
-        .await?;
-        fake.send(Msg::SnapshotBegin(pb::SnapshotBegin {
-            account: account.into(),
-            kind: Some(kind.clone()),
-            watch_namespace: String::new(),
-        }))
-        .await?;
-        let mut count = 0u64;
-        for i in (0..sizes.objects).filter(|i| fleet_objects::slot(*i, sizes.namespaces).kind == k)
-        {
-            let event = object_event(account, i, sizes.namespaces, 0, 1);
-            sent += event.object_json.len();
-            fake.send(Msg::Object(event)).await?;
-            count += 1;
-        }
-        fake.send(Msg::SnapshotEnd(pb::SnapshotEnd {
-            account: account.into(),
-            kind: Some(kind),
-            resource_version: "1".into(),
-            object_count: count,
-            watch_namespace: String::new(),
-        }))
-        .await?;
-    }
+    let objects = AgentObjects::Mix {
+        objects: sizes.objects,
+        namespaces: sizes.namespaces,
+    };
+    let sent = objects.snapshot(&mut fake, account, 1).await?;
     fake.synced(LONG).await?;
     Ok((fake, sent))
 }
@@ -630,28 +568,23 @@ pub async fn fleet(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<()> {
     );
     let bench_pid = std::process::id();
     let window = CpuWindow::start(vec![("hub".into(), hub.pid()), ("bench".into(), bench_pid)]);
-    let peak = Arc::new(AtomicU64::new(synced.rss_kib));
-    let sampler = {
-        let (peak, pid) = (peak.clone(), hub.pid());
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(SAMPLE_EVERY).await;
-                if let Ok(s) = proc_stats(pid) {
-                    peak.fetch_max(s.rss_kib, Ordering::Relaxed);
-                }
-            }
-        })
-    };
     let churn = Churn::Agents {
         agents,
         accounts: accounts.clone(),
         rvs: vec![1; n],
     };
-    let (fleet, churn) = run_load(clients, watched, churn, sizes).await?;
-    sampler.abort();
+    // The hub's RSS through the load, beside it.
+    let (done_tx, done) = tokio::sync::watch::channel(false);
+    let load = async {
+        let result = run_load(clients, watched, churn, sizes).await;
+        let _ = done_tx.send(true);
+        result
+    };
+    let (loaded_run, trajectory) = tokio::join!(load, trajectory::sample(&hub, sizes.window, done));
+    let (fleet, churn) = loaded_run?;
+    eprintln!("[bench] fleet: {}", trajectory.text());
     let (fleet_cpu, _) = cpu_of(&window);
     let loaded = hub.stats()?;
-    let peak_kib = peak.load(Ordering::Relaxed).max(loaded.rss_kib);
     drop(churn);
     drop(hub);
 
@@ -662,11 +595,15 @@ pub async fn fleet(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<()> {
     let mut pids = env.control_plane_pids();
     pids.push(("bench".into(), bench_pid));
     let window = CpuWindow::start(pids);
+    let direct_sizes = Sizes {
+        window: sizes.window.min(BASELINE_WINDOW),
+        ..sizes
+    };
     let (direct, _) = run_load(
         vec![direct_client.clone()],
         1,
         Churn::ApiServer(direct_client),
-        sizes,
+        direct_sizes,
     )
     .await?;
     let (direct_cpu, _) = cpu_of(&window);
@@ -681,7 +618,7 @@ pub async fn fleet(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<()> {
             empty_kib: empty.rss_kib,
             synced_kib: synced.rss_kib,
             loaded_kib: loaded.rss_kib,
-            peak_kib,
+            trajectory,
             json_bytes,
             objects_total,
             sync_secs,
@@ -689,6 +626,7 @@ pub async fn fleet(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<()> {
             fleet_cpu,
             direct,
             direct_cpu,
+            direct_window: direct_sizes.window,
         },
     )
 }

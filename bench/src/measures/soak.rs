@@ -21,11 +21,11 @@ use rand::{Rng as _, SeedableRng as _, rngs::StdRng};
 use scale_agent_proto::v1::agent_message::Kind as Msg;
 use serde_json::{Value, json};
 
-use super::LONG;
+use super::{LONG, agent_objects::AgentObjects};
 use crate::{
     Options,
     env::Env,
-    fake::{FakeAgent, object_event},
+    fake::FakeAgent,
     procs::metric_sum,
     report::{Row, mib, secs},
 };
@@ -62,13 +62,13 @@ impl Sim {
             .collect()
     }
 
-    /// Connects (again), registers its account and sends a snapshot at a new
+    /// Connects (again), registers its account and sends a snapshot of `objects` at a new
     /// resourceVersion.
     pub(crate) async fn connect(
         &mut self,
         hub: SocketAddr,
         ca: &str,
-        objects: usize,
+        objects: AgentObjects,
     ) -> Result<()> {
         // The old stream may still look live to the hub: present its token, as an agent
         // reconnecting does.
@@ -85,21 +85,20 @@ impl Sim {
         )
         .await?;
         self.rv += 1;
-        fake.snapshot(&self.account, objects, self.rv).await?;
+        objects.snapshot(&mut fake, &self.account, self.rv).await?;
         self.fake = Some(fake);
         Ok(())
     }
 
-    /// One update of one of its objects; false when the hub had ended the stream.
-    async fn update(&mut self, objects: usize, pick: usize) -> bool {
+    /// One update of its object `pick` (modulo the count); false when the hub had ended the
+    /// stream.
+    pub(crate) async fn update(&mut self, objects: AgentObjects, pick: usize) -> bool {
         let Some(fake) = &mut self.fake else {
             return false;
         };
         self.rv += 1;
-        let name = format!("cm-{}", pick % objects.max(1));
-        fake.send(Msg::Object(object_event(&self.account, &name, self.rv, 64)))
-            .await
-            .is_ok()
+        let event = objects.update(&self.account, pick, self.rv);
+        fake.send(Msg::Object(event)).await.is_ok()
     }
 }
 
@@ -111,7 +110,7 @@ pub(crate) async fn connect_fleet(
     sims: Vec<Sim>,
     hub_of: impl Fn(usize) -> SocketAddr,
     ca: &str,
-    objects: usize,
+    objects: AgentObjects,
 ) -> Result<Vec<Sim>> {
     let connected: Vec<Result<Sim>> = futures::stream::iter(sims.into_iter().enumerate())
         .map(|(i, mut sim)| {
@@ -143,7 +142,7 @@ pub(crate) async fn connect_fleet(
 
 pub async fn soak(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<()> {
     let n = o.soak_agents.max(1);
-    let objects = o.agent_objects.max(1);
+    let objects = AgentObjects::ConfigMaps(o.agent_objects.max(1));
     let hub = env.hub("soak-hub").await?;
     let ca = env.pki.ca.cert_pem.clone();
     let sims = Sim::fleet(env, "soak", n)?;
@@ -193,7 +192,7 @@ pub async fn soak(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<()> {
         owed += per_tick;
         while owed >= 1.0 {
             owed -= 1.0;
-            let (index, pick) = (rng.random_range(0..n), rng.random_range(0..objects));
+            let (index, pick) = (rng.random_range(0..n), rng.random_range(0..objects.count()));
             if sims[index].update(objects, pick).await {
                 events += 1;
             } else {
@@ -248,7 +247,7 @@ pub async fn soak(env: &Env, o: &Options, rows: &mut Vec<Row>) -> Result<()> {
         ),
         values: json!({
             "agents": n,
-            "objects_per_agent": objects,
+            "objects_per_agent": objects.count(),
             "seconds": soaked.as_secs_f64(),
             "updates": events,
             "reconnects": reconnects,

@@ -7,7 +7,8 @@ pub(super) struct Figures {
     pub(super) empty_kib: u64,
     pub(super) synced_kib: u64,
     pub(super) loaded_kib: u64,
-    pub(super) peak_kib: u64,
+    /// The hub's RSS through the load.
+    pub(super) trajectory: trajectory::Trajectory,
     pub(super) json_bytes: usize,
     pub(super) objects_total: usize,
     pub(super) sync_secs: f64,
@@ -15,6 +16,8 @@ pub(super) struct Figures {
     pub(super) fleet_cpu: BTreeMap<String, f64>,
     pub(super) direct: Measured,
     pub(super) direct_cpu: BTreeMap<String, f64>,
+    /// The baseline's load (`--fleet-seconds`, up to [`BASELINE_WINDOW`]).
+    pub(super) direct_window: Duration,
 }
 
 pub(super) fn report(
@@ -58,6 +61,13 @@ pub(super) fn report(
     let per_object_json = f.json_bytes as f64 / f.objects_total.max(1) as f64;
     let growth = f.synced_kib.saturating_sub(f.empty_kib) as f64 * 1024.0;
     let per_object = growth / f.objects_total.max(1) as f64;
+    let peak_kib = f.trajectory.peak_kib().max(f.loaded_kib);
+    // The baseline's load, when shorter than the fleet's.
+    let direct_load = if f.direct_window < sizes.window {
+        format!(" (its load for {})", secs(f.direct_window.as_secs_f64()))
+    } else {
+        String::new()
+    };
     rows.push(Row {
         id: "fleet-memory".into(),
         measure: 12,
@@ -70,7 +80,7 @@ pub(super) fn report(
             bytes(per_object),
             per_object / per_object_json.max(1.0),
             mib(f.loaded_kib),
-            mib(f.peak_kib),
+            mib(peak_kib),
             secs(f.sync_secs),
         ),
         baseline_name: "the objects' JSON as the agents sent it".into(),
@@ -79,11 +89,15 @@ pub(super) fn report(
             bytes(f.json_bytes as f64),
             bytes(per_object_json)
         ),
-        note: "RSS 3 s after the last snapshot's ack (past the store's durable commit); the growth counts everything the hub keeps per object (cache, indexes, watch history, store's page cache)".into(),
+        note: format!(
+            "RSS 3 s after the last snapshot's ack (past the store's durable commit); the growth counts everything the hub keeps per object (cache, indexes, watch history, store's page cache). {} (load: {title_load})",
+            f.trajectory.text()
+        ),
         values: json!({
             "agents": n, "objects_per_account": sizes.objects, "namespaces": sizes.namespaces,
             "hub_rss_empty_kib": f.empty_kib, "hub_rss_synced_kib": f.synced_kib,
-            "hub_rss_after_load_kib": f.loaded_kib, "hub_rss_peak_kib": f.peak_kib,
+            "hub_rss_after_load_kib": f.loaded_kib, "hub_rss_peak_kib": peak_kib,
+            "trajectory": f.trajectory.values(),
             "json_bytes": f.json_bytes, "hub_bytes_per_object": per_object,
             "json_bytes_per_object": per_object_json, "sync_secs": f.sync_secs,
         }),
@@ -98,7 +112,7 @@ pub(super) fn report(
         measure: 12,
         title: format!("fleet: change → proxy watch event under the load ({title_load})"),
         system: side(&f.fleet.watch_ms, "events"),
-        baseline_name: "one account's change (PATCH) → watch event straight from the API server under its own load".into(),
+        baseline_name: format!("one account's change (PATCH) → watch event straight from the API server under its own load{direct_load}"),
         baseline: side(&f.direct.watch_ms, "events"),
         note: format!(
             "from the ObjectEvent sent on the agent's stream to the event read through the proxy; cluster-wide watches of six kinds of {watched} accounts; {} of {} changes matched to an event (the rest were still in flight at the end or their watch restarted)",
@@ -116,7 +130,7 @@ pub(super) fn report(
         measure: 12,
         title: format!("fleet: cached LIST page (limit 500) under the load ({title_load})"),
         system: side(&f.fleet.page_ms, "pages"),
-        baseline_name: "the same pages of one account straight from the API server".into(),
+        baseline_name: format!("the same pages of one account straight from the API server{direct_load}"),
         baseline: side(&f.direct.page_ms, "pages"),
         note: format!(
             "{} per page through the proxy, {} direct; answered by (x-scale-agent-cache): {}",
@@ -131,7 +145,7 @@ pub(super) fn report(
         measure: 12,
         title: format!("fleet: GET by name under the load ({title_load})"),
         system: side(&f.fleet.get_ms, "GETs"),
-        baseline_name: "the same GETs of one account straight from the API server".into(),
+        baseline_name: format!("the same GETs of one account straight from the API server{direct_load}"),
         baseline: side(&f.direct.get_ms, "GETs"),
         note: "a random Deployment, ReplicaSet or Service of the account, as WaitForManifestStable polls it".into(),
         values: json!({ "system": pct(&f.fleet.get_ms), "baseline": pct(&f.direct.get_ms) }),
@@ -160,7 +174,7 @@ pub(super) fn report(
         measure: 12,
         title: format!("fleet: caching cycles ({} namespaces × 8 kinds each) under the load ({title_load})", sizes.namespaces),
         system: cycles(&f.fleet, hub_cpu),
-        baseline_name: "one account's cycles straight from its API server (CPU: kube-apiserver + etcd)".into(),
+        baseline_name: format!("one account's cycles straight from its API server (CPU: kube-apiserver + etcd){direct_load}"),
         baseline: cycles(&f.direct, server_cpu),
         note: format!(
             "hub CPU {hub_cpu:.1} s over the window (ingest of the churn and the watches included); the bench's own (clients, fake agents) {:.1} s on the same cores; every account's cycle inside its period: {}{failed}",
@@ -179,6 +193,7 @@ pub(super) fn report(
                 "cycle_secs": sizes.cycle.as_secs_f64(), "get_period_secs": sizes.get_period.as_secs_f64(),
                 "churn_percent_per_minute": sizes.churn_per_minute, "seconds": sizes.window.as_secs(),
                 "clients": sizes.clients, "watch_accounts": o.fleet_watch_accounts,
+                "baseline_seconds": f.direct_window.as_secs(),
             },
         }),
     });
