@@ -8,7 +8,9 @@
 //! resourceVersions (the API server's is its newest, the hub's the resume point of its
 //! watch, equal or older; both are positions in the same etcd history).
 
+use futures::{StreamExt as _, TryStreamExt as _};
 use scale_agent_e2e::{
+    ControlPlane,
     http::Call,
     proxy_stack::{audited_control_plane, proxy_token},
 };
@@ -70,59 +72,13 @@ pub async fn table_streaming_lists_equal(setup: &Setup, paths: &[String]) -> any
     let query = "watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan\
                  &allowWatchBookmarks=true&timeoutSeconds=2";
     let before = control_plane.audit_events()?.len();
-    let mut compared = 0;
-    for path in paths {
-        let separator = if path.contains('?') { '&' } else { '?' };
-        let proxied = stack
-            .hub
-            .call(
-                "GET",
-                &format!("/clusters/{}{path}{separator}{query}", stack.account),
-            )
-            .bearer(&stack.token)
-            .header("accept", ACCEPT)
-            .header("user-agent", USER_AGENT)
-            .timeout(KUBECTL_TIMEOUT)
-            .send()
-            .await?;
-        anyhow::ensure!(
-            proxied.status == 200 && proxied.header("x-scale-agent-cache") == Some("hit"),
-            "{path}: the proxy answered {} {:?} {}",
-            proxied.status,
-            proxied.header("x-scale-agent-cache"),
-            proxied.body
-        );
-        let direct = Call::new(
-            "GET",
-            format!("{}{path}{separator}{query}", control_plane.server()),
-        )
-        .ca(control_plane.ca_pem())
-        .bearer(&token)
-        .header("accept", ACCEPT)
-        .header("user-agent", USER_AGENT)
-        .timeout(KUBECTL_TIMEOUT)
-        .send()
+    // Each watch lasts its 2 s timeout: eight kinds at a time.
+    let compared: Vec<()> = futures::stream::iter(paths)
+        .map(|path| compare_streaming_list(setup, control_plane, &token, query, path))
+        .buffer_unordered(8)
+        .try_collect()
         .await?;
-        anyhow::ensure!(direct.status == 200, "{path}: {}", direct.body);
-        let (proxied_events, direct_events) = (events(&proxied.body)?, events(&direct.body)?);
-        let (proxied_shape, direct_shape) = (shape(&proxied_events), shape(&direct_events));
-        let bookmark = direct_shape.2.clone().unwrap_or(Value::Null);
-        anyhow::ensure!(
-            bookmark["object"]["kind"] == "Table"
-                && bookmark["object"]["rows"][0]["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"]
-                    == "true",
-            "{path}: the API server's streaming list did not end with a Table bookmark:\n{}",
-            direct.body
-        );
-        anyhow::ensure!(
-            proxied_shape == direct_shape,
-            "{path}: the proxy's Table watch\n{}\nthe API server's\n{}",
-            proxied.body,
-            direct.body
-        );
-        compared += 1;
-    }
-    anyhow::ensure!(compared == paths.len());
+    anyhow::ensure!(compared.len() == paths.len());
     // Served from the cache: none of the proxied watches reached the API server, while the
     // direct ones did (the control; the audit log is written as requests end).
     let deadline = tokio::time::Instant::now() + super::WAIT;
@@ -145,6 +101,67 @@ pub async fn table_streaming_lists_equal(setup: &Setup, paths: &[String]) -> any
          reached the API server, or the direct ones are not seen",
         watches.len(),
         paths.len()
+    );
+    Ok(())
+}
+
+/// One kind's streaming list in Table form through the proxy and directly: the same event
+/// types, column definitions and closing bookmark.
+async fn compare_streaming_list(
+    setup: &Setup,
+    control_plane: &ControlPlane,
+    token: &str,
+    query: &str,
+    path: &str,
+) -> anyhow::Result<()> {
+    let stack = &setup.stack;
+    let separator = if path.contains('?') { '&' } else { '?' };
+    let proxied = stack
+        .hub
+        .call(
+            "GET",
+            &format!("/clusters/{}{path}{separator}{query}", stack.account),
+        )
+        .bearer(&stack.token)
+        .header("accept", ACCEPT)
+        .header("user-agent", USER_AGENT)
+        .timeout(KUBECTL_TIMEOUT)
+        .send()
+        .await?;
+    anyhow::ensure!(
+        proxied.status == 200 && proxied.header("x-scale-agent-cache") == Some("hit"),
+        "{path}: the proxy answered {} {:?} {}",
+        proxied.status,
+        proxied.header("x-scale-agent-cache"),
+        proxied.body
+    );
+    let direct = Call::new(
+        "GET",
+        format!("{}{path}{separator}{query}", control_plane.server()),
+    )
+    .ca(control_plane.ca_pem())
+    .bearer(token)
+    .header("accept", ACCEPT)
+    .header("user-agent", USER_AGENT)
+    .timeout(KUBECTL_TIMEOUT)
+    .send()
+    .await?;
+    anyhow::ensure!(direct.status == 200, "{path}: {}", direct.body);
+    let (proxied_events, direct_events) = (events(&proxied.body)?, events(&direct.body)?);
+    let (proxied_shape, direct_shape) = (shape(&proxied_events), shape(&direct_events));
+    let bookmark = direct_shape.2.clone().unwrap_or(Value::Null);
+    anyhow::ensure!(
+        bookmark["object"]["kind"] == "Table"
+            && bookmark["object"]["rows"][0]["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"]
+                == "true",
+        "{path}: the API server's streaming list did not end with a Table bookmark:\n{}",
+        direct.body
+    );
+    anyhow::ensure!(
+        proxied_shape == direct_shape,
+        "{path}: the proxy's Table watch\n{}\nthe API server's\n{}",
+        proxied.body,
+        direct.body
     );
     Ok(())
 }
