@@ -308,9 +308,9 @@ async fn a_running_agent_reloads_the_local_overlay_and_reports_its_armory_keys()
     assert!(agent.view().config.without_effect.is_empty());
 
     let overlay = dir.join("armory-agent-local.yml");
-    std::fs::write(&overlay, "kubernetes:\n  retries:\n    maxRetries: 5\n").unwrap();
+    write_whole(&overlay, "kubernetes:\n  retries:\n    maxRetries: 5\n").unwrap();
     eventually("the overlay to be applied", || {
-        agent.metrics().config_reloads.get() == 1
+        agent.metrics().config_reloads.get() == 1 && !agent.view().config.without_effect.is_empty()
     })
     .await;
     let without_effect = agent.view().config.without_effect;
@@ -328,7 +328,7 @@ async fn a_running_agent_reloads_the_local_overlay_and_reports_its_armory_keys()
         "{accounts}"
     );
 
-    std::fs::write(
+    write_whole(
         &overlay,
         "clouddriver:\n  tls:\n    insecureSkipVerify: true\n",
     )
@@ -347,6 +347,16 @@ async fn a_running_agent_reloads_the_local_overlay_and_reports_its_armory_keys()
 
     agent.stop().await.unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Replaces `path` with `text` in one step (a file beside it, renamed over it), as a
+/// ConfigMap volume's update does: the agent polls its files, and a poll between
+/// `std::fs::write`'s create and its write would read an empty overlay, a valid config of
+/// its own (seen once in CI: a reload that applied nothing).
+fn write_whole(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    let next = path.with_extension("next");
+    std::fs::write(&next, text)?;
+    std::fs::rename(&next, path)
 }
 
 /// Polls `condition` every 100 ms for up to a minute (generous: CI shares two cores).
