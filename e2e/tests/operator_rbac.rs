@@ -299,14 +299,19 @@ async fn the_shipped_rbac_grants_every_shape_and_escalates_nothing_else() -> any
     .await?;
 
     let cluster_roles = Api::<ClusterRole>::all(admin.clone());
+    let cluster_role_bindings = Api::<ClusterRoleBinding>::all(admin.clone());
     for name in [&wide, &wide_callers] {
-        wait_for(&format!("ClusterRole {name}"), || async {
-            Ok(cluster_roles.get_opt(name).await?.map(|_| ()))
-        })
+        // The operator applies the ClusterRole, then its binding: wait for both (reading the
+        // binding as soon as the role appeared failed once in make test with NotFound).
+        wait_for(
+            &format!("ClusterRole and ClusterRoleBinding {name}"),
+            || async {
+                let role = cluster_roles.get_opt(name).await?;
+                let binding = cluster_role_bindings.get_opt(name).await?;
+                Ok((role.is_some() && binding.is_some()).then_some(()))
+            },
+        )
         .await?;
-        Api::<ClusterRoleBinding>::all(admin.clone())
-            .get(name)
-            .await?;
     }
     let narrow = format!("scale-agent:{ns}:narrow");
     for (namespace, name) in [
