@@ -3,10 +3,7 @@
 //! object in the global `obj`, returning `{status, message}`) by the reference Lua 5.1
 //! interpreter that `e2e/lua/install.sh` unpacks from Debian's packages into the cache.
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::{path::PathBuf, process::Command};
 
 use serde_json::Value;
 
@@ -17,8 +14,7 @@ use crate::{
 
 /// `manifests/argocd/argocd-cm.yaml` of this checkout.
 pub fn health_checks_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
+    crate::repo_root()
         .join("manifests")
         .join("argocd")
         .join("argocd-cm.yaml")

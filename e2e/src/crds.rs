@@ -19,10 +19,7 @@ pub const FIELD_MANAGER: &str = "scale-agent-e2e";
 
 /// `manifests/crds/` of this checkout.
 pub fn manifests_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join("manifests")
-        .join("crds")
+    crate::repo_root().join("manifests").join("crds")
 }
 
 /// Reads every `*.yaml` CRD in `dir` (not its `kustomization.yaml`), sorted by file name.

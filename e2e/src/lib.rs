@@ -47,3 +47,8 @@ pub use control_plane::{
 };
 pub use error::{Error, Result};
 pub use kwok::PodLog;
+
+/// This checkout's root (the manifests, the chart, the docs and the scripts the tests read).
+pub fn repo_root() -> &'static std::path::Path {
+    std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}

@@ -22,10 +22,6 @@ mod messages;
 
 const MDBOOK_VERSION: &str = include_str!("../../docs/tools/mdbook-version");
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 /// The mdBook `docs/tools/install-mdbook.sh` installs (keep the two in step).
 fn mdbook() -> anyhow::Result<PathBuf> {
     let version = MDBOOK_VERSION.trim();
@@ -51,7 +47,7 @@ fn build_book() -> anyhow::Result<PathBuf> {
     }
     let output = Command::new(mdbook()?)
         .arg("build")
-        .arg(repo().join("docs"))
+        .arg(scale_agent_e2e::repo_root().join("docs"))
         .arg("--dest-dir")
         .arg(&dest)
         .output()
@@ -239,7 +235,7 @@ fn the_link_checker_reports_missing_pages_anchors_and_links_out_of_the_book() ->
 
 #[test]
 fn every_page_is_in_the_summary() -> anyhow::Result<()> {
-    let src = repo().join("docs/src");
+    let src = scale_agent_e2e::repo_root().join("docs/src");
     let summary = std::fs::read_to_string(src.join("SUMMARY.md")).context("read SUMMARY.md")?;
     let mut pages = Vec::new();
     files_under(&src, "md", &mut pages)?;
@@ -281,7 +277,7 @@ fn joined(source: &str) -> String {
 /// Where the binaries' messages are written: the Rust sources of the product (not its tests)
 /// and the manifests (the admission policy's messages are CEL in YAML).
 fn product_files() -> anyhow::Result<Vec<PathBuf>> {
-    let root = repo();
+    let root = scale_agent_e2e::repo_root();
     let mut files = Vec::new();
     for dir in ["agent", "crds", "hub", "operator", "runtime"] {
         let mut found = Vec::new();
@@ -315,7 +311,7 @@ fn product_sources() -> anyhow::Result<Vec<(PathBuf, String)>> {
 
 #[test]
 fn every_quoted_message_is_in_the_code() -> anyhow::Result<()> {
-    let dir = repo().join("docs/src/troubleshooting");
+    let dir = scale_agent_e2e::repo_root().join("docs/src/troubleshooting");
     let mut pages = Vec::new();
     files_under(&dir, "md", &mut pages)?;
     let sources = product_sources()?;
@@ -339,7 +335,9 @@ fn every_quoted_message_is_in_the_code() -> anyhow::Result<()> {
                 if !sources.iter().any(|(_, source)| source.contains(piece)) {
                     missing.push(format!(
                         "{}:{}: {piece:?}",
-                        page.strip_prefix(repo()).unwrap_or(page).display(),
+                        page.strip_prefix(scale_agent_e2e::repo_root())
+                            .unwrap_or(page)
+                            .display(),
                         number + 1
                     ));
                 }
@@ -364,7 +362,7 @@ fn every_quoted_message_is_in_the_code() -> anyhow::Result<()> {
 /// deleted test file or page fails here, so neither can keep pointing at the other in vain.
 #[test]
 fn getting_started_pages_name_tests_that_exist() -> anyhow::Result<()> {
-    let dir = repo().join("docs/src/getting-started");
+    let dir = scale_agent_e2e::repo_root().join("docs/src/getting-started");
     let mut pages = Vec::new();
     files_under(&dir, "md", &mut pages)?;
     ensure!(
@@ -376,7 +374,7 @@ fn getting_started_pages_name_tests_that_exist() -> anyhow::Result<()> {
     for page in &pages {
         let text = std::fs::read_to_string(page)?;
         let shown = page
-            .strip_prefix(repo())
+            .strip_prefix(scale_agent_e2e::repo_root())
             .unwrap_or(page)
             .display()
             .to_string();
@@ -391,7 +389,7 @@ fn getting_started_pages_name_tests_that_exist() -> anyhow::Result<()> {
         }
         let mut named_back = false;
         for test in named {
-            match std::fs::read_to_string(repo().join(test)) {
+            match std::fs::read_to_string(scale_agent_e2e::repo_root().join(test)) {
                 Ok(source) => named_back |= source.contains(&shown),
                 Err(_) => problems.push(format!("{shown} names {test}, which does not exist")),
             }
@@ -507,7 +505,7 @@ fn command_line_reference() -> anyhow::Result<String> {
 #[test]
 fn the_command_line_reference_is_each_binarys_help() -> anyhow::Result<()> {
     let page = command_line_reference()?;
-    let path = repo().join(COMMAND_LINE_PAGE);
+    let path = scale_agent_e2e::repo_root().join(COMMAND_LINE_PAGE);
     if std::env::var_os(WRITE_ENV).is_some() {
         std::fs::write(&path, &page).with_context(|| format!("write {}", path.display()))?;
         return Ok(());
@@ -526,14 +524,14 @@ const MESSAGES_PAGE: &str = "docs/src/troubleshooting/messages.md";
 
 #[test]
 fn the_messages_page_is_generated_from_the_code() -> anyhow::Result<()> {
-    let root = normalise(&repo());
+    let root = normalise(scale_agent_e2e::repo_root());
     let files: Vec<PathBuf> = product_files()?.iter().map(|f| normalise(f)).collect();
     let page = messages::page(&messages::sources(&root, &files)?)?;
     ensure!(
         page.matches("```message").count() > 30,
         "the generated page has few messages:\n{page}"
     );
-    let path = repo().join(MESSAGES_PAGE);
+    let path = scale_agent_e2e::repo_root().join(MESSAGES_PAGE);
     if std::env::var_os(WRITE_ENV).is_some() {
         std::fs::write(&path, &page).with_context(|| format!("write {}", path.display()))?;
         return Ok(());
@@ -554,7 +552,7 @@ const ARMORY_KEYS_SOURCE: &str = "agent/src/config_armory.rs";
 
 #[test]
 fn the_armory_keys_table_is_generated_from_the_code() -> anyhow::Result<()> {
-    let source = std::fs::read_to_string(repo().join(ARMORY_KEYS_SOURCE))
+    let source = std::fs::read_to_string(scale_agent_e2e::repo_root().join(ARMORY_KEYS_SOURCE))
         .with_context(|| format!("read {ARMORY_KEYS_SOURCE}"))?;
     let keys = armory_keys::keys(&source)?;
     ensure!(
@@ -562,7 +560,7 @@ fn the_armory_keys_table_is_generated_from_the_code() -> anyhow::Result<()> {
         "only {} entries read from ARMORY_KEYS in {ARMORY_KEYS_SOURCE}",
         keys.len()
     );
-    let path = repo().join(ARMORY_KEYS_PAGE);
+    let path = scale_agent_e2e::repo_root().join(ARMORY_KEYS_PAGE);
     let current =
         std::fs::read_to_string(&path).with_context(|| format!("read {ARMORY_KEYS_PAGE}"))?;
     let page = armory_keys::page_with(&current, &armory_keys::table(&keys)?)?;

@@ -31,14 +31,10 @@ const COMPONENTS: [(&str, &str, &str); 3] = [
     ("hub", "scale-agent-hub", env!("CARGO_BIN_EXE_e2e-hub")),
 ];
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 /// Runs `images/image.sh layout` on `binary`, writing the layout to `dir/layout`.
 fn build_image(binary: &str, name: &str, dir: &Path) -> anyhow::Result<PathBuf> {
     let layout = dir.join("layout");
-    let output = Command::new(repo_root().join("images/image.sh"))
+    let output = Command::new(scale_agent_e2e::repo_root().join("images/image.sh"))
         .args(["layout", binary, name])
         .arg(&layout)
         // The debug binaries are large; a fast gzip keeps this test quick.
@@ -168,7 +164,7 @@ fn every_image_runs_its_entrypoint_as_nonroot_and_prints_the_version() -> anyhow
 fn the_images_make_images_built_are_sound() -> anyhow::Result<()> {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("target"));
+        .unwrap_or_else(|| scale_agent_e2e::repo_root().join("target"));
     let images = target.join("images");
     let scratch = Scratch::new("release-images")?;
     let dir = scratch.0.clone();
@@ -282,7 +278,7 @@ async fn the_agent_image_connects_to_a_hub_and_both_say_the_version() -> anyhow:
 /// runs that component's binary, and its default VERSION is this one.
 #[test]
 fn the_dockerfile_builds_the_same_images() -> anyhow::Result<()> {
-    let dockerfile = std::fs::read_to_string(repo_root().join("Dockerfile"))?;
+    let dockerfile = std::fs::read_to_string(scale_agent_e2e::repo_root().join("Dockerfile"))?;
     for (component, binary, _) in COMPONENTS {
         for line in [
             format!("images/image.sh rootfs target/release/{binary} {binary} /out/{component}"),

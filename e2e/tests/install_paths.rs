@@ -23,16 +23,12 @@ use serde::de::DeserializeOwned;
 
 const SYSTEM: &str = "scale-agent-system";
 
-fn repo() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-}
-
 /// Runs `program` with `kubeconfig` (and `args`) in the repository, as the README does.
 fn run(program: &Path, kubeconfig: &Path, args: &[&str]) -> anyhow::Result<String> {
     let output = Command::new(program)
         .env("KUBECONFIG", kubeconfig)
         .args(args)
-        .current_dir(repo())
+        .current_dir(scale_agent_e2e::repo_root())
         .output()?;
     anyhow::ensure!(
         output.status.success(),

@@ -15,14 +15,10 @@ use serde_json::Value;
 const SERVES_POLICY_V1: &str =
     "--api-versions=admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy";
 
-fn repo() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-}
-
 fn run(program: &Path, args: &[&str]) -> String {
     let output = Command::new(program)
         .args(args)
-        .current_dir(repo())
+        .current_dir(scale_agent_e2e::repo_root())
         .output()
         .unwrap_or_else(|e| panic!("run {}: {e}", program.display()));
     assert!(
@@ -212,7 +208,7 @@ fn hub_render(binaries: &Binaries, extra: &[&str]) -> std::process::Output {
     args.extend_from_slice(extra);
     Command::new(binaries.helm())
         .args(&args)
-        .current_dir(repo())
+        .current_dir(scale_agent_e2e::repo_root())
         .output()
         .expect("run helm")
 }

@@ -28,17 +28,13 @@ use scale_agent_e2e::{ControlPlane, ControlPlaneOptions, crds};
 
 const SYSTEM: &str = "scale-agent-system";
 
-fn repo() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-}
-
 /// Runs `program` with the control plane's admin kubeconfig in the repository; returns
 /// whether it succeeded, its stdout and its stderr.
 fn run(control_plane: &ControlPlane, program: &Path, args: &[&str]) -> (bool, String, String) {
     let output = Command::new(program)
         .env("KUBECONFIG", control_plane.kubeconfig_path())
         .args(args)
-        .current_dir(repo())
+        .current_dir(scale_agent_e2e::repo_root())
         .output()
         .expect("run a tool of the control plane's build");
     (

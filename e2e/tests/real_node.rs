@@ -328,7 +328,7 @@ async fn the_chart_installs_and_agents_connect_on_a_real_node() -> anyhow::Resul
     // Before the chart: it binds the operator's grants in each grantable namespace.
     cli.kubectl(&["create", "namespace", "team-a"])?;
     hub_tls_secret(&cli, NAMESPACE, &hub_tls)?;
-    let chart = install::repo_root().join("manifests/helm/scale-agent");
+    let chart = scale_agent_e2e::repo_root().join("manifests/helm/scale-agent");
     let installed = cli.helm(&[
         "install",
         "scale-agent",

@@ -59,8 +59,8 @@ pub async fn run(run_dir: &Path, once: bool, out: &mut dyn Write) -> Result<()> 
     let kubeconfig = run_dir.join("admin.kubeconfig");
     std::fs::copy(&cli.kubeconfig, &kubeconfig)
         .with_context(|| format!("copy the kubeconfig to {}", kubeconfig.display()))?;
-    let repo = install::repo_root();
-    let repo = repo.canonicalize().unwrap_or(repo);
+    let repo = crate::repo_root();
+    let repo = repo.canonicalize().unwrap_or_else(|_| repo.to_path_buf());
     let images: Vec<String> = PRODUCT_IMAGES
         .iter()
         .map(|(repository, _, _)| format!("{repository}:v{}", env!("CARGO_PKG_VERSION")))

@@ -105,7 +105,7 @@ fn product_images(
     dir: &Path,
     binary_of: impl Fn(&str) -> Result<PathBuf>,
 ) -> Result<Vec<NodeImage>> {
-    let script = repo_root().join("images/image.sh");
+    let script = crate::repo_root().join("images/image.sh");
     PRODUCT_IMAGES
         .iter()
         .map(|(repository, name, build_name)| {
@@ -132,11 +132,6 @@ fn product_images(
             })
         })
         .collect()
-}
-
-/// The repository's root (the chart, the image script).
-pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 /// A 1 GiB hostPath PersistentVolume `name` with no class and no claim reserved: the first
